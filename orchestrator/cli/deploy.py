@@ -1,0 +1,3 @@
+"""CLI commands (placeholder until its issue lands)."""
+
+COMMANDS: list = []

@@ -1,0 +1,123 @@
+"""The one small transport interface. The only layer with side effects.
+
+Implementations: ``local`` (this machine), ``ssh`` (plain SSH into the box) and
+``proxmox`` (SSH to the node, then ``pct exec VMID`` into the container).
+
+Every command is an argv list. Implementations render it with ``shlex`` at each
+nesting level (see ``orchestrator.ops.command``); nothing is ever built with an
+f-string shell. ``env`` and ``cwd`` are applied with ``env [-C DIR] K=V -- argv``
+on the far side, so no shell is needed for them either.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+from ..errors import RemoteCommandError
+
+
+@dataclass(frozen=True)
+class Result:
+    argv: tuple[str, ...]
+    exit_code: int
+    stdout: bytes = b""
+    stderr: bytes = b""
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    @property
+    def out(self) -> str:
+        return self.stdout.decode("utf-8", "replace")
+
+    @property
+    def err(self) -> str:
+        return self.stderr.decode("utf-8", "replace")
+
+    def check(self, what: str | None = None) -> "Result":
+        """Raise RemoteCommandError (one line, with the last stderr line) unless exit 0."""
+        if self.exit_code != 0:
+            last = next((ln for ln in reversed(self.err.strip().splitlines()) if ln.strip()), "")
+            name = what or (self.argv[0] if self.argv else "command")
+            msg = f"{name} exited {self.exit_code}"
+            if last:
+                msg += f": {last.strip()}"
+            raise RemoteCommandError(msg, exit_status=self.exit_code, stderr=self.err)
+        return self
+
+
+LineCallback = Callable[[str], None]
+
+
+class Transport(abc.ABC):
+    """Run argvs and move files on one target (a host or a container)."""
+
+    #: "local", "ssh" or "proxmox"
+    kind: str = "?"
+
+    def __init__(self, name: str):
+        self.name = name
+
+    # --- commands -------------------------------------------------------
+    @abc.abstractmethod
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        stdin: bytes | None = None,
+        check: bool = False,
+    ) -> Result:
+        """Run argv to completion; capture exit code, stdout and stderr."""
+
+    @abc.abstractmethod
+    def stream(
+        self,
+        argv: Sequence[str],
+        on_line: LineCallback,
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+    ) -> Result:
+        """Run argv, calling ``on_line`` for each output line (stdout and stderr,
+        newline stripped) as it arrives. The returned Result has empty stdout/stderr."""
+
+    # --- files ----------------------------------------------------------
+    @abc.abstractmethod
+    def put(self, data: bytes | Path, remote_path: str, *, mode: int | None = None) -> None:
+        """Write bytes (or a local file's contents) to remote_path atomically:
+        a temporary name beside it, then rename. Keeps ``mode`` (or the local
+        file's mode when ``data`` is a Path)."""
+
+    @abc.abstractmethod
+    def get(self, remote_path: str) -> bytes:
+        """Read a remote file's bytes."""
+
+    def get_file(self, remote_path: str, local_path: Path) -> None:
+        """Copy a remote file to a local path (temporary name, then rename)."""
+        local_path = Path(local_path)
+        tmp = local_path.with_name(f".{local_path.name}.dfo-tmp")
+        tmp.write_bytes(self.get(remote_path))
+        tmp.replace(local_path)
+
+    # --- target state ---------------------------------------------------
+    def container_running(self) -> bool:
+        """True when the target can run commands (always True but for proxmox)."""
+        return True
+
+    # --- lifecycle --------------------------------------------------------
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> "Transport":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
