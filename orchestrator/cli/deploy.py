@@ -1,3 +1,126 @@
-"""CLI commands (placeholder until its issue lands)."""
+"""``dfo deploy``: click only (parse, call, print). The work is in orchestrator.deploy."""
 
-COMMANDS: list = []
+from __future__ import annotations
+
+import json
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from ..errors import DfoError, DriftError
+
+
+class _StageView:
+    """rich output for people: a spinner for the running stage, one line per finished one."""
+
+    ICON = {"done": "[green]✓[/]", "skip": "[dim]·[/]", "fail": "[red]✗[/]"}
+
+    def __init__(self, console: Console):
+        self.console = console
+        self.status = None
+
+    def __call__(self, stage: str, status: str, seconds, detail: str) -> None:
+        if status == "start":
+            self._stop()
+            self.status = self.console.status(f"{stage}: {detail}" if detail else stage)
+            self.status.start()
+        elif status == "line":
+            if self.status is not None:
+                self.status.update(f"{stage}: {detail}")
+        else:
+            self._stop()
+            secs = f"{seconds:6.2f}s" if seconds else "      -"
+            style = "dim" if status == "skip" else ""
+            self.console.print(f"{self.ICON.get(status, ' ')} {stage:<12} {secs}  "
+                               f"[{style or 'default'}]{_esc(detail)}[/]")
+
+    def _stop(self) -> None:
+        if self.status is not None:
+            self.status.stop()
+            self.status = None
+
+    def close(self) -> None:
+        self._stop()
+
+
+def _esc(s: str) -> str:
+    from rich.markup import escape
+
+    return escape(s or "")
+
+
+@click.command("deploy")
+@click.option("--host", "host_name", default=None, help="Host from hosts.yaml (default: the default host).")
+@click.option("--check", is_flag=True, help="Compare the deployed env with its lock; exit 7 on drift.")
+@click.option("--rollback", is_flag=True, help="Switch envs/current back to envs/previous (verified).")
+@click.option("--force", is_flag=True, help="Reinstall every package and re-verify, even when up to date.")
+@click.option("--profile", "profile", default=None, metavar="NAME|DIR",
+              help="Use this profile instead of the host's `profile:` (a name or a directory).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (for scripts).")
+@click.pass_obj
+def deploy(app, host_name, check, rollback, force, profile, as_json):
+    """Build, verify and switch to the host's pinned environment.
+
+    The env is a uv venv in <root>/envs/<profile>-<lockhash>/ installed with
+    `uv pip sync --require-hashes` from the profile's lock, plus dfo's own wheel.
+    A probe checks it against the profile before envs/current is switched to it.
+    """
+    from ..deploy import Deployer
+
+    if check and rollback:
+        raise click.UsageError("--check and --rollback cannot be combined")
+    console = Console(stderr=True)
+    view = None if as_json else _StageView(console)
+    host = app.host(host_name)
+    report = None
+    try:
+        transport = app.transport(host_name)
+        d = Deployer(transport, host, profile=profile, on_event=view)
+        if check:
+            report = d.check()
+        elif rollback:
+            report = d.rollback()
+        else:
+            report = d.deploy(force=force)
+    except DfoError as e:
+        if view:
+            view.close()
+        if as_json:
+            click.echo(json.dumps({"ok": False, "host": host.name, "error": str(e),
+                                   "error_type": type(e).__name__, "exit_code": e.exit_code}))
+        raise
+    finally:
+        if view:
+            view.close()
+
+    if as_json:
+        click.echo(json.dumps(report.to_json()))
+    else:
+        out = Console()
+        if check:
+            if report.ok:
+                out.print(f"[green]ok[/] {host.name}: {report.message} ({report.env})")
+            else:
+                out.print(f"[red]drift[/] on {host.name} (envs/current vs {report.env}):")
+                for line in report.drift:
+                    out.print(f"  {_esc(line)}")
+        else:
+            out.print(f"[green]{report.action}[/] {host.name}: {_esc(report.message)} "
+                      f"[dim]({report.total_seconds:.2f}s)[/]")
+            fp = report.fingerprint or {}
+            if fp and not as_json and report.action != "noop":
+                t = Table(show_header=False, box=None, padding=(0, 2))
+                for k in ("python", "torch", "torch_cuda", "transformers", "dfo"):
+                    if k in fp:
+                        t.add_row(k, str(fp[k]))
+                out.print(t)
+    if check and not report.ok:
+        first = report.drift[0] if report.drift else ""
+        raise DriftError(f"{host.name}: envs/current differs from its lock "
+                         f"({len(report.drift)} difference(s), first: {first})",
+                         hint="run `dfo deploy` to repair it")
+    return 0
+
+
+COMMANDS = [deploy]

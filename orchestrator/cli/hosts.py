@@ -1,3 +1,158 @@
-"""CLI commands (placeholder until its issue lands)."""
+"""``dfo hosts list|check|trust``: click only (parse, call, print)."""
 
-COMMANDS: list = []
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from ..errors import ConfigError, HostKeyError
+from .context import AppContext
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(highlight=False, soft_wrap=True)
+
+
+@click.group("hosts")
+def hosts() -> None:
+    """The hosts in hosts.yaml: list them, check them, trust their SSH keys."""
+
+
+@hosts.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@click.pass_obj
+def list_cmd(app: AppContext, as_json: bool) -> None:
+    """List the hosts of the inventory (the default one is marked *)."""
+    inv = app.inventory
+    rows = []
+    for h in inv.hosts.values():
+        rows.append({
+            "name": h.name, "default": h.name == inv.default, "transport": h.transport,
+            "target": h.describe(), "root": h.root, "profile": h.profile,
+            "gpus": {"target": list(h.gpus.target), "drafter": list(h.gpus.drafter)},
+            "source": h.source,
+        })
+    if as_json:
+        click.echo(json.dumps({"path": str(inv.path) if inv.path else None,
+                               "default": inv.default, "hosts": rows}, indent=2))
+        return
+    from rich.table import Table
+
+    t = Table(title=f"hosts ({inv.path or 'embedded default'})")
+    for col in ("name", "transport", "target", "root", "profile", "target gpus", "drafter gpus"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r["name"] + (" *" if r["default"] else ""), r["transport"], r["target"], r["root"],
+                  r["profile"], ",".join(r["gpus"]["target"]), ",".join(r["gpus"]["drafter"]))
+    _console().print(t)
+
+
+@hosts.command("check")
+@click.argument("name", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@click.pass_obj
+def check_cmd(app: AppContext, name: str | None, as_json: bool) -> int:
+    """Check a host (default: the default host): reachable, container state, Python,
+    free disk under the root, GPUs, systemd as PID 1. Exits non-zero when it is
+    unreachable (3/4) or its container is not running (5)."""
+    from ..transport import check_host
+
+    host = app.host(name)
+    check = check_host(host, app.transport(host.name))
+    if as_json:
+        click.echo(json.dumps(check.to_json(), indent=2))
+    else:
+        _print_check(check)
+    if check.exit_code and not as_json:
+        click.echo(f"dfo: error: {check.error or check.problems[0]}", err=True)
+    return check.exit_code
+
+
+def _yes_no(v: bool | None) -> str:
+    return "-" if v is None else ("[green]yes[/]" if v else "[red]no[/]")
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def _print_check(c) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    t = Table(title=f"dfo hosts check {escape(c.host)}", show_header=False)
+    t.add_column("what", style="bold")
+    t.add_column("found")
+    t.add_row("target", escape(f"{c.target} ({c.transport})"))
+    t.add_row("reachable", _yes_no(c.reachable) + (f" {escape(c.error)}" if c.error and not c.reachable else ""))
+    if c.transport == "proxmox":
+        st = c.container or "-"
+        t.add_row("container", f"[green]{st}[/]" if st == "running" else f"[red]{escape(st)}[/]")
+    if c.kernel:
+        t.add_row("kernel", escape(c.kernel))
+    if c.reachable and c.container in (None, "running") and not c.error:
+        t.add_row("python", escape(f"{c.python.version} ({c.python.executable})") if c.python else "[red]none[/]")
+        if c.disk:
+            t.add_row("free disk", escape(f"{_gib(c.disk.free_bytes)} of {_gib(c.disk.total_bytes)} under "
+                                          f"{c.root} (on {c.disk.mount})"))
+        else:
+            t.add_row("free disk", "[red]unknown[/]")
+        g = c.gpus
+        if g is None or not g.present:
+            t.add_row("gpus", "none (no nvidia-smi)")
+        elif g.error:
+            t.add_row("gpus", f"[red]{escape(g.error)}[/]")
+        else:
+            t.add_row("gpus", escape(", ".join(f"{x.index}: {x.name}" + (f" {x.memory_mib} MiB" if x.memory_mib else "")
+                                               for x in g.gpus) or "none"))
+        t.add_row("systemd pid 1", _yes_no(c.systemd_pid1) + (f" ({escape(c.init)})" if c.init and c.init != "systemd" else ""))
+    for p in c.problems:
+        t.add_row("[yellow]problem[/]", escape(p))
+    _console().print(t)
+
+
+@hosts.command("trust")
+@click.argument("name")
+@click.option("--yes", "-y", is_flag=True, help="Record the key without asking.")
+@click.option("--replace", is_flag=True,
+              help="Replace a CHANGED key (only after verifying the new one out of band).")
+@click.pass_obj
+def trust_cmd(app: AppContext, name: str, yes: bool, replace: bool) -> None:
+    """Show a host's SSH key fingerprint and record it in its known_hosts file."""
+    from ..transport import knownhosts
+    from ..transport.ssh import trust_hosts
+
+    host = app.host(name)
+    if host.ssh is None:
+        raise ConfigError(f"host {name} uses transport local: there is no SSH key to trust")
+    if not yes and not sys.stdin.isatty():
+        raise ConfigError("dfo hosts trust needs a terminal to ask; check the fingerprint and pass --yes")
+    kh = host.ssh.known_hosts_path
+
+    def decide(label, kh_name, key, status) -> bool:
+        fp = knownhosts.describe_key(key)
+        if status == knownhosts.CHANGED:
+            if not replace:
+                raise HostKeyError(
+                    f"REMOTE HOST KEY CHANGED for {label} ({kh_name}): it now offers {fp}, which differs "
+                    f"from {kh}; someone may be intercepting the connection",
+                    hint=f"if the host was reinstalled, verify the new key and run "
+                         f"`dfo hosts trust {name} --replace`")
+            click.echo(f"WARNING: the key of {label} ({kh_name}) CHANGED; it now offers {fp}", err=True)
+        else:
+            click.echo(f"{label} ({kh_name}) offers {fp}")
+        if yes:
+            return True
+        return click.confirm(f"Record this key in {kh}?", default=False)
+
+    for label, fp, outcome in trust_hosts(name, host.ssh, decide):
+        verb = {"known": "already trusted", "added": "trusted", "replaced": "key replaced",
+                "skipped": "not trusted"}[outcome]
+        click.echo(f"{label}: {verb}: {fp}")
+
+
+COMMANDS = [hosts]

@@ -1,0 +1,317 @@
+"""launch / status / stop through a Transport. Decisions come from ops.launch_plan (pure).
+
+``RunOps(transport, host).plan(opts)`` validates everything before anything starts:
+``--resume`` text, ``--set``, the run config (``trainer.config``, torch-free), ladders and
+budgets; then on the host, in as few round trips as possible: reachable, env deployed and
+``dfo deploy --check``-clean, run.lock free (or ``--replace``), compile-cache key known
+(else a warning to run ``dfo warm-cache``), and the ``--resume`` checkpoint's manifest
+verifies (else the error lists the ones that do). ``launch(opts)`` then writes the run dir
+(config.yaml, spec.json), seeds the run's own compile cache and starts the supervisor
+detached (systemd-run, or setsid), and waits until the supervisor has taken run.lock.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import posixpath
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from .errors import (ConfigError, DeployError, DfoError, DriftError, LockHeldError,
+                     NotFoundError, RemoteCommandError, RunFailed)
+from .ops import launch_plan as lp
+from .ops import runstate as rs
+from .ops.budget import BudgetPolicy
+from .ops.fallback import merge_ladders, validate_ladders
+
+log = logging.getLogger("dfo")
+
+DEFAULT_CONFIG = "configs/tiny-cpu.yaml"
+
+
+@dataclass
+class LaunchOptions:
+    config: str | None = None
+    resume: str | None = None
+    run_name: str | None = None
+    sets: Sequence[str] = ()
+    replace: bool = False
+    dry_run: bool = False
+    fault: str | None = None
+    backoff_scale: float = 1.0
+    thresholds: Mapping[str, float] = field(default_factory=dict)
+    budget: Mapping[str, Any] = field(default_factory=dict)
+    fallbacks: Mapping[str, Any] | None = None
+    env_check: bool = True
+    start_timeout: float = 60.0
+
+
+class RunOps:
+    def __init__(self, transport, host, *, say: Callable[[str], None] | None = None,
+                 clock: Callable[[], float] = time.time):
+        self.t = transport
+        self.host = host
+        self.layout = host.layout
+        self.say = say or (lambda msg: log.info("%s", msg))
+        self.clock = clock
+
+    @property
+    def python(self) -> str:
+        return self.layout.current_python
+
+    # --- probes ----------------------------------------------------------------------------
+    def probe(self) -> dict[str, str]:
+        r = self.t.run(lp.probe_argv(self.layout.root, self.layout.run_lock), timeout=60)
+        r.check(f"probing {self.host.name}")
+        return lp.parse_probe(r.out)
+
+    def _require_env(self, probe: Mapping[str, str]) -> None:
+        if probe.get("env") != "1":
+            raise DeployError(f"no deployed env on {self.host.name} ({self.python} missing)",
+                              hint=f"run `dfo deploy --host {self.host.name}` first")
+
+    def _checkpoints(self, ck_dir: str) -> list[lp.CheckpointInfo]:
+        r = self.t.run([self.python, "-m", "trainer.checkpoints", "list", ck_dir, "--json"],
+                       timeout=120)
+        if not r.ok:
+            if "does not exist" in r.err or "No such file" in r.err or r.exit_code == 4:
+                return []
+            r.check("listing checkpoints")
+        try:
+            return lp.parse_checkpoint_listing(json.loads(r.out or "[]"))
+        except ValueError:
+            raise RemoteCommandError(f"listing checkpoints in {ck_dir}: output is not JSON") \
+                from None
+
+    # --- plan -------------------------------------------------------------------------------
+    def plan(self, o: LaunchOptions) -> lp.LaunchPlan:
+        root = self.layout.root
+        resume = lp.parse_resume(o.resume, root)          # before anything touches the host
+        sets = lp.parse_sets(o.sets)
+        cfg_path = o.config or (DEFAULT_CONFIG if Path(DEFAULT_CONFIG).exists() else None)
+        if cfg_path is None:
+            raise ConfigError("no run config given", hint="pass --config FILE.yaml")
+        run_name = lp.check_run_name(o.run_name or Path(cfg_path).stem)
+        from .cache import load_config
+
+        pairs = [(k, lp.render_value(v)) for k, v in sets.items()]
+        cfg_nested, cfg_bytes = load_config(cfg_path, pairs)
+        base_no_sets = lp.flatten(load_config(cfg_path, [])[0]) if sets else lp.flatten(cfg_nested)
+        ladders = merge_ladders(
+            validate_ladders(dict(self.host.fallbacks) or None,
+                             source=f"{self.host.source or 'hosts.yaml'}: hosts.{self.host.name}.fallbacks"),
+            validate_ladders(o.fallbacks, source="--fallbacks"))
+        pol = dict(o.budget)
+        pol["scale"] = o.backoff_scale
+        policy = BudgetPolicy.from_json(pol)
+        thr = lp.thresholds(o.thresholds)
+        if o.fault:
+            from trainer.faults import parse_spec  # torch-free
+
+            parse_spec(o.fault, source="--fault")
+
+        probe = self.probe()                               # reachable (or ConnectError)
+        self._require_env(probe)
+        warnings: list[str] = []
+        if o.env_check:
+            from .deploy import Deployer
+
+            rep = Deployer(self.t, self.host).check()
+            if not rep.ok:
+                first = rep.drift[0] if rep.drift else ""
+                raise DriftError(f"{self.host.name}: envs/current differs from its lock "
+                                 f"({len(rep.drift)} difference(s), first: {first})",
+                                 hint="run `dfo deploy` to repair it")
+        else:
+            warnings.append("env check skipped (--no-env-check)")
+        if probe.get("lock") == "held" and not o.replace:
+            owner = probe.get("lock_owner") or "another run"
+            raise LockHeldError(f"run {owner} is live on {self.host.name} (run.lock held)",
+                                hint=f"stop it with `dfo stop --run {owner}` or launch --replace")
+        key = self._cache_key(cfg_nested, warnings)
+
+        now = self.clock()
+        run_id = lp.make_run_id(run_name, now)
+        run_dir = self.layout.run_dir(run_id)
+        ck_dir = self.layout.checkpoints(run_name)
+        resume_path = None
+        if resume is not None:
+            resume_path = self._resolve_resume(resume, ck_dir)
+
+        from .ops.snapshot import cache_env, seed_run_cache_argvs
+
+        env = cache_env(self.layout, key or "cold", run_dir)
+        seed = seed_run_cache_argvs(self.layout, key or "cold", run_dir)
+        cfg_remote = posixpath.join(run_dir, "config.yaml")
+        spec = lp.build_spec(
+            run_id=run_id, run_name=run_name, root=root, python=self.python,
+            config_path=cfg_remote, base_config=base_no_sets,
+            overrides=sets, resume_path=resume_path, checkpoint_dir=ck_dir, env=env,
+            fault=o.fault, ladders=ladders, budget=policy.to_json(), thresholds_=thr,
+            lock=self.layout.run_lock, restore_cache_argv=seed[-1], host=self.host.name)
+        spec["config_bytes_len"] = len(cfg_bytes)
+        systemd = probe.get("systemd") == "1"
+        start = lp.start_argv(self.python, run_dir, run_id, systemd=systemd,
+                              stop_timeout_s=thr["stop_timeout_s"])
+        first = lp.trainer_argv(self.python, cfg_remote, sets, run_dir=run_dir,
+                                checkpoint_dir=ck_dir, resume=resume_path,
+                                layout={**base_no_sets, **sets}.get("parallel.layout"),
+                                nproc=lp.ddp_nproc({**base_no_sets, **sets}))
+        plan = lp.LaunchPlan(host=self.host.name, run_id=run_id, run_name=run_name,
+                             run_dir=run_dir, mode="systemd" if systemd else "setsid",
+                             start_argv=start, first_attempt_argv=first,
+                             env=lp.attempt_env(env, attempt=1, run_dir=run_dir, fault=o.fault),
+                             spec=spec, ladders=ladders, resume_path=resume_path,
+                             warnings=warnings)
+        plan.spec["_seed_argvs"] = seed
+        plan.spec["_config_bytes"] = cfg_bytes.decode("utf-8", "replace")
+        plan.spec["_lock_owner"] = probe.get("lock_owner") if probe.get("lock") == "held" else None
+        return plan
+
+    def _cache_key(self, cfg_nested: Mapping[str, Any], warnings: list[str]) -> str | None:
+        from .cache import CacheManager
+
+        try:
+            key = CacheManager(self.t, self.layout, host=self.host.name).key(cfg_nested).key
+        except DfoError as e:
+            warnings.append(f"compile-cache key unknown ({e}): run `dfo warm-cache`")
+            return None
+        live = posixpath.join(self.layout.cache, key)
+        if not self.t.run(["test", "-d", live], timeout=60).ok:
+            warnings.append(f"no warm compile cache for key {key} on {self.host.name}: "
+                            "the first attempt compiles cold; run `dfo warm-cache`")
+        return key
+
+    def _resolve_resume(self, resume: lp.Resume, ck_dir: str) -> str:
+        if resume.kind == "path":
+            parent, name = posixpath.split(resume.value.rstrip("/"))
+            listing = self._checkpoints(parent)
+            for c in listing:
+                if c.name == name or c.path.rstrip("/") == resume.value:
+                    if c.valid:
+                        return resume.value
+                    raise NotFoundError(f"--resume {resume.value}: checkpoint is incomplete or "
+                                        f"corrupt ({c.why or 'manifest does not verify'})",
+                                        hint="valid: " + (", ".join(
+                                            x.name for x in listing if x.valid) or "none"))
+            raise NotFoundError(f"--resume {resume.value}: not a checkpoint",
+                                hint="valid in that dir: " + (", ".join(
+                                    x.name for x in listing if x.valid) or "none"))
+        return lp.resolve_resume(resume, self._checkpoints(ck_dir), ck_dir)
+
+    # --- launch -----------------------------------------------------------------------------
+    def launch(self, o: LaunchOptions) -> lp.LaunchPlan:
+        plan = self.plan(o)
+        if o.dry_run:
+            return plan
+        spec = dict(plan.spec)
+        seed = spec.pop("_seed_argvs")
+        cfg_text = spec.pop("_config_bytes")
+        owner = spec.pop("_lock_owner")
+        if owner and o.replace:
+            self.say(f"stopping run {owner} (--replace)")
+            self.stop(owner, timeout=plan.spec["thresholds"]["stop_timeout_s"] + 30)
+        self.t.run(["mkdir", "-p", "--", plan.run_dir, self.layout.locks,
+                    spec["checkpoint_dir"]], timeout=60).check("creating the run dir")
+        self.t.put(cfg_text.encode(), spec["config_path"])
+        for argv in seed:
+            self.t.run(argv, timeout=600).check("seeding the run's compile cache")
+        self.t.put((json.dumps(spec, indent=1, sort_keys=True) + "\n").encode(),
+                   posixpath.join(plan.run_dir, rs.SPEC_FILE))
+        self.t.run(plan.start_argv, timeout=60).check("starting the supervisor")
+        self._wait_started(plan.run_id, o.start_timeout)
+        return plan
+
+    def _wait_started(self, run_id: str, timeout: float) -> dict:
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            runs = self.status(run_id)
+            if runs:
+                last = runs[0]
+                st = last.get("status")
+                if st == "failed":
+                    raise RunFailed(f"run {run_id} failed at start: {last.get('reason')}")
+                if st in rs.FINAL or (st in rs.LIVE and st != "starting" and last.get("live")):
+                    return last
+            time.sleep(0.3)
+        log_tail = self._tail(posixpath.join(self.layout.run_dir(run_id), rs.SUPERVISOR_LOG))
+        raise RunFailed(f"the supervisor of {run_id} did not start within {timeout:.0f}s"
+                        + (f": {log_tail}" if log_tail else ""),
+                        hint=f"see {self.layout.run_dir(run_id)}/supervisor.log")
+
+    def _tail(self, path: str) -> str:
+        try:
+            text = self.t.get(path).decode("utf-8", "replace")
+        except DfoError:
+            return ""
+        lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+        return lines[-1].strip() if lines else ""
+
+    # --- status / stop ------------------------------------------------------------------------
+    def query(self, run: str | None = None) -> dict:
+        argv = [self.python, "-m", "orchestrator.supervisor.query", "--root", self.layout.root]
+        if run:
+            argv += ["--run", run]
+        r = self.t.run(argv, timeout=60)
+        if not r.ok and r.exit_code in (126, 127):
+            raise DeployError(f"no deployed env on {self.host.name} ({self.python} missing)",
+                              hint=f"run `dfo deploy --host {self.host.name}` first")
+        r.check("reading run state")
+        return json.loads(r.out)
+
+    def status(self, run: str | None = None) -> list[dict]:
+        if run is not None:
+            _check_run_id(run)
+        return self.query(run)["runs"]
+
+    def current_run(self, run: str | None = None) -> str:
+        """``run`` or the live run (run.lock owner), else the newest run."""
+        if run:
+            _check_run_id(run)
+            return run
+        q = self.query()
+        runs = q["runs"]
+        if not runs:
+            raise NotFoundError(f"no runs on {self.host.name}", hint="start one with `dfo launch`")
+        owner = q.get("lock_owner")
+        live = [r for r in runs if r.get("live")]
+        if owner and any(r["run_id"] == owner for r in live):
+            return owner
+        if live:
+            return max(live, key=lambda r: r.get("started_at") or 0)["run_id"]
+        return max(runs, key=lambda r: r.get("started_at") or 0)["run_id"]
+
+    def stop(self, run: str | None = None, *, timeout: float = 180.0, wait: bool = True) -> dict:
+        run_id = self.current_run(run)
+        r = self.t.run([self.python, "-m", "orchestrator.supervisor.query", "--root",
+                        self.layout.root, "--stop", run_id], timeout=60)
+        r.check("stopping the run")
+        res = json.loads(r.out)
+        if not res.get("stopped"):
+            runs = self.status(run_id)
+            if not runs:
+                raise NotFoundError(f"no run {run_id} on {self.host.name}")
+            return runs[0]
+        if not wait:
+            return self.status(run_id)[0]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            info = self.status(run_id)[0]
+            if info.get("status") in rs.FINAL or not info.get("live"):
+                return info
+            time.sleep(0.5)
+        raise RunFailed(f"run {run_id} did not stop within {timeout:.0f}s",
+                        hint="see its supervisor.log; the supervisor kills the trainer after "
+                             "stop_timeout_s")
+
+
+_RUN_ID = __import__("re").compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,79}$")
+
+
+def _check_run_id(run: str) -> None:
+    if not _RUN_ID.match(run or ""):
+        raise ConfigError(f"--run {run!r} is not a run id", hint="see `dfo status` for run ids")

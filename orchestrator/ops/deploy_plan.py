@@ -1,0 +1,429 @@
+"""``dfo deploy``'s decisions (pure): the remote state probe, its parser, and the plan.
+
+The deploy talks to the target through a handful of constant shell scripts that take
+every value as a positional parameter (``"$1"``...), never through f-string shells:
+
+- ``STATE_SCRIPT``: one command that reports everything the plan needs (uv version,
+  envs/current and previous, the target env's completeness, the current env's marker,
+  fingerprint and ``uv pip freeze``, the interpreter, free disk, run.lock and the deploy
+  lease). A no-op redeploy is this one command.
+- ``LEASE_SCRIPT`` / ``LOCKED_SCRIPT`` / ``RELEASE_SCRIPT``: the deploy lock. ``flock`` on
+  ``locks/deploy.lock`` guards every mutating command; a lease file
+  (``locks/deploy.owner``: ``TOKEN INFO``) ties the commands of one deploy together, kept
+  fresh by a heartbeat while a command runs, so a second deploy is refused with the
+  first one's name, and a killed deploy's lease goes stale.
+- ``SWITCH_SCRIPT``: atomic switch of ``envs/current`` (a symlink made under a temporary
+  name, then ``mv -T``), under ``flock -n locks/run.lock`` so no run can start meanwhile.
+
+An env is complete when ``<env>/.dfo-complete`` exists; it is written last, after the
+probe passed and ``fingerprint.json`` was written. A directory without it (a deploy cut
+short by a dropped SSH link, Ctrl-C or kill -9) is never taken for a good env: the
+next deploy removes it and builds again.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import posixpath
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import LockHeldError
+from .drift import Drift, Installed, diff, parse_freeze
+from .fingerprint import Mismatch, compare
+from .lockfile import Lock
+
+COMPLETE_MARKER = ".dfo-complete"
+FINGERPRINT_FILE = "fingerprint.json"
+LEASE_STALE_S = 20  # a lease not refreshed for this long belongs to a dead deploy
+HEARTBEAT_S = 3
+EXIT_BUSY = 75
+
+STAGES = ("connect", "push uv", "push wheel", "create venv", "install", "verify", "switch")
+
+STATE_SCRIPT = r'''
+root=$1; env=$2; py=$3; wheel=$4
+uv="$root/bin/uv"
+b64() { base64 -w0 2>/dev/null; }
+emit() { printf '%s\t%s\n' "$1" "$2"; }
+emit arch "$(uname -m)"
+if [ -x "$uv" ]; then emit uv "$("$uv" --version 2>/dev/null | head -n1)"; else emit uv ""; fi
+emit current "$(readlink "$root/envs/current" 2>/dev/null)"
+emit previous "$(readlink "$root/envs/previous" 2>/dev/null)"
+if [ -f "$env/.dfo-complete" ]; then emit target complete
+elif [ -e "$env" ]; then emit target incomplete
+else emit target absent; fi
+cur="$root/envs/current"
+if [ -L "$cur" ]; then
+  [ -f "$cur/.dfo-complete" ] && emit current_marker "$(b64 < "$cur/.dfo-complete")"
+  [ -f "$cur/fingerprint.json" ] && emit current_fingerprint "$(b64 < "$cur/fingerprint.json")"
+  if [ -x "$uv" ] && [ -x "$cur/bin/python" ]; then
+    emit current_freeze "$("$uv" pip freeze --python "$cur/bin/python" 2>&1 | b64)"
+  fi
+fi
+case "$py" in
+  /*) if [ -x "$py" ]; then p=$py; else p=; fi ;;
+  *) p=$(command -v "python$py" 2>/dev/null)
+     if [ -z "$p" ] && [ -x "$uv" ]; then
+       p=$(UV_PYTHON_DOWNLOADS=never "$uv" python find "$py" 2>/dev/null | head -n1)
+     fi ;;
+esac
+emit python "$p"
+d=$root; while [ ! -e "$d" ] && [ "$d" != / ]; do d=$(dirname "$d"); done
+emit df_kb "$(df -Pk "$d" 2>/dev/null | awk 'NR==2 {print $4}')"
+if [ -f "$wheel" ]; then emit wheel present; else emit wheel absent; fi
+if [ -f "$root/locks/run.lock" ]; then
+  if flock -n "$root/locks/run.lock" true 2>/dev/null; then emit run_lock free
+  else emit run_lock held; emit run_lock_owner "$(head -c 4096 "$root/locks/run.lock" | b64)"; fi
+fi
+own="$root/locks/deploy.owner"
+if [ -s "$own" ]; then
+  emit deploy_owner "$(head -n1 "$own" | b64)"
+  emit deploy_owner_age "$(( $(date +%s) - $(stat -c %Y "$own") ))"
+fi
+for x in "$root"/envs/*; do
+  [ -d "$x" ] || continue
+  [ -L "$x" ] && continue
+  n=$(basename "$x")
+  if [ -f "$x/.dfo-complete" ]; then emit env "complete $n"; else emit env "incomplete $n"; fi
+done
+emit end ok
+'''
+
+LEASE_SCRIPT = r'''
+lock=$1; owner=$2; token=$3; info=$4; stale=$5; takeover=$6; wait=$7
+mkdir -p "$(dirname "$lock")" || exit 1
+exec 9>>"$lock"
+flock -w "$wait" 9 || { printf '@busy\t%s\n' "$(head -n1 "$owner" 2>/dev/null)"; exit 75; }
+if [ -s "$owner" ]; then
+  cur=$(head -n1 "$owner"); age=$(( $(date +%s) - $(stat -c %Y "$owner") ))
+  tok=${cur%% *}
+  if [ "$tok" != "$token" ] && [ "$tok" != "$takeover" ] && [ "$age" -lt "$stale" ]; then
+    printf '@held\t%s\n' "$cur"; exit 75
+  fi
+fi
+printf '%s %s\n' "$token" "$info" > "$owner.tmp.$$" && mv -f "$owner.tmp.$$" "$owner" || exit 1
+echo "@acquired"
+'''
+
+LOCKED_SCRIPT = r'''
+lock=$1; owner=$2; token=$3; hb=$4; shift 4
+exec 9>>"$lock"
+flock -w 30 9 || { echo "dfo: the deploy lock $lock is busy" >&2; exit 75; }
+cur=$(head -n1 "$owner" 2>/dev/null)
+[ "${cur%% *}" = "$token" ] || { echo "dfo: this deploy no longer holds $owner (now: ${cur:-nobody})" >&2; exit 75; }
+touch "$owner"
+( while sleep "$hb"; do touch "$owner" 2>/dev/null || exit; done ) </dev/null >/dev/null 2>&1 &
+beat=$!
+"$@"
+rc=$?
+kill "$beat" 2>/dev/null
+touch "$owner"
+exit $rc
+'''
+
+RELEASE_SCRIPT = r'''
+lock=$1; owner=$2; token=$3
+exec 9>>"$lock"
+flock -w 10 9 || exit 0
+cur=$(head -n1 "$owner" 2>/dev/null)
+[ "${cur%% *}" = "$token" ] && rm -f "$owner"
+exit 0
+'''
+
+#: "$1" envs dir, "$2" new current (a dir name in envs/), "$3" new previous ("" keeps it),
+#: "$4" run.lock path. Refuses (exit 75, owner on stdout) while a run holds run.lock.
+SWITCH_SCRIPT = r'''
+envs=$1; new=$2; prev=$3; runlock=$4
+[ -f "$envs/$new/.dfo-complete" ] || { echo "dfo: $envs/$new is not a complete env" >&2; exit 1; }
+mkdir -p "$(dirname "$runlock")" || exit 1
+exec 8>>"$runlock"
+if ! flock -n 8; then printf '@runlock\t%s\n' "$(head -c 4096 "$runlock" | base64 -w0)"; exit 75; fi
+if [ -n "$prev" ]; then
+  ln -sfn "$prev" "$envs/.previous.tmp.$$" && mv -T -f "$envs/.previous.tmp.$$" "$envs/previous" || exit 1
+fi
+ln -sfn "$new" "$envs/.current.tmp.$$" && mv -T -f "$envs/.current.tmp.$$" "$envs/current" || exit 1
+echo "@switched"
+'''
+
+#: Remove a half-built env ("$1"): rename it out of the way first (one atomic step), then
+#: delete; a crash during the delete leaves only a .trash dir, never a half env name.
+CLEAN_SCRIPT = r'''
+for d in "$@"; do
+  [ -e "$d" ] || continue
+  [ -f "$d/.dfo-complete" ] && continue
+  t="$(dirname "$d")/.trash.$(basename "$d").$$"
+  mv -T -f "$d" "$t" && rm -rf -- "$t"
+done
+for t in "$(dirname "$1")"/.trash.*; do [ -e "$t" ] && rm -rf -- "$t"; done
+exit 0
+'''
+
+#: Mark an env incomplete before changing it in place ("$1" env dir).
+UNMARK_SCRIPT = 'rm -f -- "$1/.dfo-complete"'
+
+
+def script_argv(script: str, *args: str, name: str = "dfo-deploy") -> list[str]:
+    """``bash -c SCRIPT NAME ARGS...``: values reach the script only as "$1"..."""
+    return ["bash", "-c", script, name, *args]
+
+
+def locked_argv(lock: str, owner: str, token: str, argv: list[str]) -> list[str]:
+    """Run argv while holding the deploy flock and checking this deploy's lease."""
+    return script_argv(LOCKED_SCRIPT, lock, owner, token, str(HEARTBEAT_S), *argv,
+                       name="dfo-locked")
+
+
+# --------------------------------------------------------------------------- state
+
+
+def _b64(v: str) -> str:
+    try:
+        return base64.b64decode(v.encode(), validate=False).decode("utf-8", "replace")
+    except (ValueError, TypeError):
+        return ""
+
+
+def _json(v: str) -> dict[str, Any] | None:
+    try:
+        d = json.loads(v)
+    except (json.JSONDecodeError, TypeError):
+        return None
+    return d if isinstance(d, dict) else None
+
+
+@dataclass
+class RemoteState:
+    arch: str = ""
+    uv_version: str = ""             # "uv 0.13.9 (...)" or ""
+    current: str = ""                # readlink envs/current ("" when none)
+    previous: str = ""
+    target: str = "absent"           # complete | incomplete | absent
+    current_marker: dict[str, Any] | None = None
+    current_fingerprint: dict[str, Any] | None = None
+    current_freeze: str | None = None
+    python: str = ""                 # interpreter path found for the profile ("" none)
+    df_kb: int | None = None
+    wheel_present: bool = False
+    run_lock_held: bool = False
+    run_lock_owner: str = ""
+    deploy_owner: str = ""           # "TOKEN INFO"
+    deploy_owner_age: int | None = None
+    envs: dict[str, bool] = field(default_factory=dict)  # env dir name -> complete?
+    complete_output: bool = False
+
+    @property
+    def current_name(self) -> str:
+        return posixpath.basename(self.current.rstrip("/")) if self.current else ""
+
+    @property
+    def previous_name(self) -> str:
+        return posixpath.basename(self.previous.rstrip("/")) if self.previous else ""
+
+
+def parse_state(output: str) -> RemoteState:
+    s = RemoteState()
+    for line in output.splitlines():
+        key, _, val = line.partition("\t")
+        if key == "arch":
+            s.arch = val
+        elif key == "uv":
+            s.uv_version = val.strip()
+        elif key == "current":
+            s.current = val.strip()
+        elif key == "previous":
+            s.previous = val.strip()
+        elif key == "target":
+            s.target = val.strip()
+        elif key == "current_marker":
+            s.current_marker = _json(_b64(val))
+        elif key == "current_fingerprint":
+            s.current_fingerprint = _json(_b64(val))
+        elif key == "current_freeze":
+            s.current_freeze = _b64(val)
+        elif key == "python":
+            s.python = val.strip()
+        elif key == "df_kb":
+            s.df_kb = int(val) if val.strip().isdigit() else None
+        elif key == "wheel":
+            s.wheel_present = val.strip() == "present"
+        elif key == "run_lock":
+            s.run_lock_held = val.strip() == "held"
+        elif key == "run_lock_owner":
+            s.run_lock_owner = _b64(val)
+        elif key == "deploy_owner":
+            s.deploy_owner = _b64(val).strip()
+        elif key == "deploy_owner_age":
+            s.deploy_owner_age = int(val) if val.strip().lstrip("-").isdigit() else None
+        elif key == "env":
+            state, _, name = val.partition(" ")
+            s.envs[name] = state == "complete"
+        elif key == "end":
+            s.complete_output = True
+    return s
+
+
+def describe_run_lock(content: str) -> str:
+    """Who holds run.lock, from its content (JSON with run_id/run, or a plain first line)."""
+    text = content.strip()
+    d = _json(text)
+    if d:
+        rid = d.get("run_id") or d.get("run") or d.get("id")
+        pid = d.get("pid")
+        if rid:
+            return f"run {rid}" + (f" (pid {pid})" if pid else "")
+    first = text.splitlines()[0].strip() if text else ""
+    return f"run {first}" if first else "a run (run.lock holds no run id)"
+
+
+def run_lock_error(host: str, root: str, content: str) -> LockHeldError:
+    who = describe_run_lock(content)
+    return LockHeldError(f"{who} holds {posixpath.join(root, 'locks', 'run.lock')} on {host}; "
+                         f"deploy will not change envs/current under a live run",
+                         hint=f"wait for it to finish or stop it (dfo stop), then deploy again")
+
+
+def lease_owner(owner_line: str) -> tuple[str, dict[str, Any]]:
+    """``TOKEN INFO-JSON`` -> (token, info)."""
+    tok, _, rest = owner_line.strip().partition(" ")
+    return tok, (_json(rest) or {"info": rest})
+
+
+def describe_lease(owner_line: str) -> str:
+    tok, info = lease_owner(owner_line)
+    parts = []
+    if info.get("user") or info.get("machine"):
+        parts.append(f"{info.get('user', '?')}@{info.get('machine', '?')}")
+    if info.get("pid"):
+        parts.append(f"pid {info['pid']}")
+    if info.get("started"):
+        parts.append(f"started {info['started']}")
+    return f"deploy {tok[:8]}" + (f" ({', '.join(parts)})" if parts else "")
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+@dataclass(frozen=True)
+class Step:
+    stage: str
+    run: bool
+    reason: str
+
+
+@dataclass
+class Plan:
+    action: str        # noop | create | repair | update | reuse | reverify | rollback
+    target: str        # env dir name in envs/
+    steps: list[Step]
+    clean: list[str] = field(default_factory=list)  # incomplete env dir names to remove
+    drift: Drift | None = None
+    mismatches: list[Mismatch] = field(default_factory=list)
+    reinstall: bool = False
+    sync: bool = True          # run `uv pip sync` in the install stage
+    new_previous: str = ""     # what envs/previous becomes at switch ("" keeps it)
+
+    def runs(self, stage: str) -> bool:
+        return any(s.stage == stage and s.run for s in self.steps)
+
+    @property
+    def noop(self) -> bool:
+        return self.action == "noop"
+
+
+def _uv_version_number(v: str) -> str:
+    parts = v.split()
+    return parts[1] if len(parts) >= 2 and parts[0] == "uv" else v.strip()
+
+
+def uv_matches(remote: str, local: str) -> bool:
+    return bool(remote) and _uv_version_number(remote) == _uv_version_number(local)
+
+
+def current_drift(state: RemoteState, lock: Lock, wheel_remote: str | None) -> Drift:
+    installed: dict[str, Installed] = parse_freeze(state.current_freeze or "")
+    return diff(lock, installed, project="dfo", project_wheel=wheel_remote)
+
+
+def make_plan(state: RemoteState, *, target: str, lock: Lock, expect: dict[str, Any],
+              local_uv: str, wheel_remote: str, force: bool = False) -> Plan:
+    """What a deploy must do to make ``envs/current`` the complete, verified ``target``."""
+    uv_step = Step("push uv", not uv_matches(state.uv_version, local_uv),
+                   "uv missing" if not state.uv_version else
+                   (f"{_uv_version_number(state.uv_version)} -> {_uv_version_number(local_uv)}"
+                    if not uv_matches(state.uv_version, local_uv) else "same version"))
+    clean = sorted(n for n, ok in state.envs.items() if not ok)
+    is_current = state.current_name == target and state.target == "complete"
+
+    def steps(create: bool, install: str | None, verify: bool, switch: str | None) -> list[Step]:
+        wheel_needed = install is not None
+        return [
+            Step("connect", True, "state probed"),
+            uv_step if (create or install or verify) else Step("push uv", False, "not needed"),
+            Step("push wheel", wheel_needed and not state.wheel_present,
+                 "already there" if state.wheel_present else
+                 ("new build" if wheel_needed else "not needed")),
+            Step("create venv", create, "new env" if create else "exists"),
+            Step("install", install is not None, install or "up to date"),
+            Step("verify", verify, "probe the env" if verify else "fingerprint matches"),
+            Step("switch", switch is not None, switch or "already current"),
+        ]
+
+    if is_current:
+        drift = current_drift(state, lock, wheel_remote)
+        marker = state.current_marker or {}
+        fp = state.current_fingerprint or {}
+        mism = compare(fp, expect) if fp else []
+        marker_ok = marker.get("lock_hash") == lock.sha256
+        if force:
+            return Plan("repair", target, steps(False, "reinstall (--force)", True, None),
+                        clean, drift, mism, reinstall=True)
+        if drift.packages_differ or not marker_ok:
+            return Plan("repair", target, steps(False, "uv pip sync (drift)", True, None),
+                        clean, drift, mism)
+        if drift.project_differs:
+            return Plan("update", target, steps(False, "dfo wheel", True, None),
+                        clean, drift, mism, sync=False)
+        if not fp or mism:
+            return Plan("reverify", target, steps(False, None, True, None), clean, drift, mism)
+        return Plan("noop", target, steps(False, None, False, None), clean, drift, mism)
+
+    prev = state.current_name if state.current_name and state.current_name != target else ""
+    if state.target == "complete":
+        # built before (e.g. the env we rolled back from): make sure it is exact, then switch
+        return Plan("reuse", target, steps(False, "uv pip sync", True, "to existing env"),
+                    clean, new_previous=prev, reinstall=force)
+    return Plan("create", target, steps(True, "uv pip sync", True, "to new env"),
+                [n for n in clean], new_previous=prev)
+
+
+def rollback_plan(state: RemoteState) -> Plan:
+    from ..errors import DeployError
+
+    if not state.previous_name:
+        raise DeployError("no previous env to roll back to",
+                          hint="envs/previous is set when a deploy switches envs/current")
+    if not state.envs.get(state.previous_name):
+        raise DeployError(f"the previous env {state.previous_name} is missing or incomplete",
+                          hint="deploy again to build a good env")
+    return Plan("rollback", state.previous_name, [
+        Step("connect", True, "state probed"),
+        Step("push uv", False, "not needed"),
+        Step("push wheel", False, "not needed"),
+        Step("create venv", False, "exists"),
+        Step("install", False, "not needed"),
+        Step("verify", True, "probe the previous env"),
+        Step("switch", True, f"back to {state.previous_name}"),
+    ], new_previous=state.current_name)
+
+
+def check_disk(df_kb: int | None, need_mb: int, *, host: str, root: str) -> str | None:
+    """An error message when the target has less free disk than the profile needs."""
+    if df_kb is None or need_mb <= 0:
+        return None
+    free_mb = df_kb // 1024
+    if free_mb < need_mb:
+        return (f"disk full on {host}: {root} has {free_mb} MB free, the env needs about "
+                f"{need_mb} MB")
+    return None

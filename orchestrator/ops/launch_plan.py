@@ -1,0 +1,352 @@
+"""Pure planning for ``dfo launch``: input validation, the supervisor's start argv, the
+trainer argv of an attempt, and the probe script launch runs first. No I/O here.
+
+Nothing a user types reaches a shell: ``--resume`` is a checkpoint name, ``latest`` or a
+path under the host's root made of plain characters; every remote shell script is a
+constant that takes its values as positional parameters (``"$1"``).
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from ..errors import ConfigError, NotFoundError
+
+STEP_NAME = re.compile(r"^step_(\d{1,12})$")
+RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,47}$")
+SAFE_PATH = re.compile(r"^/[A-Za-z0-9._/@+=-]*$")
+SET_KEY = re.compile(r"^[a-z_][a-z0-9_]*\.[a-z_][a-z0-9_]*$")
+
+#: keys launch owns; --set may not change them
+RESERVED_KEYS = frozenset({"run.dir", "checkpoint.dir", "fault.spec"})
+
+
+# --- --resume --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Resume:
+    kind: str          # "latest" | "name" | "path"
+    value: str         # "latest", "step_690", or an absolute normalized path
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "value": self.value}
+
+
+def parse_resume(value: str | None, root: str) -> Resume | None:
+    """Validate ``--resume``. Raises ConfigError for anything but a checkpoint name
+    (``step_N``), ``latest``, or an absolute path under ``root`` with plain characters."""
+    if value is None:
+        return None
+    v = value.strip()
+    how = f"use a checkpoint name like step_690, 'latest', or a path under {root}"
+    if v == "latest":
+        return Resume("latest", v)
+    if STEP_NAME.match(v):
+        return Resume("name", v)
+    if v.startswith("/"):
+        if not SAFE_PATH.match(v) or any(p == ".." for p in v.split("/")):
+            raise ConfigError(f"--resume: {value!r} is not a plain path", hint=how)
+        norm = posixpath.normpath(v)
+        rootn = posixpath.normpath(root)
+        if not (norm + "/").startswith(rootn.rstrip("/") + "/") or norm == rootn:
+            raise ConfigError(f"--resume: {value!r} is outside the host's root {root}", hint=how)
+        return Resume("path", norm)
+    raise ConfigError(f"--resume: {value!r} is not a checkpoint name", hint=how)
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    name: str
+    step: int
+    path: str
+    valid: bool
+    why: str = ""
+
+
+def parse_checkpoint_listing(obj: Any) -> list[CheckpointInfo]:
+    """Read ``python -m trainer.checkpoints list DIR --json`` output (already JSON-decoded).
+
+    Accepts a list of entries or ``{"checkpoints": [...]}``; each entry has ``name``/``path``,
+    ``step`` and ``valid`` (plus ``reason``/``why``/``error`` when invalid)."""
+    if isinstance(obj, Mapping):
+        obj = obj.get("checkpoints", [])
+    out = []
+    for e in obj or []:
+        if not isinstance(e, Mapping):
+            continue
+        path = str(e.get("path") or "")
+        name = str(e.get("name") or posixpath.basename(path))
+        step = e.get("step")
+        if not isinstance(step, int):
+            m = STEP_NAME.match(name)
+            step = int(m.group(1)) if m else -1
+        why = str(e.get("reason") or e.get("why") or e.get("error") or "")
+        out.append(CheckpointInfo(name, step, path, bool(e.get("valid")), why))
+    return sorted(out, key=lambda c: c.step)
+
+
+def resolve_resume(resume: Resume, listing: Sequence[CheckpointInfo], ckpt_dir: str) -> str:
+    """The checkpoint path a ``--resume`` names; NotFoundError lists the valid ones."""
+    valid = [c for c in listing if c.valid]
+    have = ", ".join(c.name for c in valid) or "none"
+    if resume.kind == "latest":
+        if not valid:
+            raise NotFoundError(f"--resume latest: no valid checkpoint in {ckpt_dir}",
+                                hint="launch without --resume to start from scratch")
+        return valid[-1].path or posixpath.join(ckpt_dir, valid[-1].name)
+    if resume.kind == "name":
+        for c in listing:
+            if c.name == resume.value:
+                if c.valid:
+                    return c.path or posixpath.join(ckpt_dir, c.name)
+                raise NotFoundError(f"--resume {resume.value}: checkpoint is incomplete or corrupt"
+                                    f" ({c.why or 'manifest does not verify'})",
+                                    hint=f"valid checkpoints in {ckpt_dir}: {have}")
+        raise NotFoundError(f"--resume {resume.value}: no such checkpoint in {ckpt_dir}",
+                            hint=f"valid checkpoints: {have}")
+    return resume.value  # a path: verified by the caller with the manifest check
+
+
+# --- run names and --set --------------------------------------------------------------
+
+def check_run_name(name: str) -> str:
+    if not RUN_NAME.match(name or ""):
+        raise ConfigError(f"--run-name: {name!r} is not a valid run name",
+                          hint="use letters, digits, '.', '_' or '-', at most 48 characters")
+    return name
+
+
+def make_run_id(run_name: str, now: float) -> str:
+    return f"{run_name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime(now))}"
+
+
+def parse_sets(items: Sequence[str]) -> dict[str, Any]:
+    """``--set train.micro_batch=4`` -> {"train.micro_batch": 4} (values read as YAML)."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE",
+                              hint="e.g. --set train.micro_batch=4")
+        k, v = item.split("=", 1)
+        k = k.strip()
+        if not SET_KEY.match(k):
+            raise ConfigError(f"--set {item!r}: key must be SECTION.FIELD",
+                              hint="e.g. --set compile.gate=false")
+        if k in RESERVED_KEYS:
+            raise ConfigError(f"--set {k}: set by dfo launch itself",
+                              hint="use --run-name / --fault instead")
+        try:
+            out[k] = yaml.safe_load(v) if v.strip() else ""
+        except yaml.YAMLError:
+            out[k] = v
+    return out
+
+
+def render_value(v: Any) -> str:
+    """A config value as the trainer's flag text (``true``, ``4``, ``[cuda:0,cuda:1]``)."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if v is None:
+        return "null"
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(render_value(x) for x in v) + "]"
+    return str(v)
+
+
+def override_flags(overrides: Mapping[str, Any]) -> list[str]:
+    out: list[str] = []
+    for k in sorted(overrides):
+        out += [f"--{k}", render_value(overrides[k])]
+    return out
+
+
+def flatten(d: Mapping[str, Any]) -> dict[str, Any]:
+    """A config dict (sections of fields) -> flat dotted keys."""
+    out: dict[str, Any] = {}
+    for sec, body in d.items():
+        if isinstance(body, Mapping):
+            for k, v in body.items():
+                out[f"{sec}.{k}"] = v
+    return out
+
+
+# --- the attempt's trainer argv ------------------------------------------------------------
+
+def ddp_nproc(cfg: Mapping[str, Any]) -> int:
+    """Processes for layout ddp: one per distinct CUDA device named in the config (1 on CPU)."""
+    devs = [d for d in list(cfg.get("parallel.drafter_devices") or [])
+            if isinstance(d, str) and d.startswith("cuda")]
+    return max(1, len(set(devs)))
+
+
+def trainer_argv(python: str, config_path: str, overrides: Mapping[str, Any], *,
+                 run_dir: str, checkpoint_dir: str, resume: str | None,
+                 layout: str | None = None, nproc: int = 1) -> list[str]:
+    """``python -m trainer train ...`` through the supervisor's shim (under
+    ``torch.distributed.run`` for ddp)."""
+    flags = ["--config", config_path, "--run.dir", run_dir, "--checkpoint.dir", checkpoint_dir]
+    flags += override_flags(overrides)
+    if resume:
+        flags += ["--resume", resume]
+    # the shim registers faulthandler on SIGUSR1 (stack dumps of hangs) and the
+    # parent-death signal, then runs ``python -m trainer`` unchanged
+    shim = ["-m", "orchestrator.supervisor.shim", "trainer", "train"]
+    if layout == "ddp":
+        return [python, "-m", "torch.distributed.run", "--standalone",
+                f"--nproc_per_node={nproc}", *shim, *flags]
+    return [python, *shim, *flags]
+
+
+# --- the supervisor's start command ---------------------------------------------------------
+
+#: setsid mode: detach fully (own session, fds away from the SSH channel) and restart the
+#: supervisor if it dies abnormally (it re-reads state.json and reaps orphans). Constant;
+#: values come as positional parameters: $1 = log file, $2.. = the supervisor argv.
+SETSID_SCRIPT = r'''log=$1; shift
+exec </dev/null >>"$log" 2>&1
+n=0
+while :; do
+  "$@"
+  rc=$?
+  [ "$rc" -eq 0 ] && exit 0
+  n=$((n+1))
+  [ "$n" -ge 5 ] && { echo "dfo: supervisor exited $rc; giving up after $n restarts"; exit "$rc"; }
+  echo "dfo: supervisor exited $rc; restarting it ($n/5)"
+  sleep 2
+done'''
+
+
+def unit_name(run_id: str) -> str:
+    return f"dfo-{run_id}"
+
+
+def supervisor_argv(python: str, run_dir: str) -> list[str]:
+    return [python, "-m", "orchestrator.supervisor", "--run-dir", run_dir]
+
+
+def start_argv(python: str, run_dir: str, run_id: str, *, systemd: bool,
+               stop_timeout_s: float = 120.0) -> list[str]:
+    """The argv that starts the supervisor detached (never ``cmd &`` over SSH)."""
+    log = posixpath.join(run_dir, "supervisor.log")
+    sup = supervisor_argv(python, run_dir)
+    if systemd:
+        return ["systemd-run", f"--unit={unit_name(run_id)}", "--collect", "--quiet",
+                "--property=Restart=on-failure", "--property=RestartSec=2",
+                f"--property=TimeoutStopSec={int(stop_timeout_s) + 30}",
+                f"--property=StandardOutput=append:{log}",
+                f"--property=StandardError=append:{log}",
+                f"--working-directory={run_dir}",
+                "--setenv=PYTHONUNBUFFERED=1", *sup]
+    return ["setsid", "-f", "sh", "-c", SETSID_SCRIPT, "dfo-supervisor", log, *sup]
+
+
+# --- the probe launch runs before anything else ----------------------------------------------
+
+#: One round trip: init system, tools, env, and run.lock. $1 = root, $2 = run.lock path.
+PROBE_SCRIPT = r'''root=$1; lock=$2
+if [ "$(cat /proc/1/comm 2>/dev/null)" = systemd ] && command -v systemd-run >/dev/null 2>&1; then echo systemd=1; else echo systemd=0; fi
+if command -v setsid >/dev/null 2>&1; then echo setsid=1; else echo setsid=0; fi
+if [ -x "$root/envs/current/bin/python" ]; then echo env=1; else echo env=0; fi
+if [ -e "$lock" ]; then
+  if flock -n -E 99 "$lock" true 2>/dev/null; then echo lock=free; else echo lock=held; fi
+  printf 'lock_owner=%s\n' "$(head -c 200 "$lock" | tr -cd 'A-Za-z0-9._-')"
+else
+  echo lock=free
+fi'''
+
+
+def probe_argv(root: str, lock: str) -> list[str]:
+    return ["sh", "-c", PROBE_SCRIPT, "dfo-probe", root, lock]
+
+
+def parse_probe(text: str) -> dict[str, str]:
+    out = {}
+    for ln in text.splitlines():
+        if "=" in ln:
+            k, v = ln.split("=", 1)
+            out[k.strip()] = v.strip()
+    return out
+
+
+# --- the plan -------------------------------------------------------------------------------
+
+@dataclass
+class LaunchPlan:
+    host: str
+    run_id: str
+    run_name: str
+    run_dir: str
+    mode: str                       # "systemd" | "setsid"
+    start_argv: list[str]
+    first_attempt_argv: list[str]
+    env: dict[str, str]
+    spec: dict[str, Any]
+    ladders: dict[str, list[str]]
+    resume_path: str | None
+    warnings: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"host": self.host, "run_id": self.run_id, "run_name": self.run_name,
+                "run_dir": self.run_dir, "mode": self.mode, "start_argv": self.start_argv,
+                "first_attempt_argv": self.first_attempt_argv, "env": self.env,
+                "ladders": self.ladders, "resume": self.resume_path, "warnings": self.warnings,
+                "budget": self.spec.get("budget"), "thresholds": self.spec.get("thresholds")}
+
+
+DEFAULT_THRESHOLDS: dict[str, float] = {
+    "warmup_s": 900.0,        # no heartbeat/step before the first training step
+    "train_s": 300.0,         # no step (or heartbeat) once training
+    "stop_timeout_s": 120.0,  # SIGTERM -> checkpoint -> exit, before SIGKILL
+    "kill_grace_s": 10.0,     # after a failure was seen, before SIGKILL
+    "live_grace_s": 5.0,      # a fatal pattern was printed: let the trainer exit by itself
+    "collapse_fraction": 0.5,
+    "collapse_steps": 5,
+    "baseline_steps": 5,
+    "skip_steps": 2,
+    "poll_s": 0.2,
+}
+
+
+def thresholds(overrides: Mapping[str, float] | None = None, *, scale: float = 1.0) -> dict:
+    t = dict(DEFAULT_THRESHOLDS)
+    for k, v in (overrides or {}).items():
+        if k not in t:
+            raise ConfigError(f"threshold {k!r} is unknown", hint="known: " + ", ".join(t))
+        t[k] = float(v)
+    return t
+
+
+def build_spec(*, run_id: str, run_name: str, root: str, python: str, config_path: str,
+               base_config: Mapping[str, Any], overrides: Mapping[str, Any],
+               resume_path: str | None, checkpoint_dir: str, env: Mapping[str, str],
+               fault: str | None, ladders: Mapping[str, list[str]], budget: Mapping[str, Any],
+               thresholds_: Mapping[str, float], lock: str, restore_cache_argv: list[str] | None,
+               host: str) -> dict:
+    """spec.json: everything the supervisor needs, so it never re-reads hosts.yaml."""
+    return {
+        "version": 1, "run_id": run_id, "run_name": run_name, "root": root, "host": host,
+        "python": python, "config_path": config_path, "base_config": dict(base_config),
+        "overrides": dict(overrides), "resume": resume_path, "checkpoint_dir": checkpoint_dir,
+        "env": dict(env), "fault": fault, "ladders": {k: list(v) for k, v in ladders.items()},
+        "budget": dict(budget), "thresholds": dict(thresholds_), "lock": lock,
+        "restore_cache_argv": restore_cache_argv,
+    }
+
+
+def attempt_env(base: Mapping[str, str], *, attempt: int, run_dir: str,
+                fault: str | None) -> dict[str, str]:
+    """The env of one attempt (docs/contracts.md)."""
+    env = dict(base)
+    env.update({"DFO_ATTEMPT": str(attempt), "DFO_RUN_DIR": run_dir, "PYTHONUNBUFFERED": "1",
+                "NCCL_NVLS_ENABLE": "0"})
+    if fault:
+        env["DFO_FAULT"] = fault
+    else:
+        env.pop("DFO_FAULT", None)
+    return env

@@ -1,0 +1,264 @@
+"""Probes: (argv, pure parser) pairs that ask a target about itself.
+
+A probe's argv runs through any transport (``transport.run(probe.argv)``); its parser
+takes the finished command (anything with ``exit_code``, ``stdout`` and ``stderr``) and
+returns plain data. Parsers are pure and tested on recorded output, including awkward
+names (``fil () &&-@_e.txt``, spaces, newlines). Values reach the far side only as
+positional parameters of constant scripts (``"$1"``), never inside a script.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Generic, Protocol, TypeVar
+
+T = TypeVar("T")
+
+
+class Output(Protocol):
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
+
+
+@dataclass(frozen=True)
+class Probe(Generic[T]):
+    name: str
+    argv: tuple[str, ...]
+    parse: Callable[[Output], T]
+    timeout: float = 60.0
+
+
+def _text(b: bytes) -> str:
+    return b.decode("utf-8", "replace")
+
+
+# --------------------------------------------------------------------------- pct status
+
+_PCT_STATUS_RE = re.compile(r"^status:\s*(\S+)\s*$", re.M)
+
+
+def parse_pct_status(out: Output) -> str | None:
+    """``status: running`` -> "running"; None when pct did not say (see stderr)."""
+    if out.exit_code != 0:
+        return None
+    m = _PCT_STATUS_RE.search(_text(out.stdout))
+    return m.group(1) if m else None
+
+
+# --------------------------------------------------------------------------- kernel
+
+def kernel_probe() -> Probe[str | None]:
+    return Probe("kernel", ("uname", "-srm"), parse_kernel)
+
+
+def parse_kernel(out: Output) -> str | None:
+    s = _text(out.stdout).strip()
+    return s if out.exit_code == 0 and s else None
+
+
+# --------------------------------------------------------------------------- python
+
+PYTHON_SNIPPET = "import sys,platform;print(platform.python_version());print(sys.executable)"
+_FIND_PYTHON = ('for p in python3 python; do if command -v "$p" >/dev/null 2>&1; then '
+                'exec "$p" -c "$1"; fi; done; echo "no python3 on PATH" >&2; exit 127')
+
+
+@dataclass(frozen=True)
+class PythonInfo:
+    version: str
+    executable: str
+
+
+def python_probe(python: str | None = None) -> Probe[PythonInfo | None]:
+    """The target's Python: ``python`` when hosts.yaml names one, else python3 on PATH."""
+    if python:
+        return Probe("python", (python, "-c", PYTHON_SNIPPET), parse_python)
+    return Probe("python", ("sh", "-c", _FIND_PYTHON, "sh", PYTHON_SNIPPET), parse_python)
+
+
+def parse_python(out: Output) -> PythonInfo | None:
+    if out.exit_code != 0:
+        return None
+    lines = _text(out.stdout).splitlines()
+    if len(lines) < 2 or not re.match(r"^\d+\.\d+", lines[0].strip()):
+        return None
+    return PythonInfo(version=lines[0].strip(), executable="\n".join(lines[1:]).strip())
+
+
+# --------------------------------------------------------------------------- disk
+
+#: df of the nearest existing directory at or above "$1" (the root may not exist yet)
+_DF_SCRIPT = 'd="$1"; while [ ! -e "$d" ]; do d=$(dirname -- "$d"); done; df -Pk -- "$d"'
+_DF_LINE_RE = re.compile(r"^(?P<fs>.*?)\s+(?P<total>\d+)\s+(?P<used>\d+)\s+(?P<avail>\d+)\s+"
+                         r"(?P<cap>\d+%|-)\s+(?P<mount>/.*)$")
+
+
+@dataclass(frozen=True)
+class DiskFree:
+    filesystem: str
+    mount: str
+    total_bytes: int
+    free_bytes: int
+
+
+def disk_probe(path: str) -> Probe[DiskFree | None]:
+    if not path.startswith("/"):
+        raise ValueError(f"disk_probe needs an absolute path, got {path!r}")
+    return Probe("disk", ("sh", "-c", _DF_SCRIPT, "sh", path), parse_df)
+
+
+def parse_df(out: Output) -> DiskFree | None:
+    """``df -Pk`` output (POSIX: one line per filesystem, sizes in KiB). Filesystem and
+    mount point may hold spaces and shell characters; the numbers anchor the split."""
+    if out.exit_code != 0:
+        return None
+    lines = [ln for ln in _text(out.stdout).splitlines() if ln.strip()]
+    for line in reversed(lines[1:]):
+        m = _DF_LINE_RE.match(line)
+        if m:
+            return DiskFree(filesystem=m["fs"], mount=m["mount"],
+                            total_bytes=int(m["total"]) * 1024, free_bytes=int(m["avail"]) * 1024)
+    return None
+
+
+# --------------------------------------------------------------------------- gpus
+
+_GPU_SCRIPT = ('command -v nvidia-smi >/dev/null 2>&1 || exit 127; '
+               'exec nvidia-smi --query-gpu=index,uuid,memory.total,name --format=csv,noheader,nounits')
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    name: str
+    memory_mib: int | None
+    uuid: str
+
+
+@dataclass(frozen=True)
+class GpuReport:
+    present: bool  # nvidia-smi exists
+    gpus: tuple[Gpu, ...] = ()
+    error: str | None = None
+
+
+def gpu_probe() -> Probe[GpuReport]:
+    return Probe("gpus", ("sh", "-c", _GPU_SCRIPT), parse_gpus)
+
+
+def parse_gpus(out: Output) -> GpuReport:
+    """nvidia-smi CSV with the name last, so a name holding ", " cannot shift the columns."""
+    if out.exit_code == 127:
+        return GpuReport(present=False)
+    if out.exit_code != 0:
+        msg = (_text(out.stdout) + _text(out.stderr)).strip().splitlines()
+        return GpuReport(present=True, error=msg[0] if msg else f"nvidia-smi exited {out.exit_code}")
+    gpus = []
+    for line in _text(out.stdout).splitlines():
+        if not line.strip():
+            continue
+        parts = [p.strip() for p in line.split(",", 3)]
+        if len(parts) != 4 or not parts[0].isdigit():
+            return GpuReport(present=True, gpus=tuple(gpus), error=f"unexpected nvidia-smi line: {line!r}")
+        mem = int(parts[2]) if parts[2].isdigit() else None
+        gpus.append(Gpu(index=int(parts[0]), uuid=parts[1], memory_mib=mem, name=parts[3]))
+    return GpuReport(present=True, gpus=tuple(gpus))
+
+
+# --------------------------------------------------------------------------- init
+
+def init_probe() -> Probe[str | None]:
+    """The name of PID 1 (``systemd`` when systemd is init)."""
+    return Probe("init", ("cat", "/proc/1/comm"), parse_init)
+
+
+def parse_init(out: Output) -> str | None:
+    s = _text(out.stdout).strip()
+    return s if out.exit_code == 0 and s else None
+
+
+# --------------------------------------------------------------------------- directory listing
+
+_FIND_FORMAT = r"%y %s %T@ %f\0"
+
+
+@dataclass(frozen=True)
+class DirEntry:
+    name: str
+    kind: str  # find's %y: f file, d directory, l symlink, ...
+    size: int
+    mtime: float
+
+
+def list_dir_probe(path: str) -> Probe[list[DirEntry] | None]:
+    """Entries directly under ``path`` (NUL-separated, so any name survives)."""
+    if not path.startswith("/"):
+        raise ValueError(f"list_dir_probe needs an absolute path, got {path!r}")
+    return Probe("list_dir", ("find", path, "-mindepth", "1", "-maxdepth", "1", "-printf", _FIND_FORMAT),
+                 parse_list_dir)
+
+
+def parse_list_dir(out: Output) -> list[DirEntry] | None:
+    """None when the directory does not exist."""
+    if out.exit_code != 0 and b"No such file" in out.stderr:
+        return None
+    entries = []
+    for rec in out.stdout.split(b"\0"):
+        if not rec:
+            continue
+        kind, size, mtime, name = rec.split(b" ", 3)
+        entries.append(DirEntry(name=name.decode("utf-8", "surrogateescape"), kind=kind.decode(),
+                                size=int(size), mtime=float(mtime)))
+    return sorted(entries, key=lambda e: e.name)
+
+
+# --------------------------------------------------------------------------- the host check
+
+@dataclass
+class HostCheck:
+    """What ``dfo hosts check`` reports for one host."""
+
+    host: str
+    transport: str
+    target: str
+    root: str
+    reachable: bool = False
+    container: str | None = None  # proxmox: running/stopped/...; None otherwise
+    kernel: str | None = None
+    python: PythonInfo | None = None
+    disk: DiskFree | None = None
+    gpus: GpuReport | None = None
+    init: str | None = None
+    error: str | None = None
+    exit_code: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def systemd_pid1(self) -> bool | None:
+        return None if self.init is None else self.init == "systemd"
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["systemd_pid1"] = self.systemd_pid1
+        return d
+
+
+def judge(check: HostCheck) -> HostCheck:
+    """Fill ``problems`` from what was found (pure)."""
+    p = check.problems
+    if not check.reachable:
+        p.append(check.error or "host unreachable")
+        return check
+    if check.container not in (None, "running"):
+        p.append(f"container is {check.container}")
+        return check
+    if check.python is None:
+        p.append("no python3 found on the target (install python3, or set python: in hosts.yaml)")
+    if check.disk is None:
+        p.append(f"cannot tell free disk under {check.root}")
+    if check.gpus is not None and check.gpus.error:
+        p.append(f"nvidia-smi failed: {check.gpus.error}")
+    return check
+

@@ -1,0 +1,422 @@
+"""Compile-cache snapshots: paths, manifest format, verification and plans (pure).
+
+On the host (``<root>`` is the host's root)::
+
+    cache/<key>                 -> symlink to cache/.gens/<key>-<gen>/  (the live cache)
+    cache/.gens/<key>-<gen>/    inductor/ (TORCHINDUCTOR_CACHE_DIR), triton/ (TRITON_CACHE_DIR),
+                                mega/artifacts.bin (torch.compiler.save_cache_artifacts())
+    cache/.used/<key>           touched whenever a run or warm-cache uses the key (last use)
+    cache/snapshots/<key>.tar             the cache dirs, paths relative to the gen dir
+    cache/snapshots/<key>.manifest.json   written last: a snapshot without one does not exist
+
+The live cache is a symlink so that switching it (after a restore or a warm-up) is one
+atomic ``rename(2)``: a half-unpacked or half-warmed directory is never live.
+
+Manifest (``format`` 1)::
+
+    {"format": 1, "key": "cpu-0123456789abcdef", "components": {"torch.__version__": ...},
+     "created": 1700000000.0, "torch": "2.13.0+cpu",
+     "files": {"inductor/fxgraph/..": {"sha256": "..", "size": 123}, ...},
+     "sizes": {"inductor": N, "triton": N, "mega": N, "total": N},
+     "tar": {"name": "<key>.tar", "sha256": "..", "size": N},
+     "warmup": {"cold_s": 12.3, "warm_s": 2.1, "shapes": N}}      # optional
+
+Each run works on its own copy of the live cache (:func:`cache_env`,
+:func:`seed_run_cache_argvs`), so a crash mid-compile cannot poison the shared one.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+from ..errors import CacheError
+from .cache_key import diff_components, explain_diff
+from .layout import RemoteLayout
+
+MANIFEST_FORMAT = 1
+CACHE_SUBDIRS = ("inductor", "triton", "mega")
+MEGA_FILE = "mega/artifacts.bin"
+
+_KEY_RE = re.compile(r"^[A-Za-z0-9_.-]{1,80}$")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+# --------------------------------------------------------------------------- paths
+
+def check_key_name(key: str) -> str:
+    if not _KEY_RE.match(key) or key.startswith("."):
+        raise CacheError(f"invalid cache key {key!r}", hint="keys are letters, digits, '.', '_', '-'")
+    return key
+
+
+@dataclass(frozen=True)
+class CachePaths:
+    """Where one key's cache lives on the host."""
+
+    layout: RemoteLayout
+    key: str
+
+    @property
+    def live(self) -> str:
+        return posixpath.join(self.layout.cache, self.key)
+
+    @property
+    def gens(self) -> str:
+        return posixpath.join(self.layout.cache, ".gens")
+
+    def gen(self, stamp: str) -> str:
+        return posixpath.join(self.gens, f"{self.key}-{stamp}")
+
+    def link_tmp(self, stamp: str) -> str:
+        return posixpath.join(self.layout.cache, f".{self.key}.lnk-{stamp}")
+
+    @property
+    def used(self) -> str:
+        return posixpath.join(self.layout.cache, ".used", self.key)
+
+    @property
+    def tar(self) -> str:
+        return posixpath.join(self.layout.snapshots, f"{self.key}.tar")
+
+    @property
+    def manifest(self) -> str:
+        return posixpath.join(self.layout.snapshots, f"{self.key}.manifest.json")
+
+    def tar_tmp(self, stamp: str) -> str:
+        return posixpath.join(self.layout.snapshots, f".{self.key}.tar.tmp-{stamp}")
+
+
+def paths(layout: RemoteLayout, key: str) -> CachePaths:
+    return CachePaths(layout, check_key_name(key))
+
+
+def cache_env(layout: RemoteLayout, key: str, run_dir: str) -> dict[str, str]:
+    """The cache env vars for one run: its *own copy* under ``<run_dir>/cache/``
+    (seeded from the live cache of ``key`` by :func:`seed_run_cache_argvs`), never
+    the shared live cache itself."""
+    check_key_name(key)
+    base = posixpath.join(run_dir, "cache")
+    return {"TORCHINDUCTOR_CACHE_DIR": posixpath.join(base, "inductor"),
+            "TRITON_CACHE_DIR": posixpath.join(base, "triton"),
+            "DFO_CACHE_KEY": key}
+
+
+def seed_run_cache_argvs(layout: RemoteLayout, key: str, run_dir: str) -> list[list[str]]:
+    """argvs (run in order, on the host) that give ``run_dir`` its own copy of the live
+    cache: copy to ``<run_dir>/.cache.tmp``, rename to ``<run_dir>/cache``, stamp last use.
+    A full copy (``cp -a``), not hard links: torch and triton do not all write by
+    rename, and an in-place write through a hard link would change the snapshot.
+    When the key has no live cache the run starts cold with empty dirs.
+    Uses a constant ``sh -c`` script with the paths as positional parameters."""
+    p = paths(layout, key)
+    script = ('set -e; live="$1"; run="$2"; used="$3"; rm -rf "$run/.cache.tmp"; '
+              'if [ -d "$live/" ]; then cp -a "$live/." "$run/.cache.tmp"; '
+              'mkdir -p "$(dirname "$used")"; touch "$used"; '
+              'else mkdir -p "$run/.cache.tmp/inductor" "$run/.cache.tmp/triton"; fi; '
+              'rm -rf "$run/cache"; mv "$run/.cache.tmp" "$run/cache"')
+    return [["mkdir", "-p", run_dir], ["sh", "-c", script, "dfo-seed-cache", p.live, run_dir, p.used]]
+
+
+# --------------------------------------------------------------------------- manifest
+
+def sizes_of(files: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:
+    sizes = {d: 0 for d in CACHE_SUBDIRS}
+    for rel, info in files.items():
+        top = rel.split("/", 1)[0]
+        sizes[top] = sizes.get(top, 0) + int(info["size"])
+    sizes["total"] = sum(int(i["size"]) for i in files.values())
+    return sizes
+
+
+def build_manifest(key: str, components: Mapping[str, str], files: Mapping[str, Mapping[str, Any]],
+                   *, tar_sha256: str, tar_size: int, created: float, torch: str | None,
+                   warmup: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    check_files_shape(files, "new snapshot")
+    m: dict[str, Any] = {
+        "format": MANIFEST_FORMAT,
+        "key": key,
+        "components": dict(sorted(components.items())),
+        "created": float(created),
+        "torch": torch,
+        "files": {k: {"sha256": v["sha256"], "size": int(v["size"])} for k, v in sorted(files.items())},
+        "sizes": sizes_of(files),
+        "tar": {"name": f"{key}.tar", "sha256": tar_sha256, "size": int(tar_size)},
+    }
+    if warmup:
+        m["warmup"] = dict(warmup)
+    return m
+
+
+def manifest_bytes(manifest: Mapping[str, Any]) -> bytes:
+    return (json.dumps(manifest, indent=1, sort_keys=False) + "\n").encode("utf-8")
+
+
+def _bad(source: str, what: str) -> CacheError:
+    return CacheError(f"snapshot manifest {source} is not valid: {what}",
+                      hint="take a new snapshot with `dfo warm-cache`")
+
+
+def check_files_shape(files: Any, source: str) -> None:
+    if not isinstance(files, Mapping):
+        raise _bad(source, "'files' is not a mapping")
+    for rel, info in files.items():
+        parts = str(rel).split("/")
+        if (not rel or rel.startswith("/") or any(p in ("", ".", "..") for p in parts)
+                or parts[0] not in CACHE_SUBDIRS):
+            raise _bad(source, f"file path {rel!r} is not under {'/'.join(CACHE_SUBDIRS)}")
+        if (not isinstance(info, Mapping) or not _HEX64.match(str(info.get("sha256", "")))
+                or not isinstance(info.get("size"), int) or info["size"] < 0):
+            raise _bad(source, f"file {rel!r} lacks a sha256/size")
+
+
+def parse_manifest(data: bytes | str, source: str) -> dict[str, Any]:
+    """Parse and validate a manifest; CacheError (one line) naming what is wrong."""
+    try:
+        m = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise _bad(source, f"not JSON ({e.__class__.__name__})") from None
+    if not isinstance(m, dict):
+        raise _bad(source, "not a JSON object")
+    if m.get("format") != MANIFEST_FORMAT:
+        raise _bad(source, f"format {m.get('format')!r}, this dfo reads {MANIFEST_FORMAT}")
+    key = m.get("key")
+    if not isinstance(key, str) or not _KEY_RE.match(key):
+        raise _bad(source, "no valid 'key'")
+    comps = m.get("components")
+    if not isinstance(comps, dict) or not all(isinstance(v, str) for v in comps.values()):
+        raise _bad(source, "'components' is not a mapping of strings")
+    check_files_shape(m.get("files"), source)
+    tar = m.get("tar")
+    if (not isinstance(tar, dict) or not _HEX64.match(str(tar.get("sha256", "")))
+            or not isinstance(tar.get("size"), int)):
+        raise _bad(source, "'tar' lacks a sha256/size")
+    return m
+
+
+# --------------------------------------------------------------------------- verification
+
+def check_key(manifest: Mapping[str, Any], key: str, components: Mapping[str, str], source: str) -> None:
+    """Refuse a snapshot made for another env/config, naming each component that differs."""
+    diffs = diff_components(manifest["components"], components)
+    if manifest["key"] == key and not diffs:
+        return
+    if diffs:
+        raise CacheError(f"snapshot {source} was made for another environment: {explain_diff(diffs)}",
+                         hint="warm a new cache for this env with `dfo warm-cache`")
+    raise CacheError(f"snapshot {source} has key {manifest['key']}, this env's key is {key}",
+                     hint="warm a new cache for this env with `dfo warm-cache`")
+
+
+def check_tar(manifest: Mapping[str, Any], observed: Mapping[str, Any] | None, source: str) -> None:
+    """The tar's size and sha256 against the manifest (truncation shows as a size change)."""
+    want = manifest["tar"]
+    if not observed or observed.get("missing"):
+        raise CacheError(f"snapshot {source}: the tar file is missing",
+                         hint="pull or take the snapshot again")
+    if int(observed["size"]) != int(want["size"]):
+        raise CacheError(f"snapshot {source} is truncated or altered: tar is {observed['size']} bytes, "
+                         f"manifest says {want['size']}", hint="pull or take the snapshot again")
+    if observed["sha256"] != want["sha256"]:
+        raise CacheError(f"snapshot {source} is corrupt: tar sha256 {observed['sha256'][:12]} != "
+                         f"manifest {want['sha256'][:12]}", hint="pull or take the snapshot again")
+
+
+def file_problems(expected: Mapping[str, Mapping[str, Any]],
+                  observed: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Differences between the manifest's files and an unpacked tree's, one string each."""
+    out = []
+    for rel in sorted(set(expected) | set(observed)):
+        e, o = expected.get(rel), observed.get(rel)
+        if o is None:
+            out.append(f"{rel}: missing")
+        elif e is None:
+            out.append(f"{rel}: not in the manifest")
+        elif int(o["size"]) != int(e["size"]):
+            out.append(f"{rel}: {o['size']} bytes, manifest says {e['size']}")
+        elif o["sha256"] != e["sha256"]:
+            out.append(f"{rel}: sha256 differs")
+    return out
+
+
+def check_files(manifest: Mapping[str, Any], observed: Mapping[str, Mapping[str, Any]], source: str) -> None:
+    problems = file_problems(manifest["files"], observed)
+    if problems:
+        more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
+        raise CacheError(f"snapshot {source} fails its checksums: {'; '.join(problems[:3])}{more}",
+                         hint="pull or take the snapshot again")
+
+
+# --------------------------------------------------------------------------- plans
+
+@dataclass(frozen=True)
+class WarmPlan:
+    """What ``dfo warm-cache`` does: ``restore`` from ``source`` (``file``/``store``), or
+    ``warm`` (run the trainer's warm-up, then snapshot)."""
+
+    action: str          # "restore" | "warm"
+    source: str | None   # "file" | "store" | None
+    reason: str
+
+
+def plan_warm(*, from_file: bool, store_has_key: bool, rewarm: bool = False) -> WarmPlan:
+    if from_file:
+        return WarmPlan("restore", "file", "restoring the given snapshot")
+    if rewarm:
+        return WarmPlan("warm", None, "--rewarm: warming from the current live cache")
+    if store_has_key:
+        return WarmPlan("restore", "store", "a snapshot for this key is in the host's store")
+    return WarmPlan("warm", None, "no snapshot for this key yet")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One key on a host, as ``dfo warm-cache --status`` shows it."""
+
+    key: str
+    live_size: int | None = None        # bytes in the live cache dir; None = no live cache
+    snapshot_size: int | None = None    # bytes of <key>.tar; None = no snapshot
+    created: float | None = None        # manifest's created
+    last_used: float | None = None      # .used/<key> mtime, or the newest of the above
+
+    @property
+    def recency(self) -> float:
+        return max(x for x in (self.last_used, self.created, 0.0) if x is not None)
+
+
+def entries_from_status(status: Mapping[str, Any]) -> list[Entry]:
+    """Turn the remote ``status`` op's JSON into entries, newest use first."""
+    live = status.get("live") or {}
+    snaps = status.get("snapshots") or {}
+    used = status.get("used") or {}
+    out = []
+    for key in sorted(set(live) | set(snaps)):
+        l, s = live.get(key) or {}, snaps.get(key) or {}
+        last = used.get(key)
+        if last is None:
+            last = max((x for x in (l.get("mtime"), s.get("mtime")) if x is not None), default=None)
+        out.append(Entry(key=key, live_size=l.get("size") if l else None,
+                         snapshot_size=s.get("tar_size") if s else None,
+                         created=s.get("created"), last_used=last))
+    out.sort(key=lambda e: (-e.recency, e.key))
+    return out
+
+
+def plan_prune(entries: Iterable[Entry], keep: int) -> list[str]:
+    """Keys to delete so that the newest ``keep`` (by last use) remain."""
+    if keep < 0:
+        raise CacheError(f"--prune {keep}: expected a count >= 0")
+    ordered = sorted(entries, key=lambda e: (-e.recency, e.key))
+    return [e.key for e in ordered[keep:]]
+
+
+# --------------------------------------------------------------------------- remote helper
+
+#: Run remotely as ``python -c CACHE_TOOL OP ARGS...`` (a constant script; every value is
+#: an argv element). Ops: ``hashdir DIR``, ``hashfile FILE``, ``status CACHE_ROOT``.
+#: Prints one JSON object.
+CACHE_TOOL = r"""
+import hashlib, json, os, sys
+def hf(p):
+    h = hashlib.sha256(); n = 0
+    with open(p, "rb") as f:
+        while True:
+            b = f.read(1 << 20)
+            if not b: break
+            h.update(b); n += len(b)
+    return {"sha256": h.hexdigest(), "size": n}
+def hashdir(root):
+    files, other = {}, []
+    for d, dirs, fs in os.walk(root):
+        dirs.sort()
+        for name in list(dirs):
+            if os.path.islink(os.path.join(d, name)):
+                other.append(os.path.relpath(os.path.join(d, name), root))
+        for name in sorted(fs):
+            p = os.path.join(d, name); rel = os.path.relpath(p, root).replace(os.sep, "/")
+            if os.path.islink(p) or not os.path.isfile(p):
+                other.append(rel); continue
+            files[rel] = hf(p)
+    return {"files": files, "other": other}
+def du(p):
+    n = 0
+    for d, dirs, fs in os.walk(p):
+        for name in fs:
+            try: n += os.lstat(os.path.join(d, name)).st_size
+            except OSError: pass
+    return n
+def status(root):
+    out = {"live": {}, "snapshots": {}, "used": {}, "stale": []}
+    if not os.path.isdir(root):
+        return out
+    for name in sorted(os.listdir(root)):
+        p = os.path.join(root, name)
+        if name in ("snapshots", ".gens", ".used"):
+            continue
+        if name.startswith("."):
+            out["stale"].append(name); continue
+        if os.path.isdir(p):
+            real = os.path.realpath(p)
+            out["live"][name] = {"size": du(real), "mtime": os.stat(real).st_mtime,
+                                 "target": real, "link": os.path.islink(p)}
+    gens = os.path.join(root, ".gens")
+    if os.path.isdir(gens):
+        live_targets = {v["target"] for v in out["live"].values()}
+        for name in sorted(os.listdir(gens)):
+            if os.path.realpath(os.path.join(gens, name)) not in live_targets:
+                out["stale"].append(".gens/" + name)
+    snaps = os.path.join(root, "snapshots")
+    if os.path.isdir(snaps):
+        for name in sorted(os.listdir(snaps)):
+            p = os.path.join(snaps, name)
+            if name.startswith("."):
+                out["stale"].append("snapshots/" + name); continue
+            if name.endswith(".manifest.json"):
+                key = name[: -len(".manifest.json")]
+                ent = {"mtime": os.stat(p).st_mtime}
+                try:
+                    with open(p) as f: m = json.load(f)
+                    ent["created"] = m.get("created"); ent["total"] = (m.get("sizes") or {}).get("total")
+                    ent["warmup"] = m.get("warmup")
+                except Exception as e:
+                    ent["error"] = type(e).__name__
+                t = os.path.join(snaps, key + ".tar")
+                ent["tar_size"] = os.path.getsize(t) if os.path.isfile(t) else None
+                out["snapshots"][key] = ent
+    used = os.path.join(root, ".used")
+    if os.path.isdir(used):
+        for name in os.listdir(used):
+            out["used"][name] = os.stat(os.path.join(used, name)).st_mtime
+    return out
+op, args = sys.argv[1], sys.argv[2:]
+if op == "hashdir":
+    r = hashdir(args[0]) if os.path.isdir(args[0]) else {"missing": True}
+elif op == "hashfile":
+    r = hf(args[0]) if os.path.isfile(args[0]) else {"missing": True}
+elif op == "status":
+    r = status(args[0])
+else:
+    r = {"error": "unknown op %s" % op}
+sys.stdout.write(json.dumps(r) + "\n")
+"""
+
+
+def tool_argv(python: str, op: str, *args: str) -> list[str]:
+    return [python, "-c", CACHE_TOOL, op, *args]
+
+
+def parse_tool(output: str, what: str) -> dict[str, Any]:
+    for line in reversed(output.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                r = json.loads(line)
+            except ValueError:
+                break
+            if isinstance(r, dict) and "error" not in r:
+                return r
+            break
+    raise CacheError(f"{what}: the cache helper printed no result", hint="is the env deployed? `dfo deploy`")

@@ -1,0 +1,150 @@
+"""Environment profiles: a hash-pinned lock plus what a probe of the env must show.
+
+Each profile is a directory holding ``profile.yaml`` and its lock (``requirements.lock``,
+made by ``tools/make_lock.py`` from ``requirements.in``). The profiles shipped with dfo
+live beside this file; hosts.yaml may also name a profile directory by path.
+
+``profile.yaml``::
+
+    name: cpu
+    description: ...
+    python: "3.11"                  # the interpreter the venv is made from
+    platform: x86_64-manylinux_2_28 # what the lock was compiled for
+    lock: requirements.lock
+    lock_sha256: <hex>              # written by tools/make_lock.py
+    sources: {index_url: ..., extra_index_urls: [...], find_links: [...], index_strategy: ...}
+    min_free_mb: 2500               # refuse to build an env with less free disk
+    expect: {torch: 2.13.0+cpu, torch_cuda: null, ...}   # see ops/fingerprint.py
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..errors import ConfigError
+from ..ops.fingerprint import EXPECT_FIELDS
+from ..ops.lockfile import Lock, lock_hash, parse_lock
+
+PROFILES_DIR = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class Sources:
+    index_url: str | None = None
+    extra_index_urls: tuple[str, ...] = ()
+    find_links: tuple[str, ...] = ()
+    index_strategy: str | None = None
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    directory: Path
+    python: str
+    lock_file: Path
+    lock_sha256: str | None
+    sources: Sources
+    expect: dict[str, Any] = field(default_factory=dict)
+    description: str = ""
+    platform: str = "x86_64-manylinux_2_28"
+    min_free_mb: int = 0
+
+    @property
+    def has_lock(self) -> bool:
+        return self.lock_file.is_file()
+
+    def lock_bytes(self) -> bytes:
+        if not self.lock_file.is_file():
+            raise ConfigError(
+                f"profile {self.name}: no lock at {self.lock_file}",
+                hint=f"generate it with `python tools/make_lock.py {self.directory}` on a machine "
+                     "that reaches the profile's index (see docs/deploy.md)")
+        return self.lock_file.read_bytes()
+
+    def load_lock(self) -> tuple[Lock, bytes]:
+        """The parsed lock and its bytes; checks the lock against ``lock_sha256``."""
+        data = self.lock_bytes()
+        got = lock_hash(data)
+        if self.lock_sha256 and got != self.lock_sha256:
+            raise ConfigError(
+                f"profile {self.name}: {self.lock_file.name} does not match its hash "
+                f"(sha256 {got[:12]}..., profile.yaml pins {self.lock_sha256[:12]}...)",
+                hint=f"the lock was edited by hand; regenerate it with "
+                     f"`python tools/make_lock.py {self.name}`")
+        return parse_lock(data, source=f"profile {self.name}: {self.lock_file.name}"), data
+
+
+def available() -> list[str]:
+    return sorted(p.parent.name for p in PROFILES_DIR.glob("*/profile.yaml"))
+
+
+def load_profile(name_or_path: str) -> Profile:
+    """A shipped profile by name, or a profile directory by path."""
+    p = Path(name_or_path).expanduser()
+    if ("/" in name_or_path or name_or_path.startswith(".")) and (p / "profile.yaml").is_file():
+        return _load_dir(p)
+    d = PROFILES_DIR / name_or_path
+    if (d / "profile.yaml").is_file() and "/" not in name_or_path:
+        return _load_dir(d)
+    names = available()
+    close = difflib.get_close_matches(name_or_path, names, n=1)
+    hint = f"did you mean {close[0]}?" if close else f"known profiles: {', '.join(names)}"
+    raise ConfigError(f"unknown profile {name_or_path!r}",
+                      hint=f"{hint} (or give a directory holding profile.yaml)")
+
+
+def _load_dir(d: Path) -> Profile:
+    f = d / "profile.yaml"
+    try:
+        doc = yaml.safe_load(f.read_text()) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark else ""
+        raise ConfigError(f"{f}{where}: not valid YAML", hint="fix the file") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{f}: expected a mapping", hint="see docs/deploy.md for the format")
+    known = {"name", "description", "python", "platform", "lock", "lock_sha256", "sources",
+             "min_free_mb", "expect"}
+    extra = sorted(set(doc) - known)
+    if extra:
+        raise ConfigError(f"{f}: unknown key {extra[0]!r}",
+                          hint=f"known keys: {', '.join(sorted(known))}")
+    name = str(doc.get("name") or d.name)
+    python = doc.get("python")
+    if not python:
+        raise ConfigError(f"{f}: `python:` is required", hint='e.g. python: "3.11"')
+    src = doc.get("sources") or {}
+    if not isinstance(src, dict):
+        raise ConfigError(f"{f}: `sources:` must be a mapping",
+                          hint="keys: index_url, extra_index_urls, find_links, index_strategy")
+    expect = doc.get("expect") or {}
+    if not isinstance(expect, dict):
+        raise ConfigError(f"{f}: `expect:` must be a mapping", hint="e.g. expect: {torch: 2.13.0+cpu}")
+    for k in expect:
+        if k not in EXPECT_FIELDS:
+            close = difflib.get_close_matches(str(k), list(EXPECT_FIELDS), n=1)
+            raise ConfigError(f"{f}: unknown expectation {k!r}",
+                              hint=f"did you mean {close[0]}?" if close
+                              else f"known: {', '.join(EXPECT_FIELDS)}")
+    return Profile(
+        name=name,
+        directory=d.resolve(),
+        python=str(python),
+        lock_file=(d / str(doc.get("lock") or "requirements.lock")).resolve(),
+        lock_sha256=(str(doc["lock_sha256"]) if doc.get("lock_sha256") else None),
+        sources=Sources(
+            index_url=src.get("index_url"),
+            extra_index_urls=tuple(src.get("extra_index_urls") or ()),
+            find_links=tuple(src.get("find_links") or ()),
+            index_strategy=src.get("index_strategy"),
+        ),
+        expect=dict(expect),
+        description=str(doc.get("description") or ""),
+        platform=str(doc.get("platform") or "x86_64-manylinux_2_28"),
+        min_free_mb=int(doc.get("min_free_mb") or 0),
+    )

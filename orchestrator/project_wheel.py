@@ -1,0 +1,172 @@
+"""Build dfo's own wheel locally, cached by the content of its sources.
+
+``dfo deploy`` ships this wheel into the env (``--no-deps``), so the supervisor and the
+trainer inside the container are the same code as the local dfo. The cache key is the
+sha256 of the source files (wheels themselves are not byte-reproducible: zip times),
+so an unchanged tree reuses its wheel and any edit makes a new one.
+
+Cache: ``$DFO_CACHE_DIR`` or ``$XDG_CACHE_HOME/dfo`` or ``~/.cache/dfo``, under
+``wheels/<digest16>/``; a build goes to a temporary directory, then is renamed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import __version__
+from .errors import DeployError
+
+log = logging.getLogger("dfo")
+
+_PACKAGES = ("orchestrator", "trainer")
+_TOP_FILES = ("pyproject.toml", "README.md", "LICENSE", "setup.cfg", "MANIFEST.in")
+_SKIP_DIRS = {"__pycache__", ".pytest_cache", ".mypy_cache"}
+_SKIP_SUFFIXES = (".pyc", ".pyo")
+
+
+@dataclass(frozen=True)
+class ProjectWheel:
+    path: Path
+    digest: str  # sha256 of the sources
+    sha256: str  # sha256 of the wheel file
+    version: str = __version__
+
+    @property
+    def filename(self) -> str:
+        return self.path.name
+
+    @property
+    def short(self) -> str:
+        """Names the wheel's directory on the target: the shipped file's own hash."""
+        return self.sha256[:16]
+
+
+def cache_dir() -> Path:
+    if os.environ.get("DFO_CACHE_DIR"):
+        return Path(os.environ["DFO_CACHE_DIR"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return Path(base) / "dfo"
+
+
+def source_root() -> Path | None:
+    """The source tree dfo runs from (holding pyproject.toml of project dfo), or None."""
+    root = Path(__file__).resolve().parent.parent
+    pp = root / "pyproject.toml"
+    try:
+        text = pp.read_text()
+    except OSError:
+        return None
+    return root if 'name = "dfo"' in text else None
+
+
+def _source_files(root: Path) -> list[Path]:
+    files = [root / f for f in _TOP_FILES if (root / f).is_file()]
+    for pkg in _PACKAGES:
+        base = root / pkg
+        for dirpath, dirnames, filenames in os.walk(base):
+            dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS
+                                 and not d.endswith(".egg-info"))
+            for fn in sorted(filenames):
+                if fn.endswith(_SKIP_SUFFIXES) or fn.startswith(".dfo-tmp"):
+                    continue
+                files.append(Path(dirpath) / fn)
+    return files
+
+
+def source_digest(root: Path) -> str:
+    h = hashlib.sha256()
+    for f in _source_files(root):
+        rel = f.relative_to(root).as_posix()
+        h.update(rel.encode() + b"\0")
+        h.update(hashlib.sha256(f.read_bytes()).digest())
+    return h.hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _uv_bin() -> str:
+    try:
+        import uv  # the `uv` Python package, a dfo dependency
+
+        return uv.find_uv_bin()
+    except (ImportError, FileNotFoundError):
+        found = shutil.which("uv")
+        if not found:
+            raise DeployError("uv is not installed on this machine",
+                              hint="pip install uv (it is a dfo dependency)") from None
+        return found
+
+
+def from_file(path: Path) -> ProjectWheel:
+    """A pre-built wheel (``$DFO_PROJECT_WHEEL``): its file hash stands for the sources."""
+    path = Path(path).expanduser().resolve()
+    if not path.is_file() or not path.name.startswith("dfo-") or path.suffix != ".whl":
+        raise DeployError(f"DFO_PROJECT_WHEEL={path} is not a dfo wheel file",
+                          hint="point it at a dfo-*.whl, or unset it to build from the checkout")
+    sha = file_sha256(path)
+    return ProjectWheel(path, sha, sha, version=path.name.split("-")[1])
+
+
+def build(cache: Path | None = None) -> ProjectWheel:
+    """The wheel for the current sources (built once per content), or the file named by
+    ``$DFO_PROJECT_WHEEL`` (CI, or a dfo installed without its source tree)."""
+    if os.environ.get("DFO_PROJECT_WHEEL"):
+        return from_file(Path(os.environ["DFO_PROJECT_WHEEL"]))
+    root = source_root()
+    if root is None:
+        raise DeployError("cannot find dfo's source tree to build its wheel",
+                          hint="run dfo from a checkout (pip install -e .) so deploy can ship "
+                               "the same code to the target")
+    digest = source_digest(root)
+    out_dir = (cache or cache_dir()) / "wheels" / digest[:16]
+    found = sorted(out_dir.glob("dfo-*.whl")) if out_dir.is_dir() else []
+    if found:
+        return ProjectWheel(found[0], digest, file_sha256(found[0]))
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="dfo-wheel-", dir=out_dir.parent) as tmp:
+        src = Path(tmp) / "src"
+        for f in _source_files(root):
+            dest = src / f.relative_to(root)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(f, dest)
+        dist = Path(tmp) / "dist"
+        # no build isolation when setuptools is importable here: fast, and offline
+        argv = [_uv_bin(), "build", "--wheel", "--out-dir", str(dist), "--quiet"]
+        try:
+            import setuptools  # noqa: F401
+
+            argv += ["--no-build-isolation", "--python", sys.executable]
+        except ImportError:
+            pass
+        argv.append(str(src))
+        log.debug("building the dfo wheel: %s", argv)
+        p = subprocess.run(argv, capture_output=True, text=True)
+        wheels = sorted(dist.glob("dfo-*.whl"))
+        if p.returncode != 0 or not wheels:
+            last = (p.stderr.strip().splitlines() or ["no output"])[-1]
+            raise DeployError(f"building dfo's wheel failed: {last}",
+                              hint="run `uv build --wheel` in the checkout to see why")
+        staged = Path(tmp) / "staged"
+        staged.mkdir()
+        shutil.move(str(wheels[0]), staged / wheels[0].name)
+        try:
+            os.rename(staged, out_dir)
+        except OSError:
+            if not out_dir.is_dir():  # lost a race with another build: theirs is as good
+                raise
+    whl = sorted(out_dir.glob("dfo-*.whl"))[0]
+    return ProjectWheel(whl, digest, file_sha256(whl))

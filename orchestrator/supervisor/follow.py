@@ -1,0 +1,123 @@
+"""Stream a run's files by byte offset: ``python -m orchestrator.supervisor.follow``.
+
+Used by ``dfo logs`` over the transport. Each output line is one JSON object:
+
+- ``{"f": "attempt-2.log", "o": 1234, "l": "text"}``: one complete line of file ``f``;
+  ``o`` is the byte offset just after it. The caller restarts with ``--offsets`` set to
+  the last ``o`` it received per file, so a dropped connection loses and repeats nothing.
+- ``{"end": "done"|"failed"|"stopped"|"lost"}``: (with ``--follow``) the run ended and
+  every file was read to its end.
+- ``{"eof": true, "status": ...}``: (without ``--follow``) everything present was sent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from ..ops import runstate as rs
+from . import procs
+
+
+def _emit(obj) -> None:
+    sys.stdout.write(json.dumps(obj, separators=(",", ":")) + "\n")
+
+
+def _files(run_dir: str, only_attempt: int | None, from_attempt: int) -> list[str]:
+    names = [rs.EVENTS_FILE] if only_attempt is None else []
+    logs = []
+    try:
+        listing = os.listdir(run_dir)
+    except OSError:
+        listing = []
+    for nm in listing:
+        n = rs.attempt_of_log(nm)
+        if n is None:
+            continue
+        if (only_attempt is not None and n == only_attempt) or \
+                (only_attempt is None and n >= from_attempt):
+            logs.append((n, nm))
+    # logs before events: an attempt's last lines come before the events about its end
+    return [nm for _, nm in sorted(logs)] + names
+
+
+def _drain(run_dir: str, name: str, offsets: dict[str, int], final: bool) -> bool:
+    path = os.path.join(run_dir, name)
+    off = offsets.get(name, 0)
+    try:
+        with open(path, "rb") as f:
+            f.seek(off)
+            data = f.read()
+    except OSError:
+        return False
+    if not data:
+        return False
+    end = data.rfind(b"\n")
+    if end < 0 and not final:
+        return False
+    body = data if (final and not data.endswith(b"\n")) else data[: end + 1]
+    segs = body.split(b"\n")
+    if body.endswith(b"\n"):
+        segs.pop()
+    pos, stop = off, off + len(body)
+    for raw in segs:
+        pos += len(raw)
+        if pos < stop:
+            pos += 1  # the newline
+        _emit({"f": name, "o": pos, "l": raw.decode("utf-8", "replace")})
+    offsets[name] = off + len(body)
+    return True
+
+
+def _status(run_dir: str) -> tuple[str | None, int | None]:
+    try:
+        st = rs.read_json(os.path.join(run_dir, rs.STATE_FILE))
+        return st.get("status"), st.get("pid")
+    except (OSError, ValueError):
+        return None, None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m orchestrator.supervisor.follow")
+    ap.add_argument("--run-dir", required=True)
+    ap.add_argument("--offsets", default="{}")
+    ap.add_argument("--follow", action="store_true")
+    ap.add_argument("--attempt", type=int, default=None)
+    ap.add_argument("--from-attempt", type=int, default=1)
+    ap.add_argument("--poll", type=float, default=0.25)
+    ap.add_argument("--lost-after", type=float, default=15.0)
+    a = ap.parse_args(argv)
+    if not os.path.isdir(a.run_dir):
+        _emit({"error": f"no run directory {a.run_dir}"})
+        return 2
+    offsets = {str(k): int(v) for k, v in json.loads(a.offsets).items()}
+    dead_since: float | None = None
+    while True:
+        status, pid = _status(a.run_dir)
+        final = status in rs.FINAL
+        lost = False
+        if a.follow and not final and status is not None:
+            if pid and not procs.alive(int(pid)):
+                dead_since = dead_since or time.monotonic()
+                lost = time.monotonic() - dead_since > a.lost_after
+            else:
+                dead_since = None
+        for name in _files(a.run_dir, a.attempt, a.from_attempt):
+            _drain(a.run_dir, name, offsets, final or lost or not a.follow)
+        sys.stdout.flush()
+        if not a.follow:
+            _emit({"eof": True, "status": status})
+            sys.stdout.flush()
+            return 0
+        if final or lost:
+            _emit({"end": status if final else "lost"})
+            sys.stdout.flush()
+            return 0
+        time.sleep(a.poll)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,203 @@
+"""Process plumbing for the supervisor (Linux /proc): the trainer's process tree, killing it,
+finding orphans of a run, dumping stacks, and the parent-death signal."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import signal
+import subprocess
+import time
+from typing import Iterable
+
+PR_SET_PDEATHSIG = 1
+
+
+def set_pdeathsig(sig: int = signal.SIGKILL) -> None:
+    """preexec_fn: the child gets ``sig`` when the supervisor (its parent) dies."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    if os.getppid() == 1:  # parent already gone between fork and prctl
+        os.kill(os.getpid(), int(sig))
+
+
+def _ppid_map() -> dict[int, int]:
+    out = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                data = f.read()
+            rest = data[data.rindex(b")") + 2:].split()
+            out[int(name)] = int(rest[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def descendants(pid: int) -> list[int]:
+    """pid and every live descendant (children first found, breadth-first)."""
+    pmap = _ppid_map()
+    kids: dict[int, list[int]] = {}
+    for p, pp in pmap.items():
+        kids.setdefault(pp, []).append(p)
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop(0)
+        if p in pmap or p == pid:
+            out.append(p)
+        todo.extend(kids.get(p, []))
+    return [p for p in out if p in pmap]
+
+
+def env_of(pid: int) -> dict[str, str]:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return {}
+    out = {}
+    for item in raw.split(b"\0"):
+        if b"=" in item:
+            k, v = item.split(b"=", 1)
+            out[k.decode("utf-8", "replace")] = v.decode("utf-8", "replace")
+    return out
+
+
+def processes_of_run(run_dir: str, *, exclude: Iterable[int] = ()) -> list[int]:
+    """Live processes whose environment says they belong to this run (DFO_RUN_DIR):
+    the trainer, torchrun and its workers, whatever session they moved to."""
+    ex = set(exclude) | {os.getpid()}
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) in ex:
+            continue
+        if env_of(int(name)).get("DFO_RUN_DIR") == run_dir and not _is_zombie(int(name)):
+            out.append(int(name))
+    return sorted(out)
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        return data[data.rindex(b")") + 2:data.rindex(b")") + 3] == b"Z"
+    except (OSError, ValueError):
+        return True
+
+
+def alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return not _is_zombie(pid)
+
+
+def signal_all(pids: Iterable[int], sig: int) -> None:
+    for p in pids:
+        try:
+            os.kill(p, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def kill_tree(root_pid: int, run_dir: str, *, sig: int = signal.SIGKILL) -> list[int]:
+    """Signal the trainer's tree and every process of the run; return the pids signalled."""
+    pids = sorted(set(descendants(root_pid)) | set(processes_of_run(run_dir)))
+    signal_all(pids, sig)
+    return pids
+
+
+def catches(pid: int, sig: int) -> bool:
+    """Whether ``pid`` has a handler for ``sig`` (SigCgt in /proc/PID/status)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for ln in f:
+                if ln.startswith("SigCgt:"):
+                    return bool(int(ln.split()[1], 16) & (1 << (int(sig) - 1)))
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+def py_spy(extra_dirs: Iterable[str] = ()) -> str | None:
+    for d in extra_dirs:
+        p = os.path.join(d, "py-spy")
+        if os.access(p, os.X_OK):
+            return p
+    return shutil.which("py-spy")
+
+
+def kernel_stacks(pid: int) -> str:
+    """Per-thread name, state and wait channel (works for any process, no cooperation)."""
+    lines = []
+    try:
+        tids = sorted(os.listdir(f"/proc/{pid}/task"), key=int)
+    except OSError:
+        return ""
+    for tid in tids:
+        base = f"/proc/{pid}/task/{tid}"
+        try:
+            comm = open(f"{base}/comm").read().strip()
+            wchan = open(f"{base}/wchan").read().strip() or "-"
+            with open(f"{base}/stat", "rb") as f:
+                data = f.read()
+            state = data[data.rindex(b")") + 2:data.rindex(b")") + 3].decode()
+        except (OSError, ValueError):
+            continue
+        lines.append(f"thread {tid} {comm!r} state={state} wchan={wchan}")
+    return "\n".join(lines) + "\n"
+
+
+def py_spy_dump(exe: str, pid: int, timeout: float = 20.0) -> str | None:
+    try:
+        p = subprocess.run([exe, "dump", "--pid", str(pid)], capture_output=True, text=True,
+                           timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return (p.stdout + p.stderr) if (p.stdout or p.stderr) else None
+
+
+def cgroup_oom_kills() -> int | None:
+    """This cgroup's oom_kill counter (cgroup v2), or None when unreadable."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            rel = next((ln.split(":", 2)[2].strip() for ln in f if ln.startswith("0::")), None)
+        if rel is None:
+            return None
+        for path in (f"/sys/fs/cgroup{rel}/memory.events", "/sys/fs/cgroup/memory.events"):
+            try:
+                with open(path) as f:
+                    for ln in f:
+                        if ln.startswith("oom_kill "):
+                            return int(ln.split()[1])
+            except OSError:
+                continue
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def wait_gone(pids: Iterable[int], timeout: float, poll: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    pids = list(pids)
+    while time.monotonic() < deadline:
+        if not any(alive(p) for p in pids):
+            return True
+        time.sleep(poll)
+    return not any(alive(p) for p in pids)
+
+
+def cmdline(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return [a.decode("utf-8", "replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return []

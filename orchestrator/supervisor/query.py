@@ -1,0 +1,91 @@
+"""Runs on a host, for ``dfo status`` and ``dfo stop``: ``python -m orchestrator.supervisor.query``.
+
+``--root R [--run ID]`` prints ``{"runs": [...], "lock_owner": ...}``: each run's state.json
+plus ``live`` (its supervisor process exists and is this run's) and ``shown_status``
+(``lost`` when state.json says live but the supervisor is gone).
+``--stop ID`` sends SIGTERM to that run's supervisor (after checking the pid is really it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+
+from ..ops import runstate as rs
+from . import procs
+
+
+def supervisor_alive(run_dir: str, pid) -> bool:
+    if not isinstance(pid, int) or not procs.alive(pid):
+        return False
+    cl = procs.cmdline(pid)
+    return "orchestrator.supervisor" in cl and run_dir in cl
+
+
+def run_info(run_dir: str) -> dict | None:
+    try:
+        st = rs.read_json(os.path.join(run_dir, rs.STATE_FILE))
+    except (OSError, ValueError):
+        if os.path.exists(os.path.join(run_dir, rs.SPEC_FILE)):
+            rid = os.path.basename(run_dir)
+            return {"run_id": rid, "status": "starting", "shown_status": "starting",
+                    "live": False, "run_dir": run_dir, "attempts": [], "attempt": 0,
+                    "started_at": os.path.getmtime(os.path.join(run_dir, rs.SPEC_FILE))}
+        return None
+    live = supervisor_alive(run_dir, st.get("pid"))
+    st["live"] = live
+    st["run_dir"] = run_dir
+    shown = st.get("status")
+    if shown in rs.LIVE and not live:
+        shown = "lost"
+    st["shown_status"] = shown
+    st["now"] = time.time()
+    st.pop("attempts_argv", None)
+    for a in st.get("attempts", []):
+        a.pop("argv", None)
+    return st
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m orchestrator.supervisor.query")
+    ap.add_argument("--root", required=True)
+    ap.add_argument("--run", default=None)
+    ap.add_argument("--stop", default=None)
+    a = ap.parse_args(argv)
+    runs_dir = os.path.join(a.root, "runs")
+    if a.stop:
+        rd = os.path.join(runs_dir, a.stop)
+        info = run_info(rd)
+        if info is None:
+            print(json.dumps({"stopped": False, "why": "no such run"}))
+            return 0
+        if not info["live"]:
+            print(json.dumps({"stopped": False, "why": f"not live ({info['shown_status']})",
+                              "status": info["shown_status"]}))
+            return 0
+        os.kill(int(info["pid"]), signal.SIGTERM)
+        print(json.dumps({"stopped": True, "pid": info["pid"]}))
+        return 0
+    names = [a.run] if a.run else (sorted(os.listdir(runs_dir)) if os.path.isdir(runs_dir) else [])
+    runs = []
+    for nm in names:
+        info = run_info(os.path.join(runs_dir, nm))
+        if info is not None:
+            runs.append(info)
+    lock = os.path.join(a.root, "locks", "run.lock")
+    owner = None
+    try:
+        with open(lock) as f:
+            owner = f.read(200).strip() or None
+    except OSError:
+        pass
+    print(json.dumps({"runs": runs, "lock_owner": owner}, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

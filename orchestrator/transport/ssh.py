@@ -1,0 +1,489 @@
+"""The ``ssh`` transport: paramiko, one connection per dfo invocation.
+
+- One ``paramiko.SSHClient`` per transport, opened on first use and reused for every
+  command and file transfer (each is one exec channel). Keepalive every 15 s.
+- ProxyJump (``a,b``): each hop is a direct-tcpip channel of the previous hop's
+  connection; every hop's host key is checked too.
+- Host keys are checked against the host's ``known_hosts`` (else ``~/.ssh/known_hosts``).
+  Unknown keys are refused with their fingerprint and ``dfo hosts trust NAME``;
+  changed keys are refused loudly. Never ``AutoAddPolicy``.
+- paramiko/socket exceptions become ``ConnectError``/``HostKeyError`` here, with the fix.
+- A command is ``shlex``-joined once: the remote login shell splits it back into the argv
+  and evaluates nothing (see ``orchestrator.ops.command``).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+import paramiko
+
+from ..errors import ConnectError, HostKeyError, NotFoundError, RemoteCommandError
+from ..hosts import SSHSettings, parse_ssh_spec, ssh_config_lookup
+from ..ops import command as cmd
+from . import knownhosts
+from .base import LineCallback, Result, Transport
+from .local import LineSplitter, timeout_error
+
+log = logging.getLogger("dfo")
+
+KEEPALIVE_S = 15
+_CHUNK = 1 << 16
+
+
+# --------------------------------------------------------------------------- hops
+
+def jump_hops(settings: SSHSettings) -> list[SSHSettings]:
+    """The ProxyJump chain as SSHSettings (each hop's unset settings from ~/.ssh/config)."""
+    hops = []
+    for spec in (settings.proxy_jump or "").split(","):
+        spec = spec.strip()
+        if not spec:
+            continue
+        user, alias, port = parse_ssh_spec(spec)
+        cfg = ssh_config_lookup(alias)
+        identity = None
+        for cand in cfg.get("identityfile", []) or []:
+            cand = os.path.expanduser(cand)
+            if os.path.isfile(cand):
+                identity = cand
+                break
+        hops.append(SSHSettings(
+            host=cfg.get("hostname") or alias,
+            port=port or int(cfg.get("port") or 22),
+            user=user or cfg.get("user") or settings.user,
+            identity_file=identity or settings.identity_file,
+            known_hosts=settings.known_hosts,
+            connect_timeout=settings.connect_timeout,
+        ))
+    return hops
+
+
+def _label(s: SSHSettings) -> str:
+    return f"{s.user + '@' if s.user else ''}{s.host}:{s.port}"
+
+
+# --------------------------------------------------------------------------- errors
+
+class _RefuseUnknown(paramiko.MissingHostKeyPolicy):
+    """Refuse an unknown host key, naming its fingerprint and the command that trusts it."""
+
+    def __init__(self, name: str, known_hosts: str):
+        self.name = name
+        self.known_hosts = known_hosts
+
+    def missing_host_key(self, client, hostname, key):
+        raise HostKeyError(
+            f"host key of {self.name} ({hostname}) is not known: {knownhosts.describe_key(key)}",
+            hint=f"check that fingerprint, then record it in {self.known_hosts} with "
+                 f"`dfo hosts trust {self.name}`")
+
+
+def translate(e: BaseException, name: str, s: SSHSettings) -> Exception:
+    """A paramiko/socket exception from connecting as a one-line ConnectError with the fix."""
+    where = _label(s)
+    if isinstance(e, (HostKeyError, ConnectError)):
+        return e
+    if isinstance(e, paramiko.BadHostKeyException):
+        return HostKeyError(
+            f"REMOTE HOST KEY CHANGED for {name} ({where}): it offers {knownhosts.describe_key(e.key)} "
+            f"but {s.known_hosts_path} has {knownhosts.describe_key(e.expected_key)}; "
+            f"someone may be intercepting the connection",
+            hint=f"if the host was reinstalled, verify the new key and run "
+                 f"`dfo hosts trust {name} --replace`")
+    if isinstance(e, paramiko.PasswordRequiredException):
+        return ConnectError(f"cannot log in to {name} ({where}): the private key is encrypted",
+                            hint="add it to ssh-agent (ssh-add) or set ssh.identity_file to an unencrypted key")
+    if isinstance(e, paramiko.AuthenticationException):
+        return ConnectError(f"authentication failed for {name} ({where})",
+                            hint="check ssh.user and ssh.identity_file in hosts.yaml or ~/.ssh/config, "
+                                 "and that the public key is in the host's authorized_keys")
+    if isinstance(e, (paramiko.ssh_exception.NoValidConnectionsError, ConnectionRefusedError)):
+        return ConnectError(f"cannot reach {name} ({where}): connection refused",
+                            hint="check ssh.host and ssh.port, and that sshd runs there")
+    if isinstance(e, (socket.timeout, TimeoutError)):
+        return ConnectError(f"cannot reach {name} ({where}): timed out after {s.connect_timeout:g}s",
+                            hint="check ssh.host/ssh.port and the network; raise ssh.connect_timeout "
+                                 "for slow links")
+    if isinstance(e, socket.gaierror):
+        return ConnectError(f"cannot reach {name}: cannot resolve host {s.host!r}",
+                            hint="fix ssh.host in hosts.yaml or HostName in ~/.ssh/config")
+    if isinstance(e, paramiko.ChannelException):
+        return ConnectError(f"cannot reach {name} ({where}) through the jump host: {e}",
+                            hint="check ssh.host/ssh.port as seen from the jump host")
+    if isinstance(e, OSError):
+        reason = os.strerror(e.errno) if e.errno else str(e)
+        if e.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ECONNREFUSED, errno.ECONNRESET):
+            return ConnectError(f"cannot reach {name} ({where}): {reason}",
+                                hint="check ssh.host and ssh.port, and that sshd runs there")
+        return ConnectError(f"cannot reach {name} ({where}): {reason or type(e).__name__}",
+                            hint="check ssh.host and ssh.port")
+    if isinstance(e, (paramiko.SSHException, EOFError)):
+        return ConnectError(f"SSH to {name} ({where}) failed: {e or type(e).__name__}",
+                            hint="check that ssh.host/ssh.port is an SSH server and reachable")
+    return e  # not ours to translate
+
+
+# --------------------------------------------------------------------------- connecting
+
+def open_sock(s: SSHSettings, via: paramiko.SSHClient | None):
+    """A socket to ``s``: direct, or a direct-tcpip channel of the previous hop."""
+    if via is None:
+        sock = socket.create_connection((s.host, s.port), timeout=s.connect_timeout)
+        _tcp_keepalive(sock)
+        return sock
+    t = via.get_transport()
+    return t.open_channel("direct-tcpip", (s.host, s.port), ("127.0.0.1", 0),
+                          timeout=s.connect_timeout)
+
+
+def _tcp_keepalive(sock: socket.socket) -> None:
+    """Notice a dead peer in about 30 s (paramiko's keepalive wants no reply, so on its
+    own a silently dropped link would hang until TCP gives up, many minutes later)."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for opt, val in (("TCP_KEEPIDLE", 15), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3)):
+            if hasattr(socket, opt):
+                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), val)
+    except OSError:  # pragma: no cover - not every platform has these
+        pass
+
+
+def connect_client(s: SSHSettings, name: str, via: paramiko.SSHClient | None = None) -> paramiko.SSHClient:
+    client = paramiko.SSHClient()
+    kh = s.known_hosts_path
+    if os.path.exists(kh):
+        try:
+            client.load_system_host_keys(kh)
+        except OSError as e:
+            raise ConnectError(f"cannot read known_hosts file {kh}: {e.strerror}") from None
+    client.set_missing_host_key_policy(_RefuseUnknown(name, kh))
+    try:
+        sock = open_sock(s, via)
+        client.connect(
+            s.host, port=s.port, username=s.user, key_filename=s.identity_file,
+            timeout=s.connect_timeout, banner_timeout=s.connect_timeout,
+            auth_timeout=s.connect_timeout, channel_timeout=s.connect_timeout,
+            allow_agent=True, look_for_keys=s.identity_file is None, sock=sock,
+        )
+    except Exception as e:  # noqa: BLE001 - translated right here
+        client.close()
+        raise translate(e, name, s) from None
+    t = client.get_transport()
+    t.set_keepalive(KEEPALIVE_S)
+    return client
+
+
+class Connection:
+    """One SSH connection (plus its jump hosts), opened lazily and reopened when lost."""
+
+    def __init__(self, name: str, settings: SSHSettings):
+        self.name = name
+        self.settings = settings
+        self._clients: list[paramiko.SSHClient] = []
+        self._lock = threading.Lock()
+        self.connects = 0  # how many times a connection was opened (tests: exactly one)
+
+    def transport(self) -> paramiko.Transport:
+        with self._lock:
+            if self._clients:
+                t = self._clients[-1].get_transport()
+                if t is not None and t.is_active():
+                    return t
+                log.info("connection to %s was lost; reconnecting", self.name)
+                self._close()
+            via = None
+            for i, hop in enumerate(jump_hops(self.settings)):
+                via = connect_client(hop, f"{self.name} (jump host {hop.host})", via)
+                self._clients.append(via)
+            try:
+                self._clients.append(connect_client(self.settings, self.name, via))
+            except BaseException:
+                self._close()
+                raise
+            self.connects += 1
+            log.debug("connected to %s (%s)", self.name, self.settings.display())
+            return self._clients[-1].get_transport()
+
+    def _close(self) -> None:
+        for c in reversed(self._clients):
+            try:
+                c.close()
+            except Exception:  # noqa: BLE001
+                pass
+        self._clients = []
+
+    def close(self) -> None:
+        with self._lock:
+            self._close()
+
+
+# --------------------------------------------------------------------------- exec
+
+def _signal(chan: paramiko.Channel, sig: str = "KILL") -> None:
+    """Best effort: ask sshd to signal the command (RFC 4254 "signal" request)."""
+    try:
+        m = paramiko.Message()
+        m.add_byte(paramiko.common.cMSG_CHANNEL_REQUEST)
+        m.add_int(chan.remote_chanid)
+        m.add_string("signal")
+        m.add_boolean(False)
+        m.add_string(sig)
+        chan.transport._send_user_message(m)
+    except Exception:  # noqa: BLE001 - best effort
+        pass
+
+
+class _Reader(threading.Thread):
+    def __init__(self, recv: Callable[[int], bytes], sink: Callable[[bytes], None]):
+        super().__init__(daemon=True)
+        self.recv = recv
+        self.sink = sink
+        self.error: BaseException | None = None
+
+    def run(self):
+        try:
+            while True:
+                data = self.recv(_CHUNK)
+                if not data:
+                    return
+                self.sink(data)
+        except BaseException as e:  # noqa: BLE001 - reported by the caller
+            self.error = e
+
+
+def exec_channel(conn: Connection, command: str, *, argv: tuple[str, ...], stdin: bytes | None,
+                 timeout: float | None, on_stdout: Callable[[bytes], None],
+                 on_stderr: Callable[[bytes], None] | None) -> int:
+    """Run one command string on an exec channel; returns its exit status.
+    ``on_stderr`` None merges stderr into stdout."""
+    t = conn.transport()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    try:
+        chan = t.open_session(timeout=conn.settings.connect_timeout)
+    except Exception as e:  # noqa: BLE001
+        raise _lost(conn, e) from None
+    try:
+        if on_stderr is None:
+            chan.set_combine_stderr(True)
+        chan.exec_command(command)
+        readers = [_Reader(chan.recv, on_stdout)]
+        if on_stderr is not None:
+            readers.append(_Reader(chan.recv_stderr, on_stderr))
+        for r in readers:
+            r.start()
+        writer_error: list[BaseException] = []
+        if stdin:
+            def write():
+                try:
+                    view = memoryview(stdin)
+                    while view:
+                        n = chan.send(view[:_CHUNK])
+                        if n <= 0:
+                            break
+                        view = view[n:]
+                    chan.shutdown_write()
+                except BaseException as e:  # noqa: BLE001
+                    writer_error.append(e)
+            w = threading.Thread(target=write, daemon=True)
+            w.start()
+        else:
+            chan.shutdown_write()
+            w = None
+        for r in readers:
+            r.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if r.is_alive():
+                _signal(chan)
+                raise timeout_error(conn.name, argv, timeout)
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if not chan.status_event.wait(remaining):
+            _signal(chan)
+            raise timeout_error(conn.name, argv, timeout)
+        for r in readers:
+            if r.error is not None:
+                raise _lost(conn, r.error)
+        if w is not None:
+            w.join(5)
+        status = chan.recv_exit_status()
+        if status == -1 and not t.is_active():
+            raise _lost(conn, EOFError("connection closed"))
+        return status
+    finally:
+        chan.close()
+
+
+def _lost(conn: Connection, e: BaseException) -> Exception:
+    if isinstance(e, ConnectError):
+        return e
+    return ConnectError(f"connection to {conn.name} ({conn.settings.display()}) failed: "
+                        f"{e or type(e).__name__}", hint="check the host and run the command again")
+
+
+# --------------------------------------------------------------------------- timeouts
+
+#: extra seconds the local side waits beyond ``timeout`` for the far side's own
+#: ``timeout`` (TERM, then KILL after cmd.KILL_AFTER_S) before it gives up on the channel
+_GRACE_S = cmd.KILL_AFTER_S + 10
+
+
+def _local_deadline(timeout: float | None) -> float | None:
+    return None if timeout is None else timeout + _GRACE_S
+
+
+def _check_timed_out(name: str, argv, timeout: float | None, code: int, t0: float) -> None:
+    """The far side's ``timeout`` exits 124 when it stopped the command; after KILL it dies
+    with its process group (sshd reports a signal: -1; lxc-attach reports 137)."""
+    if timeout is not None and code in (124, 137, -1) and time.monotonic() - t0 >= timeout * 0.95:
+        raise timeout_error(name, argv, timeout)
+
+
+# --------------------------------------------------------------------------- the transport
+
+class SSHTransport(Transport):
+    kind = "ssh"
+
+    def __init__(self, name: str, settings: SSHSettings):
+        super().__init__(name)
+        self.settings = settings
+        self.conn = Connection(name, settings)
+
+    # How an argv becomes the string sent over ssh (proxmox wraps it in pct exec).
+    def render(self, argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None) -> str:
+        return cmd.ssh_command(argv, env, cwd)
+
+    def connect(self) -> None:
+        """Open the connection now (otherwise it opens on first use)."""
+        self.conn.transport()
+
+    def _exec(self, argv, command: str, *, stdin, timeout, check) -> Result:
+        out: list[bytes] = []
+        err: list[bytes] = []
+        t0 = time.monotonic()
+        code = exec_channel(self.conn, command, argv=tuple(argv), stdin=stdin,
+                            timeout=_local_deadline(timeout), on_stdout=out.append, on_stderr=err.append)
+        _check_timed_out(self.name, argv, timeout, code, t0)
+        res = Result(tuple(argv), code, b"".join(out), b"".join(err))
+        return res.check() if check else res
+
+    def run(self, argv, *, env=None, cwd=None, timeout=None, stdin=None, check=False) -> Result:
+        argv = cmd.check_argv(argv)
+        command = self.render(cmd.with_timeout(argv, timeout), env, cwd)
+        return self._exec(argv, command, stdin=stdin, timeout=timeout, check=check)
+
+    def stream(self, argv, on_line: LineCallback, *, env=None, cwd=None, timeout=None) -> Result:
+        argv = cmd.check_argv(argv)
+        # stdout and stderr arrive on separate streams (lxc-attach relays them apart): split
+        # each into lines on its own, so a partial line of one never glues to the other;
+        # one lock, so on_line is never called from two threads at once.
+        lock = threading.Lock()
+
+        def emit(line: str) -> None:
+            with lock:
+                on_line(line)
+
+        out, err = LineSplitter(emit), LineSplitter(emit)
+        t0 = time.monotonic()
+        code = exec_channel(self.conn, self.render(cmd.with_timeout(argv, timeout), env, cwd),
+                            argv=tuple(argv), stdin=None, timeout=_local_deadline(timeout),
+                            on_stdout=out.feed, on_stderr=err.feed)
+        out.flush()
+        err.flush()
+        _check_timed_out(self.name, argv, timeout, code, t0)
+        return Result(tuple(argv), code)
+
+    # --- files (through stdin of a constant sh script; works the same in a container) ----
+    def put(self, data: bytes | Path, remote_path: str, *, mode: int | None = None) -> None:
+        if isinstance(data, Path):
+            if mode is None:
+                mode = data.stat().st_mode & 0o7777
+            data = data.read_bytes()
+        res = self.run(cmd.put_argv(remote_path, len(data), mode), stdin=data)
+        if not res.ok:
+            last = (res.err.strip().splitlines() or [f"exit {res.exit_code}"])[-1]
+            raise RemoteCommandError(f"cannot write {remote_path} on {self.name}: {last}",
+                                     exit_status=res.exit_code, stderr=res.err)
+
+    def get(self, remote_path: str) -> bytes:
+        res = self.run(cmd.get_argv(remote_path))
+        if res.ok:
+            return res.stdout
+        if "No such file" in res.err:
+            raise NotFoundError(f"{remote_path} does not exist on {self.name}")
+        last = (res.err.strip().splitlines() or [f"exit {res.exit_code}"])[-1]
+        raise RemoteCommandError(f"cannot read {remote_path} on {self.name}: {last}",
+                                 exit_status=res.exit_code, stderr=res.err)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+# --------------------------------------------------------------------------- trust
+
+def fetch_host_key(s: SSHSettings, name: str, via: paramiko.SSHClient | None = None) -> paramiko.PKey:
+    """The host key ``s`` offers (no authentication). Prefers a key type known_hosts
+    already has for it, so a changed key is detected the way connecting would see it."""
+    t = None
+    try:
+        sock = open_sock(s, via)
+        t = paramiko.Transport(sock)
+        known = knownhosts.lookup(s.known_hosts_path, s.host_key_name)
+        if known:
+            opts = t.get_security_options()
+            kt = known[0].get_name()
+            if kt == "ssh-rsa":
+                kt = "rsa-sha2-512"
+            if kt in opts.key_types:
+                opts.key_types = [kt] + [k for k in opts.key_types if k != kt]
+        t.banner_timeout = s.connect_timeout
+        t.start_client(timeout=s.connect_timeout)
+        return t.get_remote_server_key()
+    except Exception as e:  # noqa: BLE001
+        raise translate(e, name, s) from None
+    finally:
+        if t is not None:
+            t.close()
+
+
+TrustDecision = Callable[[str, str, paramiko.PKey, str], bool]
+
+
+def trust_hosts(name: str, settings: SSHSettings, decide: TrustDecision) -> list[tuple[str, str, str]]:
+    """Walk the hops to ``settings`` (jump hosts first), fetch each host key and, when it is
+    not known, ask ``decide(label, known_hosts_name, key, status)`` whether to record it
+    (status is knownhosts.UNKNOWN or CHANGED; CHANGED entries are replaced).
+    Returns [(label, fingerprint, outcome)] with outcome "known", "added", "replaced" or "skipped"."""
+    report = []
+    via = None
+    clients: list[paramiko.SSHClient] = []
+    try:
+        hops = jump_hops(settings)
+        for i, s in enumerate([*hops, settings]):
+            is_target = i == len(hops)
+            label = name if is_target else f"{name} (jump host {s.host})"
+            key = fetch_host_key(s, label, via)
+            kh_name = s.host_key_name
+            st = knownhosts.status(s.known_hosts_path, kh_name, key)
+            fp = knownhosts.describe_key(key)
+            if st == knownhosts.KNOWN:
+                report.append((label, fp, "known"))
+            elif decide(label, kh_name, key, st):
+                knownhosts.add(s.known_hosts_path, kh_name, key, replace=st == knownhosts.CHANGED)
+                report.append((label, fp, "replaced" if st == knownhosts.CHANGED else "added"))
+            else:
+                report.append((label, fp, "skipped"))
+                break
+            if not is_target:
+                via = connect_client(replace(s), label, via)
+                clients.append(via)
+    finally:
+        for c in reversed(clients):
+            c.close()
+    return report

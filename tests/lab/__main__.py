@@ -1,0 +1,64 @@
+"""python -m tests.lab up|down|status|destroy — the lab for people.
+
+``up`` brings the sshd and the container up (building it the first time),
+holds a "manual" lease until ``down``, and prints the hosts.yaml that reaches
+it (also written to <state>/hosts.yaml).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+
+from . import Lab, LabUnavailable
+from .lab import DEFAULT_VMID
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tests.lab", description=__doc__.splitlines()[0])
+    ap.add_argument("command", choices=["up", "down", "status", "destroy"])
+    ap.add_argument("--state-dir", default=None, help="default: $DFO_LAB_DIR or /var/lib/dfo-lab")
+    ap.add_argument("--vmid", type=int, default=DEFAULT_VMID)
+    ap.add_argument("--no-container", action="store_true", help="up: only the sshd node")
+    ap.add_argument("--root", default="/root/dfo", help="up: remote root for the lab host")
+    ap.add_argument("--json", action="store_true", help="machine-readable output")
+    args = ap.parse_args(argv)
+    lab = Lab(args.state_dir, vmid=args.vmid)
+    try:
+        if args.command == "up":
+            info = lab.up(container=not args.no_container, lease="manual")
+            hosts = info.hosts_yaml(root=args.root)
+            (lab.state_dir / "hosts.yaml").write_text(hosts)
+            if args.json:
+                print(json.dumps({**asdict(info), "hosts_yaml": hosts}, indent=2))
+            else:
+                print(f"# lab up: ssh -F {info.ssh_config} dfo-lab-node   timings: {info.timings}")
+                print(f"# written to {lab.state_dir / 'hosts.yaml'}")
+                print(hosts, end="")
+        elif args.command == "down":
+            lab.down()
+            print(json.dumps(lab.status()) if args.json else "lab down (containers kept built)")
+        elif args.command == "destroy":
+            lab.destroy()
+            print(json.dumps(lab.status()) if args.json else "lab destroyed (template cache kept)")
+        else:
+            st = lab.status()
+            if args.json:
+                print(json.dumps(st, indent=2))
+            else:
+                s = st["sshd"]
+                print(f"state dir : {st['state_dir']}")
+                print(f"sshd      : {'running pid %s port %s' % (s['pid'], s['port']) if s['running'] else 'stopped'}")
+                for name, state in st["containers"].items() or {"(none built)": ""}.items():
+                    print(f"container : {name} {state}")
+                print(f"leases    : {', '.join(st['leases']) or '-'}")
+    except LabUnavailable as e:
+        print(f"lab: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

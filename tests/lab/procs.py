@@ -1,0 +1,125 @@
+"""Small process/file helpers for the lab: PIDs checked against their command
+line (a stale PID file never makes us kill a stranger), a file lock, free ports,
+atomic writes."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+
+
+def pid_cmdline(pid: int) -> list[str] | None:
+    """The argv of a live process, or None when there is no such process."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    if not raw:  # zombie or kernel thread
+        return None
+    return [a.decode("utf-8", "replace") for a in raw.rstrip(b"\0").split(b"\0")]
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return pid_cmdline(pid) is not None
+
+
+def read_pid(path: Path) -> int | None:
+    try:
+        text = Path(path).read_text().strip()
+    except FileNotFoundError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def pid_matches(pid: int | None, needle: str) -> bool:
+    """True when ``pid`` is alive and its command line contains ``needle`` (e.g.
+    our private sshd_config path; sshd rewrites its argv into one title string)."""
+    if not pid:
+        return False
+    argv = pid_cmdline(pid)
+    return bool(argv) and needle in " ".join(argv)
+
+
+def kill_pid(pid: int, *, timeout: float = 5.0) -> None:
+    """SIGTERM, wait, then SIGKILL one process (by PID, never by name)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        # reap it if it is our child, so it does not linger as a zombie
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+        if not pid_alive(pid):
+            return
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
+
+
+def free_port(preferred: int | None = None) -> int:
+    """A TCP port free on 127.0.0.1 (``preferred`` when it is free)."""
+    if preferred:
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("127.0.0.1", preferred))
+                return preferred
+            except OSError as e:
+                if e.errno != errno.EADDRINUSE:
+                    raise
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_banner(port: int, timeout: float = 10.0) -> bool:
+    """Wait until something on 127.0.0.1:port answers with an SSH banner."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1.0) as s:
+                if s.recv(64).startswith(b"SSH-"):
+                    return True
+        except OSError:
+            pass
+        time.sleep(0.05)
+    return False
+
+
+def write_atomic(path: Path, data: bytes | str, mode: int = 0o644) -> None:
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    if isinstance(data, str):
+        data = data.encode()
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def file_lock(path: Path):
+    """An exclusive flock, so two test sessions never bring the lab up at once."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)

@@ -1,0 +1,52 @@
+"""A stand-in *writer* for log-follow tests: appends lines to a run dir's events.jsonl and
+attempt logs the way the supervisor and the trainer do (including lines written in two
+pieces), moves on to a second attempt, then marks state.json final.
+
+    python tests/logs_writer.py RUN_DIR N_LINES DELAY_S
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from orchestrator.ops import runstate as rs  # noqa: E402
+
+
+def main() -> None:
+    run_dir, n, delay = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+    st = rs.new_state("w", "w", now=time.time())
+    st.update(status="running", pid=os.getpid(), attempt=1)
+    rs.write_json_atomic(os.path.join(run_dir, rs.STATE_FILE), st)
+    for att in (1, 2):
+        rs.append_event(os.path.join(run_dir, rs.EVENTS_FILE),
+                        rs.event("attempt_start", attempt=att, resume=None))
+        path = os.path.join(run_dir, rs.attempt_log_name(att))
+        with open(path, "ab", buffering=0) as f:
+            for i in range(n):
+                line = f"attempt {att} line {i} " + "x" * (i % 37) + (" ünïcödé" if i % 11 == 0 else "")
+                data = (line + "\n").encode()
+                if i % 7 == 3:  # a line written in two pieces
+                    f.write(data[:5])
+                    time.sleep(delay)
+                    f.write(data[5:])
+                else:
+                    f.write(data)
+                if i % 5 == 0:
+                    f.write(b"\n")  # empty lines are lines too
+                time.sleep(delay)
+        st["attempt"] = 2
+        rs.write_json_atomic(os.path.join(run_dir, rs.STATE_FILE), st)
+    rs.append_event(os.path.join(run_dir, rs.EVENTS_FILE),
+                    rs.event("final", status="done", reason="writer finished"))
+    st["status"] = "done"
+    rs.write_json_atomic(os.path.join(run_dir, rs.STATE_FILE), st)
+    print(json.dumps({"ok": True}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,249 @@
+"""Compile-cache snapshots end to end through the ``local`` transport.
+
+A real env root (``envs/current`` whose python runs this venv, with a fingerprint from the
+deploy probe), real torch.compile caches made in subprocesses on CPU, real tar, and the
+real verification. The lab versions (sshd + LXC) are in test_cache_lab.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from orchestrator.cache import CacheManager, load_config
+from orchestrator.errors import CacheError, DeployError
+from orchestrator.ops import snapshot as sn
+from orchestrator.ops.fingerprint import PROBE_SCRIPT, build_fingerprint, parse_probe
+from orchestrator.ops.layout import RemoteLayout
+from orchestrator.transport.local import LocalTransport
+
+# A small real compile (fwd + bwd) whose cache counters we read, like the trainer's warm-up.
+COMPILE = r"""
+import json, torch
+from torch._dynamo.utils import counters
+def f(x, w):
+    return torch.nn.functional.gelu(x @ w).sum()
+x = torch.randn(8, 16, requires_grad=True); w = torch.randn(16, 16, requires_grad=True)
+torch.compile(f)(x, w).backward()
+print(json.dumps({"fxgraph_cache_hit": counters["inductor"]["fxgraph_cache_hit"],
+                  "fxgraph_cache_miss": counters["inductor"]["fxgraph_cache_miss"],
+                  "autograd_cache_hit": counters["aot_autograd"]["autograd_cache_hit"],
+                  "autograd_cache_miss": counters["aot_autograd"]["autograd_cache_miss"]}))
+"""
+
+CFG = {"model": {"attention": "sdpa", "block_size": 4}, "data": {"seq_buckets": [32]},
+       "parallel": {"drafter_devices": ["cpu"]}, "compile": {"enabled": True}}
+
+
+def make_env(root: Path, **fp_changes) -> None:
+    """envs/cpu-test with bin/python -> this interpreter, fingerprint from the real probe."""
+    env = root / "envs" / "cpu-test"
+    (env / "bin").mkdir(parents=True, exist_ok=True)
+    py = env / "bin" / "python"
+    py.write_text(f"#!/bin/sh\nexec {sys.executable} \"$@\"\n")
+    py.chmod(0o755)
+    out = subprocess.run([str(py), "-c", PROBE_SCRIPT], capture_output=True, text=True, check=True).stdout
+    fp = build_fingerprint(parse_probe(out), profile="cpu", lock_hash="0" * 64)
+    fp.update(fp_changes)
+    (env / "fingerprint.json").write_text(json.dumps(fp))
+    cur = root / "envs" / "current"
+    if not cur.is_symlink():
+        cur.symlink_to("cpu-test")
+
+
+def compile_into(cache_dir: Path) -> dict:
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache_dir / "inductor"),
+               TRITON_CACHE_DIR=str(cache_dir / "triton"))
+    r = subprocess.run([sys.executable, "-c", COMPILE], env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def cold_cache(tmp_path_factory) -> tuple[Path, dict]:
+    d = tmp_path_factory.mktemp("cold") / "cache"
+    counters = compile_into(d)
+    assert counters["fxgraph_cache_miss"] > 0 and counters["fxgraph_cache_hit"] == 0
+    return d, counters
+
+
+@pytest.fixture()
+def host(tmp_path):
+    root = tmp_path / "root"
+    make_env(root)
+    t = LocalTransport()
+    return root, CacheManager(t, RemoteLayout(str(root)), host="local")
+
+
+def test_key_comes_from_the_deployed_env(host):
+    root, mgr = host
+    k = mgr.key(CFG)
+    fp = json.loads((root / "envs/current/fingerprint.json").read_text())
+    assert k.components["torch.__version__"] == fp["torch"]
+    assert k.components["gpu"] == "cpu"
+    assert len(k.components["trainer.source"]) == 64
+    assert mgr.key(CFG) == k
+
+
+def test_no_env_is_a_deploy_error(tmp_path):
+    mgr = CacheManager(LocalTransport(), RemoteLayout(str(tmp_path / "empty")))
+    with pytest.raises(DeployError, match="dfo deploy"):
+        mgr.key(CFG)
+
+
+def test_adopt_wipe_restore_then_a_run_copy_hits(host, cold_cache, tmp_path):
+    root, mgr = host
+    src, _ = cold_cache
+    key = mgr.key(CFG)
+    m = mgr.adopt(str(src), key)
+    p = sn.paths(mgr.layout, key.key)
+    assert Path(p.manifest).is_file() and Path(p.tar).stat().st_size == m["tar"]["size"]
+    assert m["sizes"]["inductor"] > 0
+    assert Path(p.live).is_symlink()
+    # wipe the live cache, restore from the store
+    shutil.rmtree(os.path.realpath(p.live))
+    os.unlink(p.live)
+    mgr.restore_from_store(key)
+    assert Path(p.live, "inductor").is_dir()
+    # a run works on its own copy, at another path, and gets cache hits
+    run = tmp_path / "runs" / "r1"
+    for argv in sn.seed_run_cache_argvs(mgr.layout, key.key, str(run)):
+        subprocess.run(argv, check=True)
+    env = sn.cache_env(mgr.layout, key.key, str(run))
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == str(run / "cache" / "inductor")
+    warm = compile_into(run / "cache")
+    assert warm["fxgraph_cache_hit"] > 0 and warm["fxgraph_cache_miss"] == 0
+    assert warm["autograd_cache_hit"] > 0
+    # the shared live cache was not written by the run
+    assert sn.file_problems(m["files"], mgr._tool("hashdir", p.live)["files"]) == []
+
+
+def test_key_mismatch_is_refused_naming_the_component(host, cold_cache):
+    root, mgr = host
+    key = mgr.key(CFG)
+    mgr.adopt(str(cold_cache[0]), key)
+    p = sn.paths(mgr.layout, key.key)
+    live_before = os.readlink(p.live)
+    # the env changes under the snapshot: another torch build
+    make_env(root, torch="2.13.0+cu130", torch_cuda="13.0")
+    new = mgr.key(CFG)
+    assert new.key != key.key
+    with pytest.raises(CacheError) as e:
+        mgr.push(Path(p.tar), new)
+    msg = str(e.value)
+    assert "torch.__version__: snapshot" in msg and "env 2.13.0+cu130" in msg
+    assert "torch.version.cuda: snapshot none, env 13.0" in msg
+    assert e.value.exit_code == 8
+    assert os.readlink(p.live) == live_before
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "member"])
+def test_corrupt_snapshot_is_refused_and_live_cache_untouched(host, cold_cache, tmp_path, damage):
+    root, mgr = host
+    key = mgr.key(CFG)
+    m = mgr.adopt(str(cold_cache[0]), key)
+    p = sn.paths(mgr.layout, key.key)
+    copy = tmp_path / "pulled"
+    tar, man = mgr.pull(key.key, copy)
+    live_target = os.readlink(p.live)
+    live_files = mgr._tool("hashdir", p.live)["files"]
+    data = bytearray(tar.read_bytes())
+    if damage == "truncate":
+        tar.write_bytes(bytes(data[: len(data) // 2]))
+    elif damage == "flip":
+        data[len(data) // 2] ^= 0xFF
+        tar.write_bytes(bytes(data))
+    else:  # a consistent tar (its checksum recomputed into the manifest) whose member changed
+        work = tmp_path / "unpacked"
+        with tarfile.open(tar) as tf:
+            tf.extractall(work, filter="data")
+        victim = next(f for f in sorted(work.rglob("*")) if f.is_file() and f.stat().st_size > 0)
+        victim.write_bytes(b"poison" + victim.read_bytes())
+        subprocess.run(["tar", "-cf", str(tar), "-C", str(work), "inductor", "triton", "mega"], check=True)
+        mm = json.loads(man.read_text())
+        from orchestrator.cache import _hash_local
+        mm["tar"].update(_hash_local(tar))
+        man.write_text(json.dumps(mm))
+    with pytest.raises(CacheError) as e:
+        mgr.push(tar, key)
+    assert {"truncate": "truncated", "flip": "corrupt", "member": "fails its checksums"}[damage] in str(e.value)
+    assert os.readlink(p.live) == live_target
+    assert mgr._tool("hashdir", p.live)["files"] == live_files == m["files"]
+    # nothing half-made is left beside it
+    assert [x.name for x in Path(root, "cache", ".gens").iterdir()] == [os.path.basename(live_target)]
+    assert not [x for x in Path(p.tar).parent.iterdir() if x.name.startswith(".")]
+
+
+def test_store_corruption_is_refused_on_restore(host, cold_cache):
+    root, mgr = host
+    key = mgr.key(CFG)
+    mgr.adopt(str(cold_cache[0]), key)
+    p = sn.paths(mgr.layout, key.key)
+    live_target = os.readlink(p.live)
+    with open(p.tar, "r+b") as f:
+        f.truncate(1000)
+    with pytest.raises(CacheError, match="truncated"):
+        mgr.restore_from_store(key)
+    assert os.readlink(p.live) == live_target
+
+
+def test_pull_push_between_two_roots_restores_hits(host, cold_cache, tmp_path):
+    root, mgr = host
+    key = mgr.key(CFG)
+    mgr.adopt(str(cold_cache[0]), key)
+    tar, man = mgr.pull(key.key, tmp_path / "local-copy")
+    assert tar.name == f"{key.key}.tar" and man.is_file()
+    # a second, freshly built host root with the same env
+    root2 = tmp_path / "root2"
+    make_env(root2)
+    mgr2 = CacheManager(LocalTransport(), RemoteLayout(str(root2)), host="second")
+    key2 = mgr2.key(CFG)
+    assert key2.key == key.key
+    mgr2.push(tar, key2)
+    p2 = sn.paths(mgr2.layout, key2.key)
+    assert Path(p2.manifest).is_file()
+    run = tmp_path / "runs2" / "r"
+    for argv in sn.seed_run_cache_argvs(mgr2.layout, key2.key, str(run)):
+        subprocess.run(argv, check=True)
+    warm = compile_into(run / "cache")
+    assert warm["fxgraph_cache_hit"] > 0 and warm["fxgraph_cache_miss"] == 0
+
+
+def test_status_and_prune(host, cold_cache, tmp_path):
+    root, mgr = host
+    keys = []
+    for attention in ("sdpa", "flex", "flex-eager"):
+        cfg = json.loads(json.dumps(CFG))
+        cfg["model"]["attention"] = attention
+        k = mgr.key(cfg)
+        mgr.adopt(str(cold_cache[0]), k)
+        keys.append(k.key)
+        os.utime(sn.paths(mgr.layout, k.key).used, (1e9 + len(keys), 1e9 + len(keys)))
+    entries, _ = mgr.status()
+    assert [e.key for e in entries] == keys[::-1]
+    assert all(e.snapshot_size and e.live_size for e in entries)
+    removed = mgr.prune(1)
+    assert sorted(removed) == sorted(keys[:2])
+    entries, raw = mgr.status()
+    assert [e.key for e in entries] == [keys[2]]
+    assert raw["stale"] == []
+    assert not Path(sn.paths(mgr.layout, keys[0]).tar).exists()
+
+
+def test_load_config_uses_the_trainer_validation(tmp_path):
+    from orchestrator.errors import ConfigError
+
+    f = tmp_path / "c.yaml"
+    f.write_text("data: {path: /x.jsonl, max_seq_len: 64, num_anchors: 4}\n")
+    cfg, text = load_config(f, [("model.attention", "sdpa")])
+    assert cfg["model"]["attention"] == "sdpa" and text == f.read_bytes()
+    with pytest.raises(ConfigError, match="train.micro_batch"):
+        load_config(f, [("train.micro_batch", "0")])

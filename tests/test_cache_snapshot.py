@@ -1,0 +1,203 @@
+"""Unit tests for snapshot manifests, verification and plans (orchestrator.ops.snapshot).
+
+The cache helper script (CACHE_TOOL) is run for real with this interpreter on temp dirs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.errors import CacheError
+from orchestrator.ops import snapshot as sn
+from orchestrator.ops.layout import RemoteLayout
+
+H = hashlib.sha256(b"x").hexdigest()
+FILES = {"inductor/fxgraph/ab/c": {"sha256": H, "size": 10},
+         "inductor/aotautograd/x/y": {"sha256": H, "size": 5},
+         "mega/artifacts.bin": {"sha256": H, "size": 7}}
+COMPS = {"torch.__version__": "2.13.0+cpu", "torch.version.cuda": "12.8", "gpu": "cpu"}
+
+
+def manifest(**kw):
+    m = sn.build_manifest("cpu-0123456789abcdef", COMPS, FILES, tar_sha256=H, tar_size=100,
+                          created=1700000000.0, torch="2.13.0+cpu", warmup={"cold_s": 3.0})
+    m.update(kw)
+    return m
+
+
+def test_manifest_round_trip_and_sizes():
+    m = manifest()
+    back = sn.parse_manifest(sn.manifest_bytes(m), "m")
+    assert back == m
+    assert m["sizes"] == {"inductor": 15, "triton": 0, "mega": 7, "total": 22}
+    assert m["tar"] == {"name": "cpu-0123456789abcdef.tar", "sha256": H, "size": 100}
+
+
+@pytest.mark.parametrize("mutate,needle", [
+    (lambda m: m.update(format=2), "format 2"),
+    (lambda m: m.pop("key"), "'key'"),
+    (lambda m: m.update(key="../evil"), "'key'"),
+    (lambda m: m.update(components={"a": 1}), "components"),
+    (lambda m: m["files"].update({"../etc/passwd": {"sha256": H, "size": 1}}), "../etc/passwd"),
+    (lambda m: m["files"].update({"/abs/x": {"sha256": H, "size": 1}}), "/abs/x"),
+    (lambda m: m["files"].update({"other/x": {"sha256": H, "size": 1}}), "other/x"),
+    (lambda m: m["files"].update({"inductor/x": {"sha256": "zz", "size": 1}}), "inductor/x"),
+    (lambda m: m.update(tar={"sha256": H}), "'tar'"),
+])
+def test_parse_manifest_refuses_bad_manifests(mutate, needle):
+    m = json.loads(sn.manifest_bytes(manifest()))
+    mutate(m)
+    with pytest.raises(CacheError) as e:
+        sn.parse_manifest(json.dumps(m), "snap.manifest.json")
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_parse_manifest_refuses_truncated_json():
+    data = sn.manifest_bytes(manifest())
+    with pytest.raises(CacheError, match="not JSON"):
+        sn.parse_manifest(data[: len(data) // 2], "m")
+
+
+def test_check_key_names_each_differing_component():
+    m = manifest()
+    env = dict(COMPS, **{"torch.version.cuda": "13.0", "gpu": "cuda:0=NVIDIA H200 (9.0)"})
+    with pytest.raises(CacheError) as e:
+        sn.check_key(m, "cpu-ffffffffffffffff", env, "snap.tar")
+    msg = str(e.value)
+    assert "torch.version.cuda: snapshot 12.8, env 13.0" in msg
+    assert "gpu: snapshot cpu, env cuda:0=NVIDIA H200 (9.0)" in msg
+    assert e.value.exit_code == 8
+    sn.check_key(m, m["key"], COMPS, "snap.tar")  # same env: accepted
+
+
+def test_check_tar_detects_truncation_and_corruption():
+    m = manifest()
+    sn.check_tar(m, {"sha256": H, "size": 100}, "s")
+    with pytest.raises(CacheError, match="truncated"):
+        sn.check_tar(m, {"sha256": H, "size": 50}, "s")
+    with pytest.raises(CacheError, match="corrupt"):
+        sn.check_tar(m, {"sha256": "0" * 64, "size": 100}, "s")
+    with pytest.raises(CacheError, match="missing"):
+        sn.check_tar(m, {"missing": True}, "s")
+
+
+def test_file_problems_lists_missing_extra_and_changed():
+    obs = dict(FILES)
+    obs.pop("mega/artifacts.bin")
+    obs["inductor/new"] = {"sha256": H, "size": 1}
+    obs["inductor/fxgraph/ab/c"] = {"sha256": H, "size": 11}
+    obs["inductor/aotautograd/x/y"] = {"sha256": "0" * 64, "size": 5}
+    probs = sn.file_problems(FILES, obs)
+    assert probs == ["inductor/aotautograd/x/y: sha256 differs",
+                     "inductor/fxgraph/ab/c: 11 bytes, manifest says 10",
+                     "inductor/new: not in the manifest", "mega/artifacts.bin: missing"]
+    with pytest.raises(CacheError, match="fails its checksums"):
+        sn.check_files(manifest(), obs, "s")
+    sn.check_files(manifest(), FILES, "s")
+
+
+def test_plan_warm():
+    assert sn.plan_warm(from_file=True, store_has_key=True).source == "file"
+    assert sn.plan_warm(from_file=False, store_has_key=True) == sn.WarmPlan(
+        "restore", "store", sn.plan_warm(from_file=False, store_has_key=True).reason)
+    assert sn.plan_warm(from_file=False, store_has_key=False).action == "warm"
+    assert sn.plan_warm(from_file=False, store_has_key=True, rewarm=True).action == "warm"
+
+
+def test_plan_prune_keeps_the_newest_by_last_use():
+    es = [sn.Entry("a", created=1.0, last_used=50.0), sn.Entry("b", created=10.0),
+          sn.Entry("c", created=5.0, last_used=None), sn.Entry("d", created=2.0, last_used=40.0)]
+    assert sn.plan_prune(es, 2) == ["b", "c"]
+    assert sn.plan_prune(es, 0) == ["a", "d", "b", "c"]
+    assert sn.plan_prune(es, 10) == []
+    with pytest.raises(CacheError):
+        sn.plan_prune(es, -1)
+
+
+def test_paths_and_cache_env_are_per_run_copies():
+    lay = RemoteLayout("/r")
+    p = sn.paths(lay, "cpu-0123")
+    assert p.live == "/r/cache/cpu-0123"
+    assert p.tar == "/r/cache/snapshots/cpu-0123.tar"
+    assert p.manifest == "/r/cache/snapshots/cpu-0123.manifest.json"
+    env = sn.cache_env(lay, "cpu-0123", "/r/runs/r1")
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == "/r/runs/r1/cache/inductor"
+    assert env["TRITON_CACHE_DIR"] == "/r/runs/r1/cache/triton"
+    assert not env["TORCHINDUCTOR_CACHE_DIR"].startswith(p.live)
+    for bad in ("../x", ".hidden", "a/b", ""):
+        with pytest.raises(CacheError):
+            sn.paths(lay, bad)
+
+
+def _run_tool(*args):
+    r = subprocess.run(sn.tool_argv(sys.executable, *args), capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return sn.parse_tool(r.stdout, "t")
+
+
+def test_tool_hashdir_and_hashfile(tmp_path: Path):
+    (tmp_path / "inductor" / "a").mkdir(parents=True)
+    (tmp_path / "inductor" / "a" / "f").write_bytes(b"hello")
+    (tmp_path / "triton").mkdir()
+    os.symlink("/etc/passwd", tmp_path / "triton" / "link")
+    got = _run_tool("hashdir", str(tmp_path))
+    assert got["files"] == {"inductor/a/f": {"sha256": hashlib.sha256(b"hello").hexdigest(), "size": 5}}
+    assert got["other"] == ["triton/link"]
+    assert _run_tool("hashfile", str(tmp_path / "inductor/a/f"))["size"] == 5
+    assert _run_tool("hashfile", str(tmp_path / "nope")) == {"missing": True}
+    assert _run_tool("hashdir", str(tmp_path / "nope")) == {"missing": True}
+
+
+def test_tool_status_and_entries(tmp_path: Path):
+    cache = tmp_path / "cache"
+    gen = cache / ".gens" / "k1-1"
+    (gen / "inductor").mkdir(parents=True)
+    (gen / "inductor" / "f").write_bytes(b"x" * 100)
+    os.symlink(gen, cache / "k1")
+    (cache / ".gens" / "k2-dead").mkdir()
+    (cache / "snapshots").mkdir()
+    (cache / "snapshots" / "k1.tar").write_bytes(b"t" * 30)
+    (cache / "snapshots" / "k1.manifest.json").write_text(json.dumps({"created": 5.0, "sizes": {"total": 100}}))
+    (cache / "snapshots" / "k3.manifest.json").write_text(json.dumps({"created": 7.0}))
+    (cache / "snapshots" / ".k4.tar.tmp-1").write_bytes(b"")
+    (cache / ".used").mkdir()
+    (cache / ".used" / "k1").touch()
+    os.utime(cache / ".used" / "k1", (time.time(), 1000.0))
+    raw = _run_tool("status", str(cache))
+    assert raw["live"]["k1"]["size"] == 100 and raw["live"]["k1"]["link"] is True
+    assert raw["snapshots"]["k1"]["tar_size"] == 30
+    assert raw["snapshots"]["k3"]["tar_size"] is None
+    assert sorted(raw["stale"]) == [".gens/k2-dead", "snapshots/.k4.tar.tmp-1"]
+    entries = {e.key: e for e in sn.entries_from_status(raw)}
+    assert entries["k1"].last_used == 1000.0 and entries["k1"].live_size == 100
+    assert entries["k3"].live_size is None and entries["k3"].created == 7.0
+    assert _run_tool("status", str(tmp_path / "none")) == {"live": {}, "snapshots": {}, "used": {}, "stale": []}
+
+
+def test_seed_run_cache_copies_and_never_links(tmp_path: Path):
+    lay = RemoteLayout(str(tmp_path))
+    gen = tmp_path / "cache" / ".gens" / "k-1"
+    (gen / "inductor").mkdir(parents=True)
+    (gen / "inductor" / "f").write_bytes(b"orig")
+    os.symlink(gen, tmp_path / "cache" / "k")
+    run = tmp_path / "runs" / "r1"
+    for argv in sn.seed_run_cache_argvs(lay, "k", str(run)):
+        subprocess.run(argv, check=True)
+    f = run / "cache" / "inductor" / "f"
+    assert f.read_bytes() == b"orig"
+    assert os.stat(f).st_ino != os.stat(gen / "inductor" / "f").st_ino
+    f.write_bytes(b"changed by the run")
+    assert (gen / "inductor" / "f").read_bytes() == b"orig"
+    assert (tmp_path / "cache" / ".used" / "k").exists()
+    # a key with no live cache: the run starts with empty dirs
+    run2 = tmp_path / "runs" / "r2"
+    for argv in sn.seed_run_cache_argvs(lay, "other", str(run2)):
+        subprocess.run(argv, check=True)
+    assert (run2 / "cache" / "inductor").is_dir() and not any((run2 / "cache" / "inductor").iterdir())

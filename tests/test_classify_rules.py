@@ -1,0 +1,124 @@
+"""The classifier on recorded real output (tests/fixtures/logs) and on exit information."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+
+from orchestrator.ops.classify import (CLASSES, LineScan, ThroughputMonitor, classify,
+                                       classify_text, match_line)
+
+FIX = Path(__file__).parent / "fixtures" / "logs"
+
+
+def fixture_lines(name: str) -> list[str]:
+    """The recorded output without its ``## `` provenance header."""
+    return [ln for ln in (FIX / name).read_text().splitlines() if not ln.startswith("## ")]
+
+
+@pytest.mark.parametrize("name, exit_code, cls", [
+    ("fx_trace_race_threads.log", 5, "fx_trace_race"),
+    ("oom_cuda.log", 1, "oom"),
+    ("nccl_watchdog.log", None, "nccl_timeout"),
+    ("nccl_watchdog_terminate.log", None, "nccl_timeout"),
+    ("dense_flex_warning.log", 5, "dense_fallback"),
+    ("recompile_limit.log", 5, "dense_fallback"),
+])
+def test_recorded_output_is_classified(name, exit_code, cls):
+    d = classify(fixture_lines(name), exit_code=exit_code)
+    assert d.cls == cls, d
+    assert d.evidence, "a class must come with evidence lines"
+    for e in d.evidence:
+        assert fixture_lines(name)[e.line_no - 1].startswith(e.text[:50])
+
+
+def test_fx_error_evidence_is_the_runtime_error_line():
+    d = classify(fixture_lines("fx_trace_race_threads.log"), exit_code=5)
+    assert d.evidence[0].text.startswith("RuntimeError: Detected that you are using FX")
+
+
+def test_fx_race_outranks_the_dense_warning_it_causes():
+    lines = fixture_lines("dense_flex_warning.log") + fixture_lines("fx_trace_race_threads.log")
+    d = classify(lines, exit_code=5)
+    assert d.cls == "fx_trace_race"
+    assert set(d.also) >= {"fx_trace_race", "dense_fallback"}
+
+
+def test_done_needs_exit_zero():
+    assert classify(["@dfo {\"kind\": \"done\", \"step\": 40}"], exit_code=0).cls == "done"
+    # a clean exit wins over warnings printed during the run
+    assert classify(fixture_lines("dense_flex_warning.log"), exit_code=0).cls == "done"
+
+
+def test_hang_is_compile_hang_and_kill_is_not_crash():
+    d = classify(["@dfo {\"kind\": \"heartbeat\"}"], exit_code=None, signal=signal.SIGKILL,
+                 hang="31s without progress during warm-up/compile (threshold 30s)")
+    assert d.cls == "compile_hang" and "threshold" in d.reason
+
+
+def test_oom_killer_and_plain_sigkill():
+    assert classify([], signal=9, oom_killed=True).cls == "oom"
+    d = classify(["something"], signal=9)
+    assert d.cls == "crash" and "SIGKILL" in d.reason
+
+
+def test_permanent_exit_codes():
+    d = classify(["config: --train.micro_batch: expected a positive integer, got 0"], exit_code=2)
+    assert d.cls == "crash" and d.permanent and "config error" in d.reason
+    assert d.evidence[-1].text.startswith("config: --train.micro_batch")
+    assert not classify(["boom"], exit_code=1).permanent
+
+
+def test_nan_from_marker_and_text():
+    assert classify(['@dfo {"kind": "step", "step": 3, "loss": NaN}'], exit_code=5).cls == "nan_loss"
+    assert classify(["RuntimeError: non-finite loss at step 7"], exit_code=5).cls == "nan_loss"
+    assert classify(['@dfo {"kind": "step", "step": 3, "loss": 2.5}'], exit_code=1).cls == "crash"
+
+
+def test_collapse_without_text_is_dense_fallback():
+    d = classify([], exit_code=6, collapse="100 tok/s < 0.5 x baseline 1000 tok/s for 5 steps")
+    assert d.cls == "dense_fallback" and "collapse" in d.reason
+
+
+@pytest.mark.parametrize("line", [
+    "step 12 loss 3.2 tok/s 1234",
+    "loading checkpoint step_20",
+    "NCCL_NVLS_ENABLE=0",
+    "inference mode on",
+    "compile.gate: true",
+])
+def test_ordinary_lines_match_nothing(line):
+    assert match_line(line) is None
+
+
+def test_offline_log_without_pattern():
+    d = classify_text("hello\nworld\n")
+    assert d.cls == "crash" and d.exit_code is None
+
+
+def test_incremental_scan_equals_batch():
+    lines = fixture_lines("fx_trace_race_threads.log")
+    scan = LineScan()
+    for ln in lines:
+        scan.feed(ln)
+    assert classify(scan, exit_code=5).cls == classify(lines, exit_code=5).cls
+
+
+def test_classes_cover_the_issue():
+    assert set(CLASSES) == {"fx_trace_race", "compile_hang", "dense_fallback", "oom",
+                            "nccl_timeout", "nan_loss", "crash", "done"}
+
+
+def test_throughput_monitor():
+    m = ThroughputMonitor(fraction=0.5, steps=3, baseline_steps=3, skip_steps=1)
+    seq = [10, 1000, 1100, 900] + [1000] * 3
+    assert all(m.observe(x) is None for x in seq)
+    assert m.baseline == 1000
+    assert m.observe(400) is None and m.observe(400) is None
+    assert m.observe(1000) is None            # one healthy step resets the count
+    assert m.observe(400) is None and m.observe(400) is None
+    why = m.observe(300)
+    assert why and "baseline 1000" in why
+    assert ThroughputMonitor().observe(float("nan")) is None

@@ -1,0 +1,148 @@
+"""deploy's constant shell scripts, run for real with bash + flock on this machine:
+the state probe, the deploy lease, the locked wrapper, the atomic switch under run.lock,
+and the cleanup of half-built envs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.ops import deploy_plan as dp
+
+
+def sh(script: str, *args: str, timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run(dp.script_argv(script, *args), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    r = tmp_path / "root"
+    (r / "envs").mkdir(parents=True)
+    (r / "locks").mkdir()
+    return r
+
+
+def _env(root: Path, name: str, complete: bool = True) -> Path:
+    d = root / "envs" / name
+    (d / "bin").mkdir(parents=True)
+    if complete:
+        (d / ".dfo-complete").write_text("{}\n")
+    return d
+
+
+def _lease(root: Path, token: str, *, takeover: str = "-", wait: int = 2):
+    return sh(dp.LEASE_SCRIPT, str(root / "locks/deploy.lock"), str(root / "locks/deploy.owner"),
+              token, '{"pid": 1}', str(dp.LEASE_STALE_S), takeover, str(wait))
+
+
+def test_lease_excludes_a_second_deploy_and_is_released(root):
+    assert "@acquired" in _lease(root, "tokA").stdout
+    r = _lease(root, "tokB")
+    assert r.returncode == dp.EXIT_BUSY and r.stdout.startswith("@held\ttokA ")
+    assert "@acquired" in _lease(root, "tokA").stdout  # re-entrant for its owner
+    sh(dp.RELEASE_SCRIPT, str(root / "locks/deploy.lock"), str(root / "locks/deploy.owner"), "tokA")
+    assert not (root / "locks/deploy.owner").exists()
+    assert "@acquired" in _lease(root, "tokB").stdout
+
+
+def test_stale_or_taken_over_lease(root):
+    assert "@acquired" in _lease(root, "dead").stdout
+    assert _lease(root, "new").returncode == dp.EXIT_BUSY
+    assert "@acquired" in _lease(root, "new", takeover="dead").stdout  # owner known dead
+    owner = root / "locks/deploy.owner"
+    old = time.time() - dp.LEASE_STALE_S - 5
+    os.utime(owner, (old, old))
+    assert "@acquired" in _lease(root, "third").stdout  # stale by age
+
+
+def test_locked_wrapper_runs_only_for_the_lease_owner(root):
+    lock, owner = str(root / "locks/deploy.lock"), str(root / "locks/deploy.owner")
+    assert "@acquired" in _lease(root, "tokA").stdout
+    ok = subprocess.run(dp.locked_argv(lock, owner, "tokA", ["echo", "it ran"]),
+                        capture_output=True, text=True, timeout=30)
+    assert ok.returncode == 0 and ok.stdout == "it ran\n"
+    bad = subprocess.run(dp.locked_argv(lock, owner, "tokB", ["echo", "it ran"]),
+                         capture_output=True, text=True, timeout=30)
+    assert bad.returncode == dp.EXIT_BUSY and "no longer holds" in bad.stderr and not bad.stdout
+    rc = subprocess.run(dp.locked_argv(lock, owner, "tokA", ["sh", "-c", "exit 3"]), timeout=30)
+    assert rc.returncode == 3
+
+
+def test_locked_command_keeps_the_flock_while_it_runs(root):
+    lock, owner = str(root / "locks/deploy.lock"), str(root / "locks/deploy.owner")
+    assert "@acquired" in _lease(root, "tokA").stdout
+    p = subprocess.Popen(dp.locked_argv(lock, owner, "tokA", ["sleep", "3"]))
+    try:
+        time.sleep(0.5)
+        r = _lease(root, "tokB", takeover="tokA", wait=1)  # even a takeover waits for the flock
+        assert r.returncode == dp.EXIT_BUSY and r.stdout.startswith("@busy")
+    finally:
+        p.wait(10)
+    assert "@acquired" in _lease(root, "tokB", takeover="tokA").stdout
+
+
+def test_switch_is_atomic_and_keeps_previous(root):
+    _env(root, "cpu-a")
+    _env(root, "cpu-b")
+    envs, runlock = str(root / "envs"), str(root / "locks/run.lock")
+    assert "@switched" in sh(dp.SWITCH_SCRIPT, envs, "cpu-a", "", runlock).stdout
+    assert os.readlink(root / "envs/current") == "cpu-a"
+    assert "@switched" in sh(dp.SWITCH_SCRIPT, envs, "cpu-b", "cpu-a", runlock).stdout
+    assert os.readlink(root / "envs/current") == "cpu-b"
+    assert os.readlink(root / "envs/previous") == "cpu-a"
+    assert not list((root / "envs").glob(".*tmp*"))
+
+
+def test_switch_refuses_an_incomplete_env(root):
+    _env(root, "cpu-half", complete=False)
+    r = sh(dp.SWITCH_SCRIPT, str(root / "envs"), "cpu-half", "", str(root / "locks/run.lock"))
+    assert r.returncode != 0 and "not a complete env" in r.stderr
+    assert not (root / "envs/current").exists()
+
+
+def test_switch_refuses_while_a_run_holds_run_lock(root):
+    _env(root, "cpu-a")
+    runlock = root / "locks/run.lock"
+    runlock.write_text('{"run_id": "r-42", "pid": 7}\n')
+    holder = subprocess.Popen(["flock", str(runlock), "sleep", "30"])
+    try:
+        time.sleep(0.3)
+        r = sh(dp.SWITCH_SCRIPT, str(root / "envs"), "cpu-a", "", str(runlock))
+        assert r.returncode == dp.EXIT_BUSY
+        owner = r.stdout.split("\t", 1)[1].strip()
+        assert dp.describe_run_lock(dp._b64(owner)) == "run r-42 (pid 7)"
+        assert not (root / "envs/current").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_clean_removes_half_built_envs_only(root):
+    half = _env(root, "cpu-half", complete=False)
+    (half / "lib").mkdir()
+    good = _env(root, "cpu-good")
+    (root / "envs" / ".trash.cpu-old.1").mkdir()  # a cleanup cut short earlier
+    sh(dp.CLEAN_SCRIPT, str(half), str(good))
+    assert not half.exists() and good.exists()
+    assert not list((root / "envs").glob(".trash.*"))
+
+
+def test_state_script_reports_the_root(root):
+    env = _env(root, "cpu-a")
+    (env / "fingerprint.json").write_text('{"torch": "2.13.0+cpu"}')
+    os.symlink("cpu-a", root / "envs/current")
+    _env(root, "cpu-half", complete=False)
+    (root / "locks/deploy.owner").write_text("tok {}\n")
+    r = sh(dp.STATE_SCRIPT, str(root), str(env), "3", str(root / "wheels/x.whl"))
+    s = dp.parse_state(r.stdout)
+    assert s.complete_output and s.current_name == "cpu-a" and s.target == "complete"
+    assert s.current_fingerprint == {"torch": "2.13.0+cpu"} and s.current_marker == {}
+    assert s.envs == {"cpu-a": True, "cpu-half": False}
+    assert s.uv_version == "" and s.current_freeze is None  # no uv pushed yet
+    assert s.python.endswith("python3") and s.df_kb and s.df_kb > 0
+    assert not s.wheel_present and s.deploy_owner == "tok {}" and s.deploy_owner_age is not None

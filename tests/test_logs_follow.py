@@ -1,0 +1,138 @@
+"""dfo logs: following by byte offset, across attempts and across killed followers.
+
+Uses the local transport and the real follower (``python -m orchestrator.supervisor.follow``);
+a writer process appends to the files while we follow. A "drop" is a real SIGKILL of the
+follower process in the middle of a stream, exactly what a dead SSH connection looks like
+from this side: the stream ends without the end record.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from orchestrator.logs import LogFollower, parse_since
+from orchestrator.ops.layout import RemoteLayout
+from orchestrator.transport.local import LocalTransport
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def root(tmp_path):
+    r = tmp_path / "root"
+    (r / "envs").mkdir(parents=True)
+    (r / "runs" / "w").mkdir(parents=True)
+    os.symlink(os.path.dirname(os.path.dirname(sys.executable)), r / "envs" / "current")
+    return r
+
+
+def expected_lines(run_dir: Path, name: str) -> list[str]:
+    data = (run_dir / name).read_bytes().decode("utf-8", "replace")
+    assert data.endswith("\n")
+    return data[:-1].split("\n")
+
+
+class KillingTransport(LocalTransport):
+    """The real local transport; its stream's process is SIGKILLed after ``kill_after``
+    lines, ``times`` times (as if the SSH connection serving it died)."""
+
+    def __init__(self, kill_after: int, times: int):
+        super().__init__("local")
+        self.kill_after, self.times, self.kills = kill_after, times, 0
+
+    def stream(self, argv, on_line, **kw):
+        seen = [0]
+        follower_pid = []
+        marker = argv[argv.index("--run-dir") + 1]
+
+        def cb(line):
+            seen[0] += 1
+            on_line(line)
+            if self.kills < self.times and seen[0] == self.kill_after:
+                for p in os.listdir("/proc"):
+                    if p.isdigit():
+                        try:
+                            cl = Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")
+                        except OSError:
+                            continue
+                        if b"orchestrator.supervisor.follow" in cl and marker.encode() in cl:
+                            follower_pid.append(int(p))
+                for p in follower_pid:
+                    os.kill(p, signal.SIGKILL)
+                self.kills += 1
+        return super().stream(argv, cb, **kw)
+
+
+def follow_while_writing(root: Path, transport, n=60, delay=0.002, **kw):
+    run_dir = root / "runs" / "w"
+    got: list = []
+    writer = subprocess.Popen([sys.executable, str(REPO / "tests" / "logs_writer.py"),
+                               str(run_dir), str(n), str(delay)], stdout=subprocess.PIPE)
+    reconnects = []
+    f = LogFollower(transport, RemoteLayout(str(root)), "w", on_line=got.append, follow=True,
+                    poll=0.05, sleep=lambda s: None,
+                    on_reconnect=lambda k, why: reconnects.append(why), **kw)
+    status = f.run()
+    assert writer.wait(60) == 0
+    return run_dir, got, status, reconnects
+
+
+def by_file(got):
+    out: dict[str, list[str]] = {}
+    for ln in got:
+        out.setdefault(ln.file, []).append(ln.text)
+    return out
+
+
+def test_follow_across_attempts_until_final(root):
+    run_dir, got, status, reconnects = follow_while_writing(root, LocalTransport("local"))
+    assert status == "done" and not reconnects
+    files = by_file(got)
+    for name in ("events.jsonl", "attempt-1.log", "attempt-2.log"):
+        assert files[name] == expected_lines(run_dir, name), name
+    assert got[-1].file == "events.jsonl" and got[-1].event["kind"] == "final"
+    assert {ln.attempt for ln in got if ln.file.startswith("attempt")} == {1, 2}
+
+
+def test_killed_follower_loses_and_repeats_nothing(root):
+    t = KillingTransport(kill_after=10, times=3)
+    run_dir, got, status, reconnects = follow_while_writing(root, t)
+    assert t.kills == 3 and len(reconnects) >= 2  # a kill may land after the end record
+    assert status == "done"
+    files = by_file(got)
+    for name in ("events.jsonl", "attempt-1.log", "attempt-2.log"):
+        assert files[name] == expected_lines(run_dir, name), name
+    offs = [ln.offset for ln in got if ln.file == "attempt-1.log"]
+    assert offs == sorted(set(offs)) and offs[-1] == (run_dir / "attempt-1.log").stat().st_size
+
+
+def test_not_following_stops_at_eof_and_attempt_filter(root):
+    run_dir, _, _, _ = follow_while_writing(root, LocalTransport("local"), n=10, delay=0)
+    got = []
+    st = LogFollower(LocalTransport("local"), RemoteLayout(str(root)), "w", on_line=got.append,
+                     attempt=2).run()
+    assert st == "done"
+    assert [ln.text for ln in got] == expected_lines(run_dir, "attempt-2.log")
+
+
+def test_unknown_run_is_a_clear_error(root):
+    from orchestrator.errors import NotFoundError
+
+    with pytest.raises(NotFoundError, match="no run directory"):
+        LogFollower(LocalTransport("local"), RemoteLayout(str(root)), "nope",
+                    on_line=lambda ln: None).run()
+
+
+def test_parse_since():
+    assert parse_since("10m", 1000.0) == 400.0
+    assert parse_since("1700000000", 0) == 1700000000.0
+    from orchestrator.errors import ConfigError
+    with pytest.raises(ConfigError):
+        parse_since("yesterday", 0)

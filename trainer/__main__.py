@@ -1,0 +1,93 @@
+"""``python -m trainer train|warmup ...`` (docs/contracts.md, "The trainer's command line").
+
+    python -m trainer train  --config FILE.yaml [--SECTION.FIELD VALUE ...] [--resume step_N|latest|PATH]
+    python -m trainer warmup --config FILE.yaml [--SECTION.FIELD VALUE ...] [--report FILE.json]
+
+Exit codes: trainer/exitcodes.py (0 done, 2 config, 3 data, 4 checkpoint, 5 fatal,
+6 interrupted). User errors print one line; fatal errors print the traceback too.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import traceback
+
+from .exitcodes import CONFIG_ERROR, FATAL, TABLE, exit_code_for
+
+USAGE = ("usage: python -m trainer train --config FILE.yaml [--SECTION.FIELD VALUE ...] "
+         "[--resume step_N|latest|PATH]\n"
+         "       python -m trainer warmup --config FILE.yaml [--SECTION.FIELD VALUE ...] "
+         "[--report FILE.json]")
+
+
+def split_args(argv: list[str], own: tuple[str, ...]) -> tuple[str | None, dict[str, str], list[str]]:
+    """(config path, {own flag: value}, override args) from the command line."""
+    config, opts, rest = None, {}, []
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        name, eq, val = a.partition("=")
+        if name in ("--config", *own):
+            if not eq:
+                if i + 1 >= len(argv):
+                    raise _usage(f"{name} needs a value")
+                val, i = argv[i + 1], i + 1
+            if name == "--config":
+                config = val
+            else:
+                opts[name] = val
+        else:
+            rest.append(a)
+        i += 1
+    return config, opts, rest
+
+
+def _usage(msg: str):
+    from .exitcodes import TrainerConfigError
+
+    return TrainerConfigError(f"config: {msg}")
+
+
+def _setup_logging() -> None:
+    h = logging.StreamHandler(sys.stderr)
+    h.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    lg = logging.getLogger("dfo")
+    lg.addHandler(h)
+    lg.setLevel(logging.INFO)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        print("exit codes: " + "; ".join(f"{k} {v}" for k, v in TABLE.items()))
+        return 0 if argv else CONFIG_ERROR
+    cmd, rest = argv[0], argv[1:]
+    _setup_logging()
+    try:
+        if cmd == "train":
+            from .config import load_config
+
+            config, opts, overrides = split_args(rest, ("--resume",))
+            cfg = load_config(config, overrides)
+            from .loop import train  # torch is imported from here on
+
+            return train(cfg, resume=opts.get("--resume"))
+        if cmd == "warmup":
+            from . import warmup  # owned by the layouts/gate part (trainer/warmup.py)
+
+            return warmup.main(rest)
+        raise _usage(f"unknown command {cmd!r} (expected train or warmup)")
+    except Exception as e:  # noqa: BLE001 - this is the one place errors become exit codes
+        code = exit_code_for(e)
+        if code == FATAL:
+            traceback.print_exc()
+            print(f"trainer: fatal: {e.__class__.__name__}: {e}", file=sys.stderr, flush=True)
+        else:
+            print(f"trainer: {e}", file=sys.stderr, flush=True)
+        return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

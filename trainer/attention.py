@@ -1,0 +1,161 @@
+"""Attention backends for the drafter: ``flex`` (compiled), ``sdpa`` (boolean mask), ``flex-eager``.
+
+All three implement the DFlash visibility of ``trainer.objective.visibility_mask``:
+
+- ``flex``: ``flex_attention`` compiled once per process (trainer.compile) with a BlockMask
+  built analytically here (``flex_block_mask``; no compile, no vmap over Q x KV).
+- ``sdpa``: ``scaled_dot_product_attention`` with a dense boolean mask; rows that see
+  nothing (invalid blocks) give zeros, never NaN (forward or backward). No compile.
+- ``flex-eager``: uncompiled flex_attention, which materializes the full score matrix
+  (6-10x slower, 15-25x the memory on an H200). Only as an explicit debug choice; warns.
+
+``build_mask(backend, ...)`` returns the backend's mask object; ``attend(backend, q, k, v,
+mask)`` runs attention. Both are cheap to call inside or outside a compiled region.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+from . import compile as _compile
+from .objective import visibility_mask
+
+log = logging.getLogger("dfo")
+FLEX_BLOCK = 128
+BACKENDS = ("flex", "sdpa", "flex-eager")
+_warned_eager = False
+
+
+def _mask_mod_for(anchors: torch.Tensor, valid: torch.Tensor, seq_len: int, block_size: int):
+    n = anchors.shape[1]
+    anch = torch.where(valid, anchors, torch.zeros_like(anchors))
+
+    def dflash_mask_mod(b, h, q_idx, kv_idx):
+        blk = q_idx // block_size
+        safe = blk.clamp(max=n - 1)
+        a = anch[b, safe]
+        ok = valid[b, safe] & (blk < n)
+        ctx = kv_idx < a
+        own = (kv_idx >= seq_len) & ((kv_idx - seq_len) // block_size == blk)
+        return ok & (ctx | own)
+    return dflash_mask_mod
+
+
+def flex_block_mask(anchors: torch.Tensor, valid: torch.Tensor, seq_len: int, block_size: int,
+                    *, block: int = FLEX_BLOCK):
+    """The DFlash BlockMask, from interval arithmetic (exact; no dense Q x KV materialization).
+
+    Each query row sees two intervals: context [0, anchor) and its own block
+    [S + n*B, S + (n+1)*B). Counting the visible keys of every (row, KV tile) gives which
+    tiles are empty, partial or full; partial tiles use the mask_mod.
+    """
+    from torch.nn.attention.flex_attention import BlockMask
+
+    b, n = anchors.shape
+    dev = anchors.device
+    tq, kv = n * block_size, seq_len + n * block_size
+    nqb, nkb = -(-tq // block), -(-kv // block)
+    rows = torch.arange(nqb * block, device=dev)
+    in_range = rows < tq
+    blk = (rows // block_size).clamp(max=n - 1)
+    ok = valid[:, blk] & in_range                                           # [b, Rq]
+    a = torch.where(ok, anchors[:, blk], torch.zeros_like(anchors[:, blk]))  # [b, Rq]
+    kb_lo = torch.arange(nkb, device=dev) * block
+    kb_hi = (kb_lo + block).clamp(max=kv)
+    width = (kb_hi - kb_lo).view(1, 1, -1)
+    ctx_cnt = (torch.minimum(a.unsqueeze(-1), kb_hi.view(1, 1, -1)) - kb_lo.view(1, 1, -1)).clamp(min=0)
+    own_lo = (seq_len + blk * block_size).view(1, -1, 1)
+    own_hi = own_lo + block_size
+    own_cnt = (torch.minimum(own_hi, kb_hi.view(1, 1, -1)) - torch.maximum(own_lo, kb_lo.view(1, 1, -1))
+               ).clamp(min=0) * ok.unsqueeze(-1)
+    cnt = (ctx_cnt + own_cnt).view(b, nqb, block, nkb)
+    rows_ok = in_range.view(1, nqb, block, 1)
+    any_ = ((cnt > 0) & rows_ok).any(dim=2)                                  # [b, nqb, nkb]
+    full = ((cnt == width.unsqueeze(1)) | ~rows_ok).all(dim=2) & any_
+    partial = any_ & ~full
+
+    def ordered(m):
+        num = m.sum(-1).to(torch.int32)
+        idx = torch.argsort(m.to(torch.int8), dim=-1, descending=True, stable=True).to(torch.int32)
+        return num.unsqueeze(1), idx.unsqueeze(1)                            # add the head dim
+
+    kv_num, kv_idx = ordered(partial)
+    full_num, full_idx = ordered(full)
+    mask_mod = _mask_mod_for(anchors, valid, seq_len, block_size)
+    try:
+        return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=block,
+                                        mask_mod=mask_mod, seq_lengths=(tq, kv))
+    except TypeError:  # older torch without seq_lengths
+        return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=block,
+                                        mask_mod=mask_mod)
+
+
+def reference_block_mask(anchors, valid, seq_len, block_size, *, block: int = FLEX_BLOCK):
+    """The same BlockMask through torch's (uncompiled) create_block_mask; tests/bench only."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    b, n = anchors.shape
+    return create_block_mask(_mask_mod_for(anchors, valid, seq_len, block_size), b, None,
+                             n * block_size, seq_len + n * block_size, device=anchors.device,
+                             BLOCK_SIZE=block)
+
+
+class SdpaMask:
+    """Dense boolean mask [b,1,Tq,KV] made safe for rows that see nothing, plus those rows."""
+
+    def __init__(self, visible: torch.Tensor):
+        row_any = visible.any(dim=-1, keepdim=True)                          # [b, Tq, 1]
+        self.safe = (visible | ~row_any).unsqueeze(1)                        # [b, 1, Tq, KV]
+        self.row_any = row_any.unsqueeze(1)                                  # [b, 1, Tq, 1]
+
+
+def build_mask(backend: str, anchors: torch.Tensor, valid: torch.Tensor, seq_len: int,
+               block_size: int):
+    """The mask object ``attend`` needs for ``backend``."""
+    if backend == "sdpa":
+        return SdpaMask(visibility_mask(anchors, valid, seq_len, block_size))
+    if backend in ("flex", "flex-eager"):
+        return flex_block_mask(anchors, valid, seq_len, block_size)
+    raise ValueError(f"unknown attention backend {backend!r} (expected one of {BACKENDS})")
+
+
+def _sdpa(q, k, v, mask: SdpaMask):
+    if k.shape[1] != q.shape[1]:
+        rep = q.shape[1] // k.shape[1]
+        k = k.repeat_interleave(rep, dim=1)
+        v = v.repeat_interleave(rep, dim=1)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.safe)
+    return torch.where(mask.row_any, out, torch.zeros_like(out))
+
+
+def warn_flex_eager() -> None:
+    global _warned_eager
+    if not _warned_eager:
+        _warned_eager = True
+        msg = ("model.attention=flex-eager: uncompiled flex_attention materializes the full "
+               "score matrix (6-10x slower, 15-25x the memory); use it only to debug")
+        warnings.warn(msg, stacklevel=2)
+        log.warning(msg)
+
+
+def attend(backend: str, q, k, v, mask):
+    """Attention of block queries q [b,h,Tq,d] over k/v [b,hkv,KV,d] -> [b,h,Tq,d]."""
+    gqa = k.shape[1] != q.shape[1]
+    if backend == "sdpa":
+        return _sdpa(q, k, v, mask)
+    if backend == "flex":
+        if torch.compiler.is_compiling():  # inside a compiled region: inductor fuses it
+            from torch.nn.attention.flex_attention import flex_attention as _flex
+
+            return _flex(q, k, v, block_mask=mask, enable_gqa=gqa)
+        return _compile.flex_attention(q, k, v, mask, enable_gqa=gqa)
+    if backend == "flex-eager":
+        warn_flex_eager()
+        from torch.nn.attention.flex_attention import flex_attention as _flex
+
+        return _flex(q, k, v, block_mask=mask, enable_gqa=gqa)
+    raise ValueError(f"unknown attention backend {backend!r} (expected one of {BACKENDS})")

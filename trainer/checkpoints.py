@@ -1,0 +1,168 @@
+"""Checkpoints: save/load a training state as ``step_N/`` (manifest last), keep the last k.
+
+``<checkpoint.dir>/step_N/`` holds ``drafter.safetensors`` (trainable weights only; the
+shared embedding/LM head are the target's), ``optim.pt``, ``sched.pt``, ``rng.pt``,
+``data.json`` (the data stream position), ``config.yaml`` and ``manifest.json`` with the
+sha256 of each, written last. The directory is built as ``.step_N.tmp-<pid>`` and renamed.
+
+``python -m trainer.checkpoints list DIR [--json]`` is torch-free (the orchestrator runs it
+remotely): it lists step_N dirs newest first, valid or why not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import random
+import shutil
+import sys
+
+from . import ckpt_manifest as cm
+from .exitcodes import CheckpointError
+
+log = logging.getLogger("dfo")
+
+
+def _fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def rng_state() -> dict:
+    import torch
+
+    st = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        st["cuda"] = torch.cuda.get_rng_state_all()
+    return st
+
+
+def set_rng_state(st: dict) -> None:
+    import torch
+
+    torch.set_rng_state(st["torch"])
+    py = st["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    if "cuda" in st and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(st["cuda"])
+
+
+def save(root: str, step: int, *, drafter, optimizer, scheduler, data_state: dict,
+         config_yaml: str, keep: int | None = None, extra: dict | None = None) -> str:
+    """Write ``root/step_<step>`` atomically; prune to the newest ``keep``. Returns its path."""
+    import torch
+    from safetensors.torch import save_file
+
+    os.makedirs(root, exist_ok=True)
+    final = os.path.join(root, f"step_{step}")
+    tmp = os.path.join(root, f".step_{step}.tmp-{os.getpid()}")
+    if os.path.exists(tmp):
+        shutil.rmtree(tmp)
+    os.makedirs(tmp)
+    sd = {k: v.detach().contiguous().cpu() for k, v in drafter.trainable_state_dict().items()}
+    save_file(sd, os.path.join(tmp, "drafter.safetensors"), metadata={"step": str(step), "format": "dfo-dflash-1"})
+    torch.save(optimizer.state_dict(), os.path.join(tmp, "optim.pt"))
+    torch.save(scheduler.state_dict(), os.path.join(tmp, "sched.pt"))
+    torch.save(rng_state(), os.path.join(tmp, "rng.pt"))
+    with open(os.path.join(tmp, "data.json"), "w") as f:
+        json.dump({"step": step, **data_state, **(extra or {})}, f, indent=1, sort_keys=True)
+    with open(os.path.join(tmp, "config.yaml"), "w") as f:
+        f.write(config_yaml)
+    for name in cm.REQUIRED_FILES:
+        with open(os.path.join(tmp, name), "rb+") as f:
+            os.fsync(f.fileno())
+    cm.write_manifest(tmp, step, list(cm.REQUIRED_FILES))
+    _fsync_dir(tmp)
+    if os.path.exists(final):  # re-saving a step (e.g. after a resume): swap, then drop the old
+        old = os.path.join(root, f".step_{step}.old-{os.getpid()}")
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+    _fsync_dir(root)
+    if keep:
+        prune(root, keep)
+    return final
+
+
+def prune(root: str, keep: int) -> list[str]:
+    """Delete all but the newest ``keep`` valid checkpoints, torn ones older than those, and
+    temp dirs of dead writers. Only ``step_N`` / ``.step_N.tmp-PID`` names are touched."""
+    removed = []
+    infos = cm.list_checkpoints(root, check_hashes=False)
+    valid = [c for c in infos if c.valid]
+    if len(valid) > keep:
+        floor = valid[keep - 1].step
+        for c in infos:
+            if c.step < floor:
+                shutil.rmtree(c.path, ignore_errors=True)
+                removed.append(c.path)
+    for p in cm.stale_tmp_dirs(root):
+        shutil.rmtree(p, ignore_errors=True)
+        removed.append(p)
+    return removed
+
+
+def load(path: str, *, drafter, optimizer=None, scheduler=None, restore_rng: bool = True) -> dict:
+    """Load a verified checkpoint into the given objects; returns data.json's content."""
+    import torch
+    from safetensors.torch import load_file
+
+    ok, why = cm.verify(path)
+    if not ok:
+        raise CheckpointError(f"checkpoint: {path} is not usable: {why}")
+    try:
+        sd = load_file(os.path.join(path, "drafter.safetensors"))
+        drafter.load_trainable_state_dict(sd)
+    except (KeyError, RuntimeError) as e:
+        raise CheckpointError(f"checkpoint: {path}: drafter weights do not fit this model ({e}); "
+                              "resume with the config the checkpoint was made with") from None
+    dev = next(iter(drafter.trainable_parameters())).device
+    if optimizer is not None:
+        optimizer.load_state_dict(torch.load(os.path.join(path, "optim.pt"), map_location=dev,
+                                             weights_only=True))
+    if scheduler is not None:
+        scheduler.load_state_dict(torch.load(os.path.join(path, "sched.pt"), weights_only=True))
+    if restore_rng:
+        set_rng_state(torch.load(os.path.join(path, "rng.pt"), weights_only=True))
+    with open(os.path.join(path, "data.json")) as f:
+        return json.load(f)
+
+
+# --------------------------------------------------------------------------- CLI (torch-free)
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m trainer.checkpoints")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    lp = sub.add_parser("list", help="list step_N checkpoints, valid or why not")
+    lp.add_argument("dir")
+    lp.add_argument("--json", action="store_true")
+    lp.add_argument("--no-hash", action="store_true", help="check sizes only (fast)")
+    a = ap.parse_args(argv)
+    infos = cm.list_checkpoints(a.dir, check_hashes=not a.no_hash)
+    if a.json:
+        best = next((c for c in infos if c.valid), None)
+        print(json.dumps({"dir": a.dir, "latest": best.name if best else None,
+                          "checkpoints": [c.to_json() for c in infos]}))
+        return 0
+    if not infos:
+        print(f"no step_N checkpoints in {a.dir}")
+        return 0
+    for c in infos:
+        print(f"{c.name:>14}  {'valid' if c.valid else 'INVALID: ' + c.reason}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,186 @@
+"""Checkpoint manifests, torch-free: verify ``step_N`` dirs, find the newest valid one.
+
+A checkpoint directory ``<dir>/step_N/`` is complete when its ``manifest.json``
+(written last) parses, says ``"step": N``, and every file it lists exists with the
+recorded size and sha256:
+
+    {"format": 1, "step": N, "files": {"drafter.safetensors": {"sha256": "...", "size": 123}, ...}}
+
+Directories being written are named ``.step_N.tmp-<pid>`` and are never listed.
+The orchestrator uses this module remotely through
+``python -m trainer.checkpoints list DIR --json``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+from dataclasses import asdict, dataclass
+
+from .exitcodes import CheckpointError
+
+log = logging.getLogger("dfo")
+FORMAT = 1
+MANIFEST = "manifest.json"
+REQUIRED_FILES = ("drafter.safetensors", "optim.pt", "sched.pt", "rng.pt", "data.json", "config.yaml")
+STEP_RE = re.compile(r"^step_(\d+)$")
+TMP_RE = re.compile(r"^\.step_(\d+)\.tmp-(\d+)$")
+
+
+@dataclass(frozen=True)
+class CkptInfo:
+    name: str
+    step: int
+    path: str
+    valid: bool
+    reason: str = ""        # why not valid ("" when valid)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def sha256_file(path: str, bufsize: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(bufsize):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def build_manifest(dirpath: str, step: int, files: list[str]) -> dict:
+    entries = {}
+    for name in files:
+        p = os.path.join(dirpath, name)
+        entries[name] = {"sha256": sha256_file(p), "size": os.path.getsize(p)}
+    return {"format": FORMAT, "step": int(step), "files": entries}
+
+
+def write_manifest(dirpath: str, step: int, files: list[str]) -> dict:
+    """Write manifest.json (via a temp file + rename + fsync) after every listed file."""
+    man = build_manifest(dirpath, step, files)
+    tmp = os.path.join(dirpath, f".{MANIFEST}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(man, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, os.path.join(dirpath, MANIFEST))
+    return man
+
+
+def verify(dirpath: str, *, expect_step: int | None = None, check_hashes: bool = True) -> tuple[bool, str]:
+    """(True, "") when ``dirpath`` is a complete, uncorrupted checkpoint; else (False, why)."""
+    mp = os.path.join(dirpath, MANIFEST)
+    if not os.path.isdir(dirpath):
+        return False, "not a directory"
+    if not os.path.isfile(mp):
+        return False, "no manifest.json (torn: the save did not finish)"
+    try:
+        with open(mp) as f:
+            man = json.load(f)
+    except (OSError, ValueError) as e:
+        return False, f"manifest.json unreadable ({e.__class__.__name__})"
+    if not isinstance(man, dict) or man.get("format") != FORMAT or not isinstance(man.get("files"), dict):
+        return False, "manifest.json has an unknown format"
+    if expect_step is not None and man.get("step") != expect_step:
+        return False, f"manifest says step {man.get('step')}, directory says step {expect_step}"
+    missing = [n for n in REQUIRED_FILES if n not in man["files"]]
+    if missing:
+        return False, f"manifest lacks {', '.join(missing)}"
+    for name, ent in sorted(man["files"].items()):
+        p = os.path.join(dirpath, name)
+        if not os.path.isfile(p):
+            return False, f"{name} missing"
+        size = os.path.getsize(p)
+        if size != ent.get("size"):
+            return False, f"{name} has {size} bytes, manifest says {ent.get('size')} (truncated?)"
+        if check_hashes and sha256_file(p) != ent.get("sha256"):
+            return False, f"{name} sha256 mismatch (corrupt)"
+    return True, ""
+
+
+def list_checkpoints(root: str, *, check_hashes: bool = True) -> list[CkptInfo]:
+    """Every ``step_N`` dir under ``root``, newest first, each with valid/why-not."""
+    if not os.path.isdir(root):
+        return []
+    out = []
+    for name in os.listdir(root):
+        m = STEP_RE.match(name)
+        if not m:
+            continue
+        step = int(m.group(1))
+        path = os.path.join(root, name)
+        ok, why = verify(path, expect_step=step, check_hashes=check_hashes)
+        out.append(CkptInfo(name, step, path, ok, why))
+    out.sort(key=lambda c: c.step, reverse=True)
+    return out
+
+
+def newest_valid(root: str) -> tuple[CkptInfo | None, list[CkptInfo]]:
+    """(newest valid checkpoint or None, the newer invalid ones that were skipped)."""
+    skipped = []
+    for c in list_checkpoints(root):
+        if c.valid:
+            return c, skipped
+        skipped.append(c)
+    return None, skipped
+
+
+def resolve(root: str, spec: str) -> str:
+    """``latest`` | ``step_N`` | a path -> a verified checkpoint directory, or CheckpointError.
+
+    ``latest`` skips torn/corrupt checkpoints, warning (logger "dfo") with each one's name.
+    """
+    if spec == "latest":
+        best, skipped = newest_valid(root)
+        for c in skipped:
+            log.warning("checkpoint %s skipped: %s", c.path, c.reason)
+        if best is None:
+            why = f"; skipped: {', '.join(f'{c.name} ({c.reason})' for c in skipped)}" if skipped else ""
+            raise CheckpointError(f"checkpoint: --resume latest: no valid checkpoint in {root}{why} "
+                                  "(start without --resume, or point --checkpoint.dir at the run's checkpoints)")
+        return best.path
+    if STEP_RE.match(spec) and not os.path.isabs(spec):
+        path = os.path.join(root, spec)
+    else:
+        path = spec
+    m = STEP_RE.match(os.path.basename(os.path.normpath(path)))
+    if not os.path.isdir(path):
+        raise CheckpointError(f"checkpoint: --resume {spec}: {path} does not exist "
+                              f"(python -m trainer.checkpoints list {root} shows what does)")
+    ok, why = verify(path, expect_step=int(m.group(1)) if m else None)
+    if not ok:
+        raise CheckpointError(f"checkpoint: --resume {spec}: {path} is not usable: {why} "
+                              "(use --resume latest to take the newest valid one)")
+    return path
+
+
+def read_manifest(dirpath: str) -> dict:
+    with open(os.path.join(dirpath, MANIFEST)) as f:
+        return json.load(f)
+
+
+def stale_tmp_dirs(root: str) -> list[str]:
+    """``.step_N.tmp-<pid>`` dirs whose writer process is gone (safe to delete)."""
+    out = []
+    if not os.path.isdir(root):
+        return out
+    for name in os.listdir(root):
+        m = TMP_RE.match(name)
+        if m and not _pid_alive(int(m.group(2))):
+            out.append(os.path.join(root, name))
+    return out
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,97 @@
+"""The ONE place where torch.compile is applied, once per process per function.
+
+- ``flex_attention(...)``: ``torch.compile(flex_attention, dynamic=False)``, created once
+  (under a lock) and called through the call guard. Shapes are bucketed
+  (``step.shape_buckets``), so the set of compiled shapes is finite.
+- ``compiled(name, fn)``: any other function compiled once per process (the drafter step
+  when ``compile.enabled``), also called through ``call(...)`` -> the guard.
+- Block masks are NOT compiled: ``torch.compile(create_block_mask)`` with a mask_mod that
+  indexes a captured anchor tensor stalled > 280 s on an H200 at Q=8192, KV=11264.
+  ``trainer.attention.flex_block_mask`` builds the BlockMask analytically instead
+  (plain tensor ops, O(b * Tq * KV/128)).
+
+The guard hook: ``set_call_guard(ctx_factory)`` makes every call into compiled code run
+inside ``ctx_factory(what)`` (a context manager; ``what`` names the callee). The compile
+gate (trainer.gate) installs its process-wide lock this way. ``None`` removes it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Callable, ContextManager
+
+_lock = threading.Lock()
+_guard_factory: Callable[[str], ContextManager] | None = None
+_compiled: dict[str, Callable] = {}
+
+
+def set_call_guard(ctx_factory: Callable[[str], ContextManager] | None) -> None:
+    """Wrap every call into compiled code in ``ctx_factory(what)`` (None: no wrapper)."""
+    global _guard_factory
+    _guard_factory = ctx_factory
+
+
+def guard(what: str) -> ContextManager:
+    f = _guard_factory
+    return f(what) if f is not None else contextlib.nullcontext()
+
+
+def compiled(name: str, fn: Callable, **options) -> Callable:
+    """``torch.compile(fn, dynamic=False, **options)`` created once per process under ``name``."""
+    with _lock:
+        c = _compiled.get(name)
+        if c is None:
+            import torch
+
+            options.setdefault("dynamic", False)
+            c = torch.compile(fn, **options)
+            _compiled[name] = c
+        return c
+
+
+def call(name: str, fn: Callable, *args, **kwargs):
+    """Call the compiled version of ``fn`` (compiled on first use) inside the guard."""
+    c = compiled(name, fn)
+    with guard(name):
+        return c(*args, **kwargs)
+
+
+def compiled_flex_attention() -> Callable:
+    from torch.nn.attention.flex_attention import flex_attention as _flex
+
+    return compiled("flex_attention", _flex)
+
+
+def flex_attention(q, k, v, block_mask, *, enable_gqa: bool = False, scale: float | None = None):
+    """Compiled flex_attention (never the dense eager path), called through the guard."""
+    fn = compiled_flex_attention()
+    with guard("flex_attention"):
+        return fn(q, k, v, block_mask=block_mask, enable_gqa=enable_gqa, scale=scale)
+
+
+def names() -> list[str]:
+    """Names of the functions compiled so far in this process."""
+    with _lock:
+        return sorted(_compiled)
+
+
+def probe_call() -> Callable[[], object] | None:
+    """A zero-argument callable entering compiled code already built here (fault injection).
+
+    Prefers compiled flex_attention; None when nothing has been compiled in this process.
+    """
+    with _lock:
+        fn = _compiled.get("flex_attention")
+    if fn is None:
+        return None
+    import torch
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    q = torch.zeros(1, 1, 128, 16)
+    bm = create_block_mask(lambda b, h, qi, ki: qi >= ki, 1, 1, 128, 128, device="cpu")
+
+    def _call():
+        with torch.no_grad(), guard("flex_attention"):
+            return fn(q, q, q, block_mask=bm)
+    return _call

@@ -1,0 +1,419 @@
+"""The trainer's config: one tree of ``kw_only`` dataclasses, YAML + dotted flag overrides.
+
+Torch-free: the orchestrator imports this module to validate and render run configs.
+
+    cfg = load_config("configs/tiny-cpu.yaml", ["--train.micro_batch", "4"])
+
+Every validation error is a ``TrainerConfigError`` whose message names the flag, e.g.
+``config: --train.micro_batch: expected a positive integer, got 0``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from .exitcodes import TrainerConfigError
+
+ATTENTION_BACKENDS = ("auto", "flex", "sdpa", "flex-eager")
+LAYOUTS = ("single", "threads", "ddp")
+SCHEDULES = ("cosine", "linear", "constant")
+DTYPES = ("auto", "bf16", "fp32", "fp16")
+DATA_FORMATS = ("auto", "tokens", "chat")
+
+
+def default_gamma(block_size: int) -> float:
+    """The loss-decay gamma for a block size: 7 for 16, 5 for 10, 4 for 8 (linear in between)."""
+    table = {16: 7.0, 10: 5.0, 8: 4.0}
+    if block_size in table:
+        return table[block_size]
+    # Same shape as the table (gamma grows ~ with B): interpolate / extrapolate gently.
+    return max(1.0, round(block_size * 7.0 / 16.0, 3))
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    target_path: str = ""                     # HF causal-LM directory (never fetched from a hub)
+    drafter_layers: int = 5
+    block_size: int = 16
+    attention: str = "auto"                   # auto (flex on CUDA, sdpa on CPU) | flex | sdpa | flex-eager
+    mask_token_id: int | None = None          # None: the target tokenizer's mask token, if any
+    target_layer_ids: list[int] | None = None  # None: round(1 + i*(T-4)/(L-1)), or T//2 for L=1
+    gamma: float | None = None                # loss decay; None: 7 (B=16), 5 (B=10), 4 (B=8)
+    ce_chunk: int = 2048                      # rows per chunk of the LM-head cross-entropy
+    dtype: str = "auto"                       # autocast dtype: auto = bf16 on GPU, fp32 on CPU
+    init_seed: int | None = None              # drafter init seed; None: train.seed
+
+
+@dataclass(kw_only=True)
+class DataConfig:
+    path: str = ""
+    format: str = "auto"                      # auto | tokens (input_ids+loss_mask) | chat (messages)
+    max_seq_len: int = 4096                   # longer samples are truncated
+    num_anchors: int = 512                    # max anchors (blocks) per sequence
+    seq_buckets: list[int] = field(default_factory=list)     # [] -> [max_seq_len]
+    anchor_buckets: list[int] = field(default_factory=list)  # [] -> [num_anchors]
+    shuffle: bool = True
+    min_loss_tokens: int | None = None        # None: 2 * block_size
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    max_steps: int = 1000
+    schedule_steps: int | None = None         # LR-schedule horizon; None: max_steps
+    micro_batch: int = 1
+    grad_accum: int = 1
+    lr: float = 6e-4
+    min_lr_ratio: float = 0.0
+    warmup_ratio: float = 0.04
+    schedule: str = "cosine"
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    seed: int = 0
+    log_every: int = 1
+    heartbeat_s: float = 5.0
+
+
+@dataclass(kw_only=True)
+class CheckpointConfig:
+    dir: str = ""                             # "" -> <run.dir>/checkpoints
+    every: int = 0                            # 0: only at the end (and on SIGTERM)
+    keep: int = 3
+    save_final: bool = True
+
+
+@dataclass(kw_only=True)
+class ParallelConfig:
+    layout: str = "single"
+    target_devices: list[str] = field(default_factory=lambda: ["auto"])
+    drafter_devices: list[str] = field(default_factory=lambda: ["auto"])
+    queue_depth: int = 2                      # threads: feature batches buffered per drafter
+
+
+@dataclass(kw_only=True)
+class CompileConfig:
+    enabled: bool = True                      # torch.compile the drafter step (layers + loss)
+    gate: bool = True                         # the compile gate (trainer.gate)
+
+
+@dataclass(kw_only=True)
+class RunConfig:
+    dir: str = ""                             # "" -> $DFO_RUN_DIR or ./run
+
+
+@dataclass(kw_only=True)
+class FaultConfig:
+    spec: str | None = None                   # KIND[=ARG]@STEP[#ATTEMPT],...; None: $DFO_FAULT
+
+
+@dataclass(kw_only=True)
+class TrainerConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    compile: CompileConfig = field(default_factory=CompileConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    fault: FaultConfig = field(default_factory=FaultConfig)
+
+    # -- derived values (pure) -------------------------------------------------------------
+    def gamma(self) -> float:
+        return self.model.gamma if self.model.gamma is not None else default_gamma(self.model.block_size)
+
+    def seq_buckets(self) -> list[int]:
+        return sorted(set(self.data.seq_buckets or [self.data.max_seq_len]))
+
+    def anchor_buckets(self) -> list[int]:
+        return sorted(set(self.data.anchor_buckets or [self.data.num_anchors]))
+
+    def min_loss_tokens(self) -> int:
+        m = self.data.min_loss_tokens
+        return 2 * self.model.block_size if m is None else m
+
+    def run_dir(self) -> str:
+        return self.run.dir or os.environ.get("DFO_RUN_DIR") or "run"
+
+    def checkpoint_dir(self) -> str:
+        return self.checkpoint.dir or os.path.join(self.run_dir(), "checkpoints")
+
+    def schedule_steps(self) -> int:
+        return self.train.schedule_steps or self.train.max_steps
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+# --------------------------------------------------------------------------- loading
+
+def _err(flag: str, why: str) -> TrainerConfigError:
+    return TrainerConfigError(f"config: --{flag}: {why}")
+
+
+def _hints(cls) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def field_types() -> dict[str, Any]:
+    """``{"train.micro_batch": int, ...}`` for every settable key."""
+    out = {}
+    for sec, cls in _hints(TrainerConfig).items():
+        for name, tp in _hints(cls).items():
+            out[f"{sec}.{name}"] = tp
+    return out
+
+
+def _strip_optional(tp) -> tuple[Any, bool]:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1 and len(typing.get_args(tp)) == 2:
+            return args[0], True
+    return tp, False
+
+
+def _coerce(flag: str, tp, value: Any, *, from_text: bool) -> Any:
+    """Convert ``value`` (YAML-loaded, or flag text when ``from_text``) to ``tp``."""
+    base, optional = _strip_optional(tp)
+    if from_text and isinstance(value, str):
+        if optional and value.strip().lower() in ("null", "none", "~", ""):
+            return None
+        if typing.get_origin(base) is list or base is bool or base in (int, float):
+            try:  # "[1, 2]", "1,2", "true", "4" -> YAML scalars/lists
+                text = value if not (typing.get_origin(base) is list and "[" not in value) \
+                    else "[" + value + "]"
+                value = yaml.safe_load(text)
+            except yaml.YAMLError:
+                raise _err(flag, f"cannot parse {value!r}") from None
+    if value is None:
+        if optional:
+            return None
+        raise _err(flag, "must not be null")
+    if base is bool:
+        if isinstance(value, bool):
+            return value
+        raise _err(flag, f"expected true or false, got {value!r}")
+    if base is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _err(flag, f"expected an integer, got {value!r}")
+        return value
+    if base is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise _err(flag, f"expected a number, got {value!r}")
+        return float(value)
+    if base is str:
+        if isinstance(value, bool | list | dict):
+            raise _err(flag, f"expected a string, got {value!r}")
+        return str(value)
+    if typing.get_origin(base) is list:
+        (item_tp,) = typing.get_args(base)
+        if not isinstance(value, list):
+            value = [value]
+        return [_coerce(flag, item_tp, v, from_text=from_text) for v in value]
+    raise _err(flag, f"unsupported type {tp}")  # pragma: no cover - table above is complete
+
+
+def _set(cfg: TrainerConfig, key: str, value: Any, *, from_text: bool, where: str) -> None:
+    types_ = field_types()
+    if key not in types_:
+        sec = key.split(".", 1)[0]
+        known = sorted(k for k in types_ if k.startswith(sec + ".")) or sorted(
+            {k.split(".")[0] for k in types_})
+        raise TrainerConfigError(f"config: {where}unknown key {key!r} (known: {', '.join(known)})")
+    sec, name = key.split(".", 1)
+    setattr(getattr(cfg, sec), name, _coerce(key, types_[key], value, from_text=from_text))
+
+
+def _flatten_yaml(data: Any, path: str) -> dict[str, Any]:
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise TrainerConfigError(f"config: {path}: expected a mapping of sections "
+                                 f"(model:, data:, train:, ...), got {type(data).__name__}")
+    out: dict[str, Any] = {}
+    for sec, body in data.items():
+        if body is None:
+            continue
+        if not isinstance(body, dict):
+            raise TrainerConfigError(f"config: {path}: section {sec!r} must be a mapping, "
+                                     f"got {body!r}")
+        for k, v in body.items():
+            out[f"{sec}.{k}"] = v
+    return out
+
+
+def parse_overrides(args: list[str]) -> list[tuple[str, str]]:
+    """``["--train.micro_batch", "4", "--model.attention=sdpa"]`` -> [(key, text), ...]."""
+    out: list[tuple[str, str]] = []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if not a.startswith("--") or "." not in a.split("=", 1)[0]:
+            raise TrainerConfigError(f"config: unexpected argument {a!r} "
+                                     "(overrides look like --SECTION.FIELD VALUE)")
+        if "=" in a:
+            k, v = a[2:].split("=", 1)
+            i += 1
+        else:
+            if i + 1 >= len(args):
+                raise TrainerConfigError(f"config: --{a[2:]}: missing value")
+            k, v = a[2:], args[i + 1]
+            i += 2
+        out.append((k, v))
+    return out
+
+
+def load_config(path: str | None = None, overrides: list[str] | list[tuple[str, str]] = (),
+                *, validate_now: bool = True) -> TrainerConfig:
+    """Defaults <- YAML file <- ``--section.field value`` overrides; then validate."""
+    cfg = TrainerConfig()
+    if path:
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = yaml.safe_load(f)
+        except FileNotFoundError:
+            raise TrainerConfigError(f"config: --config: file {path} does not exist") from None
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f"{path}:{mark.line + 1}" if mark else path
+            raise TrainerConfigError(f"config: {where}: invalid YAML ({getattr(e, 'problem', e)})") \
+                from None
+        for key, value in _flatten_yaml(data, path).items():
+            _set(cfg, key, value, from_text=False, where=f"{path}: ")
+    pairs = overrides if overrides and isinstance(next(iter(overrides)), tuple) \
+        else parse_overrides(list(overrides))
+    for key, text in pairs:
+        _set(cfg, key, text, from_text=True, where="")
+    if validate_now:
+        validate(cfg)
+    return cfg
+
+
+def config_from_dict(data: dict) -> TrainerConfig:
+    """Rebuild a config from ``to_dict()`` output (e.g. a checkpoint's config.yaml)."""
+    cfg = TrainerConfig()
+    for key, value in _flatten_yaml(data, "<dict>").items():
+        _set(cfg, key, value, from_text=False, where="")
+    return cfg
+
+
+# --------------------------------------------------------------------------- validation
+
+def _positive(cfg_val, flag, *, zero_ok=False):
+    if not isinstance(cfg_val, int) or cfg_val < (0 if zero_ok else 1):
+        kind = "a non-negative integer" if zero_ok else "a positive integer"
+        raise _err(flag, f"expected {kind}, got {cfg_val!r}")
+
+
+def _choice(val, flag, choices):
+    if val not in choices:
+        raise _err(flag, f"expected one of {', '.join(choices)}, got {val!r}")
+
+
+def validate(cfg: TrainerConfig) -> TrainerConfig:
+    """Check every value; raise ``TrainerConfigError`` naming the first bad flag."""
+    m, d, t = cfg.model, cfg.data, cfg.train
+    _positive(m.drafter_layers, "model.drafter_layers")
+    if not isinstance(m.block_size, int) or m.block_size < 2:
+        raise _err("model.block_size", f"expected an integer >= 2, got {m.block_size!r}")
+    _choice(m.attention, "model.attention", ATTENTION_BACKENDS)
+    _choice(m.dtype, "model.dtype", DTYPES)
+    if m.mask_token_id is not None and m.mask_token_id < 0:
+        raise _err("model.mask_token_id", f"expected a token id >= 0, got {m.mask_token_id}")
+    if m.target_layer_ids is not None:
+        ids = m.target_layer_ids
+        if not ids:
+            raise _err("model.target_layer_ids", "expected a non-empty list of layer ids")
+        if any(i < 0 for i in ids):
+            raise _err("model.target_layer_ids", f"layer ids must be >= 0, got {ids}")
+        if len(set(ids)) != len(ids):
+            raise _err("model.target_layer_ids", f"duplicate layer ids in {ids}")
+    if m.gamma is not None and not m.gamma > 0:
+        raise _err("model.gamma", f"expected a positive number, got {m.gamma}")
+    _positive(m.ce_chunk, "model.ce_chunk")
+
+    if not d.path:
+        raise _err("data.path", "required: a tokenized or chat JSONL file")
+    _choice(d.format, "data.format", DATA_FORMATS)
+    _positive(d.max_seq_len, "data.max_seq_len")
+    _positive(d.num_anchors, "data.num_anchors")
+    if d.max_seq_len < 2 * m.block_size:
+        raise _err("data.max_seq_len", f"must be >= 2 * model.block_size "
+                                       f"({2 * m.block_size}), got {d.max_seq_len}")
+    for b in d.seq_buckets:
+        _positive(b, "data.seq_buckets")
+        if b < 2 * m.block_size:
+            raise _err("data.seq_buckets", f"bucket {b} < 2 * model.block_size")
+    for b in d.anchor_buckets:
+        _positive(b, "data.anchor_buckets")
+    if d.seq_buckets and max(d.seq_buckets) < d.max_seq_len:
+        raise _err("data.seq_buckets", f"largest bucket {max(d.seq_buckets)} must be >= "
+                                       f"data.max_seq_len ({d.max_seq_len})")
+    if d.anchor_buckets and max(d.anchor_buckets) < d.num_anchors:
+        raise _err("data.anchor_buckets", f"largest bucket {max(d.anchor_buckets)} must be >= "
+                                          f"data.num_anchors ({d.num_anchors})")
+    if d.min_loss_tokens is not None:
+        _positive(d.min_loss_tokens, "data.min_loss_tokens")
+
+    _positive(t.max_steps, "train.max_steps")
+    if t.schedule_steps is not None:
+        _positive(t.schedule_steps, "train.schedule_steps")
+    _positive(t.micro_batch, "train.micro_batch")
+    _positive(t.grad_accum, "train.grad_accum")
+    _positive(t.log_every, "train.log_every")
+    if not t.lr > 0:
+        raise _err("train.lr", f"expected a positive number, got {t.lr}")
+    if not 0 <= t.warmup_ratio < 1:
+        raise _err("train.warmup_ratio", f"expected a number in [0, 1), got {t.warmup_ratio}")
+    if not 0 <= t.min_lr_ratio <= 1:
+        raise _err("train.min_lr_ratio", f"expected a number in [0, 1], got {t.min_lr_ratio}")
+    _choice(t.schedule, "train.schedule", SCHEDULES)
+    if t.weight_decay < 0:
+        raise _err("train.weight_decay", f"expected a number >= 0, got {t.weight_decay}")
+    for name in ("beta1", "beta2"):
+        v = getattr(t, name)
+        if not 0 <= v < 1:
+            raise _err(f"train.{name}", f"expected a number in [0, 1), got {v}")
+    if t.grad_clip < 0:
+        raise _err("train.grad_clip", f"expected a number >= 0 (0 = off), got {t.grad_clip}")
+    if not 0 < t.heartbeat_s <= 10:
+        raise _err("train.heartbeat_s", f"expected a number in (0, 10], got {t.heartbeat_s}")
+
+    _positive(cfg.checkpoint.every, "checkpoint.every", zero_ok=True)
+    _positive(cfg.checkpoint.keep, "checkpoint.keep")
+
+    p = cfg.parallel
+    _choice(p.layout, "parallel.layout", LAYOUTS)
+    _positive(p.queue_depth, "parallel.queue_depth")
+    for flag, devs in (("parallel.target_devices", p.target_devices),
+                       ("parallel.drafter_devices", p.drafter_devices)):
+        if not devs:
+            raise _err(flag, "expected a non-empty list of devices, e.g. [cuda:0] or [cpu]")
+        for dv in devs:
+            if not (dv in ("auto", "cpu", "cuda") or (dv.startswith("cuda:") and dv[5:].isdigit())):
+                raise _err(flag, f"expected devices like cpu, cuda, cuda:0 or auto, got {dv!r}")
+    if p.layout == "single" and (len(p.target_devices) != 1 or len(p.drafter_devices) != 1):
+        raise _err("parallel.layout", "single uses one device: give one entry in "
+                                      "parallel.target_devices and parallel.drafter_devices")
+    if cfg.fault.spec:
+        try:
+            from . import faults
+        except ImportError:  # pragma: no cover - faults.py ships with the trainer
+            faults = None
+        if faults is not None and hasattr(faults, "parse_spec"):
+            try:
+                faults.parse_spec(cfg.fault.spec)
+            except ValueError as e:
+                raise TrainerConfigError(str(e)) from None
+    return cfg

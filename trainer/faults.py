@@ -1,0 +1,379 @@
+"""Fault injection: a documented test facility, off by default.
+
+The supervisor's tests and the demo recover from these faults; each one is the real
+thing, not a printed imitation (see docs/contracts.md, "Fault injection").
+
+Spec (``DFO_FAULT`` or ``--fault.spec``; the flag wins): comma-separated
+``KIND[=ARG]@STEP[#ATTEMPT]``. ``#ATTEMPT`` defaults to ``1`` (first attempt only);
+``#*`` means every attempt. Kinds:
+
+``fx_race``   torch itself raises ``Detected that you are using FX to symbolically trace a
+              dynamo-optimized function``: a thread loops ``torch.fx.symbolic_trace`` while
+              this thread calls compiled code (torch <= 2.13 keeps the tracing flag
+              process-global). It bypasses the compile gate on purpose.
+``hang``      the process stays alive, makes no progress and prints nothing more: heartbeats
+              stop too (``silenced()`` turns true and stdout/stderr writes block).
+``oom``       raises ``torch.OutOfMemoryError``.
+``exit=N``    exits at once with code N (0..255); ``sigkill`` kills itself with SIGKILL.
+``slow=F``    from STEP on, each step is stretched so throughput is F (0 < F < 1) of what
+              it was, and flex_attention's own dense-path warning ("... materializes the full
+              scores matrix ...") is printed, by calling uncompiled flex_attention once.
+``nan``       the loss of that step becomes NaN (``Effects.nan``; the loop applies it).
+
+The parser is torch-free (``trainer.config`` validates the spec with it); torch is
+imported only when a fault fires.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .exitcodes import TrainerConfigError
+
+ENV_VAR = "DFO_FAULT"
+KINDS = ("fx_race", "hang", "oom", "exit", "sigkill", "slow", "nan")
+_ARG_KINDS = {"exit", "slow"}
+_ITEM = re.compile(r"^(?P<kind>[a-z_]+)(?:=(?P<arg>[^@#]*))?@(?P<step>[^#]*)(?:#(?P<attempt>.*))?$")
+FX_RACE_TEXT = "Detected that you are using FX to symbolically trace a dynamo-optimized function"
+
+
+class FaultSpecError(TrainerConfigError):
+    """A malformed fault spec; ``str()`` is one line naming the bad item and the fix."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    step: int
+    attempt: int | None = 1  # None = every attempt
+    arg: float | int | None = None
+
+    def matches(self, step: int, attempt: int) -> bool:
+        return step == self.step and (self.attempt is None or self.attempt == attempt)
+
+    def __str__(self) -> str:
+        a = "" if self.arg is None else f"={self.arg}"
+        at = "*" if self.attempt is None else str(self.attempt)
+        return f"{self.kind}{a}@{self.step}#{at}"
+
+
+def parse_spec(spec: str | None, *, source: str = "--fault.spec") -> list[Fault]:
+    """Parse a spec string into faults. Empty/None -> []. Raises FaultSpecError."""
+    if spec is None or not spec.strip():
+        return []
+    faults = []
+    for raw in spec.split(","):
+        item = raw.strip()
+        if not item:
+            raise FaultSpecError(f"config: {source}: empty item in {spec!r} "
+                                 "(use comma-separated KIND[=ARG]@STEP[#ATTEMPT])")
+        faults.append(_parse_item(item, source))
+    return faults
+
+
+def _parse_item(item: str, source: str) -> Fault:
+    def bad(why: str) -> FaultSpecError:
+        return FaultSpecError(f"config: {source}: {item!r}: {why} "
+                              "(expected KIND[=ARG]@STEP[#ATTEMPT], e.g. fx_race@5 or exit=3@2#*)")
+    m = _ITEM.match(item)
+    if not m:
+        raise bad("not of the form KIND[=ARG]@STEP[#ATTEMPT]")
+    kind, arg_s, step_s, att_s = m["kind"], m["arg"], m["step"], m["attempt"]
+    if kind not in KINDS:
+        raise bad(f"unknown kind {kind!r}; known: {', '.join(KINDS)}")
+    if kind in _ARG_KINDS and arg_s is None:
+        raise bad(f"{kind} needs an argument ({kind}=N)" if kind == "exit" else f"{kind} needs an argument (slow=F, 0<F<1)")
+    if kind not in _ARG_KINDS and arg_s is not None:
+        raise bad(f"{kind} takes no argument")
+    if not step_s.isdigit():
+        raise bad(f"step must be a non-negative integer, got {step_s!r}")
+    step = int(step_s)
+    if att_s is None:
+        attempt: int | None = 1
+    elif att_s == "*":
+        attempt = None
+    elif att_s.isdigit() and int(att_s) >= 1:
+        attempt = int(att_s)
+    else:
+        raise bad(f"attempt must be a positive integer or *, got {att_s!r}")
+    arg: float | int | None = None
+    if kind == "exit":
+        if not (arg_s.isdigit() and 0 <= int(arg_s) <= 255):
+            raise bad(f"exit code must be an integer 0..255, got {arg_s!r}")
+        arg = int(arg_s)
+    elif kind == "slow":
+        try:
+            arg = float(arg_s)
+        except ValueError:
+            raise bad(f"slow fraction must be a number, got {arg_s!r}") from None
+        if not 0.0 < arg < 1.0:
+            raise bad(f"slow fraction must be in (0, 1), got {arg_s!r}")
+    return Fault(kind=kind, step=step, attempt=attempt, arg=arg)
+
+
+def resolve_spec(flag_value: str | None) -> str | None:
+    """The active spec text: the ``--fault.spec`` flag if set, else ``$DFO_FAULT``."""
+    if flag_value is not None and str(flag_value).strip():
+        return str(flag_value)
+    env = os.environ.get(ENV_VAR, "")
+    return env if env.strip() else None
+
+
+def current_attempt() -> int:
+    """``$DFO_ATTEMPT`` (1-based; 1 when unset or malformed)."""
+    try:
+        return max(1, int(os.environ.get("DFO_ATTEMPT", "1")))
+    except ValueError:
+        return 1
+
+
+# --------------------------------------------------------------------------- runtime state
+
+@dataclass
+class Effects:
+    """What the caller must apply to this step (only ``nan`` needs the loop's help)."""
+    nan: bool = False
+    fired: list[str] = field(default_factory=list)
+
+    def apply_to_loss(self, loss):
+        """Return ``loss`` made NaN when the ``nan`` fault fired (keeps the autograd graph)."""
+        return loss * float("nan") if self.nan else loss
+
+
+_SILENCED = threading.Event()
+_state_lock = threading.Lock()
+_slow = {"fraction": None, "last": None}
+_parsed_cache: dict[str, list[Fault]] = {}
+
+
+def silenced() -> bool:
+    """True once the ``hang`` fault fired: heartbeat emitters must print nothing more."""
+    return _SILENCED.is_set()
+
+
+def reset_state() -> None:
+    """Forget slow-down state (tests only; a process injects at most once per run)."""
+    with _state_lock:
+        _slow.update(fraction=None, last=None)
+    _SILENCED.clear()
+
+
+def _faults_of(spec) -> list[Fault]:
+    if not spec:
+        return []
+    if isinstance(spec, str):
+        if spec not in _parsed_cache:
+            _parsed_cache[spec] = parse_spec(spec)
+        return _parsed_cache[spec]
+    return list(spec)
+
+
+def maybe_inject(step: int, *, attempt: int | None = None, spec=None,
+                 compiled_call: Callable[[], object] | None = None) -> Effects:
+    """Call once per optimizer step, before the step's work, from the loop's main thread.
+
+    ``spec``: a spec string or parsed faults (None: nothing fires). ``attempt`` defaults
+    to ``$DFO_ATTEMPT``. ``compiled_call``: a zero-argument callable that enters a
+    torch.compile'd function (used by ``fx_race``; a tiny eager-backend compiled function
+    is used when it is None). Returns the effects the loop must apply to this step.
+    """
+    faults = _faults_of(spec)
+    effects = Effects()
+    _throttle()
+    if not faults:
+        return effects
+    if attempt is None:
+        attempt = current_attempt()
+    for f in faults:
+        if not f.matches(step, attempt):
+            continue
+        effects.fired.append(str(f))
+        _announce(f, step, attempt)
+        if f.kind == "nan":
+            effects.nan = True
+        elif f.kind == "slow":
+            start_slow(float(f.arg))
+        elif f.kind == "exit":
+            _flush()
+            os._exit(int(f.arg))
+        elif f.kind == "sigkill":
+            _flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(60)  # SIGKILL is asynchronous on some kernels; never return
+        elif f.kind == "oom":
+            raise_oom(step)
+        elif f.kind == "hang":
+            hang()
+        elif f.kind == "fx_race":
+            raise_fx_race(compiled_call)
+    return effects
+
+
+def _announce(f: Fault, step: int, attempt: int) -> None:
+    print(f"fault injection: {f.kind} at step {step} (attempt {attempt}, spec {f})",
+          file=sys.stderr, flush=True)
+
+
+def _flush() -> None:
+    for s in (sys.stdout, sys.stderr):
+        try:
+            s.flush()
+        except Exception:  # noqa: BLE001 - best effort before an abrupt exit
+            pass
+
+
+# --------------------------------------------------------------------------- the faults
+
+def raise_oom(step: int) -> None:
+    import torch
+    raise torch.OutOfMemoryError(
+        "CUDA out of memory. Tried to allocate 20.00 GiB. "
+        f"(raised by fault injection oom@{step}; no memory was actually exhausted)")
+
+
+class _BlockingStream:
+    """Replaces stdout/stderr during ``hang``: every write blocks forever."""
+
+    def __init__(self, inner):
+        self._inner = inner
+
+    def write(self, s):
+        threading.Event().wait()
+
+    def flush(self):
+        return None
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+def hang() -> None:
+    """Never returns: no progress, no output from any Python thread (heartbeats included)."""
+    _flush()
+    _SILENCED.set()
+    sys.stdout = _BlockingStream(sys.stdout)
+    sys.stderr = _BlockingStream(sys.stderr)
+    while True:  # alive, silent; SIGKILL ends it (SIGTERM handlers would block on print)
+        time.sleep(3600)
+
+
+def start_slow(fraction: float) -> None:
+    """From now on stretch each step to 1/fraction of its time; print flex's dense warning."""
+    with _state_lock:
+        _slow["fraction"] = fraction
+        _slow["last"] = time.perf_counter()
+    print_dense_flex_warning()
+
+
+def _throttle() -> None:
+    with _state_lock:
+        frac, last = _slow["fraction"], _slow["last"]
+    if frac is None:
+        return
+    worked = time.perf_counter() - last
+    time.sleep(max(0.0, worked * (1.0 / frac - 1.0)))
+    with _state_lock:
+        _slow["last"] = time.perf_counter()
+
+
+def print_dense_flex_warning() -> None:
+    """Make torch's own flex_attention dense-path warning appear on stderr.
+
+    Calls uncompiled flex_attention on a tiny CPU input (the real code path), forcing its
+    warn-once to fire again, and prints the warning it emits.
+    """
+    import warnings
+
+    import torch
+    from torch.nn.attention import flex_attention as fa
+
+    shown = getattr(fa, "_WARNINGS_SHOWN", None)
+    if isinstance(shown, set):
+        shown.discard("flex_attention_performance")
+    q = torch.zeros(1, 1, 16, 8)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        # eager flex still enters dynamo (eager backend): allow it past a sealed gate
+        with torch.compiler.set_stance("default"):
+            fa.flex_attention(q, q, q)
+    msgs = [str(w.message) for w in caught if "materializes" in str(w.message)]
+    if not msgs:  # a torch without the warning: say what it would have said
+        msgs = ["flex_attention called without torch.compile() - this will use an unfused "
+                "implementation that materializes the full scores matrix instead of "
+                "generating a fused kernel."]
+    for m in msgs:
+        print(f"{fa.__file__}: UserWarning: {m}", file=sys.stderr, flush=True)
+
+
+class _Chain:  # symbolic_trace target: many ops, so the tracing flag is set most of the time
+    @staticmethod
+    def module():
+        import torch
+
+        class Chain(torch.nn.Module):
+            def forward(self, x):
+                for _ in range(400):
+                    x = x * 2 + 1
+                return x
+        return Chain()
+
+
+def raise_fx_race(compiled_call: Callable[[], object] | None = None, *,
+                  timeout_s: float = 60.0) -> None:
+    """Make torch raise its FX-tracing RuntimeError in this thread. Never returns.
+
+    A daemon thread loops ``torch.fx.symbolic_trace`` (which sets torch's process-global
+    ``_is_fx_tracing_flag``) while this thread calls compiled code, until torch's
+    ``compile_wrapper`` raises. Bounded: after ``timeout_s`` without the error it raises
+    a RuntimeError saying so (e.g. on torch >= 2.14, where the flag is thread-local).
+    """
+    import torch
+    import torch.fx
+
+    call = compiled_call or _toy_compiled_call()
+    stop = threading.Event()
+    started = threading.Event()
+
+    def tracer():
+        m = _Chain.module()
+        while not stop.is_set():
+            started.set()
+            torch.fx.symbolic_trace(m)
+
+    th = threading.Thread(target=tracer, name="dfo-fault-fx-tracer", daemon=True)
+    th.start()
+    started.wait(10)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            try:
+                call()
+            except RuntimeError as e:
+                if FX_RACE_TEXT in str(e) or compiled_call is None:
+                    raise
+                call, compiled_call = _toy_compiled_call(), None  # caller's code failed otherwise
+    finally:
+        stop.set()
+    raise RuntimeError(f"fault injection fx_race: torch {torch.__version__} did not raise the "
+                       f"FX-tracing error within {timeout_s:.0f} s (tracing flag thread-local?)")
+
+
+def _toy_compiled_call() -> Callable[[], object]:
+    """A tiny function compiled with the eager backend, compiled now (stance allowing)."""
+    import torch
+
+    def _toy(x):
+        return torch.sin(x) + 1
+
+    fn = torch.compile(_toy, backend="eager")
+    x = torch.randn(8)
+    with torch.compiler.set_stance("default"):
+        fn(x)
+    return lambda: fn(x)

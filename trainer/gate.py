@@ -1,0 +1,295 @@
+"""The compile gate: makes the incident's compile race impossible by construction.
+
+The incident (docs/trainer.md, "Why the gate exists"): drafter threads that lazily compiled
+flex_attention while other threads ran compiled code either raised torch's
+``Detected that you are using FX to symbolically trace a dynamo-optimized function`` (torch
+<= 2.13 keeps ``torch.fx._symbolic_trace._is_fx_tracing_flag`` process-global, and another
+thread's make_fx sets it) or deadlocked on a cold cache. With the gate on:
+
+1. **Warm-up** (``CompileGate.warmup``): before any worker steps, every compiled callable is
+   compiled and run forward + backward once per device and per shape bucket, sequentially,
+   in one thread, with heartbeats.
+2. **Seal** (``CompileGate.seal``): ``torch.compiler.set_stance("fail_on_recompile")`` (a
+   process-global stance, torch >= 2.6), so any compile after warm-up -- a new shape, a new
+   device -- raises ``RecompileAfterWarmup`` naming the shape instead of racing.
+3. **Lock** (``CompileGate.guard``): a process-wide re-entrant lock around every call into
+   compiled code (trainer.compile's call guard, and each backward through compiled graphs).
+4. **Settings in every thread** (``CompileGate.thread_setup``): since torch 2.12,
+   ``torch._dynamo.config`` / ``torch._inductor.config`` writes are per-thread (ContextVar;
+   a new thread starts from the defaults), so the settings below are applied in each thread
+   that runs compiled code. Among them ``fail_on_recompile_limit_hit``: hitting
+   ``recompile_limit`` must be an error, never dynamo's silent fallback to eager flex (the
+   dense path).
+
+``compile.gate: false`` keeps the incident's unguarded pattern -- lazy compile per device on
+first use, lock around creating the compiled object only, no warm-up, no call lock, no
+stance -- ONLY to reproduce and diagnose the failure. Never train with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Iterable, Iterator
+
+RECOMPILE_TEXT = "Detected recompile when torch.compile stance is 'fail_on_recompile'"
+COUNTER_KEYS = {  # (counters section, key) -> report name
+    ("inductor", "fxgraph_cache_hit"): "fxgraph_cache_hit",
+    ("inductor", "fxgraph_cache_miss"): "fxgraph_cache_miss",
+    ("inductor", "fxgraph_cache_bypass"): "fxgraph_cache_bypass",
+    ("aot_autograd", "autograd_cache_hit"): "autograd_cache_hit",
+    ("aot_autograd", "autograd_cache_miss"): "autograd_cache_miss",
+    ("aot_autograd", "autograd_cache_bypass"): "autograd_cache_bypass",
+    ("stats", "unique_graphs"): "unique_graphs",
+}
+
+
+class RecompileAfterWarmup(RuntimeError):
+    """torch wanted to compile after the gate was sealed: a shape or device not warmed up."""
+
+
+def default_dynamo_settings(n_compiles_per_fn: int) -> dict[str, object]:
+    """Dynamo settings for a run that warms ``n_compiles_per_fn`` variants of each function."""
+    limit = max(8, n_compiles_per_fn + 2)
+    return {
+        "recompile_limit": limit,
+        "accumulated_recompile_limit": max(256, 4 * limit),
+        "fail_on_recompile_limit_hit": True,  # never fall back silently to eager flex
+    }
+
+
+def apply_dynamo_settings(settings: dict[str, object]) -> None:
+    """Apply dynamo config settings in the CALLING thread (they are per-thread on torch>=2.12)."""
+    import torch._dynamo.config as dcfg
+
+    for k, v in settings.items():
+        if hasattr(dcfg, k):
+            setattr(dcfg, k, v)
+
+
+def counters_snapshot() -> dict[str, int]:
+    """The compile-cache counters from ``torch._dynamo.utils.counters`` (process totals)."""
+    from torch._dynamo.utils import counters
+
+    return {name: int(counters[sec][key]) for (sec, key), name in COUNTER_KEYS.items()}
+
+
+def counters_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    return {k: after.get(k, 0) - before.get(k, 0) for k in after}
+
+
+@dataclass
+class WarmupTask:
+    """One warm-up unit: run every compiled callable on ``device`` at ``shape`` (fwd+bwd)."""
+    device: str
+    shape: tuple[int, ...]
+    run: Callable[[], None]
+    what: str = "drafter step"
+
+
+@dataclass
+class WarmupRecord:
+    device: str
+    shape: list[int]
+    what: str
+    seconds: float
+    counters: dict[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+class Heartbeat:
+    """Prints ``@dfo {"kind":"heartbeat",...}`` every ``every_s`` seconds while active.
+
+    Silent once fault injection's ``hang`` fired (trainer.faults.silenced()).
+    """
+
+    def __init__(self, phase: str = "warmup", every_s: float = 5.0, step: int = 0,
+                 out=None):
+        self.phase, self.every_s, self.step = phase, every_s, step
+        self._out = out
+        self._stop = threading.Event()
+        self._th: threading.Thread | None = None
+
+    def beat(self) -> None:
+        from . import faults
+
+        if faults.silenced():
+            return
+        out = self._out or sys.stdout
+        rec = {"kind": "heartbeat", "phase": self.phase, "step": self.step, "t": time.time()}
+        print("@dfo " + json.dumps(rec), file=out, flush=True)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.beat()
+
+    def __enter__(self) -> "Heartbeat":
+        self.beat()
+        self._th = threading.Thread(target=self._loop, name="dfo-heartbeat", daemon=True)
+        self._th.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._th is not None:
+            self._th.join(timeout=1.0)
+
+
+class CompileGate:
+    """One per process. See the module docstring for what ``enabled`` buys."""
+
+    def __init__(self, enabled: bool = True, settings: dict[str, object] | None = None):
+        self.enabled = enabled
+        self.settings = dict(settings or {})
+        self._lock = threading.RLock()
+        self.sealed = False
+        self.warmed: set[tuple[str, tuple[int, ...]]] = set()
+        self.records: list[WarmupRecord] = []
+        self.waits = 0  # guard entries that found the lock held (contention, for reports)
+
+    # -- per thread -------------------------------------------------------------------------
+    def thread_setup(self) -> None:
+        """Call first in every thread that runs compiled code (incl. the warm-up thread)."""
+        apply_dynamo_settings(self.settings)
+
+    # -- warm-up ----------------------------------------------------------------------------
+    def warmup(self, tasks: Iterable[WarmupTask], *, heartbeat: Heartbeat | None = None,
+               on_record: Callable[[WarmupRecord], None] | None = None) -> list[WarmupRecord]:
+        """Run every task sequentially in this thread; record time and cache counters each."""
+        if self.sealed:
+            raise RuntimeError("compile gate: warm-up after seal (warm up before workers start)")
+        self.thread_setup()
+        hb = heartbeat if heartbeat is not None else Heartbeat("warmup")
+        with hb:
+            for task in tasks:
+                before = counters_snapshot()
+                t0 = time.perf_counter()
+                task.run()
+                _sync(task.device)
+                rec = WarmupRecord(device=task.device, shape=list(task.shape), what=task.what,
+                                   seconds=round(time.perf_counter() - t0, 3),
+                                   counters=counters_delta(before, counters_snapshot()))
+                self.records.append(rec)
+                self.warmed.add((task.device, tuple(task.shape)))
+                if on_record is not None:
+                    on_record(rec)
+        return self.records
+
+    def seal(self) -> None:
+        """After warm-up: forbid every compile from now on (only when the gate is enabled)."""
+        if not self.enabled:
+            return
+        import torch
+
+        torch.compiler.set_stance("fail_on_recompile")
+        self.sealed = True
+
+    def unseal(self) -> None:
+        """Back to the default stance (end of run, tests)."""
+        if self.sealed:
+            import torch
+
+            torch.compiler.set_stance("default")
+            self.sealed = False
+
+    # -- after warm-up ----------------------------------------------------------------------
+    def check_shape(self, device: str, shape: tuple[int, ...]) -> None:
+        """Fail fast, before any compiled call, for a (device, shape) that was not warmed."""
+        if self.sealed and (str(device), tuple(shape)) not in self.warmed:
+            raise RecompileAfterWarmup(self._shape_message(str(device), tuple(shape)))
+
+    def _shape_message(self, device: str, shape: tuple[int, ...], detail: str = "") -> str:
+        warmed = sorted({s for d, s in self.warmed if d == device}) or "none"
+        msg = (f"compile gate: shape {_fmt_shape(shape)} on {device} was not warmed up, and "
+               f"compiling after warm-up is forbidden (warmed on {device}: {warmed}); add the "
+               f"shape to data.seq_buckets/data.anchor_buckets")
+        return msg + (f"; torch: {detail}" if detail else "")
+
+    @contextlib.contextmanager
+    def guard(self, what: str = "compiled call", shapes: Iterable | None = None) -> Iterator[None]:
+        """Around every call into compiled code. Sealed: process-wide lock + clear recompile error.
+
+        Unsealed (warm-up itself, or gate off) it only translates nothing and locks nothing,
+        which is exactly the incident's unguarded pattern when the gate is off.
+        """
+        if not (self.enabled and self.sealed):
+            yield
+            return
+        if not self._lock.acquire(blocking=False):
+            self.waits += 1
+            self._lock.acquire()
+        try:
+            yield
+        except RuntimeError as e:
+            if RECOMPILE_TEXT in str(e) and not isinstance(e, RecompileAfterWarmup):
+                first = str(e).strip().splitlines()
+                detail = " ".join(line.strip() for line in first[:1] + [
+                    ln for ln in first if "mismatch" in ln or "guard" in ln][:2])
+                shp = _describe_shapes(shapes)
+                raise RecompileAfterWarmup(
+                    f"compile gate: {what} needed a compile after warm-up "
+                    f"(input shapes {shp}); compiling after warm-up is forbidden: add the shape "
+                    f"to data.seq_buckets/data.anchor_buckets; torch: {detail}") from e
+            raise
+        finally:
+            self._lock.release()
+
+    def call(self, fn: Callable, *args, what: str | None = None, **kwargs):
+        """``fn(*args, **kwargs)`` inside ``guard`` (shapes taken from tensor args)."""
+        with self.guard(what or getattr(fn, "__name__", "compiled call"), shapes=args):
+            return fn(*args, **kwargs)
+
+    def report(self) -> list[dict]:
+        return [r.to_json() for r in self.records]
+
+
+def _sync(device: str) -> None:
+    if str(device).startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize(device)
+
+
+def _fmt_shape(shape: tuple[int, ...]) -> str:
+    if len(shape) == 2:
+        return f"(seq_len={shape[0]}, anchors={shape[1]})"
+    return str(tuple(shape))
+
+
+def _describe_shapes(args) -> str:
+    if args is None:
+        return "unknown"
+    out = []
+    for a in args:
+        s = getattr(a, "shape", None)
+        if s is not None:
+            out.append(tuple(int(x) for x in s))
+    return ", ".join(str(s) for s in out) if out else "unknown"
+
+
+# --------------------------------------------------------------------- process-wide gate
+_GATE: CompileGate | None = None
+
+
+def install(gate: CompileGate) -> CompileGate:
+    """Make ``gate`` the process's gate and route trainer.compile's calls through it."""
+    global _GATE
+    _GATE = gate
+    try:
+        from . import compile as _compile
+    except ImportError:  # trainer.compile not importable (e.g. torch-free contexts)
+        return gate
+    setter = getattr(_compile, "set_call_guard", None)
+    if setter is not None:
+        setter(gate.guard if gate.enabled else None)
+    return gate
+
+
+def current() -> CompileGate | None:
+    return _GATE

@@ -1,0 +1,333 @@
+"""The training loop: ``train(cfg, resume=None) -> exit code``.
+
+One optimizer step = ``grad_accum * layout.data_parallel`` micro-batches. The loop owns
+the data stream, optimizer, LR schedule, metrics, checkpoints, signals and the fault
+hook; a *layout* owns the models and how one step's gradients are computed:
+
+    layout.parameters() -> trainable params (the optimizer's)
+    layout.drafter      -> the module saved in checkpoints (unwrapped)
+    layout.is_main      -> this process writes metrics/checkpoints (rank 0 under ddp)
+    layout.data_parallel-> micro-batch streams per accumulation step (1 for single)
+    layout.warmup(emitter, heartbeat_s) -> compile every shape bucket before step 1
+    layout.grads(batches, loss_hook) -> list of metric dicts (grads left in .grad)
+    layout.compiled_call() -> zero-arg callable entering compiled code, or None
+    layout.close()
+
+``make_layout(cfg)`` is the dispatch point: ``single`` is here; other layouts come from
+``trainer.parallel.make_layout(cfg)`` (threads, ddp).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import time
+
+import torch
+
+from . import checkpoints, ckpt_manifest, metrics, objective, step as S
+from .config import TrainerConfig
+from .data import BatchStream, JsonlDataset, load_tokenizer
+from .exitcodes import DONE, INTERRUPTED, NonFiniteLoss, TrainerConfigError
+
+log = logging.getLogger("dfo")
+
+
+# --------------------------------------------------------------------------- LR schedule
+
+class Schedule:
+    """Linear warm-up over ``warmup_ratio`` of the horizon, then cosine/linear decay/constant."""
+
+    def __init__(self, cfg: TrainerConfig):
+        t = cfg.train
+        self.base_lr, self.kind, self.min_ratio = t.lr, t.schedule, t.min_lr_ratio
+        self.total = cfg.schedule_steps()
+        self.warmup = int(math.ceil(t.warmup_ratio * self.total))
+        self.step = 0
+
+    def lr_at(self, step: int) -> float:
+        """LR for optimizer step ``step + 1`` (``step`` steps done)."""
+        if self.warmup and step < self.warmup:
+            return self.base_lr * (step + 1) / self.warmup
+        if self.kind == "constant":
+            return self.base_lr
+        span = max(1, self.total - self.warmup)
+        frac = min(1.0, (step - self.warmup) / span)
+        f = 0.5 * (1 + math.cos(math.pi * frac)) if self.kind == "cosine" else 1.0 - frac
+        return self.base_lr * (self.min_ratio + (1 - self.min_ratio) * f)
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "base_lr": self.base_lr, "kind": self.kind,
+                "total": self.total, "warmup": self.warmup, "min_ratio": self.min_ratio}
+
+    def load_state_dict(self, st: dict) -> None:
+        self.step = int(st["step"])
+
+
+# --------------------------------------------------------------------------- layouts
+
+class SingleLayout:
+    """Target and drafter on one device; micro-batches run sequentially with accumulation."""
+
+    name = "single"
+    is_main = True
+    data_parallel = 1
+
+    def __init__(self, cfg: TrainerConfig):
+        self.cfg = cfg
+        self.device = S.resolve_device(cfg.parallel.drafter_devices[0])
+        tdev = S.resolve_device(cfg.parallel.target_devices[0])
+        self.target, self.drafter = S.build_models(cfg, self.device, target_device=tdev)
+        self.uses_compiled = self.drafter.attn_backend == "flex" or cfg.compile.enabled
+
+    def parameters(self):
+        return self.drafter.trainable_parameters()
+
+    def grads(self, batches, loss_hook=None) -> list[dict]:
+        out = []
+        n = len(batches)
+        for b in batches:
+            feats = S.target_features(self.target, b, self.cfg).to(self.device, non_blocking=True)
+            loss, m = S.drafter_loss(self.drafter, feats, b, self.cfg)
+            if loss_hook is not None:
+                loss = loss_hook(loss)
+                m["loss"] = loss.detach()
+            (loss / n).backward()
+            out.append(m)
+        return out
+
+    def warmup(self, emitter: metrics.Emitter, heartbeat_s: float) -> list[dict]:
+        """Compile every (seq_len, anchors) bucket once (fwd+bwd), sequentially, before step 1.
+
+        Only when compiled code is in use. With ``compile.gate`` and trainer.gate present,
+        the gate runs the warm-up and is sealed afterwards (no compile after warm-up).
+        """
+        if not self.uses_compiled:
+            return []
+        buckets = S.shape_buckets(self.cfg)
+        mb = self.cfg.train.micro_batch
+
+        def run_bucket(shape):
+            def run():
+                b = S.dummy_batch(self.cfg, shape[0], shape[1], mb, self.device)
+                feats = S.target_features(self.target, b, self.cfg)
+                loss, _ = S.drafter_loss(self.drafter, feats, b, self.cfg)
+                loss.backward()
+                self.drafter.zero_grad(set_to_none=True)
+            return run
+
+        gate_mod = None
+        if self.cfg.compile.gate:
+            try:
+                from . import gate as gate_mod
+            except ImportError:
+                gate_mod = None
+        emitter.set_phase("warmup")
+        if gate_mod is not None and hasattr(gate_mod, "CompileGate"):
+            g = gate_mod.CompileGate(enabled=True,
+                                     settings=gate_mod.default_dynamo_settings(len(buckets)))
+            gate_mod.install(g)
+            tasks = [gate_mod.WarmupTask(device=str(self.device), shape=tuple(s), run=run_bucket(s))
+                     for s in buckets]
+            recs = g.warmup(tasks, heartbeat=metrics.Heartbeat(emitter, every_s=heartbeat_s))
+            g.seal()
+            return [r.to_json() for r in recs]
+        recs = []
+        with metrics.Heartbeat(emitter, every_s=heartbeat_s):
+            for s in buckets:
+                t0 = time.perf_counter()
+                run_bucket(s)()
+                recs.append({"shape": list(s), "seconds": round(time.perf_counter() - t0, 3)})
+        return recs
+
+    def compiled_call(self):
+        from . import compile as C
+
+        return C.probe_call()
+
+    def close(self) -> None:
+        pass
+
+
+def make_layout(cfg: TrainerConfig):
+    """The layout dispatch point."""
+    if cfg.parallel.layout == "single":
+        return SingleLayout(cfg)
+    try:
+        from .parallel import make_layout as parallel_layout
+    except ImportError:
+        raise TrainerConfigError(f"config: --parallel.layout: {cfg.parallel.layout} is not available "
+                                 "in this trainer build; use single") from None
+    return parallel_layout(cfg)
+
+
+# --------------------------------------------------------------------------- helpers
+
+def _attempt() -> int:
+    try:
+        return max(1, int(os.environ.get("DFO_ATTEMPT", "1")))
+    except ValueError:
+        return 1
+
+
+def _fault_hook():
+    """``trainer.faults.maybe_inject`` when the module exists (call site contract below)."""
+    try:
+        from . import faults
+    except ImportError:
+        return None, None
+    resolve = getattr(faults, "resolve_spec", None)
+    return getattr(faults, "maybe_inject", None), resolve
+
+
+class _Signals:
+    """SIGTERM/SIGINT -> a flag checked between steps; a second signal exits at once."""
+
+    def __init__(self):
+        self.received: int | None = None
+        self._old = {}
+
+    def _handler(self, signum, _frame):
+        if self.received is not None:
+            os._exit(INTERRUPTED)
+        self.received = signum
+        log.warning("received %s: will save a checkpoint and exit", signal.Signals(signum).name)
+
+    def install(self):
+        for s in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._old[s] = signal.signal(s, self._handler)
+            except ValueError:  # not the main thread (tests calling train() in a thread)
+                pass
+        return self
+
+    def restore(self):
+        for s, h in self._old.items():
+            signal.signal(s, h)
+
+
+def open_data(cfg: TrainerConfig, vocab_size: int, mask_id: int | None) -> JsonlDataset:
+    tok = load_tokenizer(cfg.model.target_path) if cfg.data.format in ("auto", "chat") else None
+    return JsonlDataset(cfg.data.path, vocab_size=vocab_size, block_size=cfg.model.block_size,
+                        max_seq_len=cfg.data.max_seq_len, min_loss_tokens=cfg.min_loss_tokens(),
+                        fmt=cfg.data.format, tokenizer=tok, mask_token_id=mask_id)
+
+
+# --------------------------------------------------------------------------- train
+
+def train(cfg: TrainerConfig, resume: str | None = None, *, out=None) -> int:
+    """Run training to ``train.max_steps``. Returns an exit code (0 done, 6 interrupted);
+    raises DfoError subclasses (config/data/checkpoint) and anything fatal."""
+    attempt = _attempt()
+    sig = _Signals().install()
+    em = metrics.Emitter(cfg.run_dir(), attempt=attempt, out=out)
+    hb = metrics.Heartbeat(em, every_s=cfg.train.heartbeat_s)
+    layout = None
+    try:
+        em.set_phase("compile")
+        hb.start()
+        torch.manual_seed(cfg.train.seed)
+        layout = make_layout(cfg)
+        em.enabled = layout.is_main
+        drafter = layout.drafter
+        ds = open_data(cfg, layout.target.vocab_size, drafter.mask_token_id)
+        r = ds.report
+        em.print(f"data: {r.path}: {r.kept} samples ({r.dropped_short} dropped with < "
+                 f"{cfg.min_loss_tokens()} loss tokens, {r.truncated} truncated)")
+        if r.mask_token_hits:
+            log.warning("data: %d samples contain the mask token id %d; pick an unused id "
+                        "(--model.mask_token_id)", r.mask_token_hits, drafter.mask_token_id)
+        stream = BatchStream(ds, micro_batch=cfg.train.micro_batch, block_size=cfg.model.block_size,
+                             num_anchors=cfg.data.num_anchors, seq_buckets=cfg.seq_buckets(),
+                             anchor_buckets=cfg.anchor_buckets(), seed=cfg.train.seed,
+                             shuffle=cfg.data.shuffle)
+        params = layout.parameters()
+        opt = torch.optim.AdamW(params, lr=cfg.train.lr, betas=(cfg.train.beta1, cfg.train.beta2),
+                                weight_decay=cfg.train.weight_decay, eps=1e-8)
+        sched = Schedule(cfg)
+        ckdir = cfg.checkpoint_dir()
+        step = 0
+        if resume:
+            path = ckpt_manifest.resolve(ckdir, resume)
+            st = checkpoints.load(path, drafter=drafter, optimizer=opt, scheduler=sched)
+            stream.load_state_dict(st)
+            step = int(st["step"])
+            em.print(f"resumed from {path} at step {step}")
+        layout.warmup(em, cfg.train.heartbeat_s)
+        em.set_phase("train" if step else "compile")
+
+        def save(at: int) -> str:
+            existing = os.path.join(ckdir, f"step_{at}")
+            if ckpt_manifest.verify(existing, check_hashes=False)[0] and at == step_saved[0]:
+                return existing
+            em.set_phase("checkpoint")
+            p = checkpoints.save(ckdir, at, drafter=drafter, optimizer=opt, scheduler=sched,
+                                 data_state=stream.state_dict(), config_yaml=cfg.to_yaml(),
+                                 keep=cfg.checkpoint.keep)
+            step_saved[0] = at
+            em.marker("checkpoint", step=at, path=os.path.abspath(p))
+            em.set_phase("train")
+            return p
+
+        step_saved = [step if resume else -1]
+        inject, resolve_spec = _fault_hook()
+        fault_spec = resolve_spec(cfg.fault.spec) if resolve_spec else cfg.fault.spec
+        pending: list[dict] = []
+        tokens = samples = 0
+        t_log = time.perf_counter()
+        n_micro = cfg.train.grad_accum * layout.data_parallel
+        while step < cfg.train.max_steps:
+            if sig.received is not None:
+                save(step)
+                em.print(f"interrupted by {signal.Signals(sig.received).name} at step {step}; "
+                         "checkpoint saved")
+                return INTERRUPTED
+            effects = None
+            if inject is not None:
+                effects = inject(step + 1, attempt=attempt, spec=fault_spec,
+                                 compiled_call=layout.compiled_call())
+            lr = sched.lr_at(step)
+            for gparam in opt.param_groups:
+                gparam["lr"] = lr
+            batches = [stream.next() for _ in range(n_micro)]
+            opt.zero_grad(set_to_none=True)
+            hook = getattr(effects, "apply_to_loss", None) if effects is not None and getattr(
+                effects, "nan", False) else None
+            pending.extend(layout.grads(batches, loss_hook=hook))
+            if cfg.train.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(params, cfg.train.grad_clip)
+            opt.step()
+            step += 1
+            sched.step = step
+            hb.progress(step)
+            tokens += sum(b.num_tokens for b in batches)
+            samples += sum(b.num_samples for b in batches)
+            if em.phase != "train":
+                em.set_phase("train")
+            if step % cfg.train.log_every == 0 or step == cfg.train.max_steps:
+                host = metrics.to_host(objective.summarize(pending))
+                dt = max(time.perf_counter() - t_log, 1e-9)
+                rec = {"step": step, "loss": host["loss"], "acc": host["acc"], "tau": host["tau"],
+                       "lr": lr, "tokens_per_s": round(tokens / dt, 2),
+                       "samples_per_s": round(samples / dt, 3),
+                       "peak_mem_bytes": metrics.peak_mem_bytes(layout.device),
+                       "phase": "train", "attempt": attempt,
+                       "acc_per_pos": [round(a, 4) for a in host["acc_per_pos"]]}
+                if not math.isfinite(host["loss"]):
+                    raise NonFiniteLoss(f"loss is {host['loss']} at step {step} (nan_loss); "
+                                        "lower --train.lr or resume from an earlier checkpoint")
+                em.step(rec)
+                pending, tokens, samples, t_log = [], 0, 0, time.perf_counter()
+            if cfg.checkpoint.every and step % cfg.checkpoint.every == 0:
+                save(step)
+        if cfg.checkpoint.save_final:
+            save(step)
+        em.marker("done", step=step)
+        return DONE
+    finally:
+        hb.stop()
+        sig.restore()
+        if layout is not None:
+            layout.close()

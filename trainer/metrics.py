@@ -1,0 +1,177 @@
+"""Metrics and progress output: ``@dfo {json}`` markers, metrics.jsonl, heartbeats.
+
+- ``Emitter.marker(kind, **fields)`` prints ``@dfo {"kind": ..., ..., "t": ...}`` on stdout
+  (flushed); the supervisor parses only these lines.
+- ``Emitter.step(record)`` appends the step object to ``<run.dir>/metrics.jsonl``, prints
+  it as a marker and as one readable line.
+- ``Heartbeat``: a thread printing ``{"kind": "heartbeat", "phase": ..., "step": ...}`` at
+  least every ``every_s`` (<= 10) seconds while the process is doing work: when the
+  process's CPU time advanced or a step finished since the last beat. A deadlocked or
+  sleeping process (or one hung by fault injection) emits none, so a supervisor can tell
+  "compiling" from "hung".
+
+Metric tensors stay on the device; ``.item()``/``.tolist()`` happen only at log steps
+(``to_host``), one synchronization per log line.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import resource
+import sys
+import threading
+import time
+
+STEP_FIELDS = ("step", "loss", "acc", "tau", "lr", "tokens_per_s", "samples_per_s",
+               "peak_mem_bytes", "phase", "attempt")
+
+
+def _silenced() -> bool:
+    try:
+        from . import faults
+    except ImportError:
+        return False
+    f = getattr(faults, "silenced", None)
+    return bool(f and f())
+
+
+def _finite(x):
+    return x if not isinstance(x, float) or math.isfinite(x) else None
+
+
+class Emitter:
+    def __init__(self, run_dir: str | None, *, attempt: int = 1, out=None, enabled: bool = True):
+        self.run_dir = run_dir
+        self.attempt = attempt
+        self._out = out
+        self.enabled = enabled
+        self._lock = threading.Lock()
+        self.phase = "init"
+        self.metrics_path = os.path.join(run_dir, "metrics.jsonl") if run_dir else None
+        if self.metrics_path and enabled:
+            os.makedirs(run_dir, exist_ok=True)
+
+    @property
+    def out(self):
+        return self._out or sys.stdout
+
+    def print(self, text: str) -> None:
+        if not self.enabled or _silenced():
+            return
+        with self._lock:
+            print(text, file=self.out, flush=True)
+
+    def marker(self, kind: str, **fields) -> dict:
+        rec = {"kind": kind, **fields, "t": time.time()}
+        self.print("@dfo " + json.dumps(rec, allow_nan=False, default=str))
+        return rec
+
+    def set_phase(self, phase: str) -> None:
+        self.phase = phase
+        self.marker("phase", phase=phase)
+
+    def step(self, rec: dict) -> None:
+        rec = {k: _finite(rec.get(k)) for k in STEP_FIELDS} | {
+            k: _finite(v) for k, v in rec.items() if k not in STEP_FIELDS}
+        if self.metrics_path and self.enabled:
+            with self._lock, open(self.metrics_path, "a") as f:
+                f.write(json.dumps(rec, allow_nan=False) + "\n")
+        self.marker("step", **rec)
+        self.print(f"step {rec['step']:>6}  loss {_fmt(rec['loss'])}  acc {_fmt(rec['acc'])}  "
+                   f"tau {_fmt(rec['tau'], 2)}  lr {rec['lr']:.3g}  "
+                   f"{_fmt(rec['tokens_per_s'], 0)} tok/s  {_fmt(rec['samples_per_s'], 2)} samples/s")
+
+
+def _fmt(x, nd: int = 4) -> str:
+    return "nan" if x is None else f"{x:.{nd}f}"
+
+
+def peak_mem_bytes(device) -> int:
+    """Peak allocated bytes on a CUDA device; peak RSS of the process on CPU."""
+    import torch
+
+    if getattr(device, "type", str(device)).startswith("cuda"):
+        return int(torch.cuda.max_memory_allocated(device))
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def to_host(summary: dict) -> dict:
+    """One device->host copy of the summary tensors (loss, acc, tau, acc_per_pos)."""
+    import torch
+
+    scalars = torch.stack([summary["loss"].float(), summary["acc"].float(), summary["tau"].float()])
+    loss, acc, tau = scalars.tolist()
+    return {"loss": loss, "acc": acc, "tau": tau, "acc_per_pos": summary["acc_per_pos"].tolist()}
+
+
+def cpu_seconds() -> float:
+    """CPU seconds of this process, its reaped children and its live children (compile workers)."""
+    t = os.times()
+    total = t.user + t.system + t.children_user + t.children_system
+    return total + _live_children_cpu()
+
+
+def _live_children_cpu() -> float:
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    pids: set[str] = set()
+    try:
+        for task in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{task}/children") as f:
+                pids.update(f.read().split())
+    except OSError:
+        return 0.0
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / tick
+
+
+class Heartbeat:
+    """Background heartbeat while the process makes progress (see the module docstring)."""
+
+    def __init__(self, emitter: Emitter, *, every_s: float = 5.0):
+        self.em = emitter
+        self.every_s = min(float(every_s), 10.0)
+        self.step = 0
+        self._progress = 0
+        self._stop = threading.Event()
+        self._th: threading.Thread | None = None
+        self.beats = 0
+
+    def progress(self, step: int | None = None) -> None:
+        """Call when the main thread finished a unit of work (a step, a compile)."""
+        if step is not None:
+            self.step = step
+        self._progress += 1
+
+    def _loop(self) -> None:
+        last_cpu, last_prog = cpu_seconds(), self._progress
+        while not self._stop.wait(self.every_s):
+            cpu, prog = cpu_seconds(), self._progress
+            if cpu - last_cpu > 0.02 * self.every_s or prog != last_prog:
+                self.beats += 1
+                self.em.marker("heartbeat", phase=self.em.phase, step=self.step)
+            last_cpu, last_prog = cpu, prog
+
+    def start(self) -> "Heartbeat":
+        self._th = threading.Thread(target=self._loop, name="dfo-heartbeat", daemon=True)
+        self._th.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._th is not None:
+            self._th.join(timeout=2.0)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()

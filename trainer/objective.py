@@ -1,0 +1,228 @@
+"""The DFlash training objective: anchors, block inputs, visibility, labels, loss, metrics.
+
+Shapes: b sequences of (padded) length S; N anchor slots per sequence; block size B;
+Tq = N*B block tokens; KV = S + Tq (context | blocks).
+
+- **Anchors.** Per sequence, up to N positions drawn uniformly without replacement from
+  ``p <= len-B`` with ``loss_mask[p] and loss_mask[p+1]``; sorted; unused slots invalid
+  (anchor 0, valid False).
+- **Block input.** ``[x_anchor, MASK x (B-1)]`` (an invalid block is all MASK).
+- **Visibility.** Query slot k of block n sees context ``j < anchor_n`` (strictly) and its
+  own block (bidirectional), nothing else. Invalid blocks see nothing.
+- **Labels.** Slot k predicts ``x[anchor+k]`` for k = 1..B-1; slot 0 has no loss.
+- **Loss.** ``sum(w * CE) / sum(w)``, ``w_k = exp(-(k-1)/gamma) * loss_mask[anchor+k]``.
+- **Metrics.** Per-position accuracy; tau = 1 + sum_k prod_{j<=k} acc_j (expected
+  accepted drafts + the target's bonus token, assuming independent positions).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+# --------------------------------------------------------------------------- anchors
+
+def eligible_anchors(loss_mask: torch.Tensor, lengths: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Bool [b, S]: positions that may be anchors (p <= len-B, loss_mask[p] & loss_mask[p+1])."""
+    b, s = loss_mask.shape
+    lm = loss_mask.bool()
+    nxt = torch.zeros_like(lm)
+    nxt[:, :-1] = lm[:, 1:]
+    pos = torch.arange(s, device=loss_mask.device).unsqueeze(0)
+    return lm & nxt & (pos <= (lengths.view(-1, 1) - block_size))
+
+
+def sample_anchors(loss_mask: torch.Tensor, lengths: torch.Tensor, num_anchors: int,
+                   block_size: int, generator: torch.Generator | None = None):
+    """Up to ``num_anchors`` sorted anchors per row, uniformly without replacement.
+
+    Returns ``anchors`` [b, N] (long; 0 where invalid) and ``valid`` [b, N] (bool).
+    """
+    elig = eligible_anchors(loss_mask, lengths, block_size)
+    b, s = elig.shape
+    keys = torch.rand(b, s, generator=generator, device=elig.device)
+    keys = torch.where(elig, keys, torch.full_like(keys, 2.0))
+    n_take = min(num_anchors, s)
+    order = torch.argsort(keys, dim=1, stable=True)[:, :n_take]
+    counts = elig.sum(dim=1, keepdim=True)
+    valid = torch.arange(n_take, device=elig.device).unsqueeze(0) < counts
+    anchors = torch.where(valid, order, torch.zeros_like(order))
+    # sort valid anchors ascending, invalid slots last
+    sort_key = torch.where(valid, anchors, torch.full_like(anchors, s + 1))
+    sort_key, idx = torch.sort(sort_key, dim=1, stable=True)
+    anchors = torch.gather(anchors, 1, idx)
+    valid = torch.gather(valid, 1, idx)
+    if n_take < num_anchors:
+        pad = num_anchors - n_take
+        anchors = F.pad(anchors, (0, pad))
+        valid = F.pad(valid, (0, pad))
+    return anchors.long(), valid
+
+
+# --------------------------------------------------------------------------- block inputs
+
+def block_input_ids(input_ids: torch.Tensor, anchors: torch.Tensor, valid: torch.Tensor,
+                    block_size: int, mask_token_id: int) -> torch.Tensor:
+    """[b, N*B]: each block is [x_anchor, MASK, ..., MASK]; invalid blocks all MASK."""
+    b, n = anchors.shape
+    ids = torch.full((b, n, block_size), mask_token_id, dtype=input_ids.dtype, device=input_ids.device)
+    first = torch.gather(input_ids, 1, anchors)
+    ids[:, :, 0] = torch.where(valid, first, torch.full_like(first, mask_token_id))
+    return ids.view(b, n * block_size)
+
+
+def block_positions(anchors: torch.Tensor, block_size: int) -> torch.Tensor:
+    """[b, N*B]: absolute RoPE positions anchor+k of block slot k."""
+    b, n = anchors.shape
+    k = torch.arange(block_size, device=anchors.device).view(1, 1, -1)
+    return (anchors.unsqueeze(-1) + k).view(b, n * block_size)
+
+
+def visibility_mask(anchors: torch.Tensor, valid: torch.Tensor, seq_len: int,
+                    block_size: int) -> torch.Tensor:
+    """Bool [b, N*B, S+N*B]: which keys each block query sees (True = visible)."""
+    b, n = anchors.shape
+    tq = n * block_size
+    q_blk = torch.arange(tq, device=anchors.device) // block_size          # [Tq]
+    kv = torch.arange(seq_len + tq, device=anchors.device)                 # [KV]
+    a = anchors[:, q_blk]                                                  # [b, Tq]
+    ok = valid[:, q_blk]                                                   # [b, Tq]
+    ctx = kv.view(1, 1, -1) < a.unsqueeze(-1)                              # j < anchor (j < S too)
+    kv_blk = torch.where(kv >= seq_len, (kv - seq_len) // block_size, torch.full_like(kv, -1))
+    own = kv_blk.view(1, 1, -1) == q_blk.view(1, -1, 1)
+    return (ctx | own) & ok.unsqueeze(-1)
+
+
+# --------------------------------------------------------------------------- labels, weights
+
+def position_decay(block_size: int, gamma: float, device=None) -> torch.Tensor:
+    """[B]: 0 for slot 0, exp(-(k-1)/gamma) for k >= 1."""
+    k = torch.arange(block_size, device=device, dtype=torch.float32)
+    w = torch.exp(-(k - 1).clamp(min=0) / gamma)
+    w[0] = 0.0
+    return w
+
+
+def labels_and_weights(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: torch.Tensor,
+                       valid: torch.Tensor, block_size: int, gamma: float):
+    """labels [b,N,B] (x[anchor+k]), weights [b,N,B] (float), counted [b,N,B] (bool).
+
+    ``counted`` marks the positions that count for loss and accuracy: valid block, k >= 1,
+    loss_mask at the label.
+    """
+    b, s = input_ids.shape
+    k = torch.arange(block_size, device=input_ids.device).view(1, 1, -1)
+    idx = (anchors.unsqueeze(-1) + k).clamp(max=s - 1)                     # [b, N, B]
+    flat = idx.view(b, -1)
+    labels = torch.gather(input_ids, 1, flat).view_as(idx)
+    lm = torch.gather(loss_mask.bool(), 1, flat).view_as(idx)
+    counted = lm & valid.unsqueeze(-1) & (k >= 1)
+    weights = position_decay(block_size, gamma, input_ids.device).view(1, 1, -1) * counted.float()
+    return labels, weights, counted
+
+
+# --------------------------------------------------------------------------- loss
+
+class ChunkedLinearCE(torch.autograd.Function):
+    """Weighted CE over a frozen LM head, chunked over rows; logits never fully materialized.
+
+    forward(h [T,H], W [V,H], labels [T], w [T], chunk) -> (sum_t w_t*CE_t, correct [T])
+    The gradient w.r.t. h is computed chunk by chunk during forward (W is frozen, so no
+    gradient for it) and scaled by the incoming gradient in backward.
+    """
+
+    @staticmethod
+    def forward(ctx, h, weight, labels, w, chunk: int):
+        t = h.shape[0]
+        need_grad = h.requires_grad
+        loss = torch.zeros((), dtype=torch.float32, device=h.device)
+        correct = torch.empty(t, dtype=torch.bool, device=h.device)
+        grad_h = torch.empty_like(h) if need_grad else None
+        with torch.autocast(device_type=h.device.type, enabled=False):
+            for s in range(0, t, chunk):
+                e = min(t, s + chunk)
+                hc = h[s:e].to(weight.dtype)
+                logits = (hc @ weight.t()).float()                         # [c, V]
+                lab = labels[s:e]
+                lse = torch.logsumexp(logits, dim=-1)
+                tgt = logits.gather(1, lab.unsqueeze(1)).squeeze(1)
+                wc = w[s:e].float()
+                loss = loss + ((lse - tgt) * wc).sum()
+                correct[s:e] = logits.argmax(dim=-1) == lab
+                if need_grad:
+                    p = torch.exp(logits - lse.unsqueeze(1))
+                    p.scatter_add_(1, lab.unsqueeze(1), torch.full_like(tgt, -1.0).unsqueeze(1))
+                    p = p * wc.unsqueeze(1)
+                    grad_h[s:e] = (p.to(weight.dtype) @ weight).to(h.dtype)
+        ctx.mark_non_differentiable(correct)
+        if need_grad:
+            ctx.save_for_backward(grad_h)
+        return loss, correct
+
+    @staticmethod
+    def backward(ctx, grad_loss, grad_correct):
+        (grad_h,) = ctx.saved_tensors
+        return grad_h * grad_loss.to(grad_h.dtype), None, None, None, None
+
+
+def weighted_ce(hidden: torch.Tensor, lm_head_weight: torch.Tensor, labels: torch.Tensor,
+                weights: torch.Tensor, counted: torch.Tensor, chunk: int = 2048):
+    """Loss ``sum(w*CE)/sum(w)`` over slots 1..B-1 and the metric tensors (no ``.item()``).
+
+    hidden [b, N*B, H]; labels/weights/counted [b, N, B]. Slot 0 rows are dropped statically.
+    Returns (loss, metrics) with metrics: ``loss`` (detached), ``correct_per_pos`` and
+    ``count_per_pos`` ([B-1] float sums), ``weight_sum``.
+    """
+    b, n, bs = labels.shape
+    h = hidden.view(b, n, bs, -1)[:, :, 1:, :].reshape(-1, hidden.shape[-1])
+    lab = labels[:, :, 1:].reshape(-1)
+    w = weights[:, :, 1:].reshape(-1)
+    cnt = counted[:, :, 1:]
+    denom = w.sum()
+    wn = w / denom.clamp(min=1e-12)
+    loss, correct = ChunkedLinearCE.apply(h, lm_head_weight, lab, wn, chunk)
+    corr = (correct.view(b, n, bs - 1) & cnt).float()
+    metrics = {
+        "loss": loss.detach(),
+        "correct_per_pos": corr.sum(dim=(0, 1)),
+        "count_per_pos": cnt.float().sum(dim=(0, 1)),
+        "weight_sum": denom.detach(),
+    }
+    return loss, metrics
+
+
+def reference_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Plain (unchunked) ``sum(w*CE)/sum(w)`` from full logits [b, N*B, V] (for tests)."""
+    b, n, bs = labels.shape
+    ce = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.reshape(-1),
+                         reduction="none").view(b, n, bs)
+    return (ce * weights).sum() / weights.sum().clamp(min=1e-12)
+
+
+# --------------------------------------------------------------------------- metrics
+
+def tau_from_acc(acc_per_pos: torch.Tensor) -> torch.Tensor:
+    """Expected acceptance length: 1 + sum_k prod_{j<=k} acc_j (acc over slots 1..B-1)."""
+    return 1.0 + torch.cumprod(acc_per_pos.float(), dim=0).sum()
+
+
+def summarize(metrics: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Combine the metric tensors of several micro-batches (still on device, no sync).
+
+    loss: mean of the micro-batch losses; acc: over all counted positions; tau from the
+    pooled per-position accuracy.
+    """
+    loss = torch.stack([m["loss"].float() for m in metrics]).mean()
+    corr = torch.stack([m["correct_per_pos"] for m in metrics]).sum(0)
+    cnt = torch.stack([m["count_per_pos"] for m in metrics]).sum(0)
+    acc_pos = corr / cnt.clamp(min=1.0)
+    acc = corr.sum() / cnt.sum().clamp(min=1.0)
+    return {"loss": loss, "acc": acc, "acc_per_pos": acc_pos, "tau": tau_from_acc(acc_pos),
+            "label_tokens": cnt.sum()}
+
+
+def expected_tau_uniform(acc: float, block_size: int) -> float:
+    """tau when every position has accuracy ``acc`` (docs/tests helper)."""
+    return 1.0 + sum(acc ** k for k in range(1, block_size))
+

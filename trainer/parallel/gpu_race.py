@@ -1,0 +1,191 @@
+"""GPU check of the compile race (one H200): gate on vs off, single vs threads throughput.
+
+    python -m trainer.parallel.gpu_race [--out DIR] [--steps N] [--budget-s 170]
+
+1. ``threads`` with 3 drafter threads on cuda:0 (target on cuda:0), gate ON, a cold
+   inductor/triton cache per run, 3 runs: expected no error, no hang.
+2. The same with the gate OFF (the incident's unguarded lazy compile): records whether it
+   deadlocks (no step within the budget; all thread stacks dumped with faulthandler via
+   SIGABRT) or raises (the FX-tracing RuntimeError) or runs.
+3. ``single`` vs ``threads`` throughput (warm cache from step 1).
+
+Each run is a ``python -m trainer train`` subprocess bounded by ``--budget-s`` (default 170 s),
+so the whole script stays under 9 minutes even when runs hang. Prints a table and writes
+``summary.json`` and every run's log under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+CONFIG = """\
+model:
+  target_path: {target}
+  drafter_layers: 2
+  block_size: 16
+  attention: flex
+data:
+  path: {data}
+  max_seq_len: 1024
+  num_anchors: 32
+train:
+  max_steps: {steps}
+  micro_batch: 2
+  grad_accum: 1
+  log_every: 1
+  heartbeat_s: 5
+checkpoint:
+  every: 0
+  save_final: false
+compile:
+  enabled: true
+  gate: true
+parallel:
+  layout: single
+  target_devices: [cuda:0]
+  drafter_devices: [cuda:0]
+"""
+
+
+def _run(argv, *, env, log_path, budget_s) -> dict:
+    """Run argv with a wall-clock budget; on timeout dump stacks (SIGABRT) then kill."""
+    t0 = time.time()
+    first_step = None
+    steps = []
+    with open(log_path, "w") as log:
+        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                             text=True, bufsize=1, start_new_session=True)
+        os.set_blocking(p.stdout.fileno(), False)
+        buf = ""
+        timed_out = False
+        while True:
+            chunk = p.stdout.read() or ""
+            if chunk:
+                log.write(chunk)
+                log.flush()
+                buf += chunk
+                while "\n" in buf:
+                    line, buf = buf.split("\n", 1)
+                    if line.startswith("@dfo "):
+                        try:
+                            rec = json.loads(line[5:])
+                        except ValueError:
+                            continue
+                        if rec.get("kind") == "step":
+                            steps.append(rec)
+                            if first_step is None:
+                                first_step = time.time() - t0
+            if p.poll() is not None:
+                rest = p.stdout.read() or ""
+                log.write(rest)
+                buf += rest
+                break
+            if time.time() - t0 > budget_s:
+                timed_out = True
+                p.send_signal(signal.SIGABRT)  # PYTHONFAULTHANDLER=1: all thread stacks
+                try:
+                    p.wait(15)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait()
+                log.write(p.stdout.read() or "")
+                break
+            time.sleep(0.2)
+    text = open(log_path, errors="replace").read()
+    tps = [s.get("tokens_per_s", 0) for s in steps[1:]]  # skip the first (compile) step
+    return {
+        "rc": p.returncode, "timed_out": timed_out, "seconds": round(time.time() - t0, 1),
+        "first_step_s": None if first_step is None else round(first_step, 1),
+        "steps": len(steps),
+        "fx_race": "symbolically trace a dynamo-optimized function" in text,
+        "tokens_per_s": round(sum(tps) / len(tps), 1) if tps else None,
+        "log": log_path,
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "dfo_gpu_race"))
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--budget-s", type=float, default=150.0, help="per run (< 3 min)")
+    ap.add_argument("--total-s", type=float, default=520.0, help="whole script (< 9 min)")
+    ap.add_argument("--gate-on-runs", type=int, default=3)
+    a = ap.parse_args(argv)
+    os.makedirs(a.out, exist_ok=True)
+    py = sys.executable
+    target = os.path.join(a.out, "target")
+    data = os.path.join(a.out, "data.jsonl")
+    if not os.path.isdir(target):
+        subprocess.run([py, "-m", "trainer.target", "--out", target, "--hidden", "1024",
+                        "--layers", "8", "--vocab", "32000", "--heads", "8", "--kv-heads", "4",
+                        "--head-dim", "128", "--intermediate", "2816", "--no-tokenizer"],
+                       check=True)
+    if not os.path.exists(data):
+        subprocess.run([py, "-m", "trainer.data", "synth", "--out", data, "--num", "512",
+                        "--seq-len", "1024", "--vocab", "32000", "--seed", "0"], check=True)
+    cfg_path = os.path.join(a.out, "race.yaml")
+    with open(cfg_path, "w") as f:
+        f.write(CONFIG.format(target=target, data=data, steps=a.steps))
+
+    deadline = time.time() + a.total_s
+
+    def run(name, extra, *, cold: bool, runs_left: int):
+        cache = os.path.join(a.out, "cache-" + (name if cold else "shared"))
+        if cold:
+            shutil.rmtree(cache, ignore_errors=True)
+        env = dict(os.environ, PYTHONFAULTHANDLER="1", PYTHONUNBUFFERED="1",
+                   NCCL_NVLS_ENABLE="0", TORCHINDUCTOR_CACHE_DIR=os.path.join(cache, "inductor"),
+                   TRITON_CACHE_DIR=os.path.join(cache, "triton"),
+                   DFO_RUN_DIR=os.path.join(a.out, "run-" + name))
+        env.pop("DFO_FAULT", None)
+        argv_ = [py, "-m", "trainer", "train", "--config", cfg_path, *extra]
+        budget = min(a.budget_s, deadline - time.time() - 45.0 * (runs_left - 1))
+        if budget < 30:
+            r = {"name": name, "rc": None, "timed_out": None, "seconds": 0, "first_step_s": None,
+                 "steps": 0, "fx_race": None, "tokens_per_s": None, "log": None,
+                 "skipped": "out of the script's time budget"}
+            print(f"{name:<22} skipped (time budget)", flush=True)
+            return r
+        r = _run(argv_, env=env, log_path=os.path.join(a.out, name + ".log"), budget_s=budget)
+        r["name"], r["budget_s"] = name, round(budget)
+        print(f"{name:<22} rc={r['rc']!s:<5} timeout={r['timed_out']!s:<5} "
+              f"first_step={r['first_step_s']!s:<7} steps={r['steps']:<4} "
+              f"fx_race={r['fx_race']!s:<5} tok/s={r['tokens_per_s']}", flush=True)
+        return r
+
+    threads = ["--parallel.layout", "threads", "--parallel.target_devices", "[cuda:0]",
+               "--parallel.drafter_devices", "[cuda:0,cuda:0,cuda:0]"]
+    results = []
+    n = a.gate_on_runs + 3
+    for i in range(a.gate_on_runs):
+        results.append(run(f"threads-gate-on-{i + 1}", threads, cold=True, runs_left=n - i))
+    # throughput, warm cache (shared between the two)
+    results.append(run("single-warm", [], cold=False, runs_left=3))
+    results.append(run("threads-warm", threads, cold=False, runs_left=2))
+    # last, since it may hang for its whole budget
+    results.append(run("threads-gate-off", threads + ["--compile.gate", "false"], cold=True,
+                       runs_left=1))
+
+    with open(os.path.join(a.out, "summary.json"), "w") as f:
+        json.dump(results, f, indent=2)
+    print()
+    print("| run | rc | timed out | first step (s) | steps | FX race | tokens/s |")
+    print("|---|---|---|---|---|---|---|")
+    for r in results:
+        print(f"| {r['name']} | {r['rc']} | {r['timed_out']} | {r['first_step_s']} | "
+              f"{r['steps']} | {r['fx_race']} | {r['tokens_per_s']} |")
+    ok = all(r["rc"] == 0 and not r["timed_out"] for r in results
+             if r["name"].startswith("threads-gate-on"))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,217 @@
+"""One drafter training step's building blocks: the stable interface layouts build on.
+
+Layouts (single here; threads/ddp in trainer/parallel/) and the compile gate's warm-up use
+exactly these functions:
+
+    build_models(cfg, device) -> (Target, Drafter)
+    target_features(target, batch, cfg) -> Tensor            # no_grad, [b, S, k*H]
+    drafter_loss(drafter, features, batch, cfg) -> (loss, metrics)
+    dummy_batch(cfg, seq_len, num_anchors, batch_size, device) -> Batch
+    shape_buckets(cfg) -> [(seq_len, num_anchors), ...]
+
+Every batch is padded into one of ``shape_buckets(cfg)`` by ``trainer.data.collate``, so
+the set of shapes compiled code sees is finite and known before training starts.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import dataclass, fields
+
+import torch
+
+from . import attention, compile as _compile, objective
+from .config import TrainerConfig
+from .exitcodes import TrainerConfigError
+from .model import Drafter, DrafterSpec, SharedHead
+from .target import Target, load_target
+
+log = logging.getLogger("dfo")
+
+
+@dataclass
+class Batch:
+    """One micro-batch, padded into a shape bucket. ``shape == (seq_len, num_anchors)``."""
+
+    input_ids: torch.Tensor      # [b, S] long
+    loss_mask: torch.Tensor      # [b, S] bool
+    lengths: torch.Tensor        # [b] long (real lengths before padding)
+    anchors: torch.Tensor        # [b, N] long (0 where invalid)
+    anchor_valid: torch.Tensor   # [b, N] bool
+    num_tokens: int = 0          # real tokens (sum of lengths)
+    num_samples: int = 0
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return int(self.input_ids.shape[1]), int(self.anchors.shape[1])
+
+    def to(self, device, non_blocking: bool = False) -> "Batch":
+        kw = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            kw[f.name] = v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v
+        return Batch(**kw)
+
+
+# --------------------------------------------------------------------------- devices, dtypes
+
+def resolve_device(spec: str | torch.device) -> torch.device:
+    if isinstance(spec, torch.device):
+        return spec
+    if spec == "auto":
+        return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    if spec.startswith("cuda") and not torch.cuda.is_available():
+        raise TrainerConfigError(f"config: --parallel.drafter_devices: {spec} requested but CUDA is "
+                                 "not available here; use cpu")
+    return torch.device(spec)
+
+
+def compute_dtype(cfg: TrainerConfig, device: torch.device) -> torch.dtype:
+    """bf16 on GPU, fp32 on CPU, unless ``model.dtype`` says otherwise."""
+    d = cfg.model.dtype
+    if d == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}[d]
+
+
+def resolve_backend(cfg: TrainerConfig, device: torch.device) -> str:
+    """``auto`` -> flex on CUDA, sdpa on CPU. Explicit flex on CPU is refused (no backward)."""
+    a = cfg.model.attention
+    if a == "auto":
+        return "flex" if device.type == "cuda" else "sdpa"
+    if a == "flex" and device.type == "cpu":
+        raise TrainerConfigError("config: --model.attention: flex has no backward on CPU in this "
+                                 "torch; use sdpa (or flex-eager to debug)")
+    return a
+
+
+def autocast(cfg: TrainerConfig, device: torch.device):
+    dt = compute_dtype(cfg, device)
+    return torch.autocast(device_type=device.type, dtype=dt, enabled=dt != torch.float32)
+
+
+# --------------------------------------------------------------------------- models
+
+def build_models(cfg: TrainerConfig, device, *, target_device=None,
+                 target: Target | None = None) -> tuple[Target, Drafter]:
+    """Load the frozen target and build the drafter (sharing its embedding and LM head).
+
+    ``device``: the drafter's device; ``target_device`` defaults to it. When they differ,
+    the drafter gets its own frozen copy of the embedding/LM head on its device. Pass
+    ``target`` to reuse an already loaded one (threads layout: one target, many drafters).
+    The drafter's resolved attention backend is ``drafter.attn_backend``.
+    """
+    device = resolve_device(device)
+    tdev = resolve_device(target_device) if target_device is not None else device
+    if target is None:
+        target = load_target(cfg.model.target_path, device=tdev, dtype=compute_dtype(cfg, tdev),
+                             num_drafter_layers=cfg.model.drafter_layers,
+                             tap_ids=cfg.model.target_layer_ids)
+    mask_id = mask_token_id(cfg, target)
+    embed, head = target.embed_tokens, target.lm_head
+    if target.device != device:
+        embed, head = copy.deepcopy(embed).to(device), copy.deepcopy(head).to(device)
+    spec = DrafterSpec.from_target_config(target.config, num_layers=cfg.model.drafter_layers,
+                                          num_taps=len(target.tap_ids))
+    drafter = Drafter(spec, SharedHead(embed, head))
+    drafter.init_weights(cfg.model.init_seed if cfg.model.init_seed is not None else cfg.train.seed)
+    drafter.to(device)
+    drafter.attn_backend = resolve_backend(cfg, device)
+    drafter.mask_token_id = mask_id
+    return target, drafter
+
+
+def mask_token_id(cfg: TrainerConfig, target: Target) -> int:
+    """``model.mask_token_id``, else the target tokenizer's mask token; must be < vocab."""
+    mid = cfg.model.mask_token_id
+    if mid is None:
+        mid = _tokenizer_mask_id(target.path)
+    if mid is None:
+        raise TrainerConfigError("config: --model.mask_token_id: required: an unused token id of the "
+                                 "target's vocabulary (the target's tokenizer defines no mask token)")
+    if not 0 <= mid < target.vocab_size:
+        raise TrainerConfigError(f"config: --model.mask_token_id: {mid} is outside the target's "
+                                 f"vocabulary [0, {target.vocab_size})")
+    return int(mid)
+
+
+def _tokenizer_mask_id(path: str) -> int | None:
+    import json
+    import os
+
+    if not path:
+        return None
+    hint = os.path.join(path, "dfo_target.json")
+    if os.path.isfile(hint):
+        with open(hint) as f:
+            v = json.load(f).get("mask_token_id")
+        if v is not None:
+            return int(v)
+    cfg_path = os.path.join(path, "tokenizer_config.json")
+    if os.path.isfile(cfg_path):
+        from .data import load_tokenizer
+
+        tok = load_tokenizer(path)
+        if tok is not None and tok.mask_token_id is not None:
+            return int(tok.mask_token_id)
+    return None
+
+
+# --------------------------------------------------------------------------- the step
+
+def target_features(target: Target, batch: Batch, cfg: TrainerConfig) -> torch.Tensor:
+    """[b, S, k*H]: the tapped target states (no_grad), before the drafter's fc."""
+    with torch.no_grad(), autocast(cfg, target.device):
+        return target.features(batch.input_ids.to(target.device))
+
+
+def _drafter_forward_loss(drafter: Drafter, features, block_ids, block_pos, mask, labels, weights,
+                          counted, backend: str, chunk: int):
+    def attend(q, k, v):
+        return attention.attend(backend, q, k, v, mask)
+    hidden = drafter(features, block_ids, block_pos, attend)
+    return objective.weighted_ce(hidden, drafter.shared.lm_head.weight, labels, weights, counted,
+                                 chunk=chunk)
+
+
+def drafter_loss(drafter: Drafter, features: torch.Tensor, batch: Batch, cfg: TrainerConfig):
+    """Loss and metric tensors (``loss``, ``correct_per_pos``, ``count_per_pos``, ``weight_sum``).
+
+    No ``.item()``: nothing here synchronizes with the device. With ``compile.enabled`` the
+    drafter forward + chunked CE run as one compiled function (through the compile guard);
+    the block mask is always built outside compiled code.
+    """
+    dev = features.device
+    b = batch.to(dev, non_blocking=True)
+    bs = cfg.model.block_size
+    s_len = b.input_ids.shape[1]
+    backend = getattr(drafter, "attn_backend", "sdpa")
+    ids = objective.block_input_ids(b.input_ids, b.anchors, b.anchor_valid, bs, drafter.mask_token_id)
+    pos = objective.block_positions(b.anchors, bs)
+    labels, weights, counted = objective.labels_and_weights(b.input_ids, b.loss_mask, b.anchors,
+                                                            b.anchor_valid, bs, cfg.gamma())
+    mask = attention.build_mask(backend, b.anchors, b.anchor_valid, s_len, bs)
+    args = (drafter, features, ids, pos, mask, labels, weights, counted, backend, cfg.model.ce_chunk)
+    with autocast(cfg, dev):
+        if cfg.compile.enabled:
+            return _compile.call("drafter_step", _drafter_forward_loss, *args)
+        return _drafter_forward_loss(*args)
+
+
+def shape_buckets(cfg: TrainerConfig) -> list[tuple[int, int]]:
+    """Every (seq_len, num_anchors) a batch can be padded to: the compiled-shape set."""
+    return [(s, n) for s in cfg.seq_buckets() for n in cfg.anchor_buckets()]
+
+
+def dummy_batch(cfg: TrainerConfig, seq_len: int, num_anchors: int, batch_size: int, device,
+                *, seed: int = 0) -> Batch:
+    """A full batch of one shape bucket (random tokens, all anchors valid where possible)."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    bs = cfg.model.block_size
+    ids = torch.randint(4, 100, (batch_size, seq_len), generator=g)
+    lm = torch.ones(batch_size, seq_len, dtype=torch.bool)
+    lens = torch.full((batch_size,), seq_len, dtype=torch.long)
+    anchors, valid = objective.sample_anchors(lm, lens, num_anchors, bs, generator=g)
+    return Batch(input_ids=ids, loss_mask=lm, lengths=lens, anchors=anchors, anchor_valid=valid,
+                 num_tokens=batch_size * seq_len, num_samples=batch_size).to(device)

@@ -1,0 +1,272 @@
+"""The frozen target: a transformers causal-LM directory, run up to the last tapped layer.
+
+``load_target(path, ...)`` loads the model from disk only (never a hub), freezes it, drops
+the decoder layers after the last tapped one, and captures each tapped layer's output
+with forward hooks (so no final norm sneaks into the last tapped state).
+
+``python -m trainer.target --out DIR`` writes a tiny random-init Qwen3 target
+(hidden 64, vocab 128, 4 layers by default) with ``save_pretrained`` plus a tiny
+character-level tokenizer with a chat template and a ``<|mask|>`` token (id 3), so chat
+data and the demo work with no download.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+from torch import nn
+
+from .exitcodes import TrainerConfigError
+
+TINY_SPECIALS = ["<|pad|>", "<|im_start|>", "<|im_end|>", "<|mask|>"]
+TINY_MASK_ID = 3
+TINY_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{% if message['role'] == 'assistant' %}{% generation %}"
+    "{{ message['content'] + '<|im_end|>' }}{% endgeneration %}{{ '\n' }}"
+    "{% else %}{{ message['content'] + '<|im_end|>' + '\n' }}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def tapped_layer_ids(num_target_layers: int, num_drafter_layers: int,
+                     explicit: list[int] | None = None) -> list[int]:
+    """The target layers whose outputs feed the drafter.
+
+    Default: ``round(1 + i*(T-4)/(L-1))`` for i < L when L > 1, ``[T//2]`` when L == 1.
+    Duplicates, negatives and ids >= T are rejected (e.g. the formula on a 2-layer target).
+    """
+    t, n = num_target_layers, num_drafter_layers
+    flag = "--model.target_layer_ids"
+    if explicit is not None:
+        ids = [int(i) for i in explicit]
+        src = f"{flag} {ids}"
+    elif n == 1:
+        ids, src = [t // 2], f"the default for 1 drafter layer on a {t}-layer target"
+    else:
+        ids = [int(round(1 + i * (t - 4) / (n - 1))) for i in range(n)]
+        src = f"the default round(1+i*(T-4)/(L-1)) for L={n} drafter layers on a {t}-layer target"
+    problem = None
+    if not ids:
+        problem = "no layer ids"
+    elif len(set(ids)) != len(ids):
+        problem = f"duplicate layer ids {ids}"
+    elif min(ids) < 0:
+        problem = f"negative layer id in {ids}"
+    elif max(ids) >= t:
+        problem = f"layer id {max(ids)} out of range for a {t}-layer target (ids must be < {t})"
+    if problem:
+        raise TrainerConfigError(f"config: {flag}: {problem} from {src}; give valid distinct ids "
+                                 f"in [0, {t}) with {flag}, or change --model.drafter_layers")
+    return ids
+
+
+class Target:
+    """A frozen HF causal LM truncated after its last tapped layer."""
+
+    def __init__(self, model: nn.Module, tap_ids: list[int], path: str = ""):
+        self.model = model
+        self.config = model.config
+        self.tap_ids = list(tap_ids)
+        self.path = path
+        self.num_layers_total = len(self._layers())
+        last = max(self.tap_ids)
+        layers = self._layers()
+        self.model.model.layers = nn.ModuleList(list(layers)[: last + 1])
+        self._captured: dict[int, torch.Tensor] = {}
+        for i in self.tap_ids:
+            self.model.model.layers[i].register_forward_hook(self._hook(i))
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        self.model.eval()
+
+    def _layers(self):
+        return self.model.model.layers
+
+    def _hook(self, i: int):
+        def hook(_mod, _inp, out):
+            self._captured[i] = out[0] if isinstance(out, tuple) else out
+        return hook
+
+    @property
+    def embed_tokens(self) -> nn.Module:
+        return self.model.get_input_embeddings()
+
+    @property
+    def lm_head(self) -> nn.Module:
+        return self.model.get_output_embeddings()
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.config.vocab_size)
+
+    @property
+    def layers_run(self) -> int:
+        return max(self.tap_ids) + 1
+
+    @torch.no_grad()
+    def features(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """[b, S, k*H]: the outputs of the tapped layers (hidden_states[id+1]), concatenated."""
+        self._captured.clear()
+        self.model.model(input_ids=input_ids, use_cache=False)
+        try:
+            return torch.cat([self._captured[i] for i in self.tap_ids], dim=-1)
+        finally:
+            self._captured.clear()
+
+
+def _quiet_transformers() -> None:
+    try:
+        from transformers.utils import logging as tlog
+
+        tlog.disable_progress_bar()
+        tlog.set_verbosity_error()
+    except Exception:  # noqa: BLE001 - cosmetics only
+        pass
+
+
+def _from_pretrained(path: str, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM
+
+    _quiet_transformers()
+    kw = dict(local_files_only=True, attn_implementation="sdpa")
+    try:
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kw)
+    except TypeError:  # transformers 4.x spells it torch_dtype
+        return AutoModelForCausalLM.from_pretrained(path, torch_dtype=dtype, **kw)
+
+
+def load_target(path: str, *, device, dtype: torch.dtype, num_drafter_layers: int,
+                tap_ids: list[int] | None = None) -> Target:
+    if not path:
+        raise TrainerConfigError("config: --model.target_path: required: a transformers "
+                                 "causal-LM directory (python -m trainer.target --out DIR makes a tiny one)")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise TrainerConfigError(f"config: --model.target_path: {path} has no config.json "
+                                 "(give a local transformers model directory; nothing is downloaded)")
+    model = _from_pretrained(path, dtype)
+    n_layers = len(model.model.layers)
+    ids = tapped_layer_ids(n_layers, num_drafter_layers, tap_ids)
+    t = Target(model, ids, path)
+    t.model.to(device)
+    return t
+
+
+def target_from_config(tcfg, *, device, dtype: torch.dtype, num_drafter_layers: int,
+                       tap_ids: list[int] | None = None, seed: int = 0) -> Target:
+    """A random-init target built from a config in memory (the benchmark uses this)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(tcfg)
+    model.to(dtype)
+    ids = tapped_layer_ids(tcfg.num_hidden_layers, num_drafter_layers, tap_ids)
+    return Target(model, ids, "<random>")
+
+
+# --------------------------------------------------------------------------- tiny target
+
+def tiny_qwen3_config(*, hidden=64, layers=4, vocab=128, heads=4, kv_heads=2, head_dim=16,
+                      intermediate=128, max_pos=4096, init_range=0.2):
+    """A tiny Qwen3 config. ``init_range`` 0.2 (not 0.02) gives the random LM head logits of
+    a useful scale, so a drafter's loss visibly falls within a few dozen CPU steps."""
+    from transformers import Qwen3Config
+
+    return Qwen3Config(hidden_size=hidden, num_hidden_layers=layers, vocab_size=vocab,
+                       num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
+                       intermediate_size=intermediate, max_position_embeddings=max_pos,
+                      initializer_range=init_range,
+                       tie_word_embeddings=False, pad_token_id=0, bos_token_id=None,
+                       eos_token_id=2)
+
+
+def write_tiny_tokenizer(out: str, vocab: int) -> None:
+    """A character-level tokenizer: ids 0-3 special, then printable ASCII, then filler."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    chars = [chr(c) for c in range(32, 127)] + ["\n", "\t"]
+    table = {t: i for i, t in enumerate(TINY_SPECIALS)}
+    for ch in chars:
+        if len(table) >= vocab:
+            break
+        table.setdefault(ch, len(table))
+    while len(table) < vocab:
+        table[f"<|unused{len(table)}|>"] = len(table)
+    tok = Tokenizer(models.BPE(vocab=table, merges=[], unk_token="?" if "?" in table else None))
+    tok.add_special_tokens(TINY_SPECIALS)
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<|pad|>", eos_token="<|im_end|>",
+                                   mask_token="<|mask|>", unk_token="?")
+    fast.chat_template = TINY_CHAT_TEMPLATE
+    fast.save_pretrained(out)
+
+
+def make_tiny_target(out: str, *, hidden=64, layers=4, vocab=128, heads=4, kv_heads=2,
+                     head_dim=16, intermediate=128, seed=0, tokenizer=True) -> str:
+    """Write a random-init Qwen3 (and a tiny tokenizer) to ``out`` via a temp dir + rename."""
+    from transformers import Qwen3ForCausalLM
+
+    _quiet_transformers()
+    if vocab < 100 and tokenizer:
+        raise TrainerConfigError("target: --vocab must be >= 100 to hold the tiny tokenizer "
+                                 "(or pass --no-tokenizer)")
+    parent = os.path.dirname(os.path.abspath(out)) or "."
+    os.makedirs(parent, exist_ok=True)
+    tmp = os.path.join(parent, f".{os.path.basename(out)}.tmp-{os.getpid()}")
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(tiny_qwen3_config(hidden=hidden, layers=layers, vocab=vocab, heads=heads,
+                                               kv_heads=kv_heads, head_dim=head_dim,
+                                               intermediate=intermediate))
+    model.save_pretrained(tmp)
+    if tokenizer:
+        write_tiny_tokenizer(tmp, vocab)
+    with open(os.path.join(tmp, "dfo_target.json"), "w") as f:
+        json.dump({"kind": "tiny-random-qwen3", "seed": seed,
+                   "mask_token_id": TINY_MASK_ID if tokenizer else None}, f)
+    if os.path.exists(out):
+        import shutil
+
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m trainer.target",
+                                 description="Write a tiny random-init Qwen3 target directory.")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--vocab", type=int, default=128)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--kv-heads", type=int, default=2)
+    ap.add_argument("--head-dim", type=int, default=16)
+    ap.add_argument("--intermediate", type=int, default=128)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-tokenizer", action="store_true")
+    a = ap.parse_args(argv)
+    try:
+        make_tiny_target(a.out, hidden=a.hidden, layers=a.layers, vocab=a.vocab, heads=a.heads,
+                         kv_heads=a.kv_heads, head_dim=a.head_dim, intermediate=a.intermediate,
+                         seed=a.seed, tokenizer=not a.no_tokenizer)
+    except TrainerConfigError as e:
+        print(f"trainer.target: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote tiny Qwen3 target to {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,268 @@
+"""``python -m trainer warmup``: the compile gate's warm-up, without training.
+
+    python -m trainer warmup --config FILE.yaml [--SECTION.FIELD VALUE ...]
+        [--report FILE.json] [--save-mega-cache FILE] [--load-mega-cache FILE]
+
+For every device of the configured layout and every shape bucket (``step.shape_buckets``),
+sequentially in one thread: build the models on the device, run the drafter step forward +
+backward on a dummy batch of that shape, and record the time and the compile-cache counters
+(``torch._dynamo.utils.counters``: inductor ``fxgraph_cache_hit/miss``, aot_autograd
+``autograd_cache_hit/miss``). Heartbeats (``@dfo {"kind": "heartbeat", ...}``) are printed at
+least every ``train.heartbeat_s`` seconds meanwhile.
+
+What gets compiled is what the training step compiles (trainer.compile): the drafter step
+(layers + loss) when ``compile.enabled``, and flex_attention when the attention backend is
+``flex``. On CPU (torch 2.13) compiled flex has no backward, so the trainer's ``auto`` backend
+is ``sdpa`` there; with ``compile.enabled`` the inductor still compiles the drafter step's
+forward and backward, which are the cache entries the compile-cache tests hit.
+
+``--save-mega-cache FILE`` writes ``torch.compiler.save_cache_artifacts()`` (all the cache
+artifacts this process produced or loaded) atomically; ``--load-mega-cache FILE`` feeds a
+saved file to ``torch.compiler.load_cache_artifacts()`` before anything compiles. Both need
+torch >= 2.7; on an older torch the flag is refused with a config error.
+
+Exit codes: the trainer's table (trainer.exitcodes): 0 done, 2 config error, 5 fatal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from .exitcodes import CONFIG_ERROR, DONE, TrainerConfigError, exit_code_for
+
+USAGE = ("usage: python -m trainer warmup --config FILE.yaml [--SECTION.FIELD VALUE ...] "
+         "[--report FILE.json] [--save-mega-cache FILE] [--load-mega-cache FILE]")
+_OWN_FLAGS = ("--config", "--report", "--save-mega-cache", "--load-mega-cache")
+
+
+def parse_args(argv: list[str]) -> tuple[dict[str, str | None], list[str]]:
+    """Split our own flags from the config overrides (pure)."""
+    own: dict[str, str | None] = {k: None for k in _OWN_FLAGS}
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        key, eq, val = a.partition("=")
+        if key in own:
+            if not eq:
+                if i + 1 >= len(argv):
+                    raise TrainerConfigError(f"config: {key}: missing value ({USAGE})")
+                val = argv[i + 1]
+                i += 1
+            own[key] = val
+        elif a in ("-h", "--help"):
+            raise SystemExit(print(USAGE) or 0)
+        else:
+            rest.append(a)
+        i += 1
+    if not own["--config"]:
+        raise TrainerConfigError(f"config: --config: required ({USAGE})")
+    return own, rest
+
+
+def _resolve(dev: str) -> str:
+    import torch
+
+    if dev == "auto":
+        return "cuda:0" if torch.cuda.is_available() else "cpu"
+    if dev == "cuda":
+        return "cuda:0"
+    return dev
+
+
+def warm_devices(cfg) -> list[str]:
+    """The distinct devices whose compiled code the configured layout runs."""
+    p = cfg.parallel
+    if p.layout == "ddp":
+        devs = [_resolve(d) for d in p.drafter_devices]
+    else:
+        devs = [_resolve(d) for d in p.drafter_devices] + [_resolve(d) for d in p.target_devices]
+    out: list[str] = []
+    for d in devs:
+        if d not in out:
+            out.append(d)
+    return out
+
+
+def make_task(cfg, device: str, shape: tuple[int, int], target, drafter, *, what="drafter step"):
+    """A WarmupTask running the real drafter step (target forward, drafter fwd+bwd) once."""
+    from . import step
+    from .gate import WarmupTask
+
+    seq_len, anchors = shape
+
+    def run() -> None:
+        batch = step.dummy_batch(cfg, seq_len, anchors, cfg.train.micro_batch, device)
+        feats = step.target_features(target, batch, cfg)
+        if drafter is not None:
+            loss, _ = step.drafter_loss(drafter, feats, batch, cfg)
+            loss.backward()
+            drafter.zero_grad(set_to_none=True)
+
+    return WarmupTask(device=device, shape=(seq_len, anchors), run=run, what=what)
+
+
+def plan(cfg, models: dict[str, tuple[Any, Any]]) -> list:
+    """Tasks for every (device, bucket): ``models`` maps device -> (target, drafter)."""
+    from . import step
+
+    tasks = []
+    for dev, (target, drafter) in models.items():
+        for shape in step.shape_buckets(cfg):
+            tasks.append(make_task(cfg, dev, tuple(shape), target, drafter))
+    return tasks
+
+
+def _emit(kind: str, **fields) -> None:
+    rec = {"kind": kind, **fields, "t": time.time()}
+    print("@dfo " + json.dumps(rec), flush=True)
+
+
+def _atomic_write(path: str, data: bytes) -> None:
+    d = os.path.dirname(os.path.abspath(path))
+    os.makedirs(d, exist_ok=True)
+    tmp = os.path.join(d, f".{os.path.basename(path)}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def load_mega_cache(path: str) -> dict:
+    import torch
+
+    loader = getattr(torch.compiler, "load_cache_artifacts", None)
+    if loader is None:
+        raise TrainerConfigError(f"config: --load-mega-cache: torch {torch.__version__} has no "
+                                 "torch.compiler.load_cache_artifacts (needs torch >= 2.7)")
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise TrainerConfigError(f"config: --load-mega-cache: file {path} does not exist") from None
+    info = loader(data)
+    return {"loaded": path, "bytes": len(data), "info": _cache_info(info)}
+
+
+def save_mega_cache(path: str) -> dict:
+    import torch
+
+    saver = getattr(torch.compiler, "save_cache_artifacts", None)
+    if saver is None:
+        raise TrainerConfigError(f"config: --save-mega-cache: torch {torch.__version__} has no "
+                                 "torch.compiler.save_cache_artifacts (needs torch >= 2.7)")
+    got = saver()
+    if got is None:
+        return {"saved": None, "bytes": 0, "why": "no cache artifacts were produced"}
+    data, info = got
+    _atomic_write(path, data)
+    return {"saved": path, "bytes": len(data), "info": _cache_info(info)}
+
+
+def _cache_info(info) -> dict:
+    if info is None:
+        return {}
+    arts = getattr(info, "artifacts", None)
+    if isinstance(arts, dict):
+        return {str(k): len(v) for k, v in arts.items()}
+    return {"repr": repr(info)[:200]}
+
+
+def run_warmup(cfg, *, load_cache: str | None = None, save_cache: str | None = None) -> dict:
+    """Warm every device x bucket of ``cfg``; return the report (also printed as lines)."""
+    import torch
+
+    from . import step
+    from .gate import CompileGate, Heartbeat, counters_delta, counters_snapshot, \
+        default_dynamo_settings, install
+
+    report: dict[str, Any] = {"torch": torch.__version__, "layout": cfg.parallel.layout,
+                              "attention": cfg.model.attention,
+                              "compile_enabled": cfg.compile.enabled}
+    if load_cache:
+        report["mega_cache_load"] = load_mega_cache(load_cache)
+    devs = warm_devices(cfg)
+    buckets = [tuple(s) for s in step.shape_buckets(cfg)]
+    report["devices"], report["buckets"] = devs, [list(b) for b in buckets]
+    gate = install(CompileGate(True, default_dynamo_settings(len(buckets) * len(devs))))
+    _emit("phase", phase="warmup")
+    total0 = counters_snapshot()
+    t0 = time.perf_counter()
+
+    def on_record(rec) -> None:
+        c = rec.counters
+        print(f"warmup: {rec.device} {_fmt(rec.shape)} {rec.seconds:.2f} s  fxgraph hit "
+              f"{c.get('fxgraph_cache_hit', 0)} miss {c.get('fxgraph_cache_miss', 0)}  "
+              f"autograd hit {c.get('autograd_cache_hit', 0)} miss "
+              f"{c.get('autograd_cache_miss', 0)}", flush=True)
+
+    with Heartbeat("warmup", every_s=cfg.train.heartbeat_s) as hb:
+        tasks = []
+        for dev in devs:
+            hb.beat()
+            target, drafter = step.build_models(cfg, torch.device(dev))
+            tasks += [make_task(cfg, dev, b, target, drafter) for b in buckets]
+        gate.warmup(tasks, heartbeat=_Nested(), on_record=on_record)
+    report["records"] = gate.report()
+    report["totals"] = counters_delta(total0, counters_snapshot())
+    report["seconds"] = round(time.perf_counter() - t0, 3)
+    if save_cache:
+        report["mega_cache_save"] = save_mega_cache(save_cache)
+    return report
+
+
+class _Nested:
+    """A no-op heartbeat: the caller's Heartbeat already covers the warm-up."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+    def beat(self):
+        return None
+
+
+def _fmt(shape) -> str:
+    return f"(seq_len={shape[0]}, anchors={shape[1]})" if len(shape) == 2 else str(tuple(shape))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        own, rest = parse_args(argv)
+        from .config import load_config
+
+        cfg = load_config(own["--config"], rest)
+        report = run_warmup(cfg, load_cache=own["--load-mega-cache"],
+                            save_cache=own["--save-mega-cache"])
+        if own["--report"]:
+            _atomic_write(own["--report"], (json.dumps(report, indent=2) + "\n").encode())
+        t = report["totals"]
+        print(f"warmup: done in {report['seconds']:.1f} s, {len(report['records'])} "
+              f"device x shape units; fxgraph hit {t.get('fxgraph_cache_hit', 0)} miss "
+              f"{t.get('fxgraph_cache_miss', 0)}, autograd hit {t.get('autograd_cache_hit', 0)} "
+              f"miss {t.get('autograd_cache_miss', 0)}", flush=True)
+        _emit("done", step=0)
+        return DONE
+    except TrainerConfigError as e:
+        print(f"trainer: error: {e}", file=sys.stderr, flush=True)
+        return CONFIG_ERROR
+    except Exception as e:  # noqa: BLE001 - the trainer's exit-code table
+        code = exit_code_for(e)
+        if code == 5:
+            import traceback
+
+            traceback.print_exc()
+        print(f"trainer: error: {e}", file=sys.stderr, flush=True)
+        return code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
