@@ -85,6 +85,7 @@ class WarmResult:
     seconds: float = 0.0              # wall time of the command
     manifest: str | None = None
     tar: str | None = None
+    note: str | None = None           # e.g. why there was no snapshot for this key
 
     @property
     def saved_s(self) -> float | None:
@@ -450,6 +451,23 @@ class CacheManager:
             raise
         self.t.put(sn.manifest_bytes(m), p.manifest, mode=0o644)
         return m
+
+    def nearest_snapshot(self, key: ck.CacheKey) -> tuple[str, list[tuple[str, str, str]]] | None:
+        """The stored snapshot whose components differ least from ``key``'s, and how
+        (to explain why a start is cold, e.g. ``torch.version.cuda: snapshot 12.8, env 13.0``)."""
+        _, raw = self.status()
+        best = None
+        for other in sorted(raw.get("snapshots") or {}):
+            if other == key.key:
+                continue
+            try:
+                m = sn.parse_manifest(self.t.get(sn.paths(self.layout, other).manifest), other)
+            except DfoError:
+                continue
+            diffs = ck.diff_components(m["components"], key.components)
+            if best is None or len(diffs) < len(best[1]):
+                best = (other, diffs)
+        return best
 
     # -- status / prune ------------------------------------------------------------------------
     def status(self) -> tuple[list[sn.Entry], dict[str, Any]]:

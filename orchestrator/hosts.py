@@ -83,7 +83,7 @@ class HostConfig:
     wheelhouse: str | None = None
     index_url: str | None = None
     python: str | None = None
-    fallbacks: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    fallbacks: Mapping[str, tuple[str, ...]] = field(default_factory=dict, hash=False)
     source: str = ""
 
     @property

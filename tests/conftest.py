@@ -5,7 +5,7 @@ Fixtures:
   sshd_only        session: LabInfo of the sshd node only (vmid None); no LXC needed
   lab_hosts_file   a tmp hosts.yaml (hosts "lab" and "lab-node", root /root/dfo)
   lab_hosts_factory(root=..., node_root=..., wheelhouse=False) -> Path: same, your roots
-  lab_scratch      session: Container 201, built; tests may stop/start it
+  lab_scratch      Container 201, built, held exclusively for the test: stop/start it freely
   make_sshd        factory for extra sshds (e.g. without pct on PATH); stopped at test end
 
 Without root or without LXC the lab fixtures skip with the reason, unless the
@@ -28,6 +28,7 @@ if str(_REPO) not in sys.path:  # `import tests.lab` also under a bare `pytest`
     sys.path.insert(0, str(_REPO))
 
 from tests.lab import Lab, LabInfo, LabUnavailable, Sshd  # noqa: E402
+from tests.lab.procs import file_lock  # noqa: E402
 
 
 def _ci() -> bool:
@@ -82,11 +83,19 @@ def lab_hosts_file(lab_hosts_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def lab_scratch(_lab_manager: Lab, lab: LabInfo):
+def _lab_scratch_built(_lab_manager: Lab, lab: LabInfo):
     try:
         return _lab_manager.scratch()
     except LabUnavailable as e:
         _unavailable(str(e))
+
+
+@pytest.fixture
+def lab_scratch(_lab_manager: Lab, _lab_scratch_built):
+    """Container 201, held exclusively (flock) for this test: no other session's
+    test stops or starts it meanwhile."""
+    with file_lock(_lab_manager.state_dir / f"scratch-{_lab_scratch_built.vmid}.lock"):
+        yield _lab_scratch_built
 
 
 @pytest.fixture

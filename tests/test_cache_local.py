@@ -38,6 +38,8 @@ print(json.dumps({"fxgraph_cache_hit": counters["inductor"]["fxgraph_cache_hit"]
                   "autograd_cache_miss": counters["aot_autograd"]["autograd_cache_miss"]}))
 """
 
+REPO = Path(__file__).resolve().parents[1]
+
 CFG = {"model": {"attention": "sdpa", "block_size": 4}, "data": {"seq_buckets": [32]},
        "parallel": {"drafter_devices": ["cpu"]}, "compile": {"enabled": True}}
 
@@ -46,8 +48,14 @@ def make_env(root: Path, **fp_changes) -> None:
     """envs/cpu-test with bin/python -> this interpreter, fingerprint from the real probe."""
     env = root / "envs" / "cpu-test"
     (env / "bin").mkdir(parents=True, exist_ok=True)
+    # the env's own copy of the trainer (as a deployed wheel would be): edits to the
+    # working tree after this point do not change the env's trainer.source
+    lib = env / "lib"
+    if not (lib / "trainer").is_dir():
+        shutil.copytree(REPO / "trainer", lib / "trainer",
+                        ignore=shutil.ignore_patterns("__pycache__"))
     py = env / "bin" / "python"
-    py.write_text(f"#!/bin/sh\nexec {sys.executable} \"$@\"\n")
+    py.write_text(f"#!/bin/sh\nPYTHONPATH={lib}${{PYTHONPATH:+:$PYTHONPATH}} exec {sys.executable} \"$@\"\n")
     py.chmod(0o755)
     out = subprocess.run([str(py), "-c", PROBE_SCRIPT], capture_output=True, text=True, check=True).stdout
     fp = build_fingerprint(parse_probe(out), profile="cpu", lock_hash="0" * 64)

@@ -219,9 +219,8 @@ def test_deploy_refused_while_a_run_holds_run_lock(deployed):
         assert current(d) == d.env_name and complete(d, d.env_name)
         assert cli(d).returncode == 0  # a no-op changes nothing: allowed
     finally:
-        rsh(d, 'kill "$1" 2>/dev/null; pkill -P "$1" 2>/dev/null; true', pid)
-        rsh(d, 'for p in /proc/[0-9]*; do if tr "\\0" " " < $p/cmdline 2>/dev/null | grep -q "^flock $1 sleep"; '
-               'then kill ${p#/proc/}; fi; done; true', runlock)
+        # setsid made the holder a session (and group) leader: stop flock and its sleep
+        rsh(d, 'kill -- -"$1" 2>/dev/null; true', pid)
 
 
 def _uv_sync_running(d: Deployed) -> bool:

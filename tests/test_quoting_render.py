@@ -76,7 +76,7 @@ def _through_shell(argv: list[str], env=None, cwd=None) -> subprocess.CompletedP
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(args=ARGS)
-def test_ssh_command_roundtrip_through_a_real_shell(args, tmp_path_factory):
+def test_ssh_command_roundtrip_through_a_real_shell(args):
     p = _through_shell(ECHO_ARGV + args)
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout) == args

@@ -189,7 +189,12 @@ def _coerce(flag: str, tp, value: Any, *, from_text: bool) -> Any:
     if from_text and isinstance(value, str):
         if optional and value.strip().lower() in ("null", "none", "~", ""):
             return None
-        if typing.get_origin(base) is list or base is bool or base in (int, float):
+        if base is float:
+            try:
+                return float(value)
+            except ValueError:
+                raise _err(flag, f"expected a number, got {value!r}") from None
+        if typing.get_origin(base) is list or base is bool or base is int:
             try:  # "[1, 2]", "1,2", "true", "4" -> YAML scalars/lists
                 text = value if not (typing.get_origin(base) is list and "[" not in value) \
                     else "[" + value + "]"

@@ -83,9 +83,10 @@ class JsonlDataset:
                 if not raw.strip():
                     continue
                 lines += 1
-                s = self._parse(raw, lineno)
+                s = self._parse(raw, lineno, truncate=False)
                 if len(s.input_ids) > self.max_seq_len:
                     truncated += 1
+                    s = self._truncate(s)
                 if self.mask_token_id is not None and self.mask_token_id in s.input_ids:
                     hits += 1
                 if sum(s.loss_mask) < self.min_loss_tokens:
@@ -99,7 +100,12 @@ class JsonlDataset:
                             "lower --data.min_loss_tokens")
         return ScanReport(self.path, lines, len(self.offsets), dropped, truncated, hits)
 
-    def _parse(self, raw: bytes, lineno: int) -> Sample:
+    def _truncate(self, s: Sample) -> Sample:
+        if len(s.input_ids) <= self.max_seq_len:
+            return s
+        return Sample(s.input_ids[: self.max_seq_len], s.loss_mask[: self.max_seq_len])
+
+    def _parse(self, raw: bytes, lineno: int, truncate: bool = True) -> Sample:
         where = self._where(lineno)
         try:
             obj = json.loads(raw)
@@ -112,9 +118,7 @@ class JsonlDataset:
         if fmt == "auto":
             fmt = "chat" if "messages" in obj and "input_ids" not in obj else "tokens"
         s = self._parse_chat(obj, where) if fmt == "chat" else self._parse_tokens(obj, where)
-        if len(s.input_ids) > self.max_seq_len:
-            s = Sample(s.input_ids[: self.max_seq_len], s.loss_mask[: self.max_seq_len])
-        return s
+        return self._truncate(s) if truncate else s
 
     def _parse_tokens(self, obj: dict, where: str) -> Sample:
         for key in ("input_ids", "loss_mask"):

@@ -249,6 +249,15 @@ class CompileGate:
         return [r.to_json() for r in self.records]
 
 
+def describe(rec: WarmupRecord) -> str:
+    """One readable line per warmed unit (device, shape, time, cache counters)."""
+    c = rec.counters
+    return (f"warmup: {rec.device} {_fmt_shape(tuple(rec.shape))} {rec.what}: {rec.seconds:.2f} s"
+            f"  fxgraph hit {c.get('fxgraph_cache_hit', 0)} miss {c.get('fxgraph_cache_miss', 0)}"
+            f"  autograd hit {c.get('autograd_cache_hit', 0)} miss "
+            f"{c.get('autograd_cache_miss', 0)}")
+
+
 def _sync(device: str) -> None:
     if str(device).startswith("cuda"):
         import torch

@@ -260,7 +260,12 @@ def train(cfg: TrainerConfig, resume: str | None = None, *, out=None) -> int:
 
         def save(at: int) -> str:
             existing = os.path.join(ckdir, f"step_{at}")
+            if hasattr(layout, "before_save"):  # threads/ddp: replicas identical (all ranks)
+                layout.before_save()
             if ckpt_manifest.verify(existing, check_hashes=False)[0] and at == step_saved[0]:
+                return existing
+            if not layout.is_main:  # ddp: only rank 0 writes checkpoints
+                step_saved[0] = at
                 return existing
             em.set_phase("checkpoint")
             p = checkpoints.save(ckdir, at, drafter=drafter, optimizer=opt, scheduler=sched,
@@ -299,6 +304,8 @@ def train(cfg: TrainerConfig, resume: str | None = None, *, out=None) -> int:
             if cfg.train.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(params, cfg.train.grad_clip)
             opt.step()
+            if hasattr(layout, "after_step"):  # threads: copy replica 0 into the others
+                layout.after_step()
             step += 1
             sched.step = step
             hb.progress(step)

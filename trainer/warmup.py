@@ -106,17 +106,6 @@ def make_task(cfg, device: str, shape: tuple[int, int], target, drafter, *, what
     return WarmupTask(device=device, shape=(seq_len, anchors), run=run, what=what)
 
 
-def plan(cfg, models: dict[str, tuple[Any, Any]]) -> list:
-    """Tasks for every (device, bucket): ``models`` maps device -> (target, drafter)."""
-    from . import step
-
-    tasks = []
-    for dev, (target, drafter) in models.items():
-        for shape in step.shape_buckets(cfg):
-            tasks.append(make_task(cfg, dev, tuple(shape), target, drafter))
-    return tasks
-
-
 def _emit(kind: str, **fields) -> None:
     rec = {"kind": kind, **fields, "t": time.time()}
     print("@dfo " + json.dumps(rec), flush=True)
@@ -179,7 +168,7 @@ def run_warmup(cfg, *, load_cache: str | None = None, save_cache: str | None = N
 
     from . import step
     from .gate import CompileGate, Heartbeat, counters_delta, counters_snapshot, \
-        default_dynamo_settings, install
+        default_dynamo_settings, describe, install
 
     report: dict[str, Any] = {"torch": torch.__version__, "layout": cfg.parallel.layout,
                               "attention": cfg.model.attention,
@@ -195,16 +184,13 @@ def run_warmup(cfg, *, load_cache: str | None = None, save_cache: str | None = N
     t0 = time.perf_counter()
 
     def on_record(rec) -> None:
-        c = rec.counters
-        print(f"warmup: {rec.device} {_fmt(rec.shape)} {rec.seconds:.2f} s  fxgraph hit "
-              f"{c.get('fxgraph_cache_hit', 0)} miss {c.get('fxgraph_cache_miss', 0)}  "
-              f"autograd hit {c.get('autograd_cache_hit', 0)} miss "
-              f"{c.get('autograd_cache_miss', 0)}", flush=True)
+        print(describe(rec), flush=True)
 
     with Heartbeat("warmup", every_s=cfg.train.heartbeat_s) as hb:
         tasks = []
-        for dev in devs:
-            hb.beat()
+        for n, dev in enumerate(devs):
+            if n:
+                hb.beat()
             target, drafter = step.build_models(cfg, torch.device(dev))
             tasks += [make_task(cfg, dev, b, target, drafter) for b in buckets]
         gate.warmup(tasks, heartbeat=_Nested(), on_record=on_record)
@@ -227,10 +213,6 @@ class _Nested:
 
     def beat(self):
         return None
-
-
-def _fmt(shape) -> str:
-    return f"(seq_len={shape[0]}, anchors={shape[1]})" if len(shape) == 2 else str(tuple(shape))
 
 
 def main(argv: list[str] | None = None) -> int:

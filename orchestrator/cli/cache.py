@@ -83,7 +83,13 @@ def warm_cache(app, host_name, config_path, sets, from_file, pull_dest, push_fil
                 res = _restored(c, host.name, key.key, "restored", f"{host.name}:{p.tar}", m)
             else:
                 ui.stage("warmup", plan.reason)
+                near = mgr.nearest_snapshot(key) if not rewarm else None
                 res = mgr.warm(key, cfg_bytes, overrides, measure=not no_check)
+                if near:
+                    from ..ops.cache_key import explain_diff
+
+                    res.source = None
+                    res.note = f"nearest other snapshot {near[0]} differs in: {explain_diff(near[1])}"
     res.seconds = round(time.monotonic() - t0, 3)
     _print_result(res, key.components, as_json)
     return 0
@@ -121,7 +127,7 @@ def _secs(x: float | None) -> str:
 
 
 def _when(ts: float | None) -> str:
-    return "-" if ts is None else time.strftime("%Y-%m-%d %H:%M", time.localtime(ts))
+    return "-" if ts is None else time.strftime("%m-%d %H:%M", time.localtime(ts))
 
 
 class _Ui:
@@ -208,6 +214,8 @@ def _print_result(res, components, as_json: bool) -> None:
     s.add_row("snapshot", f"{_size(res.snapshot_size)} tar, {_size(res.cache_size)} of cache files")
     if res.tar:
         s.add_row("file", res.tar)
+    if res.note:
+        s.add_row("note", res.note)
     con.print(s)
 
 
@@ -227,7 +235,7 @@ def _print_status(host: str, entries, removed, as_json: bool) -> None:
         return
     t = Table(title=f"compile caches on {host}")
     for col in ("key", "live cache", "snapshot", "created", "last use"):
-        t.add_column(col)
+        t.add_column(col, no_wrap=True)
     for e in entries:
         t.add_row(e.key, _size(e.live_size), _size(e.snapshot_size), _when(e.created), _when(e.last_used))
     con.print(t)

@@ -88,8 +88,8 @@ def _print_check(c) -> None:
     t.add_column("what", style="bold")
     t.add_column("found")
     t.add_row("target", escape(f"{c.target} ({c.transport})"))
-    t.add_row("reachable", _yes_no(c.reachable) + (f" {escape(c.error)}" if c.error and not c.reachable else ""))
-    if c.transport == "proxmox":
+    t.add_row("reachable", _yes_no(c.reachable))
+    if c.transport == "proxmox" and c.reachable:
         st = c.container or "-"
         t.add_row("container", f"[green]{st}[/]" if st == "running" else f"[red]{escape(st)}[/]")
     if c.kernel:

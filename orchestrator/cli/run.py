@@ -101,7 +101,7 @@ def launch(app, host_name, resume, config, run_name, sets, replace, dry_run, fol
 
 
 def _print_plan(plan, dry_run: bool) -> None:
-    c = Console(highlight=False)
+    c = Console(highlight=False, soft_wrap=True)
     err = Console(stderr=True, highlight=False)
     for w in plan.warnings:
         err.print(f"[yellow]warning:[/] {escape(w)}")
@@ -119,14 +119,10 @@ def _print_plan(plan, dry_run: bool) -> None:
         c.print(f"    {escape(k)}={escape(v)}")
     from ..ops.fallback import describe
 
-    t = Table(title="fallback ladders", show_header=True, box=None)
-    t.add_column("class")
-    t.add_column("steps")
-    t.add_column("budget", justify="right")
     per = (plan.spec.get("budget") or {}).get("per_class", {})
+    c.print("  fallback ladders (class: steps; restart budget)")
     for cls, steps in describe(plan.ladders):
-        t.add_row(cls, escape(steps), str(per.get(cls, "")))
-    c.print(t)
+        c.print(f"    {cls:<15} {escape(steps)}; {per.get(cls, '-')}")
     b = plan.spec.get("budget") or {}
     c.print(f"  budget total {b.get('total')}, backoff {b.get('initial')}s x{b.get('factor')} "
             f"cap {b.get('cap')}s (scale {b.get('scale')}), reset after {b.get('healthy_reset')}s healthy")

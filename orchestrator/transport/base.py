@@ -5,7 +5,7 @@ Implementations: ``local`` (this machine), ``ssh`` (plain SSH into the box) and
 
 Every command is an argv list. Implementations render it with ``shlex`` at each
 nesting level (see ``orchestrator.ops.command``); nothing is ever built with an
-f-string shell. ``env`` and ``cwd`` are applied with ``env [-C DIR] K=V -- argv``
+f-string shell. ``env`` and ``cwd`` are applied with ``env [-C DIR] -- K=V argv``
 on the far side, so no shell is needed for them either.
 """
 

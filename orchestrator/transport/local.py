@@ -10,7 +10,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Sequence
 
 from ..errors import NotFoundError, RemoteCommandError
 from ..ops.command import check_argv, check_env

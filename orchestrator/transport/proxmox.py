@@ -102,6 +102,9 @@ class ProxmoxTransport(SSHTransport):
         """pct exec failing because the container stopped meanwhile: say so plainly.
         (Confirmed with ``pct status``, so a command that prints "not running" itself is
         never mistaken for a stopped container.)"""
+        if res.exit_code != 0 and "Unknown option: keep-env" in res.err:
+            raise ConnectError(f"pct on {self.name}'s host {self.node_label()} does not know --keep-env",
+                               hint="upgrade pve-container on the node (dfo needs `pct exec --keep-env 0`)")
         if res.exit_code != 0 and any(s in res.err for s in _STOPPED_HINTS):
             self._checked = False
             status = self.container_status()

@@ -20,7 +20,6 @@ import os
 import socket
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
@@ -481,7 +480,7 @@ def trust_hosts(name: str, settings: SSHSettings, decide: TrustDecision) -> list
                 report.append((label, fp, "skipped"))
                 break
             if not is_target:
-                via = connect_client(replace(s), label, via)
+                via = connect_client(s, label, via)
                 clients.append(via)
     finally:
         for c in reversed(clients):

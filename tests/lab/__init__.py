@@ -46,7 +46,8 @@ Stable API for tests (needs root; the fixtures in tests/conftest.py wrap it)::
 
 pytest fixtures (tests/conftest.py): ``lab`` (session; LabInfo with the
 container), ``sshd_only`` (session; LabInfo without starting the container),
-``lab_hosts_file`` (a tmp hosts.yaml path), ``lab_scratch`` (Container 201),
+``lab_hosts_file`` (a tmp hosts.yaml path), ``lab_hosts_factory``,
+``lab_scratch`` (Container 201, held exclusively during the test),
 ``make_sshd`` (factory for extra sshds, stopped at test end). Without root or
 LXC they skip, unless CI is set: then a lab that cannot come up fails.
 """

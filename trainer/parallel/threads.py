@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 
 from .. import step as S
-from ..gate import CompileGate, WarmupTask, default_dynamo_settings, install
+from ..gate import CompileGate, WarmupTask, default_dynamo_settings, describe, install
 from ..target import load_target
 from . import replicas
 from .workers import StepFns, ThreadedEngine
@@ -84,7 +84,8 @@ class ThreadsLayout:
             tgt = self.targets[r % len(self.targets)]
             for shape in S.shape_buckets(self.cfg):
                 tasks.append(self._task(dev, tuple(shape), tgt, dr, r))
-        recs = self.gate.warmup(tasks, heartbeat=metrics.Heartbeat(emitter, every_s=heartbeat_s))
+        recs = self.gate.warmup(tasks, heartbeat=metrics.Heartbeat(emitter, every_s=heartbeat_s),
+                                on_record=lambda rec: emitter.print(describe(rec)))
         self.gate.seal()
         return [r.to_json() for r in recs]
 

@@ -1,0 +1,181 @@
+"""`dfo warm-cache` against the real lab: sshd "Proxmox node" + LXC container 200 through
+the pct stand-in, the CPU profile deployed offline by the real `dfo deploy` (uv, wheelhouse),
+the real trainer warm-up inside the container. Assertions are on torch's cache counters.
+
+The env is deployed once per session under its own root (ROOT), so these tests never
+disturb the deploy tests' root.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from orchestrator.hosts import HostConfig, load_inventory
+from orchestrator.ops import snapshot as sn
+from orchestrator.transport import Transport, open_transport
+
+pytestmark = [pytest.mark.lab, pytest.mark.timeout(1800)]
+
+ROOT = "/root/dfo-cache-test"
+DFO = [sys.executable, "-c", "import sys; from orchestrator.cli import main; sys.exit(main(sys.argv[1:]))"]
+
+
+@dataclass
+class CacheLab:
+    hosts: Path
+    host: HostConfig
+    t: Transport
+    cfg: Path          # local config file; its paths are in the container
+    tmp: Path
+
+
+def rsh(t: Transport, script: str, *args: str, timeout: float = 120) -> str:
+    """A constant bash script with values as positional parameters, in the container."""
+    r = t.run(["bash", "-c", script, "x", *args], timeout=timeout)
+    assert r.ok, r.err
+    return r.out
+
+
+def dfo(lab: CacheLab, *args: str, timeout: float = 1500) -> subprocess.CompletedProcess:
+    return subprocess.run([*DFO, "--hosts", str(lab.hosts), "warm-cache", "--host", "lab", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def cache_lab(lab, tmp_path_factory) -> CacheLab:
+    from orchestrator.deploy import Deployer
+    from orchestrator.project_wheel import build as build_wheel
+    from tests.test_deploy_lab import fill_wheelhouse
+
+    fill_wheelhouse(Path(lab.wheelhouse_host_dir))
+    base = tmp_path_factory.mktemp("cache-lab")
+    hosts = base / "hosts.yaml"
+    hosts.write_text(lab.hosts_yaml(root=ROOT, wheelhouse=True))
+    host = load_inventory(str(hosts)).get("lab")
+    t = open_transport(host)
+    t.run(["rm", "-rf", ROOT], timeout=120, check=True)
+    Deployer(t, host, wheel=build_wheel(base / "wheel")).deploy()
+    py = host.layout.current_python
+    target = posixpath.join(ROOT, "target")
+    t.run([py, "-m", "trainer.target", "--out", target], timeout=600, check=True)
+    cfg = base / "tiny-cpu-cache.yaml"
+    cfg.write_text(f"model: {{target_path: {target}, drafter_layers: 1, block_size: 4}}\n"
+                   f"data: {{path: {ROOT}/unused.jsonl, max_seq_len: 32, num_anchors: 4}}\n"
+                   "parallel: {target_devices: [cpu], drafter_devices: [cpu]}\n"
+                   "compile: {enabled: true}\n")
+    yield CacheLab(hosts, host, t, cfg, base)
+    t.close()
+
+
+def next_warmup_counters(lab: CacheLab, key: str, run: str) -> dict:
+    """The trainer's warm-up in the container, in a run that got its own copy of the cache."""
+    lay = lab.host.layout
+    for argv in sn.seed_run_cache_argvs(lay, key, run):
+        lab.t.run(argv, timeout=300, check=True)
+    cfg = posixpath.join(run, "config.yaml")
+    lab.t.put(lab.cfg.read_bytes(), cfg)
+    report = posixpath.join(run, "report.json")
+    r = lab.t.run([lay.current_python, "-m", "trainer", "warmup", "--config", cfg, "--report", report],
+                  env=sn.cache_env(lay, key, run), timeout=900)
+    assert r.ok, (r.out + r.err)[-3000:]
+    return json.loads(lab.t.get(report))["totals"]
+
+
+def live_target(lab: CacheLab, key: str) -> str:
+    return rsh(lab.t, 'readlink "$1" || true', sn.paths(lab.host.layout, key).live).strip()
+
+
+def test_lab_warm_wipe_restore_hits_then_pull_push(cache_lab: CacheLab):
+    lab = cache_lab
+    r = dfo(lab, "--config", str(lab.cfg), "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    key = out["key"]
+    assert out["action"] == "warmed"
+    assert out["counters"]["fxgraph_cache_miss"] > 0 and out["counters"]["fxgraph_cache_hit"] == 0
+    assert out["warm_counters"]["fxgraph_cache_hit"] > 0 and out["warm_counters"]["fxgraph_cache_miss"] == 0
+    assert out["components"]["torch.__version__"].endswith("+cpu")
+
+    # wipe the live cache in the container; warm-cache restores the stored snapshot
+    p = sn.paths(lab.host.layout, key)
+    rsh(lab.t, 'rm -rf "$(readlink -f "$1")" "$1"', p.live)
+    r = dfo(lab, "--config", str(lab.cfg), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["action"] == "restored"
+    hits = next_warmup_counters(lab, key, f"{ROOT}/runs/after-restore")
+    assert hits["fxgraph_cache_hit"] > 0 and hits["fxgraph_cache_miss"] == 0
+
+    # pull to this machine; "rebuild" the container's cache (all of it gone); push it back
+    r = dfo(lab, "--config", str(lab.cfg), "--pull", str(lab.tmp / "pulled"), "--json")
+    assert r.returncode == 0, r.stderr
+    tar = Path(json.loads(r.stdout)["tar"])
+    assert tar.is_file() and tar.with_name(f"{key}.manifest.json").is_file()
+    lab.t.run(["rm", "-rf", lab.host.layout.cache], timeout=120, check=True)
+    r = dfo(lab, "--config", str(lab.cfg), "--push", str(tar), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["action"] == "pushed"
+    hits = next_warmup_counters(lab, key, f"{ROOT}/runs/after-push")
+    assert hits["fxgraph_cache_hit"] > 0 and hits["fxgraph_cache_miss"] == 0
+
+    r = dfo(lab, "--status", "--json")
+    st = json.loads(r.stdout)
+    assert [k["key"] for k in st["keys"]] == [key]
+
+
+def test_lab_mismatch_and_corruption_refused_live_untouched(cache_lab: CacheLab):
+    lab = cache_lab
+    r = dfo(lab, "--config", str(lab.cfg), "--json", "--no-check")
+    assert r.returncode == 0, r.stderr
+    key = json.loads(r.stdout)["key"]
+    r = dfo(lab, "--config", str(lab.cfg), "--pull", str(lab.tmp / "snap"), "--json")
+    assert r.returncode == 0, r.stderr
+    tar = Path(json.loads(r.stdout)["tar"])
+    before = live_target(lab, key)
+    assert before
+
+    # corruption: a flipped byte, then a truncated tar
+    data = bytearray(tar.read_bytes())
+    bad = lab.tmp / "bad"
+    bad.mkdir()
+    (bad / tar.name).write_bytes(bytes(data[:-4096]))
+    (bad / f"{key}.manifest.json").write_bytes(tar.with_name(f"{key}.manifest.json").read_bytes())
+    r = dfo(lab, "--config", str(lab.cfg), "--push", str(bad / tar.name))
+    assert r.returncode == 8 and "truncated" in r.stderr, r.stderr
+    data[len(data) // 3] ^= 0x55
+    (bad / tar.name).write_bytes(bytes(data))
+    r = dfo(lab, "--config", str(lab.cfg), "--from", str(bad / tar.name))
+    assert r.returncode == 8 and "corrupt" in r.stderr, r.stderr
+    assert live_target(lab, key) == before
+
+    # the store's own tar damaged in the container: restore refuses it
+    p = sn.paths(lab.host.layout, key)
+    rsh(lab.t, 'rm -rf "$(readlink -f "$1")" "$1"; truncate -s 1000 "$2"', p.live, p.tar)
+    r = dfo(lab, "--config", str(lab.cfg))
+    assert r.returncode == 8 and "truncated" in r.stderr, r.stderr
+    assert live_target(lab, key) == ""
+    r = dfo(lab, "--config", str(lab.cfg), "--push", str(tar), "--json")  # the good copy repairs it
+    assert r.returncode == 0, r.stderr
+    before = live_target(lab, key)
+
+    # the env changes under the snapshot (another torch build): refused, component named
+    fp_path = posixpath.join(lab.host.layout.current_env, "fingerprint.json")
+    orig = lab.t.get(fp_path)
+    fp = json.loads(orig)
+    fp["torch"], fp["torch_cuda"] = "2.13.0+cu130", "13.0"
+    try:
+        lab.t.put(json.dumps(fp).encode(), fp_path)
+        r = dfo(lab, "--config", str(lab.cfg), "--push", str(tar))
+        assert r.returncode == 8, r.stderr
+        assert "torch.version.cuda: snapshot none, env 13.0" in r.stderr
+        assert "env 2.13.0+cu130" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    finally:
+        lab.t.put(orig, fp_path)
+    assert live_target(lab, key) == before

@@ -1,0 +1,118 @@
+"""Each injected fault really happens in a real trainer process (tiny CPU config)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+pytest.importorskip("torch")
+
+from tests.test_trainer_helpers import PY, REPO, make_synth, make_target, markers, run_trainer, \
+    tiny_overrides  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = tmp_path_factory.mktemp("faults")
+    return make_target(str(d / "target")), make_synth(str(d / "data.jsonl"), num=32), d
+
+
+def _args(tiny, tmp_path, steps=4, **extra):
+    target, data, _ = tiny
+    kw = {"train.max_steps": steps, "train.micro_batch": 4, "checkpoint.save_final": "false"}
+    kw.update(extra)
+    return ["train", *tiny_overrides(target, data, str(tmp_path / "run"), **kw)]
+
+
+def _steps(out: str) -> list[dict]:
+    return [m for m in markers(out) if m["kind"] == "step"]
+
+
+def test_exit_n_and_attempt_filter(tiny, tmp_path):
+    r = run_trainer(_args(tiny, tmp_path), env={"DFO_FAULT": "exit=7@2"})
+    assert r.returncode == 7, r.stderr[-2000:]
+    assert [s["step"] for s in _steps(r.stdout)] == [1]
+    assert "fault injection: exit at step 2" in r.stderr
+    # `#1` is the default: a second attempt runs clean (the supervisor's retry succeeds)
+    r2 = run_trainer(_args(tiny, tmp_path, steps=2), env={"DFO_FAULT": "exit=7@2",
+                                                          "DFO_ATTEMPT": "2"})
+    assert r2.returncode == 0, r2.stderr[-2000:]
+
+
+def test_flag_overrides_env_and_bad_spec_is_config_error(tiny, tmp_path):
+    r = run_trainer(_args(tiny, tmp_path, **{"fault.spec": "exit=300@2"}))
+    assert r.returncode == 2
+    assert "config: --fault.spec: 'exit=300@2': exit code must be an integer 0..255" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_sigkill(tiny, tmp_path):
+    r = run_trainer(_args(tiny, tmp_path), env={"DFO_FAULT": "sigkill@2"})
+    assert r.returncode == -signal.SIGKILL
+    assert [s["step"] for s in _steps(r.stdout)] == [1]
+
+
+def test_oom_is_torch_out_of_memory_exit_5(tiny, tmp_path):
+    r = run_trainer(_args(tiny, tmp_path), env={"DFO_FAULT": "oom@3"})
+    assert r.returncode == 5
+    assert "torch.OutOfMemoryError: CUDA out of memory." in r.stderr
+    assert [s["step"] for s in _steps(r.stdout)] == [1, 2]
+
+
+def test_nan_loss_ends_with_exit_5(tiny, tmp_path):
+    r = run_trainer(_args(tiny, tmp_path), env={"DFO_FAULT": "nan@2"})
+    assert r.returncode == 5, r.stderr[-2000:]
+    assert "nan" in r.stderr.lower() and "step 2" in r.stderr
+
+
+def test_slow_throttles_and_prints_flex_dense_warning(tiny, tmp_path):
+    r = run_trainer(_args(tiny, tmp_path, steps=8), env={"DFO_FAULT": "slow=0.25@5"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "materializes the full scores matrix" in r.stderr
+    t = [s["t"] for s in _steps(r.stdout)]
+    before = [b - a for a, b in zip(t[1:4], t[2:5])]  # steps 2..4 (step 1 includes setup)
+    after = [b - a for a, b in zip(t[5:7], t[6:8])]   # steps 7..8, fully throttled
+    assert sum(after) / len(after) > 2.0 * sum(before) / len(before), (before, after)
+
+
+def test_hang_is_alive_silent_and_heartbeat_free(tiny, tmp_path):
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", DFO_FAULT="hang@3")
+    p = subprocess.Popen([PY, "-m", "trainer", *_args(tiny, tmp_path, **{"train.heartbeat_s": 1})],
+                         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    try:
+        lines = []
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            line = p.stdout.readline()
+            assert line, "trainer exited before the hang"
+            lines.append(line)
+            if line.startswith("@dfo ") and json.loads(line[5:]).get("step") == 2 \
+                    and json.loads(line[5:])["kind"] == "step":
+                break
+        os.set_blocking(p.stdout.fileno(), False)
+        time.sleep(4.0)  # 4 heartbeat periods
+        late = p.stdout.read() or ""
+        assert p.poll() is None, "the hung process must stay alive"
+        assert "heartbeat" not in late and '"step": 3' not in late, late
+    finally:
+        p.kill()
+        p.wait(10)
+
+
+def test_fx_race_real_torch_error_threads_gate_off(tiny, tmp_path):
+    """The incident's unguarded threads layout + fx_race: torch's own error, exit 5."""
+    r = run_trainer(_args(tiny, tmp_path, **{"parallel.layout": "threads",
+                                             "parallel.drafter_devices": "[cpu,cpu,cpu]",
+                                             "compile.gate": "false"}),
+                    env={"DFO_FAULT": "fx_race@2"})
+    assert r.returncode == 5, r.stderr[-3000:]
+    assert ("RuntimeError: Detected that you are using FX to symbolically trace a "
+            "dynamo-optimized function. This is not supported at the moment.") in r.stderr
+    assert "torch/_dynamo/eval_frame.py" in r.stderr  # raised by torch, not by us
+    assert [s["step"] for s in _steps(r.stdout)] == [1]

@@ -1,0 +1,75 @@
+"""`dfo hosts list|trust|check` through the CLI entry point (no lab needed)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from orchestrator.cli import main
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("DFO_HOSTS", raising=False)
+    monkeypatch.chdir(tmp_path)
+
+
+HOSTS = """\
+default: box
+hosts:
+  box:
+    transport: ssh
+    ssh: root@127.0.0.1:1
+    root: /srv/dfo
+  here:
+    transport: local
+    root: {root}
+"""
+
+
+def test_list_json(tmp_path, capsys):
+    p = tmp_path / "h.yaml"
+    p.write_text(HOSTS.format(root=tmp_path / "r"))
+    assert main(["--hosts", str(p), "hosts", "list", "--json"]) == 0
+    js = json.loads(capsys.readouterr().out)
+    assert js["default"] == "box"
+    assert [(h["name"], h["transport"], h["default"]) for h in js["hosts"]] == [("box", "ssh", True),
+                                                                              ("here", "local", False)]
+    assert js["hosts"][0]["target"] == "root@127.0.0.1:1"
+    assert main(["--hosts", str(p), "hosts", "list"]) == 0
+    assert "box *" in capsys.readouterr().out
+
+
+def test_embedded_default_check(capsys):
+    assert main(["hosts", "check", "--json"]) == 0
+    js = json.loads(capsys.readouterr().out)
+    assert js["host"] == "local" and js["reachable"] and js["python"]
+
+
+def test_trust_local_is_config_error(capsys):
+    assert main(["hosts", "trust", "local", "--yes"]) == 2
+    assert "no SSH key to trust" in capsys.readouterr().err
+
+
+def test_trust_needs_yes_without_a_terminal(tmp_path, capsys, monkeypatch):
+    p = tmp_path / "h.yaml"
+    p.write_text(HOSTS.format(root=tmp_path / "r"))
+    monkeypatch.setattr("sys.stdin", open("/dev/null"))
+    assert main(["--hosts", str(p), "hosts", "trust", "box"]) == 2
+    assert "pass --yes" in capsys.readouterr().err
+
+
+def test_check_unreachable_exit_3_one_line(tmp_path, capsys):
+    p = tmp_path / "h.yaml"
+    p.write_text(HOSTS.format(root=tmp_path / "r"))
+    assert main(["--hosts", str(p), "hosts", "check", "box"]) == 3
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    assert [ln for ln in err.splitlines() if ln.strip()] == [
+        "dfo: error: cannot reach box (root@127.0.0.1:1): connection refused "
+        "(check ssh.host and ssh.port, and that sshd runs there)"]
+    assert main(["--hosts", str(p), "hosts", "check", "box", "--json"]) == 3
+    js = json.loads(capsys.readouterr().out)
+    assert js["reachable"] is False and js["exit_code"] == 3 and "connection refused" in js["error"]

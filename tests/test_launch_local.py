@@ -1,0 +1,149 @@
+"""`dfo launch/status/stop/logs` through the real CLI on the local transport, with the real
+trainer on CPU: validation errors, a second launch, supervisor death, stop with a checkpoint,
+and a crash loop that gives up with exit 10."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from orchestrator.cli import main
+from orchestrator.supervisor import procs
+from tests.supervisor_env import (FAST, events, hosts_yaml, make_root, tiny_assets,  # noqa: F401
+                                  wait_for, write_config)
+
+
+def fast_flags():
+    out = ["--no-env-check", "--backoff-scale", "0.01"]
+    for k, v in FAST.items():
+        out += ["--threshold", f"{k}={v}"]
+    return out
+
+
+@pytest.fixture
+def env(tmp_path):
+    root = make_root(tmp_path)
+    hosts = hosts_yaml(tmp_path / "hosts.yaml", root)
+    return root, hosts, tmp_path
+
+
+def dfo(capsys, hosts, *args):
+    rc = main(["--hosts", str(hosts), *args])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def state(root, run_id):
+    return json.loads((root / "runs" / run_id / "state.json").read_text())
+
+
+@pytest.mark.parametrize("bad", ["step_690; rm -rf /", "$(reboot)", "../../etc", "/etc/passwd"])
+def test_bad_resume_is_rejected_before_anything_starts(env, capsys, bad):
+    root, hosts, tmp = env
+    rc, out, err = dfo(capsys, hosts, "launch", "--resume", bad, "--no-env-check")
+    assert rc == 2 and err.startswith("dfo: error: --resume") and err.count("\n") == 1
+    assert not (root / "runs").exists()
+
+
+def test_host_without_deployed_env(tmp_path, capsys, tiny_assets):  # noqa: F811
+    root = tmp_path / "bare"
+    root.mkdir()
+    hosts = hosts_yaml(tmp_path / "hosts.yaml", root)
+    cfg = write_config(tmp_path / "c.yaml", tiny_assets)
+    rc, _, err = dfo(capsys, hosts, "launch", "--config", str(cfg))
+    assert rc == 7 and "no deployed env" in err and "dfo deploy" in err and err.count("\n") == 1
+    rc, _, err = dfo(capsys, hosts, "status")
+    assert rc == 7 and "no deployed env" in err
+
+
+def test_dry_run_prints_plan_and_starts_nothing(env, capsys, tiny_assets):  # noqa: F811
+    root, hosts, tmp = env
+    cfg = write_config(tmp / "c.yaml", tiny_assets)
+    rc, out, err = dfo(capsys, hosts, "launch", "--config", str(cfg), "--dry-run",
+                       "--no-env-check", "--set", "train.micro_batch=4")
+    assert rc == 0, err
+    assert "setsid -f sh -c" in out and "orchestrator.supervisor.shim trainer train" in out
+    assert "--train.micro_batch 4" in out and "TORCHINDUCTOR_CACHE_DIR=" in out
+    assert "compile_gate -> layout_ddp -> one_drafter_device -> attention_sdpa" in out
+    assert "run `dfo warm-cache`" in err
+    assert not (root / "runs").exists()
+    rc, out, _ = dfo(capsys, hosts, "launch", "--config", str(cfg), "--dry-run", "--json",
+                     "--no-env-check")
+    d = json.loads(out)
+    assert d["started"] is False and d["mode"] == "setsid" and d["ladders"]["oom"]
+
+
+@pytest.mark.slow
+def test_live_run_second_launch_supervisor_kill_and_stop(env, capsys, tiny_assets):  # noqa: F811
+    root, hosts, tmp = env
+    cfg = write_config(tmp / "c.yaml", tiny_assets, train={"max_steps": 2000},
+                       checkpoint={"every": 3})
+    rc, out, err = dfo(capsys, hosts, "launch", "--config", str(cfg), "--run-name", "long",
+                       "--json", *fast_flags())
+    assert rc == 0, err
+    run_id = json.loads(out)["run_id"]
+    try:
+        # a live run holds run.lock: a second launch is refused
+        wait_for(lambda: (state(root, run_id).get("last_step") or 0) >= 4, 120, "step 4")
+        rc, _, err = dfo(capsys, hosts, "launch", "--config", str(cfg), "--no-env-check")
+        assert rc == 9 and f"run {run_id} is live" in err and "--replace" in err
+        rc, out, _ = dfo(capsys, hosts, "status", "--json")
+        run = json.loads(out)["runs"][0]
+        assert rc == 0 and run["run_id"] == run_id and run["shown_status"] == "running"
+
+        # kill -9 the supervisor: its trainer must not stay unwatched
+        st = state(root, run_id)
+        sup, trainer = st["pid"], st["trainer_pids"][0]
+        os.kill(sup, signal.SIGKILL)
+        wait_for(lambda: not procs.alive(trainer), 10, "the orphaned trainer to die")
+        wait_for(lambda: state(root, run_id)["pid"] not in (sup, None)
+                 and state(root, run_id)["attempt"] >= 2, 60, "a restarted supervisor")
+        evs = events(root, run_id)
+        restarts = [e for e in evs if e["kind"] == "supervisor_start"]
+        assert restarts[-1]["resumed"] is True
+        assert [e for e in evs if e["kind"] == "attempt_end" and e.get("note")]
+        new = state(root, run_id)
+        assert new["attempts"][-1]["resume"], "the new attempt resumes from a checkpoint"
+        # only the new attempt's processes belong to the run
+        live = procs.processes_of_run(str(root / "runs" / run_id))
+        assert trainer not in live
+
+        wait_for(lambda: (state(root, run_id).get("last_step") or 0) >
+                 (new["last_checkpoint"] or {}).get("step", 0) + 1, 120, "progress after restart")
+    finally:
+        rc, out, err = dfo(capsys, hosts, "stop", "--run", run_id, "--json")
+    assert rc == 0, err
+    info = json.loads(out)
+    assert info["status"] == "stopped"
+    ck = info["last_checkpoint"]
+    assert ck and ck["step"] == info["last_step"], "SIGTERM made the trainer checkpoint"
+    assert (root / "checkpoints" / "long" / f"step_{ck['step']}" / "manifest.json").exists()
+    assert not procs.processes_of_run(str(root / "runs" / run_id))
+    # the checkpoints it left can be named; a missing one is refused with the list
+    rc, _, err = dfo(capsys, hosts, "launch", "--config", str(cfg), "--run-name", "long",
+                     "--resume", "step_690", "--no-env-check")
+    assert rc == 11 and "step_690: no such checkpoint" in err and f"step_{ck['step']}" in err
+    rc, out, err = dfo(capsys, hosts, "launch", "--config", str(cfg), "--run-name", "long",
+                       "--resume", "latest", "--dry-run", "--no-env-check", "--json")
+    assert rc == 0 and json.loads(out)["resume"].endswith(f"/step_{ck['step']}")
+
+
+@pytest.mark.slow
+def test_crash_loop_gives_up_with_exit_10(env, capsys, tiny_assets):  # noqa: F811
+    root, hosts, tmp = env
+    cfg = write_config(tmp / "c.yaml", tiny_assets)
+    rc, out, err = dfo(capsys, hosts, "launch", "--config", str(cfg), "--run-name", "loop",
+                       "--fault", "exit=1@2#*", "--budget", "crash=2", "-f", *fast_flags())
+    assert rc == 10, (out, err)
+    assert "failed" in err and "crash" in err
+    run_id = next(p.name for p in (root / "runs").iterdir())
+    st = state(root, run_id)
+    assert st["status"] == "failed" and st["attempt"] == 3
+    assert "restart budget for crash spent (2)" in st["reason"]
+    assert any("fault injection: exit" in e["text"] or "exit 1" in e["text"]
+               for e in st["evidence"])
+    assert "attempt 3 classified crash" in out or "classified crash" in out

@@ -1,0 +1,101 @@
+"""The supervisor with the real trainer on CPU (tiny config) through the local transport.
+
+Faults are injected with the trainer's own facility (DFO_FAULT); the envs/current of the
+host root is this venv (see tests/supervisor_env.py). Small thresholds and backoffs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.launch import LaunchOptions, RunOps
+from orchestrator.transport.local import LocalTransport
+
+from tests.supervisor_env import (FAST, events, local_host, make_root, tiny_assets,  # noqa: F401
+                             wait_final, wait_for, write_config)
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def setup(tmp_path, tiny_assets):  # noqa: F811
+    root = make_root(tmp_path)
+    ops = RunOps(LocalTransport("local"), local_host(root))
+    return root, ops, tmp_path
+
+
+def launch(ops, cfg, *, fault=None, name="t", **kw):
+    o = LaunchOptions(config=str(cfg), run_name=name, fault=fault, backoff_scale=0.01,
+                      thresholds=dict(FAST, **kw.pop("thresholds", {})), env_check=False, **kw)
+    return ops.launch(o)
+
+
+def kinds(evs, kind):
+    return [e for e in evs if e["kind"] == kind]
+
+
+def test_fx_error_is_classified_falls_back_and_resumes(setup, tiny_assets):  # noqa: F811
+    root, ops, tmp = setup
+    cfg = write_config(tmp / "c.yaml", tiny_assets)
+    plan = launch(ops, cfg, fault="fx_race@6")
+    info = wait_final(ops, plan.run_id)
+    evs = events(root, plan.run_id)
+    assert info["status"] == "done", info.get("reason")
+    cl = kinds(evs, "classified")
+    assert cl[0]["class"] == "fx_trace_race" and cl[0]["attempt"] == 1
+    assert any("Detected that you are using FX" in e["text"] for e in cl[0]["evidence"])
+    fb = kinds(evs, "fallback")[0]
+    assert fb["step"] == "compile_gate" and fb["changed"] == {"compile.gate": True}
+    starts = kinds(evs, "attempt_start")
+    assert len(starts) == 2 and starts[1]["resume"].endswith("/step_4")
+    argv = starts[1]["argv"]
+    assert argv[argv.index("--compile.gate") + 1] == "true"
+    assert cl[-1]["class"] == "done" and info["last_step"] == 12
+    assert info["overrides"] == {"compile.gate": True}
+    order = [e["kind"] for e in evs]
+    assert order.index("classified") < order.index("fallback") < order.index("restart") \
+        < len(order) - 1 - order[::-1].index("attempt_start")
+    # the second attempt went on from the first one's last checkpoint (step 4)
+    log2 = (root / "runs" / plan.run_id / "attempt-2.log").read_text().splitlines()
+    steps = [json.loads(ln[5:])["step"] for ln in log2
+             if ln.startswith("@dfo ") and '"kind": "step"' in ln]
+    assert steps[0] == 5 and steps[-1] == 12
+
+
+def test_hang_is_detected_stacks_saved_and_restarted(setup, tiny_assets):  # noqa: F811
+    root, ops, tmp = setup
+    cfg = write_config(tmp / "c.yaml", tiny_assets)
+    t0 = time.monotonic()
+    plan = launch(ops, cfg, fault="hang@5", thresholds={"train_s": 6})
+    info = wait_final(ops, plan.run_id)
+    evs = events(root, plan.run_id)
+    assert info["status"] == "done", info.get("reason")
+    wd = [e for e in kinds(evs, "watchdog") if "without progress" in e["reason"]]
+    assert wd and "threshold 6s" in wd[0]["reason"]
+    st = kinds(evs, "stacks")[0]["files"]
+    text = (root / "runs" / plan.run_id / st[0]).read_text()
+    assert "Current thread" in text or "Thread 0x" in text      # faulthandler's dump
+    assert "trainer" in text and "wchan=" in text
+    assert kinds(evs, "classified")[0]["class"] == "compile_hang"
+    assert time.monotonic() - t0 < 200
+
+
+def test_oom_halves_micro_batch(setup, tiny_assets):  # noqa: F811
+    root, ops, tmp = setup
+    cfg = write_config(tmp / "c.yaml", tiny_assets)
+    plan = launch(ops, cfg, fault="oom@3")
+    info = wait_final(ops, plan.run_id)
+    evs = events(root, plan.run_id)
+    assert info["status"] == "done", info.get("reason")
+    assert kinds(evs, "classified")[0]["class"] == "oom"
+    fb = kinds(evs, "fallback")[0]
+    assert fb["step"] == "halve_micro_batch" and fb["changed"] == {"train.micro_batch": 4}
+    argv = kinds(evs, "attempt_start")[1]["argv"]
+    assert argv[argv.index("--train.micro_batch") + 1] == "4"
+    assert kinds(evs, "attempt_start")[1]["resume"] is None   # no checkpoint before step 3
