@@ -75,7 +75,7 @@ def test_slow_throttles_and_prints_flex_dense_warning(tiny, tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     assert "materializes the full scores matrix" in r.stderr
     t = [s["t"] for s in _steps(r.stdout)]
-    before = [b - a for a, b in zip(t[1:4], t[2:5])]  # steps 2..4 (step 1 includes setup)
+    before = [b - a for a, b in zip(t[0:3], t[1:4])]  # steps 2..4 (step 1 includes setup)
     after = [b - a for a, b in zip(t[5:7], t[6:8])]   # steps 7..8, fully throttled
     assert sum(after) / len(after) > 2.0 * sum(before) / len(before), (before, after)
 

@@ -73,3 +73,39 @@ def test_check_unreachable_exit_3_one_line(tmp_path, capsys):
     assert main(["--hosts", str(p), "hosts", "check", "box", "--json"]) == 3
     js = json.loads(capsys.readouterr().out)
     assert js["reachable"] is False and js["exit_code"] == 3 and "connection refused" in js["error"]
+
+
+def test_not_an_ssh_server_one_line_no_traceback(tmp_path):
+    """A real process, as a user runs it: paramiko's own log output must not leak."""
+    import socket
+    import subprocess
+    import sys
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(5)
+    port = srv.getsockname()[1]
+
+    def serve():
+        try:
+            c, _ = srv.accept()
+            c.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+            c.close()
+        except OSError:
+            pass
+
+    th = threading.Thread(target=serve, daemon=True)
+    th.start()
+    p = tmp_path / "h.yaml"
+    p.write_text(f'hosts:\n  web: {{transport: ssh, ssh: "root@127.0.0.1:{port}", root: /x}}\n')
+    try:
+        r = subprocess.run([sys.executable, "-c", "from orchestrator.cli import run; run()",
+                            "--hosts", str(p), "hosts", "check", "web"],
+                           capture_output=True, text=True, timeout=60)
+    finally:
+        srv.close()
+    assert r.returncode == 3, r.stderr
+    assert "Traceback" not in r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("dfo: error: SSH to web (root@127.0.0.1:"), r.stderr

@@ -112,8 +112,9 @@ def test_live_run_second_launch_supervisor_kill_and_stop(env, capsys, tiny_asset
         live = procs.processes_of_run(str(root / "runs" / run_id))
         assert trainer not in live
 
-        wait_for(lambda: (state(root, run_id).get("last_step") or 0) >
-                 (new["last_checkpoint"] or {}).get("step", 0) + 1, 120, "progress after restart")
+        log2 = root / "runs" / run_id / f"attempt-{new['attempt']}.log"
+        wait_for(lambda: log2.read_text().count('"kind": "step"') >= 2, 120,
+                 "steps of the new attempt")
     finally:
         rc, out, err = dfo(capsys, hosts, "stop", "--run", run_id, "--json")
     assert rc == 0, err

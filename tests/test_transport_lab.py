@@ -13,7 +13,8 @@ import paramiko
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.errors import ConnectError, ContainerError, HostKeyError, NotFoundError
+from orchestrator.errors import (ConnectError, ContainerError, HostKeyError, NotFoundError,
+                                 RemoteCommandError)
 from orchestrator.hosts import SSHSettings, load_inventory
 from orchestrator.ops.command import CONTAINER_ENV
 from orchestrator.transport import CommandTimeout, knownhosts, open_transport
@@ -126,6 +127,8 @@ def test_put_get_binary_mode_and_atomic(tr, tmp_path):
     assert back.read_bytes() == src.read_bytes()
     with pytest.raises(NotFoundError, match="does not exist"):
         tr.get(f"{root}/missing")
+    with pytest.raises(RemoteCommandError, match="cannot overwrite directory"):
+        tr.put(b"x", f"{root}/sub dir")  # a directory is never replaced by a file
     tr.run(["rm", "-rf", "--", root], check=True)
 
 
@@ -136,6 +139,7 @@ def test_one_connection_for_everything(inv):
             assert t.run(["echo", str(i)]).out == f"{i}\n"
         t.put(b"x", "/tmp/dfo-one-conn")
         assert t.get("/tmp/dfo-one-conn") == b"x"
+        t.run(["rm", "-f", "/tmp/dfo-one-conn"], check=True)
         t.stream(["true"], lambda ln: None)
         assert t.container_running()
         assert t.conn.connects == 1
@@ -161,6 +165,7 @@ def test_put_leaves_nothing_on_the_node(ct, node):
     ct.put(b"secret-ish payload", f"/tmp/{name}")
     assert ct.get(f"/tmp/{name}") == b"secret-ish payload"
     assert name not in listing()
+    ct.run(["rm", "-f", "--", f"/tmp/{name}"], check=True)
     assert node.run(["test", "-e", f"/tmp/{name}"]).exit_code == 1
 
 

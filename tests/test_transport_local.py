@@ -50,9 +50,9 @@ def test_timeout_kills_the_process_group(t, tmp_path):
     pidfile = tmp_path / "child.pid"
     code = f"import os,subprocess,time;p=subprocess.Popen(['sleep','60']);open({str(pidfile)!r},'w').write(str(p.pid));time.sleep(60)"
     t0 = time.monotonic()
-    with pytest.raises(CommandTimeout, match="timed out after 1s"):
-        t.run([sys.executable, "-c", code], timeout=1)
-    assert time.monotonic() - t0 < 10
+    with pytest.raises(CommandTimeout, match="timed out after 3s"):
+        t.run([sys.executable, "-c", code], timeout=3)
+    assert time.monotonic() - t0 < 15
     child = int(pidfile.read_text())
     for _ in range(50):
         try:

@@ -26,6 +26,7 @@ LAYOUTS = ("single", "threads", "ddp")
 SCHEDULES = ("cosine", "linear", "constant")
 DTYPES = ("auto", "bf16", "fp32", "fp16")
 DATA_FORMATS = ("auto", "tokens", "chat")
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead")
 
 
 def default_gamma(block_size: int) -> float:
@@ -102,6 +103,7 @@ class ParallelConfig:
 class CompileConfig:
     enabled: bool = True                      # torch.compile the drafter step (layers + loss)
     gate: bool = True                         # the compile gate (trainer.gate)
+    mode: str = "default"                     # torch.compile mode for the drafter step
 
 
 @dataclass(kw_only=True)
@@ -398,6 +400,7 @@ def validate(cfg: TrainerConfig) -> TrainerConfig:
     _positive(cfg.checkpoint.every, "checkpoint.every", zero_ok=True)
     _positive(cfg.checkpoint.keep, "checkpoint.keep")
 
+    _choice(cfg.compile.mode, "compile.mode", COMPILE_MODES)
     p = cfg.parallel
     _choice(p.layout, "parallel.layout", LAYOUTS)
     _positive(p.queue_depth, "parallel.queue_depth")

@@ -82,15 +82,17 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
 
 
-def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype):
-    """cos/sin of shape [b, 1, T, head_dim] for integer ``positions`` [b, T]."""
+def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor):
+    """fp32 cos/sin of shape [b, 1, T, head_dim] for integer ``positions`` [b, T]."""
     freqs = positions.float().unsqueeze(-1) * inv_freq.float()
     emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().to(dtype).unsqueeze(1), emb.sin().to(dtype).unsqueeze(1)
+    return emb.cos().unsqueeze(1), emb.sin().unsqueeze(1)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    return x * cos + rotate_half(x) * sin
+    """RoPE in fp32, result in x's dtype (compiled, this fuses into one kernel)."""
+    x32 = x.float()
+    return (x32 * cos + rotate_half(x32) * sin).to(x.dtype)
 
 
 class DrafterAttention(nn.Module):
@@ -212,10 +214,8 @@ class Drafter(nn.Module):
         ctx = self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
         x = self.embed(block_ids).to(ctx.dtype)
         ctx_pos = torch.arange(s, device=features.device).unsqueeze(0).expand(b, s)
-        dt = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) \
-            else x.dtype
-        rope_q = rope_cos_sin(block_positions, self.inv_freq, dt)
-        rope_k = rope_cos_sin(torch.cat([ctx_pos, block_positions], dim=1), self.inv_freq, dt)
+        rope_q = rope_cos_sin(block_positions, self.inv_freq)
+        rope_k = rope_cos_sin(torch.cat([ctx_pos, block_positions], dim=1), self.inv_freq)
         for layer in self.layers:
             x = layer(x, ctx, rope_q, rope_k, attend)
         return self.norm(x)

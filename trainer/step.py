@@ -195,7 +195,12 @@ def drafter_loss(drafter: Drafter, features: torch.Tensor, batch: Batch, cfg: Tr
     args = (drafter, features, ids, pos, mask, labels, weights, counted, backend, cfg.model.ce_chunk)
     with autocast(cfg, dev):
         if cfg.compile.enabled:
-            return _compile.call("drafter_step", _drafter_forward_loss, *args)
+            mode = cfg.compile.mode
+            name = "drafter_step" if mode == "default" else f"drafter_step[{mode}]"
+            fn = _compile.compiled(name, _drafter_forward_loss,
+                                   **({} if mode == "default" else {"mode": mode}))
+            with _compile.guard(name):
+                return fn(*args)
         return _drafter_forward_loss(*args)
 
 

@@ -246,8 +246,10 @@ def status(app, host_name, run_id, as_json):
         click.echo(json.dumps({"host": ops.host.name, "runs": runs}, default=str))
         return 0
     t = Table(title=f"runs on {ops.host.name}")
-    for col in ("run", "state", "attempt", "step", "tok/s", "last event", "fallback",
-                "last checkpoint", "uptime"):
+    t.add_column("run", no_wrap=True)
+    t.add_column("state", no_wrap=True)
+    for col in ("attempt", "step", "tok/s", "last event", "fallback", "last checkpoint",
+                "uptime"):
         t.add_column(col)
     style = {"done": "green", "failed": "red", "lost": "red", "running": "cyan",
              "backoff": "yellow", "stopping": "yellow", "stopped": "dim"}

@@ -47,7 +47,7 @@ if [ "$size" != "$3" ]; then
   exit 1
 fi
 if [ -n "$2" ]; then chmod -- "$2" "$tmp"; fi
-mv -f -- "$tmp" "$1"
+mv -fT -- "$tmp" "$1"
 trap - EXIT
 '''
 

@@ -285,8 +285,11 @@ class Supervisor:
         attention = str(self._config().get("model.attention", ""))
         dense_expected = attention in ("flex-eager", "sdpa")
         poll = float(self.t.get("poll_s", 0.2))
+        exited = False
         while True:
-            # 1. new output
+            # 1. new output (once more after the process exited: its last lines)
+            rc = proc.poll()
+            exited = rc is not None
             try:
                 with open(log_path, "rb") as f:
                     f.seek(offset)
@@ -334,8 +337,7 @@ class Supervisor:
                                   reason=f"{rule.cls} seen in the output ({rule.name})")
                         term_at = time.monotonic() + grace
             # 2. exited?
-            rc = proc.poll()
-            if rc is not None:
+            if exited:
                 if pending:
                     out.scan.feed(pending.decode("utf-8", "replace"))
                 out.exit_code = rc if rc >= 0 else None

@@ -33,6 +33,10 @@ from .base import LineCallback, Result, Transport
 from .local import LineSplitter, timeout_error
 
 log = logging.getLogger("dfo")
+# paramiko logs connection failures with tracebacks from its own thread; dfo reports them as
+# one-line ConnectErrors instead. Without a handler Python would print them to stderr
+# (logging.lastResort), so give paramiko's logger a NullHandler (no output of its own).
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 KEEPALIVE_S = 15
 _CHUNK = 1 << 16

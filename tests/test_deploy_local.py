@@ -1,0 +1,96 @@
+"""`dfo deploy` on the `local` transport (the README's main job runs on the local default):
+a real uv env under a temporary root, offline from a wheelhouse, torch's wheel found
+through PIP_FIND_LINKS."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.deploy import Deployer, local_find_links
+from orchestrator.hosts import HostConfig
+from orchestrator.project_wheel import build as build_wheel
+from orchestrator.transport import LocalTransport
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+DFO = str(Path(sys.executable).with_name("dfo"))
+
+
+@pytest.fixture(scope="session")
+def wheelhouse(tmp_path_factory) -> tuple[Path, Path]:
+    """(wheelhouse without torch, a find-links dir holding only torch)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    try:
+        from fill_wheelhouse import fill
+    finally:
+        sys.path.pop(0)
+    full = tmp_path_factory.mktemp("wheelhouse-full")
+    fill("cpu", full)
+    wh, links = tmp_path_factory.mktemp("wheelhouse"), tmp_path_factory.mktemp("links")
+    for f in full.glob("*.whl"):
+        os.link(f, (links if f.name.startswith("torch-") else wh) / f.name)
+    assert list(links.glob("torch-2.13.0+cpu-*.whl"))
+    return wh, links
+
+
+def test_find_links_from_environment():
+    env = {"PIP_FIND_LINKS": "/a /b", "UV_FIND_LINKS": "/c,/a"}
+    assert local_find_links(env) == ["/c", "/a", "/b"]
+    assert local_find_links({}) == []
+
+
+def test_local_deploy_noop_and_check(wheelhouse, tmp_path):
+    wh, links = wheelhouse
+    host = HostConfig(name="local", transport="local", root=str(tmp_path / "root"),
+                      wheelhouse=str(wh))
+    wheel = build_wheel(tmp_path / "cache")
+    t = LocalTransport("local")
+    events = []
+    d = Deployer(t, host, wheel=wheel, environ={"PIP_FIND_LINKS": str(links)},
+                 on_event=lambda *a: events.append(a))
+    r = d.deploy()
+    assert r.action == "create", r
+    cur = tmp_path / "root/envs/current"
+    assert os.readlink(cur) == r.env
+    fp = json.loads((cur / "fingerprint.json").read_text())
+    assert fp["torch"] == "2.13.0+cpu" and fp["trainer_import"] is True
+    assert (cur / ".dfo-complete").is_file()
+    started = [e[0] for e in events if e[1] == "start"]
+    assert started == ["connect", "push uv", "push wheel", "create venv", "install", "verify",
+                       "switch"]
+    assert all(s.seconds >= 0 for s in r.stages)
+
+    # without PIP_FIND_LINKS torch is nowhere: a fresh build would fail, but the env is
+    # current and matches its lock, so a redeploy is a no-op that never installs
+    r2 = Deployer(t, host, wheel=wheel, environ={}).deploy()
+    assert r2.action == "noop" and "nothing to do" in r2.message
+    assert Deployer(t, host, wheel=wheel, environ={}).check().ok
+
+
+def test_cli_deploys_on_the_embedded_local_default(wheelhouse, tmp_path):
+    """`dfo deploy` with no hosts.yaml: the embedded `local` host, root ~/.dfo."""
+    wh, links = wheelhouse
+    home = tmp_path / "home"
+    home.mkdir()
+    real_cache = os.environ.get("UV_CACHE_DIR") or os.path.expanduser("~/.cache/uv")
+    env = {k: v for k, v in os.environ.items() if k != "DFO_HOSTS"}
+    env.update(HOME=str(home), UV_CACHE_DIR=real_cache, UV_OFFLINE="1",
+               UV_FIND_LINKS=str(wh), PIP_FIND_LINKS=str(links),
+               DFO_CACHE_DIR=str(tmp_path / "dfo-cache"),
+               # pin dfo's wheel: the checkout may change between the two deploys
+               DFO_PROJECT_WHEEL=str(build_wheel(tmp_path / "cache").path))
+    r = subprocess.run([DFO, "deploy", "--json"], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=900)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["host"] == "local" and rep["action"] == "create"
+    assert os.readlink(home / ".dfo/envs/current") == rep["env"]
+    r = subprocess.run([DFO, "deploy"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0 and "nothing to do" in r.stdout, r.stdout + r.stderr

@@ -1,0 +1,287 @@
+"""GPU benchmark of one DFlash drafter training step: flex-compiled against sdpa.
+
+    python -m trainer.bench                      # H200 shape: Qwen3-4B-shaped random target,
+                                                 # 5-layer drafter, S=3072, 512 anchors, B=16
+    python -m trainer.bench --quick              # tiny shapes, runs on CPU (smoke test)
+    python -m trainer.bench --variants flex-compiled,sdpa --json out.json
+
+Variants (``--variants``, comma-separated):
+  flex-compiled  flex attention; drafter layers + norms + RoPE + chunked CE compiled as one
+                 function (compile.enabled), flex lowered inside it
+  flex           only flex_attention compiled; the layers run eagerly (the prototype)
+  sdpa           dense boolean mask, eager (the safe fallback)
+  sdpa-compiled  dense boolean mask, drafter step compiled
+On CPU, compiled flex has no backward, so the flex variants are skipped there.
+
+Reported per variant: drafter step time (forward + backward, incl. the block mask build),
+optimizer step time, peak memory, tokens/s and samples/s end to end (target forward +
+drafter step + optimizer), drafter MFU. The target forward (up to the last tapped layer)
+is timed and its MFU reported separately. MFU = model FLOPs / time / peak, peak = 989
+TFLOP/s (H200 bf16 dense datasheet) unless ``--peak-tflops``. The FLOP formulas are in
+``drafter_flops`` / ``target_flops`` and docs/trainer.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+
+H200_BF16_PEAK_TFLOPS = 989.0
+VARIANTS = ("flex-compiled", "flex", "sdpa", "sdpa-compiled")
+
+
+# --------------------------------------------------------------------------- FLOPs
+
+def visible_pairs(anchors: torch.Tensor, valid: torch.Tensor, block_size: int) -> int:
+    """Sum over valid block queries of the keys they see: B * (anchor + B) per valid block."""
+    return int((block_size * (anchors + block_size) * valid).sum())
+
+
+def drafter_flops(spec, *, seq_len: int, tq: int, pairs: int, label_rows: int) -> dict:
+    """Model FLOPs of one drafter step (forward + backward) for one micro-batch.
+
+    Linear layers: 2*m*n*k forward, 2x that backward (input + weight grads) -> 6*m*n*k;
+    fc: forward + weight grad only (its input is the frozen target's features) -> 4*m*n*k.
+    Attention: 4*heads*head_dim per visible (query, key) pair forward, 3x for fwd+bwd.
+    LM head (frozen): forward + grad w.r.t. the hidden state only -> 4*rows*H*V.
+    ``tq``/``pairs``/``label_rows`` are summed over the micro-batch's sequences.
+    """
+    h, nh, nkv, hd, inter = spec.hidden, spec.heads, spec.kv_heads, spec.head_dim, spec.intermediate
+    b_seq = seq_len  # context rows (already times batch by the caller)
+    fc = 4 * b_seq * (spec.num_taps * h) * h
+    lin = 6 * (tq * h * nh * hd + 2 * (b_seq + tq) * h * nkv * hd + tq * nh * hd * h + 3 * tq * h * inter)
+    attn = 3 * 4 * nh * hd * pairs
+    head = 4 * label_rows * h * spec.vocab
+    layers = spec.num_layers * (lin + attn)
+    return {"fc": fc, "layers": layers, "attention": spec.num_layers * attn, "lm_head": head,
+            "total": fc + layers + head}
+
+
+def target_flops(tcfg, *, layers_run: int, seq_len: int, batch: int) -> int:
+    """Forward FLOPs of the target up to the last tapped layer (causal attention)."""
+    h = tcfg.hidden_size
+    nh = tcfg.num_attention_heads
+    nkv = getattr(tcfg, "num_key_value_heads", nh)
+    hd = getattr(tcfg, "head_dim", None) or h // nh
+    inter = tcfg.intermediate_size
+    lin = 2 * seq_len * (h * nh * hd + 2 * h * nkv * hd + nh * hd * h + 3 * h * inter)
+    attn = 4 * nh * hd * seq_len * (seq_len + 1) // 2
+    return batch * layers_run * (lin + attn)
+
+
+# --------------------------------------------------------------------------- setup
+
+def qwen3_4b_config():
+    from transformers import Qwen3Config
+
+    return Qwen3Config(hidden_size=2560, num_hidden_layers=36, intermediate_size=9728,
+                       num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                       vocab_size=151936, max_position_embeddings=40960, tie_word_embeddings=True,
+                       rms_norm_eps=1e-6)
+
+
+def make_cfg(a):
+    from .config import TrainerConfig
+
+    cfg = TrainerConfig()
+    cfg.model.drafter_layers = a.drafter_layers
+    cfg.model.block_size = a.block_size
+    cfg.model.mask_token_id = a.mask_token_id
+    cfg.model.ce_chunk = a.ce_chunk
+    cfg.data.path = "<bench>"
+    cfg.data.max_seq_len = a.seq_len
+    cfg.data.num_anchors = a.anchors
+    cfg.train.micro_batch = a.micro_batch
+    cfg.compile.gate = False
+    cfg.compile.mode = a.compile_mode
+    return cfg
+
+
+def _sync(dev):
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def _timeit(fn, dev, iters: int) -> float:
+    _sync(dev)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    _sync(dev)
+    return (time.perf_counter() - t0) / iters
+
+
+def run(a) -> dict:
+    from . import attention, step as S
+    from .model import DrafterSpec
+    from .target import target_from_config, tiny_qwen3_config
+
+    dev = torch.device("cuda:0" if torch.cuda.is_available() and not a.cpu else "cpu")
+    cfg = make_cfg(a)
+    dtype = S.compute_dtype(cfg, dev)
+    tcfg = tiny_qwen3_config(hidden=64, layers=4, vocab=128) if a.quick else qwen3_4b_config()
+    t0 = time.perf_counter()
+    target = target_from_config(tcfg, device=dev, dtype=dtype, num_drafter_layers=a.drafter_layers,
+                                tap_ids=[1, 3] if a.quick and a.drafter_layers == 2 else None)
+    cfg.model.attention = "sdpa"
+    cfg.compile.enabled = False
+    _, drafter = S.build_models(cfg, dev, target=target)
+    setup_s = time.perf_counter() - t0
+    spec: DrafterSpec = drafter.spec
+    batch = S.dummy_batch(cfg, a.seq_len, a.anchors, a.micro_batch, dev, seed=0)
+    b, n = batch.anchors.shape
+    tq = n * a.block_size
+    pairs = visible_pairs(batch.anchors, batch.anchor_valid, a.block_size)
+    label_rows = b * n * (a.block_size - 1)
+    dfl = drafter_flops(spec, seq_len=b * a.seq_len, tq=b * tq, pairs=pairs, label_rows=label_rows)
+    tfl = target_flops(tcfg, layers_run=target.layers_run, seq_len=a.seq_len, batch=b)
+    peak = (a.peak_tflops or (H200_BF16_PEAK_TFLOPS if dev.type == "cuda" else 0.0)) * 1e12
+
+    def mfu(flops, secs):
+        return round(flops / secs / peak, 4) if peak else None
+
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    feats = S.target_features(target, batch, cfg)
+    t_target = _timeit(lambda: S.target_features(target, batch, cfg), dev, a.iters)
+    report = {
+        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+        "torch": torch.__version__, "dtype": str(dtype).replace("torch.", ""),
+        "shape": {"seq_len": a.seq_len, "anchors": a.anchors, "block_size": a.block_size,
+                  "micro_batch": a.micro_batch, "drafter_layers": a.drafter_layers,
+                  "target_layers": tcfg.num_hidden_layers, "target_layers_run": target.layers_run,
+                  "tap_ids": target.tap_ids, "hidden": tcfg.hidden_size, "vocab": tcfg.vocab_size},
+        "setup_s": round(setup_s, 2),
+        "peak_tflops": peak / 1e12 if peak else None,
+        "flops": {"drafter_step": dfl, "target_forward": tfl, "visible_pairs": pairs},
+        "target_forward": {"ms": round(t_target * 1e3, 3), "mfu": mfu(tfl, t_target),
+                           "tflops": round(tfl / t_target / 1e12, 2)},
+        "variants": {},
+    }
+    params = drafter.trainable_parameters()
+    opt = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), fused=dev.type == "cuda")
+    for name in a.variants:
+        backend = "flex" if name.startswith("flex") else "sdpa"
+        if backend == "flex" and dev.type == "cpu":
+            report["variants"][name] = {"skipped": "compiled flex has no backward on CPU"}
+            continue
+        drafter.attn_backend = backend
+        cfg.compile.enabled = name.endswith("-compiled")
+        cfg.model.attention = backend
+
+        def drafter_step():
+            loss, _ = S.drafter_loss(drafter, feats, batch, cfg)
+            loss.backward()
+            return loss
+
+        try:
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats(dev)
+            tc = time.perf_counter()
+            for _ in range(a.warmup):
+                drafter_step()
+                drafter.zero_grad(set_to_none=False)
+            _sync(dev)
+            first_s = time.perf_counter() - tc
+            t_step = _timeit(lambda: (drafter_step(), None), dev, a.iters)
+            t_opt = _timeit(lambda: opt.step(), dev, a.iters)
+            t_mask = _timeit(lambda: attention.build_mask(backend, batch.anchors, batch.anchor_valid,
+                                                          a.seq_len, a.block_size), dev, a.iters)
+            drafter.zero_grad(set_to_none=True)
+            peak_mem = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None
+        except torch.OutOfMemoryError as e:
+            report["variants"][name] = {"error": f"OOM: {str(e).splitlines()[0]}"}
+            drafter.zero_grad(set_to_none=True)
+            continue
+        e2e = t_target + t_step + t_opt
+        report["variants"][name] = {
+            "warmup_s": round(first_s, 2),
+            "drafter_step_ms": round(t_step * 1e3, 3),
+            "optimizer_ms": round(t_opt * 1e3, 3),
+            "block_mask_ms": round(t_mask * 1e3, 3),
+            "drafter_mfu": mfu(dfl["total"], t_step),
+            "drafter_tflops": round(dfl["total"] / t_step / 1e12, 2),
+            "ms_per_sample": round(t_step * 1e3 / b, 3),
+            "peak_mem_bytes": peak_mem,
+            "end_to_end_ms": round(e2e * 1e3, 3),
+            "tokens_per_s": round(b * a.seq_len / e2e, 1),
+            "samples_per_s": round(b / e2e, 3),
+        }
+    return report
+
+
+def markdown(r: dict) -> str:
+    s = r["shape"]
+    lines = [f"Device: {r['device']}, torch {r['torch']}, {r['dtype']}; target {s['target_layers']} layers "
+             f"(runs {s['target_layers_run']}, taps {s['tap_ids']}), hidden {s['hidden']}, vocab {s['vocab']}; "
+             f"drafter {s['drafter_layers']} layers; S={s['seq_len']}, anchors={s['anchors']}, "
+             f"B={s['block_size']}, micro_batch={s['micro_batch']}.",
+             "",
+             f"Target forward: {r['target_forward']['ms']} ms, {r['target_forward']['tflops']} TFLOP/s, "
+             f"MFU {r['target_forward']['mfu']}",
+             "",
+             "| variant | drafter step ms | ms/sample | drafter TFLOP/s | drafter MFU | block mask ms | "
+             "peak mem GiB | tokens/s (e2e) | samples/s (e2e) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name, v in r["variants"].items():
+        if "drafter_step_ms" not in v:
+            lines.append(f"| {name} | {v.get('skipped') or v.get('error')} | | | | | | | |")
+            continue
+        mem = f"{v['peak_mem_bytes'] / 2**30:.1f}" if v["peak_mem_bytes"] else "-"
+        lines.append(f"| {name} | {v['drafter_step_ms']} | {v['ms_per_sample']} | {v['drafter_tflops']} | "
+                     f"{v['drafter_mfu']} | {v['block_mask_ms']} | {mem} | {v['tokens_per_s']} | "
+                     f"{v['samples_per_s']} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m trainer.bench", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="tiny shapes (CPU smoke test)")
+    ap.add_argument("--cpu", action="store_true", help="run on CPU even when CUDA is available")
+    ap.add_argument("--variants", default=None, help=f"comma-separated, from {','.join(VARIANTS)}")
+    ap.add_argument("--seq-len", type=int, default=None)
+    ap.add_argument("--anchors", type=int, default=None)
+    ap.add_argument("--block-size", type=int, default=None)
+    ap.add_argument("--drafter-layers", type=int, default=None)
+    ap.add_argument("--micro-batch", type=int, default=1)
+    ap.add_argument("--ce-chunk", type=int, default=2048)
+    ap.add_argument("--mask-token-id", type=int, default=None)
+    ap.add_argument("--iters", type=int, default=None)
+    ap.add_argument("--warmup", type=int, default=None)
+    ap.add_argument("--peak-tflops", type=float, default=None)
+    ap.add_argument("--compile-mode", default="default",
+                    help="torch.compile mode of the compiled variants (e.g. max-autotune-no-cudagraphs)")
+    ap.add_argument("--json", default=None, help="also write the report to this file")
+    a = ap.parse_args(argv)
+    q = a.quick
+    a.seq_len = a.seq_len or (64 if q else 3072)
+    a.anchors = a.anchors or (8 if q else 512)
+    a.block_size = a.block_size or (8 if q else 16)
+    a.drafter_layers = a.drafter_layers or (2 if q else 5)
+    a.mask_token_id = a.mask_token_id if a.mask_token_id is not None else (3 if q else 151669)
+    a.iters = a.iters or (2 if q else 10)
+    a.warmup = a.warmup or (1 if q else 3)
+    a.variants = [v.strip() for v in (a.variants or ",".join(VARIANTS[:3])).split(",") if v.strip()]
+    bad = [v for v in a.variants if v not in VARIANTS]
+    if bad:
+        print(f"trainer.bench: unknown variant {bad[0]!r} (known: {', '.join(VARIANTS)})", file=sys.stderr)
+        return 2
+    from .target import _quiet_transformers
+
+    _quiet_transformers()
+    r = run(a)
+    print(markdown(r))
+    print("@dfo " + json.dumps({"kind": "bench", **r}))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(r, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
