@@ -419,11 +419,14 @@ class CacheManager:
 
         r = self.t.stream(argv, on_line, env=env, cwd=self.layout.root, timeout=self.timeout)
         if r.exit_code != 0:
-            last = next((ln.strip() for ln in reversed(tail) if ln.strip()), "")
+            last = warmup_error_line(tail)
             msg = f"the trainer's warm-up on {self.host} exited {r.exit_code}" + (f": {last}" if last else "")
             if r.exit_code == 2:
                 raise ConfigError(msg, hint="fix the trainer config (see `python -m trainer warmup --help`)")
-            raise RemoteCommandError(msg, exit_status=r.exit_code, stderr="\n".join(tail))
+            hint = None
+            if "InvalidCxxCompiler" in last or "C++ compiler" in last:
+                hint = "inductor on CPU needs a C++ compiler on the host: install g++ there"
+            raise RemoteCommandError(msg, hint=hint, exit_status=r.exit_code, stderr="\n".join(tail))
         return parse_report(self.t.get(report))
 
     def _save(self, p: sn.CachePaths, gen: str, key: ck.CacheKey, stamp: str, res: WarmResult) -> dict:
@@ -513,6 +516,19 @@ def warmup_argv(python: str, cfg_path: str, overrides: Sequence[tuple[str, str]]
     if load_mega:
         argv += ["--load-mega-cache", load_mega]
     return argv
+
+
+def warmup_error_line(lines: Sequence[str]) -> str:
+    """The line that says what went wrong: the trainer's ``trainer: error: ...`` line,
+    else the last exception line, else the last non-empty line."""
+    for ln in reversed(lines):
+        if ln.startswith("trainer: error:"):
+            return ln[len("trainer: error:"):].strip()
+    for ln in reversed(lines):
+        s = ln.strip()
+        if s and ("Error:" in s.split(" ", 1)[0] or s.split(":", 1)[0].endswith(("Error", "Exception"))):
+            return s
+    return next((ln.strip() for ln in reversed(lines) if ln.strip()), "")
 
 
 def local_snapshot_files(path: Path) -> tuple[Path, Path]:

@@ -118,12 +118,15 @@ def translate_uv_error(text: str, *, host: str, root: str, what: str) -> DeployE
     m = re.search(r"hash mismatch for `?([^`\s]+)`?", text, re.I)
     if m or "hash mismatch" in low:
         pkg = m.group(1) if m else "a package"
-        return DeployError(f"{pkg}: the file does not match the lock's sha256 (hash mismatch)",
+        hashes = re.findall(r"sha256:([0-9a-f]{64})", text)
+        got = f": lock sha256 {hashes[0][:12]}..., file {hashes[-1][:12]}..." if len(hashes) >= 2 else ""
+        return DeployError(f"{pkg}: the file does not match the lock's sha256 (hash mismatch){got}",
                            hint="the wheelhouse/index serves a different build than the lock pins; "
                                 "fix the wheelhouse or regenerate the lock with tools/make_lock.py")
-    m = re.search(r"Because ([A-Za-z0-9_.\-]+)(==\S+)? was not found", text)
+    m = re.search(r"Because ([A-Za-z0-9_.\-]+)(==[^\s,]+)? was not found", text)
+    req = re.search(r"you require ([A-Za-z0-9_.\-]+==[^\s,]+)", text)
     if m or "not found in the provided package locations" in low or "no matching distribution" in low:
-        pkg = (m.group(1) + (m.group(2) or "")) if m else "a locked package"
+        pkg = (req.group(1) if req else m.group(1) + (m.group(2) or "")) if m else "a locked package"
         return DeployError(f"{pkg} is not available from the package sources on {host}",
                            hint="add it to the host's wheelhouse (see docs/deploy.md: "
                                 "`pip download`), or set index_url in hosts.yaml")

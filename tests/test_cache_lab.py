@@ -2,8 +2,10 @@
 the pct stand-in, the CPU profile deployed offline by the real `dfo deploy` (uv, wheelhouse),
 the real trainer warm-up inside the container. Assertions are on torch's cache counters.
 
-The env is deployed once per session under its own root (ROOT), so these tests never
-disturb the deploy tests' root.
+The env is deployed once per session and host under its own root, so these tests never
+disturb the deploy tests' root. Inductor on CPU needs a C++ compiler on the host: the
+``lab`` container must have g++ (tests/lab/container.py PACKAGES); without one its tests
+skip with that reason (fail under CI).
 """
 
 from __future__ import annotations
@@ -45,33 +47,43 @@ def rsh(t: Transport, script: str, *args: str, timeout: float = 120) -> str:
 
 
 def dfo(lab: CacheLab, *args: str, timeout: float = 1500) -> subprocess.CompletedProcess:
-    return subprocess.run([*DFO, "--hosts", str(lab.hosts), "warm-cache", "--host", "lab", *args],
+    return subprocess.run([*DFO, "--hosts", str(lab.hosts), "warm-cache", "--host", lab.host.name, *args],
                           capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.fixture(scope="session")
-def cache_lab(lab, tmp_path_factory) -> CacheLab:
+@pytest.fixture(scope="session", params=["lab-node", "lab"])
+def cache_lab(request, lab, tmp_path_factory) -> CacheLab:
+    """The CPU profile deployed by `dfo deploy` on ``lab-node`` (plain SSH to the node) and
+    on ``lab`` (proxmox: SSH to the node, then ``pct exec`` into container 200)."""
     from orchestrator.deploy import Deployer
     from orchestrator.project_wheel import build as build_wheel
     from tests.test_deploy_lab import fill_wheelhouse
 
     fill_wheelhouse(Path(lab.wheelhouse_host_dir))
-    base = tmp_path_factory.mktemp("cache-lab")
+    base = tmp_path_factory.mktemp(f"cache-{request.param}")
     hosts = base / "hosts.yaml"
-    hosts.write_text(lab.hosts_yaml(root=ROOT, wheelhouse=True))
-    host = load_inventory(str(hosts)).get("lab")
+    hosts.write_text(lab.hosts_yaml(root=ROOT, node_root=str(Path(lab.state_dir) / "cache-node-root"),
+                                    wheelhouse=True))
+    host = load_inventory(str(hosts)).get(request.param)
     t = open_transport(host)
-    t.run(["rm", "-rf", ROOT], timeout=120, check=True)
+    if not t.run(["sh", "-c", "command -v g++ || command -v c++"], timeout=60).ok:
+        t.close()
+        msg = (f"{request.param} has no C++ compiler, and inductor on CPU needs one: "
+               "add g++ to PACKAGES in tests/lab/container.py")
+        if os.environ.get("CI", "").strip().lower() in ("1", "true", "yes", "on"):
+            pytest.fail(msg, pytrace=False)
+        pytest.skip(msg)
+    t.run(["rm", "-rf", host.root], timeout=120, check=True)
     Deployer(t, host, wheel=build_wheel(base / "wheel")).deploy()
-    py = host.layout.current_python
-    target = posixpath.join(ROOT, "target")
-    t.run([py, "-m", "trainer.target", "--out", target], timeout=600, check=True)
+    target = posixpath.join(host.root, "target")
+    t.run([host.layout.current_python, "-m", "trainer.target", "--out", target], timeout=600, check=True)
     cfg = base / "tiny-cpu-cache.yaml"
     cfg.write_text(f"model: {{target_path: {target}, drafter_layers: 1, block_size: 4}}\n"
-                   f"data: {{path: {ROOT}/unused.jsonl, max_seq_len: 32, num_anchors: 4}}\n"
+                   f"data: {{path: {host.root}/unused.jsonl, max_seq_len: 32, num_anchors: 4}}\n"
                    "parallel: {target_devices: [cpu], drafter_devices: [cpu]}\n"
                    "compile: {enabled: true}\n")
     yield CacheLab(hosts, host, t, cfg, base)
+    t.run(["rm", "-rf", host.root], timeout=120)
     t.close()
 
 
@@ -110,7 +122,7 @@ def test_lab_warm_wipe_restore_hits_then_pull_push(cache_lab: CacheLab):
     r = dfo(lab, "--config", str(lab.cfg), "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["action"] == "restored"
-    hits = next_warmup_counters(lab, key, f"{ROOT}/runs/after-restore")
+    hits = next_warmup_counters(lab, key, f"{lab.host.root}/runs/after-restore")
     assert hits["fxgraph_cache_hit"] > 0 and hits["fxgraph_cache_miss"] == 0
 
     # pull to this machine; "rebuild" the container's cache (all of it gone); push it back
@@ -122,7 +134,7 @@ def test_lab_warm_wipe_restore_hits_then_pull_push(cache_lab: CacheLab):
     r = dfo(lab, "--config", str(lab.cfg), "--push", str(tar), "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["action"] == "pushed"
-    hits = next_warmup_counters(lab, key, f"{ROOT}/runs/after-push")
+    hits = next_warmup_counters(lab, key, f"{lab.host.root}/runs/after-push")
     assert hits["fxgraph_cache_hit"] > 0 and hits["fxgraph_cache_miss"] == 0
 
     r = dfo(lab, "--status", "--json")
@@ -179,3 +191,111 @@ def test_lab_mismatch_and_corruption_refused_live_untouched(cache_lab: CacheLab)
     finally:
         lab.t.put(orig, fp_path)
     assert live_target(lab, key) == before
+
+
+# ------------------------------------------------------------------------------------------
+# Container mechanics through `pct exec` that need no compiler: adopt, snapshot, pull, push,
+# verification, refusals, per-run copies, status and prune, all inside container 200.
+
+MECH_ROOT = "/root/dfo-cache-mech"
+
+
+@pytest.fixture(scope="session")
+def container_env(lab, tmp_path_factory):
+    from orchestrator.deploy import Deployer
+    from orchestrator.project_wheel import build as build_wheel
+    from tests.test_deploy_lab import fill_wheelhouse
+
+    fill_wheelhouse(Path(lab.wheelhouse_host_dir))
+    base = tmp_path_factory.mktemp("cache-mech")
+    hosts = base / "hosts.yaml"
+    hosts.write_text(lab.hosts_yaml(root=MECH_ROOT, wheelhouse=True))
+    host = load_inventory(str(hosts)).get("lab")
+    t = open_transport(host)
+    t.run(["rm", "-rf", MECH_ROOT], timeout=120, check=True)
+    Deployer(t, host, wheel=build_wheel(base / "wheel")).deploy()
+    yield hosts, host, t, base
+    t.run(["rm", "-rf", MECH_ROOT], timeout=120)
+    t.close()
+
+
+def test_lab_container_snapshot_mechanics(container_env, tmp_path):
+    from orchestrator.cache import CacheManager
+    from orchestrator.errors import CacheError
+    from tests.test_cache_local import CFG, compile_into
+
+    hosts, host, t, base = container_env
+    # real inductor files (made on this machine: dfo treats cache contents as opaque bytes)
+    local = tmp_path / "made"
+    compile_into(local)
+    src = posixpath.join(MECH_ROOT, "incoming")
+    for f in sorted(local.rglob("*")):
+        if f.is_file():
+            t.put(f, posixpath.join(src, str(f.relative_to(local))))
+    mgr = CacheManager(t, host.layout, host="lab", timeout=300)
+    key = mgr.key(CFG)
+    assert key.components["python"].startswith("3.11") and key.components["gpu"] == "cpu"
+    m = mgr.adopt(src, key)
+    p = sn.paths(host.layout, key.key)
+    assert m["sizes"]["inductor"] > 0
+    assert mgr._tool("hashdir", p.live)["files"] == m["files"]
+
+    # pull to this machine, wipe everything of the cache in the container, push back
+    tar, man = mgr.pull(key.key, tmp_path / "pulled")
+    t.run(["rm", "-rf", host.layout.cache], timeout=60, check=True)
+    mgr.push(tar, key)
+    assert mgr._tool("hashdir", p.live)["files"] == m["files"]
+    live = rsh(t, 'readlink "$1"', p.live).strip()
+
+    # truncated and corrupt copies are refused; the live cache stays
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / man.name).write_bytes(man.read_bytes())
+    data = tar.read_bytes()
+    (bad / tar.name).write_bytes(data[: len(data) - 3000])
+    with pytest.raises(CacheError, match="truncated"):
+        mgr.push(bad / tar.name, key)
+    flipped = bytearray(data)
+    flipped[len(data) // 2] ^= 0x01
+    (bad / tar.name).write_bytes(bytes(flipped))
+    with pytest.raises(CacheError, match="corrupt"):
+        mgr.push(bad / tar.name, key)
+    # the store's tar damaged inside the container
+    rsh(t, 'printf x >> "$1"', p.tar)
+    with pytest.raises(CacheError, match="truncated"):
+        mgr.restore_from_store(key)
+    assert rsh(t, 'readlink "$1"', p.live).strip() == live
+    assert mgr._tool("hashdir", p.live)["files"] == m["files"]
+
+    # another torch build under the snapshot: refused, naming the components
+    fp_path = posixpath.join(host.layout.current_env, "fingerprint.json")
+    orig = t.get(fp_path)
+    fp = json.loads(orig)
+    fp["torch"], fp["torch_cuda"] = "2.13.0+cu130", "13.0"
+    try:
+        t.put(json.dumps(fp).encode(), fp_path)
+        with pytest.raises(CacheError) as e:
+            mgr.push(tar, mgr.key(CFG))
+        assert "torch.version.cuda: snapshot none, env 13.0" in str(e.value)
+    finally:
+        t.put(orig, fp_path)
+    assert rsh(t, 'readlink "$1"', p.live).strip() == live
+
+    # a run's own copy inside the container; writing to it leaves the live cache alone
+    run = posixpath.join(MECH_ROOT, "runs", "r1")
+    for argv in sn.seed_run_cache_argvs(host.layout, key.key, run):
+        t.run(argv, timeout=120, check=True)
+    rsh(t, 'for f in $(find "$1/cache/inductor" -type f | head -3); do echo poison >> "$f"; done', run)
+    assert mgr._tool("hashdir", p.live)["files"] == m["files"]
+
+    # status and prune through the CLI
+    r = subprocess.run([*DFO, "--hosts", str(hosts), "warm-cache", "--host", "lab", "--status", "--json"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert [k["key"] for k in json.loads(r.stdout)["keys"]] == [key.key]
+    r = subprocess.run([*DFO, "--hosts", str(hosts), "warm-cache", "--host", "lab", "--prune", "0", "--json"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["removed"] == [key.key] and out["keys"] == []
+    assert not t.run(["test", "-e", p.tar], timeout=60).ok

@@ -255,3 +255,25 @@ def test_load_config_uses_the_trainer_validation(tmp_path):
     assert cfg["model"]["attention"] == "sdpa" and text == f.read_bytes()
     with pytest.raises(ConfigError, match="train.micro_batch"):
         load_config(f, [("train.micro_batch", "0")])
+
+
+def test_cli_pull_by_key_and_status_json(host, cold_cache, tmp_path, capsys):
+    from orchestrator.cli import main
+
+    root, mgr = host
+    key = mgr.key(CFG)
+    mgr.adopt(str(cold_cache[0]), key)
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text(f"default: h\nhosts:\n  h: {{transport: local, root: {root}}}\n")
+    capsys.readouterr()
+    assert main(["--hosts", str(hosts), "warm-cache", "--pull", str(tmp_path / "dl"), "--key", key.key,
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert Path(out["tar"]).read_bytes() == Path(sn.paths(mgr.layout, key.key).tar).read_bytes()
+    assert main(["--hosts", str(hosts), "warm-cache", "--status", "--json"]) == 0
+    st = json.loads(capsys.readouterr().out)
+    assert st["keys"][0]["key"] == key.key and st["removed"] is None
+    # a key that is not there: exit 11, one line
+    assert main(["--hosts", str(hosts), "warm-cache", "--pull", str(tmp_path), "--key", "cpu-nope"]) == 11
+    err = capsys.readouterr().err
+    assert "no snapshot for key cpu-nope" in err and len(err.strip().splitlines()) == 1

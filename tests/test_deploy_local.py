@@ -8,11 +8,14 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from orchestrator.deploy import Deployer, local_find_links
+from orchestrator.errors import LockHeldError
 from orchestrator.hosts import HostConfig
 from orchestrator.project_wheel import build as build_wheel
 from orchestrator.transport import LocalTransport
@@ -71,6 +74,31 @@ def test_local_deploy_noop_and_check(wheelhouse, tmp_path):
     r2 = Deployer(t, host, wheel=wheel, environ={}).deploy()
     assert r2.action == "noop" and "nothing to do" in r2.message
     assert Deployer(t, host, wheel=wheel, environ={}).check().ok
+
+    # two deploys at once: the second is refused and told who holds the lock
+    env = {"PIP_FIND_LINKS": str(links)}
+    result: dict = {}
+
+    def first():
+        try:
+            result["r"] = Deployer(t, host, wheel=wheel, environ=env).deploy(force=True)
+        except Exception as e:  # noqa: BLE001
+            result["e"] = e
+
+    th = threading.Thread(target=first)
+    th.start()
+    owner = tmp_path / "root/locks/deploy.owner"
+    deadline = time.monotonic() + 120
+    while not owner.exists() and th.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with pytest.raises(LockHeldError) as ei:
+        Deployer(t, host, wheel=wheel, environ=env).deploy(force=True)
+    th.join(300)
+    assert "r" in result, result.get("e")
+    assert result["r"].action == "repair"
+    msg = str(ei.value)
+    assert f"pid {os.getpid()}" in msg and "locks/deploy.lock on local" in msg, msg
+    assert not owner.exists()  # released
 
 
 def test_cli_deploys_on_the_embedded_local_default(wheelhouse, tmp_path):

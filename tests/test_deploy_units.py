@@ -372,3 +372,29 @@ def test_bad_expectation_key(tmp_path):
     (d / "profile.yaml").write_text('python: "3.12"\nexpect: {torch_cdua: "12.8"}\n')
     with pytest.raises(ConfigError, match="did you mean torch_cuda"):
         load_profile(str(d))
+
+
+# --------------------------------------------------------------------------- uv errors
+
+def test_uv_errors_become_one_line_deploy_errors():
+    from orchestrator.deploy import translate_uv_error
+
+    mismatch = ("Resolved 1 package in 0.64ms\nerror: Failed to download `mdurl==0.1.2`\n"
+                "  cause: Hash mismatch for `mdurl==0.1.2`\n\n         Expected:\n"
+                f"           sha256:{'0' * 64}\n\n         Computed:\n"
+                "           sha256:84008a41e51615a49fc9966191ff91509e3c40b939176e643fd50a5c2196b8f8\n")
+    e = translate_uv_error(mismatch, host="lab", root="/r", what="installing the lock")
+    assert str(e).startswith("mdurl==0.1.2: the file does not match the lock's sha256 "
+                             "(hash mismatch): lock sha256 000000000000..., file 84008a41e516...")
+    missing = ("error: No solution found when resolving dependencies\n  cause: Because annotated-doc "
+               "was not found in the provided package locations and you require "
+               "annotated-doc==0.0.7, we can conclude that your requirements are unsatisfiable.\n")
+    e = translate_uv_error(missing, host="lab", root="/r", what="installing the lock")
+    assert str(e).startswith("annotated-doc==0.0.7 is not available from the package sources on lab")
+    e = translate_uv_error("error: failed to write: No space left on device (os error 28)\n",
+                           host="lab", root="/r", what="installing the lock")
+    assert str(e).startswith("disk full on lab while installing the lock")
+    e = translate_uv_error("boom\nlast line\n", host="lab", root="/r", what="creating the venv")
+    assert str(e).startswith("creating the venv failed on lab: last line")
+    for err in (e,):
+        assert "\n" not in str(err) and err.exit_code == 7

@@ -100,6 +100,9 @@ def test_hang_is_alive_silent_and_heartbeat_free(tiny, tmp_path):
         late = p.stdout.read() or ""
         assert p.poll() is None, "the hung process must stay alive"
         assert "heartbeat" not in late and '"step": 3' not in late, late
+        p.terminate()  # like a native deadlock: SIGTERM does not end it, SIGKILL does
+        time.sleep(1.0)
+        assert p.poll() is None
     finally:
         p.kill()
         p.wait(10)

@@ -99,3 +99,21 @@ def test_oom_halves_micro_batch(setup, tiny_assets):  # noqa: F811
     argv = kinds(evs, "attempt_start")[1]["argv"]
     assert argv[argv.index("--train.micro_batch") + 1] == "4"
     assert kinds(evs, "attempt_start")[1]["resume"] is None   # no checkpoint before step 3
+
+
+def test_dense_warning_is_acted_on_live_with_a_checkpoint(setup, tiny_assets):  # noqa: F811
+    root, ops, tmp = setup
+    cfg = write_config(tmp / "c.yaml", tiny_assets, train={"max_steps": 14})
+    plan = launch(ops, cfg, fault="slow=0.5@6")
+    info = wait_final(ops, plan.run_id)
+    evs = events(root, plan.run_id)
+    assert info["status"] == "done", info.get("reason")
+    wd = kinds(evs, "watchdog")
+    assert any("dense_fallback seen in the output (flex-dense-warning)" in e["reason"] for e in wd)
+    end1 = kinds(evs, "attempt_end")[0]
+    assert end1["exit_code"] == 6, "SIGTERM: the slow trainer checkpointed and exited 6"
+    cl = kinds(evs, "classified")[0]
+    assert cl["class"] == "dense_fallback"
+    assert any("materializes the full scores matrix" in e["text"] for e in cl["evidence"])
+    resume = kinds(evs, "attempt_start")[1]["resume"]
+    assert resume.endswith("/step_6") or resume.endswith("/step_5"), resume

@@ -80,6 +80,9 @@ def test_flex_on_cpu_for_training_is_refused_and_flex_eager_warns(tmp_path):
     cfg = tiny_config("/nonexistent", "d.jsonl", str(tmp_path), **{"model.attention": "flex"})
     with pytest.raises(TrainerConfigError, match="--model.attention: flex has no backward on CPU"):
         step.resolve_backend(cfg, torch.device("cpu"))
+    cfg.model.attention = "flex-eager"
+    with pytest.raises(TrainerConfigError, match="--model.attention: flex-eager has no backward on CPU"):
+        step.resolve_backend(cfg, torch.device("cpu"))
     anchors, valid, s = _case(s=64, n=4, invalid=1)
     q = torch.randn(2, 2, 4 * B, 8)
     k = torch.randn(2, 2, s + 4 * B, 8)
@@ -111,3 +114,12 @@ def test_call_guard_wraps_compiled_calls():
     assert step.shape_buckets(tiny_config("/t", "d", "/r", **{"data.seq_buckets": "[32,64]",
                                                               "data.anchor_buckets": "[4,8]"})) == \
         [(32, 4), (32, 8), (64, 4), (64, 8)]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled flex backward needs CUDA")
+def test_flex_and_sdpa_agree_forward_and_backward_gpu():
+    from trainer.bench import check_agreement
+
+    r = check_agreement("cuda:0")
+    assert r["ok"], r
+

@@ -182,3 +182,12 @@ def test_cli_exit_codes(env, tmp_path):
     r = run_trainer(["train", *tiny_overrides(env["target"], env["data"], str(tmp_path / "r2")),
                      "--resume", "step_7"])
     assert r.returncode == 4 and "step_7" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_fault_hook_nan_stops_with_nan_loss(env):
+    from trainer.exitcodes import NonFiniteLoss
+
+    with pytest.raises(NonFiniteLoss, match="loss is nan at step 2"):
+        _train(env, "nan", **{"train.max_steps": 4, "fault.spec": "nan@2#*"})
+    with open(env["dir"] / "nan" / "metrics.jsonl") as f:
+        assert [json.loads(line)["step"] for line in f] == [1]

@@ -272,3 +272,20 @@ def test_loss_falls_when_overfitting_one_batch(tiny):
         losses.append(float(loss.detach()))
     assert losses[-1] < 0.75 * losses[0], losses
     assert losses[-1] < min(losses[:-1]), losses
+
+
+def test_target_features_are_tapped_layer_outputs(tiny, tmp_path):
+    cfg, tgt, _ = tiny
+    from transformers import AutoModelForCausalLM
+
+    from trainer.target import load_target
+
+    t2 = load_target(cfg.model.target_path, device="cpu", dtype=torch.float32, num_drafter_layers=2,
+                     tap_ids=[0, 2])
+    assert len(t2.model.model.layers) == 3  # truncated after the last tapped layer
+    ids = torch.randint(4, 128, (2, 16))
+    full = AutoModelForCausalLM.from_pretrained(cfg.model.target_path, dtype=torch.float32)
+    with torch.no_grad():
+        hs = full(input_ids=ids, output_hidden_states=True).hidden_states
+    feats = t2.features(ids)
+    torch.testing.assert_close(feats, torch.cat([hs[1], hs[3]], dim=-1), rtol=1e-5, atol=1e-5)

@@ -215,6 +215,48 @@ def run(a) -> dict:
     return report
 
 
+def check_agreement(device: str = "cuda:0", *, seq_len: int = 512, anchors: int = 32,
+                    block_size: int = 16, hidden: int = 256, layers: int = 2, seed: int = 0,
+                    flex_backend: str = "flex") -> dict:
+    """flex (compiled) vs sdpa on the same batch: max |diff| of loss and drafter gradients.
+
+    Needs a device where compiled flex has a backward (CUDA). Returns the differences and
+    the reference magnitudes; ``ok`` when they agree within bf16/fp32 tolerance.
+    """
+    from . import step as S
+    from .config import TrainerConfig
+    from .target import target_from_config, tiny_qwen3_config
+
+    dev = torch.device(device)
+    cfg = TrainerConfig()
+    cfg.model.drafter_layers, cfg.model.block_size, cfg.model.mask_token_id = layers, block_size, 3
+    cfg.data.path, cfg.data.max_seq_len, cfg.data.num_anchors = "<check>", seq_len, anchors
+    cfg.compile.enabled, cfg.compile.gate, cfg.model.attention = False, False, "sdpa"
+    tcfg = tiny_qwen3_config(hidden=hidden, layers=4, vocab=512, heads=4, kv_heads=2, head_dim=64,
+                             intermediate=2 * hidden)
+    target = target_from_config(tcfg, device=dev, dtype=S.compute_dtype(cfg, dev),
+                                num_drafter_layers=layers, tap_ids=list(range(layers)), seed=seed)
+    _, drafter = S.build_models(cfg, dev, target=target)
+    batch = S.dummy_batch(cfg, seq_len, anchors, 2, dev, seed=seed)
+    batch.anchor_valid[1, -3:] = False
+    feats = S.target_features(target, batch, cfg)
+    out = {}
+    for backend in ("sdpa", flex_backend):
+        drafter.attn_backend = backend
+        drafter.zero_grad(set_to_none=True)
+        loss, _ = S.drafter_loss(drafter, feats, batch, cfg)
+        loss.backward()
+        out[backend] = (loss.detach().float(), {n: p.grad.detach().float().clone()
+                                                for n, p in drafter.named_parameters() if p.grad is not None})
+    (ls, gs), (lf, gf) = out["sdpa"], out[flex_backend]
+    gdiff = max(float((gs[n] - gf[n]).abs().max() / gs[n].abs().max().clamp(min=1e-12)) for n in gs)
+    ldiff = float((ls - lf).abs())
+    tol = 5e-2 if S.compute_dtype(cfg, dev) == torch.bfloat16 else 1e-4
+    return {"loss_sdpa": float(ls), "loss_flex": float(lf), "loss_abs_diff": ldiff,
+            "grad_max_rel_diff": gdiff, "same_params": sorted(gs) == sorted(gf),
+            "ok": ldiff <= tol * max(1.0, abs(float(ls))) and gdiff <= tol and sorted(gs) == sorted(gf)}
+
+
 def markdown(r: dict) -> str:
     s = r["shape"]
     lines = [f"Device: {r['device']}, torch {r['torch']}, {r['dtype']}; target {s['target_layers']} layers "
@@ -257,7 +299,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compile-mode", default="default",
                     help="torch.compile mode of the compiled variants (e.g. max-autotune-no-cudagraphs)")
     ap.add_argument("--json", default=None, help="also write the report to this file")
+    ap.add_argument("--check", action="store_true",
+                    help="only compare flex vs sdpa loss and gradients on the GPU, then exit")
     a = ap.parse_args(argv)
+    if a.check:
+        r = check_agreement()
+        print(json.dumps(r))
+        return 0 if r["ok"] else 1
     q = a.quick
     a.seq_len = a.seq_len or (64 if q else 3072)
     a.anchors = a.anchors or (8 if q else 512)

@@ -76,22 +76,31 @@ def names() -> list[str]:
         return sorted(_compiled)
 
 
-def probe_call() -> Callable[[], object] | None:
-    """A zero-argument callable entering compiled code already built here (fault injection).
+_probes: dict[str, Callable[[], object]] = {}
 
-    Prefers compiled flex_attention; None when nothing has been compiled in this process.
+
+def probe_call(device: str = "cpu") -> Callable[[], object] | None:
+    """A zero-argument callable entering compiled flex_attention (fault injection's fx_race).
+
+    None when flex_attention has not been compiled in this process. Built once per device;
+    the probe's tiny shape may itself need a compile (it is called only by fault injection).
     """
     with _lock:
         fn = _compiled.get("flex_attention")
+        probe = _probes.get(str(device))
     if fn is None:
         return None
+    if probe is not None:
+        return probe
     import torch
     from torch.nn.attention.flex_attention import create_block_mask
 
-    q = torch.zeros(1, 1, 128, 16)
-    bm = create_block_mask(lambda b, h, qi, ki: qi >= ki, 1, 1, 128, 128, device="cpu")
+    q = torch.zeros(1, 1, 128, 16, device=device)
+    bm = create_block_mask(lambda b, h, qi, ki: qi >= ki, 1, 1, 128, 128, device=device)
 
     def _call():
         with torch.no_grad(), guard("flex_attention"):
             return fn(q, q, q, block_mask=bm)
+    with _lock:
+        _probes[str(device)] = _call
     return _call

@@ -12,7 +12,8 @@ Spec (``DFO_FAULT`` or ``--fault.spec``; the flag wins): comma-separated
               this thread calls compiled code (torch <= 2.13 keeps the tracing flag
               process-global). It bypasses the compile gate on purpose.
 ``hang``      the process stays alive, makes no progress and prints nothing more: heartbeats
-              stop too (``silenced()`` turns true and stdout/stderr writes block).
+              stop too (``silenced()`` turns true and stdout/stderr writes block); SIGTERM
+              and SIGINT are ignored (like a native deadlock), only SIGKILL ends it.
 ``oom``       raises ``torch.OutOfMemoryError``.
 ``exit=N``    exits at once with code N (0..255); ``sigkill`` kills itself with SIGKILL.
 ``slow=F``    from STEP on, each step is stretched so throughput is F (0 < F < 1) of what
@@ -255,12 +256,21 @@ class _BlockingStream:
 
 
 def hang() -> None:
-    """Never returns: no progress, no output from any Python thread (heartbeats included)."""
+    """Never returns: no progress, no output from any Python thread (heartbeats included).
+
+    SIGTERM and SIGINT are ignored, as by a process deadlocked in native code: only SIGKILL
+    ends it (faulthandler's stack-dump signals still work).
+    """
     _flush()
     _SILENCED.set()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            signal.signal(sig, signal.SIG_IGN)
+        except ValueError:  # not the main thread: handlers stay as they are
+            pass
     sys.stdout = _BlockingStream(sys.stdout)
     sys.stderr = _BlockingStream(sys.stderr)
-    while True:  # alive, silent; SIGKILL ends it (SIGTERM handlers would block on print)
+    while True:  # alive and silent
         time.sleep(3600)
 
 

@@ -152,11 +152,16 @@ class CompileGate:
         self.warmed: set[tuple[str, tuple[int, ...]]] = set()
         self.records: list[WarmupRecord] = []
         self.waits = 0  # guard entries that found the lock held (contention, for reports)
+        self._tl = threading.local()  # the batch shape this thread last checked
 
     # -- per thread -------------------------------------------------------------------------
     def thread_setup(self) -> None:
-        """Call first in every thread that runs compiled code (incl. the warm-up thread)."""
-        apply_dynamo_settings(self.settings)
+        """Call first in every thread that runs compiled code (incl. the warm-up thread).
+
+        Gate off keeps the incident's pattern: torch's defaults, nothing applied.
+        """
+        if self.enabled:
+            apply_dynamo_settings(self.settings)
 
     # -- warm-up ----------------------------------------------------------------------------
     def warmup(self, tasks: Iterable[WarmupTask], *, heartbeat: Heartbeat | None = None,
@@ -201,6 +206,7 @@ class CompileGate:
     # -- after warm-up ----------------------------------------------------------------------
     def check_shape(self, device: str, shape: tuple[int, ...]) -> None:
         """Fail fast, before any compiled call, for a (device, shape) that was not warmed."""
+        self._tl.batch = (str(device), tuple(shape))
         if self.sealed and (str(device), tuple(shape)) not in self.warmed:
             raise RecompileAfterWarmup(self._shape_message(str(device), tuple(shape)))
 
@@ -232,6 +238,9 @@ class CompileGate:
                 detail = " ".join(line.strip() for line in first[:1] + [
                     ln for ln in first if "mismatch" in ln or "guard" in ln][:2])
                 shp = _describe_shapes(shapes)
+                batch = getattr(self._tl, "batch", None)
+                if batch is not None:
+                    shp += f", batch {_fmt_shape(batch[1])} on {batch[0]}"
                 raise RecompileAfterWarmup(
                     f"compile gate: {what} needed a compile after warm-up "
                     f"(input shapes {shp}); compiling after warm-up is forbidden: add the shape "

@@ -81,6 +81,7 @@ class SingleLayout:
         tdev = S.resolve_device(cfg.parallel.target_devices[0])
         self.target, self.drafter = S.build_models(cfg, self.device, target_device=tdev)
         self.uses_compiled = self.drafter.attn_backend == "flex" or cfg.compile.enabled
+        self._gate = None
 
     def parameters(self):
         return self.drafter.trainable_parameters()
@@ -129,6 +130,7 @@ class SingleLayout:
             g = gate_mod.CompileGate(enabled=True,
                                      settings=gate_mod.default_dynamo_settings(len(buckets)))
             gate_mod.install(g)
+            self._gate = g
             tasks = [gate_mod.WarmupTask(device=str(self.device), shape=tuple(s), run=run_bucket(s))
                      for s in buckets]
             recs = g.warmup(tasks, heartbeat=metrics.Heartbeat(emitter, every_s=heartbeat_s))
@@ -145,10 +147,11 @@ class SingleLayout:
     def compiled_call(self):
         from . import compile as C
 
-        return C.probe_call()
+        return C.probe_call(str(self.device))
 
     def close(self) -> None:
-        pass
+        if self._gate is not None:  # back to the default compile stance (in-process callers)
+            self._gate.unseal()
 
 
 def make_layout(cfg: TrainerConfig):
@@ -256,14 +259,16 @@ def train(cfg: TrainerConfig, resume: str | None = None, *, out=None) -> int:
             step = int(st["step"])
             em.print(f"resumed from {path} at step {step}")
         layout.warmup(em, cfg.train.heartbeat_s)
-        em.set_phase("train" if step else "compile")
+        if em.phase != ("train" if step else "compile"):
+            em.set_phase("train" if step else "compile")
 
         def save(at: int) -> str:
             existing = os.path.join(ckdir, f"step_{at}")
             if hasattr(layout, "before_save"):  # threads/ddp: replicas identical (all ranks)
                 layout.before_save()
-            if ckpt_manifest.verify(existing, check_hashes=False)[0] and at == step_saved[0]:
-                return existing
+            if at == step_saved[0] and ckpt_manifest.verify(existing, check_hashes=False)[0]:
+                em.marker("checkpoint", step=at, path=os.path.abspath(existing))
+                return existing  # this exact state is already saved (e.g. SIGTERM right after)
             if not layout.is_main:  # ddp: only rank 0 writes checkpoints
                 step_saved[0] = at
                 return existing
@@ -292,7 +297,7 @@ def train(cfg: TrainerConfig, resume: str | None = None, *, out=None) -> int:
             effects = None
             if inject is not None:
                 effects = inject(step + 1, attempt=attempt, spec=fault_spec,
-                                 compiled_call=layout.compiled_call())
+                                 compiled_call=layout.compiled_call() if fault_spec else None)
             lr = sched.lr_at(step)
             for gparam in opt.param_groups:
                 gparam["lr"] = lr

@@ -76,13 +76,14 @@ def compute_dtype(cfg: TrainerConfig, device: torch.device) -> torch.dtype:
 
 
 def resolve_backend(cfg: TrainerConfig, device: torch.device) -> str:
-    """``auto`` -> flex on CUDA, sdpa on CPU. Explicit flex on CPU is refused (no backward)."""
+    """``auto`` -> flex on CUDA, sdpa on CPU. flex/flex-eager on CPU are refused for training:
+    flex_attention has no backward on CPU (torch 2.13), compiled or not."""
     a = cfg.model.attention
     if a == "auto":
         return "flex" if device.type == "cuda" else "sdpa"
-    if a == "flex" and device.type == "cpu":
-        raise TrainerConfigError("config: --model.attention: flex has no backward on CPU in this "
-                                 "torch; use sdpa (or flex-eager to debug)")
+    if a in ("flex", "flex-eager") and device.type == "cpu":
+        raise TrainerConfigError(f"config: --model.attention: {a} has no backward on CPU in this "
+                                 "torch; use sdpa on CPU")
     return a
 
 

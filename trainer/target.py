@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import sys
+import threading
 
 import torch
 from torch import nn
@@ -79,7 +80,7 @@ class Target:
         last = max(self.tap_ids)
         layers = self._layers()
         self.model.model.layers = nn.ModuleList(list(layers)[: last + 1])
-        self._captured: dict[int, torch.Tensor] = {}
+        self._local = threading.local()  # captured states per calling thread (threads layout)
         for i in self.tap_ids:
             self.model.model.layers[i].register_forward_hook(self._hook(i))
         for p in self.model.parameters():
@@ -91,7 +92,9 @@ class Target:
 
     def _hook(self, i: int):
         def hook(_mod, _inp, out):
-            self._captured[i] = out[0] if isinstance(out, tuple) else out
+            cap = getattr(self._local, "captured", None)
+            if cap is not None:
+                cap[i] = out[0] if isinstance(out, tuple) else out
         return hook
 
     @property
@@ -117,12 +120,13 @@ class Target:
     @torch.no_grad()
     def features(self, input_ids: torch.Tensor) -> torch.Tensor:
         """[b, S, k*H]: the outputs of the tapped layers (hidden_states[id+1]), concatenated."""
-        self._captured.clear()
-        self.model.model(input_ids=input_ids, use_cache=False)
+        cap: dict[int, torch.Tensor] = {}
+        self._local.captured = cap
         try:
-            return torch.cat([self._captured[i] for i in self.tap_ids], dim=-1)
+            self.model.model(input_ids=input_ids, use_cache=False)
+            return torch.cat([cap[i] for i in self.tap_ids], dim=-1)
         finally:
-            self._captured.clear()
+            self._local.captured = None
 
 
 def _quiet_transformers() -> None:

@@ -59,8 +59,6 @@ def parse_args(argv: list[str]) -> tuple[dict[str, str | None], list[str]]:
         else:
             rest.append(a)
         i += 1
-    if not own["--config"]:
-        raise TrainerConfigError(f"config: --config: required ({USAGE})")
     return own, rest
 
 

@@ -23,6 +23,8 @@ from ..errors import ConfigError
               help="Restore this local snapshot (.tar with its .manifest.json beside it).")
 @click.option("--pull", "pull_dest", is_flag=False, flag_value=".", default=None, metavar="[DEST]",
               help="Copy this key's snapshot from the host to DEST (dir or .tar; default: .).")
+@click.option("--key", "key_name", default=None,
+              help="With --pull: pull this key (see --status) instead of this env's.")
 @click.option("--push", "push_file", type=click.Path(dir_okay=False), default=None,
               help="Upload a local snapshot into the host's store and restore it.")
 @click.option("--status", "show_status", is_flag=True, help="List the host's cache keys, sizes, last use.")
@@ -34,7 +36,7 @@ from ..errors import ConfigError
 @click.option("--timeout", type=float, default=None, help="Seconds before a remote step is stopped.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (for scripts).")
 @click.pass_obj
-def warm_cache(app, host_name, config_path, sets, from_file, pull_dest, push_file, show_status,
+def warm_cache(app, host_name, config_path, sets, from_file, pull_dest, key_name, push_file, show_status,
                prune_keep, rewarm, no_check, timeout, as_json):
     """Warm, snapshot, verify and restore the compile cache for the deployed env.
 
@@ -59,6 +61,17 @@ def warm_cache(app, host_name, config_path, sets, from_file, pull_dest, push_fil
         removed = mgr.prune(prune_keep) if prune_keep is not None else None
         entries, _ = mgr.status()
         _print_status(host.name, entries, removed, as_json)
+        return 0
+
+    if key_name is not None:
+        if pull_dest is None:
+            raise ConfigError("warm-cache: --key only goes with --pull (other modes use this env's key)")
+        with ui:
+            tar, man = mgr.pull(key_name, Path(pull_dest))
+        res = c.WarmResult(host=host.name, key=key_name, action="pulled", tar=str(tar),
+                           manifest=str(man), snapshot_size=tar.stat().st_size)
+        res.seconds = round(time.monotonic() - t0, 3)
+        _print_result(res, {}, as_json)
         return 0
 
     cfg, cfg_bytes = c.load_config(config_path, overrides)

@@ -134,7 +134,7 @@ _EVENT_STYLE = {
     "supervisor_start": "dim", "attempt_start": "bold blue", "checkpoint": "green",
     "watchdog": "magenta", "stacks": "magenta", "attempt_end": "blue", "classified": "bold red",
     "fallback": "bold yellow", "restart": "cyan", "give_up": "bold red", "orphans_reaped": "yellow",
-    "stopping": "yellow", "final": "bold",
+    "stopping": "yellow", "final": "bold", "cache_restore": "magenta",
 }
 
 
@@ -153,7 +153,7 @@ class _Printer:
         if ln.event is not None:
             e = ln.event
             kind = e.get("kind")
-            style = _EVENT_STYLE.get(kind, "")
+            style = _EVENT_STYLE.get(kind) or "default"
             if kind == "final":
                 style = {"done": "bold green", "failed": "bold red"}.get(e.get("status"), "bold yellow")
             ts = time.strftime("%H:%M:%S", time.localtime(float(e.get("t") or 0)))
@@ -164,14 +164,16 @@ class _Printer:
         tag = f"[dim]a{ln.attempt}│[/] "
         rec = parse_marker(ln.text)
         if rec is not None:
-            k = rec.get("kind")
-            if k == "step":
-                tps = rec.get("tokens_per_s")
-                self.c.print(f"{tag}[dim]step {rec.get('step')} loss {rec.get('loss')} "
-                             f"tok/s {tps if tps is None else round(float(tps))}[/]")
-            elif k in ("checkpoint", "done", "phase"):
-                self.c.print(f"{tag}[dim]{escape(ln.text)}[/]")
-            return  # heartbeats are the watchdog's business
+            # the trainer prints its own human line for each step; markers stay quiet
+            if rec.get("kind") == "checkpoint":
+                self.c.print(f"{tag}[green]checkpoint step {rec.get('step')}[/]")
+            elif rec.get("kind") == "done":
+                self.c.print(f"{tag}[green]done at step {rec.get('step')}[/]")
+            elif rec.get("kind") == "step":
+                loss = rec.get("loss")
+                if isinstance(loss, float) and loss != loss:
+                    self.c.print(f"{tag}[bold red]step {rec.get('step')} loss NaN[/]")
+            return
         rule = match_line(ln.text)
         if rule is not None:
             self.c.print(f"{tag}[bold red]{escape(ln.text)}[/]  [red]← {rule.cls}[/]")

@@ -55,6 +55,11 @@ class Profile:
     min_free_mb: int = 0
 
     @property
+    def _arg(self) -> str:
+        """How tools/make_lock.py names this profile."""
+        return self.name if self.directory == PROFILES_DIR / self.name else str(self.directory)
+
+    @property
     def has_lock(self) -> bool:
         return self.lock_file.is_file()
 
@@ -62,7 +67,7 @@ class Profile:
         if not self.lock_file.is_file():
             raise ConfigError(
                 f"profile {self.name}: no lock at {self.lock_file}",
-                hint=f"generate it with `python tools/make_lock.py {self.directory}` on a machine "
+                hint=f"generate it with `python tools/make_lock.py {self._arg}` on a machine "
                      "that reaches the profile's index (see docs/deploy.md)")
         return self.lock_file.read_bytes()
 
@@ -75,7 +80,7 @@ class Profile:
                 f"profile {self.name}: {self.lock_file.name} does not match its hash "
                 f"(sha256 {got[:12]}..., profile.yaml pins {self.lock_sha256[:12]}...)",
                 hint=f"the lock was edited by hand; regenerate it with "
-                     f"`python tools/make_lock.py {self.name}`")
+                     f"`python tools/make_lock.py {self._arg}`")
         return parse_lock(data, source=f"profile {self.name}: {self.lock_file.name}"), data
 
 

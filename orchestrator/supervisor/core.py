@@ -111,7 +111,10 @@ class Supervisor:
         self.state.update(pid=os.getpid(), mode="systemd" if os.environ.get("INVOCATION_ID") else "setsid")
         self.emit("supervisor_start", pid=os.getpid(), mode=self.state["mode"], resumed=resumed)
         if resumed:
+            was = self.state.get("status")
             self._recover_after_restart()
+            if was == "stopping":  # it died while stopping: finish the stop, start nothing
+                return self._final("stopped", "stopped (the supervisor died while stopping)")
         self.state["status"] = "running"
         self.save()
         try:
@@ -283,7 +286,7 @@ class Supervisor:
         kill_at: float | None = None       # when to escalate to SIGKILL
         term_at: float | None = None       # when to send SIGTERM (a fatal line was printed)
         attention = str(self._config().get("model.attention", ""))
-        dense_expected = attention in ("flex-eager", "sdpa")
+        dense_expected = attention == "flex-eager"   # uncompiled flex on purpose
         poll = float(self.t.get("poll_s", 0.2))
         exited = False
         while True:
@@ -424,7 +427,7 @@ class Supervisor:
         p = subprocess.run(argv, capture_output=True, text=True)
         tail = (p.stderr or p.stdout).strip().splitlines()[-1:] if p.returncode else []
         self.emit("cache_restore", attempt=n, ok=p.returncode == 0,
-                  detail="the run's cache re-seeded from the live (snapshot) cache"
+                  detail="the run's cache re-seeded from the host's live cache (empty if none)"
                   if p.returncode == 0 else f"restore failed: {' '.join(tail)}")
 
 

@@ -26,7 +26,8 @@ def _emit(obj) -> None:
     sys.stdout.write(json.dumps(obj, separators=(",", ":")) + "\n")
 
 
-def _files(run_dir: str, only_attempt: int | None, from_attempt: int) -> list[str]:
+def _files(run_dir: str, only_attempt: int | None, from_attempt: int,
+           events_first: bool = False) -> list[str]:
     names = [rs.EVENTS_FILE] if only_attempt is None else []
     logs = []
     try:
@@ -40,8 +41,10 @@ def _files(run_dir: str, only_attempt: int | None, from_attempt: int) -> list[st
         if (only_attempt is not None and n == only_attempt) or \
                 (only_attempt is None and n >= from_attempt):
             logs.append((n, nm))
-    # logs before events: an attempt's last lines come before the events about its end
-    return [nm for _, nm in sorted(logs)] + names
+    # following: logs before events (an attempt's last lines come before the events about
+    # its end); a one-off dump reads better with the story (events) first
+    ordered = [nm for _, nm in sorted(logs)]
+    return names + ordered if events_first else ordered + names
 
 
 def _drain(run_dir: str, name: str, offsets: dict[str, int], final: bool) -> bool:
@@ -105,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
                 lost = time.monotonic() - dead_since > a.lost_after
             else:
                 dead_since = None
-        for name in _files(a.run_dir, a.attempt, a.from_attempt):
+        for name in _files(a.run_dir, a.attempt, a.from_attempt, events_first=not a.follow):
             _drain(a.run_dir, name, offsets, final or lost or not a.follow)
         sys.stdout.flush()
         if not a.follow:

@@ -24,18 +24,20 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 CONFIG = """\
 model:
   target_path: {target}
-  drafter_layers: 2
+  drafter_layers: {layers}
   block_size: 16
-  attention: flex
+  attention: {attention}
+  mask_token_id: 3
 data:
   path: {data}
-  max_seq_len: 1024
-  num_anchors: 32
+  max_seq_len: {seq}
+  num_anchors: {anchors}
 train:
   max_steps: {steps}
   micro_batch: 2
@@ -50,60 +52,53 @@ compile:
   gate: true
 parallel:
   layout: single
-  target_devices: [cuda:0]
-  drafter_devices: [cuda:0]
+  target_devices: [{dev}]
+  drafter_devices: [{dev}]
 """
 
 
 def _run(argv, *, env, log_path, budget_s) -> dict:
     """Run argv with a wall-clock budget; on timeout dump stacks (SIGABRT) then kill."""
     t0 = time.time()
-    first_step = None
-    steps = []
+    steps: list[dict] = []
+    first_step: list[float] = []
     with open(log_path, "w") as log:
         p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
                              text=True, bufsize=1, start_new_session=True)
-        os.set_blocking(p.stdout.fileno(), False)
-        buf = ""
-        timed_out = False
-        while True:
-            chunk = p.stdout.read() or ""
-            if chunk:
-                log.write(chunk)
+
+        def reader():
+            for line in p.stdout:
+                log.write(line)
                 log.flush()
-                buf += chunk
-                while "\n" in buf:
-                    line, buf = buf.split("\n", 1)
-                    if line.startswith("@dfo "):
-                        try:
-                            rec = json.loads(line[5:])
-                        except ValueError:
-                            continue
-                        if rec.get("kind") == "step":
-                            steps.append(rec)
-                            if first_step is None:
-                                first_step = time.time() - t0
-            if p.poll() is not None:
-                rest = p.stdout.read() or ""
-                log.write(rest)
-                buf += rest
-                break
-            if time.time() - t0 > budget_s:
-                timed_out = True
-                p.send_signal(signal.SIGABRT)  # PYTHONFAULTHANDLER=1: all thread stacks
-                try:
-                    p.wait(15)
-                except subprocess.TimeoutExpired:
-                    os.killpg(p.pid, signal.SIGKILL)
-                    p.wait()
-                log.write(p.stdout.read() or "")
-                break
-            time.sleep(0.2)
+                if line.startswith("@dfo "):
+                    try:
+                        rec = json.loads(line[5:])
+                    except ValueError:
+                        continue
+                    if rec.get("kind") == "step":
+                        steps.append(rec)
+                        if not first_step:
+                            first_step.append(time.time() - t0)
+
+        th = threading.Thread(target=reader, daemon=True)
+        th.start()
+        timed_out = False
+        try:
+            p.wait(timeout=budget_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            p.send_signal(signal.SIGABRT)  # PYTHONFAULTHANDLER=1: every thread's stack
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        th.join(timeout=10)
     text = open(log_path, errors="replace").read()
     tps = [s.get("tokens_per_s", 0) for s in steps[1:]]  # skip the first (compile) step
     return {
         "rc": p.returncode, "timed_out": timed_out, "seconds": round(time.time() - t0, 1),
-        "first_step_s": None if first_step is None else round(first_step, 1),
+        "first_step_s": round(first_step[0], 1) if first_step else None,
         "steps": len(steps),
         "fx_race": "symbolically trace a dynamo-optimized function" in text,
         "tokens_per_s": round(sum(tps) / len(tps), 1) if tps else None,
@@ -118,22 +113,31 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-s", type=float, default=150.0, help="per run (< 3 min)")
     ap.add_argument("--total-s", type=float, default=520.0, help="whole script (< 9 min)")
     ap.add_argument("--gate-on-runs", type=int, default=3)
+    ap.add_argument("--smoke", action="store_true",
+                    help="CPU plumbing check: tiny target, sdpa, 3 steps (no GPU needed)")
     a = ap.parse_args(argv)
+    dev = "cpu" if a.smoke else "cuda:0"
+    if a.smoke:
+        a.steps = min(a.steps, 3)
     os.makedirs(a.out, exist_ok=True)
     py = sys.executable
     target = os.path.join(a.out, "target")
     data = os.path.join(a.out, "data.jsonl")
+    seq, anchors, vocab = (64, 8, 128) if a.smoke else (1024, 32, 32000)
     if not os.path.isdir(target):
-        subprocess.run([py, "-m", "trainer.target", "--out", target, "--hidden", "1024",
-                        "--layers", "8", "--vocab", "32000", "--heads", "8", "--kv-heads", "4",
-                        "--head-dim", "128", "--intermediate", "2816", "--no-tokenizer"],
-                       check=True)
+        size = [] if a.smoke else ["--hidden", "1024", "--layers", "8", "--heads", "8",
+                                   "--kv-heads", "4", "--head-dim", "128",
+                                   "--intermediate", "2816"]
+        subprocess.run([py, "-m", "trainer.target", "--out", target, "--vocab", str(vocab),
+                        *size], check=True)
     if not os.path.exists(data):
         subprocess.run([py, "-m", "trainer.data", "synth", "--out", data, "--num", "512",
-                        "--seq-len", "1024", "--vocab", "32000", "--seed", "0"], check=True)
+                        "--seq-len", str(seq), "--vocab", str(vocab), "--seed", "0"], check=True)
     cfg_path = os.path.join(a.out, "race.yaml")
     with open(cfg_path, "w") as f:
-        f.write(CONFIG.format(target=target, data=data, steps=a.steps))
+        f.write(CONFIG.format(target=target, data=data, steps=a.steps, dev=dev, seq=seq,
+                              anchors=anchors, attention="sdpa" if a.smoke else "flex",
+                              layers=1 if a.smoke else 2))
 
     deadline = time.time() + a.total_s
 
@@ -161,8 +165,8 @@ def main(argv=None) -> int:
               f"fx_race={r['fx_race']!s:<5} tok/s={r['tokens_per_s']}", flush=True)
         return r
 
-    threads = ["--parallel.layout", "threads", "--parallel.target_devices", "[cuda:0]",
-               "--parallel.drafter_devices", "[cuda:0,cuda:0,cuda:0]"]
+    threads = ["--parallel.layout", "threads", "--parallel.target_devices", f"[{dev}]",
+               "--parallel.drafter_devices", f"[{dev},{dev},{dev}]"]
     results = []
     n = a.gate_on_runs + 3
     for i in range(a.gate_on_runs):

@@ -1,0 +1,212 @@
+"""GPU acceptance for recovery (one H200): the incident's setup under the dfo supervisor.
+
+    python bench/bench_recovery.py --out /tmp/dfo_recovery [--inject fx_race@5] [--total-s 540]
+    python bench/bench_recovery.py --cpu-smoke --out /tmp/dfo_recovery_cpu     # logic check
+
+Setup (issue 7, "GPU acceptance"): ``threads`` layout, 3 drafter threads on the one GPU,
+``compile.gate: false``, flex attention, torch.compile on, a cold compile cache. The run is
+started with ``dfo launch`` on the ``local`` transport (a host root under ``--out`` whose
+``envs/current`` is this interpreter's venv) and left to the supervisor: it must detect the
+real failure (the FX-tracing error or the hang), recover through the fallback ladder and
+reach steady training. ``--inject`` adds a trainer fault if the race does not show by itself.
+
+Prints (and writes ``summary.json``): each attempt (config in force, how it ended, class),
+and the recovery timings, to paste into docs/benchmarks.md:
+- detection: failure seen -> supervisor decided (for a hang this includes the threshold);
+- restart: decision -> next attempt started (backoff included);
+- to first step: next attempt started -> its first training step (model load + compile);
+- to healthy: failure seen -> first step at >= 50% of the run's best tokens/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+GPU_CONFIG = """\
+model:
+  target_path: {target}
+  drafter_layers: 2
+  block_size: 16
+  attention: flex
+data:
+  path: {data}
+  max_seq_len: 1024
+  num_anchors: 32
+train:
+  max_steps: {steps}
+  micro_batch: 2
+  grad_accum: 1
+  log_every: 1
+  heartbeat_s: 5
+checkpoint:
+  every: 10
+  keep: 3
+compile:
+  enabled: true
+  gate: false
+parallel:
+  layout: threads
+  target_devices: [cuda:0]
+  drafter_devices: [cuda:0, cuda:0, cuda:0]
+"""
+
+
+def make_assets(out: Path, cpu: bool) -> tuple[str, str]:
+    import subprocess
+
+    py = sys.executable
+    target, data = out / "target", out / "data.jsonl"
+    if not target.is_dir():
+        extra = [] if cpu else ["--hidden", "1024", "--layers", "8", "--vocab", "32000", "--heads",
+                                "8", "--kv-heads", "4", "--head-dim", "128", "--intermediate",
+                                "2816", "--no-tokenizer"]
+        subprocess.run([py, "-m", "trainer.target", "--out", str(target), *extra], check=True,
+                       cwd=REPO)
+    if not data.exists():
+        extra = ["--num", "256", "--seq-len", "64"] if cpu else \
+            ["--num", "512", "--seq-len", "1024", "--vocab", "32000", "--seed", "0"]
+        subprocess.run([py, "-m", "trainer.data", "synth", "--out", str(data), *extra],
+                       check=True, cwd=REPO)
+    return str(target), str(data)
+
+
+def config_text(out: Path, target: str, data: str, steps: int, cpu: bool) -> str:
+    if not cpu:
+        return GPU_CONFIG.format(target=target, data=data, steps=steps)
+    import yaml
+
+    cfg = yaml.safe_load((REPO / "configs" / "tiny-cpu.yaml").read_text())
+    cfg["model"]["target_path"], cfg["data"]["path"] = target, data
+    cfg["train"].update({"max_steps": steps, "log_every": 1, "heartbeat_s": 1.0})
+    cfg["checkpoint"].update({"every": 4})
+    cfg.pop("run", None)
+    return yaml.safe_dump(cfg)
+
+
+def markers(log: Path) -> list[dict]:
+    out = []
+    if not log.exists():
+        return out
+    for ln in log.read_text(errors="replace").splitlines():
+        if ln.startswith("@dfo "):
+            try:
+                out.append(json.loads(ln[5:]))
+            except ValueError:
+                pass
+    return out
+
+
+def analyse(run_dir: Path) -> dict:
+    evs = [json.loads(ln) for ln in (run_dir / "events.jsonl").read_text().splitlines() if ln]
+    state = json.loads((run_dir / "state.json").read_text())
+    attempts = []
+    for a in state["attempts"]:
+        ms = markers(run_dir / a["log"])
+        steps = [m for m in ms if m.get("kind") == "step"]
+        attempts.append({"n": a["n"], "overrides": a["overrides"], "class": a.get("cls"),
+                         "reason": a.get("reason"), "exit_code": a.get("exit_code"),
+                         "signal": a.get("signal"), "steps": len(steps),
+                         "first_step_t": steps[0]["t"] if steps else None,
+                         "started_at": a["started_at"], "ended_at": a.get("ended_at"),
+                         "tokens_per_s": [s.get("tokens_per_s") for s in steps]})
+    best = max((x for a in attempts for x in a["tokens_per_s"] if x), default=None)
+    timings = []
+    for i, a in enumerate(attempts[:-1]):
+        nxt = attempts[i + 1]
+        wd = [e for e in evs if e.get("attempt") == a["n"] and e["kind"] == "watchdog"]
+        cl = next(e for e in evs if e.get("attempt") == a["n"] and e["kind"] == "classified")
+        seen = wd[0]["t"] if wd else a["ended_at"]
+        if wd and "without progress" in wd[0]["reason"]:
+            seen = markers(run_dir / f"attempt-{a['n']}.log")[-1]["t"] if \
+                markers(run_dir / f"attempt-{a['n']}.log") else a["started_at"]
+        healthy = None
+        for m in markers(run_dir / f"attempt-{nxt['n']}.log"):
+            if m.get("kind") == "step" and best and (m.get("tokens_per_s") or 0) >= 0.5 * best:
+                healthy = m["t"]
+                break
+        timings.append({
+            "attempt": a["n"], "class": cl["class"],
+            "detection_s": round(cl["t"] - seen, 1),
+            "restart_s": round(nxt["started_at"] - cl["t"], 1),
+            "to_first_step_s": round(nxt["first_step_t"] - nxt["started_at"], 1)
+            if nxt["first_step_t"] else None,
+            "failure_to_healthy_s": round(healthy - seen, 1) if healthy else None,
+        })
+    return {"status": state["status"], "reason": state["reason"], "overrides": state["overrides"],
+            "best_tokens_per_s": best, "attempts": attempts, "recoveries": timings}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="/tmp/dfo_recovery")
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--inject", default=None, help="a DFO_FAULT spec, e.g. fx_race@5")
+    ap.add_argument("--total-s", type=float, default=540.0, help="give up after (< 10 min)")
+    ap.add_argument("--warmup-s", type=float, default=150.0, help="hang threshold before step 1")
+    ap.add_argument("--train-s", type=float, default=60.0, help="hang threshold while training")
+    ap.add_argument("--cpu-smoke", action="store_true", help="tiny CPU run (checks this script)")
+    a = ap.parse_args(argv)
+    out = Path(a.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    root = out / "root"
+    (root / "envs").mkdir(parents=True, exist_ok=True)
+    cur = root / "envs" / "current"
+    if not cur.exists():
+        os.symlink(sys.prefix, cur)
+    target, data = make_assets(out, a.cpu_smoke)
+    cfg = out / "recovery.yaml"
+    cfg.write_text(config_text(out, target, data, a.steps, a.cpu_smoke))
+
+    from orchestrator.hosts import HostConfig
+    from orchestrator.launch import LaunchOptions, RunOps
+    from orchestrator.transport.local import LocalTransport
+
+    host = HostConfig(name="local", transport="local", root=str(root), source="bench")
+    ops = RunOps(LocalTransport("local"), host, say=print)
+    th = {"warmup_s": a.warmup_s, "train_s": a.train_s, "live_grace_s": 5, "kill_grace_s": 10,
+          "stop_timeout_s": 60}
+    t0 = time.time()
+    plan = ops.launch(LaunchOptions(config=str(cfg), run_name="recovery", fault=a.inject,
+                                    backoff_scale=0.1, thresholds=th, env_check=False))
+    print(f"launched {plan.run_id} ({plan.mode}); run dir {plan.run_dir}", flush=True)
+    info = {}
+    while time.time() - t0 < a.total_s:
+        info = ops.status(plan.run_id)[0]
+        if info["status"] in ("done", "failed", "stopped"):
+            break
+        time.sleep(2)
+    else:
+        print("time budget spent: stopping the run", flush=True)
+        ops.stop(plan.run_id, timeout=90)
+    res = analyse(Path(plan.run_dir))
+    res["wall_s"] = round(time.time() - t0, 1)
+    (out / "summary.json").write_text(json.dumps(res, indent=2))
+    print()
+    print(f"run {plan.run_id}: {res['status']} ({res['reason']}); final overrides "
+          f"{res['overrides']}; best {res['best_tokens_per_s']} tok/s; wall {res['wall_s']} s")
+    print("| attempt | config in force | ended | class | steps |")
+    print("|---|---|---|---|---|")
+    for at in res["attempts"]:
+        how = f"signal {at['signal']}" if at["signal"] else f"exit {at['exit_code']}"
+        print(f"| {at['n']} | {at['overrides'] or 'as launched'} | {how} | {at['class']} | "
+              f"{at['steps']} |")
+    print()
+    print("| failed attempt | class | detection (s) | restart (s) | to first step (s) | "
+          "failure -> healthy (s) |")
+    print("|---|---|---|---|---|---|")
+    for r in res["recoveries"]:
+        print(f"| {r['attempt']} | {r['class']} | {r['detection_s']} | {r['restart_s']} | "
+              f"{r['to_first_step_s']} | {r['failure_to_healthy_s']} |")
+    return 0 if res["status"] == "done" else 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""The supervisor inside the lab's LXC container (systemd is PID 1 there), reached through
+the real sshd and the `pct` stand-in, from an env deployed by `dfo deploy` with this tree's
+wheel: the FX error recovery under a transient systemd unit, `kill -9` of the supervisor
+(systemd restarts it; no unwatched trainer), a second launch refused, and `dfo stop`."""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator.errors import LockHeldError
+from orchestrator.hosts import load_inventory
+from orchestrator.launch import LaunchOptions, RunOps
+from orchestrator.transport import open_transport
+from tests.supervisor_env import FAST, REPO
+
+pytestmark = [pytest.mark.lab, pytest.mark.slow]
+
+ROOT = "/root/dfo-sup-test"
+
+
+@pytest.fixture(scope="module")
+def ct(lab, tmp_path_factory):
+    from orchestrator.deploy import Deployer
+    from orchestrator.project_wheel import build as build_wheel
+    from tests.test_deploy_lab import fill_wheelhouse
+
+    fill_wheelhouse(Path(lab.wheelhouse_host_dir))
+    base = tmp_path_factory.mktemp("sup-lab")
+    hosts = base / "hosts.yaml"
+    hosts.write_text(lab.hosts_yaml(root=ROOT, wheelhouse=True))
+    host = load_inventory(str(hosts)).get("lab")
+    t = open_transport(host)
+    t.run(["rm", "-rf", ROOT], timeout=120, check=True)
+    wheel = build_wheel(base / "cache")
+    Deployer(t, host, wheel=wheel).deploy()
+    # `dfo deploy --check` (run by launch) must compare against the same wheel, not a new
+    # build of a tree other people are editing right now
+    import os
+
+    old = os.environ.get("DFO_PROJECT_WHEEL")
+    os.environ["DFO_PROJECT_WHEEL"] = str(wheel.path)
+    py = host.layout.current_python
+    assets = posixpath.join(ROOT, "assets")
+    t.run([py, "-m", "trainer.target", "--out", f"{assets}/target"], timeout=300, check=True)
+    t.run([py, "-m", "trainer.data", "synth", "--out", f"{assets}/synth.jsonl", "--num", "256",
+           "--seq-len", "64"], timeout=300, check=True)
+
+    def config(name: str, **train) -> Path:
+        cfg = yaml.safe_load((REPO / "configs" / "tiny-cpu.yaml").read_text())
+        cfg["model"]["target_path"] = f"{assets}/target"
+        cfg["data"]["path"] = f"{assets}/synth.jsonl"
+        cfg["train"].update({"max_steps": 12, "log_every": 1, "heartbeat_s": 1.0}, **train)
+        cfg["checkpoint"].update({"every": 4, "keep": 5})
+        cfg.pop("run", None)
+        p = base / f"{name}.yaml"
+        p.write_text(yaml.safe_dump(cfg))
+        return p
+
+    yield RunOps(t, host), t, host, config
+    t.close()
+    if old is None:
+        os.environ.pop("DFO_PROJECT_WHEEL", None)
+    else:
+        os.environ["DFO_PROJECT_WHEEL"] = old
+
+
+def evs(t, host, run_id):
+    text = t.get(f"{host.layout.run_dir(run_id)}/events.jsonl").decode()
+    return [json.loads(ln) for ln in text.splitlines() if ln.strip()]
+
+
+def wait(ops, run_id, pred, timeout=240, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        info = ops.status(run_id)[0]
+        if pred(info):
+            return info
+        time.sleep(1)
+    raise AssertionError(f"timed out waiting for {what}: {info.get('last_event')}")
+
+
+def test_fx_recovery_in_the_container_under_systemd(ct):
+    ops, t, host, config = ct
+    plan = ops.launch(LaunchOptions(config=str(config("fx")), run_name="fx", fault="fx_race@6",
+                                    backoff_scale=0.01, thresholds=FAST))   # env --check on
+    assert plan.mode == "systemd" and plan.start_argv[0] == "systemd-run"
+    info = wait(ops, plan.run_id, lambda i: i["status"] in ("done", "failed", "stopped"),
+                what="the run to end")
+    assert info["status"] == "done", info.get("reason")
+    assert info["mode"] == "systemd"
+    e = evs(t, host, plan.run_id)
+    cl = [x for x in e if x["kind"] == "classified"]
+    assert cl[0]["class"] == "fx_trace_race" and cl[-1]["class"] == "done"
+    fb = [x for x in e if x["kind"] == "fallback"][0]
+    assert fb["step"] == "compile_gate"
+    starts = [x for x in e if x["kind"] == "attempt_start"]
+    assert starts[1]["resume"].endswith("/step_4")
+
+
+def test_kill9_supervisor_second_launch_and_stop_in_the_container(ct):
+    ops, t, host, config = ct
+    cfg = config("long", max_steps=2000)
+    plan = ops.launch(LaunchOptions(config=str(cfg), run_name="long", backoff_scale=0.01,
+                                    thresholds=FAST, env_check=False))
+    run_id = plan.run_id
+    try:
+        info = wait(ops, run_id, lambda i: (i.get("last_step") or 0) >= 5, what="step 5")
+        with pytest.raises(LockHeldError, match=f"run {run_id} is live"):
+            ops.plan(LaunchOptions(config=str(cfg), env_check=False))
+        sup, trainer = info["pid"], info["trainer_pids"][0]
+        t.run(["kill", "-9", str(sup)], check=True)
+        wait(ops, run_id, lambda i: i.get("live") and i["pid"] != sup and i["attempt"] >= 2,
+             60, "systemd to restart the supervisor")
+        r = t.run(["sh", "-c", 'kill -0 "$1" 2>/dev/null && echo alive || echo gone', "x",
+                   str(trainer)])
+        assert r.out.strip() == "gone", "the old trainer must not run unwatched"
+        e = evs(t, host, run_id)
+        assert [x for x in e if x["kind"] == "supervisor_start"][-1]["resumed"] is True
+        wait(ops, run_id, lambda i: i["attempts"][-1].get("resume") and
+             (i.get("last_step") or 0) > (i.get("last_checkpoint") or {}).get("step", 0), 120,
+             "the new attempt to train")
+    finally:
+        info = ops.stop(run_id, timeout=120)
+    assert info["status"] == "stopped"
+    assert info["last_checkpoint"], "the trainer saved a checkpoint on SIGTERM"
+    r = t.run(["systemctl", "is-active", f"dfo-{run_id}"])
+    assert r.out.strip() != "active"

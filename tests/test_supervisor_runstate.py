@@ -1,0 +1,74 @@
+"""runstate: atomic state.json, single-write event lines, schema checks (pure/file-level)."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+
+import pytest
+
+from orchestrator.ops import runstate as rs
+
+
+def test_write_json_atomic_never_leaves_a_torn_file(tmp_path):
+    p = str(tmp_path / "state.json")
+    rs.write_json_atomic(p, {"a": 1})
+    stop = threading.Event()
+    seen = []
+
+    def reader():
+        while not stop.is_set():
+            with open(p) as f:
+                seen.append(json.load(f)["a"])  # raises on a torn file
+
+    th = threading.Thread(target=reader)
+    th.start()
+    for i in range(300):
+        rs.write_json_atomic(p, {"a": i, "pad": "x" * (i * 37 % 5000)})
+    stop.set()
+    th.join()
+    assert seen and not [n for n in os.listdir(tmp_path) if n.startswith(".")]
+
+
+def test_non_finite_values_stay_strict_json(tmp_path):
+    p = str(tmp_path / "s.json")
+    rs.write_json_atomic(p, {"loss": float("nan"), "x": [float("inf")]})
+    assert json.loads(open(p).read()) == {"loss": "nan", "x": ["inf"]}
+
+
+def test_events_are_whole_lines_from_concurrent_writers(tmp_path):
+    p = str(tmp_path / "events.jsonl")
+
+    def w(k):
+        for i in range(200):
+            rs.append_event(p, rs.event("watchdog", attempt=k, reason="r" * (i % 300)))
+
+    ths = [threading.Thread(target=w, args=(k,)) for k in range(4)]
+    for th in ths:
+        th.start()
+    for th in ths:
+        th.join()
+    lines = open(p).read().splitlines()
+    assert len(lines) == 800 and len(rs.read_events(open(p).read())) == 800
+
+
+def test_event_kinds_are_checked_and_described():
+    with pytest.raises(ValueError):
+        rs.event("nonsense")
+    e = rs.event("fallback", attempt=1, **{"class": "oom"}, step="halve_micro_batch",
+                 changed={"train.micro_batch": 4})
+    assert rs.describe_event(e) == "fallback for oom: halve_micro_batch (train.micro_batch=4)"
+    for k in rs.EVENT_KINDS:
+        assert rs.describe_event({"kind": k})
+
+
+def test_state_schema():
+    st = rs.new_state("r-1", "r", now=1.0)
+    assert rs.validate_state(st) is st and st["status"] == "starting"
+    with pytest.raises(ValueError):
+        rs.validate_state({**st, "status": "weird"})
+    with pytest.raises(ValueError):
+        rs.validate_state({"version": 99})
+    assert rs.attempt_of_log(rs.attempt_log_name(12)) == 12 and rs.attempt_of_log("x.log") is None
+    assert rs.final_exit_code("failed") == 10 and rs.final_exit_code("done") == 0

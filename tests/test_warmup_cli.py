@@ -1,0 +1,84 @@
+"""``python -m trainer warmup``: real inductor compiles, cache counters, mega-cache round trip."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("torch")
+
+from tests.test_trainer_helpers import make_synth, make_target, markers, run_trainer, \
+    tiny_overrides  # noqa: E402
+from trainer.exitcodes import TrainerConfigError  # noqa: E402
+from trainer.warmup import parse_args, warm_devices  # noqa: E402
+
+
+def test_parse_args_splits_own_flags_from_overrides():
+    own, rest = parse_args(["--config", "a.yaml", "--report=r.json", "--train.micro_batch", "4",
+                            "--save-mega-cache", "m.bin"])
+    assert own["--config"] == "a.yaml" and own["--report"] == "r.json"
+    assert own["--save-mega-cache"] == "m.bin" and own["--load-mega-cache"] is None
+    assert rest == ["--train.micro_batch", "4"]
+    own, rest = parse_args(["--report", "r.json", "--data.path", "d"])  # config file optional
+    assert own["--config"] is None and rest == ["--data.path", "d"]
+    with pytest.raises(TrainerConfigError, match="--report: missing value"):
+        parse_args(["--config", "a.yaml", "--report"])
+
+
+def test_warm_devices_per_layout():
+    from trainer.config import load_config
+
+    cfg = load_config(None, ["--data.path", "x", "--parallel.layout", "threads",
+                             "--parallel.target_devices", "[cpu]",
+                             "--parallel.drafter_devices", "[cpu,cpu,cpu]"])
+    assert warm_devices(cfg) == ["cpu"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = tmp_path_factory.mktemp("warmup")
+    return make_target(str(d / "target")), make_synth(str(d / "data.jsonl"), num=16), d
+
+
+def _args(tiny, tmp_path, *extra):
+    target, data, _ = tiny
+    ov = tiny_overrides(target, data, str(tmp_path / "run"), **{
+        "compile.enabled": "true", "compile.gate": "true", "train.micro_batch": 2,
+        "train.heartbeat_s": 1})
+    return ["warmup", *ov, *extra]
+
+
+def test_config_errors_exit_2_one_line(tiny, tmp_path):
+    r = run_trainer(["warmup", "--config", str(tmp_path / "missing.yaml")])
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "does not exist" in r.stderr
+    r = run_trainer(_args(tiny, tmp_path, "--load-mega-cache", str(tmp_path / "nope.bin")))
+    assert r.returncode == 2 and "--load-mega-cache: file" in r.stderr
+
+
+def test_cold_then_mega_cache_into_an_empty_cache_hits(tiny, tmp_path):
+    report1, mega = tmp_path / "r1.json", tmp_path / "mega.bin"
+    r = run_trainer(_args(tiny, tmp_path, "--report", str(report1), "--save-mega-cache", str(mega)),
+                    env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache1")}, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rep = json.loads(report1.read_text())
+    assert rep["devices"] == ["cpu"] and rep["buckets"] == [[64, 8]]
+    (rec,) = rep["records"]
+    assert rec["device"] == "cpu" and rec["shape"] == [64, 8] and rec["seconds"] > 0
+    assert rec["counters"]["fxgraph_cache_miss"] >= 1 and rec["counters"]["fxgraph_cache_hit"] == 0
+    assert rep["mega_cache_save"]["bytes"] > 0 and mega.stat().st_size > 0
+    ms = markers(r.stdout)
+    assert ms[0] == {**ms[0], "kind": "phase", "phase": "warmup"}
+    assert any(m["kind"] == "heartbeat" and m["phase"] == "warmup" for m in ms)
+    assert ms[-1]["kind"] == "done"
+    assert "warmup: cpu (seq_len=64, anchors=8)" in r.stdout
+
+    report2 = tmp_path / "r2.json"
+    r2 = run_trainer(_args(tiny, tmp_path, "--report", str(report2), "--load-mega-cache", str(mega)),
+                     env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache2")}, timeout=300)
+    assert r2.returncode == 0, r2.stderr[-3000:]
+    rep2 = json.loads(report2.read_text())
+    c = rep2["records"][0]["counters"]
+    assert c["fxgraph_cache_hit"] >= 1 and c["fxgraph_cache_miss"] == 0, c
+    assert rep2["mega_cache_load"]["bytes"] == mega.stat().st_size
