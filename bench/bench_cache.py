@@ -3,6 +3,7 @@
     python bench/bench_cache.py                    # CPU (tiny model, sdpa, compiled drafter step)
     python bench/bench_cache.py --device cuda      # GPU (flex attention), e.g. on the H200
     python bench/bench_cache.py --config my.yaml   # your own trainer config (paths on this machine)
+    python bench/bench_cache.py --device cuda --set data.seq_buckets=1024   # overrides
 
 Uses the real pieces on this machine (the ``local`` transport): an env root whose
 ``envs/current`` runs this interpreter with a fingerprint from dfo's deploy probe,
@@ -39,7 +40,8 @@ def make_env_root(root: Path, profile: str) -> None:
     env = root / "envs" / f"{profile}-bench"
     (env / "bin").mkdir(parents=True, exist_ok=True)
     py = env / "bin" / "python"
-    py.write_text(f"#!/bin/sh\nexec {sys.executable} \"$@\"\n")
+    # the repo on PYTHONPATH: the trainer runs from this checkout even when dfo is not installed
+    py.write_text(f"#!/bin/sh\nPYTHONPATH={REPO}${{PYTHONPATH:+:$PYTHONPATH}} exec {sys.executable} \"$@\"\n")
     py.chmod(0o755)
     out = subprocess.run([str(py), "-c", PROBE_SCRIPT], capture_output=True, text=True,
                          check=True, timeout=300).stdout
@@ -66,7 +68,7 @@ def make_config(work: Path, device: str) -> Path:
                 "parallel: {target_devices: [cpu], drafter_devices: [cpu]}\n"
                 "compile: {enabled: true}\n")
     subprocess.run([sys.executable, "-m", "trainer.target", "--out", str(target), *targs],
-                   check=True, capture_output=True, timeout=300)
+                   check=True, capture_output=True, timeout=300, cwd=str(REPO))
     cfg = work / f"bench-{device}.yaml"
     cfg.write_text(body % (target, work))
     return cfg
@@ -77,6 +79,8 @@ def main() -> int:
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--config", help="trainer config (default: a generated tiny one for --device)")
     ap.add_argument("--workdir", help="keep everything here (default: a temp dir, removed)")
+    ap.add_argument("--set", dest="sets", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                    help="trainer config override (repeatable), e.g. --set model.attention=sdpa")
     ap.add_argument("--budget", type=float, default=280.0, help="seconds for the whole run")
     a = ap.parse_args()
 
@@ -89,7 +93,8 @@ def main() -> int:
             shutil.rmtree(root)
         make_env_root(root, "gpu" if a.device == "cuda" else "cpu")
         cfg_path = Path(a.config) if a.config else make_config(work, a.device)
-        cfg, text = load_config(cfg_path)
+        overrides = [tuple(x.split("=", 1)) for x in a.sets]
+        cfg, text = load_config(cfg_path, overrides)
 
         def left() -> float:
             rest = a.budget - (time.monotonic() - t_start)
@@ -104,7 +109,7 @@ def main() -> int:
 
         # 1. cold: the trainer's warm-up in a fresh process on an empty cache, then the snapshot
         t0 = time.monotonic()
-        res = mgr.warm(key, text, [], measure=False, fresh=True)
+        res = mgr.warm(key, text, overrides, measure=False, fresh=True)
         cold_wall = time.monotonic() - t0
         # 2. wipe the live cache and restore the verified snapshot
         p = sn.paths(mgr.layout, key.key)
@@ -122,7 +127,7 @@ def main() -> int:
         seed_s = time.monotonic() - t0
         report = run / "report.json"
         t0 = time.monotonic()
-        r = subprocess.run(warmup_argv(str(root / "envs/current/bin/python"), str(cfg_path), [], str(report)),
+        r = subprocess.run(warmup_argv(str(root / "envs/current/bin/python"), str(cfg_path), overrides, str(report)),
                            env=dict(os.environ, **sn.cache_env(mgr.layout, key.key, str(run))),
                            capture_output=True, text=True, timeout=left())
         warm_wall = time.monotonic() - t0

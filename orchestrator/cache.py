@@ -148,7 +148,6 @@ class CacheManager:
         self.host = host or transport.name
         self.events = events
         self.timeout = timeout
-        self._python: str | None = None
 
     # -- small remote helpers ----------------------------------------------------------------
     @property
@@ -316,12 +315,13 @@ class CacheManager:
             tar_path = dest
         man_path = tar_path.with_name(tar_path.name[: -len(".tar")] + ".manifest.json")
         self.events("stage", {"stage": "download", "what": f"{self.host}:{p.tar}"})
-        self.t.get_file(p.tar, tar_path)
+        part = tar_path.with_name(f".{tar_path.name}.dfo-pull")
         try:
-            sn.check_tar(m, _hash_local(tar_path), f"{self.host}:{p.tar}")
-        except CacheError:
-            tar_path.unlink(missing_ok=True)
-            raise
+            self.t.get_file(p.tar, part)
+            sn.check_tar(m, _hash_local(part), f"{self.host}:{p.tar}")
+            part.replace(tar_path)  # only a verified tar takes the name
+        finally:
+            part.unlink(missing_ok=True)
         tmp = man_path.with_name(f".{man_path.name}.dfo-tmp")
         tmp.write_bytes(sn.manifest_bytes(m))
         tmp.replace(man_path)

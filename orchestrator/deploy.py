@@ -186,8 +186,19 @@ class Deployer:
             sr.status, sr.detail = "skipped", detail
         self._emit(stage, "skip", 0.0, detail)
 
+    @property
+    def uv_cache(self) -> str | None:
+        """uv's cache on the target: ``<root>/uv-cache`` (beside the envs, so uv can hardlink
+        from it); on the ``local`` transport, uv's own default (your usual cache)."""
+        if getattr(self.t, "kind", "") == "local":
+            return None
+        return posixpath.join(self.layout.root, "uv-cache")
+
     def _env(self) -> dict[str, str]:
-        return {"UV_PYTHON_DOWNLOADS": "never", "UV_NO_PROGRESS": "1"}
+        env = {"UV_PYTHON_DOWNLOADS": "never", "UV_NO_PROGRESS": "1"}
+        if self.uv_cache:
+            env["UV_CACHE_DIR"] = self.uv_cache
+        return env
 
     def _run(self, argv: list[str], *, timeout: float | None = SMALL_TIMEOUT, what: str,
              locked: bool = True, env: dict[str, str] | None = None) -> str:

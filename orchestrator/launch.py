@@ -214,6 +214,12 @@ class RunOps:
         if owner and o.replace:
             self.say(f"stopping run {owner} (--replace)")
             self.stop(owner, timeout=plan.spec["thresholds"]["stop_timeout_s"] + 30)
+            deadline = time.monotonic() + 30
+            while self.probe().get("lock") == "held":
+                if time.monotonic() > deadline:
+                    raise LockHeldError(f"run {owner} still holds run.lock after stopping",
+                                        hint="see `dfo status`; stop it with `dfo stop`")
+                time.sleep(0.3)
         self.t.run(["mkdir", "-p", "--", plan.run_dir, self.layout.locks,
                     spec["checkpoint_dir"]], timeout=60).check("creating the run dir")
         self.t.put(cfg_text.encode(), spec["config_path"])

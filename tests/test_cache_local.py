@@ -7,12 +7,14 @@ real verification. The lab versions (sshd + LXC) are in test_cache_lab.py.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -44,6 +46,20 @@ CFG = {"model": {"attention": "sdpa", "block_size": 4}, "data": {"seq_buckets": 
        "parallel": {"drafter_devices": ["cpu"]}, "compile": {"enabled": True}}
 
 
+_FROZEN: list[Path] = []
+
+
+def frozen_trainer() -> Path:
+    """One copy of the trainer package per test session, so that every env made by
+    make_env has the same trainer.source even while the working tree is being edited."""
+    if not _FROZEN:
+        d = Path(tempfile.mkdtemp(prefix="dfo-cache-trainer-")) / "trainer"
+        shutil.copytree(REPO / "trainer", d, ignore=shutil.ignore_patterns("__pycache__"))
+        _FROZEN.append(d)
+        atexit.register(shutil.rmtree, d.parent, True)
+    return _FROZEN[0]
+
+
 def make_env(root: Path, **fp_changes) -> None:
     """envs/cpu-test with bin/python -> this interpreter, fingerprint from the real probe."""
     env = root / "envs" / "cpu-test"
@@ -52,8 +68,7 @@ def make_env(root: Path, **fp_changes) -> None:
     # working tree after this point do not change the env's trainer.source
     lib = env / "lib"
     if not (lib / "trainer").is_dir():
-        shutil.copytree(REPO / "trainer", lib / "trainer",
-                        ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(frozen_trainer(), lib / "trainer")
     py = env / "bin" / "python"
     py.write_text(f"#!/bin/sh\nPYTHONPATH={lib}${{PYTHONPATH:+:$PYTHONPATH}} exec {sys.executable} \"$@\"\n")
     py.chmod(0o755)

@@ -138,6 +138,8 @@ def test_offline_deploy_records_fingerprint(deployed):
     out = d.t.run([f"{ROOT}/envs/current/bin/python", "-c",
                    "import orchestrator, trainer, sys; print(orchestrator.__file__)"], timeout=60)
     assert out.ok and "/envs/" in out.out
+    # uv's cache lives under the root on a remote target
+    assert rsh(d, 'ls "$1" | head -n1', f"{ROOT}/uv-cache").strip()
     uv = d.t.run([f"{ROOT}/bin/uv", "--version"], timeout=30).out
     import uv as uvpkg
 
@@ -232,7 +234,7 @@ def test_killed_mid_install_next_deploy_recovers(deployed):
     d = deployed
     prof = copy_profile(d.profiles, "cpu-crash")
     # a cold uv cache makes the install take seconds (unpacking torch), long enough to kill it
-    rsh(d, 'rm -rf /root/.cache/uv', timeout=120)
+    rsh(d, 'rm -rf "$1"', f"{ROOT}/uv-cache", timeout=120)
     env = dict(os.environ, DFO_PROJECT_WHEEL=str(d.wheel.path))
     p = subprocess.Popen([DFO, "--hosts", str(d.hosts), "deploy", "--profile", str(prof)],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)

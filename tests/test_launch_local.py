@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 
 import pytest
 
@@ -148,3 +147,28 @@ def test_crash_loop_gives_up_with_exit_10(env, capsys, tiny_assets):  # noqa: F8
     assert any("fault injection: exit" in e["text"] or "exit 1" in e["text"]
                for e in st["evidence"])
     assert "attempt 3 classified crash" in out or "classified crash" in out
+
+
+@pytest.mark.slow
+def test_replace_stops_the_live_run_first(env, capsys, tiny_assets):  # noqa: F811
+    root, hosts, tmp = env
+    cfg = write_config(tmp / "c.yaml", tiny_assets, train={"max_steps": 2000},
+                       checkpoint={"every": 3})
+    rc, out, err = dfo(capsys, hosts, "launch", "--config", str(cfg), "--run-name", "old",
+                       "--json", *fast_flags())
+    assert rc == 0, err
+    old = json.loads(out)["run_id"]
+    wait_for(lambda: (state(root, old).get("last_step") or 0) >= 2, 120, "old run training")
+    rc, out, err = dfo(capsys, hosts, "launch", "--config", str(cfg), "--run-name", "new",
+                       "--replace", "--json", *fast_flags())
+    assert rc == 0, err
+    new = json.loads(out)["run_id"]
+    try:
+        st = state(root, old)
+        assert st["status"] == "stopped" and st["last_checkpoint"]
+        assert (root / "locks" / "run.lock").read_text().strip() == new
+        rc, out, _ = dfo(capsys, hosts, "status", "--json", "--run", new)
+        assert json.loads(out)["runs"][0]["live"]
+    finally:
+        rc, _, err = dfo(capsys, hosts, "stop", "--run", new)
+    assert rc == 0, err

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
-import time
 
 import pytest
 
@@ -15,7 +13,7 @@ from orchestrator.launch import LaunchOptions, RunOps
 from orchestrator.logs import LogFollower
 from orchestrator.transport import open_transport
 from tests.lab_sockets import client_port, sshd_pids_serving
-from tests.supervisor_env import FAST, make_root, tiny_assets, wait_final, write_config  # noqa: F401
+from tests.supervisor_env import FAST, make_root, tiny_assets, write_config  # noqa: F401
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 

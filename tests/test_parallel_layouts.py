@@ -78,3 +78,54 @@ def test_ddp_outside_torchrun_is_a_config_error(tiny, tmp_path):
     r = run_trainer(_args(tiny, tmp_path / "x", **{"parallel.layout": "ddp"}))
     assert r.returncode == 2
     assert "ddp must be started by torchrun" in r.stderr and "Traceback" not in r.stderr
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/children") as f:
+            out += [int(x) for x in f.read().split()]
+    return out
+
+
+def _rank_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+    except OSError:
+        return None
+    r = env.get(b"RANK")
+    return int(r) if r is not None else None
+
+
+def test_ddp_sigterm_to_one_rank_stops_all_ranks_at_the_same_step(tiny, tmp_path):
+    import signal
+
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+    env.pop("DFO_FAULT", None)
+    run_dir = tmp_path / "ddp-term"
+    p = subprocess.Popen(
+        [PY, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+         "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0",
+         "-m", "trainer", *_args(tiny, run_dir, **{"parallel.layout": "ddp",
+                                                   "train.max_steps": 500,
+                                                   "checkpoint.every": 0})],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in p.stdout:
+            if line.startswith("@dfo ") and json.loads(line[5:]).get("step") == 3:
+                break
+        rank1 = [c for c in _children(p.pid) if _rank_of(c) == 1]
+        assert rank1, "rank 1 not found"
+        os.kill(rank1[0], signal.SIGTERM)  # only rank 1 is told to stop
+        out, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    ckpts = os.listdir(run_dir / "checkpoints")
+    assert len(ckpts) == 1, (ckpts, err[-2000:])
+    step = int(ckpts[0].split("_")[1])
+    assert 3 <= step < 500
+    assert f"interrupted by SIGTERM at step {step}" in out  # rank 0 saw the vote, same step
+    assert "exitcode  : 6" in err, err[-2000:]  # torchrun's failure summary names exit 6

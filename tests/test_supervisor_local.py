@@ -7,10 +7,7 @@ host root is this venv (see tests/supervisor_env.py). Small thresholds and backo
 from __future__ import annotations
 
 import json
-import os
-import signal
 import time
-from pathlib import Path
 
 import pytest
 
@@ -18,7 +15,7 @@ from orchestrator.launch import LaunchOptions, RunOps
 from orchestrator.transport.local import LocalTransport
 
 from tests.supervisor_env import (FAST, events, local_host, make_root, tiny_assets,  # noqa: F401
-                             wait_final, wait_for, write_config)
+                             wait_final, write_config)
 
 pytestmark = pytest.mark.slow
 
@@ -117,3 +114,25 @@ def test_dense_warning_is_acted_on_live_with_a_checkpoint(setup, tiny_assets):  
     assert any("materializes the full scores matrix" in e["text"] for e in cl["evidence"])
     resume = kinds(evs, "attempt_start")[1]["resume"]
     assert resume.endswith("/step_6") or resume.endswith("/step_5"), resume
+
+
+def test_nan_loss_restarts_from_the_checkpoint(setup, tiny_assets):  # noqa: F811
+    root, ops, tmp = setup
+    cfg = write_config(tmp / "c.yaml", tiny_assets)
+    plan = launch(ops, cfg, fault="nan@6")
+    info = wait_final(ops, plan.run_id)
+    evs = events(root, plan.run_id)
+    assert info["status"] == "done", info.get("reason")
+    assert kinds(evs, "classified")[0]["class"] == "nan_loss"
+    fb = kinds(evs, "fallback")[0]
+    assert fb["step"] == "same" and fb["changed"] == {}
+    assert kinds(evs, "attempt_start")[1]["resume"].endswith("/step_4")
+
+
+def test_permanent_error_fails_at_once(setup, tiny_assets):  # noqa: F811
+    root, ops, tmp = setup
+    cfg = write_config(tmp / "c.yaml", tiny_assets)
+    plan = launch(ops, cfg, fault="exit=3@1#*")
+    info = wait_final(ops, plan.run_id)
+    assert info["status"] == "failed" and info["attempt"] == 1
+    assert "data error (exit 3)" in info["reason"] and "restarting cannot help" in info["reason"]

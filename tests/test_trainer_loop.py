@@ -143,6 +143,9 @@ def test_corrupt_and_torn_checkpoints_are_skipped(env, caplog):
         cm.resolve(root, "step_4")
     with pytest.raises(CheckpointError, match="does not exist"):
         cm.resolve(root, "step_9")
+    assert cm.resolve("/elsewhere", os.path.join(root, "step_2")) == os.path.join(root, "step_2")
+    with pytest.raises(CheckpointError, match="torn"):
+        cm.resolve("/elsewhere", os.path.join(root, "step_3"))
     # the CLI list is torch-free and reports the reasons
     code = ("import sys, json, io, contextlib; from trainer.checkpoints import main; "
             "buf = io.StringIO(); ctx = contextlib.redirect_stdout(buf); ctx.__enter__(); "
@@ -191,3 +194,13 @@ def test_fault_hook_nan_stops_with_nan_loss(env):
         _train(env, "nan", **{"train.max_steps": 4, "fault.spec": "nan@2#*"})
     with open(env["dir"] / "nan" / "metrics.jsonl") as f:
         assert [json.loads(line)["step"] for line in f] == [1]
+
+
+def test_short_run_loss_falls(env):
+    assert _train(env, "fall", **{"train.max_steps": 60, "train.lr": 1e-2, "train.log_every": 10,
+                                  "checkpoint.every": 0, "checkpoint.save_final": "false",
+                                  "model.drafter_layers": 2, "model.target_layer_ids": "[1,3]"})[0] == 0
+    losses = _losses(env["dir"] / "fall")
+    assert sorted(losses) == [10, 20, 30, 40, 50, 60]
+    assert losses[60] < losses[10] - 0.3, losses
+    assert not (env["dir"] / "fall" / "checkpoints").exists()

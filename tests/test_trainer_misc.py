@@ -17,13 +17,13 @@ def test_heartbeat_beats_while_working_and_not_while_idle():
     out = io.StringIO()
     em = Emitter(None, out=out)
     em.phase = "compile"
-    with Heartbeat(em, every_s=0.2) as hb:
-        t_end = time.time() + 1.0
+    with Heartbeat(em, every_s=0.3) as hb:
+        t_end = time.time() + 1.5
         x = 0
         while time.time() < t_end:  # busy: CPU time advances
             x += 1
         busy = hb.beats
-        time.sleep(1.2)              # idle (like a deadlock): no beats
+        time.sleep(1.5)              # idle (like a deadlock): no beats
         idle = hb.beats - busy
     assert busy >= 3 and idle <= 1
     ms = markers(out.getvalue())

@@ -162,6 +162,13 @@ def run(a) -> dict:
                            "tflops": round(tfl / t_target / 1e12, 2)},
         "variants": {},
     }
+    if a.compare_mask:  # torch's uncompiled create_block_mask at this shape, for reference
+        t_ref = _timeit(lambda: attention.reference_block_mask(batch.anchors, batch.anchor_valid,
+                                                               a.seq_len, a.block_size), dev, 1)
+        t_ours = _timeit(lambda: attention.flex_block_mask(batch.anchors, batch.anchor_valid,
+                                                           a.seq_len, a.block_size), dev, a.iters)
+        report["block_mask"] = {"create_block_mask_uncompiled_ms": round(t_ref * 1e3, 2),
+                                "analytic_ms": round(t_ours * 1e3, 3)}
     params = drafter.trainable_parameters()
     opt = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), fused=dev.type == "cuda")
     for name in a.variants:
@@ -265,7 +272,10 @@ def markdown(r: dict) -> str:
              f"B={s['block_size']}, micro_batch={s['micro_batch']}.",
              "",
              f"Target forward: {r['target_forward']['ms']} ms, {r['target_forward']['tflops']} TFLOP/s, "
-             f"MFU {r['target_forward']['mfu']}",
+             f"MFU {r['target_forward']['mfu']}" + (
+                 f"; BlockMask: analytic {r['block_mask']['analytic_ms']} ms, uncompiled "
+                 f"create_block_mask {r['block_mask']['create_block_mask_uncompiled_ms']} ms"
+                 if "block_mask" in r else ""),
              "",
              "| variant | drafter step ms | ms/sample | drafter TFLOP/s | drafter MFU | block mask ms | "
              "peak mem GiB | tokens/s (e2e) | samples/s (e2e) |",
@@ -299,6 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compile-mode", default="default",
                     help="torch.compile mode of the compiled variants (e.g. max-autotune-no-cudagraphs)")
     ap.add_argument("--json", default=None, help="also write the report to this file")
+    ap.add_argument("--compare-mask", action="store_true",
+                    help="also time torch's uncompiled create_block_mask against the analytic build")
     ap.add_argument("--check", action="store_true",
                     help="only compare flex vs sdpa loss and gradients on the GPU, then exit")
     a = ap.parse_args(argv)

@@ -276,10 +276,10 @@ def hang() -> None:
 
 def start_slow(fraction: float) -> None:
     """From now on stretch each step to 1/fraction of its time; print flex's dense warning."""
+    print_dense_flex_warning()
     with _state_lock:
         _slow["fraction"] = fraction
         _slow["last"] = time.perf_counter()
-    print_dense_flex_warning()
 
 
 def _throttle() -> None:
@@ -371,6 +371,7 @@ def raise_fx_race(compiled_call: Callable[[], object] | None = None, *,
                 call, compiled_call = _toy_compiled_call(), None  # caller's code failed otherwise
     finally:
         stop.set()
+        th.join(timeout=30)  # let the current trace finish: torch's flag is restored after it
     raise RuntimeError(f"fault injection fx_race: torch {torch.__version__} did not raise the "
                        f"FX-tracing error within {timeout_s:.0f} s (tracing flag thread-local?)")
 

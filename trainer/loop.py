@@ -19,6 +19,7 @@ hook; a *layout* owns the models and how one step's gradients are computed:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -133,15 +134,15 @@ class SingleLayout:
             self._gate = g
             tasks = [gate_mod.WarmupTask(device=str(self.device), shape=tuple(s), run=run_bucket(s))
                      for s in buckets]
-            recs = g.warmup(tasks, heartbeat=metrics.Heartbeat(emitter, every_s=heartbeat_s))
+            # the loop's heartbeat thread is already running: no second one here
+            recs = g.warmup(tasks, heartbeat=contextlib.nullcontext())
             g.seal()
             return [r.to_json() for r in recs]
         recs = []
-        with metrics.Heartbeat(emitter, every_s=heartbeat_s):
-            for s in buckets:
-                t0 = time.perf_counter()
-                run_bucket(s)()
-                recs.append({"shape": list(s), "seconds": round(time.perf_counter() - t0, 3)})
+        for s in buckets:
+            t0 = time.perf_counter()
+            run_bucket(s)()
+            recs.append({"shape": list(s), "seconds": round(time.perf_counter() - t0, 3)})
         return recs
 
     def compiled_call(self):
@@ -258,9 +259,10 @@ def train(cfg: TrainerConfig, resume: str | None = None, *, out=None) -> int:
             stream.load_state_dict(st)
             step = int(st["step"])
             em.print(f"resumed from {path} at step {step}")
-        layout.warmup(em, cfg.train.heartbeat_s)
-        if em.phase != ("train" if step else "compile"):
-            em.set_phase("train" if step else "compile")
+        warmed = layout.warmup(em, cfg.train.heartbeat_s)
+        want = "train" if (step or warmed) else "compile"  # no warm-up: step 1 compiles lazily
+        if em.phase != want:
+            em.set_phase(want)
 
         def save(at: int) -> str:
             existing = os.path.join(ckdir, f"step_{at}")
@@ -289,9 +291,13 @@ def train(cfg: TrainerConfig, resume: str | None = None, *, out=None) -> int:
         t_log = time.perf_counter()
         n_micro = cfg.train.grad_accum * layout.data_parallel
         while step < cfg.train.max_steps:
-            if sig.received is not None:
+            stop = sig.received is not None
+            if hasattr(layout, "agree_stop"):  # ddp: every rank stops at the same step
+                stop = layout.agree_stop(stop)
+            if stop:
                 save(step)
-                em.print(f"interrupted by {signal.Signals(sig.received).name} at step {step}; "
+                em.print(f"interrupted by {signal.Signals(sig.received or signal.SIGTERM).name} "
+                         f"at step {step}; "
                          "checkpoint saved")
                 return INTERRUPTED
             effects = None

@@ -5,10 +5,10 @@
 - ``Emitter.step(record)`` appends the step object to ``<run.dir>/metrics.jsonl``, prints
   it as a marker and as one readable line.
 - ``Heartbeat``: a thread printing ``{"kind": "heartbeat", "phase": ..., "step": ...}`` at
-  least every ``every_s`` (<= 10) seconds while the process is doing work: when the
-  process's CPU time advanced or a step finished since the last beat. A deadlocked or
-  sleeping process (or one hung by fault injection) emits none, so a supervisor can tell
-  "compiling" from "hung".
+  least every ``every_s`` (<= 10) seconds while the process is doing work: when its CPU
+  time advanced by >= 10% of one core, or a step finished, since the last beat. A
+  deadlocked or sleeping process (or one hung by fault injection) emits none, so a
+  supervisor can tell "compiling" from "hung".
 
 Metric tensors stay on the device; ``.item()``/``.tolist()`` happen only at log steps
 (``to_host``), one synchronization per log line.
@@ -155,7 +155,8 @@ class Heartbeat:
         last_cpu, last_prog = cpu_seconds(), self._progress
         while not self._stop.wait(self.every_s):
             cpu, prog = cpu_seconds(), self._progress
-            if cpu - last_cpu > 0.02 * self.every_s or prog != last_prog:
+            # >= 10% of one core since the last beat: working (a deadlock or sleep uses ~0)
+            if cpu - last_cpu >= 0.1 * self.every_s or prog != last_prog:
                 self.beats += 1
                 self.em.marker("heartbeat", phase=self.em.phase, step=self.step)
             last_cpu, last_prog = cpu, prog

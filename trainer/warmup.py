@@ -73,12 +73,13 @@ def _resolve(dev: str) -> str:
 
 
 def warm_devices(cfg) -> list[str]:
-    """The distinct devices whose compiled code the configured layout runs."""
-    p = cfg.parallel
-    if p.layout == "ddp":
-        devs = [_resolve(d) for d in p.drafter_devices]
-    else:
-        devs = [_resolve(d) for d in p.drafter_devices] + [_resolve(d) for d in p.target_devices]
+    """The distinct devices that run compiled code: the drafter devices (the target is eager).
+
+    For ``ddp`` the list names the ranks' devices. Kernels in the on-disk cache are shared by
+    devices of the same kind, so warming one of several identical GPUs fills the cache for
+    all; the in-process warm-up of a training run still covers every device and replica.
+    """
+    devs = [_resolve(d) for d in cfg.parallel.drafter_devices]
     out: list[str] = []
     for d in devs:
         if d not in out:

@@ -174,7 +174,8 @@ class Supervisor:
             ev = [e.to_json() for e in diag.evidence]
             if not dec.restart:
                 self.emit("give_up", **{"class": diag.cls}, reason=dec.reason, evidence=ev)
-                return self._final("failed", f"{diag.cls}: {dec.reason}", evidence=ev)
+                return self._final("failed", f"{diag.cls} ({diag.reason}): {dec.reason}",
+                                   evidence=ev)
             ladder = list((self.spec.get("ladders") or {}).get(diag.cls, []))
             pos = int(self.state["ladder_pos"].get(diag.cls, 0))
             base = dict(self.spec.get("base_config") or {})

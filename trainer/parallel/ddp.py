@@ -13,7 +13,9 @@ deterministic stream, so the data equals the single loop's), and trains its draf
 under DDP. The module DDP wraps is the whole drafter step (``_StepModule``), so every
 trainable parameter's gradient goes through DDP's reducer; ``no_sync`` for all but the last
 local micro-batch. Backend: nccl on GPU, gloo on CPU; ``NCCL_NVLS_ENABLE=0`` is set before
-the process group starts. Only rank 0 writes metrics/markers/checkpoints (``is_main``); the
+the process group starts. A small gloo group carries the per-step "stop?" vote
+(``agree_stop``), so a SIGTERM that reaches the ranks at slightly different times still makes
+every rank save and exit at the same step. Only rank 0 writes metrics/markers/checkpoints (``is_main``); the
 metrics it logs are gathered from all ranks, so the logged loss is the global one.
 
 Devices: ``parallel.drafter_devices: [cpu]`` runs every rank on the CPU (CI); anything else
@@ -89,6 +91,8 @@ class DdpLayout:
             backend = "nccl" if self.device.type == "cuda" else "gloo"
             dist.init_process_group(backend=backend)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        # control plane on the CPU (gloo): agreeing to stop costs no GPU synchronization
+        self._ctl = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else None
         self.is_main = self.rank == 0
         self.data_parallel = self.world
         self.target, self.drafter = S.build_models(cfg, self.device)
@@ -181,6 +185,15 @@ class DdpLayout:
         if lo.item() != hi.item():
             raise ReplicaDivergence(f"ddp: drafter replicas differ across ranks (parameter "
                                     f"checksums {lo.item()!r} .. {hi.item()!r})")
+
+    def agree_stop(self, local: bool) -> bool:
+        """True on every rank when any rank got SIGTERM/SIGINT (so all save and stop together)."""
+        import torch
+        import torch.distributed as dist
+
+        flag = torch.tensor([1 if local else 0], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._ctl)
+        return bool(flag.item())
 
     def compiled_call(self):
         from .threads import _probe

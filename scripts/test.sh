@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The test command (README): from a clean clone on a fresh Debian 12 machine, as root:
+#   1. apt-get install what the lab of real parts needs (only what is missing);
+#   2. a venv (.venv, Python 3.11 from PATH) with `pip install -e '.[trainer,dev]'`
+#      (torch from $PIP_FIND_LINKS, e.g. /opt/wheels, when there; else PyPI);
+#   3. the README's test command, `python -m pytest -q`, with CI=true so that a
+#      lab that cannot come up fails instead of skipping.
+# Extra arguments go to pytest (e.g. `scripts/test.sh -m "not lab"`, `scripts/test.sh tests/test_lab_node.py`).
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+export CI="${CI:-true}"
+export DEBIAN_FRONTEND=noninteractive
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+log() { printf '\n== %s\n' "$*" >&2; }
+
+# --- 1. system packages ------------------------------------------------------
+APT_PACKAGES=(openssh-server openssh-client lxc lxc-templates debootstrap distro-info rsync
+              ca-certificates)
+if [[ $(id -u) -ne 0 ]]; then
+    echo "scripts/test.sh: needs root (the lab runs sshd for root and LXC containers)" >&2
+    exit 2
+fi
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+    log "apt-get install ${missing[*]}"
+    apt-get update -q
+    apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+# --- 2. the venv ---------------------------------------------------------------
+PY=$(command -v python3.11 || command -v python3 || true)
+if [[ -z $PY ]] || ! "$PY" -c 'import sys; sys.exit(sys.version_info[:2] < (3, 11))'; then
+    echo "scripts/test.sh: needs Python >= 3.11 on PATH (python3.11)" >&2
+    exit 2
+fi
+if [[ ! -x .venv/bin/python ]]; then
+    log "venv with $PY"
+    if ! "$PY" -m venv .venv 2>/dev/null; then
+        # Debian's system python needs the venv package for ensurepip
+        rm -rf .venv
+        apt-get install -y -q "python3.11-venv"
+        "$PY" -m venv .venv
+    fi
+fi
+if [[ -z ${PIP_FIND_LINKS:-} && -d /opt/wheels ]]; then
+    export PIP_FIND_LINKS=/opt/wheels   # the CPU torch wheel on this kind of machine
+fi
+constraints=$(mktemp)
+trap 'rm -f "$constraints"' EXIT
+# torch==2.13.0 also matches a local 2.13.0+cpu wheel from PIP_FIND_LINKS (PEP 440)
+echo "torch==2.13.0" >"$constraints"
+log "pip install -e '.[trainer,dev]'"
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -c "$constraints" -e '.[trainer,dev]'
+
+# --- 3. the tests (the README's command) --------------------------------------
+log "python -m pytest -q $*"
+export PATH="$PWD/.venv/bin:$PATH"
+exec python -m pytest -q "$@"
