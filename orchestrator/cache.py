@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from .errors import CacheError, ConfigError, DeployError, DfoError, NotFoundError, RemoteCommandError
+from .errors import CacheError, ConfigError, DeployError, DfoError, LockHeldError, NotFoundError, \
+    RemoteCommandError
 from .ops import cache_key as ck
 from .ops import snapshot as sn
 from .ops.layout import RemoteLayout
@@ -35,6 +36,8 @@ log = logging.getLogger("dfo")
 MARK = "@dfo "
 #: how the env's python runs the trainer's warm-up (docs/contracts.md)
 WARMUP_ARGS: tuple[str, ...] = ("-m", "trainer", "warmup")
+#: flock's exit status when the host's cache lock is held (not one the trainer uses)
+LOCK_CONFLICT = 75
 Event = Callable[[str, Mapping[str, Any]], None]
 
 
@@ -61,7 +64,8 @@ def load_config(path: str | os.PathLike | None, overrides: Sequence[tuple[str, s
     except DfoError:
         raise
     except Exception as e:  # noqa: BLE001 - any trainer-side validation failure: one line
-        raise ConfigError(f"trainer config: {str(e).strip().splitlines()[0] if str(e).strip() else repr(e)}") from None
+        line = str(e).strip().splitlines()[0] if str(e).strip() else repr(e)
+        raise ConfigError(line if line.startswith("config:") else f"trainer config: {line}") from None
     return cfg.to_dict(), text
 
 
@@ -340,10 +344,8 @@ class CacheManager:
         cfg_path = posixpath.join(work, "config.yaml")
         self._run(["mkdir", "-p", "--", work, posixpath.join(gen, "mega")], "creating the cache dirs")
         try:
-            if config_bytes:
-                self.t.put(config_bytes, cfg_path, mode=0o644)
-            else:
-                cfg_path = ""
+            # no file: the trainer's defaults plus the overrides (an empty YAML mapping)
+            self.t.put(config_bytes or b"{}\n", cfg_path, mode=0o644)
             live = None if fresh else self._live_target(p)
             if live:
                 self._run(["cp", "-a", "--", live + "/.", gen], "copying the live cache")
@@ -400,7 +402,11 @@ class CacheManager:
     def _warmup(self, cache_dir: str, cfg_path: str, overrides: Sequence[tuple[str, str]],
                 report: str, *, save_mega: str | None = None) -> tuple[list[dict], dict[str, int], float]:
         env = warmup_env(cache_dir)
-        argv = warmup_argv(self.python, cfg_path, overrides, report, save_mega=save_mega)
+        # one warm-up at a time per host (flock exits LOCK_CONFLICT at once when another holds it)
+        lock = posixpath.join(self.layout.locks, "cache.lock")
+        self._run(["mkdir", "-p", "--", self.layout.locks], "creating the locks dir")
+        argv = ["flock", "-n", "-E", str(LOCK_CONFLICT), lock,
+                *warmup_argv(self.python, cfg_path, overrides, report, save_mega=save_mega)]
         tail: list[str] = []
 
         def on_line(line: str) -> None:
@@ -418,6 +424,9 @@ class CacheManager:
             self.events("line", {"line": line})
 
         r = self.t.stream(argv, on_line, env=env, cwd=self.layout.root, timeout=self.timeout)
+        if r.exit_code == LOCK_CONFLICT:
+            raise LockHeldError(f"another warm-up holds {lock} on {self.host}",
+                                hint="wait for the other `dfo warm-cache` to finish")
         if r.exit_code != 0:
             last = warmup_error_line(tail)
             msg = f"the trainer's warm-up on {self.host} exited {r.exit_code}" + (f": {last}" if last else "")

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import __version__
-from .errors import DeployError, LockHeldError, RemoteCommandError, VerifyError
+from .errors import DeployError, LockHeldError, NotFoundError, RemoteCommandError, VerifyError
 from .ops import deploy_plan as dp
 from .ops.drift import fingerprint_drift
 from .ops.fingerprint import (Mismatch, build_fingerprint, compare, fingerprint_changes,
@@ -594,7 +594,9 @@ class Deployer:
         try:
             try:
                 recorded = json.loads(self.t.get(posixpath.join(prev_dir, dp.FINGERPRINT_FILE)))
-            except (ValueError, Exception) as e:  # noqa: BLE001
+                if not isinstance(recorded, dict):
+                    raise ValueError("not a JSON object")
+            except (NotFoundError, RemoteCommandError, ValueError) as e:
                 raise DeployError(f"the previous env {plan.target} has no readable fingerprint: {e}",
                                   hint="deploy again to build a good env") from None
             report.profile = str(recorded.get("profile") or "?")

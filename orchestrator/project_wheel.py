@@ -12,6 +12,7 @@ Cache: ``$DFO_CACHE_DIR`` or ``$XDG_CACHE_HOME/dfo`` or ``~/.cache/dfo``, under
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import logging
 import os
 import shutil
@@ -127,10 +128,8 @@ def build(cache: Path | None = None) -> ProjectWheel:
     if os.environ.get("DFO_PROJECT_WHEEL"):
         return from_file(Path(os.environ["DFO_PROJECT_WHEEL"]))
     root = source_root()
-    if root is None:
-        raise DeployError("cannot find dfo's source tree to build its wheel",
-                          hint="run dfo from a checkout (pip install -e .) so deploy can ship "
-                               "the same code to the target")
+    if root is None:  # dfo installed from a wheel: ship exactly the installed files
+        return repack_installed(cache)
     digest = source_digest(root)
     out_dir = (cache or cache_dir()) / "wheels" / digest[:16]
     found = sorted(out_dir.glob("dfo-*.whl")) if out_dir.is_dir() else []
@@ -146,12 +145,8 @@ def build(cache: Path | None = None) -> ProjectWheel:
         dist = Path(tmp) / "dist"
         # no build isolation when setuptools is importable here: fast, and offline
         argv = [_uv_bin(), "build", "--wheel", "--out-dir", str(dist), "--quiet"]
-        try:
-            import setuptools  # noqa: F401
-
+        if importlib.util.find_spec("setuptools") is not None:
             argv += ["--no-build-isolation", "--python", sys.executable]
-        except ImportError:
-            pass
         argv.append(str(src))
         log.debug("building the dfo wheel: %s", argv)
         p = subprocess.run(argv, capture_output=True, text=True)
@@ -170,3 +165,66 @@ def build(cache: Path | None = None) -> ProjectWheel:
                 raise
     whl = sorted(out_dir.glob("dfo-*.whl"))[0]
     return ProjectWheel(whl, digest, file_sha256(whl))
+
+
+_DIST_INFO_KEEP = ("METADATA", "WHEEL", "entry_points.txt", "top_level.txt")
+
+
+def _record_hash(data: bytes) -> str:
+    import base64
+
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def repack_installed(cache: Path | None = None) -> ProjectWheel:
+    """A wheel of the installed dfo distribution's own files (for a dfo installed without
+    its source tree). Reproducible: sorted entries, fixed zip times, a fresh RECORD."""
+    import importlib.metadata as md
+    import zipfile
+
+    try:
+        dist = md.distribution("dfo")
+    except md.PackageNotFoundError:
+        raise DeployError("cannot find dfo's sources or its installed files to build its wheel",
+                          hint="install dfo (pip install -e . in a checkout), or set "
+                               "DFO_PROJECT_WHEEL to a dfo wheel") from None
+    members: list[tuple[str, bytes]] = []
+    for f in dist.files or []:
+        rel = f.as_posix()
+        parts = rel.split("/")
+        if "__pycache__" in parts or rel.endswith(_SKIP_SUFFIXES) or rel.startswith(".."):
+            continue
+        if parts[0].endswith(".dist-info"):
+            if len(parts) != 2 or parts[1] not in _DIST_INFO_KEEP and not parts[1].startswith("LICENSE"):
+                continue
+        elif parts[0] not in _PACKAGES:
+            continue
+        members.append((rel, Path(f.locate()).read_bytes()))
+    members.sort()
+    if not any(r.startswith(f"{p}/") for p in _PACKAGES for r, _ in members):
+        raise DeployError("the installed dfo has no package files to ship (an editable install "
+                          "without its checkout?)",
+                          hint="reinstall dfo, or set DFO_PROJECT_WHEEL to a dfo wheel")
+    h = hashlib.sha256()
+    for rel, data in members:
+        h.update(rel.encode() + b"\0" + hashlib.sha256(data).digest())
+    digest = h.hexdigest()
+    out_dir = (cache or cache_dir()) / "wheels" / f"installed-{digest[:16]}"
+    name = f"dfo-{dist.version}-py3-none-any.whl"
+    whl = out_dir / name
+    if not whl.is_file():
+        out_dir.mkdir(parents=True, exist_ok=True)
+        info_dir = next((r.split("/")[0] for r, _ in members if r.split("/")[0].endswith(".dist-info")),
+                        f"dfo-{dist.version}.dist-info")
+        record = [f"{rel},{_record_hash(data)},{len(data)}" for rel, data in members]
+        record.append(f"{info_dir}/RECORD,,")
+        fd, tmp = tempfile.mkstemp(prefix=".dfo-tmp.", dir=out_dir)
+        os.close(fd)
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
+            for rel, data in members + [(f"{info_dir}/RECORD", ("\n".join(record) + "\n").encode())]:
+                zi = zipfile.ZipInfo(rel, date_time=(1980, 1, 1, 0, 0, 0))
+                zi.external_attr = 0o644 << 16
+                zi.compress_type = zipfile.ZIP_DEFLATED
+                z.writestr(zi, data)
+        os.replace(tmp, whl)
+    return ProjectWheel(whl, digest, file_sha256(whl), version=dist.version)

@@ -292,3 +292,30 @@ def test_cli_pull_by_key_and_status_json(host, cold_cache, tmp_path, capsys):
     assert main(["--hosts", str(hosts), "warm-cache", "--pull", str(tmp_path), "--key", "cpu-nope"]) == 11
     err = capsys.readouterr().err
     assert "no snapshot for key cpu-nope" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_second_warmup_on_the_same_host_is_refused_while_one_runs(host):
+    """The warm-up holds <root>/locks/cache.lock (flock): a concurrent one fails at once."""
+    import time
+
+    from orchestrator.errors import LockHeldError
+
+    root, mgr = host
+    lock = root / "locks" / "cache.lock"
+    lock.parent.mkdir(exist_ok=True)
+    holder = subprocess.Popen(["flock", str(lock), "sleep", "60"])
+    try:
+        deadline = time.time() + 10
+        while subprocess.run(["flock", "-n", str(lock), "true"]).returncode == 0:
+            assert time.time() < deadline, "the holder never took the lock"
+            time.sleep(0.05)
+        key = mgr.key(CFG)
+        with pytest.raises(LockHeldError, match="another warm-up"):
+            mgr.warm(key, b"", [], measure=False)
+        # the refused warm-up left nothing behind and made nothing live
+        gens = root / "cache" / ".gens"
+        assert not gens.exists() or not list(gens.iterdir())
+        assert not (root / "cache" / key.key).exists()
+    finally:
+        holder.kill()
+        holder.wait()

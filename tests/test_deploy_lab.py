@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import posixpath
 import shutil
 import signal
 import subprocess
@@ -116,6 +115,7 @@ def deployed(lab, tmp_path_factory) -> Deployed:
     profiles = base / "profiles"
     profiles.mkdir()
     yield Deployed(hosts, host, t, wheel, report.env, report, profiles)
+    t.run(["rm", "-rf", ROOT], timeout=300)  # ~1 GB of envs + uv cache in the shared container
     t.close()
 
 

@@ -8,14 +8,13 @@ import json
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from orchestrator.errors import ConfigError, DeployError, LockHeldError
 from orchestrator.ops import deploy_plan as dp
 from orchestrator.ops.drift import diff, parse_freeze
-from orchestrator.ops.fingerprint import (PROBE_SCRIPT, Mismatch, build_fingerprint, compare,
+from orchestrator.ops.fingerprint import (PROBE_SCRIPT, build_fingerprint, compare,
                                           fingerprint_changes, matches, parse_probe)
 from orchestrator.ops.lockfile import LockError, lock_hash, normalize_name, parse_lock
 from orchestrator.profiles import PROFILES_DIR, available, load_profile

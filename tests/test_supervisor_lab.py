@@ -131,3 +131,36 @@ def test_kill9_supervisor_second_launch_and_stop_in_the_container(ct):
     assert info["last_checkpoint"], "the trainer saved a checkpoint on SIGTERM"
     r = t.run(["systemctl", "is-active", f"dfo-{run_id}"])
     assert r.out.strip() != "active"
+
+
+def test_logs_follow_through_pct_survives_killed_sshd_session(ct, lab):
+    """logs -f into the container (ssh -> pct exec): kill the sshd serving the connection
+    twice; every line arrives exactly once, compared with the files in the container."""
+    import os
+    import signal
+
+    from orchestrator.logs import LogFollower
+    from tests.lab_sockets import client_port, sshd_pids_serving
+
+    ops, t, host, config = ct
+    plan = ops.launch(LaunchOptions(config=str(config("drop", max_steps=20)), run_name="drop",
+                                    fault="oom@7", backoff_scale=0.01, thresholds=FAST,
+                                    env_check=False))
+    got, kills, reconnects = [], [], []
+
+    def on_line(ln):
+        got.append(ln)
+        if len(got) in (20, 60) and len(kills) < 2:
+            pids = sshd_pids_serving(lab.ssh_port, client_port(t))
+            assert pids
+            for p in pids:
+                os.kill(p, signal.SIGKILL)
+            kills.append(pids)
+
+    status = LogFollower(t, host.layout, plan.run_id, on_line=on_line, follow=True,
+                         on_reconnect=lambda n, why: reconnects.append(why)).run()
+    assert status == "done" and len(kills) == 2 and len(reconnects) >= 2
+    for name in {ln.file for ln in got}:
+        remote = t.get(f"{host.layout.run_dir(plan.run_id)}/{name}").decode("utf-8", "replace")
+        assert [ln.text for ln in got if ln.file == name] == remote[:-1].split("\n"), name
+    assert {"attempt-1.log", "attempt-2.log"} <= {ln.file for ln in got}

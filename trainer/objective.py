@@ -139,22 +139,26 @@ class ChunkedLinearCE(torch.autograd.Function):
         loss = torch.zeros((), dtype=torch.float32, device=h.device)
         correct = torch.empty(t, dtype=torch.bool, device=h.device)
         grad_h = torch.empty_like(h) if need_grad else None
+        vocab = torch.arange(weight.shape[0], device=h.device)
         with torch.autocast(device_type=h.device.type, enabled=False):
             for s in range(0, t, chunk):
                 e = min(t, s + chunk)
                 hc = h[s:e].to(weight.dtype)
-                logits = (hc @ weight.t()).float()                         # [c, V]
+                # logits stay in the head's dtype; every use upcasts on the fly (compiled, the
+                # reductions and the gradient below are fused passes over the bf16 logits)
+                logits = hc @ weight.t()                                   # [c, V]
+                lf = logits.float()
                 lab = labels[s:e]
-                lse = torch.logsumexp(logits, dim=-1)
-                tgt = logits.gather(1, lab.unsqueeze(1)).squeeze(1)
+                lse = torch.logsumexp(lf, dim=-1)
+                tgt = lf.gather(1, lab.unsqueeze(1)).squeeze(1)
                 wc = w[s:e].float()
                 loss = loss + ((lse - tgt) * wc).sum()
-                correct[s:e] = logits.argmax(dim=-1) == lab
+                correct[s:e] = lf.argmax(dim=-1) == lab
                 if need_grad:
-                    p = torch.exp(logits - lse.unsqueeze(1))
-                    p.scatter_add_(1, lab.unsqueeze(1), torch.full_like(tgt, -1.0).unsqueeze(1))
-                    p = p * wc.unsqueeze(1)
-                    grad_h[s:e] = (p.to(weight.dtype) @ weight).to(h.dtype)
+                    # d(w*CE)/dlogits = w * (softmax - onehot): one pointwise expression, no scatter
+                    onehot = (vocab.unsqueeze(0) == lab.unsqueeze(1)).float()
+                    g = (torch.exp(lf - lse.unsqueeze(1)) - onehot) * wc.unsqueeze(1)
+                    grad_h[s:e] = (g.to(weight.dtype) @ weight).to(h.dtype)
         ctx.mark_non_differentiable(correct)
         if need_grad:
             ctx.save_for_backward(grad_h)

@@ -75,6 +75,9 @@ def warm_cache(app, host_name, config_path, sets, from_file, pull_dest, key_name
         return 0
 
     cfg, cfg_bytes = c.load_config(config_path, overrides)
+    if not (cfg.get("compile") or {}).get("enabled", True) and not (pull_dest or push_file or from_file):
+        raise ConfigError("warm-cache: nothing to warm: the config has compile.enabled false",
+                          hint="add --set compile.enabled=true, and launch with it too")
     with ui:
         ui.stage("key", f"computing the cache key on {host.name}")
         key = mgr.key(cfg)

@@ -281,7 +281,7 @@ def run_lock_error(host: str, root: str, content: str) -> LockHeldError:
     who = describe_run_lock(content)
     return LockHeldError(f"{who} holds {posixpath.join(root, 'locks', 'run.lock')} on {host}; "
                          f"deploy will not change envs/current under a live run",
-                         hint=f"wait for it to finish or stop it (dfo stop), then deploy again")
+                         hint="wait for it to finish or stop it (dfo stop), then deploy again")
 
 
 def lease_owner(owner_line: str) -> tuple[str, dict[str, Any]]:
