@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 
 import pytest
 
 pytest.importorskip("torch")
 
-from tests.test_trainer_helpers import make_synth, make_target, markers, run_trainer, \
-    tiny_overrides  # noqa: E402
+from tests.test_trainer_helpers import PY, REPO, make_synth, make_target, markers, \
+    run_trainer, tiny_overrides  # noqa: E402
 from trainer.exitcodes import TrainerConfigError  # noqa: E402
 from trainer.warmup import parse_args, warm_devices  # noqa: E402
 
@@ -33,6 +35,19 @@ def test_warm_devices_per_layout():
                              "--parallel.target_devices", "[cpu]",
                              "--parallel.drafter_devices", "[cpu,cpu,cpu]"])
     assert warm_devices(cfg) == ["cpu"]
+
+
+# set in os.environ by torch when this pytest process compiled something in-process
+_TORCH_SET = ("TORCH_WARM_POOL", "KMP_DUPLICATE_LIB_OK", "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR",
+              "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "DFO_FAULT")
+
+
+def _run_clean(args, cache_dir):
+    """The trainer in a subprocess with an environment free of torch's in-process settings."""
+    env = {k: v for k, v in os.environ.items() if k not in _TORCH_SET}
+    env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", TORCHINDUCTOR_CACHE_DIR=cache_dir)
+    return subprocess.run([PY, "-m", "trainer", *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +74,8 @@ def test_config_errors_exit_2_one_line(tiny, tmp_path):
 
 def test_cold_then_mega_cache_into_an_empty_cache_hits(tiny, tmp_path):
     report1, mega = tmp_path / "r1.json", tmp_path / "mega.bin"
-    r = run_trainer(_args(tiny, tmp_path, "--report", str(report1), "--save-mega-cache", str(mega)),
-                    env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache1")}, timeout=300)
+    r = _run_clean(_args(tiny, tmp_path, "--report", str(report1), "--save-mega-cache", str(mega)),
+                   str(tmp_path / "cache1"))
     assert r.returncode == 0, r.stderr[-3000:]
     rep = json.loads(report1.read_text())
     assert rep["devices"] == ["cpu"] and rep["buckets"] == [[64, 8]]
@@ -75,8 +90,8 @@ def test_cold_then_mega_cache_into_an_empty_cache_hits(tiny, tmp_path):
     assert "warmup: cpu (seq_len=64, anchors=8)" in r.stdout
 
     report2 = tmp_path / "r2.json"
-    r2 = run_trainer(_args(tiny, tmp_path, "--report", str(report2), "--load-mega-cache", str(mega)),
-                     env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache2")}, timeout=300)
+    r2 = _run_clean(_args(tiny, tmp_path, "--report", str(report2), "--load-mega-cache", str(mega)),
+                    str(tmp_path / "cache2"))
     assert r2.returncode == 0, r2.stderr[-3000:]
     rep2 = json.loads(report2.read_text())
     c = rep2["records"][0]["counters"]
