@@ -1,0 +1,76 @@
+"""The README's main job: deploy -> demo assets -> warm-cache -> launch -> logs -f.
+
+Everything here goes through the host's transport, so the demo runs the same on the
+embedded ``local`` default as on a Proxmox container. The pure part (the demo's run
+config) is ``demo_config``; ``ensure_assets`` makes the tiny random-init Qwen3 target and
+the synthetic data set on the host, with the deployed env's python, once.
+"""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import yaml
+
+from .ops.layout import RemoteLayout
+from .transport.base import Transport
+
+log = logging.getLogger("dfo")
+
+REPO_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny-cpu.yaml"
+
+#: the fault the demo injects: the real FX-tracing error, raised by torch, at this step
+DEMO_FAULT = "fx_race@30"
+
+
+def demo_paths(layout: RemoteLayout) -> dict[str, str]:
+    base = posixpath.join(layout.root, "demo")
+    return {"dir": base, "target": posixpath.join(base, "target"),
+            "data": posixpath.join(base, "synth.jsonl")}
+
+
+def demo_config(base: Mapping[str, Any], layout: RemoteLayout) -> dict[str, Any]:
+    """The demo's run config: the tiny CPU config with its paths on the host's root.
+
+    The run directory and checkpoint directory are set by ``dfo launch``.
+    """
+    cfg = {k: dict(v) if isinstance(v, Mapping) else v for k, v in base.items()}
+    p = demo_paths(layout)
+    cfg.setdefault("model", {})["target_path"] = p["target"]
+    cfg.setdefault("data", {})["path"] = p["data"]
+    cfg.pop("run", None)
+    train = cfg.setdefault("train", {})
+    train["max_steps"] = 120
+    train["log_every"] = 10
+    ck = cfg.setdefault("checkpoint", {})
+    ck["every"] = 20
+    ck["keep"] = 3
+    return cfg
+
+
+def write_demo_config(layout: RemoteLayout, dest: Path, base_path: Path = REPO_CONFIG) -> Path:
+    base = yaml.safe_load(base_path.read_text())
+    cfg = demo_config(base, layout)
+    tmp = dest.with_name(f".{dest.name}.tmp")
+    tmp.write_text("# dfo demo config (written by `dfo demo`)\n" + yaml.safe_dump(cfg, sort_keys=False))
+    tmp.replace(dest)
+    return dest
+
+
+def ensure_assets(t: Transport, layout: RemoteLayout, *,
+                  say: Callable[[str], None] = lambda m: None) -> dict[str, str]:
+    """Make the tiny target and the synthetic data on the host, unless already there."""
+    p = demo_paths(layout)
+    py = layout.current_python
+    have = t.run(["test", "-s", posixpath.join(p["target"], "config.json")], timeout=30).ok
+    if not have:
+        say(f"making a tiny random-init Qwen3 target in {p['target']}")
+        t.run([py, "-m", "trainer.target", "--out", p["target"]], timeout=600).check("trainer.target")
+    if not t.run(["test", "-s", p["data"]], timeout=30).ok:
+        say(f"writing a synthetic data set to {p['data']}")
+        t.run([py, "-m", "trainer.data", "synth", "--out", p["data"], "--num", "512",
+               "--seq-len", "64", "--vocab", "128", "--seed", "0"], timeout=600).check("trainer.data synth")
+    return p

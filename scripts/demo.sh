@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The main job (README), on the embedded `local` default: no host, no GPU needed.
+#   dfo deploy      a hash-locked uv env (CPU profile) under ~/.dfo/envs/, verified
+#   demo assets     a tiny random-init Qwen3 target + synthetic data under ~/.dfo/demo/
+#   dfo warm-cache  the compile-cache snapshot for this env, restored or warmed
+#   dfo launch -f   the DFlash trainer under the supervisor, with the incident's FX-tracing
+#                   error injected once: detection, fallback and resume, then done
+# Needs Python >= 3.11 and network access to PyPI (torch comes from $PIP_FIND_LINKS when set).
+# Extra arguments go to `dfo demo` (e.g. --no-fault, --host NAME).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+PY=$(command -v python3.11 || command -v python3 || true)
+if [[ -z $PY ]] || ! "$PY" -c 'import sys; sys.exit(sys.version_info[:2] < (3, 11))'; then
+    echo "scripts/demo.sh: needs Python >= 3.11 on PATH" >&2
+    exit 2
+fi
+if [[ ! -x .venv/bin/dfo ]]; then
+    echo "== setting up .venv (the local side: click, rich, pyyaml, paramiko, uv)" >&2
+    "$PY" -m venv .venv
+    .venv/bin/python -m pip install -q --disable-pip-version-check -e .
+fi
+if [[ -z ${PIP_FIND_LINKS:-} && -d /opt/wheels ]]; then
+    export PIP_FIND_LINKS=/opt/wheels   # a local torch CPU wheel on this kind of machine
+fi
+exec .venv/bin/dfo demo "$@"
