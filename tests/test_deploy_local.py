@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -122,3 +123,62 @@ def test_cli_deploys_on_the_embedded_local_default(wheelhouse, tmp_path):
     r = subprocess.run([DFO, "deploy"], cwd=tmp_path, env=env, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0 and "nothing to do" in r.stdout, r.stdout + r.stderr
+
+
+def _procs_with(*needles: str) -> list[int]:
+    pids = []
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            cmd = (p / "cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
+        except OSError:
+            continue
+        if all(n in cmd for n in needles):
+            pids.append(int(p.name))
+    return pids
+
+
+def test_ctrl_c_mid_install_then_next_deploy_finishes(wheelhouse, tmp_path):
+    """Ctrl-C while uv installs: exit 130, uv stopped, nothing current, lock released;
+    the next deploy removes the half-built env and builds it."""
+    wh, links = wheelhouse
+    root = tmp_path / "root"
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text(f"hosts:\n  local:\n    transport: local\n    root: {root}\n"
+                     f"    profile: cpu\n    wheelhouse: {wh}\n")
+    env = dict(os.environ, PIP_FIND_LINKS=str(links),
+               UV_CACHE_DIR=str(tmp_path / "uv-cache"),  # cold: unpacking torch takes seconds
+               DFO_PROJECT_WHEEL=str(build_wheel(tmp_path / "cache").path))
+    env.pop("UV_FIND_LINKS", None)
+    p = subprocess.Popen([DFO, "--hosts", str(hosts), "deploy"], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not _procs_with("pip sync", str(root)):
+            assert p.poll() is None, p.communicate()
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        time.sleep(1.0)
+        assert p.poll() is None
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130, err
+    assert "dfo: interrupted" in err and "Traceback" not in err
+    time.sleep(0.5)
+    assert not _procs_with("pip sync", str(root))  # uv was stopped with dfo
+    envs = [e for e in (root / "envs").iterdir() if not e.name.startswith(".")]
+    assert envs and all(not (e / ".dfo-complete").exists() for e in envs)
+    assert not (root / "envs/current").exists()
+    assert not (root / "locks/deploy.owner").exists()  # the lease was released
+
+    r = subprocess.run([DFO, "--hosts", str(hosts), "deploy", "--json"], env=env,
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["action"] == "create"
+    assert os.readlink(root / "envs/current") == rep["env"]
+    assert (root / "envs" / rep["env"] / ".dfo-complete").is_file()

@@ -76,9 +76,14 @@ def test_locked_wrapper_runs_only_for_the_lease_owner(root):
 def test_locked_command_keeps_the_flock_while_it_runs(root):
     lock, owner = str(root / "locks/deploy.lock"), str(root / "locks/deploy.owner")
     assert "@acquired" in _lease(root, "tokA").stdout
-    p = subprocess.Popen(dp.locked_argv(lock, owner, "tokA", ["sleep", "3"]))
+    started = root / "started"
+    p = subprocess.Popen(dp.locked_argv(lock, owner, "tokA",
+                                        ["sh", "-c", 'touch "$1"; sleep 3', "sh", str(started)]))
     try:
-        time.sleep(0.5)
+        deadline = time.monotonic() + 30
+        while not started.exists():  # the command runs: the wrapper holds the flock
+            assert time.monotonic() < deadline and p.poll() is None
+            time.sleep(0.05)
         r = _lease(root, "tokB", takeover="tokA", wait=1)  # even a takeover waits for the flock
         assert r.returncode == dp.EXIT_BUSY and r.stdout.startswith("@busy")
     finally:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import time
 
 import pytest
@@ -10,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from trainer import faults  # noqa: E402
-from trainer.gate import CompileGate, Heartbeat, WarmupTask  # noqa: E402
+from trainer.gate import CompileGate, WarmupTask  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -25,7 +24,7 @@ def test_fx_race_is_torchs_own_error_even_past_a_sealed_gate():
     fn = torch.compile(lambda x: torch.cos(x) * 3, backend="eager", dynamic=False)
     x = torch.randn(4)
     gate = CompileGate(True, {"fail_on_recompile_limit_hit": True})
-    gate.warmup([WarmupTask("cpu", (4,), lambda: fn(x))], heartbeat=Heartbeat(out=io.StringIO()))
+    gate.warmup([WarmupTask("cpu", (4,), lambda: fn(x))])
     gate.seal()
     for _ in range(3):  # reliably, not by luck
         with pytest.raises(RuntimeError) as ei:

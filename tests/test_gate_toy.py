@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import io
-import json
 import threading
 import time
 
@@ -12,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from trainer import gate as gate_mod  # noqa: E402
-from trainer.gate import CompileGate, Heartbeat, RecompileAfterWarmup, WarmupTask  # noqa: E402
+from trainer.gate import CompileGate, RecompileAfterWarmup, WarmupTask  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -65,8 +63,7 @@ def test_dynamo_settings_are_per_thread_and_thread_setup_applies_them():
 def test_warmup_then_new_shape_is_a_clear_error_naming_the_shape():
     fn = _fresh_fn()
     g = CompileGate(True, gate_mod.default_dynamo_settings(2))
-    out = io.StringIO()
-    recs = g.warmup([_task(fn, (4, 8)), _task(fn, (6, 8))], heartbeat=Heartbeat(out=out))
+    recs = g.warmup([_task(fn, (4, 8)), _task(fn, (6, 8))])
     assert [r.shape for r in recs] == [[4, 8], [6, 8]]
     assert all(r.seconds >= 0 for r in recs)
     assert "fxgraph_cache_hit" in recs[0].counters
@@ -101,7 +98,7 @@ def test_gate_off_is_the_unguarded_pattern():
 
 def test_guard_is_a_process_wide_lock_after_seal():
     g = CompileGate(True)
-    g.warmup([], heartbeat=Heartbeat(out=io.StringIO()))
+    g.warmup([])
     g.seal()
     inside = []
     peak = []
@@ -125,13 +122,3 @@ def test_guard_is_a_process_wide_lock_after_seal():
     with g.guard():
         with g.guard():  # re-entrant: a compiled call inside a guarded backward
             pass
-
-
-def test_heartbeat_prints_markers_periodically():
-    out = io.StringIO()
-    with Heartbeat("warmup", every_s=0.05, out=out):
-        time.sleep(0.3)
-    lines = [ln for ln in out.getvalue().splitlines() if ln.startswith("@dfo ")]
-    assert len(lines) >= 3
-    rec = json.loads(lines[0][5:])
-    assert rec["kind"] == "heartbeat" and rec["phase"] == "warmup" and "t" in rec

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import io
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from trainer.gate import CompileGate, Heartbeat, WarmupTask  # noqa: E402
+from trainer.gate import CompileGate, WarmupTask  # noqa: E402
 from trainer.parallel import replicas  # noqa: E402
 from trainer.parallel.workers import StepFns, ThreadedEngine  # noqa: E402
 
@@ -133,8 +132,7 @@ def test_gate_on_compiled_drafters_threads_repeated_no_error():
             lv.backward()
             d.zero_grad()
         return run
-    gate.warmup([WarmupTask("cpu", (3, 6), warm(d)) for d in drafters],
-                heartbeat=Heartbeat(out=io.StringIO()))
+    gate.warmup([WarmupTask("cpu", (3, 6), warm(d)) for d in drafters])
     gate.seal()
     try:
         for rep in range(5):

@@ -29,8 +29,6 @@ stance -- ONLY to reproduce and diagnose the failure. Never train with it.
 from __future__ import annotations
 
 import contextlib
-import json
-import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -103,44 +101,6 @@ class WarmupRecord:
         return asdict(self)
 
 
-class Heartbeat:
-    """Prints ``@dfo {"kind":"heartbeat",...}`` every ``every_s`` seconds while active.
-
-    Silent once fault injection's ``hang`` fired (trainer.faults.silenced()).
-    """
-
-    def __init__(self, phase: str = "warmup", every_s: float = 5.0, step: int = 0,
-                 out=None):
-        self.phase, self.every_s, self.step = phase, every_s, step
-        self._out = out
-        self._stop = threading.Event()
-        self._th: threading.Thread | None = None
-
-    def beat(self) -> None:
-        from . import faults
-
-        if faults.silenced():
-            return
-        out = self._out or sys.stdout
-        rec = {"kind": "heartbeat", "phase": self.phase, "step": self.step, "t": time.time()}
-        print("@dfo " + json.dumps(rec), file=out, flush=True)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.every_s):
-            self.beat()
-
-    def __enter__(self) -> "Heartbeat":
-        self.beat()
-        self._th = threading.Thread(target=self._loop, name="dfo-heartbeat", daemon=True)
-        self._th.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        if self._th is not None:
-            self._th.join(timeout=1.0)
-
-
 class CompileGate:
     """One per process. See the module docstring for what ``enabled`` buys."""
 
@@ -164,14 +124,17 @@ class CompileGate:
             apply_dynamo_settings(self.settings)
 
     # -- warm-up ----------------------------------------------------------------------------
-    def warmup(self, tasks: Iterable[WarmupTask], *, heartbeat: Heartbeat | None = None,
+    def warmup(self, tasks: Iterable[WarmupTask], *, heartbeat=None,
                on_record: Callable[[WarmupRecord], None] | None = None) -> list[WarmupRecord]:
-        """Run every task sequentially in this thread; record time and cache counters each."""
+        """Run every task sequentially in this thread; record time and cache counters each.
+
+        ``heartbeat``: a context manager active during the warm-up (the trainer passes
+        ``trainer.metrics.Heartbeat``, which beats only while the process makes progress).
+        """
         if self.sealed:
             raise RuntimeError("compile gate: warm-up after seal (warm up before workers start)")
         self.thread_setup()
-        hb = heartbeat if heartbeat is not None else Heartbeat("warmup")
-        with hb:
+        with heartbeat if heartbeat is not None else contextlib.nullcontext():
             for task in tasks:
                 before = counters_snapshot()
                 t0 = time.perf_counter()

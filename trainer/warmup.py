@@ -166,8 +166,9 @@ def run_warmup(cfg, *, load_cache: str | None = None, save_cache: str | None = N
     import torch
 
     from . import step
-    from .gate import CompileGate, Heartbeat, counters_delta, counters_snapshot, \
-        default_dynamo_settings, describe, install
+    from . import metrics
+    from .gate import CompileGate, counters_delta, counters_snapshot, default_dynamo_settings, \
+        describe, install
 
     report: dict[str, Any] = {"torch": torch.__version__, "layout": cfg.parallel.layout,
                               "attention": cfg.model.attention,
@@ -178,40 +179,27 @@ def run_warmup(cfg, *, load_cache: str | None = None, save_cache: str | None = N
     buckets = [tuple(s) for s in step.shape_buckets(cfg)]
     report["devices"], report["buckets"] = devs, [list(b) for b in buckets]
     gate = install(CompileGate(True, default_dynamo_settings(len(buckets) * len(devs))))
-    _emit("phase", phase="warmup")
     total0 = counters_snapshot()
     t0 = time.perf_counter()
 
     def on_record(rec) -> None:
         print(describe(rec), flush=True)
 
-    with Heartbeat("warmup", every_s=cfg.train.heartbeat_s) as hb:
+    em = metrics.Emitter(None)
+    em.set_phase("warmup")
+    with metrics.Heartbeat(em, every_s=cfg.train.heartbeat_s) as hb:
         tasks = []
-        for n, dev in enumerate(devs):
-            if n:
-                hb.beat()
+        for dev in devs:
             target, drafter = step.build_models(cfg, torch.device(dev))
             tasks += [make_task(cfg, dev, b, target, drafter) for b in buckets]
-        gate.warmup(tasks, heartbeat=_Nested(), on_record=on_record)
+            hb.progress()
+        gate.warmup(tasks, on_record=lambda rec: (on_record(rec), hb.progress()))
     report["records"] = gate.report()
     report["totals"] = counters_delta(total0, counters_snapshot())
     report["seconds"] = round(time.perf_counter() - t0, 3)
     if save_cache:
         report["mega_cache_save"] = save_mega_cache(save_cache)
     return report
-
-
-class _Nested:
-    """A no-op heartbeat: the caller's Heartbeat already covers the warm-up."""
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return None
-
-    def beat(self):
-        return None
 
 
 def main(argv: list[str] | None = None) -> int:

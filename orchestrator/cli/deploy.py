@@ -70,7 +70,7 @@ def deploy(app, host_name, check, rollback, force, profile, as_json):
 
     if check and rollback:
         raise click.UsageError("--check and --rollback cannot be combined")
-    console = Console(stderr=True)
+    console = Console(stderr=True, highlight=False)
     view = None if as_json else _StageView(console)
     host = app.host(host_name)
     report = None
@@ -97,7 +97,7 @@ def deploy(app, host_name, check, rollback, force, profile, as_json):
     if as_json:
         click.echo(json.dumps(report.to_json()))
     else:
-        out = Console()
+        out = Console(highlight=False)
         if check:
             if report.ok:
                 out.print(f"[green]ok[/] {host.name}: {report.message} ({report.env})")

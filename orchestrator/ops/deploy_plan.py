@@ -114,7 +114,7 @@ flock -w 30 9 || { echo "dfo: the deploy lock $lock is busy" >&2; exit 75; }
 cur=$(head -n1 "$owner" 2>/dev/null)
 [ "${cur%% *}" = "$token" ] || { echo "dfo: this deploy no longer holds $owner (now: ${cur:-nobody})" >&2; exit 75; }
 touch "$owner"
-( while sleep "$hb"; do touch "$owner" 2>/dev/null || exit; done ) </dev/null >/dev/null 2>&1 &
+( exec 9>&-; while sleep "$hb"; do touch "$owner" 2>/dev/null || exit; done ) </dev/null >/dev/null 2>&1 &
 beat=$!
 "$@"
 rc=$?
