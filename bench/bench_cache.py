@@ -53,7 +53,7 @@ def make_env_root(root: Path, profile: str) -> None:
 def make_config(work: Path, device: str) -> Path:
     target = work / "target"
     if device == "cuda":
-        targs = ["--hidden", "512", "--layers", "4", "--heads", "8", "--kv-heads", "4",
+        targs = ["--hidden", "512", "--layers", "6", "--heads", "8", "--kv-heads", "4",
                  "--head-dim", "64", "--intermediate", "1024", "--vocab", "4096"]
         body = ("model: {target_path: %s, drafter_layers: 2, block_size: 16, attention: flex}\n"
                 "data: {path: %s/unused.jsonl, max_seq_len: 1024, num_anchors: 32,\n"

@@ -36,6 +36,7 @@ model:
   drafter_layers: 2
   block_size: 16
   attention: flex
+  mask_token_id: 3                  # the tiny target's unused row (trainer.target)
 data:
   path: {data}
   max_seq_len: 1024

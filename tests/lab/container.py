@@ -20,9 +20,10 @@ from .sshd import LabUnavailable
 
 PREFIX = "dfo-lab-"  # the pct stand-in maps VMID N to the container "dfo-lab-N"
 RELEASE = "bookworm"
-PACKAGES = ["python3", "procps", "util-linux", "tar", "coreutils", "zstd"]
+PACKAGES = ["python3", "procps", "util-linux", "tar", "coreutils", "zstd",
+            "g++"]  # inductor on CPU compiles C++ (warm-cache hit tests in the container)
 MARKER = "etc/dfo-lab-release"  # inside the rootfs; written last by build()
-LAB_VERSION = "1"
+LAB_VERSION = "2"
 WHEELHOUSE_IN_CT = "/mnt/wheelhouse"
 MANAGED_BEGIN = "# --- dfo-lab managed (tests/lab/container.py) ---"
 MANAGED_END = "# --- end dfo-lab managed ---"
