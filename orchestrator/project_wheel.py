@@ -122,6 +122,21 @@ def from_file(path: Path) -> ProjectWheel:
     return ProjectWheel(path, sha, sha, version=path.name.split("-")[1])
 
 
+def _can_build_here() -> bool:
+    """True when this interpreter has a setuptools (>= 68, as pyproject asks) and ``wheel``
+    able to build dfo without build isolation. A fresh venv's bundled setuptools is older
+    and has no ``wheel``: then uv builds in an isolated env instead."""
+    if importlib.util.find_spec("setuptools") is None:
+        return False
+    try:
+        from importlib.metadata import version
+
+        major = int(version("setuptools").split(".")[0])
+    except Exception:  # noqa: BLE001 - any doubt: let uv isolate the build
+        return False
+    return major >= 70 or (major >= 68 and importlib.util.find_spec("wheel") is not None)
+
+
 def build(cache: Path | None = None) -> ProjectWheel:
     """The wheel for the current sources (built once per content), or the file named by
     ``$DFO_PROJECT_WHEEL`` (CI, or a dfo installed without its source tree)."""
@@ -145,7 +160,7 @@ def build(cache: Path | None = None) -> ProjectWheel:
         dist = Path(tmp) / "dist"
         # no build isolation when setuptools is importable here: fast, and offline
         argv = [_uv_bin(), "build", "--wheel", "--out-dir", str(dist), "--quiet"]
-        if importlib.util.find_spec("setuptools") is not None:
+        if _can_build_here():
             argv += ["--no-build-isolation", "--python", sys.executable]
         argv.append(str(src))
         log.debug("building the dfo wheel: %s", argv)
