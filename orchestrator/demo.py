@@ -45,6 +45,11 @@ def demo_config(base: Mapping[str, Any], layout: RemoteLayout) -> dict[str, Any]
     train = cfg.setdefault("train", {})
     train["max_steps"] = 120
     train["log_every"] = 10
+    # the incident's pattern: torch.compile on, the compile gate off. The supervisor's
+    # first fallback for the FX error turns the gate on.
+    comp = cfg.setdefault("compile", {})
+    comp["enabled"] = True
+    comp["gate"] = False
     ck = cfg.setdefault("checkpoint", {})
     ck["every"] = 20
     ck["keep"] = 3

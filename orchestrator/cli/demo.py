@@ -35,8 +35,7 @@ def demo(ctx: click.Context, host_name: str | None, fault: str | None, no_fault:
         con.rule(f"[bold]{n}/4 {what}[/bold] on {host.name}")
 
     step(1, "dfo deploy")
-    ctx.invoke(deploy, host_name=host.name, check=False, rollback=False, force=False,
-               profile=None, as_json=False)
+    _run(ctx, deploy, ["--host", host.name])
 
     step(2, "demo assets (tiny Qwen3 target, synthetic data)")
     ensure_assets(app.transport(host.name), host.layout, say=lambda m: con.print(f"dfo: {m}"))
@@ -44,19 +43,24 @@ def demo(ctx: click.Context, host_name: str | None, fault: str | None, no_fault:
     cfg = write_demo_config(host.layout, cfg_dir / "demo.yaml")
 
     step(3, "dfo warm-cache")
-    wc_params = {p.name: p.get_default(ctx) for p in warm_cache.params}
-    wc_params.update(host_name=host.name, config_path=str(cfg))
-    ctx.invoke(warm_cache, **wc_params)
+    _run(ctx, warm_cache, ["--host", host.name, "--config", str(cfg), "--no-check"])
 
     step(4, "dfo launch -f")
     spec = None if no_fault else (fault or DEMO_FAULT)
     if spec:
         con.print(f"dfo: injecting [bold]{spec}[/bold]: torch will raise the FX-tracing error in "
                   "attempt 1; watch the supervisor classify it and fall back")
-    l_params = {p.name: p.get_default(ctx) for p in launch.params}
-    l_params.update(host_name=host.name, config=str(cfg), run_name="demo", replace=True,
-                    follow=True, fault=spec, backoff_scale=0.02)
-    return ctx.invoke(launch, **l_params)
+    args = ["--host", host.name, "--config", str(cfg), "--run-name", "demo", "--replace",
+            "--follow", "--backoff-scale", "0.02"]
+    if spec:
+        args += ["--fault", spec]
+    return _run(ctx, launch, args)
+
+
+def _run(ctx: click.Context, cmd: click.Command, args: list[str]):
+    """Run another dfo command exactly as if typed (its own parsing and defaults)."""
+    with cmd.make_context(cmd.name, args, parent=ctx) as sub:
+        return cmd.invoke(sub)
 
 
 COMMANDS = [demo]
