@@ -20,10 +20,12 @@ from .sshd import LabUnavailable
 
 PREFIX = "dfo-lab-"  # the pct stand-in maps VMID N to the container "dfo-lab-N"
 RELEASE = "bookworm"
+# g++ and python3-dev: inductor on CPU compiles C++ kernels that include Python.h
+# (the warm-cache hit tests and any compile.enabled CPU run in the container need them)
 PACKAGES = ["python3", "procps", "util-linux", "tar", "coreutils", "zstd",
-            "g++"]  # inductor on CPU compiles C++ (warm-cache hit tests in the container)
+            "g++", "python3-dev"]
 MARKER = "etc/dfo-lab-release"  # inside the rootfs; written last by build()
-LAB_VERSION = "2"
+LAB_VERSION = "3"
 WHEELHOUSE_IN_CT = "/mnt/wheelhouse"
 MANAGED_BEGIN = "# --- dfo-lab managed (tests/lab/container.py) ---"
 MANAGED_END = "# --- end dfo-lab managed ---"
