@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import time
@@ -80,24 +81,37 @@ def test_slow_throttles_and_prints_flex_dense_warning(tiny, tmp_path):
     assert sum(after) / len(after) > 2.0 * sum(before) / len(before), (before, after)
 
 
+def _read_for(fd: int, seconds: float) -> str:
+    """Everything the fd yields within ``seconds`` (raw reads: no text-buffer surprises)."""
+    out, deadline = [], time.time() + seconds
+    while (left := deadline - time.time()) > 0:
+        r, _, _ = select.select([fd], [], [], left)
+        if not r:
+            break
+        b = os.read(fd, 65536)
+        if not b:
+            break
+        out.append(b)
+    return b"".join(out).decode("utf-8", "replace")
+
+
 def test_hang_is_alive_silent_and_heartbeat_free(tiny, tmp_path):
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", DFO_FAULT="hang@3")
     p = subprocess.Popen([PY, "-m", "trainer", *_args(tiny, tmp_path, **{"train.heartbeat_s": 1})],
-                         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True)
+                         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    fd = p.stdout.fileno()
     try:
-        lines = []
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            line = p.stdout.readline()
-            assert line, "trainer exited before the hang"
-            lines.append(line)
-            if line.startswith("@dfo ") and json.loads(line[5:]).get("step") == 2 \
-                    and json.loads(line[5:])["kind"] == "step":
-                break
-        os.set_blocking(p.stdout.fileno(), False)
-        time.sleep(4.0)  # 4 heartbeat periods
-        late = p.stdout.read() or ""
+        seen, deadline = "", time.time() + 120
+        while '"kind": "step", "step": 2' not in seen and '"step": 2,' not in seen:
+            assert time.time() < deadline, "no step 2 within 120 s"
+            chunk = _read_for(fd, 1.0)
+            assert chunk or p.poll() is None, "trainer exited before the hang"
+            seen += chunk
+        # Output already in flight when the hang took hold (a heartbeat from step 3's work
+        # on a loaded machine) is fine; from then on there must be silence.
+        early = _read_for(fd, 2.0)
+        assert '"step": 3' not in early, early
+        late = _read_for(fd, 4.0)  # 4 heartbeat periods
         assert p.poll() is None, "the hung process must stay alive"
         assert "heartbeat" not in late and '"step": 3' not in late, late
         p.terminate()  # like a native deadlock: SIGTERM does not end it, SIGKILL does
