@@ -517,8 +517,7 @@ def warmup_argv(python: str, cfg_path: str, overrides: Sequence[tuple[str, str]]
     argv = [python, *WARMUP_ARGS]
     if cfg_path:
         argv += ["--config", cfg_path]
-    for k, v in overrides:
-        argv += [f"--{k}", v]
+    argv += [f"--{k}={v}" for k, v in overrides]  # one token each: a value is never a flag
     argv += ["--report", report]
     if save_mega:
         argv += ["--save-mega-cache", save_mega]

@@ -28,6 +28,8 @@ from .errors import ConfigError
 from .ops.classify import CLASSES
 from .ops.layout import RemoteLayout
 
+_SAFE_ROOT = re.compile(r"^/[A-Za-z0-9._/@+=-]*$")  # remote roots go into systemd properties
+
 TRANSPORTS = ("local", "ssh", "proxmox")
 
 #: Failure classes a host may give a fallback ladder for (the classifier's names, used
@@ -219,7 +221,11 @@ class _Parser:
 
     def scalar(self, node: yaml.Node) -> Any:
         assert self.loader is not None
-        return self.loader.construct_object(node, deep=True)
+        try:
+            return self.loader.construct_object(node, deep=True)
+        except (yaml.YAMLError, ValueError, TypeError) as e:  # `!tag x`, `2001-02-30`, ...
+            first = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise self.err(node, "", f"cannot read this value: {first} (quote it as a string)") from None
 
     def mapping(self, node: yaml.Node, where: str, allowed: tuple[str, ...] | None) -> dict[str, tuple[yaml.Node, yaml.Node]]:
         """A mapping node as {key: (key_node, value_node)}, rejecting duplicates and unknown keys."""
@@ -358,6 +364,10 @@ class _Parser:
                 raise self.err(rnode, f"{w}.root", f"must be an absolute path on the remote side, got {root!r} "
                                                    f"(e.g. /root/dfo; '~' is not expanded remotely)")
             root = os.path.normpath(root).replace("//", "/")
+        if not _SAFE_ROOT.match(root):
+            # the root ends up in systemd unit properties and supervisor argv: keep it plain
+            raise self.err(rnode, f"{w}.root", f"use only letters, digits and . _ - + @ = / in the "
+                                               f"root path, got {root!r}")
 
         kw: dict[str, Any] = {}
         if "profile" in m:
@@ -376,6 +386,10 @@ class _Parser:
             v = self.string(m["index_url"][1], f"{w}.index_url")
             if not re.match(r"^(https?|file)://", v):
                 raise self.err(m["index_url"][1], f"{w}.index_url", f"expected an http(s):// or file:// URL, got {v!r}")
+            if re.match(r"^[a-z]+://[^/@]*@", v):
+                raise self.err(m["index_url"][1], f"{w}.index_url",
+                               "credentials in the URL would show in process lists and logs; "
+                               "put them in ~/.netrc on the target (or uv's keyring) instead")
             kw["index_url"] = v
         if "fallbacks" in m:
             kw["fallbacks"] = self.fallbacks(m["fallbacks"][1], f"{w}.fallbacks")

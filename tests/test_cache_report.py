@@ -45,12 +45,15 @@ def test_parse_report_refuses_garbage(bad):
         parse_report(bad)
 
 
-def test_warmup_argv_is_a_list_with_overrides_as_separate_elements():
+def test_warmup_argv_is_a_list_with_each_override_one_element():
     argv = warmup_argv("/r/envs/current/bin/python", "/r/c.yaml", [("model.attention", "sdpa; rm -rf /")],
                        "/r/rep.json", save_mega="/r/g/mega/artifacts.bin")
     assert argv == ["/r/envs/current/bin/python", "-m", "trainer", "warmup", "--config", "/r/c.yaml",
-                    "--model.attention", "sdpa; rm -rf /", "--report", "/r/rep.json",
+                    "--model.attention=sdpa; rm -rf /", "--report", "/r/rep.json",
                     "--save-mega-cache", "/r/g/mega/artifacts.bin"]
+    # a value that looks like a flag stays the override's value (one token)
+    argv = warmup_argv("py", "c.yaml", [("data.path", "--report=/root/.bashrc")], "/r/rep.json")
+    assert "--data.path=--report=/root/.bashrc" in argv and argv[-2:] == ["--report", "/r/rep.json"]
     env = warmup_env("/r/cache/.gens/k-1")
     assert env["TORCHINDUCTOR_CACHE_DIR"] == "/r/cache/.gens/k-1/inductor"
     assert env["TRITON_CACHE_DIR"] == "/r/cache/.gens/k-1/triton"

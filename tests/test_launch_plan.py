@@ -74,8 +74,8 @@ def test_trainer_argv_renders_overrides():
                         run_dir="/r/runs/x", checkpoint_dir="/r/ck", resume="/r/ck/step_20")
     assert argv[:5] == ["/r/envs/current/bin/python", "-m", "orchestrator.supervisor.shim",
                         "trainer", "train"]
-    assert argv[argv.index("--compile.gate") + 1] == "true"
-    assert argv[argv.index("--parallel.drafter_devices") + 1] == "[cuda:0]"
+    assert "--compile.gate=true" in argv
+    assert "--parallel.drafter_devices=[cuda:0]" in argv
     assert argv[-2:] == ["--resume", "/r/ck/step_20"]
     ddp = trainer_argv("py", "c.yaml", {}, run_dir="/d", checkpoint_dir="/c", resume=None,
                        layout="ddp", nproc=2)
@@ -138,3 +138,18 @@ def test_attempt_env():
     assert e == {"TORCHINDUCTOR_CACHE_DIR": "/c", "DFO_ATTEMPT": "2", "DFO_RUN_DIR": "/d",
                  "PYTHONUNBUFFERED": "1", "NCCL_NVLS_ENABLE": "0", "DFO_FAULT": "oom@3"}
     assert "DFO_FAULT" not in attempt_env({"DFO_FAULT": "x"}, attempt=1, run_dir="/d", fault=None)
+
+
+def test_an_override_value_never_becomes_a_trainer_flag():
+    """`--set data.path=--resume=/x` must not smuggle a --resume past parse_resume."""
+    from trainer.__main__ import split_args
+
+    argv = trainer_argv("py", "c.yaml", {"data.path": "--resume=/etc", "train.lr": 0.1},
+                        run_dir="/d", checkpoint_dir="/c", resume=None)
+    config, own, rest = split_args(argv[argv.index("train") + 1:], ("--resume",))
+    assert config == "c.yaml" and "--resume" not in own
+    assert "--data.path=--resume=/etc" in rest
+    # the two-token form typed by hand is read the same way: the value stays data
+    config, own, rest = split_args(["--data.path", "--resume=/etc", "--resume", "latest"],
+                                   ("--resume",))
+    assert own == {"--resume": "latest"} and rest == ["--data.path", "--resume=/etc"]

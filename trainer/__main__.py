@@ -28,6 +28,10 @@ def split_args(argv: list[str], own: tuple[str, ...]) -> tuple[str | None, dict[
     while i < len(argv):
         a = argv[i]
         name, eq, val = a.partition("=")
+        if not eq and a.startswith("--") and "." in a and i + 1 < len(argv):
+            rest += [a, argv[i + 1]]  # --SECTION.FIELD VALUE: the value is data, never a flag
+            i += 2
+            continue
         if name in ("--config", *own):
             if not eq:
                 if i + 1 >= len(argv):

@@ -160,10 +160,9 @@ def render_value(v: Any) -> str:
 
 
 def override_flags(overrides: Mapping[str, Any]) -> list[str]:
-    out: list[str] = []
-    for k in sorted(overrides):
-        out += [f"--{k}", render_value(overrides[k])]
-    return out
+    """One ``--KEY=VALUE`` token per override: a value can never be read by the trainer
+    as a flag of its own (``--set data.path=--resume=/x`` stays data.path's value)."""
+    return [f"--{k}={render_value(overrides[k])}" for k in sorted(overrides)]
 
 
 def flatten(d: Mapping[str, Any]) -> dict[str, Any]:
