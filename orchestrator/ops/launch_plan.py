@@ -8,6 +8,7 @@ constant that takes its values as positional parameters (``"$1"``).
 
 from __future__ import annotations
 
+import math
 import posixpath
 import re
 import time
@@ -317,7 +318,10 @@ def thresholds(overrides: Mapping[str, float] | None = None, *, scale: float = 1
     for k, v in (overrides or {}).items():
         if k not in t:
             raise ConfigError(f"threshold {k!r} is unknown", hint="known: " + ", ".join(t))
-        t[k] = float(v)
+        v = float(v)
+        if not math.isfinite(v) or v < 0 or (v == 0 and k != "skip_steps"):
+            raise ConfigError(f"--threshold {k}={v}: expected a positive number of seconds")
+        t[k] = v
     return t
 
 
