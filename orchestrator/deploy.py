@@ -99,6 +99,8 @@ def local_find_links(environ: dict[str, str]) -> list[str]:
 
 
 def _pid_alive(pid: int) -> bool:
+    if pid <= 0:  # os.kill(0 or -1, 0) would ask about a whole process group
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

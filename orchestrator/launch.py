@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import posixpath
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -267,7 +268,7 @@ class RunOps:
             raise DeployError(f"no deployed env on {self.host.name} ({self.python} missing)",
                               hint=f"run `dfo deploy --host {self.host.name}` first")
         r.check("reading run state")
-        return json.loads(r.out)
+        return _json_reply(r.out, "reading run state")
 
     def status(self, run: str | None = None) -> list[dict]:
         if run is not None:
@@ -296,17 +297,17 @@ class RunOps:
         r = self.t.run([self.python, "-m", "orchestrator.supervisor.query", "--root",
                         self.layout.root, "--stop", run_id], timeout=60)
         r.check("stopping the run")
-        res = json.loads(r.out)
+        res = _json_reply(r.out, "stopping the run")
         if not res.get("stopped"):
             runs = self.status(run_id)
             if not runs:
                 raise NotFoundError(f"no run {run_id} on {self.host.name}")
             return runs[0]
         if not wait:
-            return self.status(run_id)[0]
+            return self._one(run_id)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            info = self.status(run_id)[0]
+            info = self._one(run_id)
             if info.get("status") in rs.FINAL or not info.get("live"):
                 return info
             time.sleep(0.5)
@@ -315,7 +316,27 @@ class RunOps:
                              "stop_timeout_s")
 
 
-_RUN_ID = __import__("re").compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,79}$")
+    def _one(self, run_id: str) -> dict:
+        runs = self.status(run_id)
+        if not runs:
+            raise NotFoundError(f"no run {run_id} on {self.host.name} (its directory is gone)")
+        return runs[0]
+
+
+def _json_reply(out: str, what: str) -> dict:
+    """The last JSON object line of a remote helper's stdout (stray lines before it are
+    ignored: a warning printed by the env must not become a traceback here)."""
+    for line in reversed(out.strip().splitlines()):
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                break
+    raise RemoteCommandError(f"{what}: the remote helper's output is not JSON",
+                             hint="run it by hand with -v to see what it printed")
+
+
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,79}$")
 
 
 def _check_run_id(run: str) -> None:

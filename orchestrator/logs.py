@@ -95,7 +95,10 @@ class LogFollower:
                 if not isinstance(rec, dict):
                     return
                 if "f" in rec:
-                    name, off = str(rec["f"]), int(rec["o"])
+                    try:
+                        name, off = str(rec["f"]), int(rec["o"])
+                    except (KeyError, TypeError, ValueError):
+                        return  # not one of the follower's records
                     if off <= self.offsets.get(name, 0):
                         return  # never repeat a line
                     self.offsets[name] = off
