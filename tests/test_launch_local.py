@@ -66,7 +66,7 @@ def test_dry_run_prints_plan_and_starts_nothing(env, capsys, tiny_assets):  # no
                        "--no-env-check", "--set", "train.micro_batch=4")
     assert rc == 0, err
     assert "setsid -f sh -c" in out and "orchestrator.supervisor.shim trainer train" in out
-    assert "--train.micro_batch 4" in out and "TORCHINDUCTOR_CACHE_DIR=" in out
+    assert "--train.micro_batch=4" in out and "TORCHINDUCTOR_CACHE_DIR=" in out
     assert "compile_gate -> layout_ddp -> one_drafter_device -> attention_sdpa" in out
     assert "run `dfo warm-cache`" in err
     assert not (root / "runs").exists()

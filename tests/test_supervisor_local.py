@@ -52,7 +52,7 @@ def test_fx_error_is_classified_falls_back_and_resumes(setup, tiny_assets):  # n
     starts = kinds(evs, "attempt_start")
     assert len(starts) == 2 and starts[1]["resume"].endswith("/step_4")
     argv = starts[1]["argv"]
-    assert argv[argv.index("--compile.gate") + 1] == "true"
+    assert "--compile.gate=true" in argv
     assert cl[-1]["class"] == "done" and info["last_step"] == 12
     assert info["overrides"] == {"compile.gate": True}
     order = [e["kind"] for e in evs]
@@ -94,7 +94,7 @@ def test_oom_halves_micro_batch(setup, tiny_assets):  # noqa: F811
     fb = kinds(evs, "fallback")[0]
     assert fb["step"] == "halve_micro_batch" and fb["changed"] == {"train.micro_batch": 4}
     argv = kinds(evs, "attempt_start")[1]["argv"]
-    assert argv[argv.index("--train.micro_batch") + 1] == "4"
+    assert "--train.micro_batch=4" in argv
     assert kinds(evs, "attempt_start")[1]["resume"] is None   # no checkpoint before step 3
 
 

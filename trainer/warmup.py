@@ -47,6 +47,10 @@ def parse_args(argv: list[str]) -> tuple[dict[str, str | None], list[str]]:
     while i < len(argv):
         a = argv[i]
         key, eq, val = a.partition("=")
+        if not eq and a.startswith("--") and "." in a and i + 1 < len(argv):
+            rest += [a, argv[i + 1]]  # --SECTION.FIELD VALUE: the value is data, never a flag
+            i += 2
+            continue
         if key in own:
             if not eq:
                 if i + 1 >= len(argv):
