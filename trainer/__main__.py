@@ -13,38 +13,13 @@ import logging
 import sys
 import traceback
 
+from .config import split_args  # torch-free; re-exported for callers of trainer.__main__
 from .exitcodes import CONFIG_ERROR, FATAL, TABLE, exit_code_for
 
 USAGE = ("usage: python -m trainer train --config FILE.yaml [--SECTION.FIELD VALUE ...] "
          "[--resume step_N|latest|PATH]\n"
          "       python -m trainer warmup --config FILE.yaml [--SECTION.FIELD VALUE ...] "
          "[--report FILE.json]")
-
-
-def split_args(argv: list[str], own: tuple[str, ...]) -> tuple[str | None, dict[str, str], list[str]]:
-    """(config path, {own flag: value}, override args) from the command line."""
-    config, opts, rest = None, {}, []
-    i = 0
-    while i < len(argv):
-        a = argv[i]
-        name, eq, val = a.partition("=")
-        if not eq and a.startswith("--") and "." in a and i + 1 < len(argv):
-            rest += [a, argv[i + 1]]  # --SECTION.FIELD VALUE: the value is data, never a flag
-            i += 2
-            continue
-        if name in ("--config", *own):
-            if not eq:
-                if i + 1 >= len(argv):
-                    raise _usage(f"{name} needs a value")
-                val, i = argv[i + 1], i + 1
-            if name == "--config":
-                config = val
-            else:
-                opts[name] = val
-        else:
-            rest.append(a)
-        i += 1
-    return config, opts, rest
 
 
 def _usage(msg: str):

@@ -260,6 +260,37 @@ def _flatten_yaml(data: Any, path: str) -> dict[str, Any]:
     return out
 
 
+def split_args(argv: list[str], own: tuple[str, ...]) -> tuple[str | None, dict[str, str], list[str]]:
+    """(config path, {own flag: value}, override args) from a trainer command line.
+
+    Shared by ``train`` and ``warmup``. ``--SECTION.FIELD VALUE`` pairs go to the overrides
+    whole: a value is data, never read as a flag of ours (``--data.path --resume=/x``).
+    """
+    config, opts, rest = None, {}, []
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        name, eq, val = a.partition("=")
+        if not eq and a.startswith("--") and "." in a and i + 1 < len(argv):
+            rest += [a, argv[i + 1]]  # --SECTION.FIELD VALUE: the value is data, never a flag
+            i += 2
+            continue
+        if name in ("--config", *own):
+            if not eq:
+                if i + 1 >= len(argv):
+                    raise TrainerConfigError(f"config: {name}: missing value")
+                val, i = argv[i + 1], i + 1
+            if name == "--config":
+                config = val
+            else:
+                opts[name] = val
+        else:
+            rest.append(a)
+        i += 1
+    return config, opts, rest
+
+
+
 def parse_overrides(args: list[str]) -> list[tuple[str, str]]:
     """``["--train.micro_batch", "4", "--model.attention=sdpa"]`` -> [(key, text), ...]."""
     out: list[tuple[str, str]] = []

@@ -40,29 +40,15 @@ _OWN_FLAGS = ("--config", "--report", "--save-mega-cache", "--load-mega-cache")
 
 
 def parse_args(argv: list[str]) -> tuple[dict[str, str | None], list[str]]:
-    """Split our own flags from the config overrides (pure)."""
+    """Split our own flags from the config overrides (pure; the same rules as ``train``)."""
+    from .config import split_args
+
+    config, opts, rest = split_args(argv, tuple(k for k in _OWN_FLAGS if k != "--config"))
+    if any(a in ("-h", "--help") for a in rest):
+        raise SystemExit(print(USAGE) or 0)
     own: dict[str, str | None] = {k: None for k in _OWN_FLAGS}
-    rest: list[str] = []
-    i = 0
-    while i < len(argv):
-        a = argv[i]
-        key, eq, val = a.partition("=")
-        if not eq and a.startswith("--") and "." in a and i + 1 < len(argv):
-            rest += [a, argv[i + 1]]  # --SECTION.FIELD VALUE: the value is data, never a flag
-            i += 2
-            continue
-        if key in own:
-            if not eq:
-                if i + 1 >= len(argv):
-                    raise TrainerConfigError(f"config: {key}: missing value ({USAGE})")
-                val = argv[i + 1]
-                i += 1
-            own[key] = val
-        elif a in ("-h", "--help"):
-            raise SystemExit(print(USAGE) or 0)
-        else:
-            rest.append(a)
-        i += 1
+    own.update(opts)
+    own["--config"] = config
     return own, rest
 
 
