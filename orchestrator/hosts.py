@@ -28,7 +28,9 @@ from .errors import ConfigError
 from .ops.classify import CLASSES
 from .ops.layout import RemoteLayout
 
-_SAFE_ROOT = re.compile(r"^/[A-Za-z0-9._/@+=-]*$")  # remote roots go into systemd properties
+# Roots go into systemd-run's ExecStart and unit properties, where $ (environment), %
+# (specifiers) and \ (escapes) are interpreted; keep those and control characters out.
+_UNSAFE_ROOT = re.compile(r"[$%\\\x00-\x1f\x7f]")
 
 TRANSPORTS = ("local", "ssh", "proxmox")
 
@@ -364,10 +366,9 @@ class _Parser:
                 raise self.err(rnode, f"{w}.root", f"must be an absolute path on the remote side, got {root!r} "
                                                    f"(e.g. /root/dfo; '~' is not expanded remotely)")
             root = os.path.normpath(root).replace("//", "/")
-        if not _SAFE_ROOT.match(root):
-            # the root ends up in systemd unit properties and supervisor argv: keep it plain
-            raise self.err(rnode, f"{w}.root", f"use only letters, digits and . _ - + @ = / in the "
-                                               f"root path, got {root!r}")
+        if _UNSAFE_ROOT.search(root):
+            raise self.err(rnode, f"{w}.root", f"must not contain $, %, \\ or control characters "
+                                               f"(systemd would interpret them), got {root!r}")
 
         kw: dict[str, Any] = {}
         if "profile" in m:

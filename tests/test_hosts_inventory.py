@@ -175,6 +175,13 @@ def test_local_root_tilde_expanded(tmp_path, _isolated):
 # --------------------------------------------------------------------------- bad files
 
 BAD = {
+    "root_systemd_chars": (PVE.replace("root: /root/dfo", "root: /root/$HOME/dfo"),
+                           r"hosts.yaml:7: hosts.pve.root: must not contain \$, %"),
+    "index_url_credentials": (PVE.replace("    root: /root/dfo\n",
+                                          "    root: /root/dfo\n    index_url: https://u:tok@pypi.example/simple\n"),
+                              r"hosts.yaml:8: hosts.pve.index_url: credentials in the URL"),
+    "unconstructible_value": (PVE.replace("root: /root/dfo", "root: !foo x"),
+                              r"hosts.yaml:7: cannot read this value: .*quote it as a string"),
     "yaml_syntax": ("hosts:\n  pve:\n    transport: proxmox\n    vmid: [200\n",
                     r"hosts.yaml:\d+: YAML syntax error"),
     "unknown_key": (PVE.replace("    vmid: 200\n", "    vmdi: 200\n"),

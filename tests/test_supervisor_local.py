@@ -113,7 +113,10 @@ def test_dense_warning_is_acted_on_live_with_a_checkpoint(setup, tiny_assets):  
     assert cl["class"] == "dense_fallback"
     assert any("materializes the full scores matrix" in e["text"] for e in cl["evidence"])
     resume = kinds(evs, "attempt_start")[1]["resume"]
-    assert resume.endswith("/step_6") or resume.endswith("/step_5"), resume
+    # the checkpoint written on SIGTERM: at or after the slowdown (how far past depends on
+    # the machine's load), and before the run's end
+    step = int(resume.rsplit("step_", 1)[1])
+    assert 5 <= step < 14, resume
 
 
 def test_nan_loss_restarts_from_the_checkpoint(setup, tiny_assets):  # noqa: F811
