@@ -61,7 +61,11 @@ class Emitter:
         if not self.enabled or _silenced():
             return
         with self._lock:
-            print(text, file=self.out, flush=True)
+            # one write per line: ranks of a ddp run share the pipe, and a line written in
+            # one call (< PIPE_BUF) is never interleaved with another process's line
+            out = self.out
+            out.write(text + "\n")
+            out.flush()
 
     def marker(self, kind: str, **fields) -> dict:
         rec = {"kind": kind, **fields, "t": time.time()}
