@@ -7,6 +7,7 @@ Click only: each step is the same command a user would type.
 from __future__ import annotations
 
 import tempfile
+import time
 from pathlib import Path
 
 import click
@@ -50,7 +51,9 @@ def demo(ctx: click.Context, host_name: str | None, fault: str | None, no_fault:
     if spec:
         con.print(f"dfo: injecting [bold]{spec}[/bold]: torch will raise the FX-tracing error in "
                   "attempt 1; watch the supervisor classify it and fall back")
-    args = ["--host", host.name, "--config", str(cfg), "--run-name", "demo", "--replace",
+    # a fresh run name each time: a new launch must not resume an earlier demo's checkpoints
+    run_name = time.strftime("demo-%Y%m%d-%H%M%S")
+    args = ["--host", host.name, "--config", str(cfg), "--run-name", run_name, "--replace",
             "--follow", "--backoff-scale", "0.02"]
     if spec:
         args += ["--fault", spec]
