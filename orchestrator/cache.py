@@ -57,7 +57,7 @@ def load_config(path: str | os.PathLike | None, overrides: Sequence[tuple[str, s
             text = Path(path).read_bytes()
         except OSError as e:
             raise ConfigError(f"--config {path}: cannot read: {e.strerror or e}") from None
-    from trainer import config as tcfg  # torch-free by contract
+    from dfo_contract import trainer_config as tcfg
 
     try:
         cfg = tcfg.load_config(str(path) if path is not None else None, list(overrides))

@@ -110,7 +110,7 @@ class RunOps:
         policy = BudgetPolicy.from_json(pol)
         thr = lp.thresholds(o.thresholds)
         if o.fault:
-            from trainer.faults import parse_spec  # torch-free
+            from dfo_contract.faultspec import parse_spec
 
             parse_spec(o.fault, source="--fault")
 

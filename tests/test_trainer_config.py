@@ -1,4 +1,4 @@
-"""trainer.config: YAML + dotted overrides + validation that names the flag (torch-free)."""
+"""dfo_contract.trainer_config: YAML + dotted overrides + validation that names the flag (torch-free)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from trainer.config import load_config, parse_overrides, TrainerConfig
-from trainer.exitcodes import TrainerConfigError
+from dfo_contract.trainer_config import load_config, parse_overrides, TrainerConfig
+from dfo_contract.exitcodes import TrainerConfigError
 
 
 def _yaml(tmp_path, text):
@@ -33,7 +33,7 @@ def test_defaults_yaml_and_overrides(tmp_path):
 
 
 def test_gamma_defaults():
-    from trainer.config import default_gamma
+    from dfo_contract.trainer_config import default_gamma
 
     assert (default_gamma(16), default_gamma(10), default_gamma(8)) == (7.0, 5.0, 4.0)
 
@@ -83,8 +83,11 @@ def test_parse_overrides_rejects_positional():
 
 
 def test_config_and_manifest_import_no_torch():
-    code = ("import sys, trainer, trainer.config, trainer.ckpt_manifest, trainer.exitcodes; "
-            "assert 'torch' not in sys.modules, 'torch imported'")
+    code = ("import sys, trainer, dfo_contract.trainer_config, dfo_contract.checkpoints, "
+            "dfo_contract.exitcodes, dfo_contract.faultspec, dfo_contract.markers, dfo_contract.fsio; "
+            "assert 'torch' not in sys.modules, 'torch imported'; "
+            "assert not any(m.split('.')[0] in ('orchestrator', 'yaml') and m.startswith('orchestrator') "
+            "for m in sys.modules), 'orchestrator imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

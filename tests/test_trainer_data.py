@@ -10,7 +10,7 @@ import pytest
 
 from tests.test_trainer_helpers import REPO, make_target
 from trainer.data import BatchStream, JsonlDataset, Order, load_tokenizer, tokenize_chat
-from trainer.exitcodes import DataError
+from dfo_contract.exitcodes import DataError
 
 B = 8
 

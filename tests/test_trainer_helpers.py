@@ -39,7 +39,7 @@ def tiny_overrides(target: str, data: str, run_dir: str, **extra) -> list[str]:
 
 
 def tiny_config(target: str, data: str, run_dir: str, **extra):
-    from trainer.config import load_config
+    from dfo_contract.trainer_config import load_config
 
     return load_config(None, tiny_overrides(target, data, run_dir, **extra))
 

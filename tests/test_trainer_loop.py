@@ -14,8 +14,8 @@ import torch
 
 from tests.test_trainer_helpers import (PY, REPO, make_synth, make_target, markers, run_trainer,
                                         tiny_config, tiny_overrides)
-from trainer import ckpt_manifest as cm
-from trainer.exitcodes import CheckpointError
+from dfo_contract import checkpoints as cm
+from dfo_contract.exitcodes import CheckpointError
 from trainer.loop import train
 from trainer.metrics import STEP_FIELDS
 
@@ -188,7 +188,7 @@ def test_cli_exit_codes(env, tmp_path):
 
 
 def test_fault_hook_nan_stops_with_nan_loss(env):
-    from trainer.exitcodes import NonFiniteLoss
+    from dfo_contract.exitcodes import NonFiniteLoss
 
     with pytest.raises(NonFiniteLoss, match="loss is nan at step 2"):
         _train(env, "nan", **{"train.max_steps": 4, "fault.spec": "nan@2#*"})

@@ -9,7 +9,7 @@ import sys
 import time
 
 from tests.test_trainer_helpers import REPO, markers
-from trainer import exitcodes
+from dfo_contract import exitcodes
 from trainer.metrics import Emitter, Heartbeat
 
 

@@ -9,7 +9,7 @@ import torch
 
 from tests.test_trainer_helpers import make_synth, make_target, tiny_config
 from trainer import attention, objective, step
-from trainer.exitcodes import TrainerConfigError
+from dfo_contract.exitcodes import TrainerConfigError
 from trainer.target import tapped_layer_ids
 
 B = 8

@@ -12,7 +12,7 @@ pytest.importorskip("torch")
 
 from tests.test_trainer_helpers import PY, REPO, make_synth, make_target, markers, \
     run_trainer, tiny_overrides  # noqa: E402
-from trainer.exitcodes import TrainerConfigError  # noqa: E402
+from dfo_contract.exitcodes import TrainerConfigError  # noqa: E402
 from trainer.warmup import parse_args, warm_devices  # noqa: E402
 
 
@@ -29,7 +29,7 @@ def test_parse_args_splits_own_flags_from_overrides():
 
 
 def test_warm_devices_per_layout():
-    from trainer.config import load_config
+    from dfo_contract.trainer_config import load_config
 
     cfg = load_config(None, ["--data.path", "x", "--parallel.layout", "threads",
                              "--parallel.target_devices", "[cpu]",

@@ -1,8 +1,9 @@
 """The bundled DFlash drafter trainer (block-diffusion speculative decoding).
 
 ``python -m trainer train|warmup ...``; see docs/trainer.md and docs/contracts.md.
-This package's ``__init__`` imports no torch: ``trainer.config``, ``trainer.exitcodes``
-and ``trainer.ckpt_manifest`` are torch-free so the orchestrator may import them.
+This package's ``__init__`` imports no torch. The trainer never imports the orchestrator:
+what both sides agree on (config tree, exit codes, checkpoint manifests, markers, fault
+spec) is the torch-free ``dfo_contract`` package.
 """
 
 __all__ = ["__version__"]

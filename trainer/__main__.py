@@ -13,8 +13,8 @@ import logging
 import sys
 import traceback
 
-from .config import split_args  # torch-free; re-exported for callers of trainer.__main__
-from .exitcodes import CONFIG_ERROR, FATAL, TABLE, exit_code_for
+from dfo_contract.trainer_config import split_args  # torch-free; re-exported for callers of trainer.__main__
+from dfo_contract.exitcodes import CONFIG_ERROR, FATAL, TABLE, exit_code_for
 
 USAGE = ("usage: python -m trainer train --config FILE.yaml [--SECTION.FIELD VALUE ...] "
          "[--resume step_N|latest|PATH]\n"
@@ -23,7 +23,7 @@ USAGE = ("usage: python -m trainer train --config FILE.yaml [--SECTION.FIELD VAL
 
 
 def _usage(msg: str):
-    from .exitcodes import TrainerConfigError
+    from dfo_contract.exitcodes import TrainerConfigError
 
     return TrainerConfigError(f"config: {msg}")
 
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     _setup_logging()
     try:
         if cmd == "train":
-            from .config import load_config
+            from dfo_contract.trainer_config import load_config
 
             config, opts, overrides = split_args(rest, ("--resume",))
             cfg = load_config(config, overrides)

@@ -85,7 +85,7 @@ def qwen3_4b_config():
 
 
 def make_cfg(a):
-    from .config import TrainerConfig
+    from dfo_contract.trainer_config import TrainerConfig
 
     cfg = TrainerConfig()
     cfg.model.drafter_layers = a.drafter_layers
@@ -231,7 +231,7 @@ def check_agreement(device: str = "cuda:0", *, seq_len: int = 512, anchors: int 
     the reference magnitudes; ``ok`` when they agree within bf16/fp32 tolerance.
     """
     from . import step as S
-    from .config import TrainerConfig
+    from dfo_contract.trainer_config import TrainerConfig
     from .target import target_from_config, tiny_qwen3_config
 
     dev = torch.device(device)

@@ -19,8 +19,8 @@ import random
 import shutil
 import sys
 
-from . import ckpt_manifest as cm
-from .exitcodes import CheckpointError
+from dfo_contract import checkpoints as cm
+from dfo_contract.exitcodes import CheckpointError
 
 log = logging.getLogger("dfo")
 

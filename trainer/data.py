@@ -30,7 +30,7 @@ import random
 import sys
 from dataclasses import dataclass
 
-from .exitcodes import DataError
+from dfo_contract.exitcodes import DataError
 
 
 @dataclass

@@ -28,10 +28,11 @@ import time
 
 import torch
 
-from . import checkpoints, ckpt_manifest, metrics, objective, step as S
-from .config import TrainerConfig
+from dfo_contract import checkpoints as ckpt_manifest
+from . import checkpoints, metrics, objective, step as S
+from dfo_contract.trainer_config import TrainerConfig
 from .data import BatchStream, JsonlDataset, load_tokenizer
-from .exitcodes import DONE, INTERRUPTED, NonFiniteLoss, TrainerConfigError
+from dfo_contract.exitcodes import DONE, INTERRUPTED, NonFiniteLoss, TrainerConfigError
 
 log = logging.getLogger("dfo")
 

@@ -22,8 +22,8 @@ from dataclasses import dataclass, fields
 import torch
 
 from . import attention, compile as _compile, objective
-from .config import TrainerConfig
-from .exitcodes import TrainerConfigError
+from dfo_contract.trainer_config import TrainerConfig
+from dfo_contract.exitcodes import TrainerConfigError
 from .model import Drafter, DrafterSpec, SharedHead
 from .target import Target, load_target
 

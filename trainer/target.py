@@ -21,7 +21,7 @@ import threading
 import torch
 from torch import nn
 
-from .exitcodes import TrainerConfigError
+from dfo_contract.exitcodes import TrainerConfigError
 
 TINY_SPECIALS = ["<|pad|>", "<|im_start|>", "<|im_end|>", "<|mask|>"]
 TINY_MASK_ID = 3

@@ -32,7 +32,7 @@ import sys
 import time
 from typing import Any
 
-from .exitcodes import CONFIG_ERROR, DONE, TrainerConfigError, exit_code_for
+from dfo_contract.exitcodes import CONFIG_ERROR, DONE, TrainerConfigError, exit_code_for
 
 USAGE = ("usage: python -m trainer warmup --config FILE.yaml [--SECTION.FIELD VALUE ...] "
          "[--report FILE.json] [--save-mega-cache FILE] [--load-mega-cache FILE]")
@@ -41,7 +41,7 @@ _OWN_FLAGS = ("--config", "--report", "--save-mega-cache", "--load-mega-cache")
 
 def parse_args(argv: list[str]) -> tuple[dict[str, str | None], list[str]]:
     """Split our own flags from the config overrides (pure; the same rules as ``train``)."""
-    from .config import split_args
+    from dfo_contract.trainer_config import split_args
 
     config, opts, rest = split_args(argv, tuple(k for k in _OWN_FLAGS if k != "--config"))
     if any(a in ("-h", "--help") for a in rest):
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         own, rest = parse_args(argv)
-        from .config import load_config
+        from dfo_contract.trainer_config import load_config
 
         cfg = load_config(own["--config"], rest)
         report = run_warmup(cfg, load_cache=own["--load-mega-cache"],

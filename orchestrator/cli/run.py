@@ -314,7 +314,7 @@ def diagnose(logfile, exit_code, config, as_json):
 
         base = flatten(load_config(config)[0])
     else:  # the trainer's defaults (torch-free)
-        from trainer.config import TrainerConfig
+        from dfo_contract.trainer_config import TrainerConfig
 
         base = flatten(TrainerConfig().to_dict())
     choice = None

@@ -218,7 +218,7 @@ class Supervisor:
         if not self.state.get("last_checkpoint"):
             return self.spec.get("resume")  # this run saved nothing yet: what launch was given
         try:
-            from trainer.ckpt_manifest import newest_valid  # torch-free
+            from dfo_contract.checkpoints import newest_valid
         except ImportError:
             best = _newest_valid_fallback(ck)
         else:

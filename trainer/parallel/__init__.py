@@ -13,7 +13,7 @@ loop calls when present: ``after_step()`` (after the optimizer step) and ``befor
 
 from __future__ import annotations
 
-from ..exitcodes import TrainerConfigError
+from dfo_contract.exitcodes import TrainerConfigError
 
 LAYOUTS = ("threads", "ddp")
 

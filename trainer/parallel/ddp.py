@@ -29,7 +29,7 @@ import logging
 import os
 
 from .. import step as S
-from ..exitcodes import TrainerConfigError
+from dfo_contract.exitcodes import TrainerConfigError
 from ..gate import CompileGate, WarmupTask, default_dynamo_settings, describe, install
 
 log = logging.getLogger("dfo")

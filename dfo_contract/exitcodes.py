@@ -11,15 +11,14 @@ code  meaning
 6     interrupted by SIGTERM/SIGINT after saving a checkpoint
 ====  ==========================================================================
 
-The error classes subclass ``orchestrator.errors.DfoError`` so the orchestrator can catch
-them when it imports torch-free trainer modules (``trainer.config``,
-``trainer.ckpt_manifest``), but their ``exit_code`` is the trainer's table above.
+This table is the trainer's, not dfo's: dfo's own exit codes (``orchestrator.errors``)
+are a separate table (dfo's 3 is a connect error, the trainer's 3 a data error). The
+orchestrator translates a ``TrainerError`` it meets (validating a run config locally)
+into its own ``ConfigError`` at that boundary.
 """
 
 from __future__ import annotations
 
-from orchestrator.errors import ConfigError as _OrchConfigError
-from orchestrator.errors import DfoError
 
 DONE = 0
 CONFIG_ERROR = 2
@@ -38,19 +37,33 @@ TABLE: dict[int, str] = {
 }
 
 
-class TrainerConfigError(_OrchConfigError):
+class TrainerError(Exception):
+    """Base of the errors the trainer raises on purpose; ``str()`` is one line."""
+
+    exit_code = FATAL
+
+    def __init__(self, message: str, *, hint: str | None = None):
+        self.message = message
+        self.hint = hint
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        return f"{self.message} ({self.hint})" if self.hint else self.message
+
+
+class TrainerConfigError(TrainerError):
     """A bad trainer config value; the message names the flag (``--train.micro_batch``)."""
 
     exit_code = CONFIG_ERROR
 
 
-class DataError(DfoError):
+class DataError(TrainerError):
     """Bad training data; the message names ``file:line``."""
 
     exit_code = DATA_ERROR
 
 
-class CheckpointError(DfoError):
+class CheckpointError(TrainerError):
     """A resume target is missing, torn or corrupt."""
 
     exit_code = CHECKPOINT_ERROR
@@ -62,10 +75,6 @@ class NonFiniteLoss(RuntimeError):
 
 def exit_code_for(exc: BaseException) -> int:
     """The trainer exit code for an exception that ended the run."""
-    if isinstance(exc, TrainerConfigError | _OrchConfigError):
-        return CONFIG_ERROR
-    if isinstance(exc, DataError):
-        return DATA_ERROR
-    if isinstance(exc, CheckpointError):
-        return CHECKPOINT_ERROR
+    if isinstance(exc, TrainerError):
+        return exc.exit_code
     return FATAL

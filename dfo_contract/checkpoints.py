@@ -8,12 +8,11 @@ recorded size and sha256:
 
 Directories being written are named ``.step_N.tmp-<pid>`` and are never listed.
 The orchestrator uses this module remotely through
-``python -m trainer.checkpoints list DIR --json``.
+``python -m dfo_contract.checkpoints list DIR --json`` (see ``trainer.checkpoints``).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -21,6 +20,8 @@ import re
 from dataclasses import asdict, dataclass
 
 from .exitcodes import CheckpointError
+from .fsio import atomic_write_bytes, sha256_file
+from .procs import pid_alive
 
 log = logging.getLogger("dfo")
 FORMAT = 1
@@ -42,14 +43,6 @@ class CkptInfo:
         return asdict(self)
 
 
-def sha256_file(path: str, bufsize: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(bufsize):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def build_manifest(dirpath: str, step: int, files: list[str]) -> dict:
     entries = {}
     for name in files:
@@ -61,12 +54,8 @@ def build_manifest(dirpath: str, step: int, files: list[str]) -> dict:
 def write_manifest(dirpath: str, step: int, files: list[str]) -> dict:
     """Write manifest.json (via a temp file + rename + fsync) after every listed file."""
     man = build_manifest(dirpath, step, files)
-    tmp = os.path.join(dirpath, f".{MANIFEST}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(man, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, os.path.join(dirpath, MANIFEST))
+    atomic_write_bytes(os.path.join(dirpath, MANIFEST),
+                       json.dumps(man, indent=1, sort_keys=True).encode())
     return man
 
 
@@ -169,18 +158,6 @@ def stale_tmp_dirs(root: str) -> list[str]:
         return out
     for name in os.listdir(root):
         m = TMP_RE.match(name)
-        if m and not _pid_alive(int(m.group(2))):
+        if m and not pid_alive(int(m.group(2))):
             out.append(os.path.join(root, name))
     return out
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -1,0 +1,14 @@
+"""dfo's contract: the small, torch-free, stdlib-only package that both sides import.
+
+The orchestrator (local side and supervisor) and the trainer never import each other;
+everything they must agree on lives here:
+
+``fsio``            atomic writes, sha256, directory fsync (each helper exists once)
+``procs``           pid liveness
+``markers``         the ``@dfo `` output-marker format and the "last JSON line" reply parser
+``exitcodes``       the trainer's exit-code table and the errors that map onto it
+``checkpoints``     checkpoint manifests: verify ``step_N`` dirs, lineage, newest valid
+``faultspec``       the fault-injection spec (``DFO_FAULT`` / ``--fault.spec``) parser
+``trainer_config``  the trainer's config tree (kw_only dataclasses) and its flag parser
+``envvars``         the names of the environment variables the supervisor sets
+"""

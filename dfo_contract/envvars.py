@@ -1,0 +1,14 @@
+"""Names of the environment variables the supervisor sets for an attempt.
+
+The supervisor writes them (``orchestrator.ops.launch_plan.attempt_env``); the trainer
+reads them in one place (``trainer.runtime``). Nobody else spells these names.
+"""
+
+ATTEMPT = "DFO_ATTEMPT"          # 1-based attempt number
+RUN_DIR = "DFO_RUN_DIR"          # <root>/runs/<run-id>
+RUN_ID = "DFO_RUN_ID"            # the run's id (checkpoint lineage)
+CACHE_KEY = "DFO_CACHE_KEY"      # the compile-cache key in force
+CACHE_DIR = "DFO_CACHE_DIR"      # the run's compile-cache directory
+FAULT = "DFO_FAULT"              # fault-injection spec (tests, the demo)
+HOSTS = "DFO_HOSTS"              # test lab: hosts.yaml override
+PROJECT_WHEEL = "DFO_PROJECT_WHEEL"  # a prebuilt project wheel to deploy
