@@ -27,7 +27,7 @@ from .errors import DeployError
 
 log = logging.getLogger("dfo")
 
-_PACKAGES = ("orchestrator", "trainer")
+_PACKAGES = ("orchestrator", "trainer", "dfo_contract")
 _TOP_FILES = ("pyproject.toml", "README.md", "LICENSE", "setup.cfg", "MANIFEST.in")
 _SKIP_DIRS = {"__pycache__", ".pytest_cache", ".mypy_cache"}
 _SKIP_SUFFIXES = (".pyc", ".pyo")
