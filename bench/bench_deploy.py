@@ -30,9 +30,9 @@ sys.path.insert(0, str(REPO / "tools"))
 
 from fill_wheelhouse import fill  # noqa: E402
 
-from orchestrator.deploy import Deployer  # noqa: E402
-from orchestrator.hosts import load_inventory  # noqa: E402
-from orchestrator.project_wheel import build as build_wheel  # noqa: E402
+from orchestrator.engine.deploy import Deployer  # noqa: E402
+from orchestrator.config.inventory import load_inventory  # noqa: E402
+from orchestrator.engine.wheel import build as build_wheel  # noqa: E402
 from orchestrator.transport import open_transport  # noqa: E402
 from tests.lab import Lab  # noqa: E402
 

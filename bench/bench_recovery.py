@@ -84,7 +84,7 @@ def config_text(out: Path, target: str, data: str, steps: int, cpu: bool) -> str
         return GPU_CONFIG.format(target=target, data=data, steps=steps)
     import yaml
 
-    cfg = yaml.safe_load((REPO / "configs" / "tiny-cpu.yaml").read_text())
+    cfg = yaml.safe_load((REPO / "orchestrator" / "config" / "defaults" / "tiny-cpu.yaml").read_text())
     cfg["model"]["target_path"], cfg["data"]["path"] = target, data
     cfg["train"].update({"max_steps": steps, "log_every": 1, "heartbeat_s": 1.0})
     cfg["checkpoint"].update({"every": 4})
@@ -166,8 +166,8 @@ def main(argv=None) -> int:
     cfg = out / "recovery.yaml"
     cfg.write_text(config_text(out, target, data, a.steps, a.cpu_smoke))
 
-    from orchestrator.hosts import HostConfig
-    from orchestrator.launch import LaunchOptions, RunOps
+    from orchestrator.config.inventory import HostConfig
+    from orchestrator.engine.runs import LaunchOptions, RunOps
     from orchestrator.transport.local import LocalTransport
 
     host = HostConfig(name="local", transport="local", root=str(root), source="bench")

@@ -100,19 +100,3 @@ class NotFoundError(DfoError):
 
 
 EXIT_INTERRUPTED = 130
-
-EXIT_CODES: dict[str, int] = {
-    "ok": 0,
-    "DfoError": DfoError.exit_code,
-    "ConfigError": ConfigError.exit_code,
-    "ConnectError": ConnectError.exit_code,
-    "HostKeyError": HostKeyError.exit_code,
-    "ContainerError": ContainerError.exit_code,
-    "RemoteCommandError": RemoteCommandError.exit_code,
-    "DeployError": DeployError.exit_code,
-    "CacheError": CacheError.exit_code,
-    "LockHeldError": LockHeldError.exit_code,
-    "RunFailed": RunFailed.exit_code,
-    "NotFoundError": NotFoundError.exit_code,
-    "interrupted": EXIT_INTERRUPTED,
-}

@@ -32,7 +32,7 @@ def tiny_assets(tmp_path_factory):
 
 
 def write_config(path: Path, assets: Path, **train) -> Path:
-    cfg = yaml.safe_load((REPO / "configs" / "tiny-cpu.yaml").read_text())
+    cfg = yaml.safe_load((REPO / "orchestrator" / "config" / "defaults" / "tiny-cpu.yaml").read_text())
     cfg["model"]["target_path"] = str(assets / "target")
     cfg["data"]["path"] = str(assets / "synth.jsonl")
     cfg["train"].update({"max_steps": 12, "log_every": 1, "heartbeat_s": 1.0})
@@ -52,7 +52,7 @@ def make_root(base: Path) -> Path:
 
 
 def local_host(root: Path, name: str = "local"):
-    from orchestrator.hosts import HostConfig
+    from orchestrator.config.inventory import HostConfig
 
     return HostConfig(name=name, transport="local", root=str(root), source="test")
 

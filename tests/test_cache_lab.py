@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.hosts import HostConfig, load_inventory
+from orchestrator.config.inventory import HostConfig, load_inventory
 from orchestrator.ops import snapshot as sn
 from orchestrator.transport import Transport, open_transport
 
@@ -55,8 +55,8 @@ def dfo(lab: CacheLab, *args: str, timeout: float = 1500) -> subprocess.Complete
 def cache_lab(request, lab, tmp_path_factory) -> CacheLab:
     """The CPU profile deployed by `dfo deploy` on ``lab-node`` (plain SSH to the node) and
     on ``lab`` (proxmox: SSH to the node, then ``pct exec`` into container 200)."""
-    from orchestrator.deploy import Deployer
-    from orchestrator.project_wheel import build as build_wheel
+    from orchestrator.engine.deploy import Deployer
+    from orchestrator.engine.wheel import build as build_wheel
     from tests.test_deploy_lab import fill_wheelhouse
 
     fill_wheelhouse(Path(lab.wheelhouse_host_dir))
@@ -202,8 +202,8 @@ MECH_ROOT = "/root/dfo-cache-mech"
 
 @pytest.fixture(scope="session")
 def container_env(lab, tmp_path_factory):
-    from orchestrator.deploy import Deployer
-    from orchestrator.project_wheel import build as build_wheel
+    from orchestrator.engine.deploy import Deployer
+    from orchestrator.engine.wheel import build as build_wheel
     from tests.test_deploy_lab import fill_wheelhouse
 
     fill_wheelhouse(Path(lab.wheelhouse_host_dir))
@@ -220,7 +220,7 @@ def container_env(lab, tmp_path_factory):
 
 
 def test_lab_container_snapshot_mechanics(container_env, tmp_path):
-    from orchestrator.cache import CacheManager
+    from orchestrator.engine.cache import CacheManager
     from orchestrator.errors import CacheError
     from tests.test_cache_local import CFG, compile_into
 

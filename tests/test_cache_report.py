@@ -1,4 +1,4 @@
-"""Unit tests for the warm-up report parsing and the warm-up argv (orchestrator.cache)."""
+"""Unit tests for the warm-up report parsing and the warm-up argv (orchestrator.engine.cache)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from orchestrator.cache import WarmResult, local_snapshot_files, parse_report, warmup_argv, \
-    warmup_env, warmup_error_line
+from orchestrator.engine.cache import WarmResult, local_snapshot_files
+from orchestrator.ops.warmup import parse_report, warmup_argv, warmup_env, warmup_error_line
 from orchestrator.errors import CacheError, ConfigError, NotFoundError
 
 REPORT = {  # the shape trainer/warmup.py writes

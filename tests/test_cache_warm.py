@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cache import CacheManager, load_config, parse_report, warmup_argv
+from orchestrator.config.runconfig import load_config
+from orchestrator.engine.cache import CacheManager
+from orchestrator.ops.warmup import parse_report, warmup_argv
 from orchestrator.ops import snapshot as sn
 from orchestrator.ops.layout import RemoteLayout
 from orchestrator.transport.local import LocalTransport

@@ -20,13 +20,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.deploy import Deployer
+from orchestrator.engine.deploy import Deployer
 from orchestrator.errors import DeployError, VerifyError
-from orchestrator.hosts import HostConfig, load_inventory
+from orchestrator.config.inventory import HostConfig, load_inventory
 from orchestrator.ops.fingerprint import FINGERPRINT_FIELDS
 from orchestrator.ops.lockfile import lock_hash
-from orchestrator.profiles import PROFILES_DIR
-from orchestrator.project_wheel import ProjectWheel, build as build_wheel
+from orchestrator.config.profiles import PROFILES_DIR
+from orchestrator.engine.wheel import ProjectWheel, build as build_wheel
 from orchestrator.transport import Transport, open_transport
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]

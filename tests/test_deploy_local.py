@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.deploy import Deployer, local_find_links
+from orchestrator.engine.deploy import Deployer, local_find_links
 from orchestrator.errors import LockHeldError
-from orchestrator.hosts import HostConfig
-from orchestrator.project_wheel import build as build_wheel
+from orchestrator.config.inventory import HostConfig
+from orchestrator.engine.wheel import build as build_wheel
 from orchestrator.transport import LocalTransport
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

@@ -17,7 +17,7 @@ from orchestrator.ops.drift import diff, parse_freeze
 from orchestrator.ops.fingerprint import (PROBE_SCRIPT, build_fingerprint, compare,
                                           fingerprint_changes, matches, parse_probe)
 from orchestrator.ops.lockfile import LockError, lock_hash, normalize_name, parse_lock
-from orchestrator.profiles import PROFILES_DIR, available, load_profile
+from orchestrator.config.profiles import PROFILES_DIR, available, load_profile
 
 H1 = "a" * 64
 H2 = "b" * 64
@@ -376,7 +376,7 @@ def test_bad_expectation_key(tmp_path):
 # --------------------------------------------------------------------------- uv errors
 
 def test_uv_errors_become_one_line_deploy_errors():
-    from orchestrator.deploy import translate_uv_error
+    from orchestrator.engine.deploy import translate_uv_error
 
     mismatch = ("Resolved 1 package in 0.64ms\nerror: Failed to download `mdurl==0.1.2`\n"
                 "  cause: Hash mismatch for `mdurl==0.1.2`\n\n         Expected:\n"

@@ -32,9 +32,9 @@ def test_build_is_cached_by_content_and_ships_profiles(tmp_path):
     b = pw.build(tmp_path)
     assert a.path == b.path and a.sha256 == b.sha256 and a.digest == pw.source_digest(pw.source_root())
     names = _names(a.path)
-    assert "orchestrator/profiles/cpu/requirements.lock" in names
-    assert "orchestrator/profiles/cpu/profile.yaml" in names
-    assert "trainer/__init__.py" in names and "orchestrator/deploy.py" in names
+    assert "orchestrator/config/profiles/cpu/requirements.lock" in names
+    assert "orchestrator/config/profiles/cpu/profile.yaml" in names
+    assert "trainer/__init__.py" in names and "orchestrator/engine/deploy.py" in names
     assert not any("__pycache__" in n for n in names)
 
 

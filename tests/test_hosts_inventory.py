@@ -10,7 +10,7 @@ import pytest
 
 from orchestrator.cli import main
 from orchestrator.errors import ConfigError
-from orchestrator.hosts import EMBEDDED_DEFAULT, load_inventory, parse_inventory
+from orchestrator.config.inventory import EMBEDDED_DEFAULT, load_inventory, parse_inventory
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.hosts import parse_inventory
+from orchestrator.config.inventory import parse_inventory
 from tests.lab import LabInfo
 from tests.lab.lab import Lab
 from tests.lab.procs import free_port, pid_matches, write_atomic

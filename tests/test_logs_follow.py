@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.logs import LogFollower, parse_since
+from orchestrator.engine.logs import LogFollower
+from orchestrator.ops.timespec import parse_since
 from orchestrator.ops.layout import RemoteLayout
 from orchestrator.transport.local import LocalTransport
 

@@ -8,9 +8,9 @@ import signal
 
 import pytest
 
-from orchestrator.hosts import load_inventory
-from orchestrator.launch import LaunchOptions, RunOps
-from orchestrator.logs import LogFollower
+from orchestrator.config.inventory import load_inventory
+from orchestrator.engine.runs import LaunchOptions, RunOps
+from orchestrator.engine.logs import LogFollower
 from orchestrator.transport import open_transport
 from tests.lab_sockets import client_port, sshd_pids_serving
 from tests.supervisor_env import FAST, make_root, tiny_assets, write_config  # noqa: F401

@@ -8,9 +8,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from orchestrator.hosts import parse_inventory
+from orchestrator.config.inventory import parse_inventory
 from orchestrator.ops import probes
-from orchestrator.transport import LocalTransport, check_host, run_probe
+from orchestrator.engine.hostcheck import check_host
+from orchestrator.transport import LocalTransport, run_probe
 
 AWK = "fil () &&-@_e.txt"
 

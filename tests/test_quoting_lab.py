@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.hosts import load_inventory
+from orchestrator.config.inventory import load_inventory
 from orchestrator.transport import open_transport
 
 pytestmark = pytest.mark.lab

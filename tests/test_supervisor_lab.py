@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from orchestrator.errors import LockHeldError
-from orchestrator.hosts import load_inventory
-from orchestrator.launch import LaunchOptions, RunOps
+from orchestrator.config.inventory import load_inventory
+from orchestrator.engine.runs import LaunchOptions, RunOps
 from orchestrator.transport import open_transport
 from tests.supervisor_env import FAST, REPO
 
@@ -26,8 +26,8 @@ ROOT = "/root/dfo-sup-test"
 
 @pytest.fixture(scope="module")
 def ct(lab, tmp_path_factory):
-    from orchestrator.deploy import Deployer
-    from orchestrator.project_wheel import build as build_wheel
+    from orchestrator.engine.deploy import Deployer
+    from orchestrator.engine.wheel import build as build_wheel
     from tests.test_deploy_lab import fill_wheelhouse
 
     fill_wheelhouse(Path(lab.wheelhouse_host_dir))
@@ -52,7 +52,7 @@ def ct(lab, tmp_path_factory):
            "--seq-len", "64"], timeout=300, check=True)
 
     def config(name: str, **train) -> Path:
-        cfg = yaml.safe_load((REPO / "configs" / "tiny-cpu.yaml").read_text())
+        cfg = yaml.safe_load((REPO / "orchestrator" / "config" / "defaults" / "tiny-cpu.yaml").read_text())
         cfg["model"]["target_path"] = f"{assets}/target"
         cfg["data"]["path"] = f"{assets}/synth.jsonl"
         cfg["train"].update({"max_steps": 12, "log_every": 1, "heartbeat_s": 1.0}, **train)
@@ -139,7 +139,7 @@ def test_logs_follow_through_pct_survives_killed_sshd_session(ct, lab):
     import os
     import signal
 
-    from orchestrator.logs import LogFollower
+    from orchestrator.engine.logs import LogFollower
     from tests.lab_sockets import client_port, sshd_pids_serving
 
     ops, t, host, config = ct

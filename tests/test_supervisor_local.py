@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from orchestrator.launch import LaunchOptions, RunOps
+from orchestrator.engine.runs import LaunchOptions, RunOps
 from orchestrator.transport.local import LocalTransport
 
 from tests.supervisor_env import (FAST, events, local_host, make_root, tiny_assets,  # noqa: F401

@@ -92,6 +92,6 @@ def test_config_and_manifest_import_no_torch():
 
 
 def test_example_configs_load():
-    for p in ("configs/tiny-cpu.yaml", "configs/bench-h200.yaml"):
+    for p in ("orchestrator/config/defaults/tiny-cpu.yaml", "orchestrator/config/defaults/bench-h200.yaml"):
         cfg = load_config(p)
         assert cfg.model.block_size in (8, 16)

@@ -11,7 +11,7 @@ import paramiko
 import pytest
 
 from orchestrator.errors import ConnectError
-from orchestrator.hosts import SSHSettings
+from orchestrator.transport.settings import SSHSettings
 from orchestrator.transport import knownhosts
 from orchestrator.transport.ssh import SSHTransport
 

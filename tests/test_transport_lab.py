@@ -15,7 +15,8 @@ import pytest
 from orchestrator.cli import main
 from orchestrator.errors import (ConnectError, ContainerError, HostKeyError, NotFoundError,
                                  RemoteCommandError)
-from orchestrator.hosts import SSHSettings, load_inventory
+from orchestrator.config.inventory import load_inventory
+from orchestrator.transport.settings import SSHSettings
 from orchestrator.ops.command import CONTAINER_ENV
 from orchestrator.transport import CommandTimeout, knownhosts, open_transport
 from orchestrator.transport.proxmox import ProxmoxTransport

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from orchestrator.errors import NotFoundError, RemoteCommandError
-from orchestrator.hosts import load_inventory
+from orchestrator.config.inventory import load_inventory
 from orchestrator.transport import CommandTimeout, LocalTransport, open_transport
 
 

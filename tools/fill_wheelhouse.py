@@ -21,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from orchestrator.deploy import local_find_links  # noqa: E402
-from orchestrator.profiles import load_profile  # noqa: E402
+from orchestrator.ops.uv import local_find_links  # noqa: E402
+from orchestrator.config.profiles import load_profile  # noqa: E402
 
 # pip does not widen an explicit --platform to the older manylinux tags: list them
 _PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64",

@@ -15,7 +15,6 @@ no machine's path is written into the lock. See docs/deploy.md.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import re
 import subprocess
@@ -25,9 +24,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from orchestrator.deploy import local_find_links  # noqa: E402
+from dfo_contract.fsio import atomic_write_bytes, atomic_write_text, sha256_bytes  # noqa: E402
+from orchestrator.ops.uv import local_find_links  # noqa: E402
 from orchestrator.ops.lockfile import parse_lock  # noqa: E402
-from orchestrator.profiles import load_profile  # noqa: E402
+from orchestrator.config.profiles import load_profile  # noqa: E402
 
 
 def uv_bin() -> str:
@@ -77,17 +77,15 @@ def main(argv: list[str] | None = None) -> int:
             return p.returncode
         data = out.read_bytes()
         lock = parse_lock(data, source=str(out))  # every entry pinned and hashed
-        os.replace(out, prof.lock_file)
-    digest = hashlib.sha256(data).hexdigest()
+    atomic_write_bytes(prof.lock_file, data)
+    digest = sha256_bytes(data)
     yml = prof.directory / "profile.yaml"
     text = yml.read_text()
     if re.search(r"^lock_sha256:.*$", text, re.M):
         text = re.sub(r"^lock_sha256:.*$", f"lock_sha256: {digest}", text, flags=re.M)
     else:
         text = text.rstrip("\n") + f"\nlock_sha256: {digest}\n"
-    tmp_yml = yml.with_name(".profile.yaml.tmp")
-    tmp_yml.write_text(text)
-    os.replace(tmp_yml, yml)
+    atomic_write_text(yml, text)
     print(f"make_lock: {prof.lock_file} ({len(lock.entries)} packages), sha256 {digest[:12]}")
     return 0
 

@@ -1,10 +1,9 @@
-"""``dfo warm-cache``: click only (parse, call ``orchestrator.cache``, print)."""
+"""``dfo warm-cache``: click only (parse, call ``orchestrator.engine.warmcache``, print)."""
 
 from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import click
 
@@ -42,81 +41,26 @@ def warm_cache(app, host_name, config_path, sets, from_file, pull_dest, key_name
 
     Restores a snapshot for this env's key if one exists (host store or --from),
     otherwise runs `python -m trainer warmup` on the host and saves a snapshot."""
-    from .. import cache as c
-    from ..ops import snapshot as sn
+    from ..engine.cache import CacheManager
+    from ..engine.warmcache import WarmCacheRequest, warm_cache as run
 
-    modes = [m for m, on in (("--from", from_file), ("--pull", pull_dest is not None),
-                             ("--push", push_file), ("--status", show_status),
-                             ("--prune", prune_keep is not None)) if on]
-    if len(modes) > 1:
-        raise ConfigError(f"warm-cache: {' and '.join(modes)} cannot be combined; give one")
-    overrides = [_parse_set(s) for s in sets]
+    req = WarmCacheRequest(config_path=config_path, overrides=[_parse_set(s) for s in sets],
+                           from_file=from_file, pull_dest=pull_dest, key_name=key_name,
+                           push_file=push_file, show_status=show_status, prune_keep=prune_keep,
+                           rewarm=rewarm, check=not no_check)
+    req.validate()
     host = app.host(host_name)
-    t0 = time.monotonic()
     ui = _Ui(as_json)
-    mgr = c.CacheManager(app.transport(host.name), host.layout, host=host.name, events=ui.event,
-                         timeout=timeout)
-
+    mgr = CacheManager(app.transport(host.name), host.layout, host=host.name, events=ui.event,
+                       timeout=timeout)
     if show_status or prune_keep is not None:
-        removed = mgr.prune(prune_keep) if prune_keep is not None else None
-        entries, _ = mgr.status()
-        _print_status(host.name, entries, removed, as_json)
+        out = run(mgr, req)
+        _print_status(host.name, out.entries, out.removed, as_json)
         return 0
-
-    if key_name is not None:
-        if pull_dest is None:
-            raise ConfigError("warm-cache: --key only goes with --pull (other modes use this env's key)")
-        with ui:
-            tar, man = mgr.pull(key_name, Path(pull_dest))
-        res = c.WarmResult(host=host.name, key=key_name, action="pulled", tar=str(tar),
-                           manifest=str(man), snapshot_size=tar.stat().st_size)
-        res.seconds = round(time.monotonic() - t0, 3)
-        _print_result(res, {}, as_json)
-        return 0
-
-    cfg, cfg_bytes = c.load_config(config_path, overrides)
-    if not (cfg.get("compile") or {}).get("enabled", True) and not (pull_dest or push_file or from_file):
-        raise ConfigError("warm-cache: nothing to warm: the config has compile.enabled false",
-                          hint="add --set compile.enabled=true, and launch with it too")
     with ui:
-        ui.stage("key", f"computing the cache key on {host.name}")
-        key = mgr.key(cfg)
-        if pull_dest is not None:
-            tar, man = mgr.pull(key.key, Path(pull_dest))
-            res = c.WarmResult(host=host.name, key=key.key, action="pulled", tar=str(tar),
-                               manifest=str(man), snapshot_size=tar.stat().st_size)
-        elif push_file or from_file:
-            m = mgr.push(Path(push_file or from_file), key)
-            res = _restored(c, host.name, key.key, "pushed" if push_file else "restored",
-                            str(push_file or from_file), m)
-        else:
-            p = sn.paths(host.layout, key.key)
-            plan = sn.plan_warm(from_file=False, store_has_key=mgr.read_manifest_remote(p) is not None,
-                                rewarm=rewarm)
-            if plan.action == "restore":
-                ui.stage("restore", plan.reason)
-                m = mgr.restore_from_store(key)
-                res = _restored(c, host.name, key.key, "restored", f"{host.name}:{p.tar}", m)
-            else:
-                ui.stage("warmup", plan.reason)
-                near = mgr.nearest_snapshot(key) if not rewarm else None
-                res = mgr.warm(key, cfg_bytes, overrides, measure=not no_check)
-                if near:
-                    from ..ops.cache_key import explain_diff
-
-                    res.source = None
-                    res.note = f"nearest other snapshot {near[0]} differs in: {explain_diff(near[1])}"
-    res.seconds = round(time.monotonic() - t0, 3)
-    _print_result(res, key.components, as_json)
+        out = run(mgr, req, stage=ui.stage)
+    _print_result(out.result, out.components, as_json)
     return 0
-
-
-def _restored(c, host, key, action, source, m):
-    w = m.get("warmup") or {}
-    return c.WarmResult(host=host, key=key, action=action, source=source,
-                        cold_s=w.get("cold_s"), warm_s=w.get("warm_s"),
-                        counters=w.get("counters") or {}, warm_counters=w.get("warm_counters") or {},
-                        snapshot_size=m["tar"]["size"], cache_size=m["sizes"]["total"])
 
 
 def _parse_set(s: str) -> tuple[str, str]:

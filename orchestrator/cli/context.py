@@ -16,7 +16,7 @@ class AppContext:
     def inventory(self):
         """The validated inventory (hosts.yaml or the embedded default)."""
         if self._inventory is None:
-            from ..hosts import load_inventory
+            from ..config.inventory import load_inventory
 
             self._inventory = load_inventory(self.hosts_file)
         return self._inventory

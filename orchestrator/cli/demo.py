@@ -26,7 +26,7 @@ from .run import launch
 @click.pass_context
 def demo(ctx: click.Context, host_name: str | None, fault: str | None, no_fault: bool) -> int:
     """Deploy, warm the compile cache, and train a tiny drafter that recovers from the FX error."""
-    from ..demo import DEMO_FAULT, ensure_assets, write_demo_config
+    from ..engine.demo import DEMO_FAULT, ensure_assets, write_demo_config
 
     app = ctx.obj
     con = Console(stderr=True)

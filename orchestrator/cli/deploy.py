@@ -66,7 +66,7 @@ def deploy(app, host_name, check, rollback, force, profile, as_json):
     `uv pip sync --require-hashes` from the profile's lock, plus dfo's own wheel.
     A probe checks it against the profile before envs/current is switched to it.
     """
-    from ..deploy import Deployer
+    from ..engine.deploy import Deployer
 
     if check and rollback:
         raise click.UsageError("--check and --rollback cannot be combined")

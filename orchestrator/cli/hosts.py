@@ -59,7 +59,7 @@ def check_cmd(app: AppContext, name: str | None, as_json: bool) -> int:
     """Check a host (default: the default host): reachable, container state, Python,
     free disk under the root, GPUs, systemd as PID 1. Exits non-zero when it is
     unreachable (3/4) or its container is not running (5)."""
-    from ..transport import check_host
+    from ..engine.hostcheck import check_host
 
     host = app.host(name)
     check = check_host(host, app.transport(host.name))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import shlex
 import time
-from pathlib import Path
 
 import click
 from rich.console import Console
@@ -29,7 +28,7 @@ def _kv(items, what: str, conv=float) -> dict:
 
 
 def _ops(app, host_name):
-    from ..launch import RunOps
+    from ..engine.runs import RunOps
 
     host = app.host(host_name)
     return RunOps(app.transport(host_name), host, say=lambda m: click.echo(f"dfo: {m}", err=True))
@@ -42,7 +41,7 @@ def _ops(app, host_name):
 @click.option("--resume", default=None, metavar="step_N|latest|PATH",
               help="Checkpoint to start from: a name, 'latest', or a path under the host's root.")
 @click.option("--config", "config", default=None, type=click.Path(dir_okay=False),
-              help="Run config (trainer YAML); default configs/tiny-cpu.yaml.")
+              help="Run config (trainer YAML); default: the shipped tiny-cpu.yaml.")
 @click.option("--run-name", default=None, help="Run name (checkpoints/<run-name>/); default: config stem.")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
               help="Config override, e.g. --set train.micro_batch=4 (repeatable).")
@@ -65,7 +64,7 @@ def _ops(app, host_name):
 def launch(app, host_name, resume, config, run_name, sets, replace, dry_run, follow, as_json,
            fault, backoff_scale, thresholds, budgets, fallbacks, no_env_check):
     """Start a supervised training run on a host, detached (it outlives this command)."""
-    from ..launch import LaunchOptions
+    from ..engine.runs import LaunchOptions
 
     budget: dict = {}
     per: dict = {}
@@ -182,7 +181,8 @@ class _Printer:
 
 
 def _follow(ops, run_id, *, follow, raw, attempt, since, from_attempt) -> int:
-    from ..logs import LogFollower, parse_since
+    from ..engine.logs import LogFollower
+    from ..ops.timespec import parse_since
 
     err = Console(stderr=True, highlight=False)
     f = LogFollower(ops.t, ops.layout, run_id, on_line=_Printer(raw), follow=follow,
@@ -217,7 +217,7 @@ def _follow(ops, run_id, *, follow, raw, attempt, since, from_attempt) -> int:
 @click.pass_obj
 def logs(app, host_name, follow, run_id, attempt, since, raw):
     """Stream a run's events and its current attempt's log (Ctrl-C detaches)."""
-    from ..logs import current_attempt
+    from ..engine.logs import current_attempt
 
     ops = _ops(app, host_name)
     rid = ops.current_run(run_id)
@@ -300,30 +300,12 @@ def stop(app, host_name, run_id, timeout, as_json):
 @click.option("--json", "as_json", is_flag=True)
 def diagnose(logfile, exit_code, config, as_json):
     """Classify a saved log offline: class, evidence lines, and the fallback dfo would choose."""
-    from ..ops.classify import classify
-    from ..ops.fallback import DEFAULT_LADDERS, next_config
-    from ..ops.launch_plan import flatten
+    from ..engine.diagnose import diagnose as run
 
-    try:
-        text = Path(logfile).read_text(errors="replace")
-    except OSError as e:
-        raise ConfigError(f"{logfile}: cannot read: {e.strerror or e}") from None
-    d = classify(text.splitlines(), exit_code=exit_code)
-    if config:
-        from ..cache import load_config
-
-        base = flatten(load_config(config)[0])
-    else:  # the trainer's defaults (torch-free)
-        from dfo_contract.trainer_config import TrainerConfig
-
-        base = flatten(TrainerConfig().to_dict())
-    choice = None
-    if d.cls != "done":
-        choice = next_config(d.cls, DEFAULT_LADDERS.get(d.cls, []), 0, base, {})
+    res = run(logfile, exit_code=exit_code, config=config)
+    d, choice = res.diagnosis, res.fallback
     if as_json:
-        out = d.to_json()
-        out["fallback"] = choice.to_json() if choice else None
-        click.echo(json.dumps(out))
+        click.echo(json.dumps(res.to_json()))
         return 0
     c = Console(highlight=False, soft_wrap=True)
     c.print(f"[bold]{d.cls}[/]: {escape(d.reason)}")

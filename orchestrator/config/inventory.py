@@ -15,6 +15,7 @@ ProxyJump, UserKnownHostsFile, ConnectTimeout.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
 import re
@@ -24,9 +25,10 @@ from typing import Any, Mapping
 
 import yaml
 
-from .errors import ConfigError
-from .ops.classify import CLASSES
-from .ops.layout import RemoteLayout
+from ..errors import ConfigError
+from ..ops.classify import CLASSES
+from ..ops.layout import RemoteLayout
+from ..transport.settings import SSHSettings
 
 # Roots go into systemd-run's ExecStart and unit properties, where $ (environment), %
 # (specifiers) and \ (escapes) are interpreted; keep those and control characters out.
@@ -40,33 +42,6 @@ FAILURE_CLASSES = tuple(c for c in CLASSES if c != "done")
 
 _DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 _SSH_SPEC_RE = re.compile(r"^(?:(?P<user>[^@\s]+)@)?(?P<host>\[[^\]]+\]|[^:@\s]+)(?::(?P<port>\d+))?$")
-
-
-@dataclass(frozen=True, kw_only=True)
-class SSHSettings:
-    host: str
-    port: int = 22
-    user: str | None = None
-    identity_file: str | None = None
-    proxy_jump: str | None = None
-    known_hosts: str | None = None
-    connect_timeout: float = 10.0
-
-    @property
-    def known_hosts_path(self) -> str:
-        """The known_hosts file host keys are checked against and recorded in."""
-        return os.path.expanduser(self.known_hosts or "~/.ssh/known_hosts")
-
-    @property
-    def host_key_name(self) -> str:
-        """How known_hosts names this host: ``host`` on port 22, else ``[host]:port``."""
-        return self.host if self.port == 22 else f"[{self.host}]:{self.port}"
-
-    def display(self) -> str:
-        user = f"{self.user}@" if self.user else ""
-        port = f":{self.port}" if self.port != 22 else ""
-        via = f" via {self.proxy_jump}" if self.proxy_jump else ""
-        return f"{user}{self.host}{port}{via}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -416,7 +391,7 @@ class _Parser:
         return GpuLayout(**vals)
 
     def fallbacks(self, node: yaml.Node, where: str) -> dict[str, tuple[str, ...]]:
-        from .ops.fallback import validate_ladders  # the supervisor's policy checks step names
+        from ..ops.fallback import validate_ladders  # the supervisor's policy checks step names
 
         m = self.mapping(node, where, FAILURE_CLASSES)
         raw = {k: list(self.string_list(v, f"{where}.{k}")) for k, (_, v) in m.items()}
@@ -499,9 +474,10 @@ class _Parser:
                 timeout = float(cfg["connecttimeout"])
             except ValueError:
                 timeout = None
-        return SSHSettings(host=host, port=port or 22, user=user, identity_file=identity,
-                           proxy_jump=proxy_jump, known_hosts=known,
-                           connect_timeout=timeout if timeout is not None else 10.0)
+        target = SSHSettings(host=host, port=port or 22, user=user, identity_file=identity,
+                             proxy_jump=proxy_jump, known_hosts=known,
+                             connect_timeout=timeout if timeout is not None else 10.0)
+        return resolve_jumps(target, self.ssh_config_path)
 
     def ssh_config_for(self, alias: str) -> dict[str, Any]:
         return ssh_config_lookup(alias, self.ssh_config_path)
@@ -529,3 +505,31 @@ def parse_ssh_spec(spec: str) -> tuple[str | None, str, int | None]:
     if not mt:
         raise ConfigError(f"bad ssh destination {spec!r} (expected [user@]host[:port])")
     return mt["user"], mt["host"].strip("[]"), int(mt["port"]) if mt["port"] else None
+
+
+def resolve_jumps(settings: SSHSettings, ssh_config: str | None = None) -> SSHSettings:
+    """``settings`` with its ProxyJump chain resolved into ``jumps`` (each hop's unset
+    settings from ~/.ssh/config; user, identity, known_hosts and timeout default to the
+    target's)."""
+    hops = []
+    for spec in (settings.proxy_jump or "").split(","):
+        spec = spec.strip()
+        if not spec:
+            continue
+        user, alias, port = parse_ssh_spec(spec)
+        cfg = ssh_config_lookup(alias, ssh_config)
+        identity = None
+        for cand in cfg.get("identityfile", []) or []:
+            cand = os.path.expanduser(cand)
+            if os.path.isfile(cand):
+                identity = cand
+                break
+        hops.append(SSHSettings(
+            host=cfg.get("hostname") or alias,
+            port=port or int(cfg.get("port") or 22),
+            user=user or cfg.get("user") or settings.user,
+            identity_file=identity or settings.identity_file,
+            known_hosts=settings.known_hosts,
+            connect_timeout=settings.connect_timeout,
+        ))
+    return dataclasses.replace(settings, jumps=tuple(hops))

@@ -20,129 +20,28 @@ import os
 import posixpath
 import secrets
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
-from .errors import CacheError, ConfigError, DeployError, DfoError, LockHeldError, NotFoundError, \
-    RemoteCommandError
-from .ops import cache_key as ck
-from .ops import snapshot as sn
-from .ops.layout import RemoteLayout
-from .transport.base import Transport
+from dfo_contract.fsio import atomic_write_bytes, sha256_file
+from dfo_contract.markers import last_json_line
+
+from ..errors import CacheError, ConfigError, DeployError, DfoError, NotFoundError, RemoteCommandError
+from ..ops import cache_key as ck
+from ..ops import snapshot as sn
+from ..ops.layout import RemoteLayout
+from ..transport.base import Transport
+from .cache_warm import Event, WarmMixin, WarmResult, _noop
 
 log = logging.getLogger("dfo")
 
-MARK = "@dfo "
-#: how the env's python runs the trainer's warm-up (docs/contracts.md)
-WARMUP_ARGS: tuple[str, ...] = ("-m", "trainer", "warmup")
-#: flock's exit status when the host's cache lock is held (not one the trainer uses)
-LOCK_CONFLICT = 75
-Event = Callable[[str, Mapping[str, Any]], None]
+__all__ = ["CacheManager", "WarmResult", "local_snapshot_files"]
 
-
-def _noop(kind: str, data: Mapping[str, Any]) -> None:
-    pass
-
-
-# --------------------------------------------------------------------------- trainer config
-
-def load_config(path: str | os.PathLike | None, overrides: Sequence[tuple[str, str]] = ()) -> tuple[dict, bytes]:
-    """The trainer config as a nested dict (defaults + file + overrides, validated by
-    ``trainer.config``, which imports no torch) and the file's bytes to ship.
-    ``path`` None means the built-in defaults."""
-    text = b""
-    if path is not None:
-        try:
-            text = Path(path).read_bytes()
-        except OSError as e:
-            raise ConfigError(f"--config {path}: cannot read: {e.strerror or e}") from None
-    from dfo_contract import trainer_config as tcfg
-
-    try:
-        cfg = tcfg.load_config(str(path) if path is not None else None, list(overrides))
-    except DfoError:
-        raise
-    except Exception as e:  # noqa: BLE001 - any trainer-side validation failure: one line
-        line = str(e).strip().splitlines()[0] if str(e).strip() else repr(e)
-        raise ConfigError(line if line.startswith("config:") else f"trainer config: {line}") from None
-    return cfg.to_dict(), text
-
-
-# --------------------------------------------------------------------------- results
-
-@dataclass
-class WarmResult:
-    """What one ``dfo warm-cache`` did, for the table and ``--json``."""
-
-    host: str
-    key: str
-    action: str                       # "restored" | "warmed" | "pushed" | "pulled"
-    source: str | None = None         # where a restored snapshot came from
-    records: list[dict] = field(default_factory=list)     # per device+shape: seconds, counters
-    counters: dict[str, int] = field(default_factory=dict)  # totals of the warm-up
-    cold_s: float | None = None       # warm-up seconds on the cache as it was
-    warm_s: float | None = None       # warm-up seconds on the saved cache (check run)
-    warm_counters: dict[str, int] = field(default_factory=dict)
-    snapshot_size: int | None = None  # bytes of the tar
-    cache_size: int | None = None     # bytes of the files in it
-    seconds: float = 0.0              # wall time of the command
-    manifest: str | None = None
-    tar: str | None = None
-    note: str | None = None           # e.g. why there was no snapshot for this key
-
-    @property
-    def saved_s(self) -> float | None:
-        if self.cold_s is None or self.warm_s is None:
-            return None
-        return round(self.cold_s - self.warm_s, 3)
-
-    def to_json(self) -> dict[str, Any]:
-        d = dict(self.__dict__)
-        d["saved_s"] = self.saved_s
-        return d
-
-
-def parse_report(data: bytes | str) -> tuple[list[dict], dict[str, int], float]:
-    """The trainer's warm-up report -> (records, counter totals, total seconds).
-    Records are ``{device, shape, what, seconds, counters}`` (trainer.gate.WarmupRecord)."""
-    try:
-        rep = json.loads(data)
-    except ValueError:
-        raise CacheError("the trainer's warm-up report is not JSON",
-                         hint="check the trainer version in the env (`dfo deploy --check`)") from None
-    recs = None
-    if isinstance(rep, list):
-        recs = rep
-    elif isinstance(rep, dict):
-        for k in ("records", "shapes", "warmup"):
-            if isinstance(rep.get(k), list):
-                recs = rep[k]
-                break
-    if recs is None:
-        raise CacheError("the trainer's warm-up report has no records")
-    records = []
-    totals: dict[str, int] = {}
-    for r in recs:
-        if not isinstance(r, dict):
-            continue
-        c = {k: int(v) for k, v in (r.get("counters") or {}).items() if isinstance(v, (int, float))}
-        for k, v in c.items():
-            totals[k] = totals.get(k, 0) + v
-        records.append({"device": str(r.get("device", "?")), "shape": list(r.get("shape") or []),
-                        "what": str(r.get("what", "")), "seconds": float(r.get("seconds") or 0.0),
-                        "counters": c})
-    if isinstance(rep, dict) and isinstance(rep.get("totals"), dict):  # process totals
-        totals = {k: int(v) for k, v in rep["totals"].items() if isinstance(v, (int, float))}
-    total_s = sum(r["seconds"] for r in records)
-    if isinstance(rep, dict) and isinstance(rep.get("seconds"), (int, float)):
-        total_s = float(rep["seconds"])  # the whole warm-up, model building included
-    return records, totals, round(total_s, 3)
 
 
 # --------------------------------------------------------------------------- the manager
 
-class CacheManager:
+class CacheManager(WarmMixin):
     """Compile-cache operations on one host (through its transport)."""
 
     def __init__(self, transport: Transport, layout: RemoteLayout, *, host: str | None = None,
@@ -198,11 +97,10 @@ class CacheManager:
 
     def trainer_source(self) -> str:
         out = self._run([self.python, "-c", ck.SOURCE_HASH_SCRIPT, "trainer"], "hashing the trainer source")
-        try:
-            hashes = json.loads(out.strip().splitlines()[-1])
-        except (ValueError, IndexError):
+        hashes = last_json_line(out)
+        if not isinstance(hashes, dict):
             raise CacheError(f"cannot hash the trainer source in the env on {self.host}",
-                             hint="redeploy with `dfo deploy`") from None
+                             hint="redeploy with `dfo deploy`")
         if not hashes or "error" in hashes:
             raise CacheError(f"the env on {self.host} has no trainer package",
                              hint="redeploy with `dfo deploy`")
@@ -294,14 +192,23 @@ class CacheManager:
             self.t.put(local_tar, tmp, mode=0o644)
             if restore:
                 self._restore(p, m, tmp, key, source)
-            # into the store: the old manifest goes first, the new one comes last
+        except BaseException:
+            self._rm(tmp)
+            raise
+        self._store(p, tmp, m)
+        return m
+
+    def _store(self, p: sn.CachePaths, tmp: str, m: Mapping[str, Any]) -> None:
+        """Commit the verified tar at ``tmp`` into the store: the old manifest goes first
+        (from then on no snapshot exists for the key), the tar takes its name with one
+        rename, and the new manifest comes last."""
+        try:
             self._rm(p.manifest)
             self._run(["mv", "-f", "--", tmp, p.tar], "storing the snapshot")
         except BaseException:
             self._rm(tmp)
             raise
         self.t.put(sn.manifest_bytes(m), p.manifest, mode=0o644)
-        return m
 
     def pull(self, key: str, dest: Path) -> tuple[Path, Path]:
         """Copy the host's snapshot for ``key`` (verified) to ``dest`` (a dir or a .tar path)."""
@@ -326,143 +233,8 @@ class CacheManager:
             part.replace(tar_path)  # only a verified tar takes the name
         finally:
             part.unlink(missing_ok=True)
-        tmp = man_path.with_name(f".{man_path.name}.dfo-tmp")
-        tmp.write_bytes(sn.manifest_bytes(m))
-        tmp.replace(man_path)
+        atomic_write_bytes(man_path, sn.manifest_bytes(m))
         return tar_path, man_path
-
-    # -- warm --------------------------------------------------------------------------------
-    def warm(self, key: ck.CacheKey, config_bytes: bytes, overrides: Sequence[tuple[str, str]],
-             *, measure: bool = True, fresh: bool = False) -> WarmResult:
-        """Run the trainer's warm-up into a new generation of the key's cache (seeded from
-        the live one unless ``fresh``), switch it live, then (``measure``) run the warm-up
-        again on a throwaway copy to record the warm figures, and save a snapshot."""
-        p = sn.paths(self.layout, key.key)
-        stamp = self._stamp()
-        gen = p.gen(stamp)
-        work = posixpath.join(self.layout.cache, ".work", f"{key.key}-{stamp}")
-        cfg_path = posixpath.join(work, "config.yaml")
-        self._run(["mkdir", "-p", "--", work, posixpath.join(gen, "mega")], "creating the cache dirs")
-        try:
-            # no file: the trainer's defaults plus the overrides (an empty YAML mapping)
-            self.t.put(config_bytes or b"{}\n", cfg_path, mode=0o644)
-            live = None if fresh else self._live_target(p)
-            if live:
-                self._run(["cp", "-a", "--", live + "/.", gen], "copying the live cache")
-            self.events("stage", {"stage": "warmup", "what": "cold" if not live else "top-up"})
-            records, counters, cold_s = self._warmup(gen, cfg_path, overrides,
-                                                     posixpath.join(work, "report-cold.json"),
-                                                     save_mega=posixpath.join(gen, sn.MEGA_FILE))
-            warm_s, warm_counters = None, {}
-            if measure:
-                check = p.gen(stamp + "-check")
-                try:
-                    self._run(["cp", "-a", "--", gen + "/.", check], "copying the cache for the check run")
-                    self.events("stage", {"stage": "check", "what": "warm-up on the saved cache"})
-                    _, warm_counters, warm_s = self._warmup(check, cfg_path, overrides,
-                                                            posixpath.join(work, "report-warm.json"))
-                finally:
-                    self._rm(check)
-            res = WarmResult(host=self.host, key=key.key, action="warmed", records=records,
-                             counters=counters, cold_s=cold_s, warm_s=warm_s,
-                             warm_counters=warm_counters)
-            self.events("stage", {"stage": "snapshot", "what": p.tar})
-            m = self._save(p, gen, key, stamp, res)
-        except BaseException:
-            self._rm(gen)
-            raise
-        finally:
-            self._rm(work)
-        self._switch(p, gen, stamp)
-        res.snapshot_size = m["tar"]["size"]
-        res.cache_size = m["sizes"]["total"]
-        res.manifest, res.tar = p.manifest, p.tar
-        return res
-
-    def adopt(self, cache_dir: str, key: ck.CacheKey, *, warmup: Mapping[str, Any] | None = None) -> dict:
-        """Take an existing cache dir on the host (``inductor/``, ``triton/``, ``mega/``
-        inside), made in this env for this key, as a new generation: copy it, snapshot
-        it, make it live. The source dir is not changed."""
-        p = sn.paths(self.layout, key.key)
-        stamp = self._stamp()
-        gen = p.gen(stamp)
-        self._run(["mkdir", "-p", "--", gen], "creating the cache dir")
-        try:
-            self._run(["cp", "-a", "--", cache_dir.rstrip("/") + "/.", gen], f"copying {cache_dir}")
-            w = warmup or {}
-            res = WarmResult(host=self.host, key=key.key, action="adopted", cold_s=w.get("cold_s"),
-                             warm_s=w.get("warm_s"))
-            m = self._save(p, gen, key, stamp, res)
-        except BaseException:
-            self._rm(gen)
-            raise
-        self._switch(p, gen, stamp)
-        return m
-
-    def _warmup(self, cache_dir: str, cfg_path: str, overrides: Sequence[tuple[str, str]],
-                report: str, *, save_mega: str | None = None) -> tuple[list[dict], dict[str, int], float]:
-        env = warmup_env(cache_dir)
-        # one warm-up at a time per host (flock exits LOCK_CONFLICT at once when another holds it)
-        lock = posixpath.join(self.layout.locks, "cache.lock")
-        self._run(["mkdir", "-p", "--", self.layout.locks], "creating the locks dir")
-        argv = ["flock", "-n", "-E", str(LOCK_CONFLICT), lock,
-                *warmup_argv(self.python, cfg_path, overrides, report, save_mega=save_mega)]
-        tail: list[str] = []
-
-        def on_line(line: str) -> None:
-            if line.startswith(MARK):
-                try:
-                    ev = json.loads(line[len(MARK):])
-                except ValueError:
-                    ev = None
-                if isinstance(ev, dict):
-                    self.events(str(ev.get("kind", "event")), ev)
-                    return
-            tail.append(line)
-            del tail[:-30]
-            log.debug("warmup: %s", line)
-            self.events("line", {"line": line})
-
-        r = self.t.stream(argv, on_line, env=env, cwd=self.layout.root, timeout=self.timeout)
-        if r.exit_code == LOCK_CONFLICT:
-            raise LockHeldError(f"another warm-up holds {lock} on {self.host}",
-                                hint="wait for the other `dfo warm-cache` to finish")
-        if r.exit_code != 0:
-            last = warmup_error_line(tail)
-            msg = f"the trainer's warm-up on {self.host} exited {r.exit_code}" + (f": {last}" if last else "")
-            if r.exit_code == 2:
-                raise ConfigError(msg, hint="fix the trainer config (see `python -m trainer warmup --help`)")
-            hint = None
-            if "InvalidCxxCompiler" in last or "C++ compiler" in last:
-                hint = "inductor on CPU needs a C++ compiler on the host: install g++ there"
-            raise RemoteCommandError(msg, hint=hint, exit_status=r.exit_code, stderr="\n".join(tail))
-        return parse_report(self.t.get(report))
-
-    def _save(self, p: sn.CachePaths, gen: str, key: ck.CacheKey, stamp: str, res: WarmResult) -> dict:
-        """Snapshot ``gen``: tar under a temporary name, rename; manifest written last."""
-        self._run(["mkdir", "-p", "--", self.layout.snapshots], "creating the snapshot store")
-        for sub in ("inductor", "triton", "mega"):
-            self._run(["mkdir", "-p", "--", posixpath.join(gen, sub)], "creating the cache dirs")
-        files = self._tool("hashdir", gen).get("files") or {}
-        tmp = p.tar_tmp(stamp)
-        try:
-            self._run(["tar", "-cf", tmp, "-C", gen, "--", "inductor", "triton", "mega"],
-                      "writing the snapshot tar")
-            tar_info = self._tool("hashfile", tmp)
-            fp_torch = key.components.get("torch.__version__")
-            m = sn.build_manifest(key.key, key.components, files, tar_sha256=tar_info["sha256"],
-                                  tar_size=tar_info["size"], created=time.time(), torch=fp_torch,
-                                  warmup={"cold_s": res.cold_s, "warm_s": res.warm_s,
-                                          "shapes": len(res.records),
-                                          "counters": res.counters,
-                                          "warm_counters": res.warm_counters})
-            self._rm(p.manifest)
-            self._run(["mv", "-f", "--", tmp, p.tar], "storing the snapshot")
-        except BaseException:
-            self._rm(tmp)
-            raise
-        self.t.put(sn.manifest_bytes(m), p.manifest, mode=0o644)
-        return m
 
     def nearest_snapshot(self, key: ck.CacheKey) -> tuple[str, list[tuple[str, str, str]]] | None:
         """The stored snapshot whose components differ least from ``key``'s, and how
@@ -504,41 +276,6 @@ class CacheManager:
         return doomed
 
 
-# --------------------------------------------------------------------------- pure-ish helpers
-
-def warmup_env(cache_dir: str) -> dict[str, str]:
-    return {"TORCHINDUCTOR_CACHE_DIR": posixpath.join(cache_dir, "inductor"),
-            "TRITON_CACHE_DIR": posixpath.join(cache_dir, "triton"),
-            "PYTHONUNBUFFERED": "1", "NCCL_NVLS_ENABLE": "0"}
-
-
-def warmup_argv(python: str, cfg_path: str, overrides: Sequence[tuple[str, str]], report: str,
-                *, save_mega: str | None = None, load_mega: str | None = None) -> list[str]:
-    argv = [python, *WARMUP_ARGS]
-    if cfg_path:
-        argv += ["--config", cfg_path]
-    argv += [f"--{k}={v}" for k, v in overrides]  # one token each: a value is never a flag
-    argv += ["--report", report]
-    if save_mega:
-        argv += ["--save-mega-cache", save_mega]
-    if load_mega:
-        argv += ["--load-mega-cache", load_mega]
-    return argv
-
-
-def warmup_error_line(lines: Sequence[str]) -> str:
-    """The line that says what went wrong: the trainer's ``trainer: error: ...`` line,
-    else the last exception line, else the last non-empty line."""
-    for ln in reversed(lines):
-        if ln.startswith("trainer: error:"):
-            return ln[len("trainer: error:"):].strip()
-    for ln in reversed(lines):
-        s = ln.strip()
-        if s and ("Error:" in s.split(" ", 1)[0] or s.split(":", 1)[0].endswith(("Error", "Exception"))):
-            return s
-    return next((ln.strip() for ln in reversed(lines) if ln.strip()), "")
-
-
 def local_snapshot_files(path: Path) -> tuple[Path, Path]:
     """(tar, manifest) of a local snapshot given either file's path."""
     path = Path(path)
@@ -560,12 +297,4 @@ def local_snapshot_files(path: Path) -> tuple[Path, Path]:
 
 
 def _hash_local(path: Path) -> dict[str, Any]:
-    import hashlib
-
-    h = hashlib.sha256()
-    n = 0
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-            n += len(chunk)
-    return {"sha256": h.hexdigest(), "size": n}
+    return {"sha256": sha256_file(path), "size": Path(path).stat().st_size}

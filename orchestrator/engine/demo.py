@@ -15,12 +15,13 @@ from typing import Any, Callable, Mapping
 
 import yaml
 
-from .ops.layout import RemoteLayout
-from .transport.base import Transport
+from dfo_contract.fsio import atomic_write_text
+
+from ..config.runconfig import default_config_path
+from ..ops.layout import RemoteLayout
+from ..transport.base import Transport
 
 log = logging.getLogger("dfo")
-
-REPO_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny-cpu.yaml"
 
 #: the fault the demo injects: the real FX-tracing error, raised by torch, at this step
 DEMO_FAULT = "fx_race@30"
@@ -56,12 +57,12 @@ def demo_config(base: Mapping[str, Any], layout: RemoteLayout) -> dict[str, Any]
     return cfg
 
 
-def write_demo_config(layout: RemoteLayout, dest: Path, base_path: Path = REPO_CONFIG) -> Path:
-    base = yaml.safe_load(base_path.read_text())
+def write_demo_config(layout: RemoteLayout, dest: Path, base_path: Path | None = None) -> Path:
+    """Write the demo's run config to ``dest``; the base is the shipped tiny CPU config."""
+    base = yaml.safe_load((base_path or default_config_path()).read_text())
     cfg = demo_config(base, layout)
-    tmp = dest.with_name(f".{dest.name}.tmp")
-    tmp.write_text("# dfo demo config (written by `dfo demo`)\n" + yaml.safe_dump(cfg, sort_keys=False))
-    tmp.replace(dest)
+    atomic_write_text(dest, "# dfo demo config (written by `dfo demo`)\n"
+                      + yaml.safe_dump(cfg, sort_keys=False))
     return dest
 
 

@@ -16,63 +16,30 @@ Guarantees:
 from __future__ import annotations
 
 import datetime as _dt
-import getpass
 import json
 import logging
 import os
 import posixpath
-import re
-import socket
 import subprocess
-import time
-import uuid
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from . import __version__
-from .errors import DeployError, LockHeldError, NotFoundError, RemoteCommandError, VerifyError
-from .ops import deploy_plan as dp
-from .ops.drift import fingerprint_drift
-from .ops.fingerprint import (Mismatch, build_fingerprint, compare, fingerprint_changes,
+from .. import __version__
+from ..config.profiles import Profile, load_profile
+from ..errors import DeployError, LockHeldError, RemoteCommandError, VerifyError
+from ..ops import deploy_plan as dp
+from ..ops.fingerprint import (Mismatch, build_fingerprint, compare, fingerprint_changes,
                               fingerprint_json, parse_probe, probe_argv)
-from .profiles import Profile, load_profile
-from .project_wheel import ProjectWheel, build as build_wheel
+from ..ops.uv import local_find_links, translate_uv_error
+from .deploy_check import DeployChecks
+from .lease import DeployLease
+from .stages import DeployReport, EventFn, StageClock, StageResult  # noqa: F401 (re-exported)
+from .wheel import ProjectWheel, build as build_wheel
 
 log = logging.getLogger("dfo")
 
-EventFn = Callable[[str, str, "float | None", str], None]
-
 PROBE_TIMEOUT = 600.0
 SMALL_TIMEOUT = 120.0
-TAKEOVER_WAIT_S = 900  # wait this long for a killed deploy's orphaned command to end
-
-
-@dataclass
-class StageResult:
-    stage: str
-    status: str = "pending"  # done | skipped | failed | pending
-    seconds: float = 0.0
-    detail: str = ""
-
-
-@dataclass
-class DeployReport:
-    host: str
-    profile: str
-    env: str
-    action: str
-    message: str = ""
-    stages: list[StageResult] = field(default_factory=list)
-    fingerprint: dict[str, Any] | None = None
-    drift: list[str] = field(default_factory=list)
-    total_seconds: float = 0.0
-    ok: bool = True
-
-    def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["stages"] = [asdict(s) for s in self.stages]
-        return d
 
 
 def local_uv() -> tuple[str, str]:
@@ -88,61 +55,7 @@ def local_uv() -> tuple[str, str]:
     return path, out.stdout.strip().splitlines()[0] if out.stdout.strip() else ""
 
 
-def local_find_links(environ: dict[str, str]) -> list[str]:
-    """PIP_FIND_LINKS / UV_FIND_LINKS (whitespace or comma separated) on this machine."""
-    out: list[str] = []
-    for var in ("UV_FIND_LINKS", "PIP_FIND_LINKS"):
-        for item in re.split(r"[\s,]+", environ.get(var, "")):
-            if item and item not in out:
-                out.append(item)
-    return out
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:  # os.kill(0 or -1, 0) would ask about a whole process group
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-# uv's messages -> one-line DeployErrors
-def translate_uv_error(text: str, *, host: str, root: str, what: str) -> DeployError:
-    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    low = text.lower()
-    if "no space left on device" in low:
-        return DeployError(f"disk full on {host} while {what} (under {root})",
-                           hint="free space on the target, then deploy again; envs/current is untouched")
-    m = re.search(r"hash mismatch for `?([^`\s]+)`?", text, re.I)
-    if m or "hash mismatch" in low:
-        pkg = m.group(1) if m else "a package"
-        hashes = re.findall(r"sha256:([0-9a-f]{64})", text)
-        got = f": lock sha256 {hashes[0][:12]}..., file {hashes[-1][:12]}..." if len(hashes) >= 2 else ""
-        return DeployError(f"{pkg}: the file does not match the lock's sha256 (hash mismatch){got}",
-                           hint="the wheelhouse/index serves a different build than the lock pins; "
-                                "fix the wheelhouse or regenerate the lock with tools/make_lock.py")
-    m = re.search(r"Because ([A-Za-z0-9_.\-]+)(==[^\s,]+)? was not found", text)
-    req = re.search(r"you require ([A-Za-z0-9_.\-]+==[^\s,]+)", text)
-    if m or "not found in the provided package locations" in low or "no matching distribution" in low:
-        pkg = (req.group(1) if req else m.group(1) + (m.group(2) or "")) if m else "a locked package"
-        return DeployError(f"{pkg} is not available from the package sources on {host}",
-                           hint="add it to the host's wheelhouse (see docs/deploy.md: "
-                                "`pip download`), or set index_url in hosts.yaml")
-    if "failed to fetch" in low or "dns error" in low or "connection refused" in low \
-            or "network is unreachable" in low:
-        return DeployError(f"{host} cannot reach the package index while {what}",
-                           hint="give the host a wheelhouse (hosts.yaml `wheelhouse:`) for "
-                                "offline installs, or fix its network")
-    last = lines[-1] if lines else "no output"
-    return DeployError(f"{what} failed on {host}: {last}",
-                       hint="run with -vv for uv's full output; envs/current is untouched")
-
-
-class Deployer:
+class Deployer(DeployChecks):
     def __init__(self, transport, host, *, profile: Profile | str | None = None,
                  on_event: EventFn | None = None, environ: dict[str, str] | None = None,
                  wheel: ProjectWheel | None = None):
@@ -151,48 +64,18 @@ class Deployer:
         self.layout = host.layout
         prof = profile if profile is not None else host.profile
         self.profile = prof if isinstance(prof, Profile) else load_profile(prof)
-        self.on_event = on_event or (lambda *a: None)
         self.environ = dict(os.environ if environ is None else environ)
         self._wheel = wheel
-        self.token = uuid.uuid4().hex
-        self._lease = False
-        self._stages: dict[str, StageResult] = {}
-        self._t0 = 0.0
+        self.clock = StageClock(on_event)
+        self.lease = DeployLease(transport, self.layout, host.name,
+                                 say=lambda msg: self.clock.emit("connect", "line", None, msg))
 
     # ------------------------------------------------------------------ helpers
-    @property
-    def owner_file(self) -> str:
-        return posixpath.join(self.layout.locks, "deploy.owner")
-
-    def _emit(self, stage: str, status: str, seconds: float | None = None, detail: str = "") -> None:
-        try:
-            self.on_event(stage, status, seconds, detail)
-        except Exception:  # noqa: BLE001 - a display problem must not break a deploy
-            log.debug("event callback failed", exc_info=True)
-
-    def _begin(self, stage: str, detail: str = "") -> float:
-        self._stages.setdefault(stage, StageResult(stage))
-        self._emit(stage, "start", None, detail)
-        return time.monotonic()
-
-    def _end(self, stage: str, t: float, detail: str = "", status: str = "done") -> None:
-        sr = self._stages.setdefault(stage, StageResult(stage))
-        sr.seconds += time.monotonic() - t
-        sr.status = status
-        sr.detail = detail or sr.detail
-        self._emit(stage, "done" if status == "done" else "fail", sr.seconds, sr.detail)
-
-    def _skip(self, stage: str, detail: str) -> None:
-        sr = self._stages.setdefault(stage, StageResult(stage))
-        if sr.status == "pending":
-            sr.status, sr.detail = "skipped", detail
-        self._emit(stage, "skip", 0.0, detail)
-
     @property
     def uv_cache(self) -> str | None:
         """uv's cache on the target: ``<root>/uv-cache`` (beside the envs, so uv can hardlink
         from it); on the ``local`` transport, uv's own default (your usual cache)."""
-        if getattr(self.t, "kind", "") == "local":
+        if self.t.is_local:
             return None
         return posixpath.join(self.layout.root, "uv-cache")
 
@@ -205,7 +88,7 @@ class Deployer:
     def _run(self, argv: list[str], *, timeout: float | None = SMALL_TIMEOUT, what: str,
              locked: bool = True, env: dict[str, str] | None = None) -> str:
         if locked:
-            argv = dp.locked_argv(self.layout.deploy_lock, self.owner_file, self.token, argv)
+            argv = self.lease.locked(argv)
         r = self.t.run(argv, env=env or self._env(), timeout=timeout)
         if r.exit_code != 0:
             if r.exit_code == dp.EXIT_BUSY and "deploy" in r.err:
@@ -223,7 +106,7 @@ class Deployer:
         return r.out
 
     def _stream(self, stage: str, argv: list[str], *, what: str) -> None:
-        argv = dp.locked_argv(self.layout.deploy_lock, self.owner_file, self.token, argv)
+        argv = self.lease.locked(argv)
         tail: list[str] = []
 
         def on_line(line: str) -> None:
@@ -231,7 +114,7 @@ class Deployer:
             del tail[:-40]
             log.debug("%s: %s", stage, line)
             if line.strip():
-                self._emit(stage, "line", None, line.strip()[:160])
+                self.clock.emit(stage, "line", None, line.strip()[:160])
 
         r = self.t.stream(argv, on_line, env=self._env(), timeout=None)
         if r.exit_code != 0:
@@ -275,69 +158,21 @@ class Deployer:
                               hint="make a profile for that platform (docs/deploy.md)")
         return state
 
-    def _acquire(self, state: dp.RemoteState) -> None:
-        takeover, wait = "", 10
-        if state.deploy_owner:
-            tok, info = dp.lease_owner(state.deploy_owner)
-            same_machine = info.get("machine") == socket.gethostname()
-            dead = same_machine and isinstance(info.get("pid"), int) and not _pid_alive(info["pid"])
-            stale = (state.deploy_owner_age or 0) >= dp.LEASE_STALE_S
-            if dead or stale:
-                takeover, wait = tok, TAKEOVER_WAIT_S
-                self._emit("connect", "line", None,
-                           f"taking over the lock of a {'killed' if dead else 'stale'} deploy "
-                           f"(waiting for its last command to end)")
-            else:
-                raise LockHeldError(
-                    f"{dp.describe_lease(state.deploy_owner)} holds "
-                    f"{self.layout.deploy_lock} on {self.host.name}",
-                    hint=f"wait for it to finish; a killed deploy's lock frees itself after "
-                         f"{dp.LEASE_STALE_S} s")
-        info = json.dumps({"user": getpass.getuser(), "machine": socket.gethostname(),
-                           "pid": os.getpid(),
-                           "started": _dt.datetime.now().isoformat(timespec="seconds")},
-                          separators=(",", ":"))
-        argv = dp.script_argv(dp.LEASE_SCRIPT, self.layout.deploy_lock, self.owner_file,
-                              self.token, info, str(dp.LEASE_STALE_S), takeover or "-",
-                              str(wait), name="dfo-lease")
-        r = self.t.run(argv, timeout=wait + 60)
-        if "@acquired" in r.out:
-            self._lease = True
-            return
-        held = next((ln.split("\t", 1)[1] for ln in r.out.splitlines()
-                     if ln.startswith(("@held\t", "@busy\t"))), "")
-        if r.exit_code == dp.EXIT_BUSY:
-            who = dp.describe_lease(held) if held else "another deploy"
-            raise LockHeldError(f"{who} holds {self.layout.deploy_lock} on {self.host.name}",
-                                hint="wait for it to finish, then deploy again")
-        raise RemoteCommandError(f"cannot take {self.layout.deploy_lock} on {self.host.name}: "
-                                 f"{(r.err.strip().splitlines() or ['no output'])[-1]}")
-
-    def _release(self) -> None:
-        if not self._lease:
-            return
-        self._lease = False
-        try:
-            self.t.run(dp.script_argv(dp.RELEASE_SCRIPT, self.layout.deploy_lock, self.owner_file,
-                                      self.token, name="dfo-release"), timeout=30)
-        except Exception:  # noqa: BLE001 - the lease goes stale by itself
-            log.debug("releasing the deploy lease failed", exc_info=True)
-
     def _push_uv(self, path: str, version: str) -> None:
-        t = self._begin("push uv", version)
+        t = self.clock.begin("push uv", version)
         self.t.put(Path(path), self.layout.uv, mode=0o755)
         out = self.t.run([self.layout.uv, "--version"], timeout=60)
         if not dp.uv_matches(out.out.strip(), version):
             raise DeployError(f"uv pushed to {self.layout.uv} on {self.host.name} does not run: "
                               f"{(out.err or out.out).strip()[:200]}",
                               hint="the target must be linux x86_64 with glibc")
-        self._end("push uv", t, version)
+        self.clock.end("push uv", t, version)
 
     def _push_wheel(self, remote: str) -> None:
         w = self.wheel()
-        t = self._begin("push wheel", w.filename)
+        t = self.clock.begin("push wheel", w.filename)
         self.t.put(w.path, remote, mode=0o644)
-        self._end("push wheel", t, f"{w.filename} ({w.short})")
+        self.clock.end("push wheel", t, f"{w.filename} ({w.short})")
 
     def _source_args(self) -> list[str]:
         s = self.profile.sources
@@ -345,7 +180,7 @@ class Deployer:
         links = list(s.find_links)
         if self.host.wheelhouse:
             links.append(self.host.wheelhouse)
-        if getattr(self.t, "kind", "") == "local":
+        if self.t.is_local:
             links += [x for x in local_find_links(self.environ) if x not in links]
         for fl in links:
             args += ["--find-links", fl]
@@ -362,7 +197,7 @@ class Deployer:
 
     def _install(self, env_dir: str, lock_bytes: bytes, *, sync: bool, reinstall: bool,
                  detail: str) -> None:
-        t = self._begin("install", detail)
+        t = self.clock.begin("install", detail)
         py = posixpath.join(env_dir, "bin", "python")
         uv = self.layout.uv
         if sync:
@@ -376,7 +211,7 @@ class Deployer:
         argv = [uv, "pip", "install", "--no-deps", "--no-index", "--offline", "--python", py,
                 "--reinstall-package", "dfo", self.wheel_remote()]
         self._run(argv, timeout=SMALL_TIMEOUT * 3, what="installing the dfo wheel")
-        self._end("install", t, detail)
+        self.clock.end("install", t, detail)
 
     def _probe(self, env_dir: str) -> dict[str, Any]:
         py = posixpath.join(env_dir, "bin", "python")
@@ -387,7 +222,7 @@ class Deployer:
     def _verify(self, env_dir: str, lock_sha: str, *, profile: Profile | None = None,
                 recorded: dict[str, Any] | None = None, keep: str = "") -> dict[str, Any]:
         prof = profile or self.profile
-        t = self._begin("verify", posixpath.basename(env_dir))
+        t = self.clock.begin("verify", posixpath.basename(env_dir))
         probe = self._probe(env_dir)
         mism: list[Mismatch] = compare(probe, prof.expect)
         if recorded is None and probe.get("dfo") != self.wheel().version:
@@ -395,13 +230,13 @@ class Deployer:
         if recorded is not None:
             mism += fingerprint_changes(recorded, probe)
         if mism:
-            self._end("verify", t, "; ".join(map(str, mism)), status="failed")
+            self.clock.end("verify", t, "; ".join(map(str, mism)), status="failed")
             kept = f"envs/current is unchanged ({keep})" if keep else "envs/current is unchanged"
             raise VerifyError(f"verification of {posixpath.basename(env_dir)} on "
                               f"{self.host.name} failed: " + "; ".join(map(str, mism)),
                               hint=kept)
         fp = build_fingerprint(probe, profile=prof.name, lock_hash=lock_sha)
-        self._end("verify", t, f"torch {fp.get('torch')}, transformers {fp.get('transformers')}")
+        self.clock.end("verify", t, f"torch {fp.get('torch')}, transformers {fp.get('transformers')}")
         return fp
 
     def _mark_complete(self, env_dir: str, fp: dict[str, Any], lock_sha: str) -> None:
@@ -415,21 +250,20 @@ class Deployer:
                    posixpath.join(env_dir, dp.COMPLETE_MARKER), mode=0o644)
 
     def _switch(self, new: str, new_previous: str) -> None:
-        t = self._begin("switch", new)
-        argv = dp.locked_argv(self.layout.deploy_lock, self.owner_file, self.token,
-                              dp.script_argv(dp.SWITCH_SCRIPT, self.layout.envs, new,
-                                             new_previous, self.layout.run_lock, name="dfo-switch"))
+        t = self.clock.begin("switch", new)
+        argv = self.lease.locked(dp.script_argv(dp.SWITCH_SCRIPT, self.layout.envs, new, new_previous,
+                                                self.layout.run_lock, name="dfo-switch"))
         r = self.t.run(argv, timeout=SMALL_TIMEOUT)
         if r.exit_code == dp.EXIT_BUSY:
             owner = next((ln.split("\t", 1)[1] for ln in r.out.splitlines()
                           if ln.startswith("@runlock\t")), None)
             if owner is not None:
-                self._end("switch", t, "refused: run.lock held", status="failed")
+                self.clock.end("switch", t, "refused: run.lock held", status="failed")
                 raise dp.run_lock_error(self.host.name, self.layout.root, dp._b64(owner))
         if "@switched" not in r.out:
-            self._end("switch", t, "failed", status="failed")
+            self.clock.end("switch", t, "failed", status="failed")
             r.check("switching envs/current")
-        self._end("switch", t, f"envs/current -> {new}")
+        self.clock.end("switch", t, f"envs/current -> {new}")
 
     def _guard_run_lock(self, state: dp.RemoteState) -> None:
         if state.run_lock_held:
@@ -437,21 +271,21 @@ class Deployer:
 
     # ------------------------------------------------------------------ commands
     def deploy(self, *, force: bool = False) -> DeployReport:
-        self._t0 = time.monotonic()
+        self.clock.restart()
         lock, lock_bytes, env_dir = self._local_facts()
         target = posixpath.basename(env_dir)
         uv_path, uv_version = local_uv()
         self.wheel()
-        t = self._begin("connect", self.host.describe() if hasattr(self.host, "describe") else "")
+        t = self.clock.begin("connect", self.host.describe() if hasattr(self.host, "describe") else "")
         state = self.probe_state(env_dir)
-        self._end("connect", t, f"{self.host.name}: current {state.current_name or 'none'}")
+        self.clock.end("connect", t, f"{self.host.name}: current {state.current_name or 'none'}")
         plan = dp.make_plan(state, target=target, lock=lock, expect=self.profile.expect,
                             local_uv=uv_version, wheel_remote=self.wheel_remote(), force=force)
         report = DeployReport(self.host.name, self.profile.name, target, plan.action,
                               drift=plan.drift.lines() if plan.drift else [])
         if plan.noop:
             for s in plan.steps[1:]:
-                self._skip(s.stage, s.reason)
+                self.clock.skip(s.stage, s.reason)
             report.message = f"{target} is current and matches its lock: nothing to do"
             return self._finish(report, state.current_fingerprint)
 
@@ -467,12 +301,12 @@ class Deployer:
                                 root=self.layout.root)
             if msg:
                 raise DeployError(msg, hint="free space on the target; envs/current is untouched")
-        self._acquire(state)
+        self.lease.acquire(state)
         try:
             return self._execute(plan, state, lock, lock_bytes, env_dir, uv_path, uv_version,
                                  report)
         finally:
-            self._release()
+            self.lease.release()
 
     def _execute(self, plan: dp.Plan, state, lock, lock_bytes, env_dir, uv_path, uv_version,
                  report: DeployReport) -> DeployReport:
@@ -482,11 +316,11 @@ class Deployer:
         if steps["push uv"].run:
             self._push_uv(uv_path, uv_version)
         else:
-            self._skip("push uv", steps["push uv"].reason)
+            self.clock.skip("push uv", steps["push uv"].reason)
         if steps["push wheel"].run:
             self._push_wheel(self.wheel_remote())
         else:
-            self._skip("push wheel", steps["push wheel"].reason)
+            self.clock.skip("push wheel", steps["push wheel"].reason)
         if plan.clean:
             paths = [posixpath.join(self.layout.envs, n) for n in plan.clean]
             self._run(dp.script_argv(dp.CLEAN_SCRIPT, *paths, name="dfo-clean"),
@@ -499,17 +333,17 @@ class Deployer:
                        "rm", "-f", "--", posixpath.join(env_dir, dp.COMPLETE_MARKER)],
                       what="marking the env for repair")
         if steps["create venv"].run:
-            t = self._begin("create venv", self.python_spec())
+            t = self.clock.begin("create venv", self.python_spec())
             self._run([self.layout.uv, "venv", "--quiet", "--python", state.python,
                        "--no-project", env_dir], what="creating the venv", timeout=300)
-            self._end("create venv", t, f"{target} from {state.python}")
+            self.clock.end("create venv", t, f"{target} from {state.python}")
         else:
-            self._skip("create venv", steps["create venv"].reason)
+            self.clock.skip("create venv", steps["create venv"].reason)
         if steps["install"].run:
             self._install(env_dir, lock_bytes, sync=plan.sync, reinstall=plan.reinstall,
                           detail=steps["install"].reason)
         else:
-            self._skip("install", steps["install"].reason)
+            self.clock.skip("install", steps["install"].reason)
         fp = self._verify(env_dir, lock.sha256,
                           keep=keep if not in_place else f"{keep}, but it is marked incomplete "
                           "until a deploy repairs it")
@@ -517,7 +351,7 @@ class Deployer:
         if steps["switch"].run:
             self._switch(target, plan.new_previous)
         else:
-            self._skip("switch", steps["switch"].reason)
+            self.clock.skip("switch", steps["switch"].reason)
         report.message = {
             "create": f"built {target} and made it current",
             "reuse": f"re-verified {target} and made it current",
@@ -529,88 +363,6 @@ class Deployer:
 
     def _finish(self, report: DeployReport, fp: dict[str, Any] | None) -> DeployReport:
         report.fingerprint = fp
-        order = {s: i for i, s in enumerate(dp.STAGES)}
-        report.stages = sorted(self._stages.values(), key=lambda s: order.get(s.stage, 99))
-        report.total_seconds = round(time.monotonic() - self._t0, 3)
-        for s in report.stages:
-            s.seconds = round(s.seconds, 3)
+        report.stages = self.clock.results(dp.STAGES)
+        report.total_seconds = self.clock.elapsed()
         return report
-
-    def check(self) -> DeployReport:
-        """Compare envs/current with the lock and its fingerprint (no change made)."""
-        self._t0 = time.monotonic()
-        lock, _, env_dir = self._local_facts()
-        target = posixpath.basename(env_dir)
-        t = self._begin("connect")
-        state = self.probe_state(env_dir)
-        self._end("connect", t, f"current {state.current_name or 'none'}")
-        report = DeployReport(self.host.name, self.profile.name, target, "check")
-        lines: list[str] = []
-        if not state.current_name:
-            lines.append(f"no env deployed (envs/current missing; the lock wants {target})")
-        else:
-            if state.current_name != target:
-                lines.append(f"envs/current is {state.current_name}, the lock wants {target}")
-            if not state.current_marker:
-                lines.append(f"{state.current_name} is incomplete (a deploy was cut short)")
-            elif state.current_marker.get("lock_hash") != lock.sha256 and \
-                    state.current_name == target:
-                lines.append(f"{state.current_name} was built from another lock")
-            if state.current_freeze is None:
-                lines.append(f"{state.current_name}: cannot list its packages (no python or uv)")
-            else:
-                lines += dp.current_drift(state, lock, self.wheel_remote()).lines()
-            recorded = state.current_fingerprint
-            if not recorded:
-                lines.append(f"{state.current_name} has no fingerprint.json")
-            else:
-                tv = self._begin("verify", "probe envs/current")
-                try:
-                    probe = self._probe(self.layout.current_env)
-                except DeployError as e:
-                    lines.append(f"probe failed: {e}")
-                else:
-                    lines += [str(i) for i in fingerprint_drift(fingerprint_changes(recorded, probe))]
-                    lines += [str(m) for m in compare(probe, self.profile.expect)]
-                self._end("verify", tv, "probe of envs/current")
-                report.fingerprint = recorded
-        seen: set[str] = set()
-        report.drift = [x for x in lines if not (x in seen or seen.add(x))]
-        report.ok = not report.drift
-        report.message = ("envs/current matches its lock and fingerprint" if report.ok else
-                          f"{len(report.drift)} difference(s) from the lock")
-        return self._finish(report, report.fingerprint)
-
-    def rollback(self) -> DeployReport:
-        """Switch envs/current back to envs/previous, after verifying it."""
-        self._t0 = time.monotonic()
-        t = self._begin("connect")
-        state = self.probe_state(posixpath.join(self.layout.envs, "-"), "-")
-        self._end("connect", t, f"current {state.current_name or 'none'}, "
-                                f"previous {state.previous_name or 'none'}")
-        plan = dp.rollback_plan(state)
-        self._guard_run_lock(state)
-        prev_dir = posixpath.join(self.layout.envs, plan.target)
-        report = DeployReport(self.host.name, "?", plan.target, "rollback")
-        self._acquire(state)
-        try:
-            try:
-                recorded = json.loads(self.t.get(posixpath.join(prev_dir, dp.FINGERPRINT_FILE)))
-                if not isinstance(recorded, dict):
-                    raise ValueError("not a JSON object")
-            except (NotFoundError, RemoteCommandError, ValueError) as e:
-                raise DeployError(f"the previous env {plan.target} has no readable fingerprint: {e}",
-                                  hint="deploy again to build a good env") from None
-            report.profile = str(recorded.get("profile") or "?")
-            for s in ("push uv", "push wheel", "create venv", "install"):
-                self._skip(s, "not needed")
-            prof = Profile(name=report.profile, directory=Path("."), python="", lock_file=Path("."),
-                           lock_sha256=None, sources=self.profile.sources, expect={})
-            fp = self._verify(prev_dir, str(recorded.get("lock_hash") or ""), profile=prof,
-                              recorded=recorded, keep=state.current_name or "none")
-            fp = recorded  # unchanged: the probe matched what was recorded
-            self._switch(plan.target, plan.new_previous)
-        finally:
-            self._release()
-        report.message = f"rolled back: envs/current -> {plan.target} (previous: {plan.new_previous})"
-        return self._finish(report, fp)

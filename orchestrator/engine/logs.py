@@ -15,8 +15,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .errors import ConnectError, DeployError, DfoError, NotFoundError, RemoteCommandError
-from .ops import runstate as rs
+from ..errors import ConnectError, DeployError, DfoError, NotFoundError, RemoteCommandError
+from ..ops import runstate as rs
 
 log = logging.getLogger("dfo")
 
@@ -28,23 +28,6 @@ class LogLine:
     text: str
     attempt: int | None        # for attempt logs
     event: dict | None         # parsed record for events.jsonl
-
-
-def parse_since(text: str | None, now: float) -> float | None:
-    """``--since``: ``30s``, ``10m``, ``2h``, ``1d`` ago, or a unix time."""
-    if text is None:
-        return None
-    t = text.strip()
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    try:
-        if t and t[-1] in units:
-            return now - float(t[:-1]) * units[t[-1]]
-        return float(t)
-    except ValueError:
-        from .errors import ConfigError
-
-        raise ConfigError(f"--since {text!r}: expected e.g. 30s, 10m, 2h, 1d or a unix time") \
-            from None
 
 
 class LogFollower:

@@ -21,17 +21,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from .errors import (ConfigError, DeployError, DfoError, DriftError, LockHeldError,
+from dfo_contract.markers import last_json_line
+
+from ..config.runconfig import default_config_path, load_config
+from ..errors import (ConfigError, DeployError, DfoError, DriftError, LockHeldError,
                      NotFoundError, RemoteCommandError, RunFailed)
-from .ops import launch_plan as lp
-from .ops import runstate as rs
-from .ops.budget import BudgetPolicy
-from .ops.fallback import merge_ladders, validate_ladders
+from ..ops import launch_plan as lp
+from ..ops import runstate as rs
+from ..ops.budget import BudgetPolicy
+from ..ops.fallback import merge_ladders, validate_ladders
 
 log = logging.getLogger("dfo")
-
-DEFAULT_CONFIG = "configs/tiny-cpu.yaml"
-
 
 @dataclass
 class LaunchOptions:
@@ -92,11 +92,8 @@ class RunOps:
         root = self.layout.root
         resume = lp.parse_resume(o.resume, root)          # before anything touches the host
         sets = lp.parse_sets(o.sets)
-        cfg_path = o.config or (DEFAULT_CONFIG if Path(DEFAULT_CONFIG).exists() else None)
-        if cfg_path is None:
-            raise ConfigError("no run config given", hint="pass --config FILE.yaml")
+        cfg_path = o.config or default_config_path()
         run_name = lp.check_run_name(o.run_name or Path(cfg_path).stem)
-        from .cache import load_config
 
         pairs = [(k, lp.render_value(v)) for k, v in sets.items()]
         cfg_nested, cfg_bytes = load_config(cfg_path, pairs)
@@ -142,7 +139,7 @@ class RunOps:
         if resume is not None:
             resume_path = self._resolve_resume(resume, ck_dir)
 
-        from .ops.snapshot import cache_env, seed_run_cache_argvs
+        from ..ops.snapshot import cache_env, seed_run_cache_argvs
 
         env = cache_env(self.layout, key or "cold", run_dir)
         seed = seed_run_cache_argvs(self.layout, key or "cold", run_dir)
@@ -167,9 +164,9 @@ class RunOps:
                              env=lp.attempt_env(env, attempt=1, run_dir=run_dir, fault=o.fault),
                              spec=spec, ladders=ladders, resume_path=resume_path,
                              warnings=warnings)
-        plan.spec["_seed_argvs"] = seed
-        plan.spec["_config_bytes"] = cfg_bytes.decode("utf-8", "replace")
-        plan.spec["_lock_owner"] = probe.get("lock_owner") if probe.get("lock") == "held" else None
+        plan.seed_argvs = seed
+        plan.config_bytes = cfg_bytes
+        plan.lock_owner = probe.get("lock_owner") if probe.get("lock") == "held" else None
         return plan
 
     def _cache_key(self, cfg_nested: Mapping[str, Any], warnings: list[str]) -> str | None:
@@ -208,10 +205,8 @@ class RunOps:
         plan = self.plan(o)
         if o.dry_run:
             return plan
-        spec = dict(plan.spec)
-        seed = spec.pop("_seed_argvs")
-        cfg_text = spec.pop("_config_bytes")
-        owner = spec.pop("_lock_owner")
+        spec = plan.spec
+        owner = plan.lock_owner
         if owner and o.replace:
             self.say(f"stopping run {owner} (--replace)")
             self.stop(owner, timeout=plan.spec["thresholds"]["stop_timeout_s"] + 30)
@@ -223,8 +218,8 @@ class RunOps:
                 time.sleep(0.3)
         self.t.run(["mkdir", "-p", "--", plan.run_dir, self.layout.locks,
                     spec["checkpoint_dir"]], timeout=60).check("creating the run dir")
-        self.t.put(cfg_text.encode(), spec["config_path"])
-        for argv in seed:
+        self.t.put(plan.config_bytes, spec["config_path"])
+        for argv in plan.seed_argvs:
             self.t.run(argv, timeout=600).check("seeding the run's compile cache")
         self.t.put((json.dumps(spec, indent=1, sort_keys=True) + "\n").encode(),
                    posixpath.join(plan.run_dir, rs.SPEC_FILE))
@@ -326,12 +321,9 @@ class RunOps:
 def _json_reply(out: str, what: str) -> dict:
     """The last JSON object line of a remote helper's stdout (stray lines before it are
     ignored: a warning printed by the env must not become a traceback here)."""
-    for line in reversed(out.strip().splitlines()):
-        if line.startswith("{"):
-            try:
-                return json.loads(line)
-            except ValueError:
-                break
+    reply = last_json_line(out)
+    if isinstance(reply, dict):
+        return reply
     raise RemoteCommandError(f"{what}: the remote helper's output is not JSON",
                              hint="run it by hand with -v to see what it printed")
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import io
 import logging
 import os
 import shutil
@@ -22,8 +23,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import __version__
-from .errors import DeployError
+from dfo_contract.fsio import atomic_write_bytes, sha256_file
+
+from .. import __version__
+from ..errors import DeployError
 
 log = logging.getLogger("dfo")
 
@@ -59,7 +62,7 @@ def cache_dir() -> Path:
 
 def source_root() -> Path | None:
     """The source tree dfo runs from (holding pyproject.toml of project dfo), or None."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]  # orchestrator/engine/wheel.py
     pp = root / "pyproject.toml"
     try:
         text = pp.read_text()
@@ -91,14 +94,6 @@ def source_digest(root: Path) -> str:
     return h.hexdigest()
 
 
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _uv_bin() -> str:
     try:
         import uv  # the `uv` Python package, a dfo dependency
@@ -118,7 +113,7 @@ def from_file(path: Path) -> ProjectWheel:
     if not path.is_file() or not path.name.startswith("dfo-") or path.suffix != ".whl":
         raise DeployError(f"DFO_PROJECT_WHEEL={path} is not a dfo wheel file",
                           hint="point it at a dfo-*.whl, or unset it to build from the checkout")
-    sha = file_sha256(path)
+    sha = sha256_file(path)
     return ProjectWheel(path, sha, sha, version=path.name.split("-")[1])
 
 
@@ -149,7 +144,7 @@ def build(cache: Path | None = None) -> ProjectWheel:
     out_dir = (cache or cache_dir()) / "wheels" / digest[:16]
     found = sorted(out_dir.glob("dfo-*.whl")) if out_dir.is_dir() else []
     if found:
-        return ProjectWheel(found[0], digest, file_sha256(found[0]))
+        return ProjectWheel(found[0], digest, sha256_file(found[0]))
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="dfo-wheel-", dir=out_dir.parent) as tmp:
         src = Path(tmp) / "src"
@@ -179,7 +174,7 @@ def build(cache: Path | None = None) -> ProjectWheel:
             if not out_dir.is_dir():  # lost a race with another build: theirs is as good
                 raise
     whl = sorted(out_dir.glob("dfo-*.whl"))[0]
-    return ProjectWheel(whl, digest, file_sha256(whl))
+    return ProjectWheel(whl, digest, sha256_file(whl))
 
 
 _DIST_INFO_KEEP = ("METADATA", "WHEEL", "entry_points.txt", "top_level.txt")
@@ -233,13 +228,12 @@ def repack_installed(cache: Path | None = None) -> ProjectWheel:
                         f"dfo-{dist.version}.dist-info")
         record = [f"{rel},{_record_hash(data)},{len(data)}" for rel, data in members]
         record.append(f"{info_dir}/RECORD,,")
-        fd, tmp = tempfile.mkstemp(prefix=".dfo-tmp.", dir=out_dir)
-        os.close(fd)
-        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
             for rel, data in members + [(f"{info_dir}/RECORD", ("\n".join(record) + "\n").encode())]:
                 zi = zipfile.ZipInfo(rel, date_time=(1980, 1, 1, 0, 0, 0))
                 zi.external_attr = 0o644 << 16
                 zi.compress_type = zipfile.ZIP_DEFLATED
                 z.writestr(zi, data)
-        os.replace(tmp, whl)
-    return ProjectWheel(whl, digest, file_sha256(whl), version=dist.version)
+        atomic_write_bytes(whl, buf.getvalue())
+    return ProjectWheel(whl, digest, sha256_file(whl), version=dist.version)

@@ -47,6 +47,7 @@ if [ "$size" != "$3" ]; then
   exit 1
 fi
 if [ -n "$2" ]; then chmod -- "$2" "$tmp"; fi
+sync -- "$tmp" 2>/dev/null || :
 mv -fT -- "$tmp" "$1"
 trap - EXIT
 '''

@@ -290,6 +290,10 @@ class LaunchPlan:
     ladders: dict[str, list[str]]
     resume_path: str | None
     warnings: list[str] = field(default_factory=list)
+    #: what ``launch`` does on the host before it starts the supervisor (not in spec.json)
+    seed_argvs: list[list[str]] = field(default_factory=list)   # seed the run's compile cache
+    config_bytes: bytes = b""                                   # the run config file, shipped as is
+    lock_owner: str | None = None                               # the live run --replace stops
 
     def to_json(self) -> dict:
         return {"host": self.host, "run_id": self.run_id, "run_name": self.run_name,

@@ -8,22 +8,25 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, TypeVar
 
-from ..errors import ConfigError, ContainerError, DfoError
+from ..errors import ConfigError
 from .base import Result, Transport
 from .local import CommandTimeout, LocalTransport
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..hosts import HostConfig
-    from ..ops.probes import HostCheck, Probe
+    from ..ops.probes import Probe
 
 __all__ = ["Result", "Transport", "CommandTimeout", "LocalTransport", "open_transport",
-           "run_probe", "check_host"]
+           "run_probe"]
 
 T = TypeVar("T")
 
 
-def open_transport(host: "HostConfig") -> Transport:
-    """The transport for ``host`` (not yet connected: SSH connects on first use)."""
+def open_transport(host) -> Transport:
+    """The transport for ``host`` (not yet connected: SSH connects on first use).
+
+    ``host`` is anything with ``name``, ``transport`` ("local", "ssh" or "proxmox"),
+    ``ssh`` (resolved ``SSHSettings``), ``vmid`` and ``source`` (an inventory entry of
+    ``orchestrator.config``); transports never read hosts.yaml or ~/.ssh/config."""
     if host.transport == "local":
         return LocalTransport(host.name)
     if host.transport == "ssh":
@@ -42,35 +45,3 @@ def open_transport(host: "HostConfig") -> Transport:
 def run_probe(t: Transport, probe: "Probe[T]") -> T:
     """Run a probe's argv on ``t`` and parse what came back."""
     return probe.parse(t.run(list(probe.argv), timeout=probe.timeout))
-
-
-def check_host(host: "HostConfig", t: Transport) -> "HostCheck":
-    """Everything ``dfo hosts check`` shows: reachability, the container's state, its
-    Python, free disk under the root, GPUs and PID 1. Errors a user can cause are
-    recorded in the result (``error``/``exit_code``), not raised."""
-    from ..ops import probes
-
-    check = probes.HostCheck(host=host.name, transport=host.transport, target=host.describe(),
-                             root=host.root)
-    try:
-        if host.transport == "proxmox":
-            check.container = t.container_status()  # type: ignore[attr-defined]
-            check.reachable = True
-            if check.container != "running":
-                check.exit_code = 5  # ContainerError
-                return probes.judge(check)
-        check.kernel = run_probe(t, probes.kernel_probe())
-        check.reachable = True
-        check.python = run_probe(t, probes.python_probe(host.python))
-        check.disk = run_probe(t, probes.disk_probe(host.root))
-        check.gpus = run_probe(t, probes.gpu_probe())
-        check.init = run_probe(t, probes.init_probe())
-    except DfoError as e:
-        check.error = str(e)
-        check.exit_code = e.exit_code
-        if isinstance(e, ContainerError):  # the node answered; the container is the problem
-            check.reachable = True
-            check.container = check.container or "missing"
-            check.problems.append(str(e))
-            return check
-    return probes.judge(check)

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
+from dfo_contract.fsio import atomic_write_bytes
+
 from ..errors import RemoteCommandError
 
 
@@ -56,8 +58,11 @@ LineCallback = Callable[[str], None]
 class Transport(abc.ABC):
     """Run argvs and move files on one target (a host or a container)."""
 
-    #: "local", "ssh" or "proxmox"
+    #: "local", "ssh" or "proxmox" (for messages; ask capabilities below, not the kind)
     kind: str = "?"
+    #: True when commands run on this machine: local paths are the target's paths, and
+    #: this machine's settings (uv's cache, PIP_FIND_LINKS) apply to it
+    is_local: bool = False
 
     def __init__(self, name: str):
         self.name = name
@@ -102,10 +107,7 @@ class Transport(abc.ABC):
 
     def get_file(self, remote_path: str, local_path: Path) -> None:
         """Copy a remote file to a local path (temporary name, then rename)."""
-        local_path = Path(local_path)
-        tmp = local_path.with_name(f".{local_path.name}.dfo-tmp")
-        tmp.write_bytes(self.get(remote_path))
-        tmp.replace(local_path)
+        atomic_write_bytes(local_path, self.get(remote_path))
 
     # --- target state ---------------------------------------------------
     def container_running(self) -> bool:

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import hmac
 import os
-import tempfile
 from dataclasses import dataclass
 from hashlib import sha1
 from base64 import b64decode
 
 import paramiko
+from dfo_contract.fsio import atomic_write_bytes
 
 from ..errors import ConfigError
 
@@ -123,20 +123,7 @@ def add(path: str, name: str, key: paramiko.PKey, *, replace: bool = False) -> N
                 continue
         lines.append(line)
     lines.append(f"{name} {key.get_name()} {key.get_base64()}\n")
-    fd, tmp = tempfile.mkstemp(prefix=".known_hosts.dfo-tmp.", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as f:
-            f.writelines(lines)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    atomic_write_bytes(path, "".join(lines).encode("utf-8", "surrogateescape"), mode=mode)
 
 
 def _without_name(line: str, name: str) -> str | None:

@@ -7,10 +7,11 @@ import os
 import selectors
 import signal
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 from typing import Sequence
+
+from dfo_contract.fsio import atomic_write_bytes
 
 from ..errors import NotFoundError, RemoteCommandError
 from ..ops.command import check_argv, check_env
@@ -52,6 +53,7 @@ class LineSplitter:
 
 class LocalTransport(Transport):
     kind = "local"
+    is_local = True
 
     def __init__(self, name: str = "local"):
         super().__init__(name)
@@ -144,24 +146,11 @@ class LocalTransport(Transport):
             data = data.read_bytes()
         dest = Path(remote_path)
         dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.dfo-tmp.", dir=dest.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            if mode is None:
-                umask = os.umask(0)
-                os.umask(umask)
-                mode = 0o666 & ~umask
-            os.chmod(tmp, mode & 0o7777)
-            os.replace(tmp, dest)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            raise
+        if mode is None:
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask
+        atomic_write_bytes(dest, data, mode=mode & 0o7777)
 
     def get(self, remote_path: str) -> bytes:
         try:

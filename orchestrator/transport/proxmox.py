@@ -19,10 +19,10 @@ import logging
 from typing import Mapping, Sequence
 
 from ..errors import ConnectError, ContainerError
-from ..hosts import SSHSettings
 from ..ops import command as cmd
 from ..ops.probes import parse_pct_status
 from .base import Result
+from .settings import SSHSettings
 from .ssh import SSHTransport
 
 log = logging.getLogger("dfo")

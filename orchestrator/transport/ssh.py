@@ -26,11 +26,11 @@ from typing import Callable, Mapping, Sequence
 import paramiko
 
 from ..errors import ConnectError, HostKeyError, NotFoundError, RemoteCommandError
-from ..hosts import SSHSettings, parse_ssh_spec, ssh_config_lookup
 from ..ops import command as cmd
 from . import knownhosts
 from .base import LineCallback, Result, Transport
 from .local import LineSplitter, timeout_error
+from .settings import SSHSettings
 
 log = logging.getLogger("dfo")
 # paramiko logs connection failures with tracebacks from its own thread; dfo reports them as
@@ -45,29 +45,8 @@ _CHUNK = 1 << 16
 # --------------------------------------------------------------------------- hops
 
 def jump_hops(settings: SSHSettings) -> list[SSHSettings]:
-    """The ProxyJump chain as SSHSettings (each hop's unset settings from ~/.ssh/config)."""
-    hops = []
-    for spec in (settings.proxy_jump or "").split(","):
-        spec = spec.strip()
-        if not spec:
-            continue
-        user, alias, port = parse_ssh_spec(spec)
-        cfg = ssh_config_lookup(alias)
-        identity = None
-        for cand in cfg.get("identityfile", []) or []:
-            cand = os.path.expanduser(cand)
-            if os.path.isfile(cand):
-                identity = cand
-                break
-        hops.append(SSHSettings(
-            host=cfg.get("hostname") or alias,
-            port=port or int(cfg.get("port") or 22),
-            user=user or cfg.get("user") or settings.user,
-            identity_file=identity or settings.identity_file,
-            known_hosts=settings.known_hosts,
-            connect_timeout=settings.connect_timeout,
-        ))
-    return hops
+    """The ProxyJump chain (resolved by ``orchestrator.config`` into ``settings.jumps``)."""
+    return list(settings.jumps)
 
 
 def _label(s: SSHSettings) -> str:

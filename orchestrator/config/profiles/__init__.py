@@ -26,9 +26,9 @@ from typing import Any
 
 import yaml
 
-from ..errors import ConfigError
-from ..ops.fingerprint import EXPECT_FIELDS
-from ..ops.lockfile import Lock, lock_hash, parse_lock
+from ...errors import ConfigError
+from ...ops.fingerprint import EXPECT_FIELDS
+from ...ops.lockfile import Lock, lock_hash, parse_lock
 
 PROFILES_DIR = Path(__file__).resolve().parent
 

@@ -1,0 +1,186 @@
+"""``dfo warm-cache``'s warm-up half: run the trainer's warm-up into a new cache
+generation, measure it, and snapshot it (``CacheManager`` inherits ``WarmMixin``)."""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from dfo_contract.markers import parse_marker
+
+from ..errors import ConfigError, LockHeldError, RemoteCommandError
+from ..ops import cache_key as ck
+from ..ops import snapshot as sn
+from ..ops.warmup import LOCK_CONFLICT, parse_report, warmup_argv, warmup_env, warmup_error_line
+
+log = logging.getLogger("dfo")
+
+Event = Callable[[str, Mapping[str, Any]], None]
+
+
+def _noop(kind: str, data: Mapping[str, Any]) -> None:
+    pass
+
+
+@dataclass
+class WarmResult:
+    """What one ``dfo warm-cache`` did, for the table and ``--json``."""
+
+    host: str
+    key: str
+    action: str                       # "restored" | "warmed" | "pushed" | "pulled"
+    source: str | None = None         # where a restored snapshot came from
+    records: list[dict] = field(default_factory=list)     # per device+shape: seconds, counters
+    counters: dict[str, int] = field(default_factory=dict)  # totals of the warm-up
+    cold_s: float | None = None       # warm-up seconds on the cache as it was
+    warm_s: float | None = None       # warm-up seconds on the saved cache (check run)
+    warm_counters: dict[str, int] = field(default_factory=dict)
+    snapshot_size: int | None = None  # bytes of the tar
+    cache_size: int | None = None     # bytes of the files in it
+    seconds: float = 0.0              # wall time of the command
+    manifest: str | None = None
+    tar: str | None = None
+    note: str | None = None           # e.g. why there was no snapshot for this key
+
+    @property
+    def saved_s(self) -> float | None:
+        if self.cold_s is None or self.warm_s is None:
+            return None
+        return round(self.cold_s - self.warm_s, 3)
+
+    def to_json(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["saved_s"] = self.saved_s
+        return d
+
+
+class WarmMixin:
+    # -- warm (a mixin of CacheManager: uses its _run, _rm, _tool, _stamp, _switch, _store) ------------------------------------------------------------------------------
+    def warm(self, key: ck.CacheKey, config_bytes: bytes, overrides: Sequence[tuple[str, str]],
+             *, measure: bool = True, fresh: bool = False) -> WarmResult:
+        """Run the trainer's warm-up into a new generation of the key's cache (seeded from
+        the live one unless ``fresh``), switch it live, then (``measure``) run the warm-up
+        again on a throwaway copy to record the warm figures, and save a snapshot."""
+        p = sn.paths(self.layout, key.key)
+        stamp = self._stamp()
+        gen = p.gen(stamp)
+        work = posixpath.join(self.layout.cache, ".work", f"{key.key}-{stamp}")
+        cfg_path = posixpath.join(work, "config.yaml")
+        self._run(["mkdir", "-p", "--", work, posixpath.join(gen, "mega")], "creating the cache dirs")
+        try:
+            # no file: the trainer's defaults plus the overrides (an empty YAML mapping)
+            self.t.put(config_bytes or b"{}\n", cfg_path, mode=0o644)
+            live = None if fresh else self._live_target(p)
+            if live:
+                self._run(["cp", "-a", "--", live + "/.", gen], "copying the live cache")
+            self.events("stage", {"stage": "warmup", "what": "cold" if not live else "top-up"})
+            records, counters, cold_s = self._warmup(gen, cfg_path, overrides,
+                                                     posixpath.join(work, "report-cold.json"),
+                                                     save_mega=posixpath.join(gen, sn.MEGA_FILE))
+            warm_s, warm_counters = None, {}
+            if measure:
+                check = p.gen(stamp + "-check")
+                try:
+                    self._run(["cp", "-a", "--", gen + "/.", check], "copying the cache for the check run")
+                    self.events("stage", {"stage": "check", "what": "warm-up on the saved cache"})
+                    _, warm_counters, warm_s = self._warmup(check, cfg_path, overrides,
+                                                            posixpath.join(work, "report-warm.json"))
+                finally:
+                    self._rm(check)
+            res = WarmResult(host=self.host, key=key.key, action="warmed", records=records,
+                             counters=counters, cold_s=cold_s, warm_s=warm_s,
+                             warm_counters=warm_counters)
+            self.events("stage", {"stage": "snapshot", "what": p.tar})
+            m = self._save(p, gen, key, stamp, res)
+        except BaseException:
+            self._rm(gen)
+            raise
+        finally:
+            self._rm(work)
+        self._switch(p, gen, stamp)
+        res.snapshot_size = m["tar"]["size"]
+        res.cache_size = m["sizes"]["total"]
+        res.manifest, res.tar = p.manifest, p.tar
+        return res
+
+    def adopt(self, cache_dir: str, key: ck.CacheKey, *, warmup: Mapping[str, Any] | None = None) -> dict:
+        """Take an existing cache dir on the host (``inductor/``, ``triton/``, ``mega/``
+        inside), made in this env for this key, as a new generation: copy it, snapshot
+        it, make it live. The source dir is not changed."""
+        p = sn.paths(self.layout, key.key)
+        stamp = self._stamp()
+        gen = p.gen(stamp)
+        self._run(["mkdir", "-p", "--", gen], "creating the cache dir")
+        try:
+            self._run(["cp", "-a", "--", cache_dir.rstrip("/") + "/.", gen], f"copying {cache_dir}")
+            w = warmup or {}
+            res = WarmResult(host=self.host, key=key.key, action="adopted", cold_s=w.get("cold_s"),
+                             warm_s=w.get("warm_s"))
+            m = self._save(p, gen, key, stamp, res)
+        except BaseException:
+            self._rm(gen)
+            raise
+        self._switch(p, gen, stamp)
+        return m
+
+    def _warmup(self, cache_dir: str, cfg_path: str, overrides: Sequence[tuple[str, str]],
+                report: str, *, save_mega: str | None = None) -> tuple[list[dict], dict[str, int], float]:
+        env = warmup_env(cache_dir)
+        # one warm-up at a time per host (flock exits LOCK_CONFLICT at once when another holds it)
+        lock = posixpath.join(self.layout.locks, "cache.lock")
+        self._run(["mkdir", "-p", "--", self.layout.locks], "creating the locks dir")
+        argv = ["flock", "-n", "-E", str(LOCK_CONFLICT), lock,
+                *warmup_argv(self.python, cfg_path, overrides, report, save_mega=save_mega)]
+        tail: list[str] = []
+
+        def on_line(line: str) -> None:
+            ev = parse_marker(line)
+            if ev is not None:
+                self.events(str(ev.get("kind", "event")), ev)
+                return
+            tail.append(line)
+            del tail[:-30]
+            log.debug("warmup: %s", line)
+            self.events("line", {"line": line})
+
+        r = self.t.stream(argv, on_line, env=env, cwd=self.layout.root, timeout=self.timeout)
+        if r.exit_code == LOCK_CONFLICT:
+            raise LockHeldError(f"another warm-up holds {lock} on {self.host}",
+                                hint="wait for the other `dfo warm-cache` to finish")
+        if r.exit_code != 0:
+            last = warmup_error_line(tail)
+            msg = f"the trainer's warm-up on {self.host} exited {r.exit_code}" + (f": {last}" if last else "")
+            if r.exit_code == 2:
+                raise ConfigError(msg, hint="fix the trainer config (see `python -m trainer warmup --help`)")
+            hint = None
+            if "InvalidCxxCompiler" in last or "C++ compiler" in last:
+                hint = "inductor on CPU needs a C++ compiler on the host: install g++ there"
+            raise RemoteCommandError(msg, hint=hint, exit_status=r.exit_code, stderr="\n".join(tail))
+        return parse_report(self.t.get(report))
+
+    def _save(self, p: sn.CachePaths, gen: str, key: ck.CacheKey, stamp: str, res: WarmResult) -> dict:
+        """Snapshot ``gen``: tar under a temporary name, rename; manifest written last."""
+        self._run(["mkdir", "-p", "--", self.layout.snapshots], "creating the snapshot store")
+        for sub in ("inductor", "triton", "mega"):
+            self._run(["mkdir", "-p", "--", posixpath.join(gen, sub)], "creating the cache dirs")
+        files = self._tool("hashdir", gen).get("files") or {}
+        tmp = p.tar_tmp(stamp)
+        try:
+            self._run(["tar", "-cf", tmp, "-C", gen, "--", "inductor", "triton", "mega"],
+                      "writing the snapshot tar")
+            tar_info = self._tool("hashfile", tmp)
+            fp_torch = key.components.get("torch.__version__")
+            m = sn.build_manifest(key.key, key.components, files, tar_sha256=tar_info["sha256"],
+                                  tar_size=tar_info["size"], created=time.time(), torch=fp_torch,
+                                  warmup={"cold_s": res.cold_s, "warm_s": res.warm_s,
+                                          "shapes": len(res.records),
+                                          "counters": res.counters,
+                                          "warm_counters": res.warm_counters})
+        except BaseException:
+            self._rm(tmp)
+            raise
+        self._store(p, tmp, m)
+        return m

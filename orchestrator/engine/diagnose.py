@@ -1,0 +1,45 @@
+"""``dfo diagnose``: classify a saved log offline and say which fallback dfo would choose."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..config.runconfig import load_config
+from ..errors import ConfigError
+from ..ops.classify import classify
+from ..ops.fallback import DEFAULT_LADDERS, next_config
+from ..ops.launch_plan import flatten
+
+
+@dataclass
+class Diagnosis:
+    diagnosis: Any        # ops.classify's result: cls, reason, evidence
+    fallback: Any | None  # ops.fallback's choice, None when the run finished
+
+    def to_json(self) -> dict:
+        out = self.diagnosis.to_json()
+        out["fallback"] = self.fallback.to_json() if self.fallback else None
+        return out
+
+
+def diagnose(logfile: str | Path, *, exit_code: int | None = None,
+             config: str | Path | None = None) -> Diagnosis:
+    """The class of the failure in ``logfile``, its evidence lines, and the first fallback
+    of the default ladder for it, evaluated against ``config`` (else the trainer's defaults)."""
+    try:
+        text = Path(logfile).read_text(errors="replace")
+    except OSError as e:
+        raise ConfigError(f"{logfile}: cannot read: {e.strerror or e}") from None
+    d = classify(text.splitlines(), exit_code=exit_code)
+    if config:
+        base = flatten(load_config(config)[0])
+    else:  # the trainer's defaults (torch-free)
+        from dfo_contract.trainer_config import TrainerConfig
+
+        base = flatten(TrainerConfig().to_dict())
+    choice = None
+    if d.cls != "done":
+        choice = next_config(d.cls, DEFAULT_LADDERS.get(d.cls, []), 0, base, {})
+    return Diagnosis(d, choice)

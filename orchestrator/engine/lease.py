@@ -1,0 +1,91 @@
+"""The deploy lease: ``flock`` on ``locks/deploy.lock`` held by a small owner record
+(user, machine, pid, start) under a token; a killed deploy's lease is taken over (its
+process is gone on this machine, or the lease went stale), a live one is refused."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import getpass
+import json
+import logging
+import os
+import posixpath
+import socket
+import uuid
+from typing import Callable
+
+from dfo_contract.procs import pid_alive
+
+from ..errors import LockHeldError, RemoteCommandError
+from ..ops import deploy_plan as dp
+from ..ops.layout import RemoteLayout
+
+log = logging.getLogger("dfo")
+
+TAKEOVER_WAIT_S = 900  # wait this long for a killed deploy's orphaned command to end
+
+
+class DeployLease:
+    def __init__(self, transport, layout: RemoteLayout, host_name: str,
+                 say: Callable[[str], None] = lambda msg: None):
+        self.t = transport
+        self.layout = layout
+        self.host_name = host_name
+        self.say = say
+        self.token = uuid.uuid4().hex
+        self.held = False
+
+    @property
+    def owner_file(self) -> str:
+        return posixpath.join(self.layout.locks, "deploy.owner")
+
+    def locked(self, argv: list[str]) -> list[str]:
+        """``argv`` run under the deploy lock, only while this lease owns it."""
+        return dp.locked_argv(self.layout.deploy_lock, self.owner_file, self.token, argv)
+
+    def acquire(self, state: dp.RemoteState) -> None:
+        takeover, wait = "", 10
+        if state.deploy_owner:
+            tok, info = dp.lease_owner(state.deploy_owner)
+            same_machine = info.get("machine") == socket.gethostname()
+            dead = same_machine and isinstance(info.get("pid"), int) and not pid_alive(info["pid"])
+            stale = (state.deploy_owner_age or 0) >= dp.LEASE_STALE_S
+            if dead or stale:
+                takeover, wait = tok, TAKEOVER_WAIT_S
+                self.say(f"taking over the lock of a {'killed' if dead else 'stale'} deploy "
+                         f"(waiting for its last command to end)")
+            else:
+                raise LockHeldError(
+                    f"{dp.describe_lease(state.deploy_owner)} holds "
+                    f"{self.layout.deploy_lock} on {self.host_name}",
+                    hint=f"wait for it to finish; a killed deploy's lock frees itself after "
+                         f"{dp.LEASE_STALE_S} s")
+        info = json.dumps({"user": getpass.getuser(), "machine": socket.gethostname(),
+                           "pid": os.getpid(),
+                           "started": _dt.datetime.now().isoformat(timespec="seconds")},
+                          separators=(",", ":"))
+        argv = dp.script_argv(dp.LEASE_SCRIPT, self.layout.deploy_lock, self.owner_file,
+                              self.token, info, str(dp.LEASE_STALE_S), takeover or "-",
+                              str(wait), name="dfo-lease")
+        r = self.t.run(argv, timeout=wait + 60)
+        if "@acquired" in r.out:
+            self.held = True
+            return
+        held = next((ln.split("\t", 1)[1] for ln in r.out.splitlines()
+                     if ln.startswith(("@held\t", "@busy\t"))), "")
+        if r.exit_code == dp.EXIT_BUSY:
+            who = dp.describe_lease(held) if held else "another deploy"
+            raise LockHeldError(f"{who} holds {self.layout.deploy_lock} on {self.host_name}",
+                                hint="wait for it to finish, then deploy again")
+        raise RemoteCommandError(f"cannot take {self.layout.deploy_lock} on {self.host_name}: "
+                                 f"{(r.err.strip().splitlines() or ['no output'])[-1]}")
+
+    def release(self) -> None:
+        if not self.held:
+            return
+        self.held = False
+        try:
+            self.t.run(dp.script_argv(dp.RELEASE_SCRIPT, self.layout.deploy_lock, self.owner_file,
+                                      self.token, name="dfo-release"), timeout=30)
+        except Exception:  # noqa: BLE001 - the lease goes stale by itself
+            log.debug("releasing the deploy lease failed", exc_info=True)

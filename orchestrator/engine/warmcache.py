@@ -1,0 +1,118 @@
+"""``dfo warm-cache`` as one engine call: which of status / prune / pull / push / restore /
+warm to do, and in what order (restore a verified snapshot of this env's key when the
+host's store has one, else warm up and say how the nearest stored snapshot differs)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from ..config.runconfig import load_config
+from ..errors import ConfigError
+from ..ops import snapshot as sn
+from ..ops.cache_key import explain_diff
+from .cache import CacheManager
+from .cache_warm import WarmResult
+
+
+@dataclass
+class WarmCacheRequest:
+    """What ``dfo warm-cache`` was asked (at most one of the modes)."""
+
+    config_path: str | None = None
+    overrides: Sequence[tuple[str, str]] = ()
+    from_file: str | None = None
+    pull_dest: str | None = None
+    key_name: str | None = None
+    push_file: str | None = None
+    show_status: bool = False
+    prune_keep: int | None = None
+    rewarm: bool = False
+    check: bool = True
+
+    def validate(self) -> None:
+        modes = [m for m, on in (("--from", self.from_file), ("--pull", self.pull_dest is not None),
+                                 ("--push", self.push_file), ("--status", self.show_status),
+                                 ("--prune", self.prune_keep is not None)) if on]
+        if len(modes) > 1:
+            raise ConfigError(f"warm-cache: {' and '.join(modes)} cannot be combined; give one")
+        if self.key_name is not None and self.pull_dest is None and not (self.show_status or
+                                                                         self.prune_keep is not None):
+            raise ConfigError("warm-cache: --key only goes with --pull (other modes use this env's key)")
+
+
+@dataclass
+class WarmCacheOutcome:
+    """Either a result (restored / warmed / pushed / pulled) or the host's cache listing."""
+
+    result: WarmResult | None = None
+    components: Mapping[str, Any] = field(default_factory=dict)
+    entries: list[sn.Entry] | None = None
+    removed: list[str] | None = None
+
+
+def restored_result(host: str, key: str, action: str, source: str, m: Mapping[str, Any]) -> WarmResult:
+    w = m.get("warmup") or {}
+    return WarmResult(host=host, key=key, action=action, source=source,
+                      cold_s=w.get("cold_s"), warm_s=w.get("warm_s"),
+                      counters=w.get("counters") or {}, warm_counters=w.get("warm_counters") or {},
+                      snapshot_size=m["tar"]["size"], cache_size=m["sizes"]["total"])
+
+
+def _pulled(host: str, key: str, tar: Path, man: Path) -> WarmResult:
+    return WarmResult(host=host, key=key, action="pulled", tar=str(tar), manifest=str(man),
+                      snapshot_size=tar.stat().st_size)
+
+
+def warm_cache(mgr: CacheManager, req: WarmCacheRequest,
+               stage: Callable[[str, str], None] = lambda name, what: None) -> WarmCacheOutcome:
+    """Carry out one ``dfo warm-cache`` on ``mgr``'s host."""
+    req.validate()
+    t0 = time.monotonic()
+    host = mgr.host
+    if req.show_status or req.prune_keep is not None:
+        removed = mgr.prune(req.prune_keep) if req.prune_keep is not None else None
+        entries, _ = mgr.status()
+        return WarmCacheOutcome(entries=entries, removed=removed)
+    if req.key_name is not None:
+        tar, man = mgr.pull(req.key_name, Path(req.pull_dest or "."))
+        return _done(_pulled(host, req.key_name, tar, man), {}, t0)
+
+    overrides = list(req.overrides)
+    cfg, cfg_bytes = load_config(req.config_path, overrides)
+    if not (cfg.get("compile") or {}).get("enabled", True) and \
+            not (req.pull_dest is not None or req.push_file or req.from_file):
+        raise ConfigError("warm-cache: nothing to warm: the config has compile.enabled false",
+                          hint="add --set compile.enabled=true, and launch with it too")
+    stage("key", f"computing the cache key on {host}")
+    key = mgr.key(cfg)
+    if req.pull_dest is not None:
+        tar, man = mgr.pull(key.key, Path(req.pull_dest))
+        return _done(_pulled(host, key.key, tar, man), key.components, t0)
+    if req.push_file or req.from_file:
+        src = req.push_file or req.from_file
+        m = mgr.push(Path(src), key)
+        res = restored_result(host, key.key, "pushed" if req.push_file else "restored", str(src), m)
+        return _done(res, key.components, t0)
+    p = sn.paths(mgr.layout, key.key)
+    plan = sn.plan_warm(from_file=False, store_has_key=mgr.read_manifest_remote(p) is not None,
+                        rewarm=req.rewarm)
+    if plan.action == "restore":
+        stage("restore", plan.reason)
+        m = mgr.restore_from_store(key)
+        return _done(restored_result(host, key.key, "restored", f"{host}:{p.tar}", m),
+                     key.components, t0)
+    stage("warmup", plan.reason)
+    near = mgr.nearest_snapshot(key) if not req.rewarm else None
+    res = mgr.warm(key, cfg_bytes, overrides, measure=req.check)
+    if near:
+        res.source = None
+        res.note = f"nearest other snapshot {near[0]} differs in: {explain_diff(near[1])}"
+    return _done(res, key.components, t0)
+
+
+def _done(res: WarmResult, components: Mapping[str, Any], t0: float) -> WarmCacheOutcome:
+    res.seconds = round(time.monotonic() - t0, 3)
+    return WarmCacheOutcome(result=res, components=components)

@@ -1,0 +1,49 @@
+"""uv on this side, pure: where extra wheels are found (``PIP_FIND_LINKS``/``UV_FIND_LINKS``)
+and uv's error output as one-line ``DeployError``s with the fix."""
+
+from __future__ import annotations
+
+import re
+
+from ..errors import DeployError
+
+
+def local_find_links(environ: dict[str, str]) -> list[str]:
+    """PIP_FIND_LINKS / UV_FIND_LINKS (whitespace or comma separated) on this machine."""
+    out: list[str] = []
+    for var in ("UV_FIND_LINKS", "PIP_FIND_LINKS"):
+        for item in re.split(r"[\s,]+", environ.get(var, "")):
+            if item and item not in out:
+                out.append(item)
+    return out
+
+
+def translate_uv_error(text: str, *, host: str, root: str, what: str) -> DeployError:
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    low = text.lower()
+    if "no space left on device" in low:
+        return DeployError(f"disk full on {host} while {what} (under {root})",
+                           hint="free space on the target, then deploy again; envs/current is untouched")
+    m = re.search(r"hash mismatch for `?([^`\s]+)`?", text, re.I)
+    if m or "hash mismatch" in low:
+        pkg = m.group(1) if m else "a package"
+        hashes = re.findall(r"sha256:([0-9a-f]{64})", text)
+        got = f": lock sha256 {hashes[0][:12]}..., file {hashes[-1][:12]}..." if len(hashes) >= 2 else ""
+        return DeployError(f"{pkg}: the file does not match the lock's sha256 (hash mismatch){got}",
+                           hint="the wheelhouse/index serves a different build than the lock pins; "
+                                "fix the wheelhouse or regenerate the lock with tools/make_lock.py")
+    m = re.search(r"Because ([A-Za-z0-9_.\-]+)(==[^\s,]+)? was not found", text)
+    req = re.search(r"you require ([A-Za-z0-9_.\-]+==[^\s,]+)", text)
+    if m or "not found in the provided package locations" in low or "no matching distribution" in low:
+        pkg = (req.group(1) if req else m.group(1) + (m.group(2) or "")) if m else "a locked package"
+        return DeployError(f"{pkg} is not available from the package sources on {host}",
+                           hint="add it to the host's wheelhouse (see docs/deploy.md: "
+                                "`pip download`), or set index_url in hosts.yaml")
+    if "failed to fetch" in low or "dns error" in low or "connection refused" in low \
+            or "network is unreachable" in low:
+        return DeployError(f"{host} cannot reach the package index while {what}",
+                           hint="give the host a wheelhouse (hosts.yaml `wheelhouse:`) for "
+                                "offline installs, or fix its network")
+    last = lines[-1] if lines else "no output"
+    return DeployError(f"{what} failed on {host}: {last}",
+                       hint="run with -vv for uv's full output; envs/current is untouched")
