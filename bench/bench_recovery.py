@@ -30,6 +30,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from dfo_contract.markers import iter_markers  # noqa: E402
+
 GPU_CONFIG = """\
 model:
   target_path: {target}
@@ -93,16 +95,9 @@ def config_text(out: Path, target: str, data: str, steps: int, cpu: bool) -> str
 
 
 def markers(log: Path) -> list[dict]:
-    out = []
     if not log.exists():
-        return out
-    for ln in log.read_text(errors="replace").splitlines():
-        if ln.startswith("@dfo "):
-            try:
-                out.append(json.loads(ln[5:]))
-            except ValueError:
-                pass
-    return out
+        return []
+    return list(iter_markers(log.read_text(errors="replace").splitlines()))
 
 
 def analyse(run_dir: Path) -> dict:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import project_wheel as pw
+from orchestrator.engine import wheel as pw
 from orchestrator.errors import DeployError
 
 pytestmark = pytest.mark.timeout(300)
@@ -57,7 +57,7 @@ def test_repack_from_a_non_editable_install(tmp_path):
         subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(v)], check=True)
     subprocess.run([uv, "pip", "install", "-q", "--no-deps", "--python", str(a / "bin/python"),
                     str(w.path)], check=True)
-    code = ("import sys; from pathlib import Path; from orchestrator import project_wheel as p;"
+    code = ("import sys; from pathlib import Path; from orchestrator.engine import wheel as p;"
             "assert p.source_root() is None; w = p.build(Path(sys.argv[1]));"
             "w2 = p.build(Path(sys.argv[1])); assert w2.sha256 == w.sha256; print(w.path)")
     out = subprocess.run([str(a / "bin/python"), "-c", code, str(tmp_path / "cache-a")],

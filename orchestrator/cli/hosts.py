@@ -124,7 +124,7 @@ def _print_check(c) -> None:
 def trust_cmd(app: AppContext, name: str, yes: bool, replace: bool) -> None:
     """Show a host's SSH key fingerprint and record it in its known_hosts file."""
     from ..transport import knownhosts
-    from ..transport.ssh import trust_hosts
+    from ..transport.trust import trust_hosts
 
     host = app.host(name)
     if host.ssh is None:

@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import socket
@@ -25,12 +24,12 @@ from typing import Callable, Mapping, Sequence
 
 import paramiko
 
-from ..errors import ConnectError, HostKeyError, NotFoundError, RemoteCommandError
+from ..errors import ConnectError, NotFoundError, RemoteCommandError
 from ..ops import command as cmd
-from . import knownhosts
 from .base import LineCallback, Result, Transport
 from .local import LineSplitter, timeout_error
 from .settings import SSHSettings
+from .ssh_errors import RefuseUnknown, translate
 
 log = logging.getLogger("dfo")
 # paramiko logs connection failures with tracebacks from its own thread; dfo reports them as
@@ -47,71 +46,6 @@ _CHUNK = 1 << 16
 def jump_hops(settings: SSHSettings) -> list[SSHSettings]:
     """The ProxyJump chain (resolved by ``orchestrator.config`` into ``settings.jumps``)."""
     return list(settings.jumps)
-
-
-def _label(s: SSHSettings) -> str:
-    return f"{s.user + '@' if s.user else ''}{s.host}:{s.port}"
-
-
-# --------------------------------------------------------------------------- errors
-
-class _RefuseUnknown(paramiko.MissingHostKeyPolicy):
-    """Refuse an unknown host key, naming its fingerprint and the command that trusts it."""
-
-    def __init__(self, name: str, known_hosts: str):
-        self.name = name
-        self.known_hosts = known_hosts
-
-    def missing_host_key(self, client, hostname, key):
-        raise HostKeyError(
-            f"host key of {self.name} ({hostname}) is not known: {knownhosts.describe_key(key)}",
-            hint=f"check that fingerprint, then record it in {self.known_hosts} with "
-                 f"`dfo hosts trust {self.name}`")
-
-
-def translate(e: BaseException, name: str, s: SSHSettings) -> Exception:
-    """A paramiko/socket exception from connecting as a one-line ConnectError with the fix."""
-    where = _label(s)
-    if isinstance(e, (HostKeyError, ConnectError)):
-        return e
-    if isinstance(e, paramiko.BadHostKeyException):
-        return HostKeyError(
-            f"REMOTE HOST KEY CHANGED for {name} ({where}): it offers {knownhosts.describe_key(e.key)} "
-            f"but {s.known_hosts_path} has {knownhosts.describe_key(e.expected_key)}; "
-            f"someone may be intercepting the connection",
-            hint=f"if the host was reinstalled, verify the new key and run "
-                 f"`dfo hosts trust {name} --replace`")
-    if isinstance(e, paramiko.PasswordRequiredException):
-        return ConnectError(f"cannot log in to {name} ({where}): the private key is encrypted",
-                            hint="add it to ssh-agent (ssh-add) or set ssh.identity_file to an unencrypted key")
-    if isinstance(e, paramiko.AuthenticationException):
-        return ConnectError(f"authentication failed for {name} ({where})",
-                            hint="check ssh.user and ssh.identity_file in hosts.yaml or ~/.ssh/config, "
-                                 "and that the public key is in the host's authorized_keys")
-    if isinstance(e, (paramiko.ssh_exception.NoValidConnectionsError, ConnectionRefusedError)):
-        return ConnectError(f"cannot reach {name} ({where}): connection refused",
-                            hint="check ssh.host and ssh.port, and that sshd runs there")
-    if isinstance(e, (socket.timeout, TimeoutError)):
-        return ConnectError(f"cannot reach {name} ({where}): timed out after {s.connect_timeout:g}s",
-                            hint="check ssh.host/ssh.port and the network; raise ssh.connect_timeout "
-                                 "for slow links")
-    if isinstance(e, socket.gaierror):
-        return ConnectError(f"cannot reach {name}: cannot resolve host {s.host!r}",
-                            hint="fix ssh.host in hosts.yaml or HostName in ~/.ssh/config")
-    if isinstance(e, paramiko.ChannelException):
-        return ConnectError(f"cannot reach {name} ({where}) through the jump host: {e}",
-                            hint="check ssh.host/ssh.port as seen from the jump host")
-    if isinstance(e, OSError):
-        reason = os.strerror(e.errno) if e.errno else str(e)
-        if e.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ECONNREFUSED, errno.ECONNRESET):
-            return ConnectError(f"cannot reach {name} ({where}): {reason}",
-                                hint="check ssh.host and ssh.port, and that sshd runs there")
-        return ConnectError(f"cannot reach {name} ({where}): {reason or type(e).__name__}",
-                            hint="check ssh.host and ssh.port")
-    if isinstance(e, (paramiko.SSHException, EOFError)):
-        return ConnectError(f"SSH to {name} ({where}) failed: {e or type(e).__name__}",
-                            hint="check that ssh.host/ssh.port is an SSH server and reachable")
-    return e  # not ours to translate
 
 
 # --------------------------------------------------------------------------- connecting
@@ -147,7 +81,7 @@ def connect_client(s: SSHSettings, name: str, via: paramiko.SSHClient | None = N
             client.load_system_host_keys(kh)
         except OSError as e:
             raise ConnectError(f"cannot read known_hosts file {kh}: {e.strerror}") from None
-    client.set_missing_host_key_policy(_RefuseUnknown(name, kh))
+    client.set_missing_host_key_policy(RefuseUnknown(name, kh))
     try:
         sock = open_sock(s, via)
         client.connect(
@@ -405,67 +339,3 @@ class SSHTransport(Transport):
 
     def close(self) -> None:
         self.conn.close()
-
-
-# --------------------------------------------------------------------------- trust
-
-def fetch_host_key(s: SSHSettings, name: str, via: paramiko.SSHClient | None = None) -> paramiko.PKey:
-    """The host key ``s`` offers (no authentication). Prefers a key type known_hosts
-    already has for it, so a changed key is detected the way connecting would see it."""
-    t = None
-    try:
-        sock = open_sock(s, via)
-        t = paramiko.Transport(sock)
-        known = knownhosts.lookup(s.known_hosts_path, s.host_key_name)
-        if known:
-            opts = t.get_security_options()
-            kt = known[0].get_name()
-            if kt == "ssh-rsa":
-                kt = "rsa-sha2-512"
-            if kt in opts.key_types:
-                opts.key_types = [kt] + [k for k in opts.key_types if k != kt]
-        t.banner_timeout = s.connect_timeout
-        t.start_client(timeout=s.connect_timeout)
-        return t.get_remote_server_key()
-    except Exception as e:  # noqa: BLE001
-        raise translate(e, name, s) from None
-    finally:
-        if t is not None:
-            t.close()
-
-
-TrustDecision = Callable[[str, str, paramiko.PKey, str], bool]
-
-
-def trust_hosts(name: str, settings: SSHSettings, decide: TrustDecision) -> list[tuple[str, str, str]]:
-    """Walk the hops to ``settings`` (jump hosts first), fetch each host key and, when it is
-    not known, ask ``decide(label, known_hosts_name, key, status)`` whether to record it
-    (status is knownhosts.UNKNOWN or CHANGED; CHANGED entries are replaced).
-    Returns [(label, fingerprint, outcome)] with outcome "known", "added", "replaced" or "skipped"."""
-    report = []
-    via = None
-    clients: list[paramiko.SSHClient] = []
-    try:
-        hops = jump_hops(settings)
-        for i, s in enumerate([*hops, settings]):
-            is_target = i == len(hops)
-            label = name if is_target else f"{name} (jump host {s.host})"
-            key = fetch_host_key(s, label, via)
-            kh_name = s.host_key_name
-            st = knownhosts.status(s.known_hosts_path, kh_name, key)
-            fp = knownhosts.describe_key(key)
-            if st == knownhosts.KNOWN:
-                report.append((label, fp, "known"))
-            elif decide(label, kh_name, key, st):
-                knownhosts.add(s.known_hosts_path, kh_name, key, replace=st == knownhosts.CHANGED)
-                report.append((label, fp, "replaced" if st == knownhosts.CHANGED else "added"))
-            else:
-                report.append((label, fp, "skipped"))
-                break
-            if not is_target:
-                via = connect_client(s, label, via)
-                clients.append(via)
-    finally:
-        for c in reversed(clients):
-            c.close()
-    return report

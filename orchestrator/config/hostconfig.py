@@ -1,0 +1,77 @@
+"""What one host of the inventory is (``HostConfig``) and the inventory itself."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+from ..errors import ConfigError
+from ..ops.classify import CLASSES
+from ..ops.layout import RemoteLayout
+from ..transport.settings import SSHSettings
+
+TRANSPORTS = ("local", "ssh", "proxmox")
+
+#: Failure classes a host may give a fallback ladder for (the classifier's names, used
+#: everywhere: events log, ``dfo status``, ``dfo diagnose``, docs). ``done`` has no ladder.
+FAILURE_CLASSES = tuple(c for c in CLASSES if c != "done")
+
+
+def _did_you_mean(word: str, choices) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuLayout:
+    target: tuple[str, ...] = ("cpu",)
+    drafter: tuple[str, ...] = ("cpu",)
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostConfig:
+    name: str
+    transport: str  # "local" | "ssh" | "proxmox"
+    root: str  # absolute POSIX path
+    ssh: SSHSettings | None = None
+    vmid: int | None = None
+    profile: str = "cpu"
+    gpus: GpuLayout = field(default_factory=GpuLayout)
+    wheelhouse: str | None = None
+    index_url: str | None = None
+    python: str | None = None
+    fallbacks: Mapping[str, tuple[str, ...]] = field(default_factory=dict, hash=False)
+    source: str = ""
+
+    @property
+    def layout(self) -> RemoteLayout:
+        return RemoteLayout(self.root)
+
+    def describe(self) -> str:
+        """Where this host's commands run, for people: ``local``, ``root@pve``, ``root@pve ct 200``."""
+        if self.transport == "local":
+            return "this machine"
+        assert self.ssh is not None
+        if self.transport == "proxmox":
+            return f"{self.ssh.display()} ct {self.vmid}"
+        return self.ssh.display()
+
+
+@dataclass
+class Inventory:
+    hosts: dict[str, HostConfig]
+    default: str
+    path: Path | None = None
+
+    def get(self, name: str | None) -> HostConfig:
+        """The host called ``name``; ``None`` means the default host."""
+        if name is None:
+            return self.hosts[self.default]
+        if name in self.hosts:
+            return self.hosts[name]
+        where = str(self.path) if self.path else "the embedded default inventory"
+        hint = _did_you_mean(name, self.hosts)
+        known = ", ".join(sorted(self.hosts))
+        raise ConfigError(f"unknown host {name!r} in {where}{hint}; known hosts: {known}")

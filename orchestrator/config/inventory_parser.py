@@ -1,0 +1,344 @@
+"""The hosts.yaml parser: yaml's composed nodes, so every error names its line."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..errors import ConfigError
+from ..transport.settings import SSHSettings
+from .hostconfig import FAILURE_CLASSES, TRANSPORTS, GpuLayout, HostConfig, Inventory, _did_you_mean
+from .sshconfig import SSH_SPEC_RE, resolve_jumps, ssh_config_lookup
+
+# Roots go into systemd-run's ExecStart and unit properties, where $ (environment), %
+# (specifiers) and \ (escapes) are interpreted; keep those and control characters out.
+_UNSAFE_ROOT = re.compile(r"[$%\\\x00-\x1f\x7f]")
+_DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?)$")
+
+_HOST_KEYS = ("transport", "root", "ssh", "vmid", "profile", "gpus", "wheelhouse", "index_url",
+              "python", "fallbacks")
+_SSH_KEYS = ("host", "port", "user", "identity_file", "proxy_jump", "known_hosts", "connect_timeout")
+_GPU_KEYS = ("target", "drafter")
+_TOP_KEYS = ("default", "hosts")
+
+
+class _Parser:
+    def __init__(self, text: str, filename: str, ssh_config: str | None):
+        self.text = text
+        self.filename = filename
+        self.ssh_config_path = ssh_config
+        self._ssh_config = None
+        self.loader: yaml.SafeLoader | None = None
+
+    # -- errors ------------------------------------------------------------
+    def err(self, node: yaml.Node | None, where: str, msg: str) -> ConfigError:
+        line = f":{node.start_mark.line + 1}" if node is not None else ""
+        prefix = f"{self.filename}{line}: "
+        return ConfigError(f"{prefix}{where}: {msg}" if where else f"{prefix}{msg}")
+
+    def src(self, node: yaml.Node) -> str:
+        return f"{self.filename}:{node.start_mark.line + 1}"
+
+    # -- yaml nodes ----------------------------------------------------------
+    def compose(self) -> yaml.Node | None:
+        self.loader = yaml.SafeLoader(self.text)
+        try:
+            return self.loader.get_single_node()
+        except yaml.MarkedYAMLError as e:
+            mark = e.problem_mark or e.context_mark
+            line = f":{mark.line + 1}" if mark else ""
+            what = " ".join(x for x in (e.context, e.problem) if x)
+            raise ConfigError(f"{self.filename}{line}: YAML syntax error: {what} "
+                              f"(fix the YAML at that line)") from None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{self.filename}: YAML syntax error: {str(e).splitlines()[0]}") from None
+
+    def scalar(self, node: yaml.Node) -> Any:
+        assert self.loader is not None
+        try:
+            return self.loader.construct_object(node, deep=True)
+        except (yaml.YAMLError, ValueError, TypeError) as e:  # `!tag x`, `2001-02-30`, ...
+            first = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise self.err(node, "", f"cannot read this value: {first} (quote it as a string)") from None
+
+    def mapping(self, node: yaml.Node, where: str, allowed: tuple[str, ...] | None) -> dict[str, tuple[yaml.Node, yaml.Node]]:
+        """A mapping node as {key: (key_node, value_node)}, rejecting duplicates and unknown keys."""
+        if not isinstance(node, yaml.MappingNode):
+            raise self.err(node, where, f"expected a mapping, got {self.describe(node)}")
+        assert self.loader is not None
+        self.loader.flatten_mapping(node)  # YAML merge keys (<<)
+        out: dict[str, tuple[yaml.Node, yaml.Node]] = {}
+        for knode, vnode in node.value:
+            key = self.scalar(knode) if isinstance(knode, yaml.ScalarNode) else None
+            if not isinstance(key, str) or not key:
+                raise self.err(knode, where or "(top level)",
+                               f"keys must be non-empty strings, got {self.describe(knode)}")
+            path = f"{where}.{key}" if where else key
+            if key in out:
+                first = out[key][0].start_mark.line + 1
+                raise self.err(knode, path, f"duplicate key (first defined at line {first}; remove one)")
+            if allowed is not None and key not in allowed:
+                raise self.err(knode, path, f"unknown key{_did_you_mean(key, allowed)}; "
+                                            f"valid keys: {', '.join(allowed)}")
+            out[key] = (knode, vnode)
+        return out
+
+    def describe(self, node: yaml.Node) -> str:
+        if isinstance(node, yaml.MappingNode):
+            return "a mapping"
+        if isinstance(node, yaml.SequenceNode):
+            return "a list"
+        return repr(self.scalar(node))
+
+    def string(self, node: yaml.Node, where: str, *, empty_ok: bool = False) -> str:
+        v = self.scalar(node) if isinstance(node, yaml.ScalarNode) else None
+        if isinstance(node, yaml.ScalarNode) and isinstance(v, (int, float)) and not isinstance(v, bool) \
+                and where.endswith((".host", ".user", ".profile")):
+            v = str(node.value)  # a bare number is a fine host/user/profile name
+        if not isinstance(v, str):
+            raise self.err(node, where, f"expected a string, got {self.describe(node)}")
+        if not v and not empty_ok:
+            raise self.err(node, where, "must not be empty")
+        return v
+
+    def integer(self, node: yaml.Node, where: str, *, lo: int | None = None, hi: int | None = None) -> int:
+        v = self.scalar(node) if isinstance(node, yaml.ScalarNode) else None
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise self.err(node, where, f"expected an integer, got {self.describe(node)}")
+        if (lo is not None and v < lo) or (hi is not None and v > hi):
+            rng = f"between {lo} and {hi}" if hi is not None else f">= {lo}"
+            raise self.err(node, where, f"expected an integer {rng}, got {v}")
+        return v
+
+    def number(self, node: yaml.Node, where: str) -> float:
+        v = self.scalar(node) if isinstance(node, yaml.ScalarNode) else None
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
+            raise self.err(node, where, f"expected a positive number of seconds, got {self.describe(node)}")
+        return float(v)
+
+    def string_list(self, node: yaml.Node, where: str) -> tuple[str, ...]:
+        if isinstance(node, yaml.ScalarNode) and isinstance(self.scalar(node), str):
+            return (self.string(node, where),)
+        if not isinstance(node, yaml.SequenceNode):
+            raise self.err(node, where, f"expected a list of strings, got {self.describe(node)}")
+        return tuple(self.string(item, f"{where}[{i}]") for i, item in enumerate(node.value))
+
+    # -- the document ----------------------------------------------------------
+    def parse(self, path: Path | None) -> Inventory:
+        root = self.compose()
+        if root is None:
+            raise ConfigError(f"{self.filename}: the file is empty (add `hosts:`; see docs/hosts.md)")
+        top = self.mapping(root, "", _TOP_KEYS)
+        if "hosts" not in top:
+            raise self.err(root, "hosts", "missing (add `hosts:` with at least one host; see docs/hosts.md)")
+        hosts_key, hosts_node = top["hosts"]
+        hmap = self.mapping(hosts_node, "hosts", None)
+        if not hmap:
+            raise self.err(hosts_node, "hosts", "expected at least one host")
+        hosts: dict[str, HostConfig] = {}
+        for name, (knode, vnode) in hmap.items():
+            if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", name):
+                raise self.err(knode, f"hosts.{name}", "a host name may hold only letters, digits, '.', '_' "
+                                                       "and '-' and must start with a letter or digit")
+            hosts[name] = self.host(name, knode, vnode)
+        if "default" in top:
+            dk, dv = top["default"]
+            default = self.string(dv, "default")
+            if default not in hosts:
+                raise self.err(dv, "default", f"unknown host {default!r}{_did_you_mean(default, hosts)}; "
+                                              f"hosts: {', '.join(hosts)}")
+        else:
+            default = next(iter(hosts))
+        return Inventory(hosts=hosts, default=default, path=path)
+
+    def host(self, name: str, knode: yaml.Node, node: yaml.Node) -> HostConfig:
+        w = f"hosts.{name}"
+        m = self.mapping(node, w, _HOST_KEYS)
+        if "transport" not in m:
+            raise self.err(node if isinstance(node, yaml.MappingNode) else knode, f"{w}.transport",
+                           f"missing (one of: {', '.join(TRANSPORTS)})")
+        tnode = m["transport"][1]
+        transport = self.string(tnode, f"{w}.transport")
+        if transport not in TRANSPORTS:
+            raise self.err(tnode, f"{w}.transport", f"expected one of {', '.join(TRANSPORTS)}, "
+                                                    f"got {transport!r}{_did_you_mean(transport, TRANSPORTS)}")
+
+        # ssh / vmid by transport
+        ssh = None
+        vmid = None
+        if transport in ("ssh", "proxmox"):
+            if "ssh" not in m:
+                raise self.err(knode, f"{w}.ssh.host",
+                               f"missing: a {transport} host needs the address to ssh to "
+                               f"(add `ssh: {{host: NODE}}`)")
+            ssh = self.ssh(m["ssh"][1], f"{w}.ssh", transport)
+        elif "ssh" in m:
+            raise self.err(m["ssh"][0], f"{w}.ssh", "a local host takes no ssh settings "
+                                                    "(set `transport: ssh` or `proxmox`, or remove ssh:)")
+        if transport == "proxmox":
+            if "vmid" not in m:
+                raise self.err(knode, f"{w}.vmid", "missing: a proxmox host needs the container's VMID (e.g. `vmid: 200`)")
+            vmid = self.integer(m["vmid"][1], f"{w}.vmid", lo=100, hi=999_999_999)
+        elif "vmid" in m:
+            raise self.err(m["vmid"][0], f"{w}.vmid", f"only a proxmox host has a vmid (this one is {transport})")
+
+        # root
+        if "root" not in m:
+            raise self.err(knode, f"{w}.root", "missing: the directory for envs, caches, runs and checkpoints"
+                                               + (" (e.g. `root: ~/.dfo`)" if transport == "local" else " (e.g. `root: /root/dfo`)"))
+        rnode = m["root"][1]
+        root = self.string(rnode, f"{w}.root")
+        if transport == "local":
+            root = os.path.expanduser(root)
+            if not os.path.isabs(root):
+                raise self.err(rnode, f"{w}.root", f"must be an absolute path or start with ~, got {self.scalar(rnode)!r}")
+            root = os.path.normpath(root)
+        else:
+            if not root.startswith("/"):
+                raise self.err(rnode, f"{w}.root", f"must be an absolute path on the remote side, got {root!r} "
+                                                   f"(e.g. /root/dfo; '~' is not expanded remotely)")
+            root = os.path.normpath(root).replace("//", "/")
+        if _UNSAFE_ROOT.search(root):
+            raise self.err(rnode, f"{w}.root", f"must not contain $, %, \\ or control characters "
+                                               f"(systemd would interpret them), got {root!r}")
+
+        kw: dict[str, Any] = {}
+        if "profile" in m:
+            kw["profile"] = self.string(m["profile"][1], f"{w}.profile")
+        if "gpus" in m:
+            kw["gpus"] = self.gpus(m["gpus"][1], f"{w}.gpus")
+        for key in ("wheelhouse", "python"):
+            if key in m:
+                v = self.string(m[key][1], f"{w}.{key}")
+                if transport == "local":
+                    v = os.path.expanduser(v)
+                if key == "wheelhouse" and not v.startswith("/"):
+                    raise self.err(m[key][1], f"{w}.{key}", f"must be an absolute path on the target, got {v!r}")
+                kw[key] = v
+        if "index_url" in m:
+            v = self.string(m["index_url"][1], f"{w}.index_url")
+            if not re.match(r"^(https?|file)://", v):
+                raise self.err(m["index_url"][1], f"{w}.index_url", f"expected an http(s):// or file:// URL, got {v!r}")
+            if re.match(r"^[a-z]+://[^/@]*@", v):
+                raise self.err(m["index_url"][1], f"{w}.index_url",
+                               "credentials in the URL would show in process lists and logs; "
+                               "put them in ~/.netrc on the target (or uv's keyring) instead")
+            kw["index_url"] = v
+        if "fallbacks" in m:
+            kw["fallbacks"] = self.fallbacks(m["fallbacks"][1], f"{w}.fallbacks")
+        return HostConfig(name=name, transport=transport, root=root, ssh=ssh, vmid=vmid,
+                          source=self.src(knode), **kw)
+
+    def gpus(self, node: yaml.Node, where: str) -> GpuLayout:
+        m = self.mapping(node, where, _GPU_KEYS)
+        vals: dict[str, tuple[str, ...]] = {}
+        for key in _GPU_KEYS:
+            if key not in m:
+                raise self.err(node, f"{where}.{key}", "missing (a list of devices, e.g. [cuda:0, cuda:1] or [cpu])")
+            devs = self.string_list(m[key][1], f"{where}.{key}")
+            if not devs:
+                raise self.err(m[key][1], f"{where}.{key}", "expected at least one device")
+            for i, d in enumerate(devs):
+                if not _DEVICE_RE.match(d):
+                    raise self.err(m[key][1], f"{where}.{key}[{i}]",
+                                   f"expected a device like cuda:0 or cpu, got {d!r}")
+            if len(set(devs)) != len(devs):
+                raise self.err(m[key][1], f"{where}.{key}", f"lists a device twice: {list(devs)}")
+            vals[key] = devs
+        return GpuLayout(**vals)
+
+    def fallbacks(self, node: yaml.Node, where: str) -> dict[str, tuple[str, ...]]:
+        from ..ops.fallback import validate_ladders  # the supervisor's policy checks step names
+
+        m = self.mapping(node, where, FAILURE_CLASSES)
+        raw = {k: list(self.string_list(v, f"{where}.{k}")) for k, (_, v) in m.items()}
+        for k, (_, v) in m.items():  # one class at a time, so an error names its line
+            validate_ladders({k: raw[k]}, source=f"{self.src(v)}: {where}")
+        return {k: tuple(steps) for k, steps in raw.items()}
+
+    # -- ssh settings -----------------------------------------------------------
+    def ssh(self, node: yaml.Node, where: str, transport: str) -> SSHSettings:
+        given: dict[str, Any] = {}
+        nodes: dict[str, yaml.Node] = {}
+        if isinstance(node, yaml.ScalarNode) and isinstance(self.scalar(node), str):
+            spec = self.string(node, where)
+            mt = SSH_SPEC_RE.match(spec)
+            if not mt:
+                raise self.err(node, where, f"expected [user@]host[:port] or a mapping, got {spec!r}")
+            given["host"] = mt["host"].strip("[]")
+            if mt["user"]:
+                given["user"] = mt["user"]
+            if mt["port"]:
+                given["port"] = int(mt["port"])
+            nodes = {k: node for k in given}
+        else:
+            if isinstance(node, yaml.ScalarNode) and self.scalar(node) is None:
+                raise self.err(node, f"{where}.host", f"missing: a {transport} host needs the address to ssh to")
+            m = self.mapping(node, where, _SSH_KEYS)
+            for key, (_, v) in m.items():
+                nodes[key] = v
+                if key == "port":
+                    given[key] = self.integer(v, f"{where}.port", lo=1, hi=65535)
+                elif key == "connect_timeout":
+                    given[key] = self.number(v, f"{where}.connect_timeout")
+                else:
+                    given[key] = self.string(v, f"{where}.{key}")
+            if "host" not in given:
+                raise self.err(node, f"{where}.host", f"missing: a {transport} host needs the address to ssh to "
+                                                      f"(e.g. `host: 192.0.2.10` or an alias from ~/.ssh/config)")
+
+        alias = given["host"]
+        cfg = self.ssh_config_for(alias)
+        host = cfg.get("hostname") or alias
+        port = given.get("port")
+        if port is None and cfg.get("port"):
+            try:
+                port = int(cfg["port"])
+            except ValueError:
+                raise self.err(nodes["host"], f"{where}.host",
+                               f"~/.ssh/config gives Port {cfg['port']!r} for {alias}, not a number") from None
+        user = given.get("user") or cfg.get("user")
+        identity = given.get("identity_file")
+        if identity is not None:
+            expanded = os.path.expanduser(identity)
+            if not os.path.isfile(expanded):
+                raise self.err(nodes["identity_file"], f"{where}.identity_file",
+                               f"{identity} does not exist (fix the path, or remove it to use ~/.ssh/config "
+                               f"and the ssh agent)")
+            identity = expanded
+        else:
+            for cand in cfg.get("identityfile", []) or []:
+                cand = os.path.expanduser(cand)
+                if os.path.isfile(cand):
+                    identity = cand
+                    break
+        proxy_jump = given.get("proxy_jump") or cfg.get("proxyjump")
+        if proxy_jump and proxy_jump.lower() == "none":
+            proxy_jump = None
+        if proxy_jump:
+            for hop in proxy_jump.split(","):
+                if not SSH_SPEC_RE.match(hop.strip()):
+                    raise self.err(nodes.get("proxy_jump", node), f"{where}.proxy_jump",
+                                   f"expected [user@]host[:port][,...], got {proxy_jump!r}")
+        known = given.get("known_hosts")
+        if known is None and cfg.get("userknownhostsfile"):
+            known = cfg["userknownhostsfile"].split()[0]
+        if known is not None:
+            known = os.path.expanduser(known)
+        timeout = given.get("connect_timeout")
+        if timeout is None and cfg.get("connecttimeout"):
+            try:
+                timeout = float(cfg["connecttimeout"])
+            except ValueError:
+                timeout = None
+        target = SSHSettings(host=host, port=port or 22, user=user, identity_file=identity,
+                             proxy_jump=proxy_jump, known_hosts=known,
+                             connect_timeout=timeout if timeout is not None else 10.0)
+        return resolve_jumps(target, self.ssh_config_path)
+
+    def ssh_config_for(self, alias: str) -> dict[str, Any]:
+        return ssh_config_lookup(alias, self.ssh_config_path)
