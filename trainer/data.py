@@ -265,7 +265,7 @@ def collate(samples: list[Sample], *, block_size: int, num_anchors: int, seq_buc
     import torch
 
     from .objective import eligible_anchors, sample_anchors
-    from .step import Batch
+    from .batch import Batch
 
     lengths = [len(s.input_ids) for s in samples]
     s_len = pick_bucket(max(lengths), seq_buckets, "seq_len")
