@@ -26,17 +26,10 @@ import time
 
 from dfo_contract.markers import format_marker
 
+from .faults import silenced as _silenced
+
 STEP_FIELDS = ("step", "loss", "acc", "tau", "lr", "tokens_per_s", "samples_per_s",
                "peak_mem_bytes", "phase", "attempt")
-
-
-def _silenced() -> bool:
-    try:
-        from . import faults
-    except ImportError:
-        return False
-    f = getattr(faults, "silenced", None)
-    return bool(f and f())
 
 
 def _finite(x):
