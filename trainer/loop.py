@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from dfo_contract import checkpoints as ckpt_manifest
+from dfo_contract import checkpoints as manifests
 from dfo_contract.exitcodes import DONE, INTERRUPTED, NonFiniteLoss
 from dfo_contract.trainer_config import TrainerConfig
 
@@ -129,7 +129,7 @@ def train(cfg: TrainerConfig, resume: str | None = None, *, out=None) -> int:
         ckdir = cfg.checkpoint_dir(env.run_dir)
         step = 0
         if resume:
-            path = ckpt_manifest.resolve(ckdir, resume)
+            path = manifests.resolve(ckdir, resume)
             st = checkpoints.load(path, drafter=drafter, optimizer=opt, scheduler=sched)
             stream.load_state_dict(st)
             step = int(st["step"])
@@ -142,7 +142,7 @@ def train(cfg: TrainerConfig, resume: str | None = None, *, out=None) -> int:
         def save(at: int) -> str:
             existing = os.path.join(ckdir, f"step_{at}")
             layout.before_save()  # threads/ddp: replicas identical (all ranks)
-            if at == step_saved[0] and ckpt_manifest.verify(existing, check_hashes=False)[0]:
+            if at == step_saved[0] and manifests.verify(existing, check_hashes=False)[0]:
                 em.marker("checkpoint", step=at, path=os.path.abspath(existing))
                 return existing  # this exact state is already saved (e.g. SIGTERM right after)
             if not layout.is_main:  # ddp: only rank 0 writes checkpoints

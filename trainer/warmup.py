@@ -21,7 +21,7 @@ artifacts this process produced or loaded) atomically; ``--load-mega-cache FILE`
 saved file to ``torch.compiler.load_cache_artifacts()`` before anything compiles. Both need
 torch >= 2.7; on an older torch the flag is refused with a config error.
 
-Exit codes: the trainer's table (trainer.exitcodes): 0 done, 2 config error, 5 fatal.
+Exit codes: the trainer's table (dfo_contract.exitcodes): 0 done, 2 config error, 5 fatal.
 """
 
 from __future__ import annotations
