@@ -7,16 +7,21 @@ recorded size and sha256:
     {"format": 1, "step": N, "files": {"drafter.safetensors": {"sha256": "...", "size": 123}, ...}}
 
 Directories being written are named ``.step_N.tmp-<pid>`` and are never listed.
-The orchestrator uses this module remotely through
-``python -m dfo_contract.checkpoints list DIR --json`` (see ``trainer.checkpoints``).
+
+    python -m dfo_contract.checkpoints list DIR [--json] [--no-hash]
+
+lists the ``step_N`` dirs newest first, valid or why not (``python -m trainer.checkpoints
+list`` is the same command). The orchestrator runs it remotely with ``--json``.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
 import re
+import sys
 from dataclasses import asdict, dataclass
 
 from .exitcodes import CheckpointError
@@ -138,7 +143,7 @@ def resolve(root: str, spec: str) -> str:
     m = STEP_RE.match(os.path.basename(os.path.normpath(path)))
     if not os.path.isdir(path):
         raise CheckpointError(f"checkpoint: --resume {spec}: {path} does not exist "
-                              f"(python -m trainer.checkpoints list {root} shows what does)")
+                              f"(python -m dfo_contract.checkpoints list {root} shows what does)")
     ok, why = verify(path, expect_step=int(m.group(1)) if m else None)
     if not ok:
         raise CheckpointError(f"checkpoint: --resume {spec}: {path} is not usable: {why} "
@@ -161,3 +166,31 @@ def stale_tmp_dirs(root: str) -> list[str]:
         if m and not pid_alive(int(m.group(2))):
             out.append(os.path.join(root, name))
     return out
+
+
+# --------------------------------------------------------------------------- CLI
+
+def main(argv: list[str] | None = None, *, prog: str = "python -m dfo_contract.checkpoints") -> int:
+    ap = argparse.ArgumentParser(prog=prog)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    lp = sub.add_parser("list", help="list step_N checkpoints, valid or why not")
+    lp.add_argument("dir")
+    lp.add_argument("--json", action="store_true")
+    lp.add_argument("--no-hash", action="store_true", help="check sizes only (fast)")
+    a = ap.parse_args(argv)
+    infos = list_checkpoints(a.dir, check_hashes=not a.no_hash)
+    if a.json:
+        best = next((c for c in infos if c.valid), None)
+        print(json.dumps({"dir": a.dir, "latest": best.name if best else None,
+                          "checkpoints": [c.to_json() for c in infos]}))
+        return 0
+    if not infos:
+        print(f"no step_N checkpoints in {a.dir}")
+        return 0
+    for c in infos:
+        print(f"{c.name:>14}  {'valid' if c.valid else 'INVALID: ' + c.reason}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

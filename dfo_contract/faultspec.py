@@ -7,7 +7,6 @@ See docs/contracts.md, "Fault injection".
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 
@@ -95,17 +94,17 @@ def _parse_item(item: str, source: str) -> Fault:
     return Fault(kind=kind, step=step, attempt=attempt, arg=arg)
 
 
-def resolve_spec(flag_value: str | None) -> str | None:
-    """The active spec text: the ``--fault.spec`` flag if set, else ``$DFO_FAULT``."""
+def resolve_spec(flag_value: str | None, env_value: str | None) -> str | None:
+    """The active spec text: the ``--fault.spec`` flag if set, else ``env_value``
+    (``$DFO_FAULT``, which the caller read)."""
     if flag_value is not None and str(flag_value).strip():
         return str(flag_value)
-    env = os.environ.get(ENV_VAR, "")
-    return env if env.strip() else None
+    return env_value if env_value is not None and env_value.strip() else None
 
 
-def current_attempt() -> int:
-    """``$DFO_ATTEMPT`` (1-based; 1 when unset or malformed)."""
+def parse_attempt(text: str | None) -> int:
+    """An attempt number from ``$DFO_ATTEMPT``'s text (1-based; 1 when unset or malformed)."""
     try:
-        return max(1, int(os.environ.get(envvars.ATTEMPT, "1")))
+        return max(1, int(text if text is not None else "1"))
     except ValueError:
         return 1

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.test_trainer_helpers import make_synth, make_target, tiny_config
-from trainer import attention, compile as C, objective, step
+from trainer import attention, compile as C, objective, runtime, step
 from dfo_contract.exitcodes import TrainerConfigError
 
 B = 8
@@ -86,7 +86,7 @@ def test_flex_on_cpu_for_training_is_refused_and_flex_eager_warns(tmp_path):
     anchors, valid, s = _case(s=64, n=4, invalid=1)
     q = torch.randn(2, 2, 4 * B, 8)
     k = torch.randn(2, 2, s + 4 * B, 8)
-    attention._warned_eager = False
+    runtime.get().attention.warned_eager = False
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         out = attention.attend("flex-eager", q, k, k, attention.build_mask("flex-eager", anchors, valid, s, B))

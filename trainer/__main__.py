@@ -3,7 +3,7 @@
     python -m trainer train  --config FILE.yaml [--SECTION.FIELD VALUE ...] [--resume step_N|latest|PATH]
     python -m trainer warmup --config FILE.yaml [--SECTION.FIELD VALUE ...] [--report FILE.json]
 
-Exit codes: trainer/exitcodes.py (0 done, 2 config, 3 data, 4 checkpoint, 5 fatal,
+Exit codes: dfo_contract/exitcodes.py (0 done, 2 config, 3 data, 4 checkpoint, 5 fatal,
 6 interrupted). User errors print one line; fatal errors print the traceback too.
 """
 

@@ -21,13 +21,12 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from . import compile as _compile
+from . import compile as _compile, runtime
 from .objective import visibility_mask
 
 log = logging.getLogger("dfo")
 FLEX_BLOCK = 128
 BACKENDS = ("flex", "sdpa", "flex-eager")
-_warned_eager = False
 
 
 def _mask_mod_for(anchors: torch.Tensor, valid: torch.Tensor, seq_len: int, block_size: int):
@@ -133,9 +132,10 @@ def _sdpa(q, k, v, mask: SdpaMask):
 
 
 def warn_flex_eager() -> None:
-    global _warned_eager
-    if not _warned_eager:
-        _warned_eager = True
+    """Once per process (``runtime.get().attention.warned_eager``)."""
+    st = runtime.get().attention
+    if not st.warned_eager:
+        st.warned_eager = True
         msg = ("model.attention=flex-eager: uncompiled flex_attention materializes the full "
                "score matrix (6-10x slower, 15-25x the memory); use it only to debug")
         warnings.warn(msg, stacklevel=2)

@@ -30,6 +30,8 @@ import time
 
 import torch
 
+from dfo_contract.markers import format_marker
+
 H200_BF16_PEAK_TFLOPS = 989.0
 VARIANTS = ("flex-compiled", "flex", "sdpa", "sdpa-compiled")
 
@@ -336,7 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     _quiet_transformers()
     r = run(a)
     print(markdown(r))
-    print("@dfo " + json.dumps({"kind": "bench", **r}))
+    sys.stdout.write(format_marker({"kind": "bench", **r}))
+    sys.stdout.flush()
     if a.json:
         with open(a.json, "w") as f:
             json.dump(r, f, indent=1)

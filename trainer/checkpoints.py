@@ -5,13 +5,12 @@ shared embedding/LM head are the target's), ``optim.pt``, ``sched.pt``, ``rng.pt
 ``data.json`` (the data stream position), ``config.yaml`` and ``manifest.json`` with the
 sha256 of each, written last. The directory is built as ``.step_N.tmp-<pid>`` and renamed.
 
-``python -m trainer.checkpoints list DIR [--json]`` is torch-free (the orchestrator runs it
-remotely): it lists step_N dirs newest first, valid or why not.
+``python -m trainer.checkpoints list DIR [--json] [--no-hash]`` is
+``python -m dfo_contract.checkpoints list`` (torch-free; the manifests live there).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -21,21 +20,9 @@ import sys
 
 from dfo_contract import checkpoints as cm
 from dfo_contract.exitcodes import CheckpointError
+from dfo_contract.fsio import fsync_dir
 
 log = logging.getLogger("dfo")
-
-
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def rng_state() -> dict:
@@ -65,7 +52,7 @@ def save(root: str, step: int, *, drafter, optimizer, scheduler, data_state: dic
 
     os.makedirs(root, exist_ok=True)
     final = os.path.join(root, f"step_{step}")
-    tmp = os.path.join(root, f".step_{step}.tmp-{os.getpid()}")
+    tmp = os.path.join(root, f".step_{step}.tmp-{os.getpid()}")  # cm.TMP_RE
     if os.path.exists(tmp):
         shutil.rmtree(tmp)
     os.makedirs(tmp)
@@ -82,7 +69,7 @@ def save(root: str, step: int, *, drafter, optimizer, scheduler, data_state: dic
         with open(os.path.join(tmp, name), "rb+") as f:
             os.fsync(f.fileno())
     cm.write_manifest(tmp, step, list(cm.REQUIRED_FILES))
-    _fsync_dir(tmp)
+    fsync_dir(tmp)
     if os.path.exists(final):  # re-saving a step (e.g. after a resume): swap, then drop the old
         old = os.path.join(root, f".step_{step}.old-{os.getpid()}")
         os.replace(final, old)
@@ -90,7 +77,7 @@ def save(root: str, step: int, *, drafter, optimizer, scheduler, data_state: dic
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(tmp, final)
-    _fsync_dir(root)
+    fsync_dir(root)
     if keep:
         prune(root, keep)
     return final
@@ -143,25 +130,8 @@ def load(path: str, *, drafter, optimizer=None, scheduler=None, restore_rng: boo
 # --------------------------------------------------------------------------- CLI (torch-free)
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m trainer.checkpoints")
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    lp = sub.add_parser("list", help="list step_N checkpoints, valid or why not")
-    lp.add_argument("dir")
-    lp.add_argument("--json", action="store_true")
-    lp.add_argument("--no-hash", action="store_true", help="check sizes only (fast)")
-    a = ap.parse_args(argv)
-    infos = cm.list_checkpoints(a.dir, check_hashes=not a.no_hash)
-    if a.json:
-        best = next((c for c in infos if c.valid), None)
-        print(json.dumps({"dir": a.dir, "latest": best.name if best else None,
-                          "checkpoints": [c.to_json() for c in infos]}))
-        return 0
-    if not infos:
-        print(f"no step_N checkpoints in {a.dir}")
-        return 0
-    for c in infos:
-        print(f"{c.name:>14}  {'valid' if c.valid else 'INVALID: ' + c.reason}")
-    return 0
+    """``list DIR [--json] [--no-hash]``: dfo_contract.checkpoints' command under this name."""
+    return cm.main(argv, prog="python -m trainer.checkpoints")
 
 
 if __name__ == "__main__":

@@ -13,40 +13,43 @@
 The guard hook: ``set_call_guard(ctx_factory)`` makes every call into compiled code run
 inside ``ctx_factory(what)`` (a context manager; ``what`` names the callee). The compile
 gate (trainer.gate) installs its process-wide lock this way. ``None`` removes it.
+
+The registry, probes and guard are the process's ``trainer.runtime.get().compile``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import threading
 from typing import Callable, ContextManager
 
-_lock = threading.Lock()
-_guard_factory: Callable[[str], ContextManager] | None = None
-_compiled: dict[str, Callable] = {}
+from . import runtime
+
+
+def _state() -> runtime.CompileState:
+    return runtime.get().compile
 
 
 def set_call_guard(ctx_factory: Callable[[str], ContextManager] | None) -> None:
     """Wrap every call into compiled code in ``ctx_factory(what)`` (None: no wrapper)."""
-    global _guard_factory
-    _guard_factory = ctx_factory
+    _state().guard_factory = ctx_factory
 
 
 def guard(what: str) -> ContextManager:
-    f = _guard_factory
+    f = _state().guard_factory
     return f(what) if f is not None else contextlib.nullcontext()
 
 
 def compiled(name: str, fn: Callable, **options) -> Callable:
     """``torch.compile(fn, dynamic=False, **options)`` created once per process under ``name``."""
-    with _lock:
-        c = _compiled.get(name)
+    st = _state()
+    with st.lock:
+        c = st.compiled.get(name)
         if c is None:
             import torch
 
             options.setdefault("dynamic", False)
             c = torch.compile(fn, **options)
-            _compiled[name] = c
+            st.compiled[name] = c
         return c
 
 
@@ -72,11 +75,9 @@ def flex_attention(q, k, v, block_mask, *, enable_gqa: bool = False, scale: floa
 
 def names() -> list[str]:
     """Names of the functions compiled so far in this process."""
-    with _lock:
-        return sorted(_compiled)
-
-
-_probes: dict[str, Callable[[], object]] = {}
+    st = _state()
+    with st.lock:
+        return sorted(st.compiled)
 
 
 def probe_call(device: str = "cpu") -> Callable[[], object] | None:
@@ -85,9 +86,10 @@ def probe_call(device: str = "cpu") -> Callable[[], object] | None:
     None when flex_attention has not been compiled in this process. Built once per device;
     the probe's tiny shape may itself need a compile (it is called only by fault injection).
     """
-    with _lock:
-        fn = _compiled.get("flex_attention")
-        probe = _probes.get(str(device))
+    st = _state()
+    with st.lock:
+        fn = st.compiled.get("flex_attention")
+        probe = st.probes.get(str(device))
     if fn is None:
         return None
     if probe is not None:
@@ -101,6 +103,6 @@ def probe_call(device: str = "cpu") -> Callable[[], object] | None:
     def _call():
         with torch.no_grad(), guard("flex_attention"):
             return fn(q, q, q, block_mask=bm)
-    with _lock:
-        _probes[str(device)] = _call
+    with st.lock:
+        st.probes[str(device)] = _call
     return _call

@@ -31,6 +31,7 @@ import sys
 from dataclasses import dataclass
 
 from dfo_contract.exitcodes import DataError
+from dfo_contract.fsio import atomic_write_text
 
 
 @dataclass
@@ -264,7 +265,7 @@ def collate(samples: list[Sample], *, block_size: int, num_anchors: int, seq_buc
     import torch
 
     from .objective import eligible_anchors, sample_anchors
-    from .step import Batch
+    from .batch import Batch
 
     lengths = [len(s.input_ids) for s in samples]
     s_len = pick_bucket(max(lengths), seq_buckets, "seq_len")
@@ -342,13 +343,9 @@ def synth_samples(num: int, seq_len: int, vocab: int, seed: int, *, reserve: int
 
 
 def write_synth(out: str, *, num: int, seq_len: int, vocab: int, seed: int, reserve: int = 4) -> str:
-    d = os.path.dirname(os.path.abspath(out))
-    os.makedirs(d, exist_ok=True)
-    tmp = os.path.join(d, f".{os.path.basename(out)}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        for s in synth_samples(num, seq_len, vocab, seed, reserve=reserve):
-            f.write(json.dumps(s, separators=(",", ":")) + "\n")
-    os.replace(tmp, out)
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    atomic_write_text(out, "".join(json.dumps(s, separators=(",", ":")) + "\n"
+                                   for s in synth_samples(num, seq_len, vocab, seed, reserve=reserve)))
     return out
 
 

@@ -21,14 +21,15 @@ Spec (``DFO_FAULT`` or ``--fault.spec``; the flag wins): comma-separated
               scores matrix ...") is printed, by calling uncompiled flex_attention once.
 ``nan``       the loss of that step becomes NaN (``Effects.nan``; the loop applies it).
 
-The parser is torch-free (``trainer.config`` validates the spec with it); torch is
-imported only when a fault fires.
+The parser is ``dfo_contract.faultspec`` (torch-free; the config validates the spec with it);
+torch is imported only when a fault fires. The state (hang's silence, slow's throttle) is the
+process's ``trainer.runtime.get().faults``; ``$DFO_FAULT`` and ``$DFO_ATTEMPT`` are read by
+``trainer.runtime``.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import signal
 import sys
 import threading
@@ -36,8 +37,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from dfo_contract import faultspec
 from dfo_contract.faultspec import (ENV_VAR, FX_RACE_TEXT, KINDS, Fault, FaultSpecError,  # noqa: F401
-                                     current_attempt, parse_spec, resolve_spec)
+                                     parse_spec)
+
+from . import runtime
 
 # --------------------------------------------------------------------------- runtime state
 
@@ -52,31 +56,36 @@ class Effects:
         return loss * float("nan") if self.nan else loss
 
 
-_SILENCED = threading.Event()
-_state_lock = threading.Lock()
-_slow = {"fraction": None, "last": None}
-_parsed_cache: dict[str, list[Fault]] = {}
+def _state() -> runtime.FaultState:
+    return runtime.get().faults
+
+
+def resolve_spec(flag_value: str | None) -> str | None:
+    """The active spec text: the ``--fault.spec`` flag if set, else ``$DFO_FAULT``."""
+    return faultspec.resolve_spec(flag_value, runtime.read_env().fault)
 
 
 def silenced() -> bool:
     """True once the ``hang`` fault fired: heartbeat emitters must print nothing more."""
-    return _SILENCED.is_set()
+    return _state().silenced.is_set()
 
 
 def reset_state() -> None:
     """Forget slow-down state (tests only; a process injects at most once per run)."""
-    with _state_lock:
-        _slow.update(fraction=None, last=None)
-    _SILENCED.clear()
+    st = _state()
+    with st.lock:
+        st.slow_fraction = st.slow_last = None
+    st.silenced.clear()
 
 
 def _faults_of(spec) -> list[Fault]:
     if not spec:
         return []
     if isinstance(spec, str):
-        if spec not in _parsed_cache:
-            _parsed_cache[spec] = parse_spec(spec)
-        return _parsed_cache[spec]
+        cache = _state().parsed
+        if spec not in cache:
+            cache[spec] = parse_spec(spec)
+        return cache[spec]
     return list(spec)
 
 
@@ -85,7 +94,7 @@ def maybe_inject(step: int, *, attempt: int | None = None, spec=None,
     """Call once per optimizer step, before the step's work, from the loop's main thread.
 
     ``spec``: a spec string or parsed faults (None: nothing fires). ``attempt`` defaults
-    to ``$DFO_ATTEMPT``. ``compiled_call``: a zero-argument callable that enters a
+    to ``$DFO_ATTEMPT`` (``runtime.get().env.attempt``). ``compiled_call``: a zero-argument callable that enters a
     torch.compile'd function (used by ``fx_race``; a tiny eager-backend compiled function
     is used when it is None). Returns the effects the loop must apply to this step.
     """
@@ -95,7 +104,7 @@ def maybe_inject(step: int, *, attempt: int | None = None, spec=None,
     if not faults:
         return effects
     if attempt is None:
-        attempt = current_attempt()
+        attempt = runtime.get().env.attempt
     for f in faults:
         if not f.matches(step, attempt):
             continue
@@ -166,7 +175,7 @@ def hang() -> None:
     ends it (faulthandler's stack-dump signals still work).
     """
     _flush()
-    _SILENCED.set()
+    _state().silenced.set()
     for sig in (signal.SIGTERM, signal.SIGINT):
         try:
             signal.signal(sig, signal.SIG_IGN)
@@ -181,20 +190,22 @@ def hang() -> None:
 def start_slow(fraction: float) -> None:
     """From now on stretch each step to 1/fraction of its time; print flex's dense warning."""
     print_dense_flex_warning()
-    with _state_lock:
-        _slow["fraction"] = fraction
-        _slow["last"] = time.perf_counter()
+    st = _state()
+    with st.lock:
+        st.slow_fraction = fraction
+        st.slow_last = time.perf_counter()
 
 
 def _throttle() -> None:
-    with _state_lock:
-        frac, last = _slow["fraction"], _slow["last"]
+    st = _state()
+    with st.lock:
+        frac, last = st.slow_fraction, st.slow_last
     if frac is None:
         return
     worked = time.perf_counter() - last
     time.sleep(max(0.0, worked * (1.0 / frac - 1.0)))
-    with _state_lock:
-        _slow["last"] = time.perf_counter()
+    with st.lock:
+        st.slow_last = time.perf_counter()
 
 
 def print_dense_flex_warning() -> None:

@@ -34,6 +34,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable, Iterator
 
+from . import compile as _compile, runtime
+
 RECOMPILE_TEXT = "Detected recompile when torch.compile stance is 'fail_on_recompile'"
 COUNTER_KEYS = {  # (counters section, key) -> report name
     ("inductor", "fxgraph_cache_hit"): "fxgraph_cache_hit",
@@ -255,22 +257,14 @@ def _describe_shapes(args) -> str:
 
 
 # --------------------------------------------------------------------- process-wide gate
-_GATE: CompileGate | None = None
-
 
 def install(gate: CompileGate) -> CompileGate:
-    """Make ``gate`` the process's gate and route trainer.compile's calls through it."""
-    global _GATE
-    _GATE = gate
-    try:
-        from . import compile as _compile
-    except ImportError:  # trainer.compile not importable (e.g. torch-free contexts)
-        return gate
-    setter = getattr(_compile, "set_call_guard", None)
-    if setter is not None:
-        setter(gate.guard if gate.enabled else None)
+    """Make ``gate`` the process's gate (``runtime.get().gate``) and route trainer.compile's
+    calls through it."""
+    runtime.get().gate = gate
+    _compile.set_call_guard(gate.guard if gate.enabled else None)
     return gate
 
 
 def current() -> CompileGate | None:
-    return _GATE
+    return runtime.get().gate

@@ -2,24 +2,12 @@
 
 One optimizer step = ``grad_accum * layout.data_parallel`` micro-batches. The loop owns
 the data stream, optimizer, LR schedule, metrics, checkpoints, signals and the fault
-hook; a *layout* owns the models and how one step's gradients are computed:
-
-    layout.parameters() -> trainable params (the optimizer's)
-    layout.drafter      -> the module saved in checkpoints (unwrapped)
-    layout.is_main      -> this process writes metrics/checkpoints (rank 0 under ddp)
-    layout.data_parallel-> micro-batch streams per accumulation step (1 for single)
-    layout.warmup(emitter, heartbeat_s) -> compile every shape bucket before step 1
-    layout.grads(batches, loss_hook) -> list of metric dicts (grads left in .grad)
-    layout.compiled_call() -> zero-arg callable entering compiled code, or None
-    layout.close()
-
-``make_layout(cfg)`` is the dispatch point: ``single`` is here; other layouts come from
-``trainer.parallel.make_layout(cfg)`` (threads, ddp).
+hook; a *layout* (``trainer.parallel.Layout``, made by ``trainer.parallel.make_layout``)
+owns the models and how one step's gradients are computed.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
@@ -28,11 +16,13 @@ import time
 
 import torch
 
-from dfo_contract import checkpoints as ckpt_manifest
-from . import checkpoints, metrics, objective, step as S
+from dfo_contract import checkpoints as manifests
+from dfo_contract.exitcodes import DONE, INTERRUPTED, NonFiniteLoss
 from dfo_contract.trainer_config import TrainerConfig
+
+from . import checkpoints, faults, metrics, objective, runtime
 from .data import BatchStream, JsonlDataset, load_tokenizer
-from dfo_contract.exitcodes import DONE, INTERRUPTED, NonFiniteLoss, TrainerConfigError
+from .parallel import make_layout
 
 log = logging.getLogger("dfo")
 
@@ -68,124 +58,7 @@ class Schedule:
         self.step = int(st["step"])
 
 
-# --------------------------------------------------------------------------- layouts
-
-class SingleLayout:
-    """Target and drafter on one device; micro-batches run sequentially with accumulation."""
-
-    name = "single"
-    is_main = True
-    data_parallel = 1
-
-    def __init__(self, cfg: TrainerConfig):
-        self.cfg = cfg
-        self.device = S.resolve_device(cfg.parallel.drafter_devices[0])
-        tdev = S.resolve_device(cfg.parallel.target_devices[0])
-        self.target, self.drafter = S.build_models(cfg, self.device, target_device=tdev)
-        self.uses_compiled = self.drafter.attn_backend == "flex" or cfg.compile.enabled
-        self._gate = None
-
-    def parameters(self):
-        return self.drafter.trainable_parameters()
-
-    def grads(self, batches, loss_hook=None) -> list[dict]:
-        out = []
-        n = len(batches)
-        for b in batches:
-            feats = S.target_features(self.target, b, self.cfg).to(self.device, non_blocking=True)
-            loss, m = S.drafter_loss(self.drafter, feats, b, self.cfg)
-            if loss_hook is not None:
-                loss = loss_hook(loss)
-                m["loss"] = loss.detach()
-            (loss / n).backward()
-            out.append(m)
-        return out
-
-    def warmup(self, emitter: metrics.Emitter, heartbeat_s: float) -> list[dict]:
-        """Compile every (seq_len, anchors) bucket once (fwd+bwd), sequentially, before step 1.
-
-        Only when compiled code is in use. With ``compile.gate`` and trainer.gate present,
-        the gate runs the warm-up and is sealed afterwards (no compile after warm-up).
-        """
-        if not self.uses_compiled:
-            return []
-        buckets = S.shape_buckets(self.cfg)
-        mb = self.cfg.train.micro_batch
-
-        def run_bucket(shape):
-            def run():
-                b = S.dummy_batch(self.cfg, shape[0], shape[1], mb, self.device)
-                feats = S.target_features(self.target, b, self.cfg)
-                loss, _ = S.drafter_loss(self.drafter, feats, b, self.cfg)
-                loss.backward()
-                self.drafter.zero_grad(set_to_none=True)
-            return run
-
-        gate_mod = None
-        if self.cfg.compile.gate:
-            try:
-                from . import gate as gate_mod
-            except ImportError:
-                gate_mod = None
-        emitter.set_phase("warmup")
-        if gate_mod is not None and hasattr(gate_mod, "CompileGate"):
-            g = gate_mod.CompileGate(enabled=True,
-                                     settings=gate_mod.default_dynamo_settings(len(buckets)))
-            gate_mod.install(g)
-            self._gate = g
-            tasks = [gate_mod.WarmupTask(device=str(self.device), shape=tuple(s), run=run_bucket(s))
-                     for s in buckets]
-            # the loop's heartbeat thread is already running: no second one here
-            recs = g.warmup(tasks, heartbeat=contextlib.nullcontext())
-            g.seal()
-            return [r.to_json() for r in recs]
-        recs = []
-        for s in buckets:
-            t0 = time.perf_counter()
-            run_bucket(s)()
-            recs.append({"shape": list(s), "seconds": round(time.perf_counter() - t0, 3)})
-        return recs
-
-    def compiled_call(self):
-        from . import compile as C
-
-        return C.probe_call(str(self.device))
-
-    def close(self) -> None:
-        if self._gate is not None:  # back to the default compile stance (in-process callers)
-            self._gate.unseal()
-
-
-def make_layout(cfg: TrainerConfig):
-    """The layout dispatch point."""
-    if cfg.parallel.layout == "single":
-        return SingleLayout(cfg)
-    try:
-        from .parallel import make_layout as parallel_layout
-    except ImportError:
-        raise TrainerConfigError(f"config: --parallel.layout: {cfg.parallel.layout} is not available "
-                                 "in this trainer build; use single") from None
-    return parallel_layout(cfg)
-
-
 # --------------------------------------------------------------------------- helpers
-
-def _attempt() -> int:
-    try:
-        return max(1, int(os.environ.get("DFO_ATTEMPT", "1")))
-    except ValueError:
-        return 1
-
-
-def _fault_hook():
-    """``trainer.faults.maybe_inject`` when the module exists (call site contract below)."""
-    try:
-        from . import faults
-    except ImportError:
-        return None, None
-    resolve = getattr(faults, "resolve_spec", None)
-    return getattr(faults, "maybe_inject", None), resolve
-
 
 class _Signals:
     """SIGTERM/SIGINT -> a flag checked between steps; a second signal exits at once."""
@@ -224,10 +97,11 @@ def open_data(cfg: TrainerConfig, vocab_size: int, mask_id: int | None) -> Jsonl
 
 def train(cfg: TrainerConfig, resume: str | None = None, *, out=None) -> int:
     """Run training to ``train.max_steps``. Returns an exit code (0 done, 6 interrupted);
-    raises DfoError subclasses (config/data/checkpoint) and anything fatal."""
-    attempt = _attempt()
+    raises TrainerError subclasses (config/data/checkpoint) and anything fatal."""
+    env = runtime.refresh_env()
+    attempt = env.attempt
     sig = _Signals().install()
-    em = metrics.Emitter(cfg.run_dir(), attempt=attempt, out=out)
+    em = metrics.Emitter(cfg.run_dir(env.run_dir), attempt=attempt, out=out)
     hb = metrics.Heartbeat(em, every_s=cfg.train.heartbeat_s)
     layout = None
     try:
@@ -252,10 +126,10 @@ def train(cfg: TrainerConfig, resume: str | None = None, *, out=None) -> int:
         opt = torch.optim.AdamW(params, lr=cfg.train.lr, betas=(cfg.train.beta1, cfg.train.beta2),
                                 weight_decay=cfg.train.weight_decay, eps=1e-8)
         sched = Schedule(cfg)
-        ckdir = cfg.checkpoint_dir()
+        ckdir = cfg.checkpoint_dir(env.run_dir)
         step = 0
         if resume:
-            path = ckpt_manifest.resolve(ckdir, resume)
+            path = manifests.resolve(ckdir, resume)
             st = checkpoints.load(path, drafter=drafter, optimizer=opt, scheduler=sched)
             stream.load_state_dict(st)
             step = int(st["step"])
@@ -267,9 +141,8 @@ def train(cfg: TrainerConfig, resume: str | None = None, *, out=None) -> int:
 
         def save(at: int) -> str:
             existing = os.path.join(ckdir, f"step_{at}")
-            if hasattr(layout, "before_save"):  # threads/ddp: replicas identical (all ranks)
-                layout.before_save()
-            if at == step_saved[0] and ckpt_manifest.verify(existing, check_hashes=False)[0]:
+            layout.before_save()  # threads/ddp: replicas identical (all ranks)
+            if at == step_saved[0] and manifests.verify(existing, check_hashes=False)[0]:
                 em.marker("checkpoint", step=at, path=os.path.abspath(existing))
                 return existing  # this exact state is already saved (e.g. SIGTERM right after)
             if not layout.is_main:  # ddp: only rank 0 writes checkpoints
@@ -285,39 +158,32 @@ def train(cfg: TrainerConfig, resume: str | None = None, *, out=None) -> int:
             return p
 
         step_saved = [step if resume else -1]
-        inject, resolve_spec = _fault_hook()
-        fault_spec = resolve_spec(cfg.fault.spec) if resolve_spec else cfg.fault.spec
+        fault_spec = faults.resolve_spec(cfg.fault.spec)
         pending: list[dict] = []
         tokens = samples = 0
         t_log = time.perf_counter()
         n_micro = cfg.train.grad_accum * layout.data_parallel
         while step < cfg.train.max_steps:
-            stop = sig.received is not None
-            if hasattr(layout, "agree_stop"):  # ddp: every rank stops at the same step
-                stop = layout.agree_stop(stop)
+            stop = layout.agree_stop(sig.received is not None)  # ddp: all ranks stop together
             if stop:
                 save(step)
                 em.print(f"interrupted by {signal.Signals(sig.received or signal.SIGTERM).name} "
                          f"at step {step}; "
                          "checkpoint saved")
                 return INTERRUPTED
-            effects = None
-            if inject is not None:
-                effects = inject(step + 1, attempt=attempt, spec=fault_spec,
-                                 compiled_call=layout.compiled_call() if fault_spec else None)
+            effects = faults.maybe_inject(step + 1, attempt=attempt, spec=fault_spec,
+                                          compiled_call=layout.compiled_call() if fault_spec else None)
             lr = sched.lr_at(step)
             for gparam in opt.param_groups:
                 gparam["lr"] = lr
             batches = [stream.next() for _ in range(n_micro)]
             opt.zero_grad(set_to_none=True)
-            hook = getattr(effects, "apply_to_loss", None) if effects is not None and getattr(
-                effects, "nan", False) else None
+            hook = effects.apply_to_loss if effects.nan else None
             pending.extend(layout.grads(batches, loss_hook=hook))
             if cfg.train.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(params, cfg.train.grad_clip)
             opt.step()
-            if hasattr(layout, "after_step"):  # threads: copy replica 0 into the others
-                layout.after_step()
+            layout.after_step()  # threads: copy replica 0 into the others
             step += 1
             sched.step = step
             hb.progress(step)

@@ -24,17 +24,12 @@ import sys
 import threading
 import time
 
+from dfo_contract.markers import format_marker
+
+from .faults import silenced as _silenced
+
 STEP_FIELDS = ("step", "loss", "acc", "tau", "lr", "tokens_per_s", "samples_per_s",
                "peak_mem_bytes", "phase", "attempt")
-
-
-def _silenced() -> bool:
-    try:
-        from . import faults
-    except ImportError:
-        return False
-    f = getattr(faults, "silenced", None)
-    return bool(f and f())
 
 
 def _finite(x):
@@ -58,18 +53,21 @@ class Emitter:
         return self._out or sys.stdout
 
     def print(self, text: str) -> None:
+        self._write(text + "\n")
+
+    def _write(self, line: str) -> None:
         if not self.enabled or _silenced():
             return
         with self._lock:
             # one write per line: ranks of a ddp run share the pipe, and a line written in
             # one call (< PIPE_BUF) is never interleaved with another process's line
             out = self.out
-            out.write(text + "\n")
+            out.write(line)
             out.flush()
 
     def marker(self, kind: str, **fields) -> dict:
         rec = {"kind": kind, **fields, "t": time.time()}
-        self.print("@dfo " + json.dumps(rec, allow_nan=False, default=str))
+        self._write(format_marker(rec))
         return rec
 
     def set_phase(self, phase: str) -> None:

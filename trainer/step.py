@@ -9,49 +9,26 @@ exactly these functions:
     dummy_batch(cfg, seq_len, num_anchors, batch_size, device) -> Batch
     shape_buckets(cfg) -> [(seq_len, num_anchors), ...]
 
-Every batch is padded into one of ``shape_buckets(cfg)`` by ``trainer.data.collate``, so
-the set of shapes compiled code sees is finite and known before training starts.
+Every batch (``trainer.batch.Batch``) is padded into one of ``shape_buckets(cfg)`` by
+``trainer.data.collate``, so the set of shapes compiled code sees is finite and known before
+training starts. Imports go one way: step -> data (tokenizer), data -> batch, never back.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
-from dataclasses import dataclass, fields
 
 import torch
 
 from . import attention, compile as _compile, objective
+from .batch import Batch
 from dfo_contract.trainer_config import TrainerConfig
 from dfo_contract.exitcodes import TrainerConfigError
 from .model import Drafter, DrafterSpec, SharedHead
 from .target import Target, load_target
 
 log = logging.getLogger("dfo")
-
-
-@dataclass
-class Batch:
-    """One micro-batch, padded into a shape bucket. ``shape == (seq_len, num_anchors)``."""
-
-    input_ids: torch.Tensor      # [b, S] long
-    loss_mask: torch.Tensor      # [b, S] bool
-    lengths: torch.Tensor        # [b] long (real lengths before padding)
-    anchors: torch.Tensor        # [b, N] long (0 where invalid)
-    anchor_valid: torch.Tensor   # [b, N] bool
-    num_tokens: int = 0          # real tokens (sum of lengths)
-    num_samples: int = 0
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return int(self.input_ids.shape[1]), int(self.anchors.shape[1])
-
-    def to(self, device, non_blocking: bool = False) -> "Batch":
-        kw = {}
-        for f in fields(self):
-            v = getattr(self, f.name)
-            kw[f.name] = v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v
-        return Batch(**kw)
 
 
 # --------------------------------------------------------------------------- devices, dtypes

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from dfo_contract.exitcodes import TrainerConfigError
+from dfo_contract.fsio import fsync_dir, tmp_name
 
 TINY_SPECIALS = ["<|pad|>", "<|im_start|>", "<|im_end|>", "<|mask|>"]
 TINY_MASK_ID = 3
@@ -228,7 +229,7 @@ def make_tiny_target(out: str, *, hidden=64, layers=4, vocab=128, heads=4, kv_he
                                  "(or pass --no-tokenizer)")
     parent = os.path.dirname(os.path.abspath(out)) or "."
     os.makedirs(parent, exist_ok=True)
-    tmp = os.path.join(parent, f".{os.path.basename(out)}.tmp-{os.getpid()}")
+    tmp = tmp_name(os.path.join(parent, os.path.basename(out)))
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(tiny_qwen3_config(hidden=hidden, layers=layers, vocab=vocab, heads=heads,
                                                kv_heads=kv_heads, head_dim=head_dim,
@@ -244,6 +245,7 @@ def make_tiny_target(out: str, *, hidden=64, layers=4, vocab=128, heads=4, kv_he
 
         shutil.rmtree(out)
     os.replace(tmp, out)
+    fsync_dir(parent)
     return out
 
 

@@ -21,7 +21,7 @@ artifacts this process produced or loaded) atomically; ``--load-mega-cache FILE`
 saved file to ``torch.compiler.load_cache_artifacts()`` before anything compiles. Both need
 torch >= 2.7; on an older torch the flag is refused with a config error.
 
-Exit codes: the trainer's table (trainer.exitcodes): 0 done, 2 config error, 5 fatal.
+Exit codes: the trainer's table (dfo_contract.exitcodes): 0 done, 2 config error, 5 fatal.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import time
 from typing import Any
 
 from dfo_contract.exitcodes import CONFIG_ERROR, DONE, TrainerConfigError, exit_code_for
+from dfo_contract.fsio import atomic_write_bytes
 
 USAGE = ("usage: python -m trainer warmup --config FILE.yaml [--SECTION.FIELD VALUE ...] "
          "[--report FILE.json] [--save-mega-cache FILE] [--load-mega-cache FILE]")
@@ -95,20 +96,9 @@ def make_task(cfg, device: str, shape: tuple[int, int], target, drafter, *, what
     return WarmupTask(device=device, shape=(seq_len, anchors), run=run, what=what)
 
 
-def _emit(kind: str, **fields) -> None:
-    rec = {"kind": kind, **fields, "t": time.time()}
-    print("@dfo " + json.dumps(rec), flush=True)
-
-
-def _atomic_write(path: str, data: bytes) -> None:
-    d = os.path.dirname(os.path.abspath(path))
-    os.makedirs(d, exist_ok=True)
-    tmp = os.path.join(d, f".{os.path.basename(path)}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def _write_file(path: str, data: bytes) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    atomic_write_bytes(path, data)
 
 
 def load_mega_cache(path: str) -> dict:
@@ -138,7 +128,7 @@ def save_mega_cache(path: str) -> dict:
     if got is None:
         return {"saved": None, "bytes": 0, "why": "no cache artifacts were produced"}
     data, info = got
-    _atomic_write(path, data)
+    _write_file(path, data)
     return {"saved": path, "bytes": len(data), "info": _cache_info(info)}
 
 
@@ -202,13 +192,15 @@ def main(argv: list[str] | None = None) -> int:
         report = run_warmup(cfg, load_cache=own["--load-mega-cache"],
                             save_cache=own["--save-mega-cache"])
         if own["--report"]:
-            _atomic_write(own["--report"], (json.dumps(report, indent=2) + "\n").encode())
+            _write_file(own["--report"], (json.dumps(report, indent=2) + "\n").encode())
         t = report["totals"]
         print(f"warmup: done in {report['seconds']:.1f} s, {len(report['records'])} "
               f"device x shape units; fxgraph hit {t.get('fxgraph_cache_hit', 0)} miss "
               f"{t.get('fxgraph_cache_miss', 0)}, autograd hit {t.get('autograd_cache_hit', 0)} "
               f"miss {t.get('autograd_cache_miss', 0)}", flush=True)
-        _emit("done", step=0)
+        from .metrics import Emitter
+
+        Emitter(None).marker("done", step=0)
         return DONE
     except TrainerConfigError as e:
         print(f"trainer: error: {e}", file=sys.stderr, flush=True)

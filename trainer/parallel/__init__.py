@@ -1,25 +1,29 @@
-"""Multi-device layouts for the trainer (docs/trainer.md, "Layouts").
+"""Layouts for the trainer (docs/trainer.md, "Layouts"): who holds the models, how a step runs.
 
-``make_layout(cfg)`` is called by ``trainer.loop.make_layout`` for every layout but
-``single``:
-
+- ``single`` (trainer.parallel.single): one device, micro-batches sequential.
 - ``threads`` (trainer.parallel.threads): one process, a worker thread per device.
 - ``ddp`` (trainer.parallel.ddp): one process per GPU under torchrun.
 
-Both follow the loop's layout protocol (see trainer/loop.py) plus two optional hooks the
-loop calls when present: ``after_step()`` (after the optimizer step) and ``before_save()``
-(before a checkpoint is written).
+Every layout implements the ``Layout`` protocol (trainer.parallel.base) in full;
+``make_layout(cfg)`` is the dispatch point the loop calls.
 """
 
 from __future__ import annotations
 
 from dfo_contract.exitcodes import TrainerConfigError
 
-LAYOUTS = ("threads", "ddp")
+from .base import Layout, LayoutBase
+
+LAYOUTS = ("single", "threads", "ddp")
+__all__ = ["LAYOUTS", "Layout", "LayoutBase", "make_layout"]
 
 
-def make_layout(cfg):
+def make_layout(cfg) -> Layout:
     layout = cfg.parallel.layout
+    if layout == "single":
+        from .single import SingleLayout
+
+        return SingleLayout(cfg)
     if layout == "threads":
         from .threads import ThreadsLayout
 
@@ -28,5 +32,5 @@ def make_layout(cfg):
         from .ddp import DdpLayout
 
         return DdpLayout(cfg)
-    raise TrainerConfigError(f"config: --parallel.layout: {layout!r} is not a multi-device layout "
+    raise TrainerConfigError(f"config: --parallel.layout: {layout!r} is not a layout "
                              f"(expected one of {', '.join(LAYOUTS)})")

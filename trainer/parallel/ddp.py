@@ -28,9 +28,10 @@ import contextlib
 import logging
 import os
 
-from .. import step as S
+from .. import runtime, step as S
 from dfo_contract.exitcodes import TrainerConfigError
 from ..gate import CompileGate, WarmupTask, default_dynamo_settings, describe, install
+from .base import LayoutBase
 
 log = logging.getLogger("dfo")
 
@@ -67,7 +68,7 @@ def my_indices(n_micro: int, rank: int, world: int) -> list[int]:
     return [i for i in range(n_micro) if i % world == rank]
 
 
-class DdpLayout:
+class DdpLayout(LayoutBase):
     name = "ddp"
 
     def __init__(self, cfg):
@@ -75,14 +76,14 @@ class DdpLayout:
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        env = runtime.get().env
+        if not env.under_torchrun:
             raise TrainerConfigError(
                 "config: --parallel.layout: ddp must be started by torchrun, e.g. torchrun "
                 "--standalone --nproc-per-node N -m trainer train --config FILE --parallel.layout ddp")
         os.environ["NCCL_NVLS_ENABLE"] = "0"
         self.cfg = cfg
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        dev = rank_device(cfg, local_rank, torch.cuda.is_available())
+        dev = rank_device(cfg, env.local_rank, torch.cuda.is_available())
         self.device = torch.device(dev)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)

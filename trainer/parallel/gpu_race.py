@@ -33,6 +33,9 @@ import tempfile
 import threading
 import time
 
+from dfo_contract import envvars
+from dfo_contract.markers import parse_marker
+
 CONFIG = """\
 model:
   target_path: {target}
@@ -76,11 +79,8 @@ def _run(argv, *, env, log_path, budget_s) -> dict:
             for line in p.stdout:
                 log.write(line)
                 log.flush()
-                if line.startswith("@dfo "):
-                    try:
-                        rec = json.loads(line[5:])
-                    except ValueError:
-                        continue
+                rec = parse_marker(line)
+                if rec is not None:
                     if rec.get("kind") == "step":
                         steps.append(rec)
                         if not first_step:
@@ -156,8 +156,8 @@ def main(argv=None) -> int:
         env = dict(os.environ, PYTHONFAULTHANDLER="1", PYTHONUNBUFFERED="1",
                    NCCL_NVLS_ENABLE="0", TORCHINDUCTOR_CACHE_DIR=os.path.join(cache, "inductor"),
                    TRITON_CACHE_DIR=os.path.join(cache, "triton"),
-                   DFO_RUN_DIR=os.path.join(a.out, "run-" + name))
-        env.pop("DFO_FAULT", None)
+                   **{envvars.RUN_DIR: os.path.join(a.out, "run-" + name)})
+        env.pop(envvars.FAULT, None)
         argv_ = [py, "-m", "trainer", "train", "--config", cfg_path, *extra]
         budget = min(a.budget_s, deadline - time.time() - 45.0 * (runs_left - 1))
         if budget < 30:

@@ -20,14 +20,14 @@ from .. import step as S
 from ..gate import CompileGate, WarmupTask, default_dynamo_settings, describe, install
 from ..target import load_target
 from . import replicas
+from .base import LayoutBase
 from .workers import StepFns, ThreadedEngine
 
 log = logging.getLogger("dfo")
 
 
-class ThreadsLayout:
+class ThreadsLayout(LayoutBase):
     name = "threads"
-    is_main = True
 
     def __init__(self, cfg):
         self.cfg = cfg

@@ -1,0 +1,20 @@
+"""The trainer's config: one tree of ``kw_only`` dataclasses, YAML + dotted flag overrides.
+
+``schema``  the dataclass tree, its choices and derived values (pure)
+``parse``   YAML loading, flag overrides, coercion, ``split_args``, ``validate``
+
+Torch-free: the orchestrator imports this package to validate and render run configs.
+"""
+
+from .parse import (config_from_dict, field_types, load_config, parse_overrides, split_args,
+                    validate)
+from .schema import (ATTENTION_BACKENDS, COMPILE_MODES, DATA_FORMATS, DTYPES, LAYOUTS, SCHEDULES,
+                     CheckpointConfig, CompileConfig, DataConfig, FaultConfig, ModelConfig,
+                     ParallelConfig, RunConfig, TrainConfig, TrainerConfig, default_gamma)
+
+__all__ = [
+    "ATTENTION_BACKENDS", "COMPILE_MODES", "DATA_FORMATS", "DTYPES", "LAYOUTS", "SCHEDULES",
+    "CheckpointConfig", "CompileConfig", "DataConfig", "FaultConfig", "ModelConfig",
+    "ParallelConfig", "RunConfig", "TrainConfig", "TrainerConfig", "config_from_dict",
+    "default_gamma", "field_types", "load_config", "parse_overrides", "split_args", "validate",
+]

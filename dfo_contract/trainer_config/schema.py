@@ -1,0 +1,149 @@
+"""The trainer's config tree: ``kw_only`` dataclasses with defaults and derived values (pure).
+
+Loading, flag overrides and validation are in ``parse``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+ATTENTION_BACKENDS = ("auto", "flex", "sdpa", "flex-eager")
+LAYOUTS = ("single", "threads", "ddp")
+SCHEDULES = ("cosine", "linear", "constant")
+DTYPES = ("auto", "bf16", "fp32", "fp16")
+DATA_FORMATS = ("auto", "tokens", "chat")
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead")
+
+
+def default_gamma(block_size: int) -> float:
+    """The loss-decay gamma for a block size: 7 for 16, 5 for 10, 4 for 8 (linear in between)."""
+    table = {16: 7.0, 10: 5.0, 8: 4.0}
+    if block_size in table:
+        return table[block_size]
+    # Same shape as the table (gamma grows ~ with B): interpolate / extrapolate gently.
+    return max(1.0, round(block_size * 7.0 / 16.0, 3))
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    target_path: str = ""                     # HF causal-LM directory (never fetched from a hub)
+    drafter_layers: int = 5
+    block_size: int = 16
+    attention: str = "auto"                   # auto (flex on CUDA, sdpa on CPU) | flex | sdpa | flex-eager
+    mask_token_id: int | None = None          # None: the target tokenizer's mask token, if any
+    target_layer_ids: list[int] | None = None  # None: round(1 + i*(T-4)/(L-1)), or T//2 for L=1
+    gamma: float | None = None                # loss decay; None: 7 (B=16), 5 (B=10), 4 (B=8)
+    ce_chunk: int = 2048                      # rows per chunk of the LM-head cross-entropy
+    dtype: str = "auto"                       # autocast dtype: auto = bf16 on GPU, fp32 on CPU
+    init_seed: int | None = None              # drafter init seed; None: train.seed
+
+
+@dataclass(kw_only=True)
+class DataConfig:
+    path: str = ""
+    format: str = "auto"                      # auto | tokens (input_ids+loss_mask) | chat (messages)
+    max_seq_len: int = 4096                   # longer samples are truncated
+    num_anchors: int = 512                    # max anchors (blocks) per sequence
+    seq_buckets: list[int] = field(default_factory=list)     # [] -> [max_seq_len]
+    anchor_buckets: list[int] = field(default_factory=list)  # [] -> [num_anchors]
+    shuffle: bool = True
+    min_loss_tokens: int | None = None        # None: 2 * block_size
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    max_steps: int = 1000
+    schedule_steps: int | None = None         # LR-schedule horizon; None: max_steps
+    micro_batch: int = 1
+    grad_accum: int = 1
+    lr: float = 6e-4
+    min_lr_ratio: float = 0.0
+    warmup_ratio: float = 0.04
+    schedule: str = "cosine"
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    seed: int = 0
+    log_every: int = 1
+    heartbeat_s: float = 5.0
+
+
+@dataclass(kw_only=True)
+class CheckpointConfig:
+    dir: str = ""                             # "" -> <run.dir>/checkpoints
+    every: int = 0                            # 0: only at the end (and on SIGTERM)
+    keep: int = 3
+    save_final: bool = True
+
+
+@dataclass(kw_only=True)
+class ParallelConfig:
+    layout: str = "single"
+    target_devices: list[str] = field(default_factory=lambda: ["auto"])
+    drafter_devices: list[str] = field(default_factory=lambda: ["auto"])
+    queue_depth: int = 2                      # threads: feature batches buffered per drafter
+
+
+@dataclass(kw_only=True)
+class CompileConfig:
+    enabled: bool = True                      # torch.compile the drafter step (layers + loss)
+    gate: bool = True                         # the compile gate (trainer.gate)
+    mode: str = "default"                     # torch.compile mode for the drafter step
+
+
+@dataclass(kw_only=True)
+class RunConfig:
+    dir: str = ""                             # "" -> $DFO_RUN_DIR or ./run
+
+
+@dataclass(kw_only=True)
+class FaultConfig:
+    spec: str | None = None                   # KIND[=ARG]@STEP[#ATTEMPT],...; None: $DFO_FAULT
+
+
+@dataclass(kw_only=True)
+class TrainerConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    compile: CompileConfig = field(default_factory=CompileConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    fault: FaultConfig = field(default_factory=FaultConfig)
+
+    # -- derived values (pure) -------------------------------------------------------------
+    def gamma(self) -> float:
+        return self.model.gamma if self.model.gamma is not None else default_gamma(self.model.block_size)
+
+    def seq_buckets(self) -> list[int]:
+        return sorted(set(self.data.seq_buckets or [self.data.max_seq_len]))
+
+    def anchor_buckets(self) -> list[int]:
+        return sorted(set(self.data.anchor_buckets or [self.data.num_anchors]))
+
+    def min_loss_tokens(self) -> int:
+        m = self.data.min_loss_tokens
+        return 2 * self.model.block_size if m is None else m
+
+    def run_dir(self, env_run_dir: str | None = None) -> str:
+        """``run.dir``, else ``env_run_dir`` (the trainer passes ``$DFO_RUN_DIR``), else ``run``."""
+        return self.run.dir or env_run_dir or "run"
+
+    def checkpoint_dir(self, env_run_dir: str | None = None) -> str:
+        return self.checkpoint.dir or os.path.join(self.run_dir(env_run_dir), "checkpoints")
+
+    def schedule_steps(self) -> int:
+        return self.train.schedule_steps or self.train.max_steps
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)

@@ -1,0 +1,84 @@
+"""The ``single`` layout: target and drafter on one device, micro-batches run sequentially."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+from .. import compile as C, gate, metrics, step as S
+from .base import LayoutBase
+
+
+class SingleLayout(LayoutBase):
+    """Target and drafter on one device; micro-batches run sequentially with accumulation."""
+
+    name = "single"
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.device = S.resolve_device(cfg.parallel.drafter_devices[0])
+        tdev = S.resolve_device(cfg.parallel.target_devices[0])
+        self.target, self.drafter = S.build_models(cfg, self.device, target_device=tdev)
+        self.uses_compiled = self.drafter.attn_backend == "flex" or cfg.compile.enabled
+        self._gate: gate.CompileGate | None = None
+
+    def parameters(self):
+        return self.drafter.trainable_parameters()
+
+    def grads(self, batches, loss_hook=None) -> list[dict]:
+        out = []
+        n = len(batches)
+        for b in batches:
+            feats = S.target_features(self.target, b, self.cfg).to(self.device, non_blocking=True)
+            loss, m = S.drafter_loss(self.drafter, feats, b, self.cfg)
+            if loss_hook is not None:
+                loss = loss_hook(loss)
+                m["loss"] = loss.detach()
+            (loss / n).backward()
+            out.append(m)
+        return out
+
+    def warmup(self, emitter: metrics.Emitter, heartbeat_s: float) -> list[dict]:
+        """Compile every (seq_len, anchors) bucket once (fwd+bwd), sequentially, before step 1.
+
+        Only when compiled code is in use. With ``compile.gate`` the gate runs the warm-up
+        and is sealed afterwards (no compile after warm-up).
+        """
+        if not self.uses_compiled:
+            return []
+        buckets = S.shape_buckets(self.cfg)
+        mb = self.cfg.train.micro_batch
+
+        def run_bucket(shape):
+            def run():
+                b = S.dummy_batch(self.cfg, shape[0], shape[1], mb, self.device)
+                feats = S.target_features(self.target, b, self.cfg)
+                loss, _ = S.drafter_loss(self.drafter, feats, b, self.cfg)
+                loss.backward()
+                self.drafter.zero_grad(set_to_none=True)
+            return run
+
+        emitter.set_phase("warmup")
+        if self.cfg.compile.gate:
+            g = gate.install(gate.CompileGate(
+                enabled=True, settings=gate.default_dynamo_settings(len(buckets))))
+            self._gate = g
+            tasks = [gate.WarmupTask(device=str(self.device), shape=tuple(s), run=run_bucket(s))
+                     for s in buckets]
+            # the loop's heartbeat thread is already running: no second one here
+            recs = g.warmup(tasks, heartbeat=contextlib.nullcontext())
+            g.seal()
+            return [r.to_json() for r in recs]
+        recs = []
+        for s in buckets:
+            t0 = time.perf_counter()
+            run_bucket(s)()
+            recs.append({"shape": list(s), "seconds": round(time.perf_counter() - t0, 3)})
+        return recs
+
+    def compiled_call(self):
+        return C.probe_call(str(self.device))
+
+    def close(self) -> None:
+        if self._gate is not None:  # back to the default compile stance (in-process callers)
+            self._gate.unseal()

@@ -1,0 +1,130 @@
+"""The trainer process's state in one object, and the one reader of its environment.
+
+Two things live here and nowhere else:
+
+- ``read_env()``: every environment variable the trainer consults -- the supervisor's
+  (names in ``dfo_contract.envvars``: ``DFO_ATTEMPT``, ``DFO_RUN_DIR``, ``DFO_RUN_ID``,
+  ``DFO_CACHE_KEY``, ``DFO_CACHE_DIR``, ``DFO_FAULT``) and torchrun's (``RANK``,
+  ``WORLD_SIZE``, ``LOCAL_RANK``) -- is read by this function into a frozen ``Env``.
+- ``get()``: the process's ``Runtime``, created on first use, holding what used to be module
+  globals: the compile registry and call guard (``trainer.compile``), the installed compile
+  gate (``trainer.gate``), the fault-injection state (``trainer.faults``) and the attention
+  backend's warn-once flag (``trainer.attention``).
+
+Entry points (``trainer.loop.train``, ``trainer.warmup.main``) call ``refresh_env()`` first,
+so an in-process caller that changed the environment (tests) is seen.
+Torch-free.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Mapping
+
+from dfo_contract import envvars
+from dfo_contract.faultspec import parse_attempt
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .gate import CompileGate
+
+
+@dataclass(frozen=True)
+class Env:
+    """The environment as the trainer sees it (``read_env``)."""
+    attempt: int = 1                   # $DFO_ATTEMPT (1-based; 1 when unset or malformed)
+    run_dir: str | None = None         # $DFO_RUN_DIR: run.dir's default
+    run_id: str | None = None          # $DFO_RUN_ID
+    cache_key: str | None = None       # $DFO_CACHE_KEY
+    cache_dir: str | None = None       # $DFO_CACHE_DIR
+    fault: str | None = None           # $DFO_FAULT: the fault spec when --fault.spec is unset
+    rank: int | None = None            # torchrun's $RANK (None: not under torchrun)
+    world_size: int | None = None      # torchrun's $WORLD_SIZE
+    local_rank: int = 0                # torchrun's $LOCAL_RANK
+
+    @property
+    def under_torchrun(self) -> bool:
+        return self.rank is not None and self.world_size is not None
+
+
+def _nonempty(v: str | None) -> str | None:
+    return v if v is not None and v.strip() else None
+
+
+def _int_or_none(v: str | None) -> int | None:
+    try:
+        return int(v) if v is not None else None
+    except ValueError:
+        return None
+
+
+def read_env(environ: Mapping[str, str] | None = None) -> Env:
+    """The one place the trainer reads environment variables."""
+    e = os.environ if environ is None else environ
+    return Env(attempt=parse_attempt(e.get(envvars.ATTEMPT)),
+               run_dir=_nonempty(e.get(envvars.RUN_DIR)),
+               run_id=_nonempty(e.get(envvars.RUN_ID)),
+               cache_key=_nonempty(e.get(envvars.CACHE_KEY)),
+               cache_dir=_nonempty(e.get(envvars.CACHE_DIR)),
+               fault=_nonempty(e.get(envvars.FAULT)),
+               rank=_int_or_none(e.get("RANK")),
+               world_size=_int_or_none(e.get("WORLD_SIZE")),
+               local_rank=_int_or_none(e.get("LOCAL_RANK")) or 0)
+
+
+@dataclass
+class CompileState:
+    """``trainer.compile``: functions compiled so far, fx_race probes, the call guard."""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    compiled: dict[str, Callable] = field(default_factory=dict)
+    probes: dict[str, Callable[[], object]] = field(default_factory=dict)
+    guard_factory: Callable[[str], ContextManager] | None = None
+
+
+@dataclass
+class FaultState:
+    """``trainer.faults``: hang's silence, slow's throttle, parsed specs."""
+    silenced: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    slow_fraction: float | None = None
+    slow_last: float | None = None
+    parsed: dict[str, list[Any]] = field(default_factory=dict)
+
+
+@dataclass
+class AttentionState:
+    """``trainer.attention``: the flex-eager warning is given once per process."""
+    warned_eager: bool = False
+
+
+@dataclass
+class Runtime:
+    env: Env = field(default_factory=read_env)
+    compile: CompileState = field(default_factory=CompileState)
+    faults: FaultState = field(default_factory=FaultState)
+    attention: AttentionState = field(default_factory=AttentionState)
+    gate: "CompileGate | None" = None     # the installed compile gate (trainer.gate.install)
+
+
+_RUNTIME: Runtime | None = None
+_CREATE = threading.Lock()
+
+
+def get() -> Runtime:
+    """The process's Runtime (created here, once)."""
+    global _RUNTIME
+    rt = _RUNTIME
+    if rt is None:
+        with _CREATE:
+            if _RUNTIME is None:
+                _RUNTIME = Runtime()
+            rt = _RUNTIME
+    return rt
+
+
+def refresh_env() -> Env:
+    """Re-read the environment into the Runtime (entry points call this first)."""
+    rt = get()
+    rt.env = read_env()
+    return rt.env
