@@ -197,16 +197,15 @@ class CacheManager:
         return fp
 
     def trainer_source(self) -> str:
-        out = self._run([self.python, "-c", ck.SOURCE_HASH_SCRIPT, "trainer"], "hashing the trainer source")
-        try:
-            hashes = json.loads(out.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            raise CacheError(f"cannot hash the trainer source in the env on {self.host}",
-                             hint="redeploy with `dfo deploy`") from None
-        if not hashes or "error" in hashes:
-            raise CacheError(f"the env on {self.host} has no trainer package",
-                             hint="redeploy with `dfo deploy`")
-        return ck.source_hash(hashes)
+        probe = ck.source_hash_probe(self.python, timeout=self.timeout)
+        r = self.t.run(list(probe.argv), timeout=probe.timeout)
+        if r.exit_code not in (0, 3):  # 3: a package is missing (parse says None)
+            r.check("hashing the trainer source")
+        combined = probe.parse(r)
+        if combined is None:
+            raise CacheError(f"the env on {self.host} has no trainer or dfo_contract package "
+                             f"(or an older dfo wheel)", hint="redeploy with `dfo deploy`")
+        return combined
 
     def target_config_hash(self, config: Mapping[str, Any]) -> str | None:
         target = (config.get("model") or {}).get("target_path")

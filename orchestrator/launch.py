@@ -27,6 +27,7 @@ from .ops import launch_plan as lp
 from .ops import runstate as rs
 from .ops.budget import BudgetPolicy
 from .ops.fallback import merge_ladders, validate_ladders
+from .ops.probes import json_reply
 
 log = logging.getLogger("dfo")
 
@@ -326,14 +327,7 @@ class RunOps:
 def _json_reply(out: str, what: str) -> dict:
     """The last JSON object line of a remote helper's stdout (stray lines before it are
     ignored: a warning printed by the env must not become a traceback here)."""
-    for line in reversed(out.strip().splitlines()):
-        if line.startswith("{"):
-            try:
-                return json.loads(line)
-            except ValueError:
-                break
-    raise RemoteCommandError(f"{what}: the remote helper's output is not JSON",
-                             hint="run it by hand with -v to see what it printed")
+    return json_reply(out, what)
 
 
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,79}$")
