@@ -151,3 +151,19 @@ def test_state_script_reports_the_root(root):
     assert s.uv_version == "" and s.current_freeze is None  # no uv pushed yet
     assert s.python.endswith("python3") and s.df_kb and s.df_kb > 0
     assert not s.wheel_present and s.deploy_owner == "tok {}" and s.deploy_owner_age is not None
+
+
+def test_state_script_with_an_awkward_root(tmp_path: Path):
+    """Spaces, quotes, unicode and shell characters in the root reach the script as "$1"."""
+    root = tmp_path / "r 'q' \"dq\" $(x) — ü"
+    (root / "envs").mkdir(parents=True)
+    (root / "locks").mkdir()
+    env = _env(root, "cpu-a")
+    os.symlink("cpu-a", root / "envs/current")
+    (root / "locks/run.lock").write_text('{"run_id": "r-ü"}')
+    probe = dp.state_probe(str(root), str(env), "3", str(root / "wheels/x.whl"))
+    p = subprocess.run(list(probe.argv), capture_output=True, timeout=30)
+    s = probe.parse_output(p.stdout, p.stderr, p.returncode)
+    assert s.complete_output and s.current == "cpu-a" and s.target == "complete"
+    assert s.envs == {"cpu-a": True} and s.df_kb and not s.run_lock_held
+    assert not (tmp_path / "x").exists()

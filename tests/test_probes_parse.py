@@ -3,11 +3,13 @@ for real through the local transport."""
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 
 import pytest
 
+from orchestrator.errors import RemoteCommandError
 from orchestrator.config.inventory import parse_inventory
 from orchestrator.ops import probes
 from orchestrator.engine.hostcheck import check_host
@@ -116,3 +118,140 @@ def test_check_host_local(tmp_path):
     assert c.python is not None and c.disk is not None and c.init
     js = c.to_json()
     assert js["root"] == f"{tmp_path}/{AWK}" and js["systemd_pid1"] in (True, False)
+
+
+# ----------------------------------------------------------------- every Probe, on recorded output
+
+UNI = "dätä 'q' \"dq\" — ✓"  # spaces, quotes, unicode
+
+
+def _b64(s: str) -> str:
+    import base64
+
+    return base64.b64encode(s.encode()).decode()
+
+
+def test_probe_parse_output_takes_text_or_bytes():
+    p = probes.kernel_probe()
+    assert p.parse_output("Linux 6.8 x86_64\n") == "Linux 6.8 x86_64"
+    assert p.parse_output(b"", b"uname: not found", 127) is None
+    assert probes.Reply(stdout=b"x").exit_code == 0
+
+
+def test_gpus_unicode_and_quoted_names():
+    rec = ('0, GPU-aa, 143771, NVIDIA H200 "SXM", 141 GB — ✓\n'
+           "1, GPU-bb, [N/A], Tesla ü\n").encode()
+    r = probes.gpu_probe().parse_output(rec)
+    assert [g.name for g in r.gpus] == ['NVIDIA H200 "SXM", 141 GB — ✓', "Tesla ü"]
+    assert r.gpus[1].memory_mib is None and r.error is None
+
+
+def test_list_dir_unicode_and_invalid_utf8():
+    rec = b"f 3 1.0 " + UNI.encode() + b"\0" + b"f 1 2.0 bad\xffname\0"
+    entries = probes.parse_list_dir(probes.Reply(0, rec))
+    assert {e.name for e in entries} == {UNI, "bad\udcffname"}
+
+
+def test_launch_probe_recorded():
+    p = probes.launch_probe(f"/r/{UNI}", f"/r/{UNI}/locks/run.lock")
+    assert p.argv[:4] == ("sh", "-c", probes.LAUNCH_PROBE_SCRIPT, "dfo-probe")
+    assert p.argv[4:] == (f"/r/{UNI}", f"/r/{UNI}/locks/run.lock")  # values stay argv elements
+    d = p.parse_output("systemd=0\nsetsid=1\nenv=1\nlock=held\nlock_owner=run-a=b\nnoise\n")
+    assert d == {"systemd": "0", "setsid": "1", "env": "1", "lock": "held", "lock_owner": "run-a=b"}
+
+
+def test_query_and_stop_replies():
+    q = probes.query_probe("/r/envs/current/bin/python", f"/r/{UNI}", run="r1")
+    assert q.argv[-2:] == ("--run", "r1") and f"/r/{UNI}" in q.argv
+    reply = {"runs": [{"run_id": "r1", "run_dir": f"/r/{UNI}/runs/r1"}], "lock_owner": None}
+    out = "WARNING: a warning from the env {not json}\n" + json.dumps(reply) + "\n\n"
+    assert q.parse_output(out) == reply
+    assert q.parse_output(json.dumps(reply, ensure_ascii=False)) == reply
+    with pytest.raises(RemoteCommandError, match="not JSON"):
+        q.parse_output("Traceback (most recent call last):\n  ...\n")
+    with pytest.raises(RemoteCommandError, match="stopping the run"):
+        probes.stop_probe("py", "/r", "r1").parse_output("[1, 2]\n")  # JSON, but not an object
+    assert probes.stop_probe("py", "/r", "r1").parse_output('{"stopped": true}') == {"stopped": True}
+
+
+def test_state_probe_recorded_awkward():
+    owner = json.dumps({"run_id": "r-ü", "pid": 7})
+    lease = "tokA " + json.dumps({"user": UNI, "machine": "m"}, ensure_ascii=False)
+    rec = "\n".join([
+        "arch\tx86_64", "uv\tuv 0.9.0 (abc)", f"current\t/r/{UNI}/envs/cpu-a", "previous\t",
+        "target\tincomplete", f"current_fingerprint\t{_b64(json.dumps({'devices': [{'name': UNI}]}))}",
+        f"current_freeze\t{_b64('torch==2.13.0' + chr(10))}", f"python\t/opt/{UNI}/bin/python3",
+        "df_kb\t12345", "wheel\tabsent", "run_lock\theld", f"run_lock_owner\t{_b64(owner)}",
+        f"deploy_owner\t{_b64(lease)}", "deploy_owner_age\t-3", "env\tcomplete cpu-a",
+        "env\tincomplete cpu b", "end\tok"]) + "\n"
+    from orchestrator.ops import deploy_plan as dp
+
+    s = dp.state_probe(f"/r/{UNI}", "/r/e", "3.11", "/r/w.whl").parse_output(rec)
+    assert s.complete_output and s.current_name == "cpu-a" and s.previous_name == ""
+    assert s.current_fingerprint == {"devices": [{"name": UNI}]}
+    assert s.python == f"/opt/{UNI}/bin/python3" and s.df_kb == 12345
+    assert s.run_lock_held and dp.describe_run_lock(s.run_lock_owner) == "run r-ü (pid 7)"
+    assert s.deploy_owner == lease and s.deploy_owner_age == -3
+    assert UNI in dp.describe_lease(s.deploy_owner)
+    assert s.envs == {"cpu-a": True, "cpu b": False}
+    assert not dp.state_probe("/r", "/e", "3", "/w").parse_output("arch\tx86_64\n", "", 1).complete_output
+
+
+def test_env_probe_recorded_awkward():
+    from orchestrator.errors import DeployError
+    from orchestrator.ops import fingerprint as fpm
+
+    fp = {"torch": "2.13.0", "devices": [{"index": 0, "name": UNI, "capability": "9.0"}],
+          "errors": {"trainer": "ImportError: no module named 'träiner'"}}
+    p = fpm.env_probe("/r/envs/x/bin/python")
+    assert p.env and p.env["CUDA_MODULE_LOADING"] == "LAZY" and p.argv[1] == "-c"
+    out = "noise before\n" + fpm.PROBE_MARK + json.dumps(fp, ensure_ascii=False) + "\n"
+    assert p.parse_output(out, "a warning on stderr\n") == fp
+    # the marker on stderr (a python that prints there) still counts
+    assert p.parse_output("", fpm.PROBE_MARK + json.dumps(fp)) == fp
+    with pytest.raises(DeployError, match="printed no result: ModuleNotFoundError: ü"):
+        p.parse_output("", "ModuleNotFoundError: ü\n", 1)
+
+
+def test_cache_tool_reply_recorded_awkward():
+    from orchestrator.errors import CacheError
+    from orchestrator.ops import snapshot as sn
+
+    files = {f"inductor/{UNI}/f": {"sha256": "0" * 64, "size": 1}}
+    p = sn.tool_probe("python3", "hashdir", f"/r/{UNI}")
+    assert p.argv[-2:] == ("hashdir", f"/r/{UNI}")
+    out = "warning: something\n" + json.dumps({"files": files, "other": [UNI]}) + "\n"
+    assert p.parse_output(out)["files"] == files
+    with pytest.raises(CacheError, match="printed no result"):
+        p.parse_output('{"error": "unknown op x"}\n')
+    with pytest.raises(CacheError, match="cache helper hashdir"):
+        p.parse_output("Traceback ...\n{broken\n")
+
+
+def test_source_hash_reply_recorded_awkward():
+    from orchestrator.ops import cache_key as ck
+
+    hashes = {f"trainer/{UNI}.py": "a" * 64, "dfo_contract/fsio.py": "b" * 64}
+    p = ck.source_hash_probe("/r/envs/current/bin/python")
+    assert p.argv[1:] == ("-m", ck.SOURCE_HASH_MODULE, "trainer", "dfo_contract")
+    assert p.parse_output("note\n" + json.dumps(hashes, ensure_ascii=False)) == ck.source_hash(hashes)
+    assert p.parse_output('{"error": "package dfo_contract not found"}', "", 3) is None
+    assert p.parse_output("") is None and p.parse_output("{}") is None
+
+
+def test_probe_modules_do_no_io():
+    """ops/ is pure: these modules neither open files nor run processes (the one exception,
+    reading a shipped script's text, lives in ops/scripts/__init__.py)."""
+    import ast
+    from pathlib import Path
+
+    ops = Path(probes.__file__).parent
+    for name in ("probes", "fingerprint", "snapshot", "cache_key", "deploy_plan", "drift", "lockfile"):
+        tree = ast.parse((ops / f"{name}.py").read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                assert not {m.split(".")[0] for m in mods} & {"os", "subprocess", "shutil", "pathlib",
+                                                             "socket", "io", "importlib"}, (name, mods)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                assert node.func.id != "open", name

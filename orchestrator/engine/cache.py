@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from dfo_contract.fsio import atomic_write_bytes, sha256_file
-from dfo_contract.markers import last_json_line
 
 from ..errors import CacheError, ConfigError, DeployError, DfoError, NotFoundError, RemoteCommandError
 from ..ops import cache_key as ck
@@ -96,15 +95,15 @@ class CacheManager(WarmMixin):
         return fp
 
     def trainer_source(self) -> str:
-        out = self._run([self.python, "-c", ck.SOURCE_HASH_SCRIPT, "trainer"], "hashing the trainer source")
-        hashes = last_json_line(out)
-        if not isinstance(hashes, dict):
-            raise CacheError(f"cannot hash the trainer source in the env on {self.host}",
-                             hint="redeploy with `dfo deploy`")
-        if not hashes or "error" in hashes:
-            raise CacheError(f"the env on {self.host} has no trainer package",
-                             hint="redeploy with `dfo deploy`")
-        return ck.source_hash(hashes)
+        probe = ck.source_hash_probe(self.python, timeout=self.timeout or 600.0)
+        r = self.t.run(list(probe.argv), timeout=probe.timeout)
+        if r.exit_code not in (0, 3):  # 3: a package is missing (parse says None)
+            r.check("hashing the trainer source")
+        combined = probe.parse(r)
+        if combined is None:
+            raise CacheError(f"the env on {self.host} has no trainer or dfo_contract package "
+                             f"(or an older dfo wheel)", hint="redeploy with `dfo deploy`")
+        return combined
 
     def target_config_hash(self, config: Mapping[str, Any]) -> str | None:
         target = (config.get("model") or {}).get("target_path")

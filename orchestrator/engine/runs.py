@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from dfo_contract.markers import last_json_line
 
 from ..config.runconfig import default_config_path, load_config
 from ..errors import (ConfigError, DeployError, DfoError, DriftError, LockHeldError,
@@ -30,6 +29,7 @@ from ..ops import launch_plan as lp
 from ..ops import runstate as rs
 from ..ops.budget import BudgetPolicy
 from ..ops.fallback import merge_ladders, validate_ladders
+from ..ops.probes import json_reply
 
 log = logging.getLogger("dfo")
 
@@ -321,11 +321,7 @@ class RunOps:
 def _json_reply(out: str, what: str) -> dict:
     """The last JSON object line of a remote helper's stdout (stray lines before it are
     ignored: a warning printed by the env must not become a traceback here)."""
-    reply = last_json_line(out)
-    if isinstance(reply, dict):
-        return reply
-    raise RemoteCommandError(f"{what}: the remote helper's output is not JSON",
-                             hint="run it by hand with -v to see what it printed")
+    return json_reply(out, what)
 
 
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,79}$")

@@ -8,8 +8,9 @@ component at a time (``torch.version.cuda: snapshot 12.8, env 13.0``):
 * every field of the env fingerprint (``<env>/fingerprint.json``, written by deploy)
   except ``dfo`` (the orchestrator's version does not change compiled code);
 * ``gpu``: the names and capabilities of the devices the drafter compiles for;
-* ``trainer.source``: a hash of the deployed trainer's source files (computed in the
-  env with :data:`SOURCE_HASH_SCRIPT`, combined here with :func:`source_hash`);
+* ``trainer.source``: a hash of the deployed ``trainer`` and ``dfo_contract`` source files
+  (computed in the env by ``orchestrator.remote.source_hash``, see :func:`source_hash_probe`,
+  combined here with :func:`source_hash`);
 * ``target.config``: a hash of the target model's ``config.json`` (its shapes);
 * ``config.<section>.<field>``: the trainer config fields that change what is compiled
   (model shapes and attention backend, shape buckets, micro batch, devices, compile).
@@ -19,11 +20,16 @@ Nothing here touches the network or imports torch.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
+
+from dfo_contract.fsio import sha256_bytes
+from dfo_contract.markers import last_json_line
+
+from .probes import Probe, text
+from .scripts import remote_source
 
 KEY_FORMAT = 1
 
@@ -155,32 +161,33 @@ def drafter_gpus(fingerprint: Mapping[str, Any], drafter_devices: Iterable[str] 
 
 def source_hash(file_hashes: Mapping[str, str]) -> str:
     """Combine ``{relative path: sha256}`` of the trainer's source files into one hash."""
-    h = hashlib.sha256()
-    for rel in sorted(file_hashes):
-        h.update(rel.encode("utf-8") + b"\0" + file_hashes[rel].encode("ascii") + b"\n")
-    return h.hexdigest()
+    return sha256_bytes(b"".join(rel.encode("utf-8") + b"\0" + file_hashes[rel].encode("ascii") + b"\n"
+                                 for rel in sorted(file_hashes)))
 
 
-#: Run in the deployed env as ``python -c SOURCE_HASH_SCRIPT [PACKAGE]``: prints
-#: ``{relative path: sha256}`` of the package's ``.py`` files as JSON, without importing
-#: the package (so no torch import, fast).
-SOURCE_HASH_SCRIPT = r"""
-import hashlib, importlib.util, json, os, sys
-pkg = sys.argv[1] if len(sys.argv) > 1 else "trainer"
-spec = importlib.util.find_spec(pkg)
-if spec is None or not spec.submodule_search_locations:
-    print(json.dumps({"error": "package %s not found" % pkg})); sys.exit(3)
-root = list(spec.submodule_search_locations)[0]
-out = {}
-for d, dirs, files in os.walk(root):
-    dirs[:] = sorted(x for x in dirs if x != "__pycache__")
-    for f in sorted(files):
-        if f.endswith(".py"):
-            p = os.path.join(d, f)
-            with open(p, "rb") as fh:
-                out[os.path.relpath(p, root).replace(os.sep, "/")] = hashlib.sha256(fh.read()).hexdigest()
-print(json.dumps(out, sort_keys=True))
-"""
+#: The packages whose source is ``trainer.source``: the trainer, and the contract it imports.
+SOURCE_PACKAGES = ("trainer", "dfo_contract")
+SOURCE_HASH_MODULE = "orchestrator.remote.source_hash"
+#: ``orchestrator/remote/source_hash.py``'s source (``python -c SOURCE_HASH_SCRIPT PKG...``
+#: gives the same reply as ``python -m orchestrator.remote.source_hash PKG...``).
+SOURCE_HASH_SCRIPT = remote_source("source_hash")
+
+
+def source_hash_probe(python: str, packages: Iterable[str] = SOURCE_PACKAGES,
+                      *, timeout: float = 600.0) -> Probe[str | None]:
+    """Hash the deployed env's trainer (and contract) source: ``python -m`` in the env,
+    whose dfo wheel holds the module. The result is :func:`source_hash` of the reply, or
+    None when the env lacks a package or printed no reply."""
+    return Probe("source-hash", (python, "-m", SOURCE_HASH_MODULE, *packages),
+                 lambda out: parse_source_hashes(text(out.stdout)), timeout=timeout)
+
+
+def parse_source_hashes(output: str) -> str | None:
+    """The reply (``{path: sha256}``, see the module) combined by :func:`source_hash`."""
+    reply = last_json_line(output)
+    if not isinstance(reply, dict) or not reply or "error" in reply:
+        return None
+    return source_hash(reply)
 
 
 @dataclass(frozen=True)
@@ -198,7 +205,7 @@ def key_of(components: Mapping[str, str], *, profile: str | None = None) -> str:
     """The key string: ``<profile>-<16 hex>`` (filesystem-safe, stable)."""
     blob = json.dumps({"format": KEY_FORMAT, "components": dict(components)},
                       sort_keys=True, separators=(",", ":"))
-    digest = hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
+    digest = sha256_bytes(blob.encode("utf-8"))[:16]
     return f"{_safe(profile or 'env')}-{digest}"
 
 

@@ -1,7 +1,8 @@
 """``dfo deploy``'s decisions (pure): the remote state probe, its parser, and the plan.
 
-The deploy talks to the target through a handful of constant shell scripts that take
-every value as a positional parameter (``"$1"``...), never through f-string shells:
+The deploy talks to the target through a handful of constant shell scripts (package data,
+``orchestrator/ops/scripts/deploy_*.sh``, checked by shellcheck) that take every value as a
+positional parameter (``"$1"``...), never through f-string shells:
 
 - ``STATE_SCRIPT``: one command that reports everything the plan needs (uv version,
   envs/current and previous, the target env's completeness, the current env's marker,
@@ -33,6 +34,8 @@ from ..errors import LockHeldError
 from .drift import Drift, Installed, diff, parse_freeze
 from .fingerprint import Mismatch, compare
 from .lockfile import Lock
+from .probes import Output, Probe, text
+from .scripts import script_text
 
 COMPLETE_MARKER = ".dfo-complete"
 FINGERPRINT_FILE = "fingerprint.json"
@@ -42,126 +45,16 @@ EXIT_BUSY = 75
 
 STAGES = ("connect", "push uv", "push wheel", "create venv", "install", "verify", "switch")
 
-STATE_SCRIPT = r'''
-root=$1; env=$2; py=$3; wheel=$4
-uv="$root/bin/uv"
-b64() { base64 -w0 2>/dev/null; }
-emit() { printf '%s\t%s\n' "$1" "$2"; }
-emit arch "$(uname -m)"
-if [ -x "$uv" ]; then emit uv "$("$uv" --version 2>/dev/null | head -n1)"; else emit uv ""; fi
-emit current "$(readlink "$root/envs/current" 2>/dev/null)"
-emit previous "$(readlink "$root/envs/previous" 2>/dev/null)"
-if [ -f "$env/.dfo-complete" ]; then emit target complete
-elif [ -e "$env" ]; then emit target incomplete
-else emit target absent; fi
-cur="$root/envs/current"
-if [ -L "$cur" ]; then
-  [ -f "$cur/.dfo-complete" ] && emit current_marker "$(b64 < "$cur/.dfo-complete")"
-  [ -f "$cur/fingerprint.json" ] && emit current_fingerprint "$(b64 < "$cur/fingerprint.json")"
-  if [ -x "$uv" ] && [ -x "$cur/bin/python" ]; then
-    emit current_freeze "$("$uv" pip freeze --python "$cur/bin/python" 2>&1 | b64)"
-  fi
-fi
-case "$py" in
-  /*) if [ -x "$py" ]; then p=$py; else p=; fi ;;
-  *) p=$(command -v "python$py" 2>/dev/null)
-     if [ -z "$p" ] && [ -x "$uv" ]; then
-       p=$(UV_PYTHON_DOWNLOADS=never "$uv" python find "$py" 2>/dev/null | head -n1)
-     fi ;;
-esac
-emit python "$p"
-d=$root; while [ ! -e "$d" ] && [ "$d" != / ]; do d=$(dirname "$d"); done
-emit df_kb "$(df -Pk "$d" 2>/dev/null | awk 'NR==2 {print $4}')"
-if [ -f "$wheel" ]; then emit wheel present; else emit wheel absent; fi
-if [ -f "$root/locks/run.lock" ]; then
-  if flock -n "$root/locks/run.lock" true 2>/dev/null; then emit run_lock free
-  else emit run_lock held; emit run_lock_owner "$(head -c 4096 "$root/locks/run.lock" | b64)"; fi
-fi
-own="$root/locks/deploy.owner"
-if [ -s "$own" ]; then
-  emit deploy_owner "$(head -n1 "$own" | b64)"
-  emit deploy_owner_age "$(( $(date +%s) - $(stat -c %Y "$own") ))"
-fi
-for x in "$root"/envs/*; do
-  [ -d "$x" ] || continue
-  [ -L "$x" ] && continue
-  n=$(basename "$x")
-  if [ -f "$x/.dfo-complete" ]; then emit env "complete $n"; else emit env "incomplete $n"; fi
-done
-emit end ok
-'''
-
-LEASE_SCRIPT = r'''
-lock=$1; owner=$2; token=$3; info=$4; stale=$5; takeover=$6; wait=$7
-mkdir -p "$(dirname "$lock")" || exit 1
-exec 9>>"$lock"
-flock -w "$wait" 9 || { printf '@busy\t%s\n' "$(head -n1 "$owner" 2>/dev/null)"; exit 75; }
-if [ -s "$owner" ]; then
-  cur=$(head -n1 "$owner"); age=$(( $(date +%s) - $(stat -c %Y "$owner") ))
-  tok=${cur%% *}
-  if [ "$tok" != "$token" ] && [ "$tok" != "$takeover" ] && [ "$age" -lt "$stale" ]; then
-    printf '@held\t%s\n' "$cur"; exit 75
-  fi
-fi
-printf '%s %s\n' "$token" "$info" > "$owner.tmp.$$" && mv -f "$owner.tmp.$$" "$owner" || exit 1
-echo "@acquired"
-'''
-
-LOCKED_SCRIPT = r'''
-lock=$1; owner=$2; token=$3; hb=$4; shift 4
-exec 9>>"$lock"
-flock -w 30 9 || { echo "dfo: the deploy lock $lock is busy" >&2; exit 75; }
-cur=$(head -n1 "$owner" 2>/dev/null)
-[ "${cur%% *}" = "$token" ] || { echo "dfo: this deploy no longer holds $owner (now: ${cur:-nobody})" >&2; exit 75; }
-touch "$owner"
-( exec 9>&-; while sleep "$hb"; do touch "$owner" 2>/dev/null || exit; done ) </dev/null >/dev/null 2>&1 &
-beat=$!
-"$@"
-rc=$?
-kill "$beat" 2>/dev/null
-touch "$owner"
-exit $rc
-'''
-
-RELEASE_SCRIPT = r'''
-lock=$1; owner=$2; token=$3
-exec 9>>"$lock"
-flock -w 10 9 || exit 0
-cur=$(head -n1 "$owner" 2>/dev/null)
-[ "${cur%% *}" = "$token" ] && rm -f "$owner"
-exit 0
-'''
-
+#: The deploy's shell scripts (package data in ``ops/scripts/``, checked by shellcheck).
+STATE_SCRIPT = script_text("deploy_state.sh")
+LEASE_SCRIPT = script_text("deploy_lease.sh")
+LOCKED_SCRIPT = script_text("deploy_locked.sh")
+RELEASE_SCRIPT = script_text("deploy_release.sh")
 #: "$1" envs dir, "$2" new current (a dir name in envs/), "$3" new previous ("" keeps it),
 #: "$4" run.lock path. Refuses (exit 75, owner on stdout) while a run holds run.lock.
-SWITCH_SCRIPT = r'''
-envs=$1; new=$2; prev=$3; runlock=$4
-[ -f "$envs/$new/.dfo-complete" ] || { echo "dfo: $envs/$new is not a complete env" >&2; exit 1; }
-mkdir -p "$(dirname "$runlock")" || exit 1
-exec 8>>"$runlock"
-if ! flock -n 8; then printf '@runlock\t%s\n' "$(head -c 4096 "$runlock" | base64 -w0)"; exit 75; fi
-if [ -n "$prev" ]; then
-  ln -sfn "$prev" "$envs/.previous.tmp.$$" && mv -T -f "$envs/.previous.tmp.$$" "$envs/previous" || exit 1
-fi
-ln -sfn "$new" "$envs/.current.tmp.$$" && mv -T -f "$envs/.current.tmp.$$" "$envs/current" || exit 1
-echo "@switched"
-'''
-
-#: Remove a half-built env ("$1"): rename it out of the way first (one atomic step), then
-#: delete; a crash during the delete leaves only a .trash dir, never a half env name.
-CLEAN_SCRIPT = r'''
-for d in "$@"; do
-  [ -e "$d" ] || continue
-  [ -f "$d/.dfo-complete" ] && continue
-  t="$(dirname "$d")/.trash.$(basename "$d").$$"
-  mv -T -f "$d" "$t" && rm -rf -- "$t"
-done
-for t in "$(dirname "$1")"/.trash.*; do [ -e "$t" ] && rm -rf -- "$t"; done
-exit 0
-'''
-
-#: Mark an env incomplete before changing it in place ("$1" env dir).
-UNMARK_SCRIPT = 'rm -f -- "$1/.dfo-complete"'
+SWITCH_SCRIPT = script_text("deploy_switch.sh")
+#: Remove half-built envs ("$@"): rename out of the way first (one atomic step), then delete.
+CLEAN_SCRIPT = script_text("deploy_clean.sh")
 
 
 def script_argv(script: str, *args: str, name: str = "dfo-deploy") -> list[str]:
@@ -220,6 +113,18 @@ class RemoteState:
     @property
     def previous_name(self) -> str:
         return posixpath.basename(self.previous.rstrip("/")) if self.previous else ""
+
+
+def state_probe(root: str, env_dir: str, python_spec: str, wheel: str) -> Probe[RemoteState]:
+    """The deploy's state probe (``STATE_SCRIPT``): one round trip; a no-op redeploy is this.
+    Its result's ``complete_output`` is False when the script did not run to its end."""
+    return Probe("deploy-state", tuple(script_argv(STATE_SCRIPT, root, env_dir, python_spec, wheel,
+                                                   name="dfo-state")),
+                 parse_state_output)
+
+
+def parse_state_output(out: Output) -> RemoteState:
+    return parse_state(text(out.stdout))
 
 
 def parse_state(output: str) -> RemoteState:

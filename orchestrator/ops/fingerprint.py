@@ -1,7 +1,7 @@
 """The env probe (an argv plus a pure parser) and the comparison with a profile (pure).
 
-The probe runs *inside* an env's interpreter: ``<env>/bin/python -c PROBE_SCRIPT``.
-It prints one line ``@dfo-probe {json}``. ``parse_probe`` turns the output into the
+The probe (``orchestrator/remote/env_probe.py``, :func:`env_probe`) runs *inside* an env's
+interpreter: ``<env>/bin/python -c PROBE_SCRIPT``. It prints one line ``@dfo-probe {json}``. ``parse_probe`` turns the output into the
 fingerprint fields (docs/contracts.md); ``compare`` checks them against a profile's
 ``expect:`` mapping and returns mismatches named by the field a person knows, e.g.
 ``torch.version.cuda: expected 12.8, got 13.0``.
@@ -22,55 +22,18 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from ..errors import DeployError
+from .probes import Probe, text
+from .scripts import remote_source
 
 PROBE_MARK = "@dfo-probe "
 
-PROBE_SCRIPT = r'''
-import json, platform, sys, importlib
-fp = {"python": platform.python_version(), "errors": {}}
-def _v(mod):
-    return getattr(mod, "__version__", None)
-try:
-    import importlib.metadata as md
-    fp["dfo"] = md.version("dfo")
-except Exception as e:
-    fp["dfo"] = None
-try:
-    import torch
-    fp["torch"] = str(torch.__version__)
-    fp["torch_git"] = getattr(torch.version, "git_version", None)
-    fp["torch_cuda"] = torch.version.cuda
-    fp["cuda_available"] = bool(torch.cuda.is_available())
-    n = torch.cuda.device_count() if fp["cuda_available"] else 0
-    fp["device_count"] = n
-    devs = []
-    for i in range(n):
-        cap = torch.cuda.get_device_capability(i)
-        devs.append({"index": i, "name": torch.cuda.get_device_name(i),
-                     "capability": "%d.%d" % tuple(cap)})
-    fp["devices"] = devs
-except Exception as e:
-    fp["torch"] = None
-    fp["errors"]["torch"] = "%s: %s" % (type(e).__name__, e)
-try:
-    import triton
-    fp["triton"] = _v(triton)
-except Exception:
-    fp["triton"] = None
-try:
-    import transformers
-    fp["transformers"] = _v(transformers)
-except Exception as e:
-    fp["transformers"] = None
-    fp["errors"]["transformers"] = "%s: %s" % (type(e).__name__, e)
-try:
-    import trainer
-    fp["trainer_import"] = True
-except Exception as e:
-    fp["trainer_import"] = False
-    fp["errors"]["trainer"] = "%s: %s" % (type(e).__name__, e)
-sys.stdout.write("@dfo-probe " + json.dumps(fp) + "\n")
-'''
+#: ``orchestrator/remote/env_probe.py``'s source, run as ``<env>/bin/python -c PROBE_SCRIPT``
+#: (the env's dfo wheel is not trusted while it is being verified).
+PROBE_SCRIPT = remote_source("env_probe")
+#: the probe imports torch (and may touch CUDA): give it time
+PROBE_TIMEOUT = 600.0
+PROBE_ENV = {"PYTHONDONTWRITEBYTECODE": "1", "CUDA_MODULE_LOADING": "LAZY"}
+
 
 #: fingerprint field -> the name a person knows (used in mismatch messages)
 EXPECT_FIELDS: dict[str, str] = {
@@ -97,6 +60,13 @@ FINGERPRINT_FIELDS = ("profile", "lock_hash", "dfo", "python", "torch", "torch_g
 def probe_argv(python: str) -> list[str]:
     """The argv that probes the env whose interpreter is ``python``."""
     return [python, "-c", PROBE_SCRIPT]
+
+
+def env_probe(python: str, *, timeout: float = PROBE_TIMEOUT) -> Probe[dict[str, Any]]:
+    """The env probe as a :class:`~.probes.Probe`: parse raises DeployError without a result."""
+    return Probe("env", tuple(probe_argv(python)),
+                 lambda out: parse_probe(text(out.stdout) + "\n" + text(out.stderr)),
+                 timeout=timeout, env=PROBE_ENV)
 
 
 def parse_probe(output: str) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from ..errors import ConfigError, NotFoundError
+from .probes import LAUNCH_PROBE_SCRIPT, launch_probe, parse_launch_probe
 
 STEP_NAME = re.compile(r"^step_(\d{1,12})$")
 RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,47}$")
@@ -248,30 +249,13 @@ def start_argv(python: str, run_dir: str, run_id: str, *, systemd: bool,
 
 # --- the probe launch runs before anything else ----------------------------------------------
 
-#: One round trip: init system, tools, env, and run.lock. $1 = root, $2 = run.lock path.
-PROBE_SCRIPT = r'''root=$1; lock=$2
-if [ "$(cat /proc/1/comm 2>/dev/null)" = systemd ] && command -v systemd-run >/dev/null 2>&1; then echo systemd=1; else echo systemd=0; fi
-if command -v setsid >/dev/null 2>&1; then echo setsid=1; else echo setsid=0; fi
-if [ -x "$root/envs/current/bin/python" ]; then echo env=1; else echo env=0; fi
-if [ -e "$lock" ]; then
-  if flock -n -E 99 "$lock" true 2>/dev/null; then echo lock=free; else echo lock=held; fi
-  printf 'lock_owner=%s\n' "$(head -c 200 "$lock" | tr -cd 'A-Za-z0-9._-')"
-else
-  echo lock=free
-fi'''
+#: One round trip: init system, tools, env, and run.lock (``probes.launch_probe``).
+PROBE_SCRIPT = LAUNCH_PROBE_SCRIPT
+parse_probe = parse_launch_probe
 
 
 def probe_argv(root: str, lock: str) -> list[str]:
-    return ["sh", "-c", PROBE_SCRIPT, "dfo-probe", root, lock]
-
-
-def parse_probe(text: str) -> dict[str, str]:
-    out = {}
-    for ln in text.splitlines():
-        if "=" in ln:
-            k, v = ln.split("=", 1)
-            out[k.strip()] = v.strip()
-    return out
+    return list(launch_probe(root, lock).argv)
 
 
 # --- the plan -------------------------------------------------------------------------------

@@ -8,9 +8,10 @@ The lock hash, the identity of an environment, is the sha256 of the file's bytes
 
 from __future__ import annotations
 
-import hashlib
 import re
 from dataclasses import dataclass, field
+
+from dfo_contract.fsio import sha256_bytes
 
 from ..errors import ConfigError
 
@@ -55,7 +56,7 @@ class Lock:
 
 
 def lock_hash(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+    return sha256_bytes(data)
 
 
 def _logical_lines(text: str):

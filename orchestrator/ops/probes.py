@@ -1,17 +1,29 @@
-"""Probes: (argv, pure parser) pairs that ask a target about itself.
+"""Probes: one shape for every fact dfo asks a target for.
 
-A probe's argv runs through any transport (``transport.run(probe.argv)``); its parser
-takes the finished command (anything with ``exit_code``, ``stdout`` and ``stderr``) and
-returns plain data. Parsers are pure and tested on recorded output, including awkward
-names (``fil () &&-@_e.txt``, spaces, newlines). Values reach the far side only as
-positional parameters of constant scripts (``"$1"``), never inside a script.
+A :class:`Probe` is a name, an argv (run through any transport: ``transport.run(probe.argv,
+timeout=probe.timeout, env=probe.env)``) and a pure parser that takes the finished command
+(anything with ``exit_code``, ``stdout`` and ``stderr``: a transport ``Result``, or a
+recorded :class:`Reply` in tests) and returns typed data. Parsers are pure and tested on
+recorded output, including awkward names (``fil () &&-@_e.txt``, spaces, quotes, unicode).
+Values reach the far side only as positional parameters of constant scripts (``"$1"``) or
+argv elements of constant Python modules, never inside a script.
+
+Every remote fact is one: the host check's probes here, the launch probe and the supervisor
+query (here), the deploy's state probe (``deploy_plan.state_probe``), the env probe
+(``fingerprint.env_probe``), the cache tool (``snapshot.tool_probe``) and the source hash
+(``cache_key.source_hash_probe``).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Generic, Protocol, TypeVar
+from typing import Any, Callable, Generic, Mapping, Protocol, TypeVar
+
+from dfo_contract.markers import last_json_line
+
+from ..errors import DfoError, RemoteCommandError
+from .scripts import script_text
 
 T = TypeVar("T")
 
@@ -23,15 +35,44 @@ class Output(Protocol):
 
 
 @dataclass(frozen=True)
+class Reply:
+    """A finished command's output, as a parser sees it (recorded output in tests)."""
+
+    exit_code: int = 0
+    stdout: bytes = b""
+    stderr: bytes = b""
+
+
+@dataclass(frozen=True)
 class Probe(Generic[T]):
+    """``argv`` to run on the target and the pure ``parse`` of what came back."""
+
     name: str
     argv: tuple[str, ...]
     parse: Callable[[Output], T]
     timeout: float = 60.0
+    env: Mapping[str, str] | None = None  # extra environment for the remote command
+
+    def parse_output(self, stdout: bytes | str = b"", stderr: bytes | str = b"",
+                     exit_code: int = 0) -> T:
+        """Parse recorded output (str is taken as UTF-8)."""
+        enc = (lambda b: b.encode("utf-8") if isinstance(b, str) else b)
+        return self.parse(Reply(exit_code, enc(stdout), enc(stderr)))
 
 
-def _text(b: bytes) -> str:
+def text(b: bytes) -> str:
     return b.decode("utf-8", "replace")
+
+
+
+def json_reply(output: str, what: str, *, error: type[DfoError] = RemoteCommandError,
+               hint: str = "run it by hand with -v to see what it printed") -> dict[str, Any]:
+    """The last JSON line of a remote helper's stdout, which must be an object (stray lines
+    before it, e.g. a warning printed by the env, are ignored). ``error`` otherwise."""
+    reply = last_json_line(output)
+    if not isinstance(reply, dict):
+        raise error(f"{what}: the remote helper's output is not JSON", hint=hint)
+    return reply
 
 
 # --------------------------------------------------------------------------- pct status
@@ -43,7 +84,7 @@ def parse_pct_status(out: Output) -> str | None:
     """``status: running`` -> "running"; None when pct did not say (see stderr)."""
     if out.exit_code != 0:
         return None
-    m = _PCT_STATUS_RE.search(_text(out.stdout))
+    m = _PCT_STATUS_RE.search(text(out.stdout))
     return m.group(1) if m else None
 
 
@@ -54,7 +95,7 @@ def kernel_probe() -> Probe[str | None]:
 
 
 def parse_kernel(out: Output) -> str | None:
-    s = _text(out.stdout).strip()
+    s = text(out.stdout).strip()
     return s if out.exit_code == 0 and s else None
 
 
@@ -81,7 +122,7 @@ def python_probe(python: str | None = None) -> Probe[PythonInfo | None]:
 def parse_python(out: Output) -> PythonInfo | None:
     if out.exit_code != 0:
         return None
-    lines = _text(out.stdout).splitlines()
+    lines = text(out.stdout).splitlines()
     if len(lines) < 2 or not re.match(r"^\d+\.\d+", lines[0].strip()):
         return None
     return PythonInfo(version=lines[0].strip(), executable="\n".join(lines[1:]).strip())
@@ -114,7 +155,7 @@ def parse_df(out: Output) -> DiskFree | None:
     mount point may hold spaces and shell characters; the numbers anchor the split."""
     if out.exit_code != 0:
         return None
-    lines = [ln for ln in _text(out.stdout).splitlines() if ln.strip()]
+    lines = [ln for ln in text(out.stdout).splitlines() if ln.strip()]
     for line in reversed(lines[1:]):
         m = _DF_LINE_RE.match(line)
         if m:
@@ -153,10 +194,10 @@ def parse_gpus(out: Output) -> GpuReport:
     if out.exit_code == 127:
         return GpuReport(present=False)
     if out.exit_code != 0:
-        msg = (_text(out.stdout) + _text(out.stderr)).strip().splitlines()
+        msg = (text(out.stdout) + text(out.stderr)).strip().splitlines()
         return GpuReport(present=True, error=msg[0] if msg else f"nvidia-smi exited {out.exit_code}")
     gpus = []
-    for line in _text(out.stdout).splitlines():
+    for line in text(out.stdout).splitlines():
         if not line.strip():
             continue
         parts = [p.strip() for p in line.split(",", 3)]
@@ -175,7 +216,7 @@ def init_probe() -> Probe[str | None]:
 
 
 def parse_init(out: Output) -> str | None:
-    s = _text(out.stdout).strip()
+    s = text(out.stdout).strip()
     return s if out.exit_code == 0 and s else None
 
 
@@ -212,6 +253,44 @@ def parse_list_dir(out: Output) -> list[DirEntry] | None:
         entries.append(DirEntry(name=name.decode("utf-8", "surrogateescape"), kind=kind.decode(),
                                 size=int(size), mtime=float(mtime)))
     return sorted(entries, key=lambda e: e.name)
+
+
+# --------------------------------------------------------------------------- launch probe
+
+#: One round trip before a launch: init system, tools, env, run.lock. $1 root, $2 run.lock.
+LAUNCH_PROBE_SCRIPT = script_text("launch_probe.sh")
+
+
+def launch_probe(root: str, lock: str) -> Probe[dict[str, str]]:
+    return Probe("launch", ("sh", "-c", LAUNCH_PROBE_SCRIPT, "dfo-probe", root, lock),
+                 lambda out: parse_launch_probe(text(out.stdout)))
+
+
+def parse_launch_probe(output: str) -> dict[str, str]:
+    """``key=value`` lines -> dict (values may hold ``=``)."""
+    out = {}
+    for ln in output.splitlines():
+        if "=" in ln:
+            k, v = ln.split("=", 1)
+            out[k.strip()] = v.strip()
+    return out
+
+
+# --------------------------------------------------------------------------- supervisor query
+
+QUERY_MODULE = "orchestrator.supervisor.query"
+
+
+def query_probe(python: str, root: str, run: str | None = None) -> Probe[dict[str, Any]]:
+    """``{"runs": [...], "lock_owner": ...}`` from the deployed env's query module."""
+    argv = (python, "-m", QUERY_MODULE, "--root", root, *(("--run", run) if run else ()))
+    return Probe("query", argv, lambda out: json_reply(text(out.stdout), "reading run state"))
+
+
+def stop_probe(python: str, root: str, run_id: str) -> Probe[dict[str, Any]]:
+    """Ask the run's supervisor to stop; ``{"stopped": bool, ...}``."""
+    return Probe("stop", (python, "-m", QUERY_MODULE, "--root", root, "--stop", run_id),
+                 lambda out: json_reply(text(out.stdout), "stopping the run"))
 
 
 # --------------------------------------------------------------------------- the host check

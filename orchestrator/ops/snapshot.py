@@ -33,9 +33,13 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
+from dfo_contract.markers import last_json_line
+
 from ..errors import CacheError
 from .cache_key import diff_components, explain_diff
 from .layout import RemoteLayout
+from .probes import Probe, text
+from .scripts import remote_source, script_text
 
 MANIFEST_FORMAT = 1
 CACHE_SUBDIRS = ("inductor", "triton", "mega")
@@ -43,6 +47,8 @@ MEGA_FILE = "mega/artifacts.bin"
 
 _KEY_RE = re.compile(r"^[A-Za-z0-9_.-]{1,80}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
+#: "$1" live cache, "$2" run dir, "$3" the key's last-use stamp file
+SEED_SCRIPT = script_text("seed_run_cache.sh")
 
 
 # --------------------------------------------------------------------------- paths
@@ -111,14 +117,10 @@ def seed_run_cache_argvs(layout: RemoteLayout, key: str, run_dir: str) -> list[l
     A full copy (``cp -a``), not hard links: torch and triton do not all write by
     rename, and an in-place write through a hard link would change the snapshot.
     When the key has no live cache the run starts cold with empty dirs.
-    Uses a constant ``sh -c`` script with the paths as positional parameters."""
+    Uses a constant ``sh -c`` script (``scripts/seed_run_cache.sh``) with the paths as
+    positional parameters."""
     p = paths(layout, key)
-    script = ('set -e; live="$1"; run="$2"; used="$3"; rm -rf "$run/.cache.tmp"; '
-              'if [ -d "$live/" ]; then cp -a "$live/." "$run/.cache.tmp"; '
-              'mkdir -p "$(dirname "$used")"; touch "$used"; '
-              'else mkdir -p "$run/.cache.tmp/inductor" "$run/.cache.tmp/triton"; fi; '
-              'rm -rf "$run/cache"; mv "$run/.cache.tmp" "$run/cache"')
-    return [["mkdir", "-p", run_dir], ["sh", "-c", script, "dfo-seed-cache", p.live, run_dir, p.used]]
+    return [["mkdir", "-p", run_dir], ["sh", "-c", SEED_SCRIPT, "dfo-seed-cache", p.live, run_dir, p.used]]
 
 
 # --------------------------------------------------------------------------- manifest
@@ -315,108 +317,26 @@ def plan_prune(entries: Iterable[Entry], keep: int) -> list[str]:
 
 # --------------------------------------------------------------------------- remote helper
 
-#: Run remotely as ``python -c CACHE_TOOL OP ARGS...`` (a constant script; every value is
-#: an argv element). Ops: ``hashdir DIR``, ``hashfile FILE``, ``status CACHE_ROOT``.
-#: Prints one JSON object.
-CACHE_TOOL = r"""
-import hashlib, json, os, sys
-def hf(p):
-    h = hashlib.sha256(); n = 0
-    with open(p, "rb") as f:
-        while True:
-            b = f.read(1 << 20)
-            if not b: break
-            h.update(b); n += len(b)
-    return {"sha256": h.hexdigest(), "size": n}
-def hashdir(root):
-    files, other = {}, []
-    for d, dirs, fs in os.walk(root):
-        dirs.sort()
-        for name in list(dirs):
-            if os.path.islink(os.path.join(d, name)):
-                other.append(os.path.relpath(os.path.join(d, name), root))
-        for name in sorted(fs):
-            p = os.path.join(d, name); rel = os.path.relpath(p, root).replace(os.sep, "/")
-            if os.path.islink(p) or not os.path.isfile(p):
-                other.append(rel); continue
-            files[rel] = hf(p)
-    return {"files": files, "other": other}
-def du(p):
-    n = 0
-    for d, dirs, fs in os.walk(p):
-        for name in fs:
-            try: n += os.lstat(os.path.join(d, name)).st_size
-            except OSError: pass
-    return n
-def status(root):
-    out = {"live": {}, "snapshots": {}, "used": {}, "stale": []}
-    if not os.path.isdir(root):
-        return out
-    for name in sorted(os.listdir(root)):
-        p = os.path.join(root, name)
-        if name in ("snapshots", ".gens", ".used"):
-            continue
-        if name.startswith("."):
-            out["stale"].append(name); continue
-        if os.path.isdir(p):
-            real = os.path.realpath(p)
-            out["live"][name] = {"size": du(real), "mtime": os.stat(real).st_mtime,
-                                 "target": real, "link": os.path.islink(p)}
-    gens = os.path.join(root, ".gens")
-    if os.path.isdir(gens):
-        live_targets = {v["target"] for v in out["live"].values()}
-        for name in sorted(os.listdir(gens)):
-            if os.path.realpath(os.path.join(gens, name)) not in live_targets:
-                out["stale"].append(".gens/" + name)
-    snaps = os.path.join(root, "snapshots")
-    if os.path.isdir(snaps):
-        for name in sorted(os.listdir(snaps)):
-            p = os.path.join(snaps, name)
-            if name.startswith("."):
-                out["stale"].append("snapshots/" + name); continue
-            if name.endswith(".manifest.json"):
-                key = name[: -len(".manifest.json")]
-                ent = {"mtime": os.stat(p).st_mtime}
-                try:
-                    with open(p) as f: m = json.load(f)
-                    ent["created"] = m.get("created"); ent["total"] = (m.get("sizes") or {}).get("total")
-                    ent["warmup"] = m.get("warmup")
-                except Exception as e:
-                    ent["error"] = type(e).__name__
-                t = os.path.join(snaps, key + ".tar")
-                ent["tar_size"] = os.path.getsize(t) if os.path.isfile(t) else None
-                out["snapshots"][key] = ent
-    used = os.path.join(root, ".used")
-    if os.path.isdir(used):
-        for name in os.listdir(used):
-            out["used"][name] = os.stat(os.path.join(used, name)).st_mtime
-    return out
-op, args = sys.argv[1], sys.argv[2:]
-if op == "hashdir":
-    r = hashdir(args[0]) if os.path.isdir(args[0]) else {"missing": True}
-elif op == "hashfile":
-    r = hf(args[0]) if os.path.isfile(args[0]) else {"missing": True}
-elif op == "status":
-    r = status(args[0])
-else:
-    r = {"error": "unknown op %s" % op}
-sys.stdout.write(json.dumps(r) + "\n")
-"""
+#: ``orchestrator/remote/cache_tool.py``'s source, run remotely as ``python -c CACHE_TOOL OP
+#: ARGS...`` (every value is an argv element; the python may be a system ``python3`` without
+#: dfo). Ops: ``hashdir DIR``, ``hashfile FILE``, ``status CACHE_ROOT``. Prints one JSON object.
+CACHE_TOOL = remote_source("cache_tool")
 
 
 def tool_argv(python: str, op: str, *args: str) -> list[str]:
     return [python, "-c", CACHE_TOOL, op, *args]
 
 
+def tool_probe(python: str, op: str, *args: str, timeout: float = 600.0) -> Probe[dict[str, Any]]:
+    """One cache-tool op as a :class:`~.probes.Probe` (parse raises CacheError without a reply)."""
+    return Probe(f"cache-{op}", tuple(tool_argv(python, op, *args)),
+                 lambda out: parse_tool(text(out.stdout), f"cache helper {op}"), timeout=timeout)
+
+
 def parse_tool(output: str, what: str) -> dict[str, Any]:
-    for line in reversed(output.strip().splitlines()):
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                r = json.loads(line)
-            except ValueError:
-                break
-            if isinstance(r, dict) and "error" not in r:
-                return r
-            break
+    """The tool's JSON reply (its last JSON line); CacheError when there is none or it is an
+    ``{"error": ...}``."""
+    r = last_json_line(output)
+    if isinstance(r, dict) and "error" not in r:
+        return r
     raise CacheError(f"{what}: the cache helper printed no result", hint="is the env deployed? `dfo deploy`")
