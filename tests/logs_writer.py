@@ -15,16 +15,17 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from orchestrator.ops import runstate as rs  # noqa: E402
+from orchestrator.supervisor import runfiles  # noqa: E402
 
 
 def main() -> None:
     run_dir, n, delay = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
     st = rs.new_state("w", "w", now=time.time())
     st.update(status="running", pid=os.getpid(), attempt=1)
-    rs.write_json_atomic(os.path.join(run_dir, rs.STATE_FILE), st)
+    runfiles.write_json_atomic(os.path.join(run_dir, rs.STATE_FILE), st)
     for att in (1, 2):
-        rs.append_event(os.path.join(run_dir, rs.EVENTS_FILE),
-                        rs.event("attempt_start", attempt=att, resume=None))
+        runfiles.append_event(os.path.join(run_dir, rs.EVENTS_FILE),
+                              rs.event("attempt_start", attempt=att, resume=None))
         path = os.path.join(run_dir, rs.attempt_log_name(att))
         with open(path, "ab", buffering=0) as f:
             for i in range(n):
@@ -40,11 +41,11 @@ def main() -> None:
                     f.write(b"\n")  # empty lines are lines too
                 time.sleep(delay)
         st["attempt"] = 2
-        rs.write_json_atomic(os.path.join(run_dir, rs.STATE_FILE), st)
-    rs.append_event(os.path.join(run_dir, rs.EVENTS_FILE),
-                    rs.event("final", status="done", reason="writer finished"))
+        runfiles.write_json_atomic(os.path.join(run_dir, rs.STATE_FILE), st)
+    runfiles.append_event(os.path.join(run_dir, rs.EVENTS_FILE),
+                          rs.event("final", status="done", reason="writer finished"))
     st["status"] = "done"
-    rs.write_json_atomic(os.path.join(run_dir, rs.STATE_FILE), st)
+    runfiles.write_json_atomic(os.path.join(run_dir, rs.STATE_FILE), st)
     print(json.dumps({"ok": True}))
 
 

@@ -13,12 +13,15 @@ is the cause and the dense warning the symptom.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import signal as _signal
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
+
+from dfo_contract import exitcodes
+from dfo_contract.markers import PREFIX as MARKER
+from dfo_contract.markers import parse_marker
 
 CLASSES = ("fx_trace_race", "compile_hang", "dense_fallback", "oom", "nccl_timeout", "nan_loss",
            "crash", "done")
@@ -27,12 +30,11 @@ CLASSES = ("fx_trace_race", "compile_hang", "dense_fallback", "oom", "nccl_timeo
 PRIORITY = ("fx_trace_race", "oom", "nccl_timeout", "nan_loss", "compile_hang", "dense_fallback",
             "crash")
 
-#: trainer exit codes (docs/contracts.md) that mean "restarting cannot help"
-PERMANENT_EXITS = {2: "config error", 3: "data error", 4: "checkpoint error"}
-EXIT_DONE = 0
-EXIT_INTERRUPTED = 6
-
-MARKER = "@dfo "
+#: trainer exit codes (dfo_contract.exitcodes) that mean "restarting cannot help"
+PERMANENT_EXITS = {exitcodes.CONFIG_ERROR: "config error", exitcodes.DATA_ERROR: "data error",
+                   exitcodes.CHECKPOINT_ERROR: "checkpoint error"}
+EXIT_DONE = exitcodes.DONE
+EXIT_INTERRUPTED = exitcodes.INTERRUPTED
 
 
 @dataclass(frozen=True)
@@ -144,17 +146,6 @@ def _match_marker(text: str) -> Rule | None:
         if isinstance(loss, float) and not math.isfinite(loss):
             return _NAN_MARKER
     return None
-
-
-def parse_marker(text: str) -> dict | None:
-    """``@dfo {json}`` -> dict (NaN/Infinity accepted), else None."""
-    if not text.startswith(MARKER):
-        return None
-    try:
-        rec = json.loads(text[len(MARKER):])
-    except ValueError:
-        return None
-    return rec if isinstance(rec, dict) else None
 
 
 def classify(lines: Iterable[str] | LineScan, *, exit_code: int | None = None,

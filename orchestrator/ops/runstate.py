@@ -1,4 +1,6 @@
-"""A run's files: ``state.json`` (schema + atomic write), ``events.jsonl`` records, spec.json.
+"""A run's files: the ``state.json`` schema (:class:`RunState`), ``events.jsonl`` records, names.
+
+Pure: formats and names only; reading and writing them is orchestrator.supervisor.runfiles.
 
 ``<root>/runs/<run-id>/``::
 
@@ -19,10 +21,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import time
-from typing import Any, Iterable, Mapping
+from dataclasses import dataclass, field
+from dataclasses import fields as dc_fields
+from typing import Any, Mapping
 
 STATE_VERSION = 1
 SPEC_FILE = "spec.json"
@@ -65,38 +68,19 @@ def attempt_of_log(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _clean(obj: Any) -> Any:
+def clean(obj: Any) -> Any:
     """JSON-safe: non-finite floats become strings (state/events stay strict JSON)."""
     if isinstance(obj, float) and not math.isfinite(obj):
         return str(obj)
     if isinstance(obj, Mapping):
-        return {str(k): _clean(v) for k, v in obj.items()}
+        return {str(k): clean(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
+        return [clean(v) for v in obj]
     return obj
 
 
 def dumps(obj: Any) -> str:
-    return json.dumps(_clean(obj), sort_keys=True, separators=(",", ":"), allow_nan=False)
-
-
-def write_json_atomic(path: str, obj: Any) -> None:
-    """Write JSON to ``path`` through a temporary name in the same dir, fsync, rename."""
-    d = os.path.dirname(path) or "."
-    tmp = os.path.join(d, f".{os.path.basename(path)}.tmp-{os.getpid()}")
-    data = (json.dumps(_clean(obj), indent=1, sort_keys=True, allow_nan=False) + "\n").encode()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-
-
-def read_json(path: str) -> Any:
-    with open(path, "rb") as f:
-        return json.loads(f.read())
+    return json.dumps(clean(obj), sort_keys=True, separators=(",", ":"), allow_nan=False)
 
 
 def event(kind: str, t: float | None = None, **fields: Any) -> dict:
@@ -107,15 +91,9 @@ def event(kind: str, t: float | None = None, **fields: Any) -> dict:
     return rec
 
 
-def append_event(path: str, rec: Mapping[str, Any]) -> None:
-    """Append one record as a single line with one write(2) on an O_APPEND fd, so a reader
-    following by byte offset never sees half a record followed by another writer's bytes."""
-    line = (dumps(rec) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        os.write(fd, line)
-    finally:
-        os.close(fd)
+def event_line(rec: Mapping[str, Any]) -> bytes:
+    """One events.jsonl record as the bytes of one line (appended with a single write)."""
+    return (dumps(rec) + "\n").encode()
 
 
 def read_events(text: str) -> list[dict]:
@@ -133,32 +111,114 @@ def read_events(text: str) -> list[dict]:
     return out
 
 
+def _split(cls: type, obj: Any, what: str) -> tuple[dict, dict]:
+    """(known fields, the rest) of a JSON object; the rest is kept so a round trip through
+    an older supervisor loses no key a newer one wrote."""
+    if not isinstance(obj, Mapping):
+        raise ValueError(f"{what} is not a JSON object")
+    names = {f.name for f in dc_fields(cls)} - {"extra"}
+    known = {k: v for k, v in obj.items() if k in names}
+    return known, {k: v for k, v in obj.items() if k not in names}
+
+
+def _to_json(obj: Any) -> dict:
+    out = {f.name: getattr(obj, f.name) for f in dc_fields(obj) if f.name != "extra"}
+    return {**obj.extra, **out}
+
+
+@dataclass
+class Attempt:
+    """One trainer attempt (an element of state.json's ``attempts``)."""
+
+    n: int
+    started_at: float
+    ended_at: float | None = None
+    resume: str | None = None
+    overrides: dict = field(default_factory=dict)
+    argv: list = field(default_factory=list)
+    log: str | None = None
+    pid: int | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    cls: str | None = None        # the classifier's class
+    reason: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return _to_json(self)
+
+    @classmethod
+    def from_json(cls, obj: Any) -> "Attempt":
+        known, rest = _split(cls, obj, "an attempt")
+        if "n" not in known or "started_at" not in known:
+            raise ValueError("an attempt lacks 'n' or 'started_at'")
+        return cls(**known, extra=rest)
+
+
+@dataclass
+class RunState:
+    """The supervisor's view of one run: state.json, key for key (``to_json``/``from_json``)."""
+
+    run_id: str
+    run_name: str | None = None
+    version: int = STATE_VERSION
+    status: str = "starting"
+    reason: str | None = None
+    evidence: list = field(default_factory=list)
+    pid: int | None = None
+    mode: str | None = None                  # "systemd" | "setsid"
+    started_at: float | None = None
+    updated_at: float | None = None
+    ended_at: float | None = None
+    attempt: int = 0                         # the number of the latest attempt
+    attempts: list[Attempt] = field(default_factory=list)
+    overrides: dict = field(default_factory=dict)   # config overrides in force (dotted keys)
+    fallbacks: list = field(default_factory=list)   # [{"class", "step", "changed", "attempt"}]
+    ladder_pos: dict = field(default_factory=dict)  # class -> position on its ladder
+    budget: dict = field(default_factory=dict)      # ops.budget.BudgetState.to_json()
+    last_step: int | None = None
+    tokens_per_s: float | None = None
+    baseline_tokens_per_s: float | None = None
+    baseline_overrides: dict | None = None   # the overrides the baseline was measured with
+    last_startup_failure_overrides: dict | None = None
+    last_checkpoint: dict | None = None      # {"step", "path"}
+    trainer_pids: list = field(default_factory=list)
+    last_event: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def new(cls, run_id: str, run_name: str, *, now: float) -> "RunState":
+        return cls(run_id=run_id, run_name=run_name, started_at=now, updated_at=now)
+
+    @property
+    def final(self) -> bool:
+        return self.status in FINAL
+
+    @property
+    def current(self) -> Attempt | None:
+        return self.attempts[-1] if self.attempts else None
+
+    def to_json(self) -> dict:
+        out = _to_json(self)
+        out["attempts"] = [a.to_json() for a in self.attempts]
+        return out
+
+    @classmethod
+    def from_json(cls, obj: Any) -> "RunState":
+        """state.json's object -> RunState (ValueError when it is not one)."""
+        known, rest = _split(cls, obj, "state.json")
+        if "run_id" not in known:
+            raise ValueError("state.json lacks 'run_id'")
+        attempts = known.get("attempts") or []
+        if not isinstance(attempts, list):
+            raise ValueError("state.json's 'attempts' is not a list")
+        known["attempts"] = [Attempt.from_json(a) for a in attempts]
+        return cls(**known, extra=rest)
+
+
 def new_state(run_id: str, run_name: str, *, now: float) -> dict:
-    return {
-        "version": STATE_VERSION,
-        "run_id": run_id,
-        "run_name": run_name,
-        "status": "starting",
-        "reason": None,
-        "evidence": [],
-        "pid": None,
-        "mode": None,
-        "started_at": now,
-        "updated_at": now,
-        "ended_at": None,
-        "attempt": 0,
-        "attempts": [],
-        "overrides": {},          # config overrides in force (dotted keys)
-        "fallbacks": [],          # [{"class", "step", "changed", "attempt"}] applied so far
-        "ladder_pos": {},
-        "budget": {},
-        "last_step": None,
-        "tokens_per_s": None,
-        "baseline_tokens_per_s": None,
-        "last_checkpoint": None,  # {"step", "path"}
-        "trainer_pids": [],
-        "last_event": None,
-    }
+    """A fresh state.json object (``RunState.new(...).to_json()``)."""
+    return RunState.new(run_id, run_name, now=now).to_json()
 
 
 def validate_state(obj: Any) -> dict:
@@ -177,13 +237,6 @@ def final_exit_code(status: str) -> int:
     """Exit code for ``dfo logs -f`` / ``dfo launch -f`` when the run ends: done and stopped
     give 0, failed gives RunFailed's 10 (raised by the caller)."""
     return 10 if status == "failed" else 0
-
-
-def summarize_events(events: Iterable[Mapping[str, Any]]) -> str | None:
-    last = None
-    for e in events:
-        last = e
-    return describe_event(last) if last else None
 
 
 def describe_event(e: Mapping[str, Any]) -> str:

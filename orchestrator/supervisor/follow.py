@@ -20,6 +20,8 @@ import time
 
 from ..ops import runstate as rs
 from . import procs
+from .lines import read_lines
+from .runfiles import read_state
 
 
 def _emit(obj) -> None:
@@ -48,39 +50,19 @@ def _files(run_dir: str, only_attempt: int | None, from_attempt: int,
 
 
 def _drain(run_dir: str, name: str, offsets: dict[str, int], final: bool) -> bool:
-    path = os.path.join(run_dir, name)
     off = offsets.get(name, 0)
-    try:
-        with open(path, "rb") as f:
-            f.seek(off)
-            data = f.read()
-    except OSError:
-        return False
-    if not data:
-        return False
-    end = data.rfind(b"\n")
-    if end < 0 and not final:
-        return False
-    body = data if (final and not data.endswith(b"\n")) else data[: end + 1]
-    segs = body.split(b"\n")
-    if body.endswith(b"\n"):
-        segs.pop()
-    pos, stop = off, off + len(body)
-    for raw in segs:
-        pos += len(raw)
-        if pos < stop:
-            pos += 1  # the newline
-        _emit({"f": name, "o": pos, "l": raw.decode("utf-8", "replace")})
-    offsets[name] = off + len(body)
-    return True
+    lines, offsets[name] = read_lines(os.path.join(run_dir, name), off, final=final)
+    for ln in lines:
+        _emit({"f": name, "o": ln.end, "l": ln.text})
+    return bool(lines)
 
 
 def _status(run_dir: str) -> tuple[str | None, int | None]:
     try:
-        st = rs.read_json(os.path.join(run_dir, rs.STATE_FILE))
-        return st.get("status"), st.get("pid")
+        st = read_state(run_dir)
     except (OSError, ValueError):
         return None, None
+    return st.status, st.pid
 
 
 def main(argv: list[str] | None = None) -> int:

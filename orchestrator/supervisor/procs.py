@@ -11,6 +11,8 @@ import subprocess
 import time
 from typing import Iterable
 
+from dfo_contract.procs import pid_alive
+
 PR_SET_PDEATHSIG = 1
 
 
@@ -89,15 +91,8 @@ def _is_zombie(pid: int) -> bool:
 
 
 def alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return not _is_zombie(pid)
+    """The process exists and is not a zombie (an exited child nobody has reaped yet)."""
+    return pid_alive(pid) and not _is_zombie(pid)
 
 
 def signal_all(pids: Iterable[int], sig: int) -> None:

@@ -17,6 +17,7 @@ import time
 
 from ..ops import runstate as rs
 from . import procs
+from .runfiles import read_state
 
 
 def supervisor_alive(run_dir: str, pid) -> bool:
@@ -28,7 +29,7 @@ def supervisor_alive(run_dir: str, pid) -> bool:
 
 def run_info(run_dir: str) -> dict | None:
     try:
-        st = rs.read_json(os.path.join(run_dir, rs.STATE_FILE))
+        st = read_state(run_dir).to_json()
     except (OSError, ValueError):
         if os.path.exists(os.path.join(run_dir, rs.SPEC_FILE)):
             rid = os.path.basename(run_dir)

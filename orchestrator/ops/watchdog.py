@@ -1,0 +1,195 @@
+"""The attempt watchdog: pure decisions about one running trainer attempt.
+
+The supervisor reads the attempt's output, feeds each complete line with :meth:`Watchdog.feed`,
+calls :meth:`Watchdog.tick` once per poll (and :meth:`Watchdog.stop` when ``dfo stop`` asked),
+and executes the actions it gets back, in order. The watchdog itself never reads a file,
+sends a signal or looks at a clock: time comes in as ``now`` (monotonic seconds).
+
+What it decides:
+
+- a line matching a *live* classifier rule (OOM, FX race, NCCL timeout, ...): warn, then after
+  ``live_grace_s`` ask the trainer to stop (SIGTERM; it checkpoints), then kill it
+  ``kill_grace_s`` later. A dense-attention fallback is acted on at once (no grace) and given
+  ``stop_timeout_s`` to checkpoint, unless the run asked for uncompiled flex on purpose;
+- a throughput collapse (:class:`~orchestrator.ops.classify.ThroughputMonitor`): the same,
+  with ``stop_timeout_s``;
+- no ``@dfo`` marker for ``warmup_s`` (before the first step) or ``train_s`` (after it): a
+  hang; dump the stacks, then kill;
+- a stop request: SIGTERM, and a kill ``stop_timeout_s`` later;
+- once a kill is due it is repeated every 2 s until the process is gone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Union
+
+from dfo_contract.markers import parse_marker
+
+from .classify import LineScan, TailScan, ThroughputMonitor
+
+#: a kill that did not take is repeated after this many seconds
+KILL_REPEAT_S = 2.0
+
+
+# --- actions (what the supervisor must do, in order) ---------------------------------------
+
+@dataclass(frozen=True)
+class Step:
+    """A step marker: record progress (state.json's last_step / tokens_per_s / baseline)."""
+    step: object
+    tokens_per_s: object
+    baseline: float | None
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A checkpoint marker: record it (state.json's last_checkpoint) and emit an event."""
+    step: object
+    path: object
+
+
+@dataclass(frozen=True)
+class Warn:
+    """Emit a ``watchdog`` event with this reason."""
+    reason: str
+
+
+@dataclass(frozen=True)
+class Terminate:
+    """SIGTERM the trainer: it saves a checkpoint and exits."""
+    reason: str
+
+
+@dataclass(frozen=True)
+class DumpStacks:
+    """Keep the hung attempt's stacks (before the kill that follows)."""
+    reason: str
+
+
+@dataclass(frozen=True)
+class Kill:
+    """SIGKILL the attempt's whole process tree."""
+    reason: str
+
+
+Action = Union[Step, Checkpoint, Warn, Terminate, DumpStacks, Kill]
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    warmup_s: float
+    train_s: float
+    live_grace_s: float
+    kill_grace_s: float
+    stop_timeout_s: float
+    collapse_fraction: float = 0.5
+    collapse_steps: int = 5
+    baseline_steps: int = 5
+    skip_steps: int = 2
+
+    @classmethod
+    def from_json(cls, t: Mapping[str, float]) -> "Thresholds":
+        return cls(warmup_s=float(t["warmup_s"]), train_s=float(t["train_s"]),
+                   live_grace_s=float(t["live_grace_s"]), kill_grace_s=float(t["kill_grace_s"]),
+                   stop_timeout_s=float(t["stop_timeout_s"]),
+                   collapse_fraction=float(t.get("collapse_fraction", 0.5)),
+                   collapse_steps=int(t.get("collapse_steps", 5)),
+                   baseline_steps=int(t.get("baseline_steps", 5)),
+                   skip_steps=int(t.get("skip_steps", 2)))
+
+
+class Watchdog:
+    """One attempt's watchdog. ``now`` is when the attempt started (monotonic seconds);
+    ``baseline`` a healthy tokens/s already measured for this config (else it is learned);
+    ``dense_expected``: the run asked for uncompiled flex, so the dense warning is no fault."""
+
+    def __init__(self, thresholds: Thresholds, *, now: float, baseline: float | None = None,
+                 dense_expected: bool = False):
+        self.t = thresholds
+        self.dense_expected = dense_expected
+        self.scan: LineScan = TailScan()
+        self.monitor = ThroughputMonitor(fraction=thresholds.collapse_fraction,
+                                         steps=thresholds.collapse_steps,
+                                         baseline_steps=thresholds.baseline_steps,
+                                         skip_steps=thresholds.skip_steps)
+        if baseline:
+            self.monitor.baseline = float(baseline)
+        self.last_progress = now
+        self.first_step_at: float | None = None
+        self.reached_train = False
+        self.hang: str | None = None
+        self.collapse: str | None = None
+        self.stopping = False
+        self.term_at: float | None = None   # when to SIGTERM (a fatal line or a collapse)
+        self.kill_at: float | None = None   # when to (re-)send SIGKILL
+
+    # --- input ------------------------------------------------------------------------------
+    def feed(self, line: str, now: float) -> list[Action]:
+        """One complete line of the attempt's output."""
+        acts: list[Action] = []
+        rule = self.scan.feed(line)
+        rec = parse_marker(line)
+        if rec is not None:
+            self.last_progress = now
+            kind = rec.get("kind")
+            if kind == "step":
+                acts += self._on_step(rec, now)
+            elif kind == "checkpoint":
+                acts.append(Checkpoint(rec.get("step"), rec.get("path")))
+        if rule is not None and rule.live and self.term_at is None and self.kill_at is None:
+            if rule.cls == "dense_fallback" and self.dense_expected:
+                return acts
+            grace = 0.0 if rule.cls == "dense_fallback" else self.t.live_grace_s
+            acts.append(Warn(f"{rule.cls} seen in the output ({rule.name})"))
+            self.term_at = now + grace
+        return acts
+
+    def _on_step(self, rec: dict, now: float) -> list[Action]:
+        if self.first_step_at is None:
+            self.first_step_at = now
+        self.reached_train = True
+        tps = rec.get("tokens_per_s")
+        why = self.monitor.observe(tps)
+        acts: list[Action] = []
+        if why and self.collapse is None and self.term_at is None:
+            self.collapse = why
+            acts.append(Warn(f"throughput collapse: {why}"))
+            self.term_at = now
+        acts.append(Step(rec.get("step"), tps, self.monitor.baseline))
+        return acts
+
+    def stop(self, now: float) -> list[Action]:
+        """``dfo stop`` asked: let the trainer checkpoint, kill it if it takes too long."""
+        if self.stopping:
+            return []
+        self.stopping = True
+        self.kill_at = now + self.t.stop_timeout_s
+        return [Terminate("stop requested")]
+
+    def tick(self, now: float) -> list[Action]:
+        """The clock moved (once per poll, after the new lines were fed)."""
+        acts: list[Action] = []
+        if self.term_at is not None and now >= self.term_at and self.kill_at is None:
+            slow = self.collapse is not None or "dense_fallback" in self.scan.hits
+            self.kill_at = now + (self.t.stop_timeout_s if slow else self.t.kill_grace_s)
+            acts.append(Terminate("a fatal line or a throughput collapse"))
+        limit = self.t.train_s if self.reached_train else self.t.warmup_s
+        if self.kill_at is None and self.term_at is None and now - self.last_progress > limit:
+            phase = "training" if self.reached_train else "warm-up/compile"
+            self.hang = (f"{now - self.last_progress:.0f}s without progress during {phase} "
+                         f"(threshold {limit:g}s)")
+            acts += [Warn(self.hang), DumpStacks(self.hang), Kill(self.hang)]
+            self.kill_at = now
+        if self.kill_at is not None and now >= self.kill_at:
+            if not (acts and isinstance(acts[-1], Kill)):
+                acts.append(Kill("the attempt did not end in time"))
+            self.kill_at = now + KILL_REPEAT_S
+        return acts
+
+    # --- result -------------------------------------------------------------------------------
+    def healthy_s(self, end: float) -> float:
+        """Seconds of healthy training (from the first step; 0 after a collapse)."""
+        if self.first_step_at is None or self.collapse is not None:
+            return 0.0
+        return end - self.first_step_at
