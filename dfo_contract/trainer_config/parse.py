@@ -2,7 +2,7 @@
 
 Torch-free: the orchestrator imports this to validate and render run configs.
 
-    cfg = load_config("configs/tiny-cpu.yaml", ["--train.micro_batch", "4"])
+    cfg = load_config("my-run.yaml", ["--train.micro_batch", "4"])
 
 Every validation error is a ``TrainerConfigError`` whose message names the flag, e.g.
 ``config: --train.micro_batch: expected a positive integer, got 0``.

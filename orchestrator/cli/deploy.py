@@ -1,4 +1,4 @@
-"""``dfo deploy``: click only (parse, call, print). The work is in orchestrator.deploy."""
+"""``dfo deploy``: click only (parse, call, print). The work is in orchestrator.engine.deploy."""
 
 from __future__ import annotations
 
