@@ -57,7 +57,7 @@ def cache_lab(request, lab, tmp_path_factory) -> CacheLab:
     on ``lab`` (proxmox: SSH to the node, then ``pct exec`` into container 200)."""
     from orchestrator.engine.deploy import Deployer
     from orchestrator.engine.wheel import build as build_wheel
-    from tests.test_deploy_lab import fill_wheelhouse
+    from tests.helpers.wheelhouse import fill_wheelhouse
 
     fill_wheelhouse(Path(lab.wheelhouse_host_dir))
     base = tmp_path_factory.mktemp(f"cache-{request.param}")
@@ -204,7 +204,7 @@ MECH_ROOT = "/root/dfo-cache-mech"
 def container_env(lab, tmp_path_factory):
     from orchestrator.engine.deploy import Deployer
     from orchestrator.engine.wheel import build as build_wheel
-    from tests.test_deploy_lab import fill_wheelhouse
+    from tests.helpers.wheelhouse import fill_wheelhouse
 
     fill_wheelhouse(Path(lab.wheelhouse_host_dir))
     base = tmp_path_factory.mktemp("cache-mech")
@@ -222,7 +222,7 @@ def container_env(lab, tmp_path_factory):
 def test_lab_container_snapshot_mechanics(container_env, tmp_path):
     from orchestrator.engine.cache import CacheManager
     from orchestrator.errors import CacheError
-    from tests.test_cache_local import CFG, compile_into
+    from tests.helpers.cache_env import CFG, compile_into
 
     hosts, host, t, base = container_env
     # real inductor files (made on this machine: dfo treats cache contents as opaque bytes)

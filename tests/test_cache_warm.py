@@ -20,7 +20,7 @@ from orchestrator.ops.warmup import parse_report, warmup_argv
 from orchestrator.ops import snapshot as sn
 from orchestrator.ops.layout import RemoteLayout
 from orchestrator.transport.local import LocalTransport
-from tests.test_cache_local import make_env
+from tests.helpers.cache_env import make_env
 
 pytestmark = pytest.mark.timeout(900)
 

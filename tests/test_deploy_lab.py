@@ -28,12 +28,12 @@ from orchestrator.ops.lockfile import lock_hash
 from orchestrator.config.profiles import PROFILES_DIR
 from orchestrator.engine.wheel import ProjectWheel, build as build_wheel
 from orchestrator.transport import Transport, open_transport
+from tests.helpers.wheelhouse import OLD_PYYAML, fill_wheelhouse  # noqa: F401
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
 
 ROOT = "/root/dfo-deploy-test"
 DFO = str(Path(sys.executable).with_name("dfo"))
-OLD_PYYAML = "6.0.2"
 
 
 @dataclass
@@ -45,25 +45,6 @@ class Deployed:
     env_name: str
     report: object
     profiles: Path  # a dir for test-made profiles
-
-
-def fill_wheelhouse(dest: Path) -> None:
-    """Every wheel of the cpu lock (+ an older pyyaml for the drift test) into ``dest``.
-    PyPI is reachable from this machine, not from the container; torch's +cpu wheel
-    comes from PIP_FIND_LINKS / UV_FIND_LINKS."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-    try:
-        from fill_wheelhouse import _PLATFORMS, fill
-    finally:
-        sys.path.pop(0)
-    fill("cpu", dest)
-    if not list(dest.glob(f"[Pp][Yy][Yy][Aa][Mm][Ll]-{OLD_PYYAML}-*.whl")):
-        cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
-               "--python-version", "3.11", "--implementation", "cp", "--abi", "cp311",
-               "--dest", str(dest), f"pyyaml=={OLD_PYYAML}"]
-        for p in _PLATFORMS:
-            cmd += ["--platform", p]
-        subprocess.run(cmd, check=True)
 
 
 def copy_profile(dest_parent: Path, name: str, *, expect: dict | None = None, **top) -> Path:

@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from tests.test_trainer_helpers import PY, REPO, make_synth, make_target, markers, run_trainer, \
+from tests.helpers.trainer import PY, REPO, make_synth, make_target, markers, run_trainer, \
     tiny_overrides  # noqa: E402
 
 

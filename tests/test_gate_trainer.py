@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tests.test_trainer_helpers import make_synth, make_target, markers, run_trainer, \
+from tests.helpers.trainer import make_synth, make_target, markers, run_trainer, \
     tiny_config, tiny_overrides  # noqa: E402
 from trainer.gate import RecompileAfterWarmup  # noqa: E402
 

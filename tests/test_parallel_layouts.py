@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from tests.test_trainer_helpers import PY, REPO, make_synth, make_target, markers, run_trainer, \
+from tests.helpers.trainer import PY, REPO, make_synth, make_target, markers, run_trainer, \
     tiny_overrides  # noqa: E402
 from dfo_contract.trainer_config import load_config  # noqa: E402
 from trainer.parallel.ddp import my_indices, rank_device  # noqa: E402

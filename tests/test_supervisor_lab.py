@@ -28,7 +28,7 @@ ROOT = "/root/dfo-sup-test"
 def ct(lab, tmp_path_factory):
     from orchestrator.engine.deploy import Deployer
     from orchestrator.engine.wheel import build as build_wheel
-    from tests.test_deploy_lab import fill_wheelhouse
+    from tests.helpers.wheelhouse import fill_wheelhouse
 
     fill_wheelhouse(Path(lab.wheelhouse_host_dir))
     base = tmp_path_factory.mktemp("sup-lab")

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.test_trainer_helpers import REPO, make_target
+from tests.helpers.trainer import REPO, make_target
 from trainer.data import BatchStream, JsonlDataset, Order, load_tokenizer, tokenize_chat
 from dfo_contract.exitcodes import DataError
 

@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from tests.test_trainer_helpers import (PY, REPO, make_synth, make_target, markers, run_trainer,
+from tests.helpers.trainer import (PY, REPO, make_synth, make_target, markers, run_trainer,
                                         tiny_config, tiny_overrides)
 from dfo_contract import checkpoints as cm
 from dfo_contract.exitcodes import CheckpointError

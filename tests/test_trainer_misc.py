@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from tests.test_trainer_helpers import REPO, markers
+from tests.helpers.trainer import REPO, markers
 from dfo_contract import exitcodes
 from trainer.metrics import Emitter, Heartbeat
 

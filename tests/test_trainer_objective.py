@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from tests.test_trainer_helpers import make_synth, make_target, tiny_config
+from tests.helpers.trainer import make_synth, make_target, tiny_config
 from trainer import attention, objective, step
 from dfo_contract.exitcodes import TrainerConfigError
 from trainer.target import tapped_layer_ids

@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from tests.test_trainer_helpers import PY, REPO, make_synth, make_target, markers, \
+from tests.helpers.trainer import PY, REPO, make_synth, make_target, markers, \
     run_trainer, tiny_overrides  # noqa: E402
 from dfo_contract.exitcodes import TrainerConfigError  # noqa: E402
 from trainer.warmup import parse_args, warm_devices  # noqa: E402

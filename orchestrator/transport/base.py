@@ -55,6 +55,15 @@ class Result:
 LineCallback = Callable[[str], None]
 
 
+def put_source(data: bytes | Path, mode: int | None) -> tuple[bytes, int | None]:
+    """What ``put`` sends: the bytes, and the mode (a local file's own mode unless given)."""
+    if isinstance(data, Path):
+        if mode is None:
+            mode = data.stat().st_mode & 0o7777
+        data = data.read_bytes()
+    return data, mode
+
+
 class Transport(abc.ABC):
     """Run argvs and move files on one target (a host or a container)."""
 

@@ -15,7 +15,7 @@ from dfo_contract.fsio import atomic_write_bytes
 
 from ..errors import NotFoundError, RemoteCommandError
 from ..ops.command import check_argv, check_env
-from .base import LineCallback, Result, Transport
+from .base import LineCallback, Result, Transport, put_source
 
 log = logging.getLogger("dfo")
 
@@ -140,10 +140,7 @@ class LocalTransport(Transport):
 
     # --- files ----------------------------------------------------------
     def put(self, data: bytes | Path, remote_path: str, *, mode: int | None = None) -> None:
-        if isinstance(data, Path):
-            if mode is None:
-                mode = data.stat().st_mode & 0o7777
-            data = data.read_bytes()
+        data, mode = put_source(data, mode)
         dest = Path(remote_path)
         dest.parent.mkdir(parents=True, exist_ok=True)
         if mode is None:

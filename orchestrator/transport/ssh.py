@@ -26,7 +26,7 @@ import paramiko
 
 from ..errors import ConnectError, NotFoundError, RemoteCommandError
 from ..ops import command as cmd
-from .base import LineCallback, Result, Transport
+from .base import LineCallback, Result, Transport, put_source
 from .local import LineSplitter, timeout_error
 from .settings import SSHSettings
 from .ssh_errors import RefuseUnknown, translate
@@ -317,10 +317,7 @@ class SSHTransport(Transport):
 
     # --- files (through stdin of a constant sh script; works the same in a container) ----
     def put(self, data: bytes | Path, remote_path: str, *, mode: int | None = None) -> None:
-        if isinstance(data, Path):
-            if mode is None:
-                mode = data.stat().st_mode & 0o7777
-            data = data.read_bytes()
+        data, mode = put_source(data, mode)
         res = self.run(cmd.put_argv(remote_path, len(data), mode), stdin=data)
         if not res.ok:
             last = (res.err.strip().splitlines() or [f"exit {res.exit_code}"])[-1]

@@ -13,6 +13,8 @@ import socket
 import time
 from pathlib import Path
 
+from dfo_contract.procs import pid_alive as _pid_exists
+
 
 def pid_cmdline(pid: int) -> list[str] | None:
     """The argv of a live process, or None when there is no such process."""
@@ -26,13 +28,8 @@ def pid_cmdline(pid: int) -> list[str] | None:
 
 
 def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return pid_cmdline(pid) is not None
+    """Alive and not a zombie (a zombie has an empty cmdline)."""
+    return _pid_exists(pid) and pid_cmdline(pid) is not None
 
 
 def read_pid(path: Path) -> int | None:

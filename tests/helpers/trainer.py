@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from dfo_contract.markers import iter_markers
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PY = sys.executable
 
 
@@ -55,4 +56,4 @@ def run_trainer(args: list[str], env: dict | None = None, timeout: int = 120):
 
 
 def markers(stdout: str) -> list[dict]:
-    return [json.loads(line[5:]) for line in stdout.splitlines() if line.startswith("@dfo ")]
+    return list(iter_markers(stdout.splitlines()))
