@@ -7,6 +7,8 @@ import time
 
 import click
 
+from .params import POSITIVE_SECONDS
+
 from ..errors import ConfigError
 
 # the one command ------------------------------------------------------------------------------
@@ -32,7 +34,7 @@ from ..errors import ConfigError
 @click.option("--rewarm", is_flag=True, help="Run the warm-up even when a snapshot exists.")
 @click.option("--no-check", "no_check", is_flag=True,
               help="Skip the second (warm) warm-up that measures the time saved.")
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None, help="Seconds before a remote step is stopped.")
+@click.option("--timeout", type=POSITIVE_SECONDS, default=None, help="Seconds before a remote step is stopped.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (for scripts).")
 @click.pass_obj
 def warm_cache(app, host_name, config_path, sets, from_file, pull_dest, key_name, push_file, show_status,

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import math
 import shlex
 import time
 
 import click
+
+from .params import NON_NEGATIVE, POSITIVE_SECONDS
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from ..errors import EXIT_INTERRUPTED, ConfigError, RunFailed
 
@@ -51,7 +55,7 @@ def _ops(app, host_name):
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--fault", default=None, metavar="SPEC",
               help="Fault injection for tests/demos (DFO_FAULT), e.g. fx_race@5.")
-@click.option("--backoff-scale", type=float, default=1.0, show_default=True,
+@click.option("--backoff-scale", type=NON_NEGATIVE, default=1.0, show_default=True,
               help="Multiply restart backoffs (0.01 for demos and tests).")
 @click.option("--threshold", "thresholds", multiple=True, metavar="NAME=SECONDS",
               help="Watchdog thresholds: warmup_s, train_s, stop_timeout_s, kill_grace_s, ...")
@@ -228,6 +232,46 @@ def logs(app, host_name, follow, run_id, attempt, since, raw):
 
 # --- status / stop -----------------------------------------------------------------------------
 
+
+def status_table(host: str, runs: list[dict]) -> Table:
+    """The rich table of ``dfo status`` (values from state.json are shown as text, never markup)."""
+    t = Table(title=Text(f"runs on {host}"))
+    t.add_column("run", no_wrap=True)
+    t.add_column("state", no_wrap=True)
+    for col in ("attempt", "step", "tok/s", "last event", "fallback", "last checkpoint",
+                "uptime"):
+        t.add_column(col)
+    style = {"done": "green", "failed": "red", "lost": "red", "running": "cyan",
+             "backoff": "yellow", "stopping": "yellow", "stopped": "dim"}
+    for r in runs:
+        st = str(r.get("shown_status") or r.get("status") or "?")
+        fb = ", ".join(str(f.get("step")) for f in r.get("fallbacks") or [] if isinstance(f, dict)) or "-"
+        ck = r.get("last_checkpoint") if isinstance(r.get("last_checkpoint"), dict) else {}
+        end = _finite(r.get("ended_at")) or _finite(r.get("now")) or time.time()
+        tps = _finite(r.get("tokens_per_s"))
+        started = _finite(r.get("started_at"))
+        t.add_row(Text(str(r.get("run_id"))), Text(st, style=style.get(st, "")),
+                  str(r.get("attempt") or 0),
+                  str(r.get("last_step") if r.get("last_step") is not None else "-"),
+                  "-" if tps is None else f"{tps:.0f}",
+                  Text(str(r.get("last_event") or "-")), Text(fb),
+                  f"step_{ck['step']}" if ck.get("step") is not None else "-",
+                  "-" if started is None else _age(end - started))
+    return t
+
+
+def _finite(x) -> float | None:
+    """A number read from a state file, or None when it is missing or not a finite number
+    (a hand-edited or damaged state.json must not end ``dfo status`` in a traceback)."""
+    if isinstance(x, bool):
+        return None
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
 def _age(seconds: float | None) -> str:
     if seconds is None or seconds < 0:
         return "-"
@@ -247,34 +291,14 @@ def status(app, host_name, run_id, as_json):
     if as_json:
         click.echo(json.dumps({"host": ops.host.name, "runs": runs}, default=str))
         return 0
-    t = Table(title=f"runs on {ops.host.name}")
-    t.add_column("run", no_wrap=True)
-    t.add_column("state", no_wrap=True)
-    for col in ("attempt", "step", "tok/s", "last event", "fallback", "last checkpoint",
-                "uptime"):
-        t.add_column(col)
-    style = {"done": "green", "failed": "red", "lost": "red", "running": "cyan",
-             "backoff": "yellow", "stopping": "yellow", "stopped": "dim"}
-    for r in runs:
-        st = r.get("shown_status") or r.get("status")
-        fb = ", ".join(f"{f['step']}" for f in r.get("fallbacks") or []) or "-"
-        ck = r.get("last_checkpoint") or {}
-        end = r.get("ended_at") or r.get("now") or time.time()
-        tps = r.get("tokens_per_s")
-        t.add_row(escape(r["run_id"]), f"[{style.get(st, '')}]{st}[/]", str(r.get("attempt") or 0),
-                  str(r.get("last_step") if r.get("last_step") is not None else "-"),
-                  "-" if tps is None else f"{float(tps):.0f}",
-                  escape(r.get("last_event") or "-"), escape(fb),
-                  f"step_{ck['step']}" if ck.get("step") is not None else "-",
-                  _age(end - (r.get("started_at") or end)))
-    Console(highlight=False).print(t)
+    Console(highlight=False).print(status_table(ops.host.name, runs))
     return 0
 
 
 @click.command()
 @click.option("--host", "host_name", default=None)
 @click.option("--run", "run_id", default=None)
-@click.option("--timeout", type=float, default=300.0, show_default=True)
+@click.option("--timeout", type=POSITIVE_SECONDS, default=300.0, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 def stop(app, host_name, run_id, timeout, as_json):

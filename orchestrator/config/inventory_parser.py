@@ -19,6 +19,9 @@ from .sshconfig import SSH_SPEC_RE, resolve_jumps, ssh_config_lookup
 _UNSAFE_ROOT = re.compile(r"[$%\\\x00-\x1f\x7f]")
 _DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
+#: query parameters that carry a credential (``?token=...``, ``&api_key=...``)
+_SECRET_QUERY = re.compile(r"(?:^|&)[^=&]*(?:token|key|passw|secret|auth|credential|sig)[^=&]*=",
+                           re.IGNORECASE)
 _HOST_KEYS = ("transport", "root", "ssh", "vmid", "profile", "gpus", "wheelhouse", "index_url",
               "python", "fallbacks")
 _SSH_KEYS = ("host", "port", "user", "identity_file", "proxy_jump", "known_hosts", "connect_timeout")
@@ -227,6 +230,11 @@ class _Parser:
                 raise self.err(m["index_url"][1], f"{w}.index_url",
                                "credentials in the URL would show in process lists and logs; "
                                "put them in ~/.netrc on the target (or uv's keyring) instead")
+            if _SECRET_QUERY.search(v.partition("#")[0].partition("?")[2]):
+                raise self.err(m["index_url"][1], f"{w}.index_url",
+                               "a credential in the URL's query string would show in process "
+                               "lists and logs; put it in ~/.netrc on the target, or in uv's "
+                               "UV_INDEX_*_USERNAME/PASSWORD variables, instead")
             kw["index_url"] = v
         if "fallbacks" in m:
             kw["fallbacks"] = self.fallbacks(m["fallbacks"][1], f"{w}.fallbacks")

@@ -20,6 +20,7 @@ live beside this file; hosts.yaml may also name a profile directory by path.
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -103,6 +104,9 @@ def load_profile(name_or_path: str) -> Profile:
                       hint=f"{hint} (or give a directory holding profile.yaml)")
 
 
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
 def _load_dir(d: Path) -> Profile:
     f = d / "profile.yaml"
     try:
@@ -120,6 +124,9 @@ def _load_dir(d: Path) -> Profile:
         raise ConfigError(f"{f}: unknown key {extra[0]!r}",
                           hint=f"known keys: {', '.join(sorted(known))}")
     name = str(doc.get("name") or d.name)
+    if not _NAME.fullmatch(name):
+        raise ConfigError(f"{f}: name {name!r} is not a plain name",
+                          hint="use letters, digits, '.', '_' and '-' (it names the env directory)")
     python = doc.get("python")
     if not python:
         raise ConfigError(f"{f}: `python:` is required", hint='e.g. python: "3.11"')

@@ -1,0 +1,36 @@
+"""Click parameter types dfo's commands share."""
+
+from __future__ import annotations
+
+import math
+
+import click
+
+
+class Seconds(click.ParamType):
+    """A finite number of seconds (or a finite factor): ``nan`` and ``inf`` are refused,
+    since a timeout or backoff of either would never end."""
+
+    name = "SECONDS"
+
+    def __init__(self, *, allow_zero: bool = False):
+        self.allow_zero = allow_zero
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            x = float(value)
+        else:
+            try:
+                x = float(str(value).strip())
+            except ValueError:
+                self.fail(f"{value!r} is not a number", param, ctx)
+        if not math.isfinite(x):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        if x < 0 or (x == 0 and not self.allow_zero):
+            bound = ">= 0" if self.allow_zero else "> 0"
+            self.fail(f"{value!r} must be {bound}", param, ctx)
+        return x
+
+
+POSITIVE_SECONDS = Seconds()
+NON_NEGATIVE = Seconds(allow_zero=True)
