@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -251,8 +252,17 @@ def test_changed_host_key_refused_loudly(lab, tmp_path, capsys):
     assert "REMOTE HOST KEY CHANGED" in capsys.readouterr().err
     # trust refuses a changed key without --replace, replaces it with
     assert main(["--hosts", str(p), "hosts", "trust", "lab", "--yes"]) == 4
-    assert "REMOTE HOST KEY CHANGED" in capsys.readouterr().err
-    assert main(["--hosts", str(p), "hosts", "trust", "lab", "--yes", "--replace"]) == 0
+    err = capsys.readouterr().err
+    assert "REMOTE HOST KEY CHANGED" in err
+    new_fp = re.search(r"it now offers \S+ (SHA256:[A-Za-z0-9+/=]+)", err).group(1)
+    # non-interactive replace needs the fingerprint verified out of band, and it must match
+    assert main(["--hosts", str(p), "hosts", "trust", "lab", "--yes", "--replace"]) == 2
+    assert "--fingerprint SHA256:" in capsys.readouterr().err
+    assert main(["--hosts", str(p), "hosts", "trust", "lab", "--yes", "--replace",
+                 "--fingerprint", "SHA256:not-this-one"]) == 4
+    assert "not the expected SHA256:not-this-one" in capsys.readouterr().err
+    assert main(["--hosts", str(p), "hosts", "trust", "lab", "--yes", "--replace",
+                 "--fingerprint", new_fp]) == 0
     assert "key replaced" in capsys.readouterr().out
     with open_transport(load_inventory(str(p)).get("lab")) as t:
         assert t.run(["true"]).ok

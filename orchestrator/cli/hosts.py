@@ -120,8 +120,10 @@ def _print_check(c) -> None:
 @click.option("--yes", "-y", is_flag=True, help="Record the key without asking.")
 @click.option("--replace", is_flag=True,
               help="Replace a CHANGED key (only after verifying the new one out of band).")
+@click.option("--fingerprint", "expect_fp", default=None, metavar="SHA256:...",
+              help="The key's fingerprint as verified out of band; required with --yes --replace.")
 @click.pass_obj
-def trust_cmd(app: AppContext, name: str, yes: bool, replace: bool) -> None:
+def trust_cmd(app: AppContext, name: str, yes: bool, replace: bool, expect_fp: str | None) -> None:
     """Show a host's SSH key fingerprint and record it in its known_hosts file."""
     from ..transport import knownhosts
     from ..transport.trust import trust_hosts
@@ -131,17 +133,23 @@ def trust_cmd(app: AppContext, name: str, yes: bool, replace: bool) -> None:
         raise ConfigError(f"host {name} uses transport local: there is no SSH key to trust")
     if not yes and not sys.stdin.isatty():
         raise ConfigError("dfo hosts trust needs a terminal to ask; check the fingerprint and pass --yes")
+    if yes and replace and not expect_fp:
+        raise ConfigError("dfo hosts trust --yes --replace would accept any new key unseen",
+                          hint="verify the new key out of band and pass --fingerprint SHA256:...")
     kh = host.ssh.known_hosts_path
 
     def decide(label, kh_name, key, status) -> bool:
         fp = knownhosts.describe_key(key)
+        if expect_fp and status != knownhosts.KNOWN and knownhosts.fingerprint(key) != expect_fp:
+            raise HostKeyError(f"{label} ({kh_name}) offers {fp}, not the expected {expect_fp}",
+                               hint="nothing was recorded; check which key the host really has")
         if status == knownhosts.CHANGED:
             if not replace:
                 raise HostKeyError(
                     f"REMOTE HOST KEY CHANGED for {label} ({kh_name}): it now offers {fp}, which differs "
                     f"from {kh}; someone may be intercepting the connection",
                     hint=f"if the host was reinstalled, verify the new key and run "
-                         f"`dfo hosts trust {name} --replace`")
+                         f"`dfo hosts trust {name} --replace --fingerprint SHA256:...`")
             click.echo(f"WARNING: the key of {label} ({kh_name}) CHANGED; it now offers {fp}", err=True)
         else:
             click.echo(f"{label} ({kh_name}) offers {fp}")
