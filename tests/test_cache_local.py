@@ -230,6 +230,26 @@ def test_cli_pull_by_key_and_status_json(host, cold_cache, tmp_path, capsys):
     assert "no snapshot for key cpu-nope" in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("where", ["existing_file", "file_as_parent", "proc"])
+def test_pull_into_a_bad_destination_is_one_line(host, cold_cache, tmp_path, capsys, where):
+    from orchestrator.cli import main
+
+    root, mgr = host
+    key = mgr.key(CFG)
+    mgr.adopt(str(cold_cache[0]), key)
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text(f"default: h\nhosts:\n  h: {{transport: local, root: {root}}}\n")
+    (tmp_path / "afile").write_text("keep me\n")
+    dest = {"existing_file": tmp_path / "afile",
+            "file_as_parent": tmp_path / "afile" / "x.tar",
+            "proc": Path("/proc/self/dfo-nope/x.tar")}[where]
+    capsys.readouterr()
+    assert main(["--hosts", str(hosts), "warm-cache", "--pull", str(dest), "--key", key.key]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().startswith(f"dfo: error: --pull {dest}:") and len(err.strip().splitlines()) == 1
+    assert (tmp_path / "afile").read_text() == "keep me\n"
+
+
 def test_a_second_warmup_on_the_same_host_is_refused_while_one_runs(host):
     """The warm-up holds <root>/locks/cache.lock (flock): a concurrent one fails at once."""
     import time

@@ -216,13 +216,7 @@ class CacheManager(WarmMixin):
         if m is None:
             raise NotFoundError(f"no snapshot for key {key} on {self.host}",
                                 hint="warm one first with `dfo warm-cache`")
-        dest = Path(dest)
-        if dest.is_dir() or str(dest).endswith(os.sep) or not dest.name.endswith(".tar"):
-            dest.mkdir(parents=True, exist_ok=True)
-            tar_path = dest / f"{key}.tar"
-        else:
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            tar_path = dest
+        tar_path = _pull_target(Path(dest), key)
         man_path = tar_path.with_name(tar_path.name[: -len(".tar")] + ".manifest.json")
         self.events("stage", {"stage": "download", "what": f"{self.host}:{p.tar}"})
         part = tar_path.with_name(f".{tar_path.name}.dfo-pull")
@@ -230,9 +224,12 @@ class CacheManager(WarmMixin):
             self.t.get_file(p.tar, part)
             sn.check_tar(m, _hash_local(part), f"{self.host}:{p.tar}")
             part.replace(tar_path)  # only a verified tar takes the name
+            atomic_write_bytes(man_path, sn.manifest_bytes(m))
+        except OSError as e:
+            raise ConfigError(f"--pull {dest}: cannot write {e.filename or tar_path}: "
+                              f"{e.strerror or e}", hint="pull into a writable directory") from None
         finally:
             part.unlink(missing_ok=True)
-        atomic_write_bytes(man_path, sn.manifest_bytes(m))
         return tar_path, man_path
 
     def nearest_snapshot(self, key: ck.CacheKey) -> tuple[str, list[tuple[str, str, str]]] | None:
@@ -297,3 +294,22 @@ def local_snapshot_files(path: Path) -> tuple[Path, Path]:
 
 def _hash_local(path: Path) -> dict[str, Any]:
     return {"sha256": sha256_file(path), "size": Path(path).stat().st_size}
+
+
+def _pull_target(dest: Path, key: str) -> Path:
+    """Where ``--pull DEST`` puts the tar: ``DEST/<key>.tar`` for a directory (made if
+    missing), ``DEST`` itself for a path ending in ``.tar``. One-line errors otherwise."""
+    try:
+        if dest.is_dir() or str(dest).endswith(os.sep) or not dest.name.endswith(".tar"):
+            if dest.exists() and not dest.is_dir():
+                raise ConfigError(f"--pull {dest}: exists and is not a directory",
+                                  hint="name a directory, or a path ending in .tar")
+            dest.mkdir(parents=True, exist_ok=True)
+            return dest / f"{key}.tar"
+        if dest.is_dir():
+            raise ConfigError(f"--pull {dest}: is a directory", hint="name a new .tar path")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        return dest
+    except OSError as e:
+        raise ConfigError(f"--pull {dest}: cannot create {e.filename or dest}: {e.strerror or e}",
+                          hint="pull into a writable directory") from None
