@@ -8,6 +8,13 @@ recorded size and sha256:
 
 Directories being written are named ``.step_N.tmp-<pid>`` and are never listed.
 
+Lineage: a manifest may carry ``"lineage": {"run": RUN_ID, "attempt": n}`` -- which run
+(and attempt) wrote the checkpoint. It is optional (older checkpoints still verify); a
+supervisor resumes only from its own run's checkpoints (``newest_of_run``) and the trainer's
+prune deletes only its own run's. A complete ``.step_N.tmp-PID`` / ``.step_N.old-PID`` of a
+dead writer with no ``step_N`` beside it (a crash mid-swap) is promoted to ``step_N``, never
+deleted (``promote_orphans``).
+
     python -m dfo_contract.checkpoints list DIR [--json] [--no-hash]
 
 lists the ``step_N`` dirs newest first, valid or why not (``python -m trainer.checkpoints
@@ -34,6 +41,7 @@ MANIFEST = "manifest.json"
 REQUIRED_FILES = ("drafter.safetensors", "optim.pt", "sched.pt", "rng.pt", "data.json", "config.yaml")
 STEP_RE = re.compile(r"^step_(\d+)$")
 TMP_RE = re.compile(r"^\.step_(\d+)\.tmp-(\d+)$")
+ORPHAN_RE = re.compile(r"^\.step_(\d+)\.(tmp|old)-(\d+)$")   # being written / swapped out
 
 
 @dataclass(frozen=True)
@@ -43,22 +51,29 @@ class CkptInfo:
     path: str
     valid: bool
     reason: str = ""        # why not valid ("" when valid)
+    run: str | None = None  # the run that wrote it (manifest lineage; None: unknown/older)
 
     def to_json(self) -> dict:
         return asdict(self)
 
 
-def build_manifest(dirpath: str, step: int, files: list[str]) -> dict:
+def build_manifest(dirpath: str, step: int, files: list[str], *,
+                   lineage: dict | None = None) -> dict:
     entries = {}
     for name in files:
         p = os.path.join(dirpath, name)
         entries[name] = {"sha256": sha256_file(p), "size": os.path.getsize(p)}
-    return {"format": FORMAT, "step": int(step), "files": entries}
+    man = {"format": FORMAT, "step": int(step), "files": entries}
+    if lineage is not None:
+        man["lineage"] = {"run": lineage.get("run"), "attempt": lineage.get("attempt")}
+    return man
 
 
-def write_manifest(dirpath: str, step: int, files: list[str]) -> dict:
-    """Write manifest.json (via a temp file + rename + fsync) after every listed file."""
-    man = build_manifest(dirpath, step, files)
+def write_manifest(dirpath: str, step: int, files: list[str], *,
+                   lineage: dict | None = None) -> dict:
+    """Write manifest.json (via a temp file + rename + fsync) after every listed file.
+    ``lineage={"run": run_id, "attempt": n}`` records who wrote it (optional)."""
+    man = build_manifest(dirpath, step, files, lineage=lineage)
     atomic_write_bytes(os.path.join(dirpath, MANIFEST),
                        json.dumps(man, indent=1, sort_keys=True).encode())
     return man
@@ -95,10 +110,26 @@ def verify(dirpath: str, *, expect_step: int | None = None, check_hashes: bool =
     return True, ""
 
 
+def manifest_run(dirpath: str) -> str | None:
+    """The run id in ``dirpath``'s manifest lineage, or None (no/unreadable manifest, no lineage)."""
+    try:
+        with open(os.path.join(dirpath, MANIFEST)) as f:
+            lin = json.load(f).get("lineage")
+    except (OSError, ValueError, AttributeError):
+        return None
+    run = lin.get("run") if isinstance(lin, dict) else None
+    return run if isinstance(run, str) and run else None
+
+
 def list_checkpoints(root: str, *, check_hashes: bool = True) -> list[CkptInfo]:
-    """Every ``step_N`` dir under ``root``, newest first, each with valid/why-not."""
+    """Every ``step_N`` dir under ``root``, newest first, each with valid/why-not and its run.
+    Orphans of a crash mid-swap are promoted first (``promote_orphans``)."""
     if not os.path.isdir(root):
         return []
+    try:
+        promote_orphans(root)
+    except OSError as e:  # a read-only dir: list what is there
+        log.debug("promote_orphans(%s): %s", root, e)
     out = []
     for name in os.listdir(root):
         m = STEP_RE.match(name)
@@ -107,9 +138,21 @@ def list_checkpoints(root: str, *, check_hashes: bool = True) -> list[CkptInfo]:
         step = int(m.group(1))
         path = os.path.join(root, name)
         ok, why = verify(path, expect_step=step, check_hashes=check_hashes)
-        out.append(CkptInfo(name, step, path, ok, why))
+        out.append(CkptInfo(name, step, path, ok, why, manifest_run(path)))
     out.sort(key=lambda c: c.step, reverse=True)
     return out
+
+
+def newest_of_run(root: str, run_id: str) -> tuple[CkptInfo | None, list[CkptInfo]]:
+    """(newest valid checkpoint written by run ``run_id`` or None, the newer invalid ones of
+    this run or of unknown run that were skipped). Other runs' checkpoints are never chosen."""
+    skipped = []
+    for c in list_checkpoints(root):
+        if c.valid and c.run == run_id:
+            return c, skipped
+        if not c.valid and c.run in (run_id, None):
+            skipped.append(c)
+    return None, skipped
 
 
 def newest_valid(root: str) -> tuple[CkptInfo | None, list[CkptInfo]]:
@@ -156,15 +199,44 @@ def read_manifest(dirpath: str) -> dict:
         return json.load(f)
 
 
+def _dead_orphans(root: str) -> list[tuple[int, str, str]]:
+    """(step, kind, path) of ``.step_N.tmp-PID`` / ``.step_N.old-PID`` dirs of dead writers."""
+    out = []
+    for name in os.listdir(root):
+        m = ORPHAN_RE.match(name)
+        if m and not pid_alive(int(m.group(3))):
+            out.append((int(m.group(1)), m.group(2), os.path.join(root, name)))
+    return out
+
+
+def promote_orphans(root: str) -> list[str]:
+    """A dead writer's complete ``.step_N.tmp-PID`` (preferred: the newer state) or
+    ``.step_N.old-PID`` where no ``step_N`` exists is renamed to ``step_N``. Returns the new paths."""
+    if not os.path.isdir(root):
+        return []
+    promoted = []
+    orphans = sorted(_dead_orphans(root), key=lambda o: (o[0], o[1] != "tmp", o[2]))
+    for step, _kind, path in orphans:
+        final = os.path.join(root, f"step_{step}")
+        if os.path.lexists(final) or not verify(path, expect_step=step, check_hashes=True)[0]:
+            continue
+        os.rename(path, final)
+        log.warning("checkpoint %s promoted to %s (its writer died mid-save)", path, final)
+        promoted.append(final)
+    return promoted
+
+
 def stale_tmp_dirs(root: str) -> list[str]:
-    """``.step_N.tmp-<pid>`` dirs whose writer process is gone (safe to delete)."""
+    """``.step_N.tmp-<pid>`` / ``.step_N.old-<pid>`` dirs whose writer process is gone and
+    that are safe to delete: never a complete one with no ``step_N`` beside it (promote it)."""
     out = []
     if not os.path.isdir(root):
         return out
-    for name in os.listdir(root):
-        m = TMP_RE.match(name)
-        if m and not pid_alive(int(m.group(2))):
-            out.append(os.path.join(root, name))
+    for step, _kind, path in _dead_orphans(root):
+        if (not os.path.lexists(os.path.join(root, f"step_{step}"))
+                and verify(path, expect_step=step, check_hashes=False)[0]):
+            continue  # the only copy of step_N: promote_orphans' job, not deletion
+        out.append(path)
     return out
 
 

@@ -204,3 +204,23 @@ def test_short_run_loss_falls(env):
     assert sorted(losses) == [10, 20, 30, 40, 50, 60]
     assert losses[60] < losses[10] - 0.3, losses
     assert not (env["dir"] / "fall" / "checkpoints").exists()
+
+
+def test_checkpoints_record_lineage_and_prune_spares_another_runs(env, monkeypatch):
+    """DFO_RUN_ID/DFO_ATTEMPT reach the manifest; keep=1 prunes only this run's checkpoints."""
+    ck = env["dir"] / "lin" / "checkpoints"
+    other = ck / "step_262"
+    other.mkdir(parents=True)
+    for name in cm.REQUIRED_FILES:
+        (other / name).write_text(name)
+    cm.write_manifest(str(other), 262, list(cm.REQUIRED_FILES),
+                      lineage={"run": "old-run", "attempt": 1})
+    sha = cm.read_manifest(str(other))["files"]
+    monkeypatch.setenv("DFO_RUN_ID", "new-run")
+    monkeypatch.setenv("DFO_ATTEMPT", "2")
+    code, _ = _train(env, "lin", **{"train.max_steps": 4, "checkpoint.every": 2,
+                                    "checkpoint.keep": 1})
+    assert code == 0
+    assert sorted(os.listdir(ck)) == ["step_262", "step_4"]
+    assert cm.read_manifest(str(ck / "step_4"))["lineage"] == {"run": "new-run", "attempt": 2}
+    assert cm.read_manifest(str(other))["files"] == sha and cm.verify(str(other))[0]

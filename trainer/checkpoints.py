@@ -3,7 +3,10 @@
 ``<checkpoint.dir>/step_N/`` holds ``drafter.safetensors`` (trainable weights only; the
 shared embedding/LM head are the target's), ``optim.pt``, ``sched.pt``, ``rng.pt``,
 ``data.json`` (the data stream position), ``config.yaml`` and ``manifest.json`` with the
-sha256 of each, written last. The directory is built as ``.step_N.tmp-<pid>`` and renamed.
+sha256 of each, written last. The directory is built as ``.step_N.tmp-<pid>`` and renamed;
+re-saving an existing ``step_N`` swaps the two atomically (``renameat2(RENAME_EXCHANGE)``),
+so there is no moment with neither. The manifest records the run and attempt (lineage), and
+``prune`` given a run id deletes only that run's checkpoints.
 
 ``python -m trainer.checkpoints list DIR [--json] [--no-hash]`` is
 ``python -m dfo_contract.checkpoints list`` (torch-free; the manifests live there).
@@ -11,6 +14,8 @@ sha256 of each, written last. The directory is built as ``.step_N.tmp-<pid>`` an
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import json
 import logging
 import os
@@ -44,9 +49,48 @@ def set_rng_state(st: dict) -> None:
         torch.cuda.set_rng_state_all(st["cuda"])
 
 
+AT_FDCWD = -100
+RENAME_EXCHANGE = 2
+
+
+def _renameat2_exchange(a: str, b: str) -> bool:
+    """Atomically swap paths ``a`` and ``b`` (Linux renameat2 RENAME_EXCHANGE). False when
+    the call is unavailable here (no symbol, ENOSYS, EINVAL: kernel/filesystem lacks it)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (AttributeError, OSError):
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    if fn(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL):
+        return False
+    raise OSError(err, os.strerror(err), a, None, b)
+
+
+def replace_dir(tmp: str, final: str, *, old: str) -> None:
+    """Put the complete dir ``tmp`` at ``final``. When ``final`` exists: exchange atomically
+    and delete the old (now at ``tmp``); without renameat2, move the old aside to ``old``
+    first (a crash in between leaves both, and ``promote_orphans`` restores one)."""
+    if not os.path.exists(final):
+        os.replace(tmp, final)
+        return
+    if _renameat2_exchange(tmp, final):
+        shutil.rmtree(tmp, ignore_errors=True)  # holds the old step_N now
+        return
+    os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def save(root: str, step: int, *, drafter, optimizer, scheduler, data_state: dict,
-         config_yaml: str, keep: int | None = None, extra: dict | None = None) -> str:
-    """Write ``root/step_<step>`` atomically; prune to the newest ``keep``. Returns its path."""
+         config_yaml: str, keep: int | None = None, extra: dict | None = None,
+         run_id: str | None = None, attempt: int | None = None) -> str:
+    """Write ``root/step_<step>`` atomically; prune to the newest ``keep`` (of run ``run_id``
+    when given). The manifest records ``run_id``/``attempt``. Returns its path."""
     import torch
     from safetensors.torch import save_file
 
@@ -68,26 +112,26 @@ def save(root: str, step: int, *, drafter, optimizer, scheduler, data_state: dic
     for name in cm.REQUIRED_FILES:
         with open(os.path.join(tmp, name), "rb+") as f:
             os.fsync(f.fileno())
-    cm.write_manifest(tmp, step, list(cm.REQUIRED_FILES))
+    lineage = {"run": run_id, "attempt": attempt} if run_id else None
+    cm.write_manifest(tmp, step, list(cm.REQUIRED_FILES), lineage=lineage)
     fsync_dir(tmp)
-    if os.path.exists(final):  # re-saving a step (e.g. after a resume): swap, then drop the old
-        old = os.path.join(root, f".step_{step}.old-{os.getpid()}")
-        os.replace(final, old)
-        os.replace(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, final)
+    # re-saving a step (e.g. after a resume): swap, then drop the old
+    replace_dir(tmp, final, old=os.path.join(root, f".step_{step}.old-{os.getpid()}"))
     fsync_dir(root)
     if keep:
-        prune(root, keep)
+        prune(root, keep, run_id=run_id)
     return final
 
 
-def prune(root: str, keep: int) -> list[str]:
+def prune(root: str, keep: int, *, run_id: str | None = None) -> list[str]:
     """Delete all but the newest ``keep`` valid checkpoints, torn ones older than those, and
-    temp dirs of dead writers. Only ``step_N`` / ``.step_N.tmp-PID`` names are touched."""
+    temp dirs of dead writers. Only ``step_N`` / ``.step_N.tmp-PID`` / ``.step_N.old-PID``
+    names are touched. With ``run_id``, only checkpoints whose manifest says that run count
+    and are deleted: another run's (or an unknown one's) are never touched."""
     removed = []
     infos = cm.list_checkpoints(root, check_hashes=False)
+    if run_id is not None:
+        infos = [c for c in infos if c.run == run_id]
     valid = [c for c in infos if c.valid]
     if len(valid) > keep:
         floor = valid[keep - 1].step

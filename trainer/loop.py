@@ -151,7 +151,7 @@ def train(cfg: TrainerConfig, resume: str | None = None, *, out=None) -> int:
             em.set_phase("checkpoint")
             p = checkpoints.save(ckdir, at, drafter=drafter, optimizer=opt, scheduler=sched,
                                  data_state=stream.state_dict(), config_yaml=cfg.to_yaml(),
-                                 keep=cfg.checkpoint.keep)
+                                 keep=cfg.checkpoint.keep, run_id=env.run_id, attempt=attempt)
             step_saved[0] = at
             em.marker("checkpoint", step=at, path=os.path.abspath(p))
             em.set_phase("train")

@@ -161,7 +161,8 @@ class RunOps:
         plan = lp.LaunchPlan(host=self.host.name, run_id=run_id, run_name=run_name,
                              run_dir=run_dir, mode="systemd" if systemd else "setsid",
                              start_argv=start, first_attempt_argv=first,
-                             env=lp.attempt_env(env, attempt=1, run_dir=run_dir, fault=o.fault),
+                             env=lp.attempt_env(env, attempt=1, run_dir=run_dir, fault=o.fault,
+                                            run_id=run_id),
                              spec=spec, ladders=ladders, resume_path=resume_path,
                              warnings=warnings)
         plan.seed_argvs = seed

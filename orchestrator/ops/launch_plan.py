@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from dfo_contract import envvars
+
 from ..errors import ConfigError, NotFoundError
 from .probes import LAUNCH_PROBE_SCRIPT, launch_probe, parse_launch_probe
 
@@ -331,11 +333,14 @@ def build_spec(*, run_id: str, run_name: str, root: str, python: str, config_pat
 
 
 def attempt_env(base: Mapping[str, str], *, attempt: int, run_dir: str,
-                fault: str | None) -> dict[str, str]:
-    """The env of one attempt (docs/contracts.md)."""
+                fault: str | None, run_id: str | None = None) -> dict[str, str]:
+    """The env of one attempt (docs/contracts.md); ``DFO_RUN_ID`` (checkpoint lineage) when
+    ``run_id`` is given."""
     env = dict(base)
     env.update({"DFO_ATTEMPT": str(attempt), "DFO_RUN_DIR": run_dir, "PYTHONUNBUFFERED": "1",
                 "NCCL_NVLS_ENABLE": "0"})
+    if run_id:
+        env[envvars.RUN_ID] = run_id
     if fault:
         env["DFO_FAULT"] = fault
     else:

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from dfo_contract.checkpoints import newest_valid
+from dfo_contract.checkpoints import newest_of_run
 
 from ..ops import runstate as rs
 from ..ops import watchdog as wd
@@ -218,12 +218,13 @@ class Supervisor:
 
     # --- one attempt ------------------------------------------------------------------------
     def _resume_target(self) -> str | None:
-        """Once this run has saved a checkpoint: the newest one whose manifest verifies
-        (torn/corrupt ones are skipped and reported). Before that: the checkpoint launch was
-        given (--resume), else None (from scratch)."""
+        """Once this run has saved a checkpoint: the newest one whose manifest verifies and
+        names this run (torn/corrupt ones are skipped and reported; another run's are never
+        taken, even when newer). Else: exactly the checkpoint launch was given (--resume),
+        else None (from scratch)."""
         if not self.state.last_checkpoint:
             return self.spec.get("resume")  # this run saved nothing yet: what launch was given
-        info, skipped = newest_valid(self.spec["checkpoint_dir"])
+        info, skipped = newest_of_run(self.spec["checkpoint_dir"], self.spec["run_id"])
         for c in skipped:
             self.emit("watchdog", attempt=self.state.attempt + 1,
                       reason=f"skipping checkpoint {c.name}: {c.reason}")
@@ -241,7 +242,7 @@ class Supervisor:
                             nproc=ddp_nproc(cfg))
         env = dict(os.environ)
         env.update(attempt_env(self.spec.get("env") or {}, attempt=n, run_dir=self.run_dir,
-                               fault=self.spec.get("fault")))
+                               fault=self.spec.get("fault"), run_id=self.spec["run_id"]))
         log_name = rs.attempt_log_name(n)
         log_path = self._p(log_name)
         self.state.attempt = n
