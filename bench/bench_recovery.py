@@ -170,7 +170,7 @@ def main(argv=None) -> int:
     th = {"warmup_s": a.warmup_s, "train_s": a.train_s, "live_grace_s": 5, "kill_grace_s": 10,
           "stop_timeout_s": 60}
     t0 = time.time()
-    plan = ops.launch(LaunchOptions(config=str(cfg), run_name="recovery", fault=a.inject,
+    plan = ops.launch(LaunchOptions(config=str(cfg), run_name="recovery", new_lineage=True, fault=a.inject,
                                     backoff_scale=0.1, thresholds=th, env_check=False))
     print(f"launched {plan.run_id} ({plan.mode}); run dir {plan.run_dir}", flush=True)
     info = {}

@@ -9,6 +9,7 @@ import os
 import signal
 
 import pytest
+from pathlib import Path
 
 from orchestrator.cli import main
 from orchestrator.supervisor import procs
@@ -130,6 +131,28 @@ def test_live_run_second_launch_supervisor_kill_and_stop(env, capsys, tiny_asset
     rc, out, err = dfo(capsys, hosts, "launch", "--config", str(cfg), "--run-name", "long",
                        "--resume", "latest", "--dry-run", "--no-env-check", "--json")
     assert rc == 0 and json.loads(out)["resume"].endswith(f"/step_{ck['step']}")
+
+    # a fresh launch into a run name that has checkpoints is refused, naming the choices
+    ckdir = root / "checkpoints" / "long"
+    before = sorted(p.name for p in ckdir.iterdir())
+    rc, _, err = dfo(capsys, hosts, "launch", "--config", str(cfg), "--run-name", "long",
+                     "--dry-run", "--no-env-check")
+    assert rc == 2 and "already holds" in err and "--resume latest" in err
+    assert "--new-lineage" in err and len(err.strip().splitlines()) == 1
+    assert sorted(p.name for p in ckdir.iterdir()) == before
+    # --new-lineage moves them aside under a dated name (nothing deleted) and starts over
+    rc, out, err = dfo(capsys, hosts, "launch", "--config", str(cfg), "--run-name", "long",
+                       "--new-lineage", "--json", *fast_flags())
+    assert rc == 0, err
+    d = json.loads(out)
+    new_id, aside = d["run_id"], d["move_aside"]
+    try:
+        assert d["resume"] is None and aside.startswith(str(ckdir) + ".")
+        assert sorted(p.name for p in Path(aside).iterdir()) == before
+    finally:
+        rc, out, err = dfo(capsys, hosts, "stop", "--run", new_id, "--json")
+    assert rc == 0, err
+    assert sorted(p.name for p in Path(aside).iterdir()) == before
 
 
 @pytest.mark.slow

@@ -50,6 +50,8 @@ def _ops(app, host_name):
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
               help="Config override, e.g. --set train.micro_batch=4 (repeatable).")
 @click.option("--replace", is_flag=True, help="Stop the host's live run first.")
+@click.option("--new-lineage", is_flag=True,
+              help="Start over in a run name that has checkpoints: move them aside under a dated name.")
 @click.option("--dry-run", is_flag=True, help="Validate and print the plan; start nothing.")
 @click.option("-f", "--follow", is_flag=True, help="Then follow the logs (like dfo logs -f).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
@@ -65,8 +67,8 @@ def _ops(app, host_name):
               help="Replace a class's fallback ladder, e.g. oom=halve_micro_batch*.")
 @click.option("--no-env-check", is_flag=True, help="Skip `dfo deploy --check` (development only).")
 @click.pass_obj
-def launch(app, host_name, resume, config, run_name, sets, replace, dry_run, follow, as_json,
-           fault, backoff_scale, thresholds, budgets, fallbacks, no_env_check):
+def launch(app, host_name, resume, config, run_name, sets, replace, new_lineage, dry_run, follow,
+           as_json, fault, backoff_scale, thresholds, budgets, fallbacks, no_env_check):
     """Start a supervised training run on a host, detached (it outlives this command)."""
     from ..engine.runs import LaunchOptions
 
@@ -88,7 +90,8 @@ def launch(app, host_name, resume, config, run_name, sets, replace, dry_run, fol
     opts = LaunchOptions(config=config, resume=resume, run_name=run_name, sets=sets,
                          replace=replace, dry_run=dry_run, fault=fault,
                          backoff_scale=backoff_scale, thresholds=_kv(thresholds, "--threshold"),
-                         budget=budget, fallbacks=fb or None, env_check=not no_env_check)
+                         budget=budget, fallbacks=fb or None, env_check=not no_env_check,
+                         new_lineage=new_lineage)
     ops = _ops(app, host_name)
     plan = ops.launch(opts)
     if as_json:

@@ -48,6 +48,7 @@ class LaunchOptions:
     fallbacks: Mapping[str, Any] | None = None
     env_check: bool = True
     start_timeout: float = 60.0
+    new_lineage: bool = False     # move an earlier run's checkpoints aside, start over
 
 
 class RunOps:
@@ -136,8 +137,14 @@ class RunOps:
         run_dir = self.layout.run_dir(run_id)
         ck_dir = self.layout.checkpoints(run_name)
         resume_path = None
+        aside = None
         if resume is not None:
+            if o.new_lineage:
+                raise ConfigError("--new-lineage starts over; it cannot be combined with --resume",
+                                  hint="drop one of the two")
             resume_path = self._resolve_resume(resume, ck_dir)
+        else:
+            aside = self._lineage_check(ck_dir, run_name, now, o.new_lineage)
 
         from ..ops.snapshot import cache_env, seed_run_cache_argvs
 
@@ -168,7 +175,26 @@ class RunOps:
         plan.seed_argvs = seed
         plan.config_bytes = cfg_bytes
         plan.lock_owner = probe.get("lock_owner") if probe.get("lock") == "held" else None
+        plan.move_aside = aside
+        if aside:
+            warnings.append(f"--new-lineage: the earlier checkpoints of {run_name} move to {aside}")
         return plan
+
+    def _lineage_check(self, ck_dir: str, run_name: str, now: float,
+                       new_lineage: bool) -> str | None:
+        """A fresh launch must not share checkpoints/<run-name>/ with an earlier run: refuse,
+        or (``--new-lineage``) name the dated directory the old checkpoints move to."""
+        found = self._checkpoints(ck_dir)
+        if not found:
+            return None
+        if not new_lineage:
+            newest = found[0].name
+            raise ConfigError(
+                f"checkpoints/{run_name} already holds {len(found)} checkpoint(s) of an earlier "
+                f"run (newest {newest})",
+                hint="continue that run with --resume latest, or start over with --new-lineage "
+                     "(moves them aside under a dated name, deletes nothing)")
+        return f"{ck_dir.rstrip('/')}.{time.strftime('%Y%m%d-%H%M%S', time.gmtime(now))}"
 
     def _cache_key(self, cfg_nested: Mapping[str, Any], warnings: list[str]) -> str | None:
         from .cache import CacheManager
@@ -206,17 +232,19 @@ class RunOps:
         plan = self.plan(o)
         if o.dry_run:
             return plan
+        if plan.lock_owner and o.replace:
+            # stop first, then plan again: the checkpoint the stop saves is what
+            # `--resume latest` must see
+            self._stop_for_replace(plan.lock_owner, plan.spec["thresholds"]["stop_timeout_s"])
+            plan = self.plan(o)
         spec = plan.spec
-        owner = plan.lock_owner
-        if owner and o.replace:
-            self.say(f"stopping run {owner} (--replace)")
-            self.stop(owner, timeout=plan.spec["thresholds"]["stop_timeout_s"] + 30)
-            deadline = time.monotonic() + 30
-            while self.probe().get("lock") == "held":
-                if time.monotonic() > deadline:
-                    raise LockHeldError(f"run {owner} still holds run.lock after stopping",
-                                        hint="see `dfo status`; stop it with `dfo stop`")
-                time.sleep(0.3)
+        if plan.move_aside:
+            self.t.run(["mv", "-T", "-n", "--", spec["checkpoint_dir"], plan.move_aside],
+                       timeout=60).check("moving the earlier checkpoints aside")
+            if self.t.run(["test", "-e", spec["checkpoint_dir"]], timeout=60).ok:
+                raise LockHeldError(f"{spec['checkpoint_dir']} could not be moved to "
+                                    f"{plan.move_aside} (it exists)", hint="launch again")
+            self.say(f"earlier checkpoints moved to {plan.move_aside}")
         self.t.run(["mkdir", "-p", "--", plan.run_dir, self.layout.locks,
                     spec["checkpoint_dir"]], timeout=60).check("creating the run dir")
         self.t.put(plan.config_bytes, spec["config_path"])
@@ -227,6 +255,16 @@ class RunOps:
         self.t.run(plan.start_argv, timeout=60).check("starting the supervisor")
         self._wait_started(plan.run_id, o.start_timeout)
         return plan
+
+    def _stop_for_replace(self, owner: str, stop_timeout_s: float) -> None:
+        self.say(f"stopping run {owner} (--replace)")
+        self.stop(owner, timeout=stop_timeout_s + 30)
+        deadline = time.monotonic() + 30
+        while self.probe().get("lock") == "held":
+            if time.monotonic() > deadline:
+                raise LockHeldError(f"run {owner} still holds run.lock after stopping",
+                                    hint="see `dfo status`; stop it with `dfo stop`")
+            time.sleep(0.3)
 
     def _wait_started(self, run_id: str, timeout: float) -> dict:
         deadline = time.monotonic() + timeout

@@ -280,13 +280,15 @@ class LaunchPlan:
     seed_argvs: list[list[str]] = field(default_factory=list)   # seed the run's compile cache
     config_bytes: bytes = b""                                   # the run config file, shipped as is
     lock_owner: str | None = None                               # the live run --replace stops
+    move_aside: str | None = None      # --new-lineage: where the earlier checkpoints go
 
     def to_json(self) -> dict:
         return {"host": self.host, "run_id": self.run_id, "run_name": self.run_name,
                 "run_dir": self.run_dir, "mode": self.mode, "start_argv": self.start_argv,
                 "first_attempt_argv": self.first_attempt_argv, "env": self.env,
                 "ladders": self.ladders, "resume": self.resume_path, "warnings": self.warnings,
-                "budget": self.spec.get("budget"), "thresholds": self.spec.get("thresholds")}
+                "budget": self.spec.get("budget"), "thresholds": self.spec.get("thresholds"),
+                "move_aside": self.move_aside}
 
 
 DEFAULT_THRESHOLDS: dict[str, float] = {
