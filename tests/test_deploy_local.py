@@ -107,9 +107,10 @@ def test_cli_deploys_on_the_embedded_local_default(wheelhouse, tmp_path):
     wh, links = wheelhouse
     home = tmp_path / "home"
     home.mkdir()
-    real_cache = os.environ.get("UV_CACHE_DIR") or os.path.expanduser("~/.cache/uv")
+    # a cache of its own: everything comes from the wheelhouse, nothing from what an
+    # earlier run left in ~/.cache/uv
     env = {k: v for k, v in os.environ.items() if k != "DFO_HOSTS"}
-    env.update(HOME=str(home), UV_CACHE_DIR=real_cache, UV_OFFLINE="1",
+    env.update(HOME=str(home), UV_CACHE_DIR=str(tmp_path / "uv-cache"), UV_OFFLINE="1",
                UV_FIND_LINKS=str(wh), PIP_FIND_LINKS=str(links),
                DFO_CACHE_DIR=str(tmp_path / "dfo-cache"),
                # pin dfo's wheel: the checkout may change between the two deploys
