@@ -15,8 +15,13 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..errors import ConnectError, DeployError, DfoError, NotFoundError, RemoteCommandError
+from ..errors import (ConnectError, DfoError, HostKeyError, NotFoundError, RemoteCommandError,
+                      RunFailed)
 from ..ops import runstate as rs
+from ..transport.base import env_error
+
+#: what the far side's follower sends for a run whose supervisor never started
+NEVER_STARTED = "never_started"
 
 log = logging.getLogger("dfo")
 
@@ -69,11 +74,13 @@ class LogFollower:
         while True:
             box: dict[str, Any] = {}
             progressed = [False]
+            stray: list[str] = []   # lines that are not the follower's (e.g. a traceback)
 
             def handle(raw: str) -> None:
                 try:
                     rec = json.loads(raw)
                 except ValueError:
+                    stray[:] = (stray + [raw])[-20:]
                     return  # a torn line from a dropped connection, or stray stderr
                 if not isinstance(rec, dict):
                     return
@@ -95,13 +102,15 @@ class LogFollower:
                     box["error"] = rec["error"]
 
             why = ""
+            argv = self.argv()
             try:
-                res = self.t.stream(self.argv(), handle)
-                if res.exit_code in (126, 127):
-                    raise DeployError(f"no deployed env on {self.t.name} "
-                                      f"({self.layout.current_python} missing)",
-                                      hint="run `dfo deploy` first")
+                res = self.t.stream(argv, handle)
+                env = env_error(argv, res.exit_code, "\n".join(stray))
+                if env is not None:   # the env lacks dfo: no reconnect can help
+                    raise env
                 why = f"follower exited {res.exit_code}"
+            except HostKeyError:
+                raise   # a changed host key is not a dropped connection: stop at once
             except ConnectError as e:
                 why = str(e)
             except RemoteCommandError as e:
@@ -109,6 +118,11 @@ class LogFollower:
             if "error" in box:
                 raise NotFoundError(f"run {self.run_id}: {box['error']}",
                                     hint="see `dfo status` for run ids")
+            if box.get("end") == NEVER_STARTED:
+                rd = self.layout.run_dir(self.run_id)
+                raise RunFailed(f"run {self.run_id} never started: its launch was cut off before "
+                                "the supervisor started (no state.json, nothing runs)",
+                                hint=f"remove {rd} (nothing of it ran) and `dfo launch` again")
             if "end" in box:
                 return box["end"]
             if "eof" in box:

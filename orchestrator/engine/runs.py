@@ -23,8 +23,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 
 from ..config.runconfig import default_config_path, load_config
-from ..errors import (ConfigError, DeployError, DfoError, DriftError, LockHeldError,
-                     NotFoundError, RemoteCommandError, RunFailed)
+from ..errors import (ConfigError, ConnectError, DeployError, DfoError, DriftError,
+                     HostKeyError, LockHeldError, NotFoundError, RemoteCommandError, RunFailed)
 from ..ops import launch_plan as lp
 from ..ops import runstate as rs
 from ..ops.budget import BudgetPolicy
@@ -59,6 +59,7 @@ class RunOps:
         self.layout = host.layout
         self.say = say or (lambda msg: log.info("%s", msg))
         self.clock = clock
+        self._launching: str | None = None   # the run id a launch allocated (for messages)
 
     @property
     def python(self) -> str:
@@ -142,7 +143,8 @@ class RunOps:
             if o.new_lineage:
                 raise ConfigError("--new-lineage starts over; it cannot be combined with --resume",
                                   hint="drop one of the two")
-            resume_path = self._resolve_resume(resume, ck_dir)
+            resume_path, skipped = self._resolve_resume(resume, ck_dir)
+            warnings.extend(skipped)
         else:
             aside = self._lineage_check(ck_dir, run_name, now, o.new_lineage)
 
@@ -210,14 +212,15 @@ class RunOps:
                             "the first attempt compiles cold; run `dfo warm-cache`")
         return key
 
-    def _resolve_resume(self, resume: lp.Resume, ck_dir: str) -> str:
+    def _resolve_resume(self, resume: lp.Resume, ck_dir: str) -> tuple[str, list[str]]:
+        """The checkpoint path, and a warning for each torn one ``latest`` passed over."""
         if resume.kind == "path":
             parent, name = posixpath.split(resume.value.rstrip("/"))
             listing = self._checkpoints(parent)
             for c in listing:
                 if c.name == name or c.path.rstrip("/") == resume.value:
                     if c.valid:
-                        return resume.value
+                        return resume.value, []
                     raise NotFoundError(f"--resume {resume.value}: checkpoint is incomplete or "
                                         f"corrupt ({c.why or 'manifest does not verify'})",
                                         hint="valid: " + (", ".join(
@@ -225,10 +228,23 @@ class RunOps:
             raise NotFoundError(f"--resume {resume.value}: not a checkpoint",
                                 hint="valid in that dir: " + (", ".join(
                                     x.name for x in listing if x.valid) or "none"))
-        return lp.resolve_resume(resume, self._checkpoints(ck_dir), ck_dir)
+        listing = self._checkpoints(ck_dir)
+        path = lp.resolve_resume(resume, listing, ck_dir)
+        if resume.kind != "latest":
+            return path, []
+        return path, [lp.skipped_warning(c) for c in lp.skipped_by_latest(listing)]
 
     # --- launch -----------------------------------------------------------------------------
     def launch(self, o: LaunchOptions) -> lp.LaunchPlan:
+        self._launching = None
+        try:
+            return self._launch(o)
+        except HostKeyError:
+            raise
+        except ConnectError as e:
+            raise _cut_off(e, self.host.name, self._launching) from None
+
+    def _launch(self, o: LaunchOptions) -> lp.LaunchPlan:
         plan = self.plan(o)
         if o.dry_run:
             return plan
@@ -238,6 +254,7 @@ class RunOps:
             self._stop_for_replace(plan.lock_owner, plan.spec["thresholds"]["stop_timeout_s"])
             plan = self.plan(o)
         spec = plan.spec
+        self._launching = plan.run_id
         if plan.move_aside:
             self.t.run(["mv", "-T", "-n", "--", spec["checkpoint_dir"], plan.move_aside],
                        timeout=60).check("moving the earlier checkpoints aside")
@@ -245,8 +262,11 @@ class RunOps:
                 raise LockHeldError(f"{spec['checkpoint_dir']} could not be moved to "
                                     f"{plan.move_aside} (it exists)", hint="launch again")
             self.say(f"earlier checkpoints moved to {plan.move_aside}")
-        self.t.run(["mkdir", "-p", "--", plan.run_dir, self.layout.locks,
-                    spec["checkpoint_dir"]], timeout=60).check("creating the run dir")
+        parents, mine = lp.run_dir_argvs(plan.run_dir, self.layout.locks, spec["checkpoint_dir"])
+        self.t.run(parents, timeout=60).check("creating the run dir")
+        if not self.t.run(mine, timeout=60).ok:   # exclusive: never share a run's directory
+            raise LockHeldError(f"run directory {plan.run_dir} already exists (another launch "
+                                "made it)", hint="launch again: it gets a new run id")
         self.t.put(plan.config_bytes, spec["config_path"])
         for argv in plan.seed_argvs:
             self.t.run(argv, timeout=600).check("seeding the run's compile cache")
@@ -275,6 +295,7 @@ class RunOps:
                 last = runs[0]
                 st = last.get("status")
                 if st == "failed":
+                    self._lost_the_lock(run_id, last)
                     raise RunFailed(f"run {run_id} failed at start: {last.get('reason')}")
                 if st in rs.FINAL or (st in rs.LIVE and st != "starting" and last.get("live")):
                     return last
@@ -283,6 +304,16 @@ class RunOps:
         raise RunFailed(f"the supervisor of {run_id} did not start within {timeout:.0f}s"
                         + (f": {log_tail}" if log_tail else ""),
                         hint=f"see {self.layout.run_dir(run_id)}/supervisor.log")
+
+    def _lost_the_lock(self, run_id: str, info: Mapping[str, Any]) -> None:
+        """A supervisor that ends ``failed`` at once while run.lock is held by another run
+        lost the race for it (two launches at the same moment): that is exit 9, not 10."""
+        probe = self.probe()
+        owner = probe.get("lock_owner")
+        if probe.get("lock") == "held" and owner and owner != run_id:
+            raise LockHeldError(f"run {owner} is live on {self.host.name} (run.lock held); "
+                                f"run {run_id} did not start ({info.get('reason')})",
+                                hint=f"stop it with `dfo stop --run {owner}` or launch --replace")
 
     def _tail(self, path: str) -> str:
         try:
@@ -355,6 +386,16 @@ class RunOps:
         if not runs:
             raise NotFoundError(f"no run {run_id} on {self.host.name} (its directory is gone)")
         return runs[0]
+
+
+def _cut_off(e: ConnectError, host: str, run_id: str | None) -> ConnectError:
+    """A launch cut off by a dropped connection may have started its run: say how to check."""
+    if run_id:
+        return ConnectError(f"launch of run {run_id} on {host} was cut off: {e.message}",
+                            hint=f"the run may already be going: check with `dfo status --run "
+                                 f"{run_id}` or `dfo logs --run {run_id}` before launching again")
+    return ConnectError(f"launch on {host} was cut off before a run was started: {e.message}",
+                        hint="check with `dfo status` (a live run is listed) and launch again")
 
 
 def _json_reply(out: str, what: str) -> dict:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import posixpath
 import re
+import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -93,6 +94,19 @@ def parse_checkpoint_listing(obj: Any) -> list[CheckpointInfo]:
     return sorted(out, key=lambda c: c.step)
 
 
+def skipped_by_latest(listing: Sequence[CheckpointInfo]) -> list[CheckpointInfo]:
+    """The torn/incomplete checkpoints newer than the newest valid one: what ``--resume
+    latest`` passes over (each is named in a warning)."""
+    valid = [c.step for c in listing if c.valid]
+    floor = max(valid) if valid else -1
+    return [c for c in listing if not c.valid and c.step > floor]
+
+
+def skipped_warning(c: CheckpointInfo) -> str:
+    return (f"--resume latest: skipping checkpoint {c.name} "
+            f"({c.why or 'incomplete or torn: its manifest does not verify'})")
+
+
 def resolve_resume(resume: Resume, listing: Sequence[CheckpointInfo], ckpt_dir: str) -> str:
     """The checkpoint path a ``--resume`` names; NotFoundError lists the valid ones."""
     valid = [c for c in listing if c.valid]
@@ -124,8 +138,23 @@ def check_run_name(name: str) -> str:
     return name
 
 
-def make_run_id(run_name: str, now: float) -> str:
-    return f"{run_name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime(now))}"
+RUN_ID_SUFFIX = re.compile(r"^[0-9a-f]{6}$")
+
+
+def make_run_id(run_name: str, now: float, suffix: str | None = None) -> str:
+    """``<run-name>-<UTC date>-<time>-<6 hex>``: the random suffix keeps two launches of one
+    run name in the same second apart (their run directories are also created exclusively)."""
+    suffix = secrets.token_hex(3) if suffix is None else suffix
+    if not RUN_ID_SUFFIX.match(suffix):
+        raise ValueError(f"run id suffix {suffix!r}: expected 6 lowercase hex digits")
+    return f"{run_name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime(now))}-{suffix}"
+
+
+def run_dir_argvs(run_dir: str, *parents: str) -> list[list[str]]:
+    """Create the parents (``mkdir -p``), then the run directory itself EXCLUSIVELY (plain
+    ``mkdir``: it fails when the directory exists, so no two launches ever share one)."""
+    return [["mkdir", "-p", "--", posixpath.dirname(run_dir.rstrip("/")), *parents],
+            ["mkdir", "--", run_dir]]
 
 
 def parse_sets(items: Sequence[str]) -> dict[str, Any]:

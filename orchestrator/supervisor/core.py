@@ -103,6 +103,11 @@ class Supervisor:
         signal.signal(signal.SIGTERM, self._on_term)
         signal.signal(signal.SIGINT, self._on_term)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        try:   # never write into a run another live supervisor owns
+            self.owner_fd = runfiles.own_run(self.run_dir)
+        except runfiles.NotOwner as e:
+            print(f"dfo-supervisor: {e}", file=sys.stderr, flush=True)
+            return 0
         resumed = os.path.exists(self._p(rs.STATE_FILE))
         if resumed:
             self.state = runfiles.read_state(self.run_dir)

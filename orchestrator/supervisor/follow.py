@@ -7,7 +7,14 @@ Used by ``dfo logs`` over the transport. Each output line is one JSON object:
   the last ``o`` it received per file, so a dropped connection loses and repeats nothing.
 - ``{"end": "done"|"failed"|"stopped"|"lost"}``: (with ``--follow``) the run ended and
   every file was read to its end.
+- ``{"end": "never_started"}``: (with ``--follow``) the run directory has no ``state.json``,
+  nothing changed in it for ``--lost-after`` seconds and no process works on it: its launch
+  was cut off before the supervisor started.
 - ``{"eof": true, "status": ...}``: (without ``--follow``) everything present was sent.
+- ``{"k": 1}``: a keepalive (following, every ``KEEPALIVE_S``; readers ignore it).
+
+It never outlives its client: it exits when a write to stdout fails (the pipe closed: the
+SSH channel or ``pct exec`` is gone) or when its parent changes (the parent died).
 """
 
 from __future__ import annotations
@@ -21,11 +28,29 @@ import time
 from ..ops import runstate as rs
 from . import procs
 from .lines import read_lines
+from .query import never_started
 from .runfiles import read_state
+
+#: seconds between keepalives while nothing else is sent (a closed pipe shows on a write)
+KEEPALIVE_S = 2.0
+
+
+class ClientGone(Exception):
+    """stdout is closed or the parent process died: nobody reads what this sends."""
 
 
 def _emit(obj) -> None:
-    sys.stdout.write(json.dumps(obj, separators=(",", ":")) + "\n")
+    try:
+        sys.stdout.write(json.dumps(obj, separators=(",", ":")) + "\n")
+    except (BrokenPipeError, ValueError, OSError):
+        raise ClientGone() from None
+
+
+def _flush() -> None:
+    try:
+        sys.stdout.flush()
+    except (BrokenPipeError, ValueError, OSError):
+        raise ClientGone() from None
 
 
 def _files(run_dir: str, only_attempt: int | None, from_attempt: int,
@@ -66,6 +91,17 @@ def _status(run_dir: str) -> tuple[str | None, int | None]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except ClientGone:
+        try:  # stdout is a dead pipe: keep the interpreter's final flush from failing on it
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except OSError:
+            pass
+        return 0
+
+
+def _main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m orchestrator.supervisor.follow")
     ap.add_argument("--run-dir", required=True)
     ap.add_argument("--offsets", default="{}")
@@ -80,8 +116,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     offsets = {str(k): int(v) for k, v in json.loads(a.offsets).items()}
     dead_since: float | None = None
+    parent = os.getppid()
+    last_sent = time.monotonic()
     while True:
+        if a.follow and os.getppid() != parent:
+            raise ClientGone()   # the process that reads us died
         status, pid = _status(a.run_dir)
+        if a.follow and status is None and never_started(a.run_dir, a.lost_after):
+            _emit({"end": "never_started"})
+            _flush()
+            return 0
         final = status in rs.FINAL
         lost = False
         if a.follow and not final and status is not None:
@@ -90,17 +134,24 @@ def main(argv: list[str] | None = None) -> int:
                 lost = time.monotonic() - dead_since > a.lost_after
             else:
                 dead_since = None
+        sent = False
         for name in _files(a.run_dir, a.attempt, a.from_attempt, events_first=not a.follow):
-            _drain(a.run_dir, name, offsets, final or lost or not a.follow)
-        sys.stdout.flush()
+            sent = _drain(a.run_dir, name, offsets, final or lost or not a.follow) or sent
         if not a.follow:
             _emit({"eof": True, "status": status})
-            sys.stdout.flush()
+            _flush()
             return 0
         if final or lost:
             _emit({"end": status if final else "lost"})
-            sys.stdout.flush()
+            _flush()
             return 0
+        now = time.monotonic()
+        if sent:
+            last_sent = now
+        elif now - last_sent >= KEEPALIVE_S:
+            _emit({"k": 1})
+            last_sent = now
+        _flush()
         time.sleep(a.poll)
 
 

@@ -27,13 +27,57 @@ def supervisor_alive(run_dir: str, pid) -> bool:
     return "orchestrator.supervisor" in cl and run_dir in cl
 
 
+#: the processes that only read a run (a launch in progress or a supervisor is anything else)
+_READERS = ("orchestrator.supervisor.follow", "orchestrator.supervisor.query")
+
+
+def _newest_mtime(run_dir: str) -> float:
+    newest = os.stat(run_dir).st_mtime
+    for nm in os.listdir(run_dir):
+        try:
+            newest = max(newest, os.lstat(os.path.join(run_dir, nm)).st_mtime)
+        except OSError:
+            continue
+    return newest
+
+
+def _someone_works_on(run_dir: str) -> bool:
+    """A process other than this one and the run's readers names ``run_dir`` in its argv
+    (the supervisor, its setsid wrapper, launch's cache seeding) or has it as DFO_RUN_DIR."""
+    me = os.getpid()
+    mark = run_dir.rstrip("/")
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        argv = procs.cmdline(int(name))
+        if any(r in argv for r in _READERS):
+            continue
+        if any(a == mark or a.startswith(mark + "/") for a in argv):
+            return True
+    return bool(procs.processes_of_run(run_dir, exclude=[me]))
+
+
+def never_started(run_dir: str, quiet_s: float = 15.0, *, now: float | None = None) -> bool:
+    """True for a run directory whose supervisor never started (its launch was cut off):
+    no ``state.json``, nothing has changed in it for ``quiet_s`` seconds, and no process
+    works on it. A launch still writing or seeding it is not caught by this."""
+    if os.path.exists(os.path.join(run_dir, rs.STATE_FILE)):
+        return False
+    try:
+        quiet = (time.time() if now is None else now) - _newest_mtime(run_dir) > quiet_s
+    except OSError:
+        return False
+    return quiet and not _someone_works_on(run_dir)
+
+
 def run_info(run_dir: str) -> dict | None:
     try:
         st = read_state(run_dir).to_json()
     except (OSError, ValueError):
         if os.path.exists(os.path.join(run_dir, rs.SPEC_FILE)):
             rid = os.path.basename(run_dir)
-            return {"run_id": rid, "status": "starting", "shown_status": "starting",
+            shown = "never_started" if never_started(run_dir) else "starting"
+            return {"run_id": rid, "status": "starting", "shown_status": shown,
                     "live": False, "run_dir": run_dir, "attempts": [], "attempt": 0,
                     "started_at": os.path.getmtime(os.path.join(run_dir, rs.SPEC_FILE))}
         return None

@@ -7,6 +7,7 @@ never sees half a record followed by another writer's bytes.
 
 from __future__ import annotations
 
+import fcntl
 import os
 from typing import Any, Mapping
 
@@ -15,8 +16,35 @@ from dfo_contract.fsio import atomic_write_json, read_json
 from ..ops import runstate as rs
 from ..ops.runstate import RunState
 
-__all__ = ["append_event", "read_spec", "read_state", "write_json_atomic",
-           "write_state"]
+__all__ = ["NotOwner", "OWNER_LOCK", "append_event", "own_run", "read_spec", "read_state",
+           "write_json_atomic", "write_state"]
+
+#: held (flock) by the one supervisor that owns the run, for its whole life
+OWNER_LOCK = "supervisor.lock"
+
+
+class NotOwner(RuntimeError):
+    """Another live supervisor owns this run directory: write nothing into it."""
+
+
+def own_run(run_dir: str) -> int:
+    """Take the run's ownership: an exclusive ``flock`` on ``<run_dir>/supervisor.lock``,
+    kept until the returned fd is closed (the process exits). A supervisor restarted after
+    its predecessor died takes it over; a second one while the owner lives gets NotOwner
+    and must not write ``state.json`` or ``events.jsonl``. The fd is close-on-exec, so no
+    trainer inherits the ownership."""
+    fd = os.open(os.path.join(run_dir, OWNER_LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 40, 0).decode("ascii", "replace").strip()
+        os.close(fd)
+        raise NotOwner(f"{run_dir} is owned by another live supervisor"
+                       + (f" (pid {holder})" if holder else "")
+                       + "; this one writes nothing there and exits") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
 
 
 def write_json_atomic(path: str, obj: Any) -> None:

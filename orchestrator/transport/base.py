@@ -18,7 +18,30 @@ from typing import Callable, Mapping, Sequence
 
 from dfo_contract.fsio import atomic_write_bytes
 
-from ..errors import RemoteCommandError
+from ..errors import DeployError, RemoteCommandError
+
+#: the packages of dfo's own that run from the deployed env (``python -m PKG.module``)
+DFO_PACKAGES = frozenset({"orchestrator", "trainer", "dfo_contract"})
+
+
+def env_error(argv: Sequence[str], exit_code: int, err: str) -> DeployError | None:
+    """A dfo module run with the deployed env's python (``.../envs/current/bin/python -m
+    orchestrator...``) that could not start because the env is missing or lacks dfo (a
+    killed ``deploy --force``): a DeployError saying to run ``dfo deploy``, else None.
+    The one place every remote-module invocation's failure is translated."""
+    if (len(argv) < 3 or argv[1] != "-m" or argv[2].split(".")[0] not in DFO_PACKAGES
+            or not argv[0].endswith("/envs/current/bin/python") or exit_code == 0):
+        return None
+    env = argv[0][: -len("/bin/python")]
+    if exit_code in (126, 127):
+        return DeployError(f"no deployed env: {argv[0]} is missing",
+                           hint="run `dfo deploy` first")
+    missing = next((ln.strip() for ln in err.splitlines() if "No module named" in ln), None)
+    if missing is None:
+        return None
+    what = missing[missing.index("No module named"):].rstrip(")")
+    return DeployError(f"the deployed env {env} is incomplete ({what})",
+                       hint="run `dfo deploy` to repair it")
 
 
 @dataclass(frozen=True)
@@ -43,6 +66,9 @@ class Result:
     def check(self, what: str | None = None) -> "Result":
         """Raise RemoteCommandError (one line, with the last stderr line) unless exit 0."""
         if self.exit_code != 0:
+            env = env_error(self.argv, self.exit_code, self.err)
+            if env is not None:
+                raise env
             last = next((ln for ln in reversed(self.err.strip().splitlines()) if ln.strip()), "")
             name = what or (self.argv[0] if self.argv else "command")
             msg = f"{name} exited {self.exit_code}"
