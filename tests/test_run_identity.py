@@ -298,10 +298,10 @@ def _cut_off_run_dir(root: Path, run_id: str, age_s: float = 120) -> Path:
 def test_logs_follow_on_a_run_that_never_started_ends(env):
     root, hosts, tmp = env
     rd = _cut_off_run_dir(root, "ghost-20260101-000000-abcdef")
-    assert never_started(str(rd))
-    p = dfo_proc(hosts, "logs", "-f", "--run", rd.name, timeout=120)
+    p = dfo_proc(hosts, "logs", "-f", "--run", rd.name, timeout=120)   # before: never ended
     assert p.returncode == 10, (p.stdout, p.stderr)
     assert "never started" in p.stderr and str(rd) in p.stderr and p.stderr.count("\n") == 1
+    assert never_started(str(rd))
     p = dfo_proc(hosts, "status", "--json")
     assert json.loads(p.stdout)["runs"][0]["shown_status"] == "never_started"
 
