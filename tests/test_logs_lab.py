@@ -63,3 +63,68 @@ def test_logs_follow_survives_killed_sshd_session(node, tiny_assets, tmp_path): 
     finally:
         t2.close()
     assert {"attempt-1.log", "attempt-2.log", "events.jsonl"} <= {ln.file for ln in got}
+
+
+def _fingerprint(pub_line: str, tmp_path) -> str:
+    import subprocess
+
+    f = tmp_path / "k.pub"
+    f.write_text(pub_line.strip() + "\n")
+    out = subprocess.run(["ssh-keygen", "-lf", str(f)], capture_output=True, text=True,
+                         check=True).stdout
+    return out.split()[1]
+
+
+def test_logs_follow_stops_at_once_on_a_changed_host_key(sshd_only, tmp_path):
+    """The host key changes while `logs -f` follows (the connection drops, the reconnect
+    meets another key): HostKeyError (exit 4) at once, with both fingerprints, not a
+    reconnect loop ending in exit 3."""
+    import json
+    import subprocess
+
+    from orchestrator.errors import HostKeyError
+    from orchestrator.transport import knownhosts  # noqa: F401 - the format of known_hosts
+
+    lab = sshd_only
+    root = make_root(tmp_path)
+    kh = tmp_path / "known_hosts"
+    kh.write_text(open(lab.known_hosts).read())
+    text = lab.hosts_yaml(node_root=str(root)).replace(str(lab.known_hosts), str(kh))
+    (tmp_path / "hosts.yaml").write_text(text)
+    host = load_inventory(str(tmp_path / "hosts.yaml")).get("lab-node")
+    # a run that looks live (its pid is this test): the follower never ends by itself
+    rd = root / "runs" / "live-1"
+    rd.mkdir(parents=True)
+    (rd / "state.json").write_text(json.dumps({"run_id": "live-1", "run_name": "live",
+                                               "status": "running", "pid": os.getpid(),
+                                               "attempt": 1}))
+    (rd / "events.jsonl").write_text('{"kind": "supervisor_start", "t": 1}\n')
+    other = tmp_path / "other_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    other_pub = (tmp_path / "other_key.pub").read_text().split()
+    t = open_transport(host)
+    swapped = []
+
+    def on_line(ln):
+        if swapped:
+            return
+        # the host "was reinstalled": known_hosts now holds another key for it
+        kh.write_text(f"[{lab.ssh_host}]:{lab.ssh_port} {other_pub[0]} {other_pub[1]}\n")
+        for p in sshd_pids_serving(lab.ssh_port, client_port(t)):
+            os.kill(p, signal.SIGKILL)
+        swapped.append(1)
+
+    reconnects = []
+    f = LogFollower(t, host.layout, "live-1", on_line=on_line, follow=True, max_retries=3,
+                    sleep=lambda s: None, on_reconnect=lambda n, why: reconnects.append(why))
+    try:
+        with pytest.raises(HostKeyError) as ei:
+            f.run()
+    finally:
+        t.close()
+    msg = str(ei.value)
+    assert ei.value.exit_code == 4 and swapped
+    assert "REMOTE HOST KEY CHANGED" in msg and "\n" not in msg
+    assert _fingerprint(lab.host_public_key, tmp_path) in msg        # what it offers now
+    assert _fingerprint(" ".join(other_pub), tmp_path) in msg        # what known_hosts has
+    assert len(reconnects) <= 1
