@@ -242,7 +242,7 @@ class RunOps:
         except HostKeyError:
             raise
         except ConnectError as e:
-            raise _cut_off(e, self.host.name, self._launching) from None
+            raise lp.cut_off_error(e, self.host.name, self._launching) from None
 
     def _launch(self, o: LaunchOptions) -> lp.LaunchPlan:
         plan = self.plan(o)
@@ -333,7 +333,7 @@ class RunOps:
             raise DeployError(f"no deployed env on {self.host.name} ({self.python} missing)",
                               hint=f"run `dfo deploy --host {self.host.name}` first")
         r.check("reading run state")
-        return _json_reply(r.out, "reading run state")
+        return json_reply(r.out, "reading run state")
 
     def status(self, run: str | None = None) -> list[dict]:
         if run is not None:
@@ -362,7 +362,7 @@ class RunOps:
         r = self.t.run([self.python, "-m", "orchestrator.supervisor.query", "--root",
                         self.layout.root, "--stop", run_id], timeout=60)
         r.check("stopping the run")
-        res = _json_reply(r.out, "stopping the run")
+        res = json_reply(r.out, "stopping the run")
         if not res.get("stopped"):
             runs = self.status(run_id)
             if not runs:
@@ -380,28 +380,11 @@ class RunOps:
                         hint="see its supervisor.log; the supervisor kills the trainer after "
                              "stop_timeout_s")
 
-
     def _one(self, run_id: str) -> dict:
         runs = self.status(run_id)
         if not runs:
             raise NotFoundError(f"no run {run_id} on {self.host.name} (its directory is gone)")
         return runs[0]
-
-
-def _cut_off(e: ConnectError, host: str, run_id: str | None) -> ConnectError:
-    """A launch cut off by a dropped connection may have started its run: say how to check."""
-    if run_id:
-        return ConnectError(f"launch of run {run_id} on {host} was cut off: {e.message}",
-                            hint=f"the run may already be going: check with `dfo status --run "
-                                 f"{run_id}` or `dfo logs --run {run_id}` before launching again")
-    return ConnectError(f"launch on {host} was cut off before a run was started: {e.message}",
-                        hint="check with `dfo status` (a live run is listed) and launch again")
-
-
-def _json_reply(out: str, what: str) -> dict:
-    """The last JSON object line of a remote helper's stdout (stray lines before it are
-    ignored: a warning printed by the env must not become a traceback here)."""
-    return json_reply(out, what)
 
 
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,79}$")

@@ -18,7 +18,7 @@ from typing import Any, Mapping, Sequence
 
 from dfo_contract import envvars
 
-from ..errors import ConfigError, NotFoundError
+from ..errors import ConfigError, ConnectError, NotFoundError
 from .probes import LAUNCH_PROBE_SCRIPT, launch_probe, parse_launch_probe
 
 STEP_NAME = re.compile(r"^step_(\d{1,12})$")
@@ -290,6 +290,16 @@ def probe_argv(root: str, lock: str) -> list[str]:
 
 
 # --- the plan -------------------------------------------------------------------------------
+
+def cut_off_error(e: ConnectError, host: str, run_id: str | None) -> ConnectError:
+    """A launch cut off by a dropped connection may have started its run: say how to check."""
+    if run_id:
+        return ConnectError(f"launch of run {run_id} on {host} was cut off: {e.message}",
+                            hint=f"the run may already be going: check with `dfo status --run "
+                                 f"{run_id}` or `dfo logs --run {run_id}` before launching again")
+    return ConnectError(f"launch on {host} was cut off before a run was started: {e.message}",
+                        hint="check with `dfo status` (a live run is listed) and launch again")
+
 
 @dataclass
 class LaunchPlan:
