@@ -128,3 +128,66 @@ def test_logs_follow_stops_at_once_on_a_changed_host_key(sshd_only, tmp_path):
     assert _fingerprint(lab.host_public_key, tmp_path) in msg        # what it offers now
     assert _fingerprint(" ".join(other_pub), tmp_path) in msg        # what known_hosts has
     assert len(reconnects) <= 1
+
+
+def _followers_of(run_dir: str) -> list[int]:
+    out = []
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                cl = open(f"/proc/{p}/cmdline", "rb").read().split(b"\0")
+            except OSError:
+                continue
+            if b"orchestrator.supervisor.follow" in cl and run_dir.encode() in cl:
+                out.append(int(p))
+    return out
+
+
+def test_remote_follower_does_not_outlive_its_connection(sshd_only, tmp_path):
+    """`dfo logs -f` is gone (its SSH connection killed) while the run has nothing new to
+    say: the follower on the host exits too (its next keepalive write fails)."""
+    import json
+    import sys
+    import threading
+
+    from orchestrator.errors import DfoError
+    from tests.supervisor_env import REPO, wait_for
+
+    lab = sshd_only
+    root = tmp_path / "root"
+    bin_ = root / "envs" / "current" / "bin"
+    bin_.mkdir(parents=True)
+    # the host's env runs this checkout's follower (the node is this machine)
+    (bin_ / "python").write_text(f"#!/bin/sh\nPYTHONPATH={REPO} exec {sys.executable} \"$@\"\n")
+    (bin_ / "python").chmod(0o755)
+    (tmp_path / "hosts.yaml").write_text(lab.hosts_yaml(node_root=str(root)))
+    host = load_inventory(str(tmp_path / "hosts.yaml")).get("lab-node")
+    rd = root / "runs" / "live-1"
+    rd.mkdir(parents=True)
+    (rd / "state.json").write_text(json.dumps({"run_id": "live-1", "run_name": "live",
+                                               "status": "running", "pid": os.getpid(),
+                                               "attempt": 1}))
+    (rd / "events.jsonl").write_text('{"kind": "supervisor_start", "t": 1}\n')
+    t = open_transport(host)
+    first = threading.Event()
+
+    def follow():
+        try:
+            t.stream(LogFollower(t, host.layout, "live-1", on_line=None, follow=True).argv(),
+                     lambda ln: first.set())
+        except DfoError:
+            pass   # the connection we kill below
+
+    th = threading.Thread(target=follow, daemon=True)
+    th.start()
+    try:
+        assert first.wait(60), "the follower's first line"
+        pids = _followers_of(str(rd))
+        assert pids, "the follower on the host"
+        for p in sshd_pids_serving(lab.ssh_port, client_port(t)):
+            os.kill(p, signal.SIGKILL)          # the client side is gone
+        wait_for(lambda: not _followers_of(str(rd)), 60, "the orphaned follower to exit")
+    finally:
+        for p in _followers_of(str(rd)):
+            os.kill(p, signal.SIGKILL)
+        t.close()
