@@ -93,44 +93,36 @@ def _when(ts: float | None) -> str:
 
 
 class _Ui:
-    """rich progress for people (stderr), nothing for --json."""
+    """Progress for people on stderr (a spinner in a terminal, timestamped lines in a pipe),
+    nothing for --json."""
 
     def __init__(self, as_json: bool):
-        self.as_json = as_json
-        self.progress = None
-        self.task = None
+        from .console import Activity
+
+        self.act = Activity("warm-cache", enabled=not as_json)
         self.desc = ""
         self.beats = 0
 
     def __enter__(self):
-        if not self.as_json:
-            from rich.console import Console
-            from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-            self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"),
-                                     TimeElapsedColumn(), console=Console(stderr=True), transient=True)
-            self.progress.__enter__()
-            self.task = self.progress.add_task("warm-cache", total=None)
+        self.act.__enter__()
         return self
 
     def __exit__(self, *exc):
-        if self.progress is not None:
-            self.progress.__exit__(*exc)
-            self.progress = None
+        self.act.__exit__(*exc)
 
     def stage(self, name: str, what: str) -> None:
         self.desc = f"{name}: {what}"
-        if self.progress is not None:
-            self.progress.update(self.task, description=self.desc)
+        self.act.update(self.desc)
 
     def event(self, kind: str, data) -> None:
         if kind == "stage":
             self.stage(data.get("stage", "?"), str(data.get("what", "")))
-        elif kind == "heartbeat" and self.progress is not None:
+        elif kind == "heartbeat":
             self.beats += 1
-            self.progress.update(self.task, description=f"{self.desc} (alive, {self.beats} heartbeats)")
-        elif kind == "phase" and self.progress is not None:
-            self.progress.update(self.task, description=f"{self.desc} [{data.get('phase')}]")
+            if not self.act.plain:  # in a pipe the steady lines already say it is alive
+                self.act.update(f"{self.desc} (alive, {self.beats} heartbeats)")
+        elif kind == "phase":
+            self.act.update(f"{self.desc} [{data.get('phase')}]")
 
 
 def _print_result(res, components, as_json: bool) -> None:
@@ -139,10 +131,11 @@ def _print_result(res, components, as_json: bool) -> None:
         d["components"] = components
         click.echo(json.dumps(d, sort_keys=True))
         return
-    from rich.console import Console
     from rich.table import Table
 
-    con = Console()
+    from .console import console
+
+    con = console()
     head = {"warmed": "warmed and saved a snapshot", "restored": "restored a verified snapshot",
             "pushed": "pushed and restored a verified snapshot", "pulled": "pulled the snapshot"}
     con.print(f"[bold]{res.host}[/]: {head.get(res.action, res.action)} for key [cyan]{res.key}[/] "
@@ -186,10 +179,11 @@ def _print_status(host: str, entries, removed, as_json: bool) -> None:
         click.echo(json.dumps({"host": host, "removed": removed,
                                "keys": [dict(e.__dict__) for e in entries]}, sort_keys=True))
         return
-    from rich.console import Console
     from rich.table import Table
 
-    con = Console()
+    from .console import console
+
+    con = console()
     if removed is not None:
         con.print(f"pruned {len(removed)} key(s)" + (f": {', '.join(removed)}" if removed else ""))
     if not entries:

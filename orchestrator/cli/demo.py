@@ -7,11 +7,11 @@ Click only: each step is the same command a user would type.
 from __future__ import annotations
 
 import tempfile
-import time
 from pathlib import Path
 
 import click
-from rich.console import Console
+
+from .console import console
 
 from .cache import warm_cache
 from .deploy import deploy
@@ -29,7 +29,7 @@ def demo(ctx: click.Context, host_name: str | None, fault: str | None, no_fault:
     from ..engine.demo import DEMO_FAULT, ensure_assets, write_demo_config
 
     app = ctx.obj
-    con = Console(stderr=True)
+    con = console(stderr=True)
     host = app.host(host_name)
 
     def step(n: int, what: str) -> None:
@@ -51,10 +51,10 @@ def demo(ctx: click.Context, host_name: str | None, fault: str | None, no_fault:
     if spec:
         con.print(f"dfo: injecting [bold]{spec}[/bold]: torch will raise the FX-tracing error in "
                   "attempt 1; watch the supervisor classify it and fall back")
-    # a fresh run name each time: a new launch must not resume an earlier demo's checkpoints
-    run_name = time.strftime("demo-%Y%m%d-%H%M%S")
-    args = ["--host", host.name, "--config", str(cfg), "--run-name", run_name, "--replace",
-            "--follow", "--backoff-scale", "0.02"]
+    # run name `demo` (the run id adds the time once); --new-lineage: a new demo starts over,
+    # an earlier demo's checkpoints move aside under a dated name instead of being resumed
+    args = ["--host", host.name, "--config", str(cfg), "--run-name", "demo", "--new-lineage",
+            "--replace", "--follow", "--backoff-scale", "0.02"]
     if spec:
         args += ["--fault", spec]
     return _run(ctx, launch, args)

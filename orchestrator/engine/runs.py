@@ -93,12 +93,15 @@ class RunOps:
         root = self.layout.root
         resume = lp.parse_resume(o.resume, root)          # before anything touches the host
         sets = lp.parse_sets(o.sets)
+        from .demo import load_run_config
+
         cfg_path = o.config or default_config_path()
-        run_name = lp.check_run_name(o.run_name or Path(cfg_path).stem)
+        run_name = lp.check_run_name(Path(cfg_path).stem if o.run_name is None else o.run_name)
 
         pairs = [(k, lp.render_value(v)) for k, v in sets.items()]
-        cfg_nested, cfg_bytes = load_config(cfg_path, pairs)
-        base_no_sets = lp.flatten(load_config(cfg_path, [])[0]) if sets else lp.flatten(cfg_nested)
+        cfg_nested, cfg_bytes = load_run_config(o.config, self.layout, pairs)
+        base_no_sets = (lp.flatten(load_run_config(o.config, self.layout, [])[0]) if sets
+                        else lp.flatten(cfg_nested))
         ladders = merge_ladders(
             validate_ladders(dict(self.host.fallbacks) or None,
                              source=f"{self.host.source or 'hosts.yaml'}: hosts.{self.host.name}.fallbacks"),
@@ -130,6 +133,7 @@ class RunOps:
             owner = probe.get("lock_owner") or "another run"
             raise LockHeldError(f"run {owner} is live on {self.host.name} (run.lock held)",
                                 hint=f"stop it with `dfo stop --run {owner}` or launch --replace")
+        self._check_inputs(cfg_nested, o.config)
         key = self._cache_key(cfg_nested, warnings)
 
         now = self.clock()
@@ -196,8 +200,31 @@ class RunOps:
                      "(moves them aside under a dated name, deletes nothing)")
         return f"{ck_dir.rstrip('/')}.{time.strftime('%Y%m%d-%H%M%S', time.gmtime(now))}"
 
+    def _check_inputs(self, cfg: Mapping[str, Any], config: str | None) -> None:
+        """The config's target and data paths exist on the host (one remote probe), so a
+        launch that cannot train is refused here rather than failing in attempt 1."""
+        keys = [("model.target_path", (cfg.get("model") or {}).get("target_path")),
+                ("data.path", (cfg.get("data") or {}).get("path"))]
+        keys = [(k, v) for k, v in keys if isinstance(v, str) and v]
+        if not keys:
+            return
+        r = self.t.run(lp.missing_paths_argv([v for _, v in keys]), timeout=60)
+        r.check(f"checking the config's paths on {self.host.name}")
+        missing = set(r.out.splitlines())
+        for k, v in keys:
+            if v in missing:
+                where = config or "the default config tiny-cpu.yaml"
+                fix = (f"run `dfo demo --host {self.host.name}` to make the demo's assets, "
+                       "or pass --config") if not config else \
+                    f"fix {k} in {config} or pass --set {k}=PATH"
+                raise ConfigError(f"{k} of {where}: {v} does not exist on {self.host.name}",
+                                  hint=fix)
+
     def _cache_key(self, cfg_nested: Mapping[str, Any], warnings: list[str]) -> str | None:
         from .cache import CacheManager
+
+        if not (cfg_nested.get("compile") or {}).get("enabled", True):
+            return None  # nothing is compiled: no cache to advise about
 
         try:
             key = CacheManager(self.t, self.layout, host=self.host.name).key(cfg_nested).key
