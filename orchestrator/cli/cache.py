@@ -17,7 +17,9 @@ from ..errors import ConfigError
 @click.command("warm-cache")
 @click.option("--host", "host_name", default=None, help="Host from hosts.yaml (default: the default host).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
-              help="Trainer config (YAML) whose shapes to warm; its paths are on the host.")
+              help="Trainer config (YAML) whose shapes to warm; its paths are on the host "
+                   "(default: the one `dfo launch` uses without --config). --pull, --from and "
+                   "--push need none.")
 @click.option("--set", "sets", multiple=True, metavar="SECTION.FIELD=VALUE",
               help="Trainer config override, e.g. --set model.attention=sdpa (repeatable).")
 @click.option("--from", "from_file", type=click.Path(dir_okay=False), default=None,

@@ -51,13 +51,16 @@ def demo(ctx: click.Context, host_name: str | None, fault: str | None, no_fault:
     if spec:
         con.print(f"dfo: injecting [bold]{spec}[/bold]: torch will raise the FX-tracing error in "
                   "attempt 1; watch the supervisor classify it and fall back")
-    # run name `demo` (the run id adds the time once); --new-lineage: a new demo starts over,
-    # an earlier demo's checkpoints move aside under a dated name instead of being resumed
-    args = ["--host", host.name, "--config", str(cfg), "--run-name", "demo", "--new-lineage",
+    return _run(ctx, launch, launch_args(host.name, cfg, spec))
+
+
+def launch_args(host: str, cfg: Path, fault: str | None) -> list[str]:
+    """The demo's `dfo launch` arguments. Run name `demo` (the run id adds the start time
+    once); --new-lineage: a new demo starts over, an earlier demo's checkpoints move aside
+    under a dated name instead of being resumed."""
+    args = ["--host", host, "--config", str(cfg), "--run-name", "demo", "--new-lineage",
             "--replace", "--follow", "--backoff-scale", "0.02"]
-    if spec:
-        args += ["--fault", spec]
-    return _run(ctx, launch, args)
+    return args + (["--fault", fault] if fault else [])
 
 
 def _run(ctx: click.Context, cmd: click.Command, args: list[str]):

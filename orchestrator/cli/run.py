@@ -45,8 +45,11 @@ def _ops(app, host_name, say=None):
 @click.option("--resume", default=None, metavar="step_N|latest|PATH",
               help="Checkpoint to start from: a name, 'latest', or a path under the host's root.")
 @click.option("--config", "config", default=None, type=click.Path(dir_okay=False),
-              help="Run config (trainer YAML); default: the shipped tiny-cpu.yaml.")
-@click.option("--run-name", default=None, help="Run name (checkpoints/<run-name>/); default: config stem.")
+              help="Run config (trainer YAML); default: the shipped tiny-cpu.yaml with its target and "
+                   "data where `dfo demo` puts them on the host (<root>/demo/).")
+@click.option("--run-name", default=None,
+              help="Run name (checkpoints/<run-name>/; the run id adds the start time); "
+                   "default: the config file's stem.")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
               help="Config override, e.g. --set train.micro_batch=4 (repeatable).")
 @click.option("--replace", is_flag=True, help="Stop the host's live run first.")
@@ -265,7 +268,7 @@ def logs(app, host_name, follow, run_id, attempt, since, raw):
 @click.option("--exit-code", type=int, default=None, help="The process's exit code, if known.")
 @click.option("--config", "config", default=None, type=click.Path(dir_okay=False),
               help="Run config to evaluate the fallback against.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (for scripts).")
 def diagnose(logfile, exit_code, config, as_json):
     """Classify a saved log offline: class, evidence lines, and the fallback dfo would choose."""
     from ..engine.diagnose import diagnose as run
