@@ -7,8 +7,9 @@ and without colour codes.
 
 ``Activity`` is the progress of one long step (deploy stages, warm-cache, launch, demo): in a
 terminal a rich spinner with the elapsed time, updated in place; otherwise plain
-timestamped lines, one per change and one every ``DFO_PROGRESS_EVERY`` seconds (default
-5) while nothing changes, so a log of the command shows it is alive at a steady pace.
+timestamped lines, one per change (at most one a second) and one every
+``DFO_PROGRESS_EVERY`` seconds (default 5) while nothing changes, so a log of the command
+shows it is alive at a steady pace; a step over within 2 seconds prints none.
 """
 
 from __future__ import annotations
@@ -117,7 +118,8 @@ class Activity:
             return
         if self._status is not None:
             self._status.update(self._desc())
-        elif self.plain and changed and time.monotonic() - self._last_upd >= min(1.0, self.every):
+        elif self.plain and changed and self._quiet_over() and \
+                time.monotonic() - self._last_upd >= min(1.0, self.every):
             self._last_upd = time.monotonic()
             # at most a line a second: a chatty step (uv's output) stays readable; the steady
             # beat shows the newest text
@@ -133,6 +135,11 @@ class Activity:
             self._plain(Text.from_markup(markup_text).plain)
         else:
             self.con.print(markup_text)
+
+    def _quiet_over(self) -> bool:
+        """A step that ends (or fails) within the first ``min(2, every)`` seconds prints no
+        progress at all: its result (or its one-line error) is all a log needs."""
+        return time.monotonic() - self._t0 >= min(2.0, self.every)
 
     def _beat(self) -> None:
         while not self._stop.wait(min(1.0, self.every)):

@@ -188,6 +188,8 @@ def stop(app, host_name, run_id, timeout, as_json):
     from .run import _ops
 
     ops = _ops(app, host_name)
+    if run_id:
+        require_run(ops, run_id, ops.status(run_id))
     info = ops.stop(run_id, timeout=timeout)
     if as_json:
         click.echo(json.dumps(info, default=str))
