@@ -25,10 +25,15 @@ from rich.console import Console
 PIPE_WIDTH = 4096
 
 
-def console(stderr: bool = False) -> Console:
-    """A rich Console for stdout/stderr: terminal-aware, never truncating in a pipe."""
+def console(stderr: bool = False, *, unlimited: bool = False) -> Console:
+    """A rich Console for stdout/stderr: terminal-aware, never truncating in a pipe.
+    ``unlimited``: in a terminal too, output at its natural width (the terminal wraps long
+    lines; nothing is cut), for ``--wide``."""
     c = Console(stderr=stderr, highlight=False)
     if c.is_terminal:
+        if unlimited:
+            return Console(stderr=stderr, highlight=False, width=PIPE_WIDTH, soft_wrap=True,
+                           force_terminal=True)
         return c
     return Console(stderr=stderr, highlight=False, width=PIPE_WIDTH, soft_wrap=True,
                    no_color=True, color_system=None)

@@ -17,20 +17,35 @@ from ..ops.sparkline import sparkline
 from .console import console, stamp
 from .params import POSITIVE_SECONDS
 
-#: columns by importance; a terminal narrower than a column's width drops it (--wide: all)
-#: (name, min terminal width to show it)
-COLUMNS = (("run", 0), ("state", 0), ("step", 0), ("tok/s", 0), ("trend", 0),
-           ("fallback", 0), ("attempt", 100), ("checkpoint", 100), ("last event", 150),
-           ("uptime", 120))
+#: every column, in display order
+COLUMNS = ("run", "state", "step", "tok/s", "trend", "fallback", "attempt", "checkpoint",
+           "last event", "uptime")
+#: what a narrow terminal keeps: these always, then the optional ones in this order while
+#: they fit (--wide: all, folded to fit)
+REQUIRED = ("run", "state", "step", "tok/s", "fallback")
+OPTIONAL = ("trend", "checkpoint", "attempt", "uptime", "last event")
 _STYLE = {"done": "green", "failed": "red", "lost": "red", "running": "cyan",
           "backoff": "yellow", "stopping": "yellow", "stopped": "dim"}
 
 
-def columns_for(width: int | None, wide: bool = False) -> list[str]:
-    """The columns ``dfo status`` shows at a terminal ``width`` (None or --wide: all)."""
+def columns_for(width: int | None, wide: bool = False,
+                cells: list[dict[str, str]] | None = None) -> list[str]:
+    """The columns ``dfo status`` shows at a terminal ``width`` (None or --wide: all):
+    the required ones, then each optional one that still fits its widest cell."""
     if wide or width is None:
-        return [c for c, _ in COLUMNS]
-    return [c for c, need in COLUMNS if width >= need]
+        return list(COLUMNS)
+
+    def need(c: str) -> int:
+        lines = [ln for row in cells or [] for ln in row.get(c, "").split("\n")]
+        return max([len(c), *map(len, lines)]) + 3    # + padding and divider
+
+    used = sum(need(c) for c in REQUIRED) - 3   # no outer edge or edge padding
+    chosen = set(REQUIRED)
+    for c in OPTIONAL:
+        if used + need(c) <= width:
+            chosen.add(c)
+            used += need(c)
+    return [c for c in COLUMNS if c in chosen]
 
 
 def _finite(x) -> float | None:
@@ -52,10 +67,10 @@ def _age(seconds: float | None) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
-def row_values(r: dict) -> dict[str, Text]:
+def row_values(r: dict, sep: str = ", ") -> dict[str, Text]:
     """One run's cells, all as Text (values from state.json are text, never markup)."""
     st = str(r.get("shown_status") or r.get("status") or "?")
-    fb = ", ".join(str(f.get("step")) for f in r.get("fallbacks") or [] if isinstance(f, dict)) or "-"
+    fb = sep.join(str(f.get("step")) for f in r.get("fallbacks") or [] if isinstance(f, dict)) or "-"
     ck = r.get("last_checkpoint") if isinstance(r.get("last_checkpoint"), dict) else {}
     end = _finite(r.get("ended_at")) or _finite(r.get("now")) or time.time()
     tps = _finite(r.get("tokens_per_s"))
@@ -77,16 +92,21 @@ def status_table(host: str, runs: list[dict], *, width: int | None = None,
                  wide: bool = False) -> Table:
     """The rich table of ``dfo status``: at ``width`` the columns that fit (run id, state,
     step, tok/s and fallback always; fallback folds rather than cut)."""
-    cols = columns_for(width, wide)
     narrow = not wide and width is not None
-    t = Table(title=Text(f"runs on {host}"), box=box.SIMPLE_HEAD if narrow else box.HEAVY_HEAD)
+    rows = [row_values(r, "\n" if narrow else ", ") for r in runs]
+    cols = columns_for(width, wide, [{c: v.plain for c, v in row.items()} for row in rows])
+    t = (Table(title=Text(f"runs on {host}"), box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+         if narrow else Table(title=Text(f"runs on {host}"), box=box.HEAVY_HEAD))
     for c in cols:
         if c == "fallback" or c == "last event":
-            t.add_column(c, overflow="fold", ratio=1 if narrow else None)
+            # one fallback a line in a terminal: each stays whole (fold only what cannot fit)
+            longest = max((len(x) for v in rows for x in v[c].plain.split("\n")), default=1)
+            t.add_column(c, overflow="fold", min_width=min(longest, 20) if narrow else None)
+        elif c == "run":   # whole on one line when it fits; a very long id folds, never cut
+            t.add_column(c, overflow="fold")
         else:
             t.add_column(c, no_wrap=True, justify="right" if c in ("step", "tok/s", "attempt") else "left")
-    for r in runs:
-        v = row_values(r)
+    for v in rows:
         t.add_row(*(v[c] for c in cols))
     return t
 
@@ -153,8 +173,8 @@ def watch(ops, run_id: str, *, interval: float, wide: bool) -> int:
 def status(app, host_name, run_id, wide, watch_, interval, as_json):
     """A table of the host's runs: state, step, tok/s and its trend, fallback, checkpoint.
 
-    At 80 columns it shows run, state, step, tok/s, trend and fallback; wider terminals
-    add attempt, checkpoint, uptime and last event; --wide shows them all."""
+    A terminal shows run, state, step, tok/s and fallback always, then the trend,
+    checkpoint, attempt, uptime and last event as they fit; --wide shows them all."""
     from .run import _ops
 
     ops = _ops(app, host_name)
@@ -167,12 +187,15 @@ def status(app, host_name, run_id, wide, watch_, interval, as_json):
     if as_json:
         click.echo(json.dumps({"host": ops.host.name, "runs": runs}, default=str))
         return 0
-    con = console()
+    con = console(unlimited=wide)
     if not runs:
         con.print(f"no runs on {ops.host.name} (start one with `dfo launch`)", markup=False)
         return 0
-    con.print(status_table(ops.host.name, runs, width=con.width if con.is_terminal else None,
-                           wide=wide))
+    if wide or not con.is_terminal:
+        # every column at its natural width: a terminal wraps the long lines, nothing is cut
+        con.print(status_table(ops.host.name, runs, wide=True))
+    else:
+        con.print(status_table(ops.host.name, runs, width=con.width))
     return 0
 
 
