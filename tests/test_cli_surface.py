@@ -199,3 +199,18 @@ def test_console_in_a_pipe_never_cuts(tmp_path):
     assert r.returncode == 0, r.stderr
     assert path in r.stdout and "…" not in r.stdout and "\x1b[" not in r.stdout
     assert status_table  # imported for the subprocess's sake
+
+
+def test_follow_in_a_pipe_says_alive_during_quiet_stretches(capsys):
+    from orchestrator.cli.run import _Printer
+    from orchestrator.engine.logs import LogLine
+
+    p = _Printer(raw=False)
+    hb = '@dfo {"kind": "heartbeat", "phase": "warmup", "step": 0}'
+    p(LogLine("attempt-1.log", 1, hb, 1, None))            # just started: nothing yet
+    assert capsys.readouterr().out == ""
+    p.quiet_since -= 10                                       # 10 s without a readable line
+    p(LogLine("attempt-1.log", 2, hb, 1, None))
+    p(LogLine("attempt-1.log", 3, hb, 1, None))               # the next beat: too soon
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 1 and out[0].endswith("a1│ alive: warmup step 0") and out[0][2] == ":"

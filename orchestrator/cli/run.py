@@ -8,7 +8,7 @@ import time
 
 import click
 
-from .console import Activity, console
+from .console import Activity, console, stamp
 from .params import NON_NEGATIVE
 from rich.markup import escape
 from rich.table import Table
@@ -156,6 +156,7 @@ class _Printer:
         self.raw = raw
         self.c = console()
         self.checkpoints: set = set()   # steps already shown (the event and the marker)
+        self.quiet_since = time.monotonic()
 
     def _checkpoint_once(self, attempt, step) -> bool:
         key = (str(attempt), str(step))
@@ -165,6 +166,9 @@ class _Printer:
         return True
 
     def __call__(self, ln) -> None:
+        text = getattr(ln, "text", "") or ""
+        if not text.lstrip().startswith("@dfo"):
+            self.quiet_since = time.monotonic()   # something a person reads was printed
         if self.raw:
             click.echo(ln.text)
             return
@@ -193,6 +197,15 @@ class _Printer:
                     self.c.print(f"{tag}[green]checkpoint step {rec.get('step')}[/]")
             elif rec.get("kind") == "done":
                 self.c.print(f"{tag}[green]done at step {rec.get('step')}[/]")
+            elif rec.get("kind") == "heartbeat" and not self.c.is_terminal:
+                # in a pipe, a quiet stretch (compiling, warm-up) still shows it is alive
+                now = time.monotonic()
+                if now - self.quiet_since >= 5:
+                    self.c.print(f"{stamp()} a{ln.attempt}│ alive: {rec.get('phase')}"
+                                 + (f" step {rec.get('step')}" if rec.get("step") is not None else ""),
+                                 markup=False)
+                    self.quiet_since = now
+                return
             elif rec.get("kind") == "step":
                 loss = rec.get("loss")
                 if isinstance(loss, float) and loss != loss:
