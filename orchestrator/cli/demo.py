@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from .console import console
+from .console import console, stamp
 
 from .cache import warm_cache
 from .deploy import deploy
@@ -33,7 +33,10 @@ def demo(ctx: click.Context, host_name: str | None, fault: str | None, no_fault:
     host = app.host(host_name)
 
     def step(n: int, what: str) -> None:
-        con.rule(f"[bold]{n}/4 {what}[/bold] on {host.name}")
+        if con.is_terminal:
+            con.rule(f"[bold]{n}/4 {what}[/bold] on {host.name}")
+        else:  # a pipe: one plain, timestamped line (a rule would be as wide as the console)
+            con.print(f"{stamp()} == {n}/4 {what} on {host.name}", markup=False)
 
     step(1, "dfo deploy")
     _run(ctx, deploy, ["--host", host.name])
