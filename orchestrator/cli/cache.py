@@ -15,7 +15,7 @@ from ..errors import ConfigError
 
 
 @click.command("warm-cache")
-@click.option("--host", "host_name", default=None, help="Host from hosts.yaml (default: the default host).")
+@click.option("--host", "host_name", default=None, metavar="NAME", help="Host from hosts.yaml (default: the default host).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
               help="Trainer config (YAML) whose shapes to warm; its paths are on the host "
                    "(default: the one `dfo launch` uses without --config). --pull, --from and "
@@ -26,7 +26,7 @@ from ..errors import ConfigError
               help="Restore this local snapshot (.tar with its .manifest.json beside it).")
 @click.option("--pull", "pull_dest", is_flag=False, flag_value=".", default=None, metavar="[DEST]",
               help="Copy this key's snapshot from the host to DEST (dir or .tar; default: .).")
-@click.option("--key", "key_name", default=None,
+@click.option("--key", "key_name", default=None, metavar="KEY",
               help="With --pull: pull this key (see --status) instead of this env's.")
 @click.option("--push", "push_file", type=click.Path(dir_okay=False), default=None,
               help="Upload a local snapshot into the host's store and restore it.")

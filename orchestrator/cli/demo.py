@@ -19,7 +19,7 @@ from .run import launch
 
 
 @click.command("demo")
-@click.option("--host", "host_name", default=None, help="Host from hosts.yaml (default: the default host).")
+@click.option("--host", "host_name", default=None, metavar="NAME", help="Host from hosts.yaml (default: the default host).")
 @click.option("--fault", default=None, metavar="SPEC",
               help="Fault to inject in the first attempt (default: fx_race@30, the incident's error).")
 @click.option("--no-fault", is_flag=True, help="Run without an injected failure.")

@@ -43,7 +43,7 @@ def _esc(s: str) -> str:
 
 
 @click.command("deploy")
-@click.option("--host", "host_name", default=None, help="Host from hosts.yaml (default: the default host).")
+@click.option("--host", "host_name", default=None, metavar="NAME", help="Host from hosts.yaml (default: the default host).")
 @click.option("--check", is_flag=True, help="Compare the deployed env with its lock; exit 7 on drift.")
 @click.option("--rollback", is_flag=True, help="Switch envs/current back to envs/previous (verified).")
 @click.option("--force", is_flag=True, help="Reinstall every package and re-verify, even when up to date.")

@@ -41,13 +41,13 @@ def _ops(app, host_name, say=None):
 # --- launch ----------------------------------------------------------------------------------
 
 @click.command()
-@click.option("--host", "host_name", default=None, help="Host from hosts.yaml (default: the default host).")
+@click.option("--host", "host_name", default=None, metavar="NAME", help="Host from hosts.yaml (default: the default host).")
 @click.option("--resume", default=None, metavar="step_N|latest|PATH",
               help="Checkpoint to start from: a name, 'latest', or a path under the host's root.")
 @click.option("--config", "config", default=None, type=click.Path(dir_okay=False),
               help="Run config (trainer YAML); default: the shipped tiny-cpu.yaml with its target and "
                    "data where `dfo demo` puts them on the host (<root>/demo/).")
-@click.option("--run-name", default=None,
+@click.option("--run-name", default=None, metavar="NAME",
               help="Run name (checkpoints/<run-name>/; the run id adds the start time); "
                    "default: the config file's stem.")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
@@ -246,11 +246,11 @@ def _follow(ops, run_id, *, follow, raw, attempt, since, from_attempt) -> int:
 
 
 @click.command()
-@click.option("--host", "host_name", default=None, help="Host from hosts.yaml (default: the default host).")
+@click.option("--host", "host_name", default=None, metavar="NAME", help="Host from hosts.yaml (default: the default host).")
 @click.option("-f", "--follow", is_flag=True, help="Keep following; exit with the run's final status.")
-@click.option("--run", "run_id", default=None, help="Run id (default: the live run, else the newest).")
+@click.option("--run", "run_id", default=None, metavar="ID", help="Run id (default: the live run, else the newest).")
 @click.option("--attempt", type=int, default=None, help="Only this attempt's log.")
-@click.option("--since", default=None, help="Only events newer than this (30s, 10m, 2h, or a unix time).")
+@click.option("--since", default=None, metavar="WHEN", help="Only events newer than this (30s, 10m, 2h, or a unix time).")
 @click.option("--raw", is_flag=True, help="Print the files' lines as they are.")
 @click.pass_obj
 def logs(app, host_name, follow, run_id, attempt, since, raw):

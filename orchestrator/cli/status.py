@@ -161,8 +161,8 @@ def watch(ops, run_id: str, *, interval: float, wide: bool) -> int:
 
 
 @click.command()
-@click.option("--host", "host_name", default=None, help="Host from hosts.yaml (default: the default host).")
-@click.option("--run", "run_id", default=None, help="Only this run (default: all runs on the host).")
+@click.option("--host", "host_name", default=None, metavar="NAME", help="Host from hosts.yaml (default: the default host).")
+@click.option("--run", "run_id", default=None, metavar="ID", help="Only this run (default: all runs on the host).")
 @click.option("--wide", is_flag=True, help="Every column, whatever the terminal's width.")
 @click.option("--watch", "watch_", is_flag=True,
               help="Refresh until the run (--run, else the live or newest one) ends.")
@@ -200,8 +200,8 @@ def status(app, host_name, run_id, wide, watch_, interval, as_json):
 
 
 @click.command()
-@click.option("--host", "host_name", default=None, help="Host from hosts.yaml (default: the default host).")
-@click.option("--run", "run_id", default=None, help="Run id (default: the live run, else the newest).")
+@click.option("--host", "host_name", default=None, metavar="NAME", help="Host from hosts.yaml (default: the default host).")
+@click.option("--run", "run_id", default=None, metavar="ID", help="Run id (default: the live run, else the newest).")
 @click.option("--timeout", type=POSITIVE_SECONDS, default=300.0, show_default=True,
               help="Seconds to wait for the run to end.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (for scripts).")
