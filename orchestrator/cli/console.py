@@ -43,7 +43,8 @@ def is_terminal(stderr: bool = False) -> bool:
     return Console(stderr=stderr).is_terminal
 
 
-def _every() -> float:
+def progress_every() -> float:
+    """Seconds between steady progress lines in a pipe (``DFO_PROGRESS_EVERY``, default 5)."""
     try:
         v = float(os.environ.get("DFO_PROGRESS_EVERY", "5"))
     except ValueError:
@@ -64,7 +65,7 @@ class Activity:
         self.label = label
         self.con = con or console(stderr=True)
         self.enabled = enabled
-        self.every = every if every is not None else _every()
+        self.every = every if every is not None else progress_every()
         self.text = ""
         self._status = None
         self._thread: threading.Thread | None = None

@@ -8,7 +8,7 @@ import time
 
 import click
 
-from .console import Activity, console, stamp
+from .console import Activity, console, progress_every, stamp
 from .params import NON_NEGATIVE
 from rich.markup import escape
 from rich.table import Table
@@ -200,7 +200,7 @@ class _Printer:
             elif rec.get("kind") == "heartbeat" and not self.c.is_terminal:
                 # in a pipe, a quiet stretch (compiling, warm-up) still shows it is alive
                 now = time.monotonic()
-                if now - self.quiet_since >= 5:
+                if now - self.quiet_since >= progress_every():
                     self.c.print(f"{stamp()} a{ln.attempt}│ alive: {rec.get('phase')}"
                                  + (f" step {rec.get('step')}" if rec.get("step") is not None else ""),
                                  markup=False)
