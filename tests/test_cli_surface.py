@@ -214,3 +214,17 @@ def test_follow_in_a_pipe_says_alive_during_quiet_stretches(capsys):
     p(LogLine("attempt-1.log", 3, hb, 1, None))               # the next beat: too soon
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 1 and out[0].endswith("a1│ alive: warmup step 0") and out[0][2] == ":"
+
+
+def test_deploy_stage_view_in_a_pipe():
+    from orchestrator.cli.deploy import _StageView
+
+    buf = io.StringIO()
+    view = _StageView(Console(file=buf, width=4096, force_terminal=False))
+    view("uv", "start", None, "creating the venv")
+    view("uv", "done", 1.5, "created /root/.dfo/envs/cpu-0123 [with brackets]")
+    view("verify", "skip", None, "up to date")
+    view.close()
+    lines = buf.getvalue().splitlines()
+    assert len(lines) == 2 and "✓ uv" in lines[0] and "[with brackets]" in lines[0]
+    assert "· verify" in lines[1] and all(ln[2] == ":" for ln in lines)
