@@ -133,7 +133,9 @@ class RunOps:
             owner = probe.get("lock_owner") or "another run"
             raise LockHeldError(f"run {owner} is live on {self.host.name} (run.lock held)",
                                 hint=f"stop it with `dfo stop --run {owner}` or launch --replace")
-        self._check_inputs(cfg_nested, o.config)
+        from .preflight import check_config_paths
+
+        check_config_paths(self.t, self.host.name, cfg_nested, o.config)
         key = self._cache_key(cfg_nested, warnings)
 
         now = self.clock()
@@ -199,26 +201,6 @@ class RunOps:
                 hint="continue that run with --resume latest, or start over with --new-lineage "
                      "(moves them aside under a dated name, deletes nothing)")
         return f"{ck_dir.rstrip('/')}.{time.strftime('%Y%m%d-%H%M%S', time.gmtime(now))}"
-
-    def _check_inputs(self, cfg: Mapping[str, Any], config: str | None) -> None:
-        """The config's target and data paths exist on the host (one remote probe), so a
-        launch that cannot train is refused here rather than failing in attempt 1."""
-        keys = [("model.target_path", (cfg.get("model") or {}).get("target_path")),
-                ("data.path", (cfg.get("data") or {}).get("path"))]
-        keys = [(k, v) for k, v in keys if isinstance(v, str) and v]
-        if not keys:
-            return
-        r = self.t.run(lp.missing_paths_argv([v for _, v in keys]), timeout=60)
-        r.check(f"checking the config's paths on {self.host.name}")
-        missing = set(r.out.splitlines())
-        for k, v in keys:
-            if v in missing:
-                where = config or "the default config tiny-cpu.yaml"
-                fix = (f"run `dfo demo --host {self.host.name}` to make the demo's assets, "
-                       "or pass --config") if not config else \
-                    f"fix {k} in {config} or pass --set {k}=PATH"
-                raise ConfigError(f"{k} of {where}: {v} does not exist on {self.host.name}",
-                                  hint=fix)
 
     def _cache_key(self, cfg_nested: Mapping[str, Any], warnings: list[str]) -> str | None:
         from .cache import CacheManager
