@@ -11,8 +11,6 @@ import click
 from .console import Activity, console, progress_every, stamp
 from .params import NON_NEGATIVE
 from rich.markup import escape
-from rich.table import Table
-from rich.text import Text
 
 from ..errors import EXIT_INTERRUPTED, ConfigError, NotFoundError, RunFailed
 
@@ -307,7 +305,5 @@ def diagnose(logfile, exit_code, config, as_json):
                 + (" + restore the compile cache" if choice.restore_cache else ""))
     return 0
 
-
-from .status import status_table  # noqa: E402,F401  (re-exported for tests and tools)
 
 COMMANDS = [launch, logs, diagnose]

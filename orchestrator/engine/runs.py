@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 
-from ..config.runconfig import default_config_path, load_config
+from ..config.runconfig import default_config_path
 from ..errors import (ConfigError, DeployError, DfoError, DriftError, LockHeldError,
                      NotFoundError, RemoteCommandError, RunFailed)
 from ..ops import launch_plan as lp
