@@ -17,7 +17,7 @@ log() { printf '\n== %s\n' "$*" >&2; }
 
 # --- 1. system packages ------------------------------------------------------
 APT_PACKAGES=(openssh-server openssh-client lxc lxc-templates debootstrap distro-info rsync
-              ca-certificates shellcheck)
+              ca-certificates shellcheck tmux)
 if [[ $(id -u) -ne 0 ]]; then
     echo "scripts/test.sh: needs root (the lab runs sshd for root and LXC containers)" >&2
     exit 2

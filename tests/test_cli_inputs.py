@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from orchestrator.cli.run import status_table
+from orchestrator.cli.status import status_table
 from orchestrator.config.inventory import parse_inventory
 from orchestrator.config.profiles import PROFILES_DIR, load_profile
 from orchestrator.errors import ConfigError

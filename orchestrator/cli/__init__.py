@@ -17,6 +17,7 @@ from .. import __version__
 from ..errors import EXIT_INTERRUPTED, DfoError
 from .context import AppContext
 from . import cache as _cache, demo as _demo, deploy as _deploy, hosts as _hosts, run as _run
+from . import status as _status
 
 log = logging.getLogger("dfo")
 
@@ -36,7 +37,7 @@ def cli(ctx: click.Context, hosts_file: str | None, verbose: int) -> None:
     ctx.call_on_close(ctx.obj.close)
 
 
-for _module in (_hosts, _deploy, _cache, _run, _demo):
+for _module in (_hosts, _deploy, _cache, _run, _status, _demo):
     for _cmd in _module.COMMANDS:
         cli.add_command(_cmd)
 
@@ -64,12 +65,26 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         click.echo("dfo: interrupted", err=True)
         return EXIT_INTERRUPTED
+    except click.exceptions.NoArgsIsHelpError as e:
+        click.echo(e.ctx.get_help() if e.ctx else "", err=True)
+        return 2
     except click.ClickException as e:
-        e.show()
+        click.echo(f"dfo: error: {usage_error_line(e)}", err=True)
         return 2  # usage errors are config errors: exit 2
     except click.exceptions.Exit as e:
         return e.exit_code
     return rv if isinstance(rv, int) else 0
+
+
+def usage_error_line(e: click.ClickException) -> str:
+    """click's usage errors (unknown option, bad value, missing argument) as dfo's one line:
+    ``<command>: <what is wrong> (see `<command> --help`)``, without click's usage block."""
+    msg = " ".join(e.format_message().split()).replace(". Did you mean", "; did you mean")
+    ctx = getattr(e, "ctx", None)
+    path = ctx.command_path if ctx is not None else "dfo"
+    if msg[:1].isupper() and not msg[:2].isupper():
+        msg = msg[0].lower() + msg[1:]
+    return f"{path}: {msg.rstrip('.')} (see `{path} --help`)"
 
 
 def run() -> None:  # pragma: no cover - console script shim

@@ -15,16 +15,18 @@ from ..errors import ConfigError
 
 
 @click.command("warm-cache")
-@click.option("--host", "host_name", default=None, help="Host from hosts.yaml (default: the default host).")
+@click.option("--host", "host_name", default=None, metavar="NAME", help="Host from hosts.yaml (default: the default host).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
-              help="Trainer config (YAML) whose shapes to warm; its paths are on the host.")
+              help="Trainer config (YAML) whose shapes to warm; its paths are on the host "
+                   "(default: the one `dfo launch` uses without --config). --pull, --from and "
+                   "--push need none.")
 @click.option("--set", "sets", multiple=True, metavar="SECTION.FIELD=VALUE",
               help="Trainer config override, e.g. --set model.attention=sdpa (repeatable).")
 @click.option("--from", "from_file", type=click.Path(dir_okay=False), default=None,
               help="Restore this local snapshot (.tar with its .manifest.json beside it).")
 @click.option("--pull", "pull_dest", is_flag=False, flag_value=".", default=None, metavar="[DEST]",
               help="Copy this key's snapshot from the host to DEST (dir or .tar; default: .).")
-@click.option("--key", "key_name", default=None,
+@click.option("--key", "key_name", default=None, metavar="KEY",
               help="With --pull: pull this key (see --status) instead of this env's.")
 @click.option("--push", "push_file", type=click.Path(dir_okay=False), default=None,
               help="Upload a local snapshot into the host's store and restore it.")
@@ -93,44 +95,36 @@ def _when(ts: float | None) -> str:
 
 
 class _Ui:
-    """rich progress for people (stderr), nothing for --json."""
+    """Progress for people on stderr (a spinner in a terminal, timestamped lines in a pipe),
+    nothing for --json."""
 
     def __init__(self, as_json: bool):
-        self.as_json = as_json
-        self.progress = None
-        self.task = None
+        from .console import Activity
+
+        self.act = Activity("warm-cache", enabled=not as_json)
         self.desc = ""
         self.beats = 0
 
     def __enter__(self):
-        if not self.as_json:
-            from rich.console import Console
-            from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-            self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"),
-                                     TimeElapsedColumn(), console=Console(stderr=True), transient=True)
-            self.progress.__enter__()
-            self.task = self.progress.add_task("warm-cache", total=None)
+        self.act.__enter__()
         return self
 
     def __exit__(self, *exc):
-        if self.progress is not None:
-            self.progress.__exit__(*exc)
-            self.progress = None
+        self.act.__exit__(*exc)
 
     def stage(self, name: str, what: str) -> None:
         self.desc = f"{name}: {what}"
-        if self.progress is not None:
-            self.progress.update(self.task, description=self.desc)
+        self.act.update(self.desc)
 
     def event(self, kind: str, data) -> None:
         if kind == "stage":
             self.stage(data.get("stage", "?"), str(data.get("what", "")))
-        elif kind == "heartbeat" and self.progress is not None:
+        elif kind == "heartbeat":
             self.beats += 1
-            self.progress.update(self.task, description=f"{self.desc} (alive, {self.beats} heartbeats)")
-        elif kind == "phase" and self.progress is not None:
-            self.progress.update(self.task, description=f"{self.desc} [{data.get('phase')}]")
+            if not self.act.plain:  # in a pipe the steady lines already say it is alive
+                self.act.update(f"{self.desc} (alive, {self.beats} heartbeats)")
+        elif kind == "phase":
+            self.act.update(f"{self.desc} [{data.get('phase')}]")
 
 
 def _print_result(res, components, as_json: bool) -> None:
@@ -139,10 +133,11 @@ def _print_result(res, components, as_json: bool) -> None:
         d["components"] = components
         click.echo(json.dumps(d, sort_keys=True))
         return
-    from rich.console import Console
     from rich.table import Table
 
-    con = Console()
+    from .console import console
+
+    con = console()
     head = {"warmed": "warmed and saved a snapshot", "restored": "restored a verified snapshot",
             "pushed": "pushed and restored a verified snapshot", "pulled": "pulled the snapshot"}
     con.print(f"[bold]{res.host}[/]: {head.get(res.action, res.action)} for key [cyan]{res.key}[/] "
@@ -186,10 +181,11 @@ def _print_status(host: str, entries, removed, as_json: bool) -> None:
         click.echo(json.dumps({"host": host, "removed": removed,
                                "keys": [dict(e.__dict__) for e in entries]}, sort_keys=True))
         return
-    from rich.console import Console
     from rich.table import Table
 
-    con = Console()
+    from .console import console
+
+    con = console()
     if removed is not None:
         con.print(f"pruned {len(removed)} key(s)" + (f": {', '.join(removed)}" if removed else ""))
     if not entries:

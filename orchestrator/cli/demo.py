@@ -7,11 +7,11 @@ Click only: each step is the same command a user would type.
 from __future__ import annotations
 
 import tempfile
-import time
 from pathlib import Path
 
 import click
-from rich.console import Console
+
+from .console import console, stamp
 
 from .cache import warm_cache
 from .deploy import deploy
@@ -19,7 +19,7 @@ from .run import launch
 
 
 @click.command("demo")
-@click.option("--host", "host_name", default=None, help="Host from hosts.yaml (default: the default host).")
+@click.option("--host", "host_name", default=None, metavar="NAME", help="Host from hosts.yaml (default: the default host).")
 @click.option("--fault", default=None, metavar="SPEC",
               help="Fault to inject in the first attempt (default: fx_race@30, the incident's error).")
 @click.option("--no-fault", is_flag=True, help="Run without an injected failure.")
@@ -29,11 +29,14 @@ def demo(ctx: click.Context, host_name: str | None, fault: str | None, no_fault:
     from ..engine.demo import DEMO_FAULT, ensure_assets, write_demo_config
 
     app = ctx.obj
-    con = Console(stderr=True)
+    con = console(stderr=True)
     host = app.host(host_name)
 
     def step(n: int, what: str) -> None:
-        con.rule(f"[bold]{n}/4 {what}[/bold] on {host.name}")
+        if con.is_terminal:
+            con.rule(f"[bold]{n}/4 {what}[/bold] on {host.name}")
+        else:  # a pipe: one plain, timestamped line (a rule would be as wide as the console)
+            con.print(f"{stamp()} == {n}/4 {what} on {host.name}", markup=False)
 
     step(1, "dfo deploy")
     _run(ctx, deploy, ["--host", host.name])
@@ -51,13 +54,16 @@ def demo(ctx: click.Context, host_name: str | None, fault: str | None, no_fault:
     if spec:
         con.print(f"dfo: injecting [bold]{spec}[/bold]: torch will raise the FX-tracing error in "
                   "attempt 1; watch the supervisor classify it and fall back")
-    # a fresh run name each time: a new launch must not resume an earlier demo's checkpoints
-    run_name = time.strftime("demo-%Y%m%d-%H%M%S")
-    args = ["--host", host.name, "--config", str(cfg), "--run-name", run_name, "--replace",
-            "--follow", "--backoff-scale", "0.02"]
-    if spec:
-        args += ["--fault", spec]
-    return _run(ctx, launch, args)
+    return _run(ctx, launch, launch_args(host.name, cfg, spec))
+
+
+def launch_args(host: str, cfg: Path, fault: str | None) -> list[str]:
+    """The demo's `dfo launch` arguments. Run name `demo` (the run id adds the start time
+    once); --new-lineage: a new demo starts over, an earlier demo's checkpoints move aside
+    under a dated name instead of being resumed."""
+    args = ["--host", host, "--config", str(cfg), "--run-name", "demo", "--new-lineage",
+            "--replace", "--follow", "--backoff-scale", "0.02"]
+    return args + (["--fault", fault] if fault else [])
 
 
 def _run(ctx: click.Context, cmd: click.Command, args: list[str]):

@@ -5,43 +5,35 @@ from __future__ import annotations
 import json
 
 import click
-from rich.console import Console
 from rich.table import Table
+
+from .console import console
 
 from ..errors import DfoError, DriftError
 
 
 class _StageView:
-    """rich output for people: a spinner for the running stage, one line per finished one."""
+    """Output for people: a spinner for the running stage (timestamped lines in a pipe), one
+    line per finished one."""
 
     ICON = {"done": "[green]✓[/]", "skip": "[dim]·[/]", "fail": "[red]✗[/]"}
 
-    def __init__(self, console: Console):
-        self.console = console
-        self.status = None
+    def __init__(self, con):
+        from .console import Activity
+
+        self.act = Activity("deploy", con=con).__enter__()
 
     def __call__(self, stage: str, status: str, seconds, detail: str) -> None:
-        if status == "start":
-            self._stop()
-            self.status = self.console.status(f"{stage}: {detail}" if detail else stage)
-            self.status.start()
-        elif status == "line":
-            if self.status is not None:
-                self.status.update(f"{stage}: {detail}")
+        if status in ("start", "line"):
+            self.act.update(f"{stage}: {detail}" if detail else stage)
         else:
-            self._stop()
             secs = f"{seconds:6.2f}s" if seconds else "      -"
             style = "dim" if status == "skip" else ""
-            self.console.print(f"{self.ICON.get(status, ' ')} {stage:<12} {secs}  "
-                               f"[{style or 'default'}]{_esc(detail)}[/]")
-
-    def _stop(self) -> None:
-        if self.status is not None:
-            self.status.stop()
-            self.status = None
+            self.act.line(f"{self.ICON.get(status, ' ')} {stage:<12} {secs}  "
+                          f"[{style or 'default'}]{_esc(detail)}[/]")
 
     def close(self) -> None:
-        self._stop()
+        self.act.close()
 
 
 def _esc(s: str) -> str:
@@ -51,7 +43,7 @@ def _esc(s: str) -> str:
 
 
 @click.command("deploy")
-@click.option("--host", "host_name", default=None, help="Host from hosts.yaml (default: the default host).")
+@click.option("--host", "host_name", default=None, metavar="NAME", help="Host from hosts.yaml (default: the default host).")
 @click.option("--check", is_flag=True, help="Compare the deployed env with its lock; exit 7 on drift.")
 @click.option("--rollback", is_flag=True, help="Switch envs/current back to envs/previous (verified).")
 @click.option("--force", is_flag=True, help="Reinstall every package and re-verify, even when up to date.")
@@ -70,8 +62,7 @@ def deploy(app, host_name, check, rollback, force, profile, as_json):
 
     if check and rollback:
         raise click.UsageError("--check and --rollback cannot be combined")
-    console = Console(stderr=True, highlight=False)
-    view = None if as_json else _StageView(console)
+    view = None if as_json else _StageView(console(stderr=True))
     host = app.host(host_name)
     report = None
     try:
@@ -97,7 +88,7 @@ def deploy(app, host_name, check, rollback, force, profile, as_json):
     if as_json:
         click.echo(json.dumps(report.to_json()))
     else:
-        out = Console(highlight=False)
+        out = console()
         if check:
             if report.ok:
                 out.print(f"[green]ok[/] {host.name}: {report.message} ({report.env})")

@@ -12,9 +12,9 @@ from .context import AppContext
 
 
 def _console():
-    from rich.console import Console
+    from .console import console
 
-    return Console(highlight=False, soft_wrap=True)
+    return console()
 
 
 @click.group("hosts")

@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 import json
-import math
 import shlex
 import time
 
 import click
 
-from .params import NON_NEGATIVE, POSITIVE_SECONDS
-from rich.console import Console
+from .console import Activity, console, progress_every, stamp
+from .params import NON_NEGATIVE
 from rich.markup import escape
-from rich.table import Table
-from rich.text import Text
 
-from ..errors import EXIT_INTERRUPTED, ConfigError, RunFailed
+from ..errors import EXIT_INTERRUPTED, ConfigError, NotFoundError, RunFailed
 
 
 def _kv(items, what: str, conv=float) -> dict:
@@ -31,22 +28,26 @@ def _kv(items, what: str, conv=float) -> dict:
     return out
 
 
-def _ops(app, host_name):
+def _ops(app, host_name, say=None):
     from ..engine.runs import RunOps
 
     host = app.host(host_name)
-    return RunOps(app.transport(host_name), host, say=lambda m: click.echo(f"dfo: {m}", err=True))
+    return RunOps(app.transport(host_name), host,
+                  say=say or (lambda m: click.echo(f"dfo: {m}", err=True)))
 
 
 # --- launch ----------------------------------------------------------------------------------
 
 @click.command()
-@click.option("--host", "host_name", default=None, help="Host from hosts.yaml (default: the default host).")
+@click.option("--host", "host_name", default=None, metavar="NAME", help="Host from hosts.yaml (default: the default host).")
 @click.option("--resume", default=None, metavar="step_N|latest|PATH",
               help="Checkpoint to start from: a name, 'latest', or a path under the host's root.")
 @click.option("--config", "config", default=None, type=click.Path(dir_okay=False),
-              help="Run config (trainer YAML); default: the shipped tiny-cpu.yaml.")
-@click.option("--run-name", default=None, help="Run name (checkpoints/<run-name>/); default: config stem.")
+              help="Run config (trainer YAML); default: the shipped tiny-cpu.yaml with its target and "
+                   "data where `dfo demo` puts them on the host (<root>/demo/).")
+@click.option("--run-name", default=None, metavar="NAME",
+              help="Run name (checkpoints/<run-name>/; the run id adds the start time); "
+                   "default: the config file's stem.")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
               help="Config override, e.g. --set train.micro_batch=4 (repeatable).")
 @click.option("--replace", is_flag=True, help="Stop the host's live run first.")
@@ -92,8 +93,12 @@ def launch(app, host_name, resume, config, run_name, sets, replace, new_lineage,
                          backoff_scale=backoff_scale, thresholds=_kv(thresholds, "--threshold"),
                          budget=budget, fallbacks=fb or None, env_check=not no_env_check,
                          new_lineage=new_lineage)
-    ops = _ops(app, host_name)
-    plan = ops.launch(opts)
+    with Activity("launch", enabled=not as_json) as act:
+        ops = _ops(app, host_name, say=lambda m: act.line(f"dfo: {escape(m)}"))
+        act.update("checking the host, the env and the config" + ("" if dry_run else
+                                                                   "; then starting the run"))
+        plan = ops.launch(opts)
+    ops.say = lambda m: click.echo(f"dfo: {m}", err=True)
     if as_json:
         d = plan.to_json()
         d["started"] = not dry_run
@@ -107,8 +112,8 @@ def launch(app, host_name, resume, config, run_name, sets, replace, new_lineage,
 
 
 def _print_plan(plan, dry_run: bool) -> None:
-    c = Console(highlight=False, soft_wrap=True)
-    err = Console(stderr=True, highlight=False)
+    c = console()
+    err = console(stderr=True)
     for w in plan.warnings:
         err.print(f"[yellow]warning:[/] {escape(w)}")
     if not dry_run:
@@ -147,9 +152,21 @@ _EVENT_STYLE = {
 class _Printer:
     def __init__(self, raw: bool):
         self.raw = raw
-        self.c = Console(highlight=False, soft_wrap=True)
+        self.c = console()
+        self.checkpoints: set = set()   # steps already shown (the event and the marker)
+        self.quiet_since = time.monotonic()
+
+    def _checkpoint_once(self, attempt, step) -> bool:
+        key = (str(attempt), str(step))
+        if key in self.checkpoints:
+            return False
+        self.checkpoints.add(key)
+        return True
 
     def __call__(self, ln) -> None:
+        text = getattr(ln, "text", "") or ""
+        if not text.lstrip().startswith("@dfo"):
+            self.quiet_since = time.monotonic()   # something a person reads was printed
         if self.raw:
             click.echo(ln.text)
             return
@@ -160,6 +177,8 @@ class _Printer:
             e = ln.event
             kind = e.get("kind")
             style = _EVENT_STYLE.get(kind) or "default"
+            if kind == "checkpoint" and not self._checkpoint_once(e.get("attempt"), e.get("step")):
+                return
             if kind == "final":
                 style = {"done": "bold green", "failed": "bold red"}.get(e.get("status"), "bold yellow")
             ts = time.strftime("%H:%M:%S", time.localtime(float(e.get("t") or 0)))
@@ -172,9 +191,19 @@ class _Printer:
         if rec is not None:
             # the trainer prints its own human line for each step; markers stay quiet
             if rec.get("kind") == "checkpoint":
-                self.c.print(f"{tag}[green]checkpoint step {rec.get('step')}[/]")
+                if self._checkpoint_once(ln.attempt, rec.get("step")):
+                    self.c.print(f"{tag}[green]checkpoint step {rec.get('step')}[/]")
             elif rec.get("kind") == "done":
                 self.c.print(f"{tag}[green]done at step {rec.get('step')}[/]")
+            elif rec.get("kind") == "heartbeat" and not self.c.is_terminal:
+                # in a pipe, a quiet stretch (compiling, warm-up) still shows it is alive
+                now = time.monotonic()
+                if now - self.quiet_since >= progress_every():
+                    self.c.print(f"{stamp()} a{ln.attempt}│ alive: {rec.get('phase')}"
+                                 + (f" step {rec.get('step')}" if rec.get("step") is not None else ""),
+                                 markup=False)
+                    self.quiet_since = now
+                return
             elif rec.get("kind") == "step":
                 loss = rec.get("loss")
                 if isinstance(loss, float) and loss != loss:
@@ -191,7 +220,7 @@ def _follow(ops, run_id, *, follow, raw, attempt, since, from_attempt) -> int:
     from ..engine.logs import LogFollower
     from ..ops.timespec import parse_since
 
-    err = Console(stderr=True, highlight=False)
+    err = console(stderr=True)
     f = LogFollower(ops.t, ops.layout, run_id, on_line=_Printer(raw), follow=follow,
                     attempt=attempt, from_attempt=from_attempt,
                     since=parse_since(since, time.time()),
@@ -215,106 +244,32 @@ def _follow(ops, run_id, *, follow, raw, attempt, since, from_attempt) -> int:
 
 
 @click.command()
-@click.option("--host", "host_name", default=None)
+@click.option("--host", "host_name", default=None, metavar="NAME", help="Host from hosts.yaml (default: the default host).")
 @click.option("-f", "--follow", is_flag=True, help="Keep following; exit with the run's final status.")
-@click.option("--run", "run_id", default=None, help="Run id (default: the live run, else the newest).")
+@click.option("--run", "run_id", default=None, metavar="ID", help="Run id (default: the live run, else the newest).")
 @click.option("--attempt", type=int, default=None, help="Only this attempt's log.")
-@click.option("--since", default=None, help="Only events newer than this (30s, 10m, 2h, or a unix time).")
+@click.option("--since", default=None, metavar="WHEN", help="Only events newer than this (30s, 10m, 2h, or a unix time).")
 @click.option("--raw", is_flag=True, help="Print the files' lines as they are.")
 @click.pass_obj
 def logs(app, host_name, follow, run_id, attempt, since, raw):
     """Stream a run's events and its current attempt's log (Ctrl-C detaches)."""
     from ..engine.logs import current_attempt
 
+    from .status import require_run
+
     ops = _ops(app, host_name)
     rid = ops.current_run(run_id)
+    runs = ops.status(rid)
+    require_run(ops, rid, runs)
+    if attempt is not None:
+        have = [a.get("n") for a in runs[0].get("attempts") or [] if isinstance(a, dict)]
+        if attempt not in have:
+            raise NotFoundError(f"run {rid} has no attempt {attempt}",
+                                hint=("attempts: " + ", ".join(str(n) for n in have)) if have
+                                else "it has not started an attempt yet")
     start = 1 if follow and attempt is None and since is None else current_attempt(ops, rid)
     return _follow(ops, rid, follow=follow, raw=raw, attempt=attempt, since=since,
                    from_attempt=start)
-
-
-# --- status / stop -----------------------------------------------------------------------------
-
-
-def status_table(host: str, runs: list[dict]) -> Table:
-    """The rich table of ``dfo status`` (values from state.json are shown as text, never markup)."""
-    t = Table(title=Text(f"runs on {host}"))
-    t.add_column("run", no_wrap=True)
-    t.add_column("state", no_wrap=True)
-    for col in ("attempt", "step", "tok/s", "last event", "fallback", "last checkpoint",
-                "uptime"):
-        t.add_column(col)
-    style = {"done": "green", "failed": "red", "lost": "red", "running": "cyan",
-             "backoff": "yellow", "stopping": "yellow", "stopped": "dim"}
-    for r in runs:
-        st = str(r.get("shown_status") or r.get("status") or "?")
-        fb = ", ".join(str(f.get("step")) for f in r.get("fallbacks") or [] if isinstance(f, dict)) or "-"
-        ck = r.get("last_checkpoint") if isinstance(r.get("last_checkpoint"), dict) else {}
-        end = _finite(r.get("ended_at")) or _finite(r.get("now")) or time.time()
-        tps = _finite(r.get("tokens_per_s"))
-        started = _finite(r.get("started_at"))
-        t.add_row(Text(str(r.get("run_id"))), Text(st, style=style.get(st, "")),
-                  str(r.get("attempt") or 0),
-                  str(r.get("last_step") if r.get("last_step") is not None else "-"),
-                  "-" if tps is None else f"{tps:.0f}",
-                  Text(str(r.get("last_event") or "-")), Text(fb),
-                  f"step_{ck['step']}" if ck.get("step") is not None else "-",
-                  "-" if started is None else _age(end - started))
-    return t
-
-
-def _finite(x) -> float | None:
-    """A number read from a state file, or None when it is missing or not a finite number
-    (a hand-edited or damaged state.json must not end ``dfo status`` in a traceback)."""
-    if isinstance(x, bool):
-        return None
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None
-
-
-def _age(seconds: float | None) -> str:
-    if seconds is None or seconds < 0:
-        return "-"
-    s = int(seconds)
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
-
-
-@click.command()
-@click.option("--host", "host_name", default=None)
-@click.option("--run", "run_id", default=None)
-@click.option("--json", "as_json", is_flag=True)
-@click.pass_obj
-def status(app, host_name, run_id, as_json):
-    """A table of the host's runs: attempt, state, step, tok/s, last event, fallback, checkpoint."""
-    ops = _ops(app, host_name)
-    runs = ops.status(run_id)
-    if as_json:
-        click.echo(json.dumps({"host": ops.host.name, "runs": runs}, default=str))
-        return 0
-    Console(highlight=False).print(status_table(ops.host.name, runs))
-    return 0
-
-
-@click.command()
-@click.option("--host", "host_name", default=None)
-@click.option("--run", "run_id", default=None)
-@click.option("--timeout", type=POSITIVE_SECONDS, default=300.0, show_default=True)
-@click.option("--json", "as_json", is_flag=True)
-@click.pass_obj
-def stop(app, host_name, run_id, timeout, as_json):
-    """Stop a run: the trainer checkpoints and exits; the run ends `stopped`."""
-    ops = _ops(app, host_name)
-    info = ops.stop(run_id, timeout=timeout)
-    if as_json:
-        click.echo(json.dumps(info, default=str))
-        return 0
-    ck = info.get("last_checkpoint") or {}
-    click.echo(f"run {info['run_id']}: {info.get('shown_status') or info.get('status')}"
-               + (f", last checkpoint step_{ck['step']}" if ck.get("step") is not None else ""))
-    return 0
 
 
 # --- diagnose ----------------------------------------------------------------------------------
@@ -324,7 +279,7 @@ def stop(app, host_name, run_id, timeout, as_json):
 @click.option("--exit-code", type=int, default=None, help="The process's exit code, if known.")
 @click.option("--config", "config", default=None, type=click.Path(dir_okay=False),
               help="Run config to evaluate the fallback against.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (for scripts).")
 def diagnose(logfile, exit_code, config, as_json):
     """Classify a saved log offline: class, evidence lines, and the fallback dfo would choose."""
     from ..engine.diagnose import diagnose as run
@@ -334,7 +289,7 @@ def diagnose(logfile, exit_code, config, as_json):
     if as_json:
         click.echo(json.dumps(res.to_json()))
         return 0
-    c = Console(highlight=False, soft_wrap=True)
+    c = console()
     c.print(f"[bold]{d.cls}[/]: {escape(d.reason)}")
     for ev in d.evidence:
         c.print(f"  [red]{ev.line_no:>6}│ {escape(ev.text)}[/]")
@@ -351,4 +306,4 @@ def diagnose(logfile, exit_code, config, as_json):
     return 0
 
 
-COMMANDS = [launch, logs, status, stop, diagnose]
+COMMANDS = [launch, logs, diagnose]

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import logging
 import posixpath
+import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import yaml
 
 from dfo_contract.fsio import atomic_write_text
 
-from ..config.runconfig import default_config_path
+from ..config.runconfig import default_config_path, load_config
 from ..ops.layout import RemoteLayout
 from ..transport.base import Transport
 
@@ -55,6 +57,38 @@ def demo_config(base: Mapping[str, Any], layout: RemoteLayout) -> dict[str, Any]
     ck["every"] = 20
     ck["keep"] = 3
     return cfg
+
+
+def default_run_config(layout: RemoteLayout) -> dict[str, Any]:
+    """The run config ``dfo launch`` and ``dfo warm-cache`` use without ``--config``: the
+    shipped tiny CPU config with its target and data where ``dfo demo`` puts them on this
+    host (``<root>/demo/``), so the default works right after the demo, from any directory."""
+    cfg = yaml.safe_load(default_config_path().read_text())
+    p = demo_paths(layout)
+    cfg.setdefault("model", {})["target_path"] = p["target"]
+    cfg.setdefault("data", {})["path"] = p["data"]
+    cfg.pop("run", None)
+    return cfg
+
+
+@contextmanager
+def default_config_file(layout: RemoteLayout) -> Iterator[Path]:
+    """``default_run_config`` as a local file named like the shipped one (tiny-cpu.yaml),
+    for as long as the ``with`` lasts."""
+    with tempfile.TemporaryDirectory(prefix="dfo-default-") as d:
+        dest = Path(d) / default_config_path().name
+        atomic_write_text(dest, f"# {default_config_path().name} with the demo's paths on the host\n"
+                          + yaml.safe_dump(default_run_config(layout), sort_keys=False))
+        yield dest
+
+
+def load_run_config(path: str | None, layout: RemoteLayout,
+                    overrides=()) -> tuple[dict, bytes]:
+    """``load_config(path, overrides)``; no path: the host's default run config."""
+    if path:
+        return load_config(path, overrides)
+    with default_config_file(layout) as p:
+        return load_config(p, overrides)
 
 
 def write_demo_config(layout: RemoteLayout, dest: Path, base_path: Path | None = None) -> Path:

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..config.runconfig import load_config
 from ..errors import ConfigError
-from ..ops.classify import classify
+from ..ops.classify import classify, parse_marker
 from ..ops.fallback import DEFAULT_LADDERS, next_config
 from ..ops.launch_plan import flatten
 
@@ -24,6 +24,16 @@ class Diagnosis:
         return out
 
 
+def last_marker_kind(lines: list[str]) -> str | None:
+    """The kind of the last ``@dfo`` marker in a log (``done``, ``step``, ...), or None.
+    Heartbeats are skipped: they may follow the final marker while the process exits."""
+    for ln in reversed(lines):
+        rec = parse_marker(ln)
+        if rec is not None and rec.get("kind") != "heartbeat":
+            return rec.get("kind")
+    return None
+
+
 def diagnose(logfile: str | Path, *, exit_code: int | None = None,
              config: str | Path | None = None) -> Diagnosis:
     """The class of the failure in ``logfile``, its evidence lines, and the first fallback
@@ -32,7 +42,10 @@ def diagnose(logfile: str | Path, *, exit_code: int | None = None,
         text = Path(logfile).read_text(errors="replace")
     except OSError as e:
         raise ConfigError(f"{logfile}: cannot read: {e.strerror or e}") from None
-    d = classify(text.splitlines(), exit_code=exit_code)
+    lines = text.splitlines()
+    if exit_code is None and last_marker_kind(lines) == "done":
+        exit_code = 0  # the trainer said it finished: no exit code needed to know that
+    d = classify(lines, exit_code=exit_code)
     if config:
         base = flatten(load_config(config)[0])
     else:  # the trainer's defaults (torch-free)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 
-from ..config.runconfig import default_config_path, load_config
+from ..config.runconfig import default_config_path
 from ..errors import (ConfigError, ConnectError, DeployError, DfoError, DriftError,
                      HostKeyError, LockHeldError, NotFoundError, RemoteCommandError, RunFailed)
 from ..ops import launch_plan as lp
@@ -94,12 +94,15 @@ class RunOps:
         root = self.layout.root
         resume = lp.parse_resume(o.resume, root)          # before anything touches the host
         sets = lp.parse_sets(o.sets)
+        from .demo import load_run_config
+
         cfg_path = o.config or default_config_path()
-        run_name = lp.check_run_name(o.run_name or Path(cfg_path).stem)
+        run_name = lp.check_run_name(Path(cfg_path).stem if o.run_name is None else o.run_name)
 
         pairs = [(k, lp.render_value(v)) for k, v in sets.items()]
-        cfg_nested, cfg_bytes = load_config(cfg_path, pairs)
-        base_no_sets = lp.flatten(load_config(cfg_path, [])[0]) if sets else lp.flatten(cfg_nested)
+        cfg_nested, cfg_bytes = load_run_config(o.config, self.layout, pairs)
+        base_no_sets = (lp.flatten(load_run_config(o.config, self.layout, [])[0]) if sets
+                        else lp.flatten(cfg_nested))
         ladders = merge_ladders(
             validate_ladders(dict(self.host.fallbacks) or None,
                              source=f"{self.host.source or 'hosts.yaml'}: hosts.{self.host.name}.fallbacks"),
@@ -131,6 +134,9 @@ class RunOps:
             owner = probe.get("lock_owner") or "another run"
             raise LockHeldError(f"run {owner} is live on {self.host.name} (run.lock held)",
                                 hint=f"stop it with `dfo stop --run {owner}` or launch --replace")
+        from .preflight import check_config_paths
+
+        check_config_paths(self.t, self.host.name, cfg_nested, o.config)
         key = self._cache_key(cfg_nested, warnings)
 
         now = self.clock()
@@ -200,6 +206,9 @@ class RunOps:
 
     def _cache_key(self, cfg_nested: Mapping[str, Any], warnings: list[str]) -> str | None:
         from .cache import CacheManager
+
+        if not (cfg_nested.get("compile") or {}).get("enabled", True):
+            return None  # nothing is compiled: no cache to advise about
 
         try:
             key = CacheManager(self.t, self.layout, host=self.host.name).key(cfg_nested).key

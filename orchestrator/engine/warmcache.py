@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from ..config.runconfig import load_config
 from ..errors import ConfigError
 from ..ops import snapshot as sn
 from ..ops.cache_key import explain_diff
@@ -81,13 +80,25 @@ def warm_cache(mgr: CacheManager, req: WarmCacheRequest,
         return _done(_pulled(host, req.key_name, tar, man), {}, t0)
 
     overrides = list(req.overrides)
-    cfg, cfg_bytes = load_config(req.config_path, overrides)
-    if not (cfg.get("compile") or {}).get("enabled", True) and \
-            not (req.pull_dest is not None or req.push_file or req.from_file):
-        raise ConfigError("warm-cache: nothing to warm: the config has compile.enabled false",
-                          hint="add --set compile.enabled=true, and launch with it too")
-    stage("key", f"computing the cache key on {host}")
-    key = mgr.key(cfg)
+    moving = req.pull_dest is not None or req.push_file or req.from_file
+    if moving and req.config_path is None and not overrides:
+        # --pull / --from / --push need no config: the key comes from the store or the
+        # snapshot's manifest (its env components re-checked against this host)
+        stage("key", f"finding the snapshot's key on {host}")
+        key = _key_without_config(mgr, req)
+        cfg_bytes = b""
+    else:
+        from .demo import load_run_config
+
+        cfg, cfg_bytes = load_run_config(req.config_path, mgr.layout, overrides)
+        if not (cfg.get("compile") or {}).get("enabled", True) and not moving:
+            which = f"--config {req.config_path}" if req.config_path else \
+                "the default config (tiny-cpu.yaml)"
+            raise ConfigError(f"warm-cache: nothing to warm: {which} has compile.enabled false",
+                              hint="pass the --config you launch with, or --set "
+                                   "compile.enabled=true (and launch with it too)")
+        stage("key", f"computing the cache key on {host}")
+        key = mgr.key(cfg)
     if req.pull_dest is not None:
         tar, man = mgr.pull(key.key, Path(req.pull_dest))
         return _done(_pulled(host, key.key, tar, man), key.components, t0)
@@ -111,6 +122,32 @@ def warm_cache(mgr: CacheManager, req: WarmCacheRequest,
         res.source = None
         res.note = f"nearest other snapshot {near[0]} differs in: {explain_diff(near[1])}"
     return _done(res, key.components, t0)
+
+
+def _key_without_config(mgr: CacheManager, req: WarmCacheRequest):
+    from ..errors import NotFoundError
+    from ..ops import cache_key as ck
+    from .cache import local_snapshot_files
+
+    if req.pull_dest is not None:
+        entries, _ = mgr.status()
+        snaps = [e.key for e in entries if e.snapshot_size is not None]
+        if len(snaps) == 1:
+            return ck.CacheKey(key=snaps[0], components={})
+        if not snaps:
+            raise NotFoundError(f"no compile-cache snapshots on {mgr.host}",
+                                hint="warm one with `dfo warm-cache --config F`")
+        raise ConfigError(f"warm-cache --pull: {len(snaps)} snapshots on {mgr.host}: "
+                          + ", ".join(snaps), hint="name one with --key K, or pass --config F")
+    tar, man = local_snapshot_files(Path(req.push_file or req.from_file))
+    m = sn.parse_manifest(man.read_bytes(), str(man))
+    fp = mgr.fingerprint()
+    comps = dict(m["components"])
+    comps.update(ck.fingerprint_components(fp))
+    comps["trainer.source"] = mgr.trainer_source()
+    comps = dict(sorted(comps.items()))
+    return ck.CacheKey(key=ck.key_of(comps, profile=str(fp.get("profile") or "env")),
+                       components=comps)
 
 
 def _done(res: WarmResult, components: Mapping[str, Any], t0: float) -> WarmCacheOutcome:

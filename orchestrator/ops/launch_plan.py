@@ -138,6 +138,14 @@ def check_run_name(name: str) -> str:
     return name
 
 
+def missing_paths_argv(paths: Sequence[str]) -> list[str]:
+    """One remote probe: prints each of ``paths`` that does not exist, one a line (the
+    paths are arguments, never part of the script)."""
+    script = 'for p in "$@"; do [ -e "$p" ] || printf "%s\\n" "$p"; done'
+    return ["sh", "-c", script, "sh", *paths]
+
+
+
 RUN_ID_SUFFIX = re.compile(r"^[0-9a-f]{6}$")
 
 

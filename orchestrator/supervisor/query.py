@@ -89,10 +89,31 @@ def run_info(run_dir: str) -> dict | None:
         shown = "lost"
     st["shown_status"] = shown
     st["now"] = time.time()
+    _add_metrics(st, run_dir)
     st.pop("attempts_argv", None)
     for a in st.get("attempts", []):
         a.pop("argv", None)
     return st
+
+
+def _add_metrics(st: dict, run_dir: str, tail_bytes: int = 16384) -> None:
+    """``recent_tokens_per_s`` (for the sparkline) and ``last_step`` made current from the
+    tail of metrics.jsonl and the newest checkpoint (state.json's step lags between logs)."""
+    from ..ops.sparkline import current_step, metrics_tail
+
+    lines: list[str] = []
+    try:
+        with open(os.path.join(run_dir, "metrics.jsonl"), "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - tail_bytes))
+            lines = f.read().decode("utf-8", "replace").splitlines()[1 if size > tail_bytes else 0:]
+    except OSError:
+        pass
+    step, tps = metrics_tail(lines)
+    ck = st.get("last_checkpoint") if isinstance(st.get("last_checkpoint"), dict) else {}
+    st["recent_tokens_per_s"] = tps
+    st["last_step"] = current_step(st.get("last_step"), step, ck.get("step"))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,154 @@
+"""Output for people and for pipes, in one place.
+
+``console()`` is a rich Console for stdout (``console(stderr=True)`` for stderr). In a
+terminal it is rich as usual, at the terminal's width. When the stream is not a terminal
+(a pipe, a file, CI) it is wide (nothing is truncated to ``…``, no path breaks across lines)
+and without colour codes.
+
+``Activity`` is the progress of one long step (deploy stages, warm-cache, launch, demo): in a
+terminal a rich spinner with the elapsed time, updated in place; otherwise plain
+timestamped lines, one per change (at most one a second) and one every
+``DFO_PROGRESS_EVERY`` seconds (default 5) while nothing changes, so a log of the command
+shows it is alive at a steady pace; a step over within 2 seconds prints none.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Callable
+
+from rich.console import Console
+
+#: the width of a non-terminal console: wide enough that nothing is ever cut
+PIPE_WIDTH = 4096
+
+
+def console(stderr: bool = False, *, unlimited: bool = False) -> Console:
+    """A rich Console for stdout/stderr: terminal-aware, never truncating in a pipe.
+    ``unlimited``: in a terminal too, output at its natural width (the terminal wraps long
+    lines; nothing is cut), for ``--wide``."""
+    c = Console(stderr=stderr, highlight=False)
+    if c.is_terminal:
+        if unlimited:
+            return Console(stderr=stderr, highlight=False, width=PIPE_WIDTH, soft_wrap=True,
+                           force_terminal=True)
+        return c
+    return Console(stderr=stderr, highlight=False, width=PIPE_WIDTH, soft_wrap=True,
+                   no_color=True, color_system=None)
+
+
+def is_terminal(stderr: bool = False) -> bool:
+    return Console(stderr=stderr).is_terminal
+
+
+def progress_every() -> float:
+    """Seconds between steady progress lines in a pipe (``DFO_PROGRESS_EVERY``, default 5)."""
+    try:
+        v = float(os.environ.get("DFO_PROGRESS_EVERY", "5"))
+    except ValueError:
+        return 5.0
+    return v if v > 0 else 5.0
+
+
+def stamp(clock: Callable[[], float] = time.time) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(clock()))
+
+
+class Activity:
+    """Progress of one long step, on stderr. ``update(text)`` says what is happening now;
+    ``line(text)`` prints a permanent line (a finished stage). Use as a context manager."""
+
+    def __init__(self, label: str, *, con: Console | None = None, enabled: bool = True,
+                 every: float | None = None):
+        self.label = label
+        self.con = con or console(stderr=True)
+        self.enabled = enabled
+        self.every = every if every is not None else progress_every()
+        self.text = ""
+        self._status = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._t0 = time.monotonic()
+        self._last = 0.0
+        self._last_upd = 0.0
+
+    @property
+    def plain(self) -> bool:
+        return not self.con.is_terminal
+
+    def __enter__(self) -> "Activity":
+        self._t0 = self._last = time.monotonic()
+        if not self.enabled:
+            return self
+        if self.plain:
+            self._thread = threading.Thread(target=self._beat, name="dfo-progress", daemon=True)
+            self._thread.start()
+        else:
+            self._status = self.con.status(self._desc())
+            self._status.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+            self._thread = None
+        if self._status is not None:
+            self._status.stop()
+            self._status = None
+
+    def _desc(self) -> str:
+        from rich.markup import escape
+
+        return escape(f"{self.label}: {self.text}" if self.text else self.label)
+
+    def _elapsed(self) -> str:
+        s = int(time.monotonic() - self._t0)
+        return f"{s // 60}m{s % 60:02d}s"
+
+    def _plain(self, text: str) -> None:
+        with self._lock:
+            self.con.print(f"{stamp()} {text}", markup=False, highlight=False)
+            self._last = time.monotonic()
+
+    def update(self, text: str) -> None:
+        changed = text != self.text
+        self.text = text
+        if not self.enabled:
+            return
+        if self._status is not None:
+            self._status.update(self._desc())
+        elif self.plain and changed and self._quiet_over() and \
+                time.monotonic() - self._last_upd >= min(1.0, self.every):
+            self._last_upd = time.monotonic()
+            # at most a line a second: a chatty step (uv's output) stays readable; the steady
+            # beat shows the newest text
+            self._plain(f"{self.label}: {text} ({self._elapsed()})")
+
+    def line(self, markup_text: str) -> None:
+        """A permanent line (rich markup), above the spinner in a terminal."""
+        if not self.enabled:
+            return
+        if self.plain:
+            from rich.text import Text
+
+            self._plain(Text.from_markup(markup_text).plain)
+        else:
+            self.con.print(markup_text)
+
+    def _quiet_over(self) -> bool:
+        """A step that ends (or fails) within the first ``min(2, every)`` seconds prints no
+        progress at all: its result (or its one-line error) is all a log needs."""
+        return time.monotonic() - self._t0 >= min(2.0, self.every)
+
+    def _beat(self) -> None:
+        while not self._stop.wait(min(1.0, self.every)):
+            if time.monotonic() - self._last >= self.every:
+                self._plain(f"{self.label}: {self.text or 'working'} "
+                            f"(still working, {self._elapsed()})")

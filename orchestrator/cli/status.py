@@ -1,0 +1,226 @@
+"""``dfo status`` (table, ``--wide``, ``--json``, ``--watch``) and ``dfo stop``: click only."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import click
+from rich import box
+from rich.table import Table
+from rich.text import Text
+
+from ..errors import NotFoundError
+from ..ops import runstate as rs
+from ..ops.sparkline import sparkline
+from .console import console, stamp
+from .params import POSITIVE_SECONDS
+
+#: every column, in display order
+COLUMNS = ("run", "state", "step", "tok/s", "trend", "fallback", "attempt", "checkpoint",
+           "last event", "uptime")
+#: what a narrow terminal keeps: these always, then the optional ones in this order while
+#: they fit (--wide: all, folded to fit)
+REQUIRED = ("run", "state", "step", "tok/s", "fallback")
+OPTIONAL = ("trend", "checkpoint", "attempt", "uptime", "last event")
+_STYLE = {"done": "green", "failed": "red", "lost": "red", "running": "cyan",
+          "backoff": "yellow", "stopping": "yellow", "stopped": "dim"}
+
+
+def columns_for(width: int | None, wide: bool = False,
+                cells: list[dict[str, str]] | None = None) -> list[str]:
+    """The columns ``dfo status`` shows at a terminal ``width`` (None or --wide: all):
+    the required ones, then each optional one that still fits its widest cell."""
+    if wide or width is None:
+        return list(COLUMNS)
+
+    def need(c: str) -> int:
+        lines = [ln for row in cells or [] for ln in row.get(c, "").split("\n")]
+        return max([len(c), *map(len, lines)]) + 3    # + padding and divider
+
+    used = sum(need(c) for c in REQUIRED) - 3   # no outer edge or edge padding
+    chosen = set(REQUIRED)
+    for c in OPTIONAL:
+        if used + need(c) <= width:
+            chosen.add(c)
+            used += need(c)
+    return [c for c in COLUMNS if c in chosen]
+
+
+def _finite(x) -> float | None:
+    """A number read from a state file, or None when it is missing or not a finite number
+    (a hand-edited or damaged state.json must not end ``dfo status`` in a traceback)."""
+    if isinstance(x, bool):
+        return None
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None or seconds < 0:
+        return "-"
+    s = int(seconds)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def row_values(r: dict, sep: str = ", ") -> dict[str, Text]:
+    """One run's cells, all as Text (values from state.json are text, never markup)."""
+    st = str(r.get("shown_status") or r.get("status") or "?")
+    fb = sep.join(str(f.get("step")) for f in r.get("fallbacks") or [] if isinstance(f, dict)) or "-"
+    ck = r.get("last_checkpoint") if isinstance(r.get("last_checkpoint"), dict) else {}
+    end = _finite(r.get("ended_at")) or _finite(r.get("now")) or time.time()
+    tps = _finite(r.get("tokens_per_s"))
+    started = _finite(r.get("started_at"))
+    recent = r.get("recent_tokens_per_s") if isinstance(r.get("recent_tokens_per_s"), list) else []
+    return {
+        "run": Text(str(r.get("run_id"))), "state": Text(st, style=_STYLE.get(st, "")),
+        "step": Text(str(r.get("last_step") if r.get("last_step") is not None else "-")),
+        "tok/s": Text("-" if tps is None else f"{tps:.0f}"),
+        "trend": Text(sparkline(recent, 8) or "-", style="cyan"),
+        "fallback": Text(fb), "attempt": Text(str(r.get("attempt") or 0)),
+        "checkpoint": Text(f"step_{ck['step']}" if ck.get("step") is not None else "-"),
+        "last event": Text(str(r.get("last_event") or "-")),
+        "uptime": Text("-" if started is None else _age(end - started)),
+    }
+
+
+def status_table(host: str, runs: list[dict], *, width: int | None = None,
+                 wide: bool = False) -> Table:
+    """The rich table of ``dfo status``: at ``width`` the columns that fit (run id, state,
+    step, tok/s and fallback always; fallback folds rather than cut)."""
+    narrow = not wide and width is not None
+    rows = [row_values(r, "\n" if narrow else ", ") for r in runs]
+    cols = columns_for(width, wide, [{c: v.plain for c, v in row.items()} for row in rows])
+    t = (Table(title=Text(f"runs on {host}"), box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+         if narrow else Table(title=Text(f"runs on {host}"), box=box.HEAVY_HEAD))
+    for c in cols:
+        if c == "fallback" or c == "last event":
+            # one fallback a line in a terminal: each stays whole (fold only what cannot fit)
+            longest = max((len(x) for v in rows for x in v[c].plain.split("\n")), default=1)
+            t.add_column(c, overflow="fold", min_width=min(longest, 20) if narrow else None)
+        elif c == "run":   # whole on one line when it fits; a very long id folds, never cut
+            t.add_column(c, overflow="fold")
+        else:
+            t.add_column(c, no_wrap=True, justify="right" if c in ("step", "tok/s", "attempt") else "left")
+    for v in rows:
+        t.add_row(*(v[c] for c in cols))
+    return t
+
+
+def require_run(ops, run_id: str | None, runs: list[dict]) -> None:
+    """An unknown ``--run`` is exit 11, naming the runs that exist."""
+    if run_id and not runs:
+        have = sorted(str(r.get("run_id")) for r in ops.status(None))
+        raise NotFoundError(f"no run {run_id} on {ops.host.name}",
+                            hint=("runs: " + ", ".join(have[-10:])) if have
+                            else "there are no runs; start one with `dfo launch`")
+
+
+def _change_line(r: dict) -> str:
+    v = row_values(r)
+    return " ".join(f"{c}={v[c].plain}" for c in ("run", "state", "attempt", "step", "tok/s", "fallback",
+                                                  "checkpoint"))
+
+
+def _final(r: dict) -> bool:
+    return str(r.get("shown_status") or r.get("status")) in rs.FINAL + ("lost",)
+
+
+def watch(ops, run_id: str, *, interval: float, wide: bool) -> int:
+    """Refresh the run's row in place (rich Live) until it ends; not a terminal: one line per
+    change. Returns 0 (Ctrl-C: 130, the run goes on)."""
+    con = console()
+    host = ops.host.name
+    if not con.is_terminal:
+        last = None
+        while True:
+            runs = ops.status(run_id)
+            require_run(ops, run_id, runs)
+            line = _change_line(runs[0])
+            if line != last:
+                con.print(f"{stamp()} {line}", markup=False)
+                last = line
+            if _final(runs[0]):
+                return 0
+            time.sleep(interval)
+    from rich.live import Live
+
+    runs = ops.status(run_id)
+    require_run(ops, run_id, runs)
+    with Live(status_table(host, runs, width=con.width, wide=wide), console=con,
+              auto_refresh=False) as live:
+        while not _final(runs[0]):
+            time.sleep(interval)
+            runs = ops.status(run_id) or runs
+            live.update(status_table(host, runs, width=con.width, wide=wide), refresh=True)
+    return 0
+
+
+@click.command()
+@click.option("--host", "host_name", default=None, metavar="NAME", help="Host from hosts.yaml (default: the default host).")
+@click.option("--run", "run_id", default=None, metavar="ID", help="Only this run (default: all runs on the host).")
+@click.option("--wide", is_flag=True, help="Every column, whatever the terminal's width.")
+@click.option("--watch", "watch_", is_flag=True,
+              help="Refresh until the run (--run, else the live or newest one) ends.")
+@click.option("--interval", type=POSITIVE_SECONDS, default=2.0, show_default=True,
+              help="Seconds between refreshes with --watch.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (for scripts).")
+@click.pass_obj
+def status(app, host_name, run_id, wide, watch_, interval, as_json):
+    """A table of the host's runs: state, step, tok/s and its trend, fallback, checkpoint.
+
+    A terminal shows run, state, step, tok/s and fallback always, then the trend,
+    checkpoint, attempt, uptime and last event as they fit; --wide shows them all."""
+    from .run import _ops
+
+    ops = _ops(app, host_name)
+    if watch_:
+        if as_json:
+            raise click.UsageError("--watch and --json cannot be combined")
+        return watch(ops, ops.current_run(run_id), interval=interval, wide=wide)
+    runs = ops.status(run_id)
+    require_run(ops, run_id, runs)
+    if as_json:
+        click.echo(json.dumps({"host": ops.host.name, "runs": runs}, default=str))
+        return 0
+    con = console(unlimited=wide)
+    if not runs:
+        con.print(f"no runs on {ops.host.name} (start one with `dfo launch`)", markup=False)
+        return 0
+    if wide or not con.is_terminal:
+        # every column at its natural width: a terminal wraps the long lines, nothing is cut
+        con.print(status_table(ops.host.name, runs, wide=True))
+    else:
+        con.print(status_table(ops.host.name, runs, width=con.width))
+    return 0
+
+
+@click.command()
+@click.option("--host", "host_name", default=None, metavar="NAME", help="Host from hosts.yaml (default: the default host).")
+@click.option("--run", "run_id", default=None, metavar="ID", help="Run id (default: the live run, else the newest).")
+@click.option("--timeout", type=POSITIVE_SECONDS, default=300.0, show_default=True,
+              help="Seconds to wait for the run to end.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (for scripts).")
+@click.pass_obj
+def stop(app, host_name, run_id, timeout, as_json):
+    """Stop a run: the trainer checkpoints and exits; the run ends `stopped`."""
+    from .run import _ops
+
+    ops = _ops(app, host_name)
+    if run_id:
+        require_run(ops, run_id, ops.status(run_id))
+    info = ops.stop(run_id, timeout=timeout)
+    if as_json:
+        click.echo(json.dumps(info, default=str))
+        return 0
+    ck = info.get("last_checkpoint") or {}
+    click.echo(f"run {info['run_id']}: {info.get('shown_status') or info.get('status')}"
+               + (f", last checkpoint step_{ck['step']}" if ck.get("step") is not None else ""))
+    return 0
+
+
+COMMANDS = [status, stop]

@@ -1,0 +1,53 @@
+"""Pure: a small unicode sparkline (``▁▂▃▄▅▆▇█``) of recent values, for ``dfo status``."""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+BARS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: Iterable[object], width: int = 8) -> str:
+    """The last ``width`` finite numbers of ``values`` as bars scaled between their min and
+    max (all equal: a flat middle line). Non-numbers, NaN and inf are skipped; no numbers: ''."""
+    xs = [float(v) for v in values
+          if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
+    xs = xs[-width:] if width > 0 else []
+    if not xs:
+        return ""
+    lo, hi = min(xs), max(xs)
+    if hi - lo <= 1e-12 * max(1.0, abs(hi)):
+        return BARS[len(BARS) // 2 - 1] * len(xs)
+    top = len(BARS) - 1
+    return "".join(BARS[round((x - lo) / (hi - lo) * top)] for x in xs)
+
+
+def current_step(*steps: object) -> int | None:
+    """The newest step among the sources that know one (state.json's last step, the newest
+    step record in metrics.jsonl, the newest checkpoint): their maximum, or None."""
+    got = [int(s) for s in steps if isinstance(s, int) and not isinstance(s, bool) and s >= 0]
+    return max(got) if got else None
+
+
+def metrics_tail(lines: Iterable[str], keep: int = 16) -> tuple[int | None, list[float]]:
+    """From the last lines of metrics.jsonl: the step of the newest record and the last
+    ``keep`` tokens_per_s values (torn or foreign lines are skipped)."""
+    import json
+
+    step = None
+    tps: list[float] = []
+    for ln in lines:
+        try:
+            rec = json.loads(ln)
+        except ValueError:
+            continue
+        if not isinstance(rec, dict):
+            continue
+        s = rec.get("step")
+        if isinstance(s, int) and not isinstance(s, bool):
+            step = s
+        v = rec.get("tokens_per_s")
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            tps.append(float(v))
+    return step, tps[-keep:]

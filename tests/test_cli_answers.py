@@ -1,0 +1,126 @@
+"""Consistent answers of the real CLI on the local transport (a host root whose env is this
+venv): unknown run/attempt is exit 11 listing what exists; the default config is the demo's
+assets on the host, checked before anything starts; no warm-cache advice for an uncompiled
+config; warm-cache without --config names dfo's options, never the trainer's flags."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.cli import main
+from orchestrator.ops.runstate import Attempt, RunState
+from orchestrator.supervisor.runfiles import write_state
+from tests.supervisor_env import hosts_yaml, make_root, tiny_assets  # noqa: F401
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    root = make_root(tmp_path)
+    hosts = hosts_yaml(tmp_path / "hosts.yaml", root)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)     # the default config must not depend on the cwd
+    return root, hosts
+
+
+def dfo(capsys, hosts, *args):
+    rc = main(["--hosts", str(hosts), *args])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def fake_run(root: Path, run_id: str, attempts: int = 2) -> Path:
+    rd = root / "runs" / run_id
+    rd.mkdir(parents=True)
+    st = RunState.new(run_id, run_id.rsplit("-", 2)[0], now=time.time() - 60)
+    st.status, st.ended_at, st.last_step = "done", time.time(), 12
+    st.attempts = [Attempt(n=i + 1, started_at=time.time() - 60) for i in range(attempts)]
+    st.attempt = attempts
+    write_state(str(rd), st)
+    for i in range(attempts):
+        (rd / f"attempt-{i + 1}.log").write_text(f"attempt {i + 1} says hi\n")
+    (rd / "events.jsonl").write_text("")
+    return rd
+
+
+def test_unknown_run_or_attempt_is_exit_11_everywhere(env, capsys):
+    root, hosts = env
+    fake_run(root, "tiny-20261201-010000")
+    rc, out, err = dfo(capsys, hosts, "status", "--run", "nosuchrun")
+    assert rc == 11 and err.count("\n") == 1 and "no run nosuchrun" in err
+    assert "tiny-20261201-010000" in err and out == ""
+    for cmd in (["logs"], ["stop"], ["status", "--watch"]):
+        rc, _, err = dfo(capsys, hosts, *cmd, "--run", "nosuchrun")
+        assert rc == 11 and "tiny-20261201-010000" in err, (cmd, err)
+    rc, out, err = dfo(capsys, hosts, "logs", "--run", "tiny-20261201-010000", "--attempt", "99")
+    assert rc == 11 and "has no attempt 99" in err and "attempts: 1, 2" in err and out == ""
+    rc, out, err = dfo(capsys, hosts, "logs", "--run", "tiny-20261201-010000", "--attempt", "2")
+    assert rc == 0 and "attempt 2 says hi" in out
+
+
+def test_no_runs_says_so(env, capsys):
+    _, hosts = env
+    rc, out, err = dfo(capsys, hosts, "status")
+    assert rc == 0 and "no runs on local" in out
+    rc, out, _ = dfo(capsys, hosts, "status", "--json")
+    assert rc == 0 and json.loads(out)["runs"] == []
+
+
+def test_default_config_is_checked_then_works_after_the_demo_assets(env, capsys, tiny_assets):  # noqa: F811
+    root, hosts = env
+    rc, out, err = dfo(capsys, hosts, "launch", "--dry-run", "--no-env-check")
+    assert rc == 2 and err.count("\n") == 1, err
+    assert "model.target_path of the default config tiny-cpu.yaml" in err
+    assert str(root / "demo" / "target") in err and "dfo demo" in err
+    assert not (root / "runs").exists()
+    # where `dfo demo` puts its assets (engine.demo.demo_paths)
+    (root / "demo").mkdir()
+    shutil.copytree(tiny_assets / "target", root / "demo" / "target")
+    rc, out, err = dfo(capsys, hosts, "launch", "--dry-run", "--no-env-check")
+    assert rc == 2 and "data.path of the default config" in err and "--data.path" not in err
+    shutil.copy(tiny_assets / "synth.jsonl", root / "demo" / "synth.jsonl")
+    rc, out, err = dfo(capsys, hosts, "launch", "--dry-run", "--no-env-check")
+    assert rc == 0, err
+    assert "run tiny-cpu-" in out
+    # compile.enabled is false in tiny-cpu.yaml: no advice to warm a cache
+    assert "warm-cache" not in err
+    rc, _, err = dfo(capsys, hosts, "launch", "--dry-run", "--no-env-check",
+                     "--set", "compile.enabled=true")
+    assert rc == 0 and "run `dfo warm-cache`" in err, err
+
+
+def test_missing_data_path_names_the_key(env, capsys, tiny_assets, tmp_path):  # noqa: F811
+    _, hosts = env
+    import yaml
+
+    cfg = yaml.safe_load((Path(__file__).parents[1] / "orchestrator/config/defaults/tiny-cpu.yaml").read_text())
+    cfg["model"]["target_path"] = str(tiny_assets / "target")
+    cfg["data"]["path"] = str(tmp_path / "nope.jsonl")
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump(cfg))
+    rc, _, err = dfo(capsys, hosts, "launch", "--config", str(p), "--dry-run", "--no-env-check")
+    assert rc == 2 and err.count("\n") == 1
+    assert f"data.path of {p}: {tmp_path / 'nope.jsonl'} does not exist" in err
+    assert "--set data.path=PATH" in err
+
+
+def test_empty_run_name_is_refused(env, capsys):
+    _, hosts = env
+    rc, _, err = dfo(capsys, hosts, "launch", "--run-name", "", "--dry-run", "--no-env-check")
+    assert rc == 2 and "--run-name: '' is not a valid run name" in err
+
+
+def test_warm_cache_without_config_names_dfo_options(env, capsys, tmp_path):
+    _, hosts = env
+    rc, _, err = dfo(capsys, hosts, "warm-cache", "--pull", str(tmp_path))
+    assert rc == 11 and "no compile-cache snapshots on local" in err, err
+    assert "--data.path" not in err and "required" not in err
+    rc, _, err = dfo(capsys, hosts, "warm-cache")
+    assert rc == 2 and "--data.path" not in err
+    assert "the default config (tiny-cpu.yaml) has compile.enabled false" in err
+    assert "--config" in err

@@ -1,0 +1,61 @@
+"""The main job's longest step as a person meets it: `dfo launch -f` with the default config
+right after the demo's assets exist, from another directory, in a real terminal (tmux, 80
+columns) and through a pipe (steady timestamped lines, each checkpoint once). Real trainer
+on CPU, local transport."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from orchestrator.engine.demo import ensure_assets
+from orchestrator.ops.layout import RemoteLayout
+from orchestrator.transport.local import LocalTransport
+from tests.supervisor_env import hosts_yaml, make_root
+from tests.test_tmux_cli import REPO, Tmux
+
+pytestmark = pytest.mark.slow
+
+ARGS = ["launch", "--no-env-check", "-f", "--backoff-scale", "0.01", "--set", "train.max_steps=16",
+        "--set", "checkpoint.every=8", "--set", "train.log_every=8"]
+
+
+@pytest.fixture
+def demo_host(tmp_path):
+    root = make_root(tmp_path)
+    ensure_assets(LocalTransport(), RemoteLayout(str(root)))   # what `dfo demo` makes
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    return root, hosts_yaml(tmp_path / "hosts.yaml", root), elsewhere
+
+
+def test_launch_follow_through_a_pipe(demo_host):
+    root, hosts, cwd = demo_host
+    cmd = " ".join([sys.executable, "-m", "orchestrator.cli", "--hosts", str(hosts), *ARGS])
+    r = subprocess.run(f"{cmd} 2>&1 | cat; exit ${{PIPESTATUS[0]}}", shell=True, executable="/bin/bash",
+                       capture_output=True, text=True, cwd=cwd, timeout=600,
+                       env=dict(os.environ, PYTHONPATH=str(REPO), DFO_PROGRESS_EVERY="1"))
+    out = r.stdout
+    assert r.returncode == 0, out
+    assert re.search(r"launched tiny-cpu-\d{8}-\d{6} on local", out)
+    assert out.count("checkpoint step 8\n") == 1 and out.count("checkpoint step 16\n") == 1, out
+    assert re.search(r"^\d\d:\d\d:\d\d a1│ alive: ", out, re.M), out    # steady lines
+    assert re.search(r"run tiny-cpu-\S+ done", out) and "\x1b[" not in out
+
+
+def test_launch_follow_in_a_terminal(demo_host):
+    root, hosts, cwd = demo_host
+    t = Tmux(80, 60)
+    try:
+        t.type(f"cd {cwd}; " + " ".join(["python", "-m", "orchestrator.cli", "--hosts", str(hosts),
+                                          *ARGS]) + "; echo rc=$?")
+        s = t.wait_for("rc=", 600)
+    finally:
+        t.close()
+    assert "rc=0" in s, s
+    assert s.count("checkpoint step 16") == 1 and "done at step 16" in s
+    assert "alive:" not in s          # a terminal shows the trainer's own lines, no filler
