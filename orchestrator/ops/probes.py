@@ -310,6 +310,7 @@ class HostCheck:
     disk: DiskFree | None = None
     gpus: GpuReport | None = None
     init: str | None = None
+    gpu: Any = None  # ops.gpu.GpuFacts: the passthrough facts and their problems
     error: str | None = None
     exit_code: int = 0
     problems: list[str] = field(default_factory=list)
@@ -337,7 +338,9 @@ def judge(check: HostCheck) -> HostCheck:
         p.append("no python3 found on the target (install python3, or set python: in hosts.yaml)")
     if check.disk is None:
         p.append(f"cannot tell free disk under {check.root}")
-    if check.gpus is not None and check.gpus.error:
+    if check.gpu is not None:
+        p.extend(check.gpu.problems)  # ops.gpu_judge, each with its fix
+    elif check.gpus is not None and check.gpus.error:
         p.append(f"nvidia-smi failed: {check.gpus.error}")
     return check
 
