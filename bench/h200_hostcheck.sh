@@ -5,7 +5,7 @@
 # no uv, no paramiko needed. Results go to $OUT (default ./h200-out).
 #   OUT=/tmp/out bash bench/h200_hostcheck.sh
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 OUT=${OUT:-$PWD/h200-out}
 mkdir -p "$OUT/raw"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}

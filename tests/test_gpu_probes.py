@@ -161,3 +161,17 @@ def test_scripts_run_here_without_a_gpu():
     assert gpu_problems(f, profile="cpu", cuda_runtime=None) == [] and not f.present
     assert f.shm is not None and f.memlock_known
     assert run_probe(t, gpu.devnodes_probe()).expected_gpus == 0
+
+
+@pytest.mark.parametrize("script", ["_QUERY_SCRIPT", "_APPS_SCRIPT", "_SMI_Q_SCRIPT", "_DRIVER_SCRIPT",
+                                    "_DEVNODES_SCRIPT"])
+def test_probe_scripts_are_shellcheck_clean(script, tmp_path):
+    import shutil
+    import subprocess
+
+    if not shutil.which("shellcheck"):
+        pytest.skip("shellcheck is not installed")
+    f = tmp_path / "s.sh"
+    f.write_text("#!/bin/sh\n" + getattr(gpu, script))
+    r = subprocess.run(["shellcheck", "-s", "sh", str(f)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout

@@ -45,7 +45,9 @@ exit 0
 #: every device node the driver needs, and whether this container may open it
 _DEVNODES_SCRIPT = r"""
 n=0
-if [ -d /proc/driver/nvidia/gpus ]; then n=$(ls -1 /proc/driver/nvidia/gpus | wc -l); fi
+if [ -d /proc/driver/nvidia/gpus ]; then
+  n=$(find /proc/driver/nvidia/gpus -mindepth 1 -maxdepth 1 | wc -l)
+fi
 echo "gpus $n"
 i=0; set --
 while [ "$i" -lt "$n" ]; do set -- "$@" "/dev/nvidia$i"; i=$((i + 1)); done
