@@ -175,3 +175,12 @@ def test_probe_scripts_are_shellcheck_clean(script, tmp_path):
     f.write_text("#!/bin/sh\n" + getattr(gpu, script))
     r = subprocess.run(["shellcheck", "-s", "sh", str(f)], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout
+
+
+def test_user_space_driver_missing_in_the_container():
+    f = facts(query=gpu.parse_query(Reply(127)), smi=gpu.parse_smi_q(Reply(127)), apps=(),
+              driver=gpu.parse_driver(Reply(0, (FIX / "h200/proc-driver-version.txt").read_bytes() + b"@@libs\n")))
+    p = gpu_problems(f, profile="gpu-cu130", cuda_runtime="13.0", vmid=200)
+    assert p == ["the NVIDIA user-space driver is not installed in the container (no libnvidia-ml, no nvidia-smi; "
+                 "the node's kernel module is 580.159.04) (install exactly that version's user-space part: "
+                 "`sh NVIDIA-Linux-x86_64-580.159.04.run --no-kernel-module`)"]

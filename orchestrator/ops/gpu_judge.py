@@ -78,6 +78,10 @@ def gpu_problems(f: GpuFacts, *, profile: str | None, cuda_runtime: str | None,
                  f"container's libnvidia-ml is {libtxt} (install the user-space driver {drv.kernel} in the "
                  f"container, e.g. `sh NVIDIA-Linux-x86_64-{drv.kernel}.run --no-kernel-module`, "
                  "or the distribution package of exactly that version)")
+    elif drv and drv.kernel and not libs and not (f.query and f.query.present):
+        p.append(f"the NVIDIA user-space driver is not installed in the container (no libnvidia-ml, no "
+                 f"nvidia-smi; the node's kernel module is {drv.kernel}) (install exactly that version's "
+                 f"user-space part: `sh NVIDIA-Linux-x86_64-{drv.kernel}.run --no-kernel-module`)")
     elif mismatch_text:
         p.append("NVML driver/library version mismatch (the container's NVIDIA libraries differ from the "
                  "node's kernel module: install the same driver version in both)")
