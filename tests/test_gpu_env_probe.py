@@ -34,3 +34,15 @@ def test_probe_without_cuda_has_no_smoke_and_records_the_field():
     assert probe["gpu_smoke"] is None and "gpu_smoke" not in probe["errors"]
     fp = build_fingerprint(probe, profile="cpu", lock_hash="f" * 64)
     assert "gpu_smoke" in fp and not compare(fp, load_profile("cpu").expect)
+
+
+def test_smoke_result_is_not_a_compile_cache_key_component():
+    """The smoke test is a health check, not an input of compiled code: adding it to the
+    fingerprint must not change any env's cache key."""
+    from orchestrator.ops.cache_key import fingerprint_components
+
+    fp = build_fingerprint(H200, profile="gpu-cu130", lock_hash="f" * 64)
+    assert fp["gpu_smoke"] == "ok"
+    comps = fingerprint_components(fp)
+    assert not [k for k in comps if "smoke" in k]
+    assert comps == fingerprint_components({k: v for k, v in fp.items() if k != "gpu_smoke"})
