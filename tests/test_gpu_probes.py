@@ -184,3 +184,11 @@ def test_user_space_driver_missing_in_the_container():
     assert p == ["the NVIDIA user-space driver is not installed in the container (no libnvidia-ml, no nvidia-smi; "
                  "the node's kernel module is 580.159.04) (install exactly that version's user-space part: "
                  "`sh NVIDIA-Linux-x86_64-580.159.04.run --no-kernel-module`)"]
+
+
+def test_device_node_permissions_are_not_taken_for_cgroup_rules():
+    rec = b"gpus 1\ndenied c3:0 /dev/nvidia0 sh: 1: cannot open /dev/nvidia0: Permission denied\n" \
+          b"ok c3:ff /dev/nvidiactl\nok ee:0 /dev/nvidia-uvm\nok ee:1 /dev/nvidia-uvm-tools\n"
+    p = gpu_problems(facts(devnodes=gpu.parse_devnodes(Reply(0, rec))), profile="gpu-cu130", cuda_runtime="13.0")
+    assert len(p) == 1 and p[0].startswith("GPU device node(s) not readable by this user: /dev/nvidia0")
+    assert "cgroup" not in p[0]

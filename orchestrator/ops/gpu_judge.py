@@ -59,7 +59,13 @@ def gpu_problems(f: GpuFacts, *, profile: str | None, cuda_runtime: str | None,
                               for m in missing)
             p.append(f"GPU device node(s) missing in the container: {', '.join(missing)} "
                      f"(add to {_conf(vmid)}: {lines}, {_restart(vmid)})")
-        denied = [n for n in dev.nodes if n.state == "denied"]
+        refused = [n for n in dev.nodes if n.state == "denied"]
+        perms = [n for n in refused if "permission denied" in n.detail.lower()]
+        denied = [n for n in refused if n not in perms]  # EPERM: the cgroup device rules
+        if perms:
+            p.append(f"GPU device node(s) not readable by this user: {', '.join(n.path for n in perms)} "
+                     "(Permission denied) (run dfo's commands as root in the container, or make the "
+                     "nodes mode 0666 on the node: the NVIDIA driver's default)")
         if denied:
             majors = sorted({n.major if n.major is not None else NVIDIA_MAJOR for n in denied})
             allow = "; ".join(f"`lxc.cgroup2.devices.allow: c {m}:* rwm`" for m in majors)
