@@ -123,3 +123,12 @@ def test_check_reports_gpu_facts_no_gpu_here(capsys):
     assert g["shm"]["mount"] == "/dev/shm" and g["memlock_known"] is True
     assert main(["hosts", "check"]) == 0
     assert "no GPU" in capsys.readouterr().out
+
+
+def test_check_names_a_profile_without_its_lock(tmp_path, capsys):
+    p = tmp_path / "h.yaml"
+    p.write_text(f"hosts:\n  here:\n    transport: local\n    root: {tmp_path / 'r'}\n    profile: gpu-cu128\n")
+    assert main(["--hosts", str(p), "hosts", "check", "--json"]) == 0
+    probs = json.loads(capsys.readouterr().out)["problems"]
+    assert any(x.startswith("profile gpu-cu128: no lock at ") and "python tools/make_lock.py gpu-cu128" in x
+               and "download.pytorch.org" in x for x in probs), probs

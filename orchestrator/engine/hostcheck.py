@@ -32,9 +32,11 @@ def check_host(host: HostConfig, t: Transport) -> probes.HostCheck:
             present=bool(q and q.present), error=q.error if q else None,
             gpus=tuple(probes.Gpu(g.index, g.name, g.memory_mib, g.uuid) for g in (q.gpus if q else ())))
         check.init = run_probe(t, probes.init_probe())
-        profile, cuda = _profile_cuda(host.profile)
+        profile, cuda, lock_problem = _profile_cuda(host.profile)
         check.gpu.problems = gpu_problems(check.gpu, profile=profile, cuda_runtime=cuda,
                                           vmid=host.vmid if host.transport == "proxmox" else None)
+        if lock_problem:
+            check.gpu.problems.append(lock_problem)
     except DfoError as e:
         check.error = str(e)
         check.exit_code = e.exit_code
@@ -60,12 +62,19 @@ def gpu_facts(t: Transport) -> gpu.GpuFacts:
     return f
 
 
-def _profile_cuda(name: str) -> tuple[str, str | None]:
-    """The host's profile and the CUDA runtime it needs (None: CPU, or not loadable here)."""
+def _profile_cuda(name: str) -> tuple[str, str | None, str | None]:
+    """The host's profile, the CUDA runtime it needs (None: CPU, or not loadable here),
+    and why ``dfo deploy`` could not use it (e.g. a profile without its lock), if so."""
     from ..config.profiles import load_profile
 
     try:
-        cuda = load_profile(name).expect.get("torch_cuda")
-    except DfoError:
-        return name, None
-    return name, (str(cuda) if cuda else None)
+        prof = load_profile(name)
+    except DfoError as e:
+        return name, None, str(e)
+    cuda = prof.expect.get("torch_cuda")
+    problem = None
+    try:
+        prof.lock_bytes()  # a missing lock: the one-line error with the command that makes it
+    except DfoError as e:
+        problem = str(e)
+    return name, (str(cuda) if cuda else None), problem
