@@ -8,7 +8,8 @@ recorded output, including awkward names (``fil () &&-@_e.txt``, spaces, quotes,
 Values reach the far side only as positional parameters of constant scripts (``"$1"``) or
 argv elements of constant Python modules, never inside a script.
 
-Every remote fact is one: the host check's probes here, the launch probe and the supervisor
+Every remote fact is one: the host check's probes here and its GPU probes (``ops/gpu.py``:
+driver, device nodes, nvidia-smi query/-q/apps, /dev/shm, memlock), the launch probe and the supervisor
 query (here), the deploy's state probe (``deploy_plan.state_probe``), the env probe
 (``fingerprint.env_probe``), the cache tool (``snapshot.tool_probe``) and the source hash
 (``cache_key.source_hash_probe``).
