@@ -109,3 +109,26 @@ def test_not_an_ssh_server_one_line_no_traceback(tmp_path):
     assert "Traceback" not in r.stderr
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("dfo: error: SSH to web (root@127.0.0.1:"), r.stderr
+
+
+def test_check_reports_gpu_facts_no_gpu_here(capsys):
+    """This machine has no NVIDIA driver: `gpu` says so in --json, the table says "no GPU",
+    and nothing GPU-related is a problem for the cpu profile."""
+    if __import__("os").path.exists("/proc/driver/nvidia/version"):
+        pytest.skip("this machine has an NVIDIA driver")
+    assert main(["hosts", "check", "--json"]) == 0
+    js = json.loads(capsys.readouterr().out)
+    g = js["gpu"]
+    assert g["present"] is False and g["problems"] == [] and g["driver_version"] is None
+    assert g["shm"]["mount"] == "/dev/shm" and g["memlock_known"] is True
+    assert main(["hosts", "check"]) == 0
+    assert "no GPU" in capsys.readouterr().out
+
+
+def test_check_names_a_profile_without_its_lock(tmp_path, capsys):
+    p = tmp_path / "h.yaml"
+    p.write_text(f"hosts:\n  here:\n    transport: local\n    root: {tmp_path / 'r'}\n    profile: gpu-cu128\n")
+    assert main(["--hosts", str(p), "hosts", "check", "--json"]) == 0
+    probs = json.loads(capsys.readouterr().out)["problems"]
+    assert any(x.startswith("profile gpu-cu128: no lock at ") and "python tools/make_lock.py gpu-cu128" in x
+               and "download.pytorch.org" in x for x in probs), probs

@@ -9,7 +9,12 @@ Reads ``<profile>/requirements.in`` and ``profile.yaml`` (python, platform, sour
 writes ``<profile>/requirements.lock`` (temporary name, then rename) and records its
 sha256 as ``lock_sha256:`` in profile.yaml. Find-links come from ``--find-links``,
 ``sources.find_links``, and the standard PIP_FIND_LINKS / UV_FIND_LINKS variables, so
-no machine's path is written into the lock. See docs/deploy.md.
+no machine's path is written into the lock. ``--no-env-find-links`` ignores the
+variables (a lock that must resolve from the profile's index alone, e.g. gpu-cu130 from
+PyPI); ``--cache-dir`` gives uv its own cache (resolving downloads only metadata).
+
+The lock starts with a ``# dfo-lock: python=... platform=...`` line naming what it was
+compiled for; tests/test_gpu_lock.py checks it against profile.yaml. See docs/deploy.md.
 """
 
 from __future__ import annotations
@@ -39,11 +44,32 @@ def uv_bin() -> str:
         return "uv"
 
 
+HEADER = "# dfo-lock:"
+
+
+def header_line(python: str, platform: str) -> str:
+    return f"{HEADER} python={python} platform={platform}"
+
+
+def with_header(data: bytes, python: str, platform: str) -> bytes:
+    """The lock with one ``# dfo-lock: python=X platform=Y`` line after uv's header
+    (replacing an older one), so the lock says what it was compiled for."""
+    lines = [ln for ln in data.decode().splitlines() if not ln.startswith(HEADER)]
+    at = 0
+    while at < len(lines) and lines[at].startswith("#"):
+        at += 1
+    lines.insert(at, header_line(python, platform))
+    return ("\n".join(lines) + "\n").encode()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("profile", help="profile name or directory")
     ap.add_argument("--find-links", action="append", default=[], metavar="DIR|URL")
     ap.add_argument("--upgrade", action="store_true", help="ignore the existing lock's pins")
+    ap.add_argument("--no-env-find-links", action="store_true",
+                    help="ignore PIP_FIND_LINKS / UV_FIND_LINKS (resolve from the profile's sources)")
+    ap.add_argument("--cache-dir", metavar="DIR", help="uv's cache for this resolution")
     args = ap.parse_args(argv)
 
     prof = load_profile(args.profile)
@@ -55,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     cmd = [uv_bin(), "pip", "compile", str(req_in), "--generate-hashes", "--quiet",
            "--python-version", prof.python, "--python-platform", prof.platform,
            "--custom-compile-command", f"python tools/make_lock.py {prof.name}"]
-    for fl in [*args.find_links, *s.find_links, *local_find_links(dict(os.environ))]:
+    env_links = [] if args.no_env_find_links else local_find_links(dict(os.environ))
+    for fl in [*args.find_links, *s.find_links, *env_links]:
         cmd += ["--find-links", fl]
     if s.index_url:
         cmd += ["--index-url", s.index_url]
@@ -65,6 +92,10 @@ def main(argv: list[str] | None = None) -> int:
         cmd += ["--index-strategy", s.index_strategy]
     if args.upgrade:
         cmd.append("--upgrade")
+    if args.no_env_find_links:
+        cmd.append("--no-config")  # nor a uv.toml's find-links
+    if args.cache_dir:
+        cmd += ["--cache-dir", args.cache_dir]
     with tempfile.TemporaryDirectory(dir=prof.directory, prefix=".lock-") as tmp:
         out = Path(tmp) / "requirements.lock"
         if prof.lock_file.is_file() and not args.upgrade:
@@ -75,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         if p.returncode != 0:
             print(f"make_lock: uv pip compile failed (exit {p.returncode})", file=sys.stderr)
             return p.returncode
-        data = out.read_bytes()
+        data = with_header(out.read_bytes(), prof.python, prof.platform)
         lock = parse_lock(data, source=str(out))  # every entry pinned and hashed
     atomic_write_bytes(prof.lock_file, data)
     digest = sha256_bytes(data)

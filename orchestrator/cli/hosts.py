@@ -109,10 +109,30 @@ def _print_check(c) -> None:
         else:
             t.add_row("gpus", escape(", ".join(f"{x.index}: {x.name}" + (f" {x.memory_mib} MiB" if x.memory_mib else "")
                                                for x in g.gpus) or "none"))
+        _gpu_rows(t, c.gpu)
         t.add_row("systemd pid 1", _yes_no(c.systemd_pid1) + (f" ({escape(c.init)})" if c.init and c.init != "systemd" else ""))
     for p in c.problems:
         t.add_row("[yellow]problem[/]", escape(p))
     _console().print(t)
+
+
+def _gpu_rows(t, f) -> None:
+    """Driver, CUDA, memory in use, /dev/shm and memlock (ops/gpu.py facts)."""
+    from rich.markup import escape
+
+    if f is None or not f.present:
+        if f is not None:
+            t.add_row("gpu driver", "no GPU")
+        return
+    t.add_row("gpu driver", escape(f"{f.driver_version or '?'} (runs CUDA <= {f.max_cuda or '?'})"))
+    if f.query and f.query.gpus:
+        used = ", ".join(f"{g.index}: {g.memory_used_mib if g.memory_used_mib is not None else '?'} MiB"
+                         for g in f.query.gpus)
+        t.add_row("gpu memory in use", escape(used + (f"; {len(f.apps)} process(es)" if f.apps else "")))
+    if f.shm:
+        t.add_row("/dev/shm", escape(_gib(f.shm.total_bytes)))
+    if f.memlock_known:
+        t.add_row("memlock", "unlimited" if f.memlock_kib is None else f"{f.memlock_kib} KiB")
 
 
 @hosts.command("trust")

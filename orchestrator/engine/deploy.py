@@ -26,11 +26,12 @@ from typing import Any
 
 from .. import __version__
 from ..config.profiles import Profile, load_profile
-from ..errors import DeployError, LockHeldError, RemoteCommandError, VerifyError
+from ..errors import DeployError, DfoError, LockHeldError, RemoteCommandError, VerifyError
 from ..ops import deploy_plan as dp
 from ..ops.fingerprint import (Mismatch, build_fingerprint, compare, fingerprint_changes,
                               fingerprint_json, parse_probe, probe_argv)
 from ..ops.uv import local_find_links, translate_uv_error
+from ..ops.uv_progress import UvProgress, human_bytes, parse_du_k
 from .deploy_check import DeployChecks
 from .lease import DeployLease
 from .stages import DeployReport, EventFn, StageClock, StageResult  # noqa: F401 (re-exported)
@@ -67,6 +68,7 @@ class Deployer(DeployChecks):
         self.environ = dict(os.environ if environ is None else environ)
         self._wheel = wheel
         self.clock = StageClock(on_event)
+        self.env_bytes: int | None = None  # measured after an install
         self.lease = DeployLease(transport, self.layout, host.name,
                                  say=lambda msg: self.clock.emit("connect", "line", None, msg))
 
@@ -108,13 +110,15 @@ class Deployer(DeployChecks):
     def _stream(self, stage: str, argv: list[str], *, what: str) -> None:
         argv = self.lease.locked(argv)
         tail: list[str] = []
+        progress = UvProgress()
 
         def on_line(line: str) -> None:
             tail.append(line)
             del tail[:-40]
             log.debug("%s: %s", stage, line)
-            if line.strip():
-                self.clock.emit(stage, "line", None, line.strip()[:160])
+            summary = progress.feed(line)
+            if summary or line.strip():
+                self.clock.emit(stage, "line", None, (summary or line.strip())[:160])
 
         r = self.t.stream(argv, on_line, env=self._env(), timeout=None)
         if r.exit_code != 0:
@@ -211,7 +215,19 @@ class Deployer(DeployChecks):
         argv = [uv, "pip", "install", "--no-deps", "--no-index", "--offline", "--python", py,
                 "--reinstall-package", "dfo", self.wheel_remote()]
         self._run(argv, timeout=SMALL_TIMEOUT * 3, what="installing the dfo wheel")
+        self.env_bytes = self._env_size(env_dir)
+        if self.env_bytes is not None:
+            detail = f"{detail}; env is {human_bytes(self.env_bytes)}"
         self.clock.end("install", t, detail)
+
+    def _env_size(self, env_dir: str) -> int | None:
+        """The env's size on disk (``du -sk``; files hardlinked from the uv cache count
+        here once). None when du cannot say."""
+        try:
+            return parse_du_k(self._run(["du", "-sk", "--", env_dir], what="measuring the env",
+                                        locked=False))
+        except DfoError:
+            return None
 
     def _probe(self, env_dir: str) -> dict[str, Any]:
         py = posixpath.join(env_dir, "bin", "python")
@@ -363,6 +379,7 @@ class Deployer(DeployChecks):
 
     def _finish(self, report: DeployReport, fp: dict[str, Any] | None) -> DeployReport:
         report.fingerprint = fp
+        report.env_bytes = self.env_bytes
         report.stages = self.clock.results(dp.STAGES)
         report.total_seconds = self.clock.elapsed()
         return report

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from ..config.inventory import HostConfig
 from ..errors import ContainerError, DfoError
-from ..ops import probes
+from ..ops import gpu, probes
+from ..ops.gpu_judge import gpu_problems
 from ..transport import Transport, run_probe
 
 
@@ -25,8 +26,17 @@ def check_host(host: HostConfig, t: Transport) -> probes.HostCheck:
         check.reachable = True
         check.python = run_probe(t, probes.python_probe(host.python))
         check.disk = run_probe(t, probes.disk_probe(host.root))
-        check.gpus = run_probe(t, probes.gpu_probe())
+        check.gpu = gpu_facts(t)
+        q = check.gpu.query
+        check.gpus = probes.GpuReport(
+            present=bool(q and q.present), error=q.error if q else None,
+            gpus=tuple(probes.Gpu(g.index, g.name, g.memory_mib, g.uuid) for g in (q.gpus if q else ())))
         check.init = run_probe(t, probes.init_probe())
+        profile, cuda, lock_problem = _profile_cuda(host.profile)
+        check.gpu.problems = gpu_problems(check.gpu, profile=profile, cuda_runtime=cuda,
+                                          vmid=host.vmid if host.transport == "proxmox" else None)
+        if lock_problem:
+            check.gpu.problems.append(lock_problem)
     except DfoError as e:
         check.error = str(e)
         check.exit_code = e.exit_code
@@ -36,3 +46,35 @@ def check_host(host: HostConfig, t: Transport) -> probes.HostCheck:
             check.problems.append(str(e))
             return check
     return probes.judge(check)
+
+
+def gpu_facts(t: Transport) -> gpu.GpuFacts:
+    """One probe per fact: the driver's own view first; nvidia-smi only where it exists."""
+    f = gpu.GpuFacts()
+    f.driver = run_probe(t, gpu.driver_probe())
+    f.devnodes = run_probe(t, gpu.devnodes_probe())
+    f.query = run_probe(t, gpu.query_probe())
+    if f.query.present:
+        f.smi = run_probe(t, gpu.smi_probe())
+        f.apps = run_probe(t, gpu.apps_probe()) or ()
+    f.shm = run_probe(t, gpu.shm_probe())
+    f.memlock_known, f.memlock_kib = run_probe(t, gpu.memlock_probe())
+    return f
+
+
+def _profile_cuda(name: str) -> tuple[str, str | None, str | None]:
+    """The host's profile, the CUDA runtime it needs (None: CPU, or not loadable here),
+    and why ``dfo deploy`` could not use it (e.g. a profile without its lock), if so."""
+    from ..config.profiles import load_profile
+
+    try:
+        prof = load_profile(name)
+    except DfoError as e:
+        return name, None, str(e)
+    cuda = prof.expect.get("torch_cuda")
+    problem = None
+    try:
+        prof.lock_bytes()  # a missing lock: the one-line error with the command that makes it
+    except DfoError as e:
+        problem = str(e)
+    return name, (str(cuda) if cuda else None), problem

@@ -34,6 +34,7 @@ class DeployReport:
     drift: list[str] = field(default_factory=list)
     total_seconds: float = 0.0
     ok: bool = True
+    env_bytes: int | None = None  # the env's size on disk after an install (du -sk)
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)

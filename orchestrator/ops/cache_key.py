@@ -51,7 +51,7 @@ FINGERPRINT_NAMES: dict[str, str] = {
 
 #: fingerprint fields that do not go into the key (``errors`` is the probe's import-error
 #: text, not an env property)
-FINGERPRINT_EXCLUDED = frozenset({"dfo", "errors"})
+FINGERPRINT_EXCLUDED = frozenset({"dfo", "errors", "gpu_smoke"})  # gpu_smoke: a health check
 
 #: trainer config sections/fields that change what torch.compile produces. A section name
 #: alone means every field of it, except path-like fields (``*path``, ``*dir``) whose value

@@ -49,12 +49,13 @@ EXPECT_FIELDS: dict[str, str] = {
     "transformers": "transformers.__version__",
     "trainer_import": "import trainer",
     "dfo": "dfo version",
+    "gpu_smoke": "flex_attention compile (forward+backward) on cuda:0",
 }
 
 #: the fields of fingerprint.json, in order (docs/contracts.md)
 FINGERPRINT_FIELDS = ("profile", "lock_hash", "dfo", "python", "torch", "torch_git", "torch_cuda",
                       "triton", "cuda_available", "device_count", "devices", "transformers",
-                      "trainer_import")
+                      "trainer_import", "gpu_smoke")
 
 
 def probe_argv(python: str) -> list[str]:

@@ -7,6 +7,7 @@ parses it. A module that fails to import is recorded in ``errors``, never raised
 """
 
 import json
+import os
 import platform
 import sys
 
@@ -39,6 +40,34 @@ def _torch(fp: dict) -> None:
         fp["errors"]["torch"] = _err(e)
 
 
+def _gpu_smoke(fp: dict) -> None:
+    """Compile flex_attention forward and backward on a tiny shape on cuda:0: catches
+    driver, Triton and compiler problems before a run spends hours. "ok", or the error.
+    None without CUDA; DFO_PROBE_SMOKE=0 skips it ("skipped")."""
+    if not fp.get("cuda_available"):
+        fp["gpu_smoke"] = None
+        return
+    if os.environ.get("DFO_PROBE_SMOKE") == "0":
+        fp["gpu_smoke"] = "skipped"
+        return
+    try:
+        import torch
+        from torch.nn.attention.flex_attention import flex_attention
+
+        fn = torch.compile(flex_attention, dynamic=False)
+        q, k, v = (torch.randn(1, 2, 128, 64, device="cuda:0", dtype=torch.bfloat16, requires_grad=True)
+                   for _ in range(3))
+        out = fn(q, k, v)
+        out.float().sum().backward()
+        torch.cuda.synchronize()
+        finite = bool(torch.isfinite(out).all()) and all(
+            t.grad is not None and bool(torch.isfinite(t.grad).all()) for t in (q, k, v))
+        fp["gpu_smoke"] = "ok" if finite else "flex_attention gave non-finite values"
+    except Exception as e:  # noqa: BLE001 - the failure is the fact to report
+        fp["gpu_smoke"] = _err(e)[:500]
+        fp["errors"]["gpu_smoke"] = fp["gpu_smoke"]
+
+
 def _version_of(fp: dict, field: str, module: str, *, record: bool) -> None:
     try:
         mod = __import__(module)
@@ -58,6 +87,7 @@ def probe() -> dict:
     except Exception:  # noqa: BLE001
         fp["dfo"] = None
     _torch(fp)
+    _gpu_smoke(fp)
     _version_of(fp, "triton", "triton", record=False)
     _version_of(fp, "transformers", "transformers", record=True)
     try:

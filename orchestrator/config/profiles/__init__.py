@@ -64,12 +64,21 @@ class Profile:
     def has_lock(self) -> bool:
         return self.lock_file.is_file()
 
+    def index_hosts(self) -> str:
+        """The hosts the lock resolves from, for messages: ``download.pytorch.org and pypi.org``."""
+        from urllib.parse import urlsplit
+
+        urls = [*self.sources.extra_index_urls, *([self.sources.index_url] if self.sources.index_url else [])]
+        hosts = list(dict.fromkeys(urlsplit(u).hostname or u for u in urls)) or ["pypi.org"]
+        return " and ".join(hosts)
+
     def lock_bytes(self) -> bytes:
         if not self.lock_file.is_file():
             raise ConfigError(
                 f"profile {self.name}: no lock at {self.lock_file}",
-                hint=f"generate it with `python tools/make_lock.py {self._arg}` on a machine "
-                     "that reaches the profile's index (see docs/deploy.md)")
+                hint=f"create it with `python tools/make_lock.py {self._arg}` in a dfo checkout on a "
+                     f"machine that reaches {self.index_hosts()}, then commit it; or use profile "
+                     "gpu-cu130, whose lock ships with dfo (see docs/deploy.md)")
         return self.lock_file.read_bytes()
 
     def load_lock(self) -> tuple[Lock, bytes]:
