@@ -25,4 +25,29 @@ def plot(app, host_name, run, out):
     return 0
 
 
-COMMANDS = [plot]
+@click.command()
+@click.option("--host", "host_name", default=None, help="Host from hosts.yaml (default: the default host).")
+@click.option("--run", "run", default=None, help="Run id (default: the live run, else the newest).")
+@click.option("--port", type=click.IntRange(1, 65535), default=None,
+              help="Local port of the URL (default: 6006, else a free one).")
+@click.option("--python", "python", default=None, metavar="PATH",
+              help="Interpreter on the host that has tensorboard (default: the deployed env's).")
+@click.pass_obj
+def tensorboard(app, host_name, run, port, python):
+    """Start TensorBoard on a run's event files on the host and forward it to this machine's
+    loopback (over the SSH connection). Ctrl-C stops it."""
+    from ..engine import tensorboard as tbe
+
+    tb = tbe.TensorBoard(_ops(app, host_name), run, port=port, python=python)
+    url = tb.start()
+    click.echo(f"TensorBoard for {tb.run_id}: {url}  (Ctrl-C stops it)")
+    try:
+        info = tbe.run_until_interrupted(tb)
+    except KeyboardInterrupt:
+        click.echo("dfo: tensorboard stopped", err=True)
+        return 0
+    click.echo(f"dfo: tensorboard exited ({info.get('exit')})", err=True)
+    return 0
+
+
+COMMANDS = [plot, tensorboard]
