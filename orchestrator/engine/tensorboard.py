@@ -64,7 +64,11 @@ class TensorBoard:
         else:
             want = 0
         self.pipe = fw.open_pipe(self.t, serve_argv(self.python, "serve", self.logdir, str(want)))
-        reply = self._first_reply()
+        try:
+            reply = self._first_reply()
+        except BaseException:  # Ctrl-C while TensorBoard starts: stop it too
+            self.close(timeout=5.0)
+            raise
         if "error" in reply:
             self.close()
             raise self._error(reply)
