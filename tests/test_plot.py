@@ -129,6 +129,12 @@ def test_plot_of_a_real_run_with_a_fallback(tmp_path, tiny_assets, capsys, monke
     assert printed == str(tmp_path / f"{plan.run_id}.png")
     assert png_size(printed) == (pl.WIDTH_PX, pl.HEIGHT_PX)
 
+    # an --out that cannot be written: one line, exit 2, no partial file
+    bad = tmp_path / "no-such-dir" / "x.png"
+    assert main(["--hosts", str(hosts), "plot", "--out", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"dfo: error: cannot write {bad}") and "\n" not in err
+
     # an unknown run: one line, exit 11
     assert main(["--hosts", str(hosts), "plot", "--run", "nosuchrun"]) == 11
     err = capsys.readouterr().err.strip()
