@@ -2,7 +2,8 @@
 
 - ``Emitter.marker(kind, **fields)`` prints ``@dfo {"kind": ..., ..., "t": ...}`` on stdout
   (flushed); the supervisor parses only these lines.
-- ``Emitter.step(record)`` appends the step object to ``<run.dir>/metrics.jsonl``, prints
+- ``Emitter.step(record)`` appends the step object to ``<run.dir>/metrics.jsonl``, writes
+  its numeric fields to a TensorBoard event file beside it (``trainer.tbevents``), prints
   it as a marker and as one readable line.
 - ``Heartbeat``: a thread printing ``{"kind": "heartbeat", "phase": ..., "step": ...}`` at
   least every ``every_s`` (<= 10) seconds while the process is doing work: when its CPU
@@ -27,6 +28,7 @@ import time
 from dfo_contract.markers import format_marker
 
 from .faults import silenced as _silenced
+from .tbevents import ScalarWriter
 
 STEP_FIELDS = ("step", "loss", "acc", "tau", "lr", "tokens_per_s", "samples_per_s",
                "peak_mem_bytes", "phase", "attempt")
@@ -47,6 +49,7 @@ class Emitter:
         self.metrics_path = os.path.join(run_dir, "metrics.jsonl") if run_dir else None
         if self.metrics_path and enabled:
             os.makedirs(run_dir, exist_ok=True)
+        self._tb = ScalarWriter(run_dir) if self.metrics_path and enabled else None
 
     @property
     def out(self):
@@ -80,10 +83,19 @@ class Emitter:
         if self.metrics_path and self.enabled:
             with self._lock, open(self.metrics_path, "a") as f:
                 f.write(json.dumps(rec, allow_nan=False) + "\n")
+            self._tensorboard(rec)
         self.marker("step", **rec)
         self.print(f"step {rec['step']:>6}  loss {_fmt(rec['loss'])}  acc {_fmt(rec['acc'])}  "
                    f"tau {_fmt(rec['tau'], 2)}  lr {rec['lr']:.3g}  "
                    f"{_fmt(rec['tokens_per_s'], 0)} tok/s  {_fmt(rec['samples_per_s'], 2)} samples/s")
+
+
+    def _tensorboard(self, rec: dict) -> None:
+        try:
+            self._tb.write(rec["step"], rec)
+        except OSError as e:  # pictures must never stop training
+            self._tb = None
+            self.print(f"tensorboard events disabled: {e}")
 
 
 def _fmt(x, nd: int = 4) -> str:

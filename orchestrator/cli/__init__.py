@@ -18,6 +18,7 @@ from ..errors import EXIT_INTERRUPTED, DfoError
 from .context import AppContext
 from . import cache as _cache, demo as _demo, deploy as _deploy, hosts as _hosts, run as _run
 from . import status as _status
+from . import viz as _viz
 
 log = logging.getLogger("dfo")
 
@@ -37,7 +38,7 @@ def cli(ctx: click.Context, hosts_file: str | None, verbose: int) -> None:
     ctx.call_on_close(ctx.obj.close)
 
 
-for _module in (_hosts, _deploy, _cache, _run, _status, _demo):
+for _module in (_hosts, _deploy, _cache, _run, _status, _demo, _viz):
     for _cmd in _module.COMMANDS:
         cli.add_command(_cmd)
 

@@ -1,0 +1,178 @@
+"""``dfo tensorboard``: TensorBoard on the target, reachable on this machine's loopback.
+
+TensorBoard runs where the event files are (the run dir in the container), started by
+``orchestrator.remote.tensorboard_serve`` (sent as ``python -c``) from the deployed env's
+interpreter, or ``--python``. It binds 127.0.0.1 on the target only; this side forwards a
+local port to it over the existing connection (``transport.forward``). The far side stops
+TensorBoard when its stdin closes, so ending dfo (Ctrl-C, or a dropped connection) stops
+it. On the local transport TensorBoard itself listens on the local port, no forward.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+
+from ..errors import ConnectError, DeployError, NotFoundError, RemoteCommandError
+from ..ops.scripts import remote_source
+from ..transport import forward as fw
+
+log = logging.getLogger("dfo")
+
+DEFAULT_PORT = 6006
+START_TIMEOUT_S = 240.0
+SOURCE = remote_source("tensorboard_serve")
+
+
+def serve_argv(python: str, *args: str) -> list[str]:
+    return [python, "-c", SOURCE, *args]
+
+
+class TensorBoard:
+    """Start with ``start()``; ``url`` then answers; ``wait()`` blocks until TensorBoard
+    exits; ``close()`` stops it and the forward."""
+
+    def __init__(self, ops, run: str | None, *, port: int | None = None, python: str | None = None):
+        self.ops = ops
+        self.t = ops.t
+        self.run_id = ops.current_run(run)
+        self.logdir = ops.layout.run_dir(self.run_id)
+        self.python = python or ops.layout.current_python
+        self.port = port
+        self.remote_port: int | None = None
+        self.pipe: fw.Pipe | None = None
+        self.forward: fw.LocalForward | None = None
+        self.exit_info: dict | None = None
+        self._done = threading.Event()
+
+    @property
+    def url(self) -> str:
+        port = self.forward.port if self.forward else self.remote_port
+        return f"http://127.0.0.1:{port}/"
+
+    def _local_port(self) -> int:
+        if self.port is not None:
+            return self.port
+        return DEFAULT_PORT if fw.port_free(DEFAULT_PORT) else 0
+
+    def start(self) -> str:
+        if self.t.is_local:
+            want = self._local_port()
+            if self.port is not None:
+                fw.listen(want).close()  # busy: one clear error now, not TensorBoard's
+        else:
+            want = 0
+        self.pipe = fw.open_pipe(self.t, serve_argv(self.python, "serve", self.logdir, str(want)))
+        try:
+            reply = self._first_reply()
+        except BaseException:  # Ctrl-C while TensorBoard starts: stop it too
+            self.close(timeout=5.0)
+            raise
+        if "error" in reply:
+            self.close()
+            raise self._error(reply)
+        self.remote_port = int(reply["port"])
+        threading.Thread(target=self._watch, daemon=True, name="dfo-tensorboard").start()
+        if not self.t.is_local:
+            try:
+                self.forward = fw.LocalForward(
+                    self.t, self.remote_port, port=self._local_port(),
+                    relay_argv=lambda p: serve_argv(self.python, "relay", str(p)))
+            except BaseException:
+                self.close()
+                raise
+        log.info("tensorboard for %s: %s on %s port %s", self.run_id, self.url, self.t.name,
+                 self.remote_port)
+        return self.url
+
+    def _first_reply(self) -> dict:
+        box: dict = {}
+
+        def read():
+            while True:
+                line = self.pipe.readline()
+                if not line:
+                    box["eof"] = True
+                    return
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue  # a warning the interpreter printed
+                if isinstance(rec, dict) and ("port" in rec or "error" in rec):
+                    box["rec"] = rec
+                    return
+
+        th = threading.Thread(target=read, daemon=True)
+        th.start()
+        th.join(START_TIMEOUT_S)
+        if "rec" in box:
+            return box["rec"]
+        if "eof" in box:
+            return {"error": "no-start", "detail": ""}
+        return {"error": "timeout", "detail": f"no answer after {START_TIMEOUT_S:.0f}s"}
+
+    def _error(self, reply: dict):
+        err, detail = reply.get("error"), reply.get("detail") or ""
+        host = self.ops.host.name
+        if err == "no-tensorboard":
+            return DeployError(
+                f"tensorboard is not installed in {detail or self.python} on {host}",
+                hint="give an interpreter that has it with --python PATH, deploy a profile "
+                     "with tensorboard in requirements.in, or use `dfo plot`")
+        if err == "no-logdir":
+            return NotFoundError(f"no run {self.run_id} on {host} ({detail} is missing)",
+                                 hint="see `dfo status` for run ids")
+        if err == "no-start":
+            return DeployError(f"could not run {self.python} on {host}",
+                               hint=f"run `dfo deploy --host {host}` or pass --python PATH")
+        return RemoteCommandError(f"tensorboard did not start on {host}: {err}"
+                                  + (f": {detail}" if detail else ""),
+                                  hint="run it again with -vv to see more")
+
+    def _watch(self) -> None:
+        try:
+            while True:
+                line = self.pipe.readline()
+                if not line:
+                    break
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(rec, dict) and "exit" in rec:
+                    self.exit_info = rec
+        except Exception:  # noqa: BLE001 - the connection went away
+            pass
+        self._done.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Until TensorBoard exits (True) or ``timeout`` passes (False)."""
+        return self._done.wait(timeout)
+
+    def close(self, timeout: float = 20.0) -> None:
+        if self.forward is not None:
+            self.forward.close()
+        if self.pipe is not None:
+            self.pipe.shutdown_write()
+            self._done.wait(timeout)
+            self.pipe.close()
+            self.pipe = None
+
+
+def run_until_interrupted(tb: TensorBoard, poll: float = 0.5) -> dict | None:
+    """Block until TensorBoard exits by itself (returns its exit record) or Ctrl-C
+    (KeyboardInterrupt propagates after stopping it)."""
+    try:
+        while not tb.wait(poll):
+            pass
+        if tb.exit_info is None:
+            raise ConnectError(f"lost the connection to {tb.t.name}; tensorboard stopped with it",
+                               hint="run `dfo tensorboard` again")
+        if tb.exit_info.get("exit") not in (0, None):
+            raise RemoteCommandError(f"tensorboard on {tb.t.name} exited {tb.exit_info['exit']}: "
+                                     f"{tb.exit_info.get('detail') or 'no output'}",
+                                     hint="run `dfo tensorboard` again")
+        return tb.exit_info
+    finally:
+        tb.close()
