@@ -112,7 +112,9 @@ class ChatMasker:
         at = full.rfind(_PROBE_REPLY)
         enc = self._encode(full)
         after = [(a, b) for a, b in enc["offset_mapping"] if a >= at + len(_PROBE_REPLY) and b > a]
-        if at < 0 or not after:
+        if at < 0:
+            raise Unmaskable("the chat template does not render assistant content verbatim")
+        if not after:
             raise Unmaskable("the chat template puts no end-of-turn token after an assistant message")
         self.end_of_turn = full[after[0][0]:after[0][1]]
 
