@@ -56,12 +56,13 @@ class Progress:
     def _line(self) -> None:
         tot = f"/{self.total}" if self.total is not None else ""
         rate = self.done / max(time.monotonic() - self._t0, 1e-9)
+        self._printed = self.done
         print(f"{self.label}: {self.done}{tot} ({rate:.1f}/s)", file=self.stream, flush=True)
 
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
-        else:
+        elif getattr(self, "_printed", None) != self.done:
             self._line()
 
 
