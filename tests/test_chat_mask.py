@@ -11,14 +11,14 @@ from __future__ import annotations
 import pytest
 
 from dfo_contract.exitcodes import DataError
-from tests.fixtures.chat.tokenizer import qwen3_like_tokenizer
+from tests.fixtures.chat.tokenizer import byte_level_tokenizer, qwen3_like_tokenizer
 from trainer.chat import ChatMasker, Conversation, Unmaskable, conversation_from_record
 from trainer.data import tokenize_chat
 
 
-@pytest.fixture(scope="module")
-def tok():
-    return qwen3_like_tokenizer()
+@pytest.fixture(scope="module", params=["char", "byte-level-bpe"])
+def tok(request):
+    return qwen3_like_tokenizer() if request.param == "char" else byte_level_tokenizer()
 
 
 @pytest.fixture(scope="module")

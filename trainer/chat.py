@@ -194,13 +194,13 @@ class ChatMasker:
         ids = list(enc["input_ids"])
         mask = [0] * len(ids)
         si = 0
-        for t, (a, b) in enumerate(enc["offset_mapping"]):
+        for t, (a, _b) in enumerate(enc["offset_mapping"]):
             while si < len(spans) and a >= spans[si][1]:
                 si += 1
             if si == len(spans):
                 break
             s, e = spans[si]
-            if a >= s and b <= e and b > a:
+            if s <= a < e:  # by start: robust to trimmed offsets; a token straddling s is prompt
                 mask[t] = 1
         if not any(mask):
             raise Unmaskable("no assistant token survived tokenization")
