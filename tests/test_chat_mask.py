@@ -100,6 +100,16 @@ def test_assistant_text_inside_a_user_message_is_not_masked(tok):
     assert sum(mask) == 2 * (len("ok") + 1)
 
 
+def test_user_text_the_template_transforms_does_not_skip_a_turn(tok):
+    t = qwen3_like_tokenizer()
+    t.chat_template = t.chat_template.replace("{{ m.content }}", "{{ m.content | upper }}", 1)
+    assert "{{ m.content | upper }}" in t.chat_template
+    msgs = [{"role": "user", "content": "ok"}, {"role": "assistant", "content": "ok"},
+            {"role": "user", "content": "next"}, {"role": "assistant", "content": "fine"}]
+    ids, mask = tokenize_chat(t, msgs)
+    assert runs(t, ids, mask) == ["ok<|im_end|>", "fine<|im_end|>"]
+
+
 def test_sharegpt_equals_openai(masker):
     sg = conversation_from_record({"conversations": [
         {"from": "system", "value": "s"}, {"from": "human", "value": "u1"},

@@ -153,7 +153,8 @@ class ChatMasker:
             content = (m.get("content") or "").strip()
             if m["role"] != "assistant":
                 j = text.find(content, cur) if content else -1
-                if j >= 0:
+                nxt = text.find(self.header, cur)
+                if j >= 0 and (nxt < 0 or j < nxt):  # a transformed message never skips a header
                     cur = j + len(content)
                 continue
             h = text.find(self.header, cur)

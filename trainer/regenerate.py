@@ -125,7 +125,7 @@ def regenerate(target: str, inp: str, out: str, *, batch_size: int = 32, max_new
     if not os.path.exists(inp):
         raise DataError(f"--in: {inp}: no such file")
     done = done_indices(out)
-    rw = Rewriter(target, device, max_new_tokens, dict(template_kwargs or {}))
+    rw = None  # loaded at the first batch: a finished output costs no model load
     prog = progress or Progress(count_records(inp) if os.path.isfile(inp) else None, "regenerate")
     prog.update(0)
     written = skipped = 0
@@ -135,8 +135,11 @@ def regenerate(target: str, inp: str, out: str, *, batch_size: int = 32, max_new
 
         def flush():
             nonlocal written
+            nonlocal rw
             if not batch:
                 return
+            if rw is None:
+                rw = Rewriter(target, device, max_new_tokens, dict(template_kwargs or {}))
             new = rw.rewrite([c for _, _, c in batch])
             for (idx, line, conv), ms in zip(batch, new):
                 rec = {"index": idx, "line": line, "messages": ms}
