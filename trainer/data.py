@@ -206,12 +206,18 @@ class TokenizedDataset(_Dataset):
         keep = counts >= self.min_loss_tokens
         self.short = int((~keep).sum())
         self.index = np.nonzero(keep)[0]
-        if st.n and int(np.asarray(st.tokens).max()) >= vocab_size:
-            raise DataError(f"data: {path}: token id {int(np.asarray(st.tokens).max())} >= the "
-                            f"target's vocab size {vocab_size}; the store was tokenized for "
-                            f"another target ({m.get('target')})")
-        if mask_token_id is not None and st.n:
-            at = np.nonzero(np.asarray(st.tokens) == mask_token_id)[0]
+        top, hit_at = -1, []
+        step = 1 << 26  # 64M tokens at a time: bounded memory on any store size
+        for a in range(0, int(st.offsets[-1]) if st.n else 0, step):
+            chunk = np.asarray(st.tokens[a:a + step])
+            top = max(top, int(chunk.max()))
+            if mask_token_id is not None:
+                hit_at.append(np.nonzero(chunk == mask_token_id)[0] + a)
+        if top >= vocab_size:
+            raise DataError(f"data: {path}: token id {top} >= the target's vocab size {vocab_size}; "
+                            f"the store was tokenized for another target ({m.get('target')})")
+        if hit_at:
+            at = np.concatenate(hit_at)
             self.hits = len(np.unique(np.searchsorted(np.asarray(st.offsets), at, side="right")))
         self.linenos = self.index  # for messages only
         self.report = self._report(len(self.index))

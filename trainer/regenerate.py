@@ -58,10 +58,9 @@ def _device(name: str):
 class Rewriter:
     def __init__(self, target: str, device: str, max_new_tokens: int, template_kwargs: dict):
         import torch
-        from transformers import AutoModelForCausalLM
 
         from .data import load_tokenizer
-        from .target import _quiet_transformers
+        from .target import _from_pretrained, _quiet_transformers
 
         _quiet_transformers()
         tok = load_tokenizer(target)
@@ -74,7 +73,7 @@ class Rewriter:
         self.tok, self.kw = tok, dict(template_kwargs)
         self.dev = _device(device)
         dtype = torch.bfloat16 if self.dev.type == "cuda" else torch.float32
-        self.model = AutoModelForCausalLM.from_pretrained(target, local_files_only=True, dtype=dtype)
+        self.model = _from_pretrained(target, dtype)
         self.model.to(self.dev).eval()
         self.max_new = max_new_tokens
         self.eot = tok.convert_tokens_to_ids(self.masker.end_of_turn)
