@@ -27,9 +27,12 @@ CLI (trainer.datacli): ``synth`` (a learnable synthetic tokenized dataset), ``to
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import sys
+
+import numpy as np
 from dataclasses import dataclass, field
 
 from dfo_contract.exitcodes import DataError
@@ -38,6 +41,8 @@ from .chat import ChatMasker, Conversation, Unmaskable
 from .formats import (Dropped, Sample, is_gzip, is_parquet, iter_records, parse_json_line,
                       record_kind, record_sample)
 from .tokenized import Summary, TokenStore, is_store, no_samples_message
+
+log = logging.getLogger("dfo")
 
 __all__ = ["Sample", "JsonlDataset", "TokenizedDataset", "open_dataset", "Order", "collate",
            "BatchStream", "tokenize_chat", "load_tokenizer", "load_masker"]
@@ -107,7 +112,7 @@ class JsonlDataset(_Dataset):
         self._masker_error: str | None = None
         self.offsets: list[int | None] = []
         self.linenos: list[int] = []
-        self._mem: dict[int, Sample] = {}
+        self._mem: dict[int, tuple] = {}  # compact: (uint32 ids, uint8 mask), 5 bytes a token
         self._fh = None
         self.report = self._scan()
 
@@ -161,7 +166,12 @@ class JsonlDataset(_Dataset):
             lazy = start is not None and not is_chat
             self.offsets.append(start if lazy else None)
             if not lazy:
-                self._mem[k] = s
+                self._mem[k] = (np.asarray(s.input_ids, dtype=np.uint32),
+                                np.asarray(s.loss_mask, dtype=np.uint8))
+        if len(self._mem) > 100_000:
+            log.warning("data: %s: %d samples were tokenized at load and are held in memory; "
+                        "python -m trainer.data tokenize makes a store that loads instantly",
+                        self.path, len(self._mem))
         return self._report(len(self.linenos))
 
     def __len__(self) -> int:
@@ -170,7 +180,7 @@ class JsonlDataset(_Dataset):
     def get(self, i: int) -> Sample:
         s = self._mem.get(i)
         if s is not None:
-            return s
+            return Sample(s[0].astype(np.int64).tolist(), s[1].tolist())
         if self._fh is None:
             self._fh = open(self.path, "rb")
         self._fh.seek(self.offsets[i])
@@ -190,8 +200,6 @@ class TokenizedDataset(_Dataset):
 
     def __init__(self, path: str, *, vocab_size: int, block_size: int, max_seq_len: int,
                  min_loss_tokens: int | None = None, mask_token_id: int | None = None, **_ignored):
-        import numpy as np
-
         super().__init__(path, vocab_size=vocab_size, block_size=block_size, max_seq_len=max_seq_len,
                          min_loss_tokens=min_loss_tokens, mask_token_id=mask_token_id)
         self.store = st = TokenStore(path)
