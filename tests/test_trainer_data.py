@@ -133,3 +133,12 @@ def test_synth_cli(tmp_path):
         assert 24 <= len(row["input_ids"]) <= 48 and len(row["loss_mask"]) == len(row["input_ids"])
         assert all(4 <= t < 128 for t in row["input_ids"])
     assert len(_ds(str(out))) > 0
+
+
+def test_data_path_directory_needs_a_manifest(tmp_path):
+    from trainer.data import open_dataset
+
+    with pytest.raises(DataError, match=r"a directory without manifest.json .*python -m trainer.data tokenize"):
+        open_dataset(str(tmp_path), vocab_size=128, block_size=B, max_seq_len=64)
+    ds = open_dataset(_write(tmp_path, [_ok()]), vocab_size=128, block_size=B, max_seq_len=64)
+    assert isinstance(ds, JsonlDataset) and ds.report.describe(16).startswith(f"data: {ds.path}: 1 samples (")

@@ -1,43 +1,51 @@
-"""Training data: tokenized JSONL, chat JSONL, deterministic order, bucketed collation.
+"""Training data: datasets, deterministic order, bucketed collation, ``python -m trainer.data``.
 
-Formats (one JSON object per line; ``data.format`` auto-detects per line):
+``data.path`` is one of:
 
-- tokens: ``{"input_ids": [int, ...], "loss_mask": [0|1, ...]}`` (same length).
-- chat: ``{"messages": [{"role": "user"|"assistant"|..., "content": str}, ...]}``, tokenized
-  with the target directory's tokenizer and chat template; loss only on assistant turns.
+- a pre-tokenized store directory (``python -m trainer.data tokenize``; trainer.tokenized):
+  memory-mapped, nothing is parsed or tokenized at load or per step;
+- a ``.jsonl`` / ``.jsonl.gz`` / ``.parquet`` file of records (trainer.formats): tokenized
+  ``{"input_ids": [...], "loss_mask": [...]}``, OpenAI ``{"messages": [...]}`` or ShareGPT
+  ``{"conversations": [{"from", "value"}]}``. Chat records are rendered with the target's
+  chat template and masked by trainer.chat ONCE, at load; plain tokenized ``.jsonl`` lines
+  are re-read by byte offset.
 
-The file is scanned once at start: every line is validated (a malformed line, a missing
-field, a token id >= the target's vocab gives a ``DataError`` naming ``file:line``; the
-file is never modified) and samples with fewer than ``2*B`` loss tokens (after truncation
-to ``data.max_seq_len``) are dropped and counted. Samples are re-read by byte offset.
+The data is scanned once at start: a malformed record, a missing field or a token id >= the
+target's vocab gives a ``DataError`` naming ``file:line`` (the file is never modified); a
+conversation that cannot be masked is dropped and counted with its reason and first
+file:line; samples with fewer than ``data.min_loss_tokens`` (default ``2*B``) loss tokens
+after truncation to ``data.max_seq_len`` are dropped and counted.
 
 Order: sample position p (a global counter) maps to epoch ``p // n`` and to index
 ``perm(seed, epoch)[p % n]``; ``perm`` is a seeded shuffle, so the order is a pure function
 of (seed, epoch) and resuming needs only p. Anchors of micro-batch m are drawn with a
 generator seeded by (seed, m): also a pure function.
 
-``python -m trainer.data synth --out FILE.jsonl [--num N --seq-len S --vocab V --seed K]``
-writes a learnable synthetic tokenized dataset (arithmetic token runs with a per-sample
-stride, a masked prompt, rare random jumps).
+CLI (trainer.datacli): ``synth`` (a learnable synthetic tokenized dataset), ``tokenize``
+(build a store, in parallel) and ``regenerate`` (the target rewrites the assistant turns).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
+import logging
 import os
 import random
 import sys
-from dataclasses import dataclass
+
+import numpy as np
+from dataclasses import dataclass, field
 
 from dfo_contract.exitcodes import DataError
-from dfo_contract.fsio import atomic_write_text
 
+from .chat import ChatMasker, Conversation, Unmaskable
+from .formats import (Dropped, Sample, is_gzip, is_parquet, iter_records, parse_json_line,
+                      record_kind, record_sample)
+from .tokenized import Summary, TokenStore, is_store, no_samples_message
 
-@dataclass
-class Sample:
-    input_ids: list[int]
-    loss_mask: list[int]
+log = logging.getLogger("dfo")
+
+__all__ = ["Sample", "JsonlDataset", "TokenizedDataset", "open_dataset", "Order", "collate",
+           "BatchStream", "tokenize_chat", "load_tokenizer", "load_masker"]
 
 
 @dataclass(frozen=True)
@@ -48,132 +56,138 @@ class ScanReport:
     dropped_short: int
     truncated: int
     mask_token_hits: int
+    dropped: dict = field(default_factory=dict)        # reason -> count (cannot be masked, ...)
+    first_dropped: dict = field(default_factory=dict)  # reason -> file:line
+
+    def describe(self, min_loss_tokens: int) -> str:
+        parts = [f"{self.dropped_short} dropped with < {min_loss_tokens} loss tokens",
+                 f"{self.truncated} truncated"]
+        for reason, n in sorted(self.dropped.items(), key=lambda kv: -kv[1]):
+            parts.append(f"{n} dropped: {reason} (first at {self.first_dropped[reason]})")
+        return f"data: {self.path}: {self.kept} samples ({', '.join(parts)})"
 
 
-class JsonlDataset:
-    """A validated JSONL dataset, read lazily by byte offset."""
+class _Dataset:
+    """Shared scan bookkeeping: truncation, short drops, mask-token hits, the report."""
 
-    def __init__(self, path: str, *, vocab_size: int, block_size: int, max_seq_len: int,
-                 min_loss_tokens: int | None = None, fmt: str = "auto", tokenizer=None,
-                 mask_token_id: int | None = None):
+    def __init__(self, path, *, vocab_size, block_size, max_seq_len, min_loss_tokens, mask_token_id):
         self.path = path
         self.vocab_size = vocab_size
         self.max_seq_len = max_seq_len
         self.min_loss_tokens = 2 * block_size if min_loss_tokens is None else min_loss_tokens
-        self.fmt = fmt
-        self.tokenizer = tokenizer
         self.mask_token_id = mask_token_id
-        self.offsets: list[int] = []
-        self.linenos: list[int] = []
-        self._fh = None
-        self.report = self._scan()
-
-    # -- scanning ---------------------------------------------------------------------------
-    def _where(self, lineno: int) -> str:
-        return f"data: {self.path}:{lineno}"
-
-    def _scan(self) -> ScanReport:
-        if not os.path.isfile(self.path):
-            raise DataError(f"data: {self.path}: no such file (set --data.path; "
-                            "python -m trainer.data synth --out FILE writes a synthetic one)")
-        lines = dropped = truncated = hits = 0
-        with open(self.path, "rb") as f:
-            offset = 0
-            for lineno, raw in enumerate(f, start=1):
-                start, offset = offset, offset + len(raw)
-                if not raw.strip():
-                    continue
-                lines += 1
-                s = self._parse(raw, lineno, truncate=False)
-                if len(s.input_ids) > self.max_seq_len:
-                    truncated += 1
-                    s = self._truncate(s)
-                if self.mask_token_id is not None and self.mask_token_id in s.input_ids:
-                    hits += 1
-                if sum(s.loss_mask) < self.min_loss_tokens:
-                    dropped += 1
-                    continue
-                self.offsets.append(start)
-                self.linenos.append(lineno)
-        if not self.offsets:
-            raise DataError(f"data: {self.path}: no usable samples ({lines} lines, {dropped} with "
-                            f"fewer than {self.min_loss_tokens} loss tokens); check loss_mask or "
-                            "lower --data.min_loss_tokens")
-        return ScanReport(self.path, lines, len(self.offsets), dropped, truncated, hits)
+        self.summary = Summary()
+        self.short = self.truncated = self.hits = 0
 
     def _truncate(self, s: Sample) -> Sample:
         if len(s.input_ids) <= self.max_seq_len:
             return s
         return Sample(s.input_ids[: self.max_seq_len], s.loss_mask[: self.max_seq_len])
 
-    def _parse(self, raw: bytes, lineno: int, truncate: bool = True) -> Sample:
-        where = self._where(lineno)
-        try:
-            obj = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise DataError(f"{where}: malformed JSON ({e.msg if hasattr(e, 'msg') else e}); "
-                            "fix or remove the line") from None
-        if not isinstance(obj, dict):
-            raise DataError(f"{where}: expected a JSON object, got {type(obj).__name__}")
-        fmt = self.fmt
-        if fmt == "auto":
-            fmt = "chat" if "messages" in obj and "input_ids" not in obj else "tokens"
-        s = self._parse_chat(obj, where) if fmt == "chat" else self._parse_tokens(obj, where)
-        return self._truncate(s) if truncate else s
+    def _report(self, kept: int) -> ScanReport:
+        if not kept:
+            raise DataError(no_samples_message(self.path, self.summary, self.min_loss_tokens, self.short))
+        return ScanReport(self.path, self.summary.records, kept, self.short, self.truncated, self.hits,
+                          dict(self.summary.dropped), dict(self.summary.first_dropped))
 
-    def _parse_tokens(self, obj: dict, where: str) -> Sample:
-        for key in ("input_ids", "loss_mask"):
-            if key not in obj:
-                raise DataError(f"{where}: missing field {key!r} (tokenized lines need "
-                                "input_ids and loss_mask; chat lines need messages)")
-        ids, mask = obj["input_ids"], obj["loss_mask"]
-        if not isinstance(ids, list) or not ids:
-            raise DataError(f"{where}: input_ids must be a non-empty list of token ids")
-        if not isinstance(mask, list) or len(mask) != len(ids):
-            raise DataError(f"{where}: loss_mask must be a list as long as input_ids "
-                            f"({len(ids)}), got {len(mask) if isinstance(mask, list) else type(mask).__name__}")
-        for j, t in enumerate(ids):
-            if isinstance(t, bool) or not isinstance(t, int) or t < 0:
-                raise DataError(f"{where}: input_ids[{j}] = {t!r} is not a token id (integer >= 0)")
-            if t >= self.vocab_size:
-                raise DataError(f"{where}: input_ids[{j}] = {t} >= the target's vocab size "
-                                f"{self.vocab_size}; tokenize with the target's tokenizer")
-        out_mask = []
-        for j, m in enumerate(mask):
-            if isinstance(m, str | list | dict) or m not in (0, 1):
-                raise DataError(f"{where}: loss_mask[{j}] = {m!r}; expected 0 or 1")
-            out_mask.append(int(m))
-        return Sample(list(ids), out_mask)
+    def close(self) -> None:
+        pass
 
-    def _parse_chat(self, obj: dict, where: str) -> Sample:
-        msgs = obj.get("messages")
-        if msgs is None:
-            raise DataError(f"{where}: missing field 'messages' (chat lines need messages)")
-        if not isinstance(msgs, list) or not msgs or not all(
-                isinstance(m, dict) and isinstance(m.get("role"), str)
-                and isinstance(m.get("content"), str) for m in msgs):
-            raise DataError(f"{where}: messages must be a non-empty list of "
-                            "{\"role\": str, \"content\": str} objects")
-        if self.tokenizer is None:
-            raise DataError(f"{where}: chat data needs the target's tokenizer, and "
-                            "--model.target_path has none; pre-tokenize the data")
-        ids, mask = tokenize_chat(self.tokenizer, msgs, where)
-        s = Sample(ids, mask)
-        bad = [t for t in ids if t >= self.vocab_size]
-        if bad:
-            raise DataError(f"{where}: the tokenizer produced id {bad[0]} >= the target's vocab "
-                            f"size {self.vocab_size}; the tokenizer does not match the target")
-        return s
 
-    # -- access -----------------------------------------------------------------------------
+class JsonlDataset(_Dataset):
+    """Records from a .jsonl/.jsonl.gz/.parquet file, validated once.
+
+    Tokenized lines of a plain .jsonl are re-read lazily by byte offset; everything else
+    (chat records, compressed or parquet files) is tokenized once here and kept in memory.
+    """
+
+    def __init__(self, path: str, *, vocab_size: int, block_size: int, max_seq_len: int,
+                 min_loss_tokens: int | None = None, fmt: str = "auto", tokenizer=None,
+                 mask_token_id: int | None = None, masker: ChatMasker | None = None):
+        super().__init__(path, vocab_size=vocab_size, block_size=block_size, max_seq_len=max_seq_len,
+                         min_loss_tokens=min_loss_tokens, mask_token_id=mask_token_id)
+        self.fmt = fmt
+        self.tokenizer = tokenizer
+        self._masker = masker
+        self._masker_error: str | None = None
+        self.offsets: list[int | None] = []
+        self.linenos: list[int] = []
+        self._mem: dict[int, tuple] = {}  # compact: (uint32 ids, uint8 mask), 5 bytes a token
+        self._fh = None
+        self.report = self._scan()
+
+    def masker(self, where: str) -> ChatMasker | None:
+        if self._masker is None and self.tokenizer is not None and self._masker_error is None:
+            try:
+                self._masker = ChatMasker(self.tokenizer)
+            except Unmaskable as e:
+                self._masker_error = str(e)
+        if self._masker_error:
+            raise DataError(f"{where}: chat data cannot be masked: {self._masker_error}")
+        return self._masker
+
+    def _records(self):
+        """(lineno, byte offset or None, record)."""
+        if not os.path.isfile(self.path):
+            raise DataError(f"data: {self.path}: no such file (set --data.path; "
+                            "python -m trainer.data synth --out FILE writes a synthetic one)")
+        if is_parquet(self.path) or is_gzip(self.path):
+            for lineno, rec in iter_records(self.path):
+                yield lineno, None, rec
+            return
+        with open(self.path, "rb") as f:
+            offset = 0
+            for lineno, raw in enumerate(f, start=1):
+                start, offset = offset, offset + len(raw)
+                if raw.strip():
+                    yield lineno, start, parse_json_line(raw, f"data: {self.path}:{lineno}")
+
+    def _scan(self) -> ScanReport:
+        for lineno, start, rec in self._records():
+            self.summary.records += 1
+            where = f"data: {self.path}:{lineno}"
+            is_chat = isinstance(rec, dict) and record_kind(rec, self.fmt) == "chat"
+            try:
+                s = record_sample(rec, where, fmt=self.fmt, vocab_size=self.vocab_size,
+                                  masker=self.masker(where) if is_chat else None)
+            except Dropped as e:
+                self.summary.drop(str(e), f"{self.path}:{lineno}")
+                continue
+            if len(s.input_ids) > self.max_seq_len:
+                self.truncated += 1
+                s = self._truncate(s)
+            if self.mask_token_id is not None and self.mask_token_id in s.input_ids:
+                self.hits += 1
+            if sum(s.loss_mask) < self.min_loss_tokens:
+                self.short += 1
+                continue
+            k = len(self.linenos)
+            self.linenos.append(lineno)
+            lazy = start is not None and not is_chat
+            self.offsets.append(start if lazy else None)
+            if not lazy:
+                self._mem[k] = (np.asarray(s.input_ids, dtype=np.uint32),
+                                np.asarray(s.loss_mask, dtype=np.uint8))
+        if len(self._mem) > 100_000:
+            log.warning("data: %s: %d samples were tokenized at load and are held in memory; "
+                        "python -m trainer.data tokenize makes a store that loads instantly",
+                        self.path, len(self._mem))
+        return self._report(len(self.linenos))
+
     def __len__(self) -> int:
-        return len(self.offsets)
+        return len(self.linenos)
 
     def get(self, i: int) -> Sample:
+        s = self._mem.get(i)
+        if s is not None:
+            return Sample(s[0].astype(np.int64).tolist(), s[1].tolist())
         if self._fh is None:
             self._fh = open(self.path, "rb")
         self._fh.seek(self.offsets[i])
-        return self._parse(self._fh.readline(), self.linenos[i])
+        where = f"data: {self.path}:{self.linenos[i]}"
+        rec = parse_json_line(self._fh.readline(), where)
+        return self._truncate(record_sample(rec, where, fmt=self.fmt, masker=None,
+                                            vocab_size=self.vocab_size))
 
     def close(self) -> None:
         if self._fh is not None:
@@ -181,36 +195,65 @@ class JsonlDataset:
             self._fh = None
 
 
+class TokenizedDataset(_Dataset):
+    """A pre-tokenized store (trainer.tokenized), memory-mapped; filters are vectorised."""
+
+    def __init__(self, path: str, *, vocab_size: int, block_size: int, max_seq_len: int,
+                 min_loss_tokens: int | None = None, mask_token_id: int | None = None, **_ignored):
+        super().__init__(path, vocab_size=vocab_size, block_size=block_size, max_seq_len=max_seq_len,
+                         min_loss_tokens=min_loss_tokens, mask_token_id=mask_token_id)
+        self.store = st = TokenStore(path)
+        m = st.manifest
+        self.summary.records = int(m.get("records", st.n))
+        for reason, n in (m.get("dropped") or {}).items():
+            self.summary.dropped[reason] = n
+            self.summary.first_dropped[reason] = (m.get("first_dropped") or {}).get(reason, "?")
+        lengths = np.diff(np.asarray(st.offsets))
+        self.truncated = int((lengths > max_seq_len).sum())
+        counts = st.loss_counts(max_seq_len)
+        keep = counts >= self.min_loss_tokens
+        self.short = int((~keep).sum())
+        self.index = np.nonzero(keep)[0]
+        top, hit_at = -1, []
+        step = 1 << 26  # 64M tokens at a time: bounded memory on any store size
+        for a in range(0, int(st.offsets[-1]) if st.n else 0, step):
+            chunk = np.asarray(st.tokens[a:a + step])
+            top = max(top, int(chunk.max()))
+            if mask_token_id is not None:
+                hit_at.append(np.nonzero(chunk == mask_token_id)[0] + a)
+        if top >= vocab_size:
+            raise DataError(f"data: {path}: token id {top} >= the target's vocab size {vocab_size}; "
+                            f"the store was tokenized for another target ({m.get('target')})")
+        if hit_at:
+            at = np.concatenate(hit_at)
+            self.hits = len(np.unique(np.searchsorted(np.asarray(st.offsets), at, side="right")))
+        self.linenos = self.index  # for messages only
+        self.report = self._report(len(self.index))
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def get(self, i: int) -> Sample:
+        return self.store.sample(int(self.index[i]), self.max_seq_len)
+
+
+def open_dataset(path: str, **kw):
+    """The dataset for ``data.path``: a store directory or a records file."""
+    if is_store(path):
+        kw.pop("fmt", None), kw.pop("tokenizer", None), kw.pop("masker", None)
+        return TokenizedDataset(path, **kw)
+    if os.path.isdir(path):
+        raise DataError(f"data: {path}: a directory without manifest.json (give a .jsonl, "
+                        ".jsonl.gz or .parquet file, or a store written by python -m trainer.data tokenize)")
+    return JsonlDataset(path, **kw)
+
+
 def tokenize_chat(tokenizer, messages: list[dict], where: str = "data") -> tuple[list[int], list[int]]:
-    """Token ids and an assistant-only loss mask for one conversation.
-
-    Uses the template's ``{% generation %}`` markers when it has them; otherwise renders
-    growing prefixes of the conversation and marks the tokens each assistant turn adds
-    (requires a prefix-stable template, else a DataError asks to pre-tokenize).
-    """
-    template = getattr(tokenizer, "chat_template", None) or ""
-    if not template:
-        raise DataError(f"{where}: the target's tokenizer has no chat template; pre-tokenize the data")
-    if "generation" in template:
-        r = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True,
-                                          return_assistant_tokens_mask=True)
-        return list(r["input_ids"]), [int(x) for x in r["assistant_masks"]]
-
-    def render(msgs):
-        r = tokenizer.apply_chat_template(msgs, tokenize=True, return_dict=True)
-        return list(r["input_ids"])
-
-    ids: list[int] = []
-    mask: list[int] = []
-    for i, m in enumerate(messages):
-        full = render(messages[: i + 1])
-        if full[: len(ids)] != ids:
-            raise DataError(f"{where}: the chat template is not prefix-stable (turn {i} rewrites "
-                            "earlier tokens); pre-tokenize the data with input_ids/loss_mask")
-        new = full[len(ids):]
-        ids.extend(new)
-        mask.extend([1 if m["role"] == "assistant" else 0] * len(new))
-    return ids, mask
+    """Token ids and the generated-tokens loss mask of one conversation (trainer.chat)."""
+    try:
+        return ChatMasker(tokenizer).mask(Conversation(messages))
+    except Unmaskable as e:
+        raise DataError(f"{where}: cannot mask the conversation: {e}") from None
 
 
 def load_tokenizer(path: str):
@@ -220,6 +263,17 @@ def load_tokenizer(path: str):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+def load_masker(target: str, template_kwargs: dict | None = None) -> ChatMasker | None:
+    """A ChatMasker for the target's tokenizer; None when the target has no tokenizer."""
+    tok = load_tokenizer(target)
+    if tok is None:
+        return None
+    try:
+        return ChatMasker(tok, template_kwargs=template_kwargs)
+    except Unmaskable as e:
+        raise DataError(f"data: {target}: chat data cannot be masked: {e}") from None
 
 
 # --------------------------------------------------------------------------- order
@@ -320,54 +374,13 @@ class BatchStream:
         self.micro_index = int(st["micro_index"])
 
 
-# --------------------------------------------------------------------------- synth
-
-def synth_samples(num: int, seq_len: int, vocab: int, seed: int, *, reserve: int = 4,
-                  min_len: int | None = None, jump_p: float = 0.03):
-    """Learnable sequences: x[t+1] = x[t] + stride (mod the usable vocab), stride per sample."""
-    rng = random.Random(f"dfo-synth:{seed}")
-    span = vocab - reserve
-    if span < 8:
-        raise ValueError("synth: --vocab must leave at least 8 usable ids above the reserved ones")
-    lo = min_len if min_len is not None else max(2, seq_len // 2)
-    for _ in range(num):
-        n = rng.randint(lo, seq_len)
-        stride = rng.randint(1, 3)
-        x = rng.randrange(span)
-        ids = []
-        for _t in range(n):
-            ids.append(reserve + x)
-            x = rng.randrange(span) if rng.random() < jump_p else (x + stride) % span
-        prompt = rng.randint(1, max(1, n // 4))
-        yield {"input_ids": ids, "loss_mask": [0] * prompt + [1] * (n - prompt)}
-
-
-def write_synth(out: str, *, num: int, seq_len: int, vocab: int, seed: int, reserve: int = 4) -> str:
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    atomic_write_text(out, "".join(json.dumps(s, separators=(",", ":")) + "\n"
-                                   for s in synth_samples(num, seq_len, vocab, seed, reserve=reserve)))
-    return out
+from .synth import synth_samples, write_synth  # noqa: E402,F401 - re-exported
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m trainer.data")
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    sp = sub.add_parser("synth", help="write a synthetic tokenized JSONL dataset")
-    sp.add_argument("--out", required=True)
-    sp.add_argument("--num", type=int, default=256)
-    sp.add_argument("--seq-len", type=int, default=64)
-    sp.add_argument("--vocab", type=int, default=128)
-    sp.add_argument("--seed", type=int, default=0)
-    sp.add_argument("--reserve", type=int, default=4,
-                    help="ids below this are never used (specials; the tiny target's mask is 3)")
-    a = ap.parse_args(argv)
-    try:
-        write_synth(a.out, num=a.num, seq_len=a.seq_len, vocab=a.vocab, seed=a.seed, reserve=a.reserve)
-    except ValueError as e:
-        print(f"trainer.data: {e}", file=sys.stderr)
-        return 2
-    print(f"wrote {a.num} synthetic samples to {a.out}")
-    return 0
+    from .datacli import main as cli_main
+
+    return cli_main(argv)
 
 
 if __name__ == "__main__":

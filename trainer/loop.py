@@ -21,7 +21,7 @@ from dfo_contract.exitcodes import DONE, INTERRUPTED, NonFiniteLoss
 from dfo_contract.trainer_config import TrainerConfig
 
 from . import checkpoints, faults, metrics, objective, runtime
-from .data import BatchStream, JsonlDataset, load_tokenizer
+from .data import BatchStream, JsonlDataset, load_tokenizer, open_dataset
 from .parallel import make_layout
 
 log = logging.getLogger("dfo")
@@ -88,7 +88,7 @@ class _Signals:
 
 def open_data(cfg: TrainerConfig, vocab_size: int, mask_id: int | None) -> JsonlDataset:
     tok = load_tokenizer(cfg.model.target_path) if cfg.data.format in ("auto", "chat") else None
-    return JsonlDataset(cfg.data.path, vocab_size=vocab_size, block_size=cfg.model.block_size,
+    return open_dataset(cfg.data.path, vocab_size=vocab_size, block_size=cfg.model.block_size,
                         max_seq_len=cfg.data.max_seq_len, min_loss_tokens=cfg.min_loss_tokens(),
                         fmt=cfg.data.format, tokenizer=tok, mask_token_id=mask_id)
 
@@ -113,8 +113,7 @@ def train(cfg: TrainerConfig, resume: str | None = None, *, out=None) -> int:
         drafter = layout.drafter
         ds = open_data(cfg, layout.target.vocab_size, drafter.mask_token_id)
         r = ds.report
-        em.print(f"data: {r.path}: {r.kept} samples ({r.dropped_short} dropped with < "
-                 f"{cfg.min_loss_tokens()} loss tokens, {r.truncated} truncated)")
+        em.print(r.describe(cfg.min_loss_tokens()))
         if r.mask_token_hits:
             log.warning("data: %d samples contain the mask token id %d; pick an unused id "
                         "(--model.mask_token_id)", r.mask_token_hits, drafter.mask_token_id)

@@ -106,12 +106,31 @@ def mask_token_id(cfg: TrainerConfig, target: Target) -> int:
     if mid is None:
         mid = _tokenizer_mask_id(target.path)
     if mid is None:
+        from .family import family_mask_token_id
+
+        tok_len = _tokenizer_len(target.path)
+        fam = family_mask_token_id(target.path, target.vocab_size, tok_len)
+        if fam is not None:
+            mid, note = fam
+            log.warning(note)
+    if mid is None:
         raise TrainerConfigError("config: --model.mask_token_id: required: an unused token id of the "
                                  "target's vocabulary (the target's tokenizer defines no mask token)")
     if not 0 <= mid < target.vocab_size:
         raise TrainerConfigError(f"config: --model.mask_token_id: {mid} is outside the target's "
                                  f"vocabulary [0, {target.vocab_size})")
     return int(mid)
+
+
+def _tokenizer_len(path: str) -> int | None:
+    import os
+
+    if not path or not os.path.isfile(os.path.join(path, "tokenizer_config.json")):
+        return None
+    from .data import load_tokenizer
+
+    tok = load_tokenizer(path)
+    return len(tok) if tok is not None else None
 
 
 def _tokenizer_mask_id(path: str) -> int | None:

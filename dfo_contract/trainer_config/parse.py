@@ -246,7 +246,8 @@ def validate(cfg: TrainerConfig) -> TrainerConfig:
     _positive(m.ce_chunk, "model.ce_chunk")
 
     if not d.path:
-        raise _err("data.path", "required: a tokenized or chat JSONL file")
+        raise _err("data.path", "required: a .jsonl, .jsonl.gz or .parquet file (tokenized or "
+                                "chat records) or a store from python -m trainer.data tokenize")
     _choice(d.format, "data.format", DATA_FORMATS)
     _positive(d.max_seq_len, "data.max_seq_len")
     _positive(d.num_anchors, "data.num_anchors")

@@ -45,8 +45,8 @@ class ModelConfig:
 
 @dataclass(kw_only=True)
 class DataConfig:
-    path: str = ""
-    format: str = "auto"                      # auto | tokens (input_ids+loss_mask) | chat (messages)
+    path: str = ""                            # records file or a `trainer.data tokenize` store dir
+    format: str = "auto"                      # auto | tokens (input_ids+loss_mask) | chat (messages/conversations)
     max_seq_len: int = 4096                   # longer samples are truncated
     num_anchors: int = 512                    # max anchors (blocks) per sequence
     seq_buckets: list[int] = field(default_factory=list)     # [] -> [max_seq_len]

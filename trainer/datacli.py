@@ -1,0 +1,171 @@
+"""``python -m trainer.data {synth,tokenize,regenerate}``.
+
+- ``synth --out FILE.jsonl [--num N --seq-len S --vocab V --seed K]``: a learnable synthetic
+  tokenized dataset.
+- ``tokenize --target DIR --in FILE... --out DIR [--workers N] [--no-thinking]``: build a
+  pre-tokenized store (trainer.tokenized) in parallel over the cores, with a progress bar
+  and a summary (samples, dropped and why, loss tokens, length histogram).
+- ``regenerate --target DIR --in FILE --out FILE [--batch-size N] [--max-new-tokens N]``: the
+  target rewrites the assistant turns (trainer.regenerate); resumable after a kill.
+
+User errors print one line ``trainer.data: ...`` and exit 2 (usage) or 3 (data).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from dfo_contract.exitcodes import DATA_ERROR, DataError
+
+from .tokenized import Summary
+
+
+class Progress:
+    """A tqdm bar on a terminal, plain ``label: done/total`` lines (every few s) otherwise."""
+
+    def __init__(self, total: int | None, label: str, stream=None, every_s: float = 5.0):
+        self.total, self.label, self.done = total, label, 0
+        self.stream = stream or sys.stderr
+        self.summary = Summary()
+        self.every_s = every_s
+        self._last = 0.0
+        self._t0 = time.monotonic()
+        self._bar = None
+        if getattr(self.stream, "isatty", lambda: False)():
+            try:
+                from tqdm import tqdm
+
+                self._bar = tqdm(total=total, desc=label, unit="rec", file=self.stream)
+            except ImportError:
+                pass
+
+    def update(self, n: int = 1) -> None:
+        self.done += n
+        if self._bar is not None:
+            self._bar.update(n)
+            return
+        now = time.monotonic()
+        if now - self._last >= self.every_s:
+            self._last = now
+            self._line()
+
+    def _line(self) -> None:
+        tot = f"/{self.total}" if self.total is not None else ""
+        rate = self.done / max(time.monotonic() - self._t0, 1e-9)
+        self._printed = self.done
+        print(f"{self.label}: {self.done}{tot} ({rate:.1f}/s)", file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        elif getattr(self, "_printed", None) != self.done:
+            self._line()
+
+
+def target_vocab_size(target: str) -> int:
+    p = os.path.join(target, "config.json")
+    try:
+        with open(p) as f:
+            cfg = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise DataError(f"--target: {p}: unreadable ({e}); give a transformers model directory") from None
+    v = cfg.get("vocab_size") or (cfg.get("text_config") or {}).get("vocab_size")
+    if not isinstance(v, int):
+        raise DataError(f"--target: {p}: no vocab_size")
+    return v
+
+
+def cmd_tokenize(a) -> int:
+    from .formats import count_records
+    from .tokenized import write_store
+
+    vocab = target_vocab_size(a.target)
+    for p in a.inputs:
+        if not os.path.isfile(p):
+            raise DataError(f"--in: {p}: no such file")
+    total = sum(count_records(p) or 0 for p in a.inputs) or None
+    workers = a.workers or max(1, os.cpu_count() or 1)
+    prog = Progress(total, "tokenize")
+    kw = {"enable_thinking": False} if a.no_thinking else {}
+    try:
+        s = write_store(a.out, a.inputs, target=a.target, vocab_size=vocab, fmt=a.format,
+                        workers=workers, template_kwargs=kw, progress=prog)
+    finally:
+        prog.close()
+    for line in s.lines():
+        print(line)
+    print(f"wrote {a.out} (use it as --data.path)")
+    return 0
+
+
+def cmd_regenerate(a) -> int:
+    from .regenerate import regenerate
+
+    kw = {"enable_thinking": False} if a.no_thinking else {}
+    n, skipped = regenerate(a.target, a.inp, a.out, batch_size=a.batch_size,
+                            max_new_tokens=a.max_new_tokens, device=a.device, template_kwargs=kw)
+    print(f"regenerated {n} samples into {a.out} ({skipped} already done)")
+    return 0
+
+
+def cmd_synth(a) -> int:
+    from .synth import write_synth
+
+    try:
+        write_synth(a.out, num=a.num, seq_len=a.seq_len, vocab=a.vocab, seed=a.seed, reserve=a.reserve)
+    except ValueError as e:
+        print(f"trainer.data: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {a.num} synthetic samples to {a.out}")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m trainer.data")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sp = sub.add_parser("synth", help="write a synthetic tokenized JSONL dataset")
+    sp.add_argument("--out", required=True)
+    sp.add_argument("--num", type=int, default=256)
+    sp.add_argument("--seq-len", type=int, default=64)
+    sp.add_argument("--vocab", type=int, default=128)
+    sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--reserve", type=int, default=4,
+                    help="ids below this are never used (specials; the tiny target's mask is 3)")
+    sp.set_defaults(fn=cmd_synth)
+    tp = sub.add_parser("tokenize", help="pre-tokenize chat/tokenized records into a store")
+    tp.add_argument("--target", required=True, help="the target model directory (its tokenizer)")
+    tp.add_argument("--in", dest="inputs", nargs="+", required=True,
+                    help=".jsonl, .jsonl.gz or .parquet files")
+    tp.add_argument("--out", required=True, help="the store directory to write")
+    tp.add_argument("--workers", type=int, default=0, help="processes (default: all cores)")
+    tp.add_argument("--format", default="auto", choices=["auto", "tokens", "chat"])
+    tp.add_argument("--no-thinking", action="store_true",
+                    help="render with enable_thinking=False (the template's empty think block)")
+    tp.set_defaults(fn=cmd_tokenize)
+    rp = sub.add_parser("regenerate", help="the target rewrites the assistant turns")
+    rp.add_argument("--target", required=True)
+    rp.add_argument("--in", dest="inp", required=True)
+    rp.add_argument("--out", required=True, help="JSONL, appended to (resumable)")
+    rp.add_argument("--batch-size", type=int, default=32)
+    rp.add_argument("--max-new-tokens", type=int, default=1024)
+    rp.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
+    rp.add_argument("--no-thinking", action="store_true",
+                    help="generate with enable_thinking=False")
+    rp.set_defaults(fn=cmd_regenerate)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parser().parse_args(argv)
+    try:
+        return a.fn(a)
+    except DataError as e:
+        print(f"trainer.data: {e}", file=sys.stderr, flush=True)
+        return DATA_ERROR
+    except KeyboardInterrupt:
+        print("trainer.data: interrupted", file=sys.stderr, flush=True)
+        return 130

@@ -1,0 +1,319 @@
+"""The pre-tokenized store (what ``data.path`` reads fastest) and the parallel tokenizer.
+
+A store is a directory:
+
+- ``tokens.u32``   every sample's token ids, concatenated (little-endian uint32);
+- ``offsets.i64``  n+1 offsets into ``tokens.u32`` (sample i is ``[off[i], off[i+1])``);
+- ``loss.bits``    the loss mask, one bit per token (``numpy.packbits``, little bit order);
+- ``origin.i64``   ``file_index << 40 | line`` of each sample, for file:line messages;
+- ``manifest.json`` counts, the inputs (with sha256), the tokenizer's sha256, the sha256 of
+  every file above, what was dropped and why, and a length histogram.
+
+The directory is built under a temporary name and renamed into place, so a store is either
+complete or absent. Reading memory-maps the arrays: opening a store of a million samples
+reads only the manifest and the offsets.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dfo_contract.exitcodes import DataError
+from dfo_contract.fsio import atomic_write_text, fsync_dir, sha256_file, tmp_name
+
+from .formats import Dropped, Sample, iter_records, record_sample
+
+FORMAT = "dfo-tokenized"
+VERSION = 1
+FILES = ("tokens.u32", "offsets.i64", "loss.bits", "origin.i64")
+LINE_BITS = 40
+HIST_EDGES = (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+
+
+def is_store(path: str) -> bool:
+    return os.path.isdir(path) and os.path.isfile(os.path.join(path, "manifest.json"))
+
+
+def histogram(lengths) -> dict[str, int]:
+    out: dict[str, int] = {}
+    lo = 0
+    arr = np.asarray(lengths, dtype=np.int64)
+    for hi in HIST_EDGES:
+        out[f"{lo + 1}-{hi}"] = int(((arr > lo) & (arr <= hi)).sum())
+        lo = hi
+    out[f">{lo}"] = int((arr > lo).sum())
+    return {k: v for k, v in out.items() if v}
+
+
+@dataclass
+class Summary:
+    records: int = 0
+    kept: int = 0
+    tokens: int = 0
+    loss_tokens: int = 0
+    dropped: Counter = field(default_factory=Counter)
+    first_dropped: dict = field(default_factory=dict)   # reason -> "file:line"
+    lengths: list = field(default_factory=list)
+
+    def drop(self, reason: str, where: str) -> None:
+        self.dropped[reason] += 1
+        self.first_dropped.setdefault(reason, where)
+
+    def lines(self) -> list[str]:
+        out = [f"samples: {self.kept} kept of {self.records} records; {self.tokens} tokens, "
+               f"{self.loss_tokens} under loss"]
+        for reason, n in self.dropped.most_common():
+            out.append(f"dropped {n}: {reason} (first: {self.first_dropped[reason]})")
+        hist = histogram(self.lengths)
+        if hist:
+            out.append("lengths: " + ", ".join(f"{k}: {v}" for k, v in hist.items()))
+        return out
+
+
+# --------------------------------------------------------------------------- workers
+
+_W: dict = {}
+
+
+def _init_worker(target: str, fmt: str, vocab_size: int, template_kwargs: dict) -> None:
+    from .data import load_masker
+
+    _W.update(masker=load_masker(target, template_kwargs), fmt=fmt, vocab=vocab_size)
+
+
+def _work(chunk):
+    """[(file_index, where, lineno, record)] -> [(fi, lineno, ids|None, mask|reason|error)]."""
+    out = []
+    for fi, where, lineno, rec in chunk:
+        try:
+            s = record_sample(rec, where, fmt=_W["fmt"], masker=_W["masker"], vocab_size=_W["vocab"])
+        except Dropped as e:
+            out.append((fi, lineno, None, str(e)))
+            continue
+        except DataError as e:
+            out.append((fi, lineno, False, str(e)))
+            continue
+        if not any(s.loss_mask):
+            out.append((fi, lineno, None, "no loss tokens"))
+            continue
+        out.append((fi, lineno, np.asarray(s.input_ids, dtype=np.uint32),
+                    np.asarray(s.loss_mask, dtype=np.uint8)))
+    return out
+
+
+def _chunks(paths: list[str], size: int):
+    chunk = []
+    for fi, p in enumerate(paths):
+        for lineno, rec in iter_records(p):
+            chunk.append((fi, f"data: {p}:{lineno}", lineno, rec))
+            if len(chunk) >= size:
+                yield chunk
+                chunk = []
+    if chunk:
+        yield chunk
+
+
+def tokenize_records(paths: list[str], *, target: str, fmt: str = "auto", vocab_size: int,
+                     workers: int = 1, template_kwargs: dict | None = None, progress=None,
+                     chunk_size: int = 256):
+    """Yield (file_index, lineno, ids, mask) for kept samples, in input order; counts and
+    drops go to ``progress.summary``. Structural errors raise ``DataError`` (file:line)."""
+    args = (target, fmt, vocab_size, dict(template_kwargs or {}))
+    summary: Summary = progress.summary
+    if workers <= 1:
+        _init_worker(*args)
+        results = map(_work, _chunks(paths, chunk_size))
+        pool = None
+    else:
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn" if sys.platform == "darwin" else "fork")
+        pool = ctx.Pool(workers, initializer=_init_worker, initargs=args)
+        results = pool.imap(_work, _chunks(paths, chunk_size), chunksize=1)
+    try:
+        for res in results:
+            for fi, lineno, ids, extra in res:
+                summary.records += 1
+                where = f"{paths[fi]}:{lineno}"
+                if ids is False:
+                    raise DataError(extra)
+                if ids is None:
+                    summary.drop(extra, where)
+                    continue
+                summary.kept += 1
+                summary.tokens += len(ids)
+                summary.loss_tokens += int(extra.sum())
+                summary.lengths.append(len(ids))
+                yield fi, lineno, ids, extra
+            progress.update(len(res))
+    finally:
+        if pool is not None:
+            pool.terminate()
+            pool.join()
+
+
+def write_store(out: str, paths: list[str], *, target: str, vocab_size: int, fmt: str = "auto",
+                workers: int = 1, template_kwargs: dict | None = None, progress) -> Summary:
+    """Tokenize ``paths`` into the store ``out`` (built aside, renamed into place)."""
+    out = os.path.abspath(out)
+    parent = os.path.dirname(out)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tmp_name(out)
+    if os.path.exists(tmp):
+        shutil.rmtree(tmp)
+    os.makedirs(tmp)
+    summary = progress.summary
+    offsets = [0]
+    origin = []
+    bit_tail = np.zeros(0, dtype=np.uint8)
+    try:
+        with open(os.path.join(tmp, "tokens.u32"), "wb") as ft, \
+                open(os.path.join(tmp, "loss.bits"), "wb") as fb:
+            for fi, lineno, ids, mask in tokenize_records(
+                    paths, target=target, fmt=fmt, vocab_size=vocab_size, workers=workers,
+                    template_kwargs=template_kwargs, progress=progress):
+                ft.write(ids.astype("<u4").tobytes())
+                offsets.append(offsets[-1] + len(ids))
+                origin.append((fi << LINE_BITS) | lineno)
+                bits = np.concatenate([bit_tail, mask])
+                whole = len(bits) - len(bits) % 8
+                fb.write(np.packbits(bits[:whole], bitorder="little").tobytes())
+                bit_tail = bits[whole:]
+            if len(bit_tail):
+                fb.write(np.packbits(bit_tail, bitorder="little").tobytes())
+            for f in (ft, fb):
+                f.flush()
+                os.fsync(f.fileno())
+        if summary.kept == 0:
+            raise DataError(no_samples_message(", ".join(paths), summary))
+        np.asarray(offsets, dtype="<i8").tofile(os.path.join(tmp, "offsets.i64"))
+        np.asarray(origin, dtype="<i8").tofile(os.path.join(tmp, "origin.i64"))
+        manifest = {
+            "format": FORMAT, "version": VERSION, "num_samples": summary.kept,
+            "num_tokens": summary.tokens, "loss_tokens": summary.loss_tokens,
+            "vocab_size": vocab_size, "target": os.path.abspath(target),
+            "tokenizer_sha256": tokenizer_sha256(target),
+            "inputs": [{"path": os.path.abspath(p), "sha256": sha256_file(p)} for p in paths],
+            "files": {f: sha256_file(os.path.join(tmp, f)) for f in FILES},
+            "records": summary.records, "dropped": dict(summary.dropped),
+            "first_dropped": summary.first_dropped, "length_histogram": histogram(summary.lengths),
+        }
+        atomic_write_text(os.path.join(tmp, "manifest.json"), json.dumps(manifest, indent=1) + "\n")
+        fsync_dir(tmp)
+        if os.path.exists(out):
+            old = tmp_name(out) + ".old"
+            os.replace(out, old)
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+        fsync_dir(parent)
+    finally:
+        if os.path.exists(tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
+    return summary
+
+
+def tokenizer_sha256(target: str) -> str | None:
+    p = os.path.join(target, "tokenizer.json")
+    return sha256_file(p) if os.path.isfile(p) else None
+
+
+def no_samples_message(path: str, summary: Summary, min_loss_tokens: int | None = None,
+                       short: int = 0) -> str:
+    """One line: why a data file gave no usable sample (advice only where it can help)."""
+    parts = []
+    for reason, n in summary.dropped.most_common(3):
+        parts.append(f"{n} dropped: {reason} (first at {summary.first_dropped[reason]})")
+    if short:
+        parts.append(f"{short} with fewer than {min_loss_tokens} loss tokens (lower "
+                     "--data.min_loss_tokens or use longer samples)")
+    why = "; ".join(parts) or "the file has no records"
+    return f"data: {path}: no usable samples of {summary.records} records: {why}"
+
+
+# --------------------------------------------------------------------------- reading
+
+class TokenStore:
+    """A store opened read-only (memory-mapped)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        mpath = os.path.join(path, "manifest.json")
+        try:
+            with open(mpath) as f:
+                self.manifest = json.load(f)
+        except (OSError, json.JSONDecodeError) as e:
+            raise DataError(f"data: {mpath}: unreadable manifest ({e}); re-run "
+                            "python -m trainer.data tokenize") from None
+        m = self.manifest
+        if m.get("format") != FORMAT or m.get("version") != VERSION:
+            raise DataError(f"data: {mpath}: not a {FORMAT} v{VERSION} store; re-run "
+                            "python -m trainer.data tokenize")
+        self.n = int(m["num_samples"])
+        self.offsets = self._map("offsets.i64", "<i8", self.n + 1)
+        total = int(self.offsets[-1]) if self.n else 0
+        if total != int(m["num_tokens"]):
+            raise DataError(f"data: {path}: offsets.i64 does not match the manifest (torn store); "
+                            "re-run python -m trainer.data tokenize")
+        self.tokens = self._map("tokens.u32", "<u4", total)
+        self.bits = self._map("loss.bits", "u1", (total + 7) // 8)
+        self.origin = self._map("origin.i64", "<i8", self.n)
+        self.inputs = [i["path"] for i in m.get("inputs", [])]
+
+    def _map(self, name: str, dtype: str, count: int):
+        p = os.path.join(self.path, name)
+        want = count * np.dtype(dtype).itemsize
+        size = os.path.getsize(p) if os.path.isfile(p) else -1
+        if size != want:
+            raise DataError(f"data: {p}: {size} bytes, the manifest says {want} (torn or edited "
+                            "store); re-run python -m trainer.data tokenize")
+        if want == 0:
+            return np.zeros(0, dtype=dtype)
+        return np.memmap(p, dtype=dtype, mode="r", shape=(count,))
+
+    def where(self, i: int) -> str:
+        o = int(self.origin[i])
+        fi, line = o >> LINE_BITS, o & ((1 << LINE_BITS) - 1)
+        name = self.inputs[fi] if fi < len(self.inputs) else "?"
+        return f"{name}:{line}"
+
+    def length(self, i: int) -> int:
+        return int(self.offsets[i + 1] - self.offsets[i])
+
+    def mask(self, i: int, limit: int | None = None) -> np.ndarray:
+        a = int(self.offsets[i])
+        n = self.length(i) if limit is None else min(limit, self.length(i))
+        lo, hi = a // 8, (a + n + 7) // 8
+        bits = np.unpackbits(np.asarray(self.bits[lo:hi]), bitorder="little")
+        return bits[a % 8: a % 8 + n]
+
+    def ids(self, i: int, limit: int | None = None) -> np.ndarray:
+        a = int(self.offsets[i])
+        n = self.length(i) if limit is None else min(limit, self.length(i))
+        return np.asarray(self.tokens[a:a + n])
+
+    def sample(self, i: int, limit: int | None = None) -> Sample:
+        return Sample(self.ids(i, limit).astype(np.int64).tolist(), self.mask(i, limit).tolist())
+
+    def loss_counts(self, limit: int) -> np.ndarray:
+        """Loss tokens of every sample within its first ``limit`` tokens (chunked, vectorised)."""
+        out = np.zeros(self.n, dtype=np.int64)
+        step = 4096
+        for s in range(0, self.n, step):
+            e = min(self.n, s + step)
+            a, b = int(self.offsets[s]), int(self.offsets[e])
+            lo = a // 8
+            bits = np.unpackbits(np.asarray(self.bits[lo:(b + 7) // 8]), bitorder="little")
+            cum = np.concatenate([[0], np.cumsum(bits, dtype=np.int64)])
+            starts = self.offsets[s:e].astype(np.int64) - lo * 8
+            ends = np.minimum(self.offsets[s + 1:e + 1].astype(np.int64), self.offsets[s:e] + limit) - lo * 8
+            out[s:e] = cum[ends] - cum[starts]
+        return out
