@@ -17,6 +17,7 @@ from .. import __version__
 from ..errors import EXIT_INTERRUPTED, DfoError
 from .context import AppContext
 from . import cache as _cache, demo as _demo, deploy as _deploy, hosts as _hosts, run as _run
+from . import export as _export
 
 log = logging.getLogger("dfo")
 
@@ -36,7 +37,7 @@ def cli(ctx: click.Context, hosts_file: str | None, verbose: int) -> None:
     ctx.call_on_close(ctx.obj.close)
 
 
-for _module in (_hosts, _deploy, _cache, _run, _demo):
+for _module in (_hosts, _deploy, _cache, _run, _demo, _export):
     for _cmd in _module.COMMANDS:
         cli.add_command(_cmd)
 
