@@ -47,7 +47,7 @@ def teach(target_dir: str, *, steps: int = 300, seq_len: int = 40, batch: int = 
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        loss = float(out.loss)
+        loss = float(out.loss.detach())
     model.eval()
     model.save_pretrained(target_dir)
     fsync_dir(target_dir)
