@@ -164,7 +164,6 @@ def verify_export(d: str) -> tuple[bool, str]:
 
 def load_exported(d: str, *, embed_tokens, lm_head, device="cpu"):
     """The drafter rebuilt from an exported directory alone (+ the target's embed/head)."""
-    import torch
     from safetensors.torch import load_file
     from transformers import Qwen3Config
 
@@ -186,7 +185,7 @@ def load_exported(d: str, *, embed_tokens, lm_head, device="cpu"):
     drafter.block_size = int(conf["block_size"])
     drafter.target_layer_ids = list(dc["target_layer_ids"])
     drafter.attn_backend = "sdpa"
-    return drafter.to(torch.float32) if device == "cpu" else drafter
+    return drafter  # fp32 weights; the caller casts
 
 
 def main(argv: list[str]) -> int:

@@ -14,7 +14,9 @@ equals target-only greedy decoding token for token (lossless).
 
 ``--prompts``: JSONL with ``input_ids`` (token ids) or ``messages`` (chat; the target's
 chat template with the generation prompt) or ``prompt`` (plain text) per line.
-``--spec-decode N``: N new tokens per prompt (default 64).
+``--spec-decode N``: N new tokens per prompt (default 64). fp32 on CPU, bf16 on CUDA (in
+bf16 a block verified in one forward can round differently from one token at a time, so a
+rare near-tie may make the outputs differ; fp32 is the strict check).
 """
 
 from __future__ import annotations
@@ -156,7 +158,8 @@ def load_pair(path: str, *, target_path: str | None, device):
         target_path = target_path or cfg.model.target_path
     if not target_path or not os.path.isfile(os.path.join(target_path, "config.json")):
         raise TrainerConfigError(f"config: --target: {target_path or '(none)'} has no config.json")
-    model = _from_pretrained(target_path, torch.float32).to(device).eval()
+    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    model = _from_pretrained(target_path, dtype).to(device).eval()
     if exported:
         from .export import load_exported
 
@@ -179,7 +182,7 @@ def load_pair(path: str, *, target_path: str | None, device):
         drafter.mask_token_id = mask_token_id(cfg, fake)
         drafter.block_size = cfg.model.block_size
         drafter.to(device)
-    drafter.eval()
+    drafter.to(dtype).eval()
     return Tapped(model, taps), drafter
 
 
