@@ -109,3 +109,27 @@ def test_whole_path_small_scale(tmp_path):
     rep = json.loads(r.stdout.strip().splitlines()[-1][len("@dfo "):])
     assert rep["lossless"] is True
     assert rep["mean_accept_len"] >= 3.0, rep
+
+
+def test_eval_cli_on_a_checkpoint_and_one_line_errors(tmp_path):
+    from tests.helpers.trainer import make_synth
+    from trainer.loop import train
+
+    target = make_target(str(tmp_path / "target"))
+    data = make_synth(str(tmp_path / "synth.jsonl"), num=16)
+    cfg = tiny_config(target, data, str(tmp_path / "run"), **{"train.max_steps": 2})
+    assert train(cfg, out=io.StringIO()) == 0
+    ckpt = str(tmp_path / "run" / "checkpoints" / "step_2")
+    r = subprocess.run([PY, "-W", "ignore", "-m", "trainer", "eval", ckpt, "--prompts", data,
+                        "--spec-decode", "12", "--max-prompts", "2", "--json", str(tmp_path / "r.json")],
+                       cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert rep["lossless"] is True and rep["prompts"] == 2 and rep["block_size"] == 8
+    assert "mean accepted length" in r.stdout
+    (tmp_path / "bad.jsonl").write_text('{"input_ids": [5, 6]}\nnot json\n')
+    bad = subprocess.run([PY, "-W", "ignore", "-m", "trainer", "eval", ckpt, "--prompts",
+                          str(tmp_path / "bad.jsonl")], cwd=REPO, capture_output=True, text=True,
+                         timeout=600)
+    assert bad.returncode == 3 and f"{tmp_path / 'bad.jsonl'}:2" in bad.stderr
+    assert "Traceback" not in bad.stderr
