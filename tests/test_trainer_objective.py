@@ -88,7 +88,7 @@ def test_sample_anchors_eligibility_and_order():
         assert a == sorted(a) and len(set(a)) == len(a)
         assert len(a) == min(6, int(elig[i].sum()))
         for p in a:
-            assert p <= lens[i] - B and lm[i, p] and lm[i, p + 1]
+            assert p <= lens[i] - 2 and lm[i, p] and lm[i, p + 1]
         assert (anchors[i][~valid[i]] == 0).all()
         if len(a) < 6:
             assert not valid[i, len(a):].any()
@@ -103,8 +103,8 @@ def test_sample_anchors_uniform():
     for _ in range(3000):
         a, v = objective.sample_anchors(lm, lens, 2, B, generator=g)
         counts[a[0][v[0]]] += 1
-    elig = counts[: s - B + 1]
-    assert counts[s - B + 1:].sum() == 0
+    elig = counts[: s - 1]          # SpecForge's rule: up to the second-to-last loss token
+    assert counts[s - 1:].sum() == 0
     assert elig.min() > 0.75 * elig.mean() and elig.max() < 1.25 * elig.mean()
 
 

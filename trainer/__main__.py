@@ -1,7 +1,9 @@
-"""``python -m trainer train|warmup ...`` (docs/contracts.md, "The trainer's command line").
+"""``python -m trainer train|warmup|export|eval ...`` (docs/contracts.md, "The trainer's command line").
 
     python -m trainer train  --config FILE.yaml [--SECTION.FIELD VALUE ...] [--resume step_N|latest|PATH]
     python -m trainer warmup --config FILE.yaml [--SECTION.FIELD VALUE ...] [--report FILE.json]
+    python -m trainer export CHECKPOINT --out DIR [--dtype bf16] [--target DIR]
+    python -m trainer eval   CHECKPOINT|EXPORT --prompts FILE [--spec-decode N] [--target DIR]
 
 Exit codes: dfo_contract/exitcodes.py (0 done, 2 config, 3 data, 4 checkpoint, 5 fatal,
 6 interrupted). User errors print one line; fatal errors print the traceback too.
@@ -19,7 +21,10 @@ from dfo_contract.exitcodes import CONFIG_ERROR, FATAL, TABLE, exit_code_for
 USAGE = ("usage: python -m trainer train --config FILE.yaml [--SECTION.FIELD VALUE ...] "
          "[--resume step_N|latest|PATH]\n"
          "       python -m trainer warmup --config FILE.yaml [--SECTION.FIELD VALUE ...] "
-         "[--report FILE.json]")
+         "[--report FILE.json]\n"
+         "       python -m trainer export CHECKPOINT --out DIR [--dtype bf16] [--target DIR]\n"
+         "       python -m trainer eval CHECKPOINT|EXPORT --prompts FILE [--spec-decode N] "
+         "[--target DIR]")
 
 
 def _usage(msg: str):
@@ -57,7 +62,15 @@ def main(argv: list[str] | None = None) -> int:
             from . import warmup  # owned by the layouts/gate part (trainer/warmup.py)
 
             return warmup.main(rest)
-        raise _usage(f"unknown command {cmd!r} (expected train or warmup)")
+        if cmd == "export":
+            from . import export
+
+            return export.main(rest)
+        if cmd == "eval":
+            from . import spec_eval
+
+            return spec_eval.main(rest)
+        raise _usage(f"unknown command {cmd!r} (expected train, warmup, export or eval)")
     except Exception as e:  # noqa: BLE001 - this is the one place errors become exit codes
         code = exit_code_for(e)
         if code == FATAL:

@@ -74,7 +74,8 @@ def flex_block_mask(anchors: torch.Tensor, valid: torch.Tensor, seq_len: int, bl
     cnt = (ctx_cnt + own_cnt).view(b, nqb, block, nkb)
     rows_ok = in_range.view(1, nqb, block, 1)
     any_ = ((cnt > 0) & rows_ok).any(dim=2)                                  # [b, nqb, nkb]
-    full = ((cnt == width.unsqueeze(1)) | ~rows_ok).all(dim=2) & any_
+    # a padding row (past Tq) sees nothing, as in create_block_mask: its tile is partial
+    full = ((cnt == width.unsqueeze(1)) & rows_ok).all(dim=2) & any_
     partial = any_ & ~full
 
     def ordered(m):

@@ -20,7 +20,7 @@ from dfo_contract import checkpoints as manifests
 from dfo_contract.exitcodes import DONE, INTERRUPTED, NonFiniteLoss
 from dfo_contract.trainer_config import TrainerConfig
 
-from . import checkpoints, faults, metrics, objective, runtime
+from . import accept, checkpoints, faults, metrics, objective, runtime
 from .data import BatchStream, JsonlDataset, load_tokenizer, open_dataset
 from .parallel import make_layout
 
@@ -121,6 +121,16 @@ def train(cfg: TrainerConfig, resume: str | None = None, *, out=None) -> int:
                              num_anchors=cfg.data.num_anchors, seq_buckets=cfg.seq_buckets(),
                              anchor_buckets=cfg.anchor_buckets(), seed=cfg.train.seed,
                              shuffle=cfg.data.shuffle)
+        held = None
+        if cfg.eval.every:
+            if not cfg.data.eval_path:
+                from dfo_contract.exitcodes import TrainerConfigError
+                raise TrainerConfigError("config: --eval.every: needs --data.eval_path (held-out "
+                                         "data in the training data's format)")
+            held = accept.HeldOut(cfg, vocab_size=layout.target.vocab_size,
+                                  mask_token_id=drafter.mask_token_id)
+            em.print(f"eval: {cfg.data.eval_path}: {len(held.batches)} batches every "
+                     f"{cfg.eval.every} steps (measured acceptance length)")
         params = layout.parameters()
         opt = torch.optim.AdamW(params, lr=cfg.train.lr, betas=(cfg.train.beta1, cfg.train.beta2),
                                 weight_decay=cfg.train.weight_decay, eps=1e-8)
@@ -138,10 +148,11 @@ def train(cfg: TrainerConfig, resume: str | None = None, *, out=None) -> int:
         if em.phase != want:
             em.set_phase(want)
 
-        def save(at: int) -> str:
+        def save(at: int, extra: dict | None = None) -> str:
             existing = os.path.join(ckdir, f"step_{at}")
             layout.before_save()  # threads/ddp: replicas identical (all ranks)
-            if at == step_saved[0] and manifests.verify(existing, check_hashes=False)[0]:
+            if (at == step_saved[0] and extra is None
+                    and manifests.verify(existing, check_hashes=False)[0]):
                 em.marker("checkpoint", step=at, path=os.path.abspath(existing))
                 return existing  # this exact state is already saved (e.g. SIGTERM right after)
             if not layout.is_main:  # ddp: only rank 0 writes checkpoints
@@ -150,13 +161,39 @@ def train(cfg: TrainerConfig, resume: str | None = None, *, out=None) -> int:
             em.set_phase("checkpoint")
             p = checkpoints.save(ckdir, at, drafter=drafter, optimizer=opt, scheduler=sched,
                                  data_state=stream.state_dict(), config_yaml=cfg.to_yaml(),
-                                 keep=cfg.checkpoint.keep, run_id=env.run_id, attempt=attempt)
+                                 keep=cfg.checkpoint.keep, run_id=env.run_id, attempt=attempt,
+                                 extra=extra)
             step_saved[0] = at
             em.marker("checkpoint", step=at, path=os.path.abspath(p))
             em.set_phase("train")
             return p
 
         step_saved = [step if resume else -1]
+        prev_best = accept.read_best(ckdir) if resume else None
+        best = float(prev_best["accept_len"]) if prev_best else float("-inf")
+
+        def run_eval(at: int, best: float) -> float:
+            """Measured acceptance length on the held-out data: an ``eval`` record in
+            metrics.jsonl and the markers; a new best is checkpointed and pointed to."""
+            em.set_phase("eval")
+            t0 = time.perf_counter()
+            ev = held.run(drafter, layout.target, cfg)
+            rec = {"step": at, "accept_len": ev["accept_len"], "eval_blocks": ev["blocks"],
+                   "eval_s": round(time.perf_counter() - t0, 3), "best_accept_len": None}
+            al = ev["accept_len"]
+            improved = al is not None and al > best
+            if improved:
+                best = al
+            rec["best_accept_len"] = None if best == float("-inf") else best
+            em.eval(rec)
+            em.set_phase("train")
+            if improved:
+                save(at, extra={"accept_len": al})
+                if layout.is_main:
+                    accept.write_best(ckdir, at, al)
+                    em.marker("best", step=at, accept_len=al)
+            return best
+
         fault_spec = faults.resolve_spec(cfg.fault.spec)
         pending: list[dict] = []
         tokens = samples = 0
@@ -204,7 +241,12 @@ def train(cfg: TrainerConfig, resume: str | None = None, *, out=None) -> int:
                                         "lower --train.lr or resume from an earlier checkpoint")
                 em.step(rec)
                 pending, tokens, samples, t_log = [], 0, 0, time.perf_counter()
-            if cfg.checkpoint.every and step % cfg.checkpoint.every == 0:
+            evaluated = False
+            if held is not None and (step % cfg.eval.every == 0 or step == cfg.train.max_steps):
+                best = run_eval(step, best)
+                evaluated = True
+            if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and not (
+                    evaluated and step_saved[0] == step):
                 save(step)
         if cfg.checkpoint.save_final:
             save(step)

@@ -4,7 +4,8 @@
   (flushed); the supervisor parses only these lines.
 - ``Emitter.step(record)`` appends the step object to ``<run.dir>/metrics.jsonl``, writes
   its numeric fields to a TensorBoard event file beside it (``trainer.tbevents``), prints
-  it as a marker and as one readable line.
+  it as a marker and as one readable line. ``Emitter.eval(record)`` does the same for a
+  held-out evaluation (``phase: eval``, ``accept_len``, ``best_accept_len``).
 - ``Heartbeat``: a thread printing ``{"kind": "heartbeat", "phase": ..., "step": ...}`` at
   least every ``every_s`` (<= 10) seconds while the process is doing work: when its CPU
   time advanced by >= 10% of one core, or a step finished, since the last beat. A
@@ -83,12 +84,12 @@ class Emitter:
         if self.metrics_path and self.enabled:
             with self._lock, open(self.metrics_path, "a") as f:
                 f.write(json.dumps(rec, allow_nan=False) + "\n")
-            self._tensorboard(rec)
+            if self._tb is not None:
+                self._tensorboard(rec)
         self.marker("step", **rec)
         self.print(f"step {rec['step']:>6}  loss {_fmt(rec['loss'])}  acc {_fmt(rec['acc'])}  "
                    f"tau {_fmt(rec['tau'], 2)}  lr {rec['lr']:.3g}  "
                    f"{_fmt(rec['tokens_per_s'], 0)} tok/s  {_fmt(rec['samples_per_s'], 2)} samples/s")
-
 
     def _tensorboard(self, rec: dict) -> None:
         try:
@@ -96,6 +97,20 @@ class Emitter:
         except OSError as e:  # pictures must never stop training
             self._tb = None
             self.print(f"tensorboard events disabled: {e}")
+
+    def eval(self, rec: dict) -> None:
+        """A held-out evaluation (``accept_len``: measured acceptance length): one object in
+        metrics.jsonl with ``"phase": "eval"``, an ``eval`` marker and one readable line."""
+        rec = {k: _finite(v) for k, v in rec.items()} | {"phase": "eval", "attempt": self.attempt}
+        if self.metrics_path and self.enabled:
+            with self._lock, open(self.metrics_path, "a") as f:
+                f.write(json.dumps(rec, allow_nan=False) + "\n")
+            if self._tb is not None:
+                self._tensorboard({"step": rec["step"], **{
+                    f"eval/{k}": v for k, v in rec.items() if k not in ("step", "attempt", "phase")}})
+        self.marker("eval", **rec)
+        self.print(f"eval {rec['step']:>6}  accept_len {_fmt(rec.get('accept_len'), 3)}  "
+                   f"best {_fmt(rec.get('best_accept_len'), 3)}  ({rec.get('eval_blocks')} blocks)")
 
 
 def _fmt(x, nd: int = 4) -> str:

@@ -2,7 +2,8 @@
 
 - ``fc`` (k*H -> H, no bias) + ``hidden_norm`` (RMSNorm) turn the k tapped target hidden
   states of the context into one context feature per position.
-- L Qwen3 decoder layers: RMSNorm -> attention (q_norm/k_norm, RoPE) -> residual ->
+- L Qwen3 decoder layers: RMSNorm -> attention (q_norm/k_norm, the target's RoPE incl.
+  its scaling, built by transformers: ``trainer.rope``) -> residual ->
   RMSNorm -> SwiGLU MLP -> residual; then a final RMSNorm.
 - Attention: Q from the block tokens only; K and V from [context features | block tokens]
   with the same projections (and k_norm) for both; RoPE at absolute positions (context
@@ -18,12 +19,14 @@ Parameter names follow the public DFlash checkpoints (``fc``, ``hidden_norm``,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .rope import DrafterRope
 
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -41,6 +44,9 @@ class DrafterSpec:
     eps: float = 1e-6
     rope_theta: float = 1_000_000.0
     init_std: float = 0.02
+    # the target's transformers config: RoPE (incl. scaling) is built from it by transformers
+    # (trainer.rope); None = plain RoPE with ``rope_theta``
+    rope_config: object = field(default=None, compare=False, repr=False)
 
     @classmethod
     def from_target_config(cls, tcfg, *, num_layers: int, num_taps: int) -> "DrafterSpec":
@@ -51,7 +57,8 @@ class DrafterSpec:
                    kv_heads=getattr(tcfg, "num_key_value_heads", None) or heads,
                    head_dim=head_dim, intermediate=tcfg.intermediate_size,
                    num_layers=num_layers, num_taps=num_taps, vocab=tcfg.vocab_size,
-                   eps=getattr(tcfg, "rms_norm_eps", 1e-6), rope_theta=rope_theta_of(tcfg))
+                   eps=getattr(tcfg, "rms_norm_eps", 1e-6), rope_theta=rope_theta_of(tcfg),
+                   rope_config=tcfg)
 
 
 def rope_theta_of(tcfg) -> float:
@@ -80,13 +87,6 @@ class RMSNorm(nn.Module):
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     h = x.shape[-1] // 2
     return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
-
-
-def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor):
-    """fp32 cos/sin of shape [b, 1, T, head_dim] for integer ``positions`` [b, T]."""
-    freqs = positions.float().unsqueeze(-1) * inv_freq.float()
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().unsqueeze(1), emb.sin().unsqueeze(1)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -167,9 +167,7 @@ class Drafter(nn.Module):
         self.hidden_norm = RMSNorm(h, spec.eps)
         self.layers = nn.ModuleList(DrafterLayer(spec) for _ in range(spec.num_layers))
         self.norm = RMSNorm(h, spec.eps)
-        inv = 1.0 / (spec.rope_theta ** (torch.arange(0, spec.head_dim, 2, dtype=torch.float64)
-                                          / spec.head_dim))
-        self.register_buffer("inv_freq", inv.float(), persistent=False)
+        self.rope = DrafterRope(spec.rope_config, head_dim=spec.head_dim, theta=spec.rope_theta)
         self.shared = shared
 
     @torch.no_grad()
@@ -214,8 +212,11 @@ class Drafter(nn.Module):
         ctx = self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
         x = self.embed(block_ids).to(ctx.dtype)
         ctx_pos = torch.arange(s, device=features.device).unsqueeze(0).expand(b, s)
-        rope_q = rope_cos_sin(block_positions, self.inv_freq)
-        rope_k = rope_cos_sin(torch.cat([ctx_pos, block_positions], dim=1), self.inv_freq)
+        # one cos/sin for [context | block] positions (one dynamic-RoPE update per forward);
+        # the block's queries take the block part
+        cos_k, sin_k = self.rope(torch.cat([ctx_pos, block_positions], dim=1))
+        rope_k = (cos_k, sin_k)
+        rope_q = (cos_k[:, :, s:], sin_k[:, :, s:])
         for layer in self.layers:
             x = layer(x, ctx, rope_q, rope_k, attend)
         return self.norm(x)

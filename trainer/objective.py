@@ -4,8 +4,9 @@ Shapes: b sequences of (padded) length S; N anchor slots per sequence; block siz
 Tq = N*B block tokens; KV = S + Tq (context | blocks).
 
 - **Anchors.** Per sequence, up to N positions drawn uniformly without replacement from
-  ``p <= len-B`` with ``loss_mask[p] and loss_mask[p+1]``; sorted; unused slots invalid
-  (anchor 0, valid False).
+  ``p <= len-2`` with ``loss_mask[p] and loss_mask[p+1]`` (as SpecForge: up to the
+  second-to-last loss token; a block running past the sample's end is padded, and its slots
+  at or after ``len`` carry no loss); sorted; unused slots invalid (anchor 0, valid False).
 - **Block input.** ``[x_anchor, MASK x (B-1)]`` (an invalid block is all MASK).
 - **Visibility.** Query slot k of block n sees context ``j < anchor_n`` (strictly) and its
   own block (bidirectional), nothing else. Invalid blocks see nothing.
@@ -24,13 +25,16 @@ import torch.nn.functional as F
 # --------------------------------------------------------------------------- anchors
 
 def eligible_anchors(loss_mask: torch.Tensor, lengths: torch.Tensor, block_size: int) -> torch.Tensor:
-    """Bool [b, S]: positions that may be anchors (p <= len-B, loss_mask[p] & loss_mask[p+1])."""
+    """Bool [b, S]: positions that may be anchors (p <= len-2, loss_mask[p] & loss_mask[p+1]).
+
+    ``block_size`` is accepted for interface stability; blocks near the end are padded
+    (their labels at or after ``len`` are masked in ``labels_and_weights``)."""
     b, s = loss_mask.shape
     lm = loss_mask.bool()
     nxt = torch.zeros_like(lm)
     nxt[:, :-1] = lm[:, 1:]
     pos = torch.arange(s, device=loss_mask.device).unsqueeze(0)
-    return lm & nxt & (pos <= (lengths.view(-1, 1) - block_size))
+    return lm & nxt & (pos <= (lengths.view(-1, 1) - 2))
 
 
 def sample_anchors(loss_mask: torch.Tensor, lengths: torch.Tensor, num_anchors: int,
@@ -113,11 +117,13 @@ def labels_and_weights(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors
     """
     b, s = input_ids.shape
     k = torch.arange(block_size, device=input_ids.device).view(1, 1, -1)
-    idx = (anchors.unsqueeze(-1) + k).clamp(max=s - 1)                     # [b, N, B]
+    raw = anchors.unsqueeze(-1) + k                                        # [b, N, B]
+    idx = raw.clamp(max=s - 1)
     flat = idx.view(b, -1)
     labels = torch.gather(input_ids, 1, flat).view_as(idx)
     lm = torch.gather(loss_mask.bool(), 1, flat).view_as(idx)
-    counted = lm & valid.unsqueeze(-1) & (k >= 1)
+    inside = raw < s           # a tail block past the padded row: no loss (clamped index)
+    counted = lm & inside & valid.unsqueeze(-1) & (k >= 1)
     weights = position_decay(block_size, gamma, input_ids.device).view(1, 1, -1) * counted.float()
     return labels, weights, counted
 

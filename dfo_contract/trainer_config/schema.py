@@ -53,6 +53,7 @@ class DataConfig:
     anchor_buckets: list[int] = field(default_factory=list)  # [] -> [num_anchors]
     shuffle: bool = True
     min_loss_tokens: int | None = None        # None: 2 * block_size
+    eval_path: str = ""                       # held-out data for eval.* ("" = no eval)
 
 
 @dataclass(kw_only=True)
@@ -72,6 +73,13 @@ class TrainConfig:
     seed: int = 0
     log_every: int = 1
     heartbeat_s: float = 5.0
+
+
+@dataclass(kw_only=True)
+class EvalConfig:
+    every: int = 0                            # measured acceptance length every N steps (0: off)
+    max_samples: int = 64                     # held-out samples per evaluation (first N of eval_path)
+    num_anchors: int | None = None            # blocks per sample; None: data.num_anchors
 
 
 @dataclass(kw_only=True)
@@ -113,6 +121,7 @@ class TrainerConfig:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     compile: CompileConfig = field(default_factory=CompileConfig)
     run: RunConfig = field(default_factory=RunConfig)

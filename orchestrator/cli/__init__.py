@@ -19,6 +19,7 @@ from .context import AppContext
 from . import cache as _cache, demo as _demo, deploy as _deploy, hosts as _hosts, run as _run
 from . import status as _status
 from . import viz as _viz
+from . import export as _export
 
 log = logging.getLogger("dfo")
 
@@ -38,7 +39,7 @@ def cli(ctx: click.Context, hosts_file: str | None, verbose: int) -> None:
     ctx.call_on_close(ctx.obj.close)
 
 
-for _module in (_hosts, _deploy, _cache, _run, _status, _demo, _viz):
+for _module in (_hosts, _deploy, _cache, _run, _status, _demo, _viz, _export):
     for _cmd in _module.COMMANDS:
         cli.add_command(_cmd)
 

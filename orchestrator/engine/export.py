@@ -1,0 +1,140 @@
+"""``dfo export``: export a run's checkpoint as a servable drafter and bring it home.
+
+On the host, with the deployed env's python: ``python -m trainer export CKPT --out
+<root>/exports/<run-name>/step_N`` (z-lab/SGLang DFlash layout; it prints the files'
+sha256 and sizes). Then each file is copied to the user's machine into a temporary
+directory beside ``--to``, its sha256 checked against the host's, and the directory renamed
+into place: ``--to`` either holds the complete, verified export or is untouched.
+
+``--step``: ``N`` (step_N), ``best`` (the run's ``best`` pointer: highest measured
+acceptance length) or, by default, the newest valid checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import posixpath
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from dfo_contract.fsio import sha256_file
+
+from ..errors import ConfigError, NotFoundError, RemoteCommandError, VerifyError
+from ..ops.probes import json_reply
+from .runs import RunOps
+
+log = logging.getLogger("dfo")
+
+_STEP = re.compile(r"^(best|latest|\d+)$")
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    run_id: str
+    checkpoint: str          # host path of the exported checkpoint
+    remote_dir: str          # host path of the export
+    local_dir: str
+    step: int
+    accept_len: float | None
+    files: dict              # name -> {"sha256", "size"}
+
+    def to_json(self) -> dict:
+        return {"run_id": self.run_id, "checkpoint": self.checkpoint, "remote_dir": self.remote_dir,
+                "local_dir": self.local_dir, "step": self.step, "accept_len": self.accept_len,
+                "files": self.files}
+
+
+def parse_step(step: str | None) -> str:
+    s = (step or "latest").strip()
+    if not _STEP.match(s):
+        raise ConfigError(f"--step {step!r} is not a step", hint="use a number, best or latest")
+    return s
+
+
+class ExportOps:
+    def __init__(self, transport, host, *, say: Callable[[str], None] | None = None):
+        self.t = transport
+        self.host = host
+        self.layout = host.layout
+        self.runs = RunOps(transport, host, say=say)
+        self.say = say or (lambda m: log.info("%s", m))
+
+    def _checkpoint(self, ck_dir: str, step: str) -> str:
+        if step == "best":
+            try:
+                best = json.loads(self.t.get(posixpath.join(ck_dir, "best")).decode())
+            except NotFoundError:
+                raise NotFoundError(f"no best checkpoint recorded in {ck_dir}",
+                                    hint="train with --set eval.every=N and data.eval_path, "
+                                         "or pass --step N") from None
+            return posixpath.join(ck_dir, f"step_{int(best['step'])}")
+        if step == "latest":
+            infos = self.runs._checkpoints(ck_dir)
+            valid = [c for c in infos if c.valid]
+            if not valid:
+                raise NotFoundError(f"no valid checkpoint in {ck_dir}", hint="see `dfo status`")
+            return max(valid, key=lambda c: c.step).path
+        valid = [c for c in self.runs._checkpoints(ck_dir) if c.valid]
+        for c in valid:
+            if c.step == int(step):
+                return c.path
+        have = ", ".join(str(c.step) for c in sorted(valid, key=lambda c: c.step)) or "none"
+        raise NotFoundError(f"no valid checkpoint step_{int(step)} in {ck_dir}",
+                            hint=f"valid steps: {have}")
+
+    def export(self, to: str, *, run: str | None = None, step: str | None = None,
+               dtype: str = "bf16", progress: Callable[[str, int, int], None] | None = None
+               ) -> ExportResult:
+        st = parse_step(step)
+        if dtype not in ("bf16", "fp16", "fp32"):
+            raise ConfigError(f"--dtype {dtype!r}", hint="use bf16, fp16 or fp32")
+        dest = Path(to).expanduser().resolve()
+        if dest.exists() and any(dest.iterdir()) and not (dest / "dfo_export.json").exists():
+            raise ConfigError(f"--to {dest} exists and is not a dfo export",
+                              hint="give a new or empty directory")
+        run_id = self.runs.current_run(run)
+        info = self.runs._one(run_id)
+        name = info.get("run_name") or run_id
+        ck_dir = self.layout.checkpoints(name)
+        ckpt = self._checkpoint(ck_dir, st)
+        remote = posixpath.join(self.layout.root, "exports", name, posixpath.basename(ckpt))
+        self.say(f"exporting {ckpt} on {self.host.name}")
+        r = self.t.run([self.runs.python, "-m", "trainer", "export", ckpt, "--out", remote,
+                        "--dtype", dtype], timeout=1800)
+        if not r.ok:
+            last = (r.err.strip().splitlines() or ["(no output)"])[-1]
+            raise RemoteCommandError(f"export of {ckpt} failed on {self.host.name}: {last}",
+                                     exit_status=r.exit_code)
+        man = json_reply(r.out, "exporting the drafter")
+        files = dict(man["files"])
+        tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        total = sum(int(m["size"]) for m in files.values())
+        done = 0
+        try:
+            for fname in [*sorted(files), "dfo_export.json"]:
+                local = tmp / fname
+                self.t.get_file(posixpath.join(remote, fname), local)
+                if fname in files:
+                    got = sha256_file(local)
+                    if got != files[fname]["sha256"]:
+                        raise VerifyError(f"{fname}: sha256 {got[:12]} here, "
+                                          f"{files[fname]['sha256'][:12]} on {self.host.name}",
+                                          hint="run dfo export again")
+                    done += int(files[fname]["size"])
+                if progress:
+                    progress(fname, done, total)
+            if dest.exists():
+                shutil.rmtree(dest)
+            os.replace(tmp, dest)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return ExportResult(run_id=run_id, checkpoint=ckpt, remote_dir=remote, local_dir=str(dest),
+                            step=int(man["step"]), accept_len=man.get("accept_len"), files=files)
+

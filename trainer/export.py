@@ -1,0 +1,201 @@
+"""A servable export: ``python -m trainer export CHECKPOINT --out DIR [--dtype bf16]``.
+
+Writes a Hugging Face directory in the layout of z-lab's released DFlash drafters, which
+SGLang's ``DFLASH`` speculative algorithm and z-lab's ``DFlashDraftModel`` read:
+
+- ``config.json``: the target's Qwen3 fields (width, heads, head_dim, MLP size, eps, vocab,
+  RoPE incl. scaling, max positions) with ``architectures: ["DFlashDraftModel"]``,
+  ``num_hidden_layers`` = drafter layers, ``num_target_layers``, ``block_size`` and
+  ``dflash_config: {mask_token_id, target_layer_ids}``;
+- ``model.safetensors``: the drafter's weights under the module's names (``fc``,
+  ``hidden_norm``, ``layers.N.self_attn.q_proj``, ..., ``norm``), in ``--dtype`` (bf16
+  default); no embedding or LM head (the target's are used);
+- ``README.md``: how it was trained (target, data, steps, measured acceptance length);
+- ``dfo_export.json``: the source checkpoint and the sha256 and size of every file.
+
+Built in ``.DIR.tmp-<pid>`` and renamed into place. ``load_exported(DIR, target)`` rebuilds
+the drafter from the directory alone (plus the target's embedding and LM head).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+
+from dfo_contract.exitcodes import CheckpointError, TrainerConfigError
+from dfo_contract.fsio import fsync_dir, sha256_file
+
+MANIFEST = "dfo_export.json"
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def _checkpoint_config(ckpt: str):
+    from dfo_contract import checkpoints as cm
+    from dfo_contract.trainer_config import config_from_dict
+
+    import yaml
+
+    ok, why = cm.verify(ckpt)
+    if not ok:
+        raise CheckpointError(f"checkpoint: {ckpt} is not usable: {why}")
+    with open(os.path.join(ckpt, "config.yaml")) as f:
+        cfg = config_from_dict(yaml.safe_load(f))
+    with open(os.path.join(ckpt, "data.json")) as f:
+        data = json.load(f)
+    return cfg, data
+
+
+def drafter_config(tcfg, *, num_layers: int, tap_ids: list[int], num_target_layers: int,
+                   block_size: int, mask_token_id: int, dtype: str) -> dict:
+    """config.json's object: the target's config with the drafter's fields on top."""
+    c = tcfg.to_dict()
+    for k in ("auto_map", "_name_or_path", "quantization_config", "transformers_version"):
+        c.pop(k, None)
+    c["architectures"] = ["DFlashDraftModel"]
+    c["model_type"] = "qwen3"
+    c["num_hidden_layers"] = int(num_layers)
+    if isinstance(c.get("layer_types"), list):
+        c["layer_types"] = (c["layer_types"] + ["full_attention"] * num_layers)[:num_layers]
+    c["num_target_layers"] = int(num_target_layers)
+    c["block_size"] = int(block_size)
+    c["dflash_config"] = {"mask_token_id": int(mask_token_id), "target_layer_ids": list(tap_ids)}
+    c["dtype"] = c["torch_dtype"] = DTYPES[dtype]
+    c["tie_word_embeddings"] = False
+    c["use_cache"] = True
+    return c
+
+
+def _readme(*, target: str, data: str, steps: int, accept_len, block_size: int, layers: int,
+            tap_ids, source: str) -> str:
+    al = f"{accept_len:.3f}" if isinstance(accept_len, (int, float)) else "not measured"
+    return (
+        "# DFlash drafter\n\n"
+        "A block-diffusion speculative-decoding drafter (DFlash) trained with dfo's bundled "
+        "trainer.\n\n"
+        f"- target: `{target}`\n- training data: `{data}`\n- steps: {steps}\n"
+        f"- block size: {block_size}; drafter layers: {layers}; target layers tapped: {list(tap_ids)}\n"
+        f"- measured acceptance length on held-out data (1 + leading correct draft tokens per "
+        f"block, mean): {al}\n- source checkpoint: `{source}`\n\n"
+        "Serve with SGLang: `--speculative-algorithm DFLASH --speculative-draft-model-path "
+        f"THIS_DIR --speculative-num-draft-tokens {block_size}`. Measure it on your prompts "
+        "with `python -m trainer eval THIS_DIR --target TARGET --prompts FILE --spec-decode N`.\n")
+
+
+def export(ckpt: str, out: str, *, dtype: str = "bf16", target_path: str | None = None) -> dict:
+    """Export checkpoint ``ckpt`` to ``out`` (atomically). Returns the export manifest."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoConfig
+
+    if dtype not in DTYPES:
+        raise TrainerConfigError(f"config: --dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
+    cfg, data = _checkpoint_config(ckpt)
+    tpath = target_path or cfg.model.target_path
+    if not tpath or not os.path.isfile(os.path.join(tpath, "config.json")):
+        raise TrainerConfigError(f"config: --target: {tpath or '(none)'} has no config.json (give "
+                                 "the target model directory the checkpoint was trained against)")
+    tcfg = AutoConfig.from_pretrained(tpath, local_files_only=True)
+    from .step import _tokenizer_mask_id
+    from .target import tapped_layer_ids
+
+    n_target = int(tcfg.num_hidden_layers)
+    taps = tapped_layer_ids(n_target, cfg.model.drafter_layers, cfg.model.target_layer_ids)
+    mask_id = cfg.model.mask_token_id
+    if mask_id is None:
+        mask_id = _tokenizer_mask_id(tpath)
+    if mask_id is None:
+        raise TrainerConfigError("config: --model.mask_token_id: the checkpoint's config and the "
+                                 "target's tokenizer name no mask token")
+    sd = load_file(os.path.join(ckpt, "drafter.safetensors"))
+    tdt = getattr(torch, DTYPES[dtype])
+    sd = {k: v.to(tdt).contiguous() for k, v in sd.items()}
+    conf = drafter_config(tcfg, num_layers=cfg.model.drafter_layers, tap_ids=taps,
+                          num_target_layers=n_target, block_size=cfg.model.block_size,
+                          mask_token_id=mask_id, dtype=dtype)
+    out = os.path.abspath(out)
+    parent = os.path.dirname(out)
+    os.makedirs(parent, exist_ok=True)
+    tmp = os.path.join(parent, f".{os.path.basename(out)}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    save_file(sd, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(tmp, "config.json"), "w") as f:
+        json.dump(conf, f, indent=2, sort_keys=True)
+    with open(os.path.join(tmp, "README.md"), "w") as f:
+        f.write(_readme(target=tpath, data=cfg.data.path, steps=int(data.get("step", 0)),
+                        accept_len=data.get("accept_len"), block_size=cfg.model.block_size,
+                        layers=cfg.model.drafter_layers, tap_ids=taps, source=os.path.abspath(ckpt)))
+    files = {}
+    for name in sorted(os.listdir(tmp)):
+        p = os.path.join(tmp, name)
+        with open(p, "rb+") as fh:
+            os.fsync(fh.fileno())
+        files[name] = {"sha256": sha256_file(p), "size": os.path.getsize(p)}
+    man = {"format": "dfo-dflash-export-1", "source": os.path.abspath(ckpt),
+           "step": int(data.get("step", 0)), "accept_len": data.get("accept_len"),
+           "dtype": dtype, "files": files}
+    with open(os.path.join(tmp, MANIFEST), "w") as f:
+        json.dump(man, f, indent=1, sort_keys=True)
+    fsync_dir(tmp)
+    if os.path.exists(out):
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    fsync_dir(parent)
+    return man
+
+
+def verify_export(d: str) -> tuple[bool, str]:
+    """Every file listed in dfo_export.json is present with its size and sha256."""
+    try:
+        with open(os.path.join(d, MANIFEST)) as f:
+            man = json.load(f)
+    except (OSError, ValueError) as e:
+        return False, f"no readable {MANIFEST} ({e})"
+    for name, meta in man.get("files", {}).items():
+        p = os.path.join(d, name)
+        if not os.path.isfile(p) or os.path.getsize(p) != meta["size"]:
+            return False, f"{name}: missing or wrong size"
+        if sha256_file(p) != meta["sha256"]:
+            return False, f"{name}: sha256 mismatch"
+    return True, "ok"
+
+
+def load_exported(d: str, *, embed_tokens, lm_head, device="cpu"):
+    """The drafter rebuilt from an exported directory alone (+ the target's embed/head)."""
+    from safetensors.torch import load_file
+    from transformers import Qwen3Config
+
+    from .model import Drafter, DrafterSpec, SharedHead
+
+    with open(os.path.join(d, "config.json")) as f:
+        conf = json.load(f)
+    dc = conf["dflash_config"]
+    tcfg = Qwen3Config(**{k: v for k, v in conf.items()
+                          if k not in ("architectures", "dflash_config", "block_size",
+                                       "num_target_layers", "model_type")})
+    spec = DrafterSpec.from_target_config(tcfg, num_layers=int(conf["num_hidden_layers"]),
+                                          num_taps=len(dc["target_layer_ids"]))
+    drafter = Drafter(spec, SharedHead(embed_tokens, lm_head))
+    sd = {k: v.float() for k, v in load_file(os.path.join(d, "model.safetensors")).items()}
+    drafter.load_trainable_state_dict(sd)
+    drafter.to(device)
+    drafter.mask_token_id = int(dc["mask_token_id"])
+    drafter.block_size = int(conf["block_size"])
+    drafter.target_layer_ids = list(dc["target_layer_ids"])
+    drafter.attn_backend = "sdpa"
+    return drafter  # fp32 weights; the caller casts
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m trainer export")
+    ap.add_argument("checkpoint")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    ap.add_argument("--target", default=None, help="target directory (default: the checkpoint's)")
+    a = ap.parse_args(argv)
+    man = export(a.checkpoint, a.out, dtype=a.dtype, target_path=a.target)
+    print(json.dumps({"kind": "export", "out": os.path.abspath(a.out), "step": man["step"],
+                      "accept_len": man["accept_len"], "files": man["files"]}))
+    return 0
