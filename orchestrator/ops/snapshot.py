@@ -20,11 +20,7 @@ Manifest (``format`` 1)::
      "sizes": {"inductor": N, "triton": N, "mega": N, "total": N},
      "tar": {"name": "<key>.tar", "sha256": "..", "size": N},
      "warmup": {"cold_s": 12.3, "warm_s": 2.1, "shapes": N},      # optional
-     "provenance": {"host": "pve", "machine": "ct200", "env": "cpu-1a2b3c4d5e6f",
-                    "cache_key": "cpu-01..", "python": "3.11.7", "torch": "2.13.0+cpu",
-                    "dfo": "0.1.0", "created_utc": "2026-12-01T03:00:00Z"},
-     "adopted": {"host": "pve", "machine": "ct200", "from": "gpu1", "how": "--trust-foreign",
-                 "at_utc": ".."}}                                     # set by a trusted push
+     "provenance": {...}, "adopted": {...}}    # who built it / adopted it: ops.provenance
 
 A tar holds only regular files and directories under ``inductor/ triton/ mega/`` (relative
 names, no ``..``); anything else (symlinks, hard links, devices, fifos) is refused when a
