@@ -270,8 +270,7 @@ def check_files(manifest: Mapping[str, Any], observed: Mapping[str, Mapping[str,
 
 
 def check_members(refused: str | None, source: str) -> None:
-    """A forbidden tar member (symlink, hard link, device, fifo, absolute or ``..`` name),
-    as the cache helper's ``scan_tar``/``unpack`` reported it."""
+    """A forbidden tar member, as the cache helper's ``scan_tar``/``unpack`` reported it."""
     if refused:
         raise CacheError(f"snapshot {source} refused: {refused}",
                          hint="a snapshot holds only regular files and directories; "
@@ -280,8 +279,7 @@ def check_members(refused: str | None, source: str) -> None:
 
 def check_dir_members(other: Iterable[str], source: str) -> None:
     """Before a snapshot is made: the cache dir holds nothing but files and directories."""
-    other = sorted(other)
-    if other:
+    if other := sorted(other):
         more = f" (+{len(other) - 1} more)" if len(other) > 1 else ""
         raise CacheError(f"cannot snapshot {source}: {other[0]} is a symlink or special file{more}",
                          hint="a snapshot holds only regular files and directories; remove it "
@@ -289,13 +287,12 @@ def check_dir_members(other: Iterable[str], source: str) -> None:
 
 
 def snapshot_problem(info: Mapping[str, Any], key: str) -> str | None:
-    """What is wrong with one stored snapshot, from the helper's ``status ROOT verify``
-    reply (manifest unreadable or invalid, tar missing, truncated or corrupt, a forbidden
-    member); None when it verifies."""
+    """What is wrong with one stored snapshot (from the helper's ``status ROOT verify``):
+    manifest unreadable or invalid, tar missing, truncated or corrupt, a forbidden member."""
     if info.get("error"):
         return f"manifest unreadable ({info['error']})"
-    if "manifest" not in info:
-        return None  # not verified
+    if "manifest" not in info:  # not verified
+        return None
     try:
         m = parse_manifest(json.dumps(info["manifest"]), f"{key}.manifest.json")
         if m["key"] != key:
