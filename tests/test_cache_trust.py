@@ -329,7 +329,7 @@ def test_cli_status_exits_8_naming_the_bad_snapshot_and_push_needs_trust(host, t
 
     from orchestrator.config.runconfig import load_config
 
-    monkeypatch.setenv("COLUMNS", "160")
+    monkeypatch.setenv("COLUMNS", "200")
     root, mgr, _, _ = host
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text("data: {path: /x.jsonl, max_seq_len: 64, num_anchors: 4}\n")
@@ -343,7 +343,7 @@ def test_cli_status_exits_8_naming_the_bad_snapshot_and_push_needs_trust(host, t
     capsys.readouterr()
     assert main(["--hosts", str(hosts), "warm-cache", "--status"]) == 0
     out = capsys.readouterr().out
-    assert "ok" in out and key.key in out and "BAD" not in out
+    assert "2 stored snapshot(s) verified" in out and key.key in out and "BAD" not in out
     tar, man = mgr.pull(key.key, tmp_path / "dl")
     # the CLI: refused without the flag (one line), taken with it, and by a host that trusts a
     assert main(["--hosts", str(hosts), "warm-cache", "--host", "b", "--config", str(cfg),
@@ -362,7 +362,7 @@ def test_cli_status_exits_8_naming_the_bad_snapshot_and_push_needs_trust(host, t
         f.truncate(2048)
     assert main(["--hosts", str(hosts), "warm-cache", "--status"]) == 8
     cap = capsys.readouterr()
-    assert "BAD" in cap.out
+    assert f"BAD {key.key}: snapshot {key.key}.tar is truncated" in cap.out
     assert f"1 stored snapshot(s) on a fail verification: {key.key}: snapshot {key.key}.tar is truncated" \
         in cap.err and len(cap.err.strip().splitlines()) == 1
     assert main(["--hosts", str(hosts), "warm-cache", "--status", "--json"]) == 8

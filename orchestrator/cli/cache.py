@@ -203,16 +203,17 @@ def _print_status(host: str, entries, removed, as_json: bool) -> None:
     t = Table(title=f"compile caches on {host}")
     for col in ("key", "live cache", "snapshot", "created", "last use"):
         t.add_column(col, no_wrap=True)
-    t.add_column("check", no_wrap=True, max_width=5)
     for e in entries:
-        t.add_row(e.key, _size(e.live_size), _size(e.snapshot_size), _when(e.created), _when(e.last_used),
-                  "[red]BAD[/]" if e.problem else "-" if e.snapshot_size is None else "[green]ok[/]")
+        t.add_row(e.key, _size(e.live_size), _size(e.snapshot_size), _when(e.created), _when(e.last_used))
     con.print(t)
     from rich.markup import escape
 
     for e in entries:
         if e.problem:
             con.print(f"[red]BAD[/] {escape(e.key)}: {escape(e.problem)}")
+    if removed is None and not any(e.problem for e in entries):
+        n = sum(1 for e in entries if e.snapshot_size is not None)
+        con.print(f"{n} stored snapshot(s) verified (manifest, tar checksum, members)")
 
 
 COMMANDS = [warm_cache]
