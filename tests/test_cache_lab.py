@@ -291,8 +291,10 @@ def test_lab_container_snapshot_mechanics(container_env, tmp_path):
     # status and prune through the CLI
     r = subprocess.run([*DFO, "--hosts", str(hosts), "warm-cache", "--host", "lab", "--status", "--json"],
                        capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    assert [k["key"] for k in json.loads(r.stdout)["keys"]] == [key.key]
+    # the store's tar was damaged above (one byte appended): --status flags it, exit 8
+    assert r.returncode == 8 and f"{key.key}: snapshot {key.key}.tar is truncated" in r.stderr, r.stderr
+    keys = json.loads(r.stdout)["keys"]
+    assert [k["key"] for k in keys] == [key.key] and "truncated" in keys[0]["problem"]
     r = subprocess.run([*DFO, "--hosts", str(hosts), "warm-cache", "--host", "lab", "--prune", "0", "--json"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
