@@ -14,8 +14,6 @@ import io
 import json
 import os
 import socket
-import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
