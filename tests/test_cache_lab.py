@@ -291,11 +291,35 @@ def test_lab_container_snapshot_mechanics(container_env, tmp_path):
     # status and prune through the CLI
     r = subprocess.run([*DFO, "--hosts", str(hosts), "warm-cache", "--host", "lab", "--status", "--json"],
                        capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    assert [k["key"] for k in json.loads(r.stdout)["keys"]] == [key.key]
+    # the store's tar was damaged above (one byte appended): --status flags it, exit 8
+    assert r.returncode == 8 and f"{key.key}: snapshot {key.key}.tar is truncated" in r.stderr, r.stderr
+    keys = json.loads(r.stdout)["keys"]
+    assert [k["key"] for k in keys] == [key.key] and "truncated" in keys[0]["problem"]
     r = subprocess.run([*DFO, "--hosts", str(hosts), "warm-cache", "--host", "lab", "--prune", "0", "--json"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["removed"] == [key.key] and out["keys"] == []
     assert not t.run(["test", "-e", p.tar], timeout=60).ok
+
+    # a snapshot with `inductor/xx -> /elsewhere` planted in the container's store (its
+    # checksums consistent): the restore refuses it inside the container, writes nothing
+    # outside, and --status flags it
+    from tests.test_cache_trust import _with_symlink
+
+    evil = tmp_path / "evil"
+    evil.mkdir()
+    etar, eman = evil / tar.name, evil / man.name
+    etar.write_bytes(tar.read_bytes())
+    eman.write_bytes(man.read_bytes())
+    elsewhere = posixpath.join(MECH_ROOT, "elsewhere")
+    _with_symlink(etar, eman, elsewhere)
+    t.run(["mkdir", "-p", host.layout.snapshots], timeout=60, check=True)
+    t.put(etar, p.tar)
+    t.put(eman, p.manifest)
+    with pytest.raises(CacheError, match=f"inductor/xx is a symlink \\(to {elsewhere}\\)"):
+        mgr.restore_from_store(key)
+    assert not t.run(["test", "-e", elsewhere], timeout=60).ok
+    assert not t.run(["test", "-e", p.live], timeout=60).ok
+    entries, _ = mgr.status(verify=True)
+    assert "inductor/xx is a symlink" in entries[0].problem

@@ -129,8 +129,10 @@ def test_cli_warm_restore_status_pull_push(tmp_path, tiny):
     assert r.returncode == 0, r.stderr
     tar = Path(json.loads(r.stdout)["tar"])
     assert tar.is_file()
-    r = _dfo("warm-cache", "--host", "b", "--config", cfg, "--push", str(tar), "--json", hosts=hosts,
-             cwd=tmp_path)
+    r = _dfo("warm-cache", "--host", "b", "--config", cfg, "--push", str(tar), hosts=hosts, cwd=tmp_path)
+    assert r.returncode == 8 and "was built on a" in r.stderr and "--trust-foreign" in r.stderr
+    r = _dfo("warm-cache", "--host", "b", "--config", cfg, "--push", str(tar), "--trust-foreign", "--json",
+             hosts=hosts, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["action"] == "pushed"
     warm = run_warmup(root2, key, tmp_path / "run-b", tiny / "cfg.yaml")

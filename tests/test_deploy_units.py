@@ -207,6 +207,27 @@ def test_drift_project_wheel():
     assert diff(lock, parse_freeze("torch==2.13.0+cpu\n"), project_wheel=None).clean
 
 
+def test_drift_project_wheel_under_a_root_with_spaces():
+    """uv percent-encodes the wheel's file:// URL (recorded from `uv pip freeze` 0.13.9 on an
+    env whose root is `/tmp/snap my dfo`): it is the same wheel, not drift."""
+    lock = parse_lock(f"torch==2.13.0+cpu --hash=sha256:{H1}\n")
+    inst = parse_freeze("dfo @ file:///tmp/snap%20my%20dfo/wheels/ab/dfo-0.1.0-py3-none-any.whl\n"
+                        "torch==2.13.0+cpu\n")
+    assert diff(lock, inst, project_wheel="/tmp/snap my dfo/wheels/ab/dfo-0.1.0-py3-none-any.whl").clean
+    # %25 is a literal '%', and another wheel is still drift
+    inst = parse_freeze("dfo @ file:///r/50%25%20off/w/dfo-0.1.0-py3-none-any.whl\ntorch==2.13.0+cpu\n")
+    assert diff(lock, inst, project_wheel="/r/50% off/w/dfo-0.1.0-py3-none-any.whl").clean
+    assert diff(lock, inst, project_wheel="/r/50% off/x/dfo-0.1.0-py3-none-any.whl").project_differs
+
+
+def test_plan_noop_when_the_root_has_a_space():
+    wheel = "/root/my dfo/wheels/abc/dfo-0.1.0-py3-none-any.whl"
+    freeze = "dfo @ file:///root/my%20dfo/wheels/abc/dfo-0.1.0-py3-none-any.whl\nnumpy==2.4.6\ntorch==2.13.0+cpu\n"
+    p = dp.make_plan(_current_state(freeze=freeze), target=TARGET, lock=TLOCK, expect=EXPECT,
+                     local_uv="uv 0.13.9 (y)", wheel_remote=wheel)
+    assert p.action == "noop", p.drift.lines() if p.drift else p
+
+
 # --------------------------------------------------------------------------- state + plan
 
 

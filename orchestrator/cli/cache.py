@@ -33,6 +33,8 @@ from ..errors import ConfigError
 @click.option("--status", "show_status", is_flag=True, help="List the host's cache keys, sizes, last use.")
 @click.option("--prune", "prune_keep", type=int, default=None, metavar="K",
               help="Delete all but the newest K keys (live cache and snapshot).")
+@click.option("--trust-foreign", "trust_foreign", is_flag=True,
+              help="Take a snapshot another host built (it carries compiled code torch runs).")
 @click.option("--rewarm", is_flag=True, help="Run the warm-up even when a snapshot exists.")
 @click.option("--no-check", "no_check", is_flag=True,
               help="Skip the second (warm) warm-up that measures the time saved.")
@@ -40,26 +42,29 @@ from ..errors import ConfigError
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (for scripts).")
 @click.pass_obj
 def warm_cache(app, host_name, config_path, sets, from_file, pull_dest, key_name, push_file, show_status,
-               prune_keep, rewarm, no_check, timeout, as_json):
+               prune_keep, trust_foreign, rewarm, no_check, timeout, as_json):
     """Warm, snapshot, verify and restore the compile cache for the deployed env.
 
     Restores a snapshot for this env's key if one exists (host store or --from),
     otherwise runs `python -m trainer warmup` on the host and saves a snapshot."""
     from ..engine.cache import CacheManager
-    from ..engine.warmcache import WarmCacheRequest, warm_cache as run
+    from ..engine.warmcache import WarmCacheRequest, status_problems, warm_cache as run
 
     req = WarmCacheRequest(config_path=config_path, overrides=[_parse_set(s) for s in sets],
                            from_file=from_file, pull_dest=pull_dest, key_name=key_name,
                            push_file=push_file, show_status=show_status, prune_keep=prune_keep,
-                           rewarm=rewarm, check=not no_check)
+                           rewarm=rewarm, check=not no_check, trust_foreign=trust_foreign)
     req.validate()
     host = app.host(host_name)
     ui = _Ui(as_json)
     mgr = CacheManager(app.transport(host.name), host.layout, host=host.name, events=ui.event,
-                       timeout=timeout)
+                       timeout=timeout, trusted_sources=host.cache_trusted_sources)
     if show_status or prune_keep is not None:
         out = run(mgr, req)
         _print_status(host.name, out.entries, out.removed, as_json)
+        bad = status_problems(host.name, out.entries)
+        if bad is not None:
+            raise bad
         return 0
     with ui:
         out = run(mgr, req, stage=ui.stage)
@@ -197,6 +202,14 @@ def _print_status(host: str, entries, removed, as_json: bool) -> None:
     for e in entries:
         t.add_row(e.key, _size(e.live_size), _size(e.snapshot_size), _when(e.created), _when(e.last_used))
     con.print(t)
+    from rich.markup import escape
+
+    for e in entries:
+        if e.problem:
+            con.print(f"[red]BAD[/] {escape(e.key)}: {escape(e.problem)}")
+    if removed is None and not any(e.problem for e in entries):
+        n = sum(1 for e in entries if e.snapshot_size is not None)
+        con.print(f"{n} stored snapshot(s) verified (manifest, tar checksum, members)")
 
 
 COMMANDS = [warm_cache]

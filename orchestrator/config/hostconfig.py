@@ -43,6 +43,9 @@ class HostConfig:
     index_url: str | None = None
     python: str | None = None
     fallbacks: Mapping[str, tuple[str, ...]] = field(default_factory=dict, hash=False)
+    #: ``cache.trusted_sources``: hosts whose compile-cache snapshots this host takes
+    #: without ``--trust-foreign`` (a snapshot carries code torch runs)
+    cache_trusted_sources: tuple[str, ...] = ()
     source: str = ""
 
     @property

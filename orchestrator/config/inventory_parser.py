@@ -23,7 +23,8 @@ _DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 _SECRET_QUERY = re.compile(r"(?:^|&)[^=&]*(?:token|key|passw|secret|auth|credential|sig)[^=&]*=",
                            re.IGNORECASE)
 _HOST_KEYS = ("transport", "root", "ssh", "vmid", "profile", "gpus", "wheelhouse", "index_url",
-              "python", "fallbacks")
+              "python", "fallbacks", "cache")
+_CACHE_KEYS = ("trusted_sources",)
 _SSH_KEYS = ("host", "port", "user", "identity_file", "proxy_jump", "known_hosts", "connect_timeout")
 _GPU_KEYS = ("target", "drafter")
 _TOP_KEYS = ("default", "hosts")
@@ -238,6 +239,8 @@ class _Parser:
             kw["index_url"] = v
         if "fallbacks" in m:
             kw["fallbacks"] = self.fallbacks(m["fallbacks"][1], f"{w}.fallbacks")
+        if "cache" in m:
+            kw["cache_trusted_sources"] = self.cache(m["cache"][1], f"{w}.cache")
         return HostConfig(name=name, transport=transport, root=root, ssh=ssh, vmid=vmid,
                           source=self.src(knode), **kw)
 
@@ -258,6 +261,20 @@ class _Parser:
                 raise self.err(m[key][1], f"{where}.{key}", f"lists a device twice: {list(devs)}")
             vals[key] = devs
         return GpuLayout(**vals)
+
+    def cache(self, node: yaml.Node, where: str) -> tuple[str, ...]:
+        """``cache: {trusted_sources: [gpu1, ...]}``: hosts (inventory names or machine
+        names) whose snapshots this host takes without --trust-foreign."""
+        m = self.mapping(node, where, _CACHE_KEYS)
+        if "trusted_sources" not in m:
+            return ()
+        vnode = m["trusted_sources"][1]
+        names = self.string_list(vnode, f"{where}.trusted_sources")
+        for i, n in enumerate(names):
+            if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", n):
+                raise self.err(vnode, f"{where}.trusted_sources[{i}]",
+                               f"expected a host name (letters, digits, '.', '_', '-'), got {n!r}")
+        return names
 
     def fallbacks(self, node: yaml.Node, where: str) -> dict[str, tuple[str, ...]]:
         from ..ops.fallback import validate_ladders  # the supervisor's policy checks step names

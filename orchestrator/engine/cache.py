@@ -28,6 +28,8 @@ from dfo_contract.fsio import atomic_write_bytes, sha256_file
 from ..errors import CacheError, ConfigError, DeployError, DfoError, NotFoundError, RemoteCommandError
 from ..ops import cache_key as ck
 from ..ops import snapshot as sn
+from ..ops.provenance import Trust, adoption_record, check_trust
+from ..remote.cache_tool import scan_tar
 from ..ops.layout import RemoteLayout
 from ..transport.base import Transport
 from .cache_warm import Event, WarmMixin, WarmResult, _noop
@@ -44,12 +46,28 @@ class CacheManager(WarmMixin):
     """Compile-cache operations on one host (through its transport)."""
 
     def __init__(self, transport: Transport, layout: RemoteLayout, *, host: str | None = None,
-                 events: Event = _noop, timeout: float | None = None):
+                 events: Event = _noop, timeout: float | None = None,
+                 trusted_sources: Sequence[str] = ()):
         self.t = transport
         self.layout = layout
         self.host = host or transport.name
         self.events = events
         self.timeout = timeout
+        self.trusted_sources = tuple(trusted_sources)
+        self._machine: str | None = None
+
+    @property
+    def machine(self) -> str | None:
+        """The host machine's own name (``socket.gethostname()`` there), asked once."""
+        if self._machine is None:
+            python = self.python if self._exists_file(self.python) else "python3"
+            r = self.t.run(sn.tool_argv(python, "hostname"), timeout=self.timeout)
+            self._machine = sn.parse_tool(r.out, "cache helper hostname").get("hostname") if r.ok else ""
+        return self._machine or None
+
+    def trust(self, trust_foreign: bool = False) -> Trust:
+        return Trust(host=self.host, machine=self.machine, trusted_sources=self.trusted_sources,
+                     trust_foreign=trust_foreign)
 
     # -- small remote helpers ----------------------------------------------------------------
     @property
@@ -146,14 +164,19 @@ class CacheManager(WarmMixin):
             return None
         return sn.parse_manifest(self.t.get(p.manifest), f"{self.host}:{p.manifest}")
 
-    def restore_from_store(self, key: ck.CacheKey) -> dict[str, Any]:
-        """Verify the host store's snapshot for ``key`` and make it the live cache."""
+    def restore_from_store(self, key: ck.CacheKey, *, trust_foreign: bool = False) -> dict[str, Any]:
+        """Verify the host store's snapshot for ``key`` and make it the live cache. A
+        snapshot neither built nor explicitly adopted here needs ``trust_foreign`` (or its
+        builder in ``trusted_sources``)."""
         p = sn.paths(self.layout, key.key)
         m = self.read_manifest_remote(p)
         if m is None:
             raise NotFoundError(f"no snapshot for key {key.key} on {self.host}",
                                 hint="warm one with `dfo warm-cache`")
-        self._restore(p, m, p.tar, key, f"{self.host}:{p.tar}")
+        source = f"{self.host}:{p.tar}"
+        sn.check_key(m, key.key, key.components, source)
+        check_trust(m, self.trust(trust_foreign), source, stored=True)
+        self._restore(p, m, p.tar, key, source)
         return m
 
     def _restore(self, p: sn.CachePaths, m: Mapping[str, Any], tar: str, key: ck.CacheKey,
@@ -166,22 +189,29 @@ class CacheManager(WarmMixin):
         self.events("stage", {"stage": "unpack", "what": gen})
         try:
             self._run(["mkdir", "-p", "--", gen], "creating the cache dir")
-            self._run(["tar", "-xf", tar, "-C", gen, "--no-same-owner"], f"unpacking {source}")
-            got = self._tool("hashdir", gen)
-            sn.check_files(m, got.get("files") or {}, source)
+            # the helper checks every member (regular files and dirs only), then extracts
+            # without following links or writing outside ``gen``, then hashes
+            got = self._tool("unpack", tar, gen)
+            sn.check_members(got.get("refused"), source)
+            sn.check_files(m, got.get("files") or {}, source, other=got.get("other") or ())
         except BaseException:
             self._rm(gen)
             raise
         self._switch(p, gen, stamp)
 
-    def push(self, local_tar: Path, key: ck.CacheKey, *, restore: bool = True) -> dict[str, Any]:
-        """Verify a local snapshot (manifest beside it), upload it into the host's store
-        (temporary name, then rename; manifest last) and restore it."""
+    def push(self, local_tar: Path, key: ck.CacheKey, *, restore: bool = True,
+             trust_foreign: bool = False) -> dict[str, Any]:
+        """Verify a local snapshot (manifest beside it: key, tar checksum, members, and who
+        built it), upload it into the host's store (temporary name, then rename; manifest
+        last, recording an explicit adoption) and restore it."""
         local_tar, local_manifest = local_snapshot_files(local_tar)
         source = str(local_tar)
         m = sn.parse_manifest(local_manifest.read_bytes(), str(local_manifest))
         sn.check_key(m, key.key, key.components, source)
         sn.check_tar(m, _hash_local(local_tar), source)
+        sn.check_members(scan_tar(str(local_tar)).get("refused"), source)
+        how = check_trust(m, self.trust(trust_foreign), source)
+        m = adoption_record(m, self.trust(trust_foreign), how, time.time())
         p = sn.paths(self.layout, key.key)
         stamp = self._stamp()
         tmp = p.tar_tmp(stamp)
@@ -223,6 +253,7 @@ class CacheManager(WarmMixin):
         try:
             self.t.get_file(p.tar, part)
             sn.check_tar(m, _hash_local(part), f"{self.host}:{p.tar}")
+            sn.check_members(scan_tar(str(part)).get("refused"), f"{self.host}:{p.tar}")
             part.replace(tar_path)  # only a verified tar takes the name
             atomic_write_bytes(man_path, sn.manifest_bytes(m))
         except OSError as e:
@@ -250,9 +281,12 @@ class CacheManager(WarmMixin):
         return best
 
     # -- status / prune ------------------------------------------------------------------------
-    def status(self) -> tuple[list[sn.Entry], dict[str, Any]]:
+    def status(self, *, verify: bool = False) -> tuple[list[sn.Entry], dict[str, Any]]:
+        """The host's keys; ``verify`` also checks every stored snapshot (manifest, tar
+        size and sha256, members) and sets each entry's ``problem``."""
         python = self.python if self._exists_file(self.python) else "python3"
-        r = self.t.run(sn.tool_argv(python, "status", self.layout.cache), timeout=self.timeout)
+        r = self.t.run(sn.tool_argv(python, "status", self.layout.cache, *(["verify"] if verify else [])),
+                       timeout=self.timeout)
         r.check("cache status")
         raw = sn.parse_tool(r.out, "cache status")
         return sn.entries_from_status(raw), raw

@@ -11,9 +11,11 @@ from typing import Any, Callable, Mapping, Sequence
 
 from dfo_contract.markers import parse_marker
 
+from .. import __version__
 from ..errors import ConfigError, LockHeldError, RemoteCommandError
 from ..ops import cache_key as ck
 from ..ops import snapshot as sn
+from ..ops.provenance import build_provenance
 from ..ops.warmup import LOCK_CONFLICT, parse_report, warmup_argv, warmup_env, warmup_error_line
 
 log = logging.getLogger("dfo")
@@ -166,15 +168,20 @@ class WarmMixin:
         self._run(["mkdir", "-p", "--", self.layout.snapshots], "creating the snapshot store")
         for sub in ("inductor", "triton", "mega"):
             self._run(["mkdir", "-p", "--", posixpath.join(gen, sub)], "creating the cache dirs")
-        files = self._tool("hashdir", gen).get("files") or {}
+        listing = self._tool("hashdir", gen)
+        sn.check_dir_members(listing.get("other") or (), f"{self.host}:{gen}")
+        files = listing.get("files") or {}
         tmp = p.tar_tmp(stamp)
         try:
             self._run(["tar", "-cf", tmp, "-C", gen, "--", "inductor", "triton", "mega"],
                       "writing the snapshot tar")
             tar_info = self._tool("hashfile", tmp)
             fp_torch = key.components.get("torch.__version__")
+            now = time.time()
+            prov = build_provenance(host=self.host, machine=self.machine, fingerprint=self.fingerprint(),
+                                    key=key.key, created=now, dfo=__version__)
             m = sn.build_manifest(key.key, key.components, files, tar_sha256=tar_info["sha256"],
-                                  tar_size=tar_info["size"], created=time.time(), torch=fp_torch,
+                                  tar_size=tar_info["size"], created=now, torch=fp_torch, provenance=prov,
                                   warmup={"cold_s": res.cold_s, "warm_s": res.warm_s,
                                           "shapes": len(res.records),
                                           "counters": res.counters,

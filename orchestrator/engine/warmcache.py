@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from ..errors import ConfigError
+from ..errors import CacheError, ConfigError
 from ..ops import snapshot as sn
 from ..ops.cache_key import explain_diff
 from .cache import CacheManager
@@ -30,6 +30,7 @@ class WarmCacheRequest:
     prune_keep: int | None = None
     rewarm: bool = False
     check: bool = True
+    trust_foreign: bool = False   # take a snapshot another host built (it carries code)
 
     def validate(self) -> None:
         modes = [m for m, on in (("--from", self.from_file), ("--pull", self.pull_dest is not None),
@@ -73,7 +74,7 @@ def warm_cache(mgr: CacheManager, req: WarmCacheRequest,
     host = mgr.host
     if req.show_status or req.prune_keep is not None:
         removed = mgr.prune(req.prune_keep) if req.prune_keep is not None else None
-        entries, _ = mgr.status()
+        entries, _ = mgr.status(verify=req.show_status)
         return WarmCacheOutcome(entries=entries, removed=removed)
     if req.key_name is not None:
         tar, man = mgr.pull(req.key_name, Path(req.pull_dest or "."))
@@ -104,7 +105,7 @@ def warm_cache(mgr: CacheManager, req: WarmCacheRequest,
         return _done(_pulled(host, key.key, tar, man), key.components, t0)
     if req.push_file or req.from_file:
         src = req.push_file or req.from_file
-        m = mgr.push(Path(src), key)
+        m = mgr.push(Path(src), key, trust_foreign=req.trust_foreign)
         res = restored_result(host, key.key, "pushed" if req.push_file else "restored", str(src), m)
         return _done(res, key.components, t0)
     p = sn.paths(mgr.layout, key.key)
@@ -112,7 +113,7 @@ def warm_cache(mgr: CacheManager, req: WarmCacheRequest,
                         rewarm=req.rewarm)
     if plan.action == "restore":
         stage("restore", plan.reason)
-        m = mgr.restore_from_store(key)
+        m = mgr.restore_from_store(key, trust_foreign=req.trust_foreign)
         return _done(restored_result(host, key.key, "restored", f"{host}:{p.tar}", m),
                      key.components, t0)
     stage("warmup", plan.reason)
@@ -148,6 +149,17 @@ def _key_without_config(mgr: CacheManager, req: WarmCacheRequest):
     comps = dict(sorted(comps.items()))
     return ck.CacheKey(key=ck.key_of(comps, profile=str(fp.get("profile") or "env")),
                        components=comps)
+
+
+def status_problems(host: str, entries: Sequence[sn.Entry]) -> CacheError | None:
+    """``--status`` found stored snapshots that fail verification: one line naming them."""
+    bad = [e for e in entries if e.problem]
+    if not bad:
+        return None
+    first = f"{bad[0].key}: {bad[0].problem}"
+    more = f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""
+    return CacheError(f"{len(bad)} stored snapshot(s) on {host} fail verification: {first}{more}",
+                      hint="take it again with `dfo warm-cache --rewarm`, or push a good copy with --push")
 
 
 def _done(res: WarmResult, components: Mapping[str, Any], t0: float) -> WarmCacheOutcome:

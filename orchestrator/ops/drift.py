@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Iterable
+from urllib.parse import unquote, urlsplit
 
 from .fingerprint import EXPECT_FIELDS, Mismatch
 from .lockfile import Lock, normalize_name
@@ -88,6 +89,14 @@ def _file_name(url: str) -> str:
     return url.rstrip("/").rsplit("/", 1)[-1]
 
 
+def url_path(url: str) -> str:
+    """The local path of a ``file://`` URL as uv writes it (percent-encoded: a root
+    ``/root/my dfo`` reads ``file:///root/my%20dfo/...``); other URLs unchanged."""
+    if url.startswith("file:"):
+        return unquote(urlsplit(url).path)
+    return url
+
+
 def diff(lock: Lock, installed: dict[str, Installed], *, project: str | None = "dfo",
          project_wheel: str | None = None, ignore: Iterable[str] = ()) -> Drift:
     """Compare a freeze with a lock. ``project_wheel`` is the remote path of the wheel
@@ -118,7 +127,7 @@ def diff(lock: Lock, installed: dict[str, Installed], *, project: str | None = "
         if have is None:
             items.append(DriftItem("project", pname, project_wheel, None,
                                    f"{pname}: not installed (expected {project_wheel})"))
-        elif not have.url or not have.url.endswith(project_wheel):
+        elif not have.url or not url_path(have.url).endswith(project_wheel):
             got = have.url or have.version or "?"
             items.append(DriftItem("project", pname, project_wheel, got,
                                    f"{pname}: expected wheel {project_wheel}, installed {got}"))

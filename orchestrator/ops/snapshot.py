@@ -19,7 +19,12 @@ Manifest (``format`` 1)::
      "files": {"inductor/fxgraph/..": {"sha256": "..", "size": 123}, ...},
      "sizes": {"inductor": N, "triton": N, "mega": N, "total": N},
      "tar": {"name": "<key>.tar", "sha256": "..", "size": N},
-     "warmup": {"cold_s": 12.3, "warm_s": 2.1, "shapes": N}}      # optional
+     "warmup": {"cold_s": 12.3, "warm_s": 2.1, "shapes": N},      # optional
+     "provenance": {...}, "adopted": {...}}    # who built it / adopted it: ops.provenance
+
+A tar holds only regular files and directories under ``inductor/ triton/ mega/`` (relative
+names, no ``..``); anything else (symlinks, hard links, devices, fifos) is refused when a
+snapshot is made, pushed, restored and listed (``--status``).
 
 Each run works on its own copy of the live cache (:func:`cache_env`,
 :func:`seed_run_cache_argvs`), so a crash mid-compile cannot poison the shared one.
@@ -37,6 +42,7 @@ from dfo_contract.markers import last_json_line
 
 from ..errors import CacheError
 from .cache_key import diff_components, explain_diff
+from .provenance import builder
 from .layout import RemoteLayout
 from .probes import Probe, text
 from .scripts import remote_source, script_text
@@ -136,7 +142,8 @@ def sizes_of(files: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:
 
 def build_manifest(key: str, components: Mapping[str, str], files: Mapping[str, Mapping[str, Any]],
                    *, tar_sha256: str, tar_size: int, created: float, torch: str | None,
-                   warmup: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                   warmup: Mapping[str, Any] | None = None,
+                   provenance: Mapping[str, Any] | None = None) -> dict[str, Any]:
     check_files_shape(files, "new snapshot")
     m: dict[str, Any] = {
         "format": MANIFEST_FORMAT,
@@ -150,6 +157,8 @@ def build_manifest(key: str, components: Mapping[str, str], files: Mapping[str, 
     }
     if warmup:
         m["warmup"] = dict(warmup)
+    if provenance:
+        m["provenance"] = dict(provenance)
     return m
 
 
@@ -192,6 +201,10 @@ def parse_manifest(data: bytes | str, source: str) -> dict[str, Any]:
     if not isinstance(comps, dict) or not all(isinstance(v, str) for v in comps.values()):
         raise _bad(source, "'components' is not a mapping of strings")
     check_files_shape(m.get("files"), source)
+    for field in ("provenance", "adopted"):
+        if field in m and not (isinstance(m[field], dict) and
+                               all(isinstance(v, (str, type(None))) for v in m[field].values())):
+            raise _bad(source, f"'{field}' is not a mapping of strings")
     tar = m.get("tar")
     if (not isinstance(tar, dict) or not _HEX64.match(str(tar.get("sha256", "")))
             or not isinstance(tar.get("size"), int)):
@@ -244,12 +257,51 @@ def file_problems(expected: Mapping[str, Mapping[str, Any]],
     return out
 
 
-def check_files(manifest: Mapping[str, Any], observed: Mapping[str, Mapping[str, Any]], source: str) -> None:
-    problems = file_problems(manifest["files"], observed)
+def check_files(manifest: Mapping[str, Any], observed: Mapping[str, Mapping[str, Any]], source: str,
+                other: Iterable[str] = ()) -> None:
+    """The unpacked files against the manifest; ``other`` (symlinks, special files found
+    beside them) is always refused."""
+    problems = [f"{rel}: not a regular file" for rel in sorted(other)]
+    problems += file_problems(manifest["files"], observed)
     if problems:
         more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
         raise CacheError(f"snapshot {source} fails its checksums: {'; '.join(problems[:3])}{more}",
                          hint="pull or take the snapshot again")
+
+
+def check_members(refused: str | None, source: str) -> None:
+    """A forbidden tar member, as the cache helper's ``scan_tar``/``unpack`` reported it."""
+    if refused:
+        raise CacheError(f"snapshot {source} refused: {refused}",
+                         hint="a snapshot holds only regular files and directories; "
+                              "take it again with `dfo warm-cache --rewarm`")
+
+
+def check_dir_members(other: Iterable[str], source: str) -> None:
+    """Before a snapshot is made: the cache dir holds nothing but files and directories."""
+    if other := sorted(other):
+        more = f" (+{len(other) - 1} more)" if len(other) > 1 else ""
+        raise CacheError(f"cannot snapshot {source}: {other[0]} is a symlink or special file{more}",
+                         hint="a snapshot holds only regular files and directories; remove it "
+                              "and warm again with `dfo warm-cache --rewarm`")
+
+
+def snapshot_problem(info: Mapping[str, Any], key: str) -> str | None:
+    """What is wrong with one stored snapshot (from the helper's ``status ROOT verify``):
+    manifest unreadable or invalid, tar missing, truncated or corrupt, a forbidden member."""
+    if info.get("error"):
+        return f"manifest unreadable ({info['error']})"
+    if "manifest" not in info:  # not verified
+        return None
+    try:
+        m = parse_manifest(json.dumps(info["manifest"]), f"{key}.manifest.json")
+        if m["key"] != key:
+            return f"manifest names key {m['key']}"
+        check_tar(m, info.get("tar"), f"{key}.tar")
+        check_members(info.get("refused"), f"{key}.tar")
+    except CacheError as e:
+        return e.message
+    return None
 
 
 # --------------------------------------------------------------------------- plans
@@ -283,6 +335,8 @@ class Entry:
     snapshot_size: int | None = None    # bytes of <key>.tar; None = no snapshot
     created: float | None = None        # manifest's created
     last_used: float | None = None      # .used/<key> mtime, or the newest of the above
+    built_by: str | None = None         # provenance: host (machine) that built the snapshot
+    problem: str | None = None          # why the stored snapshot fails verification (--status)
 
     @property
     def recency(self) -> float:
@@ -300,9 +354,12 @@ def entries_from_status(status: Mapping[str, Any]) -> list[Entry]:
         last = used.get(key)
         if last is None:
             last = max((x for x in (l.get("mtime"), s.get("mtime")) if x is not None), default=None)
+        prov = s.get("provenance") if isinstance(s.get("provenance"), dict) else {}
         out.append(Entry(key=key, live_size=l.get("size") if l else None,
                          snapshot_size=s.get("tar_size") if s else None,
-                         created=s.get("created"), last_used=last))
+                         created=s.get("created") if isinstance(s.get("created"), (int, float)) else None,
+                         last_used=last, built_by=builder({"provenance": prov}) if s else None,
+                         problem=snapshot_problem(s, key) if s else None))
     out.sort(key=lambda e: (-e.recency, e.key))
     return out
 

@@ -73,7 +73,8 @@ def _tcp_keepalive(sock: socket.socket) -> None:
         pass
 
 
-def connect_client(s: SSHSettings, name: str, via: paramiko.SSHClient | None = None) -> paramiko.SSHClient:
+def connect_client(s: SSHSettings, name: str, via: paramiko.SSHClient | None = None, *,
+                   trust_as: str | None = None) -> paramiko.SSHClient:
     client = paramiko.SSHClient()
     kh = s.known_hosts_path
     if os.path.exists(kh):
@@ -81,7 +82,7 @@ def connect_client(s: SSHSettings, name: str, via: paramiko.SSHClient | None = N
             client.load_system_host_keys(kh)
         except OSError as e:
             raise ConnectError(f"cannot read known_hosts file {kh}: {e.strerror}") from None
-    client.set_missing_host_key_policy(RefuseUnknown(name, kh))
+    client.set_missing_host_key_policy(RefuseUnknown(name, kh, trust_as))
     try:
         sock = open_sock(s, via)
         client.connect(
@@ -92,7 +93,7 @@ def connect_client(s: SSHSettings, name: str, via: paramiko.SSHClient | None = N
         )
     except Exception as e:  # noqa: BLE001 - translated right here
         client.close()
-        raise translate(e, name, s) from None
+        raise translate(e, name, s, trust_as) from None
     t = client.get_transport()
     t.set_keepalive(KEEPALIVE_S)
     return client
@@ -118,7 +119,8 @@ class Connection:
                 self._close()
             via = None
             for i, hop in enumerate(jump_hops(self.settings)):
-                via = connect_client(hop, f"{self.name} (jump host {hop.host})", via)
+                via = connect_client(hop, f"{self.name} (jump host {hop.host})", via,
+                                     trust_as=self.name)
                 self._clients.append(via)
             try:
                 self._clients.append(connect_client(self.settings, self.name, via))

@@ -21,19 +21,27 @@ def _label(s: SSHSettings) -> str:
 class RefuseUnknown(paramiko.MissingHostKeyPolicy):
     """Refuse an unknown host key, naming its fingerprint and the command that trusts it."""
 
-    def __init__(self, name: str, known_hosts: str):
-        self.name = name
+    def __init__(self, name: str, known_hosts: str, trust_as: str | None = None):
+        self.name = name  # what is connected to, e.g. "pve (jump host 192.0.2.1)"
         self.known_hosts = known_hosts
+        self.trust_as = trust_as or name  # the inventory host whose `dfo hosts trust` covers it
 
     def missing_host_key(self, client, hostname, key):
         raise HostKeyError(
             f"host key of {self.name} ({hostname}) is not known: {knownhosts.describe_key(key)}",
             hint=f"check that fingerprint, then record it in {self.known_hosts} with "
-                 f"`dfo hosts trust {self.name}`")
+                 f"`{trust_command(self.trust_as)}`"
+                 + (" (it asks for the jump hosts first)" if self.trust_as != self.name else ""))
 
 
-def translate(e: BaseException, name: str, s: SSHSettings) -> Exception:
-    """A paramiko/socket exception from connecting as a one-line ConnectError with the fix."""
+def trust_command(host: str, *extra: str) -> str:
+    """The `dfo hosts trust` command line for an inventory host (jump hosts included)."""
+    return " ".join(["dfo", "hosts", "trust", host, *extra])
+
+
+def translate(e: BaseException, name: str, s: SSHSettings, trust_as: str | None = None) -> Exception:
+    """A paramiko/socket exception from connecting as a one-line ConnectError with the fix
+    (``trust_as``: the inventory host to name in `dfo hosts trust`, when ``name`` is a hop)."""
     where = _label(s)
     if isinstance(e, (HostKeyError, ConnectError)):
         return e
@@ -43,7 +51,7 @@ def translate(e: BaseException, name: str, s: SSHSettings) -> Exception:
             f"but {s.known_hosts_path} has {knownhosts.describe_key(e.expected_key)}; "
             f"someone may be intercepting the connection",
             hint=f"if the host was reinstalled, verify the new key and run "
-                 f"`dfo hosts trust {name} --replace`")
+                 f"`{trust_command(trust_as or name, '--replace')}`")
     if isinstance(e, paramiko.PasswordRequiredException):
         return ConnectError(f"cannot log in to {name} ({where}): the private key is encrypted",
                             hint="add it to ssh-agent (ssh-add) or set ssh.identity_file to an unencrypted key")

@@ -13,7 +13,8 @@ from .ssh import connect_client, jump_hops, open_sock
 from .ssh_errors import translate
 
 
-def fetch_host_key(s: SSHSettings, name: str, via: paramiko.SSHClient | None = None) -> paramiko.PKey:
+def fetch_host_key(s: SSHSettings, name: str, via: paramiko.SSHClient | None = None, *,
+                   trust_as: str | None = None) -> paramiko.PKey:
     """The host key ``s`` offers (no authentication). Prefers a key type known_hosts
     already has for it, so a changed key is detected the way connecting would see it."""
     t = None
@@ -32,7 +33,7 @@ def fetch_host_key(s: SSHSettings, name: str, via: paramiko.SSHClient | None = N
         t.start_client(timeout=s.connect_timeout)
         return t.get_remote_server_key()
     except Exception as e:  # noqa: BLE001
-        raise translate(e, name, s) from None
+        raise translate(e, name, s, trust_as) from None
     finally:
         if t is not None:
             t.close()
@@ -54,7 +55,7 @@ def trust_hosts(name: str, settings: SSHSettings, decide: TrustDecision) -> list
         for i, s in enumerate([*hops, settings]):
             is_target = i == len(hops)
             label = name if is_target else f"{name} (jump host {s.host})"
-            key = fetch_host_key(s, label, via)
+            key = fetch_host_key(s, label, via, trust_as=name)
             kh_name = s.host_key_name
             st = knownhosts.status(s.known_hosts_path, kh_name, key)
             fp = knownhosts.describe_key(key)
@@ -67,7 +68,7 @@ def trust_hosts(name: str, settings: SSHSettings, decide: TrustDecision) -> list
                 report.append((label, fp, "skipped"))
                 break
             if not is_target:
-                via = connect_client(s, label, via)
+                via = connect_client(s, label, via, trust_as=name)
                 clients.append(via)
     finally:
         for c in reversed(clients):
