@@ -2,9 +2,8 @@
 fallbacks, and keeps ``state.json`` and ``events.jsonl`` (see orchestrator.ops.runstate).
 
 Decisions come from the pure modules (watchdog, classify, fallback, budget); this module
-only does the process work: start, read the attempt log by byte offset (so a supervisor
-restart never loses output), execute the watchdog's actions (dump stacks, SIGTERM, kill),
-wait.
+only does the process work: start an attempt, classify how it ended, pick the next config,
+wait. Watching a running attempt is ``supervisor.watch``.
 """
 
 from __future__ import annotations
@@ -15,39 +14,21 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from dfo_contract.checkpoints import newest_of_run
 
 from ..ops import runstate as rs
-from ..ops import watchdog as wd
 from ..ops.budget import BudgetPolicy, BudgetState, on_failure
-from ..ops.classify import LineScan, TailScan, classify
+from ..ops.classify import classify
 from ..ops.fallback import next_config
 from ..ops.launch_plan import attempt_env, ddp_nproc, trainer_argv
 from ..ops.runstate import Attempt, RunState
 from . import procs, runfiles
-from .lines import read_lines
-from .stacks import dump_stacks
+from .watch import AttemptWatch, Outcome
 
 
-@dataclass
-class Outcome:
-    exit_code: int | None = None
-    signal: int | None = None
-    hang: str | None = None
-    collapse: str | None = None
-    stopped: bool = False
-    reached_train: bool = False
-    healthy_s: float = 0.0
-    duration_s: float = 0.0
-    oom_killed: bool = False
-    scan: LineScan = field(default_factory=TailScan)
-    stacks: list[str] = field(default_factory=list)
-
-
-class Supervisor:
+class Supervisor(AttemptWatch):
     def __init__(self, run_dir: str):
         self.run_dir = os.path.abspath(run_dir)
         self.spec: dict[str, Any] = runfiles.read_spec(self.run_dir)
@@ -265,82 +246,11 @@ class Supervisor:
                           and oom_after > oom_before and out.signal == signal.SIGKILL)
         att.ended_at, att.exit_code, att.signal = time.time(), out.exit_code, out.signal
         self.state.trainer_pids = []
+        self.state.throughput_low = None
         self.emit("attempt_end", attempt=n, exit_code=out.exit_code, signal=out.signal,
                   duration_s=round(out.duration_s, 3), reached_train=out.reached_train)
         self.save()
         return out
-
-    def _watch(self, n: int, proc: subprocess.Popen, log_path: str) -> Outcome:
-        """Read the attempt's new lines, feed them to the watchdog, do what it says."""
-        t0 = time.monotonic()
-        base = self.state.baseline_tokens_per_s
-        dog = wd.Watchdog(wd.Thresholds.from_json(self.t), now=t0,
-                          baseline=base if self.state.baseline_overrides == self.state.overrides
-                          else None,
-                          dense_expected=str(self._config().get("model.attention", ""))
-                          == "flex-eager")   # uncompiled flex on purpose
-        out = Outcome(scan=dog.scan)
-        poll = float(self.t.get("poll_s", 0.2))
-        offset = 0
-        while True:
-            rc = proc.poll()
-            # new output (read once more after the process exited: its last lines)
-            lines, offset = read_lines(log_path, offset, final=rc is not None)
-            now = time.monotonic()
-            for ln in lines:
-                self._act(n, proc, log_path, out, dog.feed(ln.text, now), exited=rc is not None)
-            if rc is not None:
-                out.exit_code = rc if rc >= 0 else None
-                out.signal = -rc if rc < 0 else None
-                break
-            now = time.monotonic()
-            acts: list[wd.Action] = []
-            if self.stop_reason and not out.stopped:
-                out.stopped = True
-                self.state.status = "stopping"
-                self.emit("stopping", attempt=n, reason=self.stop_reason)
-                self.save()
-                acts += dog.stop(now)
-            self._act(n, proc, log_path, out, acts + dog.tick(now), exited=False)
-            time.sleep(poll)
-        # the tree: nothing of this attempt may outlive it
-        left = procs.processes_of_run(self.run_dir)
-        if left:
-            procs.signal_all(left, signal.SIGKILL)
-            procs.wait_gone(left, 5)
-        end = time.monotonic()
-        out.hang, out.collapse, out.reached_train = dog.hang, dog.collapse, dog.reached_train
-        out.duration_s = end - t0
-        out.healthy_s = dog.healthy_s(end)
-        return out
-
-    def _act(self, n: int, proc: subprocess.Popen, log_path: str, out: Outcome,
-             actions: list[wd.Action], *, exited: bool) -> None:
-        """Execute the watchdog's actions; signals only while the process has not exited
-        (its pid may be reused once it is reaped)."""
-        for a in actions:
-            if isinstance(a, wd.Step):
-                self.state.last_step, self.state.tokens_per_s = a.step, a.tokens_per_s
-                if a.baseline and not self.state.baseline_tokens_per_s:
-                    self.state.baseline_tokens_per_s = a.baseline
-                    self.state.baseline_overrides = dict(self.state.overrides)
-                self.save()
-            elif isinstance(a, wd.Checkpoint):
-                self.state.last_checkpoint = {"step": a.step, "path": a.path}
-                self.emit("checkpoint", attempt=n, step=a.step, path=a.path)
-                self.save()
-            elif isinstance(a, wd.Warn):
-                self.emit("watchdog", attempt=n, reason=a.reason)
-            elif exited:
-                continue
-            elif isinstance(a, wd.Terminate):
-                procs.signal_all([proc.pid], signal.SIGTERM)
-            elif isinstance(a, wd.DumpStacks):
-                out.stacks = dump_stacks(self.run_dir, n, proc.pid, log_path,
-                                         self.spec["python"])
-                self.emit("stacks", attempt=n, files=out.stacks)
-            elif isinstance(a, wd.Kill):
-                procs.kill_tree(proc.pid, self.run_dir, sig=signal.SIGKILL)
 
     def _restore_cache(self, n: int) -> None:
         argv = self.spec.get("restore_cache_argv")
