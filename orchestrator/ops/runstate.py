@@ -48,6 +48,7 @@ EVENT_KINDS = (
     "throughput_ok",      # attempt, reason
     "stacks",             # attempt, files
     "cache_restore",      # attempt, ok, detail
+    "run_first",          # attempt, commands, ok, detail (a foreign trainer's ladder)
     "attempt_end",        # attempt, exit_code, signal, duration_s
     "classified",         # attempt, class, reason, evidence
     "fallback",           # attempt, class, step, changed, overrides
@@ -277,6 +278,9 @@ def describe_event(e: Mapping[str, Any]) -> str:
         return f"restart as attempt {e.get('attempt')} in {e.get('delay_s', 0):.1f}s: {e.get('reason')}"
     if k == "give_up":
         return f"giving up on {e.get('class')}: {e.get('reason')}"
+    if k == "run_first":
+        return (f"ran first: {'; '.join(' '.join(c) for c in e.get('commands') or [])}"
+                + ("" if e.get("ok") else f" (failed: {e.get('detail')})"))
     if k == "cache_restore":
         return f"compile cache: {e.get('detail')}"
     if k == "orphans_reaped":

@@ -27,11 +27,13 @@ What it decides:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Mapping, Union
 
 from dfo_contract.markers import parse_marker
 
+from .byo import match_step
 from .classify import LineScan, TailScan, ThroughputMonitor
 
 #: a kill that did not take is repeated after this many seconds
@@ -131,9 +133,14 @@ class Watchdog:
     ``dense_expected``: the run asked for uncompiled flex, so the dense warning is no fault."""
 
     def __init__(self, thresholds: Thresholds, *, now: float, baseline: float | None = None,
-                 dense_expected: bool = False):
+                 dense_expected: bool = False, step_pattern: re.Pattern | None = None,
+                 cpu_is_progress: bool = False):
         self.t = thresholds
         self.dense_expected = dense_expected
+        #: a foreign trainer (``dfo launch -- CMD``): lines matching this are steps, and
+        #: the process tree's CPU time advancing is progress (it prints no heartbeats)
+        self.step_pattern = step_pattern
+        self.cpu_is_progress = cpu_is_progress
         self.scan: LineScan = TailScan()
         self.monitor = ThroughputMonitor(fraction=thresholds.collapse_fraction,
                                          steps=thresholds.collapse_steps,
@@ -160,6 +167,8 @@ class Watchdog:
         acts: list[Action] = []
         rule = self.scan.feed(line)
         rec = parse_marker(line)
+        if rec is None and self.step_pattern is not None:
+            rec = match_step(self.step_pattern, line)
         if rec is not None:
             self.last_progress = now
             kind = rec.get("kind")
@@ -197,6 +206,10 @@ class Watchdog:
     def activity(self, now: float, cpu_s: float, io_bytes: int = 0) -> None:
         """The attempt's process tree has used ``cpu_s`` CPU seconds and moved ``io_bytes``
         so far (cumulative; the supervisor samples it about once a second)."""
+        if self.cpu_is_progress and self.samples:
+            t0, c0, _ = self.samples[-1]
+            if now > t0 and cpu_s - c0 >= IDLE_CPU_FRACTION * (now - t0):
+                self.last_progress = now
         self.samples.append((now, float(cpu_s), int(io_bytes)))
         window = self.t.hang_s
         while len(self.samples) > 2 and self.samples[1][0] <= now - window:

@@ -14,18 +14,33 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from dfo_contract.checkpoints import newest_of_run
 
 from ..ops import runstate as rs
+from ..ops import byo as byo_ops
 from ..ops.budget import BudgetPolicy, BudgetState, on_failure
 from ..ops.classify import classify
 from ..ops.fallback import next_config
 from ..ops.launch_plan import attempt_env, ddp_nproc, trainer_argv
 from ..ops.runstate import Attempt, RunState
+from . import byo as byo_sup
 from . import procs, runfiles
 from .watch import AttemptWatch, Outcome
+
+
+@dataclass(frozen=True)
+class _Choice:
+    """A foreign command's ladder choice, shaped like ``ops.fallback.Choice``."""
+    step: str | None
+    overrides: dict
+    position: int
+    changed: dict
+    restore_cache: bool
+    exhausted: bool
+    spent: str
 
 
 class Supervisor(AttemptWatch):
@@ -164,12 +179,15 @@ class Supervisor(AttemptWatch):
                 self.emit("give_up", **{"class": diag.cls}, reason=dec.reason, evidence=ev)
                 return self._final("failed", f"{diag.cls} ({diag.reason}): {dec.reason}",
                                    evidence=ev)
-            ladder = list((self.spec.get("ladders") or {}).get(diag.cls, []))
             pos = int(self.state.ladder_pos.get(diag.cls, 0))
-            base = dict(self.spec.get("base_config") or {})
-            choice = next_config(diag.cls, ladder, pos, base, dict(self.state.overrides))
+            if self.spec.get("byo"):
+                choice = self._byo_choice(diag.cls, pos)
+            else:
+                ladder = list((self.spec.get("ladders") or {}).get(diag.cls, []))
+                base = dict(self.spec.get("base_config") or {})
+                choice = next_config(diag.cls, ladder, pos, base, dict(self.state.overrides))
             if choice.exhausted:
-                reason = f"{diag.cls}: fallback ladder spent ({' -> '.join(ladder) or 'empty'})"
+                reason = f"{diag.cls}: fallback ladder spent ({choice.spent})"
                 self.emit("give_up", **{"class": diag.cls}, reason=reason, evidence=ev)
                 return self._final("failed", reason, evidence=ev)
             self.state.ladder_pos[diag.cls] = choice.position
@@ -187,6 +205,12 @@ class Supervisor(AttemptWatch):
             self._sleep(dec.delay)
             self.state.status = "running"
             self.save()
+
+    def _byo_choice(self, cls: str, pos: int) -> "_Choice":
+        ladder = list(((self.spec["byo"].get("fallbacks") or {}).get(cls)) or [])
+        c = byo_ops.next_step(cls, ladder, pos, byo_ops.Changes.from_json(self.state.overrides))
+        return _Choice(c.step, c.changes.to_json(), c.position, c.changed, False, c.exhausted,
+                       " -> ".join(byo_ops.describe_step(s) for s in ladder) or "empty")
 
     def _final(self, status: str, reason: str, evidence: list | None = None) -> int:
         self.state.status, self.state.reason, self.state.ended_at = status, reason, time.time()
@@ -216,24 +240,39 @@ class Supervisor(AttemptWatch):
 
     def _run_attempt(self, n: int) -> Outcome:
         cfg = self._config()
-        resume = self._resume_target()
-        argv = trainer_argv(self.spec["python"], self.spec["config_path"], self.state.overrides,
-                            run_dir=self.run_dir, checkpoint_dir=self.spec["checkpoint_dir"],
-                            resume=resume, layout=cfg.get("parallel.layout"),
-                            nproc=ddp_nproc(cfg))
         env = dict(os.environ)
         env.update(attempt_env(self.spec.get("env") or {}, attempt=n, run_dir=self.run_dir,
                                fault=self.spec.get("fault"), run_id=self.spec["run_id"]))
+        cwd = self.run_dir
+        if self.spec.get("byo"):          # a foreign command (dfo launch -- CMD ARGS...)
+            changes = byo_ops.Changes.from_json(self.state.overrides)
+            resume = byo_sup.resume_target(self.spec, self.run_dir,
+                                           since=float(self.state.started_at or 0) - 1.0) \
+                or self.spec.get("resume")
+            argv = byo_sup.argv(self.spec, changes, resume)
+            env = byo_sup.env(self.spec, changes, env)
+            cwd = byo_sup.cwd(self.spec, self.run_dir)
+        else:
+            changes = None
+            resume = self._resume_target()
+            argv = trainer_argv(self.spec["python"], self.spec["config_path"],
+                                self.state.overrides, run_dir=self.run_dir,
+                                checkpoint_dir=self.spec["checkpoint_dir"], resume=resume,
+                                layout=cfg.get("parallel.layout"), nproc=ddp_nproc(cfg))
         log_name = rs.attempt_log_name(n)
         log_path = self._p(log_name)
         self.state.attempt = n
         att = Attempt(n=n, started_at=time.time(), resume=resume,
                       overrides=dict(self.state.overrides), argv=argv, log=log_name)
         self.state.attempts.append(att)
+        if changes is not None and changes.first:
+            ok, why = byo_sup.run_first(changes.first, env, cwd, log_path,
+                                        timeout=self.t["warmup_s"])
+            self.emit("run_first", attempt=n, commands=changes.first, ok=ok, detail=why)
         oom_before = procs.cgroup_oom_kills()
         with open(log_path, "ab") as logf:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
-                                    env=env, cwd=self.run_dir, start_new_session=True,
+                                    env=env, cwd=cwd, start_new_session=True,
                                     preexec_fn=procs.set_pdeathsig)
         att.pid = proc.pid
         self.state.trainer_pids = [proc.pid]

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..ops import watchdog as wd
+from ..ops.byo import compile_step_pattern
 from ..ops.classify import LineScan, TailScan
 from ..ops.host_load import HostSample, judge
 from . import hostprobe, procs
@@ -49,11 +50,14 @@ class AttemptWatch:
         """Read the attempt's new lines, feed them to the watchdog, do what it says."""
         t0 = time.monotonic()
         base = self.state.baseline_tokens_per_s
+        byo = self.spec.get("byo") or {}
         dog = wd.Watchdog(wd.Thresholds.from_json(self.t), now=t0,
                           baseline=base if self.state.baseline_overrides == self.state.overrides
                           else None,
                           dense_expected=str(self._config().get("model.attention", ""))
-                          == "flex-eager")   # uncompiled flex on purpose
+                          == "flex-eager",   # uncompiled flex on purpose
+                          step_pattern=compile_step_pattern(byo.get("step_pattern")),
+                          cpu_is_progress=bool(self.spec.get("byo")))
         out = Outcome(scan=dog.scan)
         poll = float(self.t.get("poll_s", 0.2))
         offset = 0
