@@ -4,11 +4,13 @@ run file's ladder is applied in order, and the run ends done."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
 import pytest
 
+from orchestrator.cli import main
 from orchestrator.engine.runs import LaunchOptions, RunOps
 from orchestrator.transport.local import LocalTransport
 
@@ -31,7 +33,7 @@ def kinds(evs, kind):
     return [e for e in evs if e["kind"] == kind]
 
 
-def test_fx_race_of_a_foreign_script_is_classified_and_its_ladder_applied(setup):
+def test_fx_race_of_a_foreign_script_is_classified_and_its_ladder_applied(setup, capsys):
     root, ops, tmp = setup
     ck = tmp / "ck"
     rf = tmp / "byo.yaml"
@@ -67,6 +69,14 @@ fallbacks:
     assert info["overrides"]["env"] == {"BYO_NOTE": "tried-env"}
     assert info["overrides"]["drop"] == ["--threads"]
     assert [f["step"] for f in info["fallbacks"]] == ["env BYO_NOTE=tried-env", "drop --threads"]
+    # dfo diagnose on the foreign script's own log, with and without its run file
+    log1 = root / "runs" / plan.run_id / "attempt-1.log"
+    rc = main(["diagnose", str(log1), "--run-file", str(rf), "--json"])
+    d = json.loads(capsys.readouterr().out)
+    assert rc == 0 and d["class"] == "fx_trace_race"
+    assert d["fallback"]["step"] == "env BYO_NOTE=tried-env"
+    assert main(["diagnose", str(log1)]) == 0
+    assert capsys.readouterr().out.startswith("fx_trace_race: ")
 
 
 def test_a_foreign_script_that_deadlocks_is_found_by_its_silence(setup):

@@ -66,10 +66,19 @@ def _ops(app, host_name):
 @click.option("--fallbacks", "fallbacks", multiple=True, metavar="CLASS=STEP,STEP",
               help="Replace a class's fallback ladder, e.g. oom=halve_micro_batch*.")
 @click.option("--no-env-check", is_flag=True, help="Skip `dfo deploy --check` (development only).")
+@click.option("--run-file", default=None, type=click.Path(dir_okay=False),
+              help="Your own trainer (with -- CMD): step pattern, resume, fallback ladders (YAML).")
+@click.option("--step-pattern", default=None, metavar="REGEX",
+              help="Your own trainer: output lines matching it are steps (group 'step', opt. 'tok_s').")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_obj
 def launch(app, host_name, resume, config, run_name, sets, replace, new_lineage, dry_run, follow,
-           as_json, fault, backoff_scale, thresholds, budgets, fallbacks, no_env_check):
-    """Start a supervised training run on a host, detached (it outlives this command)."""
+           as_json, fault, backoff_scale, thresholds, budgets, fallbacks, no_env_check,
+           run_file, step_pattern, command):
+    """Start a supervised training run on a host, detached (it outlives this command).
+
+    With `-- CMD ARGS...` it supervises your own training command instead of the bundled
+    trainer (docs/byo-trainer.md)."""
     from ..engine.runs import LaunchOptions
 
     budget: dict = {}
@@ -91,7 +100,8 @@ def launch(app, host_name, resume, config, run_name, sets, replace, new_lineage,
                          replace=replace, dry_run=dry_run, fault=fault,
                          backoff_scale=backoff_scale, thresholds=_kv(thresholds, "--threshold"),
                          budget=budget, fallbacks=fb or None, env_check=not no_env_check,
-                         new_lineage=new_lineage)
+                         new_lineage=new_lineage, command=tuple(command), run_file=run_file,
+                         step_pattern=step_pattern)
     ops = _ops(app, host_name)
     plan = ops.launch(opts)
     if as_json:
@@ -324,12 +334,14 @@ def stop(app, host_name, run_id, timeout, as_json):
 @click.option("--exit-code", type=int, default=None, help="The process's exit code, if known.")
 @click.option("--config", "config", default=None, type=click.Path(dir_okay=False),
               help="Run config to evaluate the fallback against.")
+@click.option("--run-file", default=None, type=click.Path(dir_okay=False),
+              help="Your own trainer's run file: its ladder gives the fallback.")
 @click.option("--json", "as_json", is_flag=True)
-def diagnose(logfile, exit_code, config, as_json):
+def diagnose(logfile, exit_code, config, run_file, as_json):
     """Classify a saved log offline: class, evidence lines, and the fallback dfo would choose."""
     from ..engine.diagnose import diagnose as run
 
-    res = run(logfile, exit_code=exit_code, config=config)
+    res = run(logfile, exit_code=exit_code, config=config, run_file=run_file)
     d, choice = res.diagnosis, res.fallback
     if as_json:
         click.echo(json.dumps(res.to_json()))

@@ -99,7 +99,9 @@ def plan_byo(ops: "RunOps", o: "LaunchOptions") -> lp.LaunchPlan:
                          first_attempt_argv=first,
                          env=lp.attempt_env(spec["byo"]["env"], attempt=1, run_dir=run_dir,
                                             fault=None, run_id=run_id),
-                         spec=spec, ladders={}, resume_path=resume_path, warnings=warnings)
+                         spec=spec, ladders={c: [byo.describe_step(x) for x in steps]
+                                             for c, steps in spec["byo"]["fallbacks"].items()},
+                         resume_path=resume_path, warnings=warnings)
     plan.config_bytes = Path(o.run_file).read_bytes() if o.run_file else b"{}\n"
     plan.lock_owner = probe.get("lock_owner") if probe.get("lock") == "held" else None
     return plan
