@@ -163,3 +163,9 @@ def test_cli_bad_run_file_is_one_line_exit_2(hosts, capsys, tmp_path):
     err = capsys.readouterr().err.strip()
     assert rc == 2 and err.startswith(f"dfo: error: {rf}:4: fallbacks.oom[0]: unknown fallback")
     assert len(err.splitlines()) == 1
+
+
+def test_cli_a_stray_config_file_is_not_a_command(hosts, capsys):
+    rc = main(["--hosts", str(hosts), "launch", "--dry-run", "my.yaml"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "'my.yaml' is not a command" in err and "--config FILE" in err

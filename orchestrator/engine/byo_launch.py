@@ -47,6 +47,10 @@ def plan_byo(ops: "RunOps", o: "LaunchOptions") -> lp.LaunchPlan:
     if not command:
         raise ConfigError("dfo launch --run-file: no command",
                           hint="give it after `--` or as `command:` in the run file")
+    if command[0].endswith((".yaml", ".yml")):
+        raise ConfigError(f"dfo launch: {command[0]!r} is not a command",
+                          hint="a run config goes with --config FILE; your own trainer after "
+                               "`--`: dfo launch -- python train.py ...")
     if o.config or o.sets or o.fault:
         raise ConfigError("--config/--set/--fault are for the bundled trainer, not for -- CMD",
                           hint="pass your trainer's own arguments after `--`")
