@@ -12,6 +12,7 @@ import pytest
 
 from orchestrator.cli import main
 from orchestrator.engine.runs import LaunchOptions, RunOps
+from orchestrator.errors import NotFoundError
 from orchestrator.transport.local import LocalTransport
 
 from tests.supervisor_env import FAST, events, local_host, make_root, wait_final
@@ -130,3 +131,25 @@ def test_the_command_never_meets_a_shell(setup):
     assert out.read_text() == evil
     run_dir = root / "runs" / plan.run_id
     assert not (run_dir / "pwned").exists() and not (run_dir / "pwned2").exists()
+
+
+def test_resume_latest_is_checked_before_the_start_and_passed_with_the_template(setup):
+    root, ops, tmp = setup
+    ck = tmp / "ck"
+    rf = tmp / "byo.yaml"
+    rf.write_text(f"resume: {{glob: '{ck}/step_*', args: ['--resume={{path}}']}}\n")
+    cmd = ["python", str(FIXTURES / "stall_train.py"), "--steps", "6", "--ckpt", str(ck)]
+    o = dict(command=cmd, run_file=str(rf), backoff_scale=0.01, thresholds=dict(FAST),
+             env_check=False, resume="latest")
+    with pytest.raises(NotFoundError, match="nothing matches"):
+        ops.launch(LaunchOptions(run_name="r0", **o))
+    ck.mkdir()
+    for n in (2, 10, 4):
+        (ck / f"step_{n}").write_text(str(n))
+    plan = ops.launch(LaunchOptions(run_name="r1", **o))
+    assert plan.resume_path == str(ck / "step_10")
+    assert plan.first_attempt_argv[-1] == f"--resume={ck}/step_10"
+    info = wait_final(ops, plan.run_id, timeout=120)
+    assert info["status"] == "done" and info["attempts"][0]["resume"] == str(ck / "step_10")
+    log = (root / "runs" / plan.run_id / "attempt-1.log").read_text()
+    assert "at step 10" in log
