@@ -169,3 +169,46 @@ def test_cli_a_stray_config_file_is_not_a_command(hosts, capsys):
     rc = main(["--hosts", str(hosts), "launch", "--dry-run", "my.yaml"])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "'my.yaml' is not a command" in err and "--config FILE" in err
+
+
+def test_ladder_flags():
+    assert byo.ladders_from_flags([
+        "fx_trace_race=run_first:python warm.py --threads '1 2'",
+        "fx_trace_race=drop_arg:--threads",
+        "oom=set_arg:--batch-size=2", "compile_hang=env:TORCHINDUCTOR_COMPILE_THREADS=1"]) == {
+        "fx_trace_race": [{"run_first": ["python", "warm.py", "--threads", "1 2"]},
+                          {"drop_arg": "--threads"}],
+        "oom": [{"set_arg": {"--batch-size": "2"}}],
+        "compile_hang": [{"env": {"TORCHINDUCTOR_COMPILE_THREADS": "1"}}]}
+    for bad, msg in (("fx_trace_race", "CLASS=KIND:VALUE"), ("fx=drop_arg:--x", "unknown failure"),
+                     ("oom=set_arg:--b", "NAME=VALUE"), ("oom=halve:x", "unknown fallback step"),
+                     ("oom=run_first:python 'x", "quotation")):
+        with pytest.raises(ConfigError, match=msg):
+            byo.parse_ladder_flag(bad)
+
+
+def test_cli_flags_give_resume_and_ladder_without_a_run_file(hosts, capsys):
+    rc = main(["--hosts", str(hosts), "launch", "--dry-run", "--json", "--no-env-check",
+               "--resume-glob", "ck/ep_*", "--resume-args", "--from {path} --strict",
+               "--ladder", "fx_trace_race=drop_arg:--threads",
+               "--ladder", "fx_trace_race=set_arg:--workers=1", "--", "python", "t.py"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["ladders"] == {"fx_trace_race": ["drop --threads", "set --workers 1"]}
+    # the plan's spec carries them for the supervisor (no run file involved)
+    assert out["first_attempt_argv"] == ["python", "t.py"]
+
+
+def test_resume_flags_reach_the_spec(tmp_path):
+    from orchestrator.engine.runs import LaunchOptions, RunOps
+    from orchestrator.transport.local import LocalTransport
+    from tests.supervisor_env import local_host
+
+    ops = RunOps(LocalTransport("local"), local_host(make_root(tmp_path)))
+    plan = ops.plan(LaunchOptions(command=["python", "t.py"], resume_glob="ck/ep_*",
+                                  resume_order="mtime", resume_args="--from {path} --strict",
+                                  env_check=False))
+    assert plan.spec["byo"]["resume"] == {"glob": "ck/ep_*", "order": "mtime",
+                                          "args": ["--from", "{path}", "--strict"]}
+    with pytest.raises(ConfigError, match="with \\{path\\} in one"):
+        ops.plan(LaunchOptions(command=["python", "t.py"], resume_glob="ck/*",
+                               resume_args="--from", env_check=False))

@@ -70,11 +70,19 @@ def _ops(app, host_name):
               help="Your own trainer (with -- CMD): step pattern, resume, fallback ladders (YAML).")
 @click.option("--step-pattern", default=None, metavar="REGEX",
               help="Your own trainer: output lines matching it are steps (group 'step', opt. 'tok_s').")
+@click.option("--resume-glob", default=None, metavar="GLOB",
+              help="Your own trainer: its checkpoints, e.g. 'ckpt/step_*' (newest resumed).")
+@click.option("--resume-order", type=click.Choice(["step", "mtime", "name"]), default="step",
+              help="How --resume-glob's matches are ordered.")
+@click.option("--resume-args", "resume_args", default=None, metavar="TEMPLATE",
+              help="Your own trainer: the arguments that pass a checkpoint (default '--resume {path}').")
+@click.option("--ladder", "ladder", multiple=True, metavar="CLASS=KIND:VALUE",
+              help="Your own trainer: a fallback step, in order, e.g. fx_trace_race=drop_arg:--threads.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_obj
 def launch(app, host_name, resume, config, run_name, sets, replace, new_lineage, dry_run, follow,
            as_json, fault, backoff_scale, thresholds, budgets, fallbacks, no_env_check,
-           run_file, step_pattern, command):
+           run_file, step_pattern, resume_glob, resume_order, resume_args, ladder, command):
     """Start a supervised training run on a host, detached (it outlives this command).
 
     With `-- CMD ARGS...` it supervises your own training command instead of the bundled
@@ -101,7 +109,9 @@ def launch(app, host_name, resume, config, run_name, sets, replace, new_lineage,
                          backoff_scale=backoff_scale, thresholds=_kv(thresholds, "--threshold"),
                          budget=budget, fallbacks=fb or None, env_check=not no_env_check,
                          new_lineage=new_lineage, command=tuple(command), run_file=run_file,
-                         step_pattern=step_pattern)
+                         step_pattern=step_pattern, resume_glob=resume_glob,
+                         resume_order=resume_order, resume_args=resume_args or (),
+                         ladder=tuple(ladder))
     ops = _ops(app, host_name)
     plan = ops.launch(opts)
     if as_json:

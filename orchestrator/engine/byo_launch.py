@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import posixpath
+import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -62,6 +63,17 @@ def plan_byo(ops: "RunOps", o: "LaunchOptions") -> lp.LaunchPlan:
         c if c.isalnum() or c in "_.-" else "-" for c in default_name)[:48].lstrip("-._")
         or "byo")
     resume_cfg = rf.get("resume")
+    if o.resume_glob:
+        args = o.resume_args or ["--resume", "{path}"]
+        if isinstance(args, str):
+            try:
+                args = shlex.split(args)
+            except ValueError as e:
+                raise ConfigError(f"--resume-args {args!r}: {e}") from None
+        resume_cfg = byo.check_resume({"glob": o.resume_glob, "order": o.resume_order,
+                                       "args": list(args)}, "--resume-glob")
+    ladders = dict(rf.get("fallbacks") or {})
+    ladders.update(byo.ladders_from_flags(o.ladder))   # a flag's class replaces the file's
     thr = lp.thresholds({**(rf.get("thresholds") or {}), **dict(o.thresholds)})
     pol = dict(o.budget)
     pol["scale"] = o.backoff_scale
@@ -92,7 +104,7 @@ def plan_byo(ops: "RunOps", o: "LaunchOptions") -> lp.LaunchPlan:
         restore_cache_argv=None, host=ops.host.name)
     spec["byo"] = {"command": command, "cwd": rf.get("cwd"), "step_pattern": pattern,
                    "env": rf.get("env") or {}, "resume": resume_cfg,
-                   "fallbacks": rf.get("fallbacks") or {}}
+                   "fallbacks": ladders}
     systemd = probe.get("systemd") == "1"
     first = byo.attempt_argv(command, byo.Changes(), resume_path=resume_path,
                              resume_args=(resume_cfg or {}).get("args", ()))

@@ -53,6 +53,10 @@ class LaunchOptions:
     command: Sequence[str] = ()
     run_file: str | None = None
     step_pattern: str | None = None
+    resume_glob: str | None = None
+    resume_order: str = "step"
+    resume_args: Sequence[str] | str = ()   # a str is split into words (no shell)
+    ladder: Sequence[str] = ()    # --ladder CLASS=KIND:VALUE, in order
 
 
 class RunOps:
@@ -94,7 +98,7 @@ class RunOps:
 
     # --- plan -------------------------------------------------------------------------------
     def plan(self, o: LaunchOptions) -> lp.LaunchPlan:
-        if o.command or o.run_file:
+        if o.command or o.run_file or o.resume_glob or o.ladder:
             from .byo_launch import plan_byo
 
             return plan_byo(self, o)

@@ -20,6 +20,7 @@ Argument lists stay lists: nothing here builds a shell string.
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -277,3 +278,39 @@ def check_resume(raw: Any, where: str = "resume") -> dict | None:
         raise ConfigError(f"{where}.args: expected a list of arguments with {{path}} in one",
                           hint="e.g. args: [--resume, '{path}']")
     return {"glob": glob, "order": order, "args": list(args)}
+
+
+def parse_ladder_flag(text: str) -> tuple[str, dict]:
+    """``--ladder CLASS=KIND:VALUE`` -> (class, step): ``env:NAME=VALUE``,
+    ``set_arg:FLAG=VALUE``, ``drop_arg:FLAG``, ``run_first:CMD ARGS`` (split like a shell
+    would split words, without running one)."""
+    where = f"--ladder {text!r}"
+    cls, sep, rest = text.partition("=")
+    kind, sep2, val = rest.partition(":")
+    if not sep or not sep2:
+        raise ConfigError(f"{where}: expected CLASS=KIND:VALUE",
+                          hint="e.g. --ladder fx_trace_race=drop_arg:--threads")
+    check_ladders({cls.strip(): []}, "--ladder")
+    kind = kind.strip()
+    if kind in ("env", "set_arg"):
+        k, eq, v = val.partition("=")
+        if not eq:
+            raise ConfigError(f"{where}: {kind} needs NAME=VALUE")
+        raw: dict = {kind: {k: v}}
+    elif kind == "run_first":
+        try:
+            raw = {kind: shlex.split(val)}
+        except ValueError as e:
+            raise ConfigError(f"{where}: {e}") from None
+    else:
+        raw = {kind: val}
+    return cls.strip(), check_step(raw, where)
+
+
+def ladders_from_flags(items: Sequence[str]) -> dict[str, list[dict]]:
+    """Repeated ``--ladder`` flags, in order, grouped by class."""
+    out: dict[str, list[dict]] = {}
+    for it in items:
+        cls, step = parse_ladder_flag(it)
+        out.setdefault(cls, []).append(step)
+    return out
