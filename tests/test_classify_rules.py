@@ -77,9 +77,14 @@ def test_nan_from_marker_and_text():
     assert classify(['@dfo {"kind": "step", "step": 3, "loss": 2.5}'], exit_code=1).cls == "crash"
 
 
-def test_collapse_without_text_is_dense_fallback():
-    d = classify([], exit_code=6, collapse="100 tok/s < 0.5 x baseline 1000 tok/s for 5 steps")
-    assert d.cls == "dense_fallback" and "collapse" in d.reason
+def test_collapse_without_dense_lines_is_not_dense_fallback():
+    """A busy host slows training too: a collapse alone names no class (issue 17)."""
+    why = "100 tok/s < 0.5 x baseline 1000 tok/s for 5 steps"
+    d = classify(["step 40 loss 2.1"], exit_code=6, collapse=why)
+    assert d.cls == "crash" and "dense_fallback" not in d.also
+    d = classify(["UserWarning: ... materializes the full scores matrix ..."], exit_code=6,
+                 collapse=why)
+    assert d.cls == "dense_fallback" and "throughput collapse" in d.reason
 
 
 @pytest.mark.parametrize("line", [

@@ -81,7 +81,8 @@ def test_dense_fallback_expected_for_uncompiled_flex():
     assert w.tick(6.0) == [] and "dense_fallback" in w.scan.hits
 
 
-def test_throughput_collapse_learns_a_baseline_then_terminates():
+def test_throughput_collapse_without_dense_evidence_is_reported_not_acted_on():
+    """A busy host is not dense attention: no SIGTERM, no kill, just a report (and its end)."""
     w = Watchdog(T, now=0.0)
     w.feed(step(1, 50.0), 1.0)                                   # skipped (compile)
     for i, tps in enumerate((1000.0, 1100.0, 900.0), start=2):
@@ -90,17 +91,41 @@ def test_throughput_collapse_learns_a_baseline_then_terminates():
     assert w.feed(step(5, 100.0), 5.0) == [Step(5, 100.0, 1000.0)]
     w.feed(step(6, 100.0), 6.0)
     acts = w.feed(step(7, 100.0), 7.0)
-    assert kinds(acts) == ["Warn", "Step"] and acts[0].reason.startswith("throughput collapse")
-    assert w.collapse and kinds(w.tick(7.0)) == ["Terminate"]
-    assert w.tick(46.9) == [] and kinds(w.tick(47.0)) == ["Kill"]
-    assert w.healthy_s(50.0) == 0.0
+    assert kinds(acts) == ["ThroughputLow", "Step"] and "< 0.5 x baseline" in acts[0].reason
+    assert w.feed(step(8, 100.0), 8.0) == [Step(8, 100.0, 1000.0)]   # reported once
+    for t in (8.0, 8.5, 9.0):                                     # no SIGTERM, no kill
+        assert w.tick(t) == []
+    assert kinds(w.feed(step(9, 1000.0), 9.0)) == ["ThroughputOk", "Step"]
+    assert w.low is None and w.hang is None and w.term_at is None and w.kill_at is None
+    for i in range(10, 13):                                       # a second episode
+        acts = w.feed(step(i, 100.0), float(i))
+    assert kinds(acts) == ["ThroughputLow", "Step"] and w.low_episodes == 2
+    assert w.healthy_s(50.0) == 49.0                              # still healthy training
+
+
+def test_collapse_with_expected_dense_lines_is_still_only_reported():
+    w = Watchdog(T, now=0.0, baseline=1000.0, dense_expected=True)
+    assert w.feed("this materializes the full scores matrix", 0.5) == []
+    for i in range(1, 4):
+        acts = w.feed(step(i, 10.0), float(i))
+    assert kinds(acts) == ["ThroughputLow", "Step"]
+    assert kinds(w.tick(4.0)) == []
+
+
+def test_dense_line_then_collapse_terminates_once_for_the_line():
+    w = Watchdog(T, now=0.0, baseline=1000.0)
+    assert kinds(w.feed("UserWarning: this materializes the full scores matrix", 0.5)) == ["Warn"]
+    assert kinds(w.tick(0.5)) == ["Terminate"]
+    for i in range(1, 4):
+        acts = w.feed(step(i, 10.0), float(i))
+    assert kinds(acts) == ["Step"]                                # no second action
 
 
 def test_a_known_baseline_is_used_from_the_first_step():
     w = Watchdog(T, now=0.0, baseline=1000.0)
     for i in range(1, 4):
         acts = w.feed(step(i, 10.0), float(i))
-    assert kinds(acts) == ["Warn", "Step"]
+    assert kinds(acts) == ["ThroughputLow", "Step"]
 
 
 def test_stop_terminates_and_kills_after_the_stop_timeout():
@@ -121,3 +146,89 @@ def test_nan_loss_marker_is_live():
 
 def test_actions_are_values():
     assert Kill("x") == Kill("x") and Terminate("a") != Terminate("b")
+
+
+# --- hangs: heartbeats stopped and the process tree idle -----------------------------------
+
+H = Thresholds(warmup_s=900, train_s=300, live_grace_s=5, kill_grace_s=3, stop_timeout_s=40,
+               hang_s=60)
+BEAT = '@dfo {"kind": "heartbeat", "phase": "compile", "step": 0}'
+
+
+def run_clock(w, until, *, cpu_per_s, beat_every=None, start=0.0, cpu0=0.0, io_per_s=0):
+    """Advance a fake clock in 1 s ticks: the tree uses ``cpu_per_s`` cores, the trainer
+    beats every ``beat_every`` s. Returns (the first non-empty tick's actions, its time)."""
+    t, cpu, io = start, cpu0, 0
+    while t < until:
+        t += 1.0
+        cpu += cpu_per_s
+        io += io_per_s
+        if beat_every and int(t) % beat_every == 0:
+            w.feed(BEAT, t)
+        w.activity(t, cpu, io)
+        acts = w.tick(t)
+        if acts:
+            return acts, t
+    return [], t
+
+
+def test_a_compile_that_beats_is_never_killed_even_for_an_hour():
+    w = Watchdog(H, now=0.0)
+    acts, _ = run_clock(w, 3600, cpu_per_s=1.0, beat_every=5)
+    assert acts == [] and w.hang is None
+
+
+def test_heartbeats_stop_and_the_tree_idles_killed_within_hang_s():
+    w = Watchdog(H, now=0.0)
+    acts, t = run_clock(w, 120, cpu_per_s=1.0, beat_every=5)      # compiling, beating
+    assert acts == []
+    last_beat = 120.0
+    acts, t = run_clock(w, 1000, cpu_per_s=0.0, start=t, cpu0=120.0)   # deadlocked
+    assert kinds(acts) == ["Warn", "DumpStacks", "Kill"]
+    assert last_beat + 60 < t <= last_beat + 62                   # within hang_s (+ a tick)
+    assert "idle" in w.hang and "hang_s 60s" in w.hang and "warm-up/compile" in w.hang
+
+
+def test_silent_but_busy_is_left_alone_until_the_phase_threshold():
+    """No heartbeat (e.g. a native compile holding the GIL) but the tree burns CPU: not stuck
+    by hang_s; the old warmup_s/train_s bound still applies."""
+    w = Watchdog(H, now=0.0)
+    acts, t = run_clock(w, 2000, cpu_per_s=1.0)
+    assert kinds(acts) == ["Warn", "DumpStacks", "Kill"] and 900 < t <= 902
+    assert "threshold 900s" in w.hang
+
+
+def test_silent_with_io_is_not_stuck():
+    w = Watchdog(H, now=0.0)
+    acts, _ = run_clock(w, 300, cpu_per_s=0.0, io_per_s=1 << 20)   # reading a model
+    assert acts == []
+
+
+def test_stuck_after_training_started_and_after_a_cpu_burst():
+    w = Watchdog(H, now=0.0)
+    w.feed(step(1), 10.0)
+    w.activity(10.0, 5.0)
+    # 30 s of busy silence, then idle: detected 60 s after the tree went idle
+    acts, t = run_clock(w, 40, cpu_per_s=1.0, start=10.0, cpu0=5.0)
+    assert acts == []
+    acts, t = run_clock(w, 1000, cpu_per_s=0.0, start=40.0, cpu0=35.0)
+    # (under 10% of a core over the last 60 s: the last busy seconds count in the window)
+    assert kinds(acts)[-1] == "Kill" and 90 < t <= 102 and "during training" in w.hang
+
+
+def test_without_samples_or_with_hang_s_off_the_old_thresholds_rule():
+    w = Watchdog(H, now=0.0)
+    assert w.tick(899.0) == []                                    # no samples: unknown
+    assert kinds(w.tick(901.0))[-1] == "Kill"
+    off = Thresholds(**{**H.__dict__, "hang_s": 0.0})
+    w = Watchdog(off, now=0.0)
+    acts, t = run_clock(w, 2000, cpu_per_s=0.0)
+    assert 900 < t <= 902
+
+
+def test_hang_s_comes_from_the_spec_thresholds_with_a_default():
+    assert Thresholds.from_json({"warmup_s": 1, "train_s": 2, "live_grace_s": 3,
+                                 "kill_grace_s": 4, "stop_timeout_s": 5}).hang_s == 60.0
+    assert Thresholds.from_json({"warmup_s": 1, "train_s": 2, "live_grace_s": 3,
+                                 "kill_grace_s": 4, "stop_timeout_s": 5,
+                                 "hang_s": 20}).hang_s == 20.0

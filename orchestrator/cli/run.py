@@ -67,10 +67,27 @@ def _ops(app, host_name, say=None):
 @click.option("--fallbacks", "fallbacks", multiple=True, metavar="CLASS=STEP,STEP",
               help="Replace a class's fallback ladder, e.g. oom=halve_micro_batch*.")
 @click.option("--no-env-check", is_flag=True, help="Skip `dfo deploy --check` (development only).")
+@click.option("--run-file", default=None, type=click.Path(dir_okay=False),
+              help="Your own trainer (with -- CMD): step pattern, resume, fallback ladders (YAML).")
+@click.option("--step-pattern", default=None, metavar="REGEX",
+              help="Your own trainer: output lines matching it are steps (group 'step', opt. 'tok_s').")
+@click.option("--resume-glob", default=None, metavar="GLOB",
+              help="Your own trainer: its checkpoints, e.g. 'ckpt/step_*' (newest resumed).")
+@click.option("--resume-order", type=click.Choice(["step", "mtime", "name"]), default="step",
+              help="How --resume-glob's matches are ordered.")
+@click.option("--resume-args", "resume_args", default=None, metavar="TEMPLATE",
+              help="Your own trainer: the arguments that pass a checkpoint (default '--resume {path}').")
+@click.option("--ladder", "ladder", multiple=True, metavar="CLASS=KIND:VALUE",
+              help="Your own trainer: a fallback step, in order, e.g. fx_trace_race=drop_arg:--threads.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_obj
 def launch(app, host_name, resume, config, run_name, sets, replace, new_lineage, dry_run, follow,
-           as_json, fault, backoff_scale, thresholds, budgets, fallbacks, no_env_check):
-    """Start a supervised training run on a host, detached (it outlives this command)."""
+           as_json, fault, backoff_scale, thresholds, budgets, fallbacks, no_env_check,
+           run_file, step_pattern, resume_glob, resume_order, resume_args, ladder, command):
+    """Start a supervised training run on a host, detached (it outlives this command).
+
+    With `-- CMD ARGS...` it supervises your own training command instead of the bundled
+    trainer (docs/byo-trainer.md)."""
     from ..engine.runs import LaunchOptions
 
     budget: dict = {}
@@ -92,7 +109,10 @@ def launch(app, host_name, resume, config, run_name, sets, replace, new_lineage,
                          replace=replace, dry_run=dry_run, fault=fault,
                          backoff_scale=backoff_scale, thresholds=_kv(thresholds, "--threshold"),
                          budget=budget, fallbacks=fb or None, env_check=not no_env_check,
-                         new_lineage=new_lineage)
+                         new_lineage=new_lineage, command=tuple(command), run_file=run_file,
+                         step_pattern=step_pattern, resume_glob=resume_glob,
+                         resume_order=resume_order, resume_args=resume_args or (),
+                         ladder=tuple(ladder))
     with Activity("launch", enabled=not as_json) as act:
         ops = _ops(app, host_name, say=lambda m: act.line(f"dfo: {escape(m)}"))
         act.update("checking the host, the env and the config" + ("" if dry_run else
@@ -279,12 +299,14 @@ def logs(app, host_name, follow, run_id, attempt, since, raw):
 @click.option("--exit-code", type=int, default=None, help="The process's exit code, if known.")
 @click.option("--config", "config", default=None, type=click.Path(dir_okay=False),
               help="Run config to evaluate the fallback against.")
+@click.option("--run-file", default=None, type=click.Path(dir_okay=False),
+              help="Your own trainer's run file: its ladder gives the fallback.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (for scripts).")
-def diagnose(logfile, exit_code, config, as_json):
+def diagnose(logfile, exit_code, config, run_file, as_json):
     """Classify a saved log offline: class, evidence lines, and the fallback dfo would choose."""
     from ..engine.diagnose import diagnose as run
 
-    res = run(logfile, exit_code=exit_code, config=config)
+    res = run(logfile, exit_code=exit_code, config=config, run_file=run_file)
     d, choice = res.diagnosis, res.fallback
     if as_json:
         click.echo(json.dumps(res.to_json()))

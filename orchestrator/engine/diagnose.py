@@ -35,9 +35,11 @@ def last_marker_kind(lines: list[str]) -> str | None:
 
 
 def diagnose(logfile: str | Path, *, exit_code: int | None = None,
-             config: str | Path | None = None) -> Diagnosis:
+             config: str | Path | None = None, run_file: str | Path | None = None) -> Diagnosis:
     """The class of the failure in ``logfile``, its evidence lines, and the first fallback
-    of the default ladder for it, evaluated against ``config`` (else the trainer's defaults)."""
+    of the default ladder for it, evaluated against ``config`` (else the trainer's defaults);
+    with ``run_file`` (a foreign trainer's, docs/byo-trainer.md) the first step of its
+    ladder for that class."""
     try:
         text = Path(logfile).read_text(errors="replace")
     except OSError as e:
@@ -46,6 +48,13 @@ def diagnose(logfile: str | Path, *, exit_code: int | None = None,
     if exit_code is None and last_marker_kind(lines) == "done":
         exit_code = 0  # the trainer said it finished: no exit code needed to know that
     d = classify(lines, exit_code=exit_code)
+    if run_file:
+        from ..ops import byo
+        from .byo_launch import read_run_file
+
+        ladder = (read_run_file(str(run_file)).get("fallbacks") or {}).get(d.cls, [])
+        c = None if d.cls == "done" else byo.next_step(d.cls, ladder, 0, byo.Changes())
+        return Diagnosis(d, c and _ByoFallback(c))
     if config:
         base = flatten(load_config(config)[0])
     else:  # the trainer's defaults (torch-free)
@@ -56,3 +65,28 @@ def diagnose(logfile: str | Path, *, exit_code: int | None = None,
     if d.cls != "done":
         choice = next_config(d.cls, DEFAULT_LADDERS.get(d.cls, []), 0, base, {})
     return Diagnosis(d, choice)
+
+
+@dataclass
+class _ByoFallback:
+    """A foreign trainer's ladder step, shaped for the CLI like ``ops.fallback.Choice``."""
+
+    choice: Any
+    restore_cache: bool = False
+
+    @property
+    def step(self):
+        return self.choice.step
+
+    @property
+    def exhausted(self):
+        return self.choice.exhausted
+
+    @property
+    def changed(self):
+        return self.choice.changed
+
+    def to_json(self) -> dict:
+        return {"class": self.choice.cls, "step": self.choice.step,
+                "changed": self.choice.changed, "exhausted": self.choice.exhausted,
+                "restore_cache": False}

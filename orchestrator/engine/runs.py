@@ -49,6 +49,14 @@ class LaunchOptions:
     env_check: bool = True
     start_timeout: float = 60.0
     new_lineage: bool = False     # move an earlier run's checkpoints aside, start over
+    #: a foreign trainer (``dfo launch -- CMD ARGS...``, engine.byo_launch)
+    command: Sequence[str] = ()
+    run_file: str | None = None
+    step_pattern: str | None = None
+    resume_glob: str | None = None
+    resume_order: str = "step"
+    resume_args: Sequence[str] | str = ()   # a str is split into words (no shell)
+    ladder: Sequence[str] = ()    # --ladder CLASS=KIND:VALUE, in order
 
 
 class RunOps:
@@ -91,6 +99,10 @@ class RunOps:
 
     # --- plan -------------------------------------------------------------------------------
     def plan(self, o: LaunchOptions) -> lp.LaunchPlan:
+        if o.command or o.run_file or o.resume_glob or o.ladder:
+            from .byo_launch import plan_byo
+
+            return plan_byo(self, o)
         root = self.layout.root
         resume = lp.parse_resume(o.resume, root)          # before anything touches the host
         sets = lp.parse_sets(o.sets)

@@ -157,7 +157,9 @@ def classify(lines: Iterable[str] | LineScan, *, exit_code: int | None = None,
     unknown, e.g. an offline log). ``signal``: the signal that ended it. ``hang``: the
     watchdog's reason when the supervisor killed it for making no progress.
     ``oom_killed``: the cgroup's oom_kill counter rose during the attempt.
-    ``collapse``: the throughput monitor's reason when tokens/s collapsed.
+    ``collapse``: the throughput monitor's reason when tokens/s collapsed. A collapse alone
+    is no class: a busy host slows training too (see ``ops.host_load``); only with flex's
+    dense-path lines is it ``dense_fallback``.
     """
     scan = lines if isinstance(lines, LineScan) else _scan_all(lines)
     hits = scan.hits
@@ -177,8 +179,6 @@ def classify(lines: Iterable[str] | LineScan, *, exit_code: int | None = None,
         for c in PRIORITY:
             if c == "compile_hang" and hang:
                 return c, f"no heartbeat or step: {hang}", tuple(hits.get(c, ()))
-            if c == "dense_fallback" and collapse and c not in hits:
-                return c, f"throughput collapse: {collapse}", ()
             if c == "oom" and oom_killed and c not in hits:
                 return c, "killed by the kernel's OOM killer (cgroup oom_kill rose)", ()
             if c in hits:
@@ -253,6 +253,11 @@ class ThroughputMonitor:
     _samples: list[float] = field(default_factory=list)
     _seen: int = 0
     _low: int = 0
+
+    @property
+    def low_steps(self) -> int:
+        """Consecutive steps below the fraction so far (0 after a good step)."""
+        return self._low
 
     def observe(self, tokens_per_s: float | None) -> str | None:
         """Feed one step's tokens/s; returns a reason string when collapse is detected."""

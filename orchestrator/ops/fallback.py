@@ -164,6 +164,8 @@ class Choice:
     changed: dict[str, Any]        # the keys this step set
     restore_cache: bool = False
     exhausted: bool = False        # ladder spent and class not transient: give up
+    spent: str = ""                # the ladder, for the give-up reason
+
 
     def to_json(self) -> dict:
         return {"class": self.cls, "step": self.step, "position": self.position,
@@ -192,9 +194,10 @@ def next_config(cls: str, ladder: list[str], position: int, base: Config,
                 return Choice(cls, name.rstrip("*"), new, next_pos, changed,
                               restore_cache=name.rstrip("*") in RESTORES_CACHE)
         pos += 1
+    spent = " -> ".join(ladder) or "empty"
     if cls in TRANSIENT:
-        return Choice(cls, None, dict(overrides), pos, {})
-    return Choice(cls, None, dict(overrides), pos, {}, exhausted=True)
+        return Choice(cls, None, dict(overrides), pos, {}, spent=spent)
+    return Choice(cls, None, dict(overrides), pos, {}, exhausted=True, spent=spent)
 
 
 _MISSING = object()

@@ -341,6 +341,7 @@ class LaunchPlan:
 DEFAULT_THRESHOLDS: dict[str, float] = {
     "warmup_s": 900.0,        # no heartbeat/step before the first training step
     "train_s": 300.0,         # no step (or heartbeat) once training
+    "hang_s": 60.0,           # no heartbeat/step and an idle process tree: stuck (0: off)
     "stop_timeout_s": 120.0,  # SIGTERM -> checkpoint -> exit, before SIGKILL
     "kill_grace_s": 10.0,     # after a failure was seen, before SIGKILL
     "live_grace_s": 5.0,      # a fatal pattern was printed: let the trainer exit by itself
@@ -358,7 +359,7 @@ def thresholds(overrides: Mapping[str, float] | None = None, *, scale: float = 1
         if k not in t:
             raise ConfigError(f"threshold {k!r} is unknown", hint="known: " + ", ".join(t))
         v = float(v)
-        if not math.isfinite(v) or v < 0 or (v == 0 and k != "skip_steps"):
+        if not math.isfinite(v) or v < 0 or (v == 0 and k not in ("skip_steps", "hang_s")):
             raise ConfigError(f"--threshold {k}={v}: expected a positive number of seconds")
         t[k] = v
     return t

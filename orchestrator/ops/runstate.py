@@ -44,8 +44,11 @@ EVENT_KINDS = (
     "attempt_start",      # attempt, resume, overrides, argv
     "checkpoint",         # attempt, step, path
     "watchdog",           # attempt, reason (hang / collapse / live pattern)
+    "throughput_low",     # attempt, reason, cause (host_busy|gpu_shared|unknown), seen, summary
+    "throughput_ok",      # attempt, reason
     "stacks",             # attempt, files
     "cache_restore",      # attempt, ok, detail
+    "run_first",          # attempt, commands, ok, detail (a foreign trainer's ladder)
     "attempt_end",        # attempt, exit_code, signal, duration_s
     "classified",         # attempt, class, reason, evidence
     "fallback",           # attempt, class, step, changed, overrides
@@ -182,6 +185,8 @@ class RunState:
     baseline_overrides: dict | None = None   # the overrides the baseline was measured with
     last_startup_failure_overrides: dict | None = None
     last_checkpoint: dict | None = None      # {"step", "path"}
+    #: while tokens/s is low without dense evidence: {"cause", "summary", "since", "attempt"}
+    throughput_low: dict | None = None
     trainer_pids: list = field(default_factory=list)
     last_event: str | None = None
     extra: dict = field(default_factory=dict)
@@ -253,6 +258,11 @@ def describe_event(e: Mapping[str, Any]) -> str:
         return f"checkpoint step {e.get('step')}"
     if k == "watchdog":
         return f"watchdog: {e.get('reason')}"
+    if k == "throughput_low":
+        return (f"throughput low ({e.get('cause')}): {e.get('summary')}; no restart, "
+                f"config unchanged")
+    if k == "throughput_ok":
+        return f"throughput back: {e.get('reason')}"
     if k == "stacks":
         return f"stacks saved: {', '.join(e.get('files') or []) or 'none'}"
     if k == "attempt_end":
@@ -268,6 +278,9 @@ def describe_event(e: Mapping[str, Any]) -> str:
         return f"restart as attempt {e.get('attempt')} in {e.get('delay_s', 0):.1f}s: {e.get('reason')}"
     if k == "give_up":
         return f"giving up on {e.get('class')}: {e.get('reason')}"
+    if k == "run_first":
+        return (f"ran first: {'; '.join(' '.join(c) for c in e.get('commands') or [])}"
+                + ("" if e.get("ok") else f" (failed: {e.get('detail')})"))
     if k == "cache_restore":
         return f"compile cache: {e.get('detail')}"
     if k == "orphans_reaped":

@@ -11,21 +11,29 @@ What it decides:
   ``live_grace_s`` ask the trainer to stop (SIGTERM; it checkpoints), then kill it
   ``kill_grace_s`` later. A dense-attention fallback is acted on at once (no grace) and given
   ``stop_timeout_s`` to checkpoint, unless the run asked for uncompiled flex on purpose;
-- a throughput collapse (:class:`~orchestrator.ops.classify.ThroughputMonitor`): the same,
-  with ``stop_timeout_s``;
-- no ``@dfo`` marker for ``warmup_s`` (before the first step) or ``train_s`` (after it): a
-  hang; dump the stacks, then kill;
+- a throughput collapse (:class:`~orchestrator.ops.classify.ThroughputMonitor`) is *not*
+  dense attention by itself (flex's dense-path lines are acted on when printed, above):
+  the watchdog only reports it
+  (:class:`ThroughputLow`, later :class:`ThroughputOk`): the supervisor looks at the host
+  (``ops.host_load``) and records what it saw, the config stays and nothing is restarted;
+- a hang, two ways: no ``@dfo`` marker (heartbeat, step, phase) for ``hang_s`` (60) while
+  the attempt's whole process tree used under 10% of one core and did no I/O in that time
+  (the supervisor feeds :meth:`Watchdog.activity`; a compile that makes progress burns CPU
+  and the trainer's heartbeat goes on); or no marker at all for ``warmup_s`` (before the
+  first step) or ``train_s`` (after it), busy or not. Either: dump the stacks, then kill;
 - a stop request: SIGTERM, and a kill ``stop_timeout_s`` later;
 - once a kill is due it is repeated every 2 s until the process is gone.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Mapping, Union
 
 from dfo_contract.markers import parse_marker
 
+from .byo import match_step
 from .classify import LineScan, TailScan, ThroughputMonitor
 
 #: a kill that did not take is repeated after this many seconds
@@ -73,7 +81,25 @@ class Kill:
     reason: str
 
 
-Action = Union[Step, Checkpoint, Warn, Terminate, DumpStacks, Kill]
+@dataclass(frozen=True)
+class ThroughputLow:
+    """tokens/s collapsed with no dense-attention evidence: find out why (host load, other
+    GPU processes) and record it; no restart, no config change."""
+    reason: str
+
+
+@dataclass(frozen=True)
+class ThroughputOk:
+    """tokens/s is back above the collapse fraction after a :class:`ThroughputLow`."""
+    reason: str
+
+
+Action = Union[Step, Checkpoint, Warn, Terminate, DumpStacks, Kill, ThroughputLow, ThroughputOk]
+
+#: a silent attempt whose tree used less CPU than this fraction of one core over ``hang_s``
+IDLE_CPU_FRACTION = 0.1
+#: ... and read/wrote fewer bytes than this in that time, is stuck
+IDLE_IO_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -87,6 +113,7 @@ class Thresholds:
     collapse_steps: int = 5
     baseline_steps: int = 5
     skip_steps: int = 2
+    hang_s: float = 60.0   # no marker and an idle process tree for this long: stuck (0: off)
 
     @classmethod
     def from_json(cls, t: Mapping[str, float]) -> "Thresholds":
@@ -96,7 +123,8 @@ class Thresholds:
                    collapse_fraction=float(t.get("collapse_fraction", 0.5)),
                    collapse_steps=int(t.get("collapse_steps", 5)),
                    baseline_steps=int(t.get("baseline_steps", 5)),
-                   skip_steps=int(t.get("skip_steps", 2)))
+                   skip_steps=int(t.get("skip_steps", 2)),
+                   hang_s=float(t.get("hang_s", 60.0)))
 
 
 class Watchdog:
@@ -105,9 +133,14 @@ class Watchdog:
     ``dense_expected``: the run asked for uncompiled flex, so the dense warning is no fault."""
 
     def __init__(self, thresholds: Thresholds, *, now: float, baseline: float | None = None,
-                 dense_expected: bool = False):
+                 dense_expected: bool = False, step_pattern: re.Pattern | None = None,
+                 cpu_is_progress: bool = False):
         self.t = thresholds
         self.dense_expected = dense_expected
+        #: a foreign trainer (``dfo launch -- CMD``): lines matching this are steps, and
+        #: the process tree's CPU time advancing is progress (it prints no heartbeats)
+        self.step_pattern = step_pattern
+        self.cpu_is_progress = cpu_is_progress
         self.scan: LineScan = TailScan()
         self.monitor = ThroughputMonitor(fraction=thresholds.collapse_fraction,
                                          steps=thresholds.collapse_steps,
@@ -119,7 +152,11 @@ class Watchdog:
         self.first_step_at: float | None = None
         self.reached_train = False
         self.hang: str | None = None
-        self.collapse: str | None = None
+        self.collapse: str | None = None     # (kept for Outcome; a collapse no longer kills)
+        self.low: str | None = None          # throughput low without dense evidence (now)
+        self.low_episodes = 0
+        #: (t, cpu seconds, io bytes) of the process tree, oldest first (see activity)
+        self.samples: list[tuple[float, float, int]] = []
         self.stopping = False
         self.term_at: float | None = None   # when to SIGTERM (a fatal line or a collapse)
         self.kill_at: float | None = None   # when to (re-)send SIGKILL
@@ -130,6 +167,8 @@ class Watchdog:
         acts: list[Action] = []
         rule = self.scan.feed(line)
         rec = parse_marker(line)
+        if rec is None and self.step_pattern is not None:
+            rec = match_step(self.step_pattern, line)
         if rec is not None:
             self.last_progress = now
             kind = rec.get("kind")
@@ -152,12 +191,43 @@ class Watchdog:
         tps = rec.get("tokens_per_s")
         why = self.monitor.observe(tps)
         acts: list[Action] = []
-        if why and self.collapse is None and self.term_at is None:
-            self.collapse = why
-            acts.append(Warn(f"throughput collapse: {why}"))
-            self.term_at = now
+        # dense-path lines are acted on when they are printed (a live rule); a collapse
+        # alone is only reported
+        if why and self.low is None and self.term_at is None:
+            self.low = why
+            self.low_episodes += 1
+            acts.append(ThroughputLow(why))
+        elif self.low is not None and self.monitor.low_steps == 0:
+            acts.append(ThroughputOk(f"{tps:.0f} tok/s, baseline {self.monitor.baseline:.0f}"))
+            self.low = None
         acts.append(Step(rec.get("step"), tps, self.monitor.baseline))
         return acts
+
+    def activity(self, now: float, cpu_s: float, io_bytes: int = 0) -> None:
+        """The attempt's process tree has used ``cpu_s`` CPU seconds and moved ``io_bytes``
+        so far (cumulative; the supervisor samples it about once a second)."""
+        if self.cpu_is_progress and self.samples:
+            t0, c0, _ = self.samples[-1]
+            if now > t0 and cpu_s - c0 >= IDLE_CPU_FRACTION * (now - t0):
+                self.last_progress = now
+        self.samples.append((now, float(cpu_s), int(io_bytes)))
+        window = self.t.hang_s
+        while len(self.samples) > 2 and self.samples[1][0] <= now - window:
+            del self.samples[0]
+
+    def _activity_in(self, now: float, window: float) -> tuple[float, int] | None:
+        """(CPU seconds, bytes) the tree used in the last ``window`` seconds; None when the
+        samples do not cover that long yet."""
+        base = None
+        for s in self.samples:
+            if s[0] <= now - window:
+                base = s
+            else:
+                break
+        if base is None:
+            return None
+        last = self.samples[-1]
+        return last[1] - base[1], last[2] - base[2]
 
     def stop(self, now: float) -> list[Action]:
         """``dfo stop`` asked: let the trainer checkpoint, kill it if it takes too long."""
@@ -175,12 +245,21 @@ class Watchdog:
             self.kill_at = now + (self.t.stop_timeout_s if slow else self.t.kill_grace_s)
             acts.append(Terminate("a fatal line or a throughput collapse"))
         limit = self.t.train_s if self.reached_train else self.t.warmup_s
-        if self.kill_at is None and self.term_at is None and now - self.last_progress > limit:
-            phase = "training" if self.reached_train else "warm-up/compile"
-            self.hang = (f"{now - self.last_progress:.0f}s without progress during {phase} "
-                         f"(threshold {limit:g}s)")
-            acts += [Warn(self.hang), DumpStacks(self.hang), Kill(self.hang)]
-            self.kill_at = now
+        silent = now - self.last_progress
+        phase = "training" if self.reached_train else "warm-up/compile"
+        if self.kill_at is None and self.term_at is None:
+            if silent > limit:
+                self.hang = f"{silent:.0f}s without progress during {phase} (threshold {limit:g}s)"
+            elif self.t.hang_s > 0 and silent > self.t.hang_s:
+                used = self._activity_in(now, self.t.hang_s)
+                if used is not None and used[0] < IDLE_CPU_FRACTION * self.t.hang_s \
+                        and used[1] < IDLE_IO_BYTES:
+                    self.hang = (f"{silent:.0f}s without progress during {phase}, the process "
+                                 f"tree idle ({used[0]:.1f} CPU-s, {used[1]} bytes of I/O in the "
+                                 f"last {self.t.hang_s:g}s; threshold hang_s {self.t.hang_s:g}s)")
+            if self.hang:
+                acts += [Warn(self.hang), DumpStacks(self.hang), Kill(self.hang)]
+                self.kill_at = now
         if self.kill_at is not None and now >= self.kill_at:
             if not (acts and isinstance(acts[-1], Kill)):
                 acts.append(Kill("the attempt did not end in time"))

@@ -2,9 +2,8 @@
 fallbacks, and keeps ``state.json`` and ``events.jsonl`` (see orchestrator.ops.runstate).
 
 Decisions come from the pure modules (watchdog, classify, fallback, budget); this module
-only does the process work: start, read the attempt log by byte offset (so a supervisor
-restart never loses output), execute the watchdog's actions (dump stacks, SIGTERM, kill),
-wait.
+only does the process work: start an attempt, classify how it ended, pick the next config,
+wait. Watching a running attempt is ``supervisor.watch``.
 """
 
 from __future__ import annotations
@@ -15,39 +14,36 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from dfo_contract.checkpoints import newest_of_run
 
 from ..ops import runstate as rs
-from ..ops import watchdog as wd
+from ..ops import byo as byo_ops
 from ..ops.budget import BudgetPolicy, BudgetState, on_failure
-from ..ops.classify import LineScan, TailScan, classify
+from ..ops.classify import classify
 from ..ops.fallback import next_config
 from ..ops.launch_plan import attempt_env, ddp_nproc, trainer_argv
 from ..ops.runstate import Attempt, RunState
+from . import byo as byo_sup
 from . import procs, runfiles
-from .lines import read_lines
-from .stacks import dump_stacks
+from .watch import AttemptWatch, Outcome
 
 
-@dataclass
-class Outcome:
-    exit_code: int | None = None
-    signal: int | None = None
-    hang: str | None = None
-    collapse: str | None = None
-    stopped: bool = False
-    reached_train: bool = False
-    healthy_s: float = 0.0
-    duration_s: float = 0.0
-    oom_killed: bool = False
-    scan: LineScan = field(default_factory=TailScan)
-    stacks: list[str] = field(default_factory=list)
+@dataclass(frozen=True)
+class _Choice:
+    """A foreign command's ladder choice, shaped like ``ops.fallback.Choice``."""
+    step: str | None
+    overrides: dict
+    position: int
+    changed: dict
+    restore_cache: bool
+    exhausted: bool
+    spent: str
 
 
-class Supervisor:
+class Supervisor(AttemptWatch):
     def __init__(self, run_dir: str):
         self.run_dir = os.path.abspath(run_dir)
         self.spec: dict[str, Any] = runfiles.read_spec(self.run_dir)
@@ -188,12 +184,15 @@ class Supervisor:
                 self.emit("give_up", **{"class": diag.cls}, reason=dec.reason, evidence=ev)
                 return self._final("failed", f"{diag.cls} ({diag.reason}): {dec.reason}",
                                    evidence=ev)
-            ladder = list((self.spec.get("ladders") or {}).get(diag.cls, []))
             pos = int(self.state.ladder_pos.get(diag.cls, 0))
-            base = dict(self.spec.get("base_config") or {})
-            choice = next_config(diag.cls, ladder, pos, base, dict(self.state.overrides))
+            if self.spec.get("byo"):
+                choice = self._byo_choice(diag.cls, pos)
+            else:
+                ladder = list((self.spec.get("ladders") or {}).get(diag.cls, []))
+                base = dict(self.spec.get("base_config") or {})
+                choice = next_config(diag.cls, ladder, pos, base, dict(self.state.overrides))
             if choice.exhausted:
-                reason = f"{diag.cls}: fallback ladder spent ({' -> '.join(ladder) or 'empty'})"
+                reason = f"{diag.cls}: fallback ladder spent ({choice.spent})"
                 self.emit("give_up", **{"class": diag.cls}, reason=reason, evidence=ev)
                 return self._final("failed", reason, evidence=ev)
             self.state.ladder_pos[diag.cls] = choice.position
@@ -211,6 +210,12 @@ class Supervisor:
             self._sleep(dec.delay)
             self.state.status = "running"
             self.save()
+
+    def _byo_choice(self, cls: str, pos: int) -> "_Choice":
+        ladder = list(((self.spec["byo"].get("fallbacks") or {}).get(cls)) or [])
+        c = byo_ops.next_step(cls, ladder, pos, byo_ops.Changes.from_json(self.state.overrides))
+        return _Choice(c.step, c.changes.to_json(), c.position, c.changed, False, c.exhausted,
+                       " -> ".join(byo_ops.describe_step(s) for s in ladder) or "empty")
 
     def _final(self, status: str, reason: str, evidence: list | None = None) -> int:
         self.state.status, self.state.reason, self.state.ended_at = status, reason, time.time()
@@ -240,24 +245,39 @@ class Supervisor:
 
     def _run_attempt(self, n: int) -> Outcome:
         cfg = self._config()
-        resume = self._resume_target()
-        argv = trainer_argv(self.spec["python"], self.spec["config_path"], self.state.overrides,
-                            run_dir=self.run_dir, checkpoint_dir=self.spec["checkpoint_dir"],
-                            resume=resume, layout=cfg.get("parallel.layout"),
-                            nproc=ddp_nproc(cfg))
         env = dict(os.environ)
         env.update(attempt_env(self.spec.get("env") or {}, attempt=n, run_dir=self.run_dir,
                                fault=self.spec.get("fault"), run_id=self.spec["run_id"]))
+        cwd = self.run_dir
+        if self.spec.get("byo"):          # a foreign command (dfo launch -- CMD ARGS...)
+            changes = byo_ops.Changes.from_json(self.state.overrides)
+            resume = byo_sup.resume_target(self.spec, self.run_dir,
+                                           since=float(self.state.started_at or 0) - 1.0) \
+                or self.spec.get("resume")
+            argv = byo_sup.argv(self.spec, changes, resume)
+            env = byo_sup.env(self.spec, changes, env)
+            cwd = byo_sup.cwd(self.spec, self.run_dir)
+        else:
+            changes = None
+            resume = self._resume_target()
+            argv = trainer_argv(self.spec["python"], self.spec["config_path"],
+                                self.state.overrides, run_dir=self.run_dir,
+                                checkpoint_dir=self.spec["checkpoint_dir"], resume=resume,
+                                layout=cfg.get("parallel.layout"), nproc=ddp_nproc(cfg))
         log_name = rs.attempt_log_name(n)
         log_path = self._p(log_name)
         self.state.attempt = n
         att = Attempt(n=n, started_at=time.time(), resume=resume,
                       overrides=dict(self.state.overrides), argv=argv, log=log_name)
         self.state.attempts.append(att)
+        if changes is not None and changes.first:
+            ok, why = byo_sup.run_first(changes.first, env, cwd, log_path,
+                                        timeout=self.t["warmup_s"])
+            self.emit("run_first", attempt=n, commands=changes.first, ok=ok, detail=why)
         oom_before = procs.cgroup_oom_kills()
         with open(log_path, "ab") as logf:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
-                                    env=env, cwd=self.run_dir, start_new_session=True,
+                                    env=env, cwd=cwd, start_new_session=True,
                                     preexec_fn=procs.set_pdeathsig)
         att.pid = proc.pid
         self.state.trainer_pids = [proc.pid]
@@ -270,82 +290,11 @@ class Supervisor:
                           and oom_after > oom_before and out.signal == signal.SIGKILL)
         att.ended_at, att.exit_code, att.signal = time.time(), out.exit_code, out.signal
         self.state.trainer_pids = []
+        self.state.throughput_low = None
         self.emit("attempt_end", attempt=n, exit_code=out.exit_code, signal=out.signal,
                   duration_s=round(out.duration_s, 3), reached_train=out.reached_train)
         self.save()
         return out
-
-    def _watch(self, n: int, proc: subprocess.Popen, log_path: str) -> Outcome:
-        """Read the attempt's new lines, feed them to the watchdog, do what it says."""
-        t0 = time.monotonic()
-        base = self.state.baseline_tokens_per_s
-        dog = wd.Watchdog(wd.Thresholds.from_json(self.t), now=t0,
-                          baseline=base if self.state.baseline_overrides == self.state.overrides
-                          else None,
-                          dense_expected=str(self._config().get("model.attention", ""))
-                          == "flex-eager")   # uncompiled flex on purpose
-        out = Outcome(scan=dog.scan)
-        poll = float(self.t.get("poll_s", 0.2))
-        offset = 0
-        while True:
-            rc = proc.poll()
-            # new output (read once more after the process exited: its last lines)
-            lines, offset = read_lines(log_path, offset, final=rc is not None)
-            now = time.monotonic()
-            for ln in lines:
-                self._act(n, proc, log_path, out, dog.feed(ln.text, now), exited=rc is not None)
-            if rc is not None:
-                out.exit_code = rc if rc >= 0 else None
-                out.signal = -rc if rc < 0 else None
-                break
-            now = time.monotonic()
-            acts: list[wd.Action] = []
-            if self.stop_reason and not out.stopped:
-                out.stopped = True
-                self.state.status = "stopping"
-                self.emit("stopping", attempt=n, reason=self.stop_reason)
-                self.save()
-                acts += dog.stop(now)
-            self._act(n, proc, log_path, out, acts + dog.tick(now), exited=False)
-            time.sleep(poll)
-        # the tree: nothing of this attempt may outlive it
-        left = procs.processes_of_run(self.run_dir)
-        if left:
-            procs.signal_all(left, signal.SIGKILL)
-            procs.wait_gone(left, 5)
-        end = time.monotonic()
-        out.hang, out.collapse, out.reached_train = dog.hang, dog.collapse, dog.reached_train
-        out.duration_s = end - t0
-        out.healthy_s = dog.healthy_s(end)
-        return out
-
-    def _act(self, n: int, proc: subprocess.Popen, log_path: str, out: Outcome,
-             actions: list[wd.Action], *, exited: bool) -> None:
-        """Execute the watchdog's actions; signals only while the process has not exited
-        (its pid may be reused once it is reaped)."""
-        for a in actions:
-            if isinstance(a, wd.Step):
-                self.state.last_step, self.state.tokens_per_s = a.step, a.tokens_per_s
-                if a.baseline and not self.state.baseline_tokens_per_s:
-                    self.state.baseline_tokens_per_s = a.baseline
-                    self.state.baseline_overrides = dict(self.state.overrides)
-                self.save()
-            elif isinstance(a, wd.Checkpoint):
-                self.state.last_checkpoint = {"step": a.step, "path": a.path}
-                self.emit("checkpoint", attempt=n, step=a.step, path=a.path)
-                self.save()
-            elif isinstance(a, wd.Warn):
-                self.emit("watchdog", attempt=n, reason=a.reason)
-            elif exited:
-                continue
-            elif isinstance(a, wd.Terminate):
-                procs.signal_all([proc.pid], signal.SIGTERM)
-            elif isinstance(a, wd.DumpStacks):
-                out.stacks = dump_stacks(self.run_dir, n, proc.pid, log_path,
-                                         self.spec["python"])
-                self.emit("stacks", attempt=n, files=out.stacks)
-            elif isinstance(a, wd.Kill):
-                procs.kill_tree(proc.pid, self.run_dir, sig=signal.SIGKILL)
 
     def _restore_cache(self, n: int) -> None:
         argv = self.spec.get("restore_cache_argv")

@@ -1,0 +1,100 @@
+"""What the supervisor samples about its attempt and the host (Linux /proc, nvidia-smi).
+
+- :class:`TreeMeter`: CPU seconds and I/O bytes of the attempt's whole process tree,
+  cumulative and never decreasing (a child that exits or is re-parented takes nothing
+  back): the watchdog's evidence that a silent attempt is working (compiling) or stuck.
+- :func:`host_sample`: /proc/stat and /proc/loadavg, for ``ops.host_load.judge``.
+- :func:`gpu_apps`: ``nvidia-smi --query-compute-apps`` (None when there is no nvidia-smi
+  or it fails: unknown, not an error).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from typing import Iterable
+
+from ..ops.host_load import GpuApp, HostSample, parse_gpu_apps, parse_loadavg, parse_proc_stat
+
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+
+
+def proc_cpu_s(pid: int) -> float | None:
+    """utime+stime+cutime+cstime of one process, in seconds (None when it is gone)."""
+    data = _read(f"/proc/{pid}/stat")
+    if data is None:
+        return None
+    try:
+        rest = data[data.rindex(")") + 2:].split()
+        return sum(int(x) for x in rest[11:15]) / _TICK
+    except (ValueError, IndexError):
+        return None
+
+
+def proc_io_bytes(pid: int) -> int:
+    """rchar+wchar of one process (0 when unreadable)."""
+    text = _read(f"/proc/{pid}/io")
+    if not text:
+        return 0
+    n = 0
+    for ln in text.splitlines():
+        k, _, v = ln.partition(":")
+        if k in ("rchar", "wchar"):
+            try:
+                n += int(v)
+            except ValueError:
+                pass
+    return n
+
+
+class TreeMeter:
+    """Cumulative CPU seconds and I/O bytes of a changing set of processes: each sample adds
+    what every process used since it was last seen (a new process counts in full)."""
+
+    def __init__(self) -> None:
+        self.cpu_s = 0.0
+        self.io_bytes = 0
+        self._last: dict[int, tuple[float, int]] = {}
+
+    def sample(self, pids: Iterable[int]) -> tuple[float, int]:
+        now: dict[int, tuple[float, int]] = {}
+        for p in pids:
+            c = proc_cpu_s(p)
+            if c is None:
+                continue
+            now[p] = (c, proc_io_bytes(p))
+            pc, pio = self._last.get(p, (0.0, 0))
+            self.cpu_s += max(0.0, c - pc)
+            self.io_bytes += max(0, now[p][1] - pio)
+        self._last = now
+        return self.cpu_s, self.io_bytes
+
+
+def host_sample(t: float, tree_cpu_s: float) -> HostSample:
+    cpu, ncpu = parse_proc_stat(_read("/proc/stat") or "")
+    return HostSample(t=t, cpu=cpu, ncpu=ncpu or (os.cpu_count() or 1),
+                      load1=parse_loadavg(_read("/proc/loadavg") or ""), tree_cpu_s=tree_cpu_s)
+
+
+def gpu_apps(timeout: float = 10.0) -> list[GpuApp] | None:
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return None
+    try:
+        p = subprocess.run([exe, "--query-compute-apps=pid,process_name,used_memory,gpu_uuid",
+                            "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                           timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if p.returncode != 0:
+        return None
+    return parse_gpu_apps(p.stdout)

@@ -1,0 +1,153 @@
+"""Watching one attempt: read its log by byte offset, feed the watchdog, sample the process
+tree and the host, and execute the watchdog's actions (dump stacks, SIGTERM, kill, record a
+throughput drop). Mixed into :class:`~orchestrator.supervisor.core.Supervisor`, which owns
+the state, the events and the decisions between attempts."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+
+from ..ops import watchdog as wd
+from ..ops.byo import compile_step_pattern
+from ..ops.classify import LineScan, TailScan
+from ..ops.host_load import HostSample, judge
+from . import hostprobe, procs
+from .lines import read_lines
+from .stacks import dump_stacks
+
+#: how often the attempt's tree and the host are sampled, and how far back a throughput
+#: drop is compared (the steps that collapsed took about this long)
+SAMPLE_S = 1.0
+HOST_WINDOW_S = 30.0
+
+
+@dataclass
+class Outcome:
+    exit_code: int | None = None
+    signal: int | None = None
+    hang: str | None = None
+    collapse: str | None = None
+    stopped: bool = False
+    reached_train: bool = False
+    healthy_s: float = 0.0
+    duration_s: float = 0.0
+    oom_killed: bool = False
+    scan: LineScan = field(default_factory=TailScan)
+    stacks: list[str] = field(default_factory=list)
+    #: the attempt's process tree (TreeMeter) and the host, sampled about once a second
+    meter: hostprobe.TreeMeter = field(default_factory=hostprobe.TreeMeter)
+    host: list[HostSample] = field(default_factory=list)
+
+
+class AttemptWatch:
+    """The attempt-watching half of the supervisor (needs ``state``, ``t``, ``spec``,
+    ``run_dir``, ``stop_reason``, ``emit``, ``save``, ``_config``)."""
+
+    def _watch(self, n: int, proc: subprocess.Popen, log_path: str) -> Outcome:
+        """Read the attempt's new lines, feed them to the watchdog, do what it says."""
+        t0 = time.monotonic()
+        base = self.state.baseline_tokens_per_s
+        byo = self.spec.get("byo") or {}
+        dog = wd.Watchdog(wd.Thresholds.from_json(self.t), now=t0,
+                          baseline=base if self.state.baseline_overrides == self.state.overrides
+                          else None,
+                          dense_expected=str(self._config().get("model.attention", ""))
+                          == "flex-eager",   # uncompiled flex on purpose
+                          step_pattern=compile_step_pattern(byo.get("step_pattern")),
+                          cpu_is_progress=bool(self.spec.get("byo")))
+        out = Outcome(scan=dog.scan)
+        poll = float(self.t.get("poll_s", 0.2))
+        offset = 0
+        next_sample = t0
+        while True:
+            rc = proc.poll()
+            # new output (read once more after the process exited: its last lines)
+            lines, offset = read_lines(log_path, offset, final=rc is not None)
+            now = time.monotonic()
+            for ln in lines:
+                self._act(n, proc, log_path, out, dog.feed(ln.text, now), exited=rc is not None)
+            if rc is not None:
+                out.exit_code = rc if rc >= 0 else None
+                out.signal = -rc if rc < 0 else None
+                break
+            now = time.monotonic()
+            if now >= next_sample:
+                next_sample = now + SAMPLE_S
+                self._sample(proc.pid, out, dog, now)
+            acts: list[wd.Action] = []
+            if self.stop_reason and not out.stopped:
+                out.stopped = True
+                self.state.status = "stopping"
+                self.emit("stopping", attempt=n, reason=self.stop_reason)
+                self.save()
+                acts += dog.stop(now)
+            self._act(n, proc, log_path, out, acts + dog.tick(now), exited=False)
+            time.sleep(poll)
+        # the tree: nothing of this attempt may outlive it
+        left = procs.processes_of_run(self.run_dir)
+        if left:
+            procs.signal_all(left, signal.SIGKILL)
+            procs.wait_gone(left, 5)
+        end = time.monotonic()
+        out.hang, out.collapse, out.reached_train = dog.hang, dog.collapse, dog.reached_train
+        out.duration_s = end - t0
+        out.healthy_s = dog.healthy_s(end)
+        return out
+
+    def _sample(self, pid: int, out: Outcome, dog: wd.Watchdog, now: float) -> None:
+        """The tree's CPU/I-O for the hang check; the host's load for a throughput drop."""
+        cpu, io = out.meter.sample(procs.descendants(pid) or [pid])
+        dog.activity(now, cpu, io)
+        out.host.append(hostprobe.host_sample(now, cpu))
+        while len(out.host) > 2 and out.host[1].t <= now - HOST_WINDOW_S:
+            del out.host[0]
+
+    def _throughput_low(self, n: int, pid: int, out: Outcome, reason: str) -> None:
+        """tokens/s collapsed without dense-attention evidence: say what the host shows;
+        no restart and no config change (a busy host is not dense attention)."""
+        now = time.monotonic()
+        cpu, _ = out.meter.sample(procs.descendants(pid) or [pid])
+        new = hostprobe.host_sample(now, cpu)
+        found = judge(out.host[0] if out.host else None, new, gpu_apps=hostprobe.gpu_apps(),
+                      our_pids=set(procs.descendants(pid)) | {pid})
+        self.state.throughput_low = {"cause": found.cause, "summary": found.summary,
+                                     "since": time.time(), "attempt": n, "reason": reason}
+        self.emit("throughput_low", attempt=n, reason=reason, **found.to_json())
+        self.save()
+
+    def _act(self, n: int, proc: subprocess.Popen, log_path: str, out: Outcome,
+             actions: list[wd.Action], *, exited: bool) -> None:
+        """Execute the watchdog's actions; signals only while the process has not exited
+        (its pid may be reused once it is reaped)."""
+        for a in actions:
+            if isinstance(a, wd.Step):
+                self.state.last_step, self.state.tokens_per_s = a.step, a.tokens_per_s
+                if a.baseline and not self.state.baseline_tokens_per_s:
+                    self.state.baseline_tokens_per_s = a.baseline
+                    self.state.baseline_overrides = dict(self.state.overrides)
+                self.save()
+            elif isinstance(a, wd.Checkpoint):
+                self.state.last_checkpoint = {"step": a.step, "path": a.path}
+                self.emit("checkpoint", attempt=n, step=a.step, path=a.path)
+                self.save()
+            elif isinstance(a, wd.Warn):
+                self.emit("watchdog", attempt=n, reason=a.reason)
+            elif isinstance(a, wd.ThroughputLow):
+                self._throughput_low(n, proc.pid, out, a.reason)
+            elif isinstance(a, wd.ThroughputOk):
+                self.state.throughput_low = None
+                self.emit("throughput_ok", attempt=n, reason=a.reason)
+                self.save()
+            elif exited:
+                continue
+            elif isinstance(a, wd.Terminate):
+                procs.signal_all([proc.pid], signal.SIGTERM)
+            elif isinstance(a, wd.DumpStacks):
+                out.stacks = dump_stacks(self.run_dir, n, proc.pid, log_path,
+                                         self.spec["python"])
+                self.emit("stacks", attempt=n, files=out.stacks)
+            elif isinstance(a, wd.Kill):
+                procs.kill_tree(proc.pid, self.run_dir, sig=signal.SIGKILL)
