@@ -76,14 +76,17 @@ def test_default_config_is_checked_then_works_after_the_demo_assets(env, capsys,
     rc, out, err = dfo(capsys, hosts, "launch", "--dry-run", "--no-env-check")
     assert rc == 2 and err.count("\n") == 1, err
     assert "model.target_path of the default config tiny-cpu.yaml" in err
-    assert str(root / "demo" / "target") in err and "dfo demo" in err
+    from orchestrator.engine.demo import demo_paths
+    from orchestrator.ops.layout import RemoteLayout
+
+    paths = demo_paths(RemoteLayout(str(root)))     # where `dfo demo` puts its assets
+    assert paths["target"] in err and "dfo demo" in err
     assert not (root / "runs").exists()
-    # where `dfo demo` puts its assets (engine.demo.demo_paths)
     (root / "demo").mkdir()
-    shutil.copytree(tiny_assets / "target", root / "demo" / "target")
+    shutil.copytree(tiny_assets / "target", paths["target"])
     rc, out, err = dfo(capsys, hosts, "launch", "--dry-run", "--no-env-check")
     assert rc == 2 and "data.path of the default config" in err and "--data.path" not in err
-    shutil.copy(tiny_assets / "synth.jsonl", root / "demo" / "synth.jsonl")
+    shutil.copy(tiny_assets / "synth.jsonl", paths["data"])
     rc, out, err = dfo(capsys, hosts, "launch", "--dry-run", "--no-env-check")
     assert rc == 0, err
     assert "run tiny-cpu-" in out

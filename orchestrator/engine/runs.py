@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import logging
 import posixpath
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +28,7 @@ from ..ops import launch_plan as lp
 from ..ops import runstate as rs
 from ..ops.budget import BudgetPolicy
 from ..ops.fallback import merge_ladders, validate_ladders
-from ..ops.probes import json_reply
+from .run_query import RunQueries
 
 log = logging.getLogger("dfo")
 
@@ -59,7 +58,7 @@ class LaunchOptions:
     ladder: Sequence[str] = ()    # --ladder CLASS=KIND:VALUE, in order
 
 
-class RunOps:
+class RunOps(RunQueries):
     def __init__(self, transport, host, *, say: Callable[[str], None] | None = None,
                  clock: Callable[[], float] = time.time):
         self.t = transport
@@ -343,74 +342,3 @@ class RunOps:
             return ""
         lines = [ln for ln in text.strip().splitlines() if ln.strip()]
         return lines[-1].strip() if lines else ""
-
-    # --- status / stop ------------------------------------------------------------------------
-    def query(self, run: str | None = None) -> dict:
-        argv = [self.python, "-m", "orchestrator.supervisor.query", "--root", self.layout.root]
-        if run:
-            argv += ["--run", run]
-        r = self.t.run(argv, timeout=60)
-        if not r.ok and r.exit_code in (126, 127):
-            raise DeployError(f"no deployed env on {self.host.name} ({self.python} missing)",
-                              hint=f"run `dfo deploy --host {self.host.name}` first")
-        r.check("reading run state")
-        return json_reply(r.out, "reading run state")
-
-    def status(self, run: str | None = None) -> list[dict]:
-        if run is not None:
-            _check_run_id(run)
-        return self.query(run)["runs"]
-
-    def current_run(self, run: str | None = None) -> str:
-        """``run`` or the live run (run.lock owner), else the newest run."""
-        if run:
-            _check_run_id(run)
-            return run
-        q = self.query()
-        runs = q["runs"]
-        if not runs:
-            raise NotFoundError(f"no runs on {self.host.name}", hint="start one with `dfo launch`")
-        owner = q.get("lock_owner")
-        live = [r for r in runs if r.get("live")]
-        if owner and any(r["run_id"] == owner for r in live):
-            return owner
-        if live:
-            return max(live, key=lambda r: r.get("started_at") or 0)["run_id"]
-        return max(runs, key=lambda r: r.get("started_at") or 0)["run_id"]
-
-    def stop(self, run: str | None = None, *, timeout: float = 180.0, wait: bool = True) -> dict:
-        run_id = self.current_run(run)
-        r = self.t.run([self.python, "-m", "orchestrator.supervisor.query", "--root",
-                        self.layout.root, "--stop", run_id], timeout=60)
-        r.check("stopping the run")
-        res = json_reply(r.out, "stopping the run")
-        if not res.get("stopped"):
-            runs = self.status(run_id)
-            if not runs:
-                raise NotFoundError(f"no run {run_id} on {self.host.name}")
-            return runs[0]
-        if not wait:
-            return self._one(run_id)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            info = self._one(run_id)
-            if info.get("status") in rs.FINAL or not info.get("live"):
-                return info
-            time.sleep(0.5)
-        raise RunFailed(f"run {run_id} did not stop within {timeout:.0f}s",
-                        hint="see its supervisor.log; the supervisor kills the trainer after "
-                             "stop_timeout_s")
-
-    def _one(self, run_id: str) -> dict:
-        runs = self.status(run_id)
-        if not runs:
-            raise NotFoundError(f"no run {run_id} on {self.host.name} (its directory is gone)")
-        return runs[0]
-
-
-_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,79}$")
-
-
-def _check_run_id(run: str) -> None:
-    if not _RUN_ID.match(run or ""):
-        raise ConfigError(f"--run {run!r} is not a run id", hint="see `dfo status` for run ids")
