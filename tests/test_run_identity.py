@@ -78,6 +78,11 @@ def test_run_dir_is_created_exclusively():
     parents, mine = lp.run_dir_argvs("/r/runs/a-1", "/r/locks", "/r/checkpoints/a")
     assert parents == ["mkdir", "-p", "--", "/r/runs", "/r/locks", "/r/checkpoints/a"]
     assert mine == ["mkdir", "--", "/r/runs/a-1"]   # no -p: fails when it exists
+    # a foreign trainer's checkpoints inside its run dir: made after the exclusive mkdir
+    # (made before it, the exclusive mkdir of a fresh run failed: seen on the H200)
+    argvs = lp.run_dir_argvs("/r/runs/b-1", "/r/locks", "/r/runs/b-1", "/r/runs/b-1/ck")
+    assert argvs == [["mkdir", "-p", "--", "/r/runs", "/r/locks"], ["mkdir", "--", "/r/runs/b-1"],
+                     ["mkdir", "-p", "--", "/r/runs/b-1/ck"]]
 
 
 def test_skipped_by_latest_names_torn_newer_ones():

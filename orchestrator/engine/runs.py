@@ -282,11 +282,14 @@ class RunOps(RunQueries):
                 raise LockHeldError(f"{spec['checkpoint_dir']} could not be moved to "
                                     f"{plan.move_aside} (it exists)", hint="launch again")
             self.say(f"earlier checkpoints moved to {plan.move_aside}")
-        parents, mine = lp.run_dir_argvs(plan.run_dir, self.layout.locks, spec["checkpoint_dir"])
+        parents, mine, *inside = lp.run_dir_argvs(plan.run_dir, self.layout.locks,
+                                                  spec["checkpoint_dir"])
         self.t.run(parents, timeout=60).check("creating the run dir")
         if not self.t.run(mine, timeout=60).ok:   # exclusive: never share a run's directory
             raise LockHeldError(f"run directory {plan.run_dir} already exists (another launch "
                                 "made it)", hint="launch again: it gets a new run id")
+        for argv in inside:
+            self.t.run(argv, timeout=60).check("creating the run dir")
         self.t.put(plan.config_bytes, spec["config_path"])
         for argv in plan.seed_argvs:
             self.t.run(argv, timeout=600).check("seeding the run's compile cache")

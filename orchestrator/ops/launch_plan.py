@@ -11,14 +11,13 @@ from __future__ import annotations
 import math
 import posixpath
 import re
-import secrets
-import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from dfo_contract import envvars
 
-from ..errors import ConfigError, ConnectError, NotFoundError
+from ..errors import ConfigError, NotFoundError
+from .run_identity import RUN_ID_SUFFIX, cut_off_error, make_run_id, run_dir_argvs  # noqa: F401
 from .probes import LAUNCH_PROBE_SCRIPT, launch_probe, parse_launch_probe
 
 STEP_NAME = re.compile(r"^step_(\d{1,12})$")
@@ -144,25 +143,6 @@ def missing_paths_argv(paths: Sequence[str]) -> list[str]:
     script = 'for p in "$@"; do [ -e "$p" ] || printf "%s\\n" "$p"; done'
     return ["sh", "-c", script, "sh", *paths]
 
-
-
-RUN_ID_SUFFIX = re.compile(r"^[0-9a-f]{6}$")
-
-
-def make_run_id(run_name: str, now: float, suffix: str | None = None) -> str:
-    """``<run-name>-<UTC date>-<time>-<6 hex>``: the random suffix keeps two launches of one
-    run name in the same second apart (their run directories are also created exclusively)."""
-    suffix = secrets.token_hex(3) if suffix is None else suffix
-    if not RUN_ID_SUFFIX.match(suffix):
-        raise ValueError(f"run id suffix {suffix!r}: expected 6 lowercase hex digits")
-    return f"{run_name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime(now))}-{suffix}"
-
-
-def run_dir_argvs(run_dir: str, *parents: str) -> list[list[str]]:
-    """Create the parents (``mkdir -p``), then the run directory itself EXCLUSIVELY (plain
-    ``mkdir``: it fails when the directory exists, so no two launches ever share one)."""
-    return [["mkdir", "-p", "--", posixpath.dirname(run_dir.rstrip("/")), *parents],
-            ["mkdir", "--", run_dir]]
 
 
 def parse_sets(items: Sequence[str]) -> dict[str, Any]:
@@ -298,16 +278,6 @@ def probe_argv(root: str, lock: str) -> list[str]:
 
 
 # --- the plan -------------------------------------------------------------------------------
-
-def cut_off_error(e: ConnectError, host: str, run_id: str | None) -> ConnectError:
-    """A launch cut off by a dropped connection may have started its run: say how to check."""
-    if run_id:
-        return ConnectError(f"launch of run {run_id} on {host} was cut off: {e.message}",
-                            hint=f"the run may already be going: check with `dfo status --run "
-                                 f"{run_id}` or `dfo logs --run {run_id}` before launching again")
-    return ConnectError(f"launch on {host} was cut off before a run was started: {e.message}",
-                        hint="check with `dfo status` (a live run is listed) and launch again")
-
 
 @dataclass
 class LaunchPlan:
