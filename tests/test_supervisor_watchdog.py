@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from orchestrator.ops.watchdog import (Checkpoint, DumpStacks, Kill, Step, Terminate,
+from orchestrator.ops.watchdog import (Checkpoint, DumpStacks, Eval, Kill, Step, Terminate,
                                        Thresholds, Warn, Watchdog)
 
 T = Thresholds(warmup_s=100, train_s=10, live_grace_s=5, kill_grace_s=3, stop_timeout_s=40,
@@ -53,6 +53,13 @@ def test_checkpoint_marker():
     w = Watchdog(T, now=0.0)
     acts = w.feed('@dfo {"kind": "checkpoint", "step": 4, "path": "/c/step_4"}', 1.0)
     assert acts == [Checkpoint(4, "/c/step_4")]
+
+
+def test_eval_marker_carries_the_measured_acceptance_length():
+    w = Watchdog(T, now=0.0)
+    line = "@dfo " + json.dumps({"kind": "eval", "step": 40, "accept_len": 2.95,
+                                 "best_accept_len": 3.1, "eval_blocks": 64})
+    assert w.feed(line, 1.0) == [Eval(40, 2.95, 3.1)]
 
 
 def test_live_rule_warns_then_terminates_after_grace_then_kills():

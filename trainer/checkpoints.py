@@ -133,16 +133,28 @@ def prune(root: str, keep: int, *, run_id: str | None = None) -> list[str]:
     if run_id is not None:
         infos = [c for c in infos if c.run == run_id]
     valid = [c for c in infos if c.valid]
+    best = _best_name(root)
     if len(valid) > keep:
         floor = valid[keep - 1].step
         for c in infos:
-            if c.step < floor:
+            if c.step < floor and os.path.basename(c.path) != best:
                 shutil.rmtree(c.path, ignore_errors=True)
                 removed.append(c.path)
     for p in cm.stale_tmp_dirs(root):
         shutil.rmtree(p, ignore_errors=True)
         removed.append(p)
     return removed
+
+
+def _best_name(root: str) -> str | None:
+    """The checkpoint ``<root>/best`` points to (the best measured acceptance length,
+    trainer.accept): pruning never deletes it."""
+    try:
+        with open(os.path.join(root, "best")) as f:
+            name = json.load(f).get("name")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return name if isinstance(name, str) else None
 
 
 def load(path: str, *, drafter, optimizer=None, scheduler=None, restore_rng: bool = True) -> dict:

@@ -18,12 +18,12 @@ from .console import console, stamp
 from .params import POSITIVE_SECONDS
 
 #: every column, in display order
-COLUMNS = ("run", "state", "step", "tok/s", "trend", "fallback", "attempt", "checkpoint",
-           "last event", "uptime")
+COLUMNS = ("run", "state", "step", "tok/s", "trend", "accept", "fallback", "attempt",
+           "checkpoint", "last event", "uptime")
 #: what a narrow terminal keeps: these always, then the optional ones in this order while
 #: they fit (--wide: all, folded to fit)
 REQUIRED = ("run", "state", "step", "tok/s", "fallback")
-OPTIONAL = ("trend", "checkpoint", "attempt", "uptime", "last event")
+OPTIONAL = ("trend", "accept", "checkpoint", "attempt", "uptime", "last event")
 _STYLE = {"done": "green", "failed": "red", "lost": "red", "running": "cyan",
           "backoff": "yellow", "stopping": "yellow", "stopped": "dim"}
 
@@ -67,6 +67,14 @@ def _age(seconds: float | None) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
+def _accept(r: dict) -> str:
+    """The measured acceptance length (eval markers): ``3.91`` or ``3.91 (best 4.13)``."""
+    a, b = _finite(r.get("accept_len")), _finite(r.get("best_accept_len"))
+    if a is None:
+        return "-"
+    return f"{a:.2f}" if b is None or abs(b - a) < 5e-3 else f"{a:.2f} (best {b:.2f})"
+
+
 def row_values(r: dict, sep: str = ", ") -> dict[str, Text]:
     """One run's cells, all as Text (values from state.json are text, never markup)."""
     st = str(r.get("shown_status") or r.get("status") or "?")
@@ -81,6 +89,7 @@ def row_values(r: dict, sep: str = ", ") -> dict[str, Text]:
         "step": Text(str(r.get("last_step") if r.get("last_step") is not None else "-")),
         "tok/s": Text("-" if tps is None else f"{tps:.0f}"),
         "trend": Text(sparkline(recent, 8) or "-", style="cyan"),
+        "accept": Text(_accept(r)),
         "fallback": Text(fb), "attempt": Text(str(r.get("attempt") or 0)),
         "checkpoint": Text(f"step_{ck['step']}" if ck.get("step") is not None else "-"),
         "last event": Text(str(r.get("last_event") or "-")),
@@ -122,7 +131,7 @@ def require_run(ops, run_id: str | None, runs: list[dict]) -> None:
 
 def _change_line(r: dict) -> str:
     v = row_values(r)
-    return " ".join(f"{c}={v[c].plain}" for c in ("run", "state", "attempt", "step", "tok/s", "fallback",
+    return " ".join(f"{c}={v[c].plain}" for c in ("run", "state", "attempt", "step", "tok/s", "accept", "fallback",
                                                   "checkpoint"))
 
 

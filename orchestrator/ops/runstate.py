@@ -185,6 +185,9 @@ class RunState:
     baseline_overrides: dict | None = None   # the overrides the baseline was measured with
     last_startup_failure_overrides: dict | None = None
     last_checkpoint: dict | None = None      # {"step", "path"}
+    #: the bundled trainer's measured acceptance length (eval markers) and its best so far
+    accept_len: float | None = None
+    best_accept_len: float | None = None
     #: while tokens/s is low without dense evidence: {"cause", "summary", "since", "attempt"}
     throughput_low: dict | None = None
     trainer_pids: list = field(default_factory=list)
@@ -256,6 +259,8 @@ def describe_event(e: Mapping[str, Any]) -> str:
         return f"attempt {a} started" + (f", resuming {r}" if r else ", from scratch")
     if k == "checkpoint":
         return f"checkpoint step {e.get('step')}"
+    if k == "eval":
+        return f"eval at step {e.get('step')}: acceptance length {e.get('accept_len')}"
     if k == "watchdog":
         return f"watchdog: {e.get('reason')}"
     if k == "throughput_low":

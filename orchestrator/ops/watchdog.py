@@ -58,6 +58,15 @@ class Checkpoint:
 
 
 @dataclass(frozen=True)
+class Eval:
+    """An ``eval`` marker (bundled trainer): the measured acceptance length on held-out
+    data and the best so far (state.json's accept_len / best_accept_len)."""
+    step: object
+    accept_len: object
+    best_accept_len: object
+
+
+@dataclass(frozen=True)
 class Warn:
     """Emit a ``watchdog`` event with this reason."""
     reason: str
@@ -176,6 +185,8 @@ class Watchdog:
                 acts += self._on_step(rec, now)
             elif kind == "checkpoint":
                 acts.append(Checkpoint(rec.get("step"), rec.get("path")))
+            elif kind == "eval":
+                acts.append(Eval(rec.get("step"), rec.get("accept_len"), rec.get("best_accept_len")))
         if rule is not None and rule.live and self.term_at is None and self.kill_at is None:
             if rule.cls == "dense_fallback" and self.dense_expected:
                 return acts

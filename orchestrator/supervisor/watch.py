@@ -133,6 +133,11 @@ class AttemptWatch:
                 self.state.last_checkpoint = {"step": a.step, "path": a.path}
                 self.emit("checkpoint", attempt=n, step=a.step, path=a.path)
                 self.save()
+            elif isinstance(a, wd.Eval):
+                self.state.accept_len, self.state.best_accept_len = a.accept_len, a.best_accept_len
+                self.emit("eval", attempt=n, step=a.step, accept_len=a.accept_len,
+                          best_accept_len=a.best_accept_len)
+                self.save()
             elif isinstance(a, wd.Warn):
                 self.emit("watchdog", attempt=n, reason=a.reason)
             elif isinstance(a, wd.ThroughputLow):
