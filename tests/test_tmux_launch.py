@@ -41,7 +41,7 @@ def test_launch_follow_through_a_pipe(demo_host):
                        env=dict(os.environ, PYTHONPATH=str(REPO), DFO_PROGRESS_EVERY="1"))
     out = r.stdout
     assert r.returncode == 0, out
-    assert re.search(r"launched tiny-cpu-\d{8}-\d{6} on local", out)
+    assert re.search(r"launched tiny-cpu-\d{8}-\d{6}-[0-9a-f]{6} on local", out)
     assert out.count("checkpoint step 8\n") == 1 and out.count("checkpoint step 16\n") == 1, out
     assert re.search(r"^\d\d:\d\d:\d\d a1│ alive: ", out, re.M), out    # steady lines
     assert re.search(r"run tiny-cpu-\S+ done", out) and "\x1b[" not in out
