@@ -83,6 +83,28 @@ def test_hang_is_detected_stacks_saved_and_restarted(setup, tiny_assets):  # noq
     assert time.monotonic() - t0 < 200
 
 
+def test_eval_markers_reach_the_state_and_events(setup, tiny_assets):  # noqa: F811
+    """The trainer's held-out evaluation (measured acceptance length) under the real
+    supervisor: state.json and events carry it (a supervisor that did not know the ``eval``
+    event kind crashed on the first one: seen in the demo)."""
+    import yaml
+
+    root, ops, tmp = setup
+    cfg = write_config(tmp / "c.yaml", tiny_assets)
+    c = yaml.safe_load(cfg.read_text())
+    c["data"]["eval_path"] = str(tiny_assets / "synth.jsonl")
+    c.setdefault("eval", {}).update({"every": 4, "max_samples": 4})
+    cfg.write_text(yaml.safe_dump(c))
+    plan = launch(ops, cfg)
+    info = wait_final(ops, plan.run_id)
+    assert info["status"] == "done", info.get("reason")
+    assert len(info["attempts"]) == 1
+    evals = kinds(events(root, plan.run_id), "eval")
+    assert [e["step"] for e in evals] == [4, 8, 12]
+    assert info["accept_len"] == evals[-1]["accept_len"] and info["accept_len"] >= 1.0
+    assert info["best_accept_len"] == max(e["accept_len"] for e in evals)
+
+
 def test_oom_halves_micro_batch(setup, tiny_assets):  # noqa: F811
     root, ops, tmp = setup
     cfg = write_config(tmp / "c.yaml", tiny_assets)

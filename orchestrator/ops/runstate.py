@@ -43,6 +43,7 @@ EVENT_KINDS = (
     "supervisor_start",   # pid, mode, resumed (bool)
     "attempt_start",      # attempt, resume, overrides, argv
     "checkpoint",         # attempt, step, path
+    "eval",               # attempt, step, accept_len, best_accept_len (measured acceptance)
     "watchdog",           # attempt, reason (hang / collapse / live pattern)
     "throughput_low",     # attempt, reason, cause (host_busy|gpu_shared|unknown), seen, summary
     "throughput_ok",      # attempt, reason
