@@ -11,7 +11,9 @@ from pathlib import Path
 
 import click
 
-from .console import console, stamp
+from rich.markup import escape
+
+from .console import Activity, console, stamp
 
 from .cache import warm_cache
 from .deploy import deploy
@@ -42,7 +44,12 @@ def demo(ctx: click.Context, host_name: str | None, fault: str | None, no_fault:
     _run(ctx, deploy, ["--host", host.name])
 
     step(2, "demo assets (tiny Qwen3 target, synthetic data)")
-    ensure_assets(app.transport(host.name), host.layout, say=lambda m: con.print(f"dfo: {m}"))
+    with Activity("demo assets", con=con) as act:   # a spinner, or steady lines in a pipe
+        def say(m: str) -> None:
+            act.line(f"dfo: {escape(m)}")
+            act.update(m.split(" (")[0])
+
+        ensure_assets(app.transport(host.name), host.layout, say=say)
     cfg_dir = Path(tempfile.mkdtemp(prefix="dfo-demo-"))
     cfg = write_demo_config(host.layout, cfg_dir / "demo.yaml")
 
