@@ -69,13 +69,15 @@ def test_a_cpu_hog_is_host_busy_not_dense_attention(setup, tiny_assets):  # noqa
         time.sleep(3)   # the run goes on under the hog: nothing is stopped
         st = state(root, plan.run_id)
         assert st["status"] == "running" and st["attempt"] == 1
-        assert st["throughput_low"] is None or st["throughput_low"]["cause"] == "host_busy"
+        # the latest judgement may differ from the first while the hog starts and the host
+        # settles (seen on a loaded 2-core CI run: "unknown"); the first one is checked below
+        assert st["throughput_low"] is None or st["throughput_low"]["cause"] in ("host_busy", "unknown")
     finally:
         for h in hogs:
             h.kill()
         for h in hogs:
             h.wait()
-    ops.stop(plan.run_id)
+        ops.stop(plan.run_id)   # also when an assertion failed: never leave the run going
     info = wait_final(ops, plan.run_id)
     evs = events(root, plan.run_id)
     assert low["cause"] == "host_busy", low
