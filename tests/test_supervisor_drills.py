@@ -56,7 +56,7 @@ def test_a_cpu_hog_is_host_busy_not_dense_attention(setup, tiny_assets):  # noqa
     root, ops, tmp = setup
     cfg = write_config(tmp / "c.yaml", tiny_assets, train={"max_steps": 100000},
                        checkpoint={"every": 50})
-    plan = launch(ops, cfg, thresholds={"train_s": 120, "collapse_steps": 3,
+    plan = launch(ops, cfg, thresholds={"train_s": 120, "collapse_steps": 12,
                                         "baseline_steps": 3, "skip_steps": 2})
     hogs: list[subprocess.Popen] = []
     try:
@@ -81,7 +81,9 @@ def test_a_cpu_hog_is_host_busy_not_dense_attention(setup, tiny_assets):  # noqa
     info = wait_final(ops, plan.run_id)
     evs = events(root, plan.run_id)
     assert low["cause"] == "host_busy", low
-    assert low["seen"]["other_cores"] >= 1.0 and "other processes kept" in low["summary"]
+    seen = low["seen"]     # what the host showed: other processes' cores, or the load
+    assert (seen["other_cores"] >= 1.0 and "other processes kept" in low["summary"]) or \
+        (seen["load1"] > seen["cores"] and "load" in low["summary"]), low
     assert low["seen"]["gpu_apps"] in ("unknown (no nvidia-smi)", []) or \
         isinstance(low["seen"]["gpu_apps"], list)
     # the config never changed and no attempt was cut short for it

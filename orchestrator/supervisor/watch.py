@@ -22,6 +22,8 @@ from .stacks import dump_stacks
 #: drop is compared (the steps that collapsed took about this long)
 SAMPLE_S = 1.0
 HOST_WINDOW_S = 30.0
+#: the host window a throughput drop is judged over (seconds before the drop)
+RECENT_S = 5.0
 
 
 @dataclass
@@ -111,7 +113,10 @@ class AttemptWatch:
         now = time.monotonic()
         cpu, _ = out.meter.sample(procs.descendants(pid) or [pid])
         new = hostprobe.host_sample(now, cpu)
-        found = judge(out.host[0] if out.host else None, new, gpu_apps=hostprobe.gpu_apps(),
+        # the recent past, not the whole window: a collapse is seen within seconds of its
+        # cause, and a 30 s average is mostly the healthy time before it
+        recent = [h for h in out.host if now - RECENT_S <= h.t < now]
+        found = judge(recent[0] if recent else (out.host[0] if out.host else None), new, gpu_apps=hostprobe.gpu_apps(),
                       our_pids=set(procs.descendants(pid)) | {pid})
         self.state.throughput_low = {"cause": found.cause, "summary": found.summary,
                                      "since": time.time(), "attempt": n, "reason": reason}
