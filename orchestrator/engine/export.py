@@ -114,7 +114,11 @@ class ExportOps:
         files = dict(man["files"])
         tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
+        try:
+            tmp.mkdir(parents=True)
+        except OSError as e:
+            raise ConfigError(f"--to {dest}: cannot create it here ({e.strerror or e})",
+                              hint="give a directory you can write to") from None
         total = sum(int(m["size"]) for m in files.values())
         done = 0
         try:
