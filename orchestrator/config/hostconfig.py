@@ -62,11 +62,49 @@ class HostConfig:
         return self.ssh.display()
 
 
+@dataclass(frozen=True, kw_only=True)
+class GroupConfig:
+    """``groups.NAME`` of hosts.yaml: hosts that form one multi-node job (docs/multinode.md).
+
+    ``hosts[0]`` is the head (node 0): it hosts torchrun's c10d rendezvous store on ``port``
+    and dfo's coordination store on ``port + 1``, holds the run's checkpoints, and decides
+    for the whole run. ``gpus`` maps a host to the devices its node uses (one process per
+    device; absent: the host's ``gpus.drafter``). ``ifname`` names the interface the nodes
+    talk over (``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME``)."""
+    name: str
+    hosts: tuple[str, ...]
+    head_addr: str
+    port: int = 29400
+    gpus: Mapping[str, tuple[str, ...]] = field(default_factory=dict, hash=False)
+    ifname: str | None = None
+    source: str = ""
+
+    @property
+    def coord_port(self) -> int:
+        return self.port + 1
+
+    @property
+    def head(self) -> str:
+        return self.hosts[0]
+
+
 @dataclass
 class Inventory:
     hosts: dict[str, HostConfig]
     default: str
     path: Path | None = None
+    groups: dict[str, GroupConfig] = field(default_factory=dict)
+
+    def group(self, name: str) -> GroupConfig:
+        """The group called ``name`` (``--group NAME``)."""
+        if name in self.groups:
+            return self.groups[name]
+        where = str(self.path) if self.path else "the embedded default inventory"
+        if not self.groups:
+            raise ConfigError(f"no groups in {where}: add `groups: {{{name}: {{hosts: [A, B], "
+                              f"head_addr: ADDR}}}}` (see docs/multinode.md)")
+        raise ConfigError(f"unknown group {name!r} in {where}{_did_you_mean(name, self.groups)}; "
+                          f"known groups: {', '.join(sorted(self.groups))}")
 
     def get(self, name: str | None) -> HostConfig:
         """The host called ``name``; ``None`` means the default host."""
