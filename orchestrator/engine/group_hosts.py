@@ -68,7 +68,7 @@ def deploy_group(hosts: Sequence[HostConfig], transport_for: TransportFor, *, ac
         r = o.value
         if action == "check" and r is not None and not r.ok:
             first = r.drift[0] if r.drift else ""
-            e = DriftError(f"{o.host}: envs/current differs from its lock ({len(r.drift)} "
+            e = DriftError(f"envs/current differs from its lock ({len(r.drift)} "
                            f"difference(s), first: {first})", hint="run `dfo deploy` to repair it")
             o.error, o.exit_code = str(e), e.exit_code
     return outs

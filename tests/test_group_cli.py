@@ -1,0 +1,161 @@
+"""``--group`` on ``dfo deploy``, ``dfo warm-cache`` and ``dfo hosts check`` through the CLI
+entry point: two ``transport: local`` hosts with their own roots (and an ssh host nobody
+answers, on loopback), real listeners and connections on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+import pytest
+
+from orchestrator.cli import main
+
+FP = {"profile": "cpu", "lock_hash": "a" * 64, "dfo": "0.1.0", "python": "3.11.7",
+      "torch": "2.13.0+cpu", "torch_cuda": None, "transformers": "5.17.0"}
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("DFO_HOSTS", raising=False)
+    monkeypatch.setenv("DFO_PROGRESS_EVERY", "1")
+    monkeypatch.chdir(tmp_path)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def hosts_file(tmp_path, *, head_addr="127.0.0.1", port=None, members="[n1, n2]") -> str:
+    port = port or _free_port()
+    p = tmp_path / "hosts.yaml"
+    p.write_text(f"""\
+hosts:
+  n1: {{transport: local, root: {tmp_path}/r1}}
+  n2: {{transport: local, root: {tmp_path}/r2}}
+  box: {{transport: ssh, ssh: 'root@127.0.0.1:1', root: /srv/dfo}}
+groups:
+  pair: {{hosts: {members}, head_addr: {head_addr}, port: {port}, ifname: lo}}
+""")
+    return str(p)
+
+
+def fake_env(root, fp) -> None:
+    """A deployed env as far as the group check reads it: envs/current/fingerprint.json."""
+    env = root / "envs" / "cpu-x"
+    env.mkdir(parents=True)
+    (env / "fingerprint.json").write_text(json.dumps(fp))
+    os.symlink("cpu-x", root / "envs" / "current")
+
+
+@pytest.mark.parametrize("argv", [["deploy", "--host", "n1", "--group", "pair"],
+                                  ["warm-cache", "--host", "n1", "--group", "pair"],
+                                  ["hosts", "check", "n1", "--group", "pair"]])
+def test_host_and_group_exclusive(tmp_path, capsys, argv):
+    assert main(["--hosts", hosts_file(tmp_path), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("dfo: error: ") and "cannot be combined" in err
+
+
+@pytest.mark.parametrize("argv", [["deploy", "--group", "pari"], ["hosts", "check", "--group", "pari"],
+                                  ["warm-cache", "--group", "pari"]])
+def test_unknown_group(tmp_path, capsys, argv):
+    assert main(["--hosts", hosts_file(tmp_path), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"dfo: error: unknown group 'pari' in {tmp_path}/hosts.yaml (did you mean 'pair'?); " \
+                  "known groups: pair"
+
+
+def test_warm_cache_group_refuses_one_host_modes(tmp_path, capsys):
+    assert main(["--hosts", hosts_file(tmp_path), "warm-cache", "--group", "pair", "--status"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--status works on one host: use --host NAME" in err and "\n" not in err
+
+
+def test_check_group_agreeing_envs(tmp_path, capsys):
+    fake_env(tmp_path / "r1", FP)
+    fake_env(tmp_path / "r2", FP)
+    hf = hosts_file(tmp_path)
+    assert main(["--hosts", hf, "hosts", "check", "--group", "pair", "--json"]) == 0
+    js = json.loads(capsys.readouterr().out)
+    assert js["ok"] and js["exit_code"] == 0 and js["env_differences"] == []
+    assert [h["host"] for h in js["hosts"]] == ["n1", "n2"]
+    assert [(r["host"], r["ok"], r["role"]) for r in js["reach"]] == [("n1", True, "head"),
+                                                                      ("n2", True, "member")]
+    assert main(["--hosts", hf, "hosts", "check", "--group", "pair"]) == 0
+    out = capsys.readouterr().out
+    assert "reaches 127.0.0.1:" in out and "env cpu torch 2.13.0+cpu" in out
+    assert max(len(line) for line in out.splitlines()) <= 80
+
+
+def test_check_group_env_differs(tmp_path, capsys):
+    fake_env(tmp_path / "r1", FP)
+    fake_env(tmp_path / "r2", dict(FP, torch="2.12.0+cpu"))
+    assert main(["--hosts", hosts_file(tmp_path), "hosts", "check", "--group", "pair", "--json"]) == 7
+    cap = capsys.readouterr()
+    js = json.loads(cap.out)
+    assert [d["message"] for d in js["env_differences"]] == [
+        "n2's env differs from n1's (torch 2.12.0+cpu vs 2.13.0+cpu): run dfo deploy --group pair"]
+    assert cap.err.strip().splitlines()[-1] == (
+        "dfo: error: hosts check --group pair: n2's env differs from n1's (torch 2.12.0+cpu vs "
+        "2.13.0+cpu): run dfo deploy --group pair")
+
+
+def test_check_group_port_taken_on_head(tmp_path, capsys):
+    fake_env(tmp_path / "r1", FP)
+    fake_env(tmp_path / "r2", FP)
+    with socket.socket() as hold:
+        hold.bind(("127.0.0.1", 0))
+        hold.listen()
+        port = hold.getsockname()[1]
+        rc = main(["--hosts", hosts_file(tmp_path, port=port), "hosts", "check", "--group", "pair",
+                   "--json"])
+    js = json.loads(capsys.readouterr().out)
+    assert rc == 3 and not js["reach"][0]["ok"]
+    assert f"port {port} is already taken on n1" in js["reach"][0]["message"]
+    assert js["reach"][1]["ok"]  # port+1 was free and reached
+
+
+def test_check_group_head_addr_not_the_heads(tmp_path, capsys):
+    """192.0.2.1 (TEST-NET-1) is no address of this machine: nothing is sent anywhere."""
+    fake_env(tmp_path / "r1", FP)
+    fake_env(tmp_path / "r2", FP)
+    rc = main(["--hosts", hosts_file(tmp_path, head_addr="192.0.2.1"), "hosts", "check", "--group",
+               "pair"])
+    cap = capsys.readouterr()
+    assert rc == 3
+    assert "192.0.2.1 is not an address of n1" in cap.err and "fix head_addr" in cap.err
+
+
+def test_check_group_one_member_down_does_not_hide_the_other(tmp_path, capsys):
+    fake_env(tmp_path / "r1", FP)
+    rc = main(["--hosts", hosts_file(tmp_path, members="[n1, box]"), "hosts", "check", "--group",
+               "pair", "--json"])
+    js = json.loads(capsys.readouterr().out)
+    assert rc == 3
+    n1, box = js["hosts"]
+    assert n1["ok"] and n1["check"]["python"] and n1["fingerprint"]["torch"] == "2.13.0+cpu"
+    assert not box["ok"] and box["exit_code"] == 3 and "127.0.0.1" in box["error"]
+    assert [r["host"] for r in js["reach"]] == ["n1"]  # box was not reached: not probed
+
+
+def test_deploy_check_group_reports_every_member(tmp_path, capsys):
+    """--check on a group: nothing deployed on n1 (drift, exit 7), box unreachable (exit 3):
+    both reported, the exit code is the first failing member's in the group's order."""
+    hf = hosts_file(tmp_path, members="[n1, box]")
+    rc = main(["--hosts", hf, "deploy", "--check", "--group", "pair", "--json"])
+    cap = capsys.readouterr()
+    js = json.loads(cap.out)
+    assert rc == 7 and js["exit_code"] == 7 and js["action"] == "check"
+    n1, box = js["hosts"]
+    assert n1["exit_code"] == 7 and "no env deployed" in n1["result"]["drift"][0]
+    assert box["exit_code"] == 3 and box["result"] is None
+    assert cap.err.strip().splitlines()[-1].startswith(
+        "dfo: error: deploy --group pair: 2 of 2 host(s) failed; first: n1: envs/current")
+    rc = main(["--hosts", hf, "deploy", "--check", "--group", "pair"])
+    out = capsys.readouterr().out
+    assert rc == 7 and "envs/current differs from its lock" in out and "box" in out
