@@ -159,3 +159,75 @@ def test_deploy_check_group_reports_every_member(tmp_path, capsys):
     rc = main(["--hosts", hf, "deploy", "--check", "--group", "pair"])
     out = capsys.readouterr().out
     assert rc == 7 and "envs/current differs from its lock" in out and "box" in out
+
+
+def test_host_rows_plain_lines_from_threads():
+    """In a pipe: timestamped `LABEL: HOST: text` lines, a steady `still working` line, a
+    line when a host ends; updates from several threads at once."""
+    import io
+    import re
+    import threading
+    import time
+
+    from rich.console import Console
+
+    from orchestrator.cli.console import HostRows
+
+    buf = io.StringIO()
+    con = Console(file=buf, force_terminal=False, width=4096)
+    with HostRows("deploy pair", ["n1", "n2"], con=con, every=0.2) as rows:
+        rows._t0 -= 5  # past the quiet start
+        ths = [threading.Thread(target=lambda h=h: [rows.update(h, f"install: {i}") for i in range(50)])
+               for h in ("n1", "n2")]
+        for t in ths:
+            t.start()
+        for t in ths:
+            t.join()
+        deadline = time.monotonic() + 30
+        while "still working" not in buf.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        rows.finish("n1", True, "create in 3.0s")
+        rows.finish("n2", False, "cannot reach n2")
+    lines = buf.getvalue().splitlines()
+    assert all(re.match(r"^\d\d:\d\d:\d\d deploy pair: n[12]: ", x) for x in lines), lines
+    assert any("n1: install: " in x for x in lines) and any("still working" in x for x in lines)
+    assert any("n1: done: create in 3.0s" in x for x in lines)
+    assert any("n2: FAILED: cannot reach n2" in x for x in lines)
+
+
+def test_host_rows_terminal_render():
+    import io
+
+    from rich.console import Console
+
+    from orchestrator.cli.console import HostRows
+
+    buf = io.StringIO()
+    con = Console(file=buf, force_terminal=True, width=80)
+    with HostRows("check pair", ["n1", "n2"], con=con) as rows:
+        rows.update("n1", "checking the host")
+        rows.finish("n2", False, "cannot reach n2")
+        rows.finish("n1", True, "python 3.11.7")
+    out = buf.getvalue()
+    assert "python 3.11.7" in out and "cannot reach n2" in out and "✓" in out and "✗" in out
+
+
+def test_transports_opened_from_many_threads_are_one_per_host(tmp_path):
+    import threading
+
+    from orchestrator.cli.context import AppContext
+
+    app = AppContext(hosts_file=hosts_file(tmp_path))
+    got = []
+    barrier = threading.Barrier(8)
+
+    def grab(name):
+        barrier.wait()
+        got.append((name, app.transport(name)))
+    ths = [threading.Thread(target=grab, args=("n1" if i % 2 else "n2",)) for i in range(8)]
+    for t in ths:
+        t.start()
+    for t in ths:
+        t.join()
+    assert len({id(t) for n, t in got if n == "n1"}) == 1 and len({id(t) for n, t in got if n == "n2"}) == 1
+    app.close()
