@@ -200,8 +200,8 @@ def probe_reach(group: GroupConfig, head: HostConfig, transport_for: TransportFo
                 facts: dict[str, MemberFacts], peers: Sequence[HostConfig], *,
                 progress: Progress = _quiet, listen_s: float = gc.LISTEN_S) -> list[gc.Reach]:
     """A short-lived listener on the head at head_addr on ``port`` and ``coord_port``; every
-    peer connects to it. The listener ends when every peer reached every port, when a peer
-    that reached them sends ``stop`` once all have tried, or after ``listen_s``."""
+    peer connects to it. The listener ends when every peer reached every port, when the head
+    sends it ``stop`` once all have tried, or after ``listen_s``."""
     ports = [group.port, group.coord_port]
     addr = group.head_addr
     lines: list[str] = []
@@ -248,16 +248,12 @@ def probe_reach(group: GroupConfig, head: HostConfig, transport_for: TransportFo
 
     outs = for_each_host(peers, connect) if bound else []
     members: dict[str, Any] = {o.host: (o.value if o.ok else o.error) for o in outs}
-    if th.is_alive():  # some peer failed: one that got through ends the listener
-        for o in outs:
-            if o.ok and all(r.get("ok") for r in o.value if r.get("event") == "connect"):
-                h = next(x for x in peers if x.name == o.host)
-                try:
-                    transport_for(h).run(gc.connect_argv(facts[h.name].python, addr, bound[:1],
-                                                         "stop"), timeout=60)
-                except DfoError as e:
-                    log.debug("stopping the listener: %s", e)
-                break
+    if th.is_alive():  # some peer did not get through: the head itself ends its listener
+        try:  # (a second channel on the head's connection: ssh.Connection is thread-safe)
+            transport_for(head).run(gc.connect_argv(facts[head.name].python, addr, bound[:1],
+                                                    "stop"), timeout=60)
+        except DfoError as e:
+            log.debug("stopping the listener on %s: %s", head.name, e)
     th.join(listen_s + 60)
     records = gc.parse_port_lines(list(lines))
     return gc.judge_reach(head.name, addr, ports, records, None, members)
