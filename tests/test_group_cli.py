@@ -231,3 +231,16 @@ def test_transports_opened_from_many_threads_are_one_per_host(tmp_path):
         t.join()
     assert len({id(t) for n, t in got if n == "n1"}) == 1 and len({id(t) for n, t in got if n == "n2"}) == 1
     app.close()
+
+
+def test_warm_cache_group_reports_each_member(tmp_path, capsys):
+    """No env on either member: each says so on its own row; exit 7 (the first's)."""
+    rc = main(["--hosts", hosts_file(tmp_path), "warm-cache", "--group", "pair",
+               "--set", "compile.enabled=true", "--json"])
+    cap = capsys.readouterr()
+    js = json.loads(cap.out)
+    assert rc == 7 and js["exit_code"] == 7 and not js["ok"]
+    assert [(h["host"], h["exit_code"]) for h in js["hosts"]] == [("n1", 7), ("n2", 7)]
+    assert all(f"no deployed env on {h['host']}" in h["error"] for h in js["hosts"])
+    assert cap.err.strip().splitlines()[-1].startswith(
+        "dfo: error: warm-cache --group pair: 2 of 2 host(s) failed; first: n1: no deployed env on n1")
