@@ -212,11 +212,21 @@ def test_host_rows_terminal_render():
     assert "python 3.11.7" in out and "cannot reach n2" in out and "✓" in out and "✗" in out
 
 
-def test_transports_opened_from_many_threads_are_one_per_host(tmp_path):
+def test_transports_opened_from_many_threads_are_one_per_host(tmp_path, monkeypatch):
+    """--group opens each member's transport in its own thread: still one per host, even
+    when opening one takes a while (as an SSH transport's setup can)."""
     import threading
+    import time
 
+    import orchestrator.transport as tr
     from orchestrator.cli.context import AppContext
 
+    real = tr.open_transport
+
+    def slow_open(host):
+        time.sleep(0.2)
+        return real(host)
+    monkeypatch.setattr(tr, "open_transport", slow_open)
     app = AppContext(hosts_file=hosts_file(tmp_path))
     got = []
     barrier = threading.Barrier(8)

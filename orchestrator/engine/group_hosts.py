@@ -48,7 +48,8 @@ def deploy_group(hosts: Sequence[HostConfig], transport_for: TransportFor, *, ac
     from .wheel import build as build_wheel
 
     if wheel is None and action != "rollback":
-        progress(hosts[0].name if hosts else "", "building dfo's wheel")
+        for h in hosts:
+            progress(h.name, "building dfo's wheel (once, for every member)")
         wheel = build_wheel()
 
     def one(h: HostConfig):
