@@ -254,3 +254,14 @@ def test_warm_cache_group_reports_each_member(tmp_path, capsys):
     assert all(f"no deployed env on {h['host']}" in h["error"] for h in js["hosts"])
     assert cap.err.strip().splitlines()[-1].startswith(
         "dfo: error: warm-cache --group pair: 2 of 2 host(s) failed; first: n1: no deployed env on n1")
+
+
+def test_hosts_list_shows_groups(tmp_path, capsys):
+    hf = hosts_file(tmp_path, port=29555)
+    assert main(["--hosts", hf, "hosts", "list", "--json"]) == 0
+    g = json.loads(capsys.readouterr().out)["groups"]
+    assert g == [{"name": "pair", "hosts": ["n1", "n2"], "head": "n1", "head_addr": "127.0.0.1",
+                  "port": 29555, "coord_port": 29556, "gpus": {}, "ifname": "lo",
+                  "source": f"{hf}:6"}]
+    assert main(["--hosts", hf, "hosts", "list"]) == 0
+    assert "group pair: n1, n2 (head n1 at 127.0.0.1:29555)" in capsys.readouterr().out

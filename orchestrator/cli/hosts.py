@@ -37,9 +37,13 @@ def list_cmd(app: AppContext, as_json: bool) -> None:
             "gpus": {"target": list(h.gpus.target), "drafter": list(h.gpus.drafter)},
             "source": h.source,
         })
+    groups = [{"name": g.name, "hosts": list(g.hosts), "head": g.head, "head_addr": g.head_addr,
+               "port": g.port, "coord_port": g.coord_port,
+               "gpus": {h: list(d) for h, d in g.gpus.items()}, "ifname": g.ifname,
+               "source": g.source} for g in inv.groups.values()]
     if as_json:
         click.echo(json.dumps({"path": str(inv.path) if inv.path else None,
-                               "default": inv.default, "hosts": rows}, indent=2))
+                               "default": inv.default, "hosts": rows, "groups": groups}, indent=2))
         return
     from rich.table import Table
 
@@ -50,6 +54,11 @@ def list_cmd(app: AppContext, as_json: bool) -> None:
         t.add_row(r["name"] + (" *" if r["default"] else ""), r["transport"], r["target"], r["root"],
                   r["profile"], ",".join(r["gpus"]["target"]), ",".join(r["gpus"]["drafter"]))
     _console().print(t)
+    from rich.markup import escape
+
+    for g in groups:
+        _console().print(escape(f"group {g['name']}: {', '.join(g['hosts'])} (head {g['head']} at "
+                                f"{g['head_addr']}:{g['port']})"))
 
 
 @hosts.command("check")
