@@ -46,3 +46,32 @@ def test_check_group_container_head_unreachable_from_node(lab, tmp_path, monkeyp
     assert "refused" in node["message"].lower()
     assert [d["message"] for d in js["env_differences"]] == [
         "no env deployed on the head lab: run dfo deploy --group pair"]
+
+
+def test_check_group_ssh_head_reached_by_local_member(sshd_only, tmp_path, monkeypatch, capsys):
+    """The ssh node as the head (its listener runs over the real sshd), this machine
+    (transport local, same network namespace) as the member: reached on both ports, the
+    same env on both."""
+    monkeypatch.delenv("DFO_HOSTS", raising=False)
+    lab = sshd_only
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    roots = {}
+    for name in ("node-root", "here-root"):
+        root = tmp_path / name
+        (root / "envs" / "cpu-x").mkdir(parents=True)
+        (root / "envs" / "cpu-x" / "fingerprint.json").write_text(json.dumps(FP))
+        (root / "envs" / "current").symlink_to("cpu-x")
+        roots[name] = root
+    hf = tmp_path / "hosts.yaml"
+    hf.write_text(lab.hosts_yaml(node_root=str(roots["node-root"]))
+                  + f"  here: {{transport: local, root: {roots['here-root']}}}\n"
+                  + f"groups:\n  pair: {{hosts: [lab-node, here], head_addr: 127.0.0.1, "
+                    f"port: {port}, ifname: lo}}\n")
+    rc = main(["--hosts", str(hf), "hosts", "check", "--group", "pair", "--json"])
+    js = json.loads(capsys.readouterr().out)
+    assert rc == 0, js["problems"]
+    assert [(r["host"], r["ok"], r["role"]) for r in js["reach"]] == [
+        ("lab-node", True, "head"), ("here", True, "member")]
+    assert js["reach"][1]["message"] == f"reaches 127.0.0.1:{port},{port + 1}"
