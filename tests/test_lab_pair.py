@@ -196,6 +196,10 @@ def test_net_lines_hand_the_veth_end_to_lxc_as_phys():
         "lxc.net.1.type = phys", "lxc.net.1.link = dfo202ct", "lxc.net.1.name = mn0",
         "lxc.net.1.ipv4.address = 10.77.0.1/24", "lxc.net.1.flags = up"]
     assert all(len(n) <= 15 for n in netns.veth_names(999999999))  # IFNAMSIZ
+    # Lab.release/down tear the namespace down only for a state dir whose containers use it
+    cfg = "lxc.net.0.type = empty\n" + "\n".join(net_lines(202, "10.77.0.1"))
+    assert netns.uses_pair_net(cfg, 202) and not netns.uses_pair_net(cfg, 203)
+    assert not netns.uses_pair_net("lxc.net.0.type = empty\n", 200)
 
 
 def test_missing_iproute2_is_one_line_with_the_fix(monkeypatch, tmp_path):

@@ -223,9 +223,13 @@ class Lab:
 
     def _stop_all(self) -> None:
         self.sshd.down()
+        paired = []
         for ct in self._containers():
             ct.stop()
-        netns.teardown()  # after the stops: the pair's veth ends are back in the host netns
+            if netns.uses_pair_net(_read(ct.config), ct.vmid):
+                paired.append(ct.vmid)
+        if paired:  # only the state dir that runs the pair owns its network namespace
+            netns.teardown(paired)  # after the stops: the veth ends are back in the host netns
 
     def _install_pct(self) -> None:
         self.bin_dir.mkdir(parents=True, exist_ok=True)
@@ -268,6 +272,13 @@ def _proc_start(pid: int) -> str | None:
     except OSError:
         return None
     return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
 
 
 def info_dict(info: LabInfo) -> dict:

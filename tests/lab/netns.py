@@ -114,16 +114,23 @@ def ensure_veth(vmid: int) -> bool:
     return True
 
 
-def teardown() -> list[str]:
-    """Delete the namespace (br0 and every veth pair go with it) and any of our
-    container ends left in the host namespace. Returns what was removed."""
+def uses_pair_net(config_text: str, vmid: int) -> bool:
+    """Whether an LXC config hands ``vmid``'s veth end to its container (tests/lab/pair.py)."""
+    return f"= {veth_names(vmid)[0]}" in config_text
+
+
+def teardown(vmids: list[int] | None = None) -> list[str]:
+    """Delete the namespace (br0 and every veth pair go with it) and the container
+    ends of ``vmids`` (default: any of ours) left in the host namespace. Call it
+    after stopping the containers. Returns what was removed."""
     removed = []
     if Path(f"/run/netns/{NETNS}").exists():
         ip("netns", "del", NETNS, check=False)
         removed.append(f"netns {NETNS}")
     if shutil.which("ip"):
+        wanted = None if vmids is None else {veth_names(v)[0] for v in vmids}
         for name in links():
-            if _CT_END.match(name):
+            if _CT_END.match(name) and (wanted is None or name in wanted):
                 ip("link", "del", name, check=False)
                 removed.append(name)
     return removed

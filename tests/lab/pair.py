@@ -123,7 +123,7 @@ class Pair:
         with file_lock(self.lab.lock):
             for ct in self.containers():
                 ct.stop()
-            netns.teardown()
+            netns.teardown(list(self.vmids))
 
     def status(self) -> dict:
         return {"containers": {ct.name: ct.state() for ct in self.containers()},
