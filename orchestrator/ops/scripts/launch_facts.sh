@@ -10,7 +10,9 @@ lp=$1; st=$2; root=$3; lock=$4; env=$5; py=$6; wheel=$7; check=$8; ck=$9; shift 
 echo "@section launch"
 sh -c "$lp" dfo-probe "$root" "$lock"
 # no checkpoint there: launch need not start Python to list them
-if [ -n "$ck" ] && [ -z "$(ls -A -- "$ck" 2>/dev/null | head -n1)" ]; then echo checkpoints=none; fi
+if [ -n "$ck" ] && [ -z "$(find "$ck" -mindepth 1 -maxdepth 1 -print -quit 2>/dev/null)" ]; then
+  echo checkpoints=none
+fi
 echo "@section missing"
 for p in "$@"; do [ -e "$p" ] || printf '%s\n' "$p"; done
 if [ "$check" != check ]; then echo "@section end"; exit 0; fi
