@@ -2,7 +2,8 @@
 transport: the env probe runs once, its passed answer is recorded (``.dfo-verified``) and
 later launches use it while the env is unchanged; a change to the env after that (a torch
 build swapped in, a package added beside the lock, a directory changed inside a package)
-makes launch verify again and refuse with exit 7 when the env no longer matches.
+makes launch verify again and refuse with exit 7 when the env no longer matches; bytecode
+that Python writes while the env is used does not.
 
 The env: ``uv venv`` + dfo's wheel + a one-package lock, installed offline from files made
 here; torch, transformers and trainer's dependencies come from this interpreter's
@@ -128,11 +129,23 @@ def test_recorded_verification_is_used_until_the_env_changes(env, tmp_path, caps
     rep = launch_check(t, host)
     assert rep.ok and rep.cached, rep.drift               # the record holds: no probe
 
-    # a directory changed inside an installed package (nothing the stamp lists): verify again
+    # Python writing bytecode while the env is used is no change
+    (site / "trainer" / "__pycache__").mkdir(exist_ok=True)
+    (site / "trainer" / "__pycache__" / "x.cpython-311.pyc").write_bytes(b"pyc")
+    assert launch_check(t, host).cached
+
+    # a directory added inside an installed package: verify again
     (site / "trainer" / "added_later").mkdir()
     rep = launch_check(t, host)
     assert rep.ok and not rep.cached
     assert launch_check(t, host).cached                   # and the new answer is recorded
+
+    # a file of a package edited in place (same name, no directory change): verify again
+    with open(site / "dfo_probe_pkg" / "__init__.py", "a") as fh:
+        fh.write("# edited\n")
+    rep = launch_check(t, host)
+    assert rep.ok and not rep.cached
+    assert launch_check(t, host).cached
 
     # the incident: another torch build appears in the env after its verification
     # (a bare package dir: `uv pip freeze` does not list it; only the probe sees it)
@@ -159,7 +172,7 @@ def test_recorded_verification_is_used_until_the_env_changes(env, tmp_path, caps
     cfg.write_text(yaml.safe_dump(base))
     rc, err = dry_launch(hosts, cfg, capsys)
     assert rc == 7 and "differs from its lock" in err and "torch" in err, err
-    assert err.count("\n") == 1
+    assert err.count("\n") == 1, err
 
     # swapped back: verified again, passes, recorded
     shutil.rmtree(fake)

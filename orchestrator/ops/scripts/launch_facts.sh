@@ -20,8 +20,10 @@ cur="$root/envs/current"
 rec="$cur/.dfo-verified"
 # The stamp: everything the env probe's answer and `uv pip freeze` depend on that can be
 # read without starting Python. Any change to it (a package installed, removed or swapped,
-# the interpreter, the marker, the recorded fingerprint, the GPUs or their driver) makes
-# launch verify the env again. Taken after `at`, so a change racing it is newer than `at`.
+# a file or directory added, removed or renamed anywhere under site-packages, the
+# interpreter, the marker, the recorded fingerprint, the GPUs or their driver) makes launch
+# verify the env again. __pycache__ is left out: Python writes it while the env is in use.
+# Taken after `at`, so a change racing it is newer than `at`.
 at=$(date +%s.%N)
 stamp=$( (
   cd "$cur" 2>/dev/null || { echo "no env"; exit 0; }
@@ -29,8 +31,8 @@ stamp=$( (
   p=$(readlink -f bin/python); echo "python $p"; stat -L -c '%s %Y %i' "$p"
   sha256sum pyvenv.cfg fingerprint.json .dfo-complete
   for sp in lib/python*/site-packages; do
-    ls -A "$sp"
-    stat -c '%n %s %Y %i' "$sp" "$sp"/*.dist-info "$sp"/*.dist-info/* "$sp"/*.pth "$sp"/*.egg-link
+    find "$sp" -name __pycache__ -prune -o -printf '%P\n' | LC_ALL=C sort
+    stat -c '%n %s %Y %i' "$sp"/*.dist-info "$sp"/*.dist-info/* "$sp"/*.pth "$sp"/*.egg-link
   done
   cat /proc/driver/nvidia/version; ls /proc/driver/nvidia/gpus; ls -d /dev/nvidia*
 ) 2>&1 | sha256sum | cut -d' ' -f1 )
@@ -38,9 +40,10 @@ echo "@section stamp"
 printf 'stamp\t%s\nat\t%s\n' "$stamp" "$at"
 hold=0
 if [ -f "$rec" ] && IFS=' ' read -r rstamp rat < "$rec" && [ "$rstamp" = "$stamp" ]; then
-  # and no directory of the env changed since that verification (a file added, removed or
-  # renamed anywhere under site-packages, which the stamp alone does not see)
-  if newer=$(find "$cur"/lib/python*/site-packages -type d -newerct "@$rat" -print -quit) \
+  # and no file under site-packages was written, replaced or relinked since that
+  # verification (its ctime; the stamp's sizes and names do not see an edit in place)
+  if newer=$(find "$cur"/lib/python*/site-packages -name __pycache__ -prune -o \
+               ! -type d -newerct "@$rat" -print -quit) \
       && [ -z "$newer" ]; then hold=1; else printf 'changed\t%s\n' "$newer"; fi
 fi
 printf 'holds\t%s\n' "$hold"
