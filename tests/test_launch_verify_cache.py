@@ -78,6 +78,9 @@ def env(tmp_path, monkeypatch):
         "sources": {"index_url": "https://pypi.org/simple", "find_links": []},
         "expect": {"trainer_import": True}}))
     wheel = build_wheel()
+    # the same wheel all through, even if the checkout changes while the test runs
+    monkeypatch.setenv("DFO_PROJECT_WHEEL", str(wheel.path))
+    wheel = build_wheel()
     env_dir = Path(Deployer(t, host).layout.env_dir("t", lock_hash(lock)))
     remote_wheel = Path(Deployer(t, host, wheel=wheel).wheel_remote())
     remote_wheel.parent.mkdir(parents=True)

@@ -296,6 +296,7 @@ class RunOps(RunQueries):
         deadline = time.monotonic() + timeout
         last = None
         while time.monotonic() < deadline:
+            self._wait_lock_taken(run_id, min(deadline, time.monotonic() + 1.5))
             runs = self.status(run_id)
             if runs:
                 last = runs[0]
@@ -310,6 +311,15 @@ class RunOps(RunQueries):
         raise RunFailed(f"the supervisor of {run_id} did not start within {timeout:.0f}s"
                         + (f": {log_tail}" if log_tail else ""),
                         hint=f"see {self.layout.run_dir(run_id)}/supervisor.log")
+
+    def _wait_lock_taken(self, run_id: str, until: float) -> None:
+        """Until the supervisor of ``run_id`` holds run.lock (it is "running" a moment
+        later), by the launch probe (a shell, no Python: cheap to repeat), or ``until``."""
+        while time.monotonic() < until:
+            p = self.probe()
+            if p.get("lock") == "held" and p.get("lock_owner") == run_id:
+                return
+            time.sleep(0.05)
 
     def _lost_the_lock(self, run_id: str, info: Mapping[str, Any]) -> None:
         """A supervisor that ends ``failed`` at once while run.lock is held by another run
