@@ -9,7 +9,11 @@ supervisor holds run.lock and runs), then the run is stopped. "before" launches 
 delete ``<env>/.dfo-verified`` so the launch probes the env as the old code did every
 time; "after" launches find the record. The two kinds alternate, so load hits both alike.
 
-    python bench/bench_launch.py [--n 5] [--root ROOT] [--json OUT]
+    python bench/bench_launch.py [--n 5] [--root ROOT] [--old-checkout DIR] [--json OUT]
+
+``--old-checkout DIR`` adds a third kind, "old": the CLI of another checkout (e.g. the
+commit before this change) launching against the same env, with this checkout's dfo
+wheel pinned (``DFO_PROJECT_WHEEL``) so its env check passes.
 
 Without ``--root`` it deploys a fresh env under a temporary root first (``dfo deploy`` on
 the local transport, offline: needs uv's cache or PIP_FIND_LINKS to hold the cpu lock's
@@ -59,12 +63,15 @@ def assets(d: Path) -> Path:
     return path
 
 
-def launch_once(hosts: Path, cfg: Path, name: str, root: Path) -> tuple[float, str]:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+def launch_once(hosts: Path, cfg: Path, name: str, code: Path = REPO,
+                wheel: str | None = None) -> tuple[float, str]:
+    env = dict(os.environ, PYTHONPATH=str(code))
+    if wheel:
+        env["DFO_PROJECT_WHEEL"] = wheel
     t0 = time.perf_counter()
     r = subprocess.run([sys.executable, "-m", "orchestrator.cli", "--hosts", str(hosts),
                         "launch", "--config", str(cfg), "--run-name", name, "--json"],
-                       capture_output=True, text=True, env=env, timeout=600)
+                       capture_output=True, text=True, env=env, timeout=600, cwd=str(code))
     dt = time.perf_counter() - t0
     if r.returncode != 0:
         raise SystemExit(f"launch {name} failed ({r.returncode}): {r.stderr.strip()}")
@@ -76,6 +83,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=5, help="launches of each kind")
     ap.add_argument("--root", default=None, help="a root with a deployed env (default: deploy one)")
+    ap.add_argument("--old-checkout", default=None, help="also launch with this checkout's CLI")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     tmp = tempfile.TemporaryDirectory(prefix="dfo-bench-launch-")
@@ -95,19 +103,24 @@ def main() -> int:
     cfg = assets(base / "assets")
     ops = RunOps(t, host)
     record = Path(host.layout.current_env) / VERIFIED_FILE
-    times: dict[str, list[float]] = {"before": [], "after": []}
+    kinds = ["before", "after"] + (["old"] if a.old_checkout else [])
+    times: dict[str, list[float]] = {k: [] for k in kinds}
+    wheel = str(Deployer(t, host).wheel().path)
     stamp = time.strftime("%H%M%S")
     # one launch to make the record (and warm the page cache for both kinds)
-    dt, rid = launch_once(hosts, cfg, f"warm{stamp}", root)
+    dt, rid = launch_once(hosts, cfg, f"warm{stamp}")
     ops.stop(rid, timeout=120)
     out["first_launch_s"] = round(dt, 3)
     for i in range(a.n):
-        for kind in ("before", "after"):
+        for kind in kinds:
             if kind == "before":
                 record.unlink(missing_ok=True)
-            elif not record.is_file():
+            elif kind == "after" and not record.is_file():
                 raise SystemExit("the launch before did not record the verification")
-            dt, rid = launch_once(hosts, cfg, f"{kind[0]}{stamp}{i}", root)
+            if kind == "old":
+                dt, rid = launch_once(hosts, cfg, f"o{stamp}{i}", Path(a.old_checkout), wheel)
+            else:
+                dt, rid = launch_once(hosts, cfg, f"{kind[0]}{stamp}{i}")
             times[kind].append(round(dt, 3))
             print(f"{kind:6s} {i}: {dt:.3f} s  ({rid})", flush=True)
             ops.stop(rid, timeout=120)
@@ -115,6 +128,11 @@ def main() -> int:
     out["median_before_s"] = statistics.median(times["before"])
     out["median_after_s"] = statistics.median(times["after"])
     out["ratio_after_to_before"] = round(out["median_after_s"] / out["median_before_s"], 3)
+    if "old" in times:
+        out["median_old_s"] = statistics.median(times["old"])
+        out["ratio_after_to_old"] = round(out["median_after_s"] / out["median_old_s"], 3)
+        print(f"median old checkout {out['median_old_s']:.3f} s, ratio after/old "
+              f"{out['ratio_after_to_old']}", flush=True)
     out["load_end"] = os.getloadavg()
     print(f"median before {out['median_before_s']:.3f} s, after {out['median_after_s']:.3f} s, "
           f"ratio {out['ratio_after_to_before']}", flush=True)
