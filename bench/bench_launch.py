@@ -66,6 +66,9 @@ def assets(d: Path) -> Path:
 def launch_once(hosts: Path, cfg: Path, name: str, code: Path = REPO,
                 wheel: str | None = None) -> tuple[float, str]:
     env = dict(os.environ, PYTHONPATH=str(code))
+    # as on a user's machine: Python keeps its bytecode (the CLI's and, on the host, the
+    # env's), rather than compiling every module on every start
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     if wheel:
         env["DFO_PROJECT_WHEEL"] = wheel
     t0 = time.perf_counter()
