@@ -4,11 +4,12 @@
 The env probe imports torch (and on a GPU host compiles a flex_attention smoke test): 5-35 s.
 Its answer only changes when the env or the host's GPUs change, so a passed verification
 is recorded in ``<env>/.dfo-verified`` with the env's *stamp*: a hash of what the probe's
-answer and ``uv pip freeze`` depend on that a shell reads in milliseconds (the env's real
-path, the interpreter, ``pyvenv.cfg``, ``fingerprint.json``, ``.dfo-complete``, the
-site-packages listing and every ``*.dist-info`` entry's size/mtime/inode, ``*.pth`` files,
-the NVIDIA driver and GPU list). The record holds while the stamp is the same **and** no
-directory under site-packages changed (ctime) since the stamp was taken; otherwise launch
+answer and ``uv pip freeze`` depend on that a shell reads without Python (the env's real
+path, the interpreter, ``pyvenv.cfg``, ``fingerprint.json``, ``.dfo-complete``, every name
+under site-packages but ``__pycache__``, every ``*.dist-info`` entry's size/mtime/inode,
+``*.pth`` files, the NVIDIA driver and GPU list). The record holds while the stamp is the
+same **and** no file under site-packages (but ``__pycache__``) has a ctime after the time
+the stamp was taken; otherwise launch
 probes again, exactly as ``dfo deploy --check`` does, and records the new answer only when
 everything passed. Record format: line 1 ``STAMP AT``, line 2 JSON
 ``{"probe": {...}, "freeze": "...", "verified": ISO}``.
