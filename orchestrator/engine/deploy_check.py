@@ -83,7 +83,7 @@ class DeployChecks:
     def launch_check(self, facts: LaunchFacts) -> DeployReport:
         """``check`` for ``dfo launch``, from the facts of its one round trip: the env probe
         runs only when the env's recorded verification no longer holds (its stamp changed,
-        or a directory of the env did); a passed probe is recorded for the next launch."""
+        or a file under its site-packages did); a passed probe is recorded for the next launch."""
         self.clock.restart()
         lock, _, env_dir = self._local_facts()
         target = posixpath.basename(env_dir)
