@@ -35,6 +35,11 @@ OP_TIMEOUT_S = 10.0     # one store operation
 STORE_POLL_S = 0.25     # how often a watch loop reads the store
 
 
+def key_left(node: int) -> str:
+    """Set by a peer's supervisor as it exits: the head keeps the store up until then."""
+    return f"left/{node}"
+
+
 class Coordinator:
     """This node's connection to the run's coordination store, and its heartbeat thread.
     Every store call goes through :meth:`_op` (one lock; a failure returns None: a store
@@ -67,6 +72,17 @@ class Coordinator:
         threading.Thread(target=self._beat, name="dfo-heartbeat", daemon=True).start()
 
     def close(self) -> None:
+        """A peer says it is leaving; the head (whose process hosts the store) waits until
+        every peer left or went silent, so none misses the final decision."""
+        if self.store is not None and not self.gs.is_head:
+            self._op(lambda: self.store.set(key_left(self.gs.node), "1"))
+        elif self.store is not None:
+            peers = set(range(1, self.gs.nnodes))
+            while peers:
+                peers -= {k for k in peers
+                          if self._op(lambda k=k: self.store.check([key_left(k)]))}
+                peers -= {k for k, _ in self.lost(time.monotonic())}
+                time.sleep(STORE_POLL_S)
         self._stop.set()
 
     def _op(self, fn: Callable[[], Any]) -> Any:
