@@ -205,3 +205,70 @@ def test_sigterm_to_the_head_stops_both_nodes_with_one_checkpoint(group):
     assert len(g.checkpoints(0)) == 1 and g.checkpoints(1) == []
     assert len(g.kinds(0, "checkpoint")) == 1
     assert any("stop requested" in e.get("reason", "") for e in g.kinds(1, "stopping"))
+
+
+def test_a_lost_head_ends_the_peer_failed(group):
+    g = group(name="pairhead", node_lost_s=6.0, train={"max_steps": 100000},
+              checkpoint={"every": 100000})
+    wait_for(lambda: (g.state(0).get("last_step") or 0) >= 2, 240, "training on the head")
+    g.kill_node(0)
+    peer = g.wait_final(1, timeout=240)
+    assert peer["status"] == "failed"
+    assert peer["reason"].startswith("lost the head node gpu1 (no answer for")
+    assert procs_of(g.dirs[1]) == []
+
+
+def procs_of(run_dir: Path) -> list[int]:
+    from orchestrator.supervisor.procs import processes_of_run
+
+    return processes_of_run(str(run_dir))
+
+
+# --- the coordinator against a real store (no trainer) ------------------------------------------
+
+def _coords(node_lost_s: float = 3.0):
+    from orchestrator.supervisor.group import Coordinator
+
+    port = _free_port()
+    gs = [GroupSpec(name="pair", nodes=HOSTS, node=k, head_addr="127.0.0.1", port=port - 1,
+                    coord_port=port, nproc=1, node_lost_s=node_lost_s) for k in (0, 1)]
+    head, peer = Coordinator(gs[0], "r1"), Coordinator(gs[1], "r1")
+    head.open()
+    peer.open()
+    return head, peer
+
+
+def test_coordinator_abort_is_first_come_and_stop_reaches_the_other_node():
+    from orchestrator.ops.group_decide import GroupDecision, NodeEnd
+
+    head, peer = _coords()
+    try:
+        assert peer.abort(1, "node gpu2: fx") is True
+        assert head.abort(1, "node gpu1: crash") is False
+        assert head.aborted(1)["node"] == 1 and head.aborted(2) is None
+        head.set_plan(1, {"overrides": {}, "resume": None, "rdzv_id": "r1-a1"})
+        assert peer.plan(1)["rdzv_id"] == "r1-a1" and peer.plan(2) is None
+        peer.set_end(1, NodeEnd(node=1, host="gpu2", cls="oom", reason="r"))
+        assert head.end(1, 1).cls == "oom" and head.end(1, 0) is None
+        head.set_decision(1, GroupDecision(action="final", cause={}, status="done"))
+        assert peer.decision(1).status == "done"
+        assert head.stop_requested() is None
+        peer.request_stop("SIGTERM to the supervisor (dfo stop)")
+        assert head.stop_requested() == "SIGTERM to the supervisor (dfo stop) (on node gpu2)"
+    finally:
+        peer.close()
+        head.close()
+
+
+def test_coordinator_a_silent_peer_is_lost_and_the_head_gone_is_lost_to_the_peer():
+    head, peer = _coords(node_lost_s=2.0)
+    try:
+        time.sleep(1.5)
+        assert head.lost(time.monotonic()) == [] and peer.lost(time.monotonic()) == []
+        peer._stop.set()                     # the peer's heartbeat stops
+        got = wait_for(lambda: head.lost(time.monotonic()), 30, "the peer lost")
+        assert got[0][0] == 1 and got[0][1] > 2.0
+    finally:
+        head._stop.set()
+    got = wait_for(lambda: peer.lost(time.monotonic()), 30, "the head lost")
+    assert got[0][0] == 0

@@ -248,7 +248,7 @@ def trainer_argv(python: str, config_path: str, overrides: Mapping[str, Any], *,
 
 
 #: the node index of a multi-node run's attempt (the trainer's main rank is on node 0)
-NODE_RANK_ENV = "DFO_NODE_RANK"
+NODE_RANK_ENV = envvars.NODE_RANK
 
 
 def group_env(node: int, extra: Mapping[str, str]) -> dict[str, str]:
