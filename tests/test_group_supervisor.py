@@ -227,7 +227,7 @@ def procs_of(run_dir: Path) -> list[int]:
 # --- the coordinator against a real store (no trainer) ------------------------------------------
 
 def _coords(node_lost_s: float = 3.0):
-    from orchestrator.supervisor.group import Coordinator
+    from orchestrator.supervisor.coordinator import Coordinator
 
     port = _free_port()
     gs = [GroupSpec(name="pair", nodes=HOSTS, node=k, head_addr="127.0.0.1", port=port - 1,

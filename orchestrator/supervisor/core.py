@@ -243,8 +243,8 @@ class Supervisor(AttemptWatch):
         self.state.status, self.state.reason, self.state.ended_at = status, reason, time.time()
         if evidence is not None:
             self.state.evidence = evidence
-        if self.coord is not None and self.group.is_head and self.state.attempt:
-            group.decide(self, int(self.state.attempt), "final", status=status, reason=reason)
+        if self.coord is not None:
+            group.on_final(self, status, reason)
         self.emit("final", status=status, reason=reason,
                   last_checkpoint=self.state.last_checkpoint)
         self.save()
