@@ -41,7 +41,7 @@ class Group:
     supervisors (each in its own session, so a test can kill one node whole)."""
 
     def __init__(self, tmp: Path, assets: Path, *, name: str, faults=(None, None),
-                 node_lost_s: float = 8.0, thresholds=None, **train):
+                 node_lost_s: float = 8.0, thresholds=None, budget=None, **train):
         self.run_id = make_run_id(name, time.time())
         tmp.mkdir(parents=True, exist_ok=True)
         port, coord = _free_port(), _free_port()
@@ -62,7 +62,7 @@ class Group:
                 run_id=self.run_id, run_name=name, root=str(root), python=sys.executable,
                 config_path=str(run_dir / "config.yaml"), base_config=base, overrides={},
                 resume_path=None, checkpoint_dir=ck, env={}, fault=faults[k],
-                ladders=merge_ladders(), budget=BudgetPolicy(scale=0.01).to_json(),
+                ladders=merge_ladders(), budget=BudgetPolicy(**(budget or {"scale": 0.01})).to_json(),
                 thresholds_=lp.thresholds({**FAST, **(thresholds or {})}), lock=lay.run_lock, restore_cache_argv=None,
                 host=host)
             spec["group"] = gs.to_json()
@@ -276,3 +276,13 @@ def test_coordinator_a_silent_peer_is_lost_and_the_head_gone_is_lost_to_the_peer
         head._stop.set()
     got = wait_for(lambda: peer.lost(time.monotonic()), 30, "the head lost")
     assert got[0][0] == 0
+
+
+def test_sigterm_to_a_peer_during_the_backoff_stops_the_head_too(group):
+    g = group(name="pairback", faults=(None, "exit=1@3"), budget={"initial": 120.0})
+    wait_for(lambda: g.state(0).get("status") == "backoff", 240, "the head's backoff")
+    os.kill(g.procs[1].pid, signal.SIGTERM)
+    head, peer = g.wait_final(0, timeout=120), g.wait_final(1, timeout=120)
+    assert head["status"] == "stopped" and peer["status"] == "stopped"
+    assert "(on node gpu2)" in head["reason"]
+    assert len(g.kinds(0, "attempt_start")) == len(g.kinds(1, "attempt_start")) == 1

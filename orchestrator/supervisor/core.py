@@ -82,6 +82,8 @@ class Supervisor(AttemptWatch):
     def _sleep(self, seconds: float) -> None:
         end = time.monotonic() + seconds
         while self.stop_reason is None and time.monotonic() < end:
+            if self.coord is not None:   # a stop on another node (the backoff of a group)
+                group.sync_stop(self)
             time.sleep(min(0.1, max(0.0, end - time.monotonic())))
 
     # --- lock -------------------------------------------------------------------------------
