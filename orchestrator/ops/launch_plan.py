@@ -207,9 +207,8 @@ def ddp_nproc(cfg: Mapping[str, Any]) -> int:
 
 @dataclass(frozen=True)
 class Rendezvous:
-    """One attempt of a multi-node run on one node: torchrun's c10d rendezvous on the
-    head (``is_host`` there: the head's torchrun hosts the rendezvous store, the others
-    only dial it, so a loopback test cannot make two nodes both try to host it)."""
+    """One node's attempt of a multi-node run: torchrun's c10d rendezvous, hosted by the
+    head's torchrun only (``is_host``; on loopback every node would guess it is the host)."""
     nnodes: int
     head_addr: str
     port: int
@@ -247,14 +246,10 @@ def trainer_argv(python: str, config_path: str, overrides: Mapping[str, Any], *,
     return [python, *shim, *flags]
 
 
-#: the node index of a multi-node run's attempt (the trainer's main rank is on node 0)
-NODE_RANK_ENV = envvars.NODE_RANK
-
-
 def group_env(node: int, extra: Mapping[str, str]) -> dict[str, str]:
     """What a multi-node attempt's env adds on one node: its index and the group's env
     (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME, CUDA_VISIBLE_DEVICES; GroupSpec.env)."""
-    return {**{str(k): str(v) for k, v in extra.items()}, NODE_RANK_ENV: str(int(node))}
+    return {**{str(k): str(v) for k, v in extra.items()}, envvars.NODE_RANK: str(int(node))}
 
 
 # --- the supervisor's start command ---------------------------------------------------------
