@@ -197,7 +197,23 @@ def run(a) -> dict:
             continue
         report["variants"][name] = measure(a, cfg, dev, target, drafter, opt, tcfg, spec, peak,
                                            batch, feats, t_target, dfl, opts)
+        v = report["variants"][name]
+        print(f"bench: {name}: " + (f"{v['drafter_step_ms']} ms/step, {v['ms_per_sample']} ms/sample, "
+                                    f"MFU {v['drafter_mfu']}, compile+warm-up {v['warmup_s']} s"
+                                    if "drafter_step_ms" in v else str(v.get("skipped") or v.get("error"))),
+              flush=True)
+        if a.json:  # after each: a later candidate that runs out of time loses only itself
+            _write_json(a.json, report)
     return report
+
+
+def _write_json(path: str, report: dict) -> None:
+    import os
+
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(report, f, indent=1)
+    os.replace(tmp, path)
 
 
 def candidate(name: str) -> dict:
@@ -451,8 +467,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.write(format_marker({"kind": "bench", **r}))
     sys.stdout.flush()
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(r, f, indent=1)
+        _write_json(a.json, r)
     return 0
 
 
