@@ -12,7 +12,6 @@ torch's cache counters (the trainer's ``warmup:`` lines), never on time.
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 from pathlib import Path
