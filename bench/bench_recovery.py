@@ -174,6 +174,8 @@ def main(argv=None) -> int:
     ap.add_argument("--total-s", type=float, default=540.0, help="give up after (< 10 min)")
     ap.add_argument("--warmup-s", type=float, default=150.0, help="hang threshold before step 1")
     ap.add_argument("--train-s", type=float, default=60.0, help="hang threshold while training")
+    ap.add_argument("--stop-timeout", type=float, default=90.0,
+                    help="when the time is spent: seconds the run gets to stop")
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny CPU run (checks this script)")
     a = ap.parse_args(argv)
     out = Path(a.out).resolve()
@@ -207,7 +209,7 @@ def main(argv=None) -> int:
         time.sleep(2)
     else:
         print("time budget spent: stopping the run", flush=True)
-        ops.stop(plan.run_id, timeout=90)
+        ops.stop(plan.run_id, timeout=a.stop_timeout)
     res = analyse(Path(plan.run_dir))
     res["wall_s"] = round(time.time() - t0, 1)
     (out / "summary.json").write_text(json.dumps(res, indent=2))

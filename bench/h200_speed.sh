@@ -59,9 +59,9 @@ part() {
       "$PY" -m trainer.bench --quick --cpu --variants sdpa-compiled --candidate-variant sdpa-compiled \
       --candidates mb2,ce4096,cudagraphs --iters 1 --warmup 1 --budget-s 600 --json "$OUT/trainer_bench.json"
   else
-    part trainer-bench 235 "$W/logs/trainer_bench.log" env TORCHINDUCTOR_CACHE_DIR="$W/ind-bench" \
+    part trainer-bench 210 "$W/logs/trainer_bench.log" env TORCHINDUCTOR_CACHE_DIR="$W/ind-bench" \
       "$PY" -m trainer.bench --variants flex-compiled --iters 10 --warmup 2 \
-      --candidates mb2,ce8192,cudagraphs,mb2+ce8192,cdt,gemm --budget-s 165 \
+      --candidates mb2,cdt,mb2+cdt+ce8192,cudagraphs,gemm --budget-s 140 \
       --json "$OUT/trainer_bench.json"
   fi
 
@@ -69,7 +69,7 @@ part() {
   if [ "$MODE" = cpu ]; then
     part cache-bench 900 "$W/logs/cache_bench.log" "$PY" bench/bench_cache.py --budget 880 --workdir "$W/cache"
   else
-    part cache-bench 150 "$W/logs/cache_bench.log" "$PY" bench/bench_cache.py --device cuda --budget 140 \
+    part cache-bench 140 "$W/logs/cache_bench.log" "$PY" bench/bench_cache.py --device cuda --budget 130 \
       --workdir "$W/cache"
   fi
   grep '^BENCH ' "$W/logs/cache_bench.log" | tail -1 | cut -c7- > "$OUT/cache.json"
@@ -79,10 +79,12 @@ part() {
   [ "$MODE" = gpu ] && [ "$rest" -gt 170 ] && rest=170
   if [ "$MODE" = cpu ]; then
     part recovery $(( rest + 10 )) "$W/logs/recovery.log" "$PY" bench/bench_recovery.py --cpu-smoke \
-      --out "$W/rec" --inject fx_race@3 --steps 6 --total-s $(( rest - 10 )) --warmup-s 600
+      --out "$W/rec" --inject fx_race@3 --steps 6 --total-s $(( rest - 25 )) --stop-timeout 15 \
+      --warmup-s 600
   else
     part recovery $(( rest + 10 )) "$W/logs/recovery.log" "$PY" bench/bench_recovery.py --out "$W/rec" \
-      --inject fx_race@5 --steps 25 --total-s $(( rest - 10 )) --warmup-s 150 --train-s 60
+      --inject fx_race@5 --steps 20 --total-s $(( rest - 25 )) --stop-timeout 15 \
+      --warmup-s 150 --train-s 60
   fi
   cp "$W/rec/summary.json" "$OUT/recovery_summary.json" 2>/dev/null || echo "(no recovery summary)"
 
