@@ -56,7 +56,7 @@ part() {
   # 1. MFU: baseline + candidates (most likely wins first; compile-heavy ones last)
   if [ "$MODE" = cpu ]; then
     part trainer-bench 900 "$W/logs/trainer_bench.log" env TORCHINDUCTOR_CACHE_DIR="$W/ind-bench" \
-      "$PY" -m trainer.bench --quick --cpu --variants sdpa-compiled --candidate-variant sdpa-compiled \
+      "$PY" -m trainer.bench --quick --cpu --variants sdpa --candidate-variant sdpa \
       --candidates mb2,ce4096,cudagraphs --iters 1 --warmup 1 --budget-s 600 --json "$OUT/trainer_bench.json"
   else
     part trainer-bench 210 "$W/logs/trainer_bench.log" env TORCHINDUCTOR_CACHE_DIR="$W/ind-bench" \
