@@ -38,8 +38,11 @@ from . import runtime
 
 
 #: torch functions in the drafter step's graph that AOT-autograd's cache refuses by default
+#: (the higher-order forms are what some torch versions trace the same regions into)
 CACHEABLE_FUNCTIONS = ("torch.amp.autocast_mode._enter_autocast",
-                       "torch.amp.autocast_mode._exit_autocast")
+                       "torch.amp.autocast_mode._exit_autocast",
+                       "torch.ops.higher_order.wrap_with_autocast",
+                       "torch.ops.higher_order.wrap_with_set_grad_enabled")
 _tl = threading.local()
 
 
@@ -62,11 +65,11 @@ def apply_cache_settings(force: bool = False) -> None:
     if getattr(_tl, "cache_settings", False) and not force:
         return
     import torch
+    import torch._functorch.config as fcfg
+    import torch._inductor.config as icfg
 
-    fcfg = torch._functorch.config
     if hasattr(fcfg, "autograd_cache_allow_custom_autograd_functions"):
         fcfg.autograd_cache_allow_custom_autograd_functions = True
-    icfg = torch._inductor.config
     if hasattr(icfg, "unsafe_marked_cacheable_functions"):
         marked = dict(icfg.unsafe_marked_cacheable_functions or {})
         want = {f: torch.__version__ for f in CACHEABLE_FUNCTIONS}
