@@ -95,6 +95,16 @@ part() {
   echo "total ${SECONDS} s"
 } 2>&1 | tee "$OUT/speed.log"
 
+# the figures, after the exit codes in summary.txt
+{
+  echo "-- figures"
+  grep -h '^bench: ' "$W/logs/trainer_bench.log" 2>/dev/null
+  grep -h -e '^warm-up (trainer' -e '^autograd cache bypassed' -e '^process wall' \
+    -e '^cpu ' -e '^cuda' "$W/logs/cache_bench.log" 2>/dev/null
+  grep -h -e '^run recovery' -e '^| [0-9]' -e '^attempt [0-9] warm-up' "$W/logs/recovery.log" 2>/dev/null
+  grep -h '"ok"' "$W/logs/check.log" 2>/dev/null
+} >> "$OUT/summary.txt"
+
 # the rest, in one file: part logs, the recovery run's attempt logs, events, state
 run=$(find "$W/rec/root/runs" -mindepth 1 -maxdepth 1 -type d 2>/dev/null | head -1)
 mkdir -p "$W/logs/recovery-run"
