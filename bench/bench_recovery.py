@@ -160,6 +160,8 @@ def analyse(run_dir: Path) -> dict:
             "to_first_step_s": round(nxt["first_step_t"] - nxt["started_at"], 1)
             if nxt["first_step_t"] else None,
             "failure_to_healthy_s": round(healthy - seen, 1) if healthy else None,
+            "failure_to_first_step_s": round(nxt["first_step_t"] - seen, 1)
+            if nxt["first_step_t"] else None,
         })
     return {"status": state["status"], "reason": state["reason"], "overrides": state["overrides"],
             "cache_restores": [e for e in evs if e.get("kind") == "cache_restore"],
@@ -224,11 +226,12 @@ def main(argv=None) -> int:
               f"{at['steps']} |")
     print()
     print("| failed attempt | class | detection (s) | restart (s) | to first step (s) | "
-          "failure -> healthy (s) |")
-    print("|---|---|---|---|---|---|")
+          "failure -> first step (s) | failure -> healthy (s) |")
+    print("|---|---|---|---|---|---|---|")
     for r in res["recoveries"]:
         print(f"| {r['attempt']} | {r['class']} | {r['detection_s']} | {r['restart_s']} | "
-              f"{r['to_first_step_s']} | {r['failure_to_healthy_s']} |")
+              f"{r['to_first_step_s']} | {r['failure_to_first_step_s']} | "
+              f"{r['failure_to_healthy_s']} |")
     print()
     for at in res["attempts"]:
         w = at["warmup"]

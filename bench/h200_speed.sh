@@ -72,7 +72,7 @@ part() {
     part cache-bench 140 "$W/logs/cache_bench.log" "$PY" bench/bench_cache.py --device cuda --budget 130 \
       --workdir "$W/cache"
   fi
-  grep '^BENCH ' "$W/logs/cache_bench.log" | tail -1 | cut -c7- > "$OUT/cache.json"
+  grep '^BENCH ' "$W/logs/cache_bench.log" 2>/dev/null | tail -1 | cut -c7- > "$OUT/cache.json"
 
   # 3. recovery under the supervisor (what is left; the bench stops its run itself)
   rest=$(( TOTAL - SECONDS - 25 ))
