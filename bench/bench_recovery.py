@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -90,6 +91,7 @@ def config_text(out: Path, target: str, data: str, steps: int, cpu: bool) -> str
     cfg["model"]["target_path"], cfg["data"]["path"] = target, data
     cfg["train"].update({"max_steps": steps, "log_every": 1, "heartbeat_s": 1.0})
     cfg["checkpoint"].update({"every": 4})
+    cfg["compile"] = {"enabled": True, "gate": False}   # the cache path, as on the GPU
     cfg.pop("run", None)
     return yaml.safe_dump(cfg)
 
@@ -98,6 +100,28 @@ def markers(log: Path) -> list[dict]:
     if not log.exists():
         return []
     return list(iter_markers(log.read_text(errors="replace").splitlines()))
+
+
+WARM_LINE = re.compile(r"warmup: (\S+) .*?: ([0-9.]+) s\s+fxgraph hit (\d+) miss (\d+)\s+"
+                       r"autograd hit (\d+) miss (\d+)(?: bypass (\d+))?")
+
+
+def warmup_counters(log: Path) -> dict | None:
+    """The gate's warm-up lines of one attempt, summed (None: no gated warm-up ran)."""
+    if not log.exists():
+        return None
+    rows = WARM_LINE.findall(log.read_text(errors="replace"))
+    if not rows:
+        return None
+    tot = {"units": len(rows), "seconds": round(sum(float(r[1]) for r in rows), 2)}
+    for i, k in enumerate(("fxgraph_hit", "fxgraph_miss", "autograd_hit", "autograd_miss",
+                           "autograd_bypass")):
+        tot[k] = sum(int(r[2 + i] or 0) for r in rows)
+    per_dev: dict[str, float] = {}
+    for r in rows:
+        per_dev[r[0]] = round(per_dev.get(r[0], 0.0) + float(r[1]), 2)
+    tot["seconds_per_device"] = per_dev
+    return tot
 
 
 def analyse(run_dir: Path) -> dict:
@@ -112,7 +136,8 @@ def analyse(run_dir: Path) -> dict:
                          "signal": a.get("signal"), "steps": len(steps),
                          "first_step_t": steps[0]["t"] if steps else None,
                          "started_at": a["started_at"], "ended_at": a.get("ended_at"),
-                         "tokens_per_s": [s.get("tokens_per_s") for s in steps]})
+                         "tokens_per_s": [s.get("tokens_per_s") for s in steps],
+                         "warmup": warmup_counters(run_dir / a["log"])})
     best = max((x for a in attempts for x in a["tokens_per_s"] if x), default=None)
     timings = []
     for i, a in enumerate(attempts[:-1]):
@@ -135,8 +160,11 @@ def analyse(run_dir: Path) -> dict:
             "to_first_step_s": round(nxt["first_step_t"] - nxt["started_at"], 1)
             if nxt["first_step_t"] else None,
             "failure_to_healthy_s": round(healthy - seen, 1) if healthy else None,
+            "failure_to_first_step_s": round(nxt["first_step_t"] - seen, 1)
+            if nxt["first_step_t"] else None,
         })
     return {"status": state["status"], "reason": state["reason"], "overrides": state["overrides"],
+            "cache_restores": [e for e in evs if e.get("kind") == "cache_restore"],
             "best_tokens_per_s": best, "attempts": attempts, "recoveries": timings}
 
 
@@ -148,6 +176,8 @@ def main(argv=None) -> int:
     ap.add_argument("--total-s", type=float, default=540.0, help="give up after (< 10 min)")
     ap.add_argument("--warmup-s", type=float, default=150.0, help="hang threshold before step 1")
     ap.add_argument("--train-s", type=float, default=60.0, help="hang threshold while training")
+    ap.add_argument("--stop-timeout", type=float, default=90.0,
+                    help="when the time is spent: seconds the run gets to stop")
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny CPU run (checks this script)")
     a = ap.parse_args(argv)
     out = Path(a.out).resolve()
@@ -181,7 +211,7 @@ def main(argv=None) -> int:
         time.sleep(2)
     else:
         print("time budget spent: stopping the run", flush=True)
-        ops.stop(plan.run_id, timeout=90)
+        ops.stop(plan.run_id, timeout=a.stop_timeout)
     res = analyse(Path(plan.run_dir))
     res["wall_s"] = round(time.time() - t0, 1)
     (out / "summary.json").write_text(json.dumps(res, indent=2))
@@ -196,11 +226,22 @@ def main(argv=None) -> int:
               f"{at['steps']} |")
     print()
     print("| failed attempt | class | detection (s) | restart (s) | to first step (s) | "
-          "failure -> healthy (s) |")
-    print("|---|---|---|---|---|---|")
+          "failure -> first step (s) | failure -> healthy (s) |")
+    print("|---|---|---|---|---|---|---|")
     for r in res["recoveries"]:
         print(f"| {r['attempt']} | {r['class']} | {r['detection_s']} | {r['restart_s']} | "
-              f"{r['to_first_step_s']} | {r['failure_to_healthy_s']} |")
+              f"{r['to_first_step_s']} | {r['failure_to_first_step_s']} | "
+              f"{r['failure_to_healthy_s']} |")
+    print()
+    for at in res["attempts"]:
+        w = at["warmup"]
+        if w:
+            print(f"attempt {at['n']} warm-up: {w['units']} device x shape units, {w['seconds']} s "
+                  f"{w['seconds_per_device']}; fxgraph hit {w['fxgraph_hit']} miss "
+                  f"{w['fxgraph_miss']}; autograd hit {w['autograd_hit']} miss "
+                  f"{w['autograd_miss']} bypass {w['autograd_bypass']}")
+        else:
+            print(f"attempt {at['n']} warm-up: none reported (gate off: compiles lazily)")
     return 0 if res["status"] == "done" else 1
 
 

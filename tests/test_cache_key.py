@@ -33,6 +33,14 @@ def key(fp=FP, cfg=CFG, src="s" * 64, target="t" * 64):
     return ck.compute_key(fp, cfg, trainer_source=src, target_config=target)
 
 
+def test_compile_gate_is_not_in_the_key():
+    """Gate on or off compiles the same artifacts (issue 18): one snapshot serves both."""
+    off = dict(CFG, compile={"enabled": True, "gate": False})
+    assert key(cfg=off).key == key().key
+    assert "config.compile.gate" not in key().components
+    assert key(cfg=dict(CFG, compile={"enabled": False, "gate": True})).key != key().key
+
+
 def test_key_is_stable_and_filesystem_safe():
     a, b = key(), key()
     assert a.key == b.key

@@ -201,3 +201,39 @@ def test_seed_run_cache_copies_and_never_links(tmp_path: Path):
     for argv in sn.seed_run_cache_argvs(lay, "other", str(run2)):
         subprocess.run(argv, check=True)
     assert (run2 / "cache" / "inductor").is_dir() and not any((run2 / "cache" / "inductor").iterdir())
+
+
+def test_reseed_on_restart_keeps_the_runs_entries_and_drops_partial_writes(tmp_path: Path):
+    """The supervisor re-seeds a run's cache before a compile_gate retry: what the failed
+    attempt completed stays (the retry hits it), its half-written temporaries go, and the
+    live cache is laid over it (live entries win)."""
+    lay = RemoteLayout(str(tmp_path))
+    gen = tmp_path / "cache" / ".gens" / "k-1"
+    (gen / "inductor" / "fxgraph").mkdir(parents=True)
+    (gen / "inductor" / "fxgraph" / "live").write_bytes(b"live")
+    (gen / "inductor" / "fxgraph" / "both").write_bytes(b"from live")
+    os.symlink(gen, tmp_path / "cache" / "k")
+    run = tmp_path / "runs" / "r1"
+    argvs = sn.seed_run_cache_argvs(lay, "k", str(run))
+    for argv in argvs:
+        subprocess.run(argv, check=True)
+    fx = run / "cache" / "inductor" / "fxgraph"
+    (fx / "attempt1").write_bytes(b"compiled by attempt 1")
+    (fx / "both").write_bytes(b"changed by the run")
+    (fx / ".123.456.tmp").write_bytes(b"half")                      # inductor's write_atomic
+    (run / "cache" / "triton" / "tmp.pid_9_abc").mkdir(parents=True)  # triton's put()
+    subprocess.run(argvs[-1], check=True)
+    assert (fx / "attempt1").read_bytes() == b"compiled by attempt 1"
+    assert (fx / "live").read_bytes() == b"live"
+    assert (fx / "both").read_bytes() == b"from live"
+    assert not (fx / ".123.456.tmp").exists()
+    assert not (run / "cache" / "triton" / "tmp.pid_9_abc").exists()
+    assert not (run / ".cache.tmp").exists()
+    # no live cache at all: the run's own entries are still kept
+    run2 = tmp_path / "runs" / "r2"
+    argvs2 = sn.seed_run_cache_argvs(lay, "other", str(run2))
+    for argv in argvs2:
+        subprocess.run(argv, check=True)
+    (run2 / "cache" / "inductor" / "e").write_bytes(b"mine")
+    subprocess.run(argvs2[-1], check=True)
+    assert (run2 / "cache" / "inductor" / "e").read_bytes() == b"mine"

@@ -74,6 +74,25 @@ def test_bench_quick_cpu(tmp_path, capsys):
     assert "| sdpa |" in capsys.readouterr().out
 
 
+def test_bench_candidates_side_by_side_cpu(tmp_path, capsys):
+    """--candidates: each measured on the same models after the variants (per-sample figures
+    for a larger micro-batch), CUDA-only ones skipped on CPU, an unknown one refused."""
+    from trainer import bench
+
+    out = tmp_path / "c.json"
+    assert bench.main(["--quick", "--cpu", "--variants", "sdpa", "--candidate-variant", "sdpa",
+                       "--candidates", "mb2,ce4096,mb2+ce4096,cudagraphs", "--iters", "1",
+                       "--warmup", "1", "--json", str(out)]) == 0
+    v = json.loads(out.read_text())["variants"]
+    assert v["cand:mb2"]["micro_batch"] == 2 and v["cand:mb2"]["settings"] == {"micro_batch": 2}
+    assert v["cand:mb2"]["ms_per_sample"] == round(v["cand:mb2"]["drafter_step_ms"] / 2, 3)
+    assert v["cand:mb2+ce4096"]["settings"] == {"micro_batch": 2, "ce_chunk": 4096}
+    assert v["cand:ce4096"]["drafter_step_ms"] > 0 and v["sdpa"]["drafter_step_ms"] > 0
+    assert "CUDA" in v["cand:cudagraphs"]["skipped"]
+    assert "bench: cand:mb2:" in capsys.readouterr().out
+    assert bench.main(["--quick", "--cpu", "--candidates", "nope"]) == 2
+
+
 def test_bench_flop_formula_matches_prototype_figure():
     """The H200 shape: ~40.8 TFLOP per sample, so 103.7 ms/sample is ~40% MFU (the prototype)."""
     from trainer.bench import drafter_flops, qwen3_4b_config

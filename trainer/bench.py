@@ -32,6 +32,8 @@ import torch
 
 from dfo_contract.markers import format_marker
 
+from .bench_measure import CANDIDATES, candidate, measure, write_json
+
 H200_BF16_PEAK_TFLOPS = 989.0
 VARIANTS = ("flex-compiled", "flex", "sdpa", "sdpa-compiled")
 
@@ -173,54 +175,22 @@ def run(a) -> dict:
                                 "analytic_ms": round(t_ours * 1e3, 3)}
     params = drafter.trainable_parameters()
     opt = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), fused=dev.type == "cuda")
-    for name in a.variants:
-        backend = "flex" if name.startswith("flex") else "sdpa"
-        if backend == "flex" and dev.type == "cpu":
-            report["variants"][name] = {"skipped": "compiled flex has no backward on CPU"}
+    plan = [(name, {"variant": name}) for name in a.variants]
+    plan += [(f"cand:{c}", {"variant": a.candidate_variant, **candidate(c)}) for c in a.candidates]
+    t_plan = time.perf_counter()
+    for name, opts in plan:
+        if a.budget_s and time.perf_counter() - t_plan > a.budget_s:
+            report["variants"][name] = {"skipped": f"--budget-s {a.budget_s:.0f} spent"}
             continue
-        drafter.attn_backend = backend
-        cfg.compile.enabled = name.endswith("-compiled")
-        cfg.model.attention = backend
-
-        def drafter_step():
-            loss, _ = S.drafter_loss(drafter, feats, batch, cfg)
-            loss.backward()
-            return loss
-
-        try:
-            if dev.type == "cuda":
-                torch.cuda.empty_cache()
-                torch.cuda.reset_peak_memory_stats(dev)
-            tc = time.perf_counter()
-            for _ in range(a.warmup):
-                drafter_step()
-                drafter.zero_grad(set_to_none=False)
-            _sync(dev)
-            first_s = time.perf_counter() - tc
-            t_step = _timeit(lambda: (drafter_step(), None), dev, a.iters)
-            t_opt = _timeit(lambda: opt.step(), dev, a.iters)
-            t_mask = _timeit(lambda: attention.build_mask(backend, batch.anchors, batch.anchor_valid,
-                                                          a.seq_len, a.block_size), dev, a.iters)
-            drafter.zero_grad(set_to_none=True)
-            peak_mem = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None
-        except torch.OutOfMemoryError as e:
-            report["variants"][name] = {"error": f"OOM: {str(e).splitlines()[0]}"}
-            drafter.zero_grad(set_to_none=True)
-            continue
-        e2e = t_target + t_step + t_opt
-        report["variants"][name] = {
-            "warmup_s": round(first_s, 2),
-            "drafter_step_ms": round(t_step * 1e3, 3),
-            "optimizer_ms": round(t_opt * 1e3, 3),
-            "block_mask_ms": round(t_mask * 1e3, 3),
-            "drafter_mfu": mfu(dfl["total"], t_step),
-            "drafter_tflops": round(dfl["total"] / t_step / 1e12, 2),
-            "ms_per_sample": round(t_step * 1e3 / b, 3),
-            "peak_mem_bytes": peak_mem,
-            "end_to_end_ms": round(e2e * 1e3, 3),
-            "tokens_per_s": round(b * a.seq_len / e2e, 1),
-            "samples_per_s": round(b / e2e, 3),
-        }
+        report["variants"][name] = measure(a, cfg, dev, target, drafter, opt, tcfg, spec, peak,
+                                           batch, feats, t_target, dfl, opts)
+        v = report["variants"][name]
+        print(f"bench: {name}: " + (f"{v['drafter_step_ms']} ms/step, {v['ms_per_sample']} ms/sample, "
+                                    f"MFU {v['drafter_mfu']}, compile+warm-up {v['warmup_s']} s"
+                                    if "drafter_step_ms" in v else str(v.get("skipped") or v.get("error"))),
+              flush=True)
+        if a.json:  # after each: a later candidate that runs out of time loses only itself
+            write_json(a.json, report)
     return report
 
 
@@ -310,6 +280,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peak-tflops", type=float, default=None)
     ap.add_argument("--compile-mode", default="default",
                     help="torch.compile mode of the compiled variants (e.g. max-autotune-no-cudagraphs)")
+    ap.add_argument("--candidates", default="",
+                    help="comma-separated changes measured after the variants on the same models: "
+                         + ", ".join(CANDIDATES) + " (join with '+', e.g. mb2+ce8192)")
+    ap.add_argument("--candidate-variant", default="flex-compiled", choices=VARIANTS,
+                    help="the variant the candidates change (sdpa-compiled for a CPU smoke test)")
+    ap.add_argument("--budget-s", type=float, default=0.0,
+                    help="skip the variants/candidates that would start after this many seconds")
     ap.add_argument("--json", default=None, help="also write the report to this file")
     ap.add_argument("--compare-mask", action="store_true",
                     help="also time torch's uncompiled create_block_mask against the analytic build")
@@ -329,6 +306,13 @@ def main(argv: list[str] | None = None) -> int:
     a.iters = a.iters or (2 if q else 10)
     a.warmup = a.warmup or (1 if q else 3)
     a.variants = [v.strip() for v in (a.variants or ",".join(VARIANTS[:3])).split(",") if v.strip()]
+    a.candidates = [c.strip() for c in a.candidates.split(",") if c.strip()]
+    try:
+        for c in a.candidates:
+            candidate(c)
+    except ValueError as e:
+        print(f"trainer.bench: {e}", file=sys.stderr)
+        return 2
     bad = [v for v in a.variants if v not in VARIANTS]
     if bad:
         print(f"trainer.bench: unknown variant {bad[0]!r} (known: {', '.join(VARIANTS)})", file=sys.stderr)
@@ -341,8 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.write(format_marker({"kind": "bench", **r}))
     sys.stdout.flush()
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(r, f, indent=1)
+        write_json(a.json, r)
     return 0
 
 

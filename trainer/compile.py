@@ -15,14 +15,68 @@ inside ``ctx_factory(what)`` (a context manager; ``what`` names the callee). The
 gate (trainer.gate) installs its process-wide lock this way. ``None`` removes it.
 
 The registry, probes and guard are the process's ``trainer.runtime.get().compile``.
+
+Cache settings (``cache_settings()``, applied by ``apply_cache_settings()`` in every thread
+that compiles, once per thread, gate on or off alike -- they are part of the FX-graph and
+AOT-autograd cache keys, so every process and thread of every attempt must use the same):
+the drafter step's joint graph holds ``torch.autocast(enabled=False)`` regions (RoPE, the
+chunked CE) and a custom ``autograd.Function`` (the CE), and AOT-autograd's cache BYPASSES
+any graph with either by default (``autograd_cache_bypass``: "Unsupported call_function
+target _enter_autocast", then "... autograd_function_apply"), re-tracing and re-partitioning
+the joint graph on every start even when every inductor graph hits. Both are pure here
+(autocast's arguments are constants in the graph; the Function's forward and backward are
+traced into it), so they are marked cacheable.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import Callable, ContextManager
 
 from . import runtime
+
+
+#: torch functions in the drafter step's graph that AOT-autograd's cache refuses by default
+#: (the higher-order forms are what some torch versions trace the same regions into)
+CACHEABLE_FUNCTIONS = ("torch.amp.autocast_mode._enter_autocast",
+                       "torch.amp.autocast_mode._exit_autocast",
+                       "torch.ops.higher_order.wrap_with_autocast",
+                       "torch.ops.higher_order.wrap_with_set_grad_enabled")
+_tl = threading.local()
+
+
+def cache_settings() -> dict[str, object]:
+    """What ``apply_cache_settings`` sets (for reports): config name -> value."""
+    import torch
+
+    return {"torch._functorch.config.autograd_cache_allow_custom_autograd_functions": True,
+            "torch._inductor.config.unsafe_marked_cacheable_functions":
+                {f: torch.__version__ for f in CACHEABLE_FUNCTIONS}}
+
+
+def apply_cache_settings(force: bool = False) -> None:
+    """Make the drafter step's joint graph cacheable by AOT-autograd, in the CALLING thread.
+
+    Once per thread (config writes are per-thread on torch >= 2.12); a no-op where torch
+    lacks the settings. Called by ``compiled``/``guard`` (so every compiling thread has it)
+    and by the gate's ``thread_setup`` in both gate modes.
+    """
+    if getattr(_tl, "cache_settings", False) and not force:
+        return
+    import torch
+    import torch._functorch.config as fcfg
+    import torch._inductor.config as icfg
+
+    if hasattr(fcfg, "autograd_cache_allow_custom_autograd_functions"):
+        fcfg.autograd_cache_allow_custom_autograd_functions = True
+    if hasattr(icfg, "unsafe_marked_cacheable_functions"):
+        marked = dict(icfg.unsafe_marked_cacheable_functions or {})
+        want = {f: torch.__version__ for f in CACHEABLE_FUNCTIONS}
+        if any(marked.get(k) != v for k, v in want.items()):
+            marked.update(want)
+            icfg.unsafe_marked_cacheable_functions = marked
+    _tl.cache_settings = True
 
 
 def _state() -> runtime.CompileState:
@@ -35,12 +89,14 @@ def set_call_guard(ctx_factory: Callable[[str], ContextManager] | None) -> None:
 
 
 def guard(what: str) -> ContextManager:
+    apply_cache_settings()
     f = _state().guard_factory
     return f(what) if f is not None else contextlib.nullcontext()
 
 
 def compiled(name: str, fn: Callable, **options) -> Callable:
     """``torch.compile(fn, dynamic=False, **options)`` created once per process under ``name``."""
+    apply_cache_settings()
     st = _state()
     with st.lock:
         c = st.compiled.get(name)

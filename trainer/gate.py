@@ -29,6 +29,7 @@ stance -- ONLY to reproduce and diagnose the failure. Never train with it.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -78,6 +79,50 @@ def counters_snapshot() -> dict[str, int]:
     return {name: int(counters[sec][key]) for (sec, key), name in COUNTER_KEYS.items()}
 
 
+AOT_CACHE_LOGGER = "torch._functorch._aot_autograd.autograd_cache"
+
+
+class BypassReasons(logging.Handler):
+    """Collects AOT-autograd's cache-bypass reasons while active (a context manager).
+
+    torch logs "Bypassing autograd cache due to: <reason>" at INFO; when that logger is not
+    already at INFO (no TORCH_LOGS), it is raised to INFO for the duration with propagation
+    off, so nothing extra is printed.
+    """
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.reasons: list[str] = []
+        self._saved: tuple[int, bool] | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            msg = record.getMessage()
+        except Exception:  # noqa: BLE001 - never break a compile over a log line
+            return
+        if "Bypassing autograd cache" in msg:
+            why = " ".join(msg.split("due to:", 1)[-1].split())
+            if why not in self.reasons:
+                self.reasons.append(why[:300])
+
+    def __enter__(self) -> "BypassReasons":
+        lg = logging.getLogger(AOT_CACHE_LOGGER)
+        if not lg.isEnabledFor(logging.INFO):
+            self._saved = (lg.level, lg.propagate)
+            lg.setLevel(logging.INFO)
+            lg.propagate = False
+        lg.addHandler(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        lg = logging.getLogger(AOT_CACHE_LOGGER)
+        lg.removeHandler(self)
+        if self._saved is not None:
+            lg.setLevel(self._saved[0])
+            lg.propagate = self._saved[1]
+            self._saved = None
+
+
 def counters_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
     return {k: after.get(k, 0) - before.get(k, 0) for k in after}
 
@@ -120,8 +165,11 @@ class CompileGate:
     def thread_setup(self) -> None:
         """Call first in every thread that runs compiled code (incl. the warm-up thread).
 
-        Gate off keeps the incident's pattern: torch's defaults, nothing applied.
+        Gate off keeps the incident's pattern for dynamo (torch's defaults). The compile
+        CACHE settings (``trainer.compile.apply_cache_settings``) are applied in both modes:
+        they are part of the cache keys, so a gate-on retry hits what a gate-off attempt built.
         """
+        _compile.apply_cache_settings()
         if self.enabled:
             apply_dynamo_settings(self.settings)
 
@@ -229,7 +277,7 @@ def describe(rec: WarmupRecord) -> str:
     return (f"warmup: {rec.device} {_fmt_shape(tuple(rec.shape))} {rec.what}: {rec.seconds:.2f} s"
             f"  fxgraph hit {c.get('fxgraph_cache_hit', 0)} miss {c.get('fxgraph_cache_miss', 0)}"
             f"  autograd hit {c.get('autograd_cache_hit', 0)} miss "
-            f"{c.get('autograd_cache_miss', 0)}")
+            f"{c.get('autograd_cache_miss', 0)} bypass {c.get('autograd_cache_bypass', 0)}")
 
 
 def _sync(device: str) -> None:

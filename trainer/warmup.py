@@ -147,7 +147,7 @@ def run_warmup(cfg, *, load_cache: str | None = None, save_cache: str | None = N
 
     from . import step
     from . import metrics
-    from .gate import CompileGate, counters_delta, counters_snapshot, default_dynamo_settings, \
+    from .gate import BypassReasons, CompileGate, counters_delta, counters_snapshot, default_dynamo_settings, \
         describe, install
 
     report: dict[str, Any] = {"torch": torch.__version__, "layout": cfg.parallel.layout,
@@ -167,7 +167,8 @@ def run_warmup(cfg, *, load_cache: str | None = None, save_cache: str | None = N
 
     em = metrics.Emitter(None)
     em.set_phase("warmup")
-    with metrics.Heartbeat(em, every_s=cfg.train.heartbeat_s) as hb:
+    bypass = BypassReasons()
+    with metrics.Heartbeat(em, every_s=cfg.train.heartbeat_s) as hb, bypass:
         tasks = []
         for dev in devs:
             target, drafter = step.build_models(cfg, torch.device(dev))
@@ -177,6 +178,7 @@ def run_warmup(cfg, *, load_cache: str | None = None, save_cache: str | None = N
     report["records"] = gate.report()
     report["totals"] = counters_delta(total0, counters_snapshot())
     report["seconds"] = round(time.perf_counter() - t0, 3)
+    report["autograd_bypass_reasons"] = bypass.reasons
     if save_cache:
         report["mega_cache_save"] = save_mega_cache(save_cache)
     return report
@@ -197,7 +199,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"warmup: done in {report['seconds']:.1f} s, {len(report['records'])} "
               f"device x shape units; fxgraph hit {t.get('fxgraph_cache_hit', 0)} miss "
               f"{t.get('fxgraph_cache_miss', 0)}, autograd hit {t.get('autograd_cache_hit', 0)} "
-              f"miss {t.get('autograd_cache_miss', 0)}", flush=True)
+              f"miss {t.get('autograd_cache_miss', 0)} bypass {t.get('autograd_cache_bypass', 0)}"
+              + "".join(f"\nwarmup: autograd cache bypassed: {w}"
+                        for w in report["autograd_bypass_reasons"]), flush=True)
         from .metrics import Emitter
 
         Emitter(None).marker("done", step=0)

@@ -66,7 +66,8 @@ class SingleLayout(LayoutBase):
             tasks = [gate.WarmupTask(device=str(self.device), shape=tuple(s), run=run_bucket(s))
                      for s in buckets]
             # the loop's heartbeat thread is already running: no second one here
-            recs = g.warmup(tasks, heartbeat=contextlib.nullcontext())
+            recs = g.warmup(tasks, heartbeat=contextlib.nullcontext(),
+                            on_record=lambda rec: emitter.print(gate.describe(rec)))
             g.seal()
             return [r.to_json() for r in recs]
         recs = []

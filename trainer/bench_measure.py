@@ -1,0 +1,159 @@
+"""The measuring half of ``python -m trainer.bench``: one variant (or candidate) timed on the
+process's models, and the candidate table (issue 18's MFU changes, measured side by side).
+
+A candidate changes the flex-compiled step: micro-batch, LM-head chunk, inductor settings
+(patched only around its own compile and timing) or the compile mode. Each compiles its own
+step (the compiled registry and dynamo are reset before and after it); a candidate that
+fails or runs out of memory is reported with its error so the others still run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+
+import torch
+
+#: ``--candidates``: changes to the flex-compiled step measured side by side with it (issue 18's
+#: MFU). Combine with '+', e.g. ``mb2+ce8192``. Each runs in this process after the variants,
+#: with dynamo reset and its own compile; ``--budget-s`` skips what no longer fits.
+CANDIDATES: dict[str, dict] = {
+    "base": {},                                                  # flex-compiled again
+    "mb2": {"micro_batch": 2},                                   # 2 sequences per step
+    "mb4": {"micro_batch": 4},
+    "ce4096": {"ce_chunk": 4096},                                # fewer, larger LM-head chunks
+    "ce8192": {"ce_chunk": 8192},                                # one chunk at 512 x 15 rows
+    "cdt": {"inductor": {"coordinate_descent_tuning": True}},    # tune pointwise/reduction configs
+    "gemm": {"inductor": {"max_autotune_gemm": True,             # autotune the matmuls only
+                          "max_autotune_gemm_backends": "ATEN,TRITON",
+                          "max_autotune_pointwise": False}},
+    "cudagraphs": {"mode": "reduce-overhead"},                   # CUDA graphs of the static step
+}
+
+
+def write_json(path: str, report: dict) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(report, f, indent=1)
+    os.replace(tmp, path)
+
+
+def candidate(name: str) -> dict:
+    """The settings of ``name`` (a key of CANDIDATES, or several joined with '+')."""
+    out: dict = {}
+    for part in name.split("+"):
+        if part not in CANDIDATES:
+            raise ValueError(f"unknown candidate {part!r} (known: {', '.join(CANDIDATES)})")
+        for k, v in CANDIDATES[part].items():
+            out[k] = {**out.get(k, {}), **v} if isinstance(v, dict) else v
+    return out
+
+
+def reset_compiled() -> None:
+    """Forget every compiled function (a candidate compiles its own)."""
+    from . import runtime
+
+    st = runtime.get().compile
+    with st.lock:
+        st.compiled.clear()
+        st.probes.clear()
+    torch._dynamo.reset()
+
+
+def measure(a, cfg, dev, target, drafter, opt, tcfg, spec, peak, batch, feats, t_target, dfl,
+            opts: dict) -> dict:
+    """Time one variant (optionally changed by a candidate's settings) on this process's models."""
+    from . import attention, step as S
+    from .bench import _sync, _timeit, drafter_flops, visible_pairs
+
+    name = opts["variant"]
+    backend = "flex" if name.startswith("flex") else "sdpa"
+    if backend == "flex" and dev.type == "cpu":
+        return {"skipped": "compiled flex has no backward on CPU"}
+    mb = int(opts.get("micro_batch", a.micro_batch))
+    mode = opts.get("mode", a.compile_mode)
+    if mode == "reduce-overhead" and dev.type != "cuda":
+        return {"skipped": "CUDA graphs need CUDA"}
+    drafter.attn_backend = backend
+    cfg.compile.enabled = name.endswith("-compiled")
+    cfg.model.attention = backend
+    cfg.compile.mode = mode
+    cfg.model.ce_chunk = int(opts.get("ce_chunk", a.ce_chunk))
+    cfg.train.micro_batch = mb
+    extra = {k: v for k, v in opts.items() if k != "variant"}
+    if extra:
+        reset_compiled()
+    if mb != a.micro_batch:
+        batch = S.dummy_batch(cfg, a.seq_len, a.anchors, mb, dev, seed=0)
+        feats = S.target_features(target, batch, cfg)
+        t_target = _timeit(lambda: S.target_features(target, batch, cfg), dev, max(1, a.iters // 2))
+        b, n = batch.anchors.shape
+        dfl = drafter_flops(spec, seq_len=b * a.seq_len, tq=b * n * a.block_size,
+                            pairs=visible_pairs(batch.anchors, batch.anchor_valid, a.block_size),
+                            label_rows=b * n * (a.block_size - 1))
+    b = batch.anchors.shape[0]
+    cudagraphs = "reduce-overhead" in mode
+
+    def mfu(flops, secs):
+        return round(flops / secs / peak, 4) if peak else None
+
+    def drafter_step():
+        if cudagraphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        loss, _ = S.drafter_loss(drafter, feats, batch, cfg)
+        loss.backward()
+        return loss
+
+    ind = opts.get("inductor") or {}
+    patch = torch._inductor.config.patch(**ind) if ind else contextlib.nullcontext()
+    try:
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(dev)
+        with patch:
+            tc = time.perf_counter()
+            for _ in range(a.warmup):
+                drafter_step()
+                drafter.zero_grad(set_to_none=False)
+            _sync(dev)
+            first_s = time.perf_counter() - tc
+            t_step = _timeit(lambda: (drafter_step(), None), dev, a.iters)
+        t_opt = _timeit(lambda: opt.step(), dev, a.iters)
+        t_mask = _timeit(lambda: attention.build_mask(backend, batch.anchors, batch.anchor_valid,
+                                                      a.seq_len, a.block_size), dev, a.iters)
+        drafter.zero_grad(set_to_none=True)
+        peak_mem = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None
+    except torch.OutOfMemoryError as e:
+        drafter.zero_grad(set_to_none=True)
+        return {"error": f"OOM: {str(e).splitlines()[0]}", **({"settings": extra} if extra else {})}
+    except Exception as e:  # noqa: BLE001 - a candidate that fails is reported, the rest run
+        if not extra:
+            raise
+        drafter.zero_grad(set_to_none=True)
+        return {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}",
+                "settings": extra}
+    finally:
+        cfg.train.micro_batch, cfg.model.ce_chunk, cfg.compile.mode = (a.micro_batch, a.ce_chunk,
+                                                                       a.compile_mode)
+        if extra:
+            reset_compiled()
+    e2e = t_target + t_step + t_opt
+    out = {
+        "warmup_s": round(first_s, 2),
+        "drafter_step_ms": round(t_step * 1e3, 3),
+        "optimizer_ms": round(t_opt * 1e3, 3),
+        "block_mask_ms": round(t_mask * 1e3, 3),
+        "drafter_mfu": mfu(dfl["total"], t_step),
+        "drafter_tflops": round(dfl["total"] / t_step / 1e12, 2),
+        "ms_per_sample": round(t_step * 1e3 / b, 3),
+        "peak_mem_bytes": peak_mem,
+        "end_to_end_ms": round(e2e * 1e3, 3),
+        "tokens_per_s": round(b * a.seq_len / e2e, 1),
+        "samples_per_s": round(b / e2e, 3),
+    }
+    if extra:
+        out["settings"] = extra
+        out["micro_batch"] = b
+    return out
