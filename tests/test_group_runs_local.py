@@ -134,3 +134,54 @@ def test_resume_is_resolved_on_the_head_only(tmp_path, tiny_assets):  # noqa: F8
     with pytest.raises(NotFoundError) as ei:       # the head has no checkpoints
         gr.launch(opts(cfg, resume="latest"))
     assert "node 0 (a)" in str(ei.value) and "node 1" not in str(ei.value)
+
+
+def fast(cfg, **kw):
+    from tests.supervisor_env import FAST
+
+    th = dict(FAST)
+    return LaunchOptions(config=str(cfg), env_check=False, backoff_scale=0.01, thresholds=th,
+                         **kw)
+
+
+def test_a_node_that_fails_to_start_stops_the_started_ones(tmp_path, tiny_assets):  # noqa: F811
+    gr, roots = pair(tmp_path)
+    cfg = write_config(tmp_path / "c.yaml", tiny_assets, train={"max_steps": 2000})
+    run_id = "c-20260101-000000-abcdef"
+    (roots[1] / "runs" / run_id).mkdir(parents=True)     # node 1 cannot make its run dir
+    with pytest.raises(LockHeldError) as ei:
+        gr.launch(fast(cfg, run_id=run_id))
+    assert f"run {run_id} did not start: node 1 (b): run directory" in str(ei.value)
+    info = gr.ops("a").status(run_id)[0]
+    assert info["status"] in ("stopped", "failed", "done") and not info.get("live")
+
+
+@pytest.mark.slow
+def test_launch_status_logs_stop_on_two_local_nodes(tmp_path, tiny_assets):  # noqa: F811
+    from orchestrator.engine.group_logs import follow_group
+    from tests.supervisor_env import wait_for
+
+    gr, roots = pair(tmp_path)
+    cfg = write_config(tmp_path / "c.yaml", tiny_assets, train={"max_steps": 2000},
+                       checkpoint={"every": 3})
+    gp = gr.launch(fast(cfg))
+    rid = gp.run_id
+    try:
+        for r in roots:
+            spec = json.loads((r / "runs" / rid / "spec.json").read_text())
+            assert spec["group"]["nodes"] == ["a", "b"] and spec["run_id"] == rid
+        wait_for(lambda: all(((o.value or {}).get("last_step") or 0) >= 2
+                             for o in gr.status(rid)[1]), 240, "steps on both nodes")
+        got, outs = gr.status()
+        assert got == rid and [o.host for o in outs] == ["a", "b"] and all(o.ok for o in outs)
+        lines: list[tuple[str, str]] = []
+        res = follow_group([(h.name, gr.ops(h.name).t, gr.ops(h.name).layout)
+                            for h in gr.hosts], rid,
+                           on_line=lambda host, ln: lines.append((host, ln.file)))
+        assert all(o.ok for o in res)
+        assert {h for h, f in lines if f == "events.jsonl"} == {"a", "b"}
+    finally:
+        got, outs = gr.stop(rid, timeout=120)
+    assert got == rid and all(o.ok for o in outs), [o.error for o in outs]
+    assert [o.value["status"] for o in outs] == ["stopped", "stopped"]
+    assert (outs[0].value.get("last_checkpoint") or {}).get("step") is not None

@@ -183,11 +183,21 @@ class GroupRuns:
                 names = ", ".join(h.name for h in started)
                 self.say(f"stopping run {gp.run_id} on {names} (the group did not start)")
                 order = [by_name[n] for n in self.group.hosts if by_name[n] in started]
-                self.each(lambda h: self.ops(h.name).stop(
-                    gp.run_id, timeout=gp.head.plan.spec["thresholds"]["stop_timeout_s"] + 30),
-                    order)
+                stop_s = gp.head.plan.spec["thresholds"]["stop_timeout_s"] + 30
+                self.each(lambda h: self._stop_started(h.name, gp.run_id, o.start_timeout, stop_s),
+                          order)
             raise
         return gp
+
+    def _stop_started(self, name: str, run_id: str, start_timeout: float, stop_s: float) -> None:
+        """Stop a node's supervisor that was started for a group that did not start: once it
+        runs (a supervisor still starting has no stop handler yet)."""
+        ops = self.ops(name)
+        try:
+            ops._wait_started(run_id, start_timeout)
+        except DfoError:
+            pass
+        ops.stop(run_id, timeout=stop_s)
 
     # --- status / stop ---------------------------------------------------------------------
     def resolve_run(self, run: str | None) -> str:
