@@ -16,7 +16,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 log() { printf '\n== %s\n' "$*" >&2; }
 
 # --- 1. system packages ------------------------------------------------------
-APT_PACKAGES=(openssh-server openssh-client lxc lxc-templates debootstrap distro-info rsync
+APT_PACKAGES=(openssh-server openssh-client lxc lxc-templates debootstrap distro-info rsync iproute2
               ca-certificates shellcheck tmux)
 if [[ $(id -u) -ne 0 ]]; then
     echo "scripts/test.sh: needs root (the lab runs sshd for root and LXC containers)" >&2

@@ -7,6 +7,9 @@ Fixtures:
   lab_hosts_factory(root=..., node_root=..., wheelhouse=False) -> Path: same, your roots
   lab_scratch      Container 201, built, held exclusively for the test: stop/start it freely
   make_sshd        factory for extra sshds (e.g. without pct on PATH); stopped at test end
+  lab_pair         PairInfo: containers 202 (head, 10.77.0.1) and 203 (10.77.0.2) up on the
+                   pair network (br0 in netns dfo-lab-mn, mn0 in each), held exclusively
+                   (flock) for the test; .hosts_yaml(...) names them lab-a, lab-b + group pair
 
 Without root or without LXC the lab fixtures skip with the reason, unless the
 environment variable CI is set (true/1/yes): then a lab that cannot come up fails.
@@ -28,6 +31,7 @@ if str(_REPO) not in sys.path:  # `import tests.lab` also under a bare `pytest`
     sys.path.insert(0, str(_REPO))
 
 from tests.lab import Lab, LabInfo, LabUnavailable, Sshd  # noqa: E402
+from tests.lab.pair import Pair, PairInfo  # noqa: E402
 from tests.lab.procs import file_lock  # noqa: E402
 
 
@@ -116,3 +120,17 @@ def make_sshd(tmp_path_factory):
     yield make
     for s in started:
         s.down()
+
+
+@pytest.fixture
+def lab_pair(_lab_manager: Lab) -> PairInfo:
+    """Containers 202 and 203 on the pair network, held exclusively (flock) for this
+    test: stop/start them freely; the next test's ``up`` repairs whatever it finds
+    (a stopped container, a missing veth pair or namespace)."""
+    pair = Pair(_lab_manager)
+    with file_lock(pair.lock):
+        try:
+            info = pair.up()
+        except LabUnavailable as e:
+            _unavailable(str(e))
+        yield info

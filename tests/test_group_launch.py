@@ -49,24 +49,6 @@ def test_layout_is_forced_to_ddp_and_another_is_refused():
         gl.group_sets(["parallel.layout=single"])
 
 
-def fp(**kw):
-    d = {"profile": "cuda", "lock_hash": "abc", "dfo": "0.1.0", "python": "3.12.3",
-         "torch": "2.11.0+cu130", "torch_cuda": "13.0", "transformers": "5.17.0",
-         "device_count": 8}
-    d.update(kw)
-    return d
-
-
-def test_env_difference_names_the_host_and_the_field():
-    assert gl.env_difference("pair", [("gpu1", fp()), ("gpu2", fp(device_count=2))]) is None
-    assert gl.env_difference("pair", [("gpu1", None), ("gpu2", None)]) is None
-    msg = gl.env_difference("pair", [("gpu1", fp()), ("gpu2", fp(torch="2.11.0+cu128"))])
-    assert msg == ("gpu2's env differs from gpu1's (torch 2.11.0+cu128 vs 2.11.0+cu130): "
-                   "run dfo deploy --group pair")
-    msg = gl.env_difference("pair", [("gpu1", fp()), ("gpu2", None)])
-    assert "gpu2 has no fingerprint.json" in msg and "dfo deploy --group pair" in msg
-
-
 def test_nodes_error_keeps_the_first_failing_nodes_exit_code():
     e = gl.nodes_error([(1, "gpu2", "no deployed env on gpu2 (run dfo deploy)", 7)], "cannot launch")
     assert isinstance(e, DeployError) and e.exit_code == 7

@@ -185,3 +185,11 @@ def test_launch_status_logs_stop_on_two_local_nodes(tmp_path, tiny_assets):  # n
     assert got == rid and all(o.ok for o in outs), [o.error for o in outs]
     assert [o.value["status"] for o in outs] == ["stopped", "stopped"]
     assert (outs[0].value.get("last_checkpoint") or {}).get("step") is not None
+
+
+def test_a_member_without_a_fingerprint_differs_from_a_head_with_one(tmp_path, tiny_assets):  # noqa: F811
+    fp = {"profile": "cpu", "torch": "2.11.0+cpu"}
+    gr, roots = pair(tmp_path, fps=(fp, None))
+    cfg = write_config(tmp_path / "c.yaml", tiny_assets)
+    with pytest.raises(DeployError, match="no env deployed on b: run dfo deploy --group pair"):
+        gr.launch(opts(cfg))

@@ -157,30 +157,50 @@ def _best_name(root: str) -> str | None:
     return name if isinstance(name, str) else None
 
 
-def load(path: str, *, drafter, optimizer=None, scheduler=None, restore_rng: bool = True) -> dict:
-    """Load a verified checkpoint into the given objects; returns data.json's content."""
+def read(path: str, *, device=None, rng: bool = True, optim: bool = True) -> dict:
+    """Read a verified checkpoint into memory: ``{"path", "drafter", "optim", "sched", "rng",
+    "data"}`` (tensors on the CPU, the optimizer's on ``device``). Under ddp only the main rank
+    calls this; the layout shares the result with the others (``Layout.from_main``)."""
     import torch
     from safetensors.torch import load_file
 
     ok, why = cm.verify(path)
     if not ok:
         raise CheckpointError(f"checkpoint: {path} is not usable: {why}")
+    with open(os.path.join(path, "data.json")) as f:
+        data = json.load(f)
+    return {"path": path, "drafter": load_file(os.path.join(path, "drafter.safetensors")),
+            "optim": torch.load(os.path.join(path, "optim.pt"), map_location=device,
+                                weights_only=True) if optim else None,
+            "sched": torch.load(os.path.join(path, "sched.pt"), weights_only=True),
+            "rng": torch.load(os.path.join(path, "rng.pt"), weights_only=True) if rng else None,
+            "data": data}
+
+
+def apply(state: dict, *, drafter, optimizer=None, scheduler=None,
+          restore_rng: bool = True) -> dict:
+    """Put a ``read`` state into the given objects; returns data.json's content."""
+    path = state["path"]
     try:
-        sd = load_file(os.path.join(path, "drafter.safetensors"))
-        drafter.load_trainable_state_dict(sd)
+        drafter.load_trainable_state_dict(state["drafter"])
     except (KeyError, RuntimeError) as e:
         raise CheckpointError(f"checkpoint: {path}: drafter weights do not fit this model ({e}); "
                               "resume with the config the checkpoint was made with") from None
-    dev = next(iter(drafter.trainable_parameters())).device
     if optimizer is not None:
-        optimizer.load_state_dict(torch.load(os.path.join(path, "optim.pt"), map_location=dev,
-                                             weights_only=True))
+        optimizer.load_state_dict(state["optim"])
     if scheduler is not None:
-        scheduler.load_state_dict(torch.load(os.path.join(path, "sched.pt"), weights_only=True))
-    if restore_rng:
-        set_rng_state(torch.load(os.path.join(path, "rng.pt"), weights_only=True))
-    with open(os.path.join(path, "data.json")) as f:
-        return json.load(f)
+        scheduler.load_state_dict(state["sched"])
+    if restore_rng and state.get("rng") is not None:
+        set_rng_state(state["rng"])
+    return state["data"]
+
+
+def load(path: str, *, drafter, optimizer=None, scheduler=None, restore_rng: bool = True) -> dict:
+    """Load a verified checkpoint into the given objects; returns data.json's content."""
+    dev = next(iter(drafter.trainable_parameters())).device
+    st = read(path, device=dev, rng=restore_rng, optim=optimizer is not None)
+    return apply(st, drafter=drafter, optimizer=optimizer,
+                 scheduler=scheduler, restore_rng=restore_rng)
 
 
 # --------------------------------------------------------------------------- CLI (torch-free)

@@ -17,7 +17,7 @@ import time
 import torch
 
 from dfo_contract import checkpoints as manifests
-from dfo_contract.exitcodes import DONE, INTERRUPTED, NonFiniteLoss
+from dfo_contract.exitcodes import DONE, INTERRUPTED, NonFiniteLoss, TrainerError
 from dfo_contract.trainer_config import TrainerConfig
 
 from . import accept, checkpoints, faults, metrics, objective, runtime
@@ -93,6 +93,17 @@ def open_data(cfg: TrainerConfig, vocab_size: int, mask_id: int | None) -> Jsonl
                         fmt=cfg.data.format, tokenizer=tok, mask_token_id=mask_id)
 
 
+def _read_resume(ckdir: str, spec: str, device) -> dict | TrainerError:
+    """The main rank's resume state: the checkpoint (trainer.checkpoints.read) and the best
+    pointer; a TrainerError is returned (to be shared and raised on every rank)."""
+    try:
+        st = checkpoints.read(manifests.resolve(ckdir, spec), device=device)
+        st["best"] = accept.read_best(ckdir)
+        return st
+    except TrainerError as e:
+        return e
+
+
 # --------------------------------------------------------------------------- train
 
 def train(cfg: TrainerConfig, resume: str | None = None, *, out=None) -> int:
@@ -101,7 +112,9 @@ def train(cfg: TrainerConfig, resume: str | None = None, *, out=None) -> int:
     env = runtime.refresh_env()
     attempt = env.attempt
     sig = _Signals().install()
-    em = metrics.Emitter(cfg.run_dir(env.run_dir), attempt=attempt, out=out)
+    # multi-node: only the head's writer may create the run dir (others learn it at make_layout)
+    em = metrics.Emitter(cfg.run_dir(env.run_dir), attempt=attempt, out=out,
+                         enabled=env.node_rank is None or env.claims_main)
     hb = metrics.Heartbeat(em, every_s=cfg.train.heartbeat_s)
     layout = None
     try:
@@ -137,27 +150,34 @@ def train(cfg: TrainerConfig, resume: str | None = None, *, out=None) -> int:
         sched = Schedule(cfg)
         ckdir = cfg.checkpoint_dir(env.run_dir)
         step = 0
+        prev_best = None
         if resume:
-            path = manifests.resolve(ckdir, resume)
-            st = checkpoints.load(path, drafter=drafter, optimizer=opt, scheduler=sched)
+            # only the main rank opens the checkpoint dir (another node may not have it);
+            # ddp broadcasts what it read, errors included, so every rank resumes alike
+            got = layout.from_main(_read_resume(ckdir, resume, layout.device)
+                                   if layout.is_main else None)
+            if isinstance(got, Exception):
+                raise got
+            st = checkpoints.apply(got, drafter=drafter, optimizer=opt, scheduler=sched)
             stream.load_state_dict(st)
             step = int(st["step"])
-            em.print(f"resumed from {path} at step {step}")
+            prev_best = got["best"]
+            em.print(f"resumed from {got['path']} at step {step}")
         warmed = layout.warmup(em, cfg.train.heartbeat_s)
         want = "train" if (step or warmed) else "compile"  # no warm-up: step 1 compiles lazily
         if em.phase != want:
             em.set_phase(want)
 
-        def save(at: int, extra: dict | None = None) -> str:
-            existing = os.path.join(ckdir, f"step_{at}")
+        def save(at: int, extra: dict | None = None) -> str | None:
             layout.before_save()  # threads/ddp: replicas identical (all ranks)
+            if not layout.is_main:  # ddp: only the main rank touches the checkpoint dir
+                step_saved[0] = at
+                return None
+            existing = os.path.join(ckdir, f"step_{at}")
             if (at == step_saved[0] and extra is None
                     and manifests.verify(existing, check_hashes=False)[0]):
                 em.marker("checkpoint", step=at, path=os.path.abspath(existing))
                 return existing  # this exact state is already saved (e.g. SIGTERM right after)
-            if not layout.is_main:  # ddp: only rank 0 writes checkpoints
-                step_saved[0] = at
-                return existing
             em.set_phase("checkpoint")
             p = checkpoints.save(ckdir, at, drafter=drafter, optimizer=opt, scheduler=sched,
                                  data_state=stream.state_dict(), config_yaml=cfg.to_yaml(),
@@ -169,7 +189,6 @@ def train(cfg: TrainerConfig, resume: str | None = None, *, out=None) -> int:
             return p
 
         step_saved = [step if resume else -1]
-        prev_best = accept.read_best(ckdir) if resume else None
         best = float(prev_best["accept_len"]) if prev_best else float("-inf")
 
         def run_eval(at: int, best: float) -> float:

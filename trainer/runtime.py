@@ -4,7 +4,7 @@ Two things live here and nowhere else:
 
 - ``read_env()``: every environment variable the trainer consults -- the supervisor's
   (names in ``dfo_contract.envvars``: ``DFO_ATTEMPT``, ``DFO_RUN_DIR``, ``DFO_RUN_ID``,
-  ``DFO_CACHE_KEY``, ``DFO_CACHE_DIR``, ``DFO_FAULT``) and torchrun's (``RANK``,
+  ``DFO_CACHE_KEY``, ``DFO_CACHE_DIR``, ``DFO_FAULT``, ``DFO_NODE_RANK``) and torchrun's (``RANK``,
   ``WORLD_SIZE``, ``LOCAL_RANK``) -- is read by this function into a frozen ``Env``.
 - ``get()``: the process's ``Runtime``, created on first use, holding what used to be module
   globals: the compile registry and call guard (``trainer.compile``), the installed compile
@@ -42,10 +42,20 @@ class Env:
     rank: int | None = None            # torchrun's $RANK (None: not under torchrun)
     world_size: int | None = None      # torchrun's $WORLD_SIZE
     local_rank: int = 0                # torchrun's $LOCAL_RANK
+    node_rank: int | None = None       # $DFO_NODE_RANK: dfo's node index, 0 = head (multi-node)
 
     @property
     def under_torchrun(self) -> bool:
         return self.rank is not None and self.world_size is not None
+
+    @property
+    def claims_main(self) -> bool:
+        """Whether this process is the one that writes (ddp's main rank): local rank 0 of
+        the head node (``DFO_NODE_RANK=0``); without ``DFO_NODE_RANK``, global rank 0 (or
+        the only process). Layouts confirm it across ranks (trainer.parallel.ddp)."""
+        if self.node_rank is None:
+            return self.rank in (None, 0)
+        return self.node_rank == 0 and self.local_rank == 0
 
 
 def _nonempty(v: str | None) -> str | None:
@@ -70,7 +80,22 @@ def read_env(environ: Mapping[str, str] | None = None) -> Env:
                fault=_nonempty(e.get(envvars.FAULT)),
                rank=_int_or_none(e.get("RANK")),
                world_size=_int_or_none(e.get("WORLD_SIZE")),
-               local_rank=_int_or_none(e.get("LOCAL_RANK")) or 0)
+               local_rank=_int_or_none(e.get("LOCAL_RANK")) or 0,
+               node_rank=_node_rank(e.get(envvars.NODE_RANK)))
+
+
+def _node_rank(v: str | None) -> int | None:
+    """$DFO_NODE_RANK: a non-negative integer, or None when unset/empty; anything else is
+    a config error (a node that cannot tell whether it is the head must not guess)."""
+    if _nonempty(v) is None:
+        return None
+    n = _int_or_none(v.strip())
+    if n is None or n < 0:
+        from dfo_contract.exitcodes import TrainerConfigError
+
+        raise TrainerConfigError(f"env: {envvars.NODE_RANK}={v!r} is not a node index "
+                                 "(0 for the head node, 1.. for the others)")
+    return n
 
 
 @dataclass

@@ -7,7 +7,7 @@ import time
 
 import click
 
-from .params import POSITIVE_SECONDS
+from .params import POSITIVE_SECONDS, group_option, host_or_group
 
 from ..errors import ConfigError
 
@@ -39,10 +39,11 @@ from ..errors import ConfigError
 @click.option("--no-check", "no_check", is_flag=True,
               help="Skip the second (warm) warm-up that measures the time saved.")
 @click.option("--timeout", type=POSITIVE_SECONDS, default=None, help="Seconds before a remote step is stopped.")
+@group_option("Warm (or restore)")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (for scripts).")
 @click.pass_obj
 def warm_cache(app, host_name, config_path, sets, from_file, pull_dest, key_name, push_file, show_status,
-               prune_keep, trust_foreign, rewarm, no_check, timeout, as_json):
+               prune_keep, trust_foreign, rewarm, no_check, timeout, group_name, as_json):
     """Warm, snapshot, verify and restore the compile cache for the deployed env.
 
     Restores a snapshot for this env's key if one exists (host store or --from),
@@ -55,6 +56,9 @@ def warm_cache(app, host_name, config_path, sets, from_file, pull_dest, key_name
                            push_file=push_file, show_status=show_status, prune_keep=prune_keep,
                            rewarm=rewarm, check=not no_check, trust_foreign=trust_foreign)
     req.validate()
+    host_or_group(host_name, group_name)
+    if group_name is not None:
+        return _warm_group(app, group_name, req, timeout, as_json)
     host = app.host(host_name)
     ui = _Ui(as_json)
     mgr = CacheManager(app.transport(host.name), host.layout, host=host.name, events=ui.event,
@@ -70,6 +74,48 @@ def warm_cache(app, host_name, config_path, sets, from_file, pull_dest, key_name
         out = run(mgr, req, stage=ui.stage)
     _print_result(out.result, out.components, as_json)
     return 0
+
+
+def _warm_figures(out) -> str:
+    r = out.result if out is not None else None
+    if r is None:
+        return ""
+    fig = f"{r.action} {r.key} in {r.seconds:.1f}s"
+    if r.saved_s is not None:
+        fig += f", saves {_secs(r.saved_s)} a start"
+    return fig
+
+
+def _warm_group(app, group_name, req, timeout, as_json) -> int:
+    from ..engine.group import worst_exit
+    from ..engine.group_hosts import warm_cache_group
+    from . import group_view as gv
+
+    modes = [m for m, on in (("--from", req.from_file), ("--pull", req.pull_dest is not None),
+                             ("--push", req.push_file), ("--status", req.show_status),
+                             ("--prune", req.prune_keep is not None), ("--key", req.key_name))
+             if on]
+    if modes:
+        raise click.UsageError(f"{modes[0]} works on one host: use --host NAME (--group warms "
+                               f"or restores every member's cache)")
+    g, members = app.group_hosts(group_name)
+    view = gv.rows(f"warm-cache {g.name}", g.hosts, as_json)
+    with view:
+        outs = warm_cache_group(members, app.transport_for, req, timeout=timeout,
+                                progress=view.update)
+        gv.finish_rows(view, outs, _warm_figures)
+    code = worst_exit(outs)
+    if as_json:
+        def value(out):
+            d = out.result.to_json()
+            d["components"] = out.components
+            return d
+        gv.echo_json(g.name, outs, value, code)
+    else:
+        gv.summary(f"dfo warm-cache --group {g.name}", outs, _warm_figures)
+    if code:
+        click.echo(gv.failure_line("warm-cache", g.name, outs), err=True)
+    return code
 
 
 def _parse_set(s: str) -> tuple[str, str]:

@@ -152,3 +152,119 @@ class Activity:
             if time.monotonic() - self._last >= self.every:
                 self._plain(f"{self.label}: {self.text or 'working'} "
                             f"(still working, {self._elapsed()})")
+
+
+class HostRows:
+    """Progress of one step on several hosts at once (``--group``), on stderr: in a terminal
+    a live row per host (spinner, host, elapsed time, what it does now; a tick or a cross
+    when it ends); otherwise plain timestamped lines ``HH:MM:SS LABEL: HOST: text``, at most
+    one a second per host, a steady ``still working`` line per unfinished host every
+    ``DFO_PROGRESS_EVERY`` seconds, and one line when a host ends (hosts that end within 2
+    seconds print nothing: the summary says it). ``update``/``finish`` may be called from
+    any thread."""
+
+    def __init__(self, label: str, hosts, *, con: Console | None = None, enabled: bool = True,
+                 every: float | None = None):
+        self.label = label
+        self.hosts = list(hosts)
+        self.con = con or console(stderr=True)
+        self.enabled = enabled
+        self.every = every if every is not None else progress_every()
+        self.text = {h: "waiting" for h in self.hosts}
+        self.state = {h: "run" for h in self.hosts}   # run | ok | fail
+        self.t_end: dict[str, float] = {}
+        self._last = {h: 0.0 for h in self.hosts}     # last plain line per host
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._live = None
+        self._spin: dict = {}
+        self._t0 = time.monotonic()
+
+    @property
+    def plain(self) -> bool:
+        return not self.con.is_terminal
+
+    def __enter__(self) -> "HostRows":
+        self._t0 = time.monotonic()
+        self._last = {h: self._t0 for h in self.hosts}
+        if not self.enabled:
+            return self
+        if self.plain:
+            self._thread = threading.Thread(target=self._beat, name="dfo-progress", daemon=True)
+            self._thread.start()
+        else:
+            from rich.live import Live
+            from rich.spinner import Spinner
+
+            self._spin = {h: Spinner("dots") for h in self.hosts}
+            self._live = Live(self, console=self.con, refresh_per_second=8, transient=False)
+            self._live.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+            self._thread = None
+        if self._live is not None:
+            self._live.refresh()
+            self._live.stop()
+            self._live = None
+
+    def _elapsed(self, host: str) -> str:
+        s = int(self.t_end.get(host, time.monotonic()) - self._t0)
+        return f"{s // 60}m{s % 60:02d}s"
+
+    def __rich__(self):
+        from rich.markup import escape
+        from rich.table import Table
+
+        t = Table.grid(padding=(0, 1))
+        t.add_column(width=1)
+        t.add_column(no_wrap=True, style="bold")
+        t.add_column(no_wrap=True, justify="right", style="dim")
+        t.add_column(no_wrap=True, overflow="ellipsis")
+        with self._lock:
+            for h in self.hosts:
+                st = self.state[h]
+                icon = self._spin[h] if st == "run" else ("[green]✓[/]" if st == "ok" else "[red]✗[/]")
+                t.add_row(icon, escape(h), self._elapsed(h), escape(self.text[h]))
+        return t
+
+    def _plain(self, host: str, text: str) -> None:
+        self.con.print(f"{stamp()} {self.label}: {host}: {text}", markup=False, highlight=False)
+        self._last[host] = time.monotonic()
+
+    def _quiet_over(self) -> bool:
+        return time.monotonic() - self._t0 >= min(2.0, self.every)
+
+    def update(self, host: str, text: str) -> None:
+        if host not in self.text:
+            return
+        with self._lock:
+            changed = text != self.text[host]
+            self.text[host] = text
+            if self.enabled and self.plain and changed and self._quiet_over() and \
+                    time.monotonic() - self._last[host] >= min(1.0, self.every):
+                self._plain(host, text)
+
+    def finish(self, host: str, ok: bool, text: str) -> None:
+        if host not in self.text:
+            return
+        with self._lock:
+            self.state[host] = "ok" if ok else "fail"
+            self.text[host] = text
+            self.t_end[host] = time.monotonic()
+            if self.enabled and self.plain and self._quiet_over():
+                self._plain(host, f"{'done' if ok else 'FAILED'}: {text} ({self._elapsed(host)})")
+
+    def _beat(self) -> None:
+        while not self._stop.wait(min(1.0, self.every)):
+            with self._lock:
+                for h in self.hosts:
+                    if self.state[h] == "run" and time.monotonic() - self._last[h] >= self.every:
+                        self._plain(h, f"{self.text[h]} (still working, {self._elapsed(h)})")

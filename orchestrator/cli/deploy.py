@@ -8,6 +8,7 @@ import click
 from rich.table import Table
 
 from .console import console
+from .params import group_option, host_or_group
 
 from ..errors import DfoError, DriftError
 
@@ -49,9 +50,10 @@ def _esc(s: str) -> str:
 @click.option("--force", is_flag=True, help="Reinstall every package and re-verify, even when up to date.")
 @click.option("--profile", "profile", default=None, metavar="NAME|DIR",
               help="Use this profile instead of the host's `profile:` (a name or a directory).")
+@group_option("Deploy")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (for scripts).")
 @click.pass_obj
-def deploy(app, host_name, check, rollback, force, profile, as_json):
+def deploy(app, host_name, check, rollback, force, profile, group_name, as_json):
     """Build, verify and switch to the host's pinned environment.
 
     The env is a uv venv in <root>/envs/<profile>-<lockhash>/ installed with
@@ -62,6 +64,10 @@ def deploy(app, host_name, check, rollback, force, profile, as_json):
 
     if check and rollback:
         raise click.UsageError("--check and --rollback cannot be combined")
+    host_or_group(host_name, group_name)
+    if group_name is not None:
+        action = "check" if check else "rollback" if rollback else "deploy"
+        return _deploy_group(app, group_name, action, profile, force, as_json)
     view = None if as_json else _StageView(console(stderr=True))
     host = app.host(host_name)
     report = None
@@ -112,6 +118,40 @@ def deploy(app, host_name, check, rollback, force, profile, as_json):
                          f"({len(report.drift)} difference(s), first: {first})",
                          hint="run `dfo deploy` to repair it")
     return 0
+
+
+def _figures(r) -> str:
+    """A member's key figures for the summary table."""
+    if r is None:
+        return ""
+    fp = r.fingerprint or {}
+    torch = f", torch {fp['torch']}" if fp.get("torch") else ""
+    if r.action == "check":
+        return (f"matches its lock ({r.env})" if r.ok else
+                f"drift: {len(r.drift)} difference(s)") + torch
+    return f"{r.action} {r.env} in {r.total_seconds:.1f}s{torch}"
+
+
+def _deploy_group(app, group_name, action, profile, force, as_json) -> int:
+    from ..engine.group import worst_exit
+    from ..engine.group_hosts import deploy_group
+    from . import group_view as gv
+
+    g, members = app.group_hosts(group_name)
+    view = gv.rows(f"deploy {g.name}", g.hosts, as_json)
+    with view:
+        outs = deploy_group(members, app.transport_for, action=action, profile=profile,
+                            force=force, progress=view.update)
+        gv.finish_rows(view, outs, _figures)
+    code = worst_exit(outs)
+    if as_json:
+        gv.echo_json(g.name, outs, lambda r: r.to_json(), code, action=action)
+    else:
+        gv.summary(f"dfo deploy{' --' + action if action != 'deploy' else ''} --group {g.name}",
+                   outs, _figures)
+    if code:
+        click.echo(gv.failure_line("deploy", g.name, outs), err=True)
+    return code
 
 
 COMMANDS = [deploy]

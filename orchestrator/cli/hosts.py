@@ -9,6 +9,7 @@ import click
 
 from ..errors import ConfigError, HostKeyError
 from .context import AppContext
+from .params import group_option
 
 
 def _console():
@@ -36,9 +37,13 @@ def list_cmd(app: AppContext, as_json: bool) -> None:
             "gpus": {"target": list(h.gpus.target), "drafter": list(h.gpus.drafter)},
             "source": h.source,
         })
+    groups = [{"name": g.name, "hosts": list(g.hosts), "head": g.head, "head_addr": g.head_addr,
+               "port": g.port, "coord_port": g.coord_port,
+               "gpus": {h: list(d) for h, d in g.gpus.items()}, "ifname": g.ifname,
+               "source": g.source} for g in inv.groups.values()]
     if as_json:
         click.echo(json.dumps({"path": str(inv.path) if inv.path else None,
-                               "default": inv.default, "hosts": rows}, indent=2))
+                               "default": inv.default, "hosts": rows, "groups": groups}, indent=2))
         return
     from rich.table import Table
 
@@ -49,17 +54,33 @@ def list_cmd(app: AppContext, as_json: bool) -> None:
         t.add_row(r["name"] + (" *" if r["default"] else ""), r["transport"], r["target"], r["root"],
                   r["profile"], ",".join(r["gpus"]["target"]), ",".join(r["gpus"]["drafter"]))
     _console().print(t)
+    from rich.markup import escape
+
+    for g in groups:
+        _console().print(escape(f"group {g['name']}: {', '.join(g['hosts'])} (head {g['head']} at "
+                                f"{g['head_addr']}:{g['port']})"))
 
 
 @hosts.command("check")
 @click.argument("name", required=False)
+@group_option("Check")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 @click.pass_obj
-def check_cmd(app: AppContext, name: str | None, as_json: bool) -> int:
+def check_cmd(app: AppContext, name: str | None, group_name: str | None, as_json: bool) -> int:
     """Check a host (default: the default host): reachable, container state, Python,
     free disk under the root, GPUs, systemd as PID 1. Exits non-zero when it is
-    unreachable (3/4) or its container is not running (5)."""
+    unreachable (3/4) or its container is not running (5).
+
+    With --group: every member, then whether their deployed envs and profiles agree
+    (exit 7 when not: run dfo deploy --group) and whether every member reaches the head
+    on head_addr at port and port+1 (a short-lived listener on the head; exit 3 when not)."""
     from ..engine.hostcheck import check_host
+
+    if name is not None and group_name is not None:
+        raise click.UsageError("a host NAME and --group cannot be combined: give one "
+                               "(--group checks every host of the group)")
+    if group_name is not None:
+        return _check_group(app, group_name, as_json)
 
     host = app.host(name)
     check = check_host(host, app.transport(host.name))
@@ -70,6 +91,47 @@ def check_cmd(app: AppContext, name: str | None, as_json: bool) -> int:
     if check.exit_code and not as_json:
         click.echo(f"dfo: error: {check.error or check.problems[0]}", err=True)
     return check.exit_code
+
+
+def _check_figures(f) -> str:
+    """A member's key figures: python, GPUs, free disk, deployed env."""
+    if f is None:
+        return ""
+    c = f.check
+    parts = [f"python {c.python.version}" if c.python else "no python3"]
+    if c.gpus is not None and c.gpus.present:
+        parts.append(f"{len(c.gpus.gpus)} GPU(s)")
+    if c.disk:
+        parts.append(f"{_gib(c.disk.free_bytes)} free")
+    fp = f.fingerprint
+    parts.append(f"env {fp.get('profile')} torch {fp.get('torch')}" if fp else "no env deployed")
+    parts += [f"problem: {p}" for p in c.problems]
+    return ", ".join(parts)
+
+
+def _check_group(app: AppContext, group_name: str, as_json: bool) -> int:
+    from ..engine.group_hosts import check_group
+    from . import group_view as gv
+
+    g, members = app.group_hosts(group_name)
+    view = gv.rows(f"check {g.name}", g.hosts, as_json)
+    with view:
+        res = check_group(g, members, app.transport_for, progress=view.update)
+        gv.finish_rows(view, res.members, _check_figures)
+    if as_json:
+        click.echo(json.dumps(res.to_json(), indent=2))
+    else:
+        extra = [(d.host, False, str(d)) for d in res.env]
+        extra += [(r.host, r.ok, ("head: " if r.role == "head" else "") + r.message)
+                  for r in res.reach]
+        gv.summary(f"dfo hosts check --group {g.name} (head {g.head} at {g.head_addr}:"
+                   f"{g.port},{g.coord_port})", res.members, _check_figures, extra)
+    if res.exit_code:
+        bad = res.problems
+        more = f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""
+        click.echo(f"dfo: error: hosts check --group {g.name}: {bad[0] if bad else 'failed'}{more}",
+                   err=True)
+    return res.exit_code
 
 
 def _yes_no(v: bool | None) -> str:

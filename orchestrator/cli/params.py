@@ -34,3 +34,17 @@ class Seconds(click.ParamType):
 
 POSITIVE_SECONDS = Seconds()
 NON_NEGATIVE = Seconds(allow_zero=True)
+
+
+def group_option(verb: str):
+    """``--group NAME``: do ``verb`` on every member of a hosts.yaml group, in parallel."""
+    return click.option("--group", "group_name", default=None, metavar="NAME",
+                        help=f"{verb} on every host of this hosts.yaml group, in parallel "
+                             f"(a row per host, then a summary; not with --host).")
+
+
+def host_or_group(host_name: str | None, group_name: str | None) -> None:
+    """``--host`` and ``--group`` name different things: refuse both at once (one line)."""
+    if host_name is not None and group_name is not None:
+        raise click.UsageError("--host and --group cannot be combined: give one "
+                               "(--group acts on every host of the group)")

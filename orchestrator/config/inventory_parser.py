@@ -12,6 +12,7 @@ import yaml
 from ..errors import ConfigError
 from ..transport.settings import SSHSettings
 from .hostconfig import FAILURE_CLASSES, TRANSPORTS, GpuLayout, HostConfig, Inventory, _did_you_mean
+from .groups_parser import parse_groups
 from .sshconfig import SSH_SPEC_RE, resolve_jumps, ssh_config_lookup
 
 # Roots go into systemd-run's ExecStart and unit properties, where $ (environment), %
@@ -27,7 +28,7 @@ _HOST_KEYS = ("transport", "root", "ssh", "vmid", "profile", "gpus", "wheelhouse
 _CACHE_KEYS = ("trusted_sources",)
 _SSH_KEYS = ("host", "port", "user", "identity_file", "proxy_jump", "known_hosts", "connect_timeout")
 _GPU_KEYS = ("target", "drafter")
-_TOP_KEYS = ("default", "hosts")
+_TOP_KEYS = ("default", "hosts", "groups")
 
 
 class _Parser:
@@ -157,7 +158,8 @@ class _Parser:
                                               f"hosts: {', '.join(hosts)}")
         else:
             default = next(iter(hosts))
-        return Inventory(hosts=hosts, default=default, path=path)
+        groups = parse_groups(self, top["groups"][1], hosts) if "groups" in top else {}
+        return Inventory(hosts=hosts, default=default, path=path, groups=groups)
 
     def host(self, name: str, knode: yaml.Node, node: yaml.Node) -> HostConfig:
         w = f"hosts.{name}"

@@ -2,7 +2,7 @@
 
 ``GroupRuns.plan`` plans the run on every member in parallel with ``RunOps.plan``'s own
 checks (reachable, env deployed and clean, run.lock free, config paths present), compares
-the members' env fingerprints (ops.group_launch.env_difference), resolves ``--resume`` on
+the members' env fingerprints (ops.group_check.env_differences), resolves ``--resume`` on
 the head only (checkpoints live there), gives every node the same run id and its
 ``GroupSpec`` (the ``group`` section of its spec.json) and forces the ddp layout.
 ``launch`` writes the head's run dir first, then the others', starts every supervisor and
@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ..errors import ConfigError, DfoError, NotFoundError
+from ..errors import ConfigError, DeployError, DfoError, NotFoundError
+from ..ops import group_check as gc
 from ..ops import group_launch as gl
 from ..ops import launch_plan as lp
 from ..ops.deploy_plan import FINGERPRINT_FILE
@@ -133,9 +134,12 @@ class GroupRuns:
 
         outs = self.each(one)
         self.raise_failed(outs, f"cannot launch on group {self.group.name}")
-        diff = gl.env_difference(self.group.name, [(x.host, x.value[1]) for x in outs])
-        if diff:
-            raise gl.error_class(7)(diff)
+        fps = {x.host: x.value[1] for x in outs}
+        if o.env_check or any(fp is not None for fp in fps.values()):
+            # --no-env-check on envs dfo did not deploy (no fingerprint.json): nothing to compare
+            diffs = gc.env_differences(self.group.name, list(self.group.hosts), fps)
+            if diffs:
+                raise DeployError(str(diffs[0]))
         plans = [x.value[0] for x in outs]
         head = plans[0]
         nodes = []

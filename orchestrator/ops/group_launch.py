@@ -3,9 +3,7 @@
 Each node of a group gets its own ``GroupSpec`` (the ``group`` section of its spec.json):
 its index, its process count, its extra env. The run is always the ``ddp`` layout (the
 nodes are torchrun's nodes); a ``--set parallel.layout=`` asking for another is refused.
-Before a launch the env fingerprints of all members must agree on what makes the nodes'
-processes compatible (torch, its CUDA, transformers, ...), else one line names the host
-that differs and how.
+(The members' env fingerprints are compared by ``ops.group_check.env_differences``.)
 """
 
 from __future__ import annotations
@@ -17,11 +15,6 @@ from ..errors import (ConfigError, ConnectError, ContainerError, CacheError, Dep
                       RunFailed)
 from . import launch_plan as lp
 from .group import GroupSpec
-
-#: fingerprint fields every node of a group must share (devices may differ per node)
-AGREE_FIELDS = ("profile", "lock_hash", "dfo", "python", "torch", "torch_git", "torch_cuda",
-                "triton", "transformers")
-
 
 def node_devices(group, host) -> tuple[str, ...]:
     """The devices of ``host``'s node: the group's ``gpus`` for it, else its drafter devices."""
@@ -76,27 +69,6 @@ def group_sets(sets: Sequence[str]) -> list[str]:
                           hint="drop that --set; each node runs one process per device")
     return [s for s in sets if not s.split("=", 1)[0].strip() == "parallel.layout"] + \
         ["parallel.layout=ddp"]
-
-
-def env_difference(group_name: str,
-                   fingerprints: Sequence[tuple[str, Mapping[str, Any] | None]]) -> str | None:
-    """The first member whose env fingerprint differs from the head's (the first entry), as
-    one line, or None when they agree. A member without a fingerprint differs from a head
-    with one; when no member has one (an env dfo did not deploy) nothing is compared."""
-    if not fingerprints or all(fp is None for _, fp in fingerprints):
-        return None
-    head, hfp = fingerprints[0]
-    fix = f"run dfo deploy --group {group_name}"
-    for name, fp in fingerprints[1:]:
-        if (fp is None) != (hfp is None):
-            missing = name if fp is None else head
-            return (f"{name}'s env differs from {head}'s ({missing} has no fingerprint.json: "
-                    f"not deployed by dfo): {fix}")
-        for k in AGREE_FIELDS:
-            a, b = fp.get(k), hfp.get(k)
-            if a != b:
-                return f"{name}'s env differs from {head}'s ({k} {a} vs {b}): {fix}"
-    return None
 
 
 _BY_CODE: dict[int, type[DfoError]] = {c.exit_code: c for c in (

@@ -18,7 +18,12 @@
   (``Lab.scratch()``, fixture ``lab_scratch``); never stop 200 in a test, other
   sessions share it.
 
-For people: ``python -m tests.lab up|down|status|destroy [--json]``.
+* the pair (tests/lab/pair.py, netns.py): containers ``dfo-lab-202`` (head,
+  10.77.0.1) and ``dfo-lab-203`` (10.77.0.2), built like 200, each with ``mn0``
+  on bridge ``br0`` inside the lab's own network namespace ``dfo-lab-mn`` (fixture
+  ``lab_pair``; ``Pair(lab).up() -> PairInfo``, idempotent; torn down with the lab).
+
+For people: ``python -m tests.lab up [--pair]|down|status|destroy [--json]``.
 
 Stable API for tests (needs root; the fixtures in tests/conftest.py wrap it)::
 
@@ -48,7 +53,8 @@ pytest fixtures (tests/conftest.py): ``lab`` (session; LabInfo with the
 container), ``sshd_only`` (session; LabInfo without starting the container),
 ``lab_hosts_file`` (a tmp hosts.yaml path), ``lab_hosts_factory``,
 ``lab_scratch`` (Container 201, held exclusively during the test),
-``make_sshd`` (factory for extra sshds, stopped at test end). Without root or
+``make_sshd`` (factory for extra sshds, stopped at test end), ``lab_pair``
+(PairInfo of 202+203 on the pair network, held exclusively). Without root or
 LXC they skip, unless CI is set: then a lab that cannot come up fails.
 """
 

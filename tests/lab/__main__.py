@@ -2,7 +2,9 @@
 
 ``up`` brings the sshd and the container up (building it the first time),
 holds a "manual" lease until ``down``, and prints the hosts.yaml that reaches
-it (also written to <state>/hosts.yaml).
+it (also written to <state>/hosts.yaml). ``up --pair`` brings up containers 202
+and 203 on the pair network instead (tests/lab/pair.py) and prints/writes
+<state>/hosts-pair.yaml (hosts lab-a, lab-b and the group ``pair``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import asdict
 
 from . import Lab, LabUnavailable
 from .lab import DEFAULT_VMID
+from .pair import Pair
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,12 +25,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--state-dir", default=None, help="default: $DFO_LAB_DIR or /var/lib/dfo-lab")
     ap.add_argument("--vmid", type=int, default=DEFAULT_VMID)
     ap.add_argument("--no-container", action="store_true", help="up: only the sshd node")
+    ap.add_argument("--pair", action="store_true",
+                    help="up: containers 202+203 on the pair network (not 200)")
     ap.add_argument("--root", default="/root/dfo", help="up: remote root for the lab host")
     ap.add_argument("--json", action="store_true", help="machine-readable output")
     args = ap.parse_args(argv)
     lab = Lab(args.state_dir, vmid=args.vmid)
     try:
-        if args.command == "up":
+        if args.command == "up" and args.pair:
+            pinfo = Pair(lab).up(lease="manual")
+            hosts = pinfo.hosts_yaml(root=args.root)
+            (lab.state_dir / "hosts-pair.yaml").write_text(hosts)
+            if args.json:
+                print(json.dumps({**asdict(pinfo), "hosts_yaml": hosts}, indent=2))
+            else:
+                members = ", ".join(f"{n} = CT {v} {a}" for n, v, a in
+                                    zip(pinfo.host_names, pinfo.vmids, pinfo.addresses))
+                print(f"# pair up: {members} on {pinfo.ifname}   timings: {pinfo.timings}")
+                print(f"# written to {lab.state_dir / 'hosts-pair.yaml'}")
+                print(hosts, end="")
+        elif args.command == "up":
             info = lab.up(container=not args.no_container, lease="manual")
             hosts = info.hosts_yaml(root=args.root)
             (lab.state_dir / "hosts.yaml").write_text(hosts)
@@ -53,6 +70,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"sshd      : {'running pid %s port %s' % (s['pid'], s['port']) if s['running'] else 'stopped'}")
                 for name, state in st["containers"].items() or {"(none built)": ""}.items():
                     print(f"container : {name} {state}")
+                net = st["pair_network"]
+                ports = " ".join(net.get("ports", []))
+                where = f"netns {net['netns']}, br0 ports {ports}" if net["up"] else "down"
+                print(f"pair net  : {where}")
                 print(f"leases    : {', '.join(st['leases']) or '-'}")
     except LabUnavailable as e:
         print(f"lab: {e}", file=sys.stderr)

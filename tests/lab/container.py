@@ -41,8 +41,10 @@ class BuildReport:
 
 
 class Container:
-    def __init__(self, vmid: int, *, wheelhouse: Path | None = None, log_dir: Path | None = None):
+    def __init__(self, vmid: int, *, wheelhouse: Path | None = None, log_dir: Path | None = None,
+                 net: list[str] | None = None):
         self.vmid = int(vmid)
+        self.net = list(net or [])  # extra lxc.net.1.* lines (the pair network, tests/lab/pair.py)
         self.name = f"{PREFIX}{self.vmid}"
         self.wheelhouse = Path(wheelhouse).resolve() if wheelhouse else None
         self.log_dir = Path(log_dir) if log_dir else None
@@ -123,7 +125,8 @@ class Container:
         managed = [MANAGED_BEGIN,
                    "lxc.net.0.type = empty",
                    "lxc.apparmor.profile = unconfined",
-                   "lxc.start.auto = 0"]
+                   "lxc.start.auto = 0",
+                   *self.net]
         if self.wheelhouse:
             if any(c.isspace() for c in str(self.wheelhouse)):
                 raise LabUnavailable(f"wheelhouse path must not contain spaces: {self.wheelhouse}")
@@ -135,7 +138,8 @@ class Container:
         # drop base lines that the managed block overrides (lxc-create wrote them)
         keys = {m.split("=", 1)[0].strip() for m in managed[1:-1] if "=" in m}
         keys.discard("lxc.mount.entry")
-        base = [ln for ln in base if ln.split("=", 1)[0].strip() not in keys]
+        base = [ln for ln in base if ln.split("=", 1)[0].strip() not in keys
+                and not ln.strip().startswith("lxc.net.")]  # the network is ours alone
         new = "\n".join(base).rstrip("\n") + "\n\n" + "\n".join(managed) + "\n"
         if new == text:
             return False

@@ -17,6 +17,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from . import netns
 from .container import WHEELHOUSE_IN_CT, Container
 from .procs import file_lock, pid_alive, write_atomic
 from .sshd import LabUnavailable, Sshd
@@ -61,8 +62,7 @@ class LabInfo:
         ``wheelhouse=True`` adds ``wheelhouse:`` (the container's /mnt/wheelhouse,
         the node's host dir)."""
         node_root = node_root or str(Path(self.state_dir) / "node-root")
-        ssh = (f"{{host: {self.ssh_host}, port: {self.ssh_port}, user: {self.ssh_user}, "
-               f"identity_file: {self.identity_file}, known_hosts: {self.known_hosts}}}")
+        ssh = self.ssh_yaml()
         out = [f"default: {default}", "hosts:"]
         if self.vmid is not None:
             out += ["  lab:",
@@ -85,6 +85,11 @@ class LabInfo:
         if self.vmid is None and default == "lab":
             out[0] = "default: lab-node"
         return "\n".join(out) + "\n"
+
+    def ssh_yaml(self) -> str:
+        """The hosts.yaml ``ssh:`` flow mapping that reaches the node."""
+        return (f"{{host: {self.ssh_host}, port: {self.ssh_port}, user: {self.ssh_user}, "
+                f"identity_file: {self.identity_file}, known_hosts: {self.known_hosts}}}")
 
     def ssh_argv(self, *remote: str) -> list[str]:
         """OpenSSH client argv to the node; quote ``remote`` yourself (shlex.join)."""
@@ -178,6 +183,7 @@ class Lab:
             "state_dir": str(self.state_dir),
             "sshd": {"running": bool(sshd_pid), "pid": sshd_pid, "port": port},
             "containers": {ct.name: ct.state() for ct in self._containers()},
+            "pair_network": netns.status(),
             "leases": sorted(self._live_leases()),
         }
 
@@ -217,8 +223,13 @@ class Lab:
 
     def _stop_all(self) -> None:
         self.sshd.down()
+        paired = []
         for ct in self._containers():
             ct.stop()
+            if netns.uses_pair_net(_read(ct.config), ct.vmid):
+                paired.append(ct.vmid)
+        if paired:  # only the state dir that runs the pair owns its network namespace
+            netns.teardown(paired)  # after the stops: the veth ends are back in the host netns
 
     def _install_pct(self) -> None:
         self.bin_dir.mkdir(parents=True, exist_ok=True)
@@ -261,6 +272,13 @@ def _proc_start(pid: int) -> str | None:
     except OSError:
         return None
     return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
 
 
 def info_dict(info: LabInfo) -> dict:

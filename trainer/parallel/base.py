@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable, Protocol, runtime_checkable
 @runtime_checkable
 class Layout(Protocol):
     name: str
-    is_main: bool          # this process writes metrics/checkpoints (rank 0 under ddp)
+    is_main: bool          # this process reads/writes checkpoints, writes metrics (ddp: main_rank)
     data_parallel: int     # micro-batch streams per accumulation step (1 for single)
     device: Any            # the drafter's (replica 0's) device
     target: Any            # the (first) frozen target
@@ -41,6 +41,10 @@ class Layout(Protocol):
     def agree_stop(self, local: bool) -> bool:
         """Whether to stop now, agreed by every rank (ddp: any rank got a signal)."""
 
+    def from_main(self, value):
+        """The main rank's ``value`` on every rank (ddp: broadcast; others pass ``None``).
+        Nested dicts/lists/tuples of tensors and plain values; tensors keep their device kind."""
+
     def close(self) -> None:
         """Release threads, process groups, the sealed gate."""
 
@@ -60,6 +64,9 @@ class LayoutBase:
 
     def agree_stop(self, local: bool) -> bool:
         return local
+
+    def from_main(self, value):
+        return value
 
     def close(self) -> None:
         return None

@@ -15,8 +15,14 @@ trainable parameter's gradient goes through DDP's reducer; ``no_sync`` for all b
 local micro-batch. Backend: nccl on GPU, gloo on CPU; ``NCCL_NVLS_ENABLE=0`` is set before
 the process group starts. A small gloo group carries the per-step "stop?" vote
 (``agree_stop``), so a SIGTERM that reaches the ranks at slightly different times still makes
-every rank save and exit at the same step. Only rank 0 writes metrics/markers/checkpoints (``is_main``); the
-metrics it logs are gathered from all ranks, so the logged loss is the global one.
+every rank save and exit at the same step.
+
+The main rank (``main_rank``, ``is_main``) alone writes metrics/markers/checkpoints and alone
+reads a checkpoint to resume from (``from_main`` broadcasts the state to the others): on one
+node it is global rank 0; in a dfo multi-node run (``DFO_NODE_RANK`` set on every node) it is
+local rank 0 of the head node (``DFO_NODE_RANK=0``), wherever the c10d rendezvous placed it
+in the global order (``choose_main``, agreed by an all_gather at start). The metrics it logs
+are gathered from all ranks, so the logged loss is the global one.
 
 Devices: ``parallel.drafter_devices: [cpu]`` runs every rank on the CPU (CI); anything else
 (``auto``, ``cuda``, ``cuda:N``) means ``cuda:LOCAL_RANK``.
@@ -29,6 +35,7 @@ import logging
 import os
 
 from .. import runtime, step as S
+from dfo_contract.envvars import NODE_RANK
 from dfo_contract.exitcodes import TrainerConfigError
 from ..gate import CompileGate, WarmupTask, default_dynamo_settings, describe, install
 from .base import LayoutBase
@@ -68,6 +75,24 @@ def my_indices(n_micro: int, rank: int, world: int) -> list[int]:
     return [i for i in range(n_micro) if i % world == rank]
 
 
+def choose_main(ranks: list[tuple[int | None, int]]) -> int:
+    """The main rank, given each global rank's ``(DFO_NODE_RANK or None, LOCAL_RANK)`` (pure).
+
+    Without DFO_NODE_RANK anywhere: rank 0 (one node). Otherwise the one rank with node 0,
+    local rank 0; none, several, or DFO_NODE_RANK set on only some ranks is a config error."""
+    if all(n is None for n, _ in ranks):
+        return 0
+    unset = [r for r, (n, _) in enumerate(ranks) if n is None]
+    if unset:
+        raise TrainerConfigError(f"ddp: {NODE_RANK} is set on some ranks but not on ranks "
+                                 f"{unset}; set it on every node (0 on the head node)")
+    heads = [r for r, (n, lr) in enumerate(ranks) if n == 0 and lr == 0]
+    if len(heads) != 1:
+        raise TrainerConfigError(f"ddp: {len(heads)} ranks have {NODE_RANK}=0 and LOCAL_RANK=0 "
+                                 f"(ranks {heads}); give exactly one node {NODE_RANK}=0 (the head)")
+    return heads[0]
+
+
 class DdpLayout(LayoutBase):
     name = "ddp"
 
@@ -94,7 +119,8 @@ class DdpLayout(LayoutBase):
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         # control plane on the CPU (gloo): agreeing to stop costs no GPU synchronization
         self._ctl = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else None
-        self.is_main = self.rank == 0
+        self.main_rank = self._agree_main(env)
+        self.is_main = self.rank == self.main_rank
         self.data_parallel = self.world
         self.target, self.drafter = S.build_models(cfg, self.device)
         self.uses_compiled = cfg.compile.enabled or self.drafter.attn_backend == "flex"
@@ -187,6 +213,41 @@ class DdpLayout(LayoutBase):
             raise ReplicaDivergence(f"ddp: drafter replicas differ across ranks (parameter "
                                     f"checksums {lo.item()!r} .. {hi.item()!r})")
 
+    def _agree_main(self, env) -> int:
+        """Every rank's (node rank, local rank) gathered on the control group -> main rank."""
+        import torch
+        import torch.distributed as dist
+
+        mine = torch.tensor([-1 if env.node_rank is None else env.node_rank, env.local_rank],
+                            dtype=torch.int64)
+        bufs = [torch.zeros_like(mine) for _ in range(self.world)]
+        dist.all_gather(bufs, mine, group=self._ctl)
+        return choose_main([(None if int(b[0]) < 0 else int(b[0]), int(b[1])) for b in bufs])
+
+    def from_main(self, value):
+        """``value`` of the main rank on every rank: its structure (small) by
+        broadcast_object_list on the gloo control group, then each tensor by broadcast on
+        the default group (nccl on GPU) from this rank's device; CPU tensors come back to the
+        CPU. The main rank gets its own ``value`` back."""
+        import torch
+        import torch.distributed as dist
+
+        me = self.rank == self.main_rank
+        tensors: list = []
+        box = [_strip(value, tensors) if me else None]
+        dist.broadcast_object_list(box, src=self.main_rank, group=self._ctl)
+        specs: list[_TensorSpec] = []
+        _specs(box[0], specs)
+        got = []
+        for i, spec in enumerate(specs):
+            if me:
+                buf = tensors[i].detach().to(self.device).contiguous()
+            else:
+                buf = torch.empty(spec.shape, dtype=getattr(torch, spec.dtype), device=self.device)
+            dist.broadcast(buf, src=self.main_rank)
+            got.append(buf.cpu() if spec.cpu else buf)
+        return value if me else _fill(box[0], got)
+
     def agree_stop(self, local: bool) -> bool:
         """True on every rank when any rank got SIGTERM/SIGINT (so all save and stop together)."""
         import torch
@@ -207,6 +268,49 @@ class DdpLayout(LayoutBase):
         self.gate.unseal()
         if self._own_pg and dist.is_initialized():
             dist.destroy_process_group()
+
+
+class _TensorSpec:
+    """A tensor's place in a ``from_main`` structure: index, shape, dtype, CPU or device."""
+
+    def __init__(self, index: int, shape: tuple, dtype: str, cpu: bool):
+        self.index, self.shape, self.dtype, self.cpu = index, shape, dtype, cpu
+
+
+def _strip(v, out: list):
+    """``v`` with every tensor replaced by a ``_TensorSpec`` (the tensors appended to ``out``)."""
+    import torch
+
+    if isinstance(v, torch.Tensor):
+        out.append(v)
+        return _TensorSpec(len(out) - 1, tuple(v.shape), str(v.dtype).removeprefix("torch."),
+                           v.device.type == "cpu")
+    if isinstance(v, dict):
+        return {k: _strip(x, out) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return type(v)(_strip(x, out) for x in v)
+    return v
+
+
+def _specs(v, out: list) -> None:
+    if isinstance(v, _TensorSpec):
+        out.append(v)
+    elif isinstance(v, dict):
+        for x in v.values():
+            _specs(x, out)
+    elif isinstance(v, (list, tuple)):
+        for x in v:
+            _specs(x, out)
+
+
+def _fill(v, tensors: list):
+    if isinstance(v, _TensorSpec):
+        return tensors[v.index]
+    if isinstance(v, dict):
+        return {k: _fill(x, tensors) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return type(v)(_fill(x, tensors) for x in v)
+    return v
 
 
 def _unflat(v, like):
