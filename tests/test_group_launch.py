@@ -38,6 +38,8 @@ def test_specs_per_node_head_first_nproc_and_env():
 def test_cpu_node_runs_one_process_and_no_ifname_no_env():
     specs = gl.group_specs(group(), hosts())
     assert specs[1].nproc == 1 and specs[1].env == {}
+    specs = gl.group_specs(group(gpus={"gpu2": ("cpu", "cpu")}), hosts())
+    assert specs[1].nproc == 2 and "CUDA_VISIBLE_DEVICES" not in specs[1].env
     with pytest.raises(ValueError):
         gl.group_specs(group(), list(reversed(hosts())))
 

@@ -44,7 +44,7 @@ groups:
 def test_group_and_host_together_is_one_line_exit_2(tmp_path, capsys, cmd):
     p, _ = group_yaml(tmp_path)
     rc, out, err = dfo(capsys, p, *cmd, "--group", "pair", "--host", "a")
-    assert rc == 2 and err.startswith("dfo: error: --group and --host cannot be combined")
+    assert rc == 2 and err.startswith("dfo: error: dfo ") and "--host and --group cannot be combined" in err
     assert err.count("\n") == 1
 
 

@@ -10,16 +10,15 @@ import time
 import click
 from rich.markup import escape
 
-from ..errors import EXIT_INTERRUPTED, ConfigError, RunFailed
+from ..errors import EXIT_INTERRUPTED, RunFailed
 from .console import Activity, console
+from .params import host_or_group
 
 def group_runs(app, group_name, host_name, say=None):
     """The GroupRuns of ``--group NAME`` (never with ``--host``: exit 2)."""
     from ..engine.group_runs import GroupRuns
 
-    if host_name is not None:
-        raise ConfigError("--group and --host cannot be combined",
-                          hint="--group acts on every host of the group; drop one of them")
+    host_or_group(host_name, group_name)
     group = app.inventory.group(group_name)
     hosts = [app.host(n) for n in group.hosts]
     return GroupRuns(group, hosts, app.transport,

@@ -23,9 +23,12 @@ def node_devices(group, host) -> tuple[str, ...]:
 
 
 def node_nproc(group, host) -> int:
-    """One process per distinct CUDA device; a CPU node runs one process."""
+    """One process per distinct CUDA device; on CPU, one per ``cpu`` the group's ``gpus``
+    lists for the node (repeatable), else one."""
     cuda = {d for d in node_devices(group, host) if str(d).startswith("cuda")}
-    return max(1, len(cuda))
+    if cuda:
+        return len(cuda)
+    return max(1, len(tuple(group.gpus.get(host.name) or ())))
 
 
 def node_env(group, host) -> dict[str, str]:
