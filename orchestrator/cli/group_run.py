@@ -10,9 +10,10 @@ import time
 import click
 from rich.markup import escape
 
-from ..errors import EXIT_INTERRUPTED, RunFailed
+from ..errors import EXIT_INTERRUPTED, DfoError, RunFailed
 from .console import Activity, console
 from .params import host_or_group
+
 
 def group_runs(app, group_name, host_name, say=None):
     """The GroupRuns of ``--group NAME`` (never with ``--host``: exit 2)."""
@@ -43,8 +44,8 @@ def launch_group(app, group_name, host_name, opts, *, as_json: bool, follow: boo
     else:
         print_group_plan(gp, opts.dry_run)
     if follow and not opts.dry_run:
-        return follow_group_logs(gr, gp.run_id, follow=True, raw=False, attempt=None, since=None,
-                             from_attempt=1)
+        return follow_group_logs(gr, gp.run_id, follow=True, raw=False, attempt=None,
+                                 since=None, from_attempt=1)
     return 0
 
 
@@ -74,9 +75,8 @@ def print_group_plan(gp, dry_run: bool) -> None:
 
 def follow_group_logs(gr, run_id, *, follow, raw, attempt, since, from_attempt) -> int:
     from ..engine.group_logs import follow_group
-
-    from .run import _Printer
     from ..ops.timespec import parse_since
+    from .run import _Printer
 
     err = console(stderr=True)
     width = max(len(h.name) for h in gr.hosts)
@@ -100,8 +100,8 @@ def follow_group_logs(gr, run_id, *, follow, raw, attempt, since, from_attempt) 
                 info = {}
                 try:
                     info = (gr.ops(o.host).status(run_id) or [{}])[0]
-                except Exception:  # noqa: BLE001 - the status is only for the message
-                    pass
+                except DfoError:
+                    pass       # the status only adds the reason to the message
                 why = info.get("reason") if o.value == "failed" else "its supervisor is gone (lost)"
                 raise RunFailed(f"run {run_id} {o.value} on node {gr.index(o.host)} "
                                 f"({o.host}): {why}",
@@ -109,8 +109,6 @@ def follow_group_logs(gr, run_id, *, follow, raw, attempt, since, from_attempt) 
         states = ", ".join(f"{o.host} {o.value}" for o in outs)
         err.print(f"dfo: run {escape(run_id)}: {escape(states)}")
     return 0
-
-
 
 
 # --- status / stop ---------------------------------------------------------------------------
