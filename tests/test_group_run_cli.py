@@ -151,3 +151,16 @@ def test_group_run_trains_to_done_then_status_logs_and_stop(tmp_path, capsys,
     assert [n["run"]["status"] for n in d["nodes"]] == ["stopped", "stopped"]
     assert d["checkpoint"] and d["checkpoint"]["step"] >= 3
     assert len(list((roots[0] / "checkpoints" / "c2").glob("step_*"))) == 1
+
+
+@pytest.mark.slow
+def test_logs_follow_ends_10_when_the_group_run_fails(tmp_path, capsys, tiny_assets):  # noqa: F811
+    p, roots = group_yaml(tmp_path)
+    cfg = write_config(tmp_path / "c.yaml", tiny_assets)
+    rc, out, err = dfo(capsys, p, "launch", "--group", "pair", "--config", str(cfg),
+                       "--fault", "exit=1@2#*", "--budget", "crash=0", "-f", *fast_flags())
+    assert rc == 10, (out, err)
+    last = err.splitlines()[-1]
+    assert last.startswith("dfo: error: run ") and " failed on node " in last
+    assert any(ln.startswith("a | ") for ln in out.splitlines())
+    assert any(ln.startswith("b | ") for ln in out.splitlines())
