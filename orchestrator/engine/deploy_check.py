@@ -4,16 +4,22 @@ uses its clock, lease, probes and switch)."""
 
 from __future__ import annotations
 
+import datetime as _dt
 import json
+import logging
 import posixpath
 from pathlib import Path
+from typing import Any, Callable
 
 from ..config.profiles import Profile
-from ..errors import DeployError, NotFoundError, RemoteCommandError
+from ..errors import DeployError, DfoError, NotFoundError, RemoteCommandError
 from ..ops import deploy_plan as dp
 from ..ops.drift import fingerprint_drift
 from ..ops.fingerprint import compare, fingerprint_changes
+from ..ops.launch_facts import VERIFIED_FILE, LaunchFacts, record_bytes
 from .stages import DeployReport
+
+log = logging.getLogger("dfo")
 
 
 class DeployChecks:
@@ -26,41 +32,97 @@ class DeployChecks:
         state = self.probe_state(env_dir)
         self.clock.end("connect", t, f"current {state.current_name or 'none'}")
         report = DeployReport(self.host.name, self.profile.name, target, "check")
-        lines: list[str] = []
-        if not state.current_name:
-            lines.append(f"no env deployed (envs/current missing; the lock wants {target})")
-        else:
-            if state.current_name != target:
-                lines.append(f"envs/current is {state.current_name}, the lock wants {target}")
-            if not state.current_marker:
-                lines.append(f"{state.current_name} is incomplete (a deploy was cut short)")
-            elif state.current_marker.get("lock_hash") != lock.sha256 and \
-                    state.current_name == target:
-                lines.append(f"{state.current_name} was built from another lock")
-            if state.current_freeze is None:
-                lines.append(f"{state.current_name}: cannot list its packages (no python or uv)")
-            else:
-                lines += dp.current_drift(state, lock, self.wheel_remote()).lines()
-            recorded = state.current_fingerprint
-            if not recorded:
-                lines.append(f"{state.current_name} has no fingerprint.json")
-            else:
-                tv = self.clock.begin("verify", "probe envs/current")
-                try:
-                    probe = self._probe(self.layout.current_env)
-                except DeployError as e:
-                    lines.append(f"probe failed: {e}")
-                else:
-                    lines += [str(i) for i in fingerprint_drift(fingerprint_changes(recorded, probe))]
-                    lines += [str(m) for m in compare(probe, self.profile.expect)]
-                self.clock.end("verify", tv, "probe of envs/current")
-                report.fingerprint = recorded
+        lines = self._drift_lines(state, lock, target,
+                                  lambda: self._timed_probe(self.layout.current_env))
+        report.fingerprint = state.current_fingerprint or None
         seen: set[str] = set()
         report.drift = [x for x in lines if not (x in seen or seen.add(x))]
         report.ok = not report.drift
         report.message = ("envs/current matches its lock and fingerprint" if report.ok else
                           f"{len(report.drift)} difference(s) from the lock")
         return self._finish(report, report.fingerprint)
+
+    def _timed_probe(self, env_dir: str) -> dict[str, Any]:
+        tv = self.clock.begin("verify", "probe envs/current")
+        try:
+            return self._probe(env_dir)
+        finally:
+            self.clock.end("verify", tv, "probe of envs/current")
+
+    def _drift_lines(self, state: dp.RemoteState, lock, target: str,
+                     probe: Callable[[], dict[str, Any]]) -> list[str]:
+        """Every way envs/current differs from its lock, marker, fingerprint and the
+        profile's ``expect:`` (``probe`` gives the env probe's answer: run now, or recorded)."""
+        lines: list[str] = []
+        if not state.current_name:
+            return [f"no env deployed (envs/current missing; the lock wants {target})"]
+        if state.current_name != target:
+            lines.append(f"envs/current is {state.current_name}, the lock wants {target}")
+        if not state.current_marker:
+            lines.append(f"{state.current_name} is incomplete (a deploy was cut short)")
+        elif state.current_marker.get("lock_hash") != lock.sha256 and \
+                state.current_name == target:
+            lines.append(f"{state.current_name} was built from another lock")
+        if state.current_freeze is None:
+            lines.append(f"{state.current_name}: cannot list its packages (no python or uv)")
+        else:
+            lines += dp.current_drift(state, lock, self.wheel_remote()).lines()
+        recorded = state.current_fingerprint
+        if not recorded:
+            lines.append(f"{state.current_name} has no fingerprint.json")
+        else:
+            try:
+                now = probe()
+            except DeployError as e:
+                lines.append(f"probe failed: {e}")
+            else:
+                lines += [str(i) for i in fingerprint_drift(fingerprint_changes(recorded, now))]
+                lines += [str(m) for m in compare(now, self.profile.expect)]
+        return lines
+
+    def launch_check(self, facts: LaunchFacts) -> DeployReport:
+        """``check`` for ``dfo launch``, from the facts of its one round trip: the env probe
+        runs only when the env's recorded verification no longer holds (its stamp changed,
+        or a file under its site-packages did); a passed probe is recorded for the next launch."""
+        self.clock.restart()
+        lock, _, env_dir = self._local_facts()
+        target = posixpath.basename(env_dir)
+        state = facts.state
+        if state is None or not state.complete_output:
+            raise RemoteCommandError(f"the state probe on {self.host.name} did not finish",
+                                     hint="the target needs bash and coreutils")
+        rec = facts.verified
+        if rec is not None:
+            state.current_freeze = rec.freeze
+        report = DeployReport(self.host.name, self.profile.name, target, "check")
+        probed: dict[str, Any] = {}
+
+        def probe() -> dict[str, Any]:
+            if rec is not None:
+                return rec.probe
+            probed.update(self._timed_probe(self.layout.current_env))
+            return probed
+
+        lines = self._drift_lines(state, lock, target, probe)
+        seen: set[str] = set()
+        report.drift = [x for x in lines if not (x in seen or seen.add(x))]
+        report.ok = not report.drift
+        report.cached = rec is not None
+        report.fingerprint = state.current_fingerprint or None
+        if report.ok and probed and facts.stamp and state.current_freeze is not None:
+            self._record_verified(facts, probed, state.current_freeze)
+        report.message = ("envs/current matches its lock and fingerprint"
+                          + (" (recorded verification)" if report.cached else "")
+                          if report.ok else f"{len(report.drift)} difference(s) from the lock")
+        return self._finish(report, report.fingerprint)
+
+    def _record_verified(self, facts: LaunchFacts, probe: dict[str, Any], freeze: str) -> None:
+        when = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+        path = posixpath.join(self.layout.current_env, VERIFIED_FILE)
+        try:
+            self.t.put(record_bytes(facts.stamp, facts.at, probe, freeze, when), path, mode=0o644)
+        except (DfoError, OSError, ValueError) as e:   # not recorded: the next launch probes
+            log.debug("could not record the verification in %s: %s", path, e)
 
     def rollback(self) -> DeployReport:
         """Switch envs/current back to envs/previous, after verifying it."""

@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 
 from ..config.runconfig import default_config_path
-from ..errors import (ConfigError, ConnectError, DeployError, DfoError, DriftError,
+from ..errors import (ConfigError, ConnectError, DeployError, DfoError,
                      HostKeyError, LockHeldError, NotFoundError, RemoteCommandError, RunFailed)
 from ..ops import launch_plan as lp
 from ..ops import runstate as rs
@@ -128,27 +128,10 @@ class RunOps(RunQueries):
 
             parse_spec(o.fault, source="--fault")
 
-        probe = self.probe()                               # reachable (or ConnectError)
-        self._require_env(probe)
-        warnings: list[str] = []
-        if o.env_check:
-            from .deploy import Deployer
+        from .preflight import launch_preflight
 
-            rep = Deployer(self.t, self.host).check()
-            if not rep.ok:
-                first = rep.drift[0] if rep.drift else ""
-                raise DriftError(f"{self.host.name}: envs/current differs from its lock "
-                                 f"({len(rep.drift)} difference(s), first: {first})",
-                                 hint="run `dfo deploy` to repair it")
-        else:
-            warnings.append("env check skipped (--no-env-check)")
-        if probe.get("lock") == "held" and not o.replace:
-            owner = probe.get("lock_owner") or "another run"
-            raise LockHeldError(f"run {owner} is live on {self.host.name} (run.lock held)",
-                                hint=f"stop it with `dfo stop --run {owner}` or launch --replace")
-        from .preflight import check_config_paths
-
-        check_config_paths(self.t, self.host.name, cfg_nested, o.config)
+        probe, warnings = launch_preflight(self, o, cfg_nested,   # ONE round trip
+                                           self.layout.checkpoints(run_name))
         key = self._cache_key(cfg_nested, warnings)
 
         now = self.clock()
@@ -163,7 +146,7 @@ class RunOps(RunQueries):
                                   hint="drop one of the two")
             resume_path, skipped = self._resolve_resume(resume, ck_dir)
             warnings.extend(skipped)
-        else:
+        elif probe.get("checkpoints") != "none":      # an earlier run may have left some
             aside = self._lineage_check(ck_dir, run_name, now, o.new_lineage)
 
         from ..ops.snapshot import cache_env, seed_run_cache_argvs
@@ -321,6 +304,7 @@ class RunOps(RunQueries):
         deadline = time.monotonic() + timeout
         last = None
         while time.monotonic() < deadline:
+            self._wait_lock_taken(run_id, min(deadline, time.monotonic() + 1.5))
             runs = self.status(run_id)
             if runs:
                 last = runs[0]
@@ -335,6 +319,15 @@ class RunOps(RunQueries):
         raise RunFailed(f"the supervisor of {run_id} did not start within {timeout:.0f}s"
                         + (f": {log_tail}" if log_tail else ""),
                         hint=f"see {self.layout.run_dir(run_id)}/supervisor.log")
+
+    def _wait_lock_taken(self, run_id: str, until: float) -> None:
+        """Until the supervisor of ``run_id`` holds run.lock (it is "running" a moment
+        later), by the launch probe (a shell, no Python: cheap to repeat), or ``until``."""
+        while time.monotonic() < until:
+            p = self.probe()
+            if p.get("lock") == "held" and p.get("lock_owner") == run_id:
+                return
+            time.sleep(0.05)
 
     def _lost_the_lock(self, run_id: str, info: Mapping[str, Any]) -> None:
         """A supervisor that ends ``failed`` at once while run.lock is held by another run

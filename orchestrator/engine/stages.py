@@ -35,6 +35,7 @@ class DeployReport:
     total_seconds: float = 0.0
     ok: bool = True
     env_bytes: int | None = None  # the env's size on disk after an install (du -sk)
+    cached: bool = False          # launch: the env's recorded verification held (no probe)
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)

@@ -30,6 +30,14 @@ CLASSES = ("fx_trace_race", "compile_hang", "dense_fallback", "oom", "nccl_timeo
 PRIORITY = ("fx_trace_race", "oom", "nccl_timeout", "nan_loss", "compile_hang", "dense_fallback",
             "crash")
 
+#: classes only a multi-node run's node ends carry (``ops.group_decide``); not in CLASSES, so
+#: no ladder or budget names them: ``node_lost`` gives up at once (the fix is in the reason),
+#: ``peer_abort`` (this node stopped because another node's attempt failed) is never the
+#: run's root cause while any node has a real class
+PEER_ABORT = "peer_abort"
+NODE_LOST = "node_lost"
+GROUP_CLASSES = (PEER_ABORT, NODE_LOST)
+
 #: trainer exit codes (dfo_contract.exitcodes) that mean "restarting cannot help"
 PERMANENT_EXITS = {exitcodes.CONFIG_ERROR: "config error", exitcodes.DATA_ERROR: "data error",
                    exitcodes.CHECKPOINT_ERROR: "checkpoint error"}

@@ -205,11 +205,33 @@ def ddp_nproc(cfg: Mapping[str, Any]) -> int:
     return max(1, len(set(devs)))
 
 
+@dataclass(frozen=True)
+class Rendezvous:
+    """One node's attempt of a multi-node run: torchrun's c10d rendezvous, hosted by the
+    head's torchrun only (``is_host``; on loopback every node would guess it is the host)."""
+    nnodes: int
+    head_addr: str
+    port: int
+    rdzv_id: str          # fresh per attempt (GroupSpec.rdzv_id): never a stale round
+    is_host: bool
+
+    def flags(self) -> list[str]:
+        host = f"[{self.head_addr}]" if ":" in self.head_addr else self.head_addr
+        return [f"--nnodes={self.nnodes}", "--rdzv-backend=c10d",
+                f"--rdzv-endpoint={host}:{self.port}", f"--rdzv-id={self.rdzv_id}",
+                f"--rdzv-conf=is_host={1 if self.is_host else 0}", "--max-restarts=0"]
+
+
 def trainer_argv(python: str, config_path: str, overrides: Mapping[str, Any], *,
                  run_dir: str, checkpoint_dir: str, resume: str | None,
-                 layout: str | None = None, nproc: int = 1) -> list[str]:
+                 layout: str | None = None, nproc: int = 1,
+                 rdzv: Rendezvous | None = None) -> list[str]:
     """``python -m trainer train ...`` through the supervisor's shim (under
-    ``torch.distributed.run`` for ddp)."""
+    ``torch.distributed.run`` for ddp; with ``rdzv`` one node of a multi-node run: always
+    the ddp layout, ``--max-restarts 0``: the supervisors restart the run as a whole)."""
+    if rdzv is not None:
+        overrides = {**overrides, "parallel.layout": "ddp"}
+        layout = "ddp"
     flags = ["--config", config_path, "--run.dir", run_dir, "--checkpoint.dir", checkpoint_dir]
     flags += override_flags(overrides)
     if resume:
@@ -218,9 +240,16 @@ def trainer_argv(python: str, config_path: str, overrides: Mapping[str, Any], *,
     # parent-death signal, then runs ``python -m trainer`` unchanged
     shim = ["-m", "orchestrator.supervisor.shim", "trainer", "train"]
     if layout == "ddp":
-        return [python, "-m", "torch.distributed.run", "--standalone",
+        how = rdzv.flags() if rdzv is not None else ["--standalone"]
+        return [python, "-m", "torch.distributed.run", *how,
                 f"--nproc_per_node={nproc}", *shim, *flags]
     return [python, *shim, *flags]
+
+
+def group_env(node: int, extra: Mapping[str, str]) -> dict[str, str]:
+    """What a multi-node attempt's env adds on one node: its index and the group's env
+    (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME, CUDA_VISIBLE_DEVICES; GroupSpec.env)."""
+    return {**{str(k): str(v) for k, v in extra.items()}, envvars.NODE_RANK: str(int(node))}
 
 
 # --- the supervisor's start command ---------------------------------------------------------

@@ -58,6 +58,12 @@ EVENT_KINDS = (
     "orphans_reaped",     # pids
     "stopping",           # reason
     "final",              # status, reason
+    # a multi-node run (spec ``group``); each carries ``node`` (index) and ``host``
+    "group_start",        # node, host, nodes, head_addr, coord_port
+    "peer_abort",         # attempt, node, host, reason: another node's attempt failed
+    "node_end",           # attempt, node, host, class, reason (one node's own judgement)
+    "node_lost",          # attempt, node, host, silent_s, reason
+    "group_decision",     # attempt, node, host, action, status, reason, cause (the head's)
 )
 
 _ATTEMPT_LOG = re.compile(r"^attempt-(\d+)\.log$")
@@ -295,4 +301,20 @@ def describe_event(e: Mapping[str, Any]) -> str:
         return f"stopping: {e.get('reason')}"
     if k == "final":
         return f"run {e.get('status')}: {e.get('reason')}"
+    if k == "group_start":
+        return (f"node {e.get('node')} ({e.get('host')}) of {len(e.get('nodes') or [])}, "
+                f"coordinating through {e.get('head_addr')}:{e.get('coord_port')}")
+    if k == "peer_abort":
+        return f"attempt {a} stopped: {e.get('reason')}"
+    if k == "node_end":
+        return f"node {e.get('node')} ({e.get('host')}) attempt {a}: {e.get('class')}: " \
+            f"{e.get('reason')}"
+    if k == "node_lost":
+        return str(e.get("reason") or f"node {e.get('host')} lost")
+    if k == "group_decision":
+        cause = e.get("cause") or {}
+        what = ("restart" if e.get("action") == "restart"
+                else f"final {e.get('status')}: {e.get('reason')}")
+        return f"head's decision on attempt {a}: {what} (cause {cause.get('class')} on " \
+            f"{cause.get('host')})"
     return str(k)

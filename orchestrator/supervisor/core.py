@@ -24,10 +24,12 @@ from ..ops import byo as byo_ops
 from ..ops.budget import BudgetPolicy, BudgetState, on_failure
 from ..ops.classify import classify
 from ..ops.fallback import next_config
-from ..ops.launch_plan import attempt_env, ddp_nproc, trainer_argv
+from ..ops.classify import NODE_LOST
+from ..ops.group import GroupSpec
+from ..ops.launch_plan import Rendezvous, attempt_env, ddp_nproc, group_env, trainer_argv
 from ..ops.runstate import Attempt, RunState
 from . import byo as byo_sup
-from . import procs, runfiles
+from . import group, procs, runfiles
 from .watch import AttemptWatch, Outcome
 
 
@@ -52,6 +54,10 @@ class Supervisor(AttemptWatch):
         self.stop_reason: str | None = None
         self.state = RunState.new(self.spec["run_id"], self.spec["run_name"], now=time.time())
         self.lock_fd: int | None = None
+        #: a multi-node run (spec ``group``): this node's part, its coordinator, the plan
+        self.group = GroupSpec.from_json(self.spec["group"]) if self.spec.get("group") else None
+        self.coord: group.Coordinator | None = None
+        self.plan: dict | None = None
 
     # --- files ------------------------------------------------------------------------------
     def _p(self, *parts: str) -> str:
@@ -76,6 +82,8 @@ class Supervisor(AttemptWatch):
     def _sleep(self, seconds: float) -> None:
         end = time.monotonic() + seconds
         while self.stop_reason is None and time.monotonic() < end:
+            if self.coord is not None:   # a stop on another node (the backoff of a group)
+                group.sync_stop(self)
             time.sleep(min(0.1, max(0.0, end - time.monotonic())))
 
     # --- lock -------------------------------------------------------------------------------
@@ -126,8 +134,14 @@ class Supervisor(AttemptWatch):
         self.state.status = "running"
         self.save()
         try:
+            if self.group is not None:
+                self.coord = group.open_for(self)
+                if not self.group.is_head:
+                    return group.run_peer(self)
             return self._loop()
         finally:
+            if self.coord is not None:
+                self.coord.close()
             if self.lock_fd is not None:
                 os.close(self.lock_fd)
 
@@ -167,6 +181,13 @@ class Supervisor(AttemptWatch):
             ev = [e.to_json() for e in diag.evidence]
             self.emit("classified", attempt=n, **{"class": diag.cls}, reason=diag.reason,
                       evidence=ev, also=list(diag.also))
+            if self.coord is not None:   # the head: every node's end, one root cause
+                diag = group.settle_head(self, n, out, diag)
+                if out.stopped or self.stop_reason:
+                    return self._final("stopped", self.stop_reason or "stopped")
+                if diag.cls == NODE_LOST:
+                    self.emit("give_up", **{"class": diag.cls}, reason=diag.reason, evidence=[])
+                    return self._final("failed", diag.reason)
             if diag.cls == "done":
                 return self._final("done", f"reached max_steps at step {self.state.last_step}")
             if out.stopped or self.stop_reason:
@@ -200,12 +221,15 @@ class Supervisor(AttemptWatch):
             if choice.step and choice.step != "same":
                 self.state.fallbacks.append({"class": diag.cls, "step": choice.step,
                                              "changed": choice.changed, "attempt": n})
-            self.emit("fallback", attempt=n, **{"class": diag.cls}, step=choice.step,
-                      changed=choice.changed, overrides=choice.overrides,
-                      restore_cache=choice.restore_cache)
+            fb = self.emit("fallback", attempt=n, **{"class": diag.cls}, step=choice.step,
+                           changed=choice.changed, overrides=choice.overrides,
+                           restore_cache=choice.restore_cache)
             restore_cache = choice.restore_cache
             self.state.status = "backoff"
-            self.emit("restart", attempt=n + 1, delay_s=round(dec.delay, 3), reason=dec.reason)
+            rst = self.emit("restart", attempt=n + 1, delay_s=round(dec.delay, 3),
+                            reason=dec.reason)
+            if self.coord is not None:
+                group.decide(self, n, "restart", fallback=fb, restart=rst)
             self.save()
             self._sleep(dec.delay)
             self.state.status = "running"
@@ -221,6 +245,8 @@ class Supervisor(AttemptWatch):
         self.state.status, self.state.reason, self.state.ended_at = status, reason, time.time()
         if evidence is not None:
             self.state.evidence = evidence
+        if self.coord is not None:
+            group.on_final(self, status, reason)
         self.emit("final", status=status, reason=reason,
                   last_checkpoint=self.state.last_checkpoint)
         self.save()
@@ -259,11 +285,19 @@ class Supervisor(AttemptWatch):
             cwd = byo_sup.cwd(self.spec, self.run_dir)
         else:
             changes = None
-            resume = self._resume_target()
+            gs, rdzv = self.group, None
+            resume = self._resume_target() if self.plan is None else self.plan.get("resume")
+            if gs is not None:
+                rdzv = Rendezvous(gs.nnodes, gs.head_addr, gs.port, gs.rdzv_id(
+                    self.spec["run_id"], n), is_host=gs.is_head)
+                env.update(group_env(gs.node, gs.env))
+                if gs.is_head:
+                    group.plan_for(self, n, resume)
             argv = trainer_argv(self.spec["python"], self.spec["config_path"],
                                 self.state.overrides, run_dir=self.run_dir,
                                 checkpoint_dir=self.spec["checkpoint_dir"], resume=resume,
-                                layout=cfg.get("parallel.layout"), nproc=ddp_nproc(cfg))
+                                layout=cfg.get("parallel.layout"),
+                                nproc=gs.nproc if gs else ddp_nproc(cfg), rdzv=rdzv)
         log_name = rs.attempt_log_name(n)
         log_path = self._p(log_name)
         self.state.attempt = n

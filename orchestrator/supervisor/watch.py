@@ -14,7 +14,7 @@ from ..ops import watchdog as wd
 from ..ops.byo import compile_step_pattern
 from ..ops.classify import LineScan, TailScan
 from ..ops.host_load import HostSample, judge
-from . import hostprobe, procs
+from . import group, hostprobe, procs
 from .lines import read_lines
 from .stacks import dump_stacks
 
@@ -42,6 +42,14 @@ class Outcome:
     #: the attempt's process tree (TreeMeter) and the host, sampled about once a second
     meter: hostprobe.TreeMeter = field(default_factory=hostprobe.TreeMeter)
     host: list[HostSample] = field(default_factory=list)
+    #: a multi-node run (supervisor.group): another node's abort, the lost nodes
+    #: [(index, silent s)], whether this node aborted first, when to SIGKILL
+    peer_abort: str | None = None
+    lost: list | None = None
+    origin: bool = False
+    abort_set: bool = False
+    kill_at: float | None = None
+    store_next: float = 0.0
 
 
 class AttemptWatch:
@@ -53,7 +61,12 @@ class AttemptWatch:
         t0 = time.monotonic()
         base = self.state.baseline_tokens_per_s
         byo = self.spec.get("byo") or {}
-        dog = wd.Watchdog(wd.Thresholds.from_json(self.t), now=t0,
+        t = dict(self.t)
+        if self.group is not None and not self.group.is_head:
+            # the main rank (its markers) runs on the head: the head judges hangs; a peer
+            # judges only its own process (exit, fatal lines, OOM)
+            t.update(warmup_s=1e12, train_s=1e12, hang_s=0.0)
+        dog = wd.Watchdog(wd.Thresholds.from_json(t), now=t0,
                           baseline=base if self.state.baseline_overrides == self.state.overrides
                           else None,
                           dense_expected=str(self._config().get("model.attention", ""))
@@ -80,6 +93,8 @@ class AttemptWatch:
                 next_sample = now + SAMPLE_S
                 self._sample(proc.pid, out, dog, now)
             acts: list[wd.Action] = []
+            if self.coord is not None:
+                group.tick(self, n, proc, out, dog, now)
             if self.stop_reason and not out.stopped:
                 out.stopped = True
                 self.state.status = "stopping"
@@ -93,6 +108,8 @@ class AttemptWatch:
         if left:
             procs.signal_all(left, signal.SIGKILL)
             procs.wait_gone(left, 5)
+        if self.coord is not None:
+            group.after_watch(self, n, out)
         end = time.monotonic()
         out.hang, out.collapse, out.reached_train = dog.hang, dog.collapse, dog.reached_train
         out.duration_s = end - t0

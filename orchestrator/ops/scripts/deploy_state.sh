@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # dfo deploy's state probe: everything the plan needs, one "KEY<TAB>VALUE" line each,
 # ending with "end<TAB>ok". Parsed by orchestrator.ops.deploy_plan.parse_state.
-# $1 root, $2 target env dir, $3 python spec (a path or a version like 3.11), $4 wheel path.
+# $1 root, $2 target env dir, $3 python spec (a path or a version like 3.11), $4 wheel path,
+# $5 "nofreeze" to leave out `uv pip freeze` (launch: the env's recorded verification holds).
 root=$1; env=$2; py=$3; wheel=$4
 uv="$root/bin/uv"
 b64() { base64 -w0 2>/dev/null; }
@@ -17,7 +18,7 @@ cur="$root/envs/current"
 if [ -L "$cur" ]; then
   [ -f "$cur/.dfo-complete" ] && emit current_marker "$(b64 < "$cur/.dfo-complete")"
   [ -f "$cur/fingerprint.json" ] && emit current_fingerprint "$(b64 < "$cur/fingerprint.json")"
-  if [ -x "$uv" ] && [ -x "$cur/bin/python" ]; then
+  if [ "$5" != nofreeze ] && [ -x "$uv" ] && [ -x "$cur/bin/python" ]; then
     emit current_freeze "$("$uv" pip freeze --python "$cur/bin/python" 2>&1 | b64)"
   fi
 fi

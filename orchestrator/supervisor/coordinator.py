@@ -1,0 +1,151 @@
+"""This node's connection to a multi-node run's coordination store: a
+``torch.distributed.TCPStore`` the head's supervisor hosts on ``head_addr:coord_port``
+(a client on the other nodes, every key under the run's prefix through a ``PrefixStore``),
+and the heartbeat thread (docs/recovery.md "One run over several nodes"; key names:
+``orchestrator.ops.group``; the decisions: ``orchestrator.ops.group_decide``)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from datetime import timedelta
+from typing import Any, Callable
+
+from ..ops import group as g
+from ..ops.group_decide import GroupDecision, Heartbeats, NodeEnd
+
+log = logging.getLogger("dfo")
+
+HEARTBEAT_S = 1.0
+CONNECT_S = 120.0       # a peer keeps dialling the head's store this long
+OP_TIMEOUT_S = 10.0     # one store operation
+STORE_POLL_S = 0.25     # how often a watch loop reads the store
+
+
+def key_left(node: int) -> str:
+    """Set by a peer's supervisor as it exits: the head keeps the store up until then."""
+    return f"left/{node}"
+
+
+class Coordinator:
+    """This node's connection to the run's coordination store, and its heartbeat thread.
+    Every store call goes through :meth:`_op` (one lock; a failure returns None: a store
+    that stays unreachable shows up as a silent heartbeat, judged by the caller)."""
+
+    def __init__(self, gs: g.GroupSpec, run_id: str):
+        self.gs = gs
+        self.run_id = run_id
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._base: Any = None
+        self.store: Any = None
+        self.hb = Heartbeats(lost_s=gs.node_lost_s, start=time.monotonic())
+        self.stop_sent = False
+
+    # --- connection -------------------------------------------------------------------------
+    def open(self) -> None:
+        import torch.distributed as dist
+
+        if self.gs.is_head:
+            self._base = dist.TCPStore(self.gs.head_addr, self.gs.coord_port, is_master=True,
+                                       wait_for_workers=False,
+                                       timeout=timedelta(seconds=OP_TIMEOUT_S))
+        else:
+            self._base = dist.TCPStore(self.gs.head_addr, self.gs.coord_port, is_master=False,
+                                       timeout=timedelta(seconds=CONNECT_S))
+            self._base.set_timeout(timedelta(seconds=OP_TIMEOUT_S))
+        self.store = dist.PrefixStore(g.key_prefix(self.run_id), self._base)
+        self.hb = Heartbeats(lost_s=self.gs.node_lost_s, start=time.monotonic())
+        threading.Thread(target=self._beat, name="dfo-heartbeat", daemon=True).start()
+
+    def close(self) -> None:
+        """A peer says it is leaving; the head (whose process hosts the store) waits until
+        every peer left or went silent, so none misses the final decision."""
+        if self.store is not None and not self.gs.is_head:
+            self._op(lambda: self.store.set(key_left(self.gs.node), "1"))
+        elif self.store is not None:
+            peers = set(range(1, self.gs.nnodes))
+            deadline = time.monotonic() + max(30.0, 2 * self.gs.node_lost_s)
+            while peers and time.monotonic() < deadline:
+                peers -= {k for k in peers
+                          if self._op(lambda k=k: self.store.check([key_left(k)]))}
+                peers -= {k for k, _ in self.lost(time.monotonic())}
+                time.sleep(STORE_POLL_S)
+        self._stop.set()
+
+    def _op(self, fn: Callable[[], Any]) -> Any:
+        try:
+            with self._lock:
+                return fn()
+        except Exception as e:  # noqa: BLE001 - DistNetworkError, DistStoreError, timeouts
+            log.debug("coordination store: %s", e)
+            return None
+
+    def _beat(self) -> None:
+        watch = ([k for k in range(self.gs.nnodes) if k != 0] if self.gs.is_head else [0])
+        while not self._stop.is_set():
+            self._op(lambda: self.store.add(g.key_heartbeat(self.gs.node), 1))
+            for k in watch:
+                v = self._op(lambda k=k: self.store.add(g.key_heartbeat(k), 0))
+                with self._lock:
+                    self.hb.observe(k, v, time.monotonic())
+            self._stop.wait(HEARTBEAT_S)
+
+    # --- keys ---------------------------------------------------------------------------------
+    def _get(self, key: str) -> Any:
+        raw = self._op(lambda: self.store.get(key) if self.store.check([key]) else None)
+        return json.loads(raw) if raw else None
+
+    def _set(self, key: str, obj: Any) -> None:
+        data = json.dumps(obj)
+        self._op(lambda: self.store.set(key, data))
+
+    def set_plan(self, n: int, plan: dict) -> None:
+        self._set(g.key_plan(n), plan)
+
+    def plan(self, n: int) -> dict | None:
+        return self._get(g.key_plan(n))
+
+    def abort(self, n: int, reason: str) -> bool:
+        """Set ``key_abort(n)`` unless set; True when this node's was the first."""
+        mine = json.dumps({"node": self.gs.node, "host": self.gs.host, "reason": reason})
+        got = self._op(lambda: self.store.compare_set(g.key_abort(n), "", mine))
+        return got is not None and got.decode() == mine
+
+    def aborted(self, n: int) -> dict | None:
+        return self._get(g.key_abort(n))
+
+    def set_end(self, n: int, end: NodeEnd) -> None:
+        self._set(g.key_end(n, end.node), end.to_json())
+
+    def end(self, n: int, k: int) -> NodeEnd | None:
+        d = self._get(g.key_end(n, k))
+        return NodeEnd.from_json(d) if d else None
+
+    def set_decision(self, n: int, dec: GroupDecision) -> None:
+        self._set(g.key_decision(n), dec.to_json())
+
+    def decision(self, n: int) -> GroupDecision | None:
+        d = self._get(g.key_decision(n))
+        return GroupDecision.from_json(d) if d else None
+
+    def request_stop(self, reason: str) -> None:
+        if not self.stop_sent:
+            self._set(g.KEY_STOP, {"node": self.gs.node, "host": self.gs.host,
+                                   "reason": reason})
+            self.stop_sent = True
+
+    def stop_requested(self) -> str | None:
+        d = self._get(g.KEY_STOP)
+        return f"{d.get('reason')} (on node {d.get('host')})" if d else None
+
+    # --- liveness -------------------------------------------------------------------------------
+    def lost(self, now: float) -> list[tuple[int, float]]:
+        """Head: the peers silent for node_lost_s; peer: [(0, s)] when the head is."""
+        nodes = [k for k in range(self.gs.nnodes) if k != 0] if self.gs.is_head else [0]
+        with self._lock:
+            return [(k, self.hb.silent_s(k, now)) for k in self.hb.lost(nodes, now)]
+
+

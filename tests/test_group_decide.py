@@ -1,0 +1,132 @@
+"""Pure parts of a multi-node run's coordination: the root cause among node ends, lost
+nodes from heartbeat observations, the head's decision and what a peer mirrors, the
+torchrun argv and env of one node's attempt (no I/O)."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.config.hostconfig import FAILURE_CLASSES
+from orchestrator.ops import runstate as rs
+from orchestrator.ops.classify import GROUP_CLASSES, NODE_LOST, PEER_ABORT
+from orchestrator.ops.fallback import validate_ladders
+from orchestrator.errors import ConfigError
+from orchestrator.ops.group_decide import (GroupDecision, Heartbeats, NodeEnd, lost_end,
+                                           peer_step, root_cause, run_healthy_s)
+from orchestrator.ops.launch_plan import Rendezvous, group_env, trainer_argv
+
+
+def end(node, cls, *, origin=False, healthy=0.0, host=None):
+    return NodeEnd(node=node, host=host or f"gpu{node + 1}", cls=cls, reason=f"{cls} here",
+                   origin=origin, healthy_s=healthy)
+
+
+def test_a_real_class_beats_peer_abort_and_a_secondary_crash():
+    ends = [end(0, PEER_ABORT), end(1, "fx_trace_race", origin=True)]
+    assert root_cause(ends).node == 1 and root_cause(ends).cls == "fx_trace_race"
+    # the head crashed because its peer died (gloo connection reset): the peer's FX error
+    # is the cause, though the head is node 0
+    ends = [end(0, "crash"), end(1, "fx_trace_race")]
+    assert root_cause(ends).cls == "fx_trace_race"
+
+
+def test_ties_go_to_the_origin_then_the_lowest_node():
+    assert root_cause([end(0, "crash"), end(1, "crash", origin=True)]).node == 1
+    assert root_cause([end(0, "crash"), end(1, "crash"), end(2, "crash")]).node == 0
+
+
+def test_node_lost_wins_and_done_on_the_head_is_done():
+    ends = [end(0, "crash"), lost_end(1, "gpu2", 21.4, "pair")]
+    r = root_cause(ends)
+    assert r.cls == NODE_LOST and "node gpu2 lost (no heartbeat for 21 s)" in r.reason
+    assert "dfo launch --group pair --resume latest" in r.reason
+    assert root_cause([end(0, "done"), end(1, PEER_ABORT)]).cls == "done"
+    assert root_cause([end(0, "done"), end(1, "done")]).cls == "done"
+
+
+def test_all_peer_abort_is_a_crash():
+    r = root_cause([end(0, PEER_ABORT), end(1, PEER_ABORT)])
+    assert r.cls == "crash" and "peer's abort" in r.reason
+
+
+def test_node_end_round_trip_and_run_health():
+    e = NodeEnd(node=1, host="b", cls="oom", reason="r", exit_code=1, reached_train=True,
+                healthy_s=3.5, permanent=False, origin=True, evidence=({"line": 1},))
+    assert NodeEnd.from_json(e.to_json()) == e
+    assert run_healthy_s([end(0, "crash", healthy=40.0), end(1, "oom", healthy=0.0)]) == 40.0
+
+
+def test_heartbeats_lost_by_the_observers_clock():
+    hb = Heartbeats(lost_s=5.0, start=100.0)
+    hb.observe(1, 1, 100.5)
+    hb.observe(2, None, 100.5)          # could not be read: no news
+    assert hb.lost([1, 2], 104.0) == []
+    hb.observe(1, 2, 104.0)
+    assert hb.lost([1, 2], 106.0) == [2]           # never beat since the start
+    hb.observe(1, 2, 108.0)                         # same value: no change
+    assert hb.lost([1, 2], 109.5) == [1, 2]
+    assert hb.silent_s(1, 109.5) == pytest.approx(5.5)
+
+
+def test_decision_round_trip_and_the_peer_mirrors_it():
+    fb = {"attempt": 1, "class": "fx_trace_race", "step": "compile_gate",
+          "changed": {"compile.gate": True}, "overrides": {"compile.gate": True},
+          "restore_cache": True}
+    dec = GroupDecision(action="restart", cause=end(1, "fx_trace_race").to_json(),
+                        overrides={"compile.gate": True}, fallback=fb,
+                        restart={"attempt": 2, "delay_s": 0.1, "reason": "restart 1/5"},
+                        last_checkpoint={"step": 4, "path": "/h/ck/step_4"}, last_step=5)
+    assert GroupDecision.from_json(dec.to_json()) == dec
+    st = peer_step(dec, 1, node=1, host="gpu2")
+    assert [k for k, _ in st.events] == ["group_decision", "fallback", "restart"]
+    assert st.final is None and st.overrides == {"compile.gate": True}
+    assert st.fallback == {"class": "fx_trace_race", "step": "compile_gate",
+                           "changed": {"compile.gate": True}, "attempt": 1}
+    fin = GroupDecision(action="final", cause={}, status="failed", reason="node gpu2 lost")
+    st = peer_step(fin, 3, node=1, host="gpu2")
+    assert st.final == ("failed", "node gpu2 lost") and len(st.events) == 1
+    for kind, fields in peer_step(dec, 1, node=1, host="gpu2").events:
+        assert rs.describe_event(rs.event(kind, **fields))
+    with pytest.raises(ValueError):
+        GroupDecision.from_json({"action": "maybe"})
+
+
+def test_group_classes_have_no_ladder_or_budget():
+    assert set(GROUP_CLASSES) == {PEER_ABORT, NODE_LOST}
+    assert not set(GROUP_CLASSES) & set(FAILURE_CLASSES)
+    with pytest.raises(ConfigError):
+        validate_ladders({"node_lost": ["same"]})
+
+
+def test_new_event_kinds_are_described():
+    for kind, f in [("group_start", {"node": 0, "host": "a", "nodes": ["a", "b"],
+                                     "head_addr": "10.0.0.1", "coord_port": 29401}),
+                    ("peer_abort", {"attempt": 1, "node": 0, "host": "a", "reason": "x"}),
+                    ("node_end", {"attempt": 1, "node": 1, "host": "b", "class": "oom",
+                                  "reason": "y"}),
+                    ("node_lost", {"attempt": 1, "node": 1, "host": "b", "reason": "lost b"}),
+                    ("group_decision", {"attempt": 1, "node": 0, "host": "a",
+                                        "action": "final", "status": "failed", "reason": "z",
+                                        "cause": {"class": "oom", "host": "b"}})]:
+        line = rs.describe_event(rs.event(kind, **f))
+        assert line and line != kind
+
+
+def test_trainer_argv_for_one_node_of_a_group():
+    head = trainer_argv("py", "c.yaml", {"compile.gate": True}, run_dir="/d", checkpoint_dir="/c",
+                        resume="/h/ck/step_4", layout=None, nproc=2,
+                        rdzv=Rendezvous(2, "10.0.0.1", 29400, "run-a3", is_host=True))
+    assert head[:3] == ["py", "-m", "torch.distributed.run"]
+    assert head[3:10] == ["--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=10.0.0.1:29400",
+                          "--rdzv-id=run-a3", "--rdzv-conf=is_host=1", "--max-restarts=0",
+                          "--nproc_per_node=2"]
+    assert "--parallel.layout=ddp" in head and head[-2:] == ["--resume", "/h/ck/step_4"]
+    peer = trainer_argv("py", "c.yaml", {}, run_dir="/d", checkpoint_dir="/c", resume=None,
+                        nproc=1, rdzv=Rendezvous(2, "fd00::1", 29400, "r-a1", is_host=False))
+    assert "--rdzv-endpoint=[fd00::1]:29400" in peer and "--rdzv-conf=is_host=0" in peer
+    assert "--standalone" not in peer
+
+
+def test_group_env():
+    env = group_env(1, {"GLOO_SOCKET_IFNAME": "lo", "DFO_NODE_RANK": "9"})
+    assert env == {"GLOO_SOCKET_IFNAME": "lo", "DFO_NODE_RANK": "1"}

@@ -1,0 +1,288 @@
+"""Two real supervisors on this machine as the two nodes of one run (two host roots, one
+run id, a ``group`` section in each spec.json, rendezvous and coordination on loopback),
+each running the real trainer with ``--parallel.layout ddp`` under real torchrun (gloo,
+CPU, tiny model): one run, one decision."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.ops.budget import BudgetPolicy
+from orchestrator.ops.fallback import merge_ladders
+from orchestrator.ops.group import GroupSpec
+from orchestrator.ops import launch_plan as lp
+from orchestrator.ops.layout import RemoteLayout
+from orchestrator.ops.run_identity import make_run_id
+
+from tests.supervisor_env import FAST, REPO, make_root, tiny_assets, wait_for, write_config  # noqa: F401
+
+pytestmark = pytest.mark.slow
+
+HOSTS = ("gpu1", "gpu2")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Group:
+    """Two nodes' run dirs + specs, as ``dfo launch --group`` writes them, and their
+    supervisors (each in its own session, so a test can kill one node whole)."""
+
+    def __init__(self, tmp: Path, assets: Path, *, name: str, faults=(None, None),
+                 node_lost_s: float = 8.0, thresholds=None, budget=None, **train):
+        self.run_id = make_run_id(name, time.time())
+        tmp.mkdir(parents=True, exist_ok=True)
+        port, coord = _free_port(), _free_port()
+        cfg = write_config(tmp / "c.yaml", assets, **train)
+        base = lp.flatten(__import__("yaml").safe_load(cfg.read_text()))
+        self.roots, self.dirs, self.ckdirs, self.procs = [], [], [], []
+        for k, host in enumerate(HOSTS):
+            root = make_root(tmp / host)
+            lay = RemoteLayout(str(root))
+            run_dir = Path(lay.run_dir(self.run_id))
+            run_dir.mkdir(parents=True)
+            (run_dir / "config.yaml").write_text(cfg.read_text())
+            ck = lay.checkpoints(name)
+            gs = GroupSpec(name="pair", nodes=HOSTS, node=k, head_addr="127.0.0.1", port=port,
+                           coord_port=coord, nproc=1, env={"GLOO_SOCKET_IFNAME": "lo"},
+                           node_lost_s=node_lost_s)
+            spec = lp.build_spec(
+                run_id=self.run_id, run_name=name, root=str(root), python=sys.executable,
+                config_path=str(run_dir / "config.yaml"), base_config=base, overrides={},
+                resume_path=None, checkpoint_dir=ck, env={}, fault=faults[k],
+                ladders=merge_ladders(), budget=BudgetPolicy(**(budget or {"scale": 0.01})).to_json(),
+                thresholds_=lp.thresholds({**FAST, **(thresholds or {})}), lock=lay.run_lock, restore_cache_argv=None,
+                host=host)
+            spec["group"] = gs.to_json()
+            (run_dir / "spec.json").write_text(json.dumps(spec))
+            self.roots.append(root)
+            self.dirs.append(run_dir)
+            self.ckdirs.append(Path(ck))
+
+    def start(self) -> "Group":
+        env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+        for d in self.dirs:        # head first, as launch does
+            log = open(d / "supervisor.log", "ab")
+            self.procs.append(subprocess.Popen(
+                lp.supervisor_argv(sys.executable, str(d)), stdin=subprocess.DEVNULL,
+                stdout=log, stderr=log, env=env, cwd=str(d), start_new_session=True))
+        return self
+
+    def state(self, k: int) -> dict:
+        p = self.dirs[k] / "state.json"
+        try:
+            return json.loads(p.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def events(self, k: int) -> list[dict]:
+        p = self.dirs[k] / "events.jsonl"
+        return [json.loads(ln) for ln in p.read_text().splitlines() if ln.strip()]
+
+    def kinds(self, k: int, kind: str) -> list[dict]:
+        return [e for e in self.events(k) if e["kind"] == kind]
+
+    def wait_final(self, k: int, timeout: float = 400) -> dict:
+        def ended():
+            s = self.state(k)
+            return s if s.get("status") in ("done", "failed", "stopped") and \
+                self.procs[k].poll() is not None else None
+        return wait_for(ended, timeout, f"node {k} to end ({self.state(k).get('status')}, "
+                                        f"{self.state(k).get('last_event')})", poll=0.5)
+
+    def checkpoints(self, k: int) -> list[str]:
+        d = self.ckdirs[k]
+        return sorted(p.name for p in d.iterdir() if p.name.startswith("step_")) \
+            if d.is_dir() else []
+
+    def kill_node(self, k: int) -> None:
+        """The node dies whole: its supervisor's session and its trainer's."""
+        trainers = self.state(k).get("trainer_pids") or []
+        for pg in [self.procs[k].pid, *trainers]:
+            try:
+                os.killpg(pg, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def cleanup(self) -> None:
+        for k, p in enumerate(self.procs):
+            if p.poll() is None:
+                self.kill_node(k)
+                p.wait(10)
+
+
+@pytest.fixture
+def group(tmp_path, tiny_assets):  # noqa: F811
+    made: list[Group] = []
+
+    def make(**kw) -> Group:
+        g = Group(tmp_path / f"g{len(made)}", tiny_assets, **kw)
+        made.append(g)
+        return g.start()
+    yield make
+    for g in made:
+        g.cleanup()
+
+
+def _steps(log: Path) -> list[int]:
+    return [json.loads(ln[5:])["step"] for ln in log.read_text().splitlines()
+            if ln.startswith("@dfo ") and '"kind": "step"' in ln]
+
+
+def test_two_nodes_train_to_done(group):
+    # a peer prints no markers (the main rank is on the head): its watchdog must not call
+    # that a hang, though the run takes longer than warmup_s here
+    g = group(name="pairdone", thresholds={"warmup_s": 15})
+    head, peer = g.wait_final(0), g.wait_final(1)
+    assert head["status"] == "done", head.get("reason")
+    assert peer["status"] == "done", peer.get("reason")
+    assert head["last_step"] == 12
+    # one rendezvous per attempt, the head hosting it; the checkpoints only on the head
+    a0, a1 = g.kinds(0, "attempt_start")[0]["argv"], g.kinds(1, "attempt_start")[0]["argv"]
+    assert "--nnodes=2" in a0 and "--rdzv-conf=is_host=1" in a0 and "--rdzv-conf=is_host=0" in a1
+    assert [x for x in a0 if x.startswith("--rdzv-id")] == [x for x in a1
+                                                           if x.startswith("--rdzv-id")]
+    assert g.checkpoints(0) and not g.checkpoints(1)
+    assert len(g.kinds(0, "attempt_start")) == len(g.kinds(1, "attempt_start")) == 1
+    assert not [e for e in g.kinds(1, "watchdog")]
+    dec = g.kinds(1, "group_decision")
+    assert dec and dec[-1]["action"] == "final" and dec[-1]["status"] == "done"
+
+
+def test_a_fault_on_one_node_restarts_the_whole_run_with_one_fallback(group):
+    g = group(name="pairfx", faults=(None, "fx_race@6"))
+    head, peer = g.wait_final(0), g.wait_final(1)
+    assert head["status"] == "done", head.get("reason")
+    assert peer["status"] == "done", peer.get("reason")
+    # the cause was node 1's FX error, decided once on the head
+    cause = g.kinds(0, "group_decision")[0]["cause"]
+    assert cause["class"] == "fx_trace_race" and cause["node"] == 1
+    fb = g.kinds(0, "fallback")
+    assert len(fb) == 1 and fb[0]["step"] == "compile_gate"
+    assert [e["step"] for e in g.kinds(1, "fallback")] == ["compile_gate"]
+    s0, s1 = g.kinds(0, "attempt_start"), g.kinds(1, "attempt_start")
+    assert len(s0) == len(s1) == 2
+    # both nodes' attempt 2: the same overrides, the same checkpoint (the head's)
+    assert s0[1]["overrides"] == s1[1]["overrides"] == {"compile.gate": True}
+    assert s0[1]["resume"] == s1[1]["resume"] and s0[1]["resume"].endswith("/step_4")
+    assert s0[1]["resume"].startswith(str(g.roots[0]))
+    assert "--compile.gate=true" in s1[1]["argv"]
+    assert head["overrides"] == peer["overrides"] == {"compile.gate": True}
+    steps = _steps(g.dirs[0] / "attempt-2.log")
+    assert steps[0] == 5 and steps[-1] == 12
+
+
+def test_a_lost_node_is_detected_and_the_head_gives_up_with_the_fix(group):
+    g = group(name="pairlost", node_lost_s=6.0, train={"max_steps": 100000},
+              checkpoint={"every": 100000})
+    wait_for(lambda: (g.state(0).get("last_step") or 0) >= 2, 240, "training on the head")
+    g.kill_node(1)
+    head = g.wait_final(0, timeout=240)
+    assert head["status"] == "failed"
+    assert "node gpu2 lost (no heartbeat for" in head["reason"]
+    assert "dfo launch --group pair --resume latest" in head["reason"]
+    lost = g.kinds(0, "node_lost")
+    assert lost and lost[0]["node"] == 1 and lost[0]["host"] == "gpu2"
+    # detected once silent for node_lost_s, not at some later timeout
+    assert lost[0]["silent_s"] >= 6.0
+
+
+def test_sigterm_to_the_head_stops_both_nodes_with_one_checkpoint(group):
+    g = group(name="pairstop", train={"max_steps": 100000}, checkpoint={"every": 100000})
+    wait_for(lambda: (g.state(0).get("last_step") or 0) >= 3, 240, "training on the head")
+    assert g.checkpoints(0) == [] and g.checkpoints(1) == []
+    os.kill(g.procs[0].pid, signal.SIGTERM)
+    head, peer = g.wait_final(0, timeout=240), g.wait_final(1, timeout=240)
+    assert head["status"] == "stopped" and peer["status"] == "stopped"
+    assert len(g.checkpoints(0)) == 1 and g.checkpoints(1) == []
+    assert len(g.kinds(0, "checkpoint")) == 1
+    assert any("stop requested" in e.get("reason", "") for e in g.kinds(1, "stopping"))
+
+
+def test_a_lost_head_ends_the_peer_failed(group):
+    g = group(name="pairhead", node_lost_s=6.0, train={"max_steps": 100000},
+              checkpoint={"every": 100000})
+    wait_for(lambda: (g.state(0).get("last_step") or 0) >= 2, 240, "training on the head")
+    g.kill_node(0)
+    peer = g.wait_final(1, timeout=240)
+    assert peer["status"] == "failed"
+    assert peer["reason"].startswith("lost the head node gpu1 (no answer for")
+    assert procs_of(g.dirs[1]) == []
+
+
+def procs_of(run_dir: Path) -> list[int]:
+    from orchestrator.supervisor.procs import processes_of_run
+
+    return processes_of_run(str(run_dir))
+
+
+# --- the coordinator against a real store (no trainer) ------------------------------------------
+
+def _coords(node_lost_s: float = 3.0):
+    from orchestrator.supervisor.coordinator import Coordinator
+
+    port = _free_port()
+    gs = [GroupSpec(name="pair", nodes=HOSTS, node=k, head_addr="127.0.0.1", port=port - 1,
+                    coord_port=port, nproc=1, node_lost_s=node_lost_s) for k in (0, 1)]
+    head, peer = Coordinator(gs[0], "r1"), Coordinator(gs[1], "r1")
+    head.open()
+    peer.open()
+    return head, peer
+
+
+def test_coordinator_abort_is_first_come_and_stop_reaches_the_other_node():
+    from orchestrator.ops.group_decide import GroupDecision, NodeEnd
+
+    head, peer = _coords()
+    try:
+        assert peer.abort(1, "node gpu2: fx") is True
+        assert head.abort(1, "node gpu1: crash") is False
+        assert head.aborted(1)["node"] == 1 and head.aborted(2) is None
+        head.set_plan(1, {"overrides": {}, "resume": None, "rdzv_id": "r1-a1"})
+        assert peer.plan(1)["rdzv_id"] == "r1-a1" and peer.plan(2) is None
+        peer.set_end(1, NodeEnd(node=1, host="gpu2", cls="oom", reason="r"))
+        assert head.end(1, 1).cls == "oom" and head.end(1, 0) is None
+        head.set_decision(1, GroupDecision(action="final", cause={}, status="done"))
+        assert peer.decision(1).status == "done"
+        assert head.stop_requested() is None
+        peer.request_stop("SIGTERM to the supervisor (dfo stop)")
+        assert head.stop_requested() == "SIGTERM to the supervisor (dfo stop) (on node gpu2)"
+    finally:
+        peer.close()
+        head.close()
+
+
+def test_coordinator_a_silent_peer_is_lost_and_the_head_gone_is_lost_to_the_peer():
+    head, peer = _coords(node_lost_s=2.0)
+    try:
+        time.sleep(1.5)
+        assert head.lost(time.monotonic()) == [] and peer.lost(time.monotonic()) == []
+        peer._stop.set()                     # the peer's heartbeat stops
+        got = wait_for(lambda: head.lost(time.monotonic()), 30, "the peer lost")
+        assert got[0][0] == 1 and got[0][1] > 2.0
+    finally:
+        head._stop.set()
+    got = wait_for(lambda: peer.lost(time.monotonic()), 30, "the head lost")
+    assert got[0][0] == 0
+
+
+def test_sigterm_to_a_peer_during_the_backoff_stops_the_head_too(group):
+    g = group(name="pairback", faults=(None, "exit=1@3"), budget={"initial": 120.0})
+    wait_for(lambda: g.state(0).get("status") == "backoff", 240, "the head's backoff")
+    os.kill(g.procs[1].pid, signal.SIGTERM)
+    head, peer = g.wait_final(0, timeout=120), g.wait_final(1, timeout=120)
+    assert head["status"] == "stopped" and peer["status"] == "stopped"
+    assert "(on node gpu2)" in head["reason"]
+    assert len(g.kinds(0, "attempt_start")) == len(g.kinds(1, "attempt_start")) == 1

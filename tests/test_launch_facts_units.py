@@ -1,0 +1,56 @@
+"""Pure parts of launch's one round trip (``ops.launch_facts``): sections, the record."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from orchestrator.ops.launch_facts import facts_argv, parse_facts, parse_record, record_bytes
+
+S = "a" * 64
+
+
+def test_sections_parse_into_facts():
+    out = "\n".join([
+        "@section launch", "systemd=0", "env=1", "lock=held", "lock_owner=r1", "checkpoints=none",
+        "@section missing", "/data/x.jsonl",
+        "@section stamp", f"stamp\t{S}", "at\t17.5", "holds\t1",
+        "@section verified", json.dumps({"probe": {"torch": "2.13.0+cpu"}, "freeze": "a==1\n",
+                                          "verified": "now"}),
+        "@section state", "current\tcpu-x", "end\tok",
+        "@section end"])
+    f = parse_facts(out)
+    assert f.complete and f.checked and f.holds
+    assert f.launch == {"systemd": "0", "env": "1", "lock": "held", "lock_owner": "r1",
+                        "checkpoints": "none"}
+    assert f.missing == ["/data/x.jsonl"]
+    assert f.verified.probe == {"torch": "2.13.0+cpu"} and f.verified.freeze == "a==1\n"
+    assert f.state.current_name == "cpu-x" and f.state.complete_output
+
+
+def test_torn_output_is_not_complete_and_no_record_without_holds():
+    f = parse_facts("@section launch\nenv=1\n@section stamp\nstamp\t" + S + "\nholds\t0\n")
+    assert not f.complete and f.verified is None and f.state is None and f.launch["env"] == "1"
+
+
+@pytest.mark.parametrize("text", [
+    f"{'b' * 64} 1.0\n" + json.dumps({"probe": {}, "freeze": ""}),   # another stamp
+    f"{S} 1.0\n" + "{not json",
+    f"{S} 1.0\n" + json.dumps({"probe": {}}),                        # no freeze
+    f"{S}\n" + json.dumps({"probe": {}, "freeze": ""}),               # no time
+])
+def test_a_record_that_is_not_ours_is_ignored(text):
+    assert parse_record(text, stamp=S) is None
+
+
+def test_record_round_trip_and_argv_carries_values_as_parameters():
+    b = record_bytes(S, "12.25", {"torch": "x"}, "a==1\n", "2026-12-01T00:00:00+00:00")
+    r = parse_record(b.decode(), stamp=S)
+    assert r.probe == {"torch": "x"} and r.freeze == "a==1\n" and r.at == "12.25"
+    with pytest.raises(ValueError):
+        record_bytes("", "1", {}, "", "now")
+    argv = facts_argv("/r o'ot", "/r/locks/run.lock", "/r/envs/e", "3.11", "/w.whl", check=True,
+                      paths=["/a b"], checkpoint_dir="/r/checkpoints/x")
+    assert argv[0:2] == ["bash", "-c"] and argv[-3:] == ["check", "/r/checkpoints/x", "/a b"]
+    assert "/r o'ot" in argv and not any("/r o'ot" in a for a in argv[:5])
