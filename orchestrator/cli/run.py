@@ -13,6 +13,7 @@ from .params import NON_NEGATIVE
 from rich.markup import escape
 
 from ..errors import EXIT_INTERRUPTED, ConfigError, NotFoundError, RunFailed
+from .group_run import GROUP_OPTION, follow_group_logs, group_runs, launch_group
 
 
 def _kv(items, what: str, conv=float) -> dict:
@@ -79,9 +80,10 @@ def _ops(app, host_name, say=None):
               help="Your own trainer: the arguments that pass a checkpoint (default '--resume {path}').")
 @click.option("--ladder", "ladder", multiple=True, metavar="CLASS=KIND:VALUE",
               help="Your own trainer: a fallback step, in order, e.g. fx_trace_race=drop_arg:--threads.")
+@GROUP_OPTION
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_obj
-def launch(app, host_name, resume, config, run_name, sets, replace, new_lineage, dry_run, follow,
+def launch(app, host_name, group_name, resume, config, run_name, sets, replace, new_lineage, dry_run, follow,
            as_json, fault, backoff_scale, thresholds, budgets, fallbacks, no_env_check,
            run_file, step_pattern, resume_glob, resume_order, resume_args, ladder, command):
     """Start a supervised training run on a host, detached (it outlives this command).
@@ -113,6 +115,9 @@ def launch(app, host_name, resume, config, run_name, sets, replace, new_lineage,
                          step_pattern=step_pattern, resume_glob=resume_glob,
                          resume_order=resume_order, resume_args=resume_args or (),
                          ladder=tuple(ladder))
+    if group_name is not None:
+        return launch_group(app, group_name, host_name, opts, as_json=as_json,
+                             follow=follow)
     with Activity("launch", enabled=not as_json) as act:
         ops = _ops(app, host_name, say=lambda m: act.line(f"dfo: {escape(m)}"))
         act.update("checking the host, the env and the config" + ("" if dry_run else
@@ -170,11 +175,18 @@ _EVENT_STYLE = {
 
 
 class _Printer:
-    def __init__(self, raw: bool):
+    def __init__(self, raw: bool, prefix: str = ""):
         self.raw = raw
+        self.prefix = prefix              # "host | " when following a group's nodes
         self.c = console()
         self.checkpoints: set = set()   # steps already shown (the event and the marker)
         self.quiet_since = time.monotonic()
+
+    def _out(self, s: str, markup: bool = True) -> None:
+        if markup:
+            self.c.print(escape(self.prefix) + s)
+        else:
+            self.c.print(self.prefix + s, markup=False)
 
     def _checkpoint_once(self, attempt, step) -> bool:
         key = (str(attempt), str(step))
@@ -188,7 +200,7 @@ class _Printer:
         if not text.lstrip().startswith("@dfo"):
             self.quiet_since = time.monotonic()   # something a person reads was printed
         if self.raw:
-            click.echo(ln.text)
+            click.echo(self.prefix + ln.text)
             return
         from ..ops import runstate as rs
         from ..ops.classify import match_line, parse_marker
@@ -202,9 +214,9 @@ class _Printer:
             if kind == "final":
                 style = {"done": "bold green", "failed": "bold red"}.get(e.get("status"), "bold yellow")
             ts = time.strftime("%H:%M:%S", time.localtime(float(e.get("t") or 0)))
-            self.c.print(f"[dim]{ts}[/] [{style}]▶ {escape(rs.describe_event(e))}[/]")
+            self._out(f"[dim]{ts}[/] [{style}]▶ {escape(rs.describe_event(e))}[/]")
             for ev in (e.get("evidence") or [])[:6]:
-                self.c.print(f"           [red]│ {escape(str(ev.get('text', '')))}[/]")
+                self._out(f"           [red]│ {escape(str(ev.get('text', '')))}[/]")
             return
         tag = f"[dim]a{ln.attempt}│[/] "
         rec = parse_marker(ln.text)
@@ -212,14 +224,14 @@ class _Printer:
             # the trainer prints its own human line for each step; markers stay quiet
             if rec.get("kind") == "checkpoint":
                 if self._checkpoint_once(ln.attempt, rec.get("step")):
-                    self.c.print(f"{tag}[green]checkpoint step {rec.get('step')}[/]")
+                    self._out(f"{tag}[green]checkpoint step {rec.get('step')}[/]")
             elif rec.get("kind") == "done":
-                self.c.print(f"{tag}[green]done at step {rec.get('step')}[/]")
+                self._out(f"{tag}[green]done at step {rec.get('step')}[/]")
             elif rec.get("kind") == "heartbeat" and not self.c.is_terminal:
                 # in a pipe, a quiet stretch (compiling, warm-up) still shows it is alive
                 now = time.monotonic()
                 if now - self.quiet_since >= progress_every():
-                    self.c.print(f"{stamp()} a{ln.attempt}│ alive: {rec.get('phase')}"
+                    self._out(f"{stamp()} a{ln.attempt}│ alive: {rec.get('phase')}"
                                  + (f" step {rec.get('step')}" if rec.get("step") is not None else ""),
                                  markup=False)
                     self.quiet_since = now
@@ -227,13 +239,13 @@ class _Printer:
             elif rec.get("kind") == "step":
                 loss = rec.get("loss")
                 if isinstance(loss, float) and loss != loss:
-                    self.c.print(f"{tag}[bold red]step {rec.get('step')} loss NaN[/]")
+                    self._out(f"{tag}[bold red]step {rec.get('step')} loss NaN[/]")
             return
         rule = match_line(ln.text)
         if rule is not None:
-            self.c.print(f"{tag}[bold red]{escape(ln.text)}[/]  [red]← {rule.cls}[/]")
+            self._out(f"{tag}[bold red]{escape(ln.text)}[/]  [red]← {rule.cls}[/]")
         else:
-            self.c.print(f"{tag}{escape(ln.text)}")
+            self._out(f"{tag}{escape(ln.text)}")
 
 
 def _follow(ops, run_id, *, follow, raw, attempt, since, from_attempt) -> int:
@@ -270,13 +282,23 @@ def _follow(ops, run_id, *, follow, raw, attempt, since, from_attempt) -> int:
 @click.option("--attempt", type=int, default=None, help="Only this attempt's log.")
 @click.option("--since", default=None, metavar="WHEN", help="Only events newer than this (30s, 10m, 2h, or a unix time).")
 @click.option("--raw", is_flag=True, help="Print the files' lines as they are.")
+@GROUP_OPTION
 @click.pass_obj
-def logs(app, host_name, follow, run_id, attempt, since, raw):
-    """Stream a run's events and its current attempt's log (Ctrl-C detaches)."""
+def logs(app, host_name, follow, run_id, attempt, since, raw, group_name):
+    """Stream a run's events and its current attempt's log (Ctrl-C detaches).
+
+    With --group, every node's lines, each prefixed with its host."""
     from ..engine.logs import current_attempt
 
     from .status import require_run
 
+    if group_name is not None:
+        gr = group_runs(app, group_name, host_name)
+        rid = gr.resolve_run(run_id)
+        start = 1 if follow and attempt is None and since is None else \
+            current_attempt(gr.ops(gr.group.head), rid)
+        return follow_group_logs(gr, rid, follow=follow, raw=raw, attempt=attempt, since=since,
+                             from_attempt=start)
     ops = _ops(app, host_name)
     rid = ops.current_run(run_id)
     runs = ops.status(rid)

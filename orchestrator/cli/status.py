@@ -15,6 +15,7 @@ from ..errors import NotFoundError
 from ..ops import runstate as rs
 from ..ops.sparkline import sparkline
 from .console import console, stamp
+from .group_run import GROUP_OPTION, group_status, group_stop
 from .params import POSITIVE_SECONDS
 
 #: every column, in display order
@@ -178,14 +179,21 @@ def watch(ops, run_id: str, *, interval: float, wide: bool) -> int:
 @click.option("--interval", type=POSITIVE_SECONDS, default=2.0, show_default=True,
               help="Seconds between refreshes with --watch.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (for scripts).")
+@GROUP_OPTION
 @click.pass_obj
-def status(app, host_name, run_id, wide, watch_, interval, as_json):
+def status(app, host_name, run_id, wide, watch_, interval, as_json, group_name):
     """A table of the host's runs: state, step, tok/s and its trend, fallback, checkpoint.
 
     A terminal shows run, state, step, tok/s and fallback always, then the trend,
-    checkpoint, attempt, uptime and last event as they fit; --wide shows them all."""
+    checkpoint, attempt, uptime and last event as they fit; --wide shows them all.
+    With --group: one row per node of the group's run (--run, else the head's live or
+    newest run)."""
     from .run import _ops
 
+    if group_name is not None:
+        if watch_:
+            raise click.UsageError("--watch and --group cannot be combined")
+        return group_status(app, group_name, host_name, run_id, as_json)
     ops = _ops(app, host_name)
     if watch_:
         if as_json:
@@ -214,11 +222,16 @@ def status(app, host_name, run_id, wide, watch_, interval, as_json):
 @click.option("--timeout", type=POSITIVE_SECONDS, default=300.0, show_default=True,
               help="Seconds to wait for the run to end.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (for scripts).")
+@GROUP_OPTION
 @click.pass_obj
-def stop(app, host_name, run_id, timeout, as_json):
-    """Stop a run: the trainer checkpoints and exits; the run ends `stopped`."""
+def stop(app, host_name, run_id, timeout, as_json, group_name):
+    """Stop a run: the trainer checkpoints and exits; the run ends `stopped`.
+
+    With --group: every node at once; the head writes the one checkpoint."""
     from .run import _ops
 
+    if group_name is not None:
+        return group_stop(app, group_name, host_name, run_id, timeout, as_json)
     ops = _ops(app, host_name)
     if run_id:
         require_run(ops, run_id, ops.status(run_id))

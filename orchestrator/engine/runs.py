@@ -56,6 +56,7 @@ class LaunchOptions:
     resume_order: str = "step"
     resume_args: Sequence[str] | str = ()   # a str is split into words (no shell)
     ladder: Sequence[str] = ()    # --ladder CLASS=KIND:VALUE, in order
+    run_id: str | None = None     # given (engine.group_runs: one id on every node), else made
 
 
 class RunOps(RunQueries):
@@ -134,7 +135,7 @@ class RunOps(RunQueries):
         key = self._cache_key(cfg_nested, warnings)
 
         now = self.clock()
-        run_id = lp.make_run_id(run_name, now)
+        run_id = o.run_id or lp.make_run_id(run_name, now)
         run_dir = self.layout.run_dir(run_id)
         ck_dir = self.layout.checkpoints(run_name)
         resume_path = None
@@ -256,6 +257,12 @@ class RunOps(RunQueries):
             # `--resume latest` must see
             self._stop_for_replace(plan.lock_owner, plan.spec["thresholds"]["stop_timeout_s"])
             plan = self.plan(o)
+        return self.start_planned(plan, o)
+
+    def start_planned(self, plan: lp.LaunchPlan, o: LaunchOptions, *,
+                      wait: bool = True) -> lp.LaunchPlan:
+        """Write ``plan``'s run dir and spec.json, start its supervisor and (``wait``) wait
+        until it took run.lock (engine.group_runs starts every node, then waits)."""
         spec = plan.spec
         self._launching = plan.run_id
         if plan.move_aside:
@@ -279,7 +286,8 @@ class RunOps(RunQueries):
         self.t.put((json.dumps(spec, indent=1, sort_keys=True) + "\n").encode(),
                    posixpath.join(plan.run_dir, rs.SPEC_FILE))
         self.t.run(plan.start_argv, timeout=60).check("starting the supervisor")
-        self._wait_started(plan.run_id, o.start_timeout)
+        if wait:
+            self._wait_started(plan.run_id, o.start_timeout)
         return plan
 
     def _stop_for_replace(self, owner: str, stop_timeout_s: float) -> None:

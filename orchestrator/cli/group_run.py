@@ -1,0 +1,186 @@
+"""``--group NAME`` for ``dfo launch``, ``dfo logs``, ``dfo status``, ``dfo stop``: one
+multi-node run on every node of a hosts.yaml group (docs/multinode.md). Click only."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+
+import click
+from rich.markup import escape
+
+from ..errors import EXIT_INTERRUPTED, DfoError, RunFailed
+from .console import Activity, console
+from .params import host_or_group
+
+
+def group_runs(app, group_name, host_name, say=None):
+    """The GroupRuns of ``--group NAME`` (never with ``--host``: exit 2)."""
+    from ..engine.group_runs import GroupRuns
+
+    host_or_group(host_name, group_name)
+    group = app.inventory.group(group_name)
+    hosts = [app.host(n) for n in group.hosts]
+    return GroupRuns(group, hosts, app.transport,
+                     say=say or (lambda m: click.echo(f"dfo: {m}", err=True)))
+
+
+GROUP_OPTION = click.option("--group", "group_name", default=None, metavar="NAME",
+                            help="A group from hosts.yaml: act on every node of one multi-node "
+                                 "run (docs/multinode.md).")
+
+
+def launch_group(app, group_name, host_name, opts, *, as_json: bool, follow: bool) -> int:
+    with Activity("launch", enabled=not as_json) as act:
+        gr = group_runs(app, group_name, host_name, say=lambda m: act.line(f"dfo: {escape(m)}"))
+        act.update(f"checking the {len(gr.hosts)} nodes of {group_name}, their envs and the config"
+                   + ("" if opts.dry_run else "; then starting the run on each"))
+        gp = gr.launch(opts)
+    if as_json:
+        d = gp.to_json()
+        d["started"] = not opts.dry_run
+        click.echo(json.dumps(d))
+    else:
+        print_group_plan(gp, opts.dry_run)
+    if follow and not opts.dry_run:
+        return follow_group_logs(gr, gp.run_id, follow=True, raw=False, attempt=None,
+                                 since=None, from_attempt=1)
+    return 0
+
+
+def print_group_plan(gp, dry_run: bool) -> None:
+    c = console()
+    err = console(stderr=True)
+    for w in gp.warnings:
+        err.print(f"[yellow]warning:[/] {escape(w)}")
+    hosts = ", ".join(n.host for n in gp.nodes)
+    if not dry_run:
+        c.print(f"[green]launched[/] {escape(gp.run_id)} on group {escape(gp.group)} "
+                f"({escape(hosts)}); follow with: dfo logs -f --group {escape(gp.group)}")
+        return
+    c.print(f"[bold]plan[/] run {escape(gp.run_id)} on group {escape(gp.group)} "
+            f"({len(gp.nodes)} nodes, layout ddp)")
+    c.print(f"  resume       {escape(gp.head.plan.resume_path or 'from scratch')} (on the head)")
+    for n in gp.nodes:
+        p = n.plan
+        c.print(f"  node {n.index} {escape(n.host)}{' (head)' if n.index == 0 else ''}: "
+                f"{n.group.nproc} process(es), {p.mode}")
+        c.print(f"    run dir    {escape(p.run_dir)}")
+        c.print(f"    start      {escape(shlex.join(p.start_argv))}")
+        c.print(f"    attempt 1  {escape(shlex.join(n.attempt_argv))}")
+        for k, v in sorted(n.group.env.items()):
+            c.print(f"    env        {escape(k)}={escape(v)}")
+
+
+def follow_group_logs(gr, run_id, *, follow, raw, attempt, since, from_attempt) -> int:
+    from ..engine.group_logs import follow_group
+    from ..ops.timespec import parse_since
+    from .run import _Printer
+
+    err = console(stderr=True)
+    width = max(len(h.name) for h in gr.hosts)
+    printers = {h.name: _Printer(raw, prefix=f"{h.name:<{width}} | ") for h in gr.hosts}
+    nodes = [(h.name, gr.ops(h.name).t, gr.ops(h.name).layout) for h in gr.hosts]
+    try:
+        outs = follow_group(
+            nodes, run_id, on_line=lambda host, ln: printers[host](ln), follow=follow,
+            attempt=attempt, from_attempt=from_attempt, since=parse_since(since, time.time()),
+            on_reconnect=lambda host, n, why: err.print(
+                f"[yellow]dfo: {escape(host)}: connection lost ({escape(why)}); "
+                f"reconnecting ({n})[/]"))
+    except KeyboardInterrupt:
+        err.print(f"dfo: detached; run {escape(run_id)} goes on "
+                  f"(dfo logs -f --group {escape(gr.group.name)})")
+        raise click.exceptions.Exit(EXIT_INTERRUPTED)
+    gr.raise_failed(outs, f"following run {run_id}")
+    if follow:
+        for o in outs:
+            if o.value in ("failed", "lost"):
+                info = {}
+                try:
+                    info = (gr.ops(o.host).status(run_id) or [{}])[0]
+                except DfoError:
+                    pass       # the status only adds the reason to the message
+                why = info.get("reason") if o.value == "failed" else "its supervisor is gone (lost)"
+                raise RunFailed(f"run {run_id} {o.value} on node {gr.index(o.host)} "
+                                f"({o.host}): {why}",
+                                hint=f"see `dfo logs --group {gr.group.name}` and docs/multinode.md")
+        states = ", ".join(f"{o.host} {o.value}" for o in outs)
+        err.print(f"dfo: run {escape(run_id)}: {escape(states)}")
+    return 0
+
+
+# --- status / stop ---------------------------------------------------------------------------
+
+def status_lines(group: str, run_id: str, rows: list[dict], width: int = 80) -> list[str]:
+    """``dfo status --group``: a title and one row per node (node, host, state, attempt,
+    step, last event), no line longer than ``width``; the last event is cut to fit."""
+    hw = max([4] + [len(str(r["host"])) for r in rows])
+    head = f"{'node':>4}  {'host':<{hw}}  {'state':<9} {'attempt':>7} {'step':>7}  last event"
+    out = [f"run {run_id} on group {group}"[:width], head[:width]]
+    for r in rows:
+        line = (f"{r['node']:>4}  {str(r['host']):<{hw}}  {str(r['state']):<9} "
+                f"{str(r['attempt']):>7} {str(r['step']):>7}  {r['last_event']}")
+        out.append(line if len(line) <= width else line[:width - 1] + "…")
+    return out
+
+
+def _row(index: int, outcome) -> dict:
+    if not outcome.ok:
+        return {"node": index, "host": outcome.host, "state": "error", "attempt": "-",
+                "step": "-", "last_event": outcome.error}
+    r = outcome.value or {}
+    step = r.get("last_step")
+    return {"node": index, "host": outcome.host,
+            "state": str(r.get("shown_status") or r.get("status") or "?"),
+            "attempt": str(r.get("attempt") or 0), "step": "-" if step is None else str(step),
+            "last_event": str(r.get("last_event") or "-")}
+
+
+def group_status(app, group_name, host_name, run_id, as_json: bool) -> int:
+    from ..engine.group import worst_exit
+
+    gr = group_runs(app, group_name, host_name)
+    rid, outs = gr.status(run_id)
+    if as_json:
+        click.echo(json.dumps({"group": group_name, "run_id": rid, "nodes": [
+            {"node": i, "host": o.host, "ok": o.ok, "error": o.error, "run": o.value}
+            for i, o in enumerate(outs)]}, default=str))
+    else:
+        rows = [_row(i, o) for i, o in enumerate(outs)]
+        for line in status_lines(group_name, rid, rows, width=80):
+            click.echo(line)
+    code = worst_exit(outs)
+    if code and not as_json:
+        bad = next(o for o in outs if not o.ok)
+        click.echo(f"dfo: error: node {gr.index(bad.host)} ({bad.host}): {bad.error}", err=True)
+    return code
+
+
+def group_stop(app, group_name, host_name, run_id, timeout: float, as_json: bool) -> int:
+    from ..engine.group import worst_exit
+
+    gr = group_runs(app, group_name, host_name)
+    rid, outs = gr.stop(run_id, timeout=timeout)
+    head = outs[0].value if outs[0].ok else {}
+    ck = (head or {}).get("last_checkpoint") or {}
+    if as_json:
+        click.echo(json.dumps({"group": group_name, "run_id": rid,
+                               "checkpoint": ck or None, "nodes": [
+                                   {"node": i, "host": o.host, "ok": o.ok, "error": o.error,
+                                    "run": o.value} for i, o in enumerate(outs)]}, default=str))
+    else:
+        states = ", ".join(
+            f"{o.host} {(o.value or {}).get('shown_status') or (o.value or {}).get('status')}"
+            if o.ok else f"{o.host} error" for o in outs)
+        click.echo(f"run {rid}: {states}"
+                   + (f"; checkpoint step_{ck['step']} on {outs[0].host}"
+                      if ck.get("step") is not None else "; no checkpoint"))
+    code = worst_exit(outs)
+    if code:
+        bad = [(gr.index(o.host), o.host, o.error, o.exit_code) for o in outs if not o.ok]
+        from ..ops.group_launch import nodes_error
+
+        raise nodes_error(bad, f"stopping run {rid}")
+    return 0
