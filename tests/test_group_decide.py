@@ -122,11 +122,20 @@ def test_trainer_argv_for_one_node_of_a_group():
                           "--nproc_per_node=2"]
     assert "--parallel.layout=ddp" in head and head[-2:] == ["--resume", "/h/ck/step_4"]
     peer = trainer_argv("py", "c.yaml", {}, run_dir="/d", checkpoint_dir="/c", resume=None,
-                        nproc=1, rdzv=Rendezvous(2, "fd00::1", 29400, "r-a1", is_host=False))
+                        nproc=1, rdzv=Rendezvous(2, "fd00::1", 29400, "r-a1", is_host=False,
+                                                 local_addr="fd00::2"))
     assert "--rdzv-endpoint=[fd00::1]:29400" in peer and "--rdzv-conf=is_host=0" in peer
+    assert "--local-addr=fd00::2" in peer and not any(a.startswith("--local-addr") for a in head)
     assert "--standalone" not in peer
 
 
 def test_group_env():
     env = group_env(1, {"GLOO_SOCKET_IFNAME": "lo", "DFO_NODE_RANK": "9"})
     assert env == {"GLOO_SOCKET_IFNAME": "lo", "DFO_NODE_RANK": "1"}
+
+
+def test_local_addr_is_the_source_address_towards_the_head():
+    from orchestrator.supervisor.group import local_addr
+
+    assert local_addr("127.0.0.1", 29400) == "127.0.0.1"
+    assert local_addr("192.0.2.1", 9) not in ("", "192.0.2.1")  # a route's source, or None

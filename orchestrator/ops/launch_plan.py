@@ -214,12 +214,16 @@ class Rendezvous:
     port: int
     rdzv_id: str          # fresh per attempt (GroupSpec.rdzv_id): never a stale round
     is_host: bool
+    #: this node's own address towards the head (``--local-addr``): without it rank 0
+    #: advertises its hostname as the master address, which other nodes may not resolve
+    local_addr: str | None = None
 
     def flags(self) -> list[str]:
         host = f"[{self.head_addr}]" if ":" in self.head_addr else self.head_addr
+        local = [f"--local-addr={self.local_addr}"] if self.local_addr else []
         return [f"--nnodes={self.nnodes}", "--rdzv-backend=c10d",
                 f"--rdzv-endpoint={host}:{self.port}", f"--rdzv-id={self.rdzv_id}",
-                f"--rdzv-conf=is_host={1 if self.is_host else 0}", "--max-restarts=0"]
+                f"--rdzv-conf=is_host={1 if self.is_host else 0}", *local, "--max-restarts=0"]
 
 
 def trainer_argv(python: str, config_path: str, overrides: Mapping[str, Any], *,

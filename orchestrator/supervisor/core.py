@@ -289,7 +289,8 @@ class Supervisor(AttemptWatch):
             resume = self._resume_target() if self.plan is None else self.plan.get("resume")
             if gs is not None:
                 rdzv = Rendezvous(gs.nnodes, gs.head_addr, gs.port, gs.rdzv_id(
-                    self.spec["run_id"], n), is_host=gs.is_head)
+                    self.spec["run_id"], n), is_host=gs.is_head,
+                    local_addr=group.local_addr(gs.head_addr, gs.port))
                 env.update(group_env(gs.node, gs.env))
                 if gs.is_head:
                     group.plan_for(self, n, resume)
@@ -339,7 +340,8 @@ class Supervisor(AttemptWatch):
         p = subprocess.run(argv, capture_output=True, text=True)
         tail = (p.stderr or p.stdout).strip().splitlines()[-1:] if p.returncode else []
         self.emit("cache_restore", attempt=n, ok=p.returncode == 0,
-                  detail="the run's cache re-seeded from the host's live cache (empty if none)"
+                  detail="the run's cache kept (what the failed attempt built) and topped up "
+                  "from the host's live cache"
                   if p.returncode == 0 else f"restore failed: {' '.join(tail)}")
 
 

@@ -13,6 +13,7 @@ it waits for the head's plan, runs its part, reports its end and mirrors the dec
 from __future__ import annotations
 
 import signal
+import socket
 import time
 from typing import Any, Callable
 
@@ -25,6 +26,19 @@ from . import procs
 from .coordinator import STORE_POLL_S, Coordinator
 
 # --- hooks for the supervisor ------------------------------------------------------------------
+
+def local_addr(head_addr: str, port: int) -> str | None:
+    """This node's own address on the way to the head: the source address the kernel picks
+    for a UDP socket "connected" to it (nothing is sent). torchrun's ``--local-addr``; None
+    when there is no route (torchrun then falls back to the hostname)."""
+    try:
+        fam = socket.AF_INET6 if ":" in head_addr else socket.AF_INET
+        with socket.socket(fam, socket.SOCK_DGRAM) as s:
+            s.connect((head_addr, port))
+            return str(s.getsockname()[0])
+    except OSError:
+        return None
+
 
 def open_for(sup) -> Coordinator:
     gs: g.GroupSpec = sup.group
