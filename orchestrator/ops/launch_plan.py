@@ -214,9 +214,7 @@ class Rendezvous:
     port: int
     rdzv_id: str          # fresh per attempt (GroupSpec.rdzv_id): never a stale round
     is_host: bool
-    #: this node's own address towards the head (``--local-addr``): without it rank 0
-    #: advertises its hostname as the master address, which other nodes may not resolve
-    local_addr: str | None = None
+    local_addr: str | None = None  # else rank 0 advertises a hostname others may not resolve
 
     def flags(self) -> list[str]:
         host = f"[{self.head_addr}]" if ":" in self.head_addr else self.head_addr
