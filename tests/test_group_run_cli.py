@@ -74,6 +74,24 @@ def test_dry_run_prints_each_nodes_plan(tmp_path, capsys, tiny_assets):  # noqa:
     assert not (roots[0] / "runs").exists() and not (roots[1] / "runs").exists()
 
 
+def test_fault_node_puts_the_fault_on_that_node_only(tmp_path, capsys, tiny_assets):  # noqa: F811
+    p, roots = group_yaml(tmp_path)
+    cfg = write_config(tmp_path / "c.yaml", tiny_assets)
+    args = ["launch", "--group", "pair", "--config", str(cfg), "--dry-run", "--no-env-check",
+            "--json", "--fault", "oom@3"]
+    rc, out, err = dfo(capsys, p, *args, "--fault-node", "1")
+    assert rc == 0, err
+    envs = [n["env"] for n in json.loads(out)["nodes"]]
+    assert "DFO_FAULT" not in envs[0] and envs[1]["DFO_FAULT"] == "oom@3"
+    rc, out, err = dfo(capsys, p, *args)      # without it: every node
+    assert [n["env"].get("DFO_FAULT") for n in json.loads(out)["nodes"]] == ["oom@3", "oom@3"]
+    rc, out, err = dfo(capsys, p, *args, "--fault-node", "2")
+    assert rc == 2 and "--fault-node 2: group pair has 2 nodes" in err and err.count("\n") == 1
+    rc, out, err = dfo(capsys, p, "launch", "--host", "a", "--config", str(cfg), "--fault",
+                       "oom@3", "--fault-node", "1", "--dry-run", "--no-env-check")
+    assert rc == 2 and "--fault-node needs --group and --fault" in err
+
+
 def test_env_missing_on_node_1_exit_7(tmp_path, capsys, tiny_assets):  # noqa: F811
     p, roots = group_yaml(tmp_path, envs=(True, False))
     cfg = write_config(tmp_path / "c.yaml", tiny_assets)

@@ -59,6 +59,8 @@ def _ops(app, host_name, say=None):
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--fault", default=None, metavar="SPEC",
               help="Fault injection for tests/demos (DFO_FAULT), e.g. fx_race@5.")
+@click.option("--fault-node", type=click.IntRange(min=0), default=None, metavar="K",
+              help="With --group: inject --fault on node K only (default: every node).")
 @click.option("--backoff-scale", type=NON_NEGATIVE, default=1.0, show_default=True,
               help="Multiply restart backoffs (0.01 for demos and tests).")
 @click.option("--threshold", "thresholds", multiple=True, metavar="NAME=SECONDS",
@@ -84,13 +86,17 @@ def _ops(app, host_name, say=None):
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_obj
 def launch(app, host_name, group_name, resume, config, run_name, sets, replace, new_lineage, dry_run, follow,
-           as_json, fault, backoff_scale, thresholds, budgets, fallbacks, no_env_check,
+           as_json, fault, fault_node, backoff_scale, thresholds, budgets, fallbacks, no_env_check,
            run_file, step_pattern, resume_glob, resume_order, resume_args, ladder, command):
     """Start a supervised training run on a host, detached (it outlives this command).
 
     With `-- CMD ARGS...` it supervises your own training command instead of the bundled
     trainer (docs/byo-trainer.md)."""
     from ..engine.runs import LaunchOptions
+
+    if fault_node is not None and (group_name is None or fault is None):
+        raise ConfigError("--fault-node needs --group and --fault",
+                          hint="give --group NAME --fault SPEC, or drop --fault-node")
 
     budget: dict = {}
     per: dict = {}
@@ -108,7 +114,7 @@ def launch(app, host_name, group_name, resume, config, run_name, sets, replace, 
         k, v = it.split("=", 1)
         fb[k.strip()] = [s.strip() for s in v.split(",") if s.strip()]
     opts = LaunchOptions(config=config, resume=resume, run_name=run_name, sets=sets,
-                         replace=replace, dry_run=dry_run, fault=fault,
+                         replace=replace, dry_run=dry_run, fault=fault, fault_node=fault_node,
                          backoff_scale=backoff_scale, thresholds=_kv(thresholds, "--threshold"),
                          budget=budget, fallbacks=fb or None, env_check=not no_env_check,
                          new_lineage=new_lineage, command=tuple(command), run_file=run_file,

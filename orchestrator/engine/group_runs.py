@@ -112,6 +112,10 @@ class GroupRuns:
         if o.command or o.run_file or o.resume_glob or o.ladder:
             raise ConfigError("--group runs the bundled trainer only",
                               hint="launch your own trainer with --host")
+        if o.fault_node is not None and o.fault_node >= len(self.hosts):
+            raise ConfigError(f"--fault-node {o.fault_node}: group {self.group.name} has "
+                              f"{len(self.hosts)} nodes",
+                              hint=f"give 0..{len(self.hosts) - 1}")
         if o.replace:
             raise ConfigError("--replace cannot be combined with --group",
                               hint=f"stop the live run with `dfo stop --group {self.group.name}`")
@@ -128,6 +132,8 @@ class GroupRuns:
         def one(h):
             i = self.index(h.name)
             opts = base if i == 0 else dataclasses.replace(base, resume=None, new_lineage=False)
+            if o.fault_node is not None and i != o.fault_node:
+                opts = dataclasses.replace(opts, fault=None)
             ops = self.ops(h.name)
             plan = ops.plan(opts)
             return plan, self._fingerprint(ops)

@@ -41,6 +41,7 @@ class LaunchOptions:
     replace: bool = False
     dry_run: bool = False
     fault: str | None = None
+    fault_node: int | None = None  # --group: the one node that gets the fault (None: all)
     backoff_scale: float = 1.0
     thresholds: Mapping[str, float] = field(default_factory=dict)
     budget: Mapping[str, Any] = field(default_factory=dict)
