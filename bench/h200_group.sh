@@ -18,7 +18,7 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 NCCL_NVLS_E
 python3 -c 'import torch; print("torch", torch.__version__, "gpus", torch.cuda.device_count())' \
     2>&1 | tee "$OUT/group.log"
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv 2>&1 | tee -a "$OUT/group.log"
-python3 bench/bench_group.py --out "$work" --steps "$STEPS" --total-s 540 2>&1 | tee -a "$OUT/group.log"
+python3 bench/bench_group.py --out "$work" --steps "$STEPS" --total-s "${TOTAL_S:-540}" 2>&1 | tee -a "$OUT/group.log"
 rc=${PIPESTATUS[0]}
 cp "$work/summary.json" "$OUT/" 2>/dev/null
 for node in a b; do
