@@ -63,7 +63,7 @@ class Group:
                 config_path=str(run_dir / "config.yaml"), base_config=base, overrides={},
                 resume_path=None, checkpoint_dir=ck, env={}, fault=faults[k],
                 ladders=merge_ladders(), budget=BudgetPolicy(**(budget or {"scale": 0.01})).to_json(),
-                thresholds_=lp.thresholds({**FAST, **(thresholds or {})}), lock=lay.run_lock, restore_cache_argv=None,
+                thresholds_=lp.thresholds({**FAST, "train_s": 30, **(thresholds or {})}), lock=lay.run_lock, restore_cache_argv=None,
                 host=host)
             spec["group"] = gs.to_json()
             (run_dir / "spec.json").write_text(json.dumps(spec))
