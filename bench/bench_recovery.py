@@ -13,7 +13,8 @@ reach steady training. ``--inject`` adds a trainer fault if the race does not sh
 Prints (and writes ``summary.json``): each attempt (config in force, how it ended, class),
 and the recovery timings, to paste into docs/benchmarks.md:
 - detection: failure seen -> supervisor decided (for a hang this includes the threshold);
-- restart: decision -> next attempt started (backoff included);
+- restart: decision -> next attempt started (the real backoff, scale 1: a restart that applies a
+  new fallback waits only the 0.5 s settle time);
 - to first step: next attempt started -> its first training step (model load + compile);
 - to healthy: failure seen -> first step at >= 50% of the run's best tokens/s.
 """
@@ -137,7 +138,8 @@ def analyse(run_dir: Path) -> dict:
                          "first_step_t": steps[0]["t"] if steps else None,
                          "started_at": a["started_at"], "ended_at": a.get("ended_at"),
                          "tokens_per_s": [s.get("tokens_per_s") for s in steps],
-                         "warmup": warmup_counters(run_dir / a["log"])})
+                         "warmup": warmup_counters(run_dir / a["log"]),
+                         "startup": next((m for m in ms if m.get("kind") == "startup"), None)})
     best = max((x for a in attempts for x in a["tokens_per_s"] if x), default=None)
     timings = []
     for i, a in enumerate(attempts[:-1]):
@@ -165,6 +167,7 @@ def analyse(run_dir: Path) -> dict:
         })
     return {"status": state["status"], "reason": state["reason"], "overrides": state["overrides"],
             "cache_restores": [e for e in evs if e.get("kind") == "cache_restore"],
+            "standby": [e for e in evs if str(e.get("kind", "")).startswith("standby")],
             "best_tokens_per_s": best, "attempts": attempts, "recoveries": timings}
 
 
@@ -201,7 +204,7 @@ def main(argv=None) -> int:
           "stop_timeout_s": 60}
     t0 = time.time()
     plan = ops.launch(LaunchOptions(config=str(cfg), run_name="recovery", new_lineage=True, fault=a.inject,
-                                    backoff_scale=0.1, thresholds=th, env_check=False))
+                                    backoff_scale=1.0, thresholds=th, env_check=False))
     print(f"launched {plan.run_id} ({plan.mode}); run dir {plan.run_dir}", flush=True)
     info = {}
     while time.time() - t0 < a.total_s:
@@ -242,6 +245,12 @@ def main(argv=None) -> int:
                   f"{w['autograd_miss']} bypass {w['autograd_bypass']}")
         else:
             print(f"attempt {at['n']} warm-up: none reported (gate off: compiles lazily)")
+        st = at.get("startup")
+        if st:
+            parts = ", ".join(f"{k} {v:.1f} s" for k, v in st["phases"].items())
+            print(f"attempt {at['n']} startup: {st['total_s']:.1f} s to the training loop ({parts})")
+    for e in res["standby"]:
+        print("standby: " + ", ".join(f"{k}={v}" for k, v in e.items() if k not in ("t",)))
     return 0 if res["status"] == "done" else 1
 
 

@@ -12,6 +12,7 @@
 # Every part has its own timeout and the whole is bounded by TOTAL_S (default 530).
 #
 #   OUT=/some/dir bash bench/h200_speed.sh               # on the device: python3, torch 2.11, no network
+#   PARTS=recovery,trainer-bench CANDS=cdt,mb4+cdt OUT=... bash bench/h200_speed.sh   # some parts only
 #   OUT=/tmp/speed bash bench/h200_speed.sh --cpu-smoke   # tiny CPU version of every part (checks the script)
 #
 # Files in $OUT (6): speed.log (everything printed), summary.txt (one line per part),
@@ -30,9 +31,14 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 NCCL_NVLS_E
        TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 : > "$OUT/summary.txt"
 
+PARTS=${PARTS:-trainer-bench,cache-bench,recovery,check}
+CANDS=${CANDS:-mb2,cdt,mb2+cdt+ce8192,cudagraphs,gemm}
+TB_S=${TB_S:-210}
+
 # part NAME CAP_S LOGFILE CMD...: CMD under a timeout of min(CAP_S, what is left - 15 s)
 part() {
   local name=$1 cap=$2 log=$3; shift 3
+  case ",$PARTS," in *",$name,"*) ;; *) echo "== $name: not asked for (PARTS=$PARTS)"; return 0 ;; esac
   local left=$(( TOTAL - SECONDS - 15 ))
   [ "$cap" -gt "$left" ] && cap=$left
   if [ "$cap" -lt 25 ]; then
@@ -59,9 +65,9 @@ part() {
       "$PY" -m trainer.bench --quick --cpu --variants sdpa --candidate-variant sdpa \
       --candidates mb2,ce4096,cudagraphs --iters 1 --warmup 1 --budget-s 600 --json "$OUT/trainer_bench.json"
   else
-    part trainer-bench 210 "$W/logs/trainer_bench.log" env TORCHINDUCTOR_CACHE_DIR="$W/ind-bench" \
+    part trainer-bench "$TB_S" "$W/logs/trainer_bench.log" env TORCHINDUCTOR_CACHE_DIR="$W/ind-bench" \
       "$PY" -m trainer.bench --variants flex-compiled --iters 10 --warmup 2 \
-      --candidates mb2,cdt,mb2+cdt+ce8192,cudagraphs,gemm --budget-s 140 \
+      --candidates "$CANDS" --budget-s $(( TB_S - 70 )) \
       --json "$OUT/trainer_bench.json"
   fi
 
@@ -101,7 +107,8 @@ part() {
   grep -h '^bench: ' "$W/logs/trainer_bench.log" 2>/dev/null
   grep -h -e '^warm-up (trainer' -e '^autograd cache bypassed' -e '^process wall' \
     -e '^cpu ' -e '^cuda' "$W/logs/cache_bench.log" 2>/dev/null
-  grep -h -e '^run recovery' -e '^| [0-9]' -e '^attempt [0-9] warm-up' "$W/logs/recovery.log" 2>/dev/null
+  grep -h -e '^run recovery' -e '^| [0-9]' -e '^attempt [0-9] warm-up' -e '^attempt [0-9] startup' \
+    -e '^standby: ' "$W/logs/recovery.log" 2>/dev/null
   grep -h '"ok"' "$W/logs/check.log" 2>/dev/null
 } >> "$OUT/summary.txt"
 

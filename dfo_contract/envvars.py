@@ -11,5 +11,6 @@ CACHE_KEY = "DFO_CACHE_KEY"      # the compile-cache key in force
 CACHE_DIR = "DFO_CACHE_DIR"      # the run's compile-cache directory
 NODE_RANK = "DFO_NODE_RANK"    # multi-node run: this node's index ("0" = the head, which writes)
 FAULT = "DFO_FAULT"              # fault-injection spec (tests, the demo)
+SPAWN_T = "DFO_SPAWN_T"          # epoch seconds when the supervisor started (or handed off) the attempt
 HOSTS = "DFO_HOSTS"              # test lab: hosts.yaml override
 PROJECT_WHEEL = "DFO_PROJECT_WHEEL"  # a prebuilt project wheel to deploy

@@ -67,3 +67,20 @@ def test_policy_roundtrip_and_validation():
         BudgetPolicy.from_json({"per_class": {"bogus": 1}})
     with pytest.raises(ConfigError):
         BudgetPolicy.from_json({"scale": 0})
+
+
+def test_a_new_fallback_waits_only_the_settle_time():
+    from orchestrator.ops.budget import Decision, restart_delay
+
+    p = BudgetPolicy()
+    dec = Decision(True, 40.0, "restart 3/5")
+    # a ladder step changed the config: backing off cannot help a deterministic failure
+    assert restart_delay(p, dec, "fx_trace_race", config_changed=True) == 0.5
+    assert restart_delay(p, dec, "oom", config_changed=True) == 0.5
+    # the same config again, or a transient class: the full backoff
+    assert restart_delay(p, dec, "fx_trace_race", config_changed=False) == 40.0
+    assert restart_delay(p, dec, "nccl_timeout", config_changed=True) == 40.0
+    # scaled like every duration, and never longer than the backoff itself
+    assert restart_delay(BudgetPolicy(scale=0.1), dec, "oom", config_changed=True) == \
+        pytest.approx(0.05)
+    assert restart_delay(p, Decision(True, 0.2, "x"), "oom", config_changed=True) == 0.2

@@ -224,3 +224,29 @@ def test_checkpoints_record_lineage_and_prune_spares_another_runs(env, monkeypat
     assert sorted(os.listdir(ck)) == ["step_262", "step_4"]
     assert cm.read_manifest(str(ck / "step_4"))["lineage"] == {"run": "new-run", "attempt": 2}
     assert cm.read_manifest(str(other))["files"] == sha and cm.verify(str(other))[0]
+
+
+def test_startup_breakdown_marker_counts_from_the_supervisors_spawn(env, monkeypatch):
+    """The loop reports where its start went: the spawn phase counts from $DFO_SPAWN_T."""
+    monkeypatch.setenv("DFO_SPAWN_T", f"{time.time() - 30:.3f}")
+    code, out = _train(env, "st", **{"train.max_steps": 1, "checkpoint.every": 0})
+    assert code == 0
+    (rec,) = [m for m in markers(out) if m["kind"] == "startup"]
+    ph = rec["phases"]
+    assert list(ph)[:3] == ["spawn", "layout", "data"]
+    assert 30 <= ph["spawn"] < 300 and ph["layout"] > 0
+    assert abs(rec["total_s"] - sum(ph.values())) < 0.01
+    line = [x for x in out.splitlines() if x.startswith("startup: ")]
+    assert len(line) == 1 and "spawn 3" in line[0] and "layout " in line[0]
+
+
+def test_startup_without_spawn_time_counts_from_process_start(monkeypatch):
+    from trainer import metrics, runtime
+
+    t = runtime.process_start_t()
+    assert t is not None and 0 < time.time() - t < 24 * 3600
+    s = metrics.Startup(None)
+    s.mark("layout")
+    assert [n for n, _ in s.phases] == ["layout"]
+    s2 = metrics.Startup(time.time() + 60)  # a clock in the future is not counted
+    assert s2.phases == []

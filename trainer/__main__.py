@@ -81,5 +81,29 @@ def main(argv: list[str] | None = None) -> int:
         return code
 
 
+def exit_now(code: int) -> None:
+    """End the process with ``code`` once its output is flushed, skipping interpreter teardown.
+
+    By the time ``train`` returns, its ``finally`` has stopped the threads and every file the
+    run writes is flushed per record. What teardown would still do -- collect CUDA and the
+    compile workers' pool, join non-daemon threads of the libraries -- took 2 s on CPU and
+    3.8 s on an H200 after torch's FX error (bench/results/h200-20261201-speed), all of it on a
+    recovery's critical path (the supervisor waits for the exit). The compile workers see their
+    pipe close and exit by themselves.
+    """
+    import os
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    logging.shutdown()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _code = main()
+    if sys.argv[1:2] == ["train"]:
+        exit_now(_code)
+    sys.exit(_code)

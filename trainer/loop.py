@@ -110,6 +110,7 @@ def train(cfg: TrainerConfig, resume: str | None = None, *, out=None) -> int:
     """Run training to ``train.max_steps``. Returns an exit code (0 done, 6 interrupted);
     raises TrainerError subclasses (config/data/checkpoint) and anything fatal."""
     env = runtime.refresh_env()
+    started = metrics.Startup(env.spawn_t or runtime.process_start_t())
     attempt = env.attempt
     sig = _Signals().install()
     # multi-node: only the head's writer may create the run dir (others learn it at make_layout)
@@ -122,6 +123,7 @@ def train(cfg: TrainerConfig, resume: str | None = None, *, out=None) -> int:
         hb.start()
         torch.manual_seed(cfg.train.seed)
         layout = make_layout(cfg)
+        started.mark("layout")
         em.enabled = layout.is_main
         drafter = layout.drafter
         ds = open_data(cfg, layout.target.vocab_size, drafter.mask_token_id)
@@ -134,6 +136,7 @@ def train(cfg: TrainerConfig, resume: str | None = None, *, out=None) -> int:
                              num_anchors=cfg.data.num_anchors, seq_buckets=cfg.seq_buckets(),
                              anchor_buckets=cfg.anchor_buckets(), seed=cfg.train.seed,
                              shuffle=cfg.data.shuffle)
+        started.mark("data")
         held = None
         if cfg.eval.every:
             if not cfg.data.eval_path:
@@ -163,7 +166,12 @@ def train(cfg: TrainerConfig, resume: str | None = None, *, out=None) -> int:
             step = int(st["step"])
             prev_best = got["best"]
             em.print(f"resumed from {got['path']} at step {step}")
+            started.mark("resume")
         warmed = layout.warmup(em, cfg.train.heartbeat_s)
+        if warmed:
+            started.mark("warm-up")
+        em.print(started.line())
+        em.marker("startup", **started.fields())
         want = "train" if (step or warmed) else "compile"  # no warm-up: step 1 compiles lazily
         if em.phase != want:
             em.set_phase(want)

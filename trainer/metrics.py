@@ -205,3 +205,35 @@ class Heartbeat:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+class Startup:
+    """Where an attempt's start went, phase by phase, up to its training loop.
+
+    ``origin`` is when the attempt began: the supervisor's spawn (``$DFO_SPAWN_T``) or else the
+    process's own start, so the first phase ("spawn", up to ``train()``) holds the interpreter,
+    the imports and the config. ``mark(name)`` closes the phase that ran since the last mark.
+    """
+
+    def __init__(self, origin: float | None):
+        self.t0 = time.time()
+        self.phases: list[tuple[str, float]] = []
+        if origin is not None and origin <= self.t0:
+            self.phases.append(("spawn", self.t0 - origin))
+        self._last = time.perf_counter()
+
+    def mark(self, name: str) -> None:
+        now = time.perf_counter()
+        self.phases.append((name, now - self._last))
+        self._last = now
+
+    def total(self) -> float:
+        return sum(s for _, s in self.phases)
+
+    def line(self) -> str:
+        parts = ", ".join(f"{n} {s:.1f} s" for n, s in self.phases)
+        return f"startup: {self.total():.1f} s to the training loop ({parts})"
+
+    def fields(self) -> dict:
+        return {"total_s": round(self.total(), 3),
+                "phases": {n: round(s, 3) for n, s in self.phases}}

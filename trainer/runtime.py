@@ -43,6 +43,7 @@ class Env:
     world_size: int | None = None      # torchrun's $WORLD_SIZE
     local_rank: int = 0                # torchrun's $LOCAL_RANK
     node_rank: int | None = None       # $DFO_NODE_RANK: dfo's node index, 0 = head (multi-node)
+    spawn_t: float | None = None       # $DFO_SPAWN_T: when the supervisor started this attempt
 
     @property
     def under_torchrun(self) -> bool:
@@ -81,7 +82,29 @@ def read_env(environ: Mapping[str, str] | None = None) -> Env:
                rank=_int_or_none(e.get("RANK")),
                world_size=_int_or_none(e.get("WORLD_SIZE")),
                local_rank=_int_or_none(e.get("LOCAL_RANK")) or 0,
-               node_rank=_node_rank(e.get(envvars.NODE_RANK)))
+               node_rank=_node_rank(e.get(envvars.NODE_RANK)),
+               spawn_t=_float_or_none(e.get(envvars.SPAWN_T)))
+
+
+def _float_or_none(v: str | None) -> float | None:
+    try:
+        return float(v) if v else None
+    except ValueError:
+        return None
+
+
+def process_start_t() -> float | None:
+    """This process's start (epoch seconds) from /proc; None where there is no /proc."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    import time
+
+    return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _node_rank(v: str | None) -> int | None:

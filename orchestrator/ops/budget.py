@@ -9,6 +9,10 @@
 - A failure during start-up (before the first training step) with the same config as
   the previous start-up failure counts toward ``startup_limit``; at the limit the run
   ends ``failed`` instead of looping.
+- A restart that applies a new fallback (the config differs from the failed attempt's)
+  waits only ``settle`` seconds (0.5), not the backoff: the failure came from the config
+  and waiting cannot change it; the process has exited, so its memory is free. Transient
+  classes and repeats of the same config wait the full backoff (``restart_delay``).
 - ``scale`` multiplies every duration (``--backoff-scale 0.01`` for tests and the demo).
 """
 
@@ -40,6 +44,7 @@ class BudgetPolicy:
     cap: float = 300.0
     healthy_reset: float = 600.0
     startup_limit: int = 3
+    settle: float = 0.5
     scale: float = 1.0
 
     def to_json(self) -> dict:
@@ -98,6 +103,15 @@ def backoff(policy: BudgetPolicy, streak: int) -> float:
     """Delay before the ``streak``-th restart in a row (1-based)."""
     d = policy.initial * (policy.factor ** max(streak - 1, 0))
     return min(d, policy.cap) * policy.scale
+
+
+def restart_delay(policy: BudgetPolicy, decision: "Decision", cls: str, *,
+                  config_changed: bool) -> float:
+    """The wait before the restart ``decision`` allows: the backoff, or only ``settle`` when a
+    new fallback changed the config of a class that is not transient."""
+    if config_changed and cls not in TRANSIENT:
+        return min(decision.delay, policy.settle * policy.scale)
+    return decision.delay
 
 
 def on_failure(policy: BudgetPolicy, state: BudgetState, cls: str, *, healthy_s: float,

@@ -17,11 +17,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from dfo_contract import envvars
 from dfo_contract.checkpoints import newest_of_run
 
 from ..ops import runstate as rs
 from ..ops import byo as byo_ops
-from ..ops.budget import BudgetPolicy, BudgetState, on_failure
+from ..ops.budget import BudgetPolicy, BudgetState, on_failure, restart_delay
 from ..ops.classify import classify
 from ..ops.fallback import next_config
 from ..ops.classify import NODE_LOST
@@ -226,12 +227,14 @@ class Supervisor(AttemptWatch):
                            restore_cache=choice.restore_cache)
             restore_cache = choice.restore_cache
             self.state.status = "backoff"
-            rst = self.emit("restart", attempt=n + 1, delay_s=round(dec.delay, 3),
+            delay = restart_delay(self.policy, dec, diag.cls,
+                                  config_changed=bool(choice.changed))
+            rst = self.emit("restart", attempt=n + 1, delay_s=round(delay, 3),
                             reason=dec.reason)
             if self.coord is not None:
                 group.decide(self, n, "restart", fallback=fb, restart=rst)
             self.save()
-            self._sleep(dec.delay)
+            self._sleep(delay)
             self.state.status = "running"
             self.save()
 
@@ -310,6 +313,7 @@ class Supervisor(AttemptWatch):
                                         timeout=self.t["warmup_s"])
             self.emit("run_first", attempt=n, commands=changes.first, ok=ok, detail=why)
         oom_before = procs.cgroup_oom_kills()
+        env[envvars.SPAWN_T] = f"{time.time():.3f}"  # the trainer's startup breakdown counts from here
         with open(log_path, "ab") as logf:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
                                     env=env, cwd=cwd, start_new_session=True,
