@@ -32,7 +32,7 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 NCCL_NVLS_E
 : > "$OUT/summary.txt"
 
 PARTS=${PARTS:-trainer-bench,cache-bench,recovery,check}
-CANDS=${CANDS:-mb2,cdt,mb2+cdt+ce8192,cudagraphs,gemm}
+CANDS=${CANDS:-mb1,mb2,cdt,gemm}
 TB_S=${TB_S:-210}
 
 # part NAME CAP_S LOGFILE CMD...: CMD under a timeout of min(CAP_S, what is left - 15 s)

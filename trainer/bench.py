@@ -272,7 +272,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--anchors", type=int, default=None)
     ap.add_argument("--block-size", type=int, default=None)
     ap.add_argument("--drafter-layers", type=int, default=None)
-    ap.add_argument("--micro-batch", type=int, default=1)
+    ap.add_argument("--micro-batch", type=int, default=None,
+                    help="sequences per step (default: 4 on a GPU, the shipped H200 config's; "
+                         "1 with --quick)")
     ap.add_argument("--ce-chunk", type=int, default=2048)
     ap.add_argument("--mask-token-id", type=int, default=None)
     ap.add_argument("--iters", type=int, default=None)
@@ -298,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(r))
         return 0 if r["ok"] else 1
     q = a.quick
+    if a.micro_batch is None:
+        a.micro_batch = 1 if q else 4
     a.seq_len = a.seq_len or (64 if q else 3072)
     a.anchors = a.anchors or (8 if q else 512)
     a.block_size = a.block_size or (8 if q else 16)

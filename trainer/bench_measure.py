@@ -21,6 +21,7 @@ import torch
 #: with dynamo reset and its own compile; ``--budget-s`` skips what no longer fits.
 CANDIDATES: dict[str, dict] = {
     "base": {},                                                  # flex-compiled again
+    "mb1": {"micro_batch": 1},                                   # 1 sequence per step
     "mb2": {"micro_batch": 2},                                   # 2 sequences per step
     "mb4": {"micro_batch": 4},
     "ce4096": {"ce_chunk": 4096},                                # fewer, larger LM-head chunks
