@@ -59,9 +59,12 @@ compile:
   gate: false
 parallel:
   layout: threads
-  target_devices: [cuda:0]
-  drafter_devices: [cuda:0, cuda:0, cuda:0]
+  target_devices: {targets}
+  drafter_devices: {drafters}
 """
+# --gpus 2: the incident's layout across two GPUs (issue 18's first recovery figure)
+GPU_DEVICES = {1: ("[cuda:0]", "[cuda:0, cuda:0, cuda:0]"),
+               2: ("[cuda:0, cuda:1]", "[cuda:0, cuda:1, cuda:1]")}
 
 
 def make_assets(out: Path, cpu: bool) -> tuple[str, str]:
@@ -83,9 +86,11 @@ def make_assets(out: Path, cpu: bool) -> tuple[str, str]:
     return str(target), str(data)
 
 
-def config_text(out: Path, target: str, data: str, steps: int, cpu: bool) -> str:
+def config_text(out: Path, target: str, data: str, steps: int, cpu: bool, gpus: int = 1) -> str:
     if not cpu:
-        return GPU_CONFIG.format(target=target, data=data, steps=steps)
+        targets, drafters = GPU_DEVICES[gpus]
+        return GPU_CONFIG.format(target=target, data=data, steps=steps, targets=targets,
+                                 drafters=drafters)
     import yaml
 
     cfg = yaml.safe_load((REPO / "orchestrator" / "config" / "defaults" / "tiny-cpu.yaml").read_text())
@@ -182,6 +187,8 @@ def main(argv=None) -> int:
     ap.add_argument("--stop-timeout", type=float, default=90.0,
                     help="when the time is spent: seconds the run gets to stop")
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny CPU run (checks this script)")
+    ap.add_argument("--gpus", type=int, choices=(1, 2), default=1,
+                    help="2: target on cuda:0+1, drafters on cuda:0, cuda:1, cuda:1")
     a = ap.parse_args(argv)
     out = Path(a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -192,7 +199,7 @@ def main(argv=None) -> int:
         os.symlink(sys.prefix, cur)
     target, data = make_assets(out, a.cpu_smoke)
     cfg = out / "recovery.yaml"
-    cfg.write_text(config_text(out, target, data, a.steps, a.cpu_smoke))
+    cfg.write_text(config_text(out, target, data, a.steps, a.cpu_smoke, a.gpus))
 
     from orchestrator.config.inventory import HostConfig
     from orchestrator.engine.runs import LaunchOptions, RunOps
