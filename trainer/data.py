@@ -45,7 +45,7 @@ from .tokenized import Summary, TokenStore, is_store, no_samples_message
 log = logging.getLogger("dfo")
 
 __all__ = ["Sample", "JsonlDataset", "TokenizedDataset", "open_dataset", "Order", "collate",
-           "BatchStream", "tokenize_chat", "load_tokenizer", "load_masker"]
+           "BatchStream", "SkippedBatch", "tokenize_chat", "load_tokenizer", "load_masker"]
 
 
 @dataclass(frozen=True)
@@ -342,8 +342,20 @@ def collate(samples: list[Sample], *, block_size: int, num_anchors: int, seq_buc
                  num_tokens=int(sum(lengths)), num_samples=b)
 
 
+@dataclass(frozen=True)
+class SkippedBatch:
+    """A micro-batch another ddp rank builds: only what the loop counts (tokens, samples)."""
+
+    num_tokens: int
+    num_samples: int
+
+
 class BatchStream:
-    """Micro-batches in a deterministic order; its state is one integer (micro-batches done)."""
+    """Micro-batches in a deterministic order; its state is one integer (micro-batches done).
+
+    ``take(n, keep)`` builds only the micro-batches at ``keep`` (this ddp rank's) and skips the
+    others: the state advances exactly as ``n`` calls of ``next()`` would, so every rank's data,
+    the checkpoint's data state and resume are those of the single loop."""
 
     def __init__(self, ds: JsonlDataset, *, micro_batch: int, block_size: int, num_anchors: int,
                  seq_buckets: list[int], anchor_buckets: list[int], seed: int, shuffle: bool = True,
@@ -363,6 +375,30 @@ class BatchStream:
             samples.append(self.ds.get(i))
         self.micro_index += 1
         return collate(samples, micro_index=m, **self.kw)
+
+    def skip(self) -> SkippedBatch:
+        """Advance past the next micro-batch without collating it (no tensors, no anchors)."""
+        m = self.micro_index
+        tokens = 0
+        for p in range(m * self.micro_batch, (m + 1) * self.micro_batch):
+            _, i = self.order.index(p)
+            tokens += self._length(i)
+        self.micro_index += 1
+        return SkippedBatch(num_tokens=tokens, num_samples=self.micro_batch)
+
+    def take(self, n: int, keep=None) -> list:
+        """The next ``n`` micro-batches; those whose index (0..n-1) is not in ``keep`` (None:
+        all kept) are ``skip()``-ped and come back as ``SkippedBatch``."""
+        keep = range(n) if keep is None else set(keep)
+        return [self.next() if k in keep else self.skip() for k in range(n)]
+
+    def _length(self, i: int) -> int:
+        """Tokens of dataset sample ``i`` after truncation (num_tokens counts these)."""
+        store = getattr(self.ds, "store", None)
+        if store is not None:  # a tokenized store: lengths from its offsets, no token read
+            j = int(self.ds.index[i])
+            return min(int(store.offsets[j + 1]) - int(store.offsets[j]), self.ds.max_seq_len)
+        return len(self.ds.get(i).input_ids)
 
     def state_dict(self) -> dict:
         pos = self.micro_index * self.micro_batch

@@ -18,8 +18,8 @@ import yaml
 
 from ..exitcodes import TrainerConfigError
 from ..faultspec import parse_spec
-from .schema import (ATTENTION_BACKENDS, COMPILE_MODES, DATA_FORMATS, DTYPES, LAYOUTS, SCHEDULES,
-                     TrainerConfig)
+from .schema import (ATTENTION_BACKENDS, COMPILE_MODES, DATA_FORMATS, DDP_GRAD_DTYPES, DTYPES,
+                     LAYOUTS, SCHEDULES, TrainerConfig)
 
 
 # --------------------------------------------------------------------------- loading
@@ -300,6 +300,8 @@ def validate(cfg: TrainerConfig) -> TrainerConfig:
     p = cfg.parallel
     _choice(p.layout, "parallel.layout", LAYOUTS)
     _positive(p.queue_depth, "parallel.queue_depth")
+    _positive(p.ddp_bucket_mb, "parallel.ddp_bucket_mb")
+    _choice(p.ddp_grad_dtype, "parallel.ddp_grad_dtype", DDP_GRAD_DTYPES)
     for flag, devs in (("parallel.target_devices", p.target_devices),
                        ("parallel.drafter_devices", p.drafter_devices)):
         if not devs:

@@ -128,8 +128,15 @@ class DdpLayout(LayoutBase):
             len(S.shape_buckets(cfg)))))
         self.gate.thread_setup()
         self.module = _step_module_cls()(self.drafter, cfg)
+        # gradient_as_bucket_view: .grad are views into DDP's buckets (no copy per step);
+        # bucket size and the all-reduce dtype are config (parallel.ddp_bucket_mb / _grad_dtype)
         self.ddp = DDP(self.module, device_ids=[self.device.index] if self.device.type == "cuda"
-                       else None)
+                       else None, bucket_cap_mb=cfg.parallel.ddp_bucket_mb,
+                       gradient_as_bucket_view=True)
+        if cfg.parallel.ddp_grad_dtype == "bf16":
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+            self.ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
 
     def parameters(self):
         return self.drafter.trainable_parameters()
@@ -158,7 +165,12 @@ class DdpLayout(LayoutBase):
         self.gate.seal()
         return [r.to_json() for r in recs]
 
+    def micro_indices(self, n_micro: int) -> list[int]:
+        return my_indices(n_micro, self.rank, self.world)
+
     def grads(self, batches, loss_hook=None) -> list[dict]:
+        """This rank's micro-batches (the others may be ``SkippedBatch``) forward + backward;
+        every rank's metrics come back in the step's order (one all_gather)."""
         mine = my_indices(len(batches), self.rank, self.world)
         n = len(mine)
         local = []
@@ -178,22 +190,19 @@ class DdpLayout(LayoutBase):
         return self._gather(local, len(batches))
 
     def _gather(self, local: list[dict], n_micro: int) -> list[dict]:
-        """All ranks' metric dicts, in the step's micro-batch order (as the single loop has)."""
+        """All ranks' metric dicts, in the step's micro-batch order (as the single loop has):
+        every value of every local micro-batch packed into one fp32 vector, ONE all_gather."""
         import torch
         import torch.distributed as dist
 
-        keys = sorted(local[0])
+        flat = pack_metrics(local)
+        bufs = [torch.empty_like(flat) for _ in range(self.world)]
+        dist.all_gather(bufs, flat)
         out: list[dict | None] = [None] * n_micro
-        per_key = {}
-        for key in keys:
-            t = torch.stack([m[key].detach().float().reshape(-1) for m in local])  # [n, ...]
-            bufs = [torch.empty_like(t) for _ in range(self.world)]
-            dist.all_gather(bufs, t.contiguous())
-            per_key[key] = bufs
         for r in range(self.world):
+            got = unpack_metrics(bufs[r], local)
             for k, i in enumerate(my_indices(n_micro, r, self.world)):
-                out[i] = {key: _unflat(per_key[key][r][k], local[0][key])
-                          for key in keys}
+                out[i] = got[k]
         return out
 
     def before_save(self) -> None:
@@ -313,5 +322,23 @@ def _fill(v, tensors: list):
     return v
 
 
-def _unflat(v, like):
-    return v.reshape(like.shape).to(like.dtype) if hasattr(like, "shape") else v
+def pack_metrics(local: list[dict]):
+    """One fp32 vector of every micro-batch's metric tensors (keys sorted, micro-batch order)."""
+    import torch
+
+    keys = sorted(local[0])
+    return torch.cat([m[key].detach().float().reshape(-1) for m in local for key in keys])
+
+
+def unpack_metrics(flat, like: list[dict]) -> list[dict]:
+    """``pack_metrics``'s inverse: ``len(like)`` dicts shaped (and typed) as ``like``'s."""
+    keys = sorted(like[0])
+    out, at = [], 0
+    for m in like:
+        d = {}
+        for key in keys:
+            n = m[key].numel()
+            d[key] = flat[at:at + n].reshape(m[key].shape).to(m[key].dtype)
+            at += n
+        out.append(d)
+    return out
