@@ -157,3 +157,41 @@ def test_ddp_settings_are_validated_config():
         load_config(None, ["--data.path", "x", "--parallel.ddp_grad_dtype", "fp16"])
     with pytest.raises(TrainerConfigError, match="--parallel.ddp_bucket_mb"):
         load_config(None, ["--data.path", "x", "--parallel.ddp_bucket_mb", "0"])
+
+
+def test_bf16_gradients_on_cpu_are_a_config_error():
+    from trainer.parallel.ddp import DdpLayout
+
+    lay = DdpLayout.__new__(DdpLayout)
+    lay.device = torch.device("cpu")
+    with pytest.raises(TrainerConfigError, match="--parallel.ddp_grad_dtype: bf16 .* use fp32"):
+        lay.wrap(25, "bf16")
+
+
+def test_bench_efficiency_is_relative_to_world_one_of_the_same_setting():
+    sys.path.insert(0, os.path.join(REPO, "bench"))
+    from bench_ddp import efficiency
+
+    rows = [{"world": w, "accum": acc, "grad_dtype": "fp32", "bucket_mb": 25,
+             "samples_per_s": sps} for w, acc, sps in
+            [(1, 1, 10.0), (2, 1, 18.0), (4, 1, 30.0), (1, 4, 11.0), (2, 4, 22.0)]]
+    got = {(r["world"], r["accum"]): r["efficiency"] for r in efficiency(rows)}
+    assert got == {(1, 1): 1.0, (2, 1): 0.9, (4, 1): 0.75, (1, 4): 1.0, (2, 4): 1.0}
+
+
+def test_bench_cpu_smoke_runs_worlds_one_and_two(tmp_path):
+    out = tmp_path / "ddp.json"
+    r = subprocess.run([sys.executable, "bench/bench_ddp.py", "--cpu-smoke", "--worlds", "1,2",
+                        "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": REPO})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "world accum grads bucket    s/step  samples/s efficiency" in r.stdout
+    summary = json.loads(out.read_text())
+    rows = {(x["world"], x["accum"]): x for x in summary["rows"]}
+    assert set(rows) == {(1, 1), (2, 1), (1, 4), (2, 4)}
+    assert rows[(1, 1)]["efficiency"] == 1.0 and rows[(1, 4)]["efficiency"] == 1.0
+    for (w, acc), x in rows.items():
+        assert x["s_per_step"] > 0 and x["efficiency"] > 0
+        assert x["samples_per_s"] == pytest.approx(w * acc / x["s_per_step"], rel=1e-3)
+    assert [x["rc"] for x in summary["runs"]] == [0, 0]
+    assert summary["shape"]["seq_len"] == 64 and summary["cpu_smoke"] is True

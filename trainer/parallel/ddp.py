@@ -96,10 +96,11 @@ def choose_main(ranks: list[tuple[int | None, int]]) -> int:
 class DdpLayout(LayoutBase):
     name = "ddp"
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, *, build_target=None):
+        """``build_target(device) -> Target``: a target built in memory (bench/bench_ddp.py);
+        None loads ``model.target_path`` as training does."""
         import torch
         import torch.distributed as dist
-        from torch.nn.parallel import DistributedDataParallel as DDP
 
         env = runtime.get().env
         if not env.under_torchrun:
@@ -122,21 +123,33 @@ class DdpLayout(LayoutBase):
         self.main_rank = self._agree_main(env)
         self.is_main = self.rank == self.main_rank
         self.data_parallel = self.world
-        self.target, self.drafter = S.build_models(cfg, self.device)
+        self.target, self.drafter = S.build_models(
+            cfg, self.device, target=build_target(self.device) if build_target else None)
         self.uses_compiled = cfg.compile.enabled or self.drafter.attn_backend == "flex"
         self.gate = install(CompileGate(enabled=cfg.compile.gate, settings=default_dynamo_settings(
             len(S.shape_buckets(cfg)))))
         self.gate.thread_setup()
         self.module = _step_module_cls()(self.drafter, cfg)
-        # gradient_as_bucket_view: .grad are views into DDP's buckets (no copy per step);
-        # bucket size and the all-reduce dtype are config (parallel.ddp_bucket_mb / _grad_dtype)
-        self.ddp = DDP(self.module, device_ids=[self.device.index] if self.device.type == "cuda"
-                       else None, bucket_cap_mb=cfg.parallel.ddp_bucket_mb,
-                       gradient_as_bucket_view=True)
-        if cfg.parallel.ddp_grad_dtype == "bf16":
+        self.ddp = self.wrap(cfg.parallel.ddp_bucket_mb, cfg.parallel.ddp_grad_dtype)
+
+    def wrap(self, bucket_mb: int, grad_dtype: str):
+        """The DDP wrapper of the step module: ``bucket_mb`` (DDP's bucket_cap_mb) and the
+        all-reduce dtype (``bf16``: torch's bf16 compression hook; the averaged gradient is
+        rounded to bf16 before it lands in fp32 ``.grad``). ``gradient_as_bucket_view``:
+        ``.grad`` are views into DDP's buckets (no copy per step). The bench re-wraps to
+        compare settings in one process."""
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        if grad_dtype == "bf16" and self.device.type != "cuda":
+            raise TrainerConfigError("config: --parallel.ddp_grad_dtype: bf16 gradients need "
+                                     "NCCL (ddp on GPU); use fp32 with gloo on CPU")
+        ddp = DDP(self.module, device_ids=[self.device.index] if self.device.type == "cuda"
+                  else None, bucket_cap_mb=bucket_mb, gradient_as_bucket_view=True)
+        if grad_dtype == "bf16":
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-            self.ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
+            ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
+        return ddp
 
     def parameters(self):
         return self.drafter.trainable_parameters()
