@@ -30,6 +30,7 @@ import argparse
 import gc
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -227,6 +228,39 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _run_world(cmd: list[str], env: dict, timeout_s: float, tmp: str) -> tuple[int, str]:
+    """torchrun for one world size: stdout passes through, stderr kept (its tail returned);
+    past ``timeout_s`` the whole process group (torchrun and its ranks) is killed."""
+    err_path = os.path.join(tmp, "stderr.txt")
+    with open(err_path, "w") as err:
+        p = subprocess.Popen(cmd, cwd=REPO, env=env, stderr=err, start_new_session=True)
+        try:
+            rc = p.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+            rc = 124
+    with open(err_path, errors="replace") as f:
+        text = f.read()[-3000:]
+    if rc == 124:
+        text += f"\nno result within {timeout_s:.0f} s (killed)"
+    return rc, text
+
+
+def _write_summary(a, rows: list[dict], runs: list[dict]) -> None:
+    if not a.out:
+        return
+    summary = {"shape": {**a.shape, "drafter_layers": a.drafter_layers, "seq_len": a.seq_len,
+                         "anchors": a.anchors, "micro_batch": a.micro_batch,
+                         "block_size": a.block_size},
+               "cpu_smoke": a.cpu_smoke, "warmup": a.warmup, "iters": a.iters,
+               "rows": rows, "runs": runs}
+    tmp = a.out + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(summary, f, indent=1)
+    os.replace(tmp, a.out)
+
+
 def driver(a, argv: list[str]) -> int:
     env = dict(os.environ, PYTHONUNBUFFERED="1", NCCL_NVLS_ENABLE="0")
     if a.cpu_smoke:
@@ -236,14 +270,9 @@ def driver(a, argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-ddp-") as tmp:
         for world in _ints(a.worlds):
             result = os.path.join(tmp, f"world{world}.json")
+            print(f"== world {world}", flush=True)
             t0 = time.perf_counter()
-            try:
-                p = subprocess.run(_worker_argv(a, world, result, argv), cwd=REPO, env=env,
-                                   timeout=a.timeout_s, capture_output=True, text=True)
-                rc, err = p.returncode, p.stderr
-                sys.stdout.write(p.stdout)
-            except subprocess.TimeoutExpired:
-                rc, err = 124, f"world {world}: no result within {a.timeout_s:.0f} s"
+            rc, err = _run_world(_worker_argv(a, world, result, argv), env, a.timeout_s, tmp)
             run = {"world": world, "rc": rc, "wall_s": round(time.perf_counter() - t0, 1)}
             if rc == 0 and os.path.exists(result):
                 with open(result) as f:
@@ -254,18 +283,9 @@ def driver(a, argv: list[str]) -> int:
                 run["error"] = err[-3000:]
                 print(f"world {world}: failed (rc {rc}):\n{err[-3000:]}", file=sys.stderr)
             runs.append(run)
+            _write_summary(a, efficiency(rows), runs)  # after each world: a cut run keeps these
     rows = efficiency(rows)
-    print(table(rows))
-    summary = {"shape": {**a.shape, "drafter_layers": a.drafter_layers, "seq_len": a.seq_len,
-                         "anchors": a.anchors, "micro_batch": a.micro_batch,
-                         "block_size": a.block_size},
-               "cpu_smoke": a.cpu_smoke, "warmup": a.warmup, "iters": a.iters,
-               "rows": rows, "runs": runs}
-    if a.out:
-        tmp = a.out + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(summary, f, indent=1)
-        os.replace(tmp, a.out)
+    print(table(rows), flush=True)
     return 0 if all(r["rc"] == 0 for r in runs) else 1
 
 
