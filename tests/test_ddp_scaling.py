@@ -195,3 +195,58 @@ def test_bench_cpu_smoke_runs_worlds_one_and_two(tmp_path):
         assert x["samples_per_s"] == pytest.approx(w * acc / x["s_per_step"], rel=1e-3)
     assert [x["rc"] for x in summary["runs"]] == [0, 0]
     assert summary["shape"]["seq_len"] == 64 and summary["cpu_smoke"] is True
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_no_sync_holds_across_accumulation(monkeypatch, compiled):
+    """One all-reduce per bucket per optimizer step, whatever the accumulation (with the
+    drafter step compiled too): no_sync keeps the earlier micro-batches local."""
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    from dfo_contract.trainer_config import TrainerConfig
+    from trainer import runtime, step as S
+    from trainer.parallel.ddp import DdpLayout
+    from trainer.target import target_from_config, tiny_qwen3_config
+
+    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                 "MASTER_PORT": str(_free_port()), "GLOO_SOCKET_IFNAME": "lo"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("DFO_NODE_RANK", raising=False)
+    runtime.refresh_env()
+    cfg = TrainerConfig()
+    cfg.parallel.layout, cfg.parallel.drafter_devices = "ddp", ["cpu"]
+    cfg.model.drafter_layers, cfg.model.block_size, cfg.model.mask_token_id = 1, 8, 3
+    cfg.model.attention, cfg.compile.enabled, cfg.compile.gate = "sdpa", compiled, False
+    cfg.data.path, cfg.data.max_seq_len, cfg.data.num_anchors = "<test>", 32, 4
+    lay = DdpLayout(cfg, build_target=lambda dev: target_from_config(
+        tiny_qwen3_config(), device=dev, dtype=torch.float32, num_drafter_layers=1))
+    try:
+        calls = []
+
+        def counting(state, bucket):
+            calls.append(bucket.index())
+            return default_hooks.allreduce_hook(state, bucket)
+
+        lay.ddp.register_comm_hook(None, counting)
+        per_step = {}
+        for accum in (1, 3):
+            batches = [S.dummy_batch(cfg, 32, 4, 1, "cpu", seed=i) for i in range(accum)]
+            calls.clear()
+            out = lay.grads(batches)
+            assert len(out) == accum and all(p.grad is not None for p in lay.parameters())
+            per_step[accum] = sorted(calls)
+            lay.drafter.zero_grad(set_to_none=True)
+        assert per_step[1] and per_step[3] == per_step[1]
+    finally:
+        lay.close()
+        runtime.refresh_env()
+    assert not dist.is_initialized()
