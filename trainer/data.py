@@ -112,6 +112,7 @@ class JsonlDataset(_Dataset):
         self._masker_error: str | None = None
         self.offsets: list[int | None] = []
         self.linenos: list[int] = []
+        self.lengths: list[int] = []
         self._mem: dict[int, tuple] = {}  # compact: (uint32 ids, uint8 mask), 5 bytes a token
         self._fh = None
         self.report = self._scan()
@@ -163,6 +164,7 @@ class JsonlDataset(_Dataset):
                 continue
             k = len(self.linenos)
             self.linenos.append(lineno)
+            self.lengths.append(len(s.input_ids))  # after truncation: BatchStream.skip counts it
             lazy = start is not None and not is_chat
             self.offsets.append(start if lazy else None)
             if not lazy:
@@ -394,10 +396,12 @@ class BatchStream:
 
     def _length(self, i: int) -> int:
         """Tokens of dataset sample ``i`` after truncation (num_tokens counts these)."""
+        lengths = getattr(self.ds, "lengths", None)
+        if lengths is not None:  # a records file: lengths noted at the scan, nothing re-read
+            return lengths[i]
         store = getattr(self.ds, "store", None)
         if store is not None:  # a tokenized store: lengths from its offsets, no token read
-            j = int(self.ds.index[i])
-            return min(int(store.offsets[j + 1]) - int(store.offsets[j]), self.ds.max_seq_len)
+            return min(store.length(int(self.ds.index[i])), self.ds.max_seq_len)
         return len(self.ds.get(i).input_ids)
 
     def state_dict(self) -> dict:
