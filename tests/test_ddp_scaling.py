@@ -244,7 +244,15 @@ def test_no_sync_holds_across_accumulation(monkeypatch, compiled):
             out = lay.grads(batches)
             assert len(out) == accum and all(p.grad is not None for p in lay.parameters())
             per_step[accum] = sorted(calls)
+            got = [p.grad.clone() for p in lay.parameters()]
             lay.drafter.zero_grad(set_to_none=True)
+            for b in batches:  # the same accumulation without DDP: the mean gradient
+                loss, _ = S.drafter_loss(lay.drafter, S.target_features(lay.target, b, cfg), b, cfg)
+                (loss / accum).backward()
+            want = [p.grad.clone() for p in lay.parameters()]
+            lay.drafter.zero_grad(set_to_none=True)
+            for g, w in zip(got, want):
+                torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-7)
         assert per_step[1] and per_step[3] == per_step[1]
     finally:
         lay.close()
