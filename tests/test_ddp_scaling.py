@@ -78,7 +78,7 @@ def test_rank_batches_equal_single_on_a_tokenized_store(data):
 
 
 def test_skipping_builds_nothing_for_other_ranks(data, monkeypatch):
-    import trainer.data as D
+    import trainer.stream as D
 
     built = []
     real = D.collate
