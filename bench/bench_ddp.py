@@ -118,7 +118,8 @@ def worker(a) -> int:
     sh = a.shape
     tcfg = tiny_qwen3_config(hidden=sh["hidden"], layers=sh["layers"], vocab=sh["vocab"],
                              heads=sh["heads"], kv_heads=sh["kv_heads"], head_dim=sh["head_dim"],
-                             intermediate=sh["intermediate"], max_pos=max(4096, a.seq_len))
+                             intermediate=sh["intermediate"], max_pos=max(4096, a.seq_len),
+                             init_range=0.2 if a.cpu_smoke else 0.02)  # 0.02: HF's, finite in bf16
 
     def build_target(dev):
         return target_from_config(tcfg, device=dev, dtype=S.compute_dtype(cfg, dev),
@@ -181,7 +182,8 @@ def worker(a) -> int:
     peak = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None
     if rank == 0 and a.result:
         with open(a.result, "w") as f:
-            json.dump({"world": world, "device": str(dev) if cpu else torch.cuda.get_device_name(dev),
+            name = str(dev) if cpu else torch.cuda.get_device_name(dev)
+            json.dump({"world": world, "device": name,
                        "setup_s": round(setup_s, 2), "drafter_params": n_params,
                        "peak_mem_bytes": peak, "rows": rows}, f, indent=1)
     layout.close()

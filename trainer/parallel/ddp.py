@@ -8,9 +8,10 @@
         --parallel.layout ddp
 
 Each rank loads the target on its device, runs the target forward for ITS micro-batches
-(micro-batch ``i`` of a step belongs to rank ``i % world``; every rank draws the same
-deterministic stream, so the data equals the single loop's), and trains its drafter replica
-under DDP. The module DDP wraps is the whole drafter step (``_StepModule``), so every
+(micro-batch ``i`` of a step belongs to rank ``i % world``; every rank walks the same
+deterministic stream, building only its own micro-batches and skipping the others
+(``micro_indices``, ``BatchStream.take``), so the data equals the single loop's), and trains
+its drafter replica under DDP. The module DDP wraps is the whole drafter step (``_StepModule``), so every
 trainable parameter's gradient goes through DDP's reducer; ``no_sync`` for all but the last
 local micro-batch. Backend: nccl on GPU, gloo on CPU; ``NCCL_NVLS_ENABLE=0`` is set before
 the process group starts. A small gloo group carries the per-step "stop?" vote
@@ -22,7 +23,9 @@ reads a checkpoint to resume from (``from_main`` broadcasts the state to the oth
 node it is global rank 0; in a dfo multi-node run (``DFO_NODE_RANK`` set on every node) it is
 local rank 0 of the head node (``DFO_NODE_RANK=0``), wherever the c10d rendezvous placed it
 in the global order (``choose_main``, agreed by an all_gather at start). The metrics it logs
-are gathered from all ranks, so the logged loss is the global one.
+are gathered from all ranks (one packed all_gather a step), so the logged loss is the global
+one. DDP's bucket size and all-reduce dtype are config (``parallel.ddp_bucket_mb``,
+``parallel.ddp_grad_dtype``; ``wrap``).
 
 Devices: ``parallel.drafter_devices: [cpu]`` runs every rank on the CPU (CI); anything else
 (``auto``, ``cuda``, ``cuda:N``) means ``cuda:LOCAL_RANK``.
