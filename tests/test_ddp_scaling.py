@@ -157,6 +157,10 @@ def test_ddp_settings_are_validated_config():
         load_config(None, ["--data.path", "x", "--parallel.ddp_grad_dtype", "fp16"])
     with pytest.raises(TrainerConfigError, match="--parallel.ddp_bucket_mb"):
         load_config(None, ["--data.path", "x", "--parallel.ddp_bucket_mb", "0"])
+    with pytest.raises(TrainerConfigError, match="--parallel.ddp_grad_dtype: bf16 .* use fp32"):
+        load_config(None, ["--data.path", "x", "--parallel.layout", "ddp",
+                           "--parallel.drafter_devices", "[cpu]",
+                           "--parallel.ddp_grad_dtype", "bf16"])
 
 
 def test_bf16_gradients_on_cpu_are_a_config_error():

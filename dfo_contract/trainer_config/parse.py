@@ -312,6 +312,10 @@ def validate(cfg: TrainerConfig) -> TrainerConfig:
     if p.layout == "single" and (len(p.target_devices) != 1 or len(p.drafter_devices) != 1):
         raise _err("parallel.layout", "single uses one device: give one entry in "
                                       "parallel.target_devices and parallel.drafter_devices")
+    on_cpu = all(d == "cpu" for d in p.drafter_devices)
+    if p.layout == "ddp" and p.ddp_grad_dtype == "bf16" and on_cpu:
+        raise _err("parallel.ddp_grad_dtype", "bf16 gradients need NCCL (ddp on GPU); use fp32 "
+                                              "with gloo on CPU")
     if cfg.fault.spec:
         parse_spec(cfg.fault.spec)  # FaultSpecError is a TrainerConfigError naming --fault.spec
     return cfg
