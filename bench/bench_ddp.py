@@ -185,6 +185,7 @@ def worker(a) -> int:
             name = str(dev) if cpu else torch.cuda.get_device_name(dev)
             json.dump({"world": world, "device": name,
                        "setup_s": round(setup_s, 2), "drafter_params": n_params,
+                       "fp32_grad_bytes": 4 * n_params,  # what one fp32 all-reduce moves
                        "peak_mem_bytes": peak, "rows": rows}, f, indent=1)
     layout.close()
     return 0
