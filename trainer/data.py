@@ -45,7 +45,7 @@ from .tokenized import Summary, TokenStore, is_store, no_samples_message
 log = logging.getLogger("dfo")
 
 __all__ = ["Sample", "JsonlDataset", "TokenizedDataset", "open_dataset", "Order", "collate",
-           "BatchStream", "tokenize_chat", "load_tokenizer", "load_masker"]
+           "tokenize_chat", "load_tokenizer", "load_masker"]
 
 
 @dataclass(frozen=True)
@@ -112,6 +112,7 @@ class JsonlDataset(_Dataset):
         self._masker_error: str | None = None
         self.offsets: list[int | None] = []
         self.linenos: list[int] = []
+        self.lengths: list[int] = []
         self._mem: dict[int, tuple] = {}  # compact: (uint32 ids, uint8 mask), 5 bytes a token
         self._fh = None
         self.report = self._scan()
@@ -163,6 +164,7 @@ class JsonlDataset(_Dataset):
                 continue
             k = len(self.linenos)
             self.linenos.append(lineno)
+            self.lengths.append(len(s.input_ids))  # after truncation: BatchStream.skip counts it
             lazy = start is not None and not is_chat
             self.offsets.append(start if lazy else None)
             if not lazy:
@@ -342,36 +344,13 @@ def collate(samples: list[Sample], *, block_size: int, num_anchors: int, seq_buc
                  num_tokens=int(sum(lengths)), num_samples=b)
 
 
-class BatchStream:
-    """Micro-batches in a deterministic order; its state is one integer (micro-batches done)."""
+def __getattr__(name: str):
+    """``BatchStream`` and ``SkippedBatch`` live in trainer.stream (which imports this module)."""
+    if name in ("BatchStream", "SkippedBatch"):
+        from . import stream
 
-    def __init__(self, ds: JsonlDataset, *, micro_batch: int, block_size: int, num_anchors: int,
-                 seq_buckets: list[int], anchor_buckets: list[int], seed: int, shuffle: bool = True,
-                 pad_id: int = 0):
-        self.ds = ds
-        self.micro_batch = micro_batch
-        self.kw = dict(block_size=block_size, num_anchors=num_anchors, seq_buckets=seq_buckets,
-                       anchor_buckets=anchor_buckets, seed=seed, pad_id=pad_id)
-        self.order = Order(len(ds), seed, shuffle)
-        self.micro_index = 0
-
-    def next(self):
-        m = self.micro_index
-        samples = []
-        for p in range(m * self.micro_batch, (m + 1) * self.micro_batch):
-            _, i = self.order.index(p)
-            samples.append(self.ds.get(i))
-        self.micro_index += 1
-        return collate(samples, micro_index=m, **self.kw)
-
-    def state_dict(self) -> dict:
-        pos = self.micro_index * self.micro_batch
-        return {"micro_index": self.micro_index, "sample_position": pos,
-                "epoch": pos // len(self.ds), "num_samples": len(self.ds),
-                "micro_batch": self.micro_batch}
-
-    def load_state_dict(self, st: dict) -> None:
-        self.micro_index = int(st["micro_index"])
+        return getattr(stream, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 from .synth import synth_samples, write_synth  # noqa: E402,F401 - re-exported

@@ -226,6 +226,7 @@ def train(cfg: TrainerConfig, resume: str | None = None, *, out=None) -> int:
         tokens = samples = 0
         t_log = time.perf_counter()
         n_micro = cfg.train.grad_accum * layout.data_parallel
+        mine = layout.micro_indices(n_micro)
         while step < cfg.train.max_steps:
             stop = layout.agree_stop(sig.received is not None)  # ddp: all ranks stop together
             if stop:
@@ -239,7 +240,7 @@ def train(cfg: TrainerConfig, resume: str | None = None, *, out=None) -> int:
             lr = sched.lr_at(step)
             for gparam in opt.param_groups:
                 gparam["lr"] = lr
-            batches = [stream.next() for _ in range(n_micro)]
+            batches = stream.take(n_micro, keep=mine)  # ddp: other ranks' are only counted
             opt.zero_grad(set_to_none=True)
             hook = effects.apply_to_loss if effects.nan else None
             pending.extend(layout.grads(batches, loss_hook=hook))

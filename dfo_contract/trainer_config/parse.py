@@ -18,8 +18,8 @@ import yaml
 
 from ..exitcodes import TrainerConfigError
 from ..faultspec import parse_spec
-from .schema import (ATTENTION_BACKENDS, COMPILE_MODES, DATA_FORMATS, DTYPES, LAYOUTS, SCHEDULES,
-                     TrainerConfig)
+from .schema import (ATTENTION_BACKENDS, COMPILE_MODES, DATA_FORMATS, DDP_GRAD_DTYPES, DTYPES,
+                     LAYOUTS, SCHEDULES, TrainerConfig)
 
 
 # --------------------------------------------------------------------------- loading
@@ -300,6 +300,8 @@ def validate(cfg: TrainerConfig) -> TrainerConfig:
     p = cfg.parallel
     _choice(p.layout, "parallel.layout", LAYOUTS)
     _positive(p.queue_depth, "parallel.queue_depth")
+    _positive(p.ddp_bucket_mb, "parallel.ddp_bucket_mb")
+    _choice(p.ddp_grad_dtype, "parallel.ddp_grad_dtype", DDP_GRAD_DTYPES)
     for flag, devs in (("parallel.target_devices", p.target_devices),
                        ("parallel.drafter_devices", p.drafter_devices)):
         if not devs:
@@ -310,6 +312,10 @@ def validate(cfg: TrainerConfig) -> TrainerConfig:
     if p.layout == "single" and (len(p.target_devices) != 1 or len(p.drafter_devices) != 1):
         raise _err("parallel.layout", "single uses one device: give one entry in "
                                       "parallel.target_devices and parallel.drafter_devices")
+    on_cpu = all(d == "cpu" for d in p.drafter_devices)
+    if p.layout == "ddp" and p.ddp_grad_dtype == "bf16" and on_cpu:
+        raise _err("parallel.ddp_grad_dtype", "bf16 gradients need NCCL (ddp on GPU); use fp32 "
+                                              "with gloo on CPU")
     if cfg.fault.spec:
         parse_spec(cfg.fault.spec)  # FaultSpecError is a TrainerConfigError naming --fault.spec
     return cfg

@@ -17,6 +17,7 @@ LAYOUTS = ("single", "threads", "ddp")
 SCHEDULES = ("cosine", "linear", "constant")
 DTYPES = ("auto", "bf16", "fp32", "fp16")
 DATA_FORMATS = ("auto", "tokens", "chat")
+DDP_GRAD_DTYPES = ("fp32", "bf16")
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead")
 
 
@@ -96,6 +97,8 @@ class ParallelConfig:
     target_devices: list[str] = field(default_factory=lambda: ["auto"])
     drafter_devices: list[str] = field(default_factory=lambda: ["auto"])
     queue_depth: int = 2                      # threads: feature batches buffered per drafter
+    ddp_bucket_mb: int = 25                   # ddp: gradient bucket size (DDP's bucket_cap_mb)
+    ddp_grad_dtype: str = "fp32"              # ddp: all-reduce dtype (bf16 = compression hook)
 
 
 @dataclass(kw_only=True)

@@ -26,8 +26,12 @@ class Layout(Protocol):
     def warmup(self, emitter, heartbeat_s: float) -> list[dict]:
         """Compile every shape bucket before step 1; one record per warmed unit."""
 
+    def micro_indices(self, n_micro: int) -> list[int]:
+        """Which of a step's ``n_micro`` micro-batches this process builds (ddp: its rank's)."""
+
     def grads(self, batches: list, loss_hook: Callable | None = None) -> list[dict]:
-        """Forward + backward of one step's micro-batches; grads left in ``.grad``."""
+        """Forward + backward of one step's micro-batches; grads left in ``.grad``.
+        ddp: the entries not in ``micro_indices`` may be ``trainer.data.SkippedBatch``."""
 
     def compiled_call(self) -> Callable[[], object] | None:
         """A zero-argument callable entering compiled code (fault injection's fx_race)."""
@@ -55,6 +59,9 @@ class LayoutBase:
     name = "base"
     is_main = True
     data_parallel = 1
+
+    def micro_indices(self, n_micro: int) -> list[int]:
+        return list(range(n_micro))
 
     def after_step(self) -> None:
         return None

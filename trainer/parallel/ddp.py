@@ -8,9 +8,10 @@
         --parallel.layout ddp
 
 Each rank loads the target on its device, runs the target forward for ITS micro-batches
-(micro-batch ``i`` of a step belongs to rank ``i % world``; every rank draws the same
-deterministic stream, so the data equals the single loop's), and trains its drafter replica
-under DDP. The module DDP wraps is the whole drafter step (``_StepModule``), so every
+(micro-batch ``i`` of a step belongs to rank ``i % world``; every rank walks the same
+deterministic stream, building only its own micro-batches and skipping the others
+(``micro_indices``, ``BatchStream.take``), so the data equals the single loop's), and trains
+its drafter replica under DDP. The module DDP wraps is the whole drafter step (``_StepModule``), so every
 trainable parameter's gradient goes through DDP's reducer; ``no_sync`` for all but the last
 local micro-batch. Backend: nccl on GPU, gloo on CPU; ``NCCL_NVLS_ENABLE=0`` is set before
 the process group starts. A small gloo group carries the per-step "stop?" vote
@@ -22,7 +23,9 @@ reads a checkpoint to resume from (``from_main`` broadcasts the state to the oth
 node it is global rank 0; in a dfo multi-node run (``DFO_NODE_RANK`` set on every node) it is
 local rank 0 of the head node (``DFO_NODE_RANK=0``), wherever the c10d rendezvous placed it
 in the global order (``choose_main``, agreed by an all_gather at start). The metrics it logs
-are gathered from all ranks, so the logged loss is the global one.
+are gathered from all ranks (one packed all_gather a step), so the logged loss is the global
+one. DDP's bucket size and all-reduce dtype are config (``parallel.ddp_bucket_mb``,
+``parallel.ddp_grad_dtype``; ``wrap``).
 
 Devices: ``parallel.drafter_devices: [cpu]`` runs every rank on the CPU (CI); anything else
 (``auto``, ``cuda``, ``cuda:N``) means ``cuda:LOCAL_RANK``.
@@ -96,10 +99,11 @@ def choose_main(ranks: list[tuple[int | None, int]]) -> int:
 class DdpLayout(LayoutBase):
     name = "ddp"
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, *, build_target=None):
+        """``build_target(device) -> Target``: a target built in memory (bench/bench_ddp.py);
+        None loads ``model.target_path`` as training does."""
         import torch
         import torch.distributed as dist
-        from torch.nn.parallel import DistributedDataParallel as DDP
 
         env = runtime.get().env
         if not env.under_torchrun:
@@ -122,14 +126,33 @@ class DdpLayout(LayoutBase):
         self.main_rank = self._agree_main(env)
         self.is_main = self.rank == self.main_rank
         self.data_parallel = self.world
-        self.target, self.drafter = S.build_models(cfg, self.device)
+        self.target, self.drafter = S.build_models(
+            cfg, self.device, target=build_target(self.device) if build_target else None)
         self.uses_compiled = cfg.compile.enabled or self.drafter.attn_backend == "flex"
         self.gate = install(CompileGate(enabled=cfg.compile.gate, settings=default_dynamo_settings(
             len(S.shape_buckets(cfg)))))
         self.gate.thread_setup()
         self.module = _step_module_cls()(self.drafter, cfg)
-        self.ddp = DDP(self.module, device_ids=[self.device.index] if self.device.type == "cuda"
-                       else None)
+        self.ddp = self.wrap(cfg.parallel.ddp_bucket_mb, cfg.parallel.ddp_grad_dtype)
+
+    def wrap(self, bucket_mb: int, grad_dtype: str):
+        """The DDP wrapper of the step module: ``bucket_mb`` (DDP's bucket_cap_mb) and the
+        all-reduce dtype (``bf16``: torch's bf16 compression hook; the averaged gradient is
+        rounded to bf16 before it lands in fp32 ``.grad``). ``gradient_as_bucket_view``:
+        ``.grad`` are views into DDP's buckets (no copy per step). The bench re-wraps to
+        compare settings in one process."""
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        if grad_dtype == "bf16" and self.device.type != "cuda":
+            raise TrainerConfigError("config: --parallel.ddp_grad_dtype: bf16 gradients need "
+                                     "NCCL (ddp on GPU); use fp32 with gloo on CPU")
+        ddp = DDP(self.module, device_ids=[self.device.index] if self.device.type == "cuda"
+                  else None, bucket_cap_mb=bucket_mb, gradient_as_bucket_view=True)
+        if grad_dtype == "bf16":
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+            ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
+        return ddp
 
     def parameters(self):
         return self.drafter.trainable_parameters()
@@ -158,7 +181,12 @@ class DdpLayout(LayoutBase):
         self.gate.seal()
         return [r.to_json() for r in recs]
 
+    def micro_indices(self, n_micro: int) -> list[int]:
+        return my_indices(n_micro, self.rank, self.world)
+
     def grads(self, batches, loss_hook=None) -> list[dict]:
+        """This rank's micro-batches (the others may be ``SkippedBatch``) forward + backward;
+        every rank's metrics come back in the step's order (one all_gather)."""
         mine = my_indices(len(batches), self.rank, self.world)
         n = len(mine)
         local = []
@@ -178,22 +206,19 @@ class DdpLayout(LayoutBase):
         return self._gather(local, len(batches))
 
     def _gather(self, local: list[dict], n_micro: int) -> list[dict]:
-        """All ranks' metric dicts, in the step's micro-batch order (as the single loop has)."""
+        """All ranks' metric dicts, in the step's micro-batch order (as the single loop has):
+        every value of every local micro-batch packed into one fp32 vector, ONE all_gather."""
         import torch
         import torch.distributed as dist
 
-        keys = sorted(local[0])
+        flat = pack_metrics(local)
+        bufs = [torch.empty_like(flat) for _ in range(self.world)]
+        dist.all_gather(bufs, flat)
         out: list[dict | None] = [None] * n_micro
-        per_key = {}
-        for key in keys:
-            t = torch.stack([m[key].detach().float().reshape(-1) for m in local])  # [n, ...]
-            bufs = [torch.empty_like(t) for _ in range(self.world)]
-            dist.all_gather(bufs, t.contiguous())
-            per_key[key] = bufs
         for r in range(self.world):
+            got = unpack_metrics(bufs[r], local)
             for k, i in enumerate(my_indices(n_micro, r, self.world)):
-                out[i] = {key: _unflat(per_key[key][r][k], local[0][key])
-                          for key in keys}
+                out[i] = got[k]
         return out
 
     def before_save(self) -> None:
@@ -313,5 +338,23 @@ def _fill(v, tensors: list):
     return v
 
 
-def _unflat(v, like):
-    return v.reshape(like.shape).to(like.dtype) if hasattr(like, "shape") else v
+def pack_metrics(local: list[dict]):
+    """One fp32 vector of every micro-batch's metric tensors (keys sorted, micro-batch order)."""
+    import torch
+
+    keys = sorted(local[0])
+    return torch.cat([m[key].detach().float().reshape(-1) for m in local for key in keys])
+
+
+def unpack_metrics(flat, like: list[dict]) -> list[dict]:
+    """``pack_metrics``'s inverse: ``len(like)`` dicts shaped (and typed) as ``like``'s."""
+    keys = sorted(like[0])
+    out, at = [], 0
+    for m in like:
+        d = {}
+        for key in keys:
+            n = m[key].numel()
+            d[key] = flat[at:at + n].reshape(m[key].shape).to(m[key].dtype)
+            at += n
+        out.append(d)
+    return out
