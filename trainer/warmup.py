@@ -269,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
                             save_cache=own["--save-mega-cache"])
         if own["--report"]:
             _write_file(own["--report"], (json.dumps(report, indent=2) + "\n").encode())
+        from .gate import describe_phases
+
         t = report["totals"]
         print(f"warmup: done in {report['seconds']:.1f} s, {len(report['records'])} "
               f"device x shape units; fxgraph hit {t.get('fxgraph_cache_hit', 0)} miss "
@@ -279,7 +281,6 @@ def main(argv: list[str] | None = None) -> int:
               f"compile phases (all shapes): {describe_phases(report['phases'])}"
               + "".join(f"\nwarmup: autograd cache bypassed: {w}"
                         for w in report["autograd_bypass_reasons"]), flush=True)
-        from .gate import describe_phases
         from .metrics import Emitter
 
         Emitter(None).marker("done", step=0)
