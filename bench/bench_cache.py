@@ -186,29 +186,43 @@ def main() -> int:
               f"gpu {key0.components['gpu']}, variants {','.join(variants)}", flush=True)
 
         results: dict[str, dict] = {}
-        for name in variants:
+        failed: dict[str, str] = {}
+
+        def run_variant(name: str) -> dict:
             flavour = name[name.index("+"):] if "+" in name else ""
             key, text, overrides = setups[flavour]
             mgr.timeout = left()
-            if name.startswith("cold"):
-                seeded = flavour and a.precompile_cold == "seeded"
-                if seeded:  # cold's live cache as this key's live cache (inductor/triton hit)
-                    src = os.path.realpath(sn.paths(mgr.layout, key0.key).live)
-                    p = sn.paths(mgr.layout, key.key)
-                    gen = p.gen("seed")
-                    shutil.copytree(src, gen, symlinks=True)
-                    os.symlink(os.path.relpath(gen, os.path.dirname(p.live)), p.live)
-                t0 = time.monotonic()
-                del lines[:]
-                res = mgr.warm(key, text, overrides, measure=False, fresh=not seeded)
-                wall = time.monotonic() - t0
-                results[name] = {"seconds": res.cold_s, "records": res.records, "counters": res.counters,
-                                 "build_models_s": {}, "wall_s": round(wall, 2), "seeded": bool(seeded),
-                                 "snapshot_bytes": res.snapshot_size}
-                results[name].update(_cold_extras(lines))
-            else:
-                results[name] = restored(mgr, key, root, cfg_path, overrides, name, left)
-            print_variant(name + (" (seeded from cold: NOT a cold start)" if results[name].get("seeded") else ""),
+            if not name.startswith("cold"):
+                return restored(mgr, key, root, cfg_path, overrides, name, left)
+            seeded = bool(flavour) and a.precompile_cold == "seeded"
+            if seeded:  # cold's live cache as this key's live cache (inductor/triton hit)
+                src = os.path.realpath(sn.paths(mgr.layout, key0.key).live)
+                p = sn.paths(mgr.layout, key.key)
+                gen = p.gen("seed")
+                shutil.copytree(src, gen, symlinks=True)
+                os.symlink(os.path.relpath(gen, os.path.dirname(p.live)), p.live)
+            t0 = time.monotonic()
+            del lines[:]
+            res = mgr.warm(key, text, overrides, measure=False, fresh=not seeded)
+            wall = time.monotonic() - t0
+            out = {"seconds": res.cold_s, "records": res.records, "counters": res.counters,
+                   "build_models_s": {}, "wall_s": round(wall, 2), "seeded": seeded,
+                   "snapshot_bytes": res.snapshot_size}
+            out.update(_cold_extras(lines))
+            return out
+
+        for name in variants:
+            need = name.replace("restored", "cold")
+            if need != name and need in failed:
+                print(f"-- {name}: skipped ({need} failed)", flush=True)
+                continue
+            try:
+                results[name] = run_variant(name)
+            except (Exception, SystemExit) as e:  # noqa: BLE001 - report it, go on with the others
+                failed[name] = f"{type(e).__name__}: {e}"[:500]
+                print(f"-- {name}: FAILED: {failed[name]}", flush=True)
+                continue
+            print_variant(name + (" (seeded from cold: NOT a cold start)" if results[name]["seeded"] else ""),
                           results[name])
 
         ratios = {}
@@ -230,12 +244,12 @@ def main() -> int:
                                                        "counters", "seeded", "snapshot_bytes",
                                                        "restore_s", "seed_s")}
                             for n, v in results.items()},
-               "total_s": round(time.monotonic() - t_start, 1)}
+               "failed": failed, "total_s": round(time.monotonic() - t_start, 1)}
         if cold and "restored" in results:  # the original BENCH fields
             out.update(cold_s=cold["seconds"], warm_s=results["restored"]["seconds"],
                        ratio=ratios.get("restored/cold"))
         print("BENCH " + json.dumps(out), flush=True)
-        return 0
+        return 1 if failed else 0
     finally:
         if not a.workdir:
             shutil.rmtree(work, ignore_errors=True)
@@ -280,6 +294,7 @@ def restored(mgr, key, root: Path, cfg_path: Path, overrides, name: str, left) -
     rep = json.loads(report.read_text())
     recs, tot, secs = parse_report(report.read_bytes())
     return {"seconds": secs, "records": rep["records"], "counters": tot, "wall_s": round(wall, 2),
+            "seeded": False,
             "build_models_s": rep.get("build_models_s", {}), "phases": rep.get("phases", {}),
             "autograd_bypass_reasons": rep.get("autograd_bypass_reasons") or [],
             "precompile_check": rep.get("precompile_check") or {},

@@ -266,14 +266,18 @@ def save_precompile_entries() -> dict[str, object]:
 
     entries, _ = PrecompileContext.create_cache_entries()
     root = precompile_dir()
-    saved = []
+    saved, failed = [], {}
     for key, entry in entries.items():
         d = os.path.join(root, key)
         sumf = os.path.join(d, PRECOMPILE_SUM)
-        if os.path.exists(sumf):
-            os.unlink(sumf)  # never a checksum beside an entry being rewritten
-        DynamoCache.write(entry, key)
-        path = os.path.join(d, PRECOMPILE_ENTRY)
-        atomic_write_text(sumf, f"{sha256_file(path)} {os.path.getsize(path)}\n")
-        saved.append(key)
-    return {"dir": root, "saved": saved}
+        try:
+            if os.path.exists(sumf):
+                os.unlink(sumf)  # never a checksum beside an entry being rewritten
+            DynamoCache.write(entry, key)
+            path = os.path.join(d, PRECOMPILE_ENTRY)
+            atomic_write_text(sumf, f"{sha256_file(path)} {os.path.getsize(path)}\n")
+            saved.append(key)
+        except Exception as e:  # noqa: BLE001 - e.g. a guard torch cannot serialize: no entry
+            failed[key] = f"{type(e).__name__}: {e}"[:300]
+            log.warning("compile.precompile: could not save entry %s: %s", key, failed[key])
+    return {"dir": root, "saved": saved, "failed": failed}
