@@ -88,6 +88,11 @@ def test_cold_then_mega_cache_into_an_empty_cache_hits(tiny, tmp_path):
     assert any(m["kind"] == "heartbeat" and m["phase"] == "warmup" for m in ms)
     assert ms[-1]["kind"] == "done"
     assert "warmup: cpu (seq_len=64, anchors=8)" in r.stdout
+    # the per-phase breakdown: a cold start compiles (inductor) and traces (dynamo)
+    ph = rec["phases"]
+    assert ph["dynamo"] > 0 and ph["inductor_compile"] > 0 and ph["dynamo_trace"] > 0, ph
+    assert rep["build_models_s"]["cpu"] > 0 and rep["phases"]["dynamo"] == ph["dynamo"]
+    assert "compile phases (all shapes): dynamo" in r.stdout and "warmup: build_models" in r.stdout
 
     report2 = tmp_path / "r2.json"
     r2 = _run_clean(_args(tiny, tmp_path, "--report", str(report2), "--load-mega-cache", str(mega)),
@@ -96,4 +101,5 @@ def test_cold_then_mega_cache_into_an_empty_cache_hits(tiny, tmp_path):
     rep2 = json.loads(report2.read_text())
     c = rep2["records"][0]["counters"]
     assert c["fxgraph_cache_hit"] >= 1 and c["fxgraph_cache_miss"] == 0, c
+    assert rep2["records"][0]["phases"]["inductor_compile"] == 0  # loaded, not compiled
     assert rep2["mega_cache_load"]["bytes"] == mega.stat().st_size

@@ -141,7 +141,8 @@ def _cache_info(info) -> dict:
     return {"repr": repr(info)[:200]}
 
 
-def run_warmup(cfg, *, load_cache: str | None = None, save_cache: str | None = None) -> dict:
+def run_warmup(cfg, *, load_cache: str | None = None, save_cache: str | None = None,
+               preload_imports: bool = True) -> dict:
     """Warm every device x bucket of ``cfg``; return the report (also printed as lines)."""
     import torch
 
@@ -150,11 +151,19 @@ def run_warmup(cfg, *, load_cache: str | None = None, save_cache: str | None = N
     from .gate import BypassReasons, CompileGate, counters_delta, counters_snapshot, default_dynamo_settings, \
         describe, install
 
+    from . import compile as _compile
+
     report: dict[str, Any] = {"torch": torch.__version__, "layout": cfg.parallel.layout,
                               "attention": cfg.model.attention,
-                              "compile_enabled": cfg.compile.enabled}
+                              "compile_enabled": cfg.compile.enabled,
+                              "precompile": cfg.compile.precompile}
     if load_cache:
         report["mega_cache_load"] = load_mega_cache(load_cache)
+    if cfg.compile.precompile:
+        _compile.configure(precompile=True)
+        chk = _compile.verify_precompile_entries()
+        report["precompile_check"] = {"dir": chk.dir, "kept": chk.kept, "dropped": chk.dropped}
+    preload = _Preload.start() if preload_imports else None
     devs = warm_devices(cfg)
     buckets = [tuple(s) for s in step.shape_buckets(cfg)]
     report["devices"], report["buckets"] = devs, [list(b) for b in buckets]
@@ -168,20 +177,85 @@ def run_warmup(cfg, *, load_cache: str | None = None, save_cache: str | None = N
     em = metrics.Emitter(None)
     em.set_phase("warmup")
     bypass = BypassReasons()
+    build_s: dict[str, float] = {}
     with metrics.Heartbeat(em, every_s=cfg.train.heartbeat_s) as hb, bypass:
         tasks = []
         for dev in devs:
+            tb = time.perf_counter()
             target, drafter = step.build_models(cfg, torch.device(dev))
+            _sync_dev(dev)
+            build_s[dev] = round(time.perf_counter() - tb, 3)
             tasks += [make_task(cfg, dev, b, target, drafter) for b in buckets]
             hb.progress()
+        if preload is not None:
+            report["preload_wait_s"] = preload.join()
         gate.warmup(tasks, on_record=lambda rec: (on_record(rec), hb.progress()))
     report["records"] = gate.report()
     report["totals"] = counters_delta(total0, counters_snapshot())
     report["seconds"] = round(time.perf_counter() - t0, 3)
+    report["build_models_s"] = build_s
+    report["phases"] = _sum_phases(report["records"])
     report["autograd_bypass_reasons"] = bypass.reasons
     if save_cache:
         report["mega_cache_save"] = save_mega_cache(save_cache)
+    if cfg.compile.precompile:  # after the mega save: it rewrites the same entries
+        report["precompile_save"] = _compile.save_precompile_entries()
     return report
+
+
+def _sync_dev(dev: str) -> None:
+    if dev.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize(dev)
+
+
+def _sum_phases(records: list[dict]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for r in records:
+        for k, v in (r.get("phases") or {}).items():
+            out[k] = round(out.get(k, 0.0) + v, 3)
+    return out
+
+
+#: the compile stack, imported in a thread while the models build (run_warmup's preload_imports)
+_PRELOAD_MODULES = ("torch._dynamo", "torch._inductor.compile_fx", "torch._functorch.aot_autograd",
+                    "torch._inductor.codecache", "torch._inductor.runtime.triton_heuristics")
+
+
+class _Preload:
+    """Imports of dynamo/AOT/inductor (and triton, which inductor's runtime imports) that the
+    first compile would otherwise pay for, done in a background thread during build_models.
+    Python's import lock makes a concurrent import by the main thread wait, never run twice."""
+
+    def __init__(self):
+        import threading
+
+        self.took = 0.0
+        self.thread = threading.Thread(target=self._run, name="dfo-preload", daemon=True)
+
+    @classmethod
+    def start(cls) -> "_Preload":
+        p = cls()
+        p.thread.start()
+        return p
+
+    def _run(self) -> None:
+        import importlib
+
+        t0 = time.perf_counter()
+        for m in _PRELOAD_MODULES:
+            try:
+                importlib.import_module(m)
+            except Exception:  # noqa: BLE001 - a torch without the module: the compile imports it
+                pass
+        self.took = time.perf_counter() - t0
+
+    def join(self) -> float:
+        """Wait for the imports; the seconds waited (0 when they were done)."""
+        t0 = time.perf_counter()
+        self.thread.join()
+        return round(time.perf_counter() - t0, 3)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -195,11 +269,16 @@ def main(argv: list[str] | None = None) -> int:
                             save_cache=own["--save-mega-cache"])
         if own["--report"]:
             _write_file(own["--report"], (json.dumps(report, indent=2) + "\n").encode())
+        from .gate import describe_phases
+
         t = report["totals"]
         print(f"warmup: done in {report['seconds']:.1f} s, {len(report['records'])} "
               f"device x shape units; fxgraph hit {t.get('fxgraph_cache_hit', 0)} miss "
               f"{t.get('fxgraph_cache_miss', 0)}, autograd hit {t.get('autograd_cache_hit', 0)} "
               f"miss {t.get('autograd_cache_miss', 0)} bypass {t.get('autograd_cache_bypass', 0)}"
+              f", dynamo cache hit {t.get('dynamo_cache_hit', 0)} miss {t.get('dynamo_cache_miss', 0)}"
+              f"\nwarmup: build_models {sum(report['build_models_s'].values()):.2f} s; "
+              f"compile phases (all shapes): {describe_phases(report['phases'])}"
               + "".join(f"\nwarmup: autograd cache bypassed: {w}"
                         for w in report["autograd_bypass_reasons"]), flush=True)
         from .metrics import Emitter
