@@ -198,6 +198,8 @@ class RunState:
     #: while tokens/s is low without dense evidence: {"cause", "summary", "since", "attempt"}
     throughput_low: dict | None = None
     trainer_pids: list = field(default_factory=list)
+    #: the standby interpreter's pid (supervisor.standby), None when there is none
+    standby_pid: int | None = None
     last_event: str | None = None
     extra: dict = field(default_factory=dict)
 
@@ -299,6 +301,9 @@ def describe_event(e: Mapping[str, Any]) -> str:
         return f"reaped orphaned trainer processes {e.get('pids')}"
     if k == "stopping":
         return f"stopping: {e.get('reason')}"
+    if str(k).startswith("standby_"):
+        from .standby import describe
+        return describe(e)
     if k == "final":
         return f"run {e.get('status')}: {e.get('reason')}"
     if k == "group_start":
