@@ -105,6 +105,10 @@ def test_priority_is_lowered_only_where_it_can_be_restored():
 
 
 def test_events_read_as_one_line():
+    from orchestrator.ops.runstate import event
+
+    for k in ("standby_start", "standby_ready", "standby_used", "standby_discarded"):
+        assert event(k, attempt=2, pid=1)["kind"] == k       # known kinds (events.jsonl)
     assert "ready after 4.2s" in describe_event({"kind": "standby_ready", "import_s": 4.2})
     assert "attempt 2 runs in the standby" in describe_event(
         {"kind": "standby_used", "attempt": 2, "pid": 9})

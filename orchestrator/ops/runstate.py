@@ -64,6 +64,11 @@ EVENT_KINDS = (
     "node_end",           # attempt, node, host, class, reason (one node's own judgement)
     "node_lost",          # attempt, node, host, silent_s, reason
     "group_decision",     # attempt, node, host, action, status, reason, cause (the head's)
+    # the standby interpreter (supervisor.standby)
+    "standby_start",      # attempt (the one it is for), pid
+    "standby_ready",      # pid, import_s, modules, niced, error
+    "standby_used",       # attempt, pid, import_s, waited_s, log
+    "standby_discarded",  # attempt, pid, reason
 )
 
 _ATTEMPT_LOG = re.compile(r"^attempt-(\d+)\.log$")
