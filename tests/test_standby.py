@@ -131,6 +131,40 @@ def test_preload_lists_the_targets_modeling_module(tmp_path):
                                                            layout="single")
 
 
+def test_no_standby_reaches_the_spec(tmp_path, capsys, tiny_assets):  # noqa: F811
+    """`dfo launch --no-standby` turns it off in spec.json (default on)."""
+    from orchestrator.cli import main
+    from tests.supervisor_env import hosts_yaml
+
+    root = make_root(tmp_path)
+    hosts = hosts_yaml(tmp_path / "hosts.yaml", root)
+    cfg = write_config(tmp_path / "c.yaml", tiny_assets)
+    got = []
+    for extra in ([], ["--no-standby"]):
+        rc = main(["--hosts", str(hosts), "launch", "--config", str(cfg), "--dry-run", "--json",
+                   "--no-env-check", *extra])
+        out = capsys.readouterr()
+        assert rc == 0, out.err
+        got.append(json.loads(out.out)["standby"])
+    assert got == [True, False]
+
+
+class _Sup:
+    def __init__(self, **spec):
+        self.spec, self.group = spec, None
+
+
+def test_keeper_is_off_for_no_standby_byo_and_groups():
+    from orchestrator.supervisor.standby import Keeper
+
+    assert Keeper(_Sup()).enabled() and Keeper(_Sup(standby=True)).enabled()
+    assert not Keeper(_Sup(standby=False)).enabled()
+    assert not Keeper(_Sup(byo={"command": ["x"]})).enabled()
+    s = _Sup()
+    s.group = object()
+    assert not Keeper(s).enabled()
+
+
 # --- the shim's standby mode, a real process ------------------------------------------------
 
 def test_standby_process_imports_reports_ready_then_runs_the_module(tmp_path):

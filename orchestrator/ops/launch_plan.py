@@ -336,7 +336,7 @@ class LaunchPlan:
                 "first_attempt_argv": self.first_attempt_argv, "env": self.env,
                 "ladders": self.ladders, "resume": self.resume_path, "warnings": self.warnings,
                 "budget": self.spec.get("budget"), "thresholds": self.spec.get("thresholds"),
-                "move_aside": self.move_aside}
+                "move_aside": self.move_aside, "standby": self.spec.get("standby", True)}
 
 
 DEFAULT_THRESHOLDS: dict[str, float] = {
