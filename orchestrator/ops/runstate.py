@@ -67,7 +67,7 @@ EVENT_KINDS = (
     # the standby interpreter (supervisor.standby)
     "standby_start",      # attempt (the one it is for), pid
     "standby_ready",      # pid, import_s, modules, niced, error
-    "standby_used",       # attempt, pid, import_s, waited_s, log
+    "standby_used",       # attempt, pid, import_s, age_s, log
     "standby_discarded",  # attempt, pid, reason
 )
 

@@ -132,7 +132,7 @@ class Keeper:
         self.proc = self.info = None
         self.sup.state.standby_pid = None
         self.sup.emit("standby_used", attempt=n, pid=proc.pid, import_s=info.import_s,
-                      waited_s=round(time.time() - info.started_at, 3),
+                      age_s=round(time.time() - info.started_at, 3),
                       log=attempt_log_name(n))
         return proc
 
