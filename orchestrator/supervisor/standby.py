@@ -31,6 +31,7 @@ class Keeper:
         self.info: ops.Standby | None = None
         self._ready_fd: int | None = None
         self._buf = b""
+        self._for: int | None = None     # the attempt the last standby was started for
 
     # --- what the supervisor asks -----------------------------------------------------------
     def enabled(self) -> bool:
@@ -46,8 +47,9 @@ class Keeper:
 
     def on_train(self, n: int) -> None:
         """Attempt n reached training: start the standby for attempt n+1 (once)."""
-        if self.proc is not None or not self.enabled():
+        if self.proc is not None or self._for == n + 1 or not self.enabled():
             return
+        self._for = n + 1                # one try per attempt, even when it cannot start
         cfg = self.sup._config()
         if str(cfg.get("parallel.layout") or "single") not in ops.LAYOUTS:
             return
