@@ -70,6 +70,8 @@ def _ops(app, host_name, say=None):
 @click.option("--fallbacks", "fallbacks", multiple=True, metavar="CLASS=STEP,STEP",
               help="Replace a class's fallback ladder, e.g. oom=halve_micro_batch*.")
 @click.option("--no-env-check", is_flag=True, help="Skip `dfo deploy --check` (development only).")
+@click.option("--no-standby", is_flag=True,
+              help="No standby interpreter (pre-imported next attempt); docs/recovery.md.")
 @click.option("--run-file", default=None, type=click.Path(dir_okay=False),
               help="Your own trainer (with -- CMD): step pattern, resume, fallback ladders (YAML).")
 @click.option("--step-pattern", default=None, metavar="REGEX",
@@ -87,7 +89,7 @@ def _ops(app, host_name, say=None):
 @click.pass_obj
 def launch(app, host_name, group_name, resume, config, run_name, sets, replace, new_lineage, dry_run, follow,
            as_json, fault, fault_node, backoff_scale, thresholds, budgets, fallbacks, no_env_check,
-           run_file, step_pattern, resume_glob, resume_order, resume_args, ladder, command):
+           no_standby, run_file, step_pattern, resume_glob, resume_order, resume_args, ladder, command):
     """Start a supervised training run on a host, detached (it outlives this command).
 
     With `-- CMD ARGS...` it supervises your own training command instead of the bundled
@@ -120,7 +122,7 @@ def launch(app, host_name, group_name, resume, config, run_name, sets, replace, 
                          new_lineage=new_lineage, command=tuple(command), run_file=run_file,
                          step_pattern=step_pattern, resume_glob=resume_glob,
                          resume_order=resume_order, resume_args=resume_args or (),
-                         ladder=tuple(ladder))
+                         ladder=tuple(ladder), standby=not no_standby)
     if group_name is not None:
         return launch_group(app, group_name, host_name, opts, as_json=as_json,
                              follow=follow)

@@ -58,6 +58,11 @@ class LaunchOptions:
     resume_args: Sequence[str] | str = ()   # a str is split into words (no shell)
     ladder: Sequence[str] = ()    # --ladder CLASS=KIND:VALUE, in order
     run_id: str | None = None     # given (engine.group_runs: one id on every node), else made
+    #: the standby interpreter (supervisor.standby; --no-standby turns it off), and extra
+    #: env given to the standby only (a test facility: a differing import-time key makes
+    #: every standby be discarded)
+    standby: bool = True
+    standby_env: Mapping[str, str] = field(default_factory=dict)
 
 
 class RunOps(RunQueries):
@@ -162,6 +167,9 @@ class RunOps(RunQueries):
             fault=o.fault, ladders=ladders, budget=policy.to_json(), thresholds_=thr,
             lock=self.layout.run_lock, restore_cache_argv=seed[-1], host=self.host.name)
         spec["config_bytes_len"] = len(cfg_bytes)
+        spec["standby"] = bool(o.standby)
+        if o.standby_env:
+            spec["standby_env"] = {str(k): str(v) for k, v in o.standby_env.items()}
         systemd = probe.get("systemd") == "1"
         start = lp.start_argv(self.python, run_dir, run_id, systemd=systemd,
                               stop_timeout_s=thr["stop_timeout_s"])

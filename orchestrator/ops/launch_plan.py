@@ -336,7 +336,7 @@ class LaunchPlan:
                 "first_attempt_argv": self.first_attempt_argv, "env": self.env,
                 "ladders": self.ladders, "resume": self.resume_path, "warnings": self.warnings,
                 "budget": self.spec.get("budget"), "thresholds": self.spec.get("thresholds"),
-                "move_aside": self.move_aside}
+                "move_aside": self.move_aside, "standby": self.spec.get("standby", True)}
 
 
 DEFAULT_THRESHOLDS: dict[str, float] = {
@@ -351,6 +351,7 @@ DEFAULT_THRESHOLDS: dict[str, float] = {
     "baseline_steps": 5,
     "skip_steps": 2,
     "poll_s": 0.2,
+    "standby_wait_s": 0.0,    # wait this long for a standby still importing (0: never)
 }
 
 
@@ -360,7 +361,7 @@ def thresholds(overrides: Mapping[str, float] | None = None, *, scale: float = 1
         if k not in t:
             raise ConfigError(f"threshold {k!r} is unknown", hint="known: " + ", ".join(t))
         v = float(v)
-        if not math.isfinite(v) or v < 0 or (v == 0 and k not in ("skip_steps", "hang_s")):
+        if not math.isfinite(v) or v < 0 or (v == 0 and k not in ("skip_steps", "hang_s", "standby_wait_s")):
             raise ConfigError(f"--threshold {k}={v}: expected a positive number of seconds")
         t[k] = v
     return t

@@ -64,6 +64,11 @@ EVENT_KINDS = (
     "node_end",           # attempt, node, host, class, reason (one node's own judgement)
     "node_lost",          # attempt, node, host, silent_s, reason
     "group_decision",     # attempt, node, host, action, status, reason, cause (the head's)
+    # the standby interpreter (supervisor.standby)
+    "standby_start",      # attempt (the one it is for), pid
+    "standby_ready",      # pid, import_s, modules, niced, error
+    "standby_used",       # attempt, pid, import_s, age_s, log
+    "standby_discarded",  # attempt, pid, reason
 )
 
 _ATTEMPT_LOG = re.compile(r"^attempt-(\d+)\.log$")
@@ -198,6 +203,8 @@ class RunState:
     #: while tokens/s is low without dense evidence: {"cause", "summary", "since", "attempt"}
     throughput_low: dict | None = None
     trainer_pids: list = field(default_factory=list)
+    #: the standby interpreter's pid (supervisor.standby), None when there is none
+    standby_pid: int | None = None
     last_event: str | None = None
     extra: dict = field(default_factory=dict)
 
@@ -299,6 +306,9 @@ def describe_event(e: Mapping[str, Any]) -> str:
         return f"reaped orphaned trainer processes {e.get('pids')}"
     if k == "stopping":
         return f"stopping: {e.get('reason')}"
+    if str(k).startswith("standby_"):
+        from .standby import describe
+        return describe(e)
     if k == "final":
         return f"run {e.get('status')}: {e.get('reason')}"
     if k == "group_start":

@@ -31,6 +31,7 @@ from ..ops.launch_plan import Rendezvous, attempt_env, ddp_nproc, group_env, tra
 from ..ops.runstate import Attempt, RunState
 from . import byo as byo_sup
 from . import group, procs, runfiles
+from .standby import Keeper
 from .watch import AttemptWatch, Outcome
 
 
@@ -59,6 +60,8 @@ class Supervisor(AttemptWatch):
         self.group = GroupSpec.from_json(self.spec["group"]) if self.spec.get("group") else None
         self.coord: group.Coordinator | None = None
         self.plan: dict | None = None
+        #: the standby interpreter for the next attempt (supervisor.standby)
+        self.standby = Keeper(self)
 
     # --- files ------------------------------------------------------------------------------
     def _p(self, *parts: str) -> str:
@@ -155,6 +158,7 @@ class Supervisor(AttemptWatch):
                 procs.signal_all(orphans, signal.SIGKILL)
                 procs.wait_gone(orphans, 5)
             self.emit("orphans_reaped", pids=orphans)
+        self.state.standby_pid = None      # reaped above with the rest of the run
         att = self.state.current
         if att and att.ended_at is None:
             att.ended_at = time.time()
@@ -250,6 +254,7 @@ class Supervisor(AttemptWatch):
             self.state.evidence = evidence
         if self.coord is not None:
             group.on_final(self, status, reason)
+        self.standby.discard(f"the run ended ({status})")
         self.emit("final", status=status, reason=reason,
                   last_checkpoint=self.state.last_checkpoint)
         self.save()
@@ -272,11 +277,15 @@ class Supervisor(AttemptWatch):
     def _config(self) -> dict:
         return {**(self.spec.get("base_config") or {}), **self.state.overrides}
 
-    def _run_attempt(self, n: int) -> Outcome:
-        cfg = self._config()
+    def _attempt_env(self, n: int) -> dict[str, str]:
         env = dict(os.environ)
         env.update(attempt_env(self.spec.get("env") or {}, attempt=n, run_dir=self.run_dir,
                                fault=self.spec.get("fault"), run_id=self.spec["run_id"]))
+        return env
+
+    def _run_attempt(self, n: int) -> Outcome:
+        cfg = self._config()
+        env = self._attempt_env(n)
         cwd = self.run_dir
         if self.spec.get("byo"):          # a foreign command (dfo launch -- CMD ARGS...)
             changes = byo_ops.Changes.from_json(self.state.overrides)
@@ -314,10 +323,12 @@ class Supervisor(AttemptWatch):
             self.emit("run_first", attempt=n, commands=changes.first, ok=ok, detail=why)
         oom_before = procs.cgroup_oom_kills()
         env[envvars.SPAWN_T] = f"{time.time():.3f}"  # the trainer's startup breakdown counts from here
-        with open(log_path, "ab") as logf:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
-                                    env=env, cwd=cwd, start_new_session=True,
-                                    preexec_fn=procs.set_pdeathsig)
+        proc = self.standby.take(n, argv, env, cwd, log_path)
+        if proc is None:
+            with open(log_path, "ab") as logf:
+                proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf,
+                                        stderr=logf, env=env, cwd=cwd, start_new_session=True,
+                                        preexec_fn=procs.set_pdeathsig)
         att.pid = proc.pid
         self.state.trainer_pids = [proc.pid]
         self.emit("attempt_start", attempt=n, resume=resume, overrides=att.overrides,

@@ -103,9 +103,11 @@ def signal_all(pids: Iterable[int], sig: int) -> None:
             pass
 
 
-def kill_tree(root_pid: int, run_dir: str, *, sig: int = signal.SIGKILL) -> list[int]:
-    """Signal the trainer's tree and every process of the run; return the pids signalled."""
-    pids = sorted(set(descendants(root_pid)) | set(processes_of_run(run_dir)))
+def kill_tree(root_pid: int, run_dir: str, *, sig: int = signal.SIGKILL,
+              exclude: Iterable[int] = ()) -> list[int]:
+    """Signal the trainer's tree and every process of the run but ``exclude`` (the
+    standby interpreter); return the pids signalled."""
+    pids = sorted(set(descendants(root_pid)) | set(processes_of_run(run_dir, exclude=exclude)))
     signal_all(pids, sig)
     return pids
 

@@ -84,6 +84,9 @@ class AttemptWatch:
             now = time.monotonic()
             for ln in lines:
                 self._act(n, proc, log_path, out, dog.feed(ln.text, now), exited=rc is not None)
+            if dog.reached_train and rc is None:
+                self.standby.on_train(n)     # the next attempt's interpreter (once)
+            self.standby.poll()
             if rc is not None:
                 out.exit_code = rc if rc >= 0 else None
                 out.signal = -rc if rc < 0 else None
@@ -104,7 +107,7 @@ class AttemptWatch:
             self._act(n, proc, log_path, out, acts + dog.tick(now), exited=False)
             time.sleep(poll)
         # the tree: nothing of this attempt may outlive it
-        left = procs.processes_of_run(self.run_dir)
+        left = procs.processes_of_run(self.run_dir, exclude=self.standby.pids())
         if left:
             procs.signal_all(left, signal.SIGKILL)
             procs.wait_gone(left, 5)
@@ -177,4 +180,5 @@ class AttemptWatch:
                                          self.spec["python"])
                 self.emit("stacks", attempt=n, files=out.stacks)
             elif isinstance(a, wd.Kill):
-                procs.kill_tree(proc.pid, self.run_dir, sig=signal.SIGKILL)
+                procs.kill_tree(proc.pid, self.run_dir, sig=signal.SIGKILL,
+                                exclude=self.standby.pids())

@@ -1,0 +1,198 @@
+"""Pure decisions about the standby interpreter (docs/recovery.md, "Standby interpreter").
+
+While attempt n trains, the supervisor keeps one pre-started Python process that has
+already imported what the bundled trainer's next attempt needs; on restart it hands that
+process the attempt instead of starting a fresh interpreter. This module decides when a
+standby may be started and whether one may serve an attempt; it does no I/O.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+#: environment variables read at import time (by python, torch, triton, CUDA, the BLAS
+#: libraries, transformers): the standby's start env and the attempt's must agree on them
+IMPORT_ENV_PREFIXES = ("TORCH", "PYTORCH", "TORCHINDUCTOR", "CUDA", "NCCL", "TRITON", "PYTHON",
+                       "LD_", "OMP_", "MKL_", "HF_", "TRANSFORMERS")
+IMPORT_ENV_KEYS = frozenset({"PATH"})
+
+#: the shim argv of a bundled-trainer attempt: [python, *SHIM_HEAD, flags...]
+SHIM_HEAD = ("-m", "orchestrator.supervisor.shim", "trainer", "train")
+#: layouts that run the trainer as one process (ddp runs under torchrun)
+LAYOUTS = ("single", "threads")
+
+#: how much lower the standby's priority is while it imports (os.nice increment)
+NICE = 10
+#: CAP_SYS_NICE's bit in /proc/self/status CapEff
+CAP_SYS_NICE = 23
+
+
+def import_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The keys of ``env`` read at import time."""
+    return {k: v for k, v in env.items()
+            if k in IMPORT_ENV_KEYS or k.startswith(IMPORT_ENV_PREFIXES)}
+
+
+def env_differences(start: Mapping[str, str], attempt: Mapping[str, str]) -> list[str]:
+    """The import-time keys whose value differs (or that only one side has), sorted."""
+    a, b = import_env(start), import_env(attempt)
+    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+
+
+def ineligible(argv: Sequence[str], *, byo: bool, group: bool, layout: str | None) -> str | None:
+    """Why an attempt with this argv cannot be served by a standby (None: it can)."""
+    if byo:
+        return "your own trainer command (only the bundled trainer is preloaded)"
+    if group:
+        return "a multi-node run (torchrun)"
+    if (layout or "single") not in LAYOUTS:
+        return f"layout {layout} (only single and threads run in one process)"
+    if len(argv) < 1 + len(SHIM_HEAD) or tuple(argv[1:1 + len(SHIM_HEAD)]) != SHIM_HEAD:
+        return "not the bundled trainer's shim command"
+    return None
+
+
+@dataclass(frozen=True)
+class Preload:
+    """What the standby imports before it waits (trainer.preload)."""
+    target_path: str | None = None
+    compile: bool = True
+    layout: str = "single"
+
+    def to_json(self) -> dict:
+        return {"target_path": self.target_path, "compile": self.compile, "layout": self.layout}
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> "Preload":
+        return Preload(d.get("target_path") or None, bool(d.get("compile", True)),
+                       str(d.get("layout") or "single"))
+
+
+def _truthy(v: Any, default: bool) -> bool:
+    if v is None:
+        return default
+    if isinstance(v, str):
+        return v.strip().lower() in ("1", "true", "yes", "on")
+    return bool(v)
+
+
+def preload_for(config: Mapping[str, Any]) -> Preload:
+    """The preload of a run config in force (flat ``section.field`` keys)."""
+    return Preload(target_path=config.get("model.target_path") or None,
+                   compile=_truthy(config.get("compile.enabled"), True),
+                   layout=str(config.get("parallel.layout") or "single"))
+
+
+def standby_argv(python: str, ready_fd: int, preload: Preload) -> list[str]:
+    return [python, "-m", "orchestrator.supervisor.shim", "--standby", "--ready-fd",
+            str(int(ready_fd)), "--preload", json.dumps(preload.to_json(), sort_keys=True)]
+
+
+@dataclass
+class Standby:
+    """The supervisor's view of its standby (pid, what it was started with, readiness)."""
+    pid: int
+    python: str
+    env: dict[str, str]
+    started_at: float
+    ready: bool = False
+    alive: bool = True
+    import_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Use:
+    use: bool
+    reason: str
+
+
+def decide(sb: Standby | None, *, python: str, env: Mapping[str, str], argv: Sequence[str],
+           why_not: str | None) -> Use:
+    """Whether the standby serves this attempt; the reason when it does not (None standby:
+    reason "none"). A standby that died or is still importing is not waited for."""
+    if sb is None:
+        return Use(False, "none")
+    if why_not is not None:
+        return Use(False, f"not for this attempt: {why_not}")
+    if not sb.alive:
+        return Use(False, "it died")
+    if not sb.ready:
+        return Use(False, "not ready (still importing)")
+    if argv and argv[0] != sb.python or python != sb.python:
+        return Use(False, f"python differs ({sb.python} vs {argv[0] if argv else python})")
+    diff = env_differences(sb.env, env)
+    if diff:
+        return Use(False, "env differs: " + ", ".join(diff))
+    return Use(True, "ready")
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the supervisor sends the standby (one JSON line on its stdin)."""
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    log: str
+
+    def to_line(self) -> bytes:
+        return (json.dumps({"argv": self.argv, "env": self.env, "cwd": self.cwd,
+                            "log": self.log}) + "\n").encode()
+
+    @staticmethod
+    def from_line(line: bytes) -> "Request":
+        d = json.loads(line.decode())
+        return Request([str(a) for a in d["argv"]], {str(k): str(v) for k, v in d["env"].items()},
+                       str(d["cwd"]), str(d["log"]))
+
+    def module_argv(self) -> tuple[str, list[str]]:
+        """The module the shim would run and its sys.argv (``[module, args...]``)."""
+        if len(self.argv) < 4 or tuple(self.argv[1:3]) != SHIM_HEAD[:2]:
+            raise ValueError("not a shim command")
+        return self.argv[3], [self.argv[3], *self.argv[4:]]
+
+
+@dataclass(frozen=True)
+class Ready:
+    """The standby's one line on its ready fd once its imports are done."""
+    import_s: float
+    modules: list[str] = field(default_factory=list)
+    niced: bool = False
+    error: str | None = None
+
+    def to_line(self) -> bytes:
+        return (json.dumps({"import_s": round(self.import_s, 3), "modules": self.modules,
+                            "niced": self.niced, "error": self.error}) + "\n").encode()
+
+    @staticmethod
+    def from_line(line: bytes) -> "Ready":
+        d = json.loads(line.decode())
+        return Ready(float(d.get("import_s") or 0.0), list(d.get("modules") or []),
+                     bool(d.get("niced")), d.get("error"))
+
+
+def can_restore_priority(*, euid: int, cap_eff: int, nice_now: int,
+                         rlimit_nice_hard: int) -> bool:
+    """Whether a process at ``nice_now`` may lower its nice value back to it after
+    ``+NICE`` (root, CAP_SYS_NICE, or RLIMIT_NICE allows ``nice_now``: 20 - limit)."""
+    if euid == 0 or cap_eff & (1 << CAP_SYS_NICE):
+        return True
+    if rlimit_nice_hard < 0:   # RLIM_INFINITY
+        return True
+    return nice_now >= 20 - rlimit_nice_hard
+
+
+def describe(e: Mapping[str, Any]) -> str:
+    """One line for a standby event (ops.runstate.describe_event)."""
+    k, a = e.get("kind"), e.get("attempt")
+    if k == "standby_start":
+        return f"standby interpreter for attempt {a} started (pid {e.get('pid')})"
+    if k == "standby_ready":
+        err = f"; not imported: {e.get('error')}" if e.get("error") else ""
+        return f"standby interpreter ready after {float(e.get('import_s') or 0):.1f}s{err}"
+    if k == "standby_used":
+        return f"attempt {a} runs in the standby interpreter (pid {e.get('pid')})"
+    if k == "standby_discarded":
+        return f"standby interpreter discarded: {e.get('reason')}"
+    return str(k)

@@ -1,0 +1,163 @@
+"""The supervisor's standby interpreter (docs/recovery.md, "Standby interpreter").
+
+Once attempt n reached training, :class:`Keeper` starts one ``shim --standby`` process with
+attempt n+1's environment; it imports what the trainer needs and reports ready. When the
+supervisor starts attempt n+1 it asks :meth:`Keeper.take`: a ready standby whose python and
+import-time environment match (``ops.standby.decide``) gets the attempt (one JSON line on its
+stdin) and its Popen is the attempt's process; otherwise it is killed and the attempt starts
+fresh. At most one standby lives; it is killed when the run ends and dies with the
+supervisor (PR_SET_PDEATHSIG). Its pid is ``state.json``'s ``standby_pid``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from typing import Any, Mapping
+
+from ..ops import standby as ops
+from ..ops.runstate import attempt_log_name
+from . import procs
+
+LOG_NAME = "standby.log"
+
+
+class Keeper:
+    def __init__(self, sup: Any):
+        self.sup = sup
+        self.proc: subprocess.Popen | None = None
+        self.info: ops.Standby | None = None
+        self._ready_fd: int | None = None
+        self._buf = b""
+        self._for: int | None = None     # the attempt the last standby was started for
+
+    # --- what the supervisor asks -----------------------------------------------------------
+    def enabled(self) -> bool:
+        spec = self.sup.spec
+        return bool(spec.get("standby", True)) and not spec.get("byo") \
+            and self.sup.group is None
+
+    def pids(self) -> list[int]:
+        """The standby and its children (never killed as an attempt's leftovers)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return []
+        return procs.descendants(self.proc.pid) or [self.proc.pid]
+
+    def on_train(self, n: int) -> None:
+        """Attempt n reached training: start the standby for attempt n+1 (once)."""
+        if self.proc is not None or self._for == n + 1 or not self.enabled():
+            return
+        self._for = n + 1                # one try per attempt, even when it cannot start
+        cfg = self.sup._config()
+        if str(cfg.get("parallel.layout") or "single") not in ops.LAYOUTS:
+            return
+        env = self.sup._attempt_env(n + 1)
+        env.update({str(k): str(v) for k, v in (self.sup.spec.get("standby_env") or {}).items()})
+        python = self.sup.spec["python"]
+        r, w = os.pipe()
+        os.set_blocking(r, False)
+        try:
+            with open(self.sup._p(LOG_NAME), "ab") as logf:
+                self.proc = subprocess.Popen(
+                    ops.standby_argv(python, w, ops.preload_for(cfg)), stdin=subprocess.PIPE,
+                    stdout=logf, stderr=logf, env=env, cwd=self.sup.run_dir,
+                    start_new_session=True, preexec_fn=procs.set_pdeathsig, pass_fds=(w,))
+        except OSError as e:
+            os.close(r)
+            self.sup.emit("standby_discarded", attempt=n + 1, reason=f"could not start: {e}")
+            return
+        finally:
+            os.close(w)
+        self._ready_fd, self._buf = r, b""
+        self.info = ops.Standby(pid=self.proc.pid, python=python, env=env,
+                                started_at=time.time())
+        self.sup.state.standby_pid = self.proc.pid
+        self.sup.emit("standby_start", attempt=n + 1, pid=self.proc.pid)
+        self.sup.save()
+
+    def poll(self) -> None:
+        """Read the ready line when it came; notice a standby that died."""
+        if self.info is None or self.proc is None:
+            return
+        if self._ready_fd is not None:
+            try:
+                chunk = os.read(self._ready_fd, 65536)
+            except BlockingIOError:
+                chunk = None
+            if chunk:
+                self._buf += chunk
+            if b"\n" in self._buf:
+                os.close(self._ready_fd)
+                self._ready_fd = None
+                try:
+                    rd = ops.Ready.from_line(self._buf.split(b"\n", 1)[0])
+                except (ValueError, KeyError) as e:
+                    rd = ops.Ready(0.0, error=f"unreadable ready line: {e}")
+                self.info.ready, self.info.import_s = True, rd.import_s
+                self.sup.emit("standby_ready", pid=self.proc.pid, import_s=rd.import_s,
+                              modules=len(rd.modules), niced=rd.niced, error=rd.error)
+        if self.info.alive and self.proc.poll() is not None:
+            self.info.alive = False
+
+    def take(self, n: int, argv: list[str], env: Mapping[str, str], cwd: str,
+             log_path: str) -> subprocess.Popen | None:
+        """The standby as attempt n's process, or None (start fresh; a standby that cannot
+        serve is killed, with a ``standby_discarded`` event)."""
+        if self.proc is None or self.info is None:
+            return None
+        wait = float(self.sup.t.get("standby_wait_s", 0.0))
+        end = time.monotonic() + wait
+        self.poll()
+        while wait > 0 and not self.info.ready and self.info.alive and time.monotonic() < end:
+            time.sleep(0.1)
+            self.poll()
+        cfg = self.sup._config()
+        why_not = ops.ineligible(argv, byo=bool(self.sup.spec.get("byo")),
+                                 group=self.sup.group is not None,
+                                 layout=cfg.get("parallel.layout"))
+        d = ops.decide(self.info, python=self.sup.spec["python"], env=env, argv=argv,
+                       why_not=why_not)
+        if not d.use:
+            self.discard(d.reason, attempt=n)
+            return None
+        proc, info = self.proc, self.info
+        req = ops.Request(list(argv), dict(env), cwd, log_path)
+        try:
+            assert proc.stdin is not None
+            proc.stdin.write(req.to_line())
+            proc.stdin.close()
+        except OSError as e:
+            self.discard(f"it did not take the attempt: {e}", attempt=n)
+            return None
+        self.proc = self.info = None
+        self.sup.state.standby_pid = None
+        self.sup.emit("standby_used", attempt=n, pid=proc.pid, import_s=info.import_s,
+                      age_s=round(time.time() - info.started_at, 3),
+                      log=attempt_log_name(n))
+        return proc
+
+    def discard(self, reason: str, *, attempt: int | None = None) -> None:
+        """Kill the standby (and its children); an event says why."""
+        proc = self.proc
+        if proc is None:
+            return
+        pids = self.pids()
+        procs.signal_all(pids or [proc.pid], signal.SIGKILL)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        procs.wait_gone(pids, 5)
+        if proc.stdin is not None:
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+        if self._ready_fd is not None:
+            os.close(self._ready_fd)
+            self._ready_fd = None
+        self.proc = self.info = None
+        self.sup.state.standby_pid = None
+        self.sup.emit("standby_discarded", attempt=attempt, pid=proc.pid, reason=reason)
