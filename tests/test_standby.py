@@ -215,7 +215,7 @@ def test_standby_exits_when_its_stdin_closes(tmp_path):
 
 # --- real supervisor runs --------------------------------------------------------------------
 
-def _launch(tmp_path, assets, **kw):
+def _launch(tmp_path, assets, thresholds=(), **kw):
     from orchestrator.engine.runs import LaunchOptions, RunOps
     from orchestrator.transport.local import LocalTransport
 
@@ -225,7 +225,8 @@ def _launch(tmp_path, assets, **kw):
     sets = ("compile.enabled=true", "compile.gate=false", "parallel.layout=threads",
             "parallel.drafter_devices=[cpu,cpu]")
     o = LaunchOptions(config=str(cfg), run_name="sb", fault="fx_race@3", backoff_scale=0.01,
-                      sets=sets, thresholds=dict(FAST, warmup_s=300, standby_wait_s=300),
+                      sets=sets, thresholds=dict(FAST, warmup_s=300, standby_wait_s=300,
+                                                 **dict(thresholds)),
                       env_check=False, **kw)
     plan = ops.launch(o)
     info = wait_final(ops, plan.run_id, timeout=600)
@@ -238,8 +239,16 @@ def _kinds(evs, kind):
 
 @pytest.mark.slow
 def test_attempt_two_runs_in_the_standby(tmp_path, tiny_assets):  # noqa: F811
-    root, run_id, info, evs = _launch(tmp_path, tiny_assets)
+    # standby_early_cpus 1: started with attempt 1, as on a GPU node (the 2-core default
+    # waits for training: the other test below)
+    root, run_id, info, evs = _launch(tmp_path, tiny_assets,
+                                      thresholds={"standby_early_cpus": 1})
     assert info["status"] == "done", info.get("reason")
+    from dfo_contract.markers import iter_markers
+
+    log1 = (root / "runs" / run_id / "attempt-1.log").read_text().splitlines()
+    first_step = next(m["t"] for m in iter_markers(log1) if m["kind"] == "step")
+    assert _kinds(evs, "standby_start")[0]["t"] < first_step
     assert _kinds(evs, "classified")[0]["class"] == "fx_trace_race"
     ready = _kinds(evs, "standby_ready")
     assert ready and ready[0]["error"] is None and ready[0]["import_s"] > 0
@@ -262,8 +271,20 @@ def test_a_differing_import_time_env_key_discards_the_standby(tmp_path, tiny_ass
     root, run_id, info, evs = _launch(tmp_path, tiny_assets,
                                       standby_env={"OMP_NUM_THREADS": "7"})
     assert info["status"] == "done", info.get("reason")
+    log1 = (root / "runs" / run_id / "attempt-1.log").read_text().splitlines()
+    from dfo_contract.markers import iter_markers
+
+    train_t = next(m["t"] for m in iter_markers(log1) if m.get("phase") == "train")
+    assert _kinds(evs, "standby_start")[0]["t"] >= train_t  # 2 cores: after training began
     assert not _kinds(evs, "standby_used")
     d = _kinds(evs, "standby_discarded")
     assert d[0]["attempt"] == 2 and d[0]["reason"] == "env differs: OMP_NUM_THREADS"
     starts = _kinds(evs, "attempt_start")
     assert len(starts) == 2 and starts[1]["pid"] != d[0]["pid"]
+
+
+def test_standby_starts_with_the_attempt_only_on_a_host_with_enough_cpus():
+    assert sb.start_with_attempt(16, 8) and sb.start_with_attempt(8, 8)
+    assert not sb.start_with_attempt(2, 8)      # CI's 2 cores: once training began
+    assert not sb.start_with_attempt(64, 0)     # 0: never early
+    assert not sb.start_with_attempt(None, 8)

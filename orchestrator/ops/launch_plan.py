@@ -352,6 +352,7 @@ DEFAULT_THRESHOLDS: dict[str, float] = {
     "skip_steps": 2,
     "poll_s": 0.2,
     "standby_wait_s": 0.0,    # wait this long for a standby still importing (0: never)
+    "standby_early_cpus": 8,  # hosts with >= this many CPUs start the standby with the attempt (0: never)
 }
 
 
@@ -361,7 +362,8 @@ def thresholds(overrides: Mapping[str, float] | None = None, *, scale: float = 1
         if k not in t:
             raise ConfigError(f"threshold {k!r} is unknown", hint="known: " + ", ".join(t))
         v = float(v)
-        if not math.isfinite(v) or v < 0 or (v == 0 and k not in ("skip_steps", "hang_s", "standby_wait_s")):
+        if not math.isfinite(v) or v < 0 or (v == 0 and k not in ("skip_steps", "hang_s", "standby_wait_s",
+                                                                  "standby_early_cpus")):
             raise ConfigError(f"--threshold {k}={v}: expected a positive number of seconds")
         t[k] = v
     return t

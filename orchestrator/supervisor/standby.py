@@ -45,6 +45,14 @@ class Keeper:
             return []
         return procs.descendants(self.proc.pid) or [self.proc.pid]
 
+    def early(self) -> bool:
+        """Start the standby with the attempt (ops.standby.start_with_attempt)."""
+        try:
+            cpus = len(os.sched_getaffinity(0))  # an LXC cpuset limits this, not os.cpu_count()
+        except (AttributeError, OSError):
+            cpus = os.cpu_count()
+        return ops.start_with_attempt(cpus, float(self.sup.t.get("standby_early_cpus", 8)))
+
     def on_train(self, n: int) -> None:
         """Attempt n reached training: start the standby for attempt n+1 (once)."""
         if self.proc is not None or self._for == n + 1 or not self.enabled():

@@ -77,6 +77,7 @@ class AttemptWatch:
         poll = float(self.t.get("poll_s", 0.2))
         offset = 0
         next_sample = t0
+        early = self.standby.early()
         while True:
             rc = proc.poll()
             # new output (read once more after the process exited: its last lines)
@@ -84,7 +85,7 @@ class AttemptWatch:
             now = time.monotonic()
             for ln in lines:
                 self._act(n, proc, log_path, out, dog.feed(ln.text, now), exited=rc is not None)
-            if dog.reached_train and rc is None:
+            if rc is None and (dog.reached_train or early):
                 self.standby.on_train(n)     # the next attempt's interpreter (once)
             self.standby.poll()
             if rc is not None:
