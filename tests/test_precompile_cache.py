@@ -122,3 +122,33 @@ def test_verify_keeps_only_complete_checksummed_entries(tmp_path):
     assert "half-written" in chk.dropped["nosum"] and "checksum" in chk.dropped["altered"]
     assert sorted(os.listdir(root)) == ["good"]
     assert verify_precompile_entries(str(tmp_path / "absent")).kept == []
+
+
+@pytest.mark.slow
+def test_training_saves_checksummed_entries_and_a_second_run_keeps_them(tmp_path):
+    """``train`` honours compile.precompile as ``trainer warmup`` does: a bad entry is dropped
+    before compiling, the run's entries are saved with their checksums after the first step."""
+    from tests.helpers.trainer import make_synth, make_target, run_trainer, tiny_overrides
+
+    target = make_target(str(tmp_path / "target"))
+    data = make_synth(str(tmp_path / "d.jsonl"), num=32)
+    cache = tmp_path / "ind"
+    bogus = cache / "dynamo" / "bogus"
+    bogus.mkdir(parents=True)
+    (bogus / "entry").write_bytes(b"half-written")  # no checksum file: never loaded
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(cache)}
+    sets = {"train.max_steps": 2, "checkpoint.every": 0, "compile.enabled": "true",
+            "compile.precompile": "true"}
+    r = run_trainer(["train", *tiny_overrides(target, data, str(tmp_path / "run"), **sets)],
+                    env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert not bogus.exists() and "dropped cache entry bogus" in r.stderr
+    sums = list((cache / "dynamo").glob("*/entry.sha256"))
+    assert sums, sorted(p.name for p in (cache / "dynamo").iterdir())
+    for s in sums:
+        digest, size = s.read_text().split()
+        assert int(size) == (s.parent / "entry").stat().st_size
+    r2 = run_trainer(["train", *tiny_overrides(target, data, str(tmp_path / "run2"), **sets)],
+                     env=env, timeout=600)
+    assert r2.returncode == 0, r2.stderr[-2000:]
+    assert "dropped cache entry" not in r2.stderr

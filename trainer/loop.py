@@ -21,6 +21,7 @@ from dfo_contract.exitcodes import DONE, INTERRUPTED, NonFiniteLoss, TrainerErro
 from dfo_contract.trainer_config import TrainerConfig
 
 from . import accept, checkpoints, faults, metrics, objective, runtime
+from . import compile as _compile
 from .data import BatchStream, JsonlDataset, load_tokenizer, open_dataset
 from .parallel import make_layout
 
@@ -122,6 +123,10 @@ def train(cfg: TrainerConfig, resume: str | None = None, *, out=None) -> int:
         em.set_phase("compile")
         hb.start()
         torch.manual_seed(cfg.train.seed)
+        precompile = cfg.compile.enabled and cfg.compile.precompile
+        if precompile:  # dynamo's precompile cache, as `trainer warmup` uses it (trainer.compile)
+            _compile.configure(precompile=True)
+            _compile.verify_precompile_entries()
         layout = make_layout(cfg)
         started.mark("layout")
         em.enabled = layout.is_main
@@ -172,6 +177,10 @@ def train(cfg: TrainerConfig, resume: str | None = None, *, out=None) -> int:
             started.mark("warm-up")
         em.print(started.line())
         em.marker("startup", **started.fields())
+        precompile_pending = precompile  # saved once everything compiled: after warm-up or step 1
+        if precompile and warmed:
+            _compile.save_precompile_entries()
+            precompile_pending = False
         want = "train" if (step or warmed) else "compile"  # no warm-up: step 1 compiles lazily
         if em.phase != want:
             em.set_phase(want)
@@ -255,6 +264,9 @@ def train(cfg: TrainerConfig, resume: str | None = None, *, out=None) -> int:
             samples += sum(b.num_samples for b in batches)
             if em.phase != "train":
                 em.set_phase("train")
+            if precompile_pending:
+                _compile.save_precompile_entries()
+                precompile_pending = False
             if step % cfg.train.log_every == 0 or step == cfg.train.max_steps:
                 host = metrics.to_host(objective.summarize(pending))
                 dt = max(time.perf_counter() - t_log, 1e-9)
