@@ -8,7 +8,6 @@ constant that takes its values as positional parameters (``"$1"``).
 
 from __future__ import annotations
 
-import math
 import posixpath
 import re
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from dfo_contract import envvars
 from ..errors import ConfigError, NotFoundError
 from .run_identity import RUN_ID_SUFFIX, cut_off_error, make_run_id, run_dir_argvs  # noqa: F401
 from .probes import LAUNCH_PROBE_SCRIPT, launch_probe, parse_launch_probe
+from .thresholds import DEFAULT_THRESHOLDS, ZERO_OK, thresholds  # noqa: F401  (callers use lp.thresholds)
 
 STEP_NAME = re.compile(r"^step_(\d{1,12})$")
 RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,47}$")
@@ -337,36 +337,6 @@ class LaunchPlan:
                 "ladders": self.ladders, "resume": self.resume_path, "warnings": self.warnings,
                 "budget": self.spec.get("budget"), "thresholds": self.spec.get("thresholds"),
                 "move_aside": self.move_aside, "standby": self.spec.get("standby", True)}
-
-
-DEFAULT_THRESHOLDS: dict[str, float] = {
-    "warmup_s": 900.0,        # no heartbeat/step before the first training step
-    "train_s": 300.0,         # no step (or heartbeat) once training
-    "hang_s": 60.0,           # no heartbeat/step and an idle process tree: stuck (0: off)
-    "stop_timeout_s": 120.0,  # SIGTERM -> checkpoint -> exit, before SIGKILL
-    "kill_grace_s": 10.0,     # after a failure was seen, before SIGKILL
-    "live_grace_s": 5.0,      # a fatal pattern was printed: let the trainer exit by itself
-    "collapse_fraction": 0.5,
-    "collapse_steps": 5,
-    "baseline_steps": 5,
-    "skip_steps": 2,
-    "poll_s": 0.2,
-    "standby_wait_s": 0.0,    # wait this long for a standby still importing (0: never)
-    "standby_early_cpus": 8,  # hosts with >= this many CPUs start the standby with the attempt (0: never)
-}
-
-
-def thresholds(overrides: Mapping[str, float] | None = None, *, scale: float = 1.0) -> dict:
-    t = dict(DEFAULT_THRESHOLDS)
-    for k, v in (overrides or {}).items():
-        if k not in t:
-            raise ConfigError(f"threshold {k!r} is unknown", hint="known: " + ", ".join(t))
-        v = float(v)
-        if not math.isfinite(v) or v < 0 or (v == 0 and k not in ("skip_steps", "hang_s", "standby_wait_s",
-                                                                  "standby_early_cpus")):
-            raise ConfigError(f"--threshold {k}={v}: expected a positive number of seconds")
-        t[k] = v
-    return t
 
 
 def build_spec(*, run_id: str, run_name: str, root: str, python: str, config_path: str,
