@@ -288,3 +288,27 @@ def test_standby_starts_with_the_attempt_only_on_a_host_with_enough_cpus():
     assert not sb.start_with_attempt(2, 8)      # CI's 2 cores: once training began
     assert not sb.start_with_attempt(64, 0)     # 0: never early
     assert not sb.start_with_attempt(None, 8)
+
+
+def test_a_standby_of_an_env_deploy_replaced_is_not_used(tmp_path):
+    """dfo deploy swaps envs/current to a new generation: the standby holds the old one's
+    modules, so the attempt starts fresh on the new env."""
+    from orchestrator.supervisor.standby import _env_dir
+
+    for gen in ("gen-a", "gen-b"):
+        (tmp_path / gen / "bin").mkdir(parents=True)
+        (tmp_path / gen / "bin" / "python").symlink_to(sys.executable)
+    cur = tmp_path / "current"
+    cur.symlink_to(tmp_path / "gen-a")
+    py = str(cur / "bin" / "python")
+    started = _env_dir(py)
+    assert started == str((tmp_path / "gen-a" / "bin").resolve())
+    env = {"PATH": "/bin"}
+    standby = sb.Standby(pid=1, python=py, env=env, started_at=0.0, ready=True, env_dir=started)
+    argv = [py, *ARGV[1:]]
+    assert sb.decide(standby, python=py, env=env, argv=argv, why_not=None,
+                     env_dir=_env_dir(py)).use
+    cur.unlink()
+    cur.symlink_to(tmp_path / "gen-b")                # the swap
+    d = sb.decide(standby, python=py, env=env, argv=argv, why_not=None, env_dir=_env_dir(py))
+    assert not d.use and d.reason.startswith("the env was replaced since it started")

@@ -100,6 +100,7 @@ class Standby:
     ready: bool = False
     alive: bool = True
     import_s: float | None = None
+    env_dir: str | None = None      # the venv's bin dir, symlinks resolved, when it started
 
 
 @dataclass(frozen=True)
@@ -118,9 +119,12 @@ def start_with_attempt(cpus: int | None, early_cpus: float) -> bool:
 
 
 def decide(sb: Standby | None, *, python: str, env: Mapping[str, str], argv: Sequence[str],
-           why_not: str | None) -> Use:
+           why_not: str | None, env_dir: str | None = None) -> Use:
     """Whether the standby serves this attempt; the reason when it does not (None standby:
-    reason "none"). A standby that died or is still importing is not waited for."""
+    reason "none"). A standby that died or is still importing is not waited for.
+    ``env_dir``: the venv's bin dir as it resolves now; when ``dfo deploy`` replaced the env
+    since the standby started, its modules are the old env's, so a fresh start must load
+    the new one."""
     if sb is None:
         return Use(False, "none")
     if why_not is not None:
@@ -131,6 +135,8 @@ def decide(sb: Standby | None, *, python: str, env: Mapping[str, str], argv: Seq
         return Use(False, "not ready (still importing)")
     if argv and argv[0] != sb.python or python != sb.python:
         return Use(False, f"python differs ({sb.python} vs {argv[0] if argv else python})")
+    if sb.env_dir is not None and env_dir is not None and env_dir != sb.env_dir:
+        return Use(False, f"the env was replaced since it started ({sb.env_dir} -> {env_dir})")
     diff = env_differences(sb.env, env)
     if diff:
         return Use(False, "env differs: " + ", ".join(diff))

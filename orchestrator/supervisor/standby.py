@@ -80,7 +80,7 @@ class Keeper:
             os.close(w)
         self._ready_fd, self._buf = r, b""
         self.info = ops.Standby(pid=self.proc.pid, python=python, env=env,
-                                started_at=time.time())
+                                started_at=time.time(), env_dir=_env_dir(python))
         self.sup.state.standby_pid = self.proc.pid
         self.sup.emit("standby_start", attempt=n + 1, pid=self.proc.pid)
         self.sup.save()
@@ -126,7 +126,7 @@ class Keeper:
                                  group=self.sup.group is not None,
                                  layout=cfg.get("parallel.layout"))
         d = ops.decide(self.info, python=self.sup.spec["python"], env=env, argv=argv,
-                       why_not=why_not)
+                       why_not=why_not, env_dir=_env_dir(self.sup.spec["python"]))
         if not d.use:
             self.discard(d.reason, attempt=n)
             return None
@@ -169,3 +169,9 @@ class Keeper:
         self.proc = self.info = None
         self.sup.state.standby_pid = None
         self.sup.emit("standby_discarded", attempt=attempt, pid=proc.pid, reason=reason)
+
+
+def _env_dir(python: str) -> str:
+    """The venv's bin dir with symlinks resolved (``envs/current`` -> the generation): the
+    interpreter file itself links to the base Python, so resolve its directory."""
+    return os.path.realpath(os.path.dirname(python))
