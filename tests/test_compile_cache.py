@@ -14,6 +14,7 @@ import sys
 
 import pytest
 
+from tests.helpers.toy_step import TOY_STEP_SRC
 from tests.helpers.trainer import REPO
 
 pytestmark = pytest.mark.timeout(600)
@@ -23,22 +24,7 @@ import json, threading, torch
 from trainer import compile as C
 from trainer.gate import BypassReasons, counters_snapshot
 
-class Sq(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        with torch.autocast(device_type="cpu", enabled=False):
-            return x.float() * x.float()
-    @staticmethod
-    def backward(ctx, g):
-        (x,) = ctx.saved_tensors
-        return 2 * x * g
-
-def step(x, w):
-    h = x @ w
-    with torch.autocast(device_type="cpu", enabled=False):
-        h = torch.nn.functional.silu(h.float())
-    return Sq.apply(h).sum()
+''' + TOY_STEP_SRC + r'''
 
 out = {}
 def run():  # a worker thread, as in the threads layout (config is per-thread on torch >= 2.12)

@@ -16,6 +16,7 @@ import sys
 
 import pytest
 
+from tests.helpers.toy_step import TOY_STEP_SRC
 from tests.helpers.trainer import REPO
 
 SCRIPT = r'''
@@ -23,22 +24,7 @@ import json, sys, threading, torch
 from trainer import compile as C
 from trainer.gate import compile_times_snapshot, counters_snapshot
 
-class Sq(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        with torch.autocast(device_type="cpu", enabled=False):
-            return x.float() * x.float()
-    @staticmethod
-    def backward(ctx, g):
-        (x,) = ctx.saved_tensors
-        return 2 * x * g
-
-def step(x, w):
-    h = x @ w
-    with torch.autocast(device_type="cpu", enabled=False):
-        h = torch.nn.functional.silu(h.float())
-    return Sq.apply(h).sum()
+''' + TOY_STEP_SRC + r'''
 
 C.configure(precompile=True)
 chk = C.verify_precompile_entries()
