@@ -98,7 +98,19 @@ def test_env_missing_on_node_1_exit_7(tmp_path, capsys, tiny_assets):  # noqa: F
     rc, out, err = dfo(capsys, p, "launch", "--group", "pair", "--config", str(cfg),
                        "--no-env-check")
     assert rc == 7 and err.count("\n") == 1
-    assert "node 1 (b): no deployed env on b" in err and "dfo deploy" in err
+    assert "node 1 (b): no deployed env on b" in err and "dfo deploy --group pair" in err
+    # status --group on the undeployed member names the group's deploy, not --host
+    from orchestrator.ops import runstate as rs
+    from orchestrator.supervisor import runfiles
+
+    rid = "c-20261201-000000-abcdef"   # a finished run on the head
+    (roots[0] / "runs" / rid).mkdir(parents=True)
+    st = rs.new_state(rid, "c", now=1.0)
+    st.update(status="done")
+    runfiles.write_json_atomic(str(roots[0] / "runs" / rid / rs.STATE_FILE), st)
+    rc, out, err = dfo(capsys, p, "status", "--group", "pair", "--run", rid)
+    assert rc == 7 and "node 1 (b): no deployed env on b" in err, err
+    assert "run `dfo deploy --group pair` first" in err and "--host" not in err, err
 
 
 def test_lock_held_on_node_1_exit_9(tmp_path, capsys, tiny_assets):  # noqa: F811

@@ -102,6 +102,21 @@ class Group:
         return wait_for(ended, timeout, f"node {k} to end ({self.state(k).get('status')}, "
                                         f"{self.state(k).get('last_event')})", poll=0.5)
 
+    def lock_free_once_final(self, k: int, timeout: float = 400) -> bool:
+        """Whether node k's run.lock is free the moment its state.json first says final."""
+        import fcntl
+
+        wait_for(lambda: self.state(k).get("status") in ("done", "failed", "stopped"), timeout,
+                 f"node {k}'s final state", poll=0.02)
+        fd = os.open(RemoteLayout(str(self.roots[k])).run_lock, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            return False
+        finally:
+            os.close(fd)
+
     def checkpoints(self, k: int) -> list[str]:
         d = self.ckdirs[k]
         return sorted(p.name for p in d.iterdir() if p.name.startswith("step_")) \
@@ -145,6 +160,9 @@ def test_two_nodes_train_to_done(group):
     # a peer prints no markers (the main rank is on the head): its watchdog must not call
     # that a hang, though the run takes longer than warmup_s here
     g = group(name="pairdone", thresholds={"warmup_s": 15})
+    # a final state means the host is free: the next launch must not find run.lock held
+    # (the head waits for its peer to leave before it says final)
+    assert g.lock_free_once_final(0) and g.lock_free_once_final(1)
     head, peer = g.wait_final(0), g.wait_final(1)
     assert head["status"] == "done", head.get("reason")
     assert peer["status"] == "done", peer.get("reason")

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import time
 
 import torch
+
+from dfo_contract.fsio import atomic_write_text
 
 #: ``--candidates``: changes to the flex-compiled step measured side by side with it (issue 18's
 #: MFU). Combine with '+', e.g. ``mb2+ce8192``. Each runs in this process after the variants,
@@ -35,10 +36,8 @@ CANDIDATES: dict[str, dict] = {
 
 
 def write_json(path: str, report: dict) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(report, f, indent=1)
-    os.replace(tmp, path)
+    """The report, atomically (a bench may hold NaN: JSON's non-strict form)."""
+    atomic_write_text(path, json.dumps(report, indent=1) + "\n")
 
 
 def candidate(name: str) -> dict:

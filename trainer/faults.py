@@ -8,9 +8,10 @@ Spec (``DFO_FAULT`` or ``--fault.spec``; the flag wins): comma-separated
 ``#*`` means every attempt. Kinds:
 
 ``fx_race``   torch itself raises ``Detected that you are using FX to symbolically trace a
-              dynamo-optimized function``: a thread loops ``torch.fx.symbolic_trace`` while
-              this thread calls compiled code (torch <= 2.13 keeps the tracing flag
-              process-global). It bypasses the compile gate on purpose.
+              dynamo-optimized function``: a thread is inside ``torch.fx.symbolic_trace``
+              (held there until the error came) while this thread calls compiled code
+              (torch <= 2.13 keeps the tracing flag process-global). It bypasses the
+              compile gate on purpose.
 ``hang``      the process stays alive, makes no progress and prints nothing more: heartbeats
               stop too (``silenced()`` turns true and stdout/stderr writes block); SIGTERM
               and SIGINT are ignored (like a native deadlock), only SIGKILL ends it.
@@ -237,58 +238,56 @@ def print_dense_flex_warning() -> None:
         print(f"{fa.__file__}: UserWarning: {m}", file=sys.stderr, flush=True)
 
 
-class _Chain:  # symbolic_trace target: many ops, so the tracing flag is set most of the time
+class _Hold:  # symbolic_trace target whose forward holds torch's tracing flag until released
     @staticmethod
-    def module():
+    def module(entered: threading.Event, release: threading.Event, timeout_s: float):
         import torch
 
-        class Chain(torch.nn.Module):
+        class Hold(torch.nn.Module):
             def forward(self, x):
-                for _ in range(400):
-                    x = x * 2 + 1
+                entered.set()          # torch's process-global tracing flag is set now
+                release.wait(timeout_s)
                 return x
-        return Chain()
+        return Hold()
 
 
 def raise_fx_race(compiled_call: Callable[[], object] | None = None, *,
                   timeout_s: float = 60.0) -> None:
     """Make torch raise its FX-tracing RuntimeError in this thread. Never returns.
 
-    A daemon thread loops ``torch.fx.symbolic_trace`` (which sets torch's process-global
-    ``_is_fx_tracing_flag``) while this thread calls compiled code, until torch's
-    ``compile_wrapper`` raises. Bounded: after ``timeout_s`` without the error it raises
-    a RuntimeError saying so (e.g. on torch >= 2.14, where the flag is thread-local).
+    The user's crash is a race: another thread is inside ``torch.fx.symbolic_trace`` (which
+    sets torch's process-global ``_is_fx_tracing_flag``) while this one enters compiled code.
+    Injected, the race is made certain rather than left to the scheduler: a daemon thread
+    traces a module whose ``forward`` holds the flag set until this thread's call to compiled
+    code has raised. ``compiled_call`` is the caller's compiled code (tried once outside the
+    trace; a tiny compiled function, compiled before the trace, when it is missing or fails
+    there). Bounded: when torch does not raise (e.g. a torch whose flag is thread-local) a
+    RuntimeError says so.
     """
     import torch
     import torch.fx
 
-    call = compiled_call or _toy_compiled_call()
-    stop = threading.Event()
-    started = threading.Event()
-
-    def tracer():
-        m = _Chain.module()
-        while not stop.is_set():
-            started.set()
-            torch.fx.symbolic_trace(m)
-
-    th = threading.Thread(target=tracer, name="dfo-fault-fx-tracer", daemon=True)
+    call = compiled_call
+    if call is not None:
+        try:
+            call()
+        except RuntimeError:
+            call = None
+    if call is None:
+        call = _toy_compiled_call()
+    entered, release = threading.Event(), threading.Event()
+    m = _Hold.module(entered, release, timeout_s)
+    th = threading.Thread(target=lambda: torch.fx.symbolic_trace(m), name="dfo-fault-fx-tracer",
+                          daemon=True)
     th.start()
-    started.wait(10)
-    deadline = time.monotonic() + timeout_s
     try:
-        while time.monotonic() < deadline:
-            try:
-                call()
-            except RuntimeError as e:
-                if FX_RACE_TEXT in str(e) or compiled_call is None:
-                    raise
-                call, compiled_call = _toy_compiled_call(), None  # caller's code failed otherwise
+        if entered.wait(timeout_s):
+            call()
     finally:
-        stop.set()
-        th.join(timeout=30)  # let the current trace finish: torch's flag is restored after it
+        release.set()
+        th.join(timeout=10)   # the trace ends at once: torch's flag is restored after it
     raise RuntimeError(f"fault injection fx_race: torch {torch.__version__} did not raise the "
-                       f"FX-tracing error within {timeout_s:.0f} s (tracing flag thread-local?)")
+                       f"FX-tracing error (tracing flag thread-local?)")
 
 
 def _toy_compiled_call() -> Callable[[], object]:

@@ -91,7 +91,7 @@ class GroupRuns:
             i = self.group.hosts.index(name)
             cls = RunOps if i == 0 else _PeerOps
             self._ops[name] = cls(self.transport_for(name), self.hosts[i], say=self.say,
-                                  clock=self.clock)
+                                  clock=self.clock, deploy_with=f"--group {self.group.name}")
         return self._ops[name]
 
     def index(self, name: str) -> int:

@@ -1,6 +1,7 @@
 """Reading and stopping runs on a host: ``dfo status``, ``dfo stop``, and which run a
 command means (``--run``, else the live run, else the newest). A mixin of ``RunOps``: it
-uses the transport ``self.t``, the env's ``self.python``, ``self.layout`` and ``self.host``.
+uses the transport ``self.t``, the env's ``self.python``, ``self.layout``, ``self.host``
+and ``self.deploy_with``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ class RunQueries:
         r = self.t.run(argv, timeout=60)
         if not r.ok and r.exit_code in (126, 127):
             raise DeployError(f"no deployed env on {self.host.name} ({self.python} missing)",
-                              hint=f"run `dfo deploy --host {self.host.name}` first")
+                              hint=f"run `dfo deploy {self.deploy_with}` first")
         r.check("reading run state")
         return json_reply(r.out, "reading run state")
 

@@ -67,9 +67,11 @@ class LaunchOptions:
 
 class RunOps(RunQueries):
     def __init__(self, transport, host, *, say: Callable[[str], None] | None = None,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, deploy_with: str | None = None):
         self.t = transport
         self.host = host
+        #: what a missing env's hint tells to run (a group member: ``--group NAME``)
+        self.deploy_with = deploy_with or f"--host {host.name}"
         self.layout = host.layout
         self.say = say or (lambda msg: log.info("%s", msg))
         self.clock = clock
@@ -88,7 +90,7 @@ class RunOps(RunQueries):
     def _require_env(self, probe: Mapping[str, str]) -> None:
         if probe.get("env") != "1":
             raise DeployError(f"no deployed env on {self.host.name} ({self.python} missing)",
-                              hint=f"run `dfo deploy --host {self.host.name}` first")
+                              hint=f"run `dfo deploy {self.deploy_with}` first")
 
     def _checkpoints(self, ck_dir: str) -> list[lp.CheckpointInfo]:
         r = self.t.run([self.python, "-m", "trainer.checkpoints", "list", ck_dir, "--json"],

@@ -144,10 +144,7 @@ class Supervisor(AttemptWatch):
                     return group.run_peer(self)
             return self._loop()
         finally:
-            if self.coord is not None:
-                self.coord.close()
-            if self.lock_fd is not None:
-                os.close(self.lock_fd)
+            self._release()
 
     def _recover_after_restart(self) -> None:
         """A previous supervisor died: no trainer of this run may run unwatched."""
@@ -255,10 +252,20 @@ class Supervisor(AttemptWatch):
         if self.coord is not None:
             group.on_final(self, status, reason)
         self.standby.discard(f"the run ended ({status})")
+        self._release()   # a final state means the host is free: the next launch may start
         self.emit("final", status=status, reason=reason,
                   last_checkpoint=self.state.last_checkpoint)
         self.save()
         return 0
+
+    def _release(self) -> None:
+        """Leave the group (the head waits for its peers) and give run.lock back; once."""
+        if self.coord is not None:
+            self.coord.close()
+            self.coord = None
+        if self.lock_fd is not None:
+            os.close(self.lock_fd)
+            self.lock_fd = None
 
     # --- one attempt ------------------------------------------------------------------------
     def _resume_target(self) -> str | None:
