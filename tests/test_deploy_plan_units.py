@@ -174,11 +174,16 @@ def test_profile_without_lock_says_how_to_make_one(tmp_path):
         load_profile(str(d)).load_lock()
 
 
-def test_edited_lock_does_not_match_its_hash(tmp_path):
-    d = tmp_path / "cpu-edited"
-    shutil.copytree(PROFILES_DIR / "cpu", d)
+@pytest.mark.parametrize("profile, pin, edited", [
+    ("cpu", "numpy==2.4.6", "numpy==2.4.5"),
+    ("gpu-cu130", "transformers==5.6.0", "transformers==5.17.0"),
+])
+def test_edited_lock_does_not_match_its_hash(tmp_path, profile, pin, edited):
+    d = tmp_path / f"{profile}-edited"
+    shutil.copytree(PROFILES_DIR / profile, d)
     lock = d / "requirements.lock"
-    lock.write_text(lock.read_text().replace("numpy==2.4.6", "numpy==2.4.5"))
+    assert pin in lock.read_text()
+    lock.write_text(lock.read_text().replace(pin, edited))
     with pytest.raises(ConfigError, match="does not match its hash"):
         load_profile(str(d)).load_lock()
 
