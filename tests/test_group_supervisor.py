@@ -238,6 +238,13 @@ def test_a_lost_head_ends_the_peer_failed(group):
     assert peer["status"] == "failed"
     assert peer["reason"].startswith("lost the head node gpu1 (no answer for")
     assert procs_of(g.dirs[1]) == []
+    # once it knew, the peer ended without waiting on the dead head's store (each store
+    # operation would time out after OP_TIMEOUT_S)
+    from orchestrator.supervisor.coordinator import OP_TIMEOUT_S
+
+    lost_t = g.kinds(1, "node_lost")[0]["t"]
+    final_t = g.kinds(1, "final")[0]["t"]
+    assert final_t - lost_t < OP_TIMEOUT_S, final_t - lost_t
 
 
 def procs_of(run_dir: Path) -> list[int]:

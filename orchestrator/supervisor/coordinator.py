@@ -61,10 +61,12 @@ class Coordinator:
         threading.Thread(target=self._beat, name="dfo-heartbeat", daemon=True).start()
 
     def close(self) -> None:
-        """A peer says it is leaving; the head (whose process hosts the store) waits until
-        every peer left or went silent, so none misses the final decision."""
+        """A peer says it is leaving (unless the head is lost); the head (whose process hosts
+        the store) waits until every peer left or went silent, so none misses the final
+        decision."""
         if self.store is not None and not self.gs.is_head:
-            self._op(lambda: self.store.set(key_left(self.gs.node), "1"))
+            if not self.lost(time.monotonic()):   # a lost head's store would only time out
+                self._op(lambda: self.store.set(key_left(self.gs.node), "1"))
         elif self.store is not None:
             peers = set(range(1, self.gs.nnodes))
             deadline = time.monotonic() + max(30.0, 2 * self.gs.node_lost_s)

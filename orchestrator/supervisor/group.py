@@ -116,7 +116,8 @@ def tick(sup, n: int, proc, out, dog, now: float) -> None:
                     for k, s in lost:
                         sup.emit("node_lost", attempt=n, node=k, host=gs.nodes[k],
                                  silent_s=round(s, 1), reason=why)
-                    c.abort(n, why)
+                    if gs.is_head:   # a peer that lost the head has no store to tell
+                        c.abort(n, why)
                     _terminate(sup, proc, out, now)
     _kill_due(sup, proc, out, now)
 
