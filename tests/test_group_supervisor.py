@@ -122,12 +122,13 @@ class Group:
         return sorted(p.name for p in d.iterdir() if p.name.startswith("step_")) \
             if d.is_dir() else []
 
-    def kill_node(self, k: int) -> None:
-        """The node dies whole: its supervisor's session and its trainer's."""
+    def kill_node(self, k: int, sig: int = signal.SIGKILL) -> None:
+        """The node dies whole (or, SIGSTOP, freezes): its supervisor's session and its
+        trainer's."""
         trainers = self.state(k).get("trainer_pids") or []
         for pg in [self.procs[k].pid, *trainers]:
             try:
-                os.killpg(pg, signal.SIGKILL)
+                os.killpg(pg, sig)
             except ProcessLookupError:
                 pass
 
@@ -238,10 +239,23 @@ def test_a_lost_head_ends_the_peer_failed(group):
     assert peer["status"] == "failed"
     assert peer["reason"].startswith("lost the head node gpu1 (no answer for")
     assert procs_of(g.dirs[1]) == []
-    # once it knew, the peer ended without waiting on the dead head's store (each store
-    # operation would time out after OP_TIMEOUT_S)
+
+
+def test_a_frozen_head_ends_the_peer_without_waiting_on_its_store(group):
+    # SIGSTOP: the head's sockets stay open and nothing answers (a partition, a hung host),
+    # so every store call of the peer waits out OP_TIMEOUT_S instead of failing at once
     from orchestrator.supervisor.coordinator import OP_TIMEOUT_S
 
+    g = group(name="pairfrozen", node_lost_s=6.0, train={"max_steps": 100000},
+              checkpoint={"every": 100000})
+    wait_for(lambda: (g.state(0).get("last_step") or 0) >= 2, 240, "training on the head")
+    g.kill_node(0, signal.SIGSTOP)
+    peer = g.wait_final(1, timeout=240)
+    assert peer["status"] == "failed"
+    assert peer["reason"].startswith("lost the head node gpu1 (no answer for")
+    assert procs_of(g.dirs[1]) == []
+    # once it knew, the peer ended without a store call to the frozen head (an abort, a
+    # stop check, "left": each would have waited OP_TIMEOUT_S)
     lost_t = g.kinds(1, "node_lost")[0]["t"]
     final_t = g.kinds(1, "final")[0]["t"]
     assert final_t - lost_t < OP_TIMEOUT_S, final_t - lost_t

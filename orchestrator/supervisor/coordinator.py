@@ -32,12 +32,16 @@ def key_left(node: int) -> str:
 class Coordinator:
     """This node's connection to the run's coordination store, and its heartbeat thread.
     Every store call goes through :meth:`_op` (one lock; a failure returns None: a store
-    that stays unreachable shows up as a silent heartbeat, judged by the caller)."""
+    that stays unreachable shows up as a silent heartbeat, judged by the caller). The
+    heartbeat view has a lock of its own, so :meth:`lost` answers at once even while a
+    store call waits out its timeout on a head that stopped answering."""
 
     def __init__(self, gs: g.GroupSpec, run_id: str):
         self.gs = gs
         self.run_id = run_id
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()      # store calls
+        self._hb_lock = threading.Lock()   # self.hb
+        self._stuck: threading.Thread | None = None   # a store call that never returned
         self._stop = threading.Event()
         self._base: Any = None
         self.store: Any = None
@@ -78,12 +82,30 @@ class Coordinator:
         self._stop.set()
 
     def _op(self, fn: Callable[[], Any]) -> Any:
-        try:
-            with self._lock:
-                return fn()
-        except Exception as e:  # noqa: BLE001 - DistNetworkError, DistStoreError, timeouts
-            log.debug("coordination store: %s", e)
-            return None
+        """``fn()`` on the store, or None after OP_TIMEOUT_S. A head that stopped answering
+        without closing its sockets (frozen, partitioned) leaves a TCPStore call blocked in
+        recv for good, whatever the store's timeout says; so each call runs on a thread of
+        its own, and while one is stuck every call returns None at once (the heartbeat goes
+        silent and the caller judges the node lost)."""
+        with self._lock:
+            if self._stuck is not None and self._stuck.is_alive():
+                return None
+            box: list[Any] = [None]
+
+            def call() -> None:
+                try:
+                    box[0] = fn()
+                except Exception as e:  # noqa: BLE001 - DistNetworkError, DistStoreError, timeouts
+                    log.debug("coordination store: %s", e)
+
+            th = threading.Thread(target=call, name="dfo-store-call", daemon=True)
+            th.start()
+            th.join(OP_TIMEOUT_S)
+            if th.is_alive():
+                self._stuck = th
+                log.debug("coordination store: no answer in %.0f s", OP_TIMEOUT_S)
+                return None
+            return box[0]
 
     def _beat(self) -> None:
         watch = ([k for k in range(self.gs.nnodes) if k != 0] if self.gs.is_head else [0])
@@ -91,7 +113,7 @@ class Coordinator:
             self._op(lambda: self.store.add(g.key_heartbeat(self.gs.node), 1))
             for k in watch:
                 v = self._op(lambda k=k: self.store.add(g.key_heartbeat(k), 0))
-                with self._lock:
+                with self._hb_lock:
                     self.hb.observe(k, v, time.monotonic())
             self._stop.wait(HEARTBEAT_S)
 
@@ -147,7 +169,7 @@ class Coordinator:
     def lost(self, now: float) -> list[tuple[int, float]]:
         """Head: the peers silent for node_lost_s; peer: [(0, s)] when the head is."""
         nodes = [k for k in range(self.gs.nnodes) if k != 0] if self.gs.is_head else [0]
-        with self._lock:
+        with self._hb_lock:
             return [(k, self.hb.silent_s(k, now)) for k in self.hb.lost(nodes, now)]
 
 

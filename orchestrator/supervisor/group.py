@@ -92,7 +92,8 @@ def tick(sup, n: int, proc, out, dog, now: float) -> None:
         _kill_due(sup, proc, out, now)
         return
     out.store_next = now + STORE_POLL_S
-    sync_stop(sup)
+    if out.lost is None:   # a lost node's store (the head's) would only time out
+        sync_stop(sup)
     if out.stopped or sup.stop_reason:
         return
     gs: g.GroupSpec = sup.group
