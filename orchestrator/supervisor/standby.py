@@ -85,10 +85,6 @@ class Keeper:
         self.sup.emit("standby_start", attempt=n + 1, pid=self.proc.pid)
         self.sup.save()
 
-    def importing(self) -> bool:
-        """A standby is alive and still importing (it competes with the attempt for CPU)."""
-        return self.info is not None and self.info.alive and not self.info.ready
-
     def poll(self) -> None:
         """Read the ready line when it came; notice a standby that died."""
         if self.info is None or self.proc is None:

@@ -88,8 +88,6 @@ class AttemptWatch:
             if rc is None and (dog.reached_train or early):
                 self.standby.on_train(n)     # the next attempt's interpreter (once)
             self.standby.poll()
-            # the standby's imports slow this attempt: not its healthy baseline, not a collapse
-            dog.monitor.paused = self.standby.importing()
             if rc is not None:
                 out.exit_code = rc if rc >= 0 else None
                 out.signal = -rc if rc < 0 else None
