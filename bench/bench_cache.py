@@ -87,7 +87,7 @@ def make_config(work: Path, device: str) -> Path:
                 "       seq_buckets: [32, 64], anchor_buckets: [8]}\n"
                 "parallel: {target_devices: [cpu], drafter_devices: [cpu]}\n"
                 "compile: {enabled: true}\n")
-    subprocess.run([sys.executable, "-m", "trainer.target", "--out", str(target), *targs],
+    subprocess.run([sys.executable, "-m", "trainer.model.target", "--out", str(target), *targs],
                    check=True, capture_output=True, timeout=300, cwd=str(REPO))
     cfg = work / f"bench-{device}.yaml"
     cfg.write_text(body % (target, work))

@@ -63,7 +63,7 @@ def main() -> int:
     ap.add_argument("--out", default=os.environ.get("OUT") or str(REPO / "bench" / "results"))
     a = ap.parse_args()
     from tests.fixtures.chat.tokenizer import install
-    from trainer.target import make_tiny_target
+    from trainer.model.target import make_tiny_target
 
     res: dict = {"cores": os.cpu_count()}
     with tempfile.TemporaryDirectory() as tmp:

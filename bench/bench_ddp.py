@@ -11,7 +11,7 @@ Worker (what the driver starts for each world size; also runnable by hand):
 
 Each rank builds the target IN MEMORY (random bf16 weights; default: Qwen3-1.7B-shaped,
 hidden 2048, 28 layers, 16 heads, 8 kv heads, head_dim 128, intermediate 6144, vocab 151936),
-a 5-layer drafter, and runs what trainer.loop runs per optimizer step: the stop vote
+a 5-layer drafter, and runs what trainer.train.loop runs per optimizer step: the stop vote
 (``agree_stop``), ``zero_grad``, ``DdpLayout.grads`` on the step's micro-batches (this rank's
 built, the others ``SkippedBatch`` as ``BatchStream.take`` gives them), gradient clipping and
 AdamW. Batches are full (S=2048, 256 anchors, micro-batch 1); flex attention + compile on GPU,
@@ -107,10 +107,11 @@ def worker(a) -> int:
     import torch
     import torch.distributed as dist
 
-    from trainer import runtime, step as S
-    from trainer.data import SkippedBatch
+    from trainer import runtime
+    from trainer.data.stream import SkippedBatch
+    from trainer.train import step as S
     from trainer.parallel.ddp import DdpLayout, my_indices
-    from trainer.target import target_from_config, tiny_qwen3_config
+    from trainer.model.target import target_from_config, tiny_qwen3_config
 
     runtime.refresh_env()
     cpu = a.cpu_smoke or not torch.cuda.is_available()

@@ -47,7 +47,7 @@ from orchestrator.transport import LocalTransport  # noqa: E402
 def assets(d: Path) -> Path:
     py = sys.executable
     if not (d / "target").is_dir():
-        subprocess.run([py, "-m", "trainer.target", "--out", str(d / "target")], check=True,
+        subprocess.run([py, "-m", "trainer.model.target", "--out", str(d / "target")], check=True,
                        capture_output=True, cwd=REPO, timeout=600)
     if not (d / "synth.jsonl").is_file():
         subprocess.run([py, "-m", "trainer.data", "synth", "--out", str(d / "synth.jsonl"),

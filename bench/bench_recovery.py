@@ -41,7 +41,7 @@ model:
   drafter_layers: 2
   block_size: 16
   attention: flex
-  mask_token_id: 3                  # the tiny target's unused row (trainer.target)
+  mask_token_id: 3                  # the tiny target's unused row (trainer.model.target)
 data:
   path: {data}
   max_seq_len: 1024
@@ -77,7 +77,7 @@ def make_assets(out: Path, cpu: bool) -> tuple[str, str]:
         extra = [] if cpu else ["--hidden", "1024", "--layers", "8", "--vocab", "32000", "--heads",
                                 "8", "--kv-heads", "4", "--head-dim", "128", "--intermediate",
                                 "2816", "--no-tokenizer"]
-        subprocess.run([py, "-m", "trainer.target", "--out", str(target), *extra], check=True,
+        subprocess.run([py, "-m", "trainer.model.target", "--out", str(target), *extra], check=True,
                        cwd=REPO)
     if not data.exists():
         extra = ["--num", "256", "--seq-len", "64"] if cpu else \

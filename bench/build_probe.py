@@ -6,7 +6,7 @@ Each figure is measured in a fresh process (the first import of a module is what
 pays), in one run, side by side:
 - ``import torch``; CUDA context (``torch.cuda.init`` + a first allocation);
 - ``import transformers`` and the target's modeling module;
-- ``from_pretrained`` to the CPU then ``.to(device)`` (what trainer.target does) vs
+- ``from_pretrained`` to the CPU then ``.to(device)`` (what trainer.model.target does) vs
   ``from_pretrained(device_map=device)``;
 - the whole ``step.build_models`` as the trainer calls it, sequential vs with the CUDA
   context created in a thread while transformers imports (overlap).
@@ -60,7 +60,7 @@ if mode == "parts":
 else:
     from dfo_contract.trainer_config import load_config
     cfg = load_config(sys.argv[5], [])
-    from trainer import step
+    from trainer.train import step
     a = time.perf_counter()
     th = None
     if mode == "overlap":

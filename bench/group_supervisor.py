@@ -106,8 +106,8 @@ def main() -> int:
     a = ap.parse_args()
     shutil.rmtree(a.work, ignore_errors=True)
     os.makedirs(a.out, exist_ok=True)
-    from trainer.data import write_synth
-    from trainer.target import make_tiny_target
+    from trainer.data.synth import write_synth
+    from trainer.model.target import make_tiny_target
 
     target = make_tiny_target(os.path.join(a.work, "target"), layers=4)
     data = write_synth(os.path.join(a.work, "data.jsonl"), num=256, seq_len=64, vocab=128, seed=0)

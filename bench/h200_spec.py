@@ -3,10 +3,10 @@
 Random weights (no network): a Qwen3-4B-shaped target (hidden 2560, 36 layers, 32/8 heads,
 head_dim 128, MLP 9728, vocab 151936), a 5-layer drafter at target width, B = 16.
 
-1. ``accept``: the held-out acceptance-length metric (``trainer.accept.batch_accept``) on
+1. ``accept``: the held-out acceptance-length metric (``trainer.evaluate.accept.batch_accept``) on
    one S = 3072, 512-anchor batch: target forward + drafter forward + argmax, timed.
 2. ``spec``: greedy speculative decoding vs target-only greedy decoding on random prompts
-   (``trainer.spec_eval``), in fp32 (the strict lossless check) and bf16 (speed). A random
+   (``trainer.evaluate.spec_eval``), in fp32 (the strict lossless check) and bf16 (speed). A random
    drafter is accepted ~never, so this measures the path's overhead and losslessness, not
    a speedup.
 
@@ -34,9 +34,9 @@ def _sync():
 def build(quick: bool, dtype, device):
     from transformers import AutoModelForCausalLM, Qwen3Config
 
-    from trainer.model import Drafter, DrafterSpec, SharedHead
-    from trainer.spec_eval import Tapped
-    from trainer.target import tapped_layer_ids
+    from trainer.model.drafter import Drafter, DrafterSpec, SharedHead
+    from trainer.evaluate.spec_eval import Tapped
+    from trainer.model.target import tapped_layer_ids
 
     if quick:
         cfg = Qwen3Config(hidden_size=64, num_hidden_layers=6, vocab_size=512, num_attention_heads=4,
@@ -63,9 +63,9 @@ def build(quick: bool, dtype, device):
 
 
 def bench_accept(model, tapped, drafter, quick, device, dtype):
-    from trainer.accept import batch_accept
-    from trainer.batch import Batch
-    from trainer.objective import sample_anchors
+    from trainer.evaluate.accept import batch_accept
+    from trainer.data.batch import Batch
+    from trainer.model.blocks import sample_anchors
 
     s, n = (256, 32) if quick else (3072, 512)
     g = torch.Generator().manual_seed(0)
@@ -92,7 +92,7 @@ def bench_accept(model, tapped, drafter, quick, device, dtype):
 
 
 def bench_spec(tapped, drafter, vocab, quick, device, n_prompts=4, n_new=None):
-    from trainer.spec_eval import greedy, speculative
+    from trainer.evaluate.spec_eval import greedy, speculative
 
     n_new = n_new or (32 if quick else 128)
     g = torch.Generator().manual_seed(1)

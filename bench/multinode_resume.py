@@ -99,8 +99,8 @@ def main() -> int:
         print("multinode_resume: --device cuda needs 2 GPUs (NCCL refuses two ranks on one GPU)")
         return 2
 
-    from trainer.data import write_synth
-    from trainer.target import make_tiny_target
+    from trainer.data.synth import write_synth
+    from trainer.model.target import make_tiny_target
 
     shutil.rmtree(a.work, ignore_errors=True)
     os.makedirs(a.work)

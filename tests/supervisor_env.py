@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 def tiny_assets(tmp_path_factory):
     d = tmp_path_factory.mktemp("tiny")
     py = sys.executable
-    subprocess.run([py, "-m", "trainer.target", "--out", str(d / "target")], check=True,
+    subprocess.run([py, "-m", "trainer.model.target", "--out", str(d / "target")], check=True,
                    capture_output=True, cwd=REPO, timeout=300)
     subprocess.run([py, "-m", "trainer.data", "synth", "--out", str(d / "synth.jsonl"),
                     "--num", "256", "--seq-len", "64"], check=True, capture_output=True,

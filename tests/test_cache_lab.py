@@ -76,7 +76,7 @@ def cache_lab(request, lab, tmp_path_factory) -> CacheLab:
     t.run(["rm", "-rf", host.root], timeout=120, check=True)
     Deployer(t, host, wheel=build_wheel(base / "wheel")).deploy()
     target = posixpath.join(host.root, "target")
-    t.run([host.layout.current_python, "-m", "trainer.target", "--out", target], timeout=600, check=True)
+    t.run([host.layout.current_python, "-m", "trainer.model.target", "--out", target], timeout=600, check=True)
     cfg = base / "tiny-cpu-cache.yaml"
     cfg.write_text(f"model: {{target_path: {target}, drafter_layers: 1, block_size: 4}}\n"
                    f"data: {{path: {host.root}/unused.jsonl, max_seq_len: 32, num_anchors: 4}}\n"

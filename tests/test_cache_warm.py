@@ -29,7 +29,7 @@ pytestmark = pytest.mark.timeout(900)
 def tiny(tmp_path_factory) -> Path:
     """A tiny random target and a config with one shape bucket (CPU, compiled drafter step)."""
     d = tmp_path_factory.mktemp("tiny")
-    subprocess.run([sys.executable, "-m", "trainer.target", "--out", str(d / "target")],
+    subprocess.run([sys.executable, "-m", "trainer.model.target", "--out", str(d / "target")],
                    check=True, capture_output=True, timeout=300)
     (d / "cfg.yaml").write_text(
         f"model: {{target_path: {d / 'target'}, drafter_layers: 1, block_size: 4}}\n"

@@ -19,8 +19,8 @@ from dfo_contract.exitcodes import DataError, TrainerConfigError
 from dfo_contract.fsio import sha256_file
 from tests.fixtures.chat.tokenizer import install, qwen3_like_tokenizer
 from tests.helpers.trainer import REPO, make_target, run_trainer, tiny_overrides
-from trainer.chat import ChatMasker
-from trainer.data import JsonlDataset, TokenizedDataset, open_dataset
+from trainer.data.chat import ChatMasker
+from trainer.data.datasets import JsonlDataset, TokenizedDataset, open_dataset
 
 B = 4
 
@@ -195,7 +195,7 @@ def fake_target(tmp_path, model_type, vocab):
 
 def test_family_mask_token_default(tmp_path, caplog):
     from dfo_contract.trainer_config import TrainerConfig
-    from trainer.step import mask_token_id
+    from trainer.train.step import mask_token_id
 
     cfg = TrainerConfig()
     with caplog.at_level(logging.WARNING, logger="dfo"):

@@ -1,4 +1,4 @@
-"""trainer.chat: loss on exactly the tokens the target generates, for a Qwen3-like template.
+"""trainer.data.chat: loss on exactly the tokens the target generates, for a Qwen3-like template.
 
 The template (tests/fixtures/chat/qwen3_like.jinja, written for these tests) reproduces the
 behaviours of Qwen3's template that broke the old masking: no {% generation %} markers,
@@ -12,8 +12,8 @@ import pytest
 
 from dfo_contract.exitcodes import DataError
 from tests.fixtures.chat.tokenizer import byte_level_tokenizer, qwen3_like_tokenizer
-from trainer.chat import ChatMasker, Conversation, Unmaskable, conversation_from_record
-from trainer.data import tokenize_chat
+from trainer.data.chat import ChatMasker, Conversation, Unmaskable, conversation_from_record
+from trainer.data.tokenizer import tokenize_chat
 
 
 @pytest.fixture(scope="module", params=["char", "byte-level-bpe"])

@@ -14,7 +14,7 @@ import pytest
 
 from tests.fixtures.chat.tokenizer import install
 from tests.helpers.trainer import REPO, make_target
-from trainer.regenerate import done_indices, regenerate
+from trainer.data.regenerate import done_indices, regenerate
 
 
 def convo(i: int) -> dict:

@@ -12,7 +12,7 @@ import pytest
 
 from dfo_contract import checkpoints as cm
 from orchestrator.ops.launch_plan import attempt_env
-from trainer import checkpoints as tc
+from trainer.train import checkpoints as tc
 from trainer.runtime import read_env
 
 

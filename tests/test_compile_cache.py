@@ -1,9 +1,9 @@
 """AOT-autograd caches the drafter step's kind of graph (no ``autograd_cache_bypass`` on
 any start). Real torch on CPU: a function with an ``autocast(enabled=False)`` region
 and a custom ``autograd.Function`` (what RoPE and the chunked CE put into the drafter
-step), compiled through ``trainer.compile`` in a worker thread, in two fresh processes
+step), compiled through ``trainer.compile.registry`` in a worker thread, in two fresh processes
 sharing one cache dir: the first misses (and stores), the second HITS; neither bypasses.
-Without ``trainer.compile.apply_cache_settings`` both bypass."""
+Without ``trainer.compile.registry.apply_cache_settings`` both bypass."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ pytestmark = pytest.mark.timeout(600)
 
 SCRIPT = r'''
 import json, threading, torch
-from trainer import compile as C
-from trainer.gate import BypassReasons, counters_snapshot
+from trainer.compile import registry as C
+from trainer.compile.gate import BypassReasons, counters_snapshot
 
 ''' + TOY_STEP_SRC + r'''
 

@@ -15,7 +15,8 @@ torch = pytest.importorskip("torch")
 from tests.helpers.trainer import REPO, make_synth, make_target  # noqa: E402
 from dfo_contract.exitcodes import TrainerConfigError  # noqa: E402
 from dfo_contract.trainer_config import load_config  # noqa: E402
-from trainer.data import BatchStream, SkippedBatch, open_dataset  # noqa: E402
+from trainer.data.datasets import open_dataset  # noqa: E402
+from trainer.data.stream import BatchStream, SkippedBatch  # noqa: E402
 from trainer.parallel.ddp import my_indices, pack_metrics, unpack_metrics  # noqa: E402
 
 B = 8
@@ -78,7 +79,7 @@ def test_rank_batches_equal_single_on_a_tokenized_store(data):
 
 
 def test_skipping_builds_nothing_for_other_ranks(data, monkeypatch):
-    import trainer.stream as D
+    import trainer.data.stream as D
 
     built = []
     real = D.collate
@@ -217,9 +218,10 @@ def test_no_sync_holds_across_accumulation(monkeypatch, compiled):
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
     from dfo_contract.trainer_config import TrainerConfig
-    from trainer import runtime, step as S
+    from trainer import runtime
+    from trainer.train import step as S
     from trainer.parallel.ddp import DdpLayout
-    from trainer.target import target_from_config, tiny_qwen3_config
+    from trainer.model.target import target_from_config, tiny_qwen3_config
 
     for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
                  "MASTER_PORT": str(_free_port()), "GLOO_SOCKET_IFNAME": "lo"}.items():

@@ -19,7 +19,7 @@ from tests.supervisor_env import hosts_yaml, make_root
 
 @pytest.fixture(scope="module")
 def host_run(tmp_path_factory):
-    from trainer.loop import train
+    from trainer.train.loop import train
 
     tmp = tmp_path_factory.mktemp("xport")
     root = make_root(tmp)

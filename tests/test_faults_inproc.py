@@ -8,8 +8,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from trainer import faults  # noqa: E402
-from trainer.gate import CompileGate, WarmupTask  # noqa: E402
+from trainer.train import faults  # noqa: E402
+from trainer.compile.gate import CompileGate, WarmupTask  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

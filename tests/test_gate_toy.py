@@ -9,8 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from trainer import gate as gate_mod  # noqa: E402
-from trainer.gate import CompileGate, RecompileAfterWarmup, WarmupTask  # noqa: E402
+from trainer.compile import gate as gate_mod  # noqa: E402
+from trainer.compile.gate import CompileGate, RecompileAfterWarmup, WarmupTask  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

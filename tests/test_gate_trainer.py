@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 
 from tests.helpers.trainer import make_synth, make_target, markers, run_trainer, \
     tiny_config, tiny_overrides  # noqa: E402
-from trainer.gate import RecompileAfterWarmup  # noqa: E402
+from trainer.compile.gate import RecompileAfterWarmup  # noqa: E402
 
 THREADS3 = {"parallel.layout": "threads", "parallel.drafter_devices": "[cpu,cpu,cpu]",
             "compile.enabled": "true", "compile.gate": "true"}
@@ -44,7 +44,7 @@ def test_threads_three_drafters_gate_on_five_runs_no_error(tiny, tmp_path, induc
 
 def test_recompile_after_warmup_is_a_clear_error_naming_the_shape(tiny, tmp_path,
                                                                   inductor_cache, monkeypatch):
-    from trainer import metrics, step as S
+    from trainer.train import metrics, step as S
     from trainer.parallel.threads import ThreadsLayout
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", inductor_cache)

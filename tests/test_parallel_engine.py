@@ -7,7 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from trainer.gate import CompileGate, WarmupTask  # noqa: E402
+from trainer.compile.gate import CompileGate, WarmupTask  # noqa: E402
 from trainer.parallel import replicas  # noqa: E402
 from trainer.parallel.workers import StepFns, ThreadedEngine  # noqa: E402
 

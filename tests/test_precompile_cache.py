@@ -1,7 +1,7 @@
 """``compile.precompile``: dynamo's precompile cache across processes (real torch, CPU).
 
 A toy step (matmul, autocast-off region, custom autograd.Function: what the drafter step
-holds) compiled through ``trainer.compile`` in a worker thread, in fresh processes sharing
+holds) compiled through ``trainer.compile.registry`` in a worker thread, in fresh processes sharing
 one TORCHINDUCTOR_CACHE_DIR: the first traces and saves a checksummed entry; the second
 LOADS it (dynamo_cache_hit, no dynamo tracing at all: no ``compile_attempt_0`` time); a
 truncated entry, or one without its checksum file (half-written), is removed before
@@ -21,8 +21,8 @@ from tests.helpers.trainer import REPO
 
 SCRIPT = r'''
 import json, sys, threading, torch
-from trainer import compile as C
-from trainer.gate import compile_times_snapshot, counters_snapshot
+from trainer.compile import registry as C
+from trainer.compile.gate import compile_times_snapshot, counters_snapshot
 
 ''' + TOY_STEP_SRC + r'''
 
@@ -88,7 +88,7 @@ def test_second_process_loads_saved_entry_and_corrupt_entry_is_dropped(tmp_path)
 
 def test_verify_keeps_only_complete_checksummed_entries(tmp_path):
     from dfo_contract.fsio import sha256_file
-    from trainer.compile import verify_precompile_entries
+    from trainer.compile.registry import verify_precompile_entries
 
     root = tmp_path / "dynamo"
     for name in ("good", "nosum", "altered", "noentry"):

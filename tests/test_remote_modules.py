@@ -107,6 +107,10 @@ def test_source_hash_as_m_hashes_trainer_and_contract(tmp_path: Path):
     assert r.exit_code == 0, r.stderr
     reply = json.loads(r.stdout)
     assert "trainer/__init__.py" in reply and "dfo_contract/fsio.py" in reply
+    subpackaged = {"trainer/" + f.relative_to(REPO / "trainer").as_posix()
+                   for f in (REPO / "trainer").rglob("*.py") if "__pycache__" not in f.parts}
+    assert "trainer/data/stream.py" in subpackaged and "trainer/parallel/ddp.py" in subpackaged
+    assert {k for k in reply if k.startswith("trainer/")} == subpackaged  # every subpackage's file
     assert reply["dfo_contract/fsio.py"] == hashlib.sha256((REPO / "dfo_contract/fsio.py").read_bytes()).hexdigest()
     assert p.parse(r) == ck.source_hash(reply)
     bad = _run([sys.executable, "-m", ck.SOURCE_HASH_MODULE, "trainer", "no_such_pkg_dfo"])

@@ -186,7 +186,7 @@ def test_standby_process_imports_reports_ready_then_runs_the_module(tmp_path):
     os.close(w)
     with os.fdopen(r, "rb") as f:
         ready = sb.Ready.from_line(f.readline())
-    assert ready.error is None and "torch" in ready.modules and "trainer.loop" in ready.modules
+    assert ready.error is None and "torch" in ready.modules and "trainer.train.loop" in ready.modules
     work = tmp_path / "work"
     work.mkdir()
     log = tmp_path / "attempt-2.log"

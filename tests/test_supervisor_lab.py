@@ -47,7 +47,7 @@ def ct(lab, tmp_path_factory):
     os.environ["DFO_PROJECT_WHEEL"] = str(wheel.path)
     py = host.layout.current_python
     assets = posixpath.join(ROOT, "assets")
-    t.run([py, "-m", "trainer.target", "--out", f"{assets}/target"], timeout=300, check=True)
+    t.run([py, "-m", "trainer.model.target", "--out", f"{assets}/target"], timeout=300, check=True)
     t.run([py, "-m", "trainer.data", "synth", "--out", f"{assets}/synth.jsonl", "--num", "256",
            "--seq-len", "64"], timeout=300, check=True)
 

@@ -9,8 +9,9 @@ import json
 import torch
 
 from tests.helpers.trainer import make_synth, make_target, markers, tiny_config
-from trainer import objective
-from trainer.accept import block_accept_lengths, read_best
+from trainer.model import blocks
+from trainer.train import objective
+from trainer.evaluate.accept import block_accept_lengths, read_best
 
 B = 8
 
@@ -54,7 +55,7 @@ def test_tail_anchors_follow_specforge():
     s = 16
     lm = torch.ones(1, s, dtype=torch.bool)
     lens = torch.tensor([s])
-    elig = objective.eligible_anchors(lm, lens, B)
+    elig = blocks.eligible_anchors(lm, lens, B)
     assert elig[0].nonzero().flatten().tolist() == list(range(s - 1))
     ids = torch.arange(100, 100 + s).unsqueeze(0)
     anchors = torch.tensor([[s - 2, s - 5]])
@@ -67,7 +68,7 @@ def test_tail_anchors_follow_specforge():
 
 
 def test_eval_hook_metrics_markers_and_best(tmp_path):
-    from trainer.loop import train
+    from trainer.train.loop import train
 
     target = make_target(str(tmp_path / "target"))
     data = make_synth(str(tmp_path / "synth.jsonl"), num=24)
@@ -92,7 +93,7 @@ def test_eval_without_eval_path_is_a_config_error(tmp_path):
     import pytest
 
     from dfo_contract.exitcodes import TrainerConfigError
-    from trainer.loop import train
+    from trainer.train.loop import train
 
     target = make_target(str(tmp_path / "target"))
     data = make_synth(str(tmp_path / "synth.jsonl"), num=8)

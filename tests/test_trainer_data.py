@@ -9,7 +9,9 @@ import sys
 import pytest
 
 from tests.helpers.trainer import REPO, make_target
-from trainer.data import BatchStream, JsonlDataset, Order, load_tokenizer, tokenize_chat
+from trainer.data.datasets import JsonlDataset
+from trainer.data.stream import BatchStream, Order
+from trainer.data.tokenizer import load_tokenizer, tokenize_chat
 from dfo_contract.exitcodes import DataError
 
 B = 8
@@ -136,7 +138,7 @@ def test_synth_cli(tmp_path):
 
 
 def test_data_path_directory_needs_a_manifest(tmp_path):
-    from trainer.data import open_dataset
+    from trainer.data.datasets import open_dataset
 
     with pytest.raises(DataError, match=r"a directory without manifest.json .*python -m trainer.data tokenize"):
         open_dataset(str(tmp_path), vocab_size=128, block_size=B, max_seq_len=64)

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from tests.helpers.trainer import PY, REPO, make_synth, make_target, tiny_config
-from trainer.export import export, load_exported, verify_export
+from trainer.evaluate.export import export, load_exported, verify_export
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    from trainer.loop import train
+    from trainer.train.loop import train
 
     d = tmp_path_factory.mktemp("export")
     target = make_target(str(d / "target"))
@@ -29,8 +29,8 @@ def trained(tmp_path_factory):
 
 
 def _checkpoint_drafter(trained):
-    from trainer import checkpoints
-    from trainer.step import build_models
+    from trainer.train import checkpoints
+    from trainer.train.step import build_models
 
     target, drafter = build_models(trained["cfg"], "cpu")
     checkpoints.load(trained["ckpt"], drafter=drafter, restore_rng=False)
@@ -38,13 +38,13 @@ def _checkpoint_drafter(trained):
 
 
 def _logits(drafter, target, seed=0):
-    from trainer import attention, objective
-    from trainer.step import dummy_batch
+    from trainer.model import attention, blocks
+    from trainer.train.step import dummy_batch
 
     b = dummy_batch(trained_cfg(drafter), 64, 8, 2, "cpu", seed=seed)
     feats = target.features(b.input_ids)
-    ids = objective.block_input_ids(b.input_ids, b.anchors, b.anchor_valid, 8, drafter.mask_token_id)
-    pos = objective.block_positions(b.anchors, 8)
+    ids = blocks.block_input_ids(b.input_ids, b.anchors, b.anchor_valid, 8, drafter.mask_token_id)
+    pos = blocks.block_positions(b.anchors, 8)
     mask = attention.build_mask("sdpa", b.anchors, b.anchor_valid, 64, 8)
     with torch.no_grad():
         h = drafter(feats, ids, pos, lambda q, k, v: attention.attend("sdpa", q, k, v, mask))

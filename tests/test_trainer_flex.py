@@ -8,7 +8,10 @@ import pytest
 import torch
 
 from tests.helpers.trainer import make_synth, make_target, tiny_config
-from trainer import attention, compile as C, objective, runtime, step
+from trainer import runtime
+from trainer.compile import registry as C
+from trainer.model import attention, blocks
+from trainer.train import step
 from dfo_contract.exitcodes import TrainerConfigError
 
 B = 8
@@ -19,7 +22,7 @@ def _case(b=2, s=200, n=20, seed=0, invalid=3):
     lm = torch.ones(b, s, dtype=torch.bool)
     lens = torch.tensor([s, s - 37][:b])
     lm[1, s - 37:] = False
-    anchors, valid = objective.sample_anchors(lm, lens, n, B, generator=g)
+    anchors, valid = blocks.sample_anchors(lm, lens, n, B, generator=g)
     valid[0, -invalid:] = False
     anchors[0, -invalid:] = 0
     return anchors, valid, s
@@ -42,7 +45,7 @@ def test_analytic_block_mask_equals_create_block_mask(s, n):
     from torch.nn.attention.flex_attention import create_mask
 
     dense = create_mask(ours.mask_mod, anchors.shape[0], 1, n * B, s + n * B, device="cpu")[:, 0]
-    assert torch.equal(dense, objective.visibility_mask(anchors, valid, s, B))
+    assert torch.equal(dense, blocks.visibility_mask(anchors, valid, s, B))
 
 
 def test_compiled_flex_forward_equals_sdpa():
@@ -118,7 +121,7 @@ def test_call_guard_wraps_compiled_calls():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled flex backward needs CUDA")
 def test_flex_and_sdpa_agree_forward_and_backward_gpu():
-    from trainer.bench import check_agreement
+    from trainer.bench.drafter_step import check_agreement
 
     r = check_agreement("cuda:0")
     assert r["ok"], r

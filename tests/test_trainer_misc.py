@@ -12,7 +12,7 @@ import pytest
 
 from tests.helpers.trainer import REPO, markers
 from dfo_contract import exitcodes
-from trainer.metrics import Emitter, Heartbeat
+from trainer.train.metrics import Emitter, Heartbeat
 
 
 def test_heartbeat_beats_while_working_and_not_while_idle():
@@ -54,7 +54,7 @@ def test_exit_code_table():
 
 def test_tiny_target_cli(tmp_path):
     out = tmp_path / "t"
-    r = subprocess.run([sys.executable, "-m", "trainer.target", "--out", str(out), "--layers", "3"],
+    r = subprocess.run([sys.executable, "-m", "trainer.model.target", "--out", str(out), "--layers", "3"],
                        cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     cfg = json.loads((out / "config.json").read_text())
@@ -64,7 +64,7 @@ def test_tiny_target_cli(tmp_path):
 
 
 def test_bench_quick_cpu(tmp_path, capsys):
-    from trainer import bench
+    from trainer.bench import drafter_step as bench
 
     assert bench.main(["--quick", "--cpu", "--variants", "flex-compiled,sdpa", "--json",
                        str(tmp_path / "b.json")]) == 0
@@ -79,7 +79,7 @@ def test_bench_quick_cpu(tmp_path, capsys):
 def test_bench_candidates_side_by_side_cpu(tmp_path, capsys):
     """--candidates: each measured on the same models after the variants (per-sample figures
     for a larger micro-batch), CUDA-only ones skipped on CPU, an unknown one refused."""
-    from trainer import bench
+    from trainer.bench import drafter_step as bench
 
     out = tmp_path / "c.json"
     assert bench.main(["--quick", "--cpu", "--variants", "sdpa", "--candidate-variant", "sdpa",
@@ -98,8 +98,9 @@ def test_bench_candidates_side_by_side_cpu(tmp_path, capsys):
 
 def test_bench_flop_formula_matches_prototype_figure():
     """The H200 shape: ~40.8 TFLOP per sample, so 103.7 ms/sample is ~40% MFU (the prototype)."""
-    from trainer.bench import drafter_flops, qwen3_4b_config
-    from trainer.model import DrafterSpec
+    from trainer.bench.drafter_step import qwen3_4b_config
+    from trainer.bench.flops import drafter_flops
+    from trainer.model.drafter import DrafterSpec
 
     spec = DrafterSpec.from_target_config(qwen3_4b_config(), num_layers=5, num_taps=5)
     f = drafter_flops(spec, seq_len=3072, tq=8192, pairs=16 * 512 * (1536 + 16), label_rows=512 * 15)

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from tests.helpers.trainer import make_synth, make_target, tiny_config
-from trainer import attention, objective, step
+from trainer.model import attention, blocks
+from trainer.train import objective, step
 from dfo_contract.exitcodes import TrainerConfigError
-from trainer.target import tapped_layer_ids
+from trainer.model.target import tapped_layer_ids
 
 B = 8
 
@@ -24,7 +25,7 @@ def _anchors_case():
 
 def test_visibility_equals_loop_reference():
     anchors, valid, s = _anchors_case()
-    m = objective.visibility_mask(anchors, valid, s, B)
+    m = blocks.visibility_mask(anchors, valid, s, B)
     b, n = anchors.shape
     ref = torch.zeros(b, n * B, s + n * B, dtype=torch.bool)
     for bi in range(b):
@@ -67,10 +68,10 @@ def test_labels_weights_equal_loop_reference():
 def test_block_inputs_and_positions():
     anchors, valid, s = _anchors_case()
     ids = torch.arange(s).repeat(2, 1) + 10
-    bi = objective.block_input_ids(ids, anchors, valid, B, mask_token_id=3).view(2, 4, B)
+    bi = blocks.block_input_ids(ids, anchors, valid, B, mask_token_id=3).view(2, 4, B)
     assert bi[0, :, 0].tolist() == [13, 20, 27, 40]
     assert (bi[:, :, 1:] == 3).all() and bi[1, 3, 0] == 3  # invalid block: all MASK
-    pos = objective.block_positions(anchors, B).view(2, 4, B)
+    pos = blocks.block_positions(anchors, B).view(2, 4, B)
     assert pos[0, 2].tolist() == list(range(17, 17 + B))
 
 
@@ -81,8 +82,8 @@ def test_sample_anchors_eligibility_and_order():
     lens = torch.randint(20, s + 1, (b,), generator=g)
     for i in range(b):
         lm[i, lens[i]:] = False
-    anchors, valid = objective.sample_anchors(lm, lens, 6, B, generator=g)
-    elig = objective.eligible_anchors(lm, lens, B)
+    anchors, valid = blocks.sample_anchors(lm, lens, 6, B, generator=g)
+    elig = blocks.eligible_anchors(lm, lens, B)
     for i in range(b):
         a = anchors[i][valid[i]].tolist()
         assert a == sorted(a) and len(set(a)) == len(a)
@@ -101,7 +102,7 @@ def test_sample_anchors_uniform():
     g = torch.Generator().manual_seed(0)
     counts = torch.zeros(s)
     for _ in range(3000):
-        a, v = objective.sample_anchors(lm, lens, 2, B, generator=g)
+        a, v = blocks.sample_anchors(lm, lens, 2, B, generator=g)
         counts[a[0][v[0]]] += 1
     elig = counts[: s - 1]          # SpecForge's rule: up to the second-to-last loss token
     assert counts[s - 1:].sum() == 0
@@ -205,9 +206,9 @@ def _batch(cfg, seed=0):
 
 def _block_logits(drafter, features, batch, cfg):
     bs = cfg.model.block_size
-    ids = objective.block_input_ids(batch.input_ids, batch.anchors, batch.anchor_valid, bs,
+    ids = blocks.block_input_ids(batch.input_ids, batch.anchors, batch.anchor_valid, bs,
                                     drafter.mask_token_id)
-    pos = objective.block_positions(batch.anchors, bs)
+    pos = blocks.block_positions(batch.anchors, bs)
     mask = attention.build_mask("sdpa", batch.anchors, batch.anchor_valid, 64, bs)
     h = drafter(features, ids, pos, lambda q, k, v: attention.attend("sdpa", q, k, v, mask))
     return h @ drafter.shared.lm_head.weight.t()
@@ -278,7 +279,7 @@ def test_target_features_are_tapped_layer_outputs(tiny, tmp_path):
     cfg, tgt, _ = tiny
     from transformers import AutoModelForCausalLM
 
-    from trainer.target import load_target
+    from trainer.model.target import load_target
 
     t2 = load_target(cfg.model.target_path, device="cpu", dtype=torch.float32, num_drafter_layers=2,
                      tap_ids=[0, 2])

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.model import Drafter, DrafterSpec, SharedHead, apply_rope
-from trainer.rope import DrafterRope, rope_parameters_of
+from trainer.model.drafter import Drafter, DrafterSpec, SharedHead, apply_rope
+from trainer.model.rope import DrafterRope, rope_parameters_of
 
 HEAD_DIM = 16
 MAX_POS = 64

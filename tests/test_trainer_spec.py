@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from tests.helpers.trainer import PY, REPO, make_target, tiny_config
-from trainer import spec_eval
+from trainer.evaluate import spec_eval
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +30,8 @@ def tiny_target(tmp_path_factory):
 
 
 def _random_drafter(target_dir, block_size=8):
-    from trainer.model import Drafter, DrafterSpec, SharedHead
-    from trainer.target import _from_pretrained
+    from trainer.model.drafter import Drafter, DrafterSpec, SharedHead
+    from trainer.model.target import _from_pretrained
 
     model = _from_pretrained(target_dir, torch.float32).eval()
     spec = DrafterSpec.from_target_config(model.config, num_layers=1, num_taps=2)
@@ -79,9 +79,9 @@ def test_speculative_accepts_a_perfect_draft(tiny_target, monkeypatch):
 
 @pytest.mark.slow
 def test_whole_path_small_scale(tmp_path):
-    from trainer.export import export
-    from trainer.loop import train
-    from trainer.tinylm import regenerate, teach
+    from trainer.evaluate.export import export
+    from trainer.train.loop import train
+    from trainer.model.tinylm import regenerate, teach
 
     target = make_target(str(tmp_path / "target"))
     loss = teach(target, steps=250, seq_len=40)
@@ -113,7 +113,7 @@ def test_whole_path_small_scale(tmp_path):
 
 def test_eval_cli_on_a_checkpoint_and_one_line_errors(tmp_path):
     from tests.helpers.trainer import make_synth
-    from trainer.loop import train
+    from trainer.train.loop import train
 
     target = make_target(str(tmp_path / "target"))
     data = make_synth(str(tmp_path / "synth.jsonl"), num=16)

@@ -55,19 +55,19 @@ def main(argv: list[str] | None = None) -> int:
 
             config, opts, overrides = split_args(rest, ("--resume",))
             cfg = load_config(config, overrides)
-            from .loop import train  # torch is imported from here on
+            from .train.loop import train  # torch is imported from here on
 
             return train(cfg, resume=opts.get("--resume"))
         if cmd == "warmup":
-            from . import warmup  # owned by the layouts/gate part (trainer/warmup.py)
+            from .compile import warmup
 
             return warmup.main(rest)
         if cmd == "export":
-            from . import export
+            from .evaluate import export
 
             return export.main(rest)
         if cmd == "eval":
-            from . import spec_eval
+            from .evaluate import spec_eval
 
             return spec_eval.main(rest)
         raise _usage(f"unknown command {cmd!r} (expected train, warmup, export or eval)")

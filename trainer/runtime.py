@@ -7,13 +7,14 @@ Two things live here and nowhere else:
   ``DFO_CACHE_KEY``, ``DFO_CACHE_DIR``, ``DFO_FAULT``, ``DFO_NODE_RANK``) and torchrun's (``RANK``,
   ``WORLD_SIZE``, ``LOCAL_RANK``) -- is read by this function into a frozen ``Env``.
 - ``get()``: the process's ``Runtime``, created on first use, holding the process-wide
-  state: the compile registry and call guard (``trainer.compile``), the installed compile
-  gate (``trainer.gate``), the fault-injection state (``trainer.faults``) and the attention
-  backend's warn-once flag (``trainer.attention``).
+  state: the compile registry and call guard (``trainer.compile.registry``), the installed
+  compile gate (``trainer.compile.gate``), the fault-injection state
+  (``trainer.train.faults``) and the attention backend's warn-once flag
+  (``trainer.model.attention``).
 
-Entry points (``trainer.loop.train``, ``trainer.warmup.main``) call ``refresh_env()`` first,
-so an in-process caller that changed the environment (tests) is seen.
-Torch-free.
+Entry points (``trainer.train.loop.train``, ``trainer.compile.warmup.main``) call
+``refresh_env()`` first, so an in-process caller that changed the environment (tests) is seen.
+Torch-free, and below every other module of the trainer: it imports none of them.
 """
 
 from __future__ import annotations
@@ -21,13 +22,10 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Mapping
+from typing import Any, Callable, ContextManager, Mapping
 
 from dfo_contract import envvars
 from dfo_contract.faultspec import parse_attempt
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .gate import CompileGate
 
 
 @dataclass(frozen=True)
@@ -123,7 +121,7 @@ def _node_rank(v: str | None) -> int | None:
 
 @dataclass
 class CompileState:
-    """``trainer.compile``: functions compiled so far, fx_race probes, the call guard."""
+    """``trainer.compile.registry``: functions compiled so far, fx_race probes, the call guard."""
     lock: threading.Lock = field(default_factory=threading.Lock)
     compiled: dict[str, Callable] = field(default_factory=dict)
     probes: dict[str, Callable[[], object]] = field(default_factory=dict)
@@ -132,7 +130,7 @@ class CompileState:
 
 @dataclass
 class FaultState:
-    """``trainer.faults``: hang's silence, slow's throttle, parsed specs."""
+    """``trainer.train.faults``: hang's silence, slow's throttle, parsed specs."""
     silenced: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
     slow_fraction: float | None = None
@@ -142,7 +140,7 @@ class FaultState:
 
 @dataclass
 class AttentionState:
-    """``trainer.attention``: the flex-eager warning is given once per process."""
+    """``trainer.model.attention``: the flex-eager warning is given once per process."""
     warned_eager: bool = False
 
 
@@ -152,7 +150,9 @@ class Runtime:
     compile: CompileState = field(default_factory=CompileState)
     faults: FaultState = field(default_factory=FaultState)
     attention: AttentionState = field(default_factory=AttentionState)
-    gate: "CompileGate | None" = None     # the installed compile gate (trainer.gate.install)
+    # the installed trainer.compile.gate.CompileGate (gate.install); typed Any because this
+    # module is below every other (it imports none of the trainer's modules)
+    gate: Any = None
 
 
 _RUNTIME: Runtime | None = None

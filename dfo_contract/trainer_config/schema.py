@@ -104,7 +104,7 @@ class ParallelConfig:
 @dataclass(kw_only=True)
 class CompileConfig:
     enabled: bool = True                      # torch.compile the drafter step (layers + loss)
-    gate: bool = True                         # the compile gate (trainer.gate)
+    gate: bool = True                         # the compile gate (trainer.compile.gate)
     mode: str = "default"                     # torch.compile mode for the drafter step
     precompile: bool = False                  # dynamo's precompile cache (trainer.compile): a warm
     #                                           start loads dynamo's traced code instead of re-tracing

@@ -93,7 +93,7 @@ class RunOps(RunQueries):
                               hint=f"run `dfo deploy {self.deploy_with}` first")
 
     def _checkpoints(self, ck_dir: str) -> list[lp.CheckpointInfo]:
-        r = self.t.run([self.python, "-m", "trainer.checkpoints", "list", ck_dir, "--json"],
+        r = self.t.run([self.python, "-m", "trainer.train.checkpoints", "list", ck_dir, "--json"],
                        timeout=120)
         if not r.ok:
             if "does not exist" in r.err or "No such file" in r.err or r.exit_code == 4:

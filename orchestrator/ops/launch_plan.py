@@ -72,7 +72,7 @@ class CheckpointInfo:
 
 
 def parse_checkpoint_listing(obj: Any) -> list[CheckpointInfo]:
-    """Read ``python -m trainer.checkpoints list DIR --json`` output (already JSON-decoded).
+    """Read ``python -m trainer.train.checkpoints list DIR --json`` output (already JSON-decoded).
 
     Accepts a list of entries or ``{"checkpoints": [...]}``; each entry has ``name``/``path``,
     ``step`` and ``valid`` (plus ``reason``/``why``/``error`` when invalid)."""

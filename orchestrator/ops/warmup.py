@@ -17,7 +17,7 @@ LOCK_CONFLICT = 75
 
 def parse_report(data: bytes | str) -> tuple[list[dict], dict[str, int], float]:
     """The trainer's warm-up report -> (records, counter totals, total seconds).
-    Records are ``{device, shape, what, seconds, counters}`` (trainer.gate.WarmupRecord)."""
+    Records are ``{device, shape, what, seconds, counters}`` (trainer.compile.gate.WarmupRecord)."""
     try:
         rep = json.loads(data)
     except ValueError:

@@ -13,13 +13,13 @@ PY = sys.executable
 
 
 def make_target(path: str, layers: int = 4) -> str:
-    from trainer.target import make_tiny_target
+    from trainer.model.target import make_tiny_target
 
     return make_tiny_target(path, layers=layers)
 
 
 def make_synth(path: str, num: int = 64, seq_len: int = 64, seed: int = 0) -> str:
-    from trainer.data import write_synth
+    from trainer.data.synth import write_synth
 
     return write_synth(path, num=num, seq_len=seq_len, vocab=128, seed=seed)
 

@@ -1,7 +1,7 @@
 """The layout protocol: what the training loop asks of a layout (``Layout``).
 
 A layout owns the models and how one optimizer step's gradients are computed; the loop
-(trainer.loop) owns the data stream, optimizer, schedule, metrics, checkpoints and signals.
+(trainer.train.loop) owns the data stream, optimizer, schedule, metrics, checkpoints and signals.
 Every layout implements the whole protocol; ``LayoutBase`` gives the hooks that most
 layouts do not need their no-op defaults.
 """
@@ -31,7 +31,7 @@ class Layout(Protocol):
 
     def grads(self, batches: list, loss_hook: Callable | None = None) -> list[dict]:
         """Forward + backward of one step's micro-batches; grads left in ``.grad``.
-        ddp: the entries not in ``micro_indices`` may be ``trainer.data.SkippedBatch``."""
+        ddp: the entries not in ``micro_indices`` may be ``trainer.data.stream.SkippedBatch``."""
 
     def compiled_call(self) -> Callable[[], object] | None:
         """A zero-argument callable entering compiled code (fault injection's fx_race)."""

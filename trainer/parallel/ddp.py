@@ -37,10 +37,11 @@ import contextlib
 import logging
 import os
 
-from .. import runtime, step as S
+from .. import runtime
+from ..train import step as S
 from dfo_contract.envvars import NODE_RANK
 from dfo_contract.exitcodes import TrainerConfigError
-from ..gate import CompileGate, WarmupTask, default_dynamo_settings, describe, install
+from ..compile.gate import CompileGate, WarmupTask, default_dynamo_settings, describe, install
 from .base import LayoutBase
 
 log = logging.getLogger("dfo")
@@ -161,7 +162,7 @@ class DdpLayout(LayoutBase):
         """Each rank warms its own device (every bucket, fwd+bwd, outside DDP), then seals."""
         if not (self.uses_compiled and self.gate.enabled):
             return []
-        from .. import metrics
+        from ..train import metrics
 
         emitter.set_phase("warmup")
         cfg, dev, dr = self.cfg, self.device, self.drafter

@@ -137,7 +137,7 @@ def main(argv=None) -> int:
         size = [] if a.smoke else ["--hidden", "1024", "--layers", "8", "--heads", "8",
                                    "--kv-heads", "4", "--head-dim", "128",
                                    "--intermediate", "2816"]
-        subprocess.run([py, "-m", "trainer.target", "--out", target, "--vocab", str(vocab),
+        subprocess.run([py, "-m", "trainer.model.target", "--out", target, "--vocab", str(vocab),
                         *size], check=True)
     if not os.path.exists(data):
         subprocess.run([py, "-m", "trainer.data", "synth", "--out", data, "--num", "512",

@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 import time
 
-from .. import compile as C, gate, metrics, step as S
+from ..compile import gate, registry
+from ..train import metrics, step as S
 from .base import LayoutBase
 
 
@@ -78,7 +79,7 @@ class SingleLayout(LayoutBase):
         return recs
 
     def compiled_call(self):
-        return C.probe_call(str(self.device))
+        return registry.probe_call(str(self.device))
 
     def close(self) -> None:
         if self._gate is not None:  # back to the default compile stance (in-process callers)

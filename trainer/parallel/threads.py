@@ -2,7 +2,7 @@
 
 Compatible with the setup of the threaded lazy-compile race (docs/recovery.md: 5 target +
 3 drafter GPUs in one process), made safe
-by the compile gate (trainer.gate): every compiled shape is warmed on every drafter replica
+by the compile gate (trainer.compile.gate): every compiled shape is warmed on every drafter replica
 before any worker starts, then compiling is forbidden and compiled calls are serialized by
 the gate's lock. ``compile.gate: false`` reproduces the race's unguarded pattern.
 
@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import logging
 
-from .. import step as S
-from ..gate import CompileGate, WarmupTask, default_dynamo_settings, describe, install
-from ..target import load_target
+from ..train import step as S
+from ..compile.gate import CompileGate, WarmupTask, default_dynamo_settings, describe, install
+from ..model.target import load_target
 from . import replicas
 from .base import LayoutBase
 from .workers import StepFns, ThreadedEngine
@@ -77,7 +77,7 @@ class ThreadsLayout(LayoutBase):
         replicas.broadcast_params(self.drafters)  # e.g. after a resume loaded replica 0
         if not (self.uses_compiled and self.gate.enabled):
             return []
-        from .. import metrics
+        from ..train import metrics
 
         emitter.set_phase("warmup")
         tasks = []
@@ -138,9 +138,9 @@ class ThreadsLayout(LayoutBase):
 
 def _probe():
     """Enter compiled code already built in this process (fault injection's fx_race)."""
-    from .. import compile as C
+    from ..compile.registry import probe_call
 
-    call = C.probe_call()
+    call = probe_call()
     if call is None:
         raise RuntimeError("no compiled flex_attention in this process")
     return call()

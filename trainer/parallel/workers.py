@@ -10,7 +10,7 @@ throttles the targets instead of piling features up in memory.
 
 Every worker thread first calls ``gate.thread_setup()`` (dynamo settings are per-thread on
 torch >= 2.12). With the gate sealed, every compiled call runs under the gate's process-wide
-lock (trainer.compile's call guard) and so does each backward through compiled graphs.
+lock (trainer.compile.registry's call guard) and so does each backward through compiled graphs.
 
 A worker's exception is printed like Python prints an uncaught thread exception
 (``Exception in thread drafter-0:`` + traceback) and re-raised in the caller's thread, so
@@ -32,7 +32,7 @@ POLL_S = 0.5
 
 @dataclass
 class StepFns:
-    """The per-micro-batch work, supplied by the trainer (trainer.step)."""
+    """The per-micro-batch work, supplied by the trainer (trainer.train.step)."""
     target_features: Callable[[Any, Any], Any]           # (target, batch) -> features (no_grad)
     drafter_loss: Callable[[Any, Any, Any], tuple]       # (drafter, features, batch) -> (loss, metrics)
     to_device: Callable[[Any, str], Any]                 # (batch, device) -> batch

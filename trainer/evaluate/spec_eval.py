@@ -141,7 +141,7 @@ def speculative(target: Tapped, drafter, prompt: list[int], n_new: int, device) 
 
 def load_pair(path: str, *, target_path: str | None, device, dtype=None):
     """(Tapped target, drafter) from a checkpoint dir (step_N) or an exported directory."""
-    from .target import _from_pretrained, tapped_layer_ids
+    from ..model.target import _from_pretrained, tapped_layer_ids
 
     exported = os.path.isfile(os.path.join(path, "config.json"))
     if exported:
@@ -167,10 +167,10 @@ def load_pair(path: str, *, target_path: str | None, device, dtype=None):
         drafter = load_exported(path, embed_tokens=model.get_input_embeddings(),
                                 lm_head=model.get_output_embeddings(), device=device)
     else:
-        from . import checkpoints
-        from .model import Drafter, DrafterSpec, SharedHead
-        from .step import mask_token_id
-        from .target import Target
+        from ..train import checkpoints
+        from ..model.drafter import Drafter, DrafterSpec, SharedHead
+        from ..train.step import mask_token_id
+        from ..model.target import Target
 
         taps = tapped_layer_ids(len(model.model.layers), cfg.model.drafter_layers,
                                 cfg.model.target_layer_ids)
@@ -188,7 +188,7 @@ def load_pair(path: str, *, target_path: str | None, device, dtype=None):
 
 
 def read_prompts(path: str, target_path: str, limit: int) -> list[list[int]]:
-    from .data import load_tokenizer
+    from ..data.tokenizer import load_tokenizer
 
     tok = None
     out = []

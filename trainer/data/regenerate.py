@@ -20,6 +20,8 @@ from dfo_contract.exitcodes import DataError
 
 from .chat import BadRecord, ChatMasker, Unmaskable, conversation_from_record, regenerated_message
 from .formats import count_records, iter_records
+from .progress import Progress
+from .tokenizer import load_tokenizer
 
 
 def done_indices(out: str) -> set[int]:
@@ -59,8 +61,7 @@ class Rewriter:
     def __init__(self, target: str, device: str, max_new_tokens: int, template_kwargs: dict):
         import torch
 
-        from .data import load_tokenizer
-        from .target import _from_pretrained, _quiet_transformers
+        from ..model.target import _from_pretrained, _quiet_transformers
 
         _quiet_transformers()
         tok = load_tokenizer(target)
@@ -117,8 +118,6 @@ class Rewriter:
 def regenerate(target: str, inp: str, out: str, *, batch_size: int = 32, max_new_tokens: int = 1024,
                device: str = "auto", template_kwargs: dict | None = None, progress=None):
     """Rewrite ``inp`` into ``out``; returns (samples written now, samples already done)."""
-    from .datacli import Progress
-
     if batch_size < 1:
         raise DataError("--batch-size: must be >= 1")
     if not os.path.exists(inp):

@@ -8,7 +8,7 @@ re-saving an existing ``step_N`` swaps the two atomically (``renameat2(RENAME_EX
 so there is no moment with neither. The manifest records the run and attempt (lineage), and
 ``prune`` given a run id deletes only that run's checkpoints.
 
-``python -m trainer.checkpoints list DIR [--json] [--no-hash]`` is
+``python -m trainer.train.checkpoints list DIR [--json] [--no-hash]`` is
 ``python -m dfo_contract.checkpoints list`` (torch-free; the manifests live there).
 """
 
@@ -148,7 +148,7 @@ def prune(root: str, keep: int, *, run_id: str | None = None) -> list[str]:
 
 def _best_name(root: str) -> str | None:
     """The checkpoint ``<root>/best`` points to (the best measured acceptance length,
-    trainer.accept): pruning never deletes it."""
+    trainer.evaluate.accept): pruning never deletes it."""
     try:
         with open(os.path.join(root, "best")) as f:
             name = json.load(f).get("name")
@@ -207,7 +207,7 @@ def load(path: str, *, drafter, optimizer=None, scheduler=None, restore_rng: boo
 
 def main(argv: list[str] | None = None) -> int:
     """``list DIR [--json] [--no-hash]``: dfo_contract.checkpoints' command under this name."""
-    return cm.main(argv, prog="python -m trainer.checkpoints")
+    return cm.main(argv, prog="python -m trainer.train.checkpoints")
 
 
 if __name__ == "__main__":

@@ -3,13 +3,13 @@
 - ``fc`` (k*H -> H, no bias) + ``hidden_norm`` (RMSNorm) turn the k tapped target hidden
   states of the context into one context feature per position.
 - L Qwen3 decoder layers: RMSNorm -> attention (q_norm/k_norm, the target's RoPE incl.
-  its scaling, built by transformers: ``trainer.rope``) -> residual ->
+  its scaling, built by transformers: ``trainer.model.rope``) -> residual ->
   RMSNorm -> SwiGLU MLP -> residual; then a final RMSNorm.
 - Attention: Q from the block tokens only; K and V from [context features | block tokens]
   with the same projections (and k_norm) for both; RoPE at absolute positions (context
   0..S-1, block slot k at anchor+k); non-causal. The visibility pattern is not the
   model's business: ``forward`` takes an ``attend(q, k, v) -> out`` callable built by
-  ``trainer.attention``.
+  ``trainer.model.attention``.
 - The token embedding and the LM head are the target's, shared and frozen; they live in
   ``self.shared`` and are excluded from ``trainable_state_dict()``.
 
@@ -45,7 +45,7 @@ class DrafterSpec:
     rope_theta: float = 1_000_000.0
     init_std: float = 0.02
     # the target's transformers config: RoPE (incl. scaling) is built from it by transformers
-    # (trainer.rope); None = plain RoPE with ``rope_theta``
+    # (trainer.model.rope); None = plain RoPE with ``rope_theta``
     rope_config: object = field(default=None, compare=False, repr=False)
 
     @classmethod

@@ -10,7 +10,7 @@ backward on a dummy batch of that shape, and record the time and the compile-cac
 ``autograd_cache_hit/miss``). Heartbeats (``@dfo {"kind": "heartbeat", ...}``) are printed at
 least every ``train.heartbeat_s`` seconds meanwhile.
 
-What gets compiled is what the training step compiles (trainer.compile): the drafter step
+What gets compiled is what the training step compiles (trainer.compile.registry): the drafter step
 (layers + loss) when ``compile.enabled``, and flex_attention when the attention backend is
 ``flex``. On CPU (torch 2.13) compiled flex has no backward, so the trainer's ``auto`` backend
 is ``sdpa`` there; with ``compile.enabled`` the inductor still compiles the drafter step's
@@ -80,7 +80,7 @@ def warm_devices(cfg) -> list[str]:
 
 def make_task(cfg, device: str, shape: tuple[int, int], target, drafter, *, what="drafter step"):
     """A WarmupTask running the real drafter step (target forward, drafter fwd+bwd) once."""
-    from . import step
+    from ..train import step
     from .gate import WarmupTask
 
     seq_len, anchors = shape
@@ -146,12 +146,13 @@ def run_warmup(cfg, *, load_cache: str | None = None, save_cache: str | None = N
     """Warm every device x bucket of ``cfg``; return the report (also printed as lines)."""
     import torch
 
-    from . import step
-    from . import metrics
+    from ..train import step
+    from ..train import metrics
     from .gate import BypassReasons, CompileGate, counters_delta, counters_snapshot, default_dynamo_settings, \
         describe, install
 
-    from . import compile as _compile
+    from . import registry
+    from .registry import save_precompile_entries, verify_precompile_entries
 
     report: dict[str, Any] = {"torch": torch.__version__, "layout": cfg.parallel.layout,
                               "attention": cfg.model.attention,
@@ -160,8 +161,8 @@ def run_warmup(cfg, *, load_cache: str | None = None, save_cache: str | None = N
     if load_cache:
         report["mega_cache_load"] = load_mega_cache(load_cache)
     if cfg.compile.precompile:
-        _compile.configure(precompile=True)
-        chk = _compile.verify_precompile_entries()
+        registry.configure(precompile=True)
+        chk = verify_precompile_entries()
         report["precompile_check"] = {"dir": chk.dir, "kept": chk.kept, "dropped": chk.dropped}
     preload = _Preload.start() if preload_imports else None
     devs = warm_devices(cfg)
@@ -199,7 +200,7 @@ def run_warmup(cfg, *, load_cache: str | None = None, save_cache: str | None = N
     if save_cache:
         report["mega_cache_save"] = save_mega_cache(save_cache)
     if cfg.compile.precompile:  # after the mega save: it rewrites the same entries
-        report["precompile_save"] = _compile.save_precompile_entries()
+        report["precompile_save"] = save_precompile_entries()
     return report
 
 
@@ -281,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
               f"compile phases (all shapes): {describe_phases(report['phases'])}"
               + "".join(f"\nwarmup: autograd cache bypassed: {w}"
                         for w in report["autograd_bypass_reasons"]), flush=True)
-        from .metrics import Emitter
+        from ..train.metrics import Emitter
 
         Emitter(None).marker("done", step=0)
         return DONE

@@ -42,7 +42,7 @@ from dfo_contract import faultspec
 from dfo_contract.faultspec import (ENV_VAR, FX_RACE_TEXT, KINDS, Fault, FaultSpecError,  # noqa: F401
                                      parse_spec)
 
-from . import runtime
+from .. import runtime
 
 # --------------------------------------------------------------------------- runtime state
 

@@ -3,10 +3,10 @@
 - ``synth --out FILE.jsonl [--num N --seq-len S --vocab V --seed K]``: a learnable synthetic
   tokenized dataset.
 - ``tokenize --target DIR --in FILE... --out DIR [--workers N] [--no-thinking]``: build a
-  pre-tokenized store (trainer.tokenized) in parallel over the cores, with a progress bar
+  pre-tokenized store (trainer.data.tokenized) in parallel over the cores, with a progress bar
   and a summary (samples, dropped and why, loss tokens, length histogram).
 - ``regenerate --target DIR --in FILE --out FILE [--batch-size N] [--max-new-tokens N]``: the
-  target rewrites the assistant turns (trainer.regenerate); resumable after a kill.
+  target rewrites the assistant turns (trainer.data.regenerate); resumable after a kill.
 
 User errors print one line ``trainer.data: ...`` and exit 2 (usage) or 3 (data).
 """
@@ -17,53 +17,10 @@ import argparse
 import json
 import os
 import sys
-import time
 
 from dfo_contract.exitcodes import DATA_ERROR, DataError
 
-from .tokenized import Summary
-
-
-class Progress:
-    """A tqdm bar on a terminal, plain ``label: done/total`` lines (every few s) otherwise."""
-
-    def __init__(self, total: int | None, label: str, stream=None, every_s: float = 5.0):
-        self.total, self.label, self.done = total, label, 0
-        self.stream = stream or sys.stderr
-        self.summary = Summary()
-        self.every_s = every_s
-        self._last = 0.0
-        self._t0 = time.monotonic()
-        self._bar = None
-        if getattr(self.stream, "isatty", lambda: False)():
-            try:
-                from tqdm import tqdm
-
-                self._bar = tqdm(total=total, desc=label, unit="rec", file=self.stream)
-            except ImportError:
-                pass
-
-    def update(self, n: int = 1) -> None:
-        self.done += n
-        if self._bar is not None:
-            self._bar.update(n)
-            return
-        now = time.monotonic()
-        if now - self._last >= self.every_s:
-            self._last = now
-            self._line()
-
-    def _line(self) -> None:
-        tot = f"/{self.total}" if self.total is not None else ""
-        rate = self.done / max(time.monotonic() - self._t0, 1e-9)
-        self._printed = self.done
-        print(f"{self.label}: {self.done}{tot} ({rate:.1f}/s)", file=self.stream, flush=True)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-        elif getattr(self, "_printed", None) != self.done:
-            self._line()
+from .progress import Progress
 
 
 def target_vocab_size(target: str) -> int:

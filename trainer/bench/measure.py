@@ -1,5 +1,6 @@
-"""The measuring half of ``python -m trainer.bench``: one variant (or candidate) timed on the
-process's models, and the candidate table (MFU changes, measured side by side).
+"""The measuring half of ``python -m trainer.bench`` (trainer.bench.drafter_step): one variant
+(or candidate) timed on the process's models, and the candidate table (MFU changes, measured
+side by side).
 
 A candidate changes the flex-compiled step: micro-batch, LM-head chunk, inductor settings
 (patched only around its own compile and timing) or the compile mode. Each compiles its own
@@ -16,6 +17,9 @@ import time
 import torch
 
 from dfo_contract.fsio import atomic_write_text
+
+from .flops import drafter_flops, visible_pairs
+from .timing import sync, timeit
 
 #: ``--candidates``: changes to the flex-compiled step measured side by side with it (for
 #: MFU). Combine with '+', e.g. ``mb2+ce8192``. Each runs in this process after the variants,
@@ -53,7 +57,7 @@ def candidate(name: str) -> dict:
 
 def reset_compiled() -> None:
     """Forget every compiled function (a candidate compiles its own)."""
-    from . import runtime
+    from .. import runtime
 
     st = runtime.get().compile
     with st.lock:
@@ -65,8 +69,8 @@ def reset_compiled() -> None:
 def measure(a, cfg, dev, target, drafter, opt, tcfg, spec, peak, batch, feats, t_target, dfl,
             opts: dict) -> dict:
     """Time one variant (optionally changed by a candidate's settings) on this process's models."""
-    from . import attention, step as S
-    from .bench import _sync, _timeit, drafter_flops, visible_pairs
+    from ..model import attention
+    from ..train import step as S
 
     name = opts["variant"]
     backend = "flex" if name.startswith("flex") else "sdpa"
@@ -88,7 +92,7 @@ def measure(a, cfg, dev, target, drafter, opt, tcfg, spec, peak, batch, feats, t
     if mb != a.micro_batch:
         batch = S.dummy_batch(cfg, a.seq_len, a.anchors, mb, dev, seed=0)
         feats = S.target_features(target, batch, cfg)
-        t_target = _timeit(lambda: S.target_features(target, batch, cfg), dev, max(1, a.iters // 2))
+        t_target = timeit(lambda: S.target_features(target, batch, cfg), dev, max(1, a.iters // 2))
         b, n = batch.anchors.shape
         dfl = drafter_flops(spec, seq_len=b * a.seq_len, tq=b * n * a.block_size,
                             pairs=visible_pairs(batch.anchors, batch.anchor_valid, a.block_size),
@@ -117,11 +121,11 @@ def measure(a, cfg, dev, target, drafter, opt, tcfg, spec, peak, batch, feats, t
             for _ in range(a.warmup):
                 drafter_step()
                 drafter.zero_grad(set_to_none=False)
-            _sync(dev)
+            sync(dev)
             first_s = time.perf_counter() - tc
-            t_step = _timeit(lambda: (drafter_step(), None), dev, a.iters)
-        t_opt = _timeit(lambda: opt.step(), dev, a.iters)
-        t_mask = _timeit(lambda: attention.build_mask(backend, batch.anchors, batch.anchor_valid,
+            t_step = timeit(lambda: (drafter_step(), None), dev, a.iters)
+        t_opt = timeit(lambda: opt.step(), dev, a.iters)
+        t_mask = timeit(lambda: attention.build_mask(backend, batch.anchors, batch.anchor_valid,
                                                       a.seq_len, a.block_size), dev, a.iters)
         drafter.zero_grad(set_to_none=True)
         peak_mem = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None

@@ -97,8 +97,8 @@ def export(ckpt: str, out: str, *, dtype: str = "bf16", target_path: str | None 
         raise TrainerConfigError(f"config: --target: {tpath or '(none)'} has no config.json (give "
                                  "the target model directory the checkpoint was trained against)")
     tcfg = AutoConfig.from_pretrained(tpath, local_files_only=True)
-    from .step import _tokenizer_mask_id
-    from .target import tapped_layer_ids
+    from ..train.step import _tokenizer_mask_id
+    from ..model.target import tapped_layer_ids
 
     n_target = int(tcfg.num_hidden_layers)
     taps = tapped_layer_ids(n_target, cfg.model.drafter_layers, cfg.model.target_layer_ids)
@@ -167,7 +167,7 @@ def load_exported(d: str, *, embed_tokens, lm_head, device="cpu"):
     from safetensors.torch import load_file
     from transformers import Qwen3Config
 
-    from .model import Drafter, DrafterSpec, SharedHead
+    from ..model.drafter import Drafter, DrafterSpec, SharedHead
 
     with open(os.path.join(d, "config.json")) as f:
         conf = json.load(f)

@@ -9,7 +9,7 @@ exactly these functions:
     dummy_batch(cfg, seq_len, num_anchors, batch_size, device) -> Batch
     shape_buckets(cfg) -> [(seq_len, num_anchors), ...]
 
-Every batch (``trainer.batch.Batch``) is padded into one of ``shape_buckets(cfg)`` by
+Every batch (``trainer.data.batch.Batch``) is padded into one of ``shape_buckets(cfg)`` by
 ``trainer.data.collate``, so the set of shapes compiled code sees is finite and known before
 training starts. Imports go one way: step -> data (tokenizer), data -> batch, never back.
 """
@@ -21,12 +21,15 @@ import logging
 
 import torch
 
-from . import attention, compile as _compile, objective
-from .batch import Batch
-from dfo_contract.trainer_config import TrainerConfig
 from dfo_contract.exitcodes import TrainerConfigError
-from .model import Drafter, DrafterSpec, SharedHead
-from .target import Target, load_target
+from dfo_contract.trainer_config import TrainerConfig
+
+from ..compile import registry
+from ..data.batch import Batch
+from ..model import attention, blocks
+from ..model.drafter import Drafter, DrafterSpec, SharedHead
+from ..model.target import Target, load_target
+from . import objective
 
 log = logging.getLogger("dfo")
 
@@ -106,7 +109,7 @@ def mask_token_id(cfg: TrainerConfig, target: Target) -> int:
     if mid is None:
         mid = _tokenizer_mask_id(target.path)
     if mid is None:
-        from .family import family_mask_token_id
+        from ..model.family import family_mask_token_id
 
         tok_len = _tokenizer_len(target.path)
         fam = family_mask_token_id(target.path, target.vocab_size, tok_len)
@@ -127,7 +130,7 @@ def _tokenizer_len(path: str) -> int | None:
 
     if not path or not os.path.isfile(os.path.join(path, "tokenizer_config.json")):
         return None
-    from .data import load_tokenizer
+    from ..data.tokenizer import load_tokenizer
 
     tok = load_tokenizer(path)
     return len(tok) if tok is not None else None
@@ -147,7 +150,7 @@ def _tokenizer_mask_id(path: str) -> int | None:
             return int(v)
     cfg_path = os.path.join(path, "tokenizer_config.json")
     if os.path.isfile(cfg_path):
-        from .data import load_tokenizer
+        from ..data.tokenizer import load_tokenizer
 
         tok = load_tokenizer(path)
         if tok is not None and tok.mask_token_id is not None:
@@ -184,8 +187,8 @@ def drafter_loss(drafter: Drafter, features: torch.Tensor, batch: Batch, cfg: Tr
     bs = cfg.model.block_size
     s_len = b.input_ids.shape[1]
     backend = getattr(drafter, "attn_backend", "sdpa")
-    ids = objective.block_input_ids(b.input_ids, b.anchors, b.anchor_valid, bs, drafter.mask_token_id)
-    pos = objective.block_positions(b.anchors, bs)
+    ids = blocks.block_input_ids(b.input_ids, b.anchors, b.anchor_valid, bs, drafter.mask_token_id)
+    pos = blocks.block_positions(b.anchors, bs)
     labels, weights, counted = objective.labels_and_weights(b.input_ids, b.loss_mask, b.anchors,
                                                             b.anchor_valid, bs, cfg.gamma())
     mask = attention.build_mask(backend, b.anchors, b.anchor_valid, s_len, bs)
@@ -194,9 +197,9 @@ def drafter_loss(drafter: Drafter, features: torch.Tensor, batch: Batch, cfg: Tr
         if cfg.compile.enabled:
             mode = cfg.compile.mode
             name = "drafter_step" if mode == "default" else f"drafter_step[{mode}]"
-            fn = _compile.compiled(name, _drafter_forward_loss,
+            fn = registry.compiled(name, _drafter_forward_loss,
                                    **({} if mode == "default" else {"mode": mode}))
-            with _compile.guard(name):
+            with registry.guard(name):
                 return fn(*args)
         return _drafter_forward_loss(*args)
 
@@ -214,6 +217,6 @@ def dummy_batch(cfg: TrainerConfig, seq_len: int, num_anchors: int, batch_size: 
     ids = torch.randint(4, 100, (batch_size, seq_len), generator=g)
     lm = torch.ones(batch_size, seq_len, dtype=torch.bool)
     lens = torch.full((batch_size,), seq_len, dtype=torch.long)
-    anchors, valid = objective.sample_anchors(lm, lens, num_anchors, bs, generator=g)
+    anchors, valid = blocks.sample_anchors(lm, lens, num_anchors, bs, generator=g)
     return Batch(input_ids=ids, loss_mask=lm, lengths=lens, anchors=anchors, anchor_valid=valid,
                  num_tokens=batch_size * seq_len, num_samples=batch_size).to(device)

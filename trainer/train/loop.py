@@ -20,10 +20,15 @@ from dfo_contract import checkpoints as manifests
 from dfo_contract.exitcodes import DONE, INTERRUPTED, NonFiniteLoss, TrainerError
 from dfo_contract.trainer_config import TrainerConfig
 
-from . import accept, checkpoints, faults, metrics, objective, runtime
-from . import compile as _compile
-from .data import BatchStream, JsonlDataset, load_tokenizer, open_dataset
-from .parallel import make_layout
+from ..evaluate import accept
+from .. import runtime
+from . import checkpoints, faults, metrics, objective
+from ..compile import registry
+from ..compile.registry import save_precompile_entries, verify_precompile_entries
+from ..data.datasets import JsonlDataset, open_dataset
+from ..data.stream import BatchStream
+from ..data.tokenizer import load_tokenizer
+from ..parallel import make_layout
 
 log = logging.getLogger("dfo")
 
@@ -95,7 +100,7 @@ def open_data(cfg: TrainerConfig, vocab_size: int, mask_id: int | None) -> Jsonl
 
 
 def _read_resume(ckdir: str, spec: str, device) -> dict | TrainerError:
-    """The main rank's resume state: the checkpoint (trainer.checkpoints.read) and the best
+    """The main rank's resume state: the checkpoint (trainer.train.checkpoints.read) and the best
     pointer; a TrainerError is returned (to be shared and raised on every rank)."""
     try:
         st = checkpoints.read(manifests.resolve(ckdir, spec), device=device)
@@ -124,9 +129,9 @@ def train(cfg: TrainerConfig, resume: str | None = None, *, out=None) -> int:
         hb.start()
         torch.manual_seed(cfg.train.seed)
         precompile = cfg.compile.enabled and cfg.compile.precompile
-        if precompile:  # dynamo's precompile cache, as `trainer warmup` uses it (trainer.compile)
-            _compile.configure(precompile=True)
-            _compile.verify_precompile_entries()
+        if precompile:  # dynamo's precompile cache, as `trainer warmup` uses it
+            registry.configure(precompile=True)
+            verify_precompile_entries()
         layout = make_layout(cfg)
         started.mark("layout")
         em.enabled = layout.is_main
@@ -179,7 +184,7 @@ def train(cfg: TrainerConfig, resume: str | None = None, *, out=None) -> int:
         em.marker("startup", **started.fields())
         precompile_pending = precompile  # saved once everything compiled: after warm-up or step 1
         if precompile and warmed:
-            _compile.save_precompile_entries()
+            save_precompile_entries()
             precompile_pending = False
         want = "train" if (step or warmed) else "compile"  # no warm-up: step 1 compiles lazily
         if em.phase != want:
@@ -265,7 +270,7 @@ def train(cfg: TrainerConfig, resume: str | None = None, *, out=None) -> int:
             if em.phase != "train":
                 em.set_phase("train")
             if precompile_pending:
-                _compile.save_precompile_entries()
+                save_precompile_entries()
                 precompile_pending = False
             if step % cfg.train.log_every == 0 or step == cfg.train.max_steps:
                 host = metrics.to_host(objective.summarize(pending))

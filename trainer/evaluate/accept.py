@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from . import attention, objective
+from ..model import attention
+from ..model.blocks import block_input_ids, block_positions
+from ..train import objective
 
 
 def block_accept_lengths(pred: torch.Tensor, labels: torch.Tensor, counted: torch.Tensor) -> torch.Tensor:
@@ -29,9 +31,8 @@ def batch_accept(drafter, features: torch.Tensor, batch, *, block_size: int, gam
     """(sum of accept lengths, number of valid blocks with a label) for one batch."""
     dev = features.device
     b = batch.to(dev)
-    ids = objective.block_input_ids(b.input_ids, b.anchors, b.anchor_valid, block_size,
-                                    drafter.mask_token_id)
-    pos = objective.block_positions(b.anchors, block_size)
+    ids = block_input_ids(b.input_ids, b.anchors, b.anchor_valid, block_size, drafter.mask_token_id)
+    pos = block_positions(b.anchors, block_size)
     labels, _w, counted = objective.labels_and_weights(b.input_ids, b.loss_mask, b.anchors,
                                                        b.anchor_valid, block_size, gamma)
     mask = attention.build_mask(backend, b.anchors, b.anchor_valid, b.input_ids.shape[1], block_size)
@@ -75,7 +76,9 @@ class HeldOut:
     anchors every evaluation: a pure function of the seed), scored by ``evaluate``."""
 
     def __init__(self, cfg, *, vocab_size: int, mask_token_id: int | None):
-        from .data import JsonlDataset, collate, load_tokenizer
+        from ..data.collate import collate
+        from ..data.datasets import JsonlDataset
+        from ..data.tokenizer import load_tokenizer
 
         d = cfg.data
         tok = load_tokenizer(cfg.model.target_path) if d.format in ("auto", "chat") else None
@@ -94,7 +97,7 @@ class HeldOut:
         self.ds.close()
 
     def run(self, drafter, target, cfg) -> dict:
-        from . import step as S
+        from ..train import step as S
 
         dev = next(iter(drafter.trainable_parameters())).device
 

@@ -1,18 +1,40 @@
-"""The micro-batch stream of training: ``BatchStream`` (deterministic order, one-integer state)
-and ``SkippedBatch`` (a micro-batch another ddp rank builds; only its counts).
+"""The micro-batch stream of training: ``Order`` (sample position -> dataset index),
+``BatchStream`` (deterministic order, one-integer state) and ``SkippedBatch`` (a micro-batch
+another ddp rank builds; only its counts).
 
-Re-exported by trainer.data, which holds the datasets, ``Order`` and ``collate``.
+Order: sample position p (a global counter) maps to epoch ``p // n`` and to index
+``perm(seed, epoch)[p % n]``; ``perm`` is a seeded shuffle, so the order is a pure function
+of (seed, epoch) and resuming needs only p. The datasets are trainer.data.datasets'.
 """
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from .data import Order, collate
+from .collate import collate
 
-if TYPE_CHECKING:
-    from .data import JsonlDataset
+
+class Order:
+    """Deterministic sample order by (seed, epoch): position p -> dataset index."""
+
+    def __init__(self, n: int, seed: int, shuffle: bool = True):
+        self.n, self.seed, self.shuffle = n, seed, shuffle
+        self._cache: dict[int, list[int]] = {}
+
+    def perm(self, epoch: int) -> list[int]:
+        p = self._cache.get(epoch)
+        if p is None:
+            p = list(range(self.n))
+            if self.shuffle:
+                random.Random(f"dfo-data:{self.seed}:{epoch}").shuffle(p)
+            self._cache = {epoch: p}
+        return p
+
+    def index(self, position: int) -> tuple[int, int]:
+        """(epoch, dataset index) of sample position ``position``."""
+        epoch, k = divmod(position, self.n)
+        return epoch, self.perm(epoch)[k]
 
 
 @dataclass(frozen=True)
@@ -30,7 +52,7 @@ class BatchStream:
     others: the state advances exactly as ``n`` calls of ``next()`` would, so every rank's data,
     the checkpoint's data state and resume are those of the single loop."""
 
-    def __init__(self, ds: JsonlDataset, *, micro_batch: int, block_size: int, num_anchors: int,
+    def __init__(self, ds, *, micro_batch: int, block_size: int, num_anchors: int,
                  seq_buckets: list[int], anchor_buckets: list[int], seed: int, shuffle: bool = True,
                  pad_id: int = 0):
         self.ds = ds

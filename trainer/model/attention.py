@@ -1,8 +1,8 @@
 """Attention backends for the drafter: ``flex`` (compiled), ``sdpa`` (boolean mask), ``flex-eager``.
 
-All three implement the DFlash visibility of ``trainer.objective.visibility_mask``:
+All three implement the DFlash visibility of ``trainer.model.blocks.visibility_mask``:
 
-- ``flex``: ``flex_attention`` compiled once per process (trainer.compile) with a BlockMask
+- ``flex``: ``flex_attention`` compiled once per process (trainer.compile.registry) with a BlockMask
   built analytically here (``flex_block_mask``; no compile, no vmap over Q x KV).
 - ``sdpa``: ``scaled_dot_product_attention`` with a dense boolean mask; rows that see
   nothing (invalid blocks) give zeros, never NaN (forward or backward). No compile.
@@ -21,8 +21,9 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from . import compile as _compile, runtime
-from .objective import visibility_mask
+from ..compile import registry
+from .. import runtime
+from .blocks import visibility_mask
 
 log = logging.getLogger("dfo")
 FLEX_BLOCK = 128
@@ -153,7 +154,7 @@ def attend(backend: str, q, k, v, mask):
             from torch.nn.attention.flex_attention import flex_attention as _flex
 
             return _flex(q, k, v, block_mask=mask, enable_gqa=gqa)
-        return _compile.flex_attention(q, k, v, mask, enable_gqa=gqa)
+        return registry.flex_attention(q, k, v, mask, enable_gqa=gqa)
     if backend == "flex-eager":
         warn_flex_eager()
         from torch.nn.attention.flex_attention import flex_attention as _flex

@@ -13,7 +13,8 @@ thread's make_fx sets it) or deadlocked on a cold cache. With the gate on:
    process-global stance, torch >= 2.6), so any compile after warm-up -- a new shape, a new
    device -- raises ``RecompileAfterWarmup`` naming the shape instead of racing.
 3. **Lock** (``CompileGate.guard``): a process-wide re-entrant lock around every call into
-   compiled code (trainer.compile's call guard, and each backward through compiled graphs).
+   compiled code (trainer.compile.registry's call guard, and each backward through compiled
+   graphs).
 4. **Settings in every thread** (``CompileGate.thread_setup``): since torch 2.12,
    ``torch._dynamo.config`` / ``torch._inductor.config`` writes are per-thread (ContextVar;
    a new thread starts from the defaults), so the settings below are applied in each thread
@@ -35,7 +36,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable, Iterator
 
-from . import compile as _compile, runtime
+from .. import runtime
+from . import registry
+from .registry import apply_cache_settings
 
 RECOMPILE_TEXT = "Detected recompile when torch.compile stance is 'fail_on_recompile'"
 COUNTER_KEYS = {  # (counters section, key) -> report name
@@ -206,10 +209,10 @@ class CompileGate:
         """Call first in every thread that runs compiled code (incl. the warm-up thread).
 
         Gate off keeps the race's pattern for dynamo (torch's defaults). The compile
-        CACHE settings (``trainer.compile.apply_cache_settings``) are applied in both modes:
+        CACHE settings (``trainer.compile.registry.apply_cache_settings``) are applied in both modes:
         they are part of the cache keys, so a gate-on retry hits what a gate-off attempt built.
         """
-        _compile.apply_cache_settings()
+        apply_cache_settings()
         if self.enabled:
             apply_dynamo_settings(self.settings)
 
@@ -219,7 +222,7 @@ class CompileGate:
         """Run every task sequentially in this thread; record time and cache counters each.
 
         ``heartbeat``: a context manager active during the warm-up (the trainer passes
-        ``trainer.metrics.Heartbeat``, which beats only while the process makes progress).
+        ``trainer.train.metrics.Heartbeat``, which beats only while the process makes progress).
         """
         if self.sealed:
             raise RuntimeError("compile gate: warm-up after seal (warm up before workers start)")
@@ -363,10 +366,10 @@ def _describe_shapes(args) -> str:
 # --------------------------------------------------------------------- process-wide gate
 
 def install(gate: CompileGate) -> CompileGate:
-    """Make ``gate`` the process's gate (``runtime.get().gate``) and route trainer.compile's
-    calls through it."""
+    """Make ``gate`` the process's gate (``runtime.get().gate``) and route the calls of
+    trainer.compile.registry through it."""
     runtime.get().gate = gate
-    _compile.set_call_guard(gate.guard if gate.enabled else None)
+    registry.set_call_guard(gate.guard if gate.enabled else None)
     return gate
 
 

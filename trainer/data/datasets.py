@@ -1,13 +1,13 @@
-"""Training data: datasets, deterministic order, bucketed collation, ``python -m trainer.data``.
+"""The datasets ``data.path`` names: a records file or a pre-tokenized store, validated once.
 
 ``data.path`` is one of:
 
-- a pre-tokenized store directory (``python -m trainer.data tokenize``; trainer.tokenized):
+- a pre-tokenized store directory (``python -m trainer.data tokenize``; trainer.data.tokenized):
   memory-mapped, nothing is parsed or tokenized at load or per step;
-- a ``.jsonl`` / ``.jsonl.gz`` / ``.parquet`` file of records (trainer.formats): tokenized
+- a ``.jsonl`` / ``.jsonl.gz`` / ``.parquet`` file of records (trainer.data.formats): tokenized
   ``{"input_ids": [...], "loss_mask": [...]}``, OpenAI ``{"messages": [...]}`` or ShareGPT
   ``{"conversations": [{"from", "value"}]}``. Chat records are rendered with the target's
-  chat template and masked by trainer.chat ONCE, at load; plain tokenized ``.jsonl`` lines
+  chat template and masked by trainer.data.chat ONCE, at load; plain tokenized ``.jsonl`` lines
   are re-read by byte offset.
 
 The data is scanned once at start: a malformed record, a missing field or a token id >= the
@@ -16,36 +16,28 @@ conversation that cannot be masked is dropped and counted with its reason and fi
 file:line; samples with fewer than ``data.min_loss_tokens`` (default ``2*B``) loss tokens
 after truncation to ``data.max_seq_len`` are dropped and counted.
 
-Order: sample position p (a global counter) maps to epoch ``p // n`` and to index
-``perm(seed, epoch)[p % n]``; ``perm`` is a seeded shuffle, so the order is a pure function
-of (seed, epoch) and resuming needs only p. Anchors of micro-batch m are drawn with a
-generator seeded by (seed, m): also a pure function.
-
-CLI (trainer.datacli): ``synth`` (a learnable synthetic tokenized dataset), ``tokenize``
-(build a store, in parallel) and ``regenerate`` (the target rewrites the assistant turns).
+The order the samples are taken in is trainer.data.stream's; how a micro-batch is padded and
+its anchors drawn, trainer.data.collate's.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import random
-import sys
 
 import numpy as np
 from dataclasses import dataclass, field
 
 from dfo_contract.exitcodes import DataError
 
-from .chat import ChatMasker, Conversation, Unmaskable
+from .chat import ChatMasker, Unmaskable
 from .formats import (Dropped, Sample, is_gzip, is_parquet, iter_records, parse_json_line,
                       record_kind, record_sample)
 from .tokenized import Summary, TokenStore, is_store, no_samples_message
 
 log = logging.getLogger("dfo")
 
-__all__ = ["Sample", "JsonlDataset", "TokenizedDataset", "open_dataset", "Order", "collate",
-           "tokenize_chat", "load_tokenizer", "load_masker"]
+__all__ = ["Sample", "ScanReport", "JsonlDataset", "TokenizedDataset", "open_dataset"]
 
 
 @dataclass(frozen=True)
@@ -198,7 +190,7 @@ class JsonlDataset(_Dataset):
 
 
 class TokenizedDataset(_Dataset):
-    """A pre-tokenized store (trainer.tokenized), memory-mapped; filters are vectorised."""
+    """A pre-tokenized store (trainer.data.tokenized), memory-mapped; filters are vectorised."""
 
     def __init__(self, path: str, *, vocab_size: int, block_size: int, max_seq_len: int,
                  min_loss_tokens: int | None = None, mask_token_id: int | None = None, **_ignored):
@@ -248,119 +240,3 @@ def open_dataset(path: str, **kw):
         raise DataError(f"data: {path}: a directory without manifest.json (give a .jsonl, "
                         ".jsonl.gz or .parquet file, or a store written by python -m trainer.data tokenize)")
     return JsonlDataset(path, **kw)
-
-
-def tokenize_chat(tokenizer, messages: list[dict], where: str = "data") -> tuple[list[int], list[int]]:
-    """Token ids and the generated-tokens loss mask of one conversation (trainer.chat)."""
-    try:
-        return ChatMasker(tokenizer).mask(Conversation(messages))
-    except Unmaskable as e:
-        raise DataError(f"{where}: cannot mask the conversation: {e}") from None
-
-
-def load_tokenizer(path: str):
-    """The tokenizer in a target directory, or None when it has none."""
-    if not any(os.path.isfile(os.path.join(path, f)) for f in ("tokenizer.json", "tokenizer_config.json")):
-        return None
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(path, local_files_only=True)
-
-
-def load_masker(target: str, template_kwargs: dict | None = None) -> ChatMasker | None:
-    """A ChatMasker for the target's tokenizer; None when the target has no tokenizer."""
-    tok = load_tokenizer(target)
-    if tok is None:
-        return None
-    try:
-        return ChatMasker(tok, template_kwargs=template_kwargs)
-    except Unmaskable as e:
-        raise DataError(f"data: {target}: chat data cannot be masked: {e}") from None
-
-
-# --------------------------------------------------------------------------- order
-
-class Order:
-    """Deterministic sample order by (seed, epoch): position p -> dataset index."""
-
-    def __init__(self, n: int, seed: int, shuffle: bool = True):
-        self.n, self.seed, self.shuffle = n, seed, shuffle
-        self._cache: dict[int, list[int]] = {}
-
-    def perm(self, epoch: int) -> list[int]:
-        p = self._cache.get(epoch)
-        if p is None:
-            p = list(range(self.n))
-            if self.shuffle:
-                random.Random(f"dfo-data:{self.seed}:{epoch}").shuffle(p)
-            self._cache = {epoch: p}
-        return p
-
-    def index(self, position: int) -> tuple[int, int]:
-        """(epoch, dataset index) of sample position ``position``."""
-        epoch, k = divmod(position, self.n)
-        return epoch, self.perm(epoch)[k]
-
-
-# --------------------------------------------------------------------------- collation
-
-def pick_bucket(need: int, buckets: list[int], what: str) -> int:
-    for b in sorted(buckets):
-        if b >= need:
-            return b
-    raise DataError(f"data: a batch needs {what} {need} > the largest bucket {max(buckets)}")
-
-
-def anchor_seed(seed: int, micro_index: int) -> int:
-    return (int(seed) * 1_000_003 + int(micro_index) * 7919 + 17) % (2**63 - 1)
-
-
-def collate(samples: list[Sample], *, block_size: int, num_anchors: int, seq_buckets: list[int],
-            anchor_buckets: list[int], seed: int, micro_index: int, pad_id: int = 0):
-    """Pad a micro-batch into its (seq_len, anchors) bucket and draw its anchors."""
-    import torch
-
-    from .objective import eligible_anchors, sample_anchors
-    from .batch import Batch
-
-    lengths = [len(s.input_ids) for s in samples]
-    s_len = pick_bucket(max(lengths), seq_buckets, "seq_len")
-    b = len(samples)
-    ids = torch.full((b, s_len), pad_id, dtype=torch.long)
-    lm = torch.zeros((b, s_len), dtype=torch.bool)
-    for i, s in enumerate(samples):
-        ids[i, : len(s.input_ids)] = torch.tensor(s.input_ids, dtype=torch.long)
-        lm[i, : len(s.loss_mask)] = torch.tensor(s.loss_mask, dtype=torch.bool)
-    lens = torch.tensor(lengths, dtype=torch.long)
-    need = min(num_anchors, int(eligible_anchors(lm, lens, block_size).sum(1).max()))
-    n_bucket = pick_bucket(max(need, 1), anchor_buckets, "anchors")
-    g = torch.Generator(device="cpu").manual_seed(anchor_seed(seed, micro_index))
-    anchors, valid = sample_anchors(lm, lens, min(num_anchors, n_bucket), block_size, generator=g)
-    if anchors.shape[1] < n_bucket:
-        pad = n_bucket - anchors.shape[1]
-        anchors = torch.nn.functional.pad(anchors, (0, pad))
-        valid = torch.nn.functional.pad(valid, (0, pad))
-    return Batch(input_ids=ids, loss_mask=lm, lengths=lens, anchors=anchors, anchor_valid=valid,
-                 num_tokens=int(sum(lengths)), num_samples=b)
-
-
-def __getattr__(name: str):
-    """``BatchStream`` and ``SkippedBatch`` live in trainer.stream (which imports this module)."""
-    if name in ("BatchStream", "SkippedBatch"):
-        from . import stream
-
-        return getattr(stream, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-from .synth import synth_samples, write_synth  # noqa: E402,F401 - re-exported
-
-
-def main(argv: list[str] | None = None) -> int:
-    from .datacli import main as cli_main
-
-    return cli_main(argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

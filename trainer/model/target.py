@@ -4,7 +4,7 @@
 the decoder layers after the last tapped one, and captures each tapped layer's output
 with forward hooks (so no final norm sneaks into the last tapped state).
 
-``python -m trainer.target --out DIR`` writes a tiny random-init Qwen3 target
+``python -m trainer.model.target --out DIR`` writes a tiny random-init Qwen3 target
 (hidden 64, vocab 128, 4 layers by default) with ``save_pretrained`` plus a tiny
 character-level tokenizer with a chat template and a ``<|mask|>`` token (id 3), so chat
 data and the demo work with no download.
@@ -155,7 +155,7 @@ def load_target(path: str, *, device, dtype: torch.dtype, num_drafter_layers: in
                 tap_ids: list[int] | None = None) -> Target:
     if not path:
         raise TrainerConfigError("config: --model.target_path: required: a transformers "
-                                 "causal-LM directory (python -m trainer.target --out DIR makes a tiny one)")
+                                 "causal-LM directory (python -m trainer.model.target --out DIR makes a tiny one)")
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise TrainerConfigError(f"config: --model.target_path: {path} has no config.json "
                                  "(give a local transformers model directory; nothing is downloaded)")
@@ -250,7 +250,7 @@ def make_tiny_target(out: str, *, hidden=64, layers=4, vocab=128, heads=4, kv_he
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m trainer.target",
+    ap = argparse.ArgumentParser(prog="python -m trainer.model.target",
                                  description="Write a tiny random-init Qwen3 target directory.")
     ap.add_argument("--out", required=True)
     ap.add_argument("--hidden", type=int, default=64)
@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
                          kv_heads=a.kv_heads, head_dim=a.head_dim, intermediate=a.intermediate,
                          seed=a.seed, tokenizer=not a.no_tokenizer)
     except TrainerConfigError as e:
-        print(f"trainer.target: {e}", file=sys.stderr)
+        print(f"trainer.model.target: {e}", file=sys.stderr)
         return 2
     print(f"wrote tiny Qwen3 target to {a.out}")
     return 0

@@ -32,49 +32,11 @@ import torch
 
 from dfo_contract.markers import format_marker
 
-from .bench_measure import CANDIDATES, candidate, measure, write_json
+from .flops import H200_BF16_PEAK_TFLOPS, drafter_flops, target_flops, visible_pairs
+from .measure import CANDIDATES, candidate, measure, write_json
+from .timing import timeit
 
-H200_BF16_PEAK_TFLOPS = 989.0
 VARIANTS = ("flex-compiled", "flex", "sdpa", "sdpa-compiled")
-
-
-# --------------------------------------------------------------------------- FLOPs
-
-def visible_pairs(anchors: torch.Tensor, valid: torch.Tensor, block_size: int) -> int:
-    """Sum over valid block queries of the keys they see: B * (anchor + B) per valid block."""
-    return int((block_size * (anchors + block_size) * valid).sum())
-
-
-def drafter_flops(spec, *, seq_len: int, tq: int, pairs: int, label_rows: int) -> dict:
-    """Model FLOPs of one drafter step (forward + backward) for one micro-batch.
-
-    Linear layers: 2*m*n*k forward, 2x that backward (input + weight grads) -> 6*m*n*k;
-    fc: forward + weight grad only (its input is the frozen target's features) -> 4*m*n*k.
-    Attention: 4*heads*head_dim per visible (query, key) pair forward, 3x for fwd+bwd.
-    LM head (frozen): forward + grad w.r.t. the hidden state only -> 4*rows*H*V.
-    ``tq``/``pairs``/``label_rows`` are summed over the micro-batch's sequences.
-    """
-    h, nh, nkv, hd, inter = spec.hidden, spec.heads, spec.kv_heads, spec.head_dim, spec.intermediate
-    b_seq = seq_len  # context rows (already times batch by the caller)
-    fc = 4 * b_seq * (spec.num_taps * h) * h
-    lin = 6 * (tq * h * nh * hd + 2 * (b_seq + tq) * h * nkv * hd + tq * nh * hd * h + 3 * tq * h * inter)
-    attn = 3 * 4 * nh * hd * pairs
-    head = 4 * label_rows * h * spec.vocab
-    layers = spec.num_layers * (lin + attn)
-    return {"fc": fc, "layers": layers, "attention": spec.num_layers * attn, "lm_head": head,
-            "total": fc + layers + head}
-
-
-def target_flops(tcfg, *, layers_run: int, seq_len: int, batch: int) -> int:
-    """Forward FLOPs of the target up to the last tapped layer (causal attention)."""
-    h = tcfg.hidden_size
-    nh = tcfg.num_attention_heads
-    nkv = getattr(tcfg, "num_key_value_heads", nh)
-    hd = getattr(tcfg, "head_dim", None) or h // nh
-    inter = tcfg.intermediate_size
-    lin = 2 * seq_len * (h * nh * hd + 2 * h * nkv * hd + nh * hd * h + 3 * h * inter)
-    attn = 4 * nh * hd * seq_len * (seq_len + 1) // 2
-    return batch * layers_run * (lin + attn)
 
 
 # --------------------------------------------------------------------------- setup
@@ -105,24 +67,11 @@ def make_cfg(a):
     return cfg
 
 
-def _sync(dev):
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-
-
-def _timeit(fn, dev, iters: int) -> float:
-    _sync(dev)
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    _sync(dev)
-    return (time.perf_counter() - t0) / iters
-
-
 def run(a) -> dict:
-    from . import attention, step as S
-    from .model import DrafterSpec
-    from .target import target_from_config, tiny_qwen3_config
+    from ..model import attention
+    from ..train import step as S
+    from ..model.drafter import DrafterSpec
+    from ..model.target import target_from_config, tiny_qwen3_config
 
     dev = torch.device("cuda:0" if torch.cuda.is_available() and not a.cpu else "cpu")
     cfg = make_cfg(a)
@@ -151,7 +100,7 @@ def run(a) -> dict:
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     feats = S.target_features(target, batch, cfg)
-    t_target = _timeit(lambda: S.target_features(target, batch, cfg), dev, a.iters)
+    t_target = timeit(lambda: S.target_features(target, batch, cfg), dev, a.iters)
     report = {
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
         "torch": torch.__version__, "dtype": str(dtype).replace("torch.", ""),
@@ -167,9 +116,9 @@ def run(a) -> dict:
         "variants": {},
     }
     if a.compare_mask:  # torch's uncompiled create_block_mask at this shape, for reference
-        t_ref = _timeit(lambda: attention.reference_block_mask(batch.anchors, batch.anchor_valid,
+        t_ref = timeit(lambda: attention.reference_block_mask(batch.anchors, batch.anchor_valid,
                                                                a.seq_len, a.block_size), dev, 1)
-        t_ours = _timeit(lambda: attention.flex_block_mask(batch.anchors, batch.anchor_valid,
+        t_ours = timeit(lambda: attention.flex_block_mask(batch.anchors, batch.anchor_valid,
                                                            a.seq_len, a.block_size), dev, a.iters)
         report["block_mask"] = {"create_block_mask_uncompiled_ms": round(t_ref * 1e3, 2),
                                 "analytic_ms": round(t_ours * 1e3, 3)}
@@ -202,9 +151,9 @@ def check_agreement(device: str = "cuda:0", *, seq_len: int = 512, anchors: int 
     Needs a device where compiled flex has a backward (CUDA). Returns the differences and
     the reference magnitudes; ``ok`` when they agree within bf16/fp32 tolerance.
     """
-    from . import step as S
+    from ..train import step as S
     from dfo_contract.trainer_config import TrainerConfig
-    from .target import target_from_config, tiny_qwen3_config
+    from ..model.target import target_from_config, tiny_qwen3_config
 
     dev = torch.device(device)
     cfg = TrainerConfig()
@@ -321,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         print(f"trainer.bench: unknown variant {bad[0]!r} (known: {', '.join(VARIANTS)})", file=sys.stderr)
         return 2
-    from .target import _quiet_transformers
+    from ..model.target import _quiet_transformers
 
     _quiet_transformers()
     r = run(a)

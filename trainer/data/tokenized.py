@@ -29,6 +29,7 @@ from dfo_contract.exitcodes import DataError
 from dfo_contract.fsio import atomic_write_text, fsync_dir, sha256_file, tmp_name
 
 from .formats import Dropped, Sample, iter_records, record_sample
+from .tokenizer import load_masker
 
 FORMAT = "dfo-tokenized"
 VERSION = 1
@@ -83,8 +84,6 @@ _W: dict = {}
 
 
 def _init_worker(target: str, fmt: str, vocab_size: int, template_kwargs: dict) -> None:
-    from .data import load_masker
-
     _W.update(masker=load_masker(target, template_kwargs), fmt=fmt, vocab=vocab_size)
 
 

@@ -7,12 +7,12 @@
   when ``compile.enabled``), also called through ``call(...)`` -> the guard.
 - Block masks are NOT compiled: ``torch.compile(create_block_mask)`` with a mask_mod that
   indexes a captured anchor tensor stalled > 280 s on an H200 at Q=8192, KV=11264.
-  ``trainer.attention.flex_block_mask`` builds the BlockMask analytically instead
+  ``trainer.model.attention.flex_block_mask`` builds the BlockMask analytically instead
   (plain tensor ops, O(b * Tq * KV/128)).
 
 The guard hook: ``set_call_guard(ctx_factory)`` makes every call into compiled code run
 inside ``ctx_factory(what)`` (a context manager; ``what`` names the callee). The compile
-gate (trainer.gate) installs its process-wide lock this way. ``None`` removes it.
+gate (trainer.compile.gate) installs its process-wide lock this way. ``None`` removes it.
 
 The registry, probes and guard are the process's ``trainer.runtime.get().compile``.
 
@@ -40,7 +40,7 @@ from typing import Callable, ContextManager
 
 from dfo_contract.fsio import atomic_write_text, sha256_file
 
-from . import runtime
+from .. import runtime
 
 log = logging.getLogger("dfo")
 

@@ -1,0 +1,41 @@
+"""The target's tokenizer, and the chat masker built on it (trainer.data.chat).
+
+``load_tokenizer`` is the one place a target directory's tokenizer is loaded (transformers
+is imported only then); ``load_masker`` and ``tokenize_chat`` give one-line ``DataError``s.
+"""
+
+from __future__ import annotations
+
+import os
+
+from dfo_contract.exitcodes import DataError
+
+from .chat import ChatMasker, Conversation, Unmaskable
+
+
+def tokenize_chat(tokenizer, messages: list[dict], where: str = "data") -> tuple[list[int], list[int]]:
+    """Token ids and the generated-tokens loss mask of one conversation (trainer.data.chat)."""
+    try:
+        return ChatMasker(tokenizer).mask(Conversation(messages))
+    except Unmaskable as e:
+        raise DataError(f"{where}: cannot mask the conversation: {e}") from None
+
+
+def load_tokenizer(path: str):
+    """The tokenizer in a target directory, or None when it has none."""
+    if not any(os.path.isfile(os.path.join(path, f)) for f in ("tokenizer.json", "tokenizer_config.json")):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+def load_masker(target: str, template_kwargs: dict | None = None) -> ChatMasker | None:
+    """A ChatMasker for the target's tokenizer; None when the target has no tokenizer."""
+    tok = load_tokenizer(target)
+    if tok is None:
+        return None
+    try:
+        return ChatMasker(tok, template_kwargs=template_kwargs)
+    except Unmaskable as e:
+        raise DataError(f"data: {target}: chat data cannot be masked: {e}") from None

@@ -1,0 +1,5 @@
+"""Judging a drafter: acceptance length on held-out data (``accept``), real speculative
+decoding (``spec_eval``, ``python -m trainer eval``) and the servable export (``export``).
+
+Importing the package imports none of its modules (and no torch).
+"""
