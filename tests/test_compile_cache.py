@@ -3,7 +3,7 @@ any start). Real torch on CPU: a function with an ``autocast(enabled=False)`` re
 and a custom ``autograd.Function`` (what RoPE and the chunked CE put into the drafter
 step), compiled through ``trainer.compile.registry`` in a worker thread, in two fresh processes
 sharing one cache dir: the first misses (and stores), the second HITS; neither bypasses.
-Without ``trainer.compile.registry.apply_cache_settings`` both bypass."""
+Without ``trainer.compile.settings.apply_cache_settings`` both bypass."""
 
 from __future__ import annotations
 

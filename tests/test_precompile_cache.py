@@ -21,13 +21,13 @@ from tests.helpers.trainer import REPO
 
 SCRIPT = r'''
 import json, sys, threading, torch
-from trainer.compile import registry as C
+from trainer.compile import precompile, registry as C, settings
 from trainer.compile.gate import compile_times_snapshot, counters_snapshot
 
 ''' + TOY_STEP_SRC + r'''
 
-C.configure(precompile=True)
-chk = C.verify_precompile_entries()
+settings.configure(precompile=True)
+chk = precompile.verify_precompile_entries()
 out = {"kept": chk.kept, "dropped": chk.dropped}
 def run():  # a worker thread (dynamo config is per-thread on torch >= 2.12)
     g = torch.Generator().manual_seed(0)
@@ -41,7 +41,7 @@ th = threading.Thread(target=run); th.start(); th.join()
 out["counters"] = counters_snapshot()
 out["times"] = compile_times_snapshot()
 if sys.argv[1] == "save":
-    out["save"] = C.save_precompile_entries()
+    out["save"] = precompile.save_precompile_entries()
 print("RESULT " + json.dumps(out))
 '''
 
@@ -88,7 +88,7 @@ def test_second_process_loads_saved_entry_and_corrupt_entry_is_dropped(tmp_path)
 
 def test_verify_keeps_only_complete_checksummed_entries(tmp_path):
     from dfo_contract.fsio import sha256_file
-    from trainer.compile.registry import verify_precompile_entries
+    from trainer.compile.precompile import verify_precompile_entries
 
     root = tmp_path / "dynamo"
     for name in ("good", "nosum", "altered", "noentry"):

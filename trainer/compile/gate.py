@@ -38,7 +38,7 @@ from typing import Callable, Iterable, Iterator
 
 from .. import runtime
 from . import registry
-from .registry import apply_cache_settings
+from .settings import apply_cache_settings
 
 RECOMPILE_TEXT = "Detected recompile when torch.compile stance is 'fail_on_recompile'"
 COUNTER_KEYS = {  # (counters section, key) -> report name
@@ -209,8 +209,9 @@ class CompileGate:
         """Call first in every thread that runs compiled code (incl. the warm-up thread).
 
         Gate off keeps the race's pattern for dynamo (torch's defaults). The compile
-        CACHE settings (``trainer.compile.registry.apply_cache_settings``) are applied in both modes:
-        they are part of the cache keys, so a gate-on retry hits what a gate-off attempt built.
+        CACHE settings (``trainer.compile.settings.apply_cache_settings``) are applied in both
+        modes: they are part of the cache keys, so a gate-on retry hits what a gate-off attempt
+        built.
         """
         apply_cache_settings()
         if self.enabled:

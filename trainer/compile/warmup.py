@@ -151,8 +151,8 @@ def run_warmup(cfg, *, load_cache: str | None = None, save_cache: str | None = N
     from .gate import BypassReasons, CompileGate, counters_delta, counters_snapshot, default_dynamo_settings, \
         describe, install
 
-    from . import registry
-    from .registry import save_precompile_entries, verify_precompile_entries
+    from . import settings as compile_settings
+    from .precompile import save_precompile_entries, verify_precompile_entries
 
     report: dict[str, Any] = {"torch": torch.__version__, "layout": cfg.parallel.layout,
                               "attention": cfg.model.attention,
@@ -161,7 +161,7 @@ def run_warmup(cfg, *, load_cache: str | None = None, save_cache: str | None = N
     if load_cache:
         report["mega_cache_load"] = load_mega_cache(load_cache)
     if cfg.compile.precompile:
-        registry.configure(precompile=True)
+        compile_settings.configure(precompile=True)
         chk = verify_precompile_entries()
         report["precompile_check"] = {"dir": chk.dir, "kept": chk.kept, "dropped": chk.dropped}
     preload = _Preload.start() if preload_imports else None

@@ -23,8 +23,8 @@ from dfo_contract.trainer_config import TrainerConfig
 from ..evaluate import accept
 from .. import runtime
 from . import checkpoints, faults, metrics, objective
-from ..compile import registry
-from ..compile.registry import save_precompile_entries, verify_precompile_entries
+from ..compile import settings as compile_settings
+from ..compile.precompile import save_precompile_entries, verify_precompile_entries
 from ..data.datasets import JsonlDataset, open_dataset
 from ..data.stream import BatchStream
 from ..data.tokenizer import load_tokenizer
@@ -130,7 +130,7 @@ def train(cfg: TrainerConfig, resume: str | None = None, *, out=None) -> int:
         torch.manual_seed(cfg.train.seed)
         precompile = cfg.compile.enabled and cfg.compile.precompile
         if precompile:  # dynamo's precompile cache, as `trainer warmup` uses it
-            registry.configure(precompile=True)
+            compile_settings.configure(precompile=True)
             verify_precompile_entries()
         layout = make_layout(cfg)
         started.mark("layout")
