@@ -1,0 +1,247 @@
+"""No file-level import circles: the import graph of the whole tree, built from the AST.
+
+Nodes are the ``.py`` files of ``dfo_contract/``, ``trainer/``, ``orchestrator/`` and
+``tests/`` (as modules: ``trainer/data/stream.py`` is ``trainer.data.stream``). Every
+``import``/``from ... import`` statement anywhere in a file -- at module level, inside a
+function, under ``if TYPE_CHECKING:`` -- is an edge from that file to the file it names:
+``from pkg import name`` points at ``pkg/name.py`` when that is a module, else at
+``pkg/__init__.py``; ``import a.b.c`` at the deepest of ``a.b.c``, ``a.b``, ``a`` that is a
+file of the tree. The parents a dotted import runs as a side effect are not edges (a
+package ``__init__`` that re-exports its modules would otherwise be a circle with each).
+
+``trainer/`` and ``dfo_contract/`` must have no circle at all. ``orchestrator/`` may keep
+only the circles of ``KNOWN_ORCHESTRATOR_CYCLES``; that list must shrink: an entry whose
+circle is gone fails the test until it is removed, and a new circle fails it at once.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+ROOTS = ("dfo_contract", "trainer", "orchestrator", "tests")
+STRICT = ("dfo_contract", "trainer")
+
+#: circles the orchestrator still has (each a set of modules); being removed, never added to
+KNOWN_ORCHESTRATOR_CYCLES: list[frozenset[str]] = [
+    frozenset({"orchestrator.cli.run", "orchestrator.cli.group_run", "orchestrator.cli.status"}),
+    frozenset({"orchestrator.config.groups_parser", "orchestrator.config.inventory_parser"}),
+    frozenset({"orchestrator.engine.byo_launch", "orchestrator.engine.runs"}),
+]
+
+
+def module_files(repo: Path = REPO, roots=ROOTS) -> dict[str, Path]:
+    """``{dotted module name: file}`` for every ``.py`` file under ``roots``."""
+    out = {}
+    for root in roots:
+        for p in sorted((repo / root).rglob("*.py")):
+            rel = p.relative_to(repo).with_suffix("")
+            parts = list(rel.parts)
+            if "__pycache__" in parts or any(not x.isidentifier() for x in parts):
+                continue
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join(parts)] = p
+    return out
+
+
+def _base(mod: str, is_pkg: bool, node: ast.ImportFrom) -> str | None:
+    """The absolute module a ``from`` statement imports from (relative levels resolved)."""
+    if not node.level:
+        return node.module
+    pkg = mod.split(".") if is_pkg else mod.split(".")[:-1]
+    if node.level - 1 > len(pkg):
+        return None
+    pkg = pkg[:len(pkg) - (node.level - 1)]
+    return ".".join(pkg + ([node.module] if node.module else []))
+
+
+def _deepest(name: str, known) -> str | None:
+    parts = name.split(".")
+    for n in range(len(parts), 0, -1):
+        cand = ".".join(parts[:n])
+        if cand in known:
+            return cand
+    return None
+
+
+def imports_of(mod: str, path: Path, known) -> set[str]:
+    """The modules of ``known`` that the file ``path`` (module ``mod``) imports, anywhere in it."""
+    tree = ast.parse(path.read_bytes(), filename=str(path))
+    is_pkg = path.name == "__init__.py"
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                t = _deepest(a.name, known)
+                if t:
+                    out.add(t)
+        elif isinstance(node, ast.ImportFrom):
+            base = _base(mod, is_pkg, node)
+            if base is None:
+                continue
+            for a in node.names:
+                sub = f"{base}.{a.name}"
+                t = sub if sub in known else _deepest(base, known)
+                if t:
+                    out.add(t)
+    out.discard(mod)
+    return out
+
+
+def import_graph(repo: Path = REPO, roots=ROOTS) -> dict[str, set[str]]:
+    files = module_files(repo, roots)
+    return {m: imports_of(m, p, files) for m, p in files.items()}
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The graph's strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on, stack, out = set(), [], []
+    counter = 0
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on.add(start)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph.get(w, ())))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = set()
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.add(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    out.append(comp)
+    return out
+
+
+def a_cycle(graph: dict[str, set[str]], comp: set[str]) -> list[str]:
+    """One circle through ``comp``'s first module, as ``[a, b, ..., a]`` (shortest, BFS)."""
+    start = min(comp)
+    prev = {start: None}
+    queue = [start]
+    while queue:
+        v = queue.pop(0)
+        for w in sorted(graph[v] & comp):
+            if w == start:
+                path = [v]
+                while prev[path[-1]] is not None:
+                    path.append(prev[path[-1]])
+                return path[::-1] + [start]
+            if w not in prev:
+                prev[w] = v
+                queue.append(w)
+    return sorted(comp)
+
+
+def describe(graph, comp) -> str:
+    return " -> ".join(a_cycle(graph, comp)) + f"  ({len(comp)} modules: {', '.join(sorted(comp))})"
+
+
+@functools.lru_cache(maxsize=1)
+def _whole_tree() -> dict[str, set[str]]:
+    return import_graph()
+
+
+def _in(comp: set[str], roots) -> bool:
+    return any(m == r or m.startswith(r + ".") for m in comp for r in roots)
+
+
+# --------------------------------------------------------------------------- the checks
+
+def test_trainer_and_contract_have_no_import_circle():
+    g = _whole_tree()
+    bad = [describe(g, c) for c in strongly_connected(g) if _in(c, STRICT)]
+    assert not bad, "import circles:\n" + "\n".join(bad)
+
+
+def test_orchestrator_has_no_new_import_circle_and_the_known_list_shrinks():
+    g = _whole_tree()
+    comps = [c for c in strongly_connected(g) if not _in(c, STRICT)]
+    new = [describe(g, c) for c in comps if not any(c <= k for k in KNOWN_ORCHESTRATOR_CYCLES)]
+    assert not new, "new import circles:\n" + "\n".join(new)
+    gone = [sorted(k) for k in KNOWN_ORCHESTRATOR_CYCLES if not any(len(c & k) > 1 for c in comps)]
+    assert not gone, f"no longer circles: remove from KNOWN_ORCHESTRATOR_CYCLES: {gone}"
+
+
+def test_the_tree_is_read_whole():
+    g = _whole_tree()
+    for m in ("trainer.__main__", "trainer.runtime", "dfo_contract.fsio", "orchestrator.cli",
+              "tests.helpers.trainer"):
+        assert m in g
+    assert len([m for m in g if m.startswith("trainer.")]) > 40
+
+
+# --------------------------------------------------------------------------- the graph itself
+
+def _tree(tmp_path: Path, files: dict[str, str]) -> dict[str, set[str]]:
+    for rel, body in files.items():
+        p = tmp_path / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(body)
+    return import_graph(tmp_path, ("pkg",))
+
+
+def test_edges_module_and_function_level_relative_and_absolute(tmp_path: Path):
+    g = _tree(tmp_path, {
+        "pkg/__init__.py": "from .a import x\n",
+        "pkg/a.py": "import pkg.sub.b\nx = 1\n",
+        "pkg/sub/__init__.py": "",
+        "pkg/sub/b.py": "def f():\n    from .. import c\n    from ..a import x\n",
+        "pkg/c.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.sub import b\n"
+                    "import os, json\n",
+        "pkg/d.py": "from pkg import sub\nfrom pkg.sub import nothing_here\n",
+    })
+    assert g["pkg"] == {"pkg.a"}
+    assert g["pkg.a"] == {"pkg.sub.b"}             # the deepest file, not its parents
+    assert g["pkg.sub.b"] == {"pkg.c", "pkg.a"}    # function-level, relative
+    assert g["pkg.c"] == {"pkg.sub.b"}             # TYPE_CHECKING counts; stdlib is not a node
+    assert g["pkg.d"] == {"pkg.sub"}               # a name that is no module: its package
+
+
+def test_cycle_found_and_named(tmp_path: Path):
+    g = _tree(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/a.py": "from . import b\n",
+        "pkg/b.py": "def f():\n    from .c import y\n",
+        "pkg/c.py": "import pkg.a\ny = 1\n",
+        "pkg/d.py": "from . import a\n",
+    })
+    (comp,) = strongly_connected(g)
+    assert comp == {"pkg.a", "pkg.b", "pkg.c"}
+    assert a_cycle(g, comp) == ["pkg.a", "pkg.b", "pkg.c", "pkg.a"]
+    assert describe(g, comp).startswith("pkg.a -> pkg.b -> pkg.c -> pkg.a")
+
+
+def test_two_module_cycle_and_no_false_cycle(tmp_path: Path):
+    g = _tree(tmp_path, {"pkg/__init__.py": "", "pkg/a.py": "from .b import x\n",
+                         "pkg/b.py": "from .a import y\n", "pkg/c.py": "from . import a, b\n"})
+    (comp,) = strongly_connected(g)
+    assert a_cycle(g, comp) == ["pkg.a", "pkg.b", "pkg.a"]
+    g2 = _tree(tmp_path / "t2", {"pkg/__init__.py": "", "pkg/a.py": "from . import b\n",
+                                 "pkg/b.py": "x = 1\n"})
+    assert strongly_connected(g2) == []
