@@ -106,8 +106,8 @@ class CompileConfig:
     enabled: bool = True                      # torch.compile the drafter step (layers + loss)
     gate: bool = True                         # the compile gate (trainer.compile.gate)
     mode: str = "default"                     # torch.compile mode for the drafter step
-    precompile: bool = False                  # dynamo's precompile cache (trainer.compile): a warm
-    #                                           start loads dynamo's traced code instead of re-tracing
+    precompile: bool = False                  # dynamo's precompile cache (trainer.compile.precompile):
+    #                                           a warm start loads dynamo's traced code, no re-tracing
 
 
 @dataclass(kw_only=True)
