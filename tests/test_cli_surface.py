@@ -148,10 +148,10 @@ def test_status_step_is_current_and_has_the_trend(tmp_path):
 
 
 def test_checkpoint_is_printed_once(capsys):
-    from orchestrator.cli.run import _Printer
+    from orchestrator.cli.log_lines import LinePrinter
     from orchestrator.engine.logs import LogLine
 
-    p = _Printer(raw=False)
+    p = LinePrinter(raw=False)
     p(LogLine("events.jsonl", 1, "", None, {"kind": "checkpoint", "attempt": 1, "step": 120,
                                             "path": "/c/step_120", "t": 0}))
     p(LogLine("attempt-1.log", 1, '@dfo {"kind": "checkpoint", "step": 120, "path": "x"}', 1, None))
@@ -202,10 +202,10 @@ def test_console_in_a_pipe_never_cuts(tmp_path):
 
 
 def test_follow_in_a_pipe_says_alive_during_quiet_stretches(capsys):
-    from orchestrator.cli.run import _Printer
+    from orchestrator.cli.log_lines import LinePrinter
     from orchestrator.engine.logs import LogLine
 
-    p = _Printer(raw=False)
+    p = LinePrinter(raw=False)
     hb = '@dfo {"kind": "heartbeat", "phase": "warmup", "step": 0}'
     p(LogLine("attempt-1.log", 1, hb, 1, None))            # just started: nothing yet
     assert capsys.readouterr().out == ""
