@@ -11,7 +11,7 @@ import click
 from rich.markup import escape
 
 from ..errors import EXIT_INTERRUPTED, DfoError, RunFailed
-from .console import Activity, console
+from .console import Activity, console, note
 from .log_lines import LinePrinter
 from .params import host_or_group
 
@@ -24,7 +24,7 @@ def group_runs(app, group_name, host_name, say=None):
     group = app.inventory.group(group_name)
     hosts = [app.host(n) for n in group.hosts]
     return GroupRuns(group, hosts, app.transport,
-                     say=say or (lambda m: click.echo(f"dfo: {m}", err=True)))
+                     say=say or note)
 
 
 GROUP_OPTION = click.option("--group", "group_name", default=None, metavar="NAME",

@@ -11,7 +11,7 @@ import click
 from rich.markup import escape
 
 from ..errors import EXIT_INTERRUPTED, ConfigError, NotFoundError, RunFailed
-from .console import Activity, console
+from .console import Activity, console, note
 from .group_run import GROUP_OPTION, follow_group_logs, group_runs, launch_group
 from .log_lines import LinePrinter
 from .params import NON_NEGATIVE
@@ -125,7 +125,7 @@ def launch(app, host_name, group_name, resume, config, run_name, sets, replace, 
         act.update("checking the host, the env and the config" + ("" if dry_run else
                                                                    "; then starting the run"))
         plan = ops.launch(opts)
-    ops.say = lambda m: click.echo(f"dfo: {m}", err=True)
+    ops.say = note
     if as_json:
         d = plan.to_json()
         d["started"] = not dry_run

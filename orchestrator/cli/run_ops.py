@@ -3,9 +3,8 @@ answer for an unknown ``--run`` (shared by launch, logs, status, stop, plot, ten
 
 from __future__ import annotations
 
-import click
-
 from ..errors import NotFoundError
+from .console import note
 
 
 def run_ops(app, host_name, say=None):
@@ -14,7 +13,7 @@ def run_ops(app, host_name, say=None):
 
     host = app.host(host_name)
     return RunOps(app.transport(host_name), host,
-                  say=say or (lambda m: click.echo(f"dfo: {m}", err=True)))
+                  say=say or note)
 
 
 def require_run(ops, run_id: str | None, runs: list[dict]) -> None:

@@ -13,7 +13,7 @@ from rich.text import Text
 
 from ..ops import runstate as rs
 from ..ops.sparkline import sparkline
-from .console import console, stamp
+from .console import console, minutes_seconds, stamp
 from .group_run import GROUP_OPTION, group_status, group_stop
 from .params import POSITIVE_SECONDS
 from .run_ops import require_run, run_ops
@@ -65,7 +65,7 @@ def _age(seconds: float | None) -> str:
     if seconds is None or seconds < 0:
         return "-"
     s = int(seconds)
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else minutes_seconds(s)
 
 
 def _accept(r: dict) -> str:
