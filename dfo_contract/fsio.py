@@ -162,6 +162,16 @@ class JsonLines:
     skipped: int = 0
 
 
+def json_object(line: bytes | str) -> dict | None:
+    """The JSON object one line holds, or None (not JSON, torn, invalid bytes, or JSON that
+    is not an object)."""
+    try:
+        rec = json.loads(line)
+    except ValueError:  # also UnicodeDecodeError: invalid bytes
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
 def parse_jsonl(data: bytes | str) -> JsonLines:
     """Each line of ``data`` that holds a JSON object; the others are skipped and counted."""
     out = JsonLines()
@@ -169,15 +179,11 @@ def parse_jsonl(data: bytes | str) -> JsonLines:
     for line in raw.splitlines():
         if not line.strip():
             continue
-        try:
-            rec = json.loads(line)
-        except ValueError:  # also UnicodeDecodeError: invalid bytes
+        rec = json_object(line)
+        if rec is None:
             out.skipped += 1
-            continue
-        if isinstance(rec, dict):
-            out.records.append(rec)
         else:
-            out.skipped += 1
+            out.records.append(rec)
     return out
 
 

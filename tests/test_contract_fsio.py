@@ -28,6 +28,12 @@ def test_parse_jsonl_skips_and_counts_what_is_not_an_object():
     assert fsio.parse_jsonl("") == fsio.JsonLines([], 0)
 
 
+def test_json_object_of_one_line():
+    assert fsio.json_object('{"a": 1}') == {"a": 1} and fsio.json_object(b' {"a": 1}\n') == {"a": 1}
+    for line in ("[1]", '"x"', "null", '{"a": ', b'{"a": "\xff"}', "", "warning: x"):
+        assert fsio.json_object(line) is None, line
+
+
 def test_parse_jsonl_keeps_a_line_separator_inside_a_string():
     """U+2028 is a line break to str.splitlines, not to JSON lines."""
     text = json.dumps({"text": "a\u2028b"}, ensure_ascii=False) + "\n"
