@@ -17,11 +17,12 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from dfo_contract.fsio import atomic_write_bytes, atomic_write_text
 from dfo_contract.procs import process_start, same_process
 
 from . import netns
 from .container import WHEELHOUSE_IN_CT, Container
-from .procs import file_lock, write_atomic
+from .procs import file_lock
 from .sshd import LabUnavailable, Sshd
 
 PCT_SOURCE = Path(__file__).resolve().with_name("pct")
@@ -211,7 +212,7 @@ class Lab:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         owned = set(self._owned())
         if ct.vmid not in owned:
-            write_atomic(self.state_dir / "containers.json", json.dumps(sorted(owned | {ct.vmid})))
+            atomic_write_text(self.state_dir / "containers.json", json.dumps(sorted(owned | {ct.vmid})))
 
     def _owned(self) -> list[int]:
         try:
@@ -235,7 +236,7 @@ class Lab:
 
     def _install_pct(self) -> None:
         self.bin_dir.mkdir(parents=True, exist_ok=True)
-        write_atomic(self.bin_dir / "pct", PCT_SOURCE.read_bytes(), 0o755)
+        atomic_write_bytes(self.bin_dir / "pct", PCT_SOURCE.read_bytes(), mode=0o755)
 
     def _lease_path(self, lease: str | None) -> Path:
         return self.leases_dir / (lease or f"pid-{os.getpid()}")
@@ -244,7 +245,7 @@ class Lab:
         self.leases_dir.mkdir(parents=True, exist_ok=True)
         # the start time as /proc shows it (text): the leases of every session compare alike
         data = {"pid": os.getpid(), "start": str(process_start(os.getpid())), "t": time.time()}
-        write_atomic(self._lease_path(lease), json.dumps(data))
+        atomic_write_text(self._lease_path(lease), json.dumps(data))
 
     def _live_leases(self) -> list[str]:
         live = []
