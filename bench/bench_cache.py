@@ -48,7 +48,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from orchestrator.config.runconfig import load_config  # noqa: E402
-from orchestrator.engine.cache import CacheManager  # noqa: E402
+from orchestrator.engine.compile_cache import CacheManager  # noqa: E402
 from orchestrator.ops.warmup import parse_report, warmup_argv  # noqa: E402
 from orchestrator.ops import snapshot as sn  # noqa: E402
 from orchestrator.ops.fingerprint import PROBE_SCRIPT, build_fingerprint, parse_probe  # noqa: E402

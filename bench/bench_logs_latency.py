@@ -29,6 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from dfo_contract.procs import proc_stat  # noqa: E402
 from orchestrator.ops import runstate as rs  # noqa: E402
 from orchestrator.supervisor import runfiles  # noqa: E402
 
@@ -36,23 +37,13 @@ from orchestrator.supervisor import runfiles  # noqa: E402
 def _cpu_s(pid: int) -> float:
     """utime + stime of a process and its children that are alive, in seconds."""
     tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    pids = [pid]
+    stats = [proc_stat(pid)]
     for p in Path("/proc").iterdir():
         if p.name.isdigit():
-            try:
-                fields = (p / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                pids.append(int(p.name))
-    for q in pids:
-        try:
-            fields = Path(f"/proc/{q}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / tick
-    return total
+            st = proc_stat(p.name)
+            if st is not None and st.ppid == pid:
+                stats.append(st)
+    return sum(st.utime + st.stime for st in stats if st is not None) / tick
 
 
 def one_pass(base: Path, n: int, poll: int, gap: tuple[float, float]) -> dict:

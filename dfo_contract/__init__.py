@@ -3,8 +3,9 @@
 The orchestrator (local side and supervisor) and the trainer never import each other;
 everything they must agree on lives here:
 
-``fsio``            atomic writes, sha256, directory fsync (each helper exists once)
-``procs``           pid liveness
+``fsio``            atomic writes, directory replacement, JSON-lines files, sha256, directory
+                    fsync (each helper exists once)
+``procs``           /proc/PID/stat, and liveness checks that a reused pid does not fool
 ``markers``         the ``@dfo `` output-marker format and the "last JSON line" reply parser
 ``exitcodes``       the trainer's exit-code table and the errors that map onto it
 ``checkpoints``     checkpoint manifests: verify ``step_N`` dirs, lineage, newest valid

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any, Iterable
 
+from .fsio import json_object
+
 PREFIX = "@dfo "
 
 
@@ -23,12 +25,7 @@ def parse_marker(line: str) -> dict[str, Any] | None:
     s = line.strip()
     if not s.startswith(PREFIX.strip()):
         return None
-    body = s[len(PREFIX.strip()):].strip()
-    try:
-        rec = json.loads(body)
-    except ValueError:
-        return None
-    return rec if isinstance(rec, dict) else None
+    return json_object(s[len(PREFIX.strip()):].strip())
 
 
 def iter_markers(lines: Iterable[str]) -> Iterable[dict[str, Any]]:

@@ -1,6 +1,8 @@
 """A stand-in *writer* for log-follow tests: appends lines to a run dir's events.jsonl and
 attempt logs the way the supervisor and the trainer do (including lines written in two
-pieces), moves on to a second attempt, then marks state.json final.
+pieces), moves on to a second attempt, then marks state.json final. state.json names it as
+the run's supervisor, and its command line says so too (it re-executes itself with
+``orchestrator.supervisor`` added), so followers take it for a live one while it writes.
 
     python tests/logs_writer.py RUN_DIR N_LINES DELAY_S
 """
@@ -14,11 +16,15 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from dfo_contract.procs import SUPERVISOR_MODULE  # noqa: E402
 from orchestrator.ops import runstate as rs  # noqa: E402
 from orchestrator.supervisor import runfiles  # noqa: E402
 
 
 def main() -> None:
+    if SUPERVISOR_MODULE not in sys.argv:   # same pid, the supervisor's words in its argv
+        os.execv(sys.executable, [sys.executable, os.path.abspath(__file__), *sys.argv[1:4],
+                                  SUPERVISOR_MODULE])
     run_dir, n, delay = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
     st = rs.new_state("w", "w", now=time.time())
     st.update(status="running", pid=os.getpid(), attempt=1)

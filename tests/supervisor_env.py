@@ -92,3 +92,25 @@ def wait_for(pred, timeout: float = 120, what: str = "condition", poll: float = 
 def events(root: Path, run_id: str) -> list[dict]:
     p = root / "runs" / run_id / "events.jsonl"
     return [json.loads(ln) for ln in p.read_text().splitlines() if ln.strip()]
+
+
+def supervisor_stand_in(run_dir) -> subprocess.Popen:
+    """A process that every liveness check takes for the live supervisor of ``run_dir``: its
+    command line is ``-m orchestrator.supervisor --run-dir DIR`` (what
+    ``dfo_contract.procs.supervisor_alive`` looks for); it only sleeps. For a run that must
+    look live to its readers; the caller kills it."""
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)",
+                             "-m", "orchestrator.supervisor", "--run-dir", str(run_dir)])
+
+
+def live_looking_run(run_dir: Path) -> subprocess.Popen:
+    """Make ``run_dir`` a run whose state.json says running, its pid a
+    :func:`supervisor_stand_in`: its followers never end by themselves. Returns the
+    stand-in; the caller kills it."""
+    run_dir.mkdir(parents=True)
+    sup = supervisor_stand_in(run_dir)
+    (run_dir / "state.json").write_text(json.dumps({"run_id": run_dir.name, "run_name": "live",
+                                                    "status": "running", "pid": sup.pid,
+                                                    "attempt": 1}))
+    (run_dir / "events.jsonl").write_text('{"kind": "supervisor_start", "t": 1}\n')
+    return sup

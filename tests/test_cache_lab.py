@@ -220,7 +220,7 @@ def container_env(lab, tmp_path_factory):
 
 
 def test_lab_container_snapshot_mechanics(container_env, tmp_path):
-    from orchestrator.engine.cache import CacheManager
+    from orchestrator.engine.compile_cache import CacheManager
     from orchestrator.errors import CacheError
     from tests.helpers.cache_env import CFG, compile_into
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config.runconfig import load_config
-from orchestrator.engine.cache import CacheManager
+from orchestrator.engine.compile_cache import CacheManager
 from orchestrator.errors import CacheError, DeployError
 from orchestrator.ops import snapshot as sn
 from orchestrator.ops.layout import RemoteLayout
@@ -128,7 +128,7 @@ def test_corrupt_snapshot_is_refused_and_live_cache_untouched(host, cold_cache, 
         victim.write_bytes(b"poison" + victim.read_bytes())
         subprocess.run(["tar", "-cf", str(tar), "-C", str(work), "inductor", "triton", "mega"], check=True)
         mm = json.loads(man.read_text())
-        from orchestrator.engine.cache import _hash_local
+        from orchestrator.engine.compile_cache import _hash_local
         mm["tar"].update(_hash_local(tar))
         man.write_text(json.dumps(mm))
     with pytest.raises(CacheError) as e:

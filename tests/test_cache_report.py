@@ -1,4 +1,4 @@
-"""Unit tests for the warm-up report parsing and the warm-up argv (orchestrator.engine.cache)."""
+"""Unit tests for the warm-up report parsing and the warm-up argv (orchestrator.engine.cache_warmup)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from orchestrator.engine.cache import WarmResult, local_snapshot_files
+from orchestrator.engine.cache_warmup import WarmResult
+from orchestrator.engine.compile_cache import local_snapshot_files
 from orchestrator.ops.warmup import parse_report, warmup_argv, warmup_env, warmup_error_line
 from orchestrator.errors import CacheError, ConfigError, NotFoundError
 

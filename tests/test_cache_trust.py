@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.engine.cache import CacheManager, _hash_local
+from orchestrator.engine.compile_cache import CacheManager, _hash_local
 from orchestrator.errors import CacheError
 from orchestrator.ops import provenance as pv
 from orchestrator.ops import snapshot as sn

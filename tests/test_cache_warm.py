@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config.runconfig import load_config
-from orchestrator.engine.cache import CacheManager
+from orchestrator.engine.compile_cache import CacheManager
 from orchestrator.ops.warmup import parse_report, warmup_argv
 from orchestrator.ops import snapshot as sn
 from orchestrator.ops.layout import RemoteLayout

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from dfo_contract import checkpoints as cm
+from dfo_contract import fsio
 from orchestrator.ops.launch_plan import attempt_env
 from trainer.train import checkpoints as tc
 from trainer.runtime import read_env
@@ -139,7 +140,7 @@ def test_replace_dir_exchanges_atomically(tmp_path, monkeypatch):
     final = fake_ckpt(root / "step_20", 20, run="r", tag="old")
     tmp = fake_ckpt(root / f".step_20.tmp-{os.getpid()}", 20, run="r", tag="new")
     calls = []
-    real = tc._renameat2_exchange
+    real = fsio._renameat2_exchange
 
     def spy(a, b):
         ok = real(a, b)
@@ -148,9 +149,9 @@ def test_replace_dir_exchanges_atomically(tmp_path, monkeypatch):
             assert tag_of(final) == "new" and tag_of(a) == "old"
         return ok
 
-    monkeypatch.setattr(tc, "_renameat2_exchange", spy)
-    monkeypatch.setattr(tc.os, "replace", lambda *a: pytest.fail("renamed without exchange"))
-    tc.replace_dir(tmp, final, old=str(root / f".step_20.old-{os.getpid()}"))
+    monkeypatch.setattr(fsio, "_renameat2_exchange", spy)
+    monkeypatch.setattr(fsio.os, "replace", lambda *a: pytest.fail("renamed without exchange"))
+    fsio.replace_dir(tmp, final, old=str(root / f".step_20.old-{os.getpid()}"))
     if calls != [True]:
         pytest.skip("renameat2(RENAME_EXCHANGE) not supported on this filesystem")
     assert tag_of(final) == "new" and sorted(os.listdir(root)) == ["step_20"]
@@ -165,7 +166,7 @@ def test_replace_dir_falls_back_to_rename_pair(tmp_path, monkeypatch, why):
         class NoLibc:
             def __getattr__(self, name):
                 raise AttributeError(name)
-        monkeypatch.setattr(tc.ctypes, "CDLL", lambda *a, **k: NoLibc())
+        monkeypatch.setattr(fsio.ctypes, "CDLL", lambda *a, **k: NoLibc())
     else:
         class Libc:
             class renameat2:  # noqa: N801
@@ -173,10 +174,10 @@ def test_replace_dir_falls_back_to_rename_pair(tmp_path, monkeypatch, why):
 
                 def __new__(cls, *a):
                     return -1
-        monkeypatch.setattr(tc.ctypes, "CDLL", lambda *a, **k: Libc())
-        monkeypatch.setattr(tc.ctypes, "get_errno", lambda: 38)  # ENOSYS
-    assert tc._renameat2_exchange(tmp, final) is False
-    tc.replace_dir(tmp, final, old=str(tmp_path / f".step_20.old-{os.getpid()}"))
+        monkeypatch.setattr(fsio.ctypes, "CDLL", lambda *a, **k: Libc())
+        monkeypatch.setattr(fsio.ctypes, "get_errno", lambda: 38)  # ENOSYS
+    assert fsio._renameat2_exchange(tmp, final) is False
+    fsio.replace_dir(tmp, final, old=str(tmp_path / f".step_20.old-{os.getpid()}"))
     assert tag_of(final) == "new" and sorted(os.listdir(tmp_path)) == ["step_20"]
 
 

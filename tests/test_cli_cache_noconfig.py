@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.engine.cache import CacheManager
+from orchestrator.engine.compile_cache import CacheManager
 from orchestrator.ops import snapshot as sn
 from orchestrator.ops.layout import RemoteLayout
 from orchestrator.transport.local import LocalTransport

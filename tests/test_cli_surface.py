@@ -16,6 +16,7 @@ import pytest
 from rich.console import Console
 
 from orchestrator.ops.launch_plan import make_run_id
+from dfo_contract.fsio import parse_jsonl
 from orchestrator.ops.sparkline import current_step, metrics_tail, sparkline
 
 REPO = Path(__file__).resolve().parents[1]
@@ -120,7 +121,7 @@ def test_sparkline_and_current_step():
     assert current_step(True, -1, 7) == 7
     lines = ['{"step": 90, "tokens_per_s": 10.0}', '{"step": 100, "tokens_per_s": 12}',
              'torn {"step', '[1]', '{"step": 110, "tokens_per_s": NaN}']
-    assert metrics_tail(lines) == (110, [10.0, 12.0])
+    assert metrics_tail(parse_jsonl("\n".join(lines)).records) == (110, [10.0, 12.0])
 
 
 def test_status_step_is_current_and_has_the_trend(tmp_path):
@@ -148,10 +149,10 @@ def test_status_step_is_current_and_has_the_trend(tmp_path):
 
 
 def test_checkpoint_is_printed_once(capsys):
-    from orchestrator.cli.run import _Printer
+    from orchestrator.cli.log_lines import LinePrinter
     from orchestrator.engine.logs import LogLine
 
-    p = _Printer(raw=False)
+    p = LinePrinter(raw=False)
     p(LogLine("events.jsonl", 1, "", None, {"kind": "checkpoint", "attempt": 1, "step": 120,
                                             "path": "/c/step_120", "t": 0}))
     p(LogLine("attempt-1.log", 1, '@dfo {"kind": "checkpoint", "step": 120, "path": "x"}', 1, None))
@@ -202,10 +203,10 @@ def test_console_in_a_pipe_never_cuts(tmp_path):
 
 
 def test_follow_in_a_pipe_says_alive_during_quiet_stretches(capsys):
-    from orchestrator.cli.run import _Printer
+    from orchestrator.cli.log_lines import LinePrinter
     from orchestrator.engine.logs import LogLine
 
-    p = _Printer(raw=False)
+    p = LinePrinter(raw=False)
     hb = '@dfo {"kind": "heartbeat", "phase": "warmup", "step": 0}'
     p(LogLine("attempt-1.log", 1, hb, 1, None))            # just started: nothing yet
     assert capsys.readouterr().out == ""

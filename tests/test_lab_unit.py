@@ -14,7 +14,8 @@ import pytest
 from orchestrator.config.inventory import parse_inventory
 from tests.lab import LabInfo
 from tests.lab.lab import Lab
-from tests.lab.procs import free_port, pid_matches, write_atomic
+from dfo_contract.fsio import atomic_write_text
+from tests.lab.procs import free_port, pid_matches
 
 PCT = Path(__file__).resolve().parent / "lab" / "pct"
 
@@ -87,7 +88,7 @@ def test_free_port_prefers_a_free_one_and_avoids_a_taken_one():
 
 
 def test_write_atomic_leaves_no_temporary(tmp_path):
-    write_atomic(tmp_path / "f", "data", 0o600)
+    atomic_write_text(tmp_path / "f", "data", mode=0o600)
     assert (tmp_path / "f").read_text() == "data"
     assert ((tmp_path / "f").stat().st_mode & 0o777) == 0o600
     assert [p.name for p in tmp_path.iterdir()] == ["f"]

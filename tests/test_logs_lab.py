@@ -13,7 +13,7 @@ from orchestrator.engine.runs import LaunchOptions, RunOps
 from orchestrator.engine.logs import LogFollower
 from orchestrator.transport import open_transport
 from tests.lab_sockets import client_port, sshd_pids_serving
-from tests.supervisor_env import FAST, make_root, tiny_assets, write_config  # noqa: F401
+from tests.supervisor_env import FAST, live_looking_run, make_root, tiny_assets, write_config  # noqa: F401
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
@@ -79,7 +79,6 @@ def test_logs_follow_stops_at_once_on_a_changed_host_key(sshd_only, tmp_path):
     """The host key changes while `logs -f` follows (the connection drops, the reconnect
     meets another key): HostKeyError (exit 4) at once, with both fingerprints, not a
     reconnect loop ending in exit 3."""
-    import json
     import subprocess
 
     from orchestrator.errors import HostKeyError
@@ -92,13 +91,6 @@ def test_logs_follow_stops_at_once_on_a_changed_host_key(sshd_only, tmp_path):
     text = lab.hosts_yaml(node_root=str(root)).replace(str(lab.known_hosts), str(kh))
     (tmp_path / "hosts.yaml").write_text(text)
     host = load_inventory(str(tmp_path / "hosts.yaml")).get("lab-node")
-    # a run that looks live (its pid is this test): the follower never ends by itself
-    rd = root / "runs" / "live-1"
-    rd.mkdir(parents=True)
-    (rd / "state.json").write_text(json.dumps({"run_id": "live-1", "run_name": "live",
-                                               "status": "running", "pid": os.getpid(),
-                                               "attempt": 1}))
-    (rd / "events.jsonl").write_text('{"kind": "supervisor_start", "t": 1}\n')
     other = tmp_path / "other_key"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
     other_pub = (tmp_path / "other_key.pub").read_text().split()
@@ -117,11 +109,15 @@ def test_logs_follow_stops_at_once_on_a_changed_host_key(sshd_only, tmp_path):
     reconnects = []
     f = LogFollower(t, host.layout, "live-1", on_line=on_line, follow=True, max_retries=3,
                     sleep=lambda s: None, on_reconnect=lambda n, why: reconnects.append(why))
+    # a run that looks live (its supervisor a stand-in): the follower never ends by itself
+    sup = live_looking_run(root / "runs" / "live-1")
     try:
         with pytest.raises(HostKeyError) as ei:
             f.run()
     finally:
         t.close()
+        sup.kill()
+        sup.wait()
     msg = str(ei.value)
     assert ei.value.exit_code == 4 and swapped
     assert "REMOTE HOST KEY CHANGED" in msg and "\n" not in msg
@@ -146,7 +142,6 @@ def _followers_of(run_dir: str) -> list[int]:
 def test_remote_follower_does_not_outlive_its_connection(sshd_only, tmp_path):
     """`dfo logs -f` is gone (its SSH connection killed) while the run has nothing new to
     say: the follower on the host exits too (its next keepalive write fails)."""
-    import json
     import sys
     import threading
 
@@ -163,11 +158,6 @@ def test_remote_follower_does_not_outlive_its_connection(sshd_only, tmp_path):
     (tmp_path / "hosts.yaml").write_text(lab.hosts_yaml(node_root=str(root)))
     host = load_inventory(str(tmp_path / "hosts.yaml")).get("lab-node")
     rd = root / "runs" / "live-1"
-    rd.mkdir(parents=True)
-    (rd / "state.json").write_text(json.dumps({"run_id": "live-1", "run_name": "live",
-                                               "status": "running", "pid": os.getpid(),
-                                               "attempt": 1}))
-    (rd / "events.jsonl").write_text('{"kind": "supervisor_start", "t": 1}\n')
     t = open_transport(host)
     first = threading.Event()
 
@@ -178,6 +168,7 @@ def test_remote_follower_does_not_outlive_its_connection(sshd_only, tmp_path):
         except DfoError:
             pass   # the connection we kill below
 
+    sup = live_looking_run(rd)   # the run looks live: the follower never ends by itself
     th = threading.Thread(target=follow, daemon=True)
     th.start()
     try:
@@ -191,3 +182,5 @@ def test_remote_follower_does_not_outlive_its_connection(sshd_only, tmp_path):
         for p in _followers_of(str(rd)):
             os.kill(p, signal.SIGKILL)
         t.close()
+        sup.kill()
+        sup.wait()

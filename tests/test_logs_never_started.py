@@ -18,7 +18,7 @@ from orchestrator.errors import DeployError
 from orchestrator.supervisor import procs
 from orchestrator.supervisor.query import never_started
 from orchestrator.cli import main
-from tests.supervisor_env import REPO, hosts_yaml, make_root, wait_for
+from tests.supervisor_env import REPO, hosts_yaml, make_root, live_looking_run, wait_for
 
 CLI = "import sys; from orchestrator.cli import main; sys.exit(main(sys.argv[1:]))"
 
@@ -85,15 +85,16 @@ def test_a_fresh_or_busy_run_dir_is_not_never_started(env):
     assert never_started(str(old))
 
 
-def _live_looking_run(root: Path) -> Path:
-    """A run whose state says running with a live pid (this test): followers never end."""
+@pytest.fixture
+def live_run(env):
+    """A run whose state says running, its pid a live stand-in of its supervisor:
+    followers never end by themselves."""
+    root, _, _ = env
     rd = root / "runs" / "live-1"
-    rd.mkdir(parents=True)
-    (rd / "state.json").write_text(json.dumps({"run_id": "live-1", "run_name": "live",
-                                               "status": "running", "pid": os.getpid(),
-                                               "attempt": 1}))
-    (rd / "events.jsonl").write_text('{"kind": "supervisor_start", "t": 1}\n')
-    return rd
+    sup = live_looking_run(rd)
+    yield rd
+    sup.kill()
+    sup.wait()
 
 
 def _follower_argv(rd: Path) -> list[str]:
@@ -101,9 +102,8 @@ def _follower_argv(rd: Path) -> list[str]:
             "--follow", "--poll", "0.05"]
 
 
-def test_follower_exits_when_its_pipe_closes(env):
-    root, _, _ = env
-    rd = _live_looking_run(root)
+def test_follower_exits_when_its_pipe_closes(live_run):
+    rd = live_run
     p = subprocess.Popen(_follower_argv(rd), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          cwd=str(REPO), env=dict(os.environ, PYTHONPATH=str(REPO)))
     try:
@@ -118,9 +118,8 @@ def test_follower_exits_when_its_pipe_closes(env):
             p.wait()
 
 
-def test_follower_exits_when_its_parent_dies(env, tmp_path):
-    root, _, _ = env
-    rd = _live_looking_run(root)
+def test_follower_exits_when_its_parent_dies(live_run, tmp_path):
+    rd = live_run
     out = tmp_path / "follow.out"
     # the parent keeps nothing open to read; the follower writes to a file: only the
     # parent's death can tell it that its client is gone

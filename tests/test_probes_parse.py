@@ -11,7 +11,7 @@ import pytest
 
 from orchestrator.errors import RemoteCommandError
 from orchestrator.config.inventory import parse_inventory
-from orchestrator.ops import probes
+from orchestrator.ops import gpu, probes
 from orchestrator.engine.hostcheck import check_host
 from orchestrator.transport import LocalTransport, run_probe
 
@@ -46,14 +46,15 @@ def test_df_awkward_mount_and_filesystem():
 
 
 def test_gpus_name_with_commas_and_absent():
-    rec = (b"0, GPU-1111, 143771, NVIDIA H200\n"
-           b"1, GPU-2222, 143771, NVIDIA H200, rev. 2 (fil () &&-@_e)\n")
-    g = probes.parse_gpus(Out(0, rec))
+    rec = (b"0, NVIDIA H200, GPU-1111, 143771, 0, 580.1, 0:1.0, 0, 9.0\n"
+           b"1, NVIDIA H200, rev. 2 (fil () &&-@_e), GPU-2222, 143771, 0, 580.1, 0:2.0, 0, 9.0\n")
+    g = gpu.gpu_report(gpu.parse_query(Out(0, rec)))
     assert g.present and g.error is None and len(g.gpus) == 2
     assert g.gpus[1] == probes.Gpu(index=1, uuid="GPU-2222", memory_mib=143771,
                                    name="NVIDIA H200, rev. 2 (fil () &&-@_e)")
-    assert probes.parse_gpus(Out(127)) == probes.GpuReport(present=False)
-    bad = probes.parse_gpus(Out(9, b"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n"))
+    assert gpu.gpu_report(gpu.parse_query(Out(127))) == probes.GpuReport(present=False)
+    bad = gpu.gpu_report(gpu.parse_query(
+        Out(9, b"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n")))
     assert bad.present and bad.error.startswith("NVIDIA-SMI has failed")
 
 
@@ -107,7 +108,7 @@ def test_probes_run_locally_with_awkward_root(tmp_path):
     assert run_probe(t, probes.list_dir_probe(str(tmp_path / "missing"))) is None
     py = run_probe(t, probes.python_probe())
     assert py is not None and py.version[0] == "3"
-    assert run_probe(t, probes.gpu_probe()).present in (True, False)
+    assert run_probe(t, gpu.query_probe()).present in (True, False)
 
 
 def test_check_host_local(tmp_path):
@@ -139,9 +140,9 @@ def test_probe_parse_output_takes_text_or_bytes():
 
 
 def test_gpus_unicode_and_quoted_names():
-    rec = ('0, GPU-aa, 143771, NVIDIA H200 "SXM", 141 GB — ✓\n'
-           "1, GPU-bb, [N/A], Tesla ü\n").encode()
-    r = probes.gpu_probe().parse_output(rec)
+    rec = ('0, NVIDIA H200 "SXM", 141 GB — ✓, GPU-aa, 143771, 0, 580.1, 0:1.0, 0, 9.0\n'
+           "1, Tesla ü, GPU-bb, [N/A], [N/A], 580.1, 0:2.0, [N/A], [N/A]\n").encode()
+    r = gpu.query_probe().parse_output(rec)
     assert [g.name for g in r.gpus] == ['NVIDIA H200 "SXM", 141 GB — ✓', "Tesla ü"]
     assert r.gpus[1].memory_mib is None and r.error is None
 

@@ -17,7 +17,7 @@ import pytest
 
 from orchestrator.ops.runstate import Attempt, RunState
 from orchestrator.supervisor.runfiles import write_state
-from tests.supervisor_env import hosts_yaml, make_root
+from tests.supervisor_env import hosts_yaml, make_root, supervisor_stand_in
 
 REPO = Path(__file__).resolve().parents[1]
 RUN = "tiny-cpu-20261201-031500"
@@ -131,17 +131,10 @@ def test_status_wide_and_usage_errors_in_a_terminal(host):
         t.close()
 
 
-def fake_supervisor(rd: Path) -> subprocess.Popen:
-    """A process that `dfo status` takes for the run's live supervisor (its cmdline names
-    orchestrator.supervisor and the run dir)."""
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)",
-                             "orchestrator.supervisor", str(rd)])
-
-
 def test_status_watch_refreshes_in_place_until_the_run_ends(host):
     root, hosts = host
     rd = write_run(root, status="running", step=100, fallbacks=1)
-    sup = fake_supervisor(rd)
+    sup = supervisor_stand_in(rd)
     t = Tmux(100)
     try:
         write_run(root, status="running", step=100, pid=sup.pid, fallbacks=1)
@@ -164,7 +157,7 @@ def test_status_watch_refreshes_in_place_until_the_run_ends(host):
 def test_status_watch_in_a_pipe_prints_a_line_per_change(host):
     root, hosts = host
     rd = write_run(root, status="running", step=100, fallbacks=1)
-    sup = fake_supervisor(rd)
+    sup = supervisor_stand_in(rd)
     write_run(root, status="running", step=100, pid=sup.pid, fallbacks=1)
     env = dict(os.environ, PYTHONPATH=str(REPO))
     p = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "--hosts", str(hosts), "status",

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 
 import pytest
 
+from dfo_contract.procs import alive
 from orchestrator.errors import NotFoundError, RemoteCommandError
 from orchestrator.config.inventory import load_inventory
 from orchestrator.transport import CommandTimeout, LocalTransport, open_transport
@@ -55,12 +55,7 @@ def test_timeout_kills_the_process_group(t, tmp_path):
     assert time.monotonic() - t0 < 15
     child = int(pidfile.read_text())
     for _ in range(50):
-        try:
-            os.kill(child, 0)
-        except ProcessLookupError:
-            break
-        # reaped by init eventually; a zombie still "exists"
-        if open(f"/proc/{child}/stat").read().split()[2] == "Z":
+        if not alive(child):   # gone, or a zombie that init reaps eventually
             break
         time.sleep(0.1)
     else:

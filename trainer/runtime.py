@@ -26,6 +26,7 @@ from typing import Any, Callable, ContextManager, Mapping
 
 from dfo_contract import envvars
 from dfo_contract.faultspec import parse_attempt
+from dfo_contract.procs import process_start
 
 
 @dataclass(frozen=True)
@@ -93,9 +94,10 @@ def _float_or_none(v: str | None) -> float | None:
 
 def process_start_t() -> float | None:
     """This process's start (epoch seconds) from /proc; None where there is no /proc."""
+    ticks = process_start("self")
+    if ticks is None:
+        return None
     try:
-        with open("/proc/self/stat") as f:
-            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
         with open("/proc/uptime") as f:
             uptime = float(f.read().split()[0])
     except (OSError, ValueError, IndexError):

@@ -1,4 +1,4 @@
-"""``dfo warm-cache``: click only (parse, call ``orchestrator.engine.warmcache``, print)."""
+"""``dfo warm-cache``: click only (parse, call ``orchestrator.engine.cache_command``, print)."""
 
 from __future__ import annotations
 
@@ -48,8 +48,8 @@ def warm_cache(app, host_name, config_path, sets, from_file, pull_dest, key_name
 
     Restores a snapshot for this env's key if one exists (host store or --from),
     otherwise runs `python -m trainer warmup` on the host and saves a snapshot."""
-    from ..engine.cache import CacheManager
-    from ..engine.warmcache import WarmCacheRequest, status_problems, warm_cache as run
+    from ..engine.cache_command import WarmCacheRequest, status_problems, warm_cache as run
+    from ..engine.compile_cache import CacheManager
 
     req = WarmCacheRequest(config_path=config_path, overrides=[_parse_set(s) for s in sets],
                            from_file=from_file, pull_dest=pull_dest, key_name=key_name,

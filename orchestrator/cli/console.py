@@ -19,6 +19,7 @@ import threading
 import time
 from typing import Callable
 
+import click
 from rich.console import Console
 
 #: the width of a non-terminal console: wide enough that nothing is ever cut
@@ -56,40 +57,34 @@ def stamp(clock: Callable[[], float] = time.time) -> str:
     return time.strftime("%H:%M:%S", time.localtime(clock()))
 
 
-class Activity:
-    """Progress of one long step, on stderr. ``update(text)`` says what is happening now;
-    ``line(text)`` prints a permanent line (a finished stage). Use as a context manager."""
+def note(message: str) -> None:
+    """A ``dfo: ...`` note for people, on stderr (what engine calls ``say``)."""
+    click.echo(f"dfo: {message}", err=True)
 
-    def __init__(self, label: str, *, con: Console | None = None, enabled: bool = True,
-                 every: float | None = None):
+
+def minutes_seconds(seconds: float) -> str:
+    """An elapsed time as ``4m07s``."""
+    s = int(seconds)
+    return f"{s // 60}m{s % 60:02d}s"
+
+
+class _Progress:
+    """What :class:`Activity` and :class:`HostRows` share: the stderr console, plain lines
+    (not a terminal: a steady beat from a thread) or a live display, and a quiet start."""
+
+    def __init__(self, label: str, *, con: Console | None, enabled: bool, every: float | None):
         self.label = label
         self.con = con or console(stderr=True)
         self.enabled = enabled
         self.every = every if every is not None else progress_every()
-        self.text = ""
-        self._status = None
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
         self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
         self._t0 = time.monotonic()
-        self._last = 0.0
-        self._last_upd = 0.0
 
     @property
     def plain(self) -> bool:
         return not self.con.is_terminal
-
-    def __enter__(self) -> "Activity":
-        self._t0 = self._last = time.monotonic()
-        if not self.enabled:
-            return self
-        if self.plain:
-            self._thread = threading.Thread(target=self._beat, name="dfo-progress", daemon=True)
-            self._thread.start()
-        else:
-            self._status = self.con.status(self._desc())
-            self._status.start()
-        return self
 
     def __exit__(self, *exc) -> None:
         self.close()
@@ -99,6 +94,45 @@ class Activity:
         if self._thread is not None:
             self._thread.join(timeout=2)
             self._thread = None
+
+    def _start_beat(self) -> None:
+        self._thread = threading.Thread(target=self._beat, name="dfo-progress", daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        raise NotImplementedError
+
+    def _quiet_over(self) -> bool:
+        """A step that ends (or fails) within the first ``min(2, every)`` seconds prints no
+        progress at all: its result (or its one-line error) is all a log needs."""
+        return time.monotonic() - self._t0 >= min(2.0, self.every)
+
+
+class Activity(_Progress):
+    """Progress of one long step, on stderr. ``update(text)`` says what is happening now;
+    ``line(text)`` prints a permanent line (a finished stage). Use as a context manager."""
+
+    def __init__(self, label: str, *, con: Console | None = None, enabled: bool = True,
+                 every: float | None = None):
+        super().__init__(label, con=con, enabled=enabled, every=every)
+        self.text = ""
+        self._status = None
+        self._last = 0.0
+        self._last_upd = 0.0
+
+    def __enter__(self) -> "Activity":
+        self._t0 = self._last = time.monotonic()
+        if not self.enabled:
+            return self
+        if self.plain:
+            self._start_beat()
+        else:
+            self._status = self.con.status(self._desc())
+            self._status.start()
+        return self
+
+    def close(self) -> None:
+        super().close()
         if self._status is not None:
             self._status.stop()
             self._status = None
@@ -109,8 +143,7 @@ class Activity:
         return escape(f"{self.label}: {self.text}" if self.text else self.label)
 
     def _elapsed(self) -> str:
-        s = int(time.monotonic() - self._t0)
-        return f"{s // 60}m{s % 60:02d}s"
+        return minutes_seconds(time.monotonic() - self._t0)
 
     def _plain(self, text: str) -> None:
         with self._lock:
@@ -142,11 +175,6 @@ class Activity:
         else:
             self.con.print(markup_text)
 
-    def _quiet_over(self) -> bool:
-        """A step that ends (or fails) within the first ``min(2, every)`` seconds prints no
-        progress at all: its result (or its one-line error) is all a log needs."""
-        return time.monotonic() - self._t0 >= min(2.0, self.every)
-
     def _beat(self) -> None:
         while not self._stop.wait(min(1.0, self.every)):
             if time.monotonic() - self._last >= self.every:
@@ -154,7 +182,7 @@ class Activity:
                             f"(still working, {self._elapsed()})")
 
 
-class HostRows:
+class HostRows(_Progress):
     """Progress of one step on several hosts at once (``--group``), on stderr: in a terminal
     a live row per host (spinner, host, elapsed time, what it does now; a tick or a cross
     when it ends); otherwise plain timestamped lines ``HH:MM:SS LABEL: HOST: text``, at most
@@ -165,25 +193,14 @@ class HostRows:
 
     def __init__(self, label: str, hosts, *, con: Console | None = None, enabled: bool = True,
                  every: float | None = None):
-        self.label = label
+        super().__init__(label, con=con, enabled=enabled, every=every)
         self.hosts = list(hosts)
-        self.con = con or console(stderr=True)
-        self.enabled = enabled
-        self.every = every if every is not None else progress_every()
         self.text = {h: "waiting" for h in self.hosts}
         self.state = {h: "run" for h in self.hosts}   # run | ok | fail
         self.t_end: dict[str, float] = {}
         self._last = {h: 0.0 for h in self.hosts}     # last plain line per host
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._live = None
         self._spin: dict = {}
-        self._t0 = time.monotonic()
-
-    @property
-    def plain(self) -> bool:
-        return not self.con.is_terminal
 
     def __enter__(self) -> "HostRows":
         self._t0 = time.monotonic()
@@ -191,8 +208,7 @@ class HostRows:
         if not self.enabled:
             return self
         if self.plain:
-            self._thread = threading.Thread(target=self._beat, name="dfo-progress", daemon=True)
-            self._thread.start()
+            self._start_beat()
         else:
             from rich.live import Live
             from rich.spinner import Spinner
@@ -202,22 +218,15 @@ class HostRows:
             self._live.start()
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
-
     def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=2)
-            self._thread = None
+        super().close()
         if self._live is not None:
             self._live.refresh()
             self._live.stop()
             self._live = None
 
     def _elapsed(self, host: str) -> str:
-        s = int(self.t_end.get(host, time.monotonic()) - self._t0)
-        return f"{s // 60}m{s % 60:02d}s"
+        return minutes_seconds(self.t_end.get(host, time.monotonic()) - self._t0)
 
     def __rich__(self):
         from rich.markup import escape
@@ -238,9 +247,6 @@ class HostRows:
     def _plain(self, host: str, text: str) -> None:
         self.con.print(f"{stamp()} {self.label}: {host}: {text}", markup=False, highlight=False)
         self._last[host] = time.monotonic()
-
-    def _quiet_over(self) -> bool:
-        return time.monotonic() - self._t0 >= min(2.0, self.every)
 
     def update(self, host: str, text: str) -> None:
         if host not in self.text:

@@ -6,6 +6,8 @@ import json
 
 import click
 
+from .console import note
+
 
 @click.command("export")
 @click.option("--host", "host_name", default=None, help="Host from hosts.yaml (default: the default host).")
@@ -22,7 +24,7 @@ def export(ctx: click.Context, host_name, run, step, to, dtype, as_json) -> int:
     from ..engine.export import ExportOps
 
     app = ctx.obj
-    say = (lambda m: None) if as_json else (lambda m: click.echo(f"dfo: {m}", err=True))
+    say = (lambda m: None) if as_json else note
 
     def progress(name: str, done: int, total: int) -> None:
         if not as_json:

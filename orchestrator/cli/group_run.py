@@ -11,7 +11,8 @@ import click
 from rich.markup import escape
 
 from ..errors import EXIT_INTERRUPTED, DfoError, RunFailed
-from .console import Activity, console
+from .console import Activity, console, note
+from .log_lines import LinePrinter
 from .params import host_or_group
 
 
@@ -23,7 +24,7 @@ def group_runs(app, group_name, host_name, say=None):
     group = app.inventory.group(group_name)
     hosts = [app.host(n) for n in group.hosts]
     return GroupRuns(group, hosts, app.transport,
-                     say=say or (lambda m: click.echo(f"dfo: {m}", err=True)))
+                     say=say or note)
 
 
 GROUP_OPTION = click.option("--group", "group_name", default=None, metavar="NAME",
@@ -76,11 +77,10 @@ def print_group_plan(gp, dry_run: bool) -> None:
 def follow_group_logs(gr, run_id, *, follow, raw, attempt, since, from_attempt) -> int:
     from ..engine.group_logs import follow_group
     from ..ops.timespec import parse_since
-    from .run import _Printer
 
     err = console(stderr=True)
     width = max(len(h.name) for h in gr.hosts)
-    printers = {h.name: _Printer(raw, prefix=f"{h.name:<{width}} | ") for h in gr.hosts}
+    printers = {h.name: LinePrinter(raw, prefix=f"{h.name:<{width}} | ") for h in gr.hosts}
     nodes = [(h.name, gr.ops(h.name).t, gr.ops(h.name).layout) for h in gr.hosts]
     try:
         outs = follow_group(

@@ -8,12 +8,14 @@ import time
 
 import click
 
-from .console import Activity, console, progress_every, stamp
-from .params import NON_NEGATIVE
 from rich.markup import escape
 
 from ..errors import EXIT_INTERRUPTED, ConfigError, NotFoundError, RunFailed
+from .console import Activity, console, note
 from .group_run import GROUP_OPTION, follow_group_logs, group_runs, launch_group
+from .log_lines import LinePrinter
+from .params import NON_NEGATIVE
+from .run_ops import require_run, run_ops
 
 
 def _kv(items, what: str, conv=float) -> dict:
@@ -27,14 +29,6 @@ def _kv(items, what: str, conv=float) -> dict:
         except ValueError:
             raise ConfigError(f"{what} {it!r}: {v!r} is not a number") from None
     return out
-
-
-def _ops(app, host_name, say=None):
-    from ..engine.runs import RunOps
-
-    host = app.host(host_name)
-    return RunOps(app.transport(host_name), host,
-                  say=say or (lambda m: click.echo(f"dfo: {m}", err=True)))
 
 
 # --- launch ----------------------------------------------------------------------------------
@@ -127,11 +121,11 @@ def launch(app, host_name, group_name, resume, config, run_name, sets, replace, 
         return launch_group(app, group_name, host_name, opts, as_json=as_json,
                              follow=follow)
     with Activity("launch", enabled=not as_json) as act:
-        ops = _ops(app, host_name, say=lambda m: act.line(f"dfo: {escape(m)}"))
+        ops = run_ops(app, host_name, say=lambda m: act.line(f"dfo: {escape(m)}"))
         act.update("checking the host, the env and the config" + ("" if dry_run else
                                                                    "; then starting the run"))
         plan = ops.launch(opts)
-    ops.say = lambda m: click.echo(f"dfo: {m}", err=True)
+    ops.say = note
     if as_json:
         d = plan.to_json()
         d["started"] = not dry_run
@@ -174,94 +168,12 @@ def _print_plan(plan, dry_run: bool) -> None:
 
 # --- logs ------------------------------------------------------------------------------------
 
-_EVENT_STYLE = {
-    "supervisor_start": "dim", "attempt_start": "bold blue", "checkpoint": "green",
-    "watchdog": "magenta", "stacks": "magenta", "attempt_end": "blue", "classified": "bold red",
-    "fallback": "bold yellow", "restart": "cyan", "give_up": "bold red", "orphans_reaped": "yellow",
-    "stopping": "yellow", "final": "bold", "cache_restore": "magenta",
-}
-
-
-class _Printer:
-    def __init__(self, raw: bool, prefix: str = ""):
-        self.raw = raw
-        self.prefix = prefix              # "host | " when following a group's nodes
-        self.c = console()
-        self.checkpoints: set = set()   # steps already shown (the event and the marker)
-        self.quiet_since = time.monotonic()
-
-    def _out(self, s: str, markup: bool = True) -> None:
-        if markup:
-            self.c.print(escape(self.prefix) + s)
-        else:
-            self.c.print(self.prefix + s, markup=False)
-
-    def _checkpoint_once(self, attempt, step) -> bool:
-        key = (str(attempt), str(step))
-        if key in self.checkpoints:
-            return False
-        self.checkpoints.add(key)
-        return True
-
-    def __call__(self, ln) -> None:
-        text = getattr(ln, "text", "") or ""
-        if not text.lstrip().startswith("@dfo"):
-            self.quiet_since = time.monotonic()   # something a person reads was printed
-        if self.raw:
-            click.echo(self.prefix + ln.text)
-            return
-        from ..ops import runstate as rs
-        from ..ops.classify import match_line, parse_marker
-
-        if ln.event is not None:
-            e = ln.event
-            kind = e.get("kind")
-            style = _EVENT_STYLE.get(kind) or "default"
-            if kind == "checkpoint" and not self._checkpoint_once(e.get("attempt"), e.get("step")):
-                return
-            if kind == "final":
-                style = {"done": "bold green", "failed": "bold red"}.get(e.get("status"), "bold yellow")
-            ts = time.strftime("%H:%M:%S", time.localtime(float(e.get("t") or 0)))
-            self._out(f"[dim]{ts}[/] [{style}]▶ {escape(rs.describe_event(e))}[/]")
-            for ev in (e.get("evidence") or [])[:6]:
-                self._out(f"           [red]│ {escape(str(ev.get('text', '')))}[/]")
-            return
-        tag = f"[dim]a{ln.attempt}│[/] "
-        rec = parse_marker(ln.text)
-        if rec is not None:
-            # the trainer prints its own human line for each step; markers stay quiet
-            if rec.get("kind") == "checkpoint":
-                if self._checkpoint_once(ln.attempt, rec.get("step")):
-                    self._out(f"{tag}[green]checkpoint step {rec.get('step')}[/]")
-            elif rec.get("kind") == "done":
-                self._out(f"{tag}[green]done at step {rec.get('step')}[/]")
-            elif rec.get("kind") == "heartbeat" and not self.c.is_terminal:
-                # in a pipe, a quiet stretch (compiling, warm-up) still shows it is alive
-                now = time.monotonic()
-                if now - self.quiet_since >= progress_every():
-                    self._out(f"{stamp()} a{ln.attempt}│ alive: {rec.get('phase')}"
-                                 + (f" step {rec.get('step')}" if rec.get("step") is not None else ""),
-                                 markup=False)
-                    self.quiet_since = now
-                return
-            elif rec.get("kind") == "step":
-                loss = rec.get("loss")
-                if isinstance(loss, float) and loss != loss:
-                    self._out(f"{tag}[bold red]step {rec.get('step')} loss NaN[/]")
-            return
-        rule = match_line(ln.text)
-        if rule is not None:
-            self._out(f"{tag}[bold red]{escape(ln.text)}[/]  [red]← {rule.cls}[/]")
-        else:
-            self._out(f"{tag}{escape(ln.text)}")
-
-
 def _follow(ops, run_id, *, follow, raw, attempt, since, from_attempt) -> int:
     from ..engine.logs import LogFollower
     from ..ops.timespec import parse_since
 
     err = console(stderr=True)
-    f = LogFollower(ops.t, ops.layout, run_id, on_line=_Printer(raw), follow=follow,
+    f = LogFollower(ops.t, ops.layout, run_id, on_line=LinePrinter(raw), follow=follow,
                     attempt=attempt, from_attempt=from_attempt,
                     since=parse_since(since, time.time()),
                     on_reconnect=lambda n, why: err.print(
@@ -298,8 +210,6 @@ def logs(app, host_name, follow, run_id, attempt, since, raw, group_name):
     With --group, every node's lines, each prefixed with its host."""
     from ..engine.logs import current_attempt
 
-    from .status import require_run
-
     if group_name is not None:
         gr = group_runs(app, group_name, host_name)
         rid = gr.resolve_run(run_id)
@@ -307,7 +217,7 @@ def logs(app, host_name, follow, run_id, attempt, since, raw, group_name):
             current_attempt(gr.ops(gr.group.head), rid)
         return follow_group_logs(gr, rid, follow=follow, raw=raw, attempt=attempt, since=since,
                              from_attempt=start)
-    ops = _ops(app, host_name)
+    ops = run_ops(app, host_name)
     rid = ops.current_run(run_id)
     runs = ops.status(rid)
     require_run(ops, rid, runs)

@@ -11,12 +11,12 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from ..errors import NotFoundError
 from ..ops import runstate as rs
 from ..ops.sparkline import sparkline
-from .console import console, stamp
+from .console import console, minutes_seconds, stamp
 from .group_run import GROUP_OPTION, group_status, group_stop
 from .params import POSITIVE_SECONDS
+from .run_ops import require_run, run_ops
 
 #: every column, in display order
 COLUMNS = ("run", "state", "step", "tok/s", "trend", "accept", "fallback", "attempt",
@@ -65,7 +65,7 @@ def _age(seconds: float | None) -> str:
     if seconds is None or seconds < 0:
         return "-"
     s = int(seconds)
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else minutes_seconds(s)
 
 
 def _accept(r: dict) -> str:
@@ -119,15 +119,6 @@ def status_table(host: str, runs: list[dict], *, width: int | None = None,
     for v in rows:
         t.add_row(*(v[c] for c in cols))
     return t
-
-
-def require_run(ops, run_id: str | None, runs: list[dict]) -> None:
-    """An unknown ``--run`` is exit 11, naming the runs that exist."""
-    if run_id and not runs:
-        have = sorted(str(r.get("run_id")) for r in ops.status(None))
-        raise NotFoundError(f"no run {run_id} on {ops.host.name}",
-                            hint=("runs: " + ", ".join(have[-10:])) if have
-                            else "there are no runs; start one with `dfo launch`")
 
 
 def _change_line(r: dict) -> str:
@@ -188,13 +179,11 @@ def status(app, host_name, run_id, wide, watch_, interval, as_json, group_name):
     checkpoint, attempt, uptime and last event as they fit; --wide shows them all.
     With --group: one row per node of the group's run (--run, else the head's live or
     newest run)."""
-    from .run import _ops
-
     if group_name is not None:
         if watch_:
             raise click.UsageError("--watch and --group cannot be combined")
         return group_status(app, group_name, host_name, run_id, as_json)
-    ops = _ops(app, host_name)
+    ops = run_ops(app, host_name)
     if watch_:
         if as_json:
             raise click.UsageError("--watch and --json cannot be combined")
@@ -228,11 +217,9 @@ def stop(app, host_name, run_id, timeout, as_json, group_name):
     """Stop a run: the trainer checkpoints and exits; the run ends `stopped`.
 
     With --group: every node at once; the head writes the one checkpoint."""
-    from .run import _ops
-
     if group_name is not None:
         return group_stop(app, group_name, host_name, run_id, timeout, as_json)
-    ops = _ops(app, host_name)
+    ops = run_ops(app, host_name)
     if run_id:
         require_run(ops, run_id, ops.status(run_id))
     info = ops.stop(run_id, timeout=timeout)

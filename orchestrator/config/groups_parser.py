@@ -1,6 +1,6 @@
 """``groups:`` of hosts.yaml: hosts that form one multi-node job (docs/hosts.md, mn design).
 
-Called by the inventory parser once ``hosts:`` is read, with the same ``_Parser`` helpers,
+Called by the inventory parser once ``hosts:`` is read, with the same ``NodeReader``,
 so every error is one line naming the file and line:
 ``hosts.yaml:41: groups.pair.hosts[1]: unknown host 'gpu3' (did you mean 'gpu2'?)``.
 
@@ -14,14 +14,10 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from typing import TYPE_CHECKING
-
 import yaml
 
 from .hostconfig import GroupConfig, HostConfig, _did_you_mean
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .inventory_parser import _Parser
+from .yaml_nodes import NodeReader
 
 _GROUP_KEYS = ("hosts", "head_addr", "port", "gpus", "ifname")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -54,7 +50,7 @@ def head_addr_problem(addr: str) -> str | None:
     return None
 
 
-def parse_groups(p: "_Parser", node: yaml.Node, hosts: dict[str, HostConfig]) -> dict[str, GroupConfig]:
+def parse_groups(p: NodeReader, node: yaml.Node, hosts: dict[str, HostConfig]) -> dict[str, GroupConfig]:
     """``groups:`` as {name: GroupConfig}; ``hosts`` are the already-validated hosts."""
     if isinstance(node, yaml.ScalarNode) and p.scalar(node) is None:
         return {}  # `groups:` with nothing under it
@@ -83,7 +79,7 @@ def parse_groups(p: "_Parser", node: yaml.Node, hosts: dict[str, HostConfig]) ->
     return out
 
 
-def _group(p: "_Parser", name: str, knode: yaml.Node, node: yaml.Node,
+def _group(p: NodeReader, name: str, knode: yaml.Node, node: yaml.Node,
            hosts: dict[str, HostConfig]) -> GroupConfig:
     w = f"groups.{name}"
     m = p.mapping(node, w, _GROUP_KEYS)
@@ -141,7 +137,7 @@ def _group(p: "_Parser", name: str, knode: yaml.Node, node: yaml.Node,
                        source=p.src(knode), **kw)
 
 
-def _gpus(p: "_Parser", node: yaml.Node, where: str, members: list[str]) -> dict[str, tuple[str, ...]]:
+def _gpus(p: NodeReader, node: yaml.Node, where: str, members: list[str]) -> dict[str, tuple[str, ...]]:
     m = p.mapping(node, where, None)
     out: dict[str, tuple[str, ...]] = {}
     for h, (knode, vnode) in m.items():

@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..config.byo_runfile import parse_run_file
-from ..errors import ConfigError, LockHeldError, NotFoundError
+from ..errors import ConfigError, NotFoundError
 from ..ops import byo
 from ..ops import launch_plan as lp
 from ..ops.budget import BudgetPolicy
+from .preflight import refuse_held_run_lock
 
 if TYPE_CHECKING:
     from .runs import LaunchOptions, RunOps
@@ -85,10 +86,7 @@ def plan_byo(ops: "RunOps", o: "LaunchOptions") -> lp.LaunchPlan:
     warnings: list[str] = []
     if not o.env_check:
         warnings.append("env check skipped (--no-env-check)")
-    if probe.get("lock") == "held" and not o.replace:
-        owner = probe.get("lock_owner") or "another run"
-        raise LockHeldError(f"run {owner} is live on {ops.host.name} (run.lock held)",
-                            hint=f"stop it with `dfo stop --run {owner}` or launch --replace")
+    refuse_held_run_lock(ops.host.name, probe, replace=o.replace)
     now = ops.clock()
     run_id = lp.make_run_id(run_name, now)
     run_dir = ops.layout.run_dir(run_id)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from dfo_contract.fsio import sha256_file
+from dfo_contract.fsio import replace_dir, sha256_file
 
 from ..errors import ConfigError, NotFoundError, RemoteCommandError, VerifyError
 from ..ops.probes import json_reply
@@ -134,9 +134,7 @@ class ExportOps:
                     done += int(files[fname]["size"])
                 if progress:
                     progress(fname, done, total)
-            if dest.exists():
-                shutil.rmtree(dest)
-            os.replace(tmp, dest)
+            replace_dir(tmp, dest)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         return ExportResult(run_id=run_id, checkpoint=ckpt, remote_dir=remote, local_dir=str(dest),

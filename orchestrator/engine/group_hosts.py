@@ -80,8 +80,8 @@ def deploy_group(hosts: Sequence[HostConfig], transport_for: TransportFor, *, ac
 def warm_cache_group(hosts: Sequence[HostConfig], transport_for: TransportFor, req, *,
                      timeout: float | None = None, progress: Progress = _quiet) -> list[HostOutcome]:
     """``dfo warm-cache`` (restore this env's snapshot, else warm up) on every member."""
-    from .cache import CacheManager
-    from .warmcache import warm_cache
+    from .cache_command import warm_cache
+    from .compile_cache import CacheManager
 
     req.validate()
 

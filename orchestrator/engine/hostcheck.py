@@ -27,10 +27,7 @@ def check_host(host: HostConfig, t: Transport) -> probes.HostCheck:
         check.python = run_probe(t, probes.python_probe(host.python))
         check.disk = run_probe(t, probes.disk_probe(host.root))
         check.gpu = gpu_facts(t)
-        q = check.gpu.query
-        check.gpus = probes.GpuReport(
-            present=bool(q and q.present), error=q.error if q else None,
-            gpus=tuple(probes.Gpu(g.index, g.name, g.memory_mib, g.uuid) for g in (q.gpus if q else ())))
+        check.gpus = gpu.gpu_report(check.gpu.query)
         check.init = run_probe(t, probes.init_probe())
         profile, cuda, lock_problem = _profile_cuda(host.profile)
         check.gpu.problems = gpu_problems(check.gpu, profile=profile, cuda_runtime=cuda,

@@ -1,6 +1,8 @@
 """The deploy lease: ``flock`` on ``locks/deploy.lock`` held by a small owner record
-(user, machine, pid, start) under a token; a killed deploy's lease is taken over (its
-process is gone on this machine, or the lease went stale), a live one is refused."""
+(user, machine, pid and the process's start time, start) under a token; a killed deploy's
+lease is taken over (its process is gone on this machine: no process with that pid and
+start time, so a reused pid does not keep it; or the lease went stale), a live one is
+refused."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import socket
 import uuid
 from typing import Callable
 
-from dfo_contract.procs import pid_alive
+from dfo_contract.procs import alive, process_start, same_process
 
 from ..errors import LockHeldError, RemoteCommandError
 from ..ops import deploy_plan as dp
@@ -48,7 +50,7 @@ class DeployLease:
         if state.deploy_owner:
             tok, info = dp.lease_owner(state.deploy_owner)
             same_machine = info.get("machine") == socket.gethostname()
-            dead = same_machine and isinstance(info.get("pid"), int) and not pid_alive(info["pid"])
+            dead = same_machine and isinstance(info.get("pid"), int) and not _holder_alive(info)
             stale = (state.deploy_owner_age or 0) >= dp.LEASE_STALE_S
             if dead or stale:
                 takeover, wait = tok, TAKEOVER_WAIT_S
@@ -61,7 +63,7 @@ class DeployLease:
                     hint=f"wait for it to finish; a killed deploy's lock frees itself after "
                          f"{dp.LEASE_STALE_S} s")
         info = json.dumps({"user": getpass.getuser(), "machine": socket.gethostname(),
-                           "pid": os.getpid(),
+                           "pid": os.getpid(), "pid_start": process_start(os.getpid()),
                            "started": _dt.datetime.now().isoformat(timespec="seconds")},
                           separators=(",", ":"))
         argv = dp.script_argv(dp.LEASE_SCRIPT, self.layout.deploy_lock, self.owner_file,
@@ -89,3 +91,11 @@ class DeployLease:
                                       self.token, name="dfo-release"), timeout=30)
         except Exception:  # noqa: BLE001 - the lease goes stale by itself
             log.debug("releasing the deploy lease failed", exc_info=True)
+
+
+def _holder_alive(info: dict) -> bool:
+    """The lease holder's process (on this machine) still runs: its pid with the recorded
+    start time; a lease that records no start time (an older dfo's) by its pid alone."""
+    if "pid_start" in info:
+        return same_process(info["pid"], info["pid_start"])
+    return alive(info["pid"])

@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from dfo_contract.fsio import json_object
+
 from ..errors import (ConnectError, DfoError, HostKeyError, NotFoundError, RemoteCommandError,
                       RunFailed)
 from ..ops import runstate as rs
@@ -77,13 +79,10 @@ class LogFollower:
             stray: list[str] = []   # lines that are not the follower's (e.g. a traceback)
 
             def handle(raw: str) -> None:
-                try:
-                    rec = json.loads(raw)
-                except ValueError:
+                rec = json_object(raw)
+                if rec is None:
                     stray[:] = (stray + [raw])[-20:]
                     return  # a torn line from a dropped connection, or stray stderr
-                if not isinstance(rec, dict):
-                    return
                 if "f" in rec:
                     try:
                         name, off = str(rec["f"]), int(rec["o"])
@@ -140,10 +139,7 @@ class LogFollower:
         ev = None
         att = None
         if name == rs.EVENTS_FILE:
-            try:
-                ev = json.loads(text)
-            except ValueError:
-                ev = None
+            ev = json_object(text)
             if self.since is not None and isinstance(ev, dict) and \
                     float(ev.get("t") or 0) < self.since:
                 return

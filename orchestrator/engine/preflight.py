@@ -43,6 +43,15 @@ def check_config_paths(t, host: str, cfg: Mapping[str, Any], config: str | None)
     raise_missing(host, keys, r.out.splitlines(), config)
 
 
+def refuse_held_run_lock(host: str, probe: Mapping[str, Any], *, replace: bool) -> None:
+    """A live run holds the host's run.lock (the launch probe says so): LockHeldError, unless
+    the launch replaces it (``--replace``)."""
+    if probe.get("lock") == "held" and not replace:
+        owner = probe.get("lock_owner") or "another run"
+        raise LockHeldError(f"run {owner} is live on {host} (run.lock held)",
+                            hint=f"stop it with `dfo stop --run {owner}` or launch --replace")
+
+
 def launch_preflight(ops, o, cfg: Mapping[str, Any],
                      ck_dir: str = "") -> tuple[dict[str, str], list[str]]:
     """Reachable, env deployed and ``deploy --check``-clean (the env probe only when its
@@ -76,9 +85,6 @@ def launch_preflight(ops, o, cfg: Mapping[str, Any],
         log.info("env check on %s: %s", ops.host.name, rep.message)
     else:
         warnings.append("env check skipped (--no-env-check)")
-    if probe.get("lock") == "held" and not o.replace:
-        owner = probe.get("lock_owner") or "another run"
-        raise LockHeldError(f"run {owner} is live on {ops.host.name} (run.lock held)",
-                            hint=f"stop it with `dfo stop --run {owner}` or launch --replace")
+    refuse_held_run_lock(ops.host.name, probe, replace=o.replace)
     raise_missing(ops.host.name, paths, facts.missing, o.config)
     return probe, warnings

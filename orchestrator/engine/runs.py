@@ -211,7 +211,7 @@ class RunOps(RunQueries):
         return f"{ck_dir.rstrip('/')}.{time.strftime('%Y%m%d-%H%M%S', time.gmtime(now))}"
 
     def _cache_key(self, cfg_nested: Mapping[str, Any], warnings: list[str]) -> str | None:
-        from .cache import CacheManager
+        from .compile_cache import CacheManager
 
         if not (cfg_nested.get("compile") or {}).get("enabled", True):
             return None  # nothing is compiled: no cache to advise about

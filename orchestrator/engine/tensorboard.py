@@ -10,9 +10,10 @@ it. On the local transport TensorBoard itself listens on the local port, no forw
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
+
+from dfo_contract.fsio import json_object
 
 from ..errors import ConnectError, DeployError, NotFoundError, RemoteCommandError
 from ..ops.scripts import remote_source
@@ -95,11 +96,8 @@ class TensorBoard:
                 if not line:
                     box["eof"] = True
                     return
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue  # a warning the interpreter printed
-                if isinstance(rec, dict) and ("port" in rec or "error" in rec):
+                rec = json_object(line)   # None: a warning the interpreter printed
+                if rec is not None and ("port" in rec or "error" in rec):
                     box["rec"] = rec
                     return
 
@@ -136,11 +134,8 @@ class TensorBoard:
                 line = self.pipe.readline()
                 if not line:
                     break
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(rec, dict) and "exit" in rec:
+                rec = json_object(line)
+                if rec is not None and "exit" in rec:
                     self.exit_info = rec
         except Exception:  # noqa: BLE001 - the connection went away
             pass

@@ -11,11 +11,12 @@
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
+
+from dfo_contract.fsio import parse_jsonl
 
 from . import runstate as rs
 
@@ -56,17 +57,9 @@ class Curves:
         return not any(s.steps for _, ss in self.panels for s in ss)
 
 
-def read_metrics(text: str) -> list[dict]:
+def read_metrics(data: bytes | str) -> list[dict]:
     """The step records of metrics.jsonl (torn or foreign lines skipped)."""
-    out = []
-    for ln in text.splitlines():
-        try:
-            rec = json.loads(ln)
-        except ValueError:
-            continue
-        if isinstance(rec, dict) and isinstance(rec.get("step"), int):
-            out.append(rec)
-    return out
+    return [rec for rec in parse_jsonl(data).records if isinstance(rec.get("step"), int)]
 
 
 def _num(v: Any) -> float | None:

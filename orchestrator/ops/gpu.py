@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from .probes import DiskFree, Output, Probe, parse_df, text
+from .probes import DiskFree, Gpu, GpuReport, Output, Probe, parse_df, text
 
 #: CUDA runtime (torch.version.cuda) -> the oldest driver branch that runs it
 #: (NVIDIA's CUDA toolkit release notes, "minimum required driver version")
@@ -147,6 +147,13 @@ def _first_line(out: Output, default: str) -> str:
 
 
 # --------------------------------------------------------------------------- probes
+
+def gpu_report(q: GpuQuery | None) -> GpuReport:
+    """The query as ``dfo hosts check`` reports its GPUs."""
+    return GpuReport(present=bool(q and q.present), error=q.error if q else None,
+                     gpus=tuple(Gpu(g.index, g.name, g.memory_mib, g.uuid)
+                                for g in (q.gpus if q else ())))
+
 
 def query_probe() -> Probe[GpuQuery]:
     return Probe("gpu_query", ("sh", "-c", _QUERY_SCRIPT), parse_query)

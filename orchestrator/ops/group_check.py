@@ -13,9 +13,10 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Mapping, Sequence
+
+from dfo_contract.fsio import json_object
 
 from .scripts import remote_source
 
@@ -141,11 +142,8 @@ def parse_port_lines(lines: Iterable[str]) -> list[dict[str, Any]]:
         line = line.strip()
         if not line.startswith(PORT_MARK):
             continue
-        try:
-            d = json.loads(line[len(PORT_MARK):])
-        except json.JSONDecodeError:
-            continue
-        if isinstance(d, dict):
+        d = json_object(line[len(PORT_MARK):])
+        if d is not None:
             out.append(d)
     return out
 

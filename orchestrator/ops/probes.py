@@ -167,10 +167,6 @@ def parse_df(out: Output) -> DiskFree | None:
 
 # --------------------------------------------------------------------------- gpus
 
-_GPU_SCRIPT = ('command -v nvidia-smi >/dev/null 2>&1 || exit 127; '
-               'exec nvidia-smi --query-gpu=index,uuid,memory.total,name --format=csv,noheader,nounits')
-
-
 @dataclass(frozen=True)
 class Gpu:
     index: int
@@ -181,32 +177,12 @@ class Gpu:
 
 @dataclass(frozen=True)
 class GpuReport:
+    """The ``gpus`` of ``dfo hosts check`` (from ``ops.gpu``'s nvidia-smi query:
+    ``gpu.gpu_report``)."""
+
     present: bool  # nvidia-smi exists
     gpus: tuple[Gpu, ...] = ()
     error: str | None = None
-
-
-def gpu_probe() -> Probe[GpuReport]:
-    return Probe("gpus", ("sh", "-c", _GPU_SCRIPT), parse_gpus)
-
-
-def parse_gpus(out: Output) -> GpuReport:
-    """nvidia-smi CSV with the name last, so a name holding ", " cannot shift the columns."""
-    if out.exit_code == 127:
-        return GpuReport(present=False)
-    if out.exit_code != 0:
-        msg = (text(out.stdout) + text(out.stderr)).strip().splitlines()
-        return GpuReport(present=True, error=msg[0] if msg else f"nvidia-smi exited {out.exit_code}")
-    gpus = []
-    for line in text(out.stdout).splitlines():
-        if not line.strip():
-            continue
-        parts = [p.strip() for p in line.split(",", 3)]
-        if len(parts) != 4 or not parts[0].isdigit():
-            return GpuReport(present=True, gpus=tuple(gpus), error=f"unexpected nvidia-smi line: {line!r}")
-        mem = int(parts[2]) if parts[2].isdigit() else None
-        gpus.append(Gpu(index=int(parts[0]), uuid=parts[1], memory_mib=mem, name=parts[3]))
-    return GpuReport(present=True, gpus=tuple(gpus))
 
 
 # --------------------------------------------------------------------------- init

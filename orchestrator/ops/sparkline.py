@@ -30,20 +30,12 @@ def current_step(*steps: object) -> int | None:
     return max(got) if got else None
 
 
-def metrics_tail(lines: Iterable[str], keep: int = 16) -> tuple[int | None, list[float]]:
-    """From the last lines of metrics.jsonl: the step of the newest record and the last
-    ``keep`` tokens_per_s values (torn or foreign lines are skipped)."""
-    import json
-
+def metrics_tail(records: Iterable[dict], keep: int = 16) -> tuple[int | None, list[float]]:
+    """From the last records of metrics.jsonl (``dfo_contract.fsio.read_jsonl``): the step
+    of the newest one and the last ``keep`` tokens_per_s values."""
     step = None
     tps: list[float] = []
-    for ln in lines:
-        try:
-            rec = json.loads(ln)
-        except ValueError:
-            continue
-        if not isinstance(rec, dict):
-            continue
+    for rec in records:
         s = rec.get("step")
         if isinstance(s, int) and not isinstance(s, bool):
             step = s

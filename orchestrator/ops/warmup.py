@@ -1,5 +1,5 @@
 """The trainer's warm-up as dfo runs it (pure): its argv and environment, and the parsing
-of its report and its error output. ``orchestrator.engine.cache`` runs it."""
+of its report and its error output. ``orchestrator.engine.cache_warmup`` runs it."""
 
 from __future__ import annotations
 

@@ -25,8 +25,9 @@ import os
 import sys
 import time
 
+from dfo_contract.procs import supervisor_alive
+
 from ..ops import runstate as rs
-from . import procs
 from .lines import read_lines
 from .query import never_started
 from .runfiles import read_state
@@ -129,7 +130,7 @@ def _main(argv: list[str] | None = None) -> int:
         final = status in rs.FINAL
         lost = False
         if a.follow and not final and status is not None:
-            if pid and not procs.alive(int(pid)):
+            if pid and not supervisor_alive(a.run_dir, pid):
                 dead_since = dead_since or time.monotonic()
                 lost = time.monotonic() - dead_since > a.lost_after
             else:

@@ -15,6 +15,8 @@ import shutil
 import subprocess
 from typing import Iterable
 
+from dfo_contract.procs import proc_stat
+
 from ..ops.host_load import GpuApp, HostSample, parse_gpu_apps, parse_loadavg, parse_proc_stat
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -30,14 +32,8 @@ def _read(path: str) -> str | None:
 
 def proc_cpu_s(pid: int) -> float | None:
     """utime+stime+cutime+cstime of one process, in seconds (None when it is gone)."""
-    data = _read(f"/proc/{pid}/stat")
-    if data is None:
-        return None
-    try:
-        rest = data[data.rindex(")") + 2:].split()
-        return sum(int(x) for x in rest[11:15]) / _TICK
-    except (ValueError, IndexError):
-        return None
+    st = proc_stat(pid)
+    return None if st is None else st.cpu_ticks / _TICK
 
 
 def proc_io_bytes(pid: int) -> int:

@@ -11,7 +11,7 @@ import subprocess
 import time
 from typing import Iterable
 
-from dfo_contract.procs import pid_alive
+from dfo_contract.procs import alive, cmdline, proc_stat  # noqa: F401 - procs.cmdline: its callers
 
 PR_SET_PDEATHSIG = 1
 
@@ -29,13 +29,9 @@ def _ppid_map() -> dict[int, int]:
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                data = f.read()
-            rest = data[data.rindex(b")") + 2:].split()
-            out[int(name)] = int(rest[1])
-        except (OSError, ValueError, IndexError):
-            continue
+        st = proc_stat(name)
+        if st is not None:
+            out[int(name)] = st.ppid
     return out
 
 
@@ -76,23 +72,9 @@ def processes_of_run(run_dir: str, *, exclude: Iterable[int] = ()) -> list[int]:
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) in ex:
             continue
-        if env_of(int(name)).get("DFO_RUN_DIR") == run_dir and not _is_zombie(int(name)):
+        if env_of(int(name)).get("DFO_RUN_DIR") == run_dir and alive(int(name)):
             out.append(int(name))
     return sorted(out)
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-        return data[data.rindex(b")") + 2:data.rindex(b")") + 3] == b"Z"
-    except (OSError, ValueError):
-        return True
-
-
-def alive(pid: int) -> bool:
-    """The process exists and is not a zombie (an exited child nobody has reaped yet)."""
-    return pid_alive(pid) and not _is_zombie(pid)
 
 
 def signal_all(pids: Iterable[int], sig: int) -> None:
@@ -144,12 +126,12 @@ def kernel_stacks(pid: int) -> str:
         try:
             comm = open(f"{base}/comm").read().strip()
             wchan = open(f"{base}/wchan").read().strip() or "-"
-            with open(f"{base}/stat", "rb") as f:
-                data = f.read()
-            state = data[data.rindex(b")") + 2:data.rindex(b")") + 3].decode()
-        except (OSError, ValueError):
+        except OSError:
             continue
-        lines.append(f"thread {tid} {comm!r} state={state} wchan={wchan}")
+        st = proc_stat(pid, task=tid)
+        if st is None:
+            continue
+        lines.append(f"thread {tid} {comm!r} state={st.state} wchan={wchan}")
     return "\n".join(lines) + "\n"
 
 
@@ -190,11 +172,3 @@ def wait_gone(pids: Iterable[int], timeout: float, poll: float = 0.05) -> bool:
             return True
         time.sleep(poll)
     return not any(alive(p) for p in pids)
-
-
-def cmdline(pid: int) -> list[str]:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return [a.decode("utf-8", "replace") for a in f.read().split(b"\0") if a]
-    except OSError:
-        return []

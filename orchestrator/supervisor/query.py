@@ -15,16 +15,12 @@ import signal
 import sys
 import time
 
+from dfo_contract.fsio import read_jsonl
+from dfo_contract.procs import supervisor_alive
+
 from ..ops import runstate as rs
 from . import procs
 from .runfiles import read_state
-
-
-def supervisor_alive(run_dir: str, pid) -> bool:
-    if not isinstance(pid, int) or not procs.alive(pid):
-        return False
-    cl = procs.cmdline(pid)
-    return "orchestrator.supervisor" in cl and run_dir in cl
 
 
 #: the processes that only read a run (a launch in progress or a supervisor is anything else)
@@ -101,16 +97,11 @@ def _add_metrics(st: dict, run_dir: str, tail_bytes: int = 16384) -> None:
     tail of metrics.jsonl and the newest checkpoint (state.json's step lags between logs)."""
     from ..ops.sparkline import current_step, metrics_tail
 
-    lines: list[str] = []
     try:
-        with open(os.path.join(run_dir, "metrics.jsonl"), "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - tail_bytes))
-            lines = f.read().decode("utf-8", "replace").splitlines()[1 if size > tail_bytes else 0:]
+        records = read_jsonl(os.path.join(run_dir, "metrics.jsonl"), tail_bytes=tail_bytes).records
     except OSError:
-        pass
-    step, tps = metrics_tail(lines)
+        records = []
+    step, tps = metrics_tail(records)
     ck = st.get("last_checkpoint") if isinstance(st.get("last_checkpoint"), dict) else {}
     st["recent_tokens_per_s"] = tps
     st["last_step"] = current_step(st.get("last_step"), step, ck.get("step"))

@@ -77,6 +77,9 @@ class ProxmoxTransport(SSHTransport):
         """Once per connection: the container must be running before we exec into it."""
         if self._checked:
             return
+        self._require_running()
+
+    def _require_running(self) -> None:
         status = self.container_status()
         if status != "running":
             raise ContainerError(
@@ -107,9 +110,4 @@ class ProxmoxTransport(SSHTransport):
                                hint="upgrade pve-container on the node (dfo needs `pct exec --keep-env 0`)")
         if res.exit_code != 0 and any(s in res.err for s in _STOPPED_HINTS):
             self._checked = False
-            status = self.container_status()
-            if status != "running":
-                raise ContainerError(
-                    f"container {self.vmid} on {self.name} is {status}",
-                    hint=f"start it: ssh {self.node_label()} pct start {self.vmid}")
-            self._checked = True
+            self._require_running()

@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from dfo_contract.fsio import atomic_write_text
+
 from .sshd import LabUnavailable
 
 PREFIX = "dfo-lab-"  # the pct stand-in maps VMID N to the container "dfo-lab-N"
@@ -143,9 +145,7 @@ class Container:
         new = "\n".join(base).rstrip("\n") + "\n\n" + "\n".join(managed) + "\n"
         if new == text:
             return False
-        tmp = self.config.with_name(f".config.tmp-{os.getpid()}")
-        tmp.write_text(new)
-        os.replace(tmp, self.config)
+        atomic_write_text(self.config, new)
         return True
 
     def start(self, *, wait_systemd: float = 15.0) -> bool:

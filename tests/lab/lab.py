@@ -17,9 +17,12 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from dfo_contract.fsio import atomic_write_bytes, atomic_write_text
+from dfo_contract.procs import process_start, same_process
+
 from . import netns
 from .container import WHEELHOUSE_IN_CT, Container
-from .procs import file_lock, pid_alive, write_atomic
+from .procs import file_lock
 from .sshd import LabUnavailable, Sshd
 
 PCT_SOURCE = Path(__file__).resolve().with_name("pct")
@@ -209,7 +212,7 @@ class Lab:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         owned = set(self._owned())
         if ct.vmid not in owned:
-            write_atomic(self.state_dir / "containers.json", json.dumps(sorted(owned | {ct.vmid})))
+            atomic_write_text(self.state_dir / "containers.json", json.dumps(sorted(owned | {ct.vmid})))
 
     def _owned(self) -> list[int]:
         try:
@@ -233,15 +236,16 @@ class Lab:
 
     def _install_pct(self) -> None:
         self.bin_dir.mkdir(parents=True, exist_ok=True)
-        write_atomic(self.bin_dir / "pct", PCT_SOURCE.read_bytes(), 0o755)
+        atomic_write_bytes(self.bin_dir / "pct", PCT_SOURCE.read_bytes(), mode=0o755)
 
     def _lease_path(self, lease: str | None) -> Path:
         return self.leases_dir / (lease or f"pid-{os.getpid()}")
 
     def _take_lease(self, lease: str | None) -> None:
         self.leases_dir.mkdir(parents=True, exist_ok=True)
-        data = {"pid": os.getpid(), "start": _proc_start(os.getpid()), "t": time.time()}
-        write_atomic(self._lease_path(lease), json.dumps(data))
+        # the start time as /proc shows it (text): the leases of every session compare alike
+        data = {"pid": os.getpid(), "start": str(process_start(os.getpid())), "t": time.time()}
+        atomic_write_text(self._lease_path(lease), json.dumps(data))
 
     def _live_leases(self) -> list[str]:
         live = []
@@ -257,21 +261,12 @@ class Lab:
                 d = json.loads(p.read_text())
             except (OSError, ValueError):
                 d = {}
-            pid = d.get("pid")
-            if pid and pid_alive(pid) and _proc_start(pid) == d.get("start"):
+            start = str(d.get("start"))
+            if same_process(d.get("pid"), int(start) if start.isdigit() else None):
                 live.append(p.name)
             else:
                 p.unlink(missing_ok=True)  # a killed run's lease
         return live
-
-
-def _proc_start(pid: int) -> str | None:
-    """The process's start time (field 22 of /proc/PID/stat), against PID reuse."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]
 
 
 def _read(path: Path) -> str:

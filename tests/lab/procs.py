@@ -1,6 +1,6 @@
 """Small process/file helpers for the lab: PIDs checked against their command
-line (a stale PID file never makes us kill a stranger), a file lock, free ports,
-atomic writes."""
+line (a stale PID file never makes us kill a stranger), a file lock, free ports. Atomic
+writes are dfo_contract.fsio's."""
 
 from __future__ import annotations
 
@@ -95,17 +95,6 @@ def wait_banner(port: int, timeout: float = 10.0) -> bool:
             pass
         time.sleep(0.05)
     return False
-
-
-def write_atomic(path: Path, data: bytes | str, mode: int = 0o644) -> None:
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    if isinstance(data, str):
-        data = data.encode()
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
 
 
 @contextlib.contextmanager

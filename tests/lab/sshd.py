@@ -19,7 +19,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .procs import free_port, kill_pid, pid_matches, read_pid, wait_banner, write_atomic
+from dfo_contract.fsio import atomic_write_text
+
+from .procs import free_port, kill_pid, pid_matches, read_pid, wait_banner
 
 SSHD = "/usr/sbin/sshd"
 SFTP_SERVER = "/usr/lib/openssh/sftp-server"
@@ -102,8 +104,8 @@ class Sshd:
         last_err = ""
         for _ in range(5):
             port = free_port(read_pid(self.port_file))
-            write_atomic(self.port_file, f"{port}\n")
-            write_atomic(self.config, self._config_text(port), 0o600)
+            atomic_write_text(self.port_file, f"{port}\n")
+            atomic_write_text(self.config, self._config_text(port), mode=0o600)
             self._write_client_files(port)
             self.pid_file.unlink(missing_ok=True)
             proc = subprocess.run(
@@ -146,15 +148,15 @@ class Sshd:
                     check=True, capture_output=True,
                 )
         # readable by the target user (root here, but keep it right for others)
-        write_atomic(self.authorized_keys, self.client_key.with_suffix(".pub").read_text(), 0o644)
+        atomic_write_text(self.authorized_keys, self.client_key.with_suffix(".pub").read_text())
 
     def _host_pub(self) -> str:
         parts = self.host_key.with_suffix(".pub").read_text().split()
         return f"{parts[0]} {parts[1]}"
 
     def _write_client_files(self, port: int) -> None:
-        write_atomic(self.known_hosts, f"[127.0.0.1]:{port} {self._host_pub()}\n", 0o644)
-        write_atomic(
+        atomic_write_text(self.known_hosts, f"[127.0.0.1]:{port} {self._host_pub()}\n")
+        atomic_write_text(
             self.ssh_config,
             f"Host {HOST_ALIAS}\n"
             f"  HostName 127.0.0.1\n"
@@ -167,7 +169,6 @@ class Sshd:
             f"  StrictHostKeyChecking yes\n"
             f"  BatchMode yes\n"
             f"  ConnectTimeout 10\n",
-            0o644,
         )
 
     def _config_text(self, port: int) -> str:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dfo_contract.exitcodes import DataError
-from dfo_contract.fsio import atomic_write_text, fsync_dir, sha256_file, tmp_name
+from dfo_contract.fsio import atomic_write_text, fsync_dir, replace_dir, sha256_file, tmp_name
 
 from .formats import Dropped, Sample, iter_records, record_sample
 from .tokenizer import load_masker
@@ -206,14 +206,7 @@ def write_store(out: str, paths: list[str], *, target: str, vocab_size: int, fmt
         }
         atomic_write_text(os.path.join(tmp, "manifest.json"), json.dumps(manifest, indent=1) + "\n")
         fsync_dir(tmp)
-        if os.path.exists(out):
-            old = tmp_name(out) + ".old"
-            os.replace(out, old)
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
-        fsync_dir(parent)
+        replace_dir(tmp, out)
     finally:
         if os.path.exists(tmp):
             shutil.rmtree(tmp, ignore_errors=True)

@@ -25,7 +25,7 @@ import os
 import shutil
 
 from dfo_contract.exitcodes import CheckpointError, TrainerConfigError
-from dfo_contract.fsio import fsync_dir, sha256_file
+from dfo_contract.fsio import fsync_dir, replace_dir, sha256_file
 
 MANIFEST = "dfo_export.json"
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -139,10 +139,7 @@ def export(ckpt: str, out: str, *, dtype: str = "bf16", target_path: str | None 
     with open(os.path.join(tmp, MANIFEST), "w") as f:
         json.dump(man, f, indent=1, sort_keys=True)
     fsync_dir(tmp)
-    if os.path.exists(out):
-        shutil.rmtree(out)
-    os.replace(tmp, out)
-    fsync_dir(parent)
+    replace_dir(tmp, out)
     return man
 
 

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from dfo_contract.exitcodes import TrainerConfigError
-from dfo_contract.fsio import fsync_dir, tmp_name
+from dfo_contract.fsio import fsync_dir, replace_dir, tmp_name
 
 TINY_SPECIALS = ["<|pad|>", "<|im_start|>", "<|im_end|>", "<|mask|>"]
 TINY_MASK_ID = 3
@@ -240,12 +240,8 @@ def make_tiny_target(out: str, *, hidden=64, layers=4, vocab=128, heads=4, kv_he
     with open(os.path.join(tmp, "dfo_target.json"), "w") as f:
         json.dump({"kind": "tiny-random-qwen3", "seed": seed,
                    "mask_token_id": TINY_MASK_ID if tokenizer else None}, f)
-    if os.path.exists(out):
-        import shutil
-
-        shutil.rmtree(out)
-    os.replace(tmp, out)
-    fsync_dir(parent)
+    fsync_dir(tmp)
+    replace_dir(tmp, out)
     return out
 
 

@@ -14,8 +14,6 @@ so there is no moment with neither. The manifest records the run and attempt (li
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import json
 import logging
 import os
@@ -25,7 +23,7 @@ import sys
 
 from dfo_contract import checkpoints as cm
 from dfo_contract.exitcodes import CheckpointError
-from dfo_contract.fsio import fsync_dir
+from dfo_contract.fsio import fsync_dir, replace_dir
 
 log = logging.getLogger("dfo")
 
@@ -47,43 +45,6 @@ def set_rng_state(st: dict) -> None:
     random.setstate((py[0], tuple(py[1]), py[2]))
     if "cuda" in st and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(st["cuda"])
-
-
-AT_FDCWD = -100
-RENAME_EXCHANGE = 2
-
-
-def _renameat2_exchange(a: str, b: str) -> bool:
-    """Atomically swap paths ``a`` and ``b`` (Linux renameat2 RENAME_EXCHANGE). False when
-    the call is unavailable here (no symbol, ENOSYS, EINVAL: kernel/filesystem lacks it)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        fn = libc.renameat2
-    except (AttributeError, OSError):
-        return False
-    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    fn.restype = ctypes.c_int
-    if fn(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.ENOSYS, errno.EINVAL):
-        return False
-    raise OSError(err, os.strerror(err), a, None, b)
-
-
-def replace_dir(tmp: str, final: str, *, old: str) -> None:
-    """Put the complete dir ``tmp`` at ``final``. When ``final`` exists: exchange atomically
-    and delete the old (now at ``tmp``); without renameat2, move the old aside to ``old``
-    first (a crash in between leaves both, and ``promote_orphans`` restores one)."""
-    if not os.path.exists(final):
-        os.replace(tmp, final)
-        return
-    if _renameat2_exchange(tmp, final):
-        shutil.rmtree(tmp, ignore_errors=True)  # holds the old step_N now
-        return
-    os.replace(final, old)
-    os.replace(tmp, final)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def save(root: str, step: int, *, drafter, optimizer, scheduler, data_state: dict,
@@ -117,7 +78,6 @@ def save(root: str, step: int, *, drafter, optimizer, scheduler, data_state: dic
     fsync_dir(tmp)
     # re-saving a step (e.g. after a resume): swap, then drop the old
     replace_dir(tmp, final, old=os.path.join(root, f".step_{step}.old-{os.getpid()}"))
-    fsync_dir(root)
     if keep:
         prune(root, keep, run_id=run_id)
     return final

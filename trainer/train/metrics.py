@@ -18,7 +18,6 @@ Metric tensors stay on the device; ``.item()``/``.tolist()`` happen only at log 
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import resource
@@ -26,7 +25,9 @@ import sys
 import threading
 import time
 
+from dfo_contract.fsio import append_jsonl
 from dfo_contract.markers import format_marker
+from dfo_contract.procs import proc_stat
 
 from .faults import silenced as _silenced
 from .tbevents import ScalarWriter
@@ -82,8 +83,8 @@ class Emitter:
         rec = {k: _finite(rec.get(k)) for k in STEP_FIELDS} | {
             k: _finite(v) for k, v in rec.items() if k not in STEP_FIELDS}
         if self.metrics_path and self.enabled:
-            with self._lock, open(self.metrics_path, "a") as f:
-                f.write(json.dumps(rec, allow_nan=False) + "\n")
+            with self._lock:
+                append_jsonl(self.metrics_path, rec)
             if self._tb is not None:
                 self._tensorboard(rec)
         self.marker("step", **rec)
@@ -103,8 +104,8 @@ class Emitter:
         metrics.jsonl with ``"phase": "eval"``, an ``eval`` marker and one readable line."""
         rec = {k: _finite(v) for k, v in rec.items()} | {"phase": "eval", "attempt": self.attempt}
         if self.metrics_path and self.enabled:
-            with self._lock, open(self.metrics_path, "a") as f:
-                f.write(json.dumps(rec, allow_nan=False) + "\n")
+            with self._lock:
+                append_jsonl(self.metrics_path, rec)
             if self._tb is not None:
                 self._tensorboard({"step": rec["step"], **{
                     f"eval/{k}": v for k, v in rec.items() if k not in ("step", "attempt", "phase")}})
@@ -151,15 +152,8 @@ def _live_children_cpu() -> float:
                 pids.update(f.read().split())
     except OSError:
         return 0.0
-    total = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])  # utime, stime
-        except (OSError, IndexError, ValueError):
-            continue
-    return total / tick
+    stats = [proc_stat(pid) for pid in pids]
+    return sum(st.utime + st.stime for st in stats if st is not None) / tick
 
 
 class Heartbeat:

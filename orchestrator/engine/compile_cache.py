@@ -1,4 +1,7 @@
-"""``dfo warm-cache``: the compile cache as a managed artifact (execution).
+"""The compile cache of one host as a managed artifact (``CacheManager``): its key, the live
+generation, and the snapshot store (restore, push, pull, status, prune). The warm-up that
+fills a generation is ``cache_warmup``; ``dfo warm-cache``'s choice of mode is
+``cache_command``.
 
 Decisions (key, manifest checks, plans) are pure, in ``orchestrator.ops.cache_key`` and
 ``orchestrator.ops.snapshot``; this module carries them out through a ``Transport``.
@@ -32,12 +35,11 @@ from ..ops.provenance import Trust, adoption_record, check_trust
 from ..remote.cache_tool import scan_tar
 from ..ops.layout import RemoteLayout
 from ..transport.base import Transport
-from .cache_warm import Event, WarmMixin, WarmResult, _noop
+from .cache_warmup import Event, WarmMixin, _noop
 
 log = logging.getLogger("dfo")
 
-__all__ = ["CacheManager", "WarmResult", "local_snapshot_files"]
-
+__all__ = ["CacheManager", "local_snapshot_files"]
 
 
 # --------------------------------------------------------------------------- the manager

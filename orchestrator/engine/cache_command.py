@@ -12,8 +12,8 @@ from typing import Any, Callable, Mapping, Sequence
 from ..errors import CacheError, ConfigError
 from ..ops import snapshot as sn
 from ..ops.cache_key import explain_diff
-from .cache import CacheManager
-from .cache_warm import WarmResult
+from .cache_warmup import WarmResult
+from .compile_cache import CacheManager
 
 
 @dataclass
@@ -128,7 +128,7 @@ def warm_cache(mgr: CacheManager, req: WarmCacheRequest,
 def _key_without_config(mgr: CacheManager, req: WarmCacheRequest):
     from ..errors import NotFoundError
     from ..ops import cache_key as ck
-    from .cache import local_snapshot_files
+    from .compile_cache import local_snapshot_files
 
     if req.pull_dest is not None:
         entries, _ = mgr.status()

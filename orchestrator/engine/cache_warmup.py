@@ -1,5 +1,6 @@
-"""``dfo warm-cache``'s warm-up half: run the trainer's warm-up into a new cache
-generation, measure it, and snapshot it (``CacheManager`` inherits ``WarmMixin``)."""
+"""A warm-up of the compile cache: run the trainer's warm-up into a new cache generation,
+measure it, and snapshot it (``compile_cache.CacheManager`` inherits ``WarmMixin``); or
+adopt a cache dir made elsewhere on the host. ``WarmResult``: what one warm-cache did."""
 
 from __future__ import annotations
 

@@ -1,0 +1,94 @@
+"""How ``dfo logs`` prints a followed run's lines (one host's, or each node's with a prefix)."""
+
+from __future__ import annotations
+
+import time
+
+import click
+from rich.markup import escape
+
+from .console import console, progress_every, stamp
+
+_EVENT_STYLE = {
+    "supervisor_start": "dim", "attempt_start": "bold blue", "checkpoint": "green",
+    "watchdog": "magenta", "stacks": "magenta", "attempt_end": "blue", "classified": "bold red",
+    "fallback": "bold yellow", "restart": "cyan", "give_up": "bold red", "orphans_reaped": "yellow",
+    "stopping": "yellow", "final": "bold", "cache_restore": "magenta",
+}
+
+
+class LinePrinter:
+    """Prints one followed line: events styled, @dfo markers summarised, known failure
+    lines marked with their class (``raw``: the files' lines as they are)."""
+
+    def __init__(self, raw: bool, prefix: str = ""):
+        self.raw = raw
+        self.prefix = prefix              # "host | " when following a group's nodes
+        self.c = console()
+        self.checkpoints: set = set()   # steps already shown (the event and the marker)
+        self.quiet_since = time.monotonic()
+
+    def _out(self, s: str, markup: bool = True) -> None:
+        if markup:
+            self.c.print(escape(self.prefix) + s)
+        else:
+            self.c.print(self.prefix + s, markup=False)
+
+    def _checkpoint_once(self, attempt, step) -> bool:
+        key = (str(attempt), str(step))
+        if key in self.checkpoints:
+            return False
+        self.checkpoints.add(key)
+        return True
+
+    def __call__(self, ln) -> None:
+        text = getattr(ln, "text", "") or ""
+        if not text.lstrip().startswith("@dfo"):
+            self.quiet_since = time.monotonic()   # something a person reads was printed
+        if self.raw:
+            click.echo(self.prefix + ln.text)
+            return
+        from ..ops import runstate as rs
+        from ..ops.classify import match_line, parse_marker
+
+        if ln.event is not None:
+            e = ln.event
+            kind = e.get("kind")
+            style = _EVENT_STYLE.get(kind) or "default"
+            if kind == "checkpoint" and not self._checkpoint_once(e.get("attempt"), e.get("step")):
+                return
+            if kind == "final":
+                style = {"done": "bold green", "failed": "bold red"}.get(e.get("status"), "bold yellow")
+            ts = time.strftime("%H:%M:%S", time.localtime(float(e.get("t") or 0)))
+            self._out(f"[dim]{ts}[/] [{style}]▶ {escape(rs.describe_event(e))}[/]")
+            for ev in (e.get("evidence") or [])[:6]:
+                self._out(f"           [red]│ {escape(str(ev.get('text', '')))}[/]")
+            return
+        tag = f"[dim]a{ln.attempt}│[/] "
+        rec = parse_marker(ln.text)
+        if rec is not None:
+            # the trainer prints its own human line for each step; markers stay quiet
+            if rec.get("kind") == "checkpoint":
+                if self._checkpoint_once(ln.attempt, rec.get("step")):
+                    self._out(f"{tag}[green]checkpoint step {rec.get('step')}[/]")
+            elif rec.get("kind") == "done":
+                self._out(f"{tag}[green]done at step {rec.get('step')}[/]")
+            elif rec.get("kind") == "heartbeat" and not self.c.is_terminal:
+                # in a pipe, a quiet stretch (compiling, warm-up) still shows it is alive
+                now = time.monotonic()
+                if now - self.quiet_since >= progress_every():
+                    self._out(f"{stamp()} a{ln.attempt}│ alive: {rec.get('phase')}"
+                                 + (f" step {rec.get('step')}" if rec.get("step") is not None else ""),
+                                 markup=False)
+                    self.quiet_since = now
+                return
+            elif rec.get("kind") == "step":
+                loss = rec.get("loss")
+                if isinstance(loss, float) and loss != loss:
+                    self._out(f"{tag}[bold red]step {rec.get('step')} loss NaN[/]")
+            return
+        rule = match_line(ln.text)
+        if rule is not None:
+            self._out(f"{tag}[bold red]{escape(ln.text)}[/]  [red]← {rule.cls}[/]")
+        else:
+            self._out(f"{tag}{escape(ln.text)}")
