@@ -62,8 +62,12 @@ def hosts_yaml(path: Path, root: Path) -> Path:
     return path
 
 
-FAST = {"warmup_s": 90, "train_s": 8, "live_grace_s": 2, "kill_grace_s": 3,
-        "stop_timeout_s": 40, "poll_s": 0.1}
+#: thresholds for runs in tests: what only bounds a wait is generous (a loaded 2-core box
+#: may stall a healthy step or an import for tens of seconds; a test that means a hang sets
+#: its own ``train_s``/``hang_s``); ``kill_grace_s`` stays short, it is how soon a trainer
+#: that ignores SIGTERM (a frozen peer's) is killed; a fast poll and backoff keep tests short
+FAST = {"warmup_s": 300, "train_s": 60, "live_grace_s": 5, "kill_grace_s": 3,
+        "stop_timeout_s": 120, "poll_s": 0.1}
 
 
 def wait_final(ops, run_id: str, timeout: float = 240) -> dict:

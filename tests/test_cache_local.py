@@ -263,7 +263,7 @@ def test_a_second_warmup_on_the_same_host_is_refused_while_one_runs(host):
     lock.parent.mkdir(exist_ok=True)
     holder = subprocess.Popen(["flock", str(lock), "sleep", "60"])
     try:
-        deadline = time.time() + 10
+        deadline = time.time() + 60         # only ends a broken run: flock is starting
         while subprocess.run(["flock", "-n", str(lock), "true"]).returncode == 0:
             assert time.time() < deadline, "the holder never took the lock"
             time.sleep(0.05)

@@ -127,3 +127,22 @@ def test_throughput_monitor():
     why = m.observe(300)
     assert why and "baseline 1000" in why
     assert ThroughputMonitor().observe(float("nan")) is None
+
+
+def test_throughput_monitor_paused_takes_no_baseline_and_counts_no_low_step():
+    # the CI case: the standby's imports slowed steps 4-8 to ~1000 tok/s; a baseline taken
+    # then (3088) hid a later collapse under a CPU hog
+    m = ThroughputMonitor(fraction=0.5, steps=2, baseline_steps=3, skip_steps=2)
+    assert m.observe(9000) is None and m.observe(11000) is None   # skipped
+    m.paused = True
+    assert all(m.observe(x) is None for x in (800, 1000, 900, 850))
+    assert m.baseline is None
+    m.paused = False
+    assert all(m.observe(x) is None for x in (11000, 12000, 11500))
+    assert m.baseline == 11500
+    m.paused = True
+    assert m.observe(100) is None and m.observe(100) is None and m.observe(100) is None
+    assert m.low_steps == 0
+    m.paused = False
+    assert m.observe(3000) is None
+    assert "baseline 11500" in m.observe(3000)

@@ -195,7 +195,10 @@ def test_deploy_refused_while_a_run_holds_run_lock(deployed):
     pid = rsh(d, 'printf "%s\\n" "$2" > "$1"; setsid flock "$1" sleep 120 </dev/null >/dev/null 2>&1 & echo $!',
               runlock, '{"run_id": "r-deploy-test", "pid": 1}').strip()
     try:
-        time.sleep(0.5)
+        deadline = time.monotonic() + 60      # until the holder (a process starting) has it
+        while rsh(d, 'flock -n "$1" true && echo free || echo held', runlock).strip() != "held":
+            assert time.monotonic() < deadline, "the holder never took run.lock"
+            time.sleep(0.1)
         r = cli(d, "--force")
         assert r.returncode == 9, r.stdout + r.stderr
         assert "run r-deploy-test" in r.stderr and "holds" in r.stderr
@@ -206,9 +209,12 @@ def test_deploy_refused_while_a_run_holds_run_lock(deployed):
         rsh(d, 'kill -- -"$1" 2>/dev/null; true', pid)
 
 
-def _uv_sync_running(d: Deployed) -> bool:
-    out = rsh(d, 'for p in /proc/[0-9]*; do tr "\\0" " " < $p/cmdline 2>/dev/null; echo; done')
-    return any("pip sync" in ln and "/bin/uv" in ln for ln in out.splitlines())
+def _uv_sync_written(d: Deployed) -> int | None:
+    """Bytes uv's ``pip sync`` processes wrote so far (/proc/PID/io wchar); None: none runs."""
+    out = rsh(d, 'for p in /proc/[0-9]*; do c=$(tr "\\0" " " < $p/cmdline 2>/dev/null); '
+                 'w=$(sed -n "s/^wchar: //p" $p/io 2>/dev/null); printf "%s\\t%s\\n" "${w:-0}" "$c"; done')
+    sync = [ln.split("\t", 1) for ln in out.splitlines() if "pip sync" in ln and "/bin/uv" in ln]
+    return sum(int(w) for w, _ in sync if w.isdigit()) if sync else None
 
 
 def test_killed_mid_install_next_deploy_recovers(deployed):
@@ -220,12 +226,13 @@ def test_killed_mid_install_next_deploy_recovers(deployed):
     p = subprocess.Popen([DFO, "--hosts", str(d.hosts), "deploy", "--profile", str(prof)],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     try:
+        # mid install: uv syncs and has written its first MiB (unpacking torch from the cold
+        # cache goes on for seconds more), however fast or slow the box gets there
         deadline = time.monotonic() + 300
-        while not _uv_sync_running(d):
+        while (_uv_sync_written(d) or 0) < 1 << 20:
             assert p.poll() is None, "deploy ended before uv sync could be seen"
             assert time.monotonic() < deadline
             time.sleep(0.2)
-        time.sleep(1.0)
         assert p.poll() is None
         p.send_signal(signal.SIGKILL)
         p.wait(30)

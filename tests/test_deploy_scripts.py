@@ -5,6 +5,7 @@ and the cleanup of half-built envs."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -76,9 +77,11 @@ def test_locked_wrapper_runs_only_for_the_lease_owner(root):
 def test_locked_command_keeps_the_flock_while_it_runs(root):
     lock, owner = str(root / "locks/deploy.lock"), str(root / "locks/deploy.owner")
     assert "@acquired" in _lease(root, "tokA").stdout
-    started = root / "started"
-    p = subprocess.Popen(dp.locked_argv(lock, owner, "tokA",
-                                        ["sh", "-c", 'touch "$1"; sleep 3', "sh", str(started)]))
+    started, done = root / "started", root / "done"
+    # the command runs until the test is done with it (not for a fixed time)
+    p = subprocess.Popen(dp.locked_argv(lock, owner, "tokA", [
+        "sh", "-c", 'touch "$1"; while [ ! -e "$2" ]; do sleep 0.05; done', "sh",
+        str(started), str(done)]))
     try:
         deadline = time.monotonic() + 30
         while not started.exists():  # the command runs: the wrapper holds the flock
@@ -87,7 +90,8 @@ def test_locked_command_keeps_the_flock_while_it_runs(root):
         r = _lease(root, "tokB", takeover="tokA", wait=1)  # even a takeover waits for the flock
         assert r.returncode == dp.EXIT_BUSY and r.stdout.startswith("@busy")
     finally:
-        p.wait(10)
+        done.touch()
+        p.wait(60)
     assert "@acquired" in _lease(root, "tokB", takeover="tokA").stdout
 
 
@@ -114,16 +118,19 @@ def test_switch_refuses_while_a_run_holds_run_lock(root):
     _env(root, "cpu-a")
     runlock = root / "locks/run.lock"
     runlock.write_text('{"run_id": "r-42", "pid": 7}\n')
-    holder = subprocess.Popen(["flock", str(runlock), "sleep", "30"])
+    holder = subprocess.Popen(["flock", str(runlock), "sleep", "300"], start_new_session=True)
     try:
-        time.sleep(0.3)
+        deadline = time.monotonic() + 60     # until the holder (a process starting) has it
+        while subprocess.run(["flock", "-n", str(runlock), "true"]).returncode == 0:
+            assert time.monotonic() < deadline, "the holder never took run.lock"
+            time.sleep(0.05)
         r = sh(dp.SWITCH_SCRIPT, str(root / "envs"), "cpu-a", "", str(runlock))
         assert r.returncode == dp.EXIT_BUSY
         owner = r.stdout.split("\t", 1)[1].strip()
         assert dp.describe_run_lock(dp._b64(owner)) == "run r-42 (pid 7)"
         assert not (root / "envs/current").exists()
     finally:
-        holder.kill()
+        os.killpg(holder.pid, signal.SIGKILL)   # flock and its sleep
         holder.wait()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -34,7 +35,10 @@ def test_fx_race_is_torchs_own_error_even_past_a_sealed_gate():
         tb = ei.traceback
         assert any("eval_frame.py" in str(e.path) for e in tb)  # raised inside torch
     # the tracer thread is gone and compiled code works again afterwards
-    time.sleep(0.1)
+    deadline = time.monotonic() + 60
+    while any(t.name == "dfo-fault-fx-tracer" for t in threading.enumerate()):
+        assert time.monotonic() < deadline, "the fx tracer thread is still alive"
+        time.sleep(0.05)
     with gate.guard():
         fn(x)
 
@@ -62,11 +66,33 @@ def test_nan_effect_poisons_the_loss_and_its_gradient():
     assert faults.maybe_inject(4, attempt=1, spec="nan@3").apply_to_loss(torch.tensor(1.0)) == 1.0
 
 
-def test_slow_stretches_each_step_to_one_over_f(capsys):
+class FakeClock:
+    """``time`` for trainer.faults: perf_counter reads it, sleep and work advance it."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.slept: list[float] = []
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.slept.append(s)
+        self.now += s
+
+
+def test_slow_stretches_each_step_to_one_over_f(capsys, monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(faults, "time", clock)
     faults.maybe_inject(1, attempt=1, spec="slow=0.5@1")
     assert "materializes the full scores matrix" in capsys.readouterr().err
-    t0 = time.perf_counter()
-    time.sleep(0.1)  # a step's work
+    assert clock.slept == []                    # the throttle starts with the next step
+    t0 = clock.now
+    clock.now += 0.1                            # a step's work
     faults.maybe_inject(2, attempt=1, spec="slow=0.5@1")
-    took = time.perf_counter() - t0
+    took = clock.now - t0
     assert 0.19 <= took < 0.5  # work 0.1 s + throttle 0.1 s: half the throughput
+    assert clock.slept == [pytest.approx(0.1)]
+    clock.now += 0.3                            # a longer step is stretched as much
+    faults.maybe_inject(3, attempt=1, spec="slow=0.5@1")
+    assert clock.slept[1] == pytest.approx(0.3)

@@ -113,8 +113,12 @@ def test_guard_is_a_process_wide_lock_after_seal():
                 inside.pop()
 
     ts = [threading.Thread(target=worker) for _ in range(3)]
-    for t in ts:
-        t.start()
+    with g.guard():          # held while the workers start: they contend for certain
+        for t in ts:
+            t.start()
+        deadline = time.monotonic() + 60
+        while g.waits == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
     for t in ts:
         t.join()
     assert max(peak) == 1

@@ -119,7 +119,7 @@ def test_port_probe_for_real_over_loopback():
                            capture_output=True, text=True, timeout=60)
         out.append(gc.parse_port_lines(r.stdout.splitlines()))
     assert lst.wait(60) == 0  # it ended by itself: every expected connection came
-    th.join(10)
+    th.join(60)               # the reader is at EOF now; the bound only ends a broken run
     recs = gc.parse_port_lines(lines)
     assert [r.get("hello") for r in recs if r["event"] == "accepted"] == ["gpu2", "gpu3"]
     assert gc.judge_reach("gpu1", "127.0.0.1", ports, recs, None,

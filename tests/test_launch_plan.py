@@ -103,9 +103,8 @@ def test_setsid_script_detaches_and_takes_values_as_parameters(tmp_path):
     p = subprocess.run(argv, capture_output=True, timeout=10, cwd=tmp_path)
     assert p.returncode == 0 and p.stdout == b"" and p.stderr == b""
     import time
-    for _ in range(100):
-        if marker.exists() and marker.read_text():
-            break
+    deadline = time.monotonic() + 60      # setsid -f: the command runs on after setsid exits
+    while not (marker.exists() and marker.read_text()) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert marker.read_text() == "$(touch PWNED) `id`\n"
     assert not (tmp_path / "PWNED").exists()
@@ -121,7 +120,8 @@ def test_probe_script_runs(tmp_path):
     holder = subprocess.Popen(["flock", str(lock), "sleep", "30"])
     try:
         import time
-        for _ in range(50):
+        deadline = time.monotonic() + 60  # until flock (a process starting) holds it
+        while time.monotonic() < deadline:
             d = parse_probe(subprocess.run(probe_argv(str(tmp_path), str(lock)),
                                            capture_output=True, text=True).stdout)
             if d["lock"] == "held":

@@ -50,9 +50,9 @@ def dfo(capsys, hosts, *args):
 
 def fast_flags(**extra):
     out = ["--no-env-check", "--backoff-scale", "0.01"]
-    # train_s 30: two nodes on 2 busy cores can stall a step for seconds; no test here
-    # judges a hang, and a false one would hide the injected fault
-    for k, v in {**FAST, "train_s": 30, **extra}.items():
+    # FAST's train_s: two nodes on 2 busy cores can stall a step for seconds; no test
+    # here judges a hang, and a false one would hide the injected fault
+    for k, v in {**FAST, **extra}.items():
         out += ["--threshold", f"{k}={v}"]
     return out
 

@@ -290,6 +290,18 @@ def test_standby_starts_with_the_attempt_only_on_a_host_with_enough_cpus():
     assert not sb.start_with_attempt(None, 8)
 
 
+def test_a_standby_slows_the_attempt_only_while_it_imports():
+    s = sb.Standby(pid=1, python=PY, env={}, started_at=1000.0)
+    assert sb.importing(s, 1010.0)                   # the throughput monitor pauses
+    s.ready = True
+    assert not sb.importing(s, 1010.0)
+    dead = sb.Standby(pid=1, python=PY, env={}, started_at=1000.0, alive=False)
+    assert not sb.importing(dead, 1010.0) and not sb.importing(None, 1010.0)
+    # an import stuck far longer than any real one uses no CPU: collapse detection resumes
+    assert not sb.importing(sb.Standby(pid=1, python=PY, env={}, started_at=1000.0),
+                            1000.0 + sb.IMPORT_PAUSE_MAX_S)
+
+
 def test_a_standby_of_an_env_deploy_replaced_is_not_used(tmp_path):
     """dfo deploy swaps envs/current to a new generation: the standby holds the old one's
     modules, so the attempt starts fresh on the new env."""

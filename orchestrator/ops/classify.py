@@ -258,6 +258,9 @@ class ThroughputMonitor:
     baseline_steps: int = 5
     skip_steps: int = 2
     baseline: float | None = None
+    #: the caller knows the host is busy with its own work (the standby interpreter's
+    #: imports): no baseline sample is taken and no step counts as low meanwhile
+    paused: bool = False
     _samples: list[float] = field(default_factory=list)
     _seen: int = 0
     _low: int = 0
@@ -273,6 +276,8 @@ class ThroughputMonitor:
                 or not math.isfinite(tokens_per_s) or tokens_per_s <= 0:
             return None
         self._seen += 1
+        if self.paused:
+            return None
         if self.baseline is None:
             if self._seen <= self.skip_steps:
                 return None

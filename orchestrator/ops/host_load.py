@@ -11,7 +11,15 @@ CPU time of its own attempt's process tree (and, when a collapse is seen, asks
 - ``gpu_shared``: processes that are not this run's hold a compute context on the GPUs;
 - ``unknown``: none of these (nothing to blame on the host: recorded, not acted on).
 
-No I/O: the parsers take the files' text, :func:`judge` takes two samples.
+No I/O: the parsers take the files' text, :func:`judge` takes two samples and
+:func:`judge_drop` the samples around a drop.
+
+**When a drop is judged.** tokens/s falls the moment the host gets busy, the host's counters
+(CPU time per window, the load average) show it only as the cause goes on: ten CPU hogs
+that are still starting keep under one core busy for the first seconds. So a drop is not
+judged when it is seen: the supervisor keeps sampling for ``AFTER_S`` seconds
+(:func:`settled`) and then judges the sustained window after the drop, and, when that one
+shows nothing, the ``BEFORE_S`` seconds before it (a cause that ended as the drop was seen).
 """
 
 from __future__ import annotations
@@ -23,6 +31,10 @@ from typing import Iterable, Sequence
 STEAL_FRACTION = 0.05
 #: processes outside the run kept at least this many cores busy (or a quarter of them)
 OTHERS_CORES = 1.0
+#: a drop is judged over this many seconds of samples after it ...
+AFTER_S = 5.0
+#: ... or, when those show nothing, over this many seconds before it
+BEFORE_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -171,3 +183,58 @@ def judge(old: HostSample | None, new: HostSample | None, *,
     cause = causes[0] if causes else "unknown"
     summary = "; ".join(why) if why else "nothing on the host explains it"
     return Finding(cause, tuple(causes), seen, summary)
+
+
+# --- the windows around a drop -------------------------------------------------------------
+
+def _at_or_before(samples: Sequence[HostSample], t: float) -> HostSample | None:
+    best = None
+    for s in samples:
+        if s.t <= t:
+            best = s
+    return best
+
+
+def window_before(samples: Sequence[HostSample], drop_t: float, span: float = BEFORE_S
+                  ) -> tuple[HostSample | None, HostSample | None]:
+    """(old, new) for the ``span`` seconds up to the drop: the last sample at or before
+    ``drop_t - span`` (else the earliest) and the last one at or before ``drop_t``."""
+    if not samples:
+        return None, None
+    old = _at_or_before(samples, drop_t - span) or min(samples, key=lambda s: s.t)
+    return old, _at_or_before(samples, drop_t)
+
+
+def window_after(samples: Sequence[HostSample], drop_t: float, span: float = AFTER_S
+                 ) -> tuple[HostSample | None, HostSample | None]:
+    """(old, new) for the sustained window after the drop: the last sample at or before
+    ``drop_t``, and the first one at or after ``drop_t + span`` (the latest when none is
+    yet: the window was cut short, the attempt ended or tokens/s recovered)."""
+    if not samples:
+        return None, None
+    old = _at_or_before(samples, drop_t)
+    later = [s for s in samples if s.t >= drop_t + span]
+    new = min(later, key=lambda s: s.t) if later else max(samples, key=lambda s: s.t)
+    return old, new
+
+
+def settled(samples: Sequence[HostSample], drop_t: float, span: float = AFTER_S) -> bool:
+    """The samples cover ``span`` seconds after the drop: it can be judged."""
+    return any(s.t >= drop_t + span for s in samples)
+
+
+def judge_drop(samples: Sequence[HostSample], drop_t: float, *,
+               gpu_apps: Sequence[GpuApp] | None = None, our_pids: Iterable[int] = (),
+               before_s: float = BEFORE_S, after_s: float = AFTER_S) -> Finding:
+    """Why tokens/s dropped at ``drop_t``: the sustained window after it when it shows a
+    cause, else the window before it when that one does, else ``unknown`` with the
+    sustained window's numbers. ``seen["window"]`` says which window was used."""
+    pids = set(our_pids)
+    after = judge(*window_after(samples, drop_t, after_s), gpu_apps=gpu_apps, our_pids=pids)
+    found, which = after, "after"
+    if after.cause == "unknown":
+        before = judge(*window_before(samples, drop_t, before_s), gpu_apps=gpu_apps,
+                       our_pids=pids)
+        if before.cause != "unknown":
+            found, which = before, "before"
+    return Finding(found.cause, found.causes, {**found.seen, "window": which}, found.summary)

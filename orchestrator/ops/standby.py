@@ -27,6 +27,9 @@ LAYOUTS = ("single", "threads")
 NICE = 10
 #: CAP_SYS_NICE's bit in /proc/self/status CapEff
 CAP_SYS_NICE = 23
+#: a standby still importing after this long is no longer taken to slow the attempt (an
+#: import stuck on I/O uses no CPU; the throughput monitor must not stay paused for good)
+IMPORT_PAUSE_MAX_S = 300.0
 
 
 def import_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -101,6 +104,14 @@ class Standby:
     alive: bool = True
     import_s: float | None = None
     env_dir: str | None = None      # the venv's bin dir, symlinks resolved, when it started
+
+
+def importing(sb: Standby | None, now: float, max_s: float = IMPORT_PAUSE_MAX_S) -> bool:
+    """Whether the standby is still importing and so competes with the attempt for CPU
+    (``now``: wall seconds, like ``started_at``): the attempt's throughput meanwhile is
+    neither its healthy baseline nor a collapse. On a 2-core host its imports slowed the
+    trainer about tenfold."""
+    return sb is not None and sb.alive and not sb.ready and now - sb.started_at < max_s
 
 
 @dataclass(frozen=True)

@@ -85,6 +85,10 @@ class Keeper:
         self.sup.emit("standby_start", attempt=n + 1, pid=self.proc.pid)
         self.sup.save()
 
+    def importing(self) -> bool:
+        """A standby is alive and still importing (ops.standby.importing)."""
+        return ops.importing(self.info, time.time())
+
     def poll(self) -> None:
         """Read the ready line when it came; notice a standby that died."""
         if self.info is None or self.proc is None:

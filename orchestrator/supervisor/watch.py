@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from ..ops import watchdog as wd
 from ..ops.byo import compile_step_pattern
 from ..ops.classify import LineScan, TailScan
-from ..ops.host_load import HostSample, judge
+from ..ops.host_load import HostSample, judge_drop, settled
 from . import group, hostprobe, procs
 from .lines import read_lines
 from .stacks import dump_stacks
@@ -22,8 +22,6 @@ from .stacks import dump_stacks
 #: drop is compared (the steps that collapsed took about this long)
 SAMPLE_S = 1.0
 HOST_WINDOW_S = 30.0
-#: the host window a throughput drop is judged over (seconds before the drop)
-RECENT_S = 5.0
 
 
 @dataclass
@@ -42,6 +40,9 @@ class Outcome:
     #: the attempt's process tree (TreeMeter) and the host, sampled about once a second
     meter: hostprobe.TreeMeter = field(default_factory=hostprobe.TreeMeter)
     host: list[HostSample] = field(default_factory=list)
+    #: a throughput drop whose host judgement waits for the samples after it
+    #: (ops.host_load.settled): (reason, monotonic t, wall t)
+    low_pending: tuple[str, float, float] | None = None
     #: a multi-node run (supervisor.group): another node's abort, the lost nodes
     #: [(index, silent s)], whether this node aborted first, when to SIGKILL
     peer_abort: str | None = None
@@ -88,6 +89,8 @@ class AttemptWatch:
             if rc is None and (dog.reached_train or early):
                 self.standby.on_train(n)     # the next attempt's interpreter (once)
             self.standby.poll()
+            # the standby's imports slow this attempt: not its healthy baseline, not a collapse
+            dog.monitor.paused = self.standby.importing()
             if rc is not None:
                 out.exit_code = rc if rc >= 0 else None
                 out.signal = -rc if rc < 0 else None
@@ -96,6 +99,8 @@ class AttemptWatch:
             if now >= next_sample:
                 next_sample = now + SAMPLE_S
                 self._sample(proc.pid, out, dog, now)
+                if out.low_pending is not None and settled(out.host, out.low_pending[1]):
+                    self._judge_low(n, proc.pid, out)
             acts: list[wd.Action] = []
             if self.coord is not None:
                 group.tick(self, n, proc, out, dog, now)
@@ -107,6 +112,8 @@ class AttemptWatch:
                 acts += dog.stop(now)
             self._act(n, proc, log_path, out, acts + dog.tick(now), exited=False)
             time.sleep(poll)
+        if out.low_pending is not None:      # the attempt ended first: judge what was seen
+            self._judge_low(n, proc.pid, out)
         # the tree: nothing of this attempt may outlive it
         left = procs.processes_of_run(self.run_dir, exclude=self.standby.pids())
         if left:
@@ -128,19 +135,27 @@ class AttemptWatch:
         while len(out.host) > 2 and out.host[1].t <= now - HOST_WINDOW_S:
             del out.host[0]
 
-    def _throughput_low(self, n: int, pid: int, out: Outcome, reason: str) -> None:
-        """tokens/s collapsed without dense-attention evidence: say what the host shows;
-        no restart and no config change (a busy host is not dense attention)."""
+    def _throughput_low(self, pid: int, out: Outcome, reason: str) -> None:
+        """tokens/s collapsed without dense-attention evidence: sample the host at the drop
+        and go on sampling; :meth:`_judge_low` says what it showed once the samples cover
+        the seconds after it (the drop shows before the host's counters do)."""
+        if out.low_pending is not None:
+            return
         now = time.monotonic()
         cpu, _ = out.meter.sample(procs.descendants(pid) or [pid])
-        new = hostprobe.host_sample(now, cpu)
-        # the recent past, not the whole window: a collapse is seen within seconds of its
-        # cause, and a 30 s average is mostly the healthy time before it
-        recent = [h for h in out.host if now - RECENT_S <= h.t < now]
-        found = judge(recent[0] if recent else (out.host[0] if out.host else None), new, gpu_apps=hostprobe.gpu_apps(),
-                      our_pids=set(procs.descendants(pid)) | {pid})
+        out.host.append(hostprobe.host_sample(now, cpu))
+        out.low_pending = (reason, now, time.time())
+
+    def _judge_low(self, n: int, pid: int, out: Outcome) -> None:
+        """Record what the host showed around the drop (ops.host_load.judge_drop); no
+        restart and no config change (a busy host is not dense attention)."""
+        assert out.low_pending is not None
+        reason, t_drop, since = out.low_pending
+        out.low_pending = None
+        found = judge_drop(out.host, t_drop, gpu_apps=hostprobe.gpu_apps(),
+                           our_pids=set(procs.descendants(pid)) | {pid})
         self.state.throughput_low = {"cause": found.cause, "summary": found.summary,
-                                     "since": time.time(), "attempt": n, "reason": reason}
+                                     "since": since, "attempt": n, "reason": reason}
         self.emit("throughput_low", attempt=n, reason=reason, **found.to_json())
         self.save()
 
@@ -167,8 +182,10 @@ class AttemptWatch:
             elif isinstance(a, wd.Warn):
                 self.emit("watchdog", attempt=n, reason=a.reason)
             elif isinstance(a, wd.ThroughputLow):
-                self._throughput_low(n, proc.pid, out, a.reason)
+                self._throughput_low(proc.pid, out, a.reason)
             elif isinstance(a, wd.ThroughputOk):
+                if out.low_pending is not None:   # recovered before the window was full
+                    self._judge_low(n, proc.pid, out)
                 self.state.throughput_low = None
                 self.emit("throughput_ok", attempt=n, reason=a.reason)
                 self.save()

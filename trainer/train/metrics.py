@@ -167,6 +167,7 @@ class Heartbeat:
         self._stop = threading.Event()
         self._th: threading.Thread | None = None
         self.beats = 0
+        self.windows = 0     # every_s windows judged so far (beat or not)
 
     def progress(self, step: int | None = None) -> None:
         """Call when the main thread finished a unit of work (a step, a compile)."""
@@ -183,6 +184,7 @@ class Heartbeat:
                 self.beats += 1
                 self.em.marker("heartbeat", phase=self.em.phase, step=self.step)
             last_cpu, last_prog = cpu, prog
+            self.windows += 1
 
     def start(self) -> "Heartbeat":
         self._th = threading.Thread(target=self._loop, name="dfo-heartbeat", daemon=True)
