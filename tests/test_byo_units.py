@@ -207,8 +207,8 @@ def test_resume_flags_reach_the_spec(tmp_path):
     plan = ops.plan(LaunchOptions(command=["python", "t.py"], resume_glob="ck/ep_*",
                                   resume_order="mtime", resume_args="--from {path} --strict",
                                   env_check=False))
-    assert plan.spec["byo"]["resume"] == {"glob": "ck/ep_*", "order": "mtime",
-                                          "args": ["--from", "{path}", "--strict"]}
+    assert plan.spec.to_json()["trainer"]["resume"] == {"glob": "ck/ep_*", "order": "mtime",
+                                                        "args": ["--from", "{path}", "--strict"]}
     with pytest.raises(ConfigError, match="with \\{path\\} in one"):
         ops.plan(LaunchOptions(command=["python", "t.py"], resume_glob="ck/*",
                                resume_args="--from", env_check=False))

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from dfo_contract import checkpoints as cm
-from orchestrator.ops.launch_plan import attempt_env
+from orchestrator.ops.launch_argv import attempt_env
 from trainer import checkpoints as tc
 from trainer.runtime import read_env
 
