@@ -41,7 +41,8 @@ DRIVER = REPO / "bench" / "launch_rtt_driver.py"
 def sh(argv, code: Path, env=None, timeout=1800) -> subprocess.CompletedProcess:
     e = dict(os.environ, PYTHONPATH=str(code), **(env or {}))
     e.pop("PYTHONDONTWRITEBYTECODE", None)
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=str(code), env=e)
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=str(code),
+                          env=e)
 
 
 def cli(code: Path, hosts: Path, *args, env=None, timeout=1800) -> subprocess.CompletedProcess:

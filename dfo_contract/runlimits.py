@@ -63,7 +63,7 @@ class Thresholds:
     skip_steps: int = 2             # first steps of an attempt left out of the baseline
     poll_s: float = 0.2             # how often the supervisor reads the attempt's log
     standby_wait_s: float = 0.0     # wait this long for a standby still importing (0: never)
-    standby_early_cpus: int = 8     # hosts with >= this many CPUs start the standby early (0: never)
+    standby_early_cpus: int = 8     # hosts with >= this many CPUs start it early (0: never)
 
     #: the thresholds where 0 means "off" (every other one must be positive)
     ZERO_OK: ClassVar[tuple[str, ...]] = ("skip_steps", "hang_s", "standby_wait_s",

@@ -106,7 +106,8 @@ class Config(_Json):
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "Config":
-        return cls(path=_str(d, "path", "config"), base=dict(as_mapping(d.get("base"), "config.base")),
+        return cls(path=_str(d, "path", "config"),
+                   base=dict(as_mapping(d.get("base"), "config.base")),
                    overrides=dict(as_mapping(d.get("overrides"), "config.overrides")))
 
 
@@ -190,7 +191,8 @@ class Own(_Json):
                    cwd=_str(d, "cwd", "trainer", optional=True),
                    step_pattern=_str(d, "step_pattern", "trainer", optional=True),
                    env=_str_map(d.get("env"), "trainer.env"),
-                   resume=None if r is None else ResumeRule.from_json(as_mapping(r, "trainer.resume")),
+                   resume=None if r is None else ResumeRule.from_json(
+                       as_mapping(r, "trainer.resume")),
                    fallbacks={str(c): tuple(dict(as_mapping(s, f"trainer.fallbacks.{c}"))
                                             for s in steps) for c, steps in fb.items()})
 

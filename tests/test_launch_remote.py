@@ -42,7 +42,8 @@ def test_checkpoints_are_read_by_manifest_and_a_dry_look_promotes_nothing(tmp_pa
     ck = tmp_path / "ck"
     _ckpt(ck, 2)
     bad = _ckpt(ck, 4)
-    (bad / "drafter.safetensors").write_bytes(b"X" * len((bad / "drafter.safetensors").read_bytes()))
+    weights = bad / "drafter.safetensors"
+    weights.write_bytes(b"X" * len(weights.read_bytes()))
     short = _ckpt(ck, 6)
     (short / "optim.pt").write_bytes(b"x")
     orphan = _ckpt(ck, 8, name=".step_8.tmp-999999999")   # a dead writer's complete save
@@ -109,7 +110,8 @@ def test_steps_run_in_order_and_stop_at_the_first_that_fails(tmp_path):
           {"id": "start", "run": ["sh", "-c", 'echo "$1" > "$2"', "sh", "$(id)", str(run / "out")]}]
     assert _steps(ok, tmp_path) == {"done": 5}
     assert (run / "spec.json").read_bytes() == b'{"version": 2}\n'
-    assert (run / "out").read_text() == "$(id)\n" and oct((run / "spec.json").stat().st_mode)[-3:] == "644"
+    assert (run / "out").read_text() == "$(id)\n"
+    assert oct((run / "spec.json").stat().st_mode)[-3:] == "644"
     # the run dir exists now: the exclusive mkdir fails, nothing after it runs
     again = _steps([*ok[:2], ls._write("spec", str(run / "spec2.json"), b"{}")], tmp_path)
     assert again["failed"] == "run_dir" and again["exit_code"] != 0 and "exists" in again["stderr"]

@@ -1,6 +1,6 @@
-"""The one launch planner (ops.launch_plan: prepare, facts_request, plan_launch), pure: the
-host's facts are given as the facts probe would have answered them. Bundled and foreign
-trainers, alone and as a group's nodes."""
+"""The one launch planner (ops.launch_request.prepare, ops.launch_plan.facts_request and
+plan_launch), pure: the host's facts are given as the facts probe would have answered them.
+Bundled and foreign trainers, alone and as a group's nodes."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from orchestrator.config.hostconfig import HostConfig
 from orchestrator.errors import ConfigError, LockHeldError, NotFoundError
 from orchestrator.ops import cache_key as ck
 from orchestrator.ops import launch_plan as lp
+from orchestrator.ops import launch_request as lr
+from orchestrator.ops.launch_inputs import flatten
 from orchestrator.ops.launch_facts import LaunchFacts
 from orchestrator.ops.launch_own import own_config
 
@@ -41,18 +43,18 @@ def facts(*, lock="free", owner="", ckpts=(), missing=(), caches=(), systemd="1"
 
 
 def inputs(o, full=FULL, sets=None):
-    cfg = lp.BundledConfig(source="/c/r.yaml", name="r", base=lp.flatten(full),
+    cfg = lr.BundledConfig(source="/c/r.yaml", name="r", base=flatten(full),
                            sets=sets or {}, full=full, data=b"model: {}\n")
-    return lp.prepare(o, cfg, HOST, NOW)
+    return lr.prepare(o, cfg, HOST, NOW)
 
 
 def plan(o=None, f=None, **kw):
-    o = o or lp.LaunchOptions(config="/c/r.yaml")
+    o = o or lr.LaunchOptions(config="/c/r.yaml")
     return lp.plan_launch(o, inputs(o), f or facts(), host=HOST, now=NOW, **kw)
 
 
 def test_a_bundled_plan_is_one_runspec_with_its_host_steps():
-    o = lp.LaunchOptions(config="/c/r.yaml", fault="oom@3", thresholds={"train_s": 8})
+    o = lr.LaunchOptions(config="/c/r.yaml", fault="oom@3", thresholds={"train_s": 8})
     p = plan(o)
     s = p.spec
     assert RunSpec.from_json(json.loads(json.dumps(s.to_json()))) == s
@@ -72,14 +74,14 @@ def test_a_bundled_plan_is_one_runspec_with_its_host_steps():
 
 
 def test_what_is_asked_follows_the_config():
-    o = lp.LaunchOptions(config="/c/r.yaml", resume="/root/dfo/checkpoints/old/step_3",
+    o = lr.LaunchOptions(config="/c/r.yaml", resume="/root/dfo/checkpoints/old/step_3",
                          dry_run=True)
     req = lp.facts_request(o, inputs(o), HOST)
     assert req.paths == ("/m/target", "/d/data.jsonl") and not req.promote
     assert req.ckpt_dirs == ("/root/dfo/checkpoints/r", "/root/dfo/checkpoints/old")
     assert req.source and req.hashes == ("/m/target/config.json",) and req.caches
     cold = {**FULL, "compile": {"enabled": False}}
-    o2 = lp.LaunchOptions(config="/c/r.yaml")
+    o2 = lr.LaunchOptions(config="/c/r.yaml")
     req = lp.facts_request(o2, inputs(o2, cold), HOST)
     assert not req.source and req.hashes == () and req.caches == "" and req.promote
 
@@ -91,39 +93,39 @@ def test_lock_then_paths_then_checkpoints_each_with_its_error():
         plan(f=facts(missing=["/d/data.jsonl"]))
     with pytest.raises(ConfigError, match=r"already holds 2 checkpoint\(s\).*newest step_8"):
         plan(f=facts(ckpts=[ckpt(8), ckpt(2)]))
-    p = plan(lp.LaunchOptions(config="/c/r.yaml", new_lineage=True),
+    p = plan(lr.LaunchOptions(config="/c/r.yaml", new_lineage=True),
              facts(ckpts=[ckpt(8), ckpt(2)]))
     assert p.move_aside == "/root/dfo/checkpoints/r.20251124-160000"
-    p = plan(lp.LaunchOptions(config="/c/r.yaml", replace=True),
+    p = plan(lr.LaunchOptions(config="/c/r.yaml", replace=True),
              facts(lock="held", owner="other-1"))
     assert p.lock_owner == "other-1"
 
 
 def test_resume_is_resolved_from_the_manifest_listing():
     lst = [ckpt(4), ckpt(8, valid=False, reason="manifest.json missing"), ckpt(6)]
-    p = plan(lp.LaunchOptions(config="/c/r.yaml", resume="latest"), facts(ckpts=lst))
+    p = plan(lr.LaunchOptions(config="/c/r.yaml", resume="latest"), facts(ckpts=lst))
     assert p.resume_path.endswith("/step_6") and p.first_attempt_argv[-2:] == [
         "--resume", "/root/dfo/checkpoints/r/step_6"]
     assert any("skipping checkpoint step_8 (manifest.json missing)" in w for w in p.warnings)
     with pytest.raises(NotFoundError, match="step_8: checkpoint is incomplete"):
-        plan(lp.LaunchOptions(config="/c/r.yaml", resume="step_8"), facts(ckpts=lst))
-    with pytest.raises(NotFoundError, match="no such checkpoint.*valid checkpoints: step_4, step_6"):
-        plan(lp.LaunchOptions(config="/c/r.yaml", resume="step_9"), facts(ckpts=lst))
+        plan(lr.LaunchOptions(config="/c/r.yaml", resume="step_8"), facts(ckpts=lst))
+    with pytest.raises(NotFoundError, match="no such checkpoint.*valid.*: step_4, step_6"):
+        plan(lr.LaunchOptions(config="/c/r.yaml", resume="step_9"), facts(ckpts=lst))
     with pytest.raises(ConfigError, match="cannot be combined with --resume"):
-        plan(lp.LaunchOptions(config="/c/r.yaml", resume="latest", new_lineage=True))
+        plan(lr.LaunchOptions(config="/c/r.yaml", resume="latest", new_lineage=True))
 
 
 def test_a_dry_run_carries_no_record_and_a_launch_does():
     f = facts()
     f.record = ("/root/dfo/envs/current/.dfo-verified", b"s 1\n{}\n")
-    assert plan(lp.LaunchOptions(config="/c/r.yaml", dry_run=True), f).record is None
-    assert plan(lp.LaunchOptions(config="/c/r.yaml"), f).record == f.record
+    assert plan(lr.LaunchOptions(config="/c/r.yaml", dry_run=True), f).record is None
+    assert plan(lr.LaunchOptions(config="/c/r.yaml"), f).record == f.record
 
 
 def test_group_nodes_head_resolves_others_take_its_checkpoint_and_the_fault_node():
     gs = [Group(name="pair", nodes=("a", "b"), node=i, head_addr="10.0.0.1", port=29400,
                 coord_port=29401, nproc=1) for i in (0, 1)]
-    o = lp.LaunchOptions(config="/c/r.yaml", resume="latest", fault="exit=1@2", fault_node=1,
+    o = lr.LaunchOptions(config="/c/r.yaml", resume="latest", fault="exit=1@2", fault_node=1,
                          run_id="r-1")
     lst = [ckpt(4)]
     head = plan(o, facts(ckpts=lst), role=gs[0])
@@ -133,27 +135,28 @@ def test_group_nodes_head_resolves_others_take_its_checkpoint_and_the_fault_node
     assert head.spec.trainer.fault is None and peer.spec.trainer.fault == "exit=1@2"
     assert "--rdzv-id" in peer.first_attempt_argv and "r-1-a1" in peer.first_attempt_argv
     # a peer guards no checkpoints of its own: no lineage refusal there
-    plan(lp.LaunchOptions(config="/c/r.yaml", run_id="r-1"), facts(ckpts=[ckpt(2)]),
+    plan(lr.LaunchOptions(config="/c/r.yaml", run_id="r-1"), facts(ckpts=[ckpt(2)]),
          role=gs[1], resume_path=None)
 
 
 def test_a_foreign_trainer_resumes_from_its_glob_or_an_existing_path():
-    o = lp.LaunchOptions(command=("python", "train.py", "--x"), resume="latest",
+    o = lr.LaunchOptions(command=("python", "train.py", "--x"), resume="latest",
                          resume_glob="ck/step_*", thresholds={"hang_s": 0})
     cfg = own_config(o, {}, None)
-    inp = lp.prepare(o, cfg, HOST, NOW)
+    inp = lr.prepare(o, cfg, HOST, NOW)
     req = lp.facts_request(o, inp, HOST)
     assert req.glob == f"{inp.run_dir}/ck/step_*" and req.ckpt_dirs == () and not req.source
     f = facts(glob=[[f"{inp.run_dir}/ck/step_2", 5.0], [f"{inp.run_dir}/ck/step_10", 1.0]])
     p = lp.plan_launch(o, inp, f, host=HOST, now=NOW)
-    assert isinstance(p.spec.trainer, Own) and p.spec.trainer.command == ("python", "train.py", "--x")
+    assert isinstance(p.spec.trainer, Own)
+    assert p.spec.trainer.command == ("python", "train.py", "--x")
     assert p.resume_path.endswith("/ck/step_10") and p.spec.thresholds.hang_s == 0.0
     assert p.first_attempt_argv == ["python", "train.py", "--x", "--resume", p.resume_path]
     assert p.spec.config.path.endswith("/run-file.yaml") and p.seed_argvs == []
     with pytest.raises(NotFoundError, match="nothing matches"):
         lp.plan_launch(o, inp, facts(glob=[]), host=HOST, now=NOW)
-    o2 = lp.LaunchOptions(command=("python", "t.py"), resume="/srv/ck/7", resume_glob="ck/*")
-    inp2 = lp.prepare(o2, own_config(o2, {}, None), HOST, NOW)
+    o2 = lr.LaunchOptions(command=("python", "t.py"), resume="/srv/ck/7", resume_glob="ck/*")
+    inp2 = lr.prepare(o2, own_config(o2, {}, None), HOST, NOW)
     assert lp.facts_request(o2, inp2, HOST).paths == ("/srv/ck/7",)
     with pytest.raises(NotFoundError, match="no such checkpoint"):
         lp.plan_launch(o2, inp2, facts(missing=["/srv/ck/7"]), host=HOST, now=NOW)

@@ -49,7 +49,8 @@ def test_bundled_own_and_group_specs_survive_json():
                   resume=Resume(checkpoint_dir="/r/runs/x"),
                   trainer=Own(command=("python", "t.py", "$(id)"), cwd="/srv/p",
                               step_pattern=r"step (?P<step>\d+)", env={"A": "1"},
-                              resume=ResumeRule(glob="ck/*", order="mtime", args=("--from={path}",)),
+                              resume=ResumeRule(glob="ck/*", order="mtime",
+                                                args=("--from={path}",)),
                               fallbacks={"oom": ({"set_arg": {"--bs": "2"}}, {"drop_arg": "--x"})}))
     got = _roundtrip(own)
     assert got == own and got.own is not None and got.own.command[-1] == "$(id)"

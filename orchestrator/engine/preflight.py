@@ -10,6 +10,7 @@ import logging
 
 from ..errors import DeployError, DriftError, RemoteCommandError
 from ..ops import launch_plan as lp
+from ..ops.launch_request import LaunchInputs, LaunchOptions
 from ..ops.launch_facts import LaunchFacts, facts_argv, parse_facts
 
 log = logging.getLogger("dfo")
@@ -25,7 +26,7 @@ def require_env(facts: LaunchFacts, host: str, python: str, deploy_with: str) ->
                           hint=f"run `dfo deploy {deploy_with}` first")
 
 
-def launch_facts(ops, o: lp.LaunchOptions, inp: lp.LaunchInputs) -> LaunchFacts:
+def launch_facts(ops, o: LaunchOptions, inp: LaunchInputs) -> LaunchFacts:
     """Reachable, env deployed and ``deploy --check``-clean (the env probe only when its
     recorded verification no longer holds), and everything the planner needs: ONE command."""
     from .deploy import Deployer  # deploy imports much; launch only needs it here

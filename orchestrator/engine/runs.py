@@ -2,7 +2,7 @@
 
 ``RunOps(transport, host).plan(opts)`` loads the run config (or a foreign trainer's run
 file) and checks everything given before anything touches the host
-(``ops.launch_plan.prepare``), then asks the host ONE command for every fact the plan needs
+(``ops.launch_request.prepare``), then asks the host ONE command for every fact the plan needs
 (``engine.preflight``: env deployed and ``dfo deploy --check``-clean, run.lock, the
 config's paths, the cache key's inputs, the checkpoints by manifest, a resume glob) and
 plans (``ops.launch_plan.plan_launch``). ``launch(opts)`` then writes the run dir
@@ -23,6 +23,7 @@ from ..config.runconfig import default_config_path
 from ..errors import (ConnectError, DfoError, HostKeyError, LockHeldError, RemoteCommandError,
                       RunFailed)
 from ..ops import launch_plan as lp
+from ..ops import launch_request as lr
 from ..ops import launch_steps as ls
 from ..ops import runstate as rs
 from ..ops.launch_argv import render_value
@@ -33,7 +34,7 @@ from ..transport.base import Result
 from .preflight import launch_facts
 from .run_query import RunQueries
 
-LaunchOptions = lp.LaunchOptions   # what ``dfo launch`` was asked (pure data, ops.launch_plan)
+LaunchOptions = lr.LaunchOptions   # what ``dfo launch`` was asked (pure data, ops.launch_request)
 
 log = logging.getLogger("dfo")
 
@@ -62,7 +63,7 @@ class RunOps(RunQueries):
         return p.parse(r)
 
     # --- plan -------------------------------------------------------------------------------
-    def load(self, o: LaunchOptions) -> lp.TrainerInput:
+    def load(self, o: LaunchOptions) -> lr.TrainerInput:
         """The run config (one read), or a foreign trainer's run file: local files only."""
         if o.own:
             from ..config.byo_runfile import read_run_file
@@ -75,13 +76,13 @@ class RunOps(RunQueries):
         pairs = [(k, render_value(v)) for k, v in parse_sets(o.sets).items()]
         base, full, data = load_run_layers(o.config, self.layout, pairs)
         name = Path(o.config or default_config_path()).stem
-        return lp.bundled_config(o, name, base, full, data)
+        return lr.bundled_config(o, name, base, full, data)
 
-    def prepare(self, o: LaunchOptions) -> lp.LaunchInputs:
+    def prepare(self, o: LaunchOptions) -> lr.LaunchInputs:
         """Everything checked that can be without the host (before anything touches it)."""
-        return lp.prepare(o, self.load(o), self.host, self.clock())
+        return lr.prepare(o, self.load(o), self.host, self.clock())
 
-    def facts(self, o: LaunchOptions, inp: lp.LaunchInputs):
+    def facts(self, o: LaunchOptions, inp: lr.LaunchInputs):
         """The host's facts: ONE round trip (engine.preflight)."""
         return launch_facts(self, o, inp)
 
@@ -143,7 +144,8 @@ class RunOps(RunQueries):
                                  hint="launch again")
         argv = next((s.get("run") or [] for s in steps if s["id"] == sid), [])
         res = Result(tuple(argv), int(reply.get("exit_code") or 1),
-                     str(reply.get("stdout") or "").encode(), str(reply.get("stderr") or "").encode())
+                     str(reply.get("stdout") or "").encode(),
+                     str(reply.get("stderr") or "").encode())
         try:
             res.check(ls.WHAT.get(str(sid), f"launch step {sid}"))
         except DfoError as e:

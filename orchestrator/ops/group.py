@@ -1,6 +1,6 @@
 """One run across several nodes (``dfo launch --group NAME``): what each node's supervisor
-is told (``GroupSpec``: ``dfo_contract.runspec.Group``, the ``role`` of its ``spec.json``) and the names of the keys
-the node supervisors share in the coordination store. Pure: no I/O.
+is told (``GroupSpec``: ``dfo_contract.runspec.Group``, the ``role`` of its ``spec.json``)
+and the names of the keys the node supervisors share in the coordination store. Pure.
 
 Every node has its own run dir ``<its root>/runs/<RUN_ID>/`` (same run id everywhere) with
 its own spec.json, state.json, events.jsonl and attempt logs. Node 0 (the head) holds the

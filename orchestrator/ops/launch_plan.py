@@ -2,12 +2,11 @@
 
 The engine (``engine/runs.py``, ``engine/group_runs.py``) does three things in order:
 
-1. ``prepare(options, trainer, host, now)``: every check of what was given, before the host
-   is asked anything (``--resume`` text, ``--set``, the run config, ladders, budget,
-   thresholds, ``--fault``), and the run's name and id -> :class:`LaunchInputs`;
+1. ``launch_request.prepare(options, trainer, host, now)``: every check of what was given,
+   before the host is asked anything, and the run's name and id -> ``LaunchInputs``;
 2. ONE remote round trip for the facts (``facts_request`` says what to ask; the answer is
    ``ops.launch_facts.LaunchFacts``; the env check uses the same answer);
-3. ``plan_launch(options, inputs, facts)`` -> :class:`LaunchPlan`: the ``RunSpec``
+3. ``plan_launch(options, inputs, facts)`` (here) -> :class:`LaunchPlan`: the ``RunSpec``
    (spec.json) and what launch does on the host (``ops.launch_steps``).
 
 The bundled trainer and a foreign command (``trainer``: :class:`BundledConfig` |
@@ -20,131 +19,20 @@ from __future__ import annotations
 import posixpath
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence, Union
+from typing import Any, Mapping, Sequence
 
 from dfo_contract.runspec import (Budget, Bundled, Cache, Config, Group, Identity, Resume,
-                                  RunSpec, Solo, Standby, Thresholds)
+                                  RunSpec, Solo, Standby)
 
 from ..errors import ConfigError, DeployError, LockHeldError, RemoteCommandError
 from . import byo
 from . import cache_key as ck
-from .budget import BudgetPolicy
-from .fallback import merge_ladders, validate_ladders
 from .launch_argv import attempt_env, ddp_nproc, start_argv, trainer_argv
 from .launch_facts import FactsRequest, LaunchFacts, checkpoint_listing
-from .launch_inputs import (ResumeArg, check_run_name, flatten, parse_resume, parse_sets,
-                            resolve_resume, skipped_by_latest, skipped_warning)
+from .launch_inputs import ResumeArg, resolve_resume, skipped_by_latest, skipped_warning
 from .launch_own import OwnConfig, resolve_resume as own_resume, resume_glob, shown_ladders
-from .run_identity import make_run_id
+from .launch_request import BundledConfig, LaunchInputs, LaunchOptions
 from .snapshot import cache_env, seed_run_cache_argvs
-from .thresholds import thresholds as check_thresholds
-
-
-@dataclass(frozen=True, kw_only=True)
-class LaunchOptions:
-    config: str | None = None
-    resume: str | None = None
-    run_name: str | None = None
-    sets: Sequence[str] = ()
-    replace: bool = False
-    dry_run: bool = False
-    fault: str | None = None
-    fault_node: int | None = None  # --group: the one node that gets the fault (None: all)
-    backoff_scale: float = 1.0
-    thresholds: Mapping[str, float] = field(default_factory=dict)
-    budget: Mapping[str, Any] = field(default_factory=dict)
-    fallbacks: Mapping[str, Any] | None = None
-    env_check: bool = True
-    start_timeout: float = 60.0
-    new_lineage: bool = False     # move an earlier run's checkpoints aside, start over
-    #: a foreign trainer (``dfo launch -- CMD ARGS...``, ops.launch_own)
-    command: Sequence[str] = ()
-    run_file: str | None = None
-    step_pattern: str | None = None
-    resume_glob: str | None = None
-    resume_order: str = "step"
-    resume_args: Sequence[str] | str = ()   # a str is split into words (no shell)
-    ladder: Sequence[str] = ()    # --ladder CLASS=KIND:VALUE, in order
-    run_id: str | None = None     # given (engine.group_runs: one id on every node), else made
-    #: the standby interpreter (supervisor.standby; --no-standby turns it off), and extra
-    #: env given to the standby only (a test facility: a differing import-time key makes
-    #: every standby be discarded)
-    standby: bool = True
-    standby_env: Mapping[str, str] = field(default_factory=dict)
-
-    @property
-    def own(self) -> bool:
-        """A foreign trainer (``-- CMD``, a run file, or its flags)."""
-        return bool(self.command or self.run_file or self.resume_glob or self.ladder)
-
-
-@dataclass(frozen=True, kw_only=True)
-class BundledConfig:
-    """The bundled trainer's run config as launch loaded it (one read of the file)."""
-    source: str | None          # --config (None: the host's default run config)
-    name: str                   # the file's stem: the default run name
-    base: Mapping[str, Any]     # flat: the file over the trainer's defaults, without --set
-    sets: Mapping[str, Any]     # --set, parsed
-    full: Mapping[str, Any]     # nested, with --set, validated by the trainer's rules
-    data: bytes                 # the file, shipped as the run's config.yaml
-
-    @property
-    def flat(self) -> dict[str, Any]:
-        return {**self.base, **self.sets}
-
-    @property
-    def compiled(self) -> bool:
-        return bool((self.full.get("compile") or {}).get("enabled", True))
-
-
-TrainerInput = Union[BundledConfig, OwnConfig]
-
-
-@dataclass(frozen=True, kw_only=True)
-class LaunchInputs:
-    """Everything launch checked before it touched the host."""
-    run_name: str
-    run_id: str
-    run_dir: str
-    resume: ResumeArg | None      # the bundled trainer's --resume (a foreign one: the text)
-    thresholds: Thresholds
-    budget: Budget
-    ladders: Mapping[str, list[str]]
-    trainer: TrainerInput
-
-
-def prepare(o: LaunchOptions, trainer: TrainerInput, host, now: float) -> LaunchInputs:
-    """Check ``o`` and ``trainer`` for ``host`` (a HostConfig); name the run."""
-    lay = host.layout
-    resume = None if isinstance(trainer, OwnConfig) else parse_resume(o.resume, lay.root)
-    if resume is not None and o.new_lineage:
-        raise ConfigError("--new-lineage starts over; it cannot be combined with --resume",
-                          hint="drop one of the two")
-    run_name = check_run_name(trainer.name if o.run_name is None else o.run_name)
-    if isinstance(trainer, OwnConfig):
-        thr, ladders = check_thresholds(trainer.thresholds), {}
-    else:
-        thr = check_thresholds(o.thresholds)
-        ladders = merge_ladders(
-            validate_ladders(dict(host.fallbacks) or None,
-                             source=f"{host.source or 'hosts.yaml'}: hosts.{host.name}.fallbacks"),
-            validate_ladders(o.fallbacks, source="--fallbacks"))
-        if o.fault:
-            from dfo_contract.faultspec import parse_spec
-
-            parse_spec(o.fault, source="--fault")
-    policy = BudgetPolicy.from_json({**dict(o.budget), "scale": o.backoff_scale})
-    run_id = o.run_id or make_run_id(run_name, now)
-    return LaunchInputs(run_name=run_name, run_id=run_id, run_dir=lay.run_dir(run_id),
-                        resume=resume, thresholds=thr, budget=policy, ladders=ladders,
-                        trainer=trainer)
-
-
-def bundled_config(o: LaunchOptions, name: str, base: Mapping[str, Any],
-                   full: Mapping[str, Any], data: bytes) -> BundledConfig:
-    """The loaded run config (``config.runconfig.load_layers``) with ``o``'s ``--set``."""
-    return BundledConfig(source=o.config, name=name, base=flatten(base),
-                         sets=parse_sets(o.sets), full=full, data=data)
 
 
 # --- what to ask the host -------------------------------------------------------------------
@@ -289,6 +177,21 @@ def _lineage(facts: LaunchFacts, ck_dir: str, run_name: str, now: float,
     return f"{ck_dir.rstrip('/')}.{time.strftime('%Y%m%d-%H%M%S', time.gmtime(now))}"
 
 
+@dataclass
+class _Part:
+    """What one kind of trainer contributes to the plan."""
+    config: Config
+    cache: Cache
+    trainer: Bundled | Any
+    ck_dir: str
+    resume_path: str | None
+    env: dict[str, str]
+    first: list[str]
+    shown: dict[str, list[str]]
+    seed: list[list[str]] = field(default_factory=list)
+    aside: str | None = None
+
+
 def plan_launch(o: LaunchOptions, inp: LaunchInputs, facts: LaunchFacts, *, host,
                 now: float, role: Solo | Group | None = None,
                 resume_path: Any = ...) -> LaunchPlan:
@@ -302,73 +205,87 @@ def plan_launch(o: LaunchOptions, inp: LaunchInputs, facts: LaunchFacts, *, host
         raise LockHeldError(f"run {owner} is live on {host.name} (run.lock held)",
                             hint=f"stop it with `dfo stop --run {owner}` or launch --replace")
     warnings = [] if o.env_check else ["env check skipped (--no-env-check)"]
-    run_dir, tr = inp.run_dir, inp.trainer
+    part = (_own(o, inp, facts, resume_path) if isinstance(inp.trainer, OwnConfig) else
+            _bundled(o, inp, facts, host, now, role, resume_path, warnings))
     python = lay.current_python
-    aside = seed = None
-    if isinstance(tr, OwnConfig):
-        cfg_path, ck_dir = posixpath.join(run_dir, "run-file.yaml"), run_dir
-        if resume_path is ...:
-            matches = facts.part("glob")
-            found = [(str(p), float(m)) for p, m in matches] if isinstance(matches, list) else []
-            resume_path = None if o.resume is None else own_resume(
-                o.resume, tr, own_cwd(inp), found, facts.missing)
-        config, cache, trainer = Config(path=cfg_path), Cache(), tr.trainer()
-        env = attempt_env(tr.env, attempt=1, run_dir=run_dir, fault=None, run_id=inp.run_id)
-        first = byo.attempt_argv(tr.command, byo.Changes(), resume_path=resume_path,
-                                 resume_args=tr.resume.args if tr.resume else ())
-        shown = shown_ladders(tr)
-    else:
-        raise_missing(host.name, config_paths(tr.full), facts.missing, tr.source)
-        cfg_path, ck_dir = posixpath.join(run_dir, "config.yaml"), lay.checkpoints(inp.run_name)
-        key = _cache_key(tr, facts, host.name, warnings)
-        if resume_path is ...:
-            resume_path = None
-            if inp.resume is not None:
-                resume_path, skipped = _resolve(inp.resume, facts, ck_dir)
-                warnings.extend(skipped)
-            elif not (isinstance(role, Group) and not role.is_head):
-                aside = _lineage(facts, ck_dir, inp.run_name, now, o.new_lineage)
-        cache_vars = cache_env(lay, key or "cold", run_dir)
-        seed = seed_run_cache_argvs(lay, key or "cold", run_dir)
-        config = Config(path=cfg_path, base=dict(tr.base), overrides=dict(tr.sets))
-        cache = Cache(key=key, env=cache_vars, restore_argv=tuple(seed[-1]))
-        fault = o.fault if o.fault_node is None or not isinstance(role, Group) \
-            or role.node == o.fault_node else None
-        trainer = Bundled(fault=fault)
-        env = attempt_env(cache_vars, attempt=1, run_dir=run_dir, fault=fault, run_id=inp.run_id)
-        if isinstance(role, Group):
-            from .group_launch import node_attempt_argv
-
-            first = node_attempt_argv(python, cfg_path, tr.sets, run_dir=run_dir,
-                                      checkpoint_dir=ck_dir, resume=resume_path, spec=role,
-                                      run_id=inp.run_id)
-        else:
-            flat = tr.flat
-            first = trainer_argv(python, cfg_path, tr.sets, run_dir=run_dir,
-                                 checkpoint_dir=ck_dir, resume=resume_path,
-                                 layout=flat.get("parallel.layout"), nproc=ddp_nproc(flat))
-        shown = {k: list(v) for k, v in inp.ladders.items()}
     spec = RunSpec(
         identity=Identity(run_id=inp.run_id, run_name=inp.run_name, host=host.name,
                           root=lay.root, python=python, lock=lay.run_lock),
-        config=config, resume=Resume(checkpoint_dir=ck_dir, path=resume_path),
+        config=part.config, resume=Resume(checkpoint_dir=part.ck_dir, path=part.resume_path),
         thresholds=inp.thresholds, budget=Budget.from_json(inp.budget.to_json()),
-        ladders={k: tuple(v) for k, v in inp.ladders.items()}, cache=cache,
+        ladders={k: tuple(v) for k, v in inp.ladders.items()}, cache=part.cache,
         standby=Standby(enabled=bool(o.standby),
                         env={str(k): str(v) for k, v in o.standby_env.items()}),
-        trainer=trainer, role=role)
+        trainer=part.trainer, role=role)
     systemd = facts.launch.get("systemd") == "1"
-    plan = LaunchPlan(spec=spec, run_dir=run_dir, mode="systemd" if systemd else "setsid",
-                      start_argv=start_argv(python, run_dir, inp.run_id, systemd=systemd,
+    held = facts.launch.get("lock") == "held"
+    if part.aside:
+        warnings.append(f"--new-lineage: the earlier checkpoints of {inp.run_name} move to "
+                        f"{part.aside}")
+    return LaunchPlan(spec=spec, run_dir=inp.run_dir, mode="systemd" if systemd else "setsid",
+                      start_argv=start_argv(python, inp.run_dir, inp.run_id, systemd=systemd,
                                             stop_timeout_s=inp.thresholds.stop_timeout_s),
-                      first_attempt_argv=first, env=env, shown_ladders=shown,
-                      warnings=warnings, seed_argvs=seed or [], config_bytes=tr.data,
-                      lock_owner=facts.launch.get("lock_owner")
-                      if facts.launch.get("lock") == "held" else None, move_aside=aside,
-                      record=None if o.dry_run else facts.record)
-    if aside:
-        warnings.append(f"--new-lineage: the earlier checkpoints of {inp.run_name} move to {aside}")
-    return plan
+                      first_attempt_argv=part.first, env=part.env, shown_ladders=part.shown,
+                      warnings=warnings, seed_argvs=part.seed, config_bytes=inp.trainer.data,
+                      lock_owner=facts.launch.get("lock_owner") if held else None,
+                      move_aside=part.aside, record=None if o.dry_run else facts.record)
+
+
+def _own(o: LaunchOptions, inp: LaunchInputs, facts: LaunchFacts, resume_path: Any) -> _Part:
+    tr = inp.trainer
+    assert isinstance(tr, OwnConfig)
+    if resume_path is ...:
+        matches = facts.part("glob")
+        found = [(str(p), float(m)) for p, m in matches] if isinstance(matches, list) else []
+        resume_path = None if o.resume is None else own_resume(
+            o.resume, tr, own_cwd(inp), found, facts.missing)
+    return _Part(config=Config(path=posixpath.join(inp.run_dir, "run-file.yaml")),
+                 cache=Cache(), trainer=tr.trainer(), ck_dir=inp.run_dir,
+                 resume_path=resume_path,
+                 env=attempt_env(tr.env, attempt=1, run_dir=inp.run_dir, fault=None,
+                                 run_id=inp.run_id),
+                 first=byo.attempt_argv(tr.command, byo.Changes(), resume_path=resume_path,
+                                        resume_args=tr.resume.args if tr.resume else ()),
+                 shown=shown_ladders(tr))
+
+
+def _bundled(o: LaunchOptions, inp: LaunchInputs, facts: LaunchFacts, host, now: float,
+             role: Solo | Group, resume_path: Any, warnings: list[str]) -> _Part:
+    tr, lay, run_dir = inp.trainer, host.layout, inp.run_dir
+    assert isinstance(tr, BundledConfig)
+    raise_missing(host.name, config_paths(tr.full), facts.missing, tr.source)
+    cfg_path, ck_dir = posixpath.join(run_dir, "config.yaml"), lay.checkpoints(inp.run_name)
+    key = _cache_key(tr, facts, host.name, warnings)
+    aside = None
+    if resume_path is ...:
+        resume_path = None
+        if inp.resume is not None:
+            resume_path, skipped = _resolve(inp.resume, facts, ck_dir)
+            warnings.extend(skipped)
+        elif not (isinstance(role, Group) and not role.is_head):
+            aside = _lineage(facts, ck_dir, inp.run_name, now, o.new_lineage)
+    cache_vars = cache_env(lay, key or "cold", run_dir)
+    seed = seed_run_cache_argvs(lay, key or "cold", run_dir)
+    fault = o.fault if o.fault_node is None or not isinstance(role, Group) \
+        or role.node == o.fault_node else None
+    if isinstance(role, Group):
+        from .group_launch import node_attempt_argv
+
+        first = node_attempt_argv(lay.current_python, cfg_path, tr.sets, run_dir=run_dir,
+                                  checkpoint_dir=ck_dir, resume=resume_path, spec=role,
+                                  run_id=inp.run_id)
+    else:
+        flat = tr.flat
+        first = trainer_argv(lay.current_python, cfg_path, tr.sets, run_dir=run_dir,
+                             checkpoint_dir=ck_dir, resume=resume_path,
+                             layout=flat.get("parallel.layout"), nproc=ddp_nproc(flat))
+    return _Part(config=Config(path=cfg_path, base=dict(tr.base), overrides=dict(tr.sets)),
+                 cache=Cache(key=key, env=cache_vars, restore_argv=tuple(seed[-1])),
+                 trainer=Bundled(fault=fault), ck_dir=ck_dir, resume_path=resume_path,
+                 env=attempt_env(cache_vars, attempt=1, run_dir=run_dir, fault=fault,
+                                 run_id=inp.run_id),
+                 first=first, shown={k: list(v) for k, v in inp.ladders.items()},
+                 seed=seed, aside=aside)
 
 
 def _resolve(resume: ResumeArg, facts: LaunchFacts, ck_dir: str) -> tuple[str, list[str]]:
