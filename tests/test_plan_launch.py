@@ -50,7 +50,7 @@ def inputs(o, full=FULL, sets=None):
 
 def plan(o=None, f=None, **kw):
     o = o or lr.LaunchOptions(config="/c/r.yaml")
-    return lp.plan_launch(o, inputs(o), f or facts(), host=HOST, now=NOW, **kw)
+    return lp.plan_launch(o, inputs(o), f or facts(), host=HOST, **kw)
 
 
 def test_a_bundled_plan_is_one_runspec_with_its_host_steps():
@@ -147,18 +147,18 @@ def test_a_foreign_trainer_resumes_from_its_glob_or_an_existing_path():
     req = lp.facts_request(o, inp, HOST)
     assert req.glob == f"{inp.run_dir}/ck/step_*" and req.ckpt_dirs == () and not req.source
     f = facts(glob=[[f"{inp.run_dir}/ck/step_2", 5.0], [f"{inp.run_dir}/ck/step_10", 1.0]])
-    p = lp.plan_launch(o, inp, f, host=HOST, now=NOW)
+    p = lp.plan_launch(o, inp, f, host=HOST)
     assert isinstance(p.spec.trainer, Own)
     assert p.spec.trainer.command == ("python", "train.py", "--x")
     assert p.resume_path.endswith("/ck/step_10") and p.spec.thresholds.hang_s == 0.0
     assert p.first_attempt_argv == ["python", "train.py", "--x", "--resume", p.resume_path]
     assert p.spec.config.path.endswith("/run-file.yaml") and p.seed_argvs == []
     with pytest.raises(NotFoundError, match="nothing matches"):
-        lp.plan_launch(o, inp, facts(glob=[]), host=HOST, now=NOW)
+        lp.plan_launch(o, inp, facts(glob=[]), host=HOST)
     o2 = lr.LaunchOptions(command=("python", "t.py"), resume="/srv/ck/7", resume_glob="ck/*")
     inp2 = lr.prepare(o2, own_config(o2, {}, None), HOST, NOW)
     assert lp.facts_request(o2, inp2, HOST).paths == ("/srv/ck/7",)
     with pytest.raises(NotFoundError, match="no such checkpoint"):
-        lp.plan_launch(o2, inp2, facts(missing=["/srv/ck/7"]), host=HOST, now=NOW)
+        lp.plan_launch(o2, inp2, facts(missing=["/srv/ck/7"]), host=HOST)
     with pytest.raises(LockHeldError):
-        lp.plan_launch(o2, inp2, facts(lock="held", owner="x"), host=HOST, now=NOW)
+        lp.plan_launch(o2, inp2, facts(lock="held", owner="x"), host=HOST)

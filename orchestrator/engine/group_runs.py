@@ -140,8 +140,7 @@ class GroupRuns:
         nodes, warnings = [], []
         resume: Any = ...        # the head resolves it; the others take its path
         for i, ((opts, inp, f), gs) in enumerate(zip(got, self.specs)):
-            p = lp.plan_launch(opts, inp, f, host=self.hosts[i], now=now, role=gs,
-                               resume_path=resume)
+            p = lp.plan_launch(opts, inp, f, host=self.hosts[i], role=gs, resume_path=resume)
             resume = p.resume_path
             nodes.append(NodePlan(i, p.host, p, gs))
             warnings += [f"{p.host}: {w}" for w in p.warnings]

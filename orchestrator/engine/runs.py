@@ -73,10 +73,11 @@ class RunOps(RunQueries):
             return own_config(o, rf, data)
         from .demo import load_run_layers
 
-        pairs = [(k, render_value(v)) for k, v in parse_sets(o.sets).items()]
-        base, full, data = load_run_layers(o.config, self.layout, pairs)
+        sets = parse_sets(o.sets)
+        base, full, data = load_run_layers(o.config, self.layout,
+                                           [(k, render_value(v)) for k, v in sets.items()])
         name = Path(o.config or default_config_path()).stem
-        return lr.bundled_config(o, name, base, full, data)
+        return lr.bundled_config(o, name, sets, base, full, data)
 
     def prepare(self, o: LaunchOptions) -> lr.LaunchInputs:
         """Everything checked that can be without the host (before anything touches it)."""
@@ -88,7 +89,7 @@ class RunOps(RunQueries):
 
     def plan(self, o: LaunchOptions) -> lp.LaunchPlan:
         inp = self.prepare(o)
-        return lp.plan_launch(o, inp, self.facts(o, inp), host=self.host, now=self.clock())
+        return lp.plan_launch(o, inp, self.facts(o, inp), host=self.host)
 
     # --- launch -----------------------------------------------------------------------------
     def launch(self, o: LaunchOptions) -> lp.LaunchPlan:

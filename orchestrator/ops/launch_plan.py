@@ -193,7 +193,7 @@ class _Part:
 
 
 def plan_launch(o: LaunchOptions, inp: LaunchInputs, facts: LaunchFacts, *, host,
-                now: float, role: Solo | Group | None = None,
+                role: Solo | Group | None = None,
                 resume_path: Any = ...) -> LaunchPlan:
     """The run ``inp`` on ``host`` given the host's ``facts``. ``role``: a group's node;
     ``resume_path`` (unless ``...``): what attempt 1 resumes, already resolved (a group's
@@ -206,7 +206,7 @@ def plan_launch(o: LaunchOptions, inp: LaunchInputs, facts: LaunchFacts, *, host
                             hint=f"stop it with `dfo stop --run {owner}` or launch --replace")
     warnings = [] if o.env_check else ["env check skipped (--no-env-check)"]
     part = (_own(o, inp, facts, resume_path) if isinstance(inp.trainer, OwnConfig) else
-            _bundled(o, inp, facts, host, now, role, resume_path, warnings))
+            _bundled(o, inp, facts, host, role, resume_path, warnings))
     python = lay.current_python
     spec = RunSpec(
         identity=Identity(run_id=inp.run_id, run_name=inp.run_name, host=host.name,
@@ -249,7 +249,7 @@ def _own(o: LaunchOptions, inp: LaunchInputs, facts: LaunchFacts, resume_path: A
                  shown=shown_ladders(tr))
 
 
-def _bundled(o: LaunchOptions, inp: LaunchInputs, facts: LaunchFacts, host, now: float,
+def _bundled(o: LaunchOptions, inp: LaunchInputs, facts: LaunchFacts, host,
              role: Solo | Group, resume_path: Any, warnings: list[str]) -> _Part:
     tr, lay, run_dir = inp.trainer, host.layout, inp.run_dir
     assert isinstance(tr, BundledConfig)
@@ -263,7 +263,7 @@ def _bundled(o: LaunchOptions, inp: LaunchInputs, facts: LaunchFacts, host, now:
             resume_path, skipped = _resolve(inp.resume, facts, ck_dir)
             warnings.extend(skipped)
         elif not (isinstance(role, Group) and not role.is_head):
-            aside = _lineage(facts, ck_dir, inp.run_name, now, o.new_lineage)
+            aside = _lineage(facts, ck_dir, inp.run_name, inp.now, o.new_lineage)
     cache_vars = cache_env(lay, key or "cold", run_dir)
     seed = seed_run_cache_argvs(lay, key or "cold", run_dir)
     fault = o.fault if o.fault_node is None or not isinstance(role, Group) \

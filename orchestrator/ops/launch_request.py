@@ -15,7 +15,7 @@ from dfo_contract.runspec import Budget, Thresholds
 from ..errors import ConfigError
 from .budget import BudgetPolicy
 from .fallback import merge_ladders, validate_ladders
-from .launch_inputs import ResumeArg, check_run_name, flatten, parse_resume, parse_sets
+from .launch_inputs import ResumeArg, check_run_name, flatten, parse_resume
 from .launch_own import OwnConfig
 from .run_identity import make_run_id
 from .thresholds import thresholds as check_thresholds
@@ -87,6 +87,7 @@ class LaunchInputs:
     run_name: str
     run_id: str
     run_dir: str
+    now: float                    # when launch was asked (the run id's time)
     resume: ResumeArg | None      # the bundled trainer's --resume (a foreign one: the text)
     thresholds: Thresholds
     budget: Budget
@@ -116,13 +117,14 @@ def prepare(o: LaunchOptions, trainer: TrainerInput, host, now: float) -> Launch
             parse_spec(o.fault, source="--fault")
     policy = BudgetPolicy.from_json({**dict(o.budget), "scale": o.backoff_scale})
     run_id = o.run_id or make_run_id(run_name, now)
-    return LaunchInputs(run_name=run_name, run_id=run_id, run_dir=lay.run_dir(run_id),
+    return LaunchInputs(run_name=run_name, run_id=run_id, run_dir=lay.run_dir(run_id), now=now,
                         resume=resume, thresholds=thr, budget=policy, ladders=ladders,
                         trainer=trainer)
 
 
-def bundled_config(o: LaunchOptions, name: str, base: Mapping[str, Any],
-                   full: Mapping[str, Any], data: bytes) -> BundledConfig:
-    """The loaded run config (``config.runconfig.load_layers``) with ``o``'s ``--set``."""
-    return BundledConfig(source=o.config, name=name, base=flatten(base),
-                         sets=parse_sets(o.sets), full=full, data=data)
+def bundled_config(o: LaunchOptions, name: str, sets: Mapping[str, Any],
+                   base: Mapping[str, Any], full: Mapping[str, Any], data: bytes) -> BundledConfig:
+    """The run config as ``config.runconfig.load_layers`` loaded it with ``sets`` (``o``'s
+    ``--set``, parsed)."""
+    return BundledConfig(source=o.config, name=name, base=flatten(base), sets=dict(sets),
+                         full=full, data=data)
