@@ -96,11 +96,11 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     lab = Lab()
-    info = lab.up(container=True, lease=LEASE)
     work = Path(tempfile.mkdtemp(prefix="dfo-bench-rtt-"))
     out: dict = {"host": os.uname().nodename, "cpus": os.cpu_count(), "transport": "proxmox",
                  "load_start": os.getloadavg(), "kinds": {}}
     try:
+        info = lab.up(container=True, lease=LEASE)
         fill_wheelhouse(Path(info.wheelhouse_host_dir))
         kinds = [("new", REPO, a.root)]
         if a.old_checkout:
