@@ -131,19 +131,27 @@ class GroupRuns:
         outs = self.each(facts)
         self.raise_failed(outs, f"cannot launch on group {self.group.name}")
         got = [x.value for x in outs]
+        nodes, warnings, bad = [], [], []
+        head_resume = None       # the head resolves --resume; the others take its path
+        for i, ((opts, inp, f), gs) in enumerate(zip(got, self.specs)):
+            try:
+                p = lp.plan_launch(opts, inp, f, host=self.hosts[i], role=gs,
+                                   resume_path=... if i == 0 else head_resume)
+            except DfoError as e:   # every node's problem, each named (as in the facts)
+                bad.append((i, self.hosts[i].name, str(e), e.exit_code))
+                continue
+            if i == 0:
+                head_resume = p.resume_path
+            nodes.append(NodePlan(i, p.host, p, gs))
+            warnings += [f"{p.host}: {w}" for w in p.warnings]
+        if bad:
+            raise gl.nodes_error(bad, f"cannot launch on group {self.group.name}")
         fps = {x.host: x.value[2].fingerprint for x in outs}
         if o.env_check or any(fp is not None for fp in fps.values()):
             # --no-env-check on envs dfo did not deploy (no fingerprint.json): nothing to compare
             diffs = gc.env_differences(self.group.name, list(self.group.hosts), fps)
             if diffs:
                 raise DeployError(str(diffs[0]))
-        nodes, warnings = [], []
-        resume: Any = ...        # the head resolves it; the others take its path
-        for i, ((opts, inp, f), gs) in enumerate(zip(got, self.specs)):
-            p = lp.plan_launch(opts, inp, f, host=self.hosts[i], role=gs, resume_path=resume)
-            resume = p.resume_path
-            nodes.append(NodePlan(i, p.host, p, gs))
-            warnings += [f"{p.host}: {w}" for w in p.warnings]
         return GroupPlan(self.group.name, base.run_id, nodes, warnings)
 
     def launch(self, o: LaunchOptions) -> GroupPlan:
