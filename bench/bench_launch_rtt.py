@@ -39,8 +39,10 @@ DRIVER = REPO / "bench" / "launch_rtt_driver.py"
 
 
 def sh(argv, code: Path, env=None, timeout=1800) -> subprocess.CompletedProcess:
-    e = dict(os.environ, PYTHONPATH=str(code), **(env or {}))
+    e = dict(os.environ, PYTHONPATH=str(code))
     e.pop("PYTHONDONTWRITEBYTECODE", None)
+    e.pop("DFO_PROJECT_WHEEL", None)
+    e.update(env or {})
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=str(code),
                           env=e)
 
@@ -55,7 +57,13 @@ def cli(code: Path, hosts: Path, *args, env=None, timeout=1800) -> subprocess.Co
 
 
 def prepare(lab, code: Path, root: str, work: Path, env: dict) -> tuple[Path, Path]:
-    """Deploy ``code``'s env into ``root`` (its own wheel) and make the tiny assets there."""
+    """Deploy ``code``'s env into ``root`` (its own wheel, built once and pinned in ``env``:
+    the env check compares with it) and make the tiny assets there."""
+    r = sh([sys.executable, "-c", "from orchestrator.engine.wheel import build; "
+            "print(build().path)"], code, env=env)
+    if r.returncode != 0:
+        raise SystemExit(f"building the wheel of {code} failed: {r.stderr.strip()[-2000:]}")
+    env["DFO_PROJECT_WHEEL"] = r.stdout.strip().splitlines()[-1]
     hosts = work / f"hosts-{Path(root).name}.yaml"
     hosts.write_text(lab.hosts_yaml(root=root, wheelhouse=True))
     t0 = time.perf_counter()
