@@ -3,10 +3,11 @@
 200, tests/lab): how many remote round trips it makes before the supervisor starts, and how
 long it takes, for this checkout and (``--old-checkout DIR``) another side by side.
 
-    python bench/bench_launch_rtt.py [--n 3] [--old-checkout DIR] [--json OUT]
+    python bench/bench_launch_rtt.py [--n 3] [--old-checkout DIR] [--compile] [--json OUT]
 
 Each checkout gets its own root in the container with an env that ``dfo deploy`` of that
-checkout built (offline, from the lab's wheelhouse), and the tiny CPU config's assets. Each
+checkout built (offline, from the lab's wheelhouse), and the tiny CPU config's assets (``--compile``: with ``compile.enabled: true``, so the
+compile-cache key's inputs are asked for too). Each
 launch is ``bench/launch_rtt_driver.py`` run with that checkout on PYTHONPATH: the real
 ``RunOps.launch`` (env check on, as a user runs it) through a transport that counts its
 calls (``run``/``stream``/``put``/``get``) and the SSH channels under them; the run is
@@ -56,7 +57,8 @@ def cli(code: Path, hosts: Path, *args, env=None, timeout=1800) -> subprocess.Co
     return r
 
 
-def prepare(lab, code: Path, root: str, work: Path, env: dict) -> tuple[Path, Path]:
+def prepare(lab, code: Path, root: str, work: Path, env: dict,
+            compile_: bool = False) -> tuple[Path, Path]:
     """Deploy ``code``'s env into ``root`` (its own wheel, built once and pinned in ``env``:
     the env check compares with it) and make the tiny assets there."""
     r = sh([sys.executable, "-c", "from orchestrator.engine.wheel import build; "
@@ -82,6 +84,7 @@ def prepare(lab, code: Path, root: str, work: Path, env: dict) -> tuple[Path, Pa
     cfg = yaml.safe_load((REPO / "orchestrator/config/defaults/tiny-cpu.yaml").read_text())
     cfg["model"]["target_path"], cfg["data"]["path"] = f"{a}/target", f"{a}/synth.jsonl"
     cfg["train"]["max_steps"] = 100000
+    cfg["compile"]["enabled"] = compile_
     cfg.pop("run", None)
     path = work / f"bench-{Path(root).name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -101,11 +104,13 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=3, help="launches of each checkout")
     ap.add_argument("--old-checkout", default=None, help="also measure this checkout")
     ap.add_argument("--root", default="/root/dfo-bench-rtt")
+    ap.add_argument("--compile", action="store_true", help="compile.enabled: true")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     lab = Lab()
     work = Path(tempfile.mkdtemp(prefix="dfo-bench-rtt-"))
     out: dict = {"host": os.uname().nodename, "cpus": os.cpu_count(), "transport": "proxmox",
+                 "compile": a.compile,
                  "load_start": os.getloadavg(), "kinds": {}}
     try:
         info = lab.up(container=True, lease=LEASE)
@@ -116,7 +121,7 @@ def main() -> int:
         setups = {}
         for kind, code, root in kinds:
             env = {"DFO_CACHE_DIR": str(work / f"cache-{kind}")}
-            setups[kind] = (code, *prepare(info, code, root, work, env), env)
+            setups[kind] = (code, *prepare(info, code, root, work, env, a.compile), env)
         stamp = time.strftime("%H%M%S")
         runs: dict[str, list[dict]] = {k: [] for k, _, _ in kinds}
         for kind, (code, hosts, cfg, env) in setups.items():   # a first launch of each:
