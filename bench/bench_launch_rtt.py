@@ -6,13 +6,13 @@ long it takes, for this checkout and (``--old-checkout DIR``) another side by si
     python bench/bench_launch_rtt.py [--n 3] [--old-checkout DIR] [--compile] [--json OUT]
 
 Each checkout gets its own root in the container with an env that ``dfo deploy`` of that
-checkout built (offline, from the lab's wheelhouse), and the tiny CPU config's assets (``--compile``: with ``compile.enabled: true``, so the
-compile-cache key's inputs are asked for too). Each
-launch is ``bench/launch_rtt_driver.py`` run with that checkout on PYTHONPATH: the real
-``RunOps.launch`` (env check on, as a user runs it) through a transport that counts its
-calls (``run``/``stream``/``put``/``get``) and the SSH channels under them; the run is
-stopped after. A worktree of an earlier commit makes the old checkout:
-``git worktree add /tmp/dfo-old <commit>``.
+checkout built (offline, from the lab's wheelhouse), and the tiny CPU config's assets
+(``--compile``: with ``compile.enabled: true``, so launch asks for the compile-cache key's
+inputs too). Each launch is ``bench/launch_rtt_driver.py`` run with that checkout on
+PYTHONPATH: the real ``RunOps.launch`` (env check on, as a user runs it) through a transport
+that counts its calls (``run``/``stream``/``put``/``get``) and the SSH channels under them;
+the run is stopped after. An earlier commit as the old checkout: ``git worktree add
+/tmp/dfo-old <commit>``, or ``git archive <commit> | tar -x -C /tmp/dfo-old``.
 """
 
 from __future__ import annotations
