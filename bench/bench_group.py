@@ -1,4 +1,4 @@
-"""Two "nodes" on one machine vs one node (issue 14): the same config, ddp layout.
+"""Two "nodes" on one machine vs one node: the same config, ddp layout.
 
     python3 bench/bench_group.py --out $OUT            # 2 GPUs: node a = cuda:0, node b = cuda:1
     python3 bench/bench_group.py --cpu-smoke --out /tmp/dfo_group_cpu   # checks this script

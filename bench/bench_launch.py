@@ -6,14 +6,14 @@ torch; what every launch did before the record), side by side in one run.
 Each launch is the real CLI as a subprocess (``python -m orchestrator.cli launch``, the
 tiny CPU config, a fresh run name), timed from its start to its exit (it exits once the
 supervisor holds run.lock and runs), then the run is stopped. "before" launches first
-delete ``<env>/.dfo-verified`` so the launch probes the env as the old code did every
-time; "after" launches find the record. The two kinds alternate, so load hits both alike.
+delete ``<env>/.dfo-verified`` so the launch probes the env, as the first launch after a
+deploy does; "after" launches find the record. The two kinds alternate, so load hits both alike.
 
     python bench/bench_launch.py [--n 5] [--root ROOT] [--old-checkout DIR] [--json OUT]
 
-``--old-checkout DIR`` adds a third kind, "old": the CLI of another checkout (e.g. the
-commit before this change) launching against the same env, with this checkout's dfo
-wheel pinned (``DFO_PROJECT_WHEEL``) so its env check passes.
+``--old-checkout DIR`` adds a third kind, "old": the CLI of another checkout (e.g. a
+commit from before the recorded verification) launching against the same env, with this
+checkout's dfo wheel pinned (``DFO_PROJECT_WHEEL``) so its env check passes.
 
 Without ``--root`` it deploys a fresh env under a temporary root first (``dfo deploy`` on
 the local transport, offline: needs uv's cache or PIP_FIND_LINKS to hold the cpu lock's

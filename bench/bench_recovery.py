@@ -1,9 +1,10 @@
-"""GPU acceptance for recovery (one H200): the incident's setup under the dfo supervisor.
+"""GPU acceptance for recovery (one H200): the threaded lazy-compile race's setup
+under the dfo supervisor (docs/recovery.md).
 
     python bench/bench_recovery.py --out /tmp/dfo_recovery [--inject fx_race@5] [--total-s 540]
     python bench/bench_recovery.py --cpu-smoke --out /tmp/dfo_recovery_cpu     # logic check
 
-Setup (issue 7, "GPU acceptance"): ``threads`` layout, 3 drafter threads on the one GPU,
+Setup (docs/recovery.md, "GPU acceptance"): ``threads`` layout, 3 drafter threads on the one GPU,
 ``compile.gate: false``, flex attention, torch.compile on, a cold compile cache. The run is
 started with ``dfo launch`` on the ``local`` transport (a host root under ``--out`` whose
 ``envs/current`` is this interpreter's venv) and left to the supervisor: it must detect the
@@ -62,7 +63,7 @@ parallel:
   target_devices: {targets}
   drafter_devices: {drafters}
 """
-# --gpus 2: the incident's layout across two GPUs (issue 18's first recovery figure)
+# --gpus 2: the same threads layout across two GPUs (targets and drafters on both)
 GPU_DEVICES = {1: ("[cuda:0]", "[cuda:0, cuda:0, cuda:0]"),
                2: ("[cuda:0, cuda:1]", "[cuda:0, cuda:1, cuda:1]")}
 

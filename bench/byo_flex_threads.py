@@ -1,5 +1,6 @@
 """A foreign trainer (not dfo's): several threads each lazily compiling flex_attention
-forward and backward for new shapes, the incident's pattern (issue 15). For bench_byo.py.
+forward and backward for new shapes, the threaded lazy-compile race's pattern
+(docs/recovery.md). For bench_byo.py.
 
     python bench/byo_flex_threads.py --threads 4 --steps 40 --ckpt DIR [--resume DIR/step_N]
     python bench/byo_flex_threads.py --warm-only --threads 1 ...   # single-threaded warm-up

@@ -1,6 +1,6 @@
 """Does a real GPU compile cache hold only regular files and directories?
 
-dfo's snapshots refuse symlinks, hard links and special files (issue 17). This compiles a
+dfo's snapshots refuse symlinks, hard links and special files. This compiles a
 small model (matmul + flex attention, forward and backward) with torch.compile on CUDA into
 fresh TORCHINDUCTOR_CACHE_DIR / TRITON_CACHE_DIR directories, saves the mega-cache
 artifacts like the trainer's warm-up, then lists the cache the way dfo does

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU run for issue 15 (one H200): dfo supervising a foreign trainer, `dfo launch -- CMD`.
+# GPU run for a foreign trainer (one H200): dfo supervising a foreign trainer, `dfo launch -- CMD`.
 # The foreign script (bench/byo_flex_threads.py) runs THREADS threads, each lazily compiling
 # flex_attention forward+backward for new shapes on a cold compile cache; the supervisor
 # watches only its output (--step-pattern) and its process tree's CPU time, and applies the

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU run for issue 18's ddp row: ddp 1 -> 2 (-> 4, -> 8) GPUs on the Qwen3-1.7B-shaped target,
+# GPU run for ddp scaling: ddp 1 -> 2 (-> 4, -> 8) GPUs on the Qwen3-1.7B-shaped target,
 # 5-layer drafter, S=2048, 256 anchors, micro-batch 1, flex + compile (bench/bench_ddp.py).
 # One device call (the driver stops itself before 540 s): worlds 1, 2 and, where the machine
 # has them, 4 and 8; settings: accumulation 1 and 4 (weak scaling), fp32 and bf16 all-reduce,

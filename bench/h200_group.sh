@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU run for issue 14 (one machine with 2 H200s): two "nodes" (two local roots, one GPU
+# GPU run for multi-node groups (one machine with 2 H200s): two "nodes" (two local roots, one GPU
 # each, rendezvous on loopback) against one node, same config (bench/bench_group.py).
 #
 #   bash bench/h200_group.sh          # on the device machine: python3 (torch 2.11), writes $OUT

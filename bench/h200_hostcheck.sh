@@ -55,7 +55,7 @@ TORCHINDUCTOR_CACHE_DIR=$ROOT/inductor timeout 900 "$PY" tools/probe_env.py --py
   --profile gpu-cu130 > "$OUT/probe-gpu-cu130.txt" 2>&1
 echo "probe_env gpu-cu130: exit $? (1 = mismatches listed)" >> "$OUT/summary.txt"
 
-# the unit tests of this change, if pytest is there
+# the GPU probe unit tests, if pytest is there
 if "$PY" -c 'import pytest' 2>/dev/null; then
   timeout 600 "$PY" -m pytest -q -p no:cacheprovider tests/test_gpu_probes.py tests/test_gpu_env_probe.py \
     tests/test_gpu_lock.py > "$OUT/pytest.txt" 2>&1

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 18 on ONE H200 in one device call (<= 540 s): the speed figures side by side.
+# MFU, recovery and warm start on ONE H200 in one device call (<= 540 s), side by side.
 #   1. trainer.bench: the flex-compiled drafter step (Qwen3-4B shape, S=3072, 512 anchors,
 #      B=16) and the MFU candidates (--candidates), each after the other in one process;
 #      the JSON is rewritten after each, so a part cut short keeps what it measured.

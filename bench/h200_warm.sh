@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 18, "warm start at a fifth of cold", on ONE H200 in one device call (<= ~250 s):
+# Warm start against cold (aim: a fifth of cold), on ONE H200 in one device call (<= ~250 s):
 # bench/bench_cache.py --device cuda --variants all, each variant in a fresh process:
 #   cold                 empty cache, compile.precompile off (the bench's definition), snapshot
 #   restored             that snapshot restored, warm-up on a run copy

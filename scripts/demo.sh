@@ -3,8 +3,9 @@
 #   dfo deploy      a hash-locked uv env (CPU profile) under ~/.dfo/envs/, verified
 #   demo assets     a tiny random-init Qwen3 target + synthetic data under ~/.dfo/demo/
 #   dfo warm-cache  the compile-cache snapshot for this env, restored or warmed
-#   dfo launch -f   the DFlash trainer under the supervisor, with the incident's FX-tracing
-#                   error injected once: detection, fallback and resume, then done
+#   dfo launch -f   the DFlash trainer under the supervisor, with torch's FX-tracing error of
+#                   the threaded lazy-compile race (docs/recovery.md) injected once:
+#                   detection, fallback and resume, then done
 # Needs Python >= 3.11 and network access to PyPI (torch comes from $PIP_FIND_LINKS when set).
 # Extra arguments go to `dfo demo` (e.g. --no-fault, --host NAME).
 set -euo pipefail

@@ -34,7 +34,7 @@ def key(fp=FP, cfg=CFG, src="s" * 64, target="t" * 64):
 
 
 def test_compile_gate_is_not_in_the_key():
-    """Gate on or off compiles the same artifacts (issue 18): one snapshot serves both."""
+    """Gate on or off compiles the same artifacts: one snapshot serves both."""
     off = dict(CFG, compile={"enabled": True, "gate": False})
     assert key(cfg=off).key == key().key
     assert "config.compile.gate" not in key().components

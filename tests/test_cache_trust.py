@@ -1,4 +1,4 @@
-"""Snapshots you can trust (issue 17): only regular files and directories in a snapshot
+"""Snapshots you can trust: only regular files and directories in a snapshot
 (at creation, push, restore and --status), provenance in the manifest, and adopting a
 snapshot another host built only as an explicit act (--trust-foreign or hosts.yaml's
 cache.trusted_sources).
@@ -204,8 +204,8 @@ def _second(tmp_path, name="b", **kw) -> CacheManager:
 
 
 def _with_symlink(tar: Path, man: Path, target: str) -> None:
-    """The issue's snapshot: the same files plus `inductor/xx -> TARGET`, the tar's checksum
-    recomputed into the manifest (so every pre-fix check passed)."""
+    """A hostile snapshot: the same files plus `inductor/xx -> TARGET`, the tar's checksum
+    recomputed into the manifest (so every checksum check passes)."""
     with tarfile.open(tar, "a") as tf:
         ti = tarfile.TarInfo("inductor/xx")
         ti.type, ti.linkname = tarfile.SYMTYPE, target

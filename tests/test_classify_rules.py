@@ -78,7 +78,7 @@ def test_nan_from_marker_and_text():
 
 
 def test_collapse_without_dense_lines_is_not_dense_fallback():
-    """A busy host slows training too: a collapse alone names no class (issue 17)."""
+    """A busy host slows training too: a collapse alone names no class."""
     why = "100 tok/s < 0.5 x baseline 1000 tok/s for 5 steps"
     d = classify(["step 40 loss 2.1"], exit_code=6, collapse=why)
     assert d.cls == "crash" and "dense_fallback" not in d.also

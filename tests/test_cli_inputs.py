@@ -1,4 +1,4 @@
-"""Bad input a user can type gets one clear error, exit 2, no traceback (issue 17's list)."""
+"""Bad input a user can type gets one clear error, exit 2, no traceback."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
-"""AOT-autograd caches the drafter step's kind of graph (issue 18: ``autograd_cache_bypass``
-on every start). Real torch on CPU: a function with an ``autocast(enabled=False)`` region
+"""AOT-autograd caches the drafter step's kind of graph (no ``autograd_cache_bypass`` on
+any start). Real torch on CPU: a function with an ``autocast(enabled=False)`` region
 and a custom ``autograd.Function`` (what RoPE and the chunked CE put into the drafter
 step), compiled through ``trainer.compile`` in a worker thread, in two fresh processes
 sharing one cache dir: the first misses (and stores), the second HITS; neither bypasses.
-Before ``trainer.compile.apply_cache_settings`` both bypassed."""
+Without ``trainer.compile.apply_cache_settings`` both bypass."""
 
 from __future__ import annotations
 

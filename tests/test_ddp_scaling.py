@@ -1,4 +1,4 @@
-"""ddp scaling work (issue 18): ranks build only their own micro-batches, the metrics of a
+"""ddp scaling: ranks build only their own micro-batches, the metrics of a
 step travel in one collective, DDP's settings are config, and bench/bench_ddp.py runs."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Drift against real uv output: a root with a space in it (issue 17: `deploy --check`
-exited 7 forever because uv writes the wheel's URL as `file:///.../my%20dfo/...`).
+"""Drift against real uv output: a root with a space in it (`deploy --check` must not
+report drift, exit 7, because uv writes the wheel's URL as `file:///.../my%20dfo/...`).
 
 A real `uv venv` + `uv pip install` of a small hand-made wheel named like dfo's, from a
 directory whose path has a space (and a `%`), offline, with a uv cache of its own; then

@@ -8,7 +8,8 @@ from orchestrator.errors import ConfigError
 from orchestrator.ops.fallback import (DEFAULT_LADDERS, STEPS, describe, merge_ladders,
                                        next_config, validate_ladders)
 
-INCIDENT = {"compile.gate": False, "parallel.layout": "threads",
+# the threaded lazy-compile race's config (docs/recovery.md)
+RACE = {"compile.gate": False, "parallel.layout": "threads",
             "parallel.drafter_devices": ["cuda:0", "cuda:1", "cuda:2"], "model.attention": "flex",
             "train.micro_batch": 8, "data.num_anchors": 512, "train.lr": 6e-4}
 
@@ -23,8 +24,8 @@ def walk(cls, base, n):
     return steps
 
 
-def test_fx_ladder_walks_the_incident_in_order():
-    s = walk("fx_trace_race", INCIDENT, 5)
+def test_fx_ladder_walks_the_race_config_in_order():
+    s = walk("fx_trace_race", RACE, 5)
     assert [c.step for c in s[:4]] == ["compile_gate", "layout_ddp", "one_drafter_device",
                                       "attention_sdpa"]
     assert s[0].changed == {"compile.gate": True} and s[0].restore_cache
@@ -35,14 +36,14 @@ def test_fx_ladder_walks_the_incident_in_order():
 
 
 def test_steps_that_change_nothing_are_skipped():
-    base = dict(INCIDENT, **{"compile.gate": True, "parallel.drafter_devices": ["cuda:0"]})
+    base = dict(RACE, **{"compile.gate": True, "parallel.drafter_devices": ["cuda:0"]})
     s = walk("compile_hang", base, 3)
     assert [c.step for c in s[:2]] == ["layout_ddp", "attention_sdpa"]
     assert s[2].exhausted
 
 
 def test_oom_halves_micro_batch_then_anchors():
-    base = dict(INCIDENT, **{"train.micro_batch": 4, "data.num_anchors": 4})
+    base = dict(RACE, **{"train.micro_batch": 4, "data.num_anchors": 4})
     s = walk("oom", base, 6)
     assert [c.changed for c in s[:4]] == [{"train.micro_batch": 2}, {"train.micro_batch": 1},
                                          {"data.num_anchors": 2}, {"data.num_anchors": 1}]
@@ -51,7 +52,7 @@ def test_oom_halves_micro_batch_then_anchors():
 
 def test_transient_classes_restart_with_same_config():
     for cls in ("crash", "nccl_timeout"):
-        c = next_config(cls, DEFAULT_LADDERS[cls], 0, INCIDENT, {"a.b": 1})
+        c = next_config(cls, DEFAULT_LADDERS[cls], 0, RACE, {"a.b": 1})
         assert c.step is None and not c.exhausted and c.overrides == {"a.b": 1}
 
 
@@ -59,7 +60,7 @@ def test_steps_are_pure():
     ov = {"x.y": 1}
     for name, fn in STEPS.items():
         before = dict(ov)
-        fn(dict(INCIDENT), ov)
+        fn(dict(RACE), ov)
         assert ov == before, name
 
 

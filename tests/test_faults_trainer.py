@@ -123,7 +123,7 @@ def test_hang_is_alive_silent_and_heartbeat_free(tiny, tmp_path):
 
 
 def test_fx_race_real_torch_error_threads_gate_off(tiny, tmp_path):
-    """The incident's unguarded threads layout + fx_race: torch's own error, exit 5."""
+    """The lazy-compile race's unguarded threads layout + fx_race: torch's own error, exit 5."""
     r = run_trainer(_args(tiny, tmp_path, **{"parallel.layout": "threads",
                                              "parallel.drafter_devices": "[cpu,cpu,cpu]",
                                              "compile.gate": "false"}),

@@ -157,7 +157,7 @@ def test_recorded_verification_is_used_until_the_env_changes(env, tmp_path, caps
     assert rep.ok and not rep.cached
     assert launch_check(t, host).cached
 
-    # the incident: another torch build appears in the env after its verification
+    # another torch build appears in the env after its verification (an unrelated install)
     # (a bare package dir: `uv pip freeze` does not list it; only the probe sees it)
     fake = site / "torch"
     (fake / "cuda").mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""`dfo logs` and the far side (issue 17): ``logs -f`` on a run that never started ends with
+"""`dfo logs` and the far side: ``logs -f`` on a run that never started ends with
 exit 10; no follower outlives its client (closed pipe, dead parent); an env without dfo in
 it is exit 7 "run `dfo deploy`" for status, logs and stop. Real processes throughout."""
 

@@ -1,4 +1,4 @@
-"""Run identity and launch (issue 17): distinct run ids and run directories, a supervisor
+"""Run identity and launch: distinct run ids and run directories, a supervisor
 that never writes into a run it does not own, the loser of two simultaneous launches exits
 9, a launch cut off by a dropped connection says how to check, and ``--resume latest``
 names the torn checkpoints it skips (logs: tests/test_logs_never_started.py).

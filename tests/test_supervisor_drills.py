@@ -1,4 +1,4 @@
-"""Issue 17's fault-drill findings, replayed with the real trainer on CPU under the real
+"""Fault drills, replayed with the real trainer on CPU under the real
 supervisor (local transport):
 
 - a busy host (a CPU hog beside the run) drops tokens/s: recorded as ``throughput_low``
@@ -97,7 +97,7 @@ def test_a_cpu_hog_is_host_busy_not_dense_attention(setup, tiny_assets):  # noqa
 def test_a_hang_is_acted_on_within_hang_s_of_the_last_heartbeat(setup, tiny_assets):  # noqa: F811
     root, ops, tmp = setup
     cfg = write_config(tmp / "c.yaml", tiny_assets)
-    # train_s 300 (the default): before the fix, nothing happened for 5 minutes
+    # train_s 300 (the default): acting only after train_s would wait 5 minutes
     plan = launch(ops, cfg, fault="hang@5", thresholds={"train_s": 300, "hang_s": 10})
     info = wait_final(ops, plan.run_id, timeout=280)
     evs = events(root, plan.run_id)

@@ -1,7 +1,7 @@
-"""The host-key hints name a command that works (issue 17): an unknown or changed *jump
-host* key used to print `dfo hosts trust jumped (jump host 127.0.0.1)`, which is not a
-command. The hint must be `dfo hosts trust jumped` (which walks the jump hosts first):
-parsed by click here, and run against the lab's real sshd in the lab test."""
+"""The host-key hints name a command that works: for an unknown or changed *jump host*
+key the hint is `dfo hosts trust jumped` (which walks the jump hosts first), not
+`dfo hosts trust jumped (jump host 127.0.0.1)`, which is not a command. Parsed by click
+here, and run against the lab's real sshd in the lab test."""
 
 from __future__ import annotations
 

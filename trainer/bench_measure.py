@@ -1,5 +1,5 @@
 """The measuring half of ``python -m trainer.bench``: one variant (or candidate) timed on the
-process's models, and the candidate table (issue 18's MFU changes, measured side by side).
+process's models, and the candidate table (MFU changes, measured side by side).
 
 A candidate changes the flex-compiled step: micro-batch, LM-head chunk, inductor settings
 (patched only around its own compile and timing) or the compile mode. Each compiles its own
@@ -17,7 +17,7 @@ import torch
 
 from dfo_contract.fsio import atomic_write_text
 
-#: ``--candidates``: changes to the flex-compiled step measured side by side with it (issue 18's
+#: ``--candidates``: changes to the flex-compiled step measured side by side with it (for
 #: MFU). Combine with '+', e.g. ``mb2+ce8192``. Each runs in this process after the variants,
 #: with dynamo reset and its own compile; ``--budget-s`` skips what no longer fits.
 CANDIDATES: dict[str, dict] = {

@@ -1,7 +1,7 @@
-"""The compile gate: makes the incident's compile race impossible by construction.
+"""The compile gate: makes the threaded lazy-compile race impossible by construction.
 
-The incident (docs/trainer.md, "Why the gate exists"): drafter threads that lazily compiled
-flex_attention while other threads ran compiled code either raised torch's
+The race (docs/recovery.md; docs/trainer.md, "Why the gate exists"): drafter threads that
+lazily compiled flex_attention while other threads ran compiled code either raised torch's
 ``Detected that you are using FX to symbolically trace a dynamo-optimized function`` (torch
 <= 2.13 keeps ``torch.fx._symbolic_trace._is_fx_tracing_flag`` process-global, and another
 thread's make_fx sets it) or deadlocked on a cold cache. With the gate on:
@@ -21,7 +21,7 @@ thread's make_fx sets it) or deadlocked on a cold cache. With the gate on:
    ``recompile_limit`` must be an error, never dynamo's silent fallback to eager flex (the
    dense path).
 
-``compile.gate: false`` keeps the incident's unguarded pattern -- lazy compile per device on
+``compile.gate: false`` keeps the race's unguarded pattern -- lazy compile per device on
 first use, lock around creating the compiled object only, no warm-up, no call lock, no
 stance -- ONLY to reproduce and diagnose the failure. Never train with it.
 """
@@ -205,7 +205,7 @@ class CompileGate:
     def thread_setup(self) -> None:
         """Call first in every thread that runs compiled code (incl. the warm-up thread).
 
-        Gate off keeps the incident's pattern for dynamo (torch's defaults). The compile
+        Gate off keeps the race's pattern for dynamo (torch's defaults). The compile
         CACHE settings (``trainer.compile.apply_cache_settings``) are applied in both modes:
         they are part of the cache keys, so a gate-on retry hits what a gate-off attempt built.
         """
@@ -277,7 +277,7 @@ class CompileGate:
         """Around every call into compiled code. Sealed: process-wide lock + clear recompile error.
 
         Unsealed (warm-up itself, or gate off) it only translates nothing and locks nothing,
-        which is exactly the incident's unguarded pattern when the gate is off.
+        which is exactly the race's unguarded pattern when the gate is off.
         """
         if not (self.enabled and self.sealed):
             yield

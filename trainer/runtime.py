@@ -6,8 +6,8 @@ Two things live here and nowhere else:
   (names in ``dfo_contract.envvars``: ``DFO_ATTEMPT``, ``DFO_RUN_DIR``, ``DFO_RUN_ID``,
   ``DFO_CACHE_KEY``, ``DFO_CACHE_DIR``, ``DFO_FAULT``, ``DFO_NODE_RANK``) and torchrun's (``RANK``,
   ``WORLD_SIZE``, ``LOCAL_RANK``) -- is read by this function into a frozen ``Env``.
-- ``get()``: the process's ``Runtime``, created on first use, holding what used to be module
-  globals: the compile registry and call guard (``trainer.compile``), the installed compile
+- ``get()``: the process's ``Runtime``, created on first use, holding the process-wide
+  state: the compile registry and call guard (``trainer.compile``), the installed compile
   gate (``trainer.gate``), the fault-injection state (``trainer.faults``) and the attention
   backend's warn-once flag (``trainer.attention``).
 

@@ -23,7 +23,8 @@ from .run import launch
 @click.command("demo")
 @click.option("--host", "host_name", default=None, metavar="NAME", help="Host from hosts.yaml (default: the default host).")
 @click.option("--fault", default=None, metavar="SPEC",
-              help="Fault to inject in the first attempt (default: fx_race@30, the incident's error).")
+              help="Fault to inject in the first attempt (default: fx_race@30, torch's FX-tracing "
+                   "error of the threaded lazy-compile race, docs/recovery.md).")
 @click.option("--no-fault", is_flag=True, help="Run without an injected failure.")
 @click.pass_context
 def demo(ctx: click.Context, host_name: str | None, fault: str | None, no_fault: bool) -> int:

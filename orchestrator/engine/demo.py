@@ -53,8 +53,8 @@ def demo_config(base: Mapping[str, Any], layout: RemoteLayout) -> dict[str, Any]
     train = cfg.setdefault("train", {})
     train["max_steps"] = 200
     train["log_every"] = 10
-    # the incident's pattern: torch.compile on, the compile gate off. The supervisor's
-    # first fallback for the FX error turns the gate on.
+    # the threaded lazy-compile race's pattern (docs/recovery.md): torch.compile on, the
+    # compile gate off. The supervisor's first fallback for the FX error turns the gate on.
     comp = cfg.setdefault("compile", {})
     comp["enabled"] = True
     comp["gate"] = False

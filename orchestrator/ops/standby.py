@@ -111,10 +111,11 @@ class Use:
 
 def start_with_attempt(cpus: int | None, early_cpus: float) -> bool:
     """Whether the next attempt's standby starts together with this attempt rather than once
-    it reaches training. The incident's FX error comes at the first step, before a standby
-    started at training could finish importing; on a host with ``early_cpus`` CPUs or more
-    (a GPU node) its imports run at nice +10 beside the attempt's start. On a small
-    host (CI's 2 cores) it waits for training. ``early_cpus`` 0: never early."""
+    it reaches training. The FX error of the threaded lazy-compile race (docs/recovery.md)
+    comes at the first step, before a standby started at training could finish importing;
+    on a host with ``early_cpus`` CPUs or more (a GPU node) its imports run at nice +10
+    beside the attempt's start. On a small host (CI's 2 cores) it waits for training.
+    ``early_cpus`` 0: never early."""
     return early_cpus > 0 and (cpus or 0) >= early_cpus
 
 

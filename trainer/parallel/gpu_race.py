@@ -7,7 +7,8 @@ Parts (``--only``, default all, in this order):
 
 1. ``threads`` with 3 drafter threads on cuda:0 (target on cuda:0), gate ON, a cold
    inductor/triton cache per run, 3 runs: expected no error, no hang.
-2. The same with the gate OFF (the incident's unguarded lazy compile): records whether it
+2. The same with the gate OFF (the threaded lazy-compile race's unguarded pattern,
+   docs/recovery.md): records whether it
    deadlocks (no step within the budget; all thread stacks dumped with faulthandler via
    SIGABRT) or raises (the FX-tracing RuntimeError) or runs.
 3. ``single`` vs ``threads`` (3 drafter threads) throughput; the two share one cache and

@@ -1,9 +1,10 @@
 """The ``threads`` layout: one process, T target devices + D drafter devices, a thread each.
 
-Compatible with the incident's setup (5 target + 3 drafter GPUs in one process), made safe
+Compatible with the setup of the threaded lazy-compile race (docs/recovery.md: 5 target +
+3 drafter GPUs in one process), made safe
 by the compile gate (trainer.gate): every compiled shape is warmed on every drafter replica
 before any worker starts, then compiling is forbidden and compiled calls are serialized by
-the gate's lock. ``compile.gate: false`` reproduces the incident's unguarded pattern.
+the gate's lock. ``compile.gate: false`` reproduces the race's unguarded pattern.
 
 Replicas: drafter replica 0 is the one the loop's optimizer steps and checkpoints save.
 Each step every replica computes gradients on its micro-batches; the gradients are averaged
@@ -71,7 +72,7 @@ class ThreadsLayout(LayoutBase):
     def warmup(self, emitter, heartbeat_s: float) -> list[dict]:
         """Gate on: every replica x bucket, fwd+bwd, sequentially in this thread; then seal.
 
-        Gate off: nothing (the incident's lazy compile on first use in each worker).
+        Gate off: nothing (the race's lazy compile on first use in each worker).
         """
         replicas.broadcast_params(self.drafters)  # e.g. after a resume loaded replica 0
         if not (self.uses_compiled and self.gate.enabled):
