@@ -59,6 +59,9 @@ def _wheel(path: Path, name: str, version: str, files: dict[str, bytes]) -> Path
 def env(tmp_path, monkeypatch):
     """(transport, host, hosts.yaml, the env's site-packages) of a deployed, verified env."""
     monkeypatch.setenv("DFO_CACHE_DIR", str(tmp_path / "dfo-cache"))
+    # the env probe (a torch import) may take longer than the CLI's 5 s progress beat on a
+    # loaded machine: no "still working" line between the one-line errors checked below
+    monkeypatch.setenv("DFO_PROGRESS_EVERY", "3600")
     monkeypatch.delenv("DFO_PROJECT_WHEEL", raising=False)
     uv = uv_mod.find_uv_bin()
     uvenv = dict(os.environ, UV_CACHE_DIR=str(tmp_path / "uv-cache"), UV_OFFLINE="1",
