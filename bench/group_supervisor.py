@@ -26,7 +26,10 @@ sys.path.insert(0, REPO)
 
 import yaml  # noqa: E402
 
-from orchestrator.ops import launch_plan as lp  # noqa: E402
+from dfo_contract.runspec import Bundled, Config, Identity, Resume, RunSpec  # noqa: E402
+from orchestrator.ops.launch_argv import supervisor_argv  # noqa: E402
+from orchestrator.ops.launch_inputs import flatten  # noqa: E402
+from orchestrator.ops.thresholds import thresholds as thresholds_of  # noqa: E402
 from orchestrator.ops.budget import BudgetPolicy  # noqa: E402
 from orchestrator.ops.fallback import merge_ladders  # noqa: E402
 from orchestrator.ops.group import GroupSpec  # noqa: E402
@@ -59,22 +62,22 @@ def run_group(work: str, name: str, cfg: dict, device: str, faults, timeout: flo
             env["CUDA_VISIBLE_DEVICES"] = str(k)
         gs = GroupSpec(name="pair", nodes=HOSTS, node=k, head_addr="127.0.0.1", port=port,
                        coord_port=coord, nproc=1, env=env, node_lost_s=20.0)
-        spec = lp.build_spec(
-            run_id=run_id, run_name=name, root=root, python=sys.executable,
-            config_path=os.path.join(run_dir, "config.yaml"), base_config=lp.flatten(cfg),
-            overrides={}, resume_path=None, checkpoint_dir=lay.checkpoints(name), env={},
-            fault=faults[k], ladders=merge_ladders(),
-            budget=BudgetPolicy(scale=0.01).to_json(), thresholds_=lp.thresholds(FAST),
-            lock=lay.run_lock, restore_cache_argv=None, host=host)
-        spec["group"] = gs.to_json()
+        spec = RunSpec(
+            identity=Identity(run_id=run_id, run_name=name, host=host, root=root,
+                              python=sys.executable, lock=lay.run_lock),
+            config=Config(path=os.path.join(run_dir, "config.yaml"), base=flatten(cfg)),
+            resume=Resume(checkpoint_dir=lay.checkpoints(name)),
+            thresholds=thresholds_of(FAST), budget=BudgetPolicy(scale=0.01),
+            ladders={k: tuple(v) for k, v in merge_ladders().items()},
+            trainer=Bundled(fault=faults[k]), role=gs)
         with open(os.path.join(run_dir, "spec.json"), "w") as f:
-            json.dump(spec, f)
+            json.dump(spec.to_json(), f)
         dirs.append(run_dir)
     penv = dict(os.environ, PYTHONPATH=REPO, PYTHONUNBUFFERED="1")
     t0 = time.time()
     for d in dirs:
         log = open(os.path.join(d, "supervisor.log"), "ab")
-        procs.append(subprocess.Popen(lp.supervisor_argv(sys.executable, d),
+        procs.append(subprocess.Popen(supervisor_argv(sys.executable, d),
                                       stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                       env=penv, cwd=d, start_new_session=True))
     deadline = time.time() + timeout

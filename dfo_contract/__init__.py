@@ -12,4 +12,7 @@ everything they must agree on lives here:
 ``faultspec``       the fault-injection spec (``DFO_FAULT`` / ``--fault.spec``) parser
 ``trainer_config``  the trainer's config tree (kw_only dataclasses) and its flag parser
 ``envvars``         the names of the environment variables the supervisor sets
+``runspec``         spec.json: the versioned RunSpec launch hands the supervisor (``runlimits``:
+                    its Thresholds and Budget)
+``errors``          ContractError: a value that breaks a contract (one line)
 """

@@ -15,7 +15,7 @@ prune deletes only its own run's. A complete ``.step_N.tmp-PID`` / ``.step_N.old
 dead writer with no ``step_N`` beside it (a crash mid-swap) is promoted to ``step_N``, never
 deleted (``promote_orphans``).
 
-    python -m dfo_contract.checkpoints list DIR [--json] [--no-hash]
+    python -m dfo_contract.checkpoints list DIR [--json] [--no-hash] [--no-promote]
 
 lists the ``step_N`` dirs newest first, valid or why not (``python -m trainer.train.checkpoints
 list`` is the same command). The orchestrator runs it remotely with ``--json``.
@@ -55,6 +55,19 @@ class CkptInfo:
 
     def to_json(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "CkptInfo":
+        """One entry of ``list --json`` (``to_json``); the step from the name when absent."""
+        path = str(d.get("path") or "")
+        name = str(d.get("name") or os.path.basename(path.rstrip("/")))
+        step = d.get("step")
+        if not isinstance(step, int) or isinstance(step, bool):
+            m = STEP_RE.fullmatch(name)
+            step = int(m.group(1)) if m else -1
+        run = d.get("run")
+        return cls(name, step, path, bool(d.get("valid")), str(d.get("reason") or ""),
+                   run if isinstance(run, str) and run else None)
 
 
 def build_manifest(dirpath: str, step: int, files: list[str], *,
@@ -121,13 +134,16 @@ def manifest_run(dirpath: str) -> str | None:
     return run if isinstance(run, str) and run else None
 
 
-def list_checkpoints(root: str, *, check_hashes: bool = True) -> list[CkptInfo]:
+def list_checkpoints(root: str, *, check_hashes: bool = True,
+                     promote: bool = True) -> list[CkptInfo]:
     """Every ``step_N`` dir under ``root``, newest first, each with valid/why-not and its run.
-    Orphans of a crash mid-swap are promoted first (``promote_orphans``)."""
+    Orphans of a crash mid-swap are promoted first (``promote_orphans``) unless ``promote``
+    is False (a look that changes nothing: ``dfo launch --dry-run``)."""
     if not os.path.isdir(root):
         return []
     try:
-        promote_orphans(root)
+        if promote:
+            promote_orphans(root)
     except OSError as e:  # a read-only dir: list what is there
         log.debug("promote_orphans(%s): %s", root, e)
     out = []
@@ -249,8 +265,10 @@ def main(argv: list[str] | None = None, *, prog: str = "python -m dfo_contract.c
     lp.add_argument("dir")
     lp.add_argument("--json", action="store_true")
     lp.add_argument("--no-hash", action="store_true", help="check sizes only (fast)")
+    lp.add_argument("--no-promote", action="store_true",
+                    help="leave a dead writer's complete temp dir as it is (change nothing)")
     a = ap.parse_args(argv)
-    infos = list_checkpoints(a.dir, check_hashes=not a.no_hash)
+    infos = list_checkpoints(a.dir, check_hashes=not a.no_hash, promote=not a.no_promote)
     if a.json:
         best = next((c for c in infos if c.valid), None)
         print(json.dumps({"dir": a.dir, "latest": best.name if best else None,

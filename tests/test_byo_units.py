@@ -156,6 +156,16 @@ def test_cli_dry_run_plans_the_command_as_given(hosts, capsys, tmp_path):
     assert out["ladders"] == {"oom": ["set --batch 4"]} and out["run_id"].startswith("mine-")
 
 
+def test_cli_a_foreign_trainer_gets_the_env_check(hosts, capsys):
+    """`dfo launch -- CMD` checks the deployed env against its lock like the bundled trainer
+    (this root's envs/current is a venv dfo did not deploy: exit 7, one line)."""
+    rc = main(["--hosts", str(hosts), "launch", "--dry-run", "--json", "--", "python",
+               "train.py"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 7 and "envs/current differs from its lock" in err, err
+    assert len(err.splitlines()) == 1
+
+
 def test_cli_bad_run_file_is_one_line_exit_2(hosts, capsys, tmp_path):
     rf = tmp_path / "byo.yaml"
     rf.write_text("command: [python, t.py]\nfallbacks:\n  oom:\n    - halve: batch\n")
@@ -207,8 +217,8 @@ def test_resume_flags_reach_the_spec(tmp_path):
     plan = ops.plan(LaunchOptions(command=["python", "t.py"], resume_glob="ck/ep_*",
                                   resume_order="mtime", resume_args="--from {path} --strict",
                                   env_check=False))
-    assert plan.spec["byo"]["resume"] == {"glob": "ck/ep_*", "order": "mtime",
-                                          "args": ["--from", "{path}", "--strict"]}
+    assert plan.spec.to_json()["trainer"]["resume"] == {"glob": "ck/ep_*", "order": "mtime",
+                                                        "args": ["--from", "{path}", "--strict"]}
     with pytest.raises(ConfigError, match="with \\{path\\} in one"):
         ops.plan(LaunchOptions(command=["python", "t.py"], resume_glob="ck/*",
                                resume_args="--from", env_check=False))

@@ -12,7 +12,7 @@ import pytest
 
 from dfo_contract import checkpoints as cm
 from dfo_contract import fsio
-from orchestrator.ops.launch_plan import attempt_env
+from orchestrator.ops.launch_argv import attempt_env
 from trainer.train import checkpoints as tc
 from trainer.runtime import read_env
 
@@ -97,14 +97,23 @@ class _Sup:
 def test_supervisor_resume_target_own_run_else_named_resume_else_scratch(tmp_path):
     from orchestrator.supervisor.core import Supervisor
 
+    from dfo_contract.runspec import Config, Identity, Resume, RunSpec
+
     root = str(tmp_path)
     fake_ckpt(tmp_path / "step_262", 262, run="old-run")
     named = fake_ckpt(tmp_path / "step_100", 100, run="old-run")
-    spec = {"checkpoint_dir": root, "run_id": "new-run", "resume": named}
+
+    def spec_with(resume):
+        return RunSpec(identity=Identity(run_id="new-run", run_name="new", host="local",
+                                         root=root, python="python", lock=f"{root}/run.lock"),
+                       config=Config(path=f"{root}/config.yaml"),
+                       resume=Resume(checkpoint_dir=root, path=resume))
+
+    spec = spec_with(named)
     saved = {"step": 5, "path": "x"}
     # this run saved nothing usable (yet): exactly the checkpoint launch named, never step_262
     assert Supervisor._resume_target(_Sup(spec, saved)) == named
-    assert Supervisor._resume_target(_Sup(dict(spec, resume=None), saved)) is None
+    assert Supervisor._resume_target(_Sup(spec_with(None), saved)) is None
     fake_ckpt(tmp_path / "step_5", 5, run="new-run")
     assert Supervisor._resume_target(_Sup(spec, saved)) == os.path.join(root, "step_5")
     assert Supervisor._resume_target(_Sup(spec, None)) == named  # attempt 1: what launch named

@@ -15,7 +15,7 @@ import click
 import pytest
 from rich.console import Console
 
-from orchestrator.ops.launch_plan import make_run_id
+from orchestrator.ops.run_identity import make_run_id
 from dfo_contract.fsio import parse_jsonl
 from orchestrator.ops.sparkline import current_step, metrics_tail, sparkline
 

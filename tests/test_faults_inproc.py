@@ -67,7 +67,7 @@ def test_nan_effect_poisons_the_loss_and_its_gradient():
 
 
 class FakeClock:
-    """``time`` for trainer.faults: perf_counter reads it, sleep and work advance it."""
+    """``time`` for trainer.train.faults: perf_counter reads it, sleep and work advance it."""
 
     def __init__(self) -> None:
         self.now = 1000.0

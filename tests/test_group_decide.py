@@ -13,7 +13,7 @@ from orchestrator.ops.fallback import validate_ladders
 from orchestrator.errors import ConfigError
 from orchestrator.ops.group_decide import (GroupDecision, Heartbeats, NodeEnd, lost_end,
                                            peer_step, root_cause, run_healthy_s)
-from orchestrator.ops.launch_plan import Rendezvous, group_env, trainer_argv
+from orchestrator.ops.launch_argv import Rendezvous, group_env, trainer_argv
 
 
 def end(node, cls, *, origin=False, healthy=0.0, host=None):

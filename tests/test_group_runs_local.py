@@ -67,13 +67,14 @@ def test_plan_gives_every_node_one_run_id_its_group_spec_and_ddp(tmp_path, tiny_
     assert [n.host for n in gp.nodes] == ["a", "b"]
     assert {n.plan.run_id for n in gp.nodes} == {gp.run_id}
     for i, n in enumerate(gp.nodes):
-        spec = n.plan.spec
-        assert spec["run_id"] == gp.run_id and spec["root"] == str(roots[i])
-        assert spec["group"]["node"] == i and spec["group"]["nodes"] == ["a", "b"]
-        assert spec["group"]["env"] == {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
-        assert spec["group"]["nproc"] == 1 and spec["group"]["head_addr"] == "127.0.0.1"
-        assert spec["overrides"]["parallel.layout"] == "ddp"
-        assert spec["overrides"]["train.micro_batch"] == 2
+        spec = n.plan.spec.to_json()      # as spec.json carries it
+        assert spec["identity"]["run_id"] == gp.run_id
+        assert spec["identity"]["root"] == str(roots[i])
+        assert spec["role"]["node"] == i and spec["role"]["nodes"] == ["a", "b"]
+        assert spec["role"]["env"] == {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
+        assert spec["role"]["nproc"] == 1 and spec["role"]["head_addr"] == "127.0.0.1"
+        assert spec["config"]["overrides"]["parallel.layout"] == "ddp"
+        assert spec["config"]["overrides"]["train.micro_batch"] == 2
         argv = n.attempt_argv
         assert argv[argv.index("--nnodes") + 1] == "2"
         assert argv[argv.index("--rdzv-endpoint") + 1] == f"127.0.0.1:{gr.group.port}"
@@ -169,7 +170,7 @@ def test_launch_status_logs_stop_on_two_local_nodes(tmp_path, tiny_assets):  # n
     try:
         for r in roots:
             spec = json.loads((r / "runs" / rid / "spec.json").read_text())
-            assert spec["group"]["nodes"] == ["a", "b"] and spec["run_id"] == rid
+            assert spec["role"]["nodes"] == ["a", "b"] and spec["identity"]["run_id"] == rid
         wait_for(lambda: ((gr.status(rid)[1][0].value or {}).get("last_step") or 0) >= 2,
                  240, "steps (the main rank, on the head)")
         got, outs = gr.status()

@@ -1,5 +1,5 @@
 """Two real supervisors on this machine as the two nodes of one run (two host roots, one
-run id, a ``group`` section in each spec.json, rendezvous and coordination on loopback),
+run id, a ``role`` section in each spec.json, rendezvous and coordination on loopback),
 each running the real trainer with ``--parallel.layout ddp`` under real torchrun (gloo,
 CPU, tiny model): one run, one decision."""
 
@@ -19,7 +19,10 @@ import pytest
 from orchestrator.ops.budget import BudgetPolicy
 from orchestrator.ops.fallback import merge_ladders
 from orchestrator.ops.group import GroupSpec
-from orchestrator.ops import launch_plan as lp
+from dfo_contract.runspec import Bundled, Config, Identity, Resume, RunSpec
+from orchestrator.ops.launch_argv import supervisor_argv
+from orchestrator.ops.launch_inputs import flatten
+from orchestrator.ops.thresholds import thresholds as thresholds_of
 from orchestrator.ops.layout import RemoteLayout
 from orchestrator.ops.run_identity import make_run_id
 
@@ -46,7 +49,7 @@ class Group:
         tmp.mkdir(parents=True, exist_ok=True)
         port, coord = _free_port(), _free_port()
         cfg = write_config(tmp / "c.yaml", assets, **train)
-        base = lp.flatten(__import__("yaml").safe_load(cfg.read_text()))
+        base = flatten(__import__("yaml").safe_load(cfg.read_text()))
         self.roots, self.dirs, self.ckdirs, self.procs = [], [], [], []
         # one dict for both nodes, or a tuple (head's, peer's)
         th = thresholds if isinstance(thresholds, tuple) else (thresholds, thresholds)
@@ -60,15 +63,16 @@ class Group:
             gs = GroupSpec(name="pair", nodes=HOSTS, node=k, head_addr="127.0.0.1", port=port,
                            coord_port=coord, nproc=1, env={"GLOO_SOCKET_IFNAME": "lo"},
                            node_lost_s=node_lost_s)
-            spec = lp.build_spec(
-                run_id=self.run_id, run_name=name, root=str(root), python=sys.executable,
-                config_path=str(run_dir / "config.yaml"), base_config=base, overrides={},
-                resume_path=None, checkpoint_dir=ck, env={}, fault=faults[k],
-                ladders=merge_ladders(), budget=BudgetPolicy(**(budget or {"scale": 0.01})).to_json(),
-                thresholds_=lp.thresholds({**FAST, **(th[k] or {})}), lock=lay.run_lock, restore_cache_argv=None,
-                host=host)
-            spec["group"] = gs.to_json()
-            (run_dir / "spec.json").write_text(json.dumps(spec))
+            spec = RunSpec(
+                identity=Identity(run_id=self.run_id, run_name=name, host=host, root=str(root),
+                                  python=sys.executable, lock=lay.run_lock),
+                config=Config(path=str(run_dir / "config.yaml"), base=base),
+                resume=Resume(checkpoint_dir=ck),
+                thresholds=thresholds_of({**FAST, **(th[k] or {})}),
+                budget=BudgetPolicy(**(budget or {"scale": 0.01})),
+                ladders={k: tuple(v) for k, v in merge_ladders().items()},
+                trainer=Bundled(fault=faults[k]), role=gs)
+            (run_dir / "spec.json").write_text(json.dumps(spec.to_json()))
             self.roots.append(root)
             self.dirs.append(run_dir)
             self.ckdirs.append(Path(ck))
@@ -78,7 +82,7 @@ class Group:
         for d in self.dirs:        # head first, as launch does
             log = open(d / "supervisor.log", "ab")
             self.procs.append(subprocess.Popen(
-                lp.supervisor_argv(sys.executable, str(d)), stdin=subprocess.DEVNULL,
+                supervisor_argv(sys.executable, str(d)), stdin=subprocess.DEVNULL,
                 stdout=log, stderr=log, env=env, cwd=str(d), start_new_session=True))
         return self
 

@@ -26,9 +26,6 @@ STRICT = ("dfo_contract", "trainer")
 
 #: circles the orchestrator still has (each a set of modules); being removed, never added to
 KNOWN_ORCHESTRATOR_CYCLES: list[frozenset[str]] = [
-    frozenset({"orchestrator.cli.run", "orchestrator.cli.group_run", "orchestrator.cli.status"}),
-    frozenset({"orchestrator.config.groups_parser", "orchestrator.config.inventory_parser"}),
-    frozenset({"orchestrator.engine.byo_launch", "orchestrator.engine.runs"}),
 ]
 
 

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from orchestrator.ops.launch_facts import facts_argv, parse_facts, parse_record, record_bytes
+from orchestrator.ops.launch_facts import (FactsRequest, facts_argv, parse_facts, parse_record,
+                                           record_bytes)
 
 S = "a" * 64
 
@@ -50,7 +51,11 @@ def test_record_round_trip_and_argv_carries_values_as_parameters():
     assert r.probe == {"torch": "x"} and r.freeze == "a==1\n" and r.at == "12.25"
     with pytest.raises(ValueError):
         record_bytes("", "1", {}, "", "now")
-    argv = facts_argv("/r o'ot", "/r/locks/run.lock", "/r/envs/e", "3.11", "/w.whl", check=True,
-                      paths=["/a b"], checkpoint_dir="/r/checkpoints/x")
-    assert argv[0:2] == ["bash", "-c"] and argv[-3:] == ["check", "/r/checkpoints/x", "/a b"]
-    assert "/r o'ot" in argv and not any("/r o'ot" in a for a in argv[:5])
+    argv = facts_argv(FactsRequest(root="/r o'ot", run_lock="/r/locks/run.lock",
+                                   env_dir="/r/envs/e", python_spec="3.11", wheel="/w.whl",
+                                   check=True, paths=["/a b"], ckpt_dirs=["/r/checkpoints/x"]))
+    assert argv[0:2] == ["bash", "-c"]
+    i = argv.index("check")
+    assert argv[i:i + 3] == ["check", "1", "/a b"]
+    assert argv[-2:] == ["--ckpt", "/r/checkpoints/x"]
+    assert "/r o'ot" in argv and not any("/r o'ot" in a for a in argv[:7])

@@ -1,4 +1,4 @@
-"""launch_plan: --resume validation, --set, argvs (pure)."""
+"""launch_inputs / launch_argv: --resume validation, --set, argvs (pure)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,14 @@ import subprocess
 import pytest
 
 from orchestrator.errors import ConfigError, NotFoundError
-from orchestrator.ops.launch_plan import (SETSID_SCRIPT, attempt_env, parse_checkpoint_listing,
-                                          parse_probe, parse_resume, parse_sets, probe_argv,
-                                          resolve_resume, start_argv, trainer_argv)
+from orchestrator.ops.launch_argv import SETSID_SCRIPT, attempt_env, start_argv, trainer_argv
+from orchestrator.ops.launch_inputs import (parse_checkpoint_listing, parse_resume, parse_sets,
+                                            resolve_resume)
+from orchestrator.ops.probes import launch_probe, parse_launch_probe as parse_probe
+
+
+def probe_argv(root: str, lock: str) -> list[str]:
+    return list(launch_probe(root, lock).argv)
 
 ROOT = "/root/dfo"
 

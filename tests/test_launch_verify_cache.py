@@ -32,7 +32,7 @@ from orchestrator.engine.runs import LaunchOptions, RunOps
 from orchestrator.engine.wheel import build as build_wheel
 from orchestrator.errors import DriftError
 from orchestrator.ops.fingerprint import build_fingerprint
-from orchestrator.ops.launch_facts import VERIFIED_FILE, facts_argv, parse_facts
+from orchestrator.ops.launch_facts import VERIFIED_FILE, FactsRequest, facts_argv, parse_facts
 from orchestrator.ops.lockfile import lock_hash
 from orchestrator.transport import LocalTransport
 
@@ -59,6 +59,9 @@ def _wheel(path: Path, name: str, version: str, files: dict[str, bytes]) -> Path
 def env(tmp_path, monkeypatch):
     """(transport, host, hosts.yaml, the env's site-packages) of a deployed, verified env."""
     monkeypatch.setenv("DFO_CACHE_DIR", str(tmp_path / "dfo-cache"))
+    # the env probe (a torch import) may take longer than the CLI's 5 s progress beat on a
+    # loaded machine: no "still working" line between the one-line errors checked below
+    monkeypatch.setenv("DFO_PROGRESS_EVERY", "3600")
     monkeypatch.delenv("DFO_PROJECT_WHEEL", raising=False)
     uv = uv_mod.find_uv_bin()
     uvenv = dict(os.environ, UV_CACHE_DIR=str(tmp_path / "uv-cache"), UV_OFFLINE="1",
@@ -112,10 +115,17 @@ def env(tmp_path, monkeypatch):
 
 
 def launch_check(t, host):
+    """launch's env check from its one round trip; the record it returns is written as a
+    launch writes it (with the run's files)."""
     d = Deployer(t, host)
-    out = t.run(facts_argv(host.layout.root, host.layout.run_lock, d._local_facts()[2],
-                           d.python_spec(), d.wheel_remote(), check=True, paths=[]), timeout=300)
-    return d.launch_check(parse_facts(out.out))
+    out = t.run(facts_argv(FactsRequest(root=host.layout.root, run_lock=host.layout.run_lock,
+                                        check=True, env_dir=d._local_facts()[2],
+                                        python_spec=d.python_spec(), wheel=d.wheel_remote())),
+                timeout=300)
+    rep, record = d.launch_check(parse_facts(out.out))
+    if record is not None:
+        t.put(record[1], record[0])
+    return rep
 
 
 def dry_launch(hosts, cfg, capsys):
@@ -177,10 +187,14 @@ def test_recorded_verification_is_used_until_the_env_changes(env, tmp_path, caps
     assert rc == 7 and "differs from its lock" in err and "torch" in err, err
     assert err.count("\n") == 1, err
 
-    # swapped back: verified again, passes, recorded
+    # swapped back: passes; a dry run records nothing (it writes nothing at all), a
+    # launch's check records what it verified
     shutil.rmtree(fake)
+    before = (cur / VERIFIED_FILE).read_bytes()
     rc, err = dry_launch(hosts, cfg, capsys)
     assert rc == 0, err
+    assert (cur / VERIFIED_FILE).read_bytes() == before
+    assert launch_check(t, host).ok
     assert launch_check(t, host).cached
 
     # a package installed beside the lock (dist-info: the stamp changes; freeze lists it)

@@ -22,7 +22,12 @@ from dfo_contract.checkpoints import REQUIRED_FILES, write_manifest
 from orchestrator.cli import main
 from orchestrator.engine.runs import LaunchOptions, RunOps
 from orchestrator.errors import ConnectError, LockHeldError
+from dfo_contract.checkpoints import CkptInfo
+from dfo_contract.runspec import Config, Identity, Resume, RunSpec
+from orchestrator.ops import launch_inputs as li
 from orchestrator.ops import launch_plan as lp
+from orchestrator.ops import run_identity as ri
+from orchestrator.ops.launch_steps import STEPS_MODULE
 from orchestrator.supervisor import runfiles
 from orchestrator.transport import open_transport
 from tests.supervisor_env import (FAST, REPO, events, hosts_yaml, local_host,  # noqa: F401
@@ -66,34 +71,34 @@ def env(tmp_path):
 
 def test_run_ids_of_one_second_differ():
     now = 1_764_000_000.0
-    ids = {lp.make_run_id("mine", now) for _ in range(50)}
+    ids = {ri.make_run_id("mine", now) for _ in range(50)}
     assert len(ids) == 50
-    a = lp.make_run_id("mine", now, suffix="0a1b2c")
+    a = ri.make_run_id("mine", now, suffix="0a1b2c")
     assert a == "mine-" + time.strftime("%Y%m%d-%H%M%S", time.gmtime(now)) + "-0a1b2c"
     with pytest.raises(ValueError):
-        lp.make_run_id("mine", now, suffix="x; rm")
+        ri.make_run_id("mine", now, suffix="x; rm")
 
 
 def test_run_dir_is_created_exclusively():
-    parents, mine = lp.run_dir_argvs("/r/runs/a-1", "/r/locks", "/r/checkpoints/a")
+    parents, mine = ri.run_dir_argvs("/r/runs/a-1", "/r/locks", "/r/checkpoints/a")
     assert parents == ["mkdir", "-p", "--", "/r/runs", "/r/locks", "/r/checkpoints/a"]
     assert mine == ["mkdir", "--", "/r/runs/a-1"]   # no -p: fails when it exists
     # a foreign trainer's checkpoints inside its run dir: made after the exclusive mkdir
     # (made before it, the exclusive mkdir of a fresh run failed: seen on the H200)
-    argvs = lp.run_dir_argvs("/r/runs/b-1", "/r/locks", "/r/runs/b-1", "/r/runs/b-1/ck")
+    argvs = ri.run_dir_argvs("/r/runs/b-1", "/r/locks", "/r/runs/b-1", "/r/runs/b-1/ck")
     assert argvs == [["mkdir", "-p", "--", "/r/runs", "/r/locks"], ["mkdir", "--", "/r/runs/b-1"],
                      ["mkdir", "-p", "--", "/r/runs/b-1/ck"]]
 
 
 def test_skipped_by_latest_names_torn_newer_ones():
-    ck = [lp.CheckpointInfo("step_4", 4, "/c/step_4", True),
-          lp.CheckpointInfo("step_2", 2, "/c/step_2", False, "rng.pt missing"),
-          lp.CheckpointInfo("step_8", 8, "/c/step_8", False, "manifest.json missing"),
-          lp.CheckpointInfo("step_6", 6, "/c/step_6", True)]
-    assert [c.name for c in lp.skipped_by_latest(ck)] == ["step_8"]
-    assert "step_8" in lp.skipped_warning(lp.skipped_by_latest(ck)[0])
-    assert "manifest.json missing" in lp.skipped_warning(lp.skipped_by_latest(ck)[0])
-    assert [c.name for c in lp.skipped_by_latest(ck[1:3])] == ["step_2", "step_8"]
+    ck = [CkptInfo("step_4", 4, "/c/step_4", True),
+          CkptInfo("step_2", 2, "/c/step_2", False, "rng.pt missing"),
+          CkptInfo("step_8", 8, "/c/step_8", False, "manifest.json missing"),
+          CkptInfo("step_6", 6, "/c/step_6", True)]
+    assert [c.name for c in li.skipped_by_latest(ck)] == ["step_8"]
+    assert "step_8" in li.skipped_warning(li.skipped_by_latest(ck)[0])
+    assert "manifest.json missing" in li.skipped_warning(li.skipped_by_latest(ck)[0])
+    assert [c.name for c in li.skipped_by_latest(ck[1:3])] == ["step_2", "step_8"]
 
 
 def test_run_ownership_is_exclusive(tmp_path):
@@ -116,13 +121,11 @@ def test_second_supervisor_on_a_live_run_writes_nothing(tmp_path):
     rd.mkdir(parents=True)
     lock = root / "locks" / "run.lock"
     lock.parent.mkdir()
-    spec = lp.build_spec(run_id="live-1", run_name="live", root=str(root), python=sys.executable,
-                         config_path=str(rd / "config.yaml"), base_config={}, overrides={},
-                         resume_path=None, checkpoint_dir=str(root / "checkpoints" / "live"),
-                         env={}, fault=None, ladders={}, budget={},
-                         thresholds_=lp.thresholds(), lock=str(lock), restore_cache_argv=None,
-                         host="local")
-    (rd / "spec.json").write_text(json.dumps(spec))
+    spec = RunSpec(identity=Identity(run_id="live-1", run_name="live", host="local",
+                                     root=str(root), python=sys.executable, lock=str(lock)),
+                   config=Config(path=str(rd / "config.yaml")),
+                   resume=Resume(checkpoint_dir=str(root / "checkpoints" / "live")))
+    (rd / "spec.json").write_text(json.dumps(spec.to_json()))
     (rd / "state.json").write_text(json.dumps({"run_id": "live-1", "run_name": "live",
                                                "status": "running", "pid": os.getpid(),
                                                "attempt": 1}))
@@ -228,8 +231,9 @@ def test_two_cli_launches_of_one_run_name(env, tiny_assets):  # noqa: F811
 # --- a launch cut off by a dropped connection --------------------------------------------------
 
 class _DropsAfterStart:
-    """The local transport, but the connection "drops" right after the supervisor's start
-    command was sent (the run is going; the launch never hears back)."""
+    """The local transport, but the connection "drops" right after the command that starts
+    the supervisor (launch's write-and-start steps) was sent: the run is going; the launch
+    never hears back."""
 
     def __init__(self, inner):
         self.inner = inner
@@ -239,7 +243,7 @@ class _DropsAfterStart:
 
     def run(self, argv, **kw):
         res = self.inner.run(argv, **kw)
-        if argv and argv[0] == "setsid":
+        if list(argv[1:3]) == ["-m", STEPS_MODULE] and b'"start"' in (kw.get("stdin") or b""):
             raise ConnectError("connection to local failed: EOF",
                                hint="check the host and run the command again")
         return res

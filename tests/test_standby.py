@@ -149,9 +149,21 @@ def test_no_standby_reaches_the_spec(tmp_path, capsys, tiny_assets):  # noqa: F8
     assert got == [True, False]
 
 
+def _spec(standby: bool = True, byo: dict | None = None):
+    """A RunSpec with the fields the Keeper reads (standby on/off, a foreign command)."""
+    from dfo_contract.runspec import Bundled, Config, Identity, Own, Resume, RunSpec, Standby
+
+    return RunSpec(identity=Identity(run_id="r-1", run_name="r", host="local", root="/r",
+                                     python=sys.executable, lock="/r/locks/run.lock"),
+                   config=Config(path="/r/runs/r-1/config.yaml"),
+                   resume=Resume(checkpoint_dir="/r/checkpoints/r"),
+                   standby=Standby(enabled=standby),
+                   trainer=Own(command=tuple(byo["command"])) if byo else Bundled())
+
+
 class _Sup:
     def __init__(self, **spec):
-        self.spec, self.group = spec, None
+        self.spec, self.group = _spec(**spec), None
 
 
 def test_keeper_is_off_for_no_standby_byo_and_groups():

@@ -6,7 +6,7 @@
 Torch-free: the orchestrator imports this package to validate and render run configs.
 """
 
-from .parse import (config_from_dict, field_types, load_config, parse_overrides, split_args,
+from .parse import (apply_overrides, config_from_dict, field_types, load_config, parse_overrides, split_args,
                     validate)
 from .schema import (ATTENTION_BACKENDS, COMPILE_MODES, DATA_FORMATS, DTYPES, LAYOUTS, SCHEDULES,
                      CheckpointConfig, CompileConfig, DataConfig, FaultConfig, ModelConfig,
@@ -15,6 +15,7 @@ from .schema import (ATTENTION_BACKENDS, COMPILE_MODES, DATA_FORMATS, DTYPES, LA
 __all__ = [
     "ATTENTION_BACKENDS", "COMPILE_MODES", "DATA_FORMATS", "DTYPES", "LAYOUTS", "SCHEDULES",
     "CheckpointConfig", "CompileConfig", "DataConfig", "FaultConfig", "ModelConfig",
-    "ParallelConfig", "RunConfig", "TrainConfig", "TrainerConfig", "config_from_dict",
+    "ParallelConfig", "RunConfig", "TrainConfig", "TrainerConfig", "apply_overrides",
+    "config_from_dict",
     "default_gamma", "field_types", "load_config", "parse_overrides", "split_args", "validate",
 ]

@@ -193,6 +193,13 @@ def load_config(path: str | None = None, overrides: list[str] | list[tuple[str, 
                 from None
         for key, value in _flatten_yaml(data, path).items():
             _set(cfg, key, value, from_text=False, where=f"{path}: ")
+    return apply_overrides(cfg, overrides, validate_now=validate_now)
+
+
+def apply_overrides(cfg: TrainerConfig, overrides: list[str] | list[tuple[str, str]] = (),
+                    *, validate_now: bool = True) -> TrainerConfig:
+    """``cfg`` with ``--section.field value`` overrides (flag args or (key, text) pairs) set
+    in place; then validate."""
     pairs = overrides if overrides and isinstance(next(iter(overrides)), tuple) \
         else parse_overrides(list(overrides))
     for key, text in pairs:

@@ -157,13 +157,12 @@ def _print_plan(plan, dry_run: bool) -> None:
         c.print(f"    {escape(k)}={escape(v)}")
     from ..ops.fallback import describe
 
-    per = (plan.spec.get("budget") or {}).get("per_class", {})
+    b = plan.spec.budget
     c.print("  fallback ladders (class: steps; restart budget)")
-    for cls, steps in describe(plan.ladders):
-        c.print(f"    {cls:<15} {escape(steps)}; {per.get(cls, '-')}")
-    b = plan.spec.get("budget") or {}
-    c.print(f"  budget total {b.get('total')}, backoff {b.get('initial')}s x{b.get('factor')} "
-            f"cap {b.get('cap')}s (scale {b.get('scale')}), reset after {b.get('healthy_reset')}s healthy")
+    for cls, steps in describe(plan.shown_ladders):
+        c.print(f"    {cls:<15} {escape(steps)}; {b.per_class.get(cls, '-')}")
+    c.print(f"  budget total {b.total}, backoff {b.initial}s x{b.factor} "
+            f"cap {b.cap}s (scale {b.scale}), reset after {b.healthy_reset}s healthy")
 
 
 # --- logs ------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ Every error is one line ``FILE:LINE: what (how to fix)`` (a ConfigError).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -36,6 +37,16 @@ def _plain(node: yaml.Node) -> Any:
 
 def _at(path: str, node: yaml.Node, e: ConfigError) -> ConfigError:
     return ConfigError(f"{path}:{node.start_mark.line + 1}: {e.message}", hint=e.hint)
+
+
+def read_run_file(path: str) -> tuple[dict, bytes]:
+    """The run file at ``path``, validated, and its bytes (shipped as the run's run-file.yaml)."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise ConfigError(f"--run-file {path}: cannot read it ({e.strerror})",
+                          hint="give the path of a YAML run file") from None
+    return parse_run_file(data.decode("utf-8", "replace"), path), data
 
 
 def parse_run_file(text: str, path: str = "run file") -> dict:

@@ -38,6 +38,15 @@ def load_config(path: str | os.PathLike | None,
     """The trainer config as a nested dict (defaults + file + overrides, validated by
     ``dfo_contract.trainer_config``, which imports no torch) and the file's bytes to ship.
     ``path`` None means the built-in defaults."""
+    _, full, text = load_layers(path, overrides)
+    return full, text
+
+
+def load_layers(path: str | os.PathLike | None,
+                overrides: Sequence[tuple[str, str]] = ()) -> tuple[dict, dict, bytes]:
+    """(the file over the defaults, that with ``overrides`` and validated, the file's bytes),
+    from one read of the file: the nested dicts spec.json's ``config.base`` and the
+    config in force come from."""
     text = b""
     if path is not None:
         try:
@@ -45,8 +54,10 @@ def load_config(path: str | os.PathLike | None,
         except OSError as e:
             raise ConfigError(f"--config {path}: cannot read: {e.strerror or e}") from None
     try:
-        cfg = tcfg.load_config(str(path) if path is not None else None, list(overrides))
+        cfg = tcfg.load_config(str(path) if path is not None else None, [], validate_now=False)
+        base = cfg.to_dict()
+        full = tcfg.apply_overrides(cfg, list(overrides)).to_dict()
     except (TrainerError, ValueError, TypeError) as e:  # the trainer's validation: one line
         line = str(e).strip().splitlines()[0] if str(e).strip() else repr(e)
         raise ConfigError(line if line.startswith("config:") else f"trainer config: {line}") from None
-    return cfg.to_dict(), text
+    return base, full, text

@@ -21,7 +21,7 @@ import yaml
 
 from dfo_contract.fsio import atomic_write_text
 
-from ..config.runconfig import default_config_path, load_config
+from ..config.runconfig import default_config_path, load_layers
 from ..ops.layout import RemoteLayout
 from ..transport.base import Transport
 
@@ -90,10 +90,17 @@ def default_config_file(layout: RemoteLayout) -> Iterator[Path]:
 def load_run_config(path: str | None, layout: RemoteLayout,
                     overrides=()) -> tuple[dict, bytes]:
     """``load_config(path, overrides)``; no path: the host's default run config."""
+    _, full, data = load_run_layers(path, layout, overrides)
+    return full, data
+
+
+def load_run_layers(path: str | None, layout: RemoteLayout,
+                    overrides=()) -> tuple[dict, dict, bytes]:
+    """``runconfig.load_layers(path, overrides)``; no path: the host's default run config."""
     if path:
-        return load_config(path, overrides)
+        return load_layers(path, overrides)
     with default_config_file(layout) as p:
-        return load_config(p, overrides)
+        return load_layers(p, overrides)
 
 
 def write_demo_config(layout: RemoteLayout, dest: Path, base_path: Path | None = None) -> Path:

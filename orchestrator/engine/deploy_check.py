@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..config.profiles import Profile
-from ..errors import DeployError, DfoError, NotFoundError, RemoteCommandError
+from ..errors import DeployError, NotFoundError, RemoteCommandError
 from ..ops import deploy_plan as dp
 from ..ops.drift import fingerprint_drift
-from ..ops.fingerprint import compare, fingerprint_changes
+from ..ops.fingerprint import compare, fingerprint_changes, parse_probe
 from ..ops.launch_facts import VERIFIED_FILE, LaunchFacts, record_bytes
 from .stages import DeployReport
 
@@ -80,10 +80,12 @@ class DeployChecks:
                 lines += [str(m) for m in compare(now, self.profile.expect)]
         return lines
 
-    def launch_check(self, facts: LaunchFacts) -> DeployReport:
-        """``check`` for ``dfo launch``, from the facts of its one round trip: the env probe
-        runs only when the env's recorded verification no longer holds (its stamp changed,
-        or a file under its site-packages did); a passed probe is recorded for the next launch."""
+    def launch_check(self, facts: LaunchFacts) -> tuple[DeployReport, tuple[str, bytes] | None]:
+        """``check`` for ``dfo launch``, from the facts of its one round trip: the env probe's
+        answer is the recorded one while the env's verification holds, else the one the same
+        round trip ran (its stamp changed, or a file under its site-packages did). Returns
+        the report and, when a fresh probe passed, the record to write for the next launch
+        (path, bytes): launch writes it with the run's files; a dry run writes nothing."""
         self.clock.restart()
         lock, _, env_dir = self._local_facts()
         target = posixpath.basename(env_dir)
@@ -100,7 +102,7 @@ class DeployChecks:
         def probe() -> dict[str, Any]:
             if rec is not None:
                 return rec.probe
-            probed.update(self._timed_probe(self.layout.current_env))
+            probed.update(parse_probe((facts.probe_text or "") + "\n"))
             return probed
 
         lines = self._drift_lines(state, lock, target, probe)
@@ -109,20 +111,23 @@ class DeployChecks:
         report.ok = not report.drift
         report.cached = rec is not None
         report.fingerprint = state.current_fingerprint or None
+        record = None
         if report.ok and probed and facts.stamp and state.current_freeze is not None:
-            self._record_verified(facts, probed, state.current_freeze)
+            record = self._verified_record(facts, probed, state.current_freeze)
         report.message = ("envs/current matches its lock and fingerprint"
                           + (" (recorded verification)" if report.cached else "")
                           if report.ok else f"{len(report.drift)} difference(s) from the lock")
-        return self._finish(report, report.fingerprint)
+        return self._finish(report, report.fingerprint), record
 
-    def _record_verified(self, facts: LaunchFacts, probe: dict[str, Any], freeze: str) -> None:
+    def _verified_record(self, facts: LaunchFacts, probe: dict[str, Any],
+                         freeze: str) -> tuple[str, bytes] | None:
         when = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-        path = posixpath.join(self.layout.current_env, VERIFIED_FILE)
         try:
-            self.t.put(record_bytes(facts.stamp, facts.at, probe, freeze, when), path, mode=0o644)
-        except (DfoError, OSError, ValueError) as e:   # not recorded: the next launch probes
-            log.debug("could not record the verification in %s: %s", path, e)
+            data = record_bytes(facts.stamp, facts.at, probe, freeze, when)
+        except ValueError as e:   # not recorded: the next launch probes
+            log.debug("no verification record: %s", e)
+            return None
+        return posixpath.join(self.layout.current_env, VERIFIED_FILE), data
 
     def rollback(self) -> DeployReport:
         """Switch envs/current back to envs/previous, after verifying it."""

@@ -10,7 +10,7 @@ from ..config.runconfig import load_config
 from ..errors import ConfigError
 from ..ops.classify import classify, parse_marker
 from ..ops.fallback import DEFAULT_LADDERS, next_config
-from ..ops.launch_plan import flatten
+from ..ops.launch_inputs import flatten
 
 
 @dataclass
@@ -50,9 +50,9 @@ def diagnose(logfile: str | Path, *, exit_code: int | None = None,
     d = classify(lines, exit_code=exit_code)
     if run_file:
         from ..ops import byo
-        from .byo_launch import read_run_file
+        from ..config.byo_runfile import read_run_file
 
-        ladder = (read_run_file(str(run_file)).get("fallbacks") or {}).get(d.cls, [])
+        ladder = (read_run_file(str(run_file))[0].get("fallbacks") or {}).get(d.cls, [])
         c = None if d.cls == "done" else byo.next_step(d.cls, ladder, 0, byo.Changes())
         return Diagnosis(d, c and _ByoFallback(c))
     if config:

@@ -1,21 +1,20 @@
 """One run across the nodes of a ``hosts.yaml`` group: ``dfo launch/status/stop --group``.
 
-``GroupRuns.plan`` plans the run on every member in parallel with ``RunOps.plan``'s own
-checks (reachable, env deployed and clean, run.lock free, config paths present), compares
-the members' env fingerprints (ops.group_check.env_differences), resolves ``--resume`` on
-the head only (checkpoints live there), gives every node the same run id and its
-``GroupSpec`` (the ``group`` section of its spec.json) and forces the ddp layout.
-``launch`` writes the head's run dir first, then the others', starts every supervisor and
-waits until each took its run.lock; when one fails to start, the started ones are stopped
-and the error names the node. Exit codes: the first failing node's (engine.group.worst_exit).
+``GroupRuns.plan`` asks every member for its launch facts in parallel (one round trip each,
+with ``RunOps``' own checks: reachable, env deployed and clean, run.lock free, config paths
+present), compares the members' env fingerprints from those facts
+(ops.group_check.env_differences), and plans each node with ``ops.launch_plan.plan_launch``
+as a ``Group`` role: the same run id everywhere, ``--resume`` resolved on the head only
+(checkpoints live there), the ddp layout forced. ``launch`` writes and starts the head
+first, then the others, and waits until each took its run.lock; when one fails to start,
+the started ones are stopped and the error names the node. Exit codes: the first failing
+node's (engine.group.worst_exit).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-import posixpath
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,19 +24,13 @@ from ..errors import ConfigError, DeployError, DfoError, NotFoundError
 from ..ops import group_check as gc
 from ..ops import group_launch as gl
 from ..ops import launch_plan as lp
-from ..ops.deploy_plan import FINGERPRINT_FILE
 from ..ops.group import GroupSpec
+from ..ops.launch_inputs import check_run_name
+from ..ops.run_identity import make_run_id
 from .group import HostOutcome, for_each_host, worst_exit
 from .runs import LaunchOptions, RunOps
 
 log = logging.getLogger("dfo")
-
-
-class _PeerOps(RunOps):
-    """A non-head node: it has no checkpoints of its own to guard (the head holds them)."""
-
-    def _lineage_check(self, ck_dir, run_name, now, new_lineage):
-        return None
 
 
 @dataclass
@@ -46,12 +39,14 @@ class NodePlan:
     host: str
     plan: lp.LaunchPlan
     group: GroupSpec
-    attempt_argv: list[str]
+
+    @property
+    def attempt_argv(self) -> list[str]:
+        return self.plan.first_attempt_argv
 
     def to_json(self) -> dict:
         d = self.plan.to_json()
-        d.update({"node": self.index, "group": self.group.to_json(),
-                  "first_attempt_argv": self.attempt_argv})
+        d.update({"node": self.index, "group": self.group.to_json()})
         return d
 
 
@@ -89,9 +84,8 @@ class GroupRuns:
         calling thread, so one unreachable member does not stop the others)."""
         if name not in self._ops:
             i = self.group.hosts.index(name)
-            cls = RunOps if i == 0 else _PeerOps
-            self._ops[name] = cls(self.transport_for(name), self.hosts[i], say=self.say,
-                                  clock=self.clock, deploy_with=f"--group {self.group.name}")
+            self._ops[name] = RunOps(self.transport_for(name), self.hosts[i], say=self.say,
+                                     clock=self.clock, deploy_with=f"--group {self.group.name}")
         return self._ops[name]
 
     def index(self, name: str) -> int:
@@ -109,7 +103,7 @@ class GroupRuns:
 
     # --- launch ----------------------------------------------------------------------------
     def plan(self, o: LaunchOptions) -> GroupPlan:
-        if o.command or o.run_file or o.resume_glob or o.ladder:
+        if o.own:
             raise ConfigError("--group runs the bundled trainer only",
                               hint="launch your own trainer with --host")
         if o.fault_node is not None and o.fault_node >= len(self.hosts):
@@ -119,56 +113,46 @@ class GroupRuns:
         if o.replace:
             raise ConfigError("--replace cannot be combined with --group",
                               hint=f"stop the live run with `dfo stop --group {self.group.name}`")
-        sets = gl.group_sets(o.sets)
         from ..config.runconfig import default_config_path
 
         cfg = o.config or default_config_path()
-        run_name = lp.check_run_name(Path(cfg).stem if o.run_name is None else o.run_name)
+        run_name = check_run_name(Path(cfg).stem if o.run_name is None else o.run_name)
         now = self.clock()
-        run_id = o.run_id or lp.make_run_id(run_name, now)
-        base = dataclasses.replace(o, sets=tuple(sets), run_name=run_name, run_id=run_id,
-                                   dry_run=True)
+        base = dataclasses.replace(o, sets=tuple(gl.group_sets(o.sets)), run_name=run_name,
+                                   run_id=o.run_id or make_run_id(run_name, now))
 
-        def one(h):
-            i = self.index(h.name)
-            opts = base if i == 0 else dataclasses.replace(base, resume=None, new_lineage=False)
-            if o.fault_node is not None and i != o.fault_node:
-                opts = dataclasses.replace(opts, fault=None)
+        def facts(h):   # each member: its checks, its facts (one round trip)
+            opts = base if self.index(h.name) == 0 else \
+                dataclasses.replace(base, resume=None, new_lineage=False)
             ops = self.ops(h.name)
-            plan = ops.plan(opts)
-            return plan, self._fingerprint(ops)
+            inp = ops.prepare(opts)
+            return opts, inp, ops.facts(opts, inp)
 
-        outs = self.each(one)
+        outs = self.each(facts)
         self.raise_failed(outs, f"cannot launch on group {self.group.name}")
-        fps = {x.host: x.value[1] for x in outs}
+        got = [x.value for x in outs]
+        nodes, warnings, bad = [], [], []
+        head_resume = None       # the head resolves --resume; the others take its path
+        for i, ((opts, inp, f), gs) in enumerate(zip(got, self.specs)):
+            try:
+                p = lp.plan_launch(opts, inp, f, host=self.hosts[i], role=gs,
+                                   resume_path=... if i == 0 else head_resume)
+            except DfoError as e:   # every node's problem, each named (as in the facts)
+                bad.append((i, self.hosts[i].name, str(e), e.exit_code))
+                continue
+            if i == 0:
+                head_resume = p.resume_path
+            nodes.append(NodePlan(i, p.host, p, gs))
+            warnings += [f"{p.host}: {w}" for w in p.warnings]
+        if bad:
+            raise gl.nodes_error(bad, f"cannot launch on group {self.group.name}")
+        fps = {x.host: x.value[2].fingerprint for x in outs}
         if o.env_check or any(fp is not None for fp in fps.values()):
             # --no-env-check on envs dfo did not deploy (no fingerprint.json): nothing to compare
             diffs = gc.env_differences(self.group.name, list(self.group.hosts), fps)
             if diffs:
                 raise DeployError(str(diffs[0]))
-        plans = [x.value[0] for x in outs]
-        head = plans[0]
-        nodes = []
-        warnings = []
-        for i, (p, gs) in enumerate(zip(plans, self.specs)):
-            p.spec["group"] = gs.to_json()
-            p.spec["resume"] = head.resume_path        # the head's path: main rank loads it
-            p.resume_path = head.resume_path
-            argv = gl.node_attempt_argv(
-                p.spec["python"], p.spec["config_path"], p.spec["overrides"],
-                run_dir=p.run_dir, checkpoint_dir=p.spec["checkpoint_dir"],
-                resume=head.resume_path, spec=gs, run_id=run_id)
-            p.first_attempt_argv = argv
-            nodes.append(NodePlan(i, p.host, p, gs, argv))
-            warnings += [f"{p.host}: {w}" for w in p.warnings]
-        return GroupPlan(self.group.name, run_id, nodes, warnings)
-
-    def _fingerprint(self, ops: RunOps) -> dict | None:
-        path = posixpath.join(ops.layout.current_env, FINGERPRINT_FILE)
-        try:
-            return json.loads(ops.t.get(path))
-        except (DfoError, ValueError):
-            return None
+        return GroupPlan(self.group.name, base.run_id, nodes, warnings)
 
     def launch(self, o: LaunchOptions) -> GroupPlan:
         gp = self.plan(o)
@@ -193,7 +177,7 @@ class GroupRuns:
                 names = ", ".join(h.name for h in started)
                 self.say(f"stopping run {gp.run_id} on {names} (the group did not start)")
                 order = [by_name[n] for n in self.group.hosts if by_name[n] in started]
-                stop_s = gp.head.plan.spec["thresholds"]["stop_timeout_s"] + 30
+                stop_s = gp.head.plan.spec.thresholds.stop_timeout_s + 30
                 self.each(lambda h: self._stop_started(h.name, gp.run_id, o.start_timeout, stop_s),
                           order)
             raise

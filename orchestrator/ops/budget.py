@@ -21,58 +21,24 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
+from dfo_contract.errors import ContractError
+from dfo_contract.runlimits import Budget
+
 from ..errors import ConfigError
 from .fallback import FAILURE_CLASSES, TRANSIENT
 
-DEFAULT_PER_CLASS: dict[str, int] = {
-    "fx_trace_race": 5,
-    "compile_hang": 5,
-    "dense_fallback": 5,
-    "oom": 6,
-    "nccl_timeout": 5,
-    "nan_loss": 3,
-    "crash": 3,
-}
 
-
-@dataclass(frozen=True)
-class BudgetPolicy:
-    per_class: Mapping[str, int] = field(default_factory=lambda: dict(DEFAULT_PER_CLASS))
-    total: int = 12
-    initial: float = 10.0
-    factor: float = 2.0
-    cap: float = 300.0
-    healthy_reset: float = 600.0
-    startup_limit: int = 3
-    settle: float = 0.5
-    scale: float = 1.0
-
-    def to_json(self) -> dict:
-        d = asdict(self)
-        d["per_class"] = dict(self.per_class)
-        return d
+class BudgetPolicy(Budget):
+    """spec.json's ``Budget`` as a user gives it: ``from_json`` also checks each
+    ``per_class`` name is a failure class, and says what is wrong as a ConfigError."""
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any] | None) -> "BudgetPolicy":
-        d = dict(d or {})
-        per = dict(DEFAULT_PER_CLASS)
-        per.update(d.pop("per_class", None) or {})
-        known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
-        pol = cls(per_class=per, **known)
-        pol.validate()
-        return pol
-
-    def validate(self) -> None:
-        for k, v in self.per_class.items():
-            if k not in FAILURE_CLASSES:
-                raise ConfigError(f"budget: unknown failure class {k!r}",
-                                  hint="choose from " + ", ".join(FAILURE_CLASSES))
-            if not isinstance(v, int) or v < 0:
-                raise ConfigError(f"budget.{k}: expected a non-negative integer, got {v!r}")
-        if not isinstance(self.total, int) or self.total < 0:
-            raise ConfigError(f"budget.total: expected a non-negative integer, got {self.total!r}")
-        if not (self.scale > 0):
-            raise ConfigError(f"--backoff-scale: expected a positive number, got {self.scale!r}")
+    def from_json(cls, d: Mapping[str, Any] | None, where: str = "budget", *,
+                  classes=FAILURE_CLASSES) -> "BudgetPolicy":
+        try:
+            return super().from_json(d, where, classes=classes)
+        except ContractError as e:
+            raise ConfigError(str(e)) from None
 
 
 @dataclass
@@ -99,13 +65,13 @@ class Decision:
     reason: str
 
 
-def backoff(policy: BudgetPolicy, streak: int) -> float:
+def backoff(policy: Budget, streak: int) -> float:
     """Delay before the ``streak``-th restart in a row (1-based)."""
     d = policy.initial * (policy.factor ** max(streak - 1, 0))
     return min(d, policy.cap) * policy.scale
 
 
-def restart_delay(policy: BudgetPolicy, decision: "Decision", cls: str, *,
+def restart_delay(policy: Budget, decision: "Decision", cls: str, *,
                   config_changed: bool) -> float:
     """The wait before the restart ``decision`` allows: the backoff, or only ``settle`` when a
     new fallback changed the config of a class that is not transient."""
@@ -114,7 +80,7 @@ def restart_delay(policy: BudgetPolicy, decision: "Decision", cls: str, *,
     return decision.delay
 
 
-def on_failure(policy: BudgetPolicy, state: BudgetState, cls: str, *, healthy_s: float,
+def on_failure(policy: Budget, state: BudgetState, cls: str, *, healthy_s: float,
                startup: bool, same_config_as_last_startup_failure: bool = True,
                permanent: bool = False) -> Decision:
     """Record one failed attempt (mutates ``state``) and decide whether to restart.

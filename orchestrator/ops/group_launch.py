@@ -1,6 +1,6 @@
 """What ``dfo launch --group NAME`` decides before it touches a host. Pure: no I/O.
 
-Each node of a group gets its own ``GroupSpec`` (the ``group`` section of its spec.json):
+Each node of a group gets its own ``GroupSpec`` (the ``role`` section of its spec.json):
 its index, its process count, its extra env. The run is always the ``ddp`` layout (the
 nodes are torchrun's nodes); a ``--set parallel.layout=`` asking for another is refused.
 (The members' env fingerprints are compared by ``ops.group_check.env_differences``.)
@@ -13,8 +13,9 @@ from typing import Any, Mapping, Sequence
 from ..errors import (ConfigError, ConnectError, ContainerError, CacheError, DeployError,
                       DfoError, HostKeyError, LockHeldError, NotFoundError, RemoteCommandError,
                       RunFailed)
-from . import launch_plan as lp
 from .group import GroupSpec
+from .launch_argv import trainer_argv
+from .launch_inputs import parse_sets
 
 def node_devices(group, host) -> tuple[str, ...]:
     """The devices of ``host``'s node: the group's ``gpus`` for it, else its drafter devices."""
@@ -65,7 +66,7 @@ def group_specs(group, hosts: Sequence[Any]) -> list[GroupSpec]:
 
 def group_sets(sets: Sequence[str]) -> list[str]:
     """``--set`` items with ``parallel.layout=ddp`` forced; another layout is a ConfigError."""
-    parsed = lp.parse_sets(sets)
+    parsed = parse_sets(sets)
     want = parsed.get("parallel.layout")
     if want is not None and str(want) != "ddp":
         raise ConfigError(f"--set parallel.layout={want}: a group run is always the ddp layout",
@@ -98,8 +99,8 @@ def node_attempt_argv(python: str, config_path: str, overrides: Mapping[str, Any
     """Node ``spec.node``'s torchrun for one attempt (docs/multinode.md): c10d rendezvous on
     the head, a fresh rendezvous id per attempt. Shown by ``--dry-run``; the node's
     supervisor builds the one it runs."""
-    single = lp.trainer_argv(python, config_path, overrides, run_dir=run_dir,
-                             checkpoint_dir=checkpoint_dir, resume=resume)
+    single = trainer_argv(python, config_path, overrides, run_dir=run_dir,
+                          checkpoint_dir=checkpoint_dir, resume=resume)
     tr = [python, "-m", "torch.distributed.run", "--nnodes", str(spec.nnodes),
           "--nproc-per-node", str(spec.nproc), "--rdzv-backend", "c10d",
           "--rdzv-endpoint", f"{spec.head_addr}:{spec.port}",

@@ -1,6 +1,14 @@
 """What ``dfo launch`` learns about the host before it starts anything, in ONE round trip
 (``scripts/launch_facts.sh``), and the record that lets it skip the env probe (pure).
 
+The one command answers, in ``@section`` blocks: the launch probe (init system, env present,
+run.lock held and by whom), which of the config's paths are missing, what the deployed env's
+python reads (``orchestrator.remote.launch_facts``: the env fingerprint, the trainer source
+hash and the target's ``config.json`` hash (the cache key's inputs), the live cache names,
+the checkpoints by manifest, a foreign trainer's resume glob) and, for the env check, the
+env's stamp, its recorded verification, deploy's state probe and the env probe itself when
+the record no longer holds. A :class:`FactsRequest` says what to ask.
+
 The env probe imports torch (and on a GPU host compiles a flex_attention smoke test): 5-35 s.
 Its answer only changes when the env or the host's GPUs change, so a passed verification
 is recorded in ``<env>/.dfo-verified`` with the env's *stamp*: a hash of what the probe's
@@ -9,9 +17,9 @@ path, the interpreter, ``pyvenv.cfg``, ``fingerprint.json``, ``.dfo-complete``, 
 under site-packages but ``__pycache__``, every ``*.dist-info`` entry's size/mtime/inode,
 ``*.pth`` files, the NVIDIA driver and GPU list). The record holds while the stamp is the
 same **and** no file under site-packages (but ``__pycache__``) has a ctime after the time
-the stamp was taken; otherwise launch
-probes again, exactly as ``dfo deploy --check`` does, and records the new answer only when
-everything passed. Record format: line 1 ``STAMP AT``, line 2 JSON
+the stamp was taken; otherwise the probe runs again in the same round trip, exactly as
+``dfo deploy --check`` does, and launch records the new answer (with the files it writes)
+only when everything passed. Record format: line 1 ``STAMP AT``, line 2 JSON
 ``{"probe": {...}, "freeze": "...", "verified": ISO}``.
 """
 
@@ -21,13 +29,19 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from dfo_contract.checkpoints import CkptInfo
+
+from .cache_key import source_hash
 from .deploy_plan import STATE_SCRIPT, RemoteState, parse_state
+from .fingerprint import PROBE_SCRIPT
 from .probes import LAUNCH_PROBE_SCRIPT, parse_launch_probe
 from .scripts import script_text
 
 LAUNCH_FACTS_SCRIPT = script_text("launch_facts.sh")
 #: in the deployed env's directory (beside fingerprint.json)
 VERIFIED_FILE = ".dfo-verified"
+#: the answer line of orchestrator.remote.launch_facts
+FACTS_MARK = "@dfo-facts "
 
 
 @dataclass
@@ -38,11 +52,31 @@ class VerifiedRecord:
     freeze: str
 
 
+@dataclass(frozen=True, kw_only=True)
+class FactsRequest:
+    """What launch asks the host (each value travels as an argv element)."""
+    root: str
+    run_lock: str
+    check: bool = False                 # the env check's sections (deploy --check's facts)
+    env_dir: str = ""                   # the env the lock wants (for the state probe)
+    python_spec: str = ""
+    wheel: str = ""
+    paths: Sequence[str] = ()           # must exist on the host (the config's paths)
+    ckpt_dirs: Sequence[str] = ()       # checkpoint dirs, listed by manifest
+    fingerprint: str = ""               # the env's fingerprint.json
+    source: bool = False                # the trainer's source hash (a cache-key input)
+    hashes: Sequence[str] = ()          # files to sha256 (the target's config.json)
+    glob: str | None = None             # a foreign trainer's resume glob
+    caches: str = ""                    # the cache root: which keys have a live cache
+    promote: bool = True                # False: promote no checkpoint (a dry run)
+
+
 @dataclass
 class LaunchFacts:
     launch: dict[str, str] = field(default_factory=dict)   # the launch probe's key=value
-    #: (and ``checkpoints=none`` when the run's checkpoint dir is absent or empty)
     missing: list[str] = field(default_factory=list)        # config paths that do not exist
+    py: dict[str, Any] = field(default_factory=dict)        # orchestrator.remote.launch_facts
+    py_error: str = ""          # what it printed instead of its answer (an older env?)
     checked: bool = False                                   # the env sections were asked for
     stamp: str = ""
     at: str = ""
@@ -50,15 +84,58 @@ class LaunchFacts:
     changed: str = ""            # the first directory that changed since the record, if any
     verified: VerifiedRecord | None = None   # the record, only while it holds
     state: RemoteState | None = None
+    probe_text: str | None = None            # the env probe's output (the record did not hold)
     complete: bool = False       # the script ran to its end
+    #: set by the env check: the verification record a launch writes (path, bytes)
+    record: tuple[str, bytes] | None = None
+
+    def part(self, name: str) -> Any:
+        """A part of the env python's answer; ``{"error": ...}`` when it failed."""
+        if not self.py:
+            return {"error": self.py_error or "the deployed env's python did not answer"}
+        return self.py.get(name)
+
+    @property
+    def fingerprint(self) -> dict[str, Any] | None:
+        fp = self.py.get("fingerprint")
+        return fp if isinstance(fp, dict) and "error" not in fp else None
+
+    @property
+    def source_hash(self) -> str | None:
+        src = self.py.get("source")
+        return source_hash(src) if isinstance(src, dict) and src and "error" not in src else None
+
+    def file_hash(self, path: str) -> str | None:
+        h = (self.py.get("hashes") or {}).get(path)
+        return h if isinstance(h, str) else None
+
+    @property
+    def caches(self) -> frozenset[str]:
+        c = self.py.get("caches")
+        return frozenset(c) if isinstance(c, list) else frozenset()
 
 
-def facts_argv(root: str, run_lock: str, env_dir: str, python_spec: str, wheel: str, *,
-               check: bool, paths: Sequence[str], checkpoint_dir: str = "") -> list[str]:
+def facts_argv(req: FactsRequest) -> list[str]:
     """``bash -c SCRIPT NAME ARGS...``: every value is a positional parameter."""
+    py: list[str] = []
+    if req.fingerprint:
+        py += ["--fingerprint", req.fingerprint]
+    if req.source:
+        py.append("--source")
+    for h in req.hashes:
+        py += ["--hash", h]
+    for d in req.ckpt_dirs:
+        py += ["--ckpt", d]
+    if not req.promote:
+        py.append("--no-promote")
+    if req.glob is not None:
+        py += ["--glob", req.glob]
+    if req.caches:
+        py += ["--caches", req.caches]
     return ["bash", "-c", LAUNCH_FACTS_SCRIPT, "dfo-launch-facts", LAUNCH_PROBE_SCRIPT,
-            STATE_SCRIPT, root, run_lock, env_dir, python_spec, wheel,
-            "check" if check else "nocheck", checkpoint_dir, *paths]
+            STATE_SCRIPT, PROBE_SCRIPT if req.check else "", req.root, req.run_lock,
+            req.env_dir, req.python_spec, req.wheel, "check" if req.check else "nocheck",
+            str(len(req.paths)), *req.paths, *py]
 
 
 def _sections(output: str) -> dict[str, list[str]]:
@@ -77,6 +154,8 @@ def parse_facts(output: str) -> LaunchFacts:
     f = LaunchFacts(launch=parse_launch_probe("\n".join(s.get("launch", []))),
                     missing=[p for p in s.get("missing", []) if p],
                     complete="end" in s)
+    if "facts" in s:
+        f.py, f.py_error = _py_facts(s["facts"])
     if "stamp" in s:
         f.checked = True
         kv = dict(ln.split("\t", 1) for ln in s["stamp"] if "\t" in ln)
@@ -85,10 +164,39 @@ def parse_facts(output: str) -> LaunchFacts:
         f.changed = kv.get("changed", "")
     if "state" in s:
         f.state = parse_state("\n".join(s["state"]))
+    if "probe" in s:
+        f.probe_text = "\n".join(s["probe"])
     if f.holds and f.stamp:
         f.verified = parse_record(f"{f.stamp} {f.at}\n" + "\n".join(s.get("verified", [])),
                                   stamp=f.stamp)
     return f
+
+
+def _py_facts(lines: Sequence[str]) -> tuple[dict[str, Any], str]:
+    for ln in reversed(lines):
+        if ln.startswith(FACTS_MARK):
+            try:
+                d = json.loads(ln[len(FACTS_MARK):])
+            except ValueError:
+                break
+            if isinstance(d, dict):
+                return d, ""
+    last = next((ln.strip() for ln in reversed(lines) if ln.strip()), "no output")
+    return {}, last
+
+
+def checkpoint_listing(facts: LaunchFacts, ckpt_dir: str) -> list[CkptInfo]:
+    """The checkpoints of ``ckpt_dir`` by manifest (oldest first); ValueError with the
+    host's reason when they could not be listed."""
+    got = facts.part("checkpoints")
+    if not isinstance(got, dict) or ckpt_dir not in got:
+        why = got.get("error") if isinstance(got, dict) else None
+        raise ValueError(str(why or f"{ckpt_dir} was not listed"))
+    entries = got[ckpt_dir]
+    if not isinstance(entries, list):
+        raise ValueError(str(entries.get("error") if isinstance(entries, dict) else entries))
+    return sorted((CkptInfo.from_json(e) for e in entries if isinstance(e, dict)),
+                  key=lambda c: c.step)
 
 
 def parse_record(text: str, *, stamp: str) -> VerifiedRecord | None:

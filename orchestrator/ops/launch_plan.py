@@ -1,372 +1,298 @@
-"""Pure planning for ``dfo launch``: input validation, the supervisor's start argv, the
-trainer argv of an attempt, and the probe script launch runs first. No I/O here.
+"""Planning ``dfo launch``, once, for every kind of run (pure: no I/O).
 
-Nothing a user types reaches a shell: ``--resume`` is a checkpoint name, ``latest`` or a
-path under the host's root made of plain characters; every remote shell script is a
-constant that takes its values as positional parameters (``"$1"``).
+The engine (``engine/runs.py``, ``engine/group_runs.py``) does three things in order:
+
+1. ``launch_request.prepare(options, trainer, host, now)``: every check of what was given,
+   before the host is asked anything, and the run's name and id -> ``LaunchInputs``;
+2. ONE remote round trip for the facts (``facts_request`` says what to ask; the answer is
+   ``ops.launch_facts.LaunchFacts``; the env check uses the same answer);
+3. ``plan_launch(options, inputs, facts)`` (here) -> :class:`LaunchPlan`: the ``RunSpec``
+   (spec.json) and what launch does on the host (``ops.launch_steps``).
+
+The bundled trainer and a foreign command (``trainer``: :class:`BundledConfig` |
+``launch_own.OwnConfig``), alone or as one node of a group (``role``: ``Solo`` | ``Group``),
+go through the same functions.
 """
 
 from __future__ import annotations
 
 import posixpath
-import re
+import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from dfo_contract import envvars
+from dfo_contract.runspec import (Budget, Bundled, Cache, Config, Group, Identity, Resume,
+                                  RunSpec, Solo, Standby)
 
-from ..errors import ConfigError, NotFoundError
-from .run_identity import RUN_ID_SUFFIX, cut_off_error, make_run_id, run_dir_argvs  # noqa: F401
-from .probes import LAUNCH_PROBE_SCRIPT, launch_probe, parse_launch_probe
-from .thresholds import DEFAULT_THRESHOLDS, ZERO_OK, thresholds  # noqa: F401  (callers use lp.thresholds)
-
-STEP_NAME = re.compile(r"^step_(\d{1,12})$")
-RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,47}$")
-SAFE_PATH = re.compile(r"^/[A-Za-z0-9._/@+=-]*$")
-SET_KEY = re.compile(r"^[a-z_][a-z0-9_]*\.[a-z_][a-z0-9_]*$")
-
-#: keys launch owns; --set may not change them
-RESERVED_KEYS = frozenset({"run.dir", "checkpoint.dir", "fault.spec"})
+from ..errors import ConfigError, DeployError, LockHeldError, RemoteCommandError
+from . import byo
+from . import cache_key as ck
+from .launch_argv import attempt_env, ddp_nproc, start_argv, trainer_argv
+from .launch_facts import FactsRequest, LaunchFacts, checkpoint_listing
+from .launch_inputs import ResumeArg, resolve_resume, skipped_by_latest, skipped_warning
+from .launch_own import OwnConfig, resolve_resume as own_resume, resume_glob, shown_ladders
+from .launch_request import BundledConfig, LaunchInputs, LaunchOptions
+from .snapshot import cache_env, seed_run_cache_argvs
 
 
-# --- --resume --------------------------------------------------------------------------
+# --- what to ask the host -------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class Resume:
-    kind: str          # "latest" | "name" | "path"
-    value: str         # "latest", "step_690", or an absolute normalized path
-
-    def to_json(self) -> dict:
-        return {"kind": self.kind, "value": self.value}
+def config_paths(cfg: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(config key, path) of the paths a run needs on the host."""
+    keys = [("model.target_path", (cfg.get("model") or {}).get("target_path")),
+            ("data.path", (cfg.get("data") or {}).get("path"))]
+    return [(k, v) for k, v in keys if isinstance(v, str) and v]
 
 
-def parse_resume(value: str | None, root: str) -> Resume | None:
-    """Validate ``--resume``. Raises ConfigError for anything but a checkpoint name
-    (``step_N``), ``latest``, or an absolute path under ``root`` with plain characters."""
-    if value is None:
-        return None
-    v = value.strip()
-    how = f"use a checkpoint name like step_690, 'latest', or a path under {root}"
-    if v == "latest":
-        return Resume("latest", v)
-    if STEP_NAME.match(v):
-        return Resume("name", v)
-    if v.startswith("/"):
-        if not SAFE_PATH.match(v) or any(p == ".." for p in v.split("/")):
-            raise ConfigError(f"--resume: {value!r} is not a plain path", hint=how)
-        norm = posixpath.normpath(v)
-        rootn = posixpath.normpath(root)
-        if not (norm + "/").startswith(rootn.rstrip("/") + "/") or norm == rootn:
-            raise ConfigError(f"--resume: {value!r} is outside the host's root {root}", hint=how)
-        return Resume("path", norm)
-    raise ConfigError(f"--resume: {value!r} is not a checkpoint name", hint=how)
+def _target_config(cfg: BundledConfig) -> str | None:
+    target = (cfg.full.get("model") or {}).get("target_path")
+    return posixpath.join(str(target), "config.json") if target else None
 
 
-@dataclass(frozen=True)
-class CheckpointInfo:
-    name: str
-    step: int
-    path: str
-    valid: bool
-    why: str = ""
+def own_cwd(inp: LaunchInputs) -> str:
+    tr = inp.trainer
+    return (tr.cwd if isinstance(tr, OwnConfig) else None) or inp.run_dir
 
 
-def parse_checkpoint_listing(obj: Any) -> list[CheckpointInfo]:
-    """Read ``python -m trainer.train.checkpoints list DIR --json`` output (already JSON-decoded).
-
-    Accepts a list of entries or ``{"checkpoints": [...]}``; each entry has ``name``/``path``,
-    ``step`` and ``valid`` (plus ``reason``/``why``/``error`` when invalid)."""
-    if isinstance(obj, Mapping):
-        obj = obj.get("checkpoints", [])
-    out = []
-    for e in obj or []:
-        if not isinstance(e, Mapping):
-            continue
-        path = str(e.get("path") or "")
-        name = str(e.get("name") or posixpath.basename(path))
-        step = e.get("step")
-        if not isinstance(step, int):
-            m = STEP_NAME.match(name)
-            step = int(m.group(1)) if m else -1
-        why = str(e.get("reason") or e.get("why") or e.get("error") or "")
-        out.append(CheckpointInfo(name, step, path, bool(e.get("valid")), why))
-    return sorted(out, key=lambda c: c.step)
-
-
-def skipped_by_latest(listing: Sequence[CheckpointInfo]) -> list[CheckpointInfo]:
-    """The torn/incomplete checkpoints newer than the newest valid one: what ``--resume
-    latest`` passes over (each is named in a warning)."""
-    valid = [c.step for c in listing if c.valid]
-    floor = max(valid) if valid else -1
-    return [c for c in listing if not c.valid and c.step > floor]
-
-
-def skipped_warning(c: CheckpointInfo) -> str:
-    return (f"--resume latest: skipping checkpoint {c.name} "
-            f"({c.why or 'incomplete or torn: its manifest does not verify'})")
-
-
-def resolve_resume(resume: Resume, listing: Sequence[CheckpointInfo], ckpt_dir: str) -> str:
-    """The checkpoint path a ``--resume`` names; NotFoundError lists the valid ones."""
-    valid = [c for c in listing if c.valid]
-    have = ", ".join(c.name for c in valid) or "none"
-    if resume.kind == "latest":
-        if not valid:
-            raise NotFoundError(f"--resume latest: no valid checkpoint in {ckpt_dir}",
-                                hint="launch without --resume to start from scratch")
-        return valid[-1].path or posixpath.join(ckpt_dir, valid[-1].name)
-    if resume.kind == "name":
-        for c in listing:
-            if c.name == resume.value:
-                if c.valid:
-                    return c.path or posixpath.join(ckpt_dir, c.name)
-                raise NotFoundError(f"--resume {resume.value}: checkpoint is incomplete or corrupt"
-                                    f" ({c.why or 'manifest does not verify'})",
-                                    hint=f"valid checkpoints in {ckpt_dir}: {have}")
-        raise NotFoundError(f"--resume {resume.value}: no such checkpoint in {ckpt_dir}",
-                            hint=f"valid checkpoints: {have}")
-    return resume.value  # a path: verified by the caller with the manifest check
-
-
-# --- run names and --set --------------------------------------------------------------
-
-def check_run_name(name: str) -> str:
-    if not RUN_NAME.match(name or ""):
-        raise ConfigError(f"--run-name: {name!r} is not a valid run name",
-                          hint="use letters, digits, '.', '_' or '-', at most 48 characters")
-    return name
-
-
-def missing_paths_argv(paths: Sequence[str]) -> list[str]:
-    """One remote probe: prints each of ``paths`` that does not exist, one a line (the
-    paths are arguments, never part of the script)."""
-    script = 'for p in "$@"; do [ -e "$p" ] || printf "%s\\n" "$p"; done'
-    return ["sh", "-c", script, "sh", *paths]
-
-
-
-def parse_sets(items: Sequence[str]) -> dict[str, Any]:
-    """``--set train.micro_batch=4`` -> {"train.micro_batch": 4} (values read as YAML)."""
-    import yaml
-
-    out: dict[str, Any] = {}
-    for item in items:
-        if "=" not in item:
-            raise ConfigError(f"--set {item!r}: expected KEY=VALUE",
-                              hint="e.g. --set train.micro_batch=4")
-        k, v = item.split("=", 1)
-        k = k.strip()
-        if not SET_KEY.match(k):
-            raise ConfigError(f"--set {item!r}: key must be SECTION.FIELD",
-                              hint="e.g. --set compile.gate=false")
-        if k in RESERVED_KEYS:
-            raise ConfigError(f"--set {k}: set by dfo launch itself",
-                              hint="use --run-name / --fault instead")
-        try:
-            out[k] = yaml.safe_load(v) if v.strip() else ""
-        except yaml.YAMLError:
-            out[k] = v
-    return out
-
-
-def render_value(v: Any) -> str:
-    """A config value as the trainer's flag text (``true``, ``4``, ``[cuda:0,cuda:1]``)."""
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if v is None:
-        return "null"
-    if isinstance(v, (list, tuple)):
-        return "[" + ",".join(render_value(x) for x in v) + "]"
-    return str(v)
-
-
-def override_flags(overrides: Mapping[str, Any]) -> list[str]:
-    """One ``--KEY=VALUE`` token per override: a value can never be read by the trainer
-    as a flag of its own (``--set data.path=--resume=/x`` stays data.path's value)."""
-    return [f"--{k}={render_value(overrides[k])}" for k in sorted(overrides)]
-
-
-def flatten(d: Mapping[str, Any]) -> dict[str, Any]:
-    """A config dict (sections of fields) -> flat dotted keys."""
-    out: dict[str, Any] = {}
-    for sec, body in d.items():
-        if isinstance(body, Mapping):
-            for k, v in body.items():
-                out[f"{sec}.{k}"] = v
-    return out
-
-
-# --- the attempt's trainer argv ------------------------------------------------------------
-
-def ddp_nproc(cfg: Mapping[str, Any]) -> int:
-    """Processes for layout ddp: one per distinct CUDA device named in the config (1 on CPU)."""
-    devs = [d for d in list(cfg.get("parallel.drafter_devices") or [])
-            if isinstance(d, str) and d.startswith("cuda")]
-    return max(1, len(set(devs)))
-
-
-@dataclass(frozen=True)
-class Rendezvous:
-    """One node's attempt of a multi-node run: torchrun's c10d rendezvous, hosted by the
-    head's torchrun only (``is_host``; on loopback every node would guess it is the host)."""
-    nnodes: int
-    head_addr: str
-    port: int
-    rdzv_id: str          # fresh per attempt (GroupSpec.rdzv_id): never a stale round
-    is_host: bool
-    local_addr: str | None = None  # else rank 0 advertises a hostname others may not resolve
-
-    def flags(self) -> list[str]:
-        host = f"[{self.head_addr}]" if ":" in self.head_addr else self.head_addr
-        local = [f"--local-addr={self.local_addr}"] if self.local_addr else []
-        return [f"--nnodes={self.nnodes}", "--rdzv-backend=c10d",
-                f"--rdzv-endpoint={host}:{self.port}", f"--rdzv-id={self.rdzv_id}",
-                f"--rdzv-conf=is_host={1 if self.is_host else 0}", *local, "--max-restarts=0"]
-
-
-def trainer_argv(python: str, config_path: str, overrides: Mapping[str, Any], *,
-                 run_dir: str, checkpoint_dir: str, resume: str | None,
-                 layout: str | None = None, nproc: int = 1,
-                 rdzv: Rendezvous | None = None) -> list[str]:
-    """``python -m trainer train ...`` through the supervisor's shim (under
-    ``torch.distributed.run`` for ddp; with ``rdzv`` one node of a multi-node run: always
-    the ddp layout, ``--max-restarts 0``: the supervisors restart the run as a whole)."""
-    if rdzv is not None:
-        overrides = {**overrides, "parallel.layout": "ddp"}
-        layout = "ddp"
-    flags = ["--config", config_path, "--run.dir", run_dir, "--checkpoint.dir", checkpoint_dir]
-    flags += override_flags(overrides)
-    if resume:
-        flags += ["--resume", resume]
-    # the shim registers faulthandler on SIGUSR1 (stack dumps of hangs) and the
-    # parent-death signal, then runs ``python -m trainer`` unchanged
-    shim = ["-m", "orchestrator.supervisor.shim", "trainer", "train"]
-    if layout == "ddp":
-        how = rdzv.flags() if rdzv is not None else ["--standalone"]
-        return [python, "-m", "torch.distributed.run", *how,
-                f"--nproc_per_node={nproc}", *shim, *flags]
-    return [python, *shim, *flags]
-
-
-def group_env(node: int, extra: Mapping[str, str]) -> dict[str, str]:
-    """What a multi-node attempt's env adds on one node: its index and the group's env
-    (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME, CUDA_VISIBLE_DEVICES; GroupSpec.env)."""
-    return {**{str(k): str(v) for k, v in extra.items()}, envvars.NODE_RANK: str(int(node))}
-
-
-# --- the supervisor's start command ---------------------------------------------------------
-
-#: setsid mode: detach fully (own session, fds away from the SSH channel) and restart the
-#: supervisor if it dies abnormally (it re-reads state.json and reaps orphans). Constant;
-#: values come as positional parameters: $1 = log file, $2.. = the supervisor argv.
-SETSID_SCRIPT = r'''log=$1; shift
-exec </dev/null >>"$log" 2>&1
-n=0
-while :; do
-  "$@"
-  rc=$?
-  [ "$rc" -eq 0 ] && exit 0
-  n=$((n+1))
-  [ "$n" -ge 5 ] && { echo "dfo: supervisor exited $rc; giving up after $n restarts"; exit "$rc"; }
-  echo "dfo: supervisor exited $rc; restarting it ($n/5)"
-  sleep 2
-done'''
-
-
-def unit_name(run_id: str) -> str:
-    return f"dfo-{run_id}"
-
-
-def supervisor_argv(python: str, run_dir: str) -> list[str]:
-    return [python, "-m", "orchestrator.supervisor", "--run-dir", run_dir]
-
-
-def start_argv(python: str, run_dir: str, run_id: str, *, systemd: bool,
-               stop_timeout_s: float = 120.0) -> list[str]:
-    """The argv that starts the supervisor detached (never ``cmd &`` over SSH)."""
-    log = posixpath.join(run_dir, "supervisor.log")
-    sup = supervisor_argv(python, run_dir)
-    if systemd:
-        return ["systemd-run", f"--unit={unit_name(run_id)}", "--collect", "--quiet",
-                "--property=Restart=on-failure", "--property=RestartSec=2",
-                f"--property=TimeoutStopSec={int(stop_timeout_s) + 30}",
-                f"--property=StandardOutput=append:{log}",
-                f"--property=StandardError=append:{log}",
-                f"--working-directory={run_dir}",
-                "--setenv=PYTHONUNBUFFERED=1", *sup]
-    return ["setsid", "-f", "sh", "-c", SETSID_SCRIPT, "dfo-supervisor", log, *sup]
-
-
-# --- the probe launch runs before anything else ----------------------------------------------
-
-#: One round trip: init system, tools, env, and run.lock (``probes.launch_probe``).
-PROBE_SCRIPT = LAUNCH_PROBE_SCRIPT
-parse_probe = parse_launch_probe
-
-
-def probe_argv(root: str, lock: str) -> list[str]:
-    return list(launch_probe(root, lock).argv)
+def facts_request(o: LaunchOptions, inp: LaunchInputs, host) -> FactsRequest:
+    """What the one pre-launch round trip asks (the env check's fields are the engine's)."""
+    lay = host.layout
+    base = dict(root=lay.root, run_lock=lay.run_lock, promote=not o.dry_run,
+                fingerprint=posixpath.join(lay.current_env, "fingerprint.json"))
+    tr = inp.trainer
+    if isinstance(tr, OwnConfig):
+        latest = o.resume == "latest"
+        return FactsRequest(**base, paths=(o.resume,) if o.resume and not latest else (),
+                            glob=resume_glob(tr, own_cwd(inp)) if latest else None)
+    dirs = [lay.checkpoints(inp.run_name)]
+    if inp.resume is not None and inp.resume.kind == "path":
+        dirs.append(posixpath.dirname(inp.resume.value.rstrip("/")))
+    target = _target_config(tr) if tr.compiled else None
+    return FactsRequest(**base, paths=tuple(v for _, v in config_paths(tr.full)),
+                        ckpt_dirs=tuple(dirs), source=tr.compiled,
+                        hashes=(target,) if target else (), caches=lay.cache if tr.compiled else "")
 
 
 # --- the plan -------------------------------------------------------------------------------
 
 @dataclass
 class LaunchPlan:
-    host: str
-    run_id: str
-    run_name: str
+    spec: RunSpec
     run_dir: str
     mode: str                       # "systemd" | "setsid"
     start_argv: list[str]
     first_attempt_argv: list[str]
-    env: dict[str, str]
-    spec: dict[str, Any]
-    ladders: dict[str, list[str]]
-    resume_path: str | None
+    env: dict[str, str]             # attempt 1's env
+    shown_ladders: dict[str, list[str]]
     warnings: list[str] = field(default_factory=list)
-    #: what ``launch`` does on the host before it starts the supervisor (not in spec.json)
+    #: what ``launch`` does on the host before it starts the supervisor (ops.launch_steps)
     seed_argvs: list[list[str]] = field(default_factory=list)   # seed the run's compile cache
-    config_bytes: bytes = b""                                   # the run config file, shipped as is
+    config_bytes: bytes = b""                                   # the run config file, as is
     lock_owner: str | None = None                               # the live run --replace stops
     move_aside: str | None = None      # --new-lineage: where the earlier checkpoints go
+    record: tuple[str, bytes] | None = None   # the env check's verification record to write
+
+    @property
+    def host(self) -> str:
+        return self.spec.identity.host
+
+    @property
+    def run_id(self) -> str:
+        return self.spec.identity.run_id
+
+    @property
+    def run_name(self) -> str:
+        return self.spec.identity.run_name
+
+    @property
+    def resume_path(self) -> str | None:
+        return self.spec.resume.path
 
     def to_json(self) -> dict:
         return {"host": self.host, "run_id": self.run_id, "run_name": self.run_name,
                 "run_dir": self.run_dir, "mode": self.mode, "start_argv": self.start_argv,
                 "first_attempt_argv": self.first_attempt_argv, "env": self.env,
-                "ladders": self.ladders, "resume": self.resume_path, "warnings": self.warnings,
-                "budget": self.spec.get("budget"), "thresholds": self.spec.get("thresholds"),
-                "move_aside": self.move_aside, "standby": self.spec.get("standby", True)}
+                "ladders": self.shown_ladders, "resume": self.resume_path,
+                "warnings": self.warnings, "budget": self.spec.budget.to_json(),
+                "thresholds": self.spec.thresholds.to_json(), "move_aside": self.move_aside,
+                "standby": self.spec.standby.enabled}
 
 
-def build_spec(*, run_id: str, run_name: str, root: str, python: str, config_path: str,
-               base_config: Mapping[str, Any], overrides: Mapping[str, Any],
-               resume_path: str | None, checkpoint_dir: str, env: Mapping[str, str],
-               fault: str | None, ladders: Mapping[str, list[str]], budget: Mapping[str, Any],
-               thresholds_: Mapping[str, float], lock: str, restore_cache_argv: list[str] | None,
-               host: str) -> dict:
-    """spec.json: everything the supervisor needs, so it never re-reads hosts.yaml."""
-    return {
-        "version": 1, "run_id": run_id, "run_name": run_name, "root": root, "host": host,
-        "python": python, "config_path": config_path, "base_config": dict(base_config),
-        "overrides": dict(overrides), "resume": resume_path, "checkpoint_dir": checkpoint_dir,
-        "env": dict(env), "fault": fault, "ladders": {k: list(v) for k, v in ladders.items()},
-        "budget": dict(budget), "thresholds": dict(thresholds_), "lock": lock,
-        "restore_cache_argv": restore_cache_argv,
-    }
+def raise_missing(host: str, keys: Sequence[tuple[str, str]], missing: Sequence[str],
+                  config: str | None) -> None:
+    """A launch that cannot train is refused here rather than failing in attempt 1."""
+    gone = set(missing)
+    for k, v in keys:
+        if v in gone:
+            where = config or "the default config tiny-cpu.yaml"
+            fix = (f"run `dfo demo --host {host}` to make the demo's assets, or pass --config"
+                   if not config else f"fix {k} in {config} or pass --set {k}=PATH")
+            raise ConfigError(f"{k} of {where}: {v} does not exist on {host}", hint=fix)
 
 
-def attempt_env(base: Mapping[str, str], *, attempt: int, run_dir: str,
-                fault: str | None, run_id: str | None = None) -> dict[str, str]:
-    """The env of one attempt (docs/contracts.md); ``DFO_RUN_ID`` (checkpoint lineage) when
-    ``run_id`` is given."""
-    env = dict(base)
-    env.update({"DFO_ATTEMPT": str(attempt), "DFO_RUN_DIR": run_dir, "PYTHONUNBUFFERED": "1",
-                "NCCL_NVLS_ENABLE": "0"})
-    if run_id:
-        env[envvars.RUN_ID] = run_id
-    if fault:
-        env["DFO_FAULT"] = fault
+def _listing(facts: LaunchFacts, ck_dir: str):
+    try:
+        return checkpoint_listing(facts, ck_dir)
+    except ValueError as e:
+        if not facts.py:
+            raise DeployError(f"the deployed env cannot answer launch's facts ({e})",
+                              hint="run `dfo deploy` to bring the env up to this dfo") from None
+        raise RemoteCommandError(f"listing checkpoints in {ck_dir}: {e}") from None
+
+
+def _cache_key(cfg: BundledConfig, facts: LaunchFacts, host: str,
+               warnings: list[str]) -> str | None:
+    """The compile-cache key (None: nothing is compiled, or its inputs are unknown)."""
+    if not cfg.compiled:
+        return None  # nothing is compiled: no cache to advise about
+    fp, src = facts.fingerprint, facts.source_hash
+    why = ("no deployed env fingerprint (fingerprint.json missing)" if fp is None else
+           "the env has no trainer or dfo_contract package (or an older dfo wheel)"
+           if src is None else "")
+    if why:
+        warnings.append(f"compile-cache key unknown ({why}): run `dfo warm-cache`")
+        return None
+    target = _target_config(cfg)
+    key = ck.compute_key(fp, cfg.full, trainer_source=src,
+                         target_config=facts.file_hash(target) if target else None).key
+    if key not in facts.caches:
+        warnings.append(f"no warm compile cache for key {key} on {host}: "
+                        "the first attempt compiles cold; run `dfo warm-cache`")
+    return key
+
+
+def _lineage(facts: LaunchFacts, ck_dir: str, run_name: str, now: float,
+             new_lineage: bool) -> str | None:
+    """A fresh launch must not share checkpoints/<run-name>/ with an earlier run: refuse,
+    or (``--new-lineage``) name the dated directory the old checkpoints move to."""
+    found = _listing(facts, ck_dir)
+    if not found:
+        return None
+    if not new_lineage:
+        raise ConfigError(
+            f"checkpoints/{run_name} already holds {len(found)} checkpoint(s) of an earlier "
+            f"run (newest {found[-1].name})",
+            hint="continue that run with --resume latest, or start over with --new-lineage "
+                 "(moves them aside under a dated name, deletes nothing)")
+    return f"{ck_dir.rstrip('/')}.{time.strftime('%Y%m%d-%H%M%S', time.gmtime(now))}"
+
+
+@dataclass
+class _Part:
+    """What one kind of trainer contributes to the plan."""
+    config: Config
+    cache: Cache
+    trainer: Bundled | Any
+    ck_dir: str
+    resume_path: str | None
+    env: dict[str, str]
+    first: list[str]
+    shown: dict[str, list[str]]
+    seed: list[list[str]] = field(default_factory=list)
+    aside: str | None = None
+
+
+def plan_launch(o: LaunchOptions, inp: LaunchInputs, facts: LaunchFacts, *, host,
+                role: Solo | Group | None = None,
+                resume_path: Any = ...) -> LaunchPlan:
+    """The run ``inp`` on ``host`` given the host's ``facts``. ``role``: a group's node;
+    ``resume_path`` (unless ``...``): what attempt 1 resumes, already resolved (a group's
+    other nodes take the head's: they resolve nothing and guard no checkpoints)."""
+    role = role or Solo()
+    lay = host.layout
+    if facts.launch.get("lock") == "held" and not o.replace:
+        owner = facts.launch.get("lock_owner") or "another run"
+        raise LockHeldError(f"run {owner} is live on {host.name} (run.lock held)",
+                            hint=f"stop it with `dfo stop --run {owner}` or launch --replace")
+    warnings = [] if o.env_check else ["env check skipped (--no-env-check)"]
+    part = (_own(o, inp, facts, resume_path) if isinstance(inp.trainer, OwnConfig) else
+            _bundled(o, inp, facts, host, role, resume_path, warnings))
+    python = lay.current_python
+    spec = RunSpec(
+        identity=Identity(run_id=inp.run_id, run_name=inp.run_name, host=host.name,
+                          root=lay.root, python=python, lock=lay.run_lock),
+        config=part.config, resume=Resume(checkpoint_dir=part.ck_dir, path=part.resume_path),
+        thresholds=inp.thresholds, budget=Budget.from_json(inp.budget.to_json()),
+        ladders={k: tuple(v) for k, v in inp.ladders.items()}, cache=part.cache,
+        standby=Standby(enabled=bool(o.standby),
+                        env={str(k): str(v) for k, v in o.standby_env.items()}),
+        trainer=part.trainer, role=role)
+    systemd = facts.launch.get("systemd") == "1"
+    held = facts.launch.get("lock") == "held"
+    if part.aside:
+        warnings.append(f"--new-lineage: the earlier checkpoints of {inp.run_name} move to "
+                        f"{part.aside}")
+    return LaunchPlan(spec=spec, run_dir=inp.run_dir, mode="systemd" if systemd else "setsid",
+                      start_argv=start_argv(python, inp.run_dir, inp.run_id, systemd=systemd,
+                                            stop_timeout_s=inp.thresholds.stop_timeout_s),
+                      first_attempt_argv=part.first, env=part.env, shown_ladders=part.shown,
+                      warnings=warnings, seed_argvs=part.seed, config_bytes=inp.trainer.data,
+                      lock_owner=facts.launch.get("lock_owner") if held else None,
+                      move_aside=part.aside, record=None if o.dry_run else facts.record)
+
+
+def _own(o: LaunchOptions, inp: LaunchInputs, facts: LaunchFacts, resume_path: Any) -> _Part:
+    tr = inp.trainer
+    assert isinstance(tr, OwnConfig)
+    if resume_path is ...:
+        matches = facts.part("glob")
+        found = [(str(p), float(m)) for p, m in matches] if isinstance(matches, list) else []
+        resume_path = None if o.resume is None else own_resume(
+            o.resume, tr, own_cwd(inp), found, facts.missing)
+    return _Part(config=Config(path=posixpath.join(inp.run_dir, "run-file.yaml")),
+                 cache=Cache(), trainer=tr.trainer(), ck_dir=inp.run_dir,
+                 resume_path=resume_path,
+                 env=attempt_env(tr.env, attempt=1, run_dir=inp.run_dir, fault=None,
+                                 run_id=inp.run_id),
+                 first=byo.attempt_argv(tr.command, byo.Changes(), resume_path=resume_path,
+                                        resume_args=tr.resume.args if tr.resume else ()),
+                 shown=shown_ladders(tr))
+
+
+def _bundled(o: LaunchOptions, inp: LaunchInputs, facts: LaunchFacts, host,
+             role: Solo | Group, resume_path: Any, warnings: list[str]) -> _Part:
+    tr, lay, run_dir = inp.trainer, host.layout, inp.run_dir
+    assert isinstance(tr, BundledConfig)
+    raise_missing(host.name, config_paths(tr.full), facts.missing, tr.source)
+    cfg_path, ck_dir = posixpath.join(run_dir, "config.yaml"), lay.checkpoints(inp.run_name)
+    key = _cache_key(tr, facts, host.name, warnings)
+    aside = None
+    if resume_path is ...:
+        resume_path = None
+        if inp.resume is not None:
+            resume_path, skipped = _resolve(inp.resume, facts, ck_dir)
+            warnings.extend(skipped)
+        elif not (isinstance(role, Group) and not role.is_head):
+            aside = _lineage(facts, ck_dir, inp.run_name, inp.now, o.new_lineage)
+    cache_vars = cache_env(lay, key or "cold", run_dir)
+    seed = seed_run_cache_argvs(lay, key or "cold", run_dir)
+    fault = o.fault if o.fault_node is None or not isinstance(role, Group) \
+        or role.node == o.fault_node else None
+    if isinstance(role, Group):
+        from .group_launch import node_attempt_argv
+
+        first = node_attempt_argv(lay.current_python, cfg_path, tr.sets, run_dir=run_dir,
+                                  checkpoint_dir=ck_dir, resume=resume_path, spec=role,
+                                  run_id=inp.run_id)
     else:
-        env.pop("DFO_FAULT", None)
-    return env
+        flat = tr.flat
+        first = trainer_argv(lay.current_python, cfg_path, tr.sets, run_dir=run_dir,
+                             checkpoint_dir=ck_dir, resume=resume_path,
+                             layout=flat.get("parallel.layout"), nproc=ddp_nproc(flat))
+    return _Part(config=Config(path=cfg_path, base=dict(tr.base), overrides=dict(tr.sets)),
+                 cache=Cache(key=key, env=cache_vars, restore_argv=tuple(seed[-1])),
+                 trainer=Bundled(fault=fault), ck_dir=ck_dir, resume_path=resume_path,
+                 env=attempt_env(cache_vars, attempt=1, run_dir=run_dir, fault=fault,
+                                 run_id=inp.run_id),
+                 first=first, shown={k: list(v) for k, v in inp.ladders.items()},
+                 seed=seed, aside=aside)
+
+
+def _resolve(resume: ResumeArg, facts: LaunchFacts, ck_dir: str) -> tuple[str, list[str]]:
+    """The checkpoint path, and a warning for each torn one ``latest`` passed over."""
+    where = posixpath.dirname(resume.value.rstrip("/")) if resume.kind == "path" else ck_dir
+    listing = _listing(facts, where)
+    path = resolve_resume(resume, listing, where)
+    if resume.kind != "latest":
+        return path, []
+    return path, [skipped_warning(c) for c in skipped_by_latest(listing)]

@@ -1,40 +1,20 @@
-"""The supervisor's thresholds (``dfo launch --threshold K=V``): defaults and validation. Pure."""
+"""The supervisor's thresholds as a user gives them (``dfo launch --threshold K=V``, a run
+file's ``thresholds:``): validated into the one ``Thresholds`` class of spec.json. Pure."""
 
 from __future__ import annotations
 
-import math
-from typing import Mapping
+from typing import Any, Mapping
+
+from dfo_contract.errors import ContractError
+from dfo_contract.runlimits import Thresholds
 
 from ..errors import ConfigError
 
 
-DEFAULT_THRESHOLDS: dict[str, float] = {
-    "warmup_s": 900.0,        # no heartbeat/step before the first training step
-    "train_s": 300.0,         # no step (or heartbeat) once training
-    "hang_s": 60.0,           # no heartbeat/step and an idle process tree: stuck (0: off)
-    "stop_timeout_s": 120.0,  # SIGTERM -> checkpoint -> exit, before SIGKILL
-    "kill_grace_s": 10.0,     # after a failure was seen, before SIGKILL
-    "live_grace_s": 5.0,      # a fatal pattern was printed: let the trainer exit by itself
-    "collapse_fraction": 0.5,
-    "collapse_steps": 5,
-    "baseline_steps": 5,
-    "skip_steps": 2,
-    "poll_s": 0.2,
-    "standby_wait_s": 0.0,    # wait this long for a standby still importing (0: never)
-    "standby_early_cpus": 8,  # hosts with >= this many CPUs start the standby with the attempt (0: never)
-}
-
-
-ZERO_OK = ("skip_steps", "hang_s", "standby_wait_s", "standby_early_cpus")  # 0 means "off"
-
-
-def thresholds(overrides: Mapping[str, float] | None = None, *, scale: float = 1.0) -> dict:
-    t = dict(DEFAULT_THRESHOLDS)
-    for k, v in (overrides or {}).items():
-        if k not in t:
-            raise ConfigError(f"threshold {k!r} is unknown", hint="known: " + ", ".join(t))
-        v = float(v)
-        if not math.isfinite(v) or v < 0 or (v == 0 and k not in ZERO_OK):
-            raise ConfigError(f"--threshold {k}={v}: expected a positive number of seconds")
-        t[k] = v
-    return t
+def thresholds(overrides: Mapping[str, Any] | None = None) -> Thresholds:
+    """The defaults with ``overrides``; ConfigError (one line) for an unknown name or a value
+    that is not a positive number (0 only where it means "off")."""
+    try:
+        return Thresholds.from_json(dict(overrides or {}), "--threshold")
+    except ContractError as e:
+        raise ConfigError(str(e), hint="known: " + ", ".join(Thresholds.names())) from None

@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Mapping, Union
+from typing import Union
 
 from dfo_contract.markers import parse_marker
+from dfo_contract.runlimits import Thresholds  # noqa: F401  (the watchdog's limits: spec.json's)
 
 from .byo import match_step
 from .classify import LineScan, TailScan, ThroughputMonitor
@@ -109,31 +110,6 @@ Action = Union[Step, Checkpoint, Warn, Terminate, DumpStacks, Kill, ThroughputLo
 IDLE_CPU_FRACTION = 0.1
 #: ... and read/wrote fewer bytes than this in that time, is stuck
 IDLE_IO_BYTES = 1 << 20
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    warmup_s: float
-    train_s: float
-    live_grace_s: float
-    kill_grace_s: float
-    stop_timeout_s: float
-    collapse_fraction: float = 0.5
-    collapse_steps: int = 5
-    baseline_steps: int = 5
-    skip_steps: int = 2
-    hang_s: float = 60.0   # no marker and an idle process tree for this long: stuck (0: off)
-
-    @classmethod
-    def from_json(cls, t: Mapping[str, float]) -> "Thresholds":
-        return cls(warmup_s=float(t["warmup_s"]), train_s=float(t["train_s"]),
-                   live_grace_s=float(t["live_grace_s"]), kill_grace_s=float(t["kill_grace_s"]),
-                   stop_timeout_s=float(t["stop_timeout_s"]),
-                   collapse_fraction=float(t.get("collapse_fraction", 0.5)),
-                   collapse_steps=int(t.get("collapse_steps", 5)),
-                   baseline_steps=int(t.get("baseline_steps", 5)),
-                   skip_steps=int(t.get("skip_steps", 2)),
-                   hang_s=float(t.get("hang_s", 60.0)))
 
 
 class Watchdog:

@@ -8,35 +8,38 @@ import glob
 import os
 import subprocess
 import time
-from typing import Any, Mapping
+from typing import Mapping
+
+from dfo_contract.runspec import Own
 
 from ..ops import byo
 
 
-def cwd(spec: Mapping[str, Any], run_dir: str) -> str:
-    return spec["byo"].get("cwd") or run_dir
+def cwd(own: Own, run_dir: str) -> str:
+    return own.cwd or run_dir
 
 
-def env(spec: Mapping[str, Any], changes: byo.Changes, base: Mapping[str, str]) -> dict:
-    """The deployed env's bin first on PATH, the run file's env, then the ladder's."""
+def env(own: Own, python: str, changes: byo.Changes, base: Mapping[str, str]) -> dict:
+    """The deployed env's bin (``python``'s) first on PATH, the run file's env, then the
+    ladder's."""
     e = dict(base)
-    bindir = os.path.dirname(spec["python"])
+    bindir = os.path.dirname(python)
     e["PATH"] = bindir + os.pathsep + e.get("PATH", "/usr/local/bin:/usr/bin:/bin")
     e["VIRTUAL_ENV"] = os.path.dirname(bindir)
-    e.update(spec["byo"].get("env") or {})
+    e.update(own.env)
     e.update(changes.env)
     return e
 
 
-def resume_target(spec: Mapping[str, Any], run_dir: str, since: float = 0.0) -> str | None:
+def resume_target(own: Own, run_dir: str, since: float = 0.0) -> str | None:
     """The newest checkpoint the run file's glob finds (relative to the command's dir)
     that this run wrote (modified at or after ``since``, the run's start): an earlier
     run's checkpoints are taken only through ``--resume``."""
-    r = spec["byo"].get("resume")
-    if not r:
+    r = own.resume
+    if r is None:
         return None
-    base = cwd(spec, run_dir)
-    pattern = r["glob"] if r["glob"].startswith("/") else os.path.join(base, r["glob"])
+    base = cwd(own, run_dir)
+    pattern = r.glob if r.glob.startswith("/") else os.path.join(base, r.glob)
     found = []
     for p in glob.glob(pattern):
         try:
@@ -45,13 +48,12 @@ def resume_target(spec: Mapping[str, Any], run_dir: str, since: float = 0.0) -> 
             continue
         if mtime >= since:
             found.append((p, mtime))
-    return byo.newest_checkpoint(found, r.get("order", "step"))
+    return byo.newest_checkpoint(found, r.order)
 
 
-def argv(spec: Mapping[str, Any], changes: byo.Changes, resume: str | None) -> list[str]:
-    r = spec["byo"].get("resume") or {}
-    return byo.attempt_argv(spec["byo"]["command"], changes, resume_path=resume,
-                            resume_args=r.get("args", ()))
+def argv(own: Own, changes: byo.Changes, resume: str | None) -> list[str]:
+    return byo.attempt_argv(own.command, changes, resume_path=resume,
+                            resume_args=own.resume.args if own.resume else ())
 
 
 def run_first(cmds: list[list[str]], env_: Mapping[str, str], cwd_: str, log_path: str,

@@ -19,15 +19,16 @@ from typing import Any
 
 from dfo_contract import envvars
 from dfo_contract.checkpoints import newest_of_run
+from dfo_contract.errors import ContractError
+from dfo_contract.runspec import Bundled, RunSpec
 
 from ..ops import runstate as rs
 from ..ops import byo as byo_ops
-from ..ops.budget import BudgetPolicy, BudgetState, on_failure, restart_delay
+from ..ops.budget import BudgetState, on_failure, restart_delay
 from ..ops.classify import classify
 from ..ops.fallback import next_config
 from ..ops.classify import NODE_LOST
-from ..ops.group import GroupSpec
-from ..ops.launch_plan import Rendezvous, attempt_env, ddp_nproc, group_env, trainer_argv
+from ..ops.launch_argv import Rendezvous, attempt_env, ddp_nproc, group_env, trainer_argv
 from ..ops.runstate import Attempt, RunState
 from . import byo as byo_sup
 from . import group, procs, runfiles
@@ -50,14 +51,15 @@ class _Choice:
 class Supervisor(AttemptWatch):
     def __init__(self, run_dir: str):
         self.run_dir = os.path.abspath(run_dir)
-        self.spec: dict[str, Any] = runfiles.read_spec(self.run_dir)
-        self.t: dict[str, float] = self.spec["thresholds"]
-        self.policy = BudgetPolicy.from_json(self.spec.get("budget"))
+        self.spec: RunSpec = runfiles.read_spec(self.run_dir)
+        self.t = self.spec.thresholds
+        self.policy = self.spec.budget
         self.stop_reason: str | None = None
-        self.state = RunState.new(self.spec["run_id"], self.spec["run_name"], now=time.time())
+        self.state = RunState.new(self.spec.identity.run_id, self.spec.identity.run_name,
+                                  now=time.time())
         self.lock_fd: int | None = None
-        #: a multi-node run (spec ``group``): this node's part, its coordinator, the plan
-        self.group = GroupSpec.from_json(self.spec["group"]) if self.spec.get("group") else None
+        #: a multi-node run (spec ``role``): this node's part, its coordinator, the plan
+        self.group = self.spec.group
         self.coord: group.Coordinator | None = None
         self.plan: dict | None = None
         #: the standby interpreter for the next attempt (supervisor.standby)
@@ -92,7 +94,7 @@ class Supervisor(AttemptWatch):
 
     # --- lock -------------------------------------------------------------------------------
     def _take_lock(self) -> str | None:
-        path = self.spec["lock"]
+        path = self.spec.identity.lock
         os.makedirs(os.path.dirname(path), exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -102,7 +104,7 @@ class Supervisor(AttemptWatch):
             os.close(fd)
             return owner or "another run"
         os.ftruncate(fd, 0)
-        os.pwrite(fd, (self.spec["run_id"] + "\n").encode(), 0)
+        os.pwrite(fd, (self.spec.identity.run_id + "\n").encode(), 0)
         self.lock_fd = fd
         return None
 
@@ -122,7 +124,7 @@ class Supervisor(AttemptWatch):
             if self.state.final:
                 return 0
         else:
-            self.state.overrides = dict(self.spec.get("overrides") or {})
+            self.state.overrides = dict(self.spec.config.overrides)
         owner = self._take_lock()
         if owner is not None:
             self._final("failed", f"run.lock is held by {owner}: another run is live on this host")
@@ -151,7 +153,7 @@ class Supervisor(AttemptWatch):
         orphans = procs.processes_of_run(self.run_dir)
         if orphans:
             procs.signal_all(orphans, signal.SIGTERM)
-            if not procs.wait_gone(orphans, self.t["kill_grace_s"]):
+            if not procs.wait_gone(orphans, self.t.kill_grace_s):
                 procs.signal_all(orphans, signal.SIGKILL)
                 procs.wait_gone(orphans, 5)
             self.emit("orphans_reaped", pids=orphans)
@@ -208,11 +210,11 @@ class Supervisor(AttemptWatch):
                 return self._final("failed", f"{diag.cls} ({diag.reason}): {dec.reason}",
                                    evidence=ev)
             pos = int(self.state.ladder_pos.get(diag.cls, 0))
-            if self.spec.get("byo"):
+            if self.spec.own is not None:
                 choice = self._byo_choice(diag.cls, pos)
             else:
-                ladder = list((self.spec.get("ladders") or {}).get(diag.cls, []))
-                base = dict(self.spec.get("base_config") or {})
+                ladder = list(self.spec.ladders.get(diag.cls, ()))
+                base = dict(self.spec.config.base)
                 choice = next_config(diag.cls, ladder, pos, base, dict(self.state.overrides))
             if choice.exhausted:
                 reason = f"{diag.cls}: fallback ladder spent ({choice.spent})"
@@ -240,7 +242,7 @@ class Supervisor(AttemptWatch):
             self.save()
 
     def _byo_choice(self, cls: str, pos: int) -> "_Choice":
-        ladder = list(((self.spec["byo"].get("fallbacks") or {}).get(cls)) or [])
+        ladder = list(self.spec.own.fallbacks.get(cls, ()))
         c = byo_ops.next_step(cls, ladder, pos, byo_ops.Changes.from_json(self.state.overrides))
         return _Choice(c.step, c.changes.to_json(), c.position, c.changed, False, c.exhausted,
                        " -> ".join(byo_ops.describe_step(s) for s in ladder) or "empty")
@@ -274,48 +276,51 @@ class Supervisor(AttemptWatch):
         taken, even when newer). Else: exactly the checkpoint launch was given (--resume),
         else None (from scratch)."""
         if not self.state.last_checkpoint:
-            return self.spec.get("resume")  # this run saved nothing yet: what launch was given
-        info, skipped = newest_of_run(self.spec["checkpoint_dir"], self.spec["run_id"])
+            return self.spec.resume.path  # this run saved nothing yet: what launch was given
+        info, skipped = newest_of_run(self.spec.resume.checkpoint_dir, self.spec.identity.run_id)
         for c in skipped:
             self.emit("watchdog", attempt=self.state.attempt + 1,
                       reason=f"skipping checkpoint {c.name}: {c.reason}")
-        return (info.path if info else None) or self.spec.get("resume")
+        return (info.path if info else None) or self.spec.resume.path
 
     def _config(self) -> dict:
-        return {**(self.spec.get("base_config") or {}), **self.state.overrides}
+        return self.spec.config.merged(self.state.overrides)
 
     def _attempt_env(self, n: int) -> dict[str, str]:
         env = dict(os.environ)
-        env.update(attempt_env(self.spec.get("env") or {}, attempt=n, run_dir=self.run_dir,
-                               fault=self.spec.get("fault"), run_id=self.spec["run_id"]))
+        tr = self.spec.trainer
+        env.update(attempt_env(self.spec.cache.env, attempt=n, run_dir=self.run_dir,
+                               fault=tr.fault if isinstance(tr, Bundled) else None,
+                               run_id=self.spec.identity.run_id))
         return env
 
     def _run_attempt(self, n: int) -> Outcome:
         cfg = self._config()
         env = self._attempt_env(n)
         cwd = self.run_dir
-        if self.spec.get("byo"):          # a foreign command (dfo launch -- CMD ARGS...)
+        own = self.spec.own
+        if own is not None:          # a foreign command (dfo launch -- CMD ARGS...)
             changes = byo_ops.Changes.from_json(self.state.overrides)
-            resume = byo_sup.resume_target(self.spec, self.run_dir,
+            resume = byo_sup.resume_target(own, self.run_dir,
                                            since=float(self.state.started_at or 0) - 1.0) \
-                or self.spec.get("resume")
-            argv = byo_sup.argv(self.spec, changes, resume)
-            env = byo_sup.env(self.spec, changes, env)
-            cwd = byo_sup.cwd(self.spec, self.run_dir)
+                or self.spec.resume.path
+            argv = byo_sup.argv(own, changes, resume)
+            env = byo_sup.env(own, self.spec.identity.python, changes, env)
+            cwd = byo_sup.cwd(own, self.run_dir)
         else:
             changes = None
             gs, rdzv = self.group, None
             resume = self._resume_target() if self.plan is None else self.plan.get("resume")
             if gs is not None:
                 rdzv = Rendezvous(gs.nnodes, gs.head_addr, gs.port, gs.rdzv_id(
-                    self.spec["run_id"], n), is_host=gs.is_head,
+                    self.spec.identity.run_id, n), is_host=gs.is_head,
                     local_addr=group.local_addr(gs.head_addr, gs.port))
                 env.update(group_env(gs.node, gs.env))
                 if gs.is_head:
                     group.plan_for(self, n, resume)
-            argv = trainer_argv(self.spec["python"], self.spec["config_path"],
+            argv = trainer_argv(self.spec.identity.python, self.spec.config.path,
                                 self.state.overrides, run_dir=self.run_dir,
-                                checkpoint_dir=self.spec["checkpoint_dir"], resume=resume,
+                                checkpoint_dir=self.spec.resume.checkpoint_dir, resume=resume,
                                 layout=cfg.get("parallel.layout"),
                                 nproc=gs.nproc if gs else ddp_nproc(cfg), rdzv=rdzv)
         log_name = rs.attempt_log_name(n)
@@ -326,7 +331,7 @@ class Supervisor(AttemptWatch):
         self.state.attempts.append(att)
         if changes is not None and changes.first:
             ok, why = byo_sup.run_first(changes.first, env, cwd, log_path,
-                                        timeout=self.t["warmup_s"])
+                                        timeout=self.t.warmup_s)
             self.emit("run_first", attempt=n, commands=changes.first, ok=ok, detail=why)
         oom_before = procs.cgroup_oom_kills()
         env[envvars.SPAWN_T] = f"{time.time():.3f}"  # the trainer's startup breakdown counts from here
@@ -354,7 +359,7 @@ class Supervisor(AttemptWatch):
         return out
 
     def _restore_cache(self, n: int) -> None:
-        argv = self.spec.get("restore_cache_argv")
+        argv = list(self.spec.cache.restore_argv or ())
         if not argv:
             self.emit("cache_restore", attempt=n, ok=False,
                       detail="no cache to restore from; continuing with the run's cache as it is")
@@ -375,6 +380,6 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     try:
         return Supervisor(a.run_dir).run()
-    except FileNotFoundError as e:
+    except (FileNotFoundError, ContractError) as e:
         print(f"dfo-supervisor: {e}", file=sys.stderr)
-        return 0  # nothing to supervise: never restart-loop on it
+        return 0  # nothing it can supervise: never restart-loop on it

@@ -42,7 +42,7 @@ def local_addr(head_addr: str, port: int) -> str | None:
 
 def open_for(sup) -> Coordinator:
     gs: g.GroupSpec = sup.group
-    c = Coordinator(gs, sup.spec["run_id"])
+    c = Coordinator(gs, sup.spec.identity.run_id)
     c.open()
     sup.emit("group_start", node=gs.node, host=gs.host, nodes=list(gs.nodes),
              head_addr=gs.head_addr, coord_port=gs.coord_port)
@@ -125,7 +125,7 @@ def tick(sup, n: int, proc, out, dog, now: float) -> None:
 
 def _terminate(sup, proc, out, now: float) -> None:
     procs.signal_all([proc.pid], signal.SIGTERM)
-    out.kill_at = now + float(sup.t["kill_grace_s"])
+    out.kill_at = now + float(sup.t.kill_grace_s)
 
 
 def _kill_due(sup, proc, out, now: float) -> None:
@@ -239,7 +239,7 @@ def _strip(rec: dict | None) -> dict | None:
 def plan_for(sup, n: int, resume: str | None) -> None:
     """Head: what every node runs as attempt N."""
     sup.coord.set_plan(n, {"overrides": dict(sup.state.overrides), "resume": resume,
-                           "rdzv_id": sup.group.rdzv_id(sup.spec["run_id"], n)})
+                           "rdzv_id": sup.group.rdzv_id(sup.spec.identity.run_id, n)})
 
 
 # --- a peer's loop ------------------------------------------------------------------------------

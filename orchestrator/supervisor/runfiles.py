@@ -11,7 +11,9 @@ import fcntl
 import os
 from typing import Any, Mapping
 
+from dfo_contract.errors import ContractError
 from dfo_contract.fsio import atomic_write_json, read_json
+from dfo_contract.runspec import RunSpec
 
 from ..ops import runstate as rs
 from ..ops.runstate import RunState
@@ -61,11 +63,14 @@ def read_state(run_dir: str) -> RunState:
     return RunState.from_json(read_json(os.path.join(run_dir, rs.STATE_FILE)))
 
 
-def read_spec(run_dir: str) -> dict:
-    spec = read_json(os.path.join(run_dir, rs.SPEC_FILE))
-    if not isinstance(spec, dict):
-        raise ValueError(f"{rs.SPEC_FILE} is not a JSON object")
-    return spec
+def read_spec(run_dir: str) -> RunSpec:
+    """The run's spec.json (``RunSpec.from_json``). Raises OSError (absent) or ContractError
+    (not a spec this supervisor reads: one line)."""
+    try:
+        raw = read_json(os.path.join(run_dir, rs.SPEC_FILE))
+    except ValueError as e:
+        raise ContractError(f"{rs.SPEC_FILE} is not JSON ({e})") from None
+    return RunSpec.from_json(raw)
 
 
 def append_event(path: str, rec: Mapping[str, Any]) -> None:

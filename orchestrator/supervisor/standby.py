@@ -36,8 +36,7 @@ class Keeper:
     # --- what the supervisor asks -----------------------------------------------------------
     def enabled(self) -> bool:
         spec = self.sup.spec
-        return bool(spec.get("standby", True)) and not spec.get("byo") \
-            and self.sup.group is None
+        return spec.standby.enabled and spec.own is None and self.sup.group is None
 
     def pids(self) -> list[int]:
         """The standby and its children (never killed as an attempt's leftovers)."""
@@ -51,7 +50,7 @@ class Keeper:
             cpus = len(os.sched_getaffinity(0))  # an LXC cpuset limits this, not os.cpu_count()
         except (AttributeError, OSError):
             cpus = os.cpu_count()
-        return ops.start_with_attempt(cpus, float(self.sup.t.get("standby_early_cpus", 8)))
+        return ops.start_with_attempt(cpus, float(self.sup.t.standby_early_cpus))
 
     def on_train(self, n: int) -> None:
         """Attempt n reached training: start the standby for attempt n+1 (once)."""
@@ -62,8 +61,8 @@ class Keeper:
         if str(cfg.get("parallel.layout") or "single") not in ops.LAYOUTS:
             return
         env = self.sup._attempt_env(n + 1)
-        env.update({str(k): str(v) for k, v in (self.sup.spec.get("standby_env") or {}).items()})
-        python = self.sup.spec["python"]
+        env.update(self.sup.spec.standby.env)
+        python = self.sup.spec.identity.python
         r, w = os.pipe()
         os.set_blocking(r, False)
         try:
@@ -119,18 +118,19 @@ class Keeper:
         serve is killed, with a ``standby_discarded`` event)."""
         if self.proc is None or self.info is None:
             return None
-        wait = float(self.sup.t.get("standby_wait_s", 0.0))
+        wait = float(self.sup.t.standby_wait_s)
         end = time.monotonic() + wait
         self.poll()
         while wait > 0 and not self.info.ready and self.info.alive and time.monotonic() < end:
             time.sleep(0.1)
             self.poll()
         cfg = self.sup._config()
-        why_not = ops.ineligible(argv, byo=bool(self.sup.spec.get("byo")),
+        why_not = ops.ineligible(argv, byo=self.sup.spec.own is not None,
                                  group=self.sup.group is not None,
                                  layout=cfg.get("parallel.layout"))
-        d = ops.decide(self.info, python=self.sup.spec["python"], env=env, argv=argv,
-                       why_not=why_not, env_dir=_env_dir(self.sup.spec["python"]))
+        python = self.sup.spec.identity.python
+        d = ops.decide(self.info, python=python, env=env, argv=argv,
+                       why_not=why_not, env_dir=_env_dir(python))
         if not d.use:
             self.discard(d.reason, attempt=n)
             return None

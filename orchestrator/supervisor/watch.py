@@ -5,6 +5,7 @@ the state, the events and the decisions between attempts."""
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import subprocess
 import time
@@ -61,21 +62,21 @@ class AttemptWatch:
         """Read the attempt's new lines, feed them to the watchdog, do what it says."""
         t0 = time.monotonic()
         base = self.state.baseline_tokens_per_s
-        byo = self.spec.get("byo") or {}
-        t = dict(self.t)
+        own = self.spec.own
+        t = self.t
         if self.group is not None and not self.group.is_head:
             # the main rank (its markers) runs on the head: the head judges hangs; a peer
             # judges only its own process (exit, fatal lines, OOM)
-            t.update(warmup_s=1e12, train_s=1e12, hang_s=0.0)
-        dog = wd.Watchdog(wd.Thresholds.from_json(t), now=t0,
+            t = dataclasses.replace(t, warmup_s=1e12, train_s=1e12, hang_s=0.0)
+        dog = wd.Watchdog(t, now=t0,
                           baseline=base if self.state.baseline_overrides == self.state.overrides
                           else None,
                           dense_expected=str(self._config().get("model.attention", ""))
                           == "flex-eager",   # uncompiled flex on purpose
-                          step_pattern=compile_step_pattern(byo.get("step_pattern")),
-                          cpu_is_progress=bool(self.spec.get("byo")))
+                          step_pattern=compile_step_pattern(own.step_pattern if own else None),
+                          cpu_is_progress=own is not None)
         out = Outcome(scan=dog.scan)
-        poll = float(self.t.get("poll_s", 0.2))
+        poll = float(self.t.poll_s)
         offset = 0
         next_sample = t0
         early = self.standby.early()
@@ -195,7 +196,7 @@ class AttemptWatch:
                 procs.signal_all([proc.pid], signal.SIGTERM)
             elif isinstance(a, wd.DumpStacks):
                 out.stacks = dump_stacks(self.run_dir, n, proc.pid, log_path,
-                                         self.spec["python"])
+                                         self.spec.identity.python)
                 self.emit("stacks", attempt=n, files=out.stacks)
             elif isinstance(a, wd.Kill):
                 procs.kill_tree(proc.pid, self.run_dir, sig=signal.SIGKILL,

@@ -1,22 +1,29 @@
 #!/usr/bin/env bash
 # dfo launch's pre-launch facts in ONE round trip, in "@section NAME" blocks (parsed by
 # orchestrator.ops.launch_facts): the launch probe, the config's paths that are missing,
-# the env's stamp, its recorded verification while that still holds, and deploy's state
-# probe (whose `uv pip freeze` is left out while the recorded verification holds).
-# $1 launch-probe script, $2 state script, $3 root, $4 run.lock, $5 target env dir,
-# $6 python spec, $7 wheel path, $8 "check" or "nocheck", $9 the run's checkpoint dir,
-# $10... paths the config names.
-lp=$1; st=$2; root=$3; lock=$4; env=$5; py=$6; wheel=$7; check=$8; ck=$9; shift 9
+# what the deployed env's python reads (orchestrator.remote.launch_facts: cache-key inputs,
+# checkpoints by manifest, a resume glob), and with "check": the env's stamp, its recorded
+# verification while that still holds, deploy's state probe (whose `uv pip freeze` is left
+# out while the recorded verification holds) and, when it does not hold, the env probe.
+# $1 launch-probe script, $2 state script, $3 env-probe source, $4 root, $5 run.lock,
+# $6 target env dir, $7 python spec, $8 wheel path, $9 "check" or "nocheck", $10 N,
+# then N paths the config names, then the arguments of orchestrator.remote.launch_facts.
+lp=$1; st=$2; probe=$3; root=$4; lock=$5; env=$6; py=$7; wheel=$8; check=$9; n=${10}
+shift 10
 echo "@section launch"
 sh -c "$lp" dfo-probe "$root" "$lock"
-# no checkpoint there: launch need not start Python to list them
-if [ -n "$ck" ] && [ -z "$(find "$ck" -mindepth 1 -maxdepth 1 -print -quit 2>/dev/null)" ]; then
-  echo checkpoints=none
-fi
 echo "@section missing"
-for p in "$@"; do [ -e "$p" ] || printf '%s\n' "$p"; done
-if [ "$check" != check ]; then echo "@section end"; exit 0; fi
+i=0
+while [ "$i" -lt "$n" ]; do
+  [ -e "$1" ] || printf '%s\n' "$1"
+  shift; i=$((i+1))
+done
 cur="$root/envs/current"
+if [ -x "$cur/bin/python" ]; then
+  echo "@section facts"
+  "$cur/bin/python" -m orchestrator.remote.launch_facts "$@" 2>&1
+fi
+if [ "$check" != check ]; then echo "@section end"; exit 0; fi
 rec="$cur/.dfo-verified"
 # The stamp: everything the env probe's answer and `uv pip freeze` depend on that can be
 # read without starting Python. Any change to it (a package installed, removed or swapped,
@@ -54,4 +61,9 @@ fi
 echo "@section state"
 if [ "$hold" = 1 ]; then freeze=nofreeze; else freeze=freeze; fi
 bash -c "$st" dfo-state "$root" "$env" "$py" "$wheel" "$freeze"
+if [ "$hold" != 1 ] && [ -n "$probe" ] && [ -f "$cur/fingerprint.json" ] \
+    && [ -x "$cur/bin/python" ]; then
+  echo "@section probe"
+  env PYTHONDONTWRITEBYTECODE=1 CUDA_MODULE_LOADING=LAZY "$cur/bin/python" -c "$probe" 2>&1
+fi
 echo "@section end"

@@ -1,0 +1,321 @@
+"""``spec.json``: what ``dfo launch`` hands the run's supervisor (torch-free, stdlib only).
+
+One versioned :class:`RunSpec` of frozen ``kw_only`` dataclasses, written once by launch
+(``RunSpec.to_json``) and read by the supervisor only through :meth:`RunSpec.from_json`,
+so the supervisor never re-reads hosts.yaml and never looks a key up by its name.
+
+- ``identity``: the run (id, name), the host and where it lives (root, env python, run.lock)
+- ``config``: the run config on the host, its flat values (file + defaults) and the
+  ``--set`` overrides attempt 1 starts with (fallbacks change overrides, never the base)
+- ``thresholds``, ``budget``: the watchdog's and the restart budget's limits (runlimits)
+- ``ladders``: the bundled trainer's fallback ladders (failure class -> step names)
+- ``resume``: the checkpoint dir and the checkpoint attempt 1 resumes from (None: scratch)
+- ``cache``: the compile-cache key and the run's cache env, the argv that re-seeds it
+- ``standby``: the pre-started interpreter of the next attempt (on/off, its extra env)
+- ``trainer``: :class:`Bundled` (``python -m trainer train``) or :class:`Own` (a foreign
+  command: its argv, directory, step pattern, env, resume rule and fallback steps)
+- ``role``: :class:`Solo`, or :class:`Group` (one node of a run over several nodes)
+
+A spec of another ``version`` is refused with one :class:`ContractError` line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Union
+
+from .errors import ContractError
+from .runlimits import Budget, Thresholds, as_mapping, as_number
+
+__all__ = ["SPEC_VERSION", "Budget", "Bundled", "Cache", "Config", "Group", "Identity", "Own",
+           "ResumeRule", "Resume", "RunSpec", "Solo", "Standby", "Thresholds", "NODE_LOST_S"]
+
+SPEC_VERSION = 2
+#: seconds without a heartbeat before the head of a group declares a node lost
+NODE_LOST_S = 20.0
+
+
+# --- reading JSON values, each error one line naming the key ----------------------------------
+
+def _str(d: Mapping[str, Any], key: str, where: str, *, optional: bool = False) -> Any:
+    v = d.get(key)
+    if v is None and optional:
+        return None
+    if not isinstance(v, str):
+        raise ContractError(f"{where}.{key}: expected a string, got {v!r}")
+    return v
+
+
+def _int(d: Mapping[str, Any], key: str, where: str) -> int:
+    v = d.get(key)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ContractError(f"{where}.{key}: expected an integer, got {v!r}")
+    return v
+
+
+def _strs(v: Any, where: str) -> tuple[str, ...]:
+    if not isinstance(v, (list, tuple)) or not all(isinstance(x, str) for x in v):
+        raise ContractError(f"{where}: expected a list of strings, got {v!r}")
+    return tuple(v)
+
+
+def _str_map(v: Any, where: str) -> dict[str, str]:
+    return {str(k): str(x) for k, x in as_mapping(v, where).items()}
+
+
+def _section(d: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    if key not in d:
+        raise ContractError(f"spec.json: no {key!r} section")
+    return as_mapping(d[key], key)
+
+
+# --- the sections -------------------------------------------------------------------------------
+
+class _Json:
+    def to_json(self) -> dict[str, Any]:
+        return _plain(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Identity(_Json):
+    run_id: str
+    run_name: str
+    host: str              # the host's name in hosts.yaml
+    root: str              # the host's dfo root
+    python: str            # the deployed env's interpreter
+    lock: str              # locks/run.lock (held by the live run's supervisor)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "Identity":
+        return cls(**{k: _str(d, k, "identity") for k in
+                      ("run_id", "run_name", "host", "root", "python", "lock")})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config(_Json):
+    """The run config as ``dfo_contract.trainer_config`` loaded it on the laptop: ``base``
+    is its flat ``SECTION.FIELD`` values without ``--set``, ``overrides`` the ``--set``s."""
+    path: str
+    base: Mapping[str, Any] = field(default_factory=dict)
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+
+    def merged(self, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The flat config in force with ``overrides`` (default: attempt 1's)."""
+        return {**self.base, **(self.overrides if overrides is None else overrides)}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "Config":
+        return cls(path=_str(d, "path", "config"),
+                   base=dict(as_mapping(d.get("base"), "config.base")),
+                   overrides=dict(as_mapping(d.get("overrides"), "config.overrides")))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Resume(_Json):
+    checkpoint_dir: str           # where the trainer saves (a foreign trainer: the run dir)
+    path: str | None = None       # what attempt 1 resumes from, checked by launch
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "Resume":
+        return cls(checkpoint_dir=_str(d, "checkpoint_dir", "resume"),
+                   path=_str(d, "path", "resume", optional=True))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cache(_Json):
+    key: str | None = None                    # None: unknown, or nothing is compiled
+    env: Mapping[str, str] = field(default_factory=dict)   # the run's own cache dirs
+    restore_argv: tuple[str, ...] | None = None  # re-seeds the run's cache (compile_gate retry)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "Cache":
+        argv = d.get("restore_argv")
+        return cls(key=_str(d, "key", "cache", optional=True),
+                   env=_str_map(d.get("env"), "cache.env"),
+                   restore_argv=None if argv is None else _strs(argv, "cache.restore_argv"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Standby(_Json):
+    enabled: bool = True
+    env: Mapping[str, str] = field(default_factory=dict)   # given to the standby only
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "Standby":
+        return cls(enabled=bool(d.get("enabled", True)), env=_str_map(d.get("env"), "standby.env"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Bundled(_Json):
+    """``python -m trainer train`` (with ``DFO_FAULT`` when ``fault`` is given)."""
+    fault: str | None = None
+    kind = "bundled"
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "Bundled":
+        return cls(fault=_str(d, "fault", "trainer", optional=True))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResumeRule(_Json):
+    """Where a foreign trainer's checkpoints are and how it is told to resume one."""
+    glob: str
+    order: str = "step"                                 # "step" | "mtime"
+    args: tuple[str, ...] = ("--resume", "{path}")
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "ResumeRule":
+        return cls(glob=_str(d, "glob", "trainer.resume"),
+                   order=_str(d, "order", "trainer.resume", optional=True) or "step",
+                   args=_strs(d.get("args", ["--resume", "{path}"]), "trainer.resume.args"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Own(_Json):
+    """A foreign command (``dfo launch -- CMD ARGS...``); an argv, never a shell line."""
+    command: tuple[str, ...]
+    cwd: str | None = None                      # None: the run dir
+    step_pattern: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    resume: ResumeRule | None = None
+    #: failure class -> ladder steps (``orchestrator.ops.byo``: {"drop_arg": ...}, ...)
+    fallbacks: Mapping[str, tuple[Mapping[str, Any], ...]] = field(default_factory=dict)
+    kind = "own"
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "Own":
+        r = d.get("resume")
+        fb = as_mapping(d.get("fallbacks"), "trainer.fallbacks")
+        return cls(command=_strs(d.get("command"), "trainer.command"),
+                   cwd=_str(d, "cwd", "trainer", optional=True),
+                   step_pattern=_str(d, "step_pattern", "trainer", optional=True),
+                   env=_str_map(d.get("env"), "trainer.env"),
+                   resume=None if r is None else ResumeRule.from_json(
+                       as_mapping(r, "trainer.resume")),
+                   fallbacks={str(c): tuple(dict(as_mapping(s, f"trainer.fallbacks.{c}"))
+                                            for s in steps) for c, steps in fb.items()})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Solo(_Json):
+    kind = "solo"
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "Solo":
+        return cls()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Group(_Json):
+    """One node of a run over several nodes (``dfo launch --group``, docs/multinode.md)."""
+    name: str                      # the group's name in hosts.yaml
+    nodes: tuple[str, ...]         # host names, the head (node 0) first
+    node: int                      # this node's index into ``nodes``
+    head_addr: str                 # where the other nodes reach the head
+    port: int                      # torchrun's c10d rendezvous (--rdzv-endpoint head_addr:port)
+    coord_port: int                # the supervisors' TCPStore on the head
+    nproc: int                     # processes on this node (--nproc-per-node)
+    env: Mapping[str, str] = field(default_factory=dict, hash=False)  # this node's extra env
+    node_lost_s: float = NODE_LOST_S
+    kind = "group"
+
+    @property
+    def is_head(self) -> bool:
+        return self.node == 0
+
+    @property
+    def nnodes(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def host(self) -> str:
+        return self.nodes[self.node]
+
+    def rdzv_id(self, run_id: str, attempt: int) -> str:
+        """A fresh rendezvous per attempt: a restarted attempt never meets a stale round."""
+        return f"{run_id}-a{attempt}"
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "Group":
+        w = "role"
+        return cls(name=_str(d, "name", w), nodes=_strs(d.get("nodes"), f"{w}.nodes"),
+                   node=_int(d, "node", w), head_addr=_str(d, "head_addr", w),
+                   port=_int(d, "port", w), coord_port=_int(d, "coord_port", w),
+                   nproc=_int(d, "nproc", w), env=_str_map(d.get("env"), f"{w}.env"),
+                   node_lost_s=as_number(d.get("node_lost_s", NODE_LOST_S), f"{w}.node_lost_s"))
+
+
+Trainer = Union[Bundled, Own]
+Role = Union[Solo, Group]
+_TRAINERS: dict[str, Any] = {"bundled": Bundled, "own": Own}
+_ROLES: dict[str, Any] = {"solo": Solo, "group": Group}
+
+
+def _plain(x: Any) -> Any:
+    """A section as JSON: tuples as lists, nested dataclasses as dicts, ``kind`` first."""
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        out: dict[str, Any] = {"kind": x.kind} if hasattr(type(x), "kind") else {}
+        out.update({f.name: _plain(getattr(x, f.name)) for f in dataclasses.fields(x)})
+        return out
+    if isinstance(x, Mapping):
+        return {str(k): _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    return x
+
+
+def _tagged(d: Mapping[str, Any], key: str, table: Mapping[str, Any]) -> Any:
+    sec = _section(d, key)
+    kind = sec.get("kind")
+    if kind not in table:
+        raise ContractError(f"{key}.kind: expected one of {', '.join(table)}, got {kind!r}")
+    return table[kind].from_json(sec)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSpec(_Json):
+    identity: Identity
+    config: Config
+    resume: Resume
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    budget: Budget = field(default_factory=Budget)
+    ladders: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    cache: Cache = field(default_factory=Cache)
+    standby: Standby = field(default_factory=Standby)
+    trainer: Trainer = field(default_factory=Bundled)
+    role: Role = field(default_factory=Solo)
+    version: int = SPEC_VERSION
+
+    @property
+    def run_id(self) -> str:
+        return self.identity.run_id
+
+    @property
+    def group(self) -> Group | None:
+        return self.role if isinstance(self.role, Group) else None
+
+    @property
+    def own(self) -> Own | None:
+        return self.trainer if isinstance(self.trainer, Own) else None
+
+    @classmethod
+    def from_json(cls, d: Any) -> "RunSpec":
+        if not isinstance(d, Mapping):
+            raise ContractError(f"spec.json: expected a JSON object, got {type(d).__name__}")
+        v = d.get("version")
+        if v != SPEC_VERSION:
+            raise ContractError(f"spec.json: version {v!r} is not one this supervisor reads "
+                                f"(it reads version {SPEC_VERSION}); launch the run again with "
+                                "this dfo")
+        lad = as_mapping(d.get("ladders"), "ladders")
+        return cls(identity=Identity.from_json(_section(d, "identity")),
+                   config=Config.from_json(_section(d, "config")),
+                   resume=Resume.from_json(_section(d, "resume")),
+                   thresholds=Thresholds.from_json(d.get("thresholds")),
+                   budget=Budget.from_json(d.get("budget")),
+                   ladders={str(c): _strs(s, f"ladders.{c}") for c, s in lad.items()},
+                   cache=Cache.from_json(as_mapping(d.get("cache"), "cache")),
+                   standby=Standby.from_json(as_mapping(d.get("standby"), "standby")),
+                   trainer=_tagged(d, "trainer", _TRAINERS),
+                   role=_tagged(d, "role", _ROLES))
