@@ -98,7 +98,8 @@ def test_logs_follow_stops_at_once_on_a_changed_host_key(sshd_only, tmp_path):
     (rd / "state.json").write_text(json.dumps({"run_id": "live-1", "run_name": "live",
                                                "status": "running", "pid": os.getpid(),
                                                "attempt": 1}))
-    (rd / "events.jsonl").write_text('{"kind": "supervisor_start", "t": 1}\n')
+    (rd / "events.jsonl").write_text('{"kind": "supervisor_start", "mode": "setsid", '
+                                     '"pid": 1, "resumed": false, "t": 1}\n')
     other = tmp_path / "other_key"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
     other_pub = (tmp_path / "other_key.pub").read_text().split()
@@ -167,7 +168,8 @@ def test_remote_follower_does_not_outlive_its_connection(sshd_only, tmp_path):
     (rd / "state.json").write_text(json.dumps({"run_id": "live-1", "run_name": "live",
                                                "status": "running", "pid": os.getpid(),
                                                "attempt": 1}))
-    (rd / "events.jsonl").write_text('{"kind": "supervisor_start", "t": 1}\n')
+    (rd / "events.jsonl").write_text('{"kind": "supervisor_start", "mode": "setsid", '
+                                     '"pid": 1, "resumed": false, "t": 1}\n')
     t = open_transport(host)
     first = threading.Event()
 

@@ -92,7 +92,8 @@ def _live_looking_run(root: Path) -> Path:
     (rd / "state.json").write_text(json.dumps({"run_id": "live-1", "run_name": "live",
                                                "status": "running", "pid": os.getpid(),
                                                "attempt": 1}))
-    (rd / "events.jsonl").write_text('{"kind": "supervisor_start", "t": 1}\n')
+    (rd / "events.jsonl").write_text('{"kind": "supervisor_start", "mode": "setsid", '
+                                     '"pid": 1, "resumed": false, "t": 1}\n')
     return rd
 
 
