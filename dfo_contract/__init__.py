@@ -11,4 +11,7 @@ everything they must agree on lives here:
 ``faultspec``       the fault-injection spec (``DFO_FAULT`` / ``--fault.spec``) parser
 ``trainer_config``  the trainer's config tree (kw_only dataclasses) and its flag parser
 ``envvars``         the names of the environment variables the supervisor sets
+``events``          ``events.jsonl``'s typed records (kinds: ``events_kinds``; rules: ``event_base``)
+``wire``            the records ``dfo logs`` reads from the host's follower
+``errors``          ContractError (VersionError, NotARecord): a record a reader cannot trust
 """

@@ -195,3 +195,19 @@ def test_evidence_texts():
                       evidence=[{"line": 3, "rule": "torch-oom", "text": "OutOfMemoryError"}])
     assert e.evidence_texts() == ["OutOfMemoryError"]
     assert ev.Stopping(attempt=1, reason="x").evidence_texts() == []
+
+
+def test_docs_list_every_kind_with_its_fields():
+    import re
+
+    text = (Path(__file__).parents[1] / "docs" / "contracts.md").read_text()
+    section = text[text.index("## Events"):text.index("## The follow wire")]
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `(\w+)` \| (.*) \|$", section,
+                                                        re.M)}
+    assert set(rows) == set(ev.REGISTRY)
+    for kind, cls in ev.REGISTRY.items():
+        named = set(re.findall(r"\*?`(\w+)`\*?", rows[kind]))
+        optional = set(re.findall(r"\*`(\w+)`\*", rows[kind]))
+        fs = [f for f in fields(cls) if f.name != "t"]
+        assert named == {json_name(f) for f in fs}, kind
+        assert optional == {json_name(f) for f in fs if f.metadata.get("optional")}, kind
