@@ -108,7 +108,7 @@ def check_version(obj: Mapping[str, Any]) -> None:
         raise ContractError(f"a record's version is {v!r}, not a number")
     if v != VERSION:
         raise VersionError(f"a record of format version {v}: this dfo reads version "
-                           f"{VERSION} (use the dfo that wrote it, or upgrade this one)")
+                           f"{VERSION}")
 
 
 _HINTS: dict[type, dict[str, Any]] = {}

@@ -92,7 +92,7 @@ def decode(raw: str | bytes) -> Record | None:
     v = obj.get("v", VERSION)
     if v != VERSION:
         raise VersionError(f"a follow record of version {v!r}: this dfo reads version "
-                           f"{VERSION} (use the dfo that deployed the host's env)")
+                           f"{VERSION}")
     if "f" in obj:
         try:
             return Line(str(obj["f"]), int(obj["o"]), str(obj.get("l", "")))

@@ -88,6 +88,10 @@ class ContractMismatch(DeployError):
     """A run's record (``events.jsonl``, the follow wire) that this dfo cannot read
     faithfully: a newer format version, or a record that breaks its contract."""
 
+    def __init__(self, message: str, *, hint: str | None = None):
+        super().__init__(message, hint=hint or "use the dfo that deployed the host's env "
+                         "here, or deploy this one there")
+
 
 class CacheError(DfoError):
     exit_code = 8

@@ -75,7 +75,7 @@ def test_a_newer_record_version_is_one_line_exit_7(env, follow):
     err = p.stderr.strip()
     assert "\n" not in err and "Traceback" not in err
     assert f"run {RUN}: events.jsonl: a record of format version 2" in err
-    assert "this dfo reads version 1" in err
+    assert "this dfo reads version 1" in err and "use the dfo that deployed" in err
     assert "supervisor started" in p.stdout        # what it could read came first
 
 

@@ -24,8 +24,6 @@ from ..transport.base import env_error
 
 log = logging.getLogger("dfo")
 
-_MISMATCH_HINT = "use the dfo that deployed the host's env here, or deploy this one there"
-
 
 @dataclass(frozen=True)
 class LogLine:
@@ -81,8 +79,7 @@ class LogFollower:
                 try:
                     rec = wire.decode(raw)
                 except VersionError as e:
-                    raise ContractMismatch(f"run {self.run_id}: {e}",
-                                           hint=_MISMATCH_HINT) from None
+                    raise ContractMismatch(f"run {self.run_id}: {e}") from None
                 if rec is None:
                     stray[:] = (stray + [raw])[-20:]
                     return  # a torn line from a dropped connection, or stray stderr
@@ -140,8 +137,7 @@ class LogFollower:
             except events.NotARecord:
                 ev = None        # shown as the text it is
             except ContractError as e:
-                raise ContractMismatch(f"run {self.run_id}: {rs.EVENTS_FILE}: {e}",
-                                       hint=_MISMATCH_HINT) from None
+                raise ContractMismatch(f"run {self.run_id}: {rs.EVENTS_FILE}: {e}") from None
             if self.since is not None and ev is not None and ev.t < self.since:
                 return
         else:

@@ -38,8 +38,7 @@ def fetch_curves(ops, run: str | None) -> cv.Curves:
     try:
         c = cv.curves(run_id, metrics, events)
     except ContractError as e:
-        raise ContractMismatch(f"run {run_id}: {rs.EVENTS_FILE}: {e}",
-                               hint="plot it with the dfo that deployed the host's env") from None
+        raise ContractMismatch(f"run {run_id}: {rs.EVENTS_FILE}: {e}") from None
     if c.empty:
         raise NotFoundError(f"run {run_id} has logged no step yet ({run_dir}/metrics.jsonl)",
                             hint="plot again after its first log step (train.log_every)")
