@@ -1,5 +1,5 @@
 """File helpers shared by every part: atomic writes, sha256, directory fsync, directory
-replacement, JSON-lines files.
+replacement, JSON-lines files, JSON safety.
 
 A file written with ``atomic_write_*`` is either the old content or the new content,
 never a mix: the data goes to a temporary name in the same directory, is fsynced, renamed
@@ -15,10 +15,11 @@ import ctypes
 import errno
 import hashlib
 import json
+import math
 import os
 import shutil
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 _BUF = 1 << 20
 
@@ -90,6 +91,18 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, mode: int = 0o64
 
 def atomic_write_text(path: str | os.PathLike, text: str, *, mode: int = 0o644) -> None:
     atomic_write_bytes(path, text.encode("utf-8"), mode=mode)
+
+
+def json_safe(obj: Any) -> Any:
+    """JSON-safe: non-finite floats become strings (``"nan"``, ``"inf"``), tuples lists,
+    mapping keys strings, so what is written stays strict JSON."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    if isinstance(obj, Mapping):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any, *, indent: int | None = 1,

@@ -17,7 +17,8 @@ code  class                   meaning
 4     HostKeyError            unknown or changed SSH host key
 5     ContainerError          container not running / missing
 6     RemoteCommandError      a remote command failed
-7     DeployError             deploy failed / env not deployed / drift found
+7     DeployError             deploy failed / env not deployed / drift found / a record
+                              of a newer dfo's format (ContractMismatch)
 8     CacheError              compile-cache snapshot refused or missing
 9     LockHeldError           another deploy or run holds the lock
 10    RunFailed               the supervised run ended ``failed``
@@ -81,6 +82,15 @@ class VerifyError(DeployError):
 
 class DriftError(DeployError):
     """``dfo deploy --check`` found the env differs from its lock."""
+
+
+class ContractMismatch(DeployError):
+    """A run's record (``events.jsonl``, the follow wire) that this dfo cannot read
+    faithfully: a newer format version, or a record that breaks its contract."""
+
+    def __init__(self, message: str, *, hint: str | None = None):
+        super().__init__(message, hint=hint or "use the dfo that deployed the host's env "
+                         "here, or deploy this one there")
 
 
 class CacheError(DfoError):

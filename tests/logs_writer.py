@@ -16,6 +16,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from dfo_contract import events  # noqa: E402
 from dfo_contract.procs import SUPERVISOR_MODULE  # noqa: E402
 from orchestrator.ops import runstate as rs  # noqa: E402
 from orchestrator.supervisor import runfiles  # noqa: E402
@@ -31,7 +32,9 @@ def main() -> None:
     runfiles.write_json_atomic(os.path.join(run_dir, rs.STATE_FILE), st)
     for att in (1, 2):
         runfiles.append_event(os.path.join(run_dir, rs.EVENTS_FILE),
-                              rs.event("attempt_start", attempt=att, resume=None))
+                              events.AttemptStart(attempt=att, resume=None, overrides={},
+                                                  argv=["trainer"], pid=os.getpid(),
+                                                  log=rs.attempt_log_name(att)))
         path = os.path.join(run_dir, rs.attempt_log_name(att))
         with open(path, "ab", buffering=0) as f:
             for i in range(n):
@@ -49,7 +52,8 @@ def main() -> None:
         st["attempt"] = 2
         runfiles.write_json_atomic(os.path.join(run_dir, rs.STATE_FILE), st)
     runfiles.append_event(os.path.join(run_dir, rs.EVENTS_FILE),
-                          rs.event("final", status="done", reason="writer finished"))
+                          events.Final(status="done", reason="writer finished",
+                                       last_checkpoint=None))
     st["status"] = "done"
     runfiles.write_json_atomic(os.path.join(run_dir, rs.STATE_FILE), st)
     print(json.dumps({"ok": True}))

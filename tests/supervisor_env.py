@@ -5,7 +5,6 @@ session by the trainer's own tools), a run config for them, and a host root whos
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -14,6 +13,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from dfo_contract import events as ev
 
 VENV = os.path.dirname(os.path.dirname(sys.executable))
 REPO = Path(__file__).resolve().parents[1]
@@ -93,9 +94,9 @@ def wait_for(pred, timeout: float = 120, what: str = "condition", poll: float = 
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def events(root: Path, run_id: str) -> list[dict]:
-    p = root / "runs" / run_id / "events.jsonl"
-    return [json.loads(ln) for ln in p.read_text().splitlines() if ln.strip()]
+def events(root: Path, run_id: str) -> list[ev.Event]:
+    """The run's events.jsonl, decoded (a record the contract refuses fails the test)."""
+    return ev.read_events((root / "runs" / run_id / "events.jsonl").read_text())
 
 
 def supervisor_stand_in(run_dir) -> subprocess.Popen:
@@ -116,5 +117,6 @@ def live_looking_run(run_dir: Path) -> subprocess.Popen:
     (run_dir / "state.json").write_text(json.dumps({"run_id": run_dir.name, "run_name": "live",
                                                     "status": "running", "pid": sup.pid,
                                                     "attempt": 1}))
-    (run_dir / "events.jsonl").write_text('{"kind": "supervisor_start", "t": 1}\n')
+    (run_dir / "events.jsonl").write_text('{"kind": "supervisor_start", "mode": "setsid", '
+                                     '"pid": 1, "resumed": false, "t": 1}\n')
     return sup

@@ -31,7 +31,7 @@ def setup(tmp_path):
 
 
 def kinds(evs, kind):
-    return [e for e in evs if e["kind"] == kind]
+    return [e for e in evs if e.kind == kind]
 
 
 def test_fx_race_of_a_foreign_script_is_classified_and_its_ladder_applied(setup, capsys):
@@ -55,17 +55,17 @@ fallbacks:
     evs = events(root, plan.run_id)
     assert info["status"] == "done", info.get("reason")
     cl = kinds(evs, "classified")
-    assert [c["class"] for c in cl] == ["fx_trace_race", "fx_trace_race", "done"]
-    assert any("Detected that you are using FX" in e["text"] for e in cl[0]["evidence"])
+    assert [c.cls for c in cl] == ["fx_trace_race", "fx_trace_race", "done"]
+    assert any("Detected that you are using FX" in t for t in cl[0].evidence_texts())
     fb = kinds(evs, "fallback")
-    assert [f["step"] for f in fb] == ["env BYO_NOTE=tried-env", "drop --threads"]
-    assert fb[1]["changed"] == {"arg --threads": "dropped"}
+    assert [f.step for f in fb] == ["env BYO_NOTE=tried-env", "drop --threads"]
+    assert fb[1].changed == {"arg --threads": "dropped"}
     starts = kinds(evs, "attempt_start")
-    assert starts[0]["argv"][0] == "python" and "--threads" in starts[0]["argv"]
-    assert "--threads" not in starts[2]["argv"] and "3" not in starts[2]["argv"]
+    assert starts[0].argv[0] == "python" and "--threads" in starts[0].argv
+    assert "--threads" not in starts[2].argv and "3" not in starts[2].argv
     # attempts 2 and 3 resume from the run's own newest checkpoint (step_4)
-    assert starts[1]["resume"] == str(ck / "step_4")
-    assert starts[2]["argv"][-2:] == ["--resume", str(ck / "step_4")]
+    assert starts[1].resume == str(ck / "step_4")
+    assert starts[2].argv[-2:] == ["--resume", str(ck / "step_4")]
     assert info["last_step"] == 10 and info["tokens_per_s"]
     assert info["overrides"]["env"] == {"BYO_NOTE": "tried-env"}
     assert info["overrides"]["drop"] == ["--threads"]
@@ -101,18 +101,18 @@ fallbacks:
     evs = events(root, plan.run_id)
     assert info["status"] == "done", info.get("reason")
     cl = kinds(evs, "classified")
-    assert [c["class"] for c in cl] == ["compile_hang", "compile_hang", "done"]
-    wd = [e for e in kinds(evs, "watchdog") if "without progress" in e["reason"]]
-    assert len(wd) == 2 and all("idle" in e["reason"] for e in wd)
+    assert [c.cls for c in cl] == ["compile_hang", "compile_hang", "done"]
+    wd = [e for e in kinds(evs, "watchdog") if "without progress" in e.reason]
+    assert len(wd) == 2 and all("idle" in e.reason for e in wd)
     assert kinds(evs, "stacks")                          # kernel stacks of the deadlock
     fb = kinds(evs, "fallback")
-    assert [f["step"] for f in fb] == ["run first: python -c print('warm-up done')",
+    assert [f.step for f in fb] == ["run first: python -c print('warm-up done')",
                                       "set --workers 1"]
     rf_ev = kinds(evs, "run_first")
-    assert rf_ev and rf_ev[0]["ok"] and rf_ev[0]["attempt"] == 2
+    assert rf_ev and rf_ev[0].ok and rf_ev[0].attempt == 2
     log2 = (root / "runs" / plan.run_id / "attempt-2.log").read_text()
     assert "warm-up done" in log2
-    argv3 = kinds(evs, "attempt_start")[2]["argv"]
+    argv3 = kinds(evs, "attempt_start")[2].argv
     assert argv3[argv3.index("--workers") + 1] == "1" and argv3.count("--workers") == 1
     assert argv3[-2:] == ["--resume", str(ck / "step_2")]
     assert info["last_step"] == 8

@@ -149,12 +149,13 @@ def test_status_step_is_current_and_has_the_trend(tmp_path):
 
 
 def test_checkpoint_is_printed_once(capsys):
+    from dfo_contract.events import Checkpoint
     from orchestrator.cli.log_lines import LinePrinter
     from orchestrator.engine.logs import LogLine
 
     p = LinePrinter(raw=False)
-    p(LogLine("events.jsonl", 1, "", None, {"kind": "checkpoint", "attempt": 1, "step": 120,
-                                            "path": "/c/step_120", "t": 0}))
+    p(LogLine("events.jsonl", 1, "", None, Checkpoint(attempt=1, step=120,
+                                                      path="/c/step_120", t=0)))
     p(LogLine("attempt-1.log", 1, '@dfo {"kind": "checkpoint", "step": 120, "path": "x"}', 1, None))
     p(LogLine("attempt-1.log", 2, '@dfo {"kind": "checkpoint", "step": 140, "path": "y"}', 1, None))
     out = capsys.readouterr().out

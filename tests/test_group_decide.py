@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.config.hostconfig import FAILURE_CLASSES
-from orchestrator.ops import runstate as rs
+from dfo_contract import events as ev
 from orchestrator.ops.classify import GROUP_CLASSES, NODE_LOST, PEER_ABORT
 from orchestrator.ops.fallback import validate_ladders
 from orchestrator.errors import ConfigError
@@ -78,15 +78,16 @@ def test_decision_round_trip_and_the_peer_mirrors_it():
                         last_checkpoint={"step": 4, "path": "/h/ck/step_4"}, last_step=5)
     assert GroupDecision.from_json(dec.to_json()) == dec
     st = peer_step(dec, 1, node=1, host="gpu2")
-    assert [k for k, _ in st.events] == ["group_decision", "fallback", "restart"]
+    assert [e.kind for e in st.events] == ["group_decision", "fallback", "restart"]
+    assert st.restore_cache and st.events[1].attempt == 1 and st.events[2].attempt == 2
     assert st.final is None and st.overrides == {"compile.gate": True}
     assert st.fallback == {"class": "fx_trace_race", "step": "compile_gate",
                            "changed": {"compile.gate": True}, "attempt": 1}
     fin = GroupDecision(action="final", cause={}, status="failed", reason="node gpu2 lost")
     st = peer_step(fin, 3, node=1, host="gpu2")
     assert st.final == ("failed", "node gpu2 lost") and len(st.events) == 1
-    for kind, fields in peer_step(dec, 1, node=1, host="gpu2").events:
-        assert rs.describe_event(rs.event(kind, **fields))
+    for e in peer_step(dec, 1, node=1, host="gpu2").events:
+        assert e.describe() and ev.decode(ev.encode_line(e)) == e
     with pytest.raises(ValueError):
         GroupDecision.from_json({"action": "maybe"})
 
@@ -99,17 +100,15 @@ def test_group_classes_have_no_ladder_or_budget():
 
 
 def test_new_event_kinds_are_described():
-    for kind, f in [("group_start", {"node": 0, "host": "a", "nodes": ["a", "b"],
-                                     "head_addr": "10.0.0.1", "coord_port": 29401}),
-                    ("peer_abort", {"attempt": 1, "node": 0, "host": "a", "reason": "x"}),
-                    ("node_end", {"attempt": 1, "node": 1, "host": "b", "class": "oom",
-                                  "reason": "y"}),
-                    ("node_lost", {"attempt": 1, "node": 1, "host": "b", "reason": "lost b"}),
-                    ("group_decision", {"attempt": 1, "node": 0, "host": "a",
-                                        "action": "final", "status": "failed", "reason": "z",
-                                        "cause": {"class": "oom", "host": "b"}})]:
-        line = rs.describe_event(rs.event(kind, **f))
-        assert line and line != kind
+    for e in [ev.GroupStart(node=0, host="a", nodes=["a", "b"], head_addr="10.0.0.1",
+                            coord_port=29401),
+              ev.PeerAbort(attempt=1, node=0, host="a", reason="x"),
+              end(1, "oom").event(1),
+              ev.NodeLost(attempt=1, node=1, host="b", silent_s=30.0, reason="lost b"),
+              ev.GroupDecision(attempt=1, node=0, host="a", action="final", status="failed",
+                               reason="z", cause={"class": "oom", "host": "b"})]:
+        line = e.describe()
+        assert line and line != e.kind
 
 
 def test_trainer_argv_for_one_node_of_a_group():

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from dfo_contract import events as ev
 from orchestrator.ops.budget import BudgetPolicy
 from orchestrator.ops.fallback import merge_ladders
 from orchestrator.ops.group import GroupSpec
@@ -93,12 +94,11 @@ class Group:
         except (OSError, ValueError):
             return {}
 
-    def events(self, k: int) -> list[dict]:
-        p = self.dirs[k] / "events.jsonl"
-        return [json.loads(ln) for ln in p.read_text().splitlines() if ln.strip()]
+    def events(self, k: int) -> list[ev.Event]:
+        return ev.read_events((self.dirs[k] / "events.jsonl").read_text())
 
-    def kinds(self, k: int, kind: str) -> list[dict]:
-        return [e for e in self.events(k) if e["kind"] == kind]
+    def kinds(self, k: int, kind: str) -> list:
+        return [e for e in self.events(k) if e.kind == kind]
 
     def wait_final(self, k: int, timeout: float = 400) -> dict:
         def ended():
@@ -176,7 +176,7 @@ def test_two_nodes_train_to_done(group):
     assert peer["status"] == "done", peer.get("reason")
     assert head["last_step"] == 12
     # one rendezvous per attempt, the head hosting it; the checkpoints only on the head
-    a0, a1 = g.kinds(0, "attempt_start")[0]["argv"], g.kinds(1, "attempt_start")[0]["argv"]
+    a0, a1 = g.kinds(0, "attempt_start")[0].argv, g.kinds(1, "attempt_start")[0].argv
     assert "--nnodes=2" in a0 and "--rdzv-conf=is_host=1" in a0 and "--rdzv-conf=is_host=0" in a1
     assert [x for x in a0 if x.startswith("--rdzv-id")] == [x for x in a1
                                                            if x.startswith("--rdzv-id")]
@@ -184,7 +184,7 @@ def test_two_nodes_train_to_done(group):
     assert len(g.kinds(0, "attempt_start")) == len(g.kinds(1, "attempt_start")) == 1
     assert not [e for e in g.kinds(1, "watchdog")]
     dec = g.kinds(1, "group_decision")
-    assert dec and dec[-1]["action"] == "final" and dec[-1]["status"] == "done"
+    assert dec and dec[-1].action == "final" and dec[-1].status == "done"
 
 
 def test_a_fault_on_one_node_restarts_the_whole_run_with_one_fallback(group):
@@ -193,18 +193,18 @@ def test_a_fault_on_one_node_restarts_the_whole_run_with_one_fallback(group):
     assert head["status"] == "done", head.get("reason")
     assert peer["status"] == "done", peer.get("reason")
     # the cause was node 1's FX error, decided once on the head
-    cause = g.kinds(0, "group_decision")[0]["cause"]
+    cause = g.kinds(0, "group_decision")[0].cause
     assert cause["class"] == "fx_trace_race" and cause["node"] == 1
     fb = g.kinds(0, "fallback")
-    assert len(fb) == 1 and fb[0]["step"] == "compile_gate"
-    assert [e["step"] for e in g.kinds(1, "fallback")] == ["compile_gate"]
+    assert len(fb) == 1 and fb[0].step == "compile_gate"
+    assert [e.step for e in g.kinds(1, "fallback")] == ["compile_gate"]
     s0, s1 = g.kinds(0, "attempt_start"), g.kinds(1, "attempt_start")
     assert len(s0) == len(s1) == 2
     # both nodes' attempt 2: the same overrides, the same checkpoint (the head's)
-    assert s0[1]["overrides"] == s1[1]["overrides"] == {"compile.gate": True}
-    assert s0[1]["resume"] == s1[1]["resume"] and s0[1]["resume"].endswith("/step_4")
-    assert s0[1]["resume"].startswith(str(g.roots[0]))
-    assert "--compile.gate=true" in s1[1]["argv"]
+    assert s0[1].overrides == s1[1].overrides == {"compile.gate": True}
+    assert s0[1].resume == s1[1].resume and s0[1].resume.endswith("/step_4")
+    assert s0[1].resume.startswith(str(g.roots[0]))
+    assert "--compile.gate=true" in s1[1].argv
     assert head["overrides"] == peer["overrides"] == {"compile.gate": True}
     steps = _steps(g.dirs[0] / "attempt-2.log")
     assert steps[0] == 5 and steps[-1] == 12
@@ -220,9 +220,9 @@ def test_a_lost_node_is_detected_and_the_head_gives_up_with_the_fix(group):
     assert "node gpu2 lost (no heartbeat for" in head["reason"]
     assert "dfo launch --group pair --resume latest" in head["reason"]
     lost = g.kinds(0, "node_lost")
-    assert lost and lost[0]["node"] == 1 and lost[0]["host"] == "gpu2"
+    assert lost and lost[0].node == 1 and lost[0].host == "gpu2"
     # detected once silent for node_lost_s, not at some later timeout
-    assert lost[0]["silent_s"] >= 6.0
+    assert lost[0].silent_s >= 6.0
 
 
 def test_sigterm_to_the_head_stops_both_nodes_with_one_checkpoint(group):
@@ -234,7 +234,7 @@ def test_sigterm_to_the_head_stops_both_nodes_with_one_checkpoint(group):
     assert head["status"] == "stopped" and peer["status"] == "stopped"
     assert len(g.checkpoints(0)) == 1 and g.checkpoints(1) == []
     assert len(g.kinds(0, "checkpoint")) == 1
-    assert any("stop requested" in e.get("reason", "") for e in g.kinds(1, "stopping"))
+    assert any("stop requested" in e.reason for e in g.kinds(1, "stopping"))
 
 
 def test_a_lost_head_ends_the_peer_failed(group):
@@ -263,8 +263,8 @@ def test_a_frozen_head_ends_the_peer_without_waiting_on_its_store(group):
     assert procs_of(g.dirs[1]) == []
     # once it knew, the peer ended without a store call to the frozen head (an abort, a
     # stop check, "left": each would have waited OP_TIMEOUT_S)
-    lost_t = g.kinds(1, "node_lost")[0]["t"]
-    final_t = g.kinds(1, "final")[0]["t"]
+    lost_t = g.kinds(1, "node_lost")[0].t
+    final_t = g.kinds(1, "final")[0].t
     assert final_t - lost_t < OP_TIMEOUT_S, final_t - lost_t
 
 

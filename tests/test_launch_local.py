@@ -103,9 +103,9 @@ def test_live_run_second_launch_supervisor_kill_and_stop(env, capsys, tiny_asset
         wait_for(lambda: state(root, run_id)["pid"] not in (sup, None)
                  and state(root, run_id)["attempt"] >= 2, 60, "a restarted supervisor")
         evs = events(root, run_id)
-        restarts = [e for e in evs if e["kind"] == "supervisor_start"]
-        assert restarts[-1]["resumed"] is True
-        assert [e for e in evs if e["kind"] == "attempt_end" and e.get("note")]
+        restarts = [e for e in evs if e.kind == "supervisor_start"]
+        assert restarts[-1].resumed is True
+        assert [e for e in evs if e.kind == "attempt_end" and e.note]
         new = state(root, run_id)
         assert new["attempts"][-1]["resume"], "the new attempt resumes from a checkpoint"
         # only the new attempt's processes belong to the run

@@ -97,7 +97,7 @@ def test_follow_across_attempts_until_final(root):
     files = by_file(got)
     for name in ("events.jsonl", "attempt-1.log", "attempt-2.log"):
         assert files[name] == expected_lines(run_dir, name), name
-    assert got[-1].file == "events.jsonl" and got[-1].event["kind"] == "final"
+    assert got[-1].file == "events.jsonl" and got[-1].event.kind == "final"
     assert {ln.attempt for ln in got if ln.file.startswith("attempt")} == {1, 2}
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from dfo_contract import events
 from orchestrator.cli import main
 from orchestrator.config.inventory import load_inventory
 from orchestrator.transport import open_transport
@@ -115,9 +116,8 @@ def state_of(t, run_id: str) -> dict:
     return json.loads(t.get(f"{ROOT}/runs/{run_id}/state.json"))
 
 
-def events_of(t, run_id: str) -> list[dict]:
-    return [json.loads(x) for x in t.get(f"{ROOT}/runs/{run_id}/events.jsonl").decode().splitlines()
-            if x.strip()]
+def events_of(t, run_id: str) -> list[events.Event]:
+    return events.read_events(t.get(f"{ROOT}/runs/{run_id}/events.jsonl").decode())
 
 
 def ckpts(t, name: str) -> list[str]:
@@ -166,17 +166,17 @@ def test_fault_on_node_1_restarts_the_whole_run_with_the_fallback(pair, capsys):
     sts = [state_of(t, rid) for t in ts]
     assert [s["status"] for s in sts] == ["done", "done"], [s.get("reason") for s in sts]
     evs = [events_of(t, rid) for t in ts]
-    starts = [[e for e in ev if e["kind"] == "attempt_start"] for ev in evs]
+    starts = [[e for e in ev if e.kind == "attempt_start"] for ev in evs]
     assert [len(s) for s in starts] == [2, 2]          # the whole run restarted once
     a2 = [s[1] for s in starts]
-    assert a2[0]["overrides"] == a2[1]["overrides"] != starts[0][0]["overrides"]
-    assert a2[0]["resume"] and a2[0]["resume"] == a2[1]["resume"]   # the head's checkpoint
+    assert a2[0].overrides == a2[1].overrides != starts[0][0].overrides
+    assert a2[0].resume and a2[0].resume == a2[1].resume   # the head's checkpoint
     # the fault was on node 1 only: only lab-b's attempt 1 saw the oom
-    assert any(e["kind"] == "fallback" for e in evs[0])
+    assert any(e.kind == "fallback" for e in evs[0])
     logs = [t.run(["cat", f"{ROOT}/runs/{rid}/attempt-1.log"], timeout=60).out for t in ts]
     assert "OutOfMemoryError" in logs[1] and "OutOfMemoryError" not in logs[0]
-    fault_t = [e for e in evs[1] if e["kind"] == "attempt_end"][0]["t"]   # node 1's oom
-    figure("fault_to_restart_s", a2[0]["t"] - fault_t)   # the head's attempt 2 starts
+    fault_t = [e for e in evs[1] if e.kind == "attempt_end"][0].t   # node 1's oom
+    figure("fault_to_restart_s", a2[0].t - fault_t)   # the head's attempt 2 starts
     head2 = ts[0].run(["cat", f"{ROOT}/runs/{rid}/attempt-2.log"], timeout=60).out
     steps2 = [json.loads(x.split("@dfo ", 1)[1]) for x in head2.splitlines() if "@dfo {" in x]
     first2 = [m["t"] for m in steps2 if m.get("kind") == "step"][0]
@@ -228,7 +228,7 @@ def test_stopped_container_is_node_lost_then_up_restarts_it(pair, capsys):
     st = state_of(ts[0], rid)
     assert st["status"] == "failed" and "lab-b" in st["reason"] and "lost" in st["reason"], st
     assert "start it" in st["reason"]
-    assert any(e["kind"] == "node_lost" and e["host"] == "lab-b" for e in events_of(ts[0], rid))
+    assert any(e.kind == "node_lost" and e.host == "lab-b" for e in events_of(ts[0], rid))
     rc, out, err = dfo(capsys, hosts, "status", "--group", info.group, "--run", rid)
     assert "failed" in out and "lab-b" in (out + err)
 

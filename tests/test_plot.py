@@ -7,6 +7,7 @@ import struct
 
 import pytest
 
+from dfo_contract import events as ev
 from orchestrator.ops import curves as cv
 from tests.supervisor_env import tiny_assets  # noqa: F401
 
@@ -27,16 +28,22 @@ METRICS = "\n".join([
     _m(5, 3, loss=2.0, acc=0.4, tau=1.5, tokens_per_s=61.0),
 ])
 
-EVENTS = "\n".join(json.dumps(e) for e in [
-    {"kind": "attempt_start", "attempt": 1, "resume": None},
-    {"kind": "classified", "attempt": 1, "class": "oom"},
-    {"kind": "fallback", "attempt": 1, "class": "oom", "step": "halve_micro_batch",
-     "changed": {"train.micro_batch": 4}},
-    {"kind": "restart", "attempt": 2},
-    {"kind": "attempt_start", "attempt": 2, "resume": "/r/checkpoints/t/step_2"},
-    {"kind": "fallback", "attempt": 2, "class": "crash", "step": "same", "changed": {}},
-    {"kind": "attempt_start", "attempt": 3, "resume": None},
-    {"kind": "final", "status": "done", "reason": "trainer finished"},
+EVENTS = "\n".join(ev.encode_line(e).decode().rstrip("\n") for e in [
+    ev.AttemptStart(attempt=1, resume=None, overrides={}, argv=["trainer"], pid=10,
+                    log="attempt-1.log"),
+    ev.Classified(attempt=1, cls="oom", reason="out of memory", evidence=[], also=[]),
+    ev.Fallback(attempt=1, cls="oom", step="halve_micro_batch",
+                changed={"train.micro_batch": 4}, overrides={"train.micro_batch": 4},
+                restore_cache=False),
+    ev.Restart(attempt=2, delay_s=0.5, reason="restart 1/5 for oom"),
+    ev.AttemptStart(attempt=2, resume="/r/checkpoints/t/step_2",
+                    overrides={"train.micro_batch": 4}, argv=["trainer"], pid=11,
+                    log="attempt-2.log"),
+    ev.Fallback(attempt=2, cls="crash", step="same", changed={},
+                overrides={"train.micro_batch": 4}, restore_cache=False),
+    ev.AttemptStart(attempt=3, resume=None, overrides={"train.micro_batch": 4},
+                    argv=["trainer"], pid=12, log="attempt-3.log"),
+    ev.Final(status="done", reason="trainer finished", last_checkpoint=None),
 ])
 
 
@@ -49,7 +56,7 @@ def test_series_split_per_attempt_and_skip_missing():
 
 
 def test_boundaries_at_resume_step_with_fallback_labels():
-    b = cv.boundaries(cv.rs.read_events(EVENTS), cv.read_metrics(METRICS))
+    b = cv.boundaries(ev.read_events(EVENTS), cv.read_metrics(METRICS))
     assert b == [
         cv.Boundary(2, 2, "attempt 2: oom -> halve_micro_batch (train.micro_batch=4)"),
         cv.Boundary(3, 5, "attempt 3: crash -> same config"),
@@ -57,8 +64,10 @@ def test_boundaries_at_resume_step_with_fallback_labels():
 
 
 def test_boundary_of_an_attempt_that_logged_nothing():
-    ev = EVENTS + "\n" + json.dumps({"kind": "attempt_start", "attempt": 4, "resume": None})
-    b = cv.boundaries(cv.rs.read_events(ev), cv.read_metrics(METRICS))
+    more = EVENTS + "\n" + ev.encode_line(ev.AttemptStart(
+        attempt=4, resume=None, overrides={}, argv=["trainer"], pid=13,
+        log="attempt-4.log")).decode()
+    b = cv.boundaries(ev.read_events(more), cv.read_metrics(METRICS))
     assert b[-1] == cv.Boundary(4, None, "attempt 4")
 
 

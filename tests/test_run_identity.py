@@ -129,7 +129,8 @@ def test_second_supervisor_on_a_live_run_writes_nothing(tmp_path):
     (rd / "state.json").write_text(json.dumps({"run_id": "live-1", "run_name": "live",
                                                "status": "running", "pid": os.getpid(),
                                                "attempt": 1}))
-    (rd / "events.jsonl").write_text('{"kind": "supervisor_start", "t": 1}\n')
+    (rd / "events.jsonl").write_text('{"kind": "supervisor_start", "mode": "setsid", '
+                                     '"pid": 1, "resumed": false, "t": 1}\n')
     owner = runfiles.own_run(str(rd))
     before = {p.name: p.read_bytes() for p in rd.iterdir()}
     import fcntl
@@ -196,8 +197,8 @@ def test_simultaneous_launches_get_their_own_runs(env, tiny_assets):  # noqa: F8
         wait_for(lambda: (state(root, winner).get("last_step") or 0) >= 1, 180, "training")
         st = state(root, winner)
         assert st["status"] == "running" and st["run_id"] == winner
-        assert not [e for e in events(root, winner) if e["kind"] == "final"]
-        starts = [e for e in events(root, winner) if e["kind"] == "supervisor_start"]
+        assert not [e for e in events(root, winner) if e.kind == "final"]
+        starts = [e for e in events(root, winner) if e.kind == "supervisor_start"]
         assert len(starts) == 1
     finally:
         for r in won:
@@ -222,7 +223,7 @@ def test_two_cli_launches_of_one_run_name(env, tiny_assets):  # noqa: F811
         assert sorted(rcs) == [0, 9], outs
         loser_err = next(e for (_, e), rc in zip(outs, rcs) if rc == 9)
         assert f"run {winners[0]} is live" in loser_err and loser_err.count("\n") == 1
-        assert not [e for e in events(root, winners[0]) if e["kind"] == "final"]
+        assert not [e for e in events(root, winners[0]) if e.kind == "final"]
     finally:
         for w in winners:
             dfo_proc(hosts, "stop", "--run", w)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.ops import standby as sb
-from orchestrator.ops.runstate import describe_event
+from dfo_contract import events as ev
 
 from tests.supervisor_env import (FAST, events, local_host, make_root, tiny_assets,  # noqa: F401
                                   wait_final, write_config)
@@ -105,15 +105,14 @@ def test_priority_is_lowered_only_where_it_can_be_restored():
 
 
 def test_events_read_as_one_line():
-    from orchestrator.ops.runstate import event
-
     for k in ("standby_start", "standby_ready", "standby_used", "standby_discarded"):
-        assert event(k, attempt=2, pid=1)["kind"] == k       # known kinds (events.jsonl)
-    assert "ready after 4.2s" in describe_event({"kind": "standby_ready", "import_s": 4.2})
-    assert "attempt 2 runs in the standby" in describe_event(
-        {"kind": "standby_used", "attempt": 2, "pid": 9})
-    assert "env differs: PATH" in describe_event(
-        {"kind": "standby_discarded", "reason": "env differs: PATH"})
+        assert ev.REGISTRY[k].kind == k                     # known kinds (events.jsonl)
+    assert "ready after 4.2s" in ev.StandbyReady(pid=1, import_s=4.2, modules=3, niced=False,
+                                                 error=None).describe()
+    assert "attempt 2 runs in the standby" in ev.StandbyUsed(
+        attempt=2, pid=9, import_s=4.2, age_s=1.0, log="attempt-2.log").describe()
+    assert "env differs: PATH" in ev.StandbyDiscarded(
+        attempt=2, pid=9, reason="env differs: PATH").describe()
 
 
 def test_preload_lists_the_targets_modeling_module(tmp_path):
@@ -246,7 +245,7 @@ def _launch(tmp_path, assets, thresholds=(), **kw):
 
 
 def _kinds(evs, kind):
-    return [e for e in evs if e["kind"] == kind]
+    return [e for e in evs if e.kind == kind]
 
 
 @pytest.mark.slow
@@ -260,20 +259,20 @@ def test_attempt_two_runs_in_the_standby(tmp_path, tiny_assets):  # noqa: F811
 
     log1 = (root / "runs" / run_id / "attempt-1.log").read_text().splitlines()
     first_step = next(m["t"] for m in iter_markers(log1) if m["kind"] == "step")
-    assert _kinds(evs, "standby_start")[0]["t"] < first_step
-    assert _kinds(evs, "classified")[0]["class"] == "fx_trace_race"
+    assert _kinds(evs, "standby_start")[0].t < first_step
+    assert _kinds(evs, "classified")[0].cls == "fx_trace_race"
     ready = _kinds(evs, "standby_ready")
-    assert ready and ready[0]["error"] is None and ready[0]["import_s"] > 0
+    assert ready and ready[0].error is None and ready[0].import_s > 0
     used = _kinds(evs, "standby_used")
-    assert [u["attempt"] for u in used] == [2]
+    assert [u.attempt for u in used] == [2]
     starts = _kinds(evs, "attempt_start")
-    assert starts[1]["pid"] == used[0]["pid"] == ready[0]["pid"]
-    assert "--compile.gate=true" in starts[1]["argv"]
+    assert starts[1].pid == used[0].pid == ready[0].pid
+    assert "--compile.gate=true" in starts[1].argv
     # attempt 2 (the standby) wrote its output into its own log and finished the run
     log2 = (root / "runs" / run_id / "attempt-2.log").read_text()
     assert '"kind": "done"' in log2
     # attempt 2 trained, so a standby for attempt 3 was started; the end of the run killed it
-    assert _kinds(evs, "standby_discarded")[-1]["reason"].startswith("the run ended")
+    assert _kinds(evs, "standby_discarded")[-1].reason.startswith("the run ended")
     state = json.loads((root / "runs" / run_id / "state.json").read_text())
     assert state["standby_pid"] is None
 
@@ -287,12 +286,12 @@ def test_a_differing_import_time_env_key_discards_the_standby(tmp_path, tiny_ass
     from dfo_contract.markers import iter_markers
 
     train_t = next(m["t"] for m in iter_markers(log1) if m.get("phase") == "train")
-    assert _kinds(evs, "standby_start")[0]["t"] >= train_t  # 2 cores: after training began
+    assert _kinds(evs, "standby_start")[0].t >= train_t  # 2 cores: after training began
     assert not _kinds(evs, "standby_used")
     d = _kinds(evs, "standby_discarded")
-    assert d[0]["attempt"] == 2 and d[0]["reason"] == "env differs: OMP_NUM_THREADS"
+    assert d[0].attempt == 2 and d[0].reason == "env differs: OMP_NUM_THREADS"
     starts = _kinds(evs, "attempt_start")
-    assert len(starts) == 2 and starts[1]["pid"] != d[0]["pid"]
+    assert len(starts) == 2 and starts[1].pid != d[0].pid
 
 
 def test_standby_starts_with_the_attempt_only_on_a_host_with_enough_cpus():

@@ -39,7 +39,7 @@ def launch(ops, cfg, *, fault=None, name="t", **kw):
 
 
 def kinds(evs, kind):
-    return [e for e in evs if e["kind"] == kind]
+    return [e for e in evs if e.kind == kind]
 
 
 def state(root, run_id) -> dict:
@@ -131,18 +131,18 @@ def test_a_cpu_hog_is_host_busy_not_dense_attention(setup, tiny_assets):  # noqa
         ops.stop(plan.run_id)   # also when an assertion failed: never leave the run going
     info = wait_final(ops, plan.run_id)
     evs = events(root, plan.run_id)
-    assert low["cause"] == "host_busy", low
-    seen = low["seen"]     # what the host showed: other processes' cores, or the load
-    assert (seen["other_cores"] >= 1.0 and "other processes kept" in low["summary"]) or \
-        (seen["load1"] > seen["cores"] and "load" in low["summary"]), low
-    assert low["seen"]["gpu_apps"] in ("unknown (no nvidia-smi)", []) or \
-        isinstance(low["seen"]["gpu_apps"], list)
+    assert low.cause == "host_busy", low
+    seen = low.seen     # what the host showed: other processes' cores, or the load
+    assert (seen["other_cores"] >= 1.0 and "other processes kept" in low.summary) or \
+        (seen["load1"] > seen["cores"] and "load" in low.summary), low
+    assert low.seen["gpu_apps"] in ("unknown (no nvidia-smi)", []) or \
+        isinstance(low.seen["gpu_apps"], list)
     # the config never changed and no attempt was cut short for it
     assert kinds(evs, "fallback") == [] and kinds(evs, "restart") == []
-    assert [e["class"] for e in kinds(evs, "classified")] in ([], ["done"])
+    assert [e.cls for e in kinds(evs, "classified")] in ([], ["done"])
     assert len(kinds(evs, "attempt_start")) == 1
     assert info["overrides"] == {} and info["status"] == "stopped"
-    assert not any("throughput collapse" in e.get("reason", "") for e in kinds(evs, "watchdog"))
+    assert not any("throughput collapse" in e.reason for e in kinds(evs, "watchdog"))
 
 
 def test_a_hang_is_acted_on_within_hang_s_of_the_last_heartbeat(setup, tiny_assets):  # noqa: F811
@@ -153,13 +153,13 @@ def test_a_hang_is_acted_on_within_hang_s_of_the_last_heartbeat(setup, tiny_asse
     info = wait_final(ops, plan.run_id, timeout=280)
     evs = events(root, plan.run_id)
     assert info["status"] == "done", info.get("reason")
-    wd = [e for e in kinds(evs, "watchdog") if "without progress" in e["reason"]]
-    assert len(wd) == 1 and "idle" in wd[0]["reason"] and "hang_s 10s" in wd[0]["reason"]
+    wd = [e for e in kinds(evs, "watchdog") if "without progress" in e.reason]
+    assert len(wd) == 1 and "idle" in wd[0].reason and "hang_s 10s" in wd[0].reason
     # the last marker attempt 1 printed (a heartbeat or step), then the watchdog: hang_s
     # plus the sampling, far from train_s
     log1 = (root / "runs" / plan.run_id / "attempt-1.log").read_text().splitlines()
     last = max(json.loads(ln[5:])["t"] for ln in log1 if ln.startswith("@dfo "))
-    gap = wd[0]["t"] - last
+    gap = wd[0].t - last
     assert 10 <= gap < 120, gap
-    assert kinds(evs, "stacks") and kinds(evs, "classified")[0]["class"] == "compile_hang"
+    assert kinds(evs, "stacks") and kinds(evs, "classified")[0].cls == "compile_hang"
     assert info["last_step"] == 12

@@ -5,7 +5,6 @@ wheel: the FX error recovery under a transient systemd unit, `kill -9` of the su
 
 from __future__ import annotations
 
-import json
 import posixpath
 import time
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from dfo_contract import events
 from orchestrator.errors import LockHeldError
 from orchestrator.config.inventory import load_inventory
 from orchestrator.engine.runs import LaunchOptions, RunOps
@@ -71,8 +71,7 @@ def ct(lab, tmp_path_factory):
 
 
 def evs(t, host, run_id):
-    text = t.get(f"{host.layout.run_dir(run_id)}/events.jsonl").decode()
-    return [json.loads(ln) for ln in text.splitlines() if ln.strip()]
+    return events.read_events(t.get(f"{host.layout.run_dir(run_id)}/events.jsonl").decode())
 
 
 def wait(ops, run_id, pred, timeout=240, what="condition"):
@@ -95,12 +94,12 @@ def test_fx_recovery_in_the_container_under_systemd(ct):
     assert info["status"] == "done", info.get("reason")
     assert info["mode"] == "systemd"
     e = evs(t, host, plan.run_id)
-    cl = [x for x in e if x["kind"] == "classified"]
-    assert cl[0]["class"] == "fx_trace_race" and cl[-1]["class"] == "done"
-    fb = [x for x in e if x["kind"] == "fallback"][0]
-    assert fb["step"] == "compile_gate"
-    starts = [x for x in e if x["kind"] == "attempt_start"]
-    assert starts[1]["resume"].endswith("/step_4")
+    cl = [x for x in e if x.kind == "classified"]
+    assert cl[0].cls == "fx_trace_race" and cl[-1].cls == "done"
+    fb = [x for x in e if x.kind == "fallback"][0]
+    assert fb.step == "compile_gate"
+    starts = [x for x in e if x.kind == "attempt_start"]
+    assert starts[1].resume.endswith("/step_4")
 
 
 def test_kill9_supervisor_second_launch_and_stop_in_the_container(ct):
@@ -121,7 +120,7 @@ def test_kill9_supervisor_second_launch_and_stop_in_the_container(ct):
                    str(trainer)])
         assert r.out.strip() == "gone", "the old trainer must not run unwatched"
         e = evs(t, host, run_id)
-        assert [x for x in e if x["kind"] == "supervisor_start"][-1]["resumed"] is True
+        assert [x for x in e if x.kind == "supervisor_start"][-1].resumed is True
         wait(ops, run_id, lambda i: i["attempts"][-1].get("resume") and
              (i.get("last_step") or 0) > (i.get("last_checkpoint") or {}).get("step", 0), 120,
              "the new attempt to train")

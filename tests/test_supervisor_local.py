@@ -33,7 +33,7 @@ def launch(ops, cfg, *, fault=None, name="t", **kw):
 
 
 def kinds(evs, kind):
-    return [e for e in evs if e["kind"] == kind]
+    return [e for e in evs if e.kind == kind]
 
 
 def test_fx_error_is_classified_falls_back_and_resumes(setup, tiny_assets):  # noqa: F811
@@ -44,17 +44,17 @@ def test_fx_error_is_classified_falls_back_and_resumes(setup, tiny_assets):  # n
     evs = events(root, plan.run_id)
     assert info["status"] == "done", info.get("reason")
     cl = kinds(evs, "classified")
-    assert cl[0]["class"] == "fx_trace_race" and cl[0]["attempt"] == 1
-    assert any("Detected that you are using FX" in e["text"] for e in cl[0]["evidence"])
+    assert cl[0].cls == "fx_trace_race" and cl[0].attempt == 1
+    assert any("Detected that you are using FX" in t for t in cl[0].evidence_texts())
     fb = kinds(evs, "fallback")[0]
-    assert fb["step"] == "compile_gate" and fb["changed"] == {"compile.gate": True}
+    assert fb.step == "compile_gate" and fb.changed == {"compile.gate": True}
     starts = kinds(evs, "attempt_start")
-    assert len(starts) == 2 and starts[1]["resume"].endswith("/step_4")
-    argv = starts[1]["argv"]
+    assert len(starts) == 2 and starts[1].resume.endswith("/step_4")
+    argv = starts[1].argv
     assert "--compile.gate=true" in argv
-    assert cl[-1]["class"] == "done" and info["last_step"] == 12
+    assert cl[-1].cls == "done" and info["last_step"] == 12
     assert info["overrides"] == {"compile.gate": True}
-    order = [e["kind"] for e in evs]
+    order = [e.kind for e in evs]
     assert order.index("classified") < order.index("fallback") < order.index("restart") \
         < len(order) - 1 - order[::-1].index("attempt_start")
     # the second attempt went on from the first one's last checkpoint (step 4)
@@ -71,18 +71,18 @@ def test_hang_is_detected_stacks_saved_and_restarted(setup, tiny_assets):  # noq
     info = wait_final(ops, plan.run_id)
     evs = events(root, plan.run_id)
     assert info["status"] == "done", info.get("reason")
-    wd = [e for e in kinds(evs, "watchdog") if "without progress" in e["reason"]]
-    assert wd and "threshold 6s" in wd[0]["reason"]
-    st = kinds(evs, "stacks")[0]["files"]
+    wd = [e for e in kinds(evs, "watchdog") if "without progress" in e.reason]
+    assert wd and "threshold 6s" in wd[0].reason
+    st = kinds(evs, "stacks")[0].files
     text = (root / "runs" / plan.run_id / st[0]).read_text()
     assert "Current thread" in text or "Thread 0x" in text      # faulthandler's dump
     assert "trainer" in text and "wchan=" in text
-    assert kinds(evs, "classified")[0]["class"] == "compile_hang"
+    assert kinds(evs, "classified")[0].cls == "compile_hang"
     # acted on train_s (6 s) after attempt 1's last marker, not after a default (300 s),
     # however long the attempts took to start on a busy box
     log1 = (root / "runs" / plan.run_id / "attempt-1.log").read_text().splitlines()
     last = max(json.loads(ln[5:])["t"] for ln in log1 if ln.startswith("@dfo "))
-    assert 6 <= wd[0]["t"] - last < 120, wd[0]["t"] - last
+    assert 6 <= wd[0].t - last < 120, wd[0].t - last
 
 
 def test_eval_markers_reach_the_state_and_events(setup, tiny_assets):  # noqa: F811
@@ -102,9 +102,9 @@ def test_eval_markers_reach_the_state_and_events(setup, tiny_assets):  # noqa: F
     assert info["status"] == "done", info.get("reason")
     assert len(info["attempts"]) == 1
     evals = kinds(events(root, plan.run_id), "eval")
-    assert [e["step"] for e in evals] == [4, 8, 12]
-    assert info["accept_len"] == evals[-1]["accept_len"] and info["accept_len"] >= 1.0
-    assert info["best_accept_len"] == max(e["accept_len"] for e in evals)
+    assert [e.step for e in evals] == [4, 8, 12]
+    assert info["accept_len"] == evals[-1].accept_len and info["accept_len"] >= 1.0
+    assert info["best_accept_len"] == max(e.accept_len for e in evals)
 
 
 def test_oom_halves_micro_batch(setup, tiny_assets):  # noqa: F811
@@ -114,12 +114,12 @@ def test_oom_halves_micro_batch(setup, tiny_assets):  # noqa: F811
     info = wait_final(ops, plan.run_id)
     evs = events(root, plan.run_id)
     assert info["status"] == "done", info.get("reason")
-    assert kinds(evs, "classified")[0]["class"] == "oom"
+    assert kinds(evs, "classified")[0].cls == "oom"
     fb = kinds(evs, "fallback")[0]
-    assert fb["step"] == "halve_micro_batch" and fb["changed"] == {"train.micro_batch": 4}
-    argv = kinds(evs, "attempt_start")[1]["argv"]
+    assert fb.step == "halve_micro_batch" and fb.changed == {"train.micro_batch": 4}
+    argv = kinds(evs, "attempt_start")[1].argv
     assert "--train.micro_batch=4" in argv
-    assert kinds(evs, "attempt_start")[1]["resume"] is None   # no checkpoint before step 3
+    assert kinds(evs, "attempt_start")[1].resume is None   # no checkpoint before step 3
 
 
 def test_dense_warning_is_acted_on_live_with_a_checkpoint(setup, tiny_assets):  # noqa: F811
@@ -130,13 +130,13 @@ def test_dense_warning_is_acted_on_live_with_a_checkpoint(setup, tiny_assets):  
     evs = events(root, plan.run_id)
     assert info["status"] == "done", info.get("reason")
     wd = kinds(evs, "watchdog")
-    assert any("dense_fallback seen in the output (flex-dense-warning)" in e["reason"] for e in wd)
+    assert any("dense_fallback seen in the output (flex-dense-warning)" in e.reason for e in wd)
     end1 = kinds(evs, "attempt_end")[0]
-    assert end1["exit_code"] == 6, "SIGTERM: the slow trainer checkpointed and exited 6"
+    assert end1.exit_code == 6, "SIGTERM: the slow trainer checkpointed and exited 6"
     cl = kinds(evs, "classified")[0]
-    assert cl["class"] == "dense_fallback"
-    assert any("materializes the full scores matrix" in e["text"] for e in cl["evidence"])
-    resume = kinds(evs, "attempt_start")[1]["resume"]
+    assert cl.cls == "dense_fallback"
+    assert any("materializes the full scores matrix" in t for t in cl.evidence_texts())
+    resume = kinds(evs, "attempt_start")[1].resume
     # the checkpoint written on SIGTERM: at or after the slowdown (how far past depends on
     # the machine's load), and before the run's end
     step = int(resume.rsplit("step_", 1)[1])
@@ -150,10 +150,10 @@ def test_nan_loss_restarts_from_the_checkpoint(setup, tiny_assets):  # noqa: F81
     info = wait_final(ops, plan.run_id)
     evs = events(root, plan.run_id)
     assert info["status"] == "done", info.get("reason")
-    assert kinds(evs, "classified")[0]["class"] == "nan_loss"
+    assert kinds(evs, "classified")[0].cls == "nan_loss"
     fb = kinds(evs, "fallback")[0]
-    assert fb["step"] == "same" and fb["changed"] == {}
-    assert kinds(evs, "attempt_start")[1]["resume"].endswith("/step_4")
+    assert fb.step == "same" and fb.changed == {}
+    assert kinds(evs, "attempt_start")[1].resume.endswith("/step_4")
 
 
 def test_permanent_error_fails_at_once(setup, tiny_assets):  # noqa: F811

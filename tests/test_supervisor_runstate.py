@@ -8,6 +8,7 @@ import threading
 
 import pytest
 
+from dfo_contract import events as ev
 from orchestrator.ops import runstate as rs
 from orchestrator.supervisor import runfiles
 
@@ -43,7 +44,7 @@ def test_events_are_whole_lines_from_concurrent_writers(tmp_path):
 
     def w(k):
         for i in range(200):
-            runfiles.append_event(p, rs.event("watchdog", attempt=k, reason="r" * (i % 300)))
+            runfiles.append_event(p, ev.Watchdog(attempt=k, reason="r" * (i % 300)))
 
     ths = [threading.Thread(target=w, args=(k,)) for k in range(4)]
     for th in ths:
@@ -51,17 +52,17 @@ def test_events_are_whole_lines_from_concurrent_writers(tmp_path):
     for th in ths:
         th.join()
     lines = open(p).read().splitlines()
-    assert len(lines) == 800 and len(rs.read_events(open(p).read())) == 800
+    assert len(lines) == 800 and len(ev.read_events(open(p).read())) == 800
 
 
 def test_event_kinds_are_checked_and_described():
     with pytest.raises(ValueError):
-        rs.event("nonsense")
-    e = rs.event("fallback", attempt=1, **{"class": "oom"}, step="halve_micro_batch",
-                 changed={"train.micro_batch": 4})
-    assert rs.describe_event(e) == "fallback for oom: halve_micro_batch (train.micro_batch=4)"
-    for k in rs.EVENT_KINDS:
-        assert rs.describe_event({"kind": k})
+        runfiles.append_event(os.devnull, ev.UnknownEvent(kind="nonsense"))
+    e = ev.Fallback(attempt=1, cls="oom", step="halve_micro_batch",
+                    changed={"train.micro_batch": 4}, overrides={}, restore_cache=False)
+    assert e.describe() == "fallback for oom: halve_micro_batch (train.micro_batch=4)"
+    for k, cls in ev.REGISTRY.items():   # every kind describes itself (full records:
+        assert cls.describe is not ev.EventBase.describe, k   # tests/test_contract_events)
 
 
 def test_state_schema():

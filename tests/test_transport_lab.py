@@ -115,6 +115,25 @@ def test_stream_lines_in_order_as_they_come(tr, inv):
     assert lines.count("to stderr") == 1
 
 
+def test_a_callback_that_raises_ends_the_stream_with_its_error(tr):
+    """``dfo logs`` stops on a record it cannot read: the stream must end with that error
+    (not wait for a command that writes forever, nor report a lost connection)."""
+    class Refused(Exception):
+        pass
+
+    seen: list[str] = []
+
+    def refuse(line: str) -> None:
+        seen.append(line)
+        raise Refused(line)
+
+    with pytest.raises(Refused, match="tick 0"):
+        tr.stream(["sh", "-c", "i=0; while :; do echo tick $i; i=$((i+1)); sleep 0.2; done"],
+                  refuse, timeout=600)
+    assert seen == ["tick 0"]
+    assert tr.run(["true"]).ok                     # the connection is still good
+
+
 def test_timeout_stops_the_remote_command(tr):
     t0 = time.monotonic()
     with pytest.raises(CommandTimeout, match="timed out after 1s"):

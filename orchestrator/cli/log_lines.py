@@ -9,12 +9,18 @@ from rich.markup import escape
 
 from .console import console, progress_every, stamp
 
-_EVENT_STYLE = {
-    "supervisor_start": "dim", "attempt_start": "bold blue", "checkpoint": "green",
-    "watchdog": "magenta", "stacks": "magenta", "attempt_end": "blue", "classified": "bold red",
-    "fallback": "bold yellow", "restart": "cyan", "give_up": "bold red", "orphans_reaped": "yellow",
-    "stopping": "yellow", "final": "bold", "cache_restore": "magenta",
-}
+def _event_style(e) -> str:
+    from dfo_contract import events as ev
+
+    if isinstance(e, ev.Final):
+        return {"done": "bold green", "failed": "bold red"}.get(e.status, "bold yellow")
+    return {
+        ev.SupervisorStart: "dim", ev.AttemptStart: "bold blue", ev.Checkpoint: "green",
+        ev.Watchdog: "magenta", ev.Stacks: "magenta", ev.AttemptEnd: "blue",
+        ev.Classified: "bold red", ev.Fallback: "bold yellow", ev.Restart: "cyan",
+        ev.GiveUp: "bold red", ev.OrphansReaped: "yellow", ev.Stopping: "yellow",
+        ev.CacheRestore: "magenta",
+    }.get(type(e), "default")
 
 
 class LinePrinter:
@@ -48,21 +54,18 @@ class LinePrinter:
         if self.raw:
             click.echo(self.prefix + ln.text)
             return
-        from ..ops import runstate as rs
+        from dfo_contract.events import Checkpoint
+
         from ..ops.classify import match_line, parse_marker
 
         if ln.event is not None:
             e = ln.event
-            kind = e.get("kind")
-            style = _EVENT_STYLE.get(kind) or "default"
-            if kind == "checkpoint" and not self._checkpoint_once(e.get("attempt"), e.get("step")):
+            if isinstance(e, Checkpoint) and not self._checkpoint_once(e.attempt, e.step):
                 return
-            if kind == "final":
-                style = {"done": "bold green", "failed": "bold red"}.get(e.get("status"), "bold yellow")
-            ts = time.strftime("%H:%M:%S", time.localtime(float(e.get("t") or 0)))
-            self._out(f"[dim]{ts}[/] [{style}]▶ {escape(rs.describe_event(e))}[/]")
-            for ev in (e.get("evidence") or [])[:6]:
-                self._out(f"           [red]│ {escape(str(ev.get('text', '')))}[/]")
+            ts = time.strftime("%H:%M:%S", time.localtime(e.t))
+            self._out(f"[dim]{ts}[/] [{_event_style(e)}]▶ {escape(e.describe())}[/]")
+            for text in e.evidence_texts()[:6]:
+                self._out(f"           [red]│ {escape(text)}[/]")
             return
         tag = f"[dim]a{ln.attempt}│[/] "
         rec = parse_marker(ln.text)

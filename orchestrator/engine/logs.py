@@ -9,21 +9,18 @@ side; the run is never touched.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from dfo_contract.fsio import json_object
+from dfo_contract import events, wire
+from dfo_contract.errors import ContractError, VersionError
 
-from ..errors import (ConnectError, DfoError, HostKeyError, NotFoundError, RemoteCommandError,
-                      RunFailed)
+from ..errors import (ConnectError, ContractMismatch, DfoError, HostKeyError, NotFoundError,
+                      RemoteCommandError, RunFailed)
 from ..ops import runstate as rs
 from ..transport.base import env_error
-
-#: what the far side's follower sends for a run whose supervisor never started
-NEVER_STARTED = "never_started"
 
 log = logging.getLogger("dfo")
 
@@ -34,7 +31,7 @@ class LogLine:
     offset: int                # byte offset just after this line
     text: str
     attempt: int | None        # for attempt logs
-    event: dict | None         # parsed record for events.jsonl
+    event: events.Event | None   # the decoded record, for events.jsonl
 
 
 class LogFollower:
@@ -61,7 +58,7 @@ class LogFollower:
     def argv(self) -> list[str]:
         a = [self.layout.current_python, "-m", "orchestrator.supervisor.follow",
              "--run-dir", self.layout.run_dir(self.run_id),
-             "--offsets", json.dumps(self.offsets, sort_keys=True),
+             "--offsets", wire.encode_offsets(self.offsets),
              "--from-attempt", str(self.from_attempt), "--poll", str(self.poll)]
         if self.attempt is not None:
             a += ["--attempt", str(self.attempt)]
@@ -74,31 +71,26 @@ class LogFollower:
         was shown (returns the status then)."""
         failures = 0
         while True:
-            box: dict[str, Any] = {}
+            box: dict[type, Any] = {}   # the follower's last End / Eof / Error
             progressed = [False]
             stray: list[str] = []   # lines that are not the follower's (e.g. a traceback)
 
             def handle(raw: str) -> None:
-                rec = json_object(raw)
+                try:
+                    rec = wire.decode(raw)
+                except VersionError as e:
+                    raise ContractMismatch(f"run {self.run_id}: {e}") from None
                 if rec is None:
                     stray[:] = (stray + [raw])[-20:]
                     return  # a torn line from a dropped connection, or stray stderr
-                if "f" in rec:
-                    try:
-                        name, off = str(rec["f"]), int(rec["o"])
-                    except (KeyError, TypeError, ValueError):
-                        return  # not one of the follower's records
-                    if off <= self.offsets.get(name, 0):
+                if isinstance(rec, wire.Line):
+                    if rec.offset <= self.offsets.get(rec.file, 0):
                         return  # never repeat a line
-                    self.offsets[name] = off
+                    self.offsets[rec.file] = rec.offset
                     progressed[0] = True
-                    self._deliver(name, off, str(rec.get("l", "")))
-                elif "end" in rec:
-                    box["end"] = rec["end"]
-                elif "eof" in rec:
-                    box["eof"] = rec.get("status")
-                elif "error" in rec:
-                    box["error"] = rec["error"]
+                    self._deliver(rec.file, rec.offset, rec.text)
+                elif isinstance(rec, (wire.End, wire.Eof, wire.Error)):
+                    box[type(rec)] = rec
 
             why = ""
             argv = self.argv()
@@ -114,18 +106,19 @@ class LogFollower:
                 why = str(e)
             except RemoteCommandError as e:
                 why = str(e)
-            if "error" in box:
-                raise NotFoundError(f"run {self.run_id}: {box['error']}",
+            if wire.Error in box:
+                raise NotFoundError(f"run {self.run_id}: {box[wire.Error].message}",
                                     hint="see `dfo status` for run ids")
-            if box.get("end") == NEVER_STARTED:
+            end, eof = box.get(wire.End), box.get(wire.Eof)
+            if end is not None and end.status == wire.NEVER_STARTED:
                 rd = self.layout.run_dir(self.run_id)
                 raise RunFailed(f"run {self.run_id} never started: its launch was cut off before "
                                 "the supervisor started (no state.json, nothing runs)",
                                 hint=f"remove {rd} (nothing of it ran) and `dfo launch` again")
-            if "end" in box:
-                return box["end"]
-            if "eof" in box:
-                return box["eof"]
+            if end is not None:
+                return end.status
+            if eof is not None:
+                return eof.status
             failures = 0 if progressed[0] else failures + 1
             if failures > self.max_retries:
                 raise ConnectError(f"lost the connection to {self.t.name} and could not "
@@ -139,9 +132,13 @@ class LogFollower:
         ev = None
         att = None
         if name == rs.EVENTS_FILE:
-            ev = json_object(text)
-            if self.since is not None and isinstance(ev, dict) and \
-                    float(ev.get("t") or 0) < self.since:
+            try:
+                ev = events.decode(text)
+            except events.NotARecord:
+                ev = None        # shown as the text it is
+            except ContractError as e:
+                raise ContractMismatch(f"run {self.run_id}: {rs.EVENTS_FILE}: {e}") from None
+            if self.since is not None and ev is not None and ev.t < self.since:
                 return
         else:
             att = rs.attempt_of_log(name)

@@ -10,7 +10,9 @@ from __future__ import annotations
 import logging
 import os
 
-from ..errors import ConfigError, NotFoundError
+from dfo_contract.errors import ContractError
+
+from ..errors import ConfigError, ContractMismatch, NotFoundError
 from ..ops import curves as cv
 from ..ops import runstate as rs
 
@@ -33,7 +35,10 @@ def fetch_curves(ops, run: str | None) -> cv.Curves:
         metrics = ops.t.get(f"{run_dir}/metrics.jsonl").decode("utf-8", "replace")
     except NotFoundError:
         metrics = ""
-    c = cv.curves(run_id, metrics, events)
+    try:
+        c = cv.curves(run_id, metrics, events)
+    except ContractError as e:
+        raise ContractMismatch(f"run {run_id}: {rs.EVENTS_FILE}: {e}") from None
     if c.empty:
         raise NotFoundError(f"run {run_id} has logged no step yet ({run_dir}/metrics.jsonl)",
                             hint="plot again after its first log step (train.log_every)")

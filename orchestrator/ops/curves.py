@@ -16,9 +16,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from dfo_contract import events as ev
 from dfo_contract.fsio import parse_jsonl
-
-from . import runstate as rs
 
 #: (panel title, fields drawn there, field prefixes that join it)
 PANELS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
@@ -86,12 +85,12 @@ def series(records: Sequence[Mapping[str, Any]], name: str) -> list[Series]:
     return [Series(name, a, tuple(s), tuple(v)) for a, (s, v) in by.items()]
 
 
-def fallback_label(ev: Mapping[str, Any]) -> str:
+def fallback_label(fb: ev.Fallback) -> str:
     """``oom -> halve_micro_batch (train.micro_batch=4)``; ``crash -> same config``."""
-    cls = ev.get("class") or "?"
-    step = ev.get("step")
+    cls = fb.cls or "?"
+    step = fb.step
     what = step if step and step != "same" else "same config"
-    changed = ev.get("changed") or {}
+    changed = fb.changed or {}
     text = f"{cls} -> {what}"
     if changed:
         text += " (" + ", ".join(f"{k}={v}" for k, v in changed.items()) + ")"
@@ -106,23 +105,22 @@ def resumed_step(resume: Any) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def boundaries(events: Sequence[Mapping[str, Any]],
+def boundaries(events: Sequence[ev.Event],
                records: Sequence[Mapping[str, Any]]) -> list[Boundary]:
     """Each attempt after the first: where it starts and what changed for it."""
     first_step: dict[int, int] = {}
     for r in records:
         first_step.setdefault(_attempt(r), r["step"])
-    fallbacks = {int(e["attempt"]): e for e in events
-                 if e.get("kind") == "fallback" and isinstance(e.get("attempt"), int)}
-    starts: dict[int, Mapping[str, Any]] = {}
+    fallbacks = {e.attempt: e for e in events if isinstance(e, ev.Fallback)}
+    starts: dict[int, ev.AttemptStart] = {}
     for e in events:
-        if e.get("kind") == "attempt_start" and isinstance(e.get("attempt"), int):
-            starts.setdefault(e["attempt"], e)
+        if isinstance(e, ev.AttemptStart):
+            starts.setdefault(e.attempt, e)
     attempts = sorted((set(starts) | set(first_step)) - {1})
     attempts = [a for a in attempts if a > 1]
     out = []
     for a in attempts:
-        step = resumed_step(starts.get(a, {}).get("resume"))
+        step = resumed_step(starts[a].resume if a in starts else None)
         if step is None:
             step = first_step.get(a)
         label = f"attempt {a}"
@@ -133,14 +131,15 @@ def boundaries(events: Sequence[Mapping[str, Any]],
     return out
 
 
-def final_status(events: Sequence[Mapping[str, Any]]) -> str | None:
-    finals = [e for e in events if e.get("kind") == "final"]
-    return str(finals[-1].get("status")) if finals else None
+def final_status(events: Sequence[ev.Event]) -> str | None:
+    finals = [e for e in events if isinstance(e, ev.Final)]
+    return str(finals[-1].status) if finals else None
 
 
 def curves(run_id: str, metrics_text: str, events_text: str) -> Curves:
+    """ContractError when events_text holds a record this dfo cannot read (a newer one)."""
     records = read_metrics(metrics_text)
-    events = rs.read_events(events_text)
+    events = ev.read_events(events_text)
     fields_seen: list[str] = []
     for r in records:
         for k in r:

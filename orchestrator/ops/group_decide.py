@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from dfo_contract import events
+
 from .classify import NODE_LOST, PEER_ABORT, PRIORITY
 
 
@@ -37,6 +39,14 @@ class NodeEnd:
                 "exit_code": self.exit_code, "reached_train": self.reached_train,
                 "healthy_s": self.healthy_s, "permanent": self.permanent,
                 "origin": self.origin, "evidence": list(self.evidence)}
+
+    def event(self, attempt: int) -> events.NodeEnd:
+        """This end as the ``node_end`` event of attempt ``attempt``."""
+        return events.NodeEnd(attempt=attempt, node=self.node, host=self.host, cls=self.cls,
+                              reason=self.reason, exit_code=self.exit_code,
+                              reached_train=self.reached_train, healthy_s=self.healthy_s,
+                              permanent=self.permanent, origin=self.origin,
+                              evidence=list(self.evidence))
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "NodeEnd":
@@ -172,27 +182,35 @@ class GroupDecision:
 
 @dataclass(frozen=True)
 class PeerStep:
-    """What a peer does with the head's decision: the events to mirror (kind, fields) in
-    order, the overrides it runs next, and the final status/reason (None: run attempt N+1)."""
-    events: tuple[tuple[str, dict], ...]
+    """What a peer does with the head's decision: the events to mirror in order, the
+    overrides it runs next, the final status/reason (None: run attempt N+1), the fallback
+    record for its state.json and whether to restore the compile cache first."""
+    events: tuple[events.Event, ...]
     overrides: dict[str, Any]
     final: tuple[str, str] | None
     fallback: dict[str, Any] | None
+    restore_cache: bool = False
 
 
 def peer_step(dec: GroupDecision, attempt: int, *, node: int, host: str) -> PeerStep:
-    where = {"node": node, "host": host}
-    evs: list[tuple[str, dict]] = [("group_decision", {"attempt": attempt, **where,
-                                                       **dec.to_json()})]
+    """The head's ``fallback``/``restart`` travel as their events' bodies
+    (``EventBase.body``); a malformed one raises ``ContractError``."""
+    evs: list[events.Event] = [events.GroupDecision(
+        attempt=attempt, node=node, host=host, action=dec.action, cause=dict(dec.cause),
+        status=dec.status, reason=dec.reason, overrides=dict(dec.overrides),
+        fallback=dec.fallback, restart=dec.restart, last_checkpoint=dec.last_checkpoint,
+        last_step=dec.last_step)]
     if dec.action == "final":
         return PeerStep(tuple(evs), dict(dec.overrides), (dec.status or "failed", dec.reason),
                         None)
-    fb = None
+    fb, restore = None, False
     if dec.fallback:
-        evs.append(("fallback", {"attempt": attempt, **dec.fallback}))
-        if dec.fallback.get("step") and dec.fallback.get("step") != "same":
-            fb = {"class": dec.fallback.get("class"), "step": dec.fallback.get("step"),
-                  "changed": dec.fallback.get("changed") or {}, "attempt": attempt}
+        f = events.Fallback.from_body(dec.fallback, attempt=attempt)
+        evs.append(f)
+        restore = f.restore_cache
+        if f.step and f.step != "same":
+            fb = {"class": f.cls, "step": f.step, "changed": dict(f.changed or {}),
+                  "attempt": attempt}
     if dec.restart:
-        evs.append(("restart", dict(dec.restart)))
-    return PeerStep(tuple(evs), dict(dec.overrides), None, fb)
+        evs.append(events.Restart.from_body(dec.restart))
+    return PeerStep(tuple(evs), dict(dec.overrides), None, fb, restore)

@@ -208,18 +208,3 @@ def can_restore_priority(*, euid: int, cap_eff: int, nice_now: int,
     if rlimit_nice_hard < 0:   # RLIM_INFINITY
         return True
     return nice_now >= 20 - rlimit_nice_hard
-
-
-def describe(e: Mapping[str, Any]) -> str:
-    """One line for a standby event (ops.runstate.describe_event)."""
-    k, a = e.get("kind"), e.get("attempt")
-    if k == "standby_start":
-        return f"standby interpreter for attempt {a} started (pid {e.get('pid')})"
-    if k == "standby_ready":
-        err = f"; not imported: {e.get('error')}" if e.get("error") else ""
-        return f"standby interpreter ready after {float(e.get('import_s') or 0):.1f}s{err}"
-    if k == "standby_used":
-        return f"attempt {a} runs in the standby interpreter (pid {e.get('pid')})"
-    if k == "standby_discarded":
-        return f"standby interpreter discarded: {e.get('reason')}"
-    return str(k)

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from dfo_contract import envvars
+from dfo_contract import envvars, events
 from dfo_contract.checkpoints import newest_of_run
 from dfo_contract.errors import ContractError
 from dfo_contract.runspec import Bundled, RunSpec
@@ -73,12 +73,11 @@ class Supervisor(AttemptWatch):
         self.state.updated_at = time.time()
         runfiles.write_state(self.run_dir, self.state)
 
-    def emit(self, kind: str, **fields: Any) -> dict:
-        rec = rs.event(kind, **fields)
-        runfiles.append_event(self._p(rs.EVENTS_FILE), rec)
-        self.state.last_event = rs.describe_event(rec)
+    def emit(self, event: events.Event) -> events.Event:
+        runfiles.append_event(self._p(rs.EVENTS_FILE), event)
+        self.state.last_event = event.describe()
         print(f"dfo-supervisor: {self.state.last_event}", flush=True)
-        return rec
+        return event
 
     # --- signals ----------------------------------------------------------------------------
     def _on_term(self, signum, _frame) -> None:
@@ -131,7 +130,7 @@ class Supervisor(AttemptWatch):
             return 0
         self.state.pid = os.getpid()
         self.state.mode = "systemd" if os.environ.get("INVOCATION_ID") else "setsid"
-        self.emit("supervisor_start", pid=os.getpid(), mode=self.state.mode, resumed=resumed)
+        self.emit(events.SupervisorStart(pid=os.getpid(), mode=self.state.mode, resumed=resumed))
         if resumed:
             was = self.state.status
             self._recover_after_restart()
@@ -156,15 +155,15 @@ class Supervisor(AttemptWatch):
             if not procs.wait_gone(orphans, self.t.kill_grace_s):
                 procs.signal_all(orphans, signal.SIGKILL)
                 procs.wait_gone(orphans, 5)
-            self.emit("orphans_reaped", pids=orphans)
+            self.emit(events.OrphansReaped(pids=orphans))
         self.state.standby_pid = None      # reaped above with the rest of the run
         att = self.state.current
         if att and att.ended_at is None:
             att.ended_at = time.time()
             att.cls, att.reason = "crash", "the supervisor died during this attempt"
-            self.emit("attempt_end", attempt=att.n, exit_code=None, signal=None,
-                      duration_s=att.ended_at - att.started_at,
-                      note="supervisor died; attempt abandoned")
+            self.emit(events.AttemptEnd(attempt=att.n, exit_code=None, signal=None,
+                                        duration_s=att.ended_at - att.started_at,
+                                        note="supervisor died; attempt abandoned"))
         self.save()
 
     def _loop(self) -> int:
@@ -183,14 +182,14 @@ class Supervisor(AttemptWatch):
             att = self.state.attempts[-1]
             att.cls, att.reason = diag.cls, diag.reason
             ev = [e.to_json() for e in diag.evidence]
-            self.emit("classified", attempt=n, **{"class": diag.cls}, reason=diag.reason,
-                      evidence=ev, also=list(diag.also))
+            self.emit(events.Classified(attempt=n, cls=diag.cls, reason=diag.reason,
+                                        evidence=ev, also=list(diag.also)))
             if self.coord is not None:   # the head: every node's end, one root cause
                 diag = group.settle_head(self, n, out, diag)
                 if out.stopped or self.stop_reason:
                     return self._final("stopped", self.stop_reason or "stopped")
                 if diag.cls == NODE_LOST:
-                    self.emit("give_up", **{"class": diag.cls}, reason=diag.reason, evidence=[])
+                    self.emit(events.GiveUp(cls=diag.cls, reason=diag.reason, evidence=[]))
                     return self._final("failed", diag.reason)
             if diag.cls == "done":
                 return self._final("done", f"reached max_steps at step {self.state.last_step}")
@@ -206,7 +205,7 @@ class Supervisor(AttemptWatch):
             self.state.last_startup_failure_overrides = (
                 dict(self.state.overrides) if not out.reached_train else None)
             if not dec.restart:
-                self.emit("give_up", **{"class": diag.cls}, reason=dec.reason, evidence=ev)
+                self.emit(events.GiveUp(cls=diag.cls, reason=dec.reason, evidence=ev))
                 return self._final("failed", f"{diag.cls} ({diag.reason}): {dec.reason}",
                                    evidence=ev)
             pos = int(self.state.ladder_pos.get(diag.cls, 0))
@@ -218,22 +217,22 @@ class Supervisor(AttemptWatch):
                 choice = next_config(diag.cls, ladder, pos, base, dict(self.state.overrides))
             if choice.exhausted:
                 reason = f"{diag.cls}: fallback ladder spent ({choice.spent})"
-                self.emit("give_up", **{"class": diag.cls}, reason=reason, evidence=ev)
+                self.emit(events.GiveUp(cls=diag.cls, reason=reason, evidence=ev))
                 return self._final("failed", reason, evidence=ev)
             self.state.ladder_pos[diag.cls] = choice.position
             self.state.overrides = choice.overrides
             if choice.step and choice.step != "same":
                 self.state.fallbacks.append({"class": diag.cls, "step": choice.step,
                                              "changed": choice.changed, "attempt": n})
-            fb = self.emit("fallback", attempt=n, **{"class": diag.cls}, step=choice.step,
-                           changed=choice.changed, overrides=choice.overrides,
-                           restore_cache=choice.restore_cache)
+            fb = self.emit(events.Fallback(attempt=n, cls=diag.cls, step=choice.step,
+                                           changed=choice.changed, overrides=choice.overrides,
+                                           restore_cache=choice.restore_cache))
             restore_cache = choice.restore_cache
             self.state.status = "backoff"
             delay = restart_delay(self.policy, dec, diag.cls,
                                   config_changed=bool(choice.changed))
-            rst = self.emit("restart", attempt=n + 1, delay_s=round(delay, 3),
-                            reason=dec.reason)
+            rst = self.emit(events.Restart(attempt=n + 1, delay_s=round(delay, 3),
+                                           reason=dec.reason))
             if self.coord is not None:
                 group.decide(self, n, "restart", fallback=fb, restart=rst)
             self.save()
@@ -255,8 +254,8 @@ class Supervisor(AttemptWatch):
             group.on_final(self, status, reason)
         self.standby.discard(f"the run ended ({status})")
         self._release()   # a final state means the host is free: the next launch may start
-        self.emit("final", status=status, reason=reason,
-                  last_checkpoint=self.state.last_checkpoint)
+        self.emit(events.Final(status=status, reason=reason,
+                               last_checkpoint=self.state.last_checkpoint))
         self.save()
         return 0
 
@@ -279,8 +278,8 @@ class Supervisor(AttemptWatch):
             return self.spec.resume.path  # this run saved nothing yet: what launch was given
         info, skipped = newest_of_run(self.spec.resume.checkpoint_dir, self.spec.identity.run_id)
         for c in skipped:
-            self.emit("watchdog", attempt=self.state.attempt + 1,
-                      reason=f"skipping checkpoint {c.name}: {c.reason}")
+            self.emit(events.Watchdog(attempt=self.state.attempt + 1,
+                                      reason=f"skipping checkpoint {c.name}: {c.reason}"))
         return (info.path if info else None) or self.spec.resume.path
 
     def _config(self) -> dict:
@@ -332,7 +331,7 @@ class Supervisor(AttemptWatch):
         if changes is not None and changes.first:
             ok, why = byo_sup.run_first(changes.first, env, cwd, log_path,
                                         timeout=self.t.warmup_s)
-            self.emit("run_first", attempt=n, commands=changes.first, ok=ok, detail=why)
+            self.emit(events.RunFirst(attempt=n, commands=changes.first, ok=ok, detail=why))
         oom_before = procs.cgroup_oom_kills()
         env[envvars.SPAWN_T] = f"{time.time():.3f}"  # the trainer's startup breakdown counts from here
         proc = self.standby.take(n, argv, env, cwd, log_path)
@@ -343,8 +342,8 @@ class Supervisor(AttemptWatch):
                                         preexec_fn=procs.set_pdeathsig)
         att.pid = proc.pid
         self.state.trainer_pids = [proc.pid]
-        self.emit("attempt_start", attempt=n, resume=resume, overrides=att.overrides,
-                  argv=argv, pid=proc.pid, log=log_name)
+        self.emit(events.AttemptStart(attempt=n, resume=resume, overrides=att.overrides,
+                                      argv=argv, pid=proc.pid, log=log_name))
         self.save()
         out = self._watch(n, proc, log_path)
         oom_after = procs.cgroup_oom_kills()
@@ -353,23 +352,26 @@ class Supervisor(AttemptWatch):
         att.ended_at, att.exit_code, att.signal = time.time(), out.exit_code, out.signal
         self.state.trainer_pids = []
         self.state.throughput_low = None
-        self.emit("attempt_end", attempt=n, exit_code=out.exit_code, signal=out.signal,
-                  duration_s=round(out.duration_s, 3), reached_train=out.reached_train)
+        self.emit(events.AttemptEnd(attempt=n, exit_code=out.exit_code, signal=out.signal,
+                                    duration_s=round(out.duration_s, 3),
+                                    reached_train=out.reached_train))
         self.save()
         return out
 
     def _restore_cache(self, n: int) -> None:
         argv = list(self.spec.cache.restore_argv or ())
         if not argv:
-            self.emit("cache_restore", attempt=n, ok=False,
-                      detail="no cache to restore from; continuing with the run's cache as it is")
+            self.emit(events.CacheRestore(
+                attempt=n, ok=False,
+                detail="no cache to restore from; continuing with the run's cache as it is"))
             return
         p = subprocess.run(argv, capture_output=True, text=True)
         tail = (p.stderr or p.stdout).strip().splitlines()[-1:] if p.returncode else []
-        self.emit("cache_restore", attempt=n, ok=p.returncode == 0,
-                  detail="the run's cache kept (what the failed attempt built) and topped up "
-                  "from the host's live cache"
-                  if p.returncode == 0 else f"restore failed: {' '.join(tail)}")
+        self.emit(events.CacheRestore(
+            attempt=n, ok=p.returncode == 0,
+            detail="the run's cache kept (what the failed attempt built) and topped up "
+            "from the host's live cache"
+            if p.returncode == 0 else f"restore failed: {' '.join(tail)}"))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,17 +1,18 @@
 """Stream a run's files by byte offset: ``python -m orchestrator.supervisor.follow``.
 
-Used by ``dfo logs`` over the transport. Each output line is one JSON object:
+Used by ``dfo logs`` over the transport. Each output line is one record of
+``dfo_contract.wire``:
 
-- ``{"f": "attempt-2.log", "o": 1234, "l": "text"}``: one complete line of file ``f``;
-  ``o`` is the byte offset just after it. The caller restarts with ``--offsets`` set to
-  the last ``o`` it received per file, so a dropped connection loses and repeats nothing.
-- ``{"end": "done"|"failed"|"stopped"|"lost"}``: (with ``--follow``) the run ended and
-  every file was read to its end.
-- ``{"end": "never_started"}``: (with ``--follow``) the run directory has no ``state.json``,
-  nothing changed in it for ``--lost-after`` seconds and no process works on it: its launch
-  was cut off before the supervisor started.
-- ``{"eof": true, "status": ...}``: (without ``--follow``) everything present was sent.
-- ``{"k": 1}``: a keepalive (following, every ``KEEPALIVE_S``; readers ignore it).
+- ``Line``: one complete line of a file and the byte offset just after it. The caller
+  restarts with ``--offsets`` set to the last offset it received per file, so a dropped
+  connection loses and repeats nothing.
+- ``End``: (with ``--follow``) the run ended (done, failed, stopped, lost) and every file
+  was read to its end; ``never_started``: the run directory has no ``state.json``, nothing
+  changed in it for ``--lost-after`` seconds and no process works on it (its launch was
+  cut off before the supervisor started).
+- ``Eof``: (without ``--follow``) everything present was sent.
+- ``Keepalive``: following, every ``KEEPALIVE_S`` while nothing else is sent.
+- ``Error``: no such run directory.
 
 It never outlives its client: it exits when a write to stdout fails (the pipe closed: the
 SSH channel or ``pct exec`` is gone) or when its parent changes (the parent died).
@@ -20,12 +21,12 @@ SSH channel or ``pct exec`` is gone) or when its parent changes (the parent died
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 
 from dfo_contract.procs import supervisor_alive
+from dfo_contract import wire
 
 from ..ops import runstate as rs
 from .lines import read_lines
@@ -40,9 +41,9 @@ class ClientGone(Exception):
     """stdout is closed or the parent process died: nobody reads what this sends."""
 
 
-def _emit(obj) -> None:
+def _send(rec: wire.Record) -> None:
     try:
-        sys.stdout.write(json.dumps(obj, separators=(",", ":")) + "\n")
+        sys.stdout.write(wire.encode(rec) + "\n")
     except (BrokenPipeError, ValueError, OSError):
         raise ClientGone() from None
 
@@ -79,7 +80,7 @@ def _drain(run_dir: str, name: str, offsets: dict[str, int], final: bool) -> boo
     off = offsets.get(name, 0)
     lines, offsets[name] = read_lines(os.path.join(run_dir, name), off, final=final)
     for ln in lines:
-        _emit({"f": name, "o": ln.end, "l": ln.text})
+        _send(wire.Line(name, ln.end, ln.text))
     return bool(lines)
 
 
@@ -113,9 +114,9 @@ def _main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lost-after", type=float, default=15.0)
     a = ap.parse_args(argv)
     if not os.path.isdir(a.run_dir):
-        _emit({"error": f"no run directory {a.run_dir}"})
+        _send(wire.Error(f"no run directory {a.run_dir}"))
         return 2
-    offsets = {str(k): int(v) for k, v in json.loads(a.offsets).items()}
+    offsets = wire.decode_offsets(a.offsets)
     dead_since: float | None = None
     parent = os.getppid()
     last_sent = time.monotonic()
@@ -124,7 +125,7 @@ def _main(argv: list[str] | None = None) -> int:
             raise ClientGone()   # the process that reads us died
         status, pid = _status(a.run_dir)
         if a.follow and status is None and never_started(a.run_dir, a.lost_after):
-            _emit({"end": "never_started"})
+            _send(wire.End(wire.NEVER_STARTED))
             _flush()
             return 0
         final = status in rs.FINAL
@@ -139,18 +140,18 @@ def _main(argv: list[str] | None = None) -> int:
         for name in _files(a.run_dir, a.attempt, a.from_attempt, events_first=not a.follow):
             sent = _drain(a.run_dir, name, offsets, final or lost or not a.follow) or sent
         if not a.follow:
-            _emit({"eof": True, "status": status})
+            _send(wire.Eof(status))
             _flush()
             return 0
         if final or lost:
-            _emit({"end": status if final else "lost"})
+            _send(wire.End(status if final and status else wire.LOST))
             _flush()
             return 0
         now = time.monotonic()
         if sent:
             last_sent = now
         elif now - last_sent >= KEEPALIVE_S:
-            _emit({"k": 1})
+            _send(wire.Keepalive())
             last_sent = now
         _flush()
         time.sleep(a.poll)

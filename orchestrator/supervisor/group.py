@@ -17,6 +17,8 @@ import socket
 import time
 from typing import Any, Callable
 
+from dfo_contract import events
+
 from ..ops import group as g
 from ..ops.classify import PEER_ABORT, Diagnosis, classify
 from ..ops.group_decide import (GroupDecision, NodeEnd, head_lost_reason, lost_end,
@@ -44,8 +46,8 @@ def open_for(sup) -> Coordinator:
     gs: g.GroupSpec = sup.group
     c = Coordinator(gs, sup.spec.identity.run_id)
     c.open()
-    sup.emit("group_start", node=gs.node, host=gs.host, nodes=list(gs.nodes),
-             head_addr=gs.head_addr, coord_port=gs.coord_port)
+    sup.emit(events.GroupStart(node=gs.node, host=gs.host, nodes=list(gs.nodes),
+                               head_addr=gs.head_addr, coord_port=gs.coord_port))
     return c
 
 
@@ -106,8 +108,8 @@ def tick(sup, n: int, proc, out, dog, now: float) -> None:
             r = c.aborted(n)
             if r and int(r.get("node", -1)) != gs.node:
                 out.peer_abort = f"node {r.get('host')} aborted attempt {n}: {r.get('reason')}"
-                sup.emit("peer_abort", attempt=n, node=gs.node, host=gs.host,
-                         reason=out.peer_abort)
+                sup.emit(events.PeerAbort(attempt=n, node=gs.node, host=gs.host,
+                                          reason=out.peer_abort))
                 _terminate(sup, proc, out, now)
             else:
                 lost = c.lost(now)
@@ -115,8 +117,8 @@ def tick(sup, n: int, proc, out, dog, now: float) -> None:
                     out.lost = lost
                     why = lost_reason(sup, lost)
                     for k, s in lost:
-                        sup.emit("node_lost", attempt=n, node=k, host=gs.nodes[k],
-                                 silent_s=round(s, 1), reason=why)
+                        sup.emit(events.NodeLost(attempt=n, node=k, host=gs.nodes[k],
+                                                 silent_s=round(s, 1), reason=why))
                     if gs.is_head:   # a peer that lost the head has no store to tell
                         c.abort(n, why)
                     _terminate(sup, proc, out, now)
@@ -174,7 +176,7 @@ def settle_head(sup, n: int, out, diag: Diagnosis) -> Diagnosis:
     ends = {0: own}
     for k, s in (out.lost or []):
         ends[k] = lost_end(k, gs.nodes[k], s, gs.name)
-    sup.emit("node_end", attempt=n, **own.to_json())
+    sup.emit(own.event(n))
     while len(ends) < gs.nnodes:
         sup.group_lost = []
         for k in range(1, gs.nnodes):
@@ -182,7 +184,7 @@ def settle_head(sup, n: int, out, diag: Diagnosis) -> Diagnosis:
                 e = c.end(n, k)
                 if e is not None:
                     ends[k] = e
-                    sup.emit("node_end", attempt=n, **e.to_json())
+                    sup.emit(e.event(n))
         if len(ends) == gs.nnodes:
             break
         sync_stop(sup)
@@ -192,8 +194,8 @@ def settle_head(sup, n: int, out, diag: Diagnosis) -> Diagnosis:
         for k, s in c.lost(time.monotonic()):
             if k not in ends:
                 ends[k] = lost_end(k, gs.nodes[k], s, gs.name)
-                sup.emit("node_lost", attempt=n, node=k, host=gs.nodes[k],
-                         silent_s=round(s, 1), reason=ends[k].reason)
+                sup.emit(events.NodeLost(attempt=n, node=k, host=gs.nodes[k],
+                                         silent_s=round(s, 1), reason=ends[k].reason))
         time.sleep(STORE_POLL_S)
     root = root_cause(list(ends.values()))
     sup.group_cause = root.to_json()
@@ -205,19 +207,20 @@ def settle_head(sup, n: int, out, diag: Diagnosis) -> Diagnosis:
 
 
 def decide(sup, n: int, action: str, *, status: str = "", reason: str = "",
-           fallback: dict | None = None, restart: dict | None = None) -> None:
+           fallback: events.Fallback | None = None,
+           restart: events.Restart | None = None) -> None:
     """Head: publish the run's decision on attempt N (and record it here too)."""
     gs: g.GroupSpec = sup.group
     dec = GroupDecision(action=action, cause=dict(getattr(sup, "group_cause", None) or {}),
                         status=status, reason=reason, overrides=dict(sup.state.overrides),
-                        fallback=_strip(fallback), restart=_strip(restart),
+                        fallback=fallback.body() if fallback else None,
+                        restart=restart.body() if restart else None,
                         last_checkpoint=sup.state.last_checkpoint,
                         last_step=sup.state.last_step)
     sup.coord.set_decision(n, dec)
     sup.group_decided = n
-    sup.emit("group_decision", attempt=n, node=gs.node, host=gs.host,
-             **{k: v for k, v in dec.to_json().items() if k in ("action", "status", "reason",
-                                                                 "cause")})
+    sup.emit(events.GroupDecision(attempt=n, node=gs.node, host=gs.host, action=dec.action,
+                                  status=dec.status, reason=dec.reason, cause=dec.cause))
 
 
 def on_final(sup, status: str, reason: str) -> None:
@@ -230,10 +233,6 @@ def on_final(sup, status: str, reason: str) -> None:
         n = int(sup.state.attempt)
         decide(sup, n + 1 if getattr(sup, "group_decided", 0) >= n else n, "final",
                status=status, reason=reason)
-
-
-def _strip(rec: dict | None) -> dict | None:
-    return {k: v for k, v in rec.items() if k not in ("t", "kind")} if rec else None
 
 
 def plan_for(sup, n: int, resume: str | None) -> None:
@@ -257,8 +256,8 @@ def run_peer(sup) -> int:
             return _gone(sup)
         if isinstance(plan, GroupDecision):     # the head ended the run between attempts
             step = peer_step(plan, n, node=gs.node, host=gs.host)
-            for kind, fields in step.events:
-                sup.emit(kind, **fields)
+            for event in step.events:
+                sup.emit(event)
             return sup._final(*(step.final or ("stopped", plan.reason)))
         sup.state.overrides = dict(plan.get("overrides") or {})
         sup.plan = plan
@@ -271,18 +270,18 @@ def run_peer(sup) -> int:
         att = sup.state.attempts[-1]
         end = node_end(sup, n, out, diag)
         att.cls, att.reason = end.cls, end.reason
-        sup.emit("classified", attempt=n, **{"class": end.cls}, reason=end.reason,
-                 evidence=list(end.evidence), also=list(diag.also))
+        sup.emit(events.Classified(attempt=n, cls=end.cls, reason=end.reason,
+                                   evidence=list(end.evidence), also=list(diag.also)))
         if out.lost:
             return sup._final("failed", lost_reason(sup, out.lost))
         c.set_end(n, end)
-        sup.emit("node_end", attempt=n, **end.to_json())
+        sup.emit(end.event(n))
         dec = wait_for(sup, lambda: c.decision(n), n)
         if dec is None:
             return _gone(sup)
         step = peer_step(dec, n, node=gs.node, host=gs.host)
-        for kind, fields in step.events:
-            sup.emit(kind, **fields)
+        for event in step.events:
+            sup.emit(event)
         sup.state.overrides = step.overrides
         if dec.last_checkpoint:
             sup.state.last_checkpoint = dec.last_checkpoint
@@ -294,7 +293,7 @@ def run_peer(sup) -> int:
             return sup._final(*step.final)
         sup.state.status = "backoff"
         sup.save()
-        if dec.fallback and dec.fallback.get("restore_cache"):
+        if step.restore_cache:
             sup._restore_cache(n + 1)
 
 

@@ -1,4 +1,5 @@
-"""A run directory's files on disk (formats and names: orchestrator.ops.runstate).
+"""A run directory's files on disk (formats and names: orchestrator.ops.runstate; the
+events' records: dfo_contract.events).
 
 ``state.json`` is replaced atomically (dfo_contract.fsio); each ``events.jsonl`` record is
 appended with one ``write(2)`` on an ``O_APPEND`` fd, so a reader following by byte offset
@@ -9,14 +10,17 @@ from __future__ import annotations
 
 import fcntl
 import os
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 from dfo_contract.errors import ContractError
-from dfo_contract.fsio import atomic_write_json, read_json
+from dfo_contract.fsio import atomic_write_json, json_safe, read_json
 from dfo_contract.runspec import RunSpec
 
 from ..ops import runstate as rs
 from ..ops.runstate import RunState
+
+if TYPE_CHECKING:
+    from dfo_contract.events import EventBase
 
 __all__ = ["NotOwner", "OWNER_LOCK", "append_event", "own_run", "read_spec", "read_state",
            "write_json_atomic", "write_state"]
@@ -51,7 +55,7 @@ def own_run(run_dir: str) -> int:
 
 def write_json_atomic(path: str, obj: Any) -> None:
     """JSON (non-finite floats as strings, sorted keys, indent 1) written atomically."""
-    atomic_write_json(path, rs.clean(obj), indent=1, sort_keys=True)
+    atomic_write_json(path, json_safe(obj), indent=1, sort_keys=True)
 
 
 def write_state(run_dir: str, state: RunState) -> None:
@@ -73,9 +77,13 @@ def read_spec(run_dir: str) -> RunSpec:
     return RunSpec.from_json(raw)
 
 
-def append_event(path: str, rec: Mapping[str, Any]) -> None:
-    """Append one record as a single line with a single write (see the module doc)."""
-    line = rs.event_line(rec)
+def append_event(path: str, ev: "EventBase") -> None:
+    """Append one event as a single line with a single write (see the module doc)."""
+    # imported here: the follower and ``query`` (every ``dfo status``) read state.json
+    # through this module and never write an event
+    from dfo_contract.events import encode_line
+
+    line = encode_line(ev)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
         os.write(fd, line)

@@ -17,6 +17,8 @@ import subprocess
 import time
 from typing import Any, Mapping
 
+from dfo_contract import events
+
 from ..ops import standby as ops
 from ..ops.runstate import attempt_log_name
 from . import procs
@@ -73,7 +75,7 @@ class Keeper:
                     start_new_session=True, preexec_fn=procs.set_pdeathsig, pass_fds=(w,))
         except OSError as e:
             os.close(r)
-            self.sup.emit("standby_discarded", attempt=n + 1, reason=f"could not start: {e}")
+            self.sup.emit(events.StandbyDiscarded(attempt=n + 1, reason=f"could not start: {e}"))
             return
         finally:
             os.close(w)
@@ -81,7 +83,7 @@ class Keeper:
         self.info = ops.Standby(pid=self.proc.pid, python=python, env=env,
                                 started_at=time.time(), env_dir=_env_dir(python))
         self.sup.state.standby_pid = self.proc.pid
-        self.sup.emit("standby_start", attempt=n + 1, pid=self.proc.pid)
+        self.sup.emit(events.StandbyStart(attempt=n + 1, pid=self.proc.pid))
         self.sup.save()
 
     def importing(self) -> bool:
@@ -107,8 +109,9 @@ class Keeper:
                 except (ValueError, KeyError) as e:
                     rd = ops.Ready(0.0, error=f"unreadable ready line: {e}")
                 self.info.ready, self.info.import_s = True, rd.import_s
-                self.sup.emit("standby_ready", pid=self.proc.pid, import_s=rd.import_s,
-                              modules=len(rd.modules), niced=rd.niced, error=rd.error)
+                self.sup.emit(events.StandbyReady(pid=self.proc.pid, import_s=rd.import_s,
+                                                  modules=len(rd.modules), niced=rd.niced,
+                                                  error=rd.error))
         if self.info.alive and self.proc.poll() is not None:
             self.info.alive = False
 
@@ -145,9 +148,9 @@ class Keeper:
             return None
         self.proc = self.info = None
         self.sup.state.standby_pid = None
-        self.sup.emit("standby_used", attempt=n, pid=proc.pid, import_s=info.import_s,
-                      age_s=round(time.time() - info.started_at, 3),
-                      log=attempt_log_name(n))
+        self.sup.emit(events.StandbyUsed(attempt=n, pid=proc.pid, import_s=info.import_s,
+                                         age_s=round(time.time() - info.started_at, 3),
+                                         log=attempt_log_name(n)))
         return proc
 
     def discard(self, reason: str, *, attempt: int | None = None) -> None:
@@ -172,7 +175,7 @@ class Keeper:
             self._ready_fd = None
         self.proc = self.info = None
         self.sup.state.standby_pid = None
-        self.sup.emit("standby_discarded", attempt=attempt, pid=proc.pid, reason=reason)
+        self.sup.emit(events.StandbyDiscarded(attempt=attempt, pid=proc.pid, reason=reason))
 
 
 def _env_dir(python: str) -> str:

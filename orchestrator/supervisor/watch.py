@@ -11,6 +11,8 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
+from dfo_contract import events
+
 from ..ops import watchdog as wd
 from ..ops.byo import compile_step_pattern
 from ..ops.classify import LineScan, TailScan
@@ -108,7 +110,7 @@ class AttemptWatch:
             if self.stop_reason and not out.stopped:
                 out.stopped = True
                 self.state.status = "stopping"
-                self.emit("stopping", attempt=n, reason=self.stop_reason)
+                self.emit(events.Stopping(attempt=n, reason=self.stop_reason))
                 self.save()
                 acts += dog.stop(now)
             self._act(n, proc, log_path, out, acts + dog.tick(now), exited=False)
@@ -157,7 +159,9 @@ class AttemptWatch:
                            our_pids=set(procs.descendants(pid)) | {pid})
         self.state.throughput_low = {"cause": found.cause, "summary": found.summary,
                                      "since": since, "attempt": n, "reason": reason}
-        self.emit("throughput_low", attempt=n, reason=reason, **found.to_json())
+        self.emit(events.ThroughputLow(attempt=n, reason=reason, cause=found.cause,
+                                       causes=list(found.causes), seen=dict(found.seen),
+                                       summary=found.summary))
         self.save()
 
     def _act(self, n: int, proc: subprocess.Popen, log_path: str, out: Outcome,
@@ -173,22 +177,22 @@ class AttemptWatch:
                 self.save()
             elif isinstance(a, wd.Checkpoint):
                 self.state.last_checkpoint = {"step": a.step, "path": a.path}
-                self.emit("checkpoint", attempt=n, step=a.step, path=a.path)
+                self.emit(events.Checkpoint(attempt=n, step=a.step, path=a.path))
                 self.save()
             elif isinstance(a, wd.Eval):
                 self.state.accept_len, self.state.best_accept_len = a.accept_len, a.best_accept_len
-                self.emit("eval", attempt=n, step=a.step, accept_len=a.accept_len,
-                          best_accept_len=a.best_accept_len)
+                self.emit(events.Eval(attempt=n, step=a.step, accept_len=a.accept_len,
+                                      best_accept_len=a.best_accept_len))
                 self.save()
             elif isinstance(a, wd.Warn):
-                self.emit("watchdog", attempt=n, reason=a.reason)
+                self.emit(events.Watchdog(attempt=n, reason=a.reason))
             elif isinstance(a, wd.ThroughputLow):
                 self._throughput_low(proc.pid, out, a.reason)
             elif isinstance(a, wd.ThroughputOk):
                 if out.low_pending is not None:   # recovered before the window was full
                     self._judge_low(n, proc.pid, out)
                 self.state.throughput_low = None
-                self.emit("throughput_ok", attempt=n, reason=a.reason)
+                self.emit(events.ThroughputOk(attempt=n, reason=a.reason))
                 self.save()
             elif exited:
                 continue
@@ -197,7 +201,7 @@ class AttemptWatch:
             elif isinstance(a, wd.DumpStacks):
                 out.stacks = dump_stacks(self.run_dir, n, proc.pid, log_path,
                                          self.spec.identity.python)
-                self.emit("stacks", attempt=n, files=out.stacks)
+                self.emit(events.Stacks(attempt=n, files=out.stacks))
             elif isinstance(a, wd.Kill):
                 procs.kill_tree(proc.pid, self.run_dir, sig=signal.SIGKILL,
                                 exclude=self.standby.pids())

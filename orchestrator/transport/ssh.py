@@ -193,9 +193,24 @@ def exec_channel(conn: Connection, command: str, *, argv: tuple[str, ...], stdin
         if on_stderr is None:
             chan.set_combine_stderr(True)
         chan.exec_command(command)
-        readers = [_Reader(chan.recv, on_stdout)]
+        # a sink that raises ends the command at once and its error reaches the caller
+        # (not a "connection lost"; nobody would read the rest of the output)
+        sink_error: list[BaseException] = []
+
+        def guard(sink: Callable[[bytes], None]) -> Callable[[bytes], None]:
+            def feed(data: bytes) -> None:
+                try:
+                    sink(data)
+                except BaseException as e:  # noqa: BLE001 - re-raised by the caller
+                    sink_error.append(e)
+                    _signal(chan)
+                    chan.close()
+                    raise
+            return feed
+
+        readers = [_Reader(chan.recv, guard(on_stdout))]
         if on_stderr is not None:
-            readers.append(_Reader(chan.recv_stderr, on_stderr))
+            readers.append(_Reader(chan.recv_stderr, guard(on_stderr)))
         for r in readers:
             r.start()
         writer_error: list[BaseException] = []
@@ -221,6 +236,8 @@ def exec_channel(conn: Connection, command: str, *, argv: tuple[str, ...], stdin
             if r.is_alive():
                 _signal(chan)
                 raise timeout_error(conn.name, argv, timeout)
+        if sink_error:
+            raise sink_error[0]
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
         if not chan.status_event.wait(remaining):
             _signal(chan)

@@ -1,0 +1,380 @@
+"""Every kind of ``events.jsonl`` record, one frozen ``kw_only`` dataclass each, with its
+``describe()`` line (the public API is ``dfo_contract.events``; the field rules are
+``event_base``). Required fields have no default; ``opt()`` fields may be absent."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from .event_base import EventBase, opt, req
+
+_frozen = dataclass(frozen=True, kw_only=True)
+
+
+# --- one run's supervisor -------------------------------------------------------------------
+
+@_frozen
+class SupervisorStart(EventBase):
+    kind: ClassVar[str] = "supervisor_start"
+    pid: int
+    mode: str | None
+    resumed: bool
+
+    def describe(self) -> str:
+        return f"supervisor started ({self.mode}, pid {self.pid})" + \
+            (" - resumed after supervisor restart" if self.resumed else "")
+
+
+@_frozen
+class OrphansReaped(EventBase):
+    kind: ClassVar[str] = "orphans_reaped"
+    pids: list[int]
+
+    def describe(self) -> str:
+        return f"reaped orphaned trainer processes {self.pids}"
+
+
+@_frozen
+class AttemptStart(EventBase):
+    kind: ClassVar[str] = "attempt_start"
+    attempt: int
+    resume: str | None
+    overrides: dict[str, Any]
+    argv: list[str]
+    pid: int
+    log: str
+
+    def describe(self) -> str:
+        r = self.resume
+        return f"attempt {self.attempt} started" + (f", resuming {r}" if r else ", from scratch")
+
+
+@_frozen
+class Checkpoint(EventBase):
+    kind: ClassVar[str] = "checkpoint"
+    attempt: int
+    #: as the trainer's marker said (an int and a path from the bundled trainer)
+    step: Any
+    path: Any
+
+    def describe(self) -> str:
+        return f"checkpoint step {self.step}"
+
+
+@_frozen
+class Eval(EventBase):
+    kind: ClassVar[str] = "eval"
+    attempt: int
+    #: as the trainer's ``eval`` marker said (numbers from the bundled trainer)
+    step: Any
+    accept_len: Any
+    best_accept_len: Any
+
+    def describe(self) -> str:
+        return f"eval at step {self.step}: acceptance length {self.accept_len}"
+
+
+@_frozen
+class Watchdog(EventBase):
+    kind: ClassVar[str] = "watchdog"
+    attempt: int
+    reason: str                # a hang, a collapse, a live pattern, a skipped checkpoint
+
+    def describe(self) -> str:
+        return f"watchdog: {self.reason}"
+
+
+@_frozen
+class ThroughputLow(EventBase):
+    kind: ClassVar[str] = "throughput_low"
+    attempt: int
+    reason: str
+    cause: str                 # host_busy | gpu_shared | unknown (ops.host_load)
+    causes: list[str]
+    seen: dict[str, Any]       # the numbers the cause was judged from
+    summary: str
+
+    def describe(self) -> str:
+        return (f"throughput low ({self.cause}): {self.summary}; no restart, "
+                f"config unchanged")
+
+
+@_frozen
+class ThroughputOk(EventBase):
+    kind: ClassVar[str] = "throughput_ok"
+    attempt: int
+    reason: str
+
+    def describe(self) -> str:
+        return f"throughput back: {self.reason}"
+
+
+@_frozen
+class Stacks(EventBase):
+    kind: ClassVar[str] = "stacks"
+    attempt: int
+    files: list[str]
+
+    def describe(self) -> str:
+        return f"stacks saved: {', '.join(self.files or []) or 'none'}"
+
+
+@_frozen
+class CacheRestore(EventBase):
+    kind: ClassVar[str] = "cache_restore"
+    attempt: int
+    ok: bool
+    detail: str
+
+    def describe(self) -> str:
+        return f"compile cache: {self.detail}"
+
+
+@_frozen
+class RunFirst(EventBase):
+    """A foreign trainer's ladder ran its ``run_first`` commands before the attempt."""
+    kind: ClassVar[str] = "run_first"
+    attempt: int
+    commands: list[list[str]]
+    ok: bool
+    detail: str
+
+    def describe(self) -> str:
+        return (f"ran first: {'; '.join(' '.join(c) for c in self.commands or [])}"
+                + ("" if self.ok else f" (failed: {self.detail})"))
+
+
+@_frozen
+class AttemptEnd(EventBase):
+    kind: ClassVar[str] = "attempt_end"
+    attempt: int
+    exit_code: int | None
+    signal: int | None
+    duration_s: float
+    reached_train: bool | None = opt()
+    #: set when the attempt was abandoned (its supervisor died), no exit code known
+    note: str | None = opt()
+
+    def describe(self) -> str:
+        how = f"signal {self.signal}" if self.signal else f"exit {self.exit_code}"
+        return f"attempt {self.attempt} ended: {how} after {self.duration_s:.0f}s"
+
+
+@_frozen
+class Classified(EventBase):
+    kind: ClassVar[str] = "classified"
+    attempt: int
+    cls: str = req(json="class")
+    reason: str
+    evidence: list[dict[str, Any]]   # ops.classify.Evidence.to_json(): line, rule, text
+    also: list[str]
+
+    def describe(self) -> str:
+        return f"attempt {self.attempt} classified {self.cls}: {self.reason}"
+
+
+@_frozen
+class Fallback(EventBase):
+    kind: ClassVar[str] = "fallback"
+    attempt: int
+    cls: str = req(json="class")
+    step: str | None
+    changed: dict[str, Any]
+    overrides: dict[str, Any]
+    restore_cache: bool
+
+    def describe(self) -> str:
+        ch = ", ".join(f"{k2}={v}" for k2, v in (self.changed or {}).items())
+        return f"fallback for {self.cls}: {self.step or 'same config'}" + \
+            (f" ({ch})" if ch else "")
+
+
+@_frozen
+class Restart(EventBase):
+    kind: ClassVar[str] = "restart"
+    attempt: int               # the attempt that starts next
+    delay_s: float
+    reason: str
+
+    def describe(self) -> str:
+        return f"restart as attempt {self.attempt} in {self.delay_s:.1f}s: {self.reason}"
+
+
+@_frozen
+class GiveUp(EventBase):
+    kind: ClassVar[str] = "give_up"
+    cls: str = req(json="class")
+    reason: str
+    evidence: list[dict[str, Any]]
+
+    def describe(self) -> str:
+        return f"giving up on {self.cls}: {self.reason}"
+
+
+@_frozen
+class Stopping(EventBase):
+    kind: ClassVar[str] = "stopping"
+    attempt: int
+    reason: str
+
+    def describe(self) -> str:
+        return f"stopping: {self.reason}"
+
+
+@_frozen
+class Final(EventBase):
+    kind: ClassVar[str] = "final"
+    status: str                # done | failed | stopped
+    reason: str
+    last_checkpoint: dict[str, Any] | None   # {"step", "path"}
+
+    def describe(self) -> str:
+        return f"run {self.status}: {self.reason}"
+
+
+# --- one run over several nodes (spec ``group``); each names the node and its host -----------
+
+@_frozen
+class GroupStart(EventBase):
+    kind: ClassVar[str] = "group_start"
+    node: int
+    host: str
+    nodes: list[str]
+    head_addr: str
+    coord_port: int
+
+    def describe(self) -> str:
+        return (f"node {self.node} ({self.host}) of {len(self.nodes or [])}, "
+                f"coordinating through {self.head_addr}:{self.coord_port}")
+
+
+@_frozen
+class PeerAbort(EventBase):
+    """Another node's attempt failed; this node stopped its own."""
+    kind: ClassVar[str] = "peer_abort"
+    attempt: int
+    node: int
+    host: str
+    reason: str
+
+    def describe(self) -> str:
+        return f"attempt {self.attempt} stopped: {self.reason}"
+
+
+@_frozen
+class NodeEnd(EventBase):
+    """One node's own judgement of its part of an attempt (ops.group_decide.NodeEnd)."""
+    kind: ClassVar[str] = "node_end"
+    attempt: int
+    node: int
+    host: str
+    cls: str = req(json="class")
+    reason: str
+    exit_code: int | None
+    reached_train: bool
+    healthy_s: float
+    permanent: bool
+    origin: bool               # this node aborted the attempt first
+    evidence: list[dict[str, Any]]
+
+    def describe(self) -> str:
+        return f"node {self.node} ({self.host}) attempt {self.attempt}: {self.cls}: " \
+            f"{self.reason}"
+
+
+@_frozen
+class NodeLost(EventBase):
+    kind: ClassVar[str] = "node_lost"
+    attempt: int
+    node: int
+    host: str
+    silent_s: float
+    reason: str
+
+    def describe(self) -> str:
+        return str(self.reason or f"node {self.host} lost")
+
+
+@_frozen
+class GroupDecision(EventBase):
+    """The head's decision on an attempt; a peer's record of it also carries the rest of
+    the decision (``ops.group_decide.GroupDecision``: overrides, fallback, restart, ...)."""
+    kind: ClassVar[str] = "group_decision"
+    attempt: int
+    node: int
+    host: str
+    action: str                # restart | final
+    status: str
+    reason: str
+    cause: dict[str, Any]      # the root cause: a node_end's fields (class, host, ...)
+    overrides: dict[str, Any] | None = opt()
+    fallback: dict[str, Any] | None = opt()
+    restart: dict[str, Any] | None = opt()
+    last_checkpoint: dict[str, Any] | None = opt()
+    last_step: Any = opt()      # the newest step marker's ``step``
+
+    def describe(self) -> str:
+        cause = self.cause or {}
+        what = ("restart" if self.action == "restart"
+                else f"final {self.status}: {self.reason}")
+        return f"head's decision on attempt {self.attempt}: {what} (cause " \
+            f"{cause.get('class')} on {cause.get('host')})"
+
+
+# --- the standby interpreter (supervisor.standby) ------------------------------------------
+
+@_frozen
+class StandbyStart(EventBase):
+    kind: ClassVar[str] = "standby_start"
+    attempt: int               # the attempt it is for
+    pid: int
+
+    def describe(self) -> str:
+        return f"standby interpreter for attempt {self.attempt} started (pid {self.pid})"
+
+
+@_frozen
+class StandbyReady(EventBase):
+    kind: ClassVar[str] = "standby_ready"
+    pid: int
+    import_s: float
+    modules: int
+    niced: bool
+    error: str | None
+
+    def describe(self) -> str:
+        err = f"; not imported: {self.error}" if self.error else ""
+        return f"standby interpreter ready after {float(self.import_s or 0):.1f}s{err}"
+
+
+@_frozen
+class StandbyUsed(EventBase):
+    kind: ClassVar[str] = "standby_used"
+    attempt: int
+    pid: int
+    import_s: float | None
+    age_s: float
+    log: str
+
+    def describe(self) -> str:
+        return f"attempt {self.attempt} runs in the standby interpreter (pid {self.pid})"
+
+
+@_frozen
+class StandbyDiscarded(EventBase):
+    kind: ClassVar[str] = "standby_discarded"
+    attempt: int | None        # None: discarded when the run ended
+    pid: int | None = opt()    # absent: it could not start
+    reason: str
+
+    def describe(self) -> str:
+        return f"standby interpreter discarded: {self.reason}"
+
+
+KINDS: tuple[type[EventBase], ...] = (
+    SupervisorStart, OrphansReaped, AttemptStart, Checkpoint, Eval, Watchdog, ThroughputLow,
+    ThroughputOk, Stacks, CacheRestore, RunFirst, AttemptEnd, Classified, Fallback, Restart,
+    GiveUp, Stopping, Final, GroupStart, PeerAbort, NodeEnd, NodeLost, GroupDecision,
+    StandbyStart, StandbyReady, StandbyUsed, StandbyDiscarded,
+)

@@ -1,0 +1,249 @@
+"""Only dfo_contract builds or takes apart ``events.jsonl`` records and follow wire records.
+
+An AST scan of orchestrator/ and trainer/ for the ways code used to do it by hand (each
+rule below has a self-test on such code; every rule found something before the
+contract existed):
+
+- ``emit``: the supervisor emits typed events: ``emit(SomeEvent(...))``, one argument,
+  never ``emit("kind", **fields)``;
+- ``kind-call``: no call names an event kind as a string with fields beside it
+  (``event("final", status=...)``), no ``("kind", {fields})`` pair;
+- ``kind-dict``: no dict literal carries ``"kind": "<event kind>"``;
+- ``kind-test``: no ``x.get("kind")`` / ``x["kind"]`` (or a name bound to one) is compared
+  with an event kind (trainer markers share ``checkpoint`` and ``eval``: not counted);
+- ``events-json``: no function that names the events file parses JSON itself;
+- ``wire``: the follower and its reader touch no wire key (``"f"``, ``"o"``, ``"l"``,
+  ``"end"``, ``"eof"``, ``"k"``, ``"error"``) in a dict literal, subscript, ``.get`` or ``in``;
+- ``old-api``: nothing uses runstate's former event helpers.
+"""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from dfo_contract.events import REGISTRY
+from orchestrator.ops import runstate
+
+REPO = Path(__file__).resolve().parents[1]
+SCANNED = ("orchestrator", "trainer")
+
+#: kinds of trainer ``@dfo`` markers (docs/contracts.md), which share a name with events
+MARKER_KINDS = {"phase", "heartbeat", "step", "checkpoint", "startup", "done", "eval"}
+EVENT_ONLY = set(REGISTRY) - MARKER_KINDS
+WIRE_KEYS = {"f", "o", "l", "end", "eof", "k", "error"}
+OLD_API = {"event", "event_line", "describe_event", "read_events", "EVENT_KINDS", "clean",
+           "dumps"}
+FOLLOWER = "orchestrator.supervisor.follow"
+
+
+def _const(n: ast.AST) -> str | None:
+    return n.value if isinstance(n, ast.Constant) and isinstance(n.value, str) else None
+
+
+def _consts(n: ast.AST) -> set[str]:
+    if isinstance(n, (ast.Tuple, ast.List, ast.Set)):
+        return {c for e in n.elts if (c := _const(e)) is not None}
+    c = _const(n)
+    return {c} if c is not None else set()
+
+
+def _key_access(n: ast.AST) -> tuple[ast.AST, str] | None:
+    """(receiver, key) of ``x["key"]`` or ``x.get("key", ...)``."""
+    if isinstance(n, ast.Subscript) and _const(n.slice) is not None:
+        return n.value, _const(n.slice)
+    if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and \
+            n.func.attr == "get" and n.args and _const(n.args[0]) is not None:
+        return n.func.value, _const(n.args[0])
+    return None
+
+
+def _is_kind_access(n: ast.AST, kind_names: set[str]) -> bool:
+    acc = _key_access(n)
+    return (acc is not None and acc[1] == "kind") or \
+        (isinstance(n, ast.Name) and n.id in kind_names)
+
+
+def _pairs(a: ast.Assign):
+    """(name, value) of ``x = v`` and ``x, y = v, w``."""
+    for t in a.targets:
+        if isinstance(t, ast.Name):
+            yield t, a.value
+        elif isinstance(t, ast.Tuple) and isinstance(a.value, ast.Tuple):
+            yield from ((x, v) for x, v in zip(t.elts, a.value.elts) if isinstance(x, ast.Name))
+
+
+def _functions(tree: ast.AST):
+    yield tree
+    for n in ast.walk(tree):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            yield n
+
+
+def _runstate_aliases(tree: ast.AST) -> tuple[set[str], set[str]]:
+    """Names bound to the runstate module, and names imported from it."""
+    mods, names = set(), set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.ImportFrom):
+            mod = n.module or ""
+            for a in n.names:
+                if a.name == "runstate" and mod.endswith("ops"):
+                    mods.add(a.asname or a.name)
+                elif mod.endswith("runstate"):
+                    names.add(a.name)
+        elif isinstance(n, ast.Import):
+            for a in n.names:
+                if a.name.endswith("ops.runstate"):
+                    mods.add(a.asname or a.name)
+    return mods, names
+
+
+def violations(source: str, path: str) -> list[str]:
+    tree = ast.parse(source)
+    out: list[str] = []
+
+    def flag(rule: str, n: ast.AST, what: str) -> None:
+        out.append(f"{path}:{getattr(n, 'lineno', 0)}: {rule}: {what}")
+
+    in_supervisor = "/supervisor/" in f"/{path}"
+    wire_side = path.endswith("supervisor/follow.py") or FOLLOWER in source
+    rs_mods, rs_names = _runstate_aliases(tree)
+    for name in sorted(rs_names & OLD_API):
+        flag("old-api", tree, f"imports runstate.{name}")
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and \
+                n.value.id in rs_mods and n.attr in OLD_API:
+            flag("old-api", n, f"{n.value.id}.{n.attr}")
+        if isinstance(n, ast.Call):
+            f = n.func
+            fname = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+            if in_supervisor and fname == "emit" and (
+                    len(n.args) != 1 or n.keywords or isinstance(n.args[0], ast.Starred)
+                    or _const(n.args[0]) is not None):
+                flag("emit", n, "emit() takes one typed event")
+            if n.args and _const(n.args[0]) in EVENT_ONLY and n.keywords:
+                flag("kind-call", n, f"{fname}({_const(n.args[0])!r}, ...)")
+        if isinstance(n, ast.Tuple) and len(n.elts) == 2 and \
+                _const(n.elts[0]) in EVENT_ONLY and isinstance(n.elts[1], ast.Dict):
+            flag("kind-call", n, f"({_const(n.elts[0])!r}, {{...}})")
+        if isinstance(n, ast.Dict):
+            keys = [_const(k) if k is not None else None for k in n.keys]
+            for k, v in zip(keys, n.values):
+                if k == "kind" and _const(v) in EVENT_ONLY:
+                    flag("kind-dict", n, f'{{"kind": {_const(v)!r}, ...}}')
+            if wire_side and set(keys) & WIRE_KEYS:
+                flag("wire", n, f"dict literal with {sorted(set(keys) & WIRE_KEYS)}")
+        if wire_side:
+            acc = _key_access(n)
+            if acc is not None and acc[1] in WIRE_KEYS:
+                flag("wire", n, f"[{acc[1]!r}]")
+            if isinstance(n, ast.Compare) and any(isinstance(o, (ast.In, ast.NotIn))
+                                                  for o in n.ops) and \
+                    _const(n.left) in WIRE_KEYS:
+                flag("wire", n, f"{_const(n.left)!r} in ...")
+    for fn in _functions(tree):
+        body = list(ast.walk(fn))
+        kind_names = {t.id for a in body if isinstance(a, ast.Assign)
+                      for t, v in _pairs(a) if _is_kind_access(v, set())}
+        for c in body:
+            if isinstance(c, ast.Compare):
+                sides = [c.left, *c.comparators]
+                if any(_is_kind_access(s, kind_names) for s in sides) and \
+                        any(_consts(s) & EVENT_ONLY for s in sides):
+                    flag("kind-test", c, "compares a dict's 'kind' with an event kind")
+        if fn is tree:
+            continue
+        names_events = any(
+            (isinstance(a, ast.Attribute) and a.attr == "EVENTS_FILE")
+            or (isinstance(a, ast.Constant) and isinstance(a.value, str)
+                and "events.jsonl" in a.value and not a.value.strip().count(" "))
+            for a in body)
+        parses = [a for a in body if isinstance(a, ast.Call) and isinstance(a.func, ast.Attribute)
+                  and a.func.attr in ("loads", "load") and getattr(a.func.value, "id", "") == "json"]
+        if names_events and parses:
+            flag("events-json", parses[0], "json.loads in a function that reads events.jsonl")
+    return out
+
+
+def scan(root: Path) -> list[str]:
+    out: list[str] = []
+    for top in SCANNED:
+        for p in sorted((root / top).rglob("*.py")):
+            rel = p.relative_to(root).as_posix()
+            out += violations(p.read_text(), rel)
+    return sorted(set(out))
+
+
+def test_no_module_outside_the_contract_builds_or_indexes_event_or_wire_records():
+    found = scan(REPO)
+    assert not found, "\n".join(found)
+
+
+def test_runstate_keeps_none_of_the_former_event_helpers():
+    assert not OLD_API & set(vars(runstate))
+
+
+# --- the rules find what they are for ---------------------------------------------------------
+
+BEFORE = {
+    "emit": ('orchestrator/supervisor/x.py', '''
+        def f(self, n):
+            self.emit("stopping", attempt=n, reason="r")
+            sup.emit(kind, **fields)
+    '''),
+    "kind-call": ('orchestrator/ops/x.py', '''
+        rec = rs.event("final", status="done", reason="r")
+        evs = [("group_decision", {"attempt": 1})]
+    '''),
+    "kind-dict": ('orchestrator/x.py', '''
+        LINE = {"kind": "attempt_start", "attempt": 1}
+    '''),
+    "kind-test": ('orchestrator/cli/x.py', '''
+        def show(ln):
+            e = ln.event
+            kind, a = e.get("kind"), e.get("attempt")
+            if kind == "final":
+                pass
+            return [x for x in evs if x["kind"] in ("fallback", "restart")]
+    '''),
+    "events-json": ('orchestrator/engine/x.py', '''
+        def deliver(self, name, text):
+            if name == rs.EVENTS_FILE:
+                return json.loads(text)
+    '''),
+    "wire": ('orchestrator/engine/x.py', '''
+        ARGV = ["-m", "orchestrator.supervisor.follow"]
+        def handle(rec):
+            if "f" in rec:
+                return rec["o"], rec.get("l")
+            _emit({"end": "lost"})
+    '''),
+    "old-api": ('orchestrator/cli/x.py', '''
+        from ..ops import runstate as rs
+        from ..ops.runstate import describe_event
+        line = rs.describe_event(e)
+    '''),
+}
+
+
+@pytest.mark.parametrize("rule", sorted(BEFORE))
+def test_each_rule_finds_hand_built_records(rule):
+    path, src = BEFORE[rule]
+    found = violations(textwrap.dedent(src), path)
+    assert any(f": {rule}: " in v for v in found), found
+
+
+def test_marker_kinds_and_typed_events_are_not_flagged():
+    src = textwrap.dedent('''
+        def feed(rec, e):
+            if rec.get("kind") == "checkpoint" or rec.get("kind") in ("step", "eval"):
+                pass
+            sup.emit(events.Final(status="done", reason="r", last_checkpoint=None))
+            if isinstance(e, events.Final) and e.kind == "final":
+                pass
+            box["eof"] = True
+    ''')
+    assert violations(src, "orchestrator/supervisor/x.py") == []
