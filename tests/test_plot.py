@@ -8,7 +8,6 @@ import struct
 import pytest
 
 from orchestrator.ops import curves as cv
-from tests.supervisor_env import tiny_assets  # noqa: F401
 
 # --- pure -----------------------------------------------------------------------------------
 
