@@ -38,7 +38,7 @@ _REPO = Path(__file__).resolve().parents[1]
 if str(_REPO) not in sys.path:  # `import tests.lab` also under a bare `pytest`
     sys.path.insert(0, str(_REPO))
 
-from tests.helpers.lanes import assign_groups, lane  # noqa: E402
+from tests.helpers import lanes  # noqa: E402
 from tests.helpers.shared import built_once, locked, run_dir, sources_key  # noqa: E402
 from tests.lab import Lab, LabInfo, LabUnavailable, Sshd  # noqa: E402
 from tests.lab.pair import Pair, PairInfo  # noqa: E402
@@ -198,10 +198,21 @@ def lab_wheelhouse(_lab_manager: Lab, cpu_wheelhouse: Path, run_shared: Path) ->
 
 # ------------------------------------------------------------------- lanes (xdist)
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
+def pytest_configure(config):
+    lanes.configure(config)
+
+
+def pytest_unconfigure(config):
+    lanes.unconfigure(config)
+
+
 def pytest_collection_modifyitems(config, items):
-    if getattr(config.option, "dist", "no") == "loadgroup":
-        assign_groups(items)
+    lanes.assign(config, items)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    return lanes.make_scheduler(config, log)
 
 
 @pytest.fixture(autouse=True)
@@ -210,5 +221,5 @@ def _lane(request, run_shared: Path):
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         yield
         return
-    with lane(run_shared, solo=request.node.get_closest_marker("solo") is not None):
+    with lanes.lane(run_shared, solo=request.node.get_closest_marker("solo") is not None):
         yield
