@@ -17,6 +17,11 @@ Built once per run and shared by every test, also across xdist workers (tests/he
   tiny_assets      a tiny real target + 256 synthetic samples (trainer's own tools)
   project_wheel    dfo's wheel of these sources (orchestrator.engine.wheel.build)
   cpu_wheelhouse   every wheel of the cpu lock + an older pyyaml (tests/helpers/wheelhouse.py)
+Define such fixtures here, never import one into a test module (pytest would register the
+copy per module and build it again there).
+
+Under xdist (scripts/test.sh: -n 2 --dist loadgroup) the lab tests run on one lane, every
+other file whole on either, the ``solo`` tests alone (tests/helpers/lanes.py).
 
 Without root or without LXC the lab fixtures skip with the reason, unless the
 environment variable CI is set (true/1/yes): then a lab that cannot come up fails.
