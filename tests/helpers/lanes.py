@@ -6,6 +6,8 @@ two lanes"); ``scripts/test.sh`` runs ``-n 2 --dist loadgroup``.
   after another, in file order.
 - Every other test goes with its file: a file runs on one worker, in file order, so its
   module-scoped fixtures are made once (as without xdist).
+- Work units start longest expected first: the lab lane, then files with a ``slow`` test,
+  then the rest, so that a long file does not start last and leave one worker idle.
 - A test of SOLO_FILES (it judges throughput or timing on this machine's cores) is marked
   ``solo`` and runs with no other test of the run beside it: it takes the run's lane lock
   exclusively, every other test takes it shared. A turnstile lock gives the exclusive taker
@@ -46,11 +48,13 @@ def _distributing(config) -> bool:
 
 
 def configure(config) -> None:
-    """Controller: the directory the workers write their lanes into."""
+    """Controller: the directory the workers write their lanes into; work units are handed
+    out in the order ``assign`` gave the collection (not by their number of tests)."""
     if _distributing(config):
         d = tempfile.mkdtemp(prefix="dfo-test-lanes-")
         os.environ[ENV] = d
         config.stash[_DIR] = d
+        config.option.loadscopereorder = False
 
 
 def unconfigure(config) -> None:
@@ -60,12 +64,30 @@ def unconfigure(config) -> None:
         os.environ.pop(ENV, None)
 
 
+def _rank(items) -> dict:
+    """The order work units start in, longest expected first: the lab lane, then the files
+    with a ``slow`` test, then the rest (each in collection order)."""
+    rank: dict = {}
+    for item in items:
+        r = 0 if item.get_closest_marker("lab") else 1 if item.get_closest_marker("slow") else 2
+        key = LAB_LANE if r == 0 else item.path
+        rank[key] = min(rank.get(key, r), r)
+    return rank
+
+
 def assign(config, items) -> None:
-    """Worker: mark the tests of SOLO_FILES ``solo``; write the ``lab`` tests' lane."""
+    """Worker: mark the tests of SOLO_FILES ``solo``; order the collection (``_rank``; a
+    file's tests, and the lab tests, keep their order); write the ``lab`` tests' lane."""
     import pytest
 
     if not hasattr(config, "workerinput"):
         return
+    rank = _rank(items)
+    first: dict = {}
+    for i, item in enumerate(items):
+        first.setdefault(item.path, i)
+    items[:] = sorted(items, key=lambda it: (
+        0 if it.get_closest_marker("lab") else rank[it.path], first[it.path]))
     lanes = {}
     for item in items:
         if item.path.stem in SOLO_FILES:
