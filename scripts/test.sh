@@ -4,7 +4,10 @@
 #   2. a venv (.venv, Python 3.11 from PATH) with `pip install -e '.[trainer,dev]'`
 #      (torch from $PIP_FIND_LINKS, e.g. /opt/wheels, when there; else PyPI);
 #   3. the README's test command, `python -m pytest -q`, with CI=true so that a
-#      lab that cannot come up fails instead of skipping.
+#      lab that cannot come up fails instead of skipping; on two xdist workers
+#      (`-n 2 --dist loadgroup`: the lab tests on one lane, each other file on
+#      either; DFO_TEST_WORKERS=0 runs it in one process) and `--durations=25`,
+#      so every run shows where its time went (docs/testing.md).
 # Extra arguments go to pytest (e.g. `scripts/test.sh -m "not lab"`, `scripts/test.sh tests/test_lab_node.py`).
 set -euo pipefail
 
@@ -59,6 +62,11 @@ log "pip install -e '.[trainer,dev]'"
 .venv/bin/python -m pip install -q -c "$constraints" -e '.[trainer,dev]'
 
 # --- 3. the tests (the README's command) --------------------------------------
-log "python -m pytest -q $*"
+workers=${DFO_TEST_WORKERS:-2}
+lanes=()
+if [[ $workers != 0 ]]; then
+    lanes=(-n "$workers" --dist loadgroup)
+fi
+log "python -m pytest -q ${lanes[*]} --durations=25 $*"
 export PATH="$PWD/.venv/bin:$PATH"
-exec python -m pytest -q "$@"
+exec python -m pytest -q "${lanes[@]}" --durations=25 "$@"

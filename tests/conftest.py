@@ -10,6 +10,18 @@ Fixtures:
   lab_pair         PairInfo: containers 202 (head, 10.77.0.1) and 203 (10.77.0.2) up on the
                    pair network (br0 in netns dfo-lab-mn, mn0 in each), held exclusively
                    (flock) for the test; .hosts_yaml(...) names them lab-a, lab-b + group pair
+  lab_wheelhouse   session: the lab's wheelhouse dir, filled (cpu lock + an older pyyaml) once per run
+
+Built once per run and shared by every test, also across xdist workers (tests/helpers/shared.py):
+  run_shared       the run-shared directory (all workers of the run see the same one)
+  tiny_assets      a tiny real target + 256 synthetic samples (trainer's own tools)
+  project_wheel    dfo's wheel of these sources (orchestrator.engine.wheel.build)
+  cpu_wheelhouse   every wheel of the cpu lock + an older pyyaml (tests/helpers/wheelhouse.py)
+Define such fixtures here, never import one into a test module (pytest would register the
+copy per module and build it again there).
+
+Under xdist (scripts/test.sh: -n 2 --dist loadgroup) the lab tests run on one lane, every
+other file whole on either, the ``solo`` tests alone (tests/helpers/lanes.py).
 
 Without root or without LXC the lab fixtures skip with the reason, unless the
 environment variable CI is set (true/1/yes): then a lab that cannot come up fails.
@@ -21,6 +33,7 @@ lease is pruned by the next ``up``.
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -30,6 +43,8 @@ _REPO = Path(__file__).resolve().parents[1]
 if str(_REPO) not in sys.path:  # `import tests.lab` also under a bare `pytest`
     sys.path.insert(0, str(_REPO))
 
+from tests.helpers import lanes  # noqa: E402
+from tests.helpers.shared import built_once, locked, run_dir, sources_key  # noqa: E402
 from tests.lab import Lab, LabInfo, LabUnavailable, Sshd  # noqa: E402
 from tests.lab.pair import Pair, PairInfo  # noqa: E402
 from tests.lab.procs import file_lock  # noqa: E402
@@ -134,3 +149,82 @@ def lab_pair(_lab_manager: Lab) -> PairInfo:
         except LabUnavailable as e:
             _unavailable(str(e))
         yield info
+
+
+# ---------------------------------------------------------------- built once per run
+
+@pytest.fixture(scope="session")
+def run_shared(tmp_path_factory) -> Path:
+    return run_dir(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def tiny_assets(run_shared: Path) -> Path:
+    """A tiny real target and synthetic data, made by the trainer's own tools; read-only
+    for tests (copy what you change)."""
+    def build(d: Path) -> None:
+        py = sys.executable
+        subprocess.run([py, "-m", "trainer.model.target", "--out", str(d / "target")], check=True,
+                       capture_output=True, cwd=_REPO, timeout=300)
+        subprocess.run([py, "-m", "trainer.data", "synth", "--out", str(d / "synth.jsonl"),
+                        "--num", "256", "--seq-len", "64"], check=True, capture_output=True,
+                       cwd=_REPO, timeout=300)
+
+    return built_once(run_shared, "tiny", sources_key(), build)
+
+
+@pytest.fixture(scope="session")
+def project_wheel(run_shared: Path):
+    """dfo's wheel of the sources as they were when the run started (built once)."""
+    from orchestrator.engine.wheel import build
+
+    with locked(run_shared, "project-wheel"):
+        return build(run_shared / "dfo-cache")
+
+
+@pytest.fixture(scope="session")
+def cpu_wheelhouse(run_shared: Path) -> Path:
+    from tests.helpers.wheelhouse import shared_wheelhouse
+
+    return shared_wheelhouse(run_shared)
+
+
+@pytest.fixture(scope="session")
+def lab_wheelhouse(_lab_manager: Lab, cpu_wheelhouse: Path, run_shared: Path) -> Path:
+    """The lab's wheelhouse (the containers' /mnt/wheelhouse: ``LabInfo.wheelhouse_host_dir``),
+    filled once per run."""
+    from tests.helpers.wheelhouse import copy_missing
+
+    dest = _lab_manager.wheelhouse
+    with locked(run_shared, "lab-wheelhouse"):
+        copy_missing(cpu_wheelhouse, dest)
+    return dest
+
+
+# ------------------------------------------------------------------- lanes (xdist)
+
+def pytest_configure(config):
+    lanes.configure(config)
+
+
+def pytest_unconfigure(config):
+    lanes.unconfigure(config)
+
+
+def pytest_collection_modifyitems(config, items):
+    lanes.assign(config, items)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    return lanes.make_scheduler(config, log)
+
+
+@pytest.fixture(autouse=True)
+def _lane(request, run_shared: Path):
+    """A ``solo`` test runs with no other test of the run beside it (tests/helpers/lanes.py)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    with lanes.lane(run_shared, solo=request.node.get_closest_marker("solo") is not None):
+        yield

@@ -1,12 +1,11 @@
-"""Helpers for the supervisor/launch tests: a tiny real target + data (made once per
-session by the trainer's own tools), a run config for them, and a host root whose
+"""Helpers for the supervisor/launch tests: a run config for the tiny real target + data
+(the ``tiny_assets`` fixture of tests/conftest.py, made once per run), and a host root whose
 ``envs/current`` is this interpreter's venv (the "deployed env" of the local transport).
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -18,18 +17,6 @@ from dfo_contract import events as ev
 
 VENV = os.path.dirname(os.path.dirname(sys.executable))
 REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="session")
-def tiny_assets(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tiny")
-    py = sys.executable
-    subprocess.run([py, "-m", "trainer.model.target", "--out", str(d / "target")], check=True,
-                   capture_output=True, cwd=REPO, timeout=300)
-    subprocess.run([py, "-m", "trainer.data", "synth", "--out", str(d / "synth.jsonl"),
-                    "--num", "256", "--seq-len", "64"], check=True, capture_output=True,
-                   cwd=REPO, timeout=300)
-    return d
 
 
 def write_config(path: Path, assets: Path, **train) -> Path:

@@ -52,14 +52,11 @@ def dfo(lab: CacheLab, *args: str, timeout: float = 1500) -> subprocess.Complete
 
 
 @pytest.fixture(scope="session", params=["lab-node", "lab"])
-def cache_lab(request, lab, tmp_path_factory) -> CacheLab:
+def cache_lab(request, lab, lab_wheelhouse, project_wheel, tmp_path_factory) -> CacheLab:
     """The CPU profile deployed by `dfo deploy` on ``lab-node`` (plain SSH to the node) and
     on ``lab`` (proxmox: SSH to the node, then ``pct exec`` into container 200)."""
     from orchestrator.engine.deploy import Deployer
-    from orchestrator.engine.wheel import build as build_wheel
-    from tests.helpers.wheelhouse import fill_wheelhouse
 
-    fill_wheelhouse(Path(lab.wheelhouse_host_dir))
     base = tmp_path_factory.mktemp(f"cache-{request.param}")
     hosts = base / "hosts.yaml"
     hosts.write_text(lab.hosts_yaml(root=ROOT, node_root=str(Path(lab.state_dir) / "cache-node-root"),
@@ -74,7 +71,7 @@ def cache_lab(request, lab, tmp_path_factory) -> CacheLab:
             pytest.fail(msg, pytrace=False)
         pytest.skip(msg)
     t.run(["rm", "-rf", host.root], timeout=120, check=True)
-    Deployer(t, host, wheel=build_wheel(base / "wheel")).deploy()
+    Deployer(t, host, wheel=project_wheel).deploy()
     target = posixpath.join(host.root, "target")
     t.run([host.layout.current_python, "-m", "trainer.model.target", "--out", target], timeout=600, check=True)
     cfg = base / "tiny-cpu-cache.yaml"
@@ -201,19 +198,16 @@ MECH_ROOT = "/root/dfo-cache-mech"
 
 
 @pytest.fixture(scope="session")
-def container_env(lab, tmp_path_factory):
+def container_env(lab, lab_wheelhouse, project_wheel, tmp_path_factory):
     from orchestrator.engine.deploy import Deployer
-    from orchestrator.engine.wheel import build as build_wheel
-    from tests.helpers.wheelhouse import fill_wheelhouse
 
-    fill_wheelhouse(Path(lab.wheelhouse_host_dir))
     base = tmp_path_factory.mktemp("cache-mech")
     hosts = base / "hosts.yaml"
     hosts.write_text(lab.hosts_yaml(root=MECH_ROOT, wheelhouse=True))
     host = load_inventory(str(hosts)).get("lab")
     t = open_transport(host)
     t.run(["rm", "-rf", MECH_ROOT], timeout=120, check=True)
-    Deployer(t, host, wheel=build_wheel(base / "wheel")).deploy()
+    Deployer(t, host, wheel=project_wheel).deploy()
     yield hosts, host, t, base
     t.run(["rm", "-rf", MECH_ROOT], timeout=120)
     t.close()

@@ -15,7 +15,7 @@ import pytest
 from orchestrator.cli import main
 from orchestrator.ops.runstate import Attempt, RunState
 from orchestrator.supervisor.runfiles import write_state
-from tests.supervisor_env import hosts_yaml, make_root, tiny_assets  # noqa: F401
+from tests.supervisor_env import hosts_yaml, make_root  # noqa: F401
 
 
 @pytest.fixture

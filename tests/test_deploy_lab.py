@@ -26,9 +26,9 @@ from orchestrator.config.inventory import HostConfig, load_inventory
 from orchestrator.ops.fingerprint import FINGERPRINT_FIELDS
 from orchestrator.ops.lockfile import lock_hash
 from orchestrator.config.profiles import PROFILES_DIR
-from orchestrator.engine.wheel import ProjectWheel, build as build_wheel
+from orchestrator.engine.wheel import ProjectWheel
 from orchestrator.transport import Transport, open_transport
-from tests.helpers.wheelhouse import OLD_PYYAML, fill_wheelhouse  # noqa: F401
+from tests.helpers.wheelhouse import OLD_PYYAML
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
 
@@ -82,14 +82,13 @@ def complete(d: Deployed, name: str) -> bool:
 
 
 @pytest.fixture(scope="session")
-def deployed(lab, tmp_path_factory) -> Deployed:
-    fill_wheelhouse(Path(lab.wheelhouse_host_dir))
+def deployed(lab, lab_wheelhouse, project_wheel, tmp_path_factory) -> Deployed:
     base = tmp_path_factory.mktemp("deploy-lab")
     hosts = base / "hosts.yaml"
     hosts.write_text(lab.hosts_yaml(root=ROOT, wheelhouse=True))
     host = load_inventory(str(hosts)).get("lab")
     assert host.wheelhouse == "/mnt/wheelhouse"
-    wheel = build_wheel(base / "cache")
+    wheel = project_wheel
     t = open_transport(host)
     t.run(["rm", "-rf", ROOT], timeout=120, check=True)
     report = Deployer(t, host, wheel=wheel).deploy()

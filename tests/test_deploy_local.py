@@ -18,7 +18,6 @@ import pytest
 from orchestrator.engine.deploy import Deployer, local_find_links
 from orchestrator.errors import LockHeldError
 from orchestrator.config.inventory import HostConfig
-from orchestrator.engine.wheel import build as build_wheel
 from orchestrator.transport import LocalTransport
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -27,18 +26,14 @@ DFO = str(Path(sys.executable).with_name("dfo"))
 
 
 @pytest.fixture(scope="session")
-def wheelhouse(tmp_path_factory) -> tuple[Path, Path]:
-    """(wheelhouse without torch, a find-links dir holding only torch)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-    try:
-        from fill_wheelhouse import fill
-    finally:
-        sys.path.pop(0)
-    full = tmp_path_factory.mktemp("wheelhouse-full")
-    fill("cpu", full)
+def wheelhouse(tmp_path_factory, cpu_wheelhouse) -> tuple[Path, Path]:
+    """(wheelhouse without torch, a find-links dir holding only torch): the cpu lock's wheels."""
+    from tests.helpers.wheelhouse import is_old_pyyaml
+
     wh, links = tmp_path_factory.mktemp("wheelhouse"), tmp_path_factory.mktemp("links")
-    for f in full.glob("*.whl"):
-        os.link(f, (links if f.name.startswith("torch-") else wh) / f.name)
+    for f in cpu_wheelhouse.glob("*.whl"):
+        if not is_old_pyyaml(f):
+            os.link(f, (links if f.name.startswith("torch-") else wh) / f.name)
     assert list(links.glob("torch-2.13.0+cpu-*.whl"))
     return wh, links
 
@@ -49,11 +44,11 @@ def test_find_links_from_environment():
     assert local_find_links({}) == []
 
 
-def test_local_deploy_noop_and_check(wheelhouse, tmp_path):
+def test_local_deploy_noop_and_check(wheelhouse, tmp_path, project_wheel):
     wh, links = wheelhouse
     host = HostConfig(name="local", transport="local", root=str(tmp_path / "root"),
                       wheelhouse=str(wh))
-    wheel = build_wheel(tmp_path / "cache")
+    wheel = project_wheel
     t = LocalTransport("local")
     events = []
     d = Deployer(t, host, wheel=wheel, environ={"PIP_FIND_LINKS": str(links)},
@@ -102,7 +97,7 @@ def test_local_deploy_noop_and_check(wheelhouse, tmp_path):
     assert not owner.exists()  # released
 
 
-def test_cli_deploys_on_the_embedded_local_default(wheelhouse, tmp_path):
+def test_cli_deploys_on_the_embedded_local_default(wheelhouse, tmp_path, project_wheel):
     """`dfo deploy` with no hosts.yaml: the embedded `local` host, root ~/.dfo."""
     wh, links = wheelhouse
     home = tmp_path / "home"
@@ -114,7 +109,7 @@ def test_cli_deploys_on_the_embedded_local_default(wheelhouse, tmp_path):
                UV_FIND_LINKS=str(wh), PIP_FIND_LINKS=str(links),
                DFO_CACHE_DIR=str(tmp_path / "dfo-cache"),
                # pin dfo's wheel: the checkout may change between the two deploys
-               DFO_PROJECT_WHEEL=str(build_wheel(tmp_path / "cache").path))
+               DFO_PROJECT_WHEEL=str(project_wheel.path))
     r = subprocess.run([DFO, "deploy", "--json"], cwd=tmp_path, env=env, capture_output=True,
                        text=True, timeout=900)
     assert r.returncode == 0, r.stderr
@@ -153,7 +148,7 @@ def _procs_with(*needles: str) -> list[int]:
     return pids
 
 
-def test_ctrl_c_mid_install_then_next_deploy_finishes(wheelhouse, tmp_path):
+def test_ctrl_c_mid_install_then_next_deploy_finishes(wheelhouse, tmp_path, project_wheel):
     """Ctrl-C while uv installs: exit 130, uv stopped, nothing current, lock released;
     the next deploy removes the half-built env and builds it."""
     wh, links = wheelhouse
@@ -163,7 +158,7 @@ def test_ctrl_c_mid_install_then_next_deploy_finishes(wheelhouse, tmp_path):
                      f"    profile: cpu\n    wheelhouse: {wh}\n")
     env = dict(os.environ, PIP_FIND_LINKS=str(links),
                UV_CACHE_DIR=str(tmp_path / "uv-cache"),  # cold: unpacking torch takes seconds
-               DFO_PROJECT_WHEEL=str(build_wheel(tmp_path / "cache").path))
+               DFO_PROJECT_WHEEL=str(project_wheel.path))
     env.pop("UV_FIND_LINKS", None)
     p = subprocess.Popen([DFO, "--hosts", str(hosts), "deploy"], env=env, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)

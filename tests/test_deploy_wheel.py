@@ -38,8 +38,8 @@ def test_build_is_cached_by_content_and_ships_profiles(tmp_path):
     assert not any("__pycache__" in n for n in names)
 
 
-def test_pinned_wheel_from_environment(tmp_path, monkeypatch):
-    w = pw.build(tmp_path)
+def test_pinned_wheel_from_environment(tmp_path, monkeypatch, project_wheel):
+    w = project_wheel
     monkeypatch.setenv("DFO_PROJECT_WHEEL", str(w.path))
     got = pw.build(tmp_path / "other")
     assert got.path == w.path and got.sha256 == w.sha256 and got.version == "0.1.0"
@@ -48,9 +48,9 @@ def test_pinned_wheel_from_environment(tmp_path, monkeypatch):
         pw.build(tmp_path)
 
 
-def test_repack_from_a_non_editable_install(tmp_path):
+def test_repack_from_a_non_editable_install(tmp_path, project_wheel):
     """dfo installed from its wheel (no checkout): deploy repacks the installed files."""
-    w = pw.build(tmp_path / "cache")
+    w = project_wheel
     uv = _uv()
     a, b = tmp_path / "a", tmp_path / "b"
     for v in (a, b):

@@ -89,10 +89,10 @@ def loopback_index(tmp_path):
 
 
 @pytest.mark.slow
-def test_deploy_shows_download_progress_and_env_size(loopback_index, tmp_path, monkeypatch):
+def test_deploy_shows_download_progress_and_env_size(loopback_index, tmp_path, monkeypatch,
+                                                      project_wheel):
     from orchestrator.config.inventory import HostConfig
     from orchestrator.engine.deploy import Deployer
-    from orchestrator.engine.wheel import build as build_wheel
     from orchestrator.transport import LocalTransport
 
     url, sha = loopback_index
@@ -105,7 +105,7 @@ def test_deploy_shows_download_progress_and_env_size(loopback_index, tmp_path, m
     monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))  # nothing from an earlier run
     events: list[tuple] = []
     host = HostConfig(name="local", transport="local", root=str(tmp_path / "root"))
-    r = Deployer(LocalTransport("local"), host, profile=str(prof), wheel=build_wheel(tmp_path / "cache"),
+    r = Deployer(LocalTransport("local"), host, profile=str(prof), wheel=project_wheel,
                  environ={}, on_event=lambda *a: events.append(a)).deploy()
     assert r.action == "create", r
     lines = [e[3] for e in events if e[0] == "install" and e[1] == "line"]

@@ -15,18 +15,12 @@ from orchestrator.cli import main
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 
-@pytest.fixture(scope="module")
-def wheelhouse(tmp_path_factory):
-    from tests.helpers.wheelhouse import fill_wheelhouse
-
-    wh = tmp_path_factory.mktemp("wheelhouse")
-    fill_wheelhouse(wh)
-    return wh
-
-
-def test_deploy_group_then_check_group(wheelhouse, tmp_path, monkeypatch, capsys):
+def test_deploy_group_then_check_group(cpu_wheelhouse, project_wheel, tmp_path, monkeypatch,
+                                       capsys):
+    wheelhouse = cpu_wheelhouse
     monkeypatch.setenv("HOME", str(tmp_path))  # the wheel cache, known_hosts: nothing shared
     monkeypatch.setenv("DFO_CACHE_DIR", str(tmp_path / "dfo-cache"))
+    monkeypatch.setenv("DFO_PROJECT_WHEEL", str(project_wheel.path))  # dfo's wheel, built once per run
     monkeypatch.delenv("DFO_HOSTS", raising=False)
     monkeypatch.chdir(tmp_path)
     with socket.socket() as s:

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from orchestrator.cli import main
-from tests.supervisor_env import tiny_assets, write_config  # noqa: F401,F811
+from tests.supervisor_env import write_config  # noqa: F401,F811
 from tests.test_group_runs_local import env_root, free_port
 
 

@@ -19,7 +19,7 @@ from orchestrator.engine.group_runs import GroupRuns
 from orchestrator.engine.runs import LaunchOptions
 from orchestrator.errors import ConfigError, DeployError, LockHeldError
 from orchestrator.transport import open_transport
-from tests.supervisor_env import VENV, tiny_assets, write_config  # noqa: F401,F811
+from tests.supervisor_env import VENV, write_config  # noqa: F401,F811
 
 
 def free_port() -> int:

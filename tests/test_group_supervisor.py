@@ -27,7 +27,7 @@ from orchestrator.ops.thresholds import thresholds as thresholds_of
 from orchestrator.ops.layout import RemoteLayout
 from orchestrator.ops.run_identity import make_run_id
 
-from tests.supervisor_env import FAST, REPO, make_root, tiny_assets, wait_for, write_config  # noqa: F401
+from tests.supervisor_env import FAST, REPO, make_root, wait_for, write_config  # noqa: F401
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from orchestrator.cli import main
-from tests.supervisor_env import FAST, make_root, tiny_assets, write_config  # noqa: F401
+from tests.supervisor_env import FAST, make_root, write_config  # noqa: F401
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from orchestrator.cli import main
 from orchestrator.supervisor import procs
-from tests.supervisor_env import (FAST, events, hosts_yaml, make_root, tiny_assets,  # noqa: F401
+from tests.supervisor_env import (FAST, events, hosts_yaml, make_root,  # noqa: F401
                                   wait_for, write_config)
 
 

@@ -56,7 +56,7 @@ def _wheel(path: Path, name: str, version: str, files: dict[str, bytes]) -> Path
 
 
 @pytest.fixture
-def env(tmp_path, monkeypatch):
+def env(tmp_path, monkeypatch, project_wheel):
     """(transport, host, hosts.yaml, the env's site-packages) of a deployed, verified env."""
     monkeypatch.setenv("DFO_CACHE_DIR", str(tmp_path / "dfo-cache"))
     # the env probe (a torch import) may take longer than the CLI's 5 s progress beat on a
@@ -80,9 +80,8 @@ def env(tmp_path, monkeypatch):
         "name": "t", "python": "3.11", "lock": "requirements.lock",
         "sources": {"index_url": "https://pypi.org/simple", "find_links": []},
         "expect": {"trainer_import": True}}))
-    wheel = build_wheel()
     # the same wheel all through, even if the checkout changes while the test runs
-    monkeypatch.setenv("DFO_PROJECT_WHEEL", str(wheel.path))
+    monkeypatch.setenv("DFO_PROJECT_WHEEL", str(project_wheel.path))
     wheel = build_wheel()
     env_dir = Path(Deployer(t, host).layout.env_dir("t", lock_hash(lock)))
     remote_wheel = Path(Deployer(t, host, wheel=wheel).wheel_remote())

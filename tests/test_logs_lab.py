@@ -13,7 +13,7 @@ from orchestrator.engine.runs import LaunchOptions, RunOps
 from orchestrator.engine.logs import LogFollower
 from orchestrator.transport import open_transport
 from tests.lab_sockets import client_port, sshd_pids_serving
-from tests.supervisor_env import FAST, live_looking_run, make_root, tiny_assets, write_config  # noqa: F401
+from tests.supervisor_env import FAST, live_looking_run, make_root, write_config  # noqa: F401
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 

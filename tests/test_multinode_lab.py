@@ -18,9 +18,8 @@ from dfo_contract import events
 from orchestrator.cli import main
 from orchestrator.config.inventory import load_inventory
 from orchestrator.transport import open_transport
-from tests.helpers.wheelhouse import fill_wheelhouse
 from tests.lab.pair import PairInfo
-from tests.supervisor_env import FAST, tiny_assets, wait_for, write_config  # noqa: F401
+from tests.supervisor_env import FAST, wait_for, write_config  # noqa: F401
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(1500)]
 
@@ -76,7 +75,8 @@ def _state(tmp_path_factory):
 
 
 @pytest.fixture
-def pair(lab_pair: PairInfo, _state, tiny_assets, capsys):  # noqa: F811
+def pair(lab_pair: PairInfo, _state, tiny_assets, lab_wheelhouse, project_wheel, capsys,
+         monkeypatch):
     """The cpu env in both containers by `dfo deploy --group pair` (the first test; later
     ones find the pair up again), and the tiny assets at ASSETS in both."""
     st = _state
@@ -87,7 +87,7 @@ def pair(lab_pair: PairInfo, _state, tiny_assets, capsys):  # noqa: F811
         t.close()
     st["ts"] = [open_transport(inv.get(n)) for n in lab_pair.host_names]
     if not st["deployed"]:
-        fill_wheelhouse(Path(lab_pair.lab.wheelhouse_host_dir))
+        monkeypatch.setenv("DFO_PROJECT_WHEEL", str(project_wheel.path))  # built once per run
         for t in st["ts"]:  # the first test starts from empty roots
             t.run(["rm", "-rf", ROOT], timeout=120, check=True)
         t0 = time.monotonic()

@@ -9,7 +9,6 @@ import pytest
 
 from dfo_contract import events as ev
 from orchestrator.ops import curves as cv
-from tests.supervisor_env import tiny_assets  # noqa: F401
 
 # --- pure -----------------------------------------------------------------------------------
 

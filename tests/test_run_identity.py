@@ -31,7 +31,7 @@ from orchestrator.ops.launch_steps import STEPS_MODULE
 from orchestrator.supervisor import runfiles
 from orchestrator.transport import open_transport
 from tests.supervisor_env import (FAST, REPO, events, hosts_yaml, local_host,  # noqa: F401
-                                  make_root, tiny_assets, wait_for, write_config)
+                                  make_root, wait_for, write_config)
 
 CLI = "import sys; from orchestrator.cli import main; sys.exit(main(sys.argv[1:]))"
 

@@ -16,7 +16,7 @@ import pytest
 from orchestrator.ops import standby as sb
 from dfo_contract import events as ev
 
-from tests.supervisor_env import (FAST, events, local_host, make_root, tiny_assets,  # noqa: F401
+from tests.supervisor_env import (FAST, events, local_host, make_root,  # noqa: F401
                                   wait_final, write_config)
 
 REPO = Path(__file__).resolve().parents[1]

@@ -19,7 +19,7 @@ from dfo_contract.markers import iter_markers
 from orchestrator.engine.runs import LaunchOptions, RunOps
 from orchestrator.transport.local import LocalTransport
 
-from tests.supervisor_env import (FAST, events, local_host, make_root, tiny_assets,  # noqa: F401
+from tests.supervisor_env import (FAST, events, local_host, make_root,  # noqa: F401
                                   wait_final, wait_for, write_config)
 
 pytestmark = pytest.mark.slow

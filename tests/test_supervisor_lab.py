@@ -25,19 +25,16 @@ ROOT = "/root/dfo-sup-test"
 
 
 @pytest.fixture(scope="module")
-def ct(lab, tmp_path_factory):
+def ct(lab, lab_wheelhouse, project_wheel, tmp_path_factory):
     from orchestrator.engine.deploy import Deployer
-    from orchestrator.engine.wheel import build as build_wheel
-    from tests.helpers.wheelhouse import fill_wheelhouse
 
-    fill_wheelhouse(Path(lab.wheelhouse_host_dir))
     base = tmp_path_factory.mktemp("sup-lab")
     hosts = base / "hosts.yaml"
     hosts.write_text(lab.hosts_yaml(root=ROOT, wheelhouse=True))
     host = load_inventory(str(hosts)).get("lab")
     t = open_transport(host)
     t.run(["rm", "-rf", ROOT], timeout=120, check=True)
-    wheel = build_wheel(base / "cache")
+    wheel = project_wheel
     Deployer(t, host, wheel=wheel).deploy()
     # `dfo deploy --check` (run by launch) must compare against the same wheel, not a new
     # build of a tree other people are editing right now

@@ -15,7 +15,7 @@ import pytest
 
 from orchestrator.engine.demo import demo_paths
 from orchestrator.ops.layout import RemoteLayout
-from tests.supervisor_env import hosts_yaml, make_root, tiny_assets  # noqa: F401
+from tests.supervisor_env import hosts_yaml, make_root  # noqa: F401
 from tests.test_tmux_cli import REPO, Tmux
 
 pytestmark = pytest.mark.slow
