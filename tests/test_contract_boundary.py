@@ -1,4 +1,5 @@
-"""Only dfo_contract builds or takes apart ``events.jsonl`` records and follow wire records.
+"""Only dfo_contract builds or takes apart ``spec.json``, ``events.jsonl`` records and
+follow wire records.
 
 An AST scan of orchestrator/ and trainer/ for the ways code used to do it by hand (each
 rule below has a self-test on such code; every rule found something before the
@@ -14,7 +15,11 @@ contract existed):
 - ``events-json``: no function that names the events file parses JSON itself;
 - ``wire``: the follower and its reader touch no wire key (``"f"``, ``"o"``, ``"l"``,
   ``"end"``, ``"eof"``, ``"k"``, ``"error"``) in a dict literal, subscript, ``.get`` or ``in``;
-- ``old-api``: nothing uses runstate's former event helpers.
+- ``old-api``: nothing uses runstate's former event helpers;
+- ``spec-index``: nothing named ``spec`` (or ``x.spec``) is indexed with a key of the
+  spec.json dict that came before ``RunSpec`` (``spec["python"]``, ``spec.get("byo")``);
+- ``spec-json``: a function that names spec.json reads it only into
+  ``RunSpec.from_json`` and writes no dict literal to it (``RunSpec.to_json`` does).
 """
 
 from __future__ import annotations
@@ -38,6 +43,10 @@ WIRE_KEYS = {"f", "o", "l", "end", "eof", "k", "error"}
 OLD_API = {"event", "event_line", "describe_event", "read_events", "EVENT_KINDS", "clean",
            "dumps"}
 FOLLOWER = "orchestrator.supervisor.follow"
+#: the keys of the spec.json dict that came before RunSpec
+SPEC_KEYS = {"run_id", "run_name", "python", "resume", "byo", "group", "coord", "thresholds",
+             "checkpoint_dir", "config_path", "base_config", "overrides", "fault", "ladders",
+             "budget", "lock", "restore_cache_argv", "root", "env", "host", "version"}
 
 
 def _const(n: ast.AST) -> str | None:
@@ -59,6 +68,20 @@ def _key_access(n: ast.AST) -> tuple[ast.AST, str] | None:
             n.func.attr == "get" and n.args and _const(n.args[0]) is not None:
         return n.func.value, _const(n.args[0])
     return None
+
+
+def _is_spec(n: ast.AST) -> bool:
+    """``spec``, ``run_spec``, ``self.spec``, ``sup.spec`` ..."""
+    return (isinstance(n, ast.Name) and n.id.endswith("spec")) or \
+        (isinstance(n, ast.Attribute) and n.attr.endswith("spec"))
+
+
+def _names_spec_file(body: list[ast.AST]) -> bool:
+    return any((isinstance(a, ast.Attribute) and a.attr == "SPEC_FILE")
+               or (isinstance(a, ast.Name) and a.id == "SPEC_FILE")
+               or (isinstance(a, ast.Constant) and isinstance(a.value, str)
+                   and a.value.endswith("spec.json") and " " not in a.value)
+               for a in body)
 
 
 def _is_kind_access(n: ast.AST, kind_names: set[str]) -> bool:
@@ -136,8 +159,10 @@ def violations(source: str, path: str) -> list[str]:
                     flag("kind-dict", n, f'{{"kind": {_const(v)!r}, ...}}')
             if wire_side and set(keys) & WIRE_KEYS:
                 flag("wire", n, f"dict literal with {sorted(set(keys) & WIRE_KEYS)}")
+        acc = _key_access(n)
+        if acc is not None and acc[1] in SPEC_KEYS and _is_spec(acc[0]):
+            flag("spec-index", n, f"spec[{acc[1]!r}]")
         if wire_side:
-            acc = _key_access(n)
             if acc is not None and acc[1] in WIRE_KEYS:
                 flag("wire", n, f"[{acc[1]!r}]")
             if isinstance(n, ast.Compare) and any(isinstance(o, (ast.In, ast.NotIn))
@@ -156,6 +181,18 @@ def violations(source: str, path: str) -> list[str]:
                     flag("kind-test", c, "compares a dict's 'kind' with an event kind")
         if fn is tree:
             continue
+        if _names_spec_file(body):
+            calls = [a for a in body if isinstance(a, ast.Call)]
+            typed = any(isinstance(a.func, ast.Attribute) and a.func.attr == "from_json"
+                        for a in calls)
+            for a in calls:
+                fname = a.func.attr if isinstance(a.func, ast.Attribute) else \
+                    getattr(a.func, "id", "")
+                parses = fname in ("loads", "load", "read_json") and not typed
+                dumps = fname in ("dumps", "dump", "atomic_write_json") and \
+                    any(isinstance(x, ast.Dict) for x in a.args)
+                if parses or dumps:
+                    flag("spec-json", a, f"{fname}() of spec.json without RunSpec")
         names_events = any(
             (isinstance(a, ast.Attribute) and a.attr == "EVENTS_FILE")
             or (isinstance(a, ast.Constant) and isinstance(a.value, str)
@@ -221,6 +258,18 @@ BEFORE = {
                 return rec["o"], rec.get("l")
             _emit({"end": "lost"})
     '''),
+    "spec-index": ('orchestrator/supervisor/x.py', '''
+        def start(self):
+            if self.spec.get("byo"):
+                return [self.spec["python"], "-m", "trainer"]
+    '''),
+    "spec-json": ('orchestrator/engine/x.py', '''
+        def write(self, run_dir, spec):
+            self.t.put(f"{run_dir}/{rs.SPEC_FILE}", json.dumps({"run_id": spec.run_id}))
+        def read(run_dir):
+            spec = read_json(os.path.join(run_dir, rs.SPEC_FILE))
+            return spec
+    '''),
     "old-api": ('orchestrator/cli/x.py', '''
         from ..ops import runstate as rs
         from ..ops.runstate import describe_event
@@ -245,5 +294,7 @@ def test_marker_kinds_and_typed_events_are_not_flagged():
             if isinstance(e, events.Final) and e.kind == "final":
                 pass
             box["eof"] = True
+            py = self.spec.identity.python
+            nodes = pip_spec.get("nodes")
     ''')
     assert violations(src, "orchestrator/supervisor/x.py") == []
