@@ -4,7 +4,10 @@ pieces), moves on to a second attempt, then marks state.json final. state.json n
 the run's supervisor, and its command line says so too (it re-executes itself with
 ``orchestrator.supervisor`` added), so followers take it for a live one while it writes.
 
-    python tests/logs_writer.py RUN_DIR N_LINES DELAY_S
+    python tests/logs_writer.py RUN_DIR N_LINES DELAY_S [HOLD_FILE]
+
+With HOLD_FILE, the second attempt goes on writing lines after its N until HOLD_FILE exists
+(at most 120 s), so a follower always has more to read until the test lets the run end.
 """
 
 from __future__ import annotations
@@ -22,11 +25,22 @@ from orchestrator.ops import runstate as rs  # noqa: E402
 from orchestrator.supervisor import runfiles  # noqa: E402
 
 
+def _lines(n: int, hold: str | None):
+    """0..n-1, then on (a line each time it is asked) until ``hold`` exists (at most 120 s)."""
+    yield from range(n)
+    end, i = time.monotonic() + 120, n
+    while hold is not None and not os.path.exists(hold) and time.monotonic() < end:
+        yield i
+        i += 1
+
+
 def main() -> None:
     if SUPERVISOR_MODULE not in sys.argv:   # same pid, the supervisor's words in its argv
-        os.execv(sys.executable, [sys.executable, os.path.abspath(__file__), *sys.argv[1:4],
+        os.execv(sys.executable, [sys.executable, os.path.abspath(__file__), *sys.argv[1:],
                                   SUPERVISOR_MODULE])
-    run_dir, n, delay = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+    args = [a for a in sys.argv[1:] if a != SUPERVISOR_MODULE]
+    run_dir, n, delay = args[0], int(args[1]), float(args[2])
+    hold = args[3] if len(args) > 3 else None
     st = rs.new_state("w", "w", now=time.time())
     st.update(status="running", pid=os.getpid(), attempt=1)
     runfiles.write_json_atomic(os.path.join(run_dir, rs.STATE_FILE), st)
@@ -37,7 +51,7 @@ def main() -> None:
                                                   log=rs.attempt_log_name(att)))
         path = os.path.join(run_dir, rs.attempt_log_name(att))
         with open(path, "ab", buffering=0) as f:
-            for i in range(n):
+            for i in _lines(n, hold if att == 2 else None):
                 line = f"attempt {att} line {i} " + "x" * (i % 37) + (" ünïcödé" if i % 11 == 0 else "")
                 data = (line + "\n").encode()
                 if i % 7 == 3:  # a line written in two pieces

@@ -43,9 +43,10 @@ class KillingTransport(LocalTransport):
     """The real local transport; its stream's process is SIGKILLed after ``kill_after``
     lines, ``times`` times (as if the SSH connection serving it died)."""
 
-    def __init__(self, kill_after: int, times: int):
+    def __init__(self, kill_after: int, times: int, release: Path | None = None):
         super().__init__("local")
         self.kill_after, self.times, self.kills = kill_after, times, 0
+        self.release = release   # made after the last kill: the writer may end the run
 
     def stream(self, argv, on_line, **kw):
         seen = [0]
@@ -67,14 +68,18 @@ class KillingTransport(LocalTransport):
                 for p in follower_pid:
                     os.kill(p, signal.SIGKILL)
                 self.kills += 1
+                if self.kills == self.times and self.release is not None:
+                    self.release.touch()
         return super().stream(argv, cb, **kw)
 
 
-def follow_while_writing(root: Path, transport, n=60, delay=0.002, **kw):
+def follow_while_writing(root: Path, transport, n=60, delay=0.002, hold: Path | None = None,
+                         **kw):
     run_dir = root / "runs" / "w"
     got: list = []
     writer = subprocess.Popen([sys.executable, str(REPO / "tests" / "logs_writer.py"),
-                               str(run_dir), str(n), str(delay)], stdout=subprocess.PIPE)
+                               str(run_dir), str(n), str(delay),
+                               *([str(hold)] if hold else [])], stdout=subprocess.PIPE)
     reconnects = []
     f = LogFollower(transport, RemoteLayout(str(root)), "w", on_line=got.append, follow=True,
                     poll=0.05, sleep=lambda s: None,
@@ -102,9 +107,12 @@ def test_follow_across_attempts_until_final(root):
 
 
 def test_killed_follower_loses_and_repeats_nothing(root):
-    t = KillingTransport(kill_after=10, times=3)
-    run_dir, got, status, reconnects = follow_while_writing(root, t)
-    assert t.kills == 3 and len(reconnects) >= 2  # a kill may land after the end record
+    # the run ends only after the third kill (the writer goes on writing until then), so
+    # every kill lands on a live stream, however the machine schedules writer and follower
+    hold = root / "release"
+    t = KillingTransport(kill_after=10, times=3, release=hold)
+    run_dir, got, status, reconnects = follow_while_writing(root, t, hold=hold)
+    assert t.kills == 3 and len(reconnects) >= 3
     assert status == "done"
     files = by_file(got)
     for name in ("events.jsonl", "attempt-1.log", "attempt-2.log"):

@@ -22,9 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from dfo_contract.checkpoints import CkptInfo
 from dfo_contract.fsio import replace_dir, sha256_file
 
 from ..errors import ConfigError, NotFoundError, RemoteCommandError, VerifyError
+from ..ops.launch_inputs import parse_checkpoint_listing
 from ..ops.probes import json_reply
 from .runs import RunOps
 
@@ -64,6 +66,21 @@ class ExportOps:
         self.runs = RunOps(transport, host, say=say)
         self.say = say or (lambda m: log.info("%s", m))
 
+    def _checkpoints(self, ck_dir: str) -> list[CkptInfo]:
+        """The host's checkpoints in ``ck_dir``, their weights hashed against their manifests
+        (an export is where a checkpoint is used: it is verified here); none when absent."""
+        r = self.t.run([self.runs.python, "-m", "dfo_contract.checkpoints", "list", ck_dir,
+                        "--json", "--no-promote"], timeout=600)
+        if not r.ok:
+            if "does not exist" in r.err or "No such file" in r.err or r.exit_code == 4:
+                return []
+            r.check("listing checkpoints")
+        try:
+            return parse_checkpoint_listing(json.loads(r.out or "[]"))
+        except ValueError:
+            raise RemoteCommandError(f"listing checkpoints in {ck_dir}: output is not JSON") \
+                from None
+
     def _checkpoint(self, ck_dir: str, step: str) -> str:
         if step == "best":
             try:
@@ -74,12 +91,12 @@ class ExportOps:
                                          "or pass --step N") from None
             return posixpath.join(ck_dir, f"step_{int(best['step'])}")
         if step == "latest":
-            infos = self.runs._checkpoints(ck_dir)
+            infos = self._checkpoints(ck_dir)
             valid = [c for c in infos if c.valid]
             if not valid:
                 raise NotFoundError(f"no valid checkpoint in {ck_dir}", hint="see `dfo status`")
             return max(valid, key=lambda c: c.step).path
-        valid = [c for c in self.runs._checkpoints(ck_dir) if c.valid]
+        valid = [c for c in self._checkpoints(ck_dir) if c.valid]
         for c in valid:
             if c.step == int(step):
                 return c.path
