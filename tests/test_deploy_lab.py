@@ -212,8 +212,12 @@ def _uv_sync_written(d: Deployed) -> int | None:
     """Bytes uv's ``pip sync`` processes wrote so far (/proc/PID/io wchar); None: none runs."""
     out = rsh(d, 'for p in /proc/[0-9]*; do c=$(tr "\\0" " " < $p/cmdline 2>/dev/null); '
                  'w=$(sed -n "s/^wchar: //p" $p/io 2>/dev/null); printf "%s\\t%s\\n" "${w:-0}" "$c"; done')
-    sync = [ln.split("\t", 1) for ln in out.splitlines() if "pip sync" in ln and "/bin/uv" in ln]
-    return sum(int(w) for w, _ in sync if w.isdigit()) if sync else None
+    # a command line may hold newlines (a ``python -c`` script that names uv): only whole
+    # records whose program is uv count
+    recs = [ln.split("\t", 1) for ln in out.splitlines() if "\t" in ln]
+    sync = [w for w, c in recs if c.split()[:1] and c.split()[0].endswith("/bin/uv")
+            and "pip sync" in c]
+    return sum(int(w) for w in sync if w.isdigit()) if sync else None
 
 
 def test_killed_mid_install_next_deploy_recovers(deployed):

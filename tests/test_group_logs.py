@@ -27,10 +27,14 @@ def node_root(tmp_path, name):
 
 def test_merged_follow_reconnects_per_node_and_ends_when_all_are_final(tmp_path):
     roots = {n: node_root(tmp_path, n) for n in ("a", "b")}
+    # node b's run ends only after its second kill (its writer goes on until then): both
+    # kills land on a live stream however the machine schedules writer and follower
+    hold = tmp_path / "release-b"
     writers = [subprocess.Popen([sys.executable, str(REPO / "tests" / "logs_writer.py"),
-                                 str(r / "runs" / "w"), "40", "0.002"], stdout=subprocess.PIPE)
-               for r in roots.values()]
-    killer = KillingTransport(kill_after=15, times=2)
+                                 str(r / "runs" / "w"), "40", "0.002",
+                                 *([str(hold)] if n == "b" else [])], stdout=subprocess.PIPE)
+               for n, r in roots.items()]
+    killer = KillingTransport(kill_after=15, times=2, release=hold)
     nodes = [("a", LocalTransport("local"), RemoteLayout(str(roots["a"]))),
              ("b", killer, RemoteLayout(str(roots["b"])))]
     got: list[tuple[str, str, str]] = []
