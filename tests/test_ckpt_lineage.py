@@ -83,21 +83,11 @@ def test_newest_of_run_skips_own_torn_checkpoint_and_reports_it(tmp_path):
     assert best.name == "step_4" and [c.name for c in skipped] == ["step_8"]
 
 
-class _Sup:
-    """Just what Supervisor._resume_target reads."""
-    def __init__(self, spec, last_checkpoint):
-        self.spec = spec
-        self.state = type("S", (), {"last_checkpoint": last_checkpoint, "attempt": 1})()
-        self.events = []
-
-    def emit(self, kind, **kw):
-        self.events.append((kind, kw))
-
-
 def test_supervisor_resume_target_own_run_else_named_resume_else_scratch(tmp_path):
-    from orchestrator.supervisor.core import Supervisor
+    from orchestrator.ops.runstate import RunState
+    from orchestrator.supervisor.source import BundledSource
 
-    from dfo_contract.runspec import Config, Identity, Resume, RunSpec
+    from dfo_contract.runspec import Bundled, Config, Identity, Resume, RunSpec
 
     root = str(tmp_path)
     fake_ckpt(tmp_path / "step_262", 262, run="old-run")
@@ -109,14 +99,20 @@ def test_supervisor_resume_target_own_run_else_named_resume_else_scratch(tmp_pat
                        config=Config(path=f"{root}/config.yaml"),
                        resume=Resume(checkpoint_dir=root, path=resume))
 
+    def target(spec, last_checkpoint):
+        """The bundled source's choice with this run's state (attempt 1 ended)."""
+        state = RunState.new("new-run", "new", now=0.0)
+        state.last_checkpoint, state.attempt = last_checkpoint, 1
+        return BundledSource(spec, Bundled(), root, emit=lambda e: e).resume_target(state)
+
     spec = spec_with(named)
     saved = {"step": 5, "path": "x"}
     # this run saved nothing usable (yet): exactly the checkpoint launch named, never step_262
-    assert Supervisor._resume_target(_Sup(spec, saved)) == named
-    assert Supervisor._resume_target(_Sup(spec_with(None), saved)) is None
+    assert target(spec, saved) == named
+    assert target(spec_with(None), saved) is None
     fake_ckpt(tmp_path / "step_5", 5, run="new-run")
-    assert Supervisor._resume_target(_Sup(spec, saved)) == os.path.join(root, "step_5")
-    assert Supervisor._resume_target(_Sup(spec, None)) == named  # attempt 1: what launch named
+    assert target(spec, saved) == os.path.join(root, "step_5")
+    assert target(spec, None) == named  # attempt 1: what launch named
 
 
 # --- 3. prune stays within its run ------------------------------------------------------

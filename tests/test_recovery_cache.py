@@ -3,7 +3,7 @@
 Real torch on CPU, a tiny model, the drafter step compiled: attempt 1 (gate off, as in the
 threaded lazy-compile race, docs/recovery.md) compiles and then fails through an injected
 fault; the supervisor's ``compile_gate`` step re-seeds the run's cache (``restore_cache``:
-the seed script run again, exactly as ``Supervisor._restore_cache`` runs it); attempt 2
+the seed script run again, exactly as ``Supervisor.restore_cache`` runs it); attempt 2
 (gate on) must HIT every FX graph and the AOT-autograd entry attempt 1 compiled. A re-seed
 that replaced the run's cache with the (here empty) live cache would give fxgraph 0 hits,
 and an AOT-autograd cache that bypassed the drafter step's graph would miss on every start.

@@ -148,32 +148,53 @@ def test_no_standby_reaches_the_spec(tmp_path, capsys, tiny_assets):  # noqa: F8
     assert got == [True, False]
 
 
-def _spec(standby: bool = True, byo: dict | None = None):
-    """A RunSpec with the fields the Keeper reads (standby on/off, a foreign command)."""
-    from dfo_contract.runspec import Bundled, Config, Identity, Own, Resume, RunSpec, Standby
+def _spec(standby: bool = True, byo: dict | None = None, group: bool = False):
+    """A RunSpec with the fields the Keeper reads (standby on/off, a foreign command, one
+    node of a group)."""
+    from dfo_contract.runspec import (Bundled, Config, Group, Identity, Own, Resume, RunSpec,
+                                      Solo, Standby)
 
+    role = Group(name="g", nodes=("a", "b"), node=0, head_addr="127.0.0.1", port=29500,
+                 coord_port=29501, nproc=1) if group else Solo()
     return RunSpec(identity=Identity(run_id="r-1", run_name="r", host="local", root="/r",
                                      python=sys.executable, lock="/r/locks/run.lock"),
                    config=Config(path="/r/runs/r-1/config.yaml"),
                    resume=Resume(checkpoint_dir="/r/checkpoints/r"),
                    standby=Standby(enabled=standby),
-                   trainer=Own(command=tuple(byo["command"])) if byo else Bundled())
+                   trainer=Own(command=tuple(byo["command"])) if byo else Bundled(),
+                   role=role)
 
 
-class _Sup:
-    def __init__(self, **spec):
-        self.spec, self.group = _spec(**spec), None
+def _inputs(**kw):
+    """The Keeper's inputs as the supervisor builds them for this spec: its attempt source
+    says whether the trainer is a foreign command, its role whether it is one node of
+    several."""
+    from orchestrator.ops.runstate import RunState
+    from orchestrator.supervisor.group import role_for
+    from orchestrator.supervisor.record import RunRecord, Stop
+    from orchestrator.supervisor.source import source_for
+    from orchestrator.supervisor.standby import KeeperInputs
+
+    spec = _spec(**kw)
+    run_dir = "/r/runs/r-1"
+    record = RunRecord(run_dir, RunState.new("r-1", "r", now=0.0))
+    source = source_for(spec, run_dir, record.emit)
+    role = role_for(spec, run_dir, record, Stop())
+    return KeeperInputs(run_dir=run_dir, python=spec.identity.python, spec=spec.standby,
+                        thresholds=spec.thresholds,
+                        config=lambda: source.config(record.state.overrides),
+                        attempt_env=source.attempt_env, emit=record.emit, save=record.save,
+                        record_pid=lambda pid: setattr(record.state, "standby_pid", pid),
+                        byo=source.foreign, group=role.multinode)
 
 
 def test_keeper_is_off_for_no_standby_byo_and_groups():
     from orchestrator.supervisor.standby import Keeper
 
-    assert Keeper(_Sup()).enabled() and Keeper(_Sup(standby=True)).enabled()
-    assert not Keeper(_Sup(standby=False)).enabled()
-    assert not Keeper(_Sup(byo={"command": ["x"]})).enabled()
-    s = _Sup()
-    s.group = object()
-    assert not Keeper(s).enabled()
+    assert Keeper(_inputs()).enabled() and Keeper(_inputs(standby=True)).enabled()
+    assert not Keeper(_inputs(standby=False)).enabled()
+    assert not Keeper(_inputs(byo={"command": ["x"]})).enabled()
+    assert not Keeper(_inputs(group=True)).enabled()
 
 
 # --- the shim's standby mode, a real process ------------------------------------------------

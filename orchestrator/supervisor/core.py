@@ -1,111 +1,92 @@
 """The supervisor: runs the trainer as attempts, watches them, classifies failures, applies
 fallbacks, and keeps ``state.json`` and ``events.jsonl`` (see orchestrator.ops.runstate).
 
-Decisions come from the pure modules (watchdog, classify, fallback, budget); this module
-only does the process work: start an attempt, classify how it ended, pick the next config,
-wait. Watching a running attempt is ``supervisor.watch``.
+Decisions come from the pure modules (watchdog, classify, fallback, budget); the
+:class:`Supervisor` composes the parts that do the process work, each chosen or built once
+from the run's spec:
+
+- the attempt source (``supervisor.source``, from ``spec.trainer``): an attempt's argv,
+  env, directory and checkpoint, its ``run_first`` commands, the next config after a failure;
+- the role (``supervisor.role``/``supervisor.group``, from ``spec.role``): solo, the head
+  of a group, or a member; its hooks run at fixed points of the loop and the watch;
+- the watch of one attempt (``supervisor.watch``), the standby keeper
+  (``supervisor.standby``), the run's record and ``run.lock`` (``supervisor.record``).
 """
 
 from __future__ import annotations
 
-import fcntl
 import os
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
-from typing import Any
 
 from dfo_contract import envvars, events
-from dfo_contract.checkpoints import newest_of_run
 from dfo_contract.errors import ContractError
-from dfo_contract.runspec import Bundled, RunSpec
+from dfo_contract.runspec import RunSpec
 
 from ..ops import runstate as rs
-from ..ops import byo as byo_ops
 from ..ops.budget import BudgetState, on_failure, restart_delay
 from ..ops.classify import classify
-from ..ops.fallback import next_config
-from ..ops.classify import NODE_LOST
-from ..ops.launch_argv import Rendezvous, attempt_env, ddp_nproc, group_env, trainer_argv
 from ..ops.runstate import Attempt, RunState
-from . import byo as byo_sup
-from . import group, procs, runfiles
-from .standby import Keeper
-from .watch import AttemptWatch, Outcome
+from . import procs, runfiles
+from .group import role_for
+from .record import RunLock, RunRecord, Stop
+from .role import Role
+from .source import AttemptSource, source_for
+from .standby import Keeper, KeeperInputs
+from .watch import AttemptWatch, Outcome, WatchInputs
 
 
-@dataclass(frozen=True)
-class _Choice:
-    """A foreign command's ladder choice, shaped like ``ops.fallback.Choice``."""
-    step: str | None
-    overrides: dict
-    position: int
-    changed: dict
-    restore_cache: bool
-    exhausted: bool
-    spent: str
-
-
-class Supervisor(AttemptWatch):
+class Supervisor:
     def __init__(self, run_dir: str):
         self.run_dir = os.path.abspath(run_dir)
         self.spec: RunSpec = runfiles.read_spec(self.run_dir)
-        self.t = self.spec.thresholds
-        self.policy = self.spec.budget
-        self.stop_reason: str | None = None
-        self.state = RunState.new(self.spec.identity.run_id, self.spec.identity.run_name,
-                                  now=time.time())
-        self.lock_fd: int | None = None
-        #: a multi-node run (spec ``role``): this node's part, its coordinator, the plan
-        self.group = self.spec.group
-        self.coord: group.Coordinator | None = None
-        self.plan: dict | None = None
+        spec = self.spec
+        self.t = spec.thresholds
+        self.policy = spec.budget
+        self.stop = Stop()
+        self.record = RunRecord(self.run_dir, RunState.new(spec.identity.run_id,
+                                                           spec.identity.run_name,
+                                                           now=time.time()))
+        self.lock = RunLock(spec.identity.lock, spec.identity.run_id)
+        self.owner_fd: int | None = None
+        self.source: AttemptSource = source_for(spec, self.run_dir, self.record.emit)
+        self.role: Role = role_for(spec, self.run_dir, self.record, self.stop)
         #: the standby interpreter for the next attempt (supervisor.standby)
-        self.standby = Keeper(self)
+        self.standby = Keeper(KeeperInputs(
+            run_dir=self.run_dir, python=spec.identity.python, spec=spec.standby,
+            thresholds=self.t, config=self.config, attempt_env=self.source.attempt_env,
+            emit=self.record.emit, save=self.record.save, record_pid=self._standby_pid,
+            byo=self.source.foreign, group=self.role.multinode))
+        self.watch = AttemptWatch(WatchInputs(
+            run_dir=self.run_dir, python=spec.identity.python,
+            thresholds=self.role.thresholds(self.t), record=self.record, stop=self.stop,
+            config=self.config, step_pattern=self.source.step_pattern,
+            cpu_is_progress=self.source.cpu_is_progress, standby=self.standby,
+            tick=self.role.tick, after=self.role.after_watch))
 
-    # --- files ------------------------------------------------------------------------------
-    def _p(self, *parts: str) -> str:
-        return os.path.join(self.run_dir, *parts)
+    # --- the parts' shared views ----------------------------------------------------------------
+    @property
+    def state(self) -> RunState:
+        return self.record.state
 
-    def save(self) -> None:
-        self.state.updated_at = time.time()
-        runfiles.write_state(self.run_dir, self.state)
+    def config(self) -> dict:
+        """The flat config in force (the base with the run's overrides)."""
+        return self.source.config(self.state.overrides)
 
-    def emit(self, event: events.Event) -> events.Event:
-        runfiles.append_event(self._p(rs.EVENTS_FILE), event)
-        self.state.last_event = event.describe()
-        print(f"dfo-supervisor: {self.state.last_event}", flush=True)
-        return event
+    def _standby_pid(self, pid: int | None) -> None:
+        self.state.standby_pid = pid
 
     # --- signals ----------------------------------------------------------------------------
     def _on_term(self, signum, _frame) -> None:
-        if self.stop_reason is None:
-            self.stop_reason = f"{signal.Signals(signum).name} to the supervisor (dfo stop)"
+        self.stop.request(f"{signal.Signals(signum).name} to the supervisor (dfo stop)")
 
     def _sleep(self, seconds: float) -> None:
         end = time.monotonic() + seconds
-        while self.stop_reason is None and time.monotonic() < end:
-            if self.coord is not None:   # a stop on another node (the backoff of a group)
-                group.sync_stop(self)
+        while self.stop.reason is None and time.monotonic() < end:
+            self.role.sync_stop()   # a stop on another node (the backoff of a group)
             time.sleep(min(0.1, max(0.0, end - time.monotonic())))
-
-    # --- lock -------------------------------------------------------------------------------
-    def _take_lock(self) -> str | None:
-        path = self.spec.identity.lock
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            owner = os.pread(fd, 200, 0).decode("utf-8", "replace").strip()
-            os.close(fd)
-            return owner or "another run"
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (self.spec.identity.run_id + "\n").encode(), 0)
-        self.lock_fd = fd
-        return None
 
     # --- main ---------------------------------------------------------------------------------
     def run(self) -> int:
@@ -117,33 +98,31 @@ class Supervisor(AttemptWatch):
         except runfiles.NotOwner as e:
             print(f"dfo-supervisor: {e}", file=sys.stderr, flush=True)
             return 0
-        resumed = os.path.exists(self._p(rs.STATE_FILE))
+        resumed = os.path.exists(self.record.path(rs.STATE_FILE))
         if resumed:
-            self.state = runfiles.read_state(self.run_dir)
+            self.record.state = runfiles.read_state(self.run_dir)
             if self.state.final:
                 return 0
         else:
             self.state.overrides = dict(self.spec.config.overrides)
-        owner = self._take_lock()
+        owner = self.lock.take()
         if owner is not None:
-            self._final("failed", f"run.lock is held by {owner}: another run is live on this host")
+            self.final("failed", f"run.lock is held by {owner}: another run is live on this host")
             return 0
         self.state.pid = os.getpid()
         self.state.mode = "systemd" if os.environ.get("INVOCATION_ID") else "setsid"
-        self.emit(events.SupervisorStart(pid=os.getpid(), mode=self.state.mode, resumed=resumed))
+        self.record.emit(events.SupervisorStart(pid=os.getpid(), mode=self.state.mode,
+                                                resumed=resumed))
         if resumed:
             was = self.state.status
             self._recover_after_restart()
             if was == "stopping":  # it died while stopping: finish the stop, start nothing
-                return self._final("stopped", "stopped (the supervisor died while stopping)")
+                return self.final("stopped", "stopped (the supervisor died while stopping)")
         self.state.status = "running"
-        self.save()
+        self.record.save()
         try:
-            if self.group is not None:
-                self.coord = group.open_for(self)
-                if not self.group.is_head:
-                    return group.run_peer(self)
-            return self._loop()
+            self.role.open()
+            return self.role.run(self)
         finally:
             self._release()
 
@@ -155,183 +134,114 @@ class Supervisor(AttemptWatch):
             if not procs.wait_gone(orphans, self.t.kill_grace_s):
                 procs.signal_all(orphans, signal.SIGKILL)
                 procs.wait_gone(orphans, 5)
-            self.emit(events.OrphansReaped(pids=orphans))
+            self.record.emit(events.OrphansReaped(pids=orphans))
         self.state.standby_pid = None      # reaped above with the rest of the run
         att = self.state.current
         if att and att.ended_at is None:
             att.ended_at = time.time()
             att.cls, att.reason = "crash", "the supervisor died during this attempt"
-            self.emit(events.AttemptEnd(attempt=att.n, exit_code=None, signal=None,
-                                        duration_s=att.ended_at - att.started_at,
-                                        note="supervisor died; attempt abandoned"))
-        self.save()
+            self.record.emit(events.AttemptEnd(attempt=att.n, exit_code=None, signal=None,
+                                               duration_s=att.ended_at - att.started_at,
+                                               note="supervisor died; attempt abandoned"))
+        self.record.save()
 
-    def _loop(self) -> int:
+    def loop(self) -> int:
+        """Attempts until the run ends (a solo run, or the head of a group for all nodes)."""
+        emit, state = self.record.emit, self.state
         restore_cache = False
         while True:
-            if self.stop_reason:
-                return self._final("stopped", self.stop_reason)
-            n = int(self.state.attempt) + 1
+            if self.stop.reason:
+                return self.final("stopped", self.stop.reason)
+            n = int(state.attempt) + 1
             if restore_cache:
-                self._restore_cache(n)
-            out = self._run_attempt(n)
+                self.restore_cache(n)
+            out = self.run_attempt(n)
             if out.stopped:
-                return self._final("stopped", self.stop_reason or "stopped")
+                return self.final("stopped", self.stop.reason or "stopped")
             diag = classify(out.scan, exit_code=out.exit_code, signal=out.signal, hang=out.hang,
                             oom_killed=out.oom_killed, collapse=out.collapse)
-            att = self.state.attempts[-1]
+            att = state.attempts[-1]
             att.cls, att.reason = diag.cls, diag.reason
             ev = [e.to_json() for e in diag.evidence]
-            self.emit(events.Classified(attempt=n, cls=diag.cls, reason=diag.reason,
-                                        evidence=ev, also=list(diag.also)))
-            if self.coord is not None:   # the head: every node's end, one root cause
-                diag = group.settle_head(self, n, out, diag)
-                if out.stopped or self.stop_reason:
-                    return self._final("stopped", self.stop_reason or "stopped")
-                if diag.cls == NODE_LOST:
-                    self.emit(events.GiveUp(cls=diag.cls, reason=diag.reason, evidence=[]))
-                    return self._final("failed", diag.reason)
+            emit(events.Classified(attempt=n, cls=diag.cls, reason=diag.reason,
+                                   evidence=ev, also=list(diag.also)))
+            diag, ending = self.role.settle(n, out, diag)   # a group: one root cause
+            if ending is not None:
+                return self.final(*ending)
             if diag.cls == "done":
-                return self._final("done", f"reached max_steps at step {self.state.last_step}")
-            if out.stopped or self.stop_reason:
-                return self._final("stopped", self.stop_reason or "stopped")
-            bstate = BudgetState.from_json(self.state.budget)
+                return self.final("done", f"reached max_steps at step {state.last_step}")
+            if out.stopped or self.stop.reason:
+                return self.final("stopped", self.stop.reason or "stopped")
+            bstate = BudgetState.from_json(state.budget)
             dec = on_failure(self.policy, bstate, diag.cls, healthy_s=out.healthy_s,
                              startup=not out.reached_train, permanent=diag.permanent,
                              same_config_as_last_startup_failure=(
-                                 self.state.last_startup_failure_overrides
-                                 == self.state.overrides))
-            self.state.budget = bstate.to_json()
-            self.state.last_startup_failure_overrides = (
-                dict(self.state.overrides) if not out.reached_train else None)
+                                 state.last_startup_failure_overrides == state.overrides))
+            state.budget = bstate.to_json()
+            state.last_startup_failure_overrides = (
+                dict(state.overrides) if not out.reached_train else None)
             if not dec.restart:
-                self.emit(events.GiveUp(cls=diag.cls, reason=dec.reason, evidence=ev))
-                return self._final("failed", f"{diag.cls} ({diag.reason}): {dec.reason}",
-                                   evidence=ev)
-            pos = int(self.state.ladder_pos.get(diag.cls, 0))
-            if self.spec.own is not None:
-                choice = self._byo_choice(diag.cls, pos)
-            else:
-                ladder = list(self.spec.ladders.get(diag.cls, ()))
-                base = dict(self.spec.config.base)
-                choice = next_config(diag.cls, ladder, pos, base, dict(self.state.overrides))
+                emit(events.GiveUp(cls=diag.cls, reason=dec.reason, evidence=ev))
+                return self.final("failed", f"{diag.cls} ({diag.reason}): {dec.reason}",
+                                  evidence=ev)
+            pos = int(state.ladder_pos.get(diag.cls, 0))
+            choice = self.source.next_choice(diag.cls, pos, state.overrides)
             if choice.exhausted:
                 reason = f"{diag.cls}: fallback ladder spent ({choice.spent})"
-                self.emit(events.GiveUp(cls=diag.cls, reason=reason, evidence=ev))
-                return self._final("failed", reason, evidence=ev)
-            self.state.ladder_pos[diag.cls] = choice.position
-            self.state.overrides = choice.overrides
+                emit(events.GiveUp(cls=diag.cls, reason=reason, evidence=ev))
+                return self.final("failed", reason, evidence=ev)
+            state.ladder_pos[diag.cls] = choice.position
+            state.overrides = choice.overrides
             if choice.step and choice.step != "same":
-                self.state.fallbacks.append({"class": diag.cls, "step": choice.step,
-                                             "changed": choice.changed, "attempt": n})
-            fb = self.emit(events.Fallback(attempt=n, cls=diag.cls, step=choice.step,
-                                           changed=choice.changed, overrides=choice.overrides,
-                                           restore_cache=choice.restore_cache))
+                state.fallbacks.append({"class": diag.cls, "step": choice.step,
+                                        "changed": choice.changed, "attempt": n})
+            fb = emit(events.Fallback(attempt=n, cls=diag.cls, step=choice.step,
+                                      changed=choice.changed, overrides=choice.overrides,
+                                      restore_cache=choice.restore_cache))
             restore_cache = choice.restore_cache
-            self.state.status = "backoff"
+            state.status = "backoff"
             delay = restart_delay(self.policy, dec, diag.cls,
                                   config_changed=bool(choice.changed))
-            rst = self.emit(events.Restart(attempt=n + 1, delay_s=round(delay, 3),
-                                           reason=dec.reason))
-            if self.coord is not None:
-                group.decide(self, n, "restart", fallback=fb, restart=rst)
-            self.save()
+            rst = emit(events.Restart(attempt=n + 1, delay_s=round(delay, 3),
+                                      reason=dec.reason))
+            self.role.on_restart(n, fb, rst)
+            self.record.save()
             self._sleep(delay)
-            self.state.status = "running"
-            self.save()
+            state.status = "running"
+            self.record.save()
 
-    def _byo_choice(self, cls: str, pos: int) -> "_Choice":
-        ladder = list(self.spec.own.fallbacks.get(cls, ()))
-        c = byo_ops.next_step(cls, ladder, pos, byo_ops.Changes.from_json(self.state.overrides))
-        return _Choice(c.step, c.changes.to_json(), c.position, c.changed, False, c.exhausted,
-                       " -> ".join(byo_ops.describe_step(s) for s in ladder) or "empty")
-
-    def _final(self, status: str, reason: str, evidence: list | None = None) -> int:
-        self.state.status, self.state.reason, self.state.ended_at = status, reason, time.time()
+    def final(self, status: str, reason: str, evidence: list | None = None) -> int:
+        """The run ends. run.lock (and the group) are let go BEFORE the final status shows in
+        events.jsonl and state.json: whoever sees the run final may launch the next one."""
+        state = self.state
+        state.status, state.reason, state.ended_at = status, reason, time.time()
         if evidence is not None:
-            self.state.evidence = evidence
-        if self.coord is not None:
-            group.on_final(self, status, reason)
+            state.evidence = evidence
+        self.role.on_final(status, reason)
         self.standby.discard(f"the run ended ({status})")
         self._release()   # a final state means the host is free: the next launch may start
-        self.emit(events.Final(status=status, reason=reason,
-                               last_checkpoint=self.state.last_checkpoint))
-        self.save()
+        self.record.emit(events.Final(status=status, reason=reason,
+                                      last_checkpoint=state.last_checkpoint))
+        self.record.save()
         return 0
 
     def _release(self) -> None:
         """Leave the group (the head waits for its peers) and give run.lock back; once."""
-        if self.coord is not None:
-            self.coord.close()
-            self.coord = None
-        if self.lock_fd is not None:
-            os.close(self.lock_fd)
-            self.lock_fd = None
+        self.role.release()
+        self.lock.release()
 
     # --- one attempt ------------------------------------------------------------------------
-    def _resume_target(self) -> str | None:
-        """Once this run has saved a checkpoint: the newest one whose manifest verifies and
-        names this run (torn/corrupt ones are skipped and reported; another run's are never
-        taken, even when newer). Else: exactly the checkpoint launch was given (--resume),
-        else None (from scratch)."""
-        if not self.state.last_checkpoint:
-            return self.spec.resume.path  # this run saved nothing yet: what launch was given
-        info, skipped = newest_of_run(self.spec.resume.checkpoint_dir, self.spec.identity.run_id)
-        for c in skipped:
-            self.emit(events.Watchdog(attempt=self.state.attempt + 1,
-                                      reason=f"skipping checkpoint {c.name}: {c.reason}"))
-        return (info.path if info else None) or self.spec.resume.path
-
-    def _config(self) -> dict:
-        return self.spec.config.merged(self.state.overrides)
-
-    def _attempt_env(self, n: int) -> dict[str, str]:
-        env = dict(os.environ)
-        tr = self.spec.trainer
-        env.update(attempt_env(self.spec.cache.env, attempt=n, run_dir=self.run_dir,
-                               fault=tr.fault if isinstance(tr, Bundled) else None,
-                               run_id=self.spec.identity.run_id))
-        return env
-
-    def _run_attempt(self, n: int) -> Outcome:
-        cfg = self._config()
-        env = self._attempt_env(n)
-        cwd = self.run_dir
-        own = self.spec.own
-        if own is not None:          # a foreign command (dfo launch -- CMD ARGS...)
-            changes = byo_ops.Changes.from_json(self.state.overrides)
-            resume = byo_sup.resume_target(own, self.run_dir,
-                                           since=float(self.state.started_at or 0) - 1.0) \
-                or self.spec.resume.path
-            argv = byo_sup.argv(own, changes, resume)
-            env = byo_sup.env(own, self.spec.identity.python, changes, env)
-            cwd = byo_sup.cwd(own, self.run_dir)
-        else:
-            changes = None
-            gs, rdzv = self.group, None
-            resume = self._resume_target() if self.plan is None else self.plan.get("resume")
-            if gs is not None:
-                rdzv = Rendezvous(gs.nnodes, gs.head_addr, gs.port, gs.rdzv_id(
-                    self.spec.identity.run_id, n), is_host=gs.is_head,
-                    local_addr=group.local_addr(gs.head_addr, gs.port))
-                env.update(group_env(gs.node, gs.env))
-                if gs.is_head:
-                    group.plan_for(self, n, resume)
-            argv = trainer_argv(self.spec.identity.python, self.spec.config.path,
-                                self.state.overrides, run_dir=self.run_dir,
-                                checkpoint_dir=self.spec.resume.checkpoint_dir, resume=resume,
-                                layout=cfg.get("parallel.layout"),
-                                nproc=gs.nproc if gs else ddp_nproc(cfg), rdzv=rdzv)
+    def run_attempt(self, n: int) -> Outcome:
+        state = self.state
+        launch = self.source.launch(n, state, self.role)
+        argv, env, cwd = launch.argv, launch.env, launch.cwd
         log_name = rs.attempt_log_name(n)
-        log_path = self._p(log_name)
-        self.state.attempt = n
-        att = Attempt(n=n, started_at=time.time(), resume=resume,
-                      overrides=dict(self.state.overrides), argv=argv, log=log_name)
-        self.state.attempts.append(att)
-        if changes is not None and changes.first:
-            ok, why = byo_sup.run_first(changes.first, env, cwd, log_path,
-                                        timeout=self.t.warmup_s)
-            self.emit(events.RunFirst(attempt=n, commands=changes.first, ok=ok, detail=why))
+        log_path = self.record.path(log_name)
+        state.attempt = n
+        att = Attempt(n=n, started_at=time.time(), resume=launch.resume,
+                      overrides=dict(state.overrides), argv=argv, log=log_name)
+        state.attempts.append(att)
+        self.source.run_first(n, launch, log_path, timeout=self.t.warmup_s)
         oom_before = procs.cgroup_oom_kills()
         env[envvars.SPAWN_T] = f"{time.time():.3f}"  # the trainer's startup breakdown counts from here
         proc = self.standby.take(n, argv, env, cwd, log_path)
@@ -341,33 +251,35 @@ class Supervisor(AttemptWatch):
                                         stderr=logf, env=env, cwd=cwd, start_new_session=True,
                                         preexec_fn=procs.set_pdeathsig)
         att.pid = proc.pid
-        self.state.trainer_pids = [proc.pid]
-        self.emit(events.AttemptStart(attempt=n, resume=resume, overrides=att.overrides,
-                                      argv=argv, pid=proc.pid, log=log_name))
-        self.save()
-        out = self._watch(n, proc, log_path)
+        state.trainer_pids = [proc.pid]
+        self.record.emit(events.AttemptStart(attempt=n, resume=launch.resume,
+                                             overrides=att.overrides, argv=argv, pid=proc.pid,
+                                             log=log_name))
+        self.record.save()
+        out = self.watch.watch(n, proc, log_path)
         oom_after = procs.cgroup_oom_kills()
         out.oom_killed = (oom_before is not None and oom_after is not None
                           and oom_after > oom_before and out.signal == signal.SIGKILL)
         att.ended_at, att.exit_code, att.signal = time.time(), out.exit_code, out.signal
-        self.state.trainer_pids = []
-        self.state.throughput_low = None
-        self.emit(events.AttemptEnd(attempt=n, exit_code=out.exit_code, signal=out.signal,
-                                    duration_s=round(out.duration_s, 3),
-                                    reached_train=out.reached_train))
-        self.save()
+        state.trainer_pids = []
+        state.throughput_low = None
+        self.record.emit(events.AttemptEnd(attempt=n, exit_code=out.exit_code,
+                                           signal=out.signal,
+                                           duration_s=round(out.duration_s, 3),
+                                           reached_train=out.reached_train))
+        self.record.save()
         return out
 
-    def _restore_cache(self, n: int) -> None:
+    def restore_cache(self, n: int) -> None:
         argv = list(self.spec.cache.restore_argv or ())
         if not argv:
-            self.emit(events.CacheRestore(
+            self.record.emit(events.CacheRestore(
                 attempt=n, ok=False,
                 detail="no cache to restore from; continuing with the run's cache as it is"))
             return
         p = subprocess.run(argv, capture_output=True, text=True)
         tail = (p.stderr or p.stdout).strip().splitlines()[-1:] if p.returncode else []
-        self.emit(events.CacheRestore(
+        self.record.emit(events.CacheRestore(
             attempt=n, ok=p.returncode == 0,
             detail="the run's cache kept (what the failed attempt built) and topped up "
             "from the host's live cache"

@@ -7,6 +7,10 @@ import-time environment match (``ops.standby.decide``) gets the attempt (one JSO
 stdin) and its Popen is the attempt's process; otherwise it is killed and the attempt starts
 fresh. At most one standby lives; it is killed when the run ends and dies with the
 supervisor (PR_SET_PDEATHSIG). Its pid is ``state.json``'s ``standby_pid``.
+
+The keeper is given what it needs (:class:`KeeperInputs`), never the supervisor: the
+standby's spec, the thresholds, the config and attempt env of the source, the run's
+events, and whether the source and the role allow a standby at all.
 """
 
 from __future__ import annotations
@@ -15,9 +19,12 @@ import os
 import signal
 import subprocess
 import time
-from typing import Any, Mapping
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
 
 from dfo_contract import events
+from dfo_contract.runlimits import Thresholds
+from dfo_contract.runspec import Standby as StandbySpec
 
 from ..ops import standby as ops
 from ..ops.runstate import attempt_log_name
@@ -26,9 +33,24 @@ from . import procs
 LOG_NAME = "standby.log"
 
 
+@dataclass(frozen=True)
+class KeeperInputs:
+    run_dir: str
+    python: str                                   # the deployed env's interpreter
+    spec: StandbySpec                             # on/off, the env given to the standby only
+    thresholds: Thresholds                        # standby_wait_s, standby_early_cpus
+    config: Callable[[], Mapping[str, Any]]       # the flat config in force
+    attempt_env: Callable[[int], dict[str, str]]  # attempt n's env (the source's)
+    emit: Callable[[events.Event], Any]
+    save: Callable[[], None]                      # write state.json
+    record_pid: Callable[[int | None], None]      # state.json's standby_pid
+    byo: bool = False     # the source is a foreign command (only the bundled trainer preloads)
+    group: bool = False   # the role is one node of several (torchrun)
+
+
 class Keeper:
-    def __init__(self, sup: Any):
-        self.sup = sup
+    def __init__(self, inputs: KeeperInputs):
+        self.i = inputs
         self.proc: subprocess.Popen | None = None
         self.info: ops.Standby | None = None
         self._ready_fd: int | None = None
@@ -37,8 +59,8 @@ class Keeper:
 
     # --- what the supervisor asks -----------------------------------------------------------
     def enabled(self) -> bool:
-        spec = self.sup.spec
-        return spec.standby.enabled and spec.own is None and self.sup.group is None
+        i = self.i
+        return i.spec.enabled and not i.byo and not i.group
 
     def pids(self) -> list[int]:
         """The standby and its children (never killed as an attempt's leftovers)."""
@@ -52,39 +74,40 @@ class Keeper:
             cpus = len(os.sched_getaffinity(0))  # an LXC cpuset limits this, not os.cpu_count()
         except (AttributeError, OSError):
             cpus = os.cpu_count()
-        return ops.start_with_attempt(cpus, float(self.sup.t.standby_early_cpus))
+        return ops.start_with_attempt(cpus, float(self.i.thresholds.standby_early_cpus))
 
     def on_train(self, n: int) -> None:
         """Attempt n reached training: start the standby for attempt n+1 (once)."""
         if self.proc is not None or self._for == n + 1 or not self.enabled():
             return
         self._for = n + 1                # one try per attempt, even when it cannot start
-        cfg = self.sup._config()
+        i = self.i
+        cfg = i.config()
         if str(cfg.get("parallel.layout") or "single") not in ops.LAYOUTS:
             return
-        env = self.sup._attempt_env(n + 1)
-        env.update(self.sup.spec.standby.env)
-        python = self.sup.spec.identity.python
+        env = i.attempt_env(n + 1)
+        env.update(i.spec.env)
+        python = i.python
         r, w = os.pipe()
         os.set_blocking(r, False)
         try:
-            with open(self.sup._p(LOG_NAME), "ab") as logf:
+            with open(os.path.join(i.run_dir, LOG_NAME), "ab") as logf:
                 self.proc = subprocess.Popen(
                     ops.standby_argv(python, w, ops.preload_for(cfg)), stdin=subprocess.PIPE,
-                    stdout=logf, stderr=logf, env=env, cwd=self.sup.run_dir,
+                    stdout=logf, stderr=logf, env=env, cwd=i.run_dir,
                     start_new_session=True, preexec_fn=procs.set_pdeathsig, pass_fds=(w,))
         except OSError as e:
             os.close(r)
-            self.sup.emit(events.StandbyDiscarded(attempt=n + 1, reason=f"could not start: {e}"))
+            i.emit(events.StandbyDiscarded(attempt=n + 1, reason=f"could not start: {e}"))
             return
         finally:
             os.close(w)
         self._ready_fd, self._buf = r, b""
         self.info = ops.Standby(pid=self.proc.pid, python=python, env=env,
                                 started_at=time.time(), env_dir=_env_dir(python))
-        self.sup.state.standby_pid = self.proc.pid
-        self.sup.emit(events.StandbyStart(attempt=n + 1, pid=self.proc.pid))
-        self.sup.save()
+        i.record_pid(self.proc.pid)
+        i.emit(events.StandbyStart(attempt=n + 1, pid=self.proc.pid))
+        i.save()
 
     def importing(self) -> bool:
         """A standby is alive and still importing (ops.standby.importing)."""
@@ -109,9 +132,9 @@ class Keeper:
                 except (ValueError, KeyError) as e:
                     rd = ops.Ready(0.0, error=f"unreadable ready line: {e}")
                 self.info.ready, self.info.import_s = True, rd.import_s
-                self.sup.emit(events.StandbyReady(pid=self.proc.pid, import_s=rd.import_s,
-                                                  modules=len(rd.modules), niced=rd.niced,
-                                                  error=rd.error))
+                self.i.emit(events.StandbyReady(pid=self.proc.pid, import_s=rd.import_s,
+                                                modules=len(rd.modules), niced=rd.niced,
+                                                error=rd.error))
         if self.info.alive and self.proc.poll() is not None:
             self.info.alive = False
 
@@ -121,17 +144,16 @@ class Keeper:
         serve is killed, with a ``standby_discarded`` event)."""
         if self.proc is None or self.info is None:
             return None
-        wait = float(self.sup.t.standby_wait_s)
+        i = self.i
+        wait = float(i.thresholds.standby_wait_s)
         end = time.monotonic() + wait
         self.poll()
         while wait > 0 and not self.info.ready and self.info.alive and time.monotonic() < end:
             time.sleep(0.1)
             self.poll()
-        cfg = self.sup._config()
-        why_not = ops.ineligible(argv, byo=self.sup.spec.own is not None,
-                                 group=self.sup.group is not None,
-                                 layout=cfg.get("parallel.layout"))
-        python = self.sup.spec.identity.python
+        why_not = ops.ineligible(argv, byo=i.byo, group=i.group,
+                                 layout=i.config().get("parallel.layout"))
+        python = i.python
         d = ops.decide(self.info, python=python, env=env, argv=argv,
                        why_not=why_not, env_dir=_env_dir(python))
         if not d.use:
@@ -147,10 +169,10 @@ class Keeper:
             self.discard(f"it did not take the attempt: {e}", attempt=n)
             return None
         self.proc = self.info = None
-        self.sup.state.standby_pid = None
-        self.sup.emit(events.StandbyUsed(attempt=n, pid=proc.pid, import_s=info.import_s,
-                                         age_s=round(time.time() - info.started_at, 3),
-                                         log=attempt_log_name(n)))
+        i.record_pid(None)
+        i.emit(events.StandbyUsed(attempt=n, pid=proc.pid, import_s=info.import_s,
+                                  age_s=round(time.time() - info.started_at, 3),
+                                  log=attempt_log_name(n)))
         return proc
 
     def discard(self, reason: str, *, attempt: int | None = None) -> None:
@@ -174,8 +196,8 @@ class Keeper:
             os.close(self._ready_fd)
             self._ready_fd = None
         self.proc = self.info = None
-        self.sup.state.standby_pid = None
-        self.sup.emit(events.StandbyDiscarded(attempt=attempt, pid=proc.pid, reason=reason))
+        self.i.record_pid(None)
+        self.i.emit(events.StandbyDiscarded(attempt=attempt, pid=proc.pid, reason=reason))
 
 
 def _env_dir(python: str) -> str:

@@ -1,24 +1,27 @@
 """Watching one attempt: read its log by byte offset, feed the watchdog, sample the process
 tree and the host, and execute the watchdog's actions (dump stacks, SIGTERM, kill, record a
-throughput drop). Mixed into :class:`~orchestrator.supervisor.core.Supervisor`, which owns
-the state, the events and the decisions between attempts."""
+throughput drop). :class:`AttemptWatch` is given what it needs (:class:`WatchInputs`): the
+run's record, the stop request, the source's step pattern, the standby keeper, the role's
+hooks; the supervisor owns the decisions between attempts."""
 
 from __future__ import annotations
 
-import dataclasses
 import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Protocol
 
 from dfo_contract import events
+from dfo_contract.runlimits import Thresholds
 
 from ..ops import watchdog as wd
 from ..ops.byo import compile_step_pattern
 from ..ops.classify import LineScan, TailScan
 from ..ops.host_load import HostSample, judge_drop, settled
-from . import group, hostprobe, procs
+from . import hostprobe, procs
 from .lines import read_lines
+from .record import RunRecord, Stop
 from .stacks import dump_stacks
 
 #: how often the attempt's tree and the host are sampled, and how far back a throughput
@@ -46,7 +49,7 @@ class Outcome:
     #: a throughput drop whose host judgement waits for the samples after it
     #: (ops.host_load.settled): (reason, monotonic t, wall t)
     low_pending: tuple[str, float, float] | None = None
-    #: a multi-node run (supervisor.group): another node's abort, the lost nodes
+    #: a multi-node run (supervisor.group's role): another node's abort, the lost nodes
     #: [(index, silent s)], whether this node aborted first, when to SIGKILL
     peer_abort: str | None = None
     lost: list | None = None
@@ -56,32 +59,55 @@ class Outcome:
     store_next: float = 0.0
 
 
-class AttemptWatch:
-    """The attempt-watching half of the supervisor (needs ``state``, ``t``, ``spec``,
-    ``run_dir``, ``stop_reason``, ``emit``, ``save``, ``_config``)."""
+class StandbyView(Protocol):
+    """What the watch asks of the standby keeper (supervisor.standby.Keeper)."""
 
-    def _watch(self, n: int, proc: subprocess.Popen, log_path: str) -> Outcome:
+    def early(self) -> bool: ...
+    def on_train(self, n: int) -> None: ...
+    def poll(self) -> None: ...
+    def importing(self) -> bool: ...
+    def pids(self) -> list[int]: ...
+
+
+@dataclass(frozen=True)
+class WatchInputs:
+    run_dir: str
+    python: str                          # the env's interpreter (stack dumps)
+    thresholds: Thresholds               # this node's (the role's)
+    record: RunRecord                    # state.json and events.jsonl
+    stop: Stop
+    config: Callable[[], Mapping[str, Any]]   # the flat config in force
+    step_pattern: str | None             # the source's step lines (None: @dfo markers)
+    cpu_is_progress: bool                # the source's trainer prints no heartbeats
+    standby: StandbyView
+    #: the role's hooks: once per poll (n, proc, out, dog, now); once the tree is gone
+    tick: Callable[[int, subprocess.Popen, "Outcome", wd.Watchdog, float], None]
+    after: Callable[[int, "Outcome"], None]
+
+
+class AttemptWatch:
+    """Watches attempts, one at a time (:meth:`watch`)."""
+
+    def __init__(self, inputs: WatchInputs):
+        self.i = inputs
+
+    def watch(self, n: int, proc: subprocess.Popen, log_path: str) -> Outcome:
         """Read the attempt's new lines, feed them to the watchdog, do what it says."""
+        i, state, sb = self.i, self.i.record.state, self.i.standby
         t0 = time.monotonic()
-        base = self.state.baseline_tokens_per_s
-        own = self.spec.own
-        t = self.t
-        if self.group is not None and not self.group.is_head:
-            # the main rank (its markers) runs on the head: the head judges hangs; a peer
-            # judges only its own process (exit, fatal lines, OOM)
-            t = dataclasses.replace(t, warmup_s=1e12, train_s=1e12, hang_s=0.0)
-        dog = wd.Watchdog(t, now=t0,
-                          baseline=base if self.state.baseline_overrides == self.state.overrides
+        base = state.baseline_tokens_per_s
+        dog = wd.Watchdog(i.thresholds, now=t0,
+                          baseline=base if state.baseline_overrides == state.overrides
                           else None,
-                          dense_expected=str(self._config().get("model.attention", ""))
+                          dense_expected=str(i.config().get("model.attention", ""))
                           == "flex-eager",   # uncompiled flex on purpose
-                          step_pattern=compile_step_pattern(own.step_pattern if own else None),
-                          cpu_is_progress=own is not None)
+                          step_pattern=compile_step_pattern(i.step_pattern),
+                          cpu_is_progress=i.cpu_is_progress)
         out = Outcome(scan=dog.scan)
-        poll = float(self.t.poll_s)
+        poll = float(i.thresholds.poll_s)
         offset = 0
         next_sample = t0
-        early = self.standby.early()
+        early = sb.early()
         while True:
             rc = proc.poll()
             # new output (read once more after the process exited: its last lines)
@@ -90,10 +116,10 @@ class AttemptWatch:
             for ln in lines:
                 self._act(n, proc, log_path, out, dog.feed(ln.text, now), exited=rc is not None)
             if rc is None and (dog.reached_train or early):
-                self.standby.on_train(n)     # the next attempt's interpreter (once)
-            self.standby.poll()
+                sb.on_train(n)     # the next attempt's interpreter (once)
+            sb.poll()
             # the standby's imports slow this attempt: not its healthy baseline, not a collapse
-            dog.monitor.paused = self.standby.importing()
+            dog.monitor.paused = sb.importing()
             if rc is not None:
                 out.exit_code = rc if rc >= 0 else None
                 out.signal = -rc if rc < 0 else None
@@ -105,25 +131,23 @@ class AttemptWatch:
                 if out.low_pending is not None and settled(out.host, out.low_pending[1]):
                     self._judge_low(n, proc.pid, out)
             acts: list[wd.Action] = []
-            if self.coord is not None:
-                group.tick(self, n, proc, out, dog, now)
-            if self.stop_reason and not out.stopped:
+            i.tick(n, proc, out, dog, now)
+            if i.stop.reason and not out.stopped:
                 out.stopped = True
-                self.state.status = "stopping"
-                self.emit(events.Stopping(attempt=n, reason=self.stop_reason))
-                self.save()
+                state.status = "stopping"
+                i.record.emit(events.Stopping(attempt=n, reason=i.stop.reason))
+                i.record.save()
                 acts += dog.stop(now)
             self._act(n, proc, log_path, out, acts + dog.tick(now), exited=False)
             time.sleep(poll)
         if out.low_pending is not None:      # the attempt ended first: judge what was seen
             self._judge_low(n, proc.pid, out)
         # the tree: nothing of this attempt may outlive it
-        left = procs.processes_of_run(self.run_dir, exclude=self.standby.pids())
+        left = procs.processes_of_run(i.run_dir, exclude=sb.pids())
         if left:
             procs.signal_all(left, signal.SIGKILL)
             procs.wait_gone(left, 5)
-        if self.coord is not None:
-            group.after_watch(self, n, out)
+        i.after(n, out)
         end = time.monotonic()
         out.hang, out.collapse, out.reached_train = dog.hang, dog.collapse, dog.reached_train
         out.duration_s = end - t0
@@ -157,51 +181,53 @@ class AttemptWatch:
         out.low_pending = None
         found = judge_drop(out.host, t_drop, gpu_apps=hostprobe.gpu_apps(),
                            our_pids=set(procs.descendants(pid)) | {pid})
-        self.state.throughput_low = {"cause": found.cause, "summary": found.summary,
-                                     "since": since, "attempt": n, "reason": reason}
-        self.emit(events.ThroughputLow(attempt=n, reason=reason, cause=found.cause,
-                                       causes=list(found.causes), seen=dict(found.seen),
-                                       summary=found.summary))
-        self.save()
+        rec = self.i.record
+        rec.state.throughput_low = {"cause": found.cause, "summary": found.summary,
+                                    "since": since, "attempt": n, "reason": reason}
+        rec.emit(events.ThroughputLow(attempt=n, reason=reason, cause=found.cause,
+                                      causes=list(found.causes), seen=dict(found.seen),
+                                      summary=found.summary))
+        rec.save()
 
     def _act(self, n: int, proc: subprocess.Popen, log_path: str, out: Outcome,
              actions: list[wd.Action], *, exited: bool) -> None:
         """Execute the watchdog's actions; signals only while the process has not exited
         (its pid may be reused once it is reaped)."""
+        rec = self.i.record
+        st = rec.state
         for a in actions:
             if isinstance(a, wd.Step):
-                self.state.last_step, self.state.tokens_per_s = a.step, a.tokens_per_s
-                if a.baseline and not self.state.baseline_tokens_per_s:
-                    self.state.baseline_tokens_per_s = a.baseline
-                    self.state.baseline_overrides = dict(self.state.overrides)
-                self.save()
+                st.last_step, st.tokens_per_s = a.step, a.tokens_per_s
+                if a.baseline and not st.baseline_tokens_per_s:
+                    st.baseline_tokens_per_s = a.baseline
+                    st.baseline_overrides = dict(st.overrides)
+                rec.save()
             elif isinstance(a, wd.Checkpoint):
-                self.state.last_checkpoint = {"step": a.step, "path": a.path}
-                self.emit(events.Checkpoint(attempt=n, step=a.step, path=a.path))
-                self.save()
+                st.last_checkpoint = {"step": a.step, "path": a.path}
+                rec.emit(events.Checkpoint(attempt=n, step=a.step, path=a.path))
+                rec.save()
             elif isinstance(a, wd.Eval):
-                self.state.accept_len, self.state.best_accept_len = a.accept_len, a.best_accept_len
-                self.emit(events.Eval(attempt=n, step=a.step, accept_len=a.accept_len,
-                                      best_accept_len=a.best_accept_len))
-                self.save()
+                st.accept_len, st.best_accept_len = a.accept_len, a.best_accept_len
+                rec.emit(events.Eval(attempt=n, step=a.step, accept_len=a.accept_len,
+                                     best_accept_len=a.best_accept_len))
+                rec.save()
             elif isinstance(a, wd.Warn):
-                self.emit(events.Watchdog(attempt=n, reason=a.reason))
+                rec.emit(events.Watchdog(attempt=n, reason=a.reason))
             elif isinstance(a, wd.ThroughputLow):
                 self._throughput_low(proc.pid, out, a.reason)
             elif isinstance(a, wd.ThroughputOk):
                 if out.low_pending is not None:   # recovered before the window was full
                     self._judge_low(n, proc.pid, out)
-                self.state.throughput_low = None
-                self.emit(events.ThroughputOk(attempt=n, reason=a.reason))
-                self.save()
+                st.throughput_low = None
+                rec.emit(events.ThroughputOk(attempt=n, reason=a.reason))
+                rec.save()
             elif exited:
                 continue
             elif isinstance(a, wd.Terminate):
                 procs.signal_all([proc.pid], signal.SIGTERM)
             elif isinstance(a, wd.DumpStacks):
-                out.stacks = dump_stacks(self.run_dir, n, proc.pid, log_path,
-                                         self.spec.identity.python)
-                self.emit(events.Stacks(attempt=n, files=out.stacks))
+                out.stacks = dump_stacks(self.i.run_dir, n, proc.pid, log_path, self.i.python)
+                rec.emit(events.Stacks(attempt=n, files=out.stacks))
             elif isinstance(a, wd.Kill):
-                procs.kill_tree(proc.pid, self.run_dir, sig=signal.SIGKILL,
-                                exclude=self.standby.pids())
+                procs.kill_tree(proc.pid, self.i.run_dir, sig=signal.SIGKILL,
+                                exclude=self.i.standby.pids())

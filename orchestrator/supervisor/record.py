@@ -1,0 +1,82 @@
+"""What the supervisor's parts share while a run lives: the run's record (``state.json``
+and ``events.jsonl``, written only through :class:`RunRecord`), the stop request
+(:class:`Stop`) and the host's ``run.lock`` (:class:`RunLock`)."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+
+from dfo_contract import events
+
+from ..ops import runstate as rs
+from ..ops.runstate import RunState
+from . import runfiles
+
+
+class RunRecord:
+    """The run's ``state.json`` and ``events.jsonl``. ``state`` is the one live
+    :class:`RunState` every part reads and updates; :meth:`save` writes it, :meth:`emit`
+    appends an event (and prints it on the supervisor's stdout)."""
+
+    def __init__(self, run_dir: str, state: RunState):
+        self.run_dir = run_dir
+        self.state = state
+
+    def path(self, *parts: str) -> str:
+        return os.path.join(self.run_dir, *parts)
+
+    def save(self) -> None:
+        self.state.updated_at = time.time()
+        runfiles.write_state(self.run_dir, self.state)
+
+    def emit(self, event: events.Event) -> events.Event:
+        runfiles.append_event(self.path(rs.EVENTS_FILE), event)
+        self.state.last_event = event.describe()
+        print(f"dfo-supervisor: {self.state.last_event}", flush=True)
+        return event
+
+
+class Stop:
+    """Why the run is to stop (None: it is not): a signal to the supervisor, or a stop
+    another node of the group asked for. The first reason given stays."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+
+    def request(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+
+
+class RunLock:
+    """``locks/run.lock``: held (``flock``) by the live run's supervisor, its content the run
+    id. The fd is close-on-exec, so no child (attempt, standby, ``run_first`` command)
+    holds the lock after the supervisor let it go."""
+
+    def __init__(self, path: str, run_id: str):
+        self.path = path
+        self.run_id = run_id
+        self.fd: int | None = None
+
+    def take(self) -> str | None:
+        """None once held; else who holds it (its content, or "another run")."""
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = os.pread(fd, 200, 0).decode("utf-8", "replace").strip()
+            os.close(fd)
+            return owner or "another run"
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (self.run_id + "\n").encode(), 0)
+        self.fd = fd
+        return None
+
+    def release(self) -> None:
+        """Give the lock back (once; a no-op when it is not held)."""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None

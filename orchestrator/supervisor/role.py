@@ -1,0 +1,125 @@
+"""This node's part in its run (spec ``role``), chosen once when the supervisor starts:
+:class:`Solo` (a run on one host: every hook does nothing), or one node of a run over
+several nodes (``supervisor.group``: ``GroupHead``, ``GroupMember``).
+
+The supervisor calls the role's hooks at fixed points of its attempt loop and its watch;
+the :class:`Role` protocol lists them. A role drives the run through :meth:`Role.run`: the
+solo run and the head run the supervisor's attempt loop (:class:`Driver`), a member waits
+for the head's plans instead.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Mapping, Protocol
+
+from dfo_contract.runlimits import Thresholds
+
+from ..ops.classify import Diagnosis
+from ..ops.launch_argv import Rendezvous
+
+if TYPE_CHECKING:   # the watch's types: supervisor.watch imports nothing of the roles
+    from ..ops.watchdog import Watchdog
+    from .watch import Outcome
+
+#: how the run ends: (status, reason) for ``Driver.final``
+Ending = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class Placement:
+    """This node's part of attempt N (the bundled trainer): the checkpoint it resumes,
+    torchrun's rendezvous, the env it adds and its processes (None: as the layout says)."""
+    resume: str | None
+    rdzv: Rendezvous | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    nproc: int | None = None
+
+
+class Driver(Protocol):
+    """What a role drives: the supervisor's attempt loop and its steps."""
+
+    def loop(self) -> int: ...
+    def run_attempt(self, n: int) -> "Outcome": ...
+    def restore_cache(self, n: int) -> None: ...
+    def final(self, status: str, reason: str, evidence: list | None = None) -> int: ...
+
+
+class Role(Protocol):
+    #: one node of several (torchrun; never served by a standby)
+    multinode: bool
+
+    def open(self) -> None:
+        """The run starts (its state saved as running)."""
+
+    def run(self, driver: Driver) -> int:
+        """Drive the run to its end."""
+
+    def thresholds(self, t: Thresholds) -> Thresholds:
+        """The watchdog's limits on this node."""
+
+    def place(self, n: int, find_resume: Callable[[], str | None]) -> Placement:
+        """This node's part of attempt N; ``find_resume`` is the source's checkpoint."""
+
+    def tick(self, n: int, proc: subprocess.Popen, out: "Outcome", dog: "Watchdog",
+             now: float) -> None:
+        """Once per poll of the watch."""
+
+    def after_watch(self, n: int, out: "Outcome") -> None:
+        """Attempt N's process tree is gone."""
+
+    def settle(self, n: int, out: "Outcome", diag: Diagnosis) -> tuple[Diagnosis, Ending | None]:
+        """Attempt N ended and was classified here: the run's diagnosis, and how the run
+        ends when that is already decided."""
+
+    def sync_stop(self) -> None:
+        """While waiting between attempts: pass a stop on, or take one from elsewhere."""
+
+    def on_restart(self, n: int, fallback: object, restart: object) -> None:
+        """The run restarts after attempt N (``Fallback`` and ``Restart`` events)."""
+
+    def on_final(self, status: str, reason: str) -> None:
+        """The run ends; the run lock is still held."""
+
+    def release(self) -> None:
+        """Let go of what the role holds (once; before the final status is written)."""
+
+
+class Solo:
+    """A run on one host."""
+    multinode = False
+
+    def open(self) -> None:
+        pass
+
+    def run(self, driver: Driver) -> int:
+        return driver.loop()
+
+    def thresholds(self, t: Thresholds) -> Thresholds:
+        return t
+
+    def place(self, n: int, find_resume: Callable[[], str | None]) -> Placement:
+        return Placement(find_resume())
+
+    def tick(self, n: int, proc: subprocess.Popen, out: "Outcome", dog: "Watchdog",
+             now: float) -> None:
+        pass
+
+    def after_watch(self, n: int, out: "Outcome") -> None:
+        pass
+
+    def settle(self, n: int, out: "Outcome", diag: Diagnosis) -> tuple[Diagnosis, Ending | None]:
+        return diag, None
+
+    def sync_stop(self) -> None:
+        pass
+
+    def on_restart(self, n: int, fallback: object, restart: object) -> None:
+        pass
+
+    def on_final(self, status: str, reason: str) -> None:
+        pass
+
+    def release(self) -> None:
+        pass

@@ -1,0 +1,169 @@
+"""Where an attempt comes from: the run's trainer (spec ``trainer``), chosen once by
+:func:`source_for`.
+
+- :class:`BundledSource`: ``python -m trainer train`` through the shim; it resumes the
+  newest verified checkpoint of this run, takes its part of a multi-node run from the role
+  (``role.Placement``) and falls back over ``spec.ladders`` (``ops.fallback.next_config``).
+- :class:`OwnSource`: a foreign command (``dfo launch -- CMD ARGS...``); it resumes what the
+  run file's glob finds, runs a ladder step's ``run_first`` commands before the attempt and
+  falls back over ``spec.own.fallbacks`` (``ops.byo.next_step``).
+
+A source decides; it keeps no state of its own (the run's state comes in).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Protocol, Union
+
+from dfo_contract import events
+from dfo_contract.checkpoints import newest_of_run
+from dfo_contract.runspec import Bundled, Own, RunSpec
+
+from ..ops import byo as byo_ops
+from ..ops.fallback import Choice, next_config
+from ..ops.launch_argv import attempt_env, ddp_nproc, trainer_argv
+from ..ops.runstate import RunState
+from . import byo as byo_sup
+from .role import Role
+
+Emit = Callable[[events.Event], Any]
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One attempt's process: its argv, env and directory, the checkpoint it resumes, and
+    the commands to run before it (a foreign trainer's ``run_first``)."""
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    resume: str | None
+    first: list[list[str]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class OwnChoice:
+    """A foreign command's ladder choice, shaped like ``ops.fallback.Choice``."""
+    step: str | None
+    overrides: dict
+    position: int
+    changed: dict
+    restore_cache: bool
+    exhausted: bool
+    spent: str
+
+
+class AttemptSource(Protocol):
+    #: a foreign command (never preloaded by a standby)
+    foreign: bool
+    #: the watchdog's step-line pattern (None: the trainer's ``@dfo`` markers)
+    step_pattern: str | None
+    #: CPU time of the process tree counts as progress (a trainer without heartbeats)
+    cpu_is_progress: bool
+
+    def config(self, overrides: Mapping[str, Any]) -> dict[str, Any]: ...
+    def attempt_env(self, n: int) -> dict[str, str]: ...
+    def launch(self, n: int, state: RunState, role: Role) -> Launch: ...
+    def run_first(self, n: int, launch: Launch, log_path: str, timeout: float) -> None: ...
+    def next_choice(self, cls: str, position: int,
+                    overrides: Mapping[str, Any]) -> Union[Choice, OwnChoice]: ...
+
+
+class _Source:
+    """What both sources share: the spec, the run dir and the attempt's base env."""
+    foreign = False
+    step_pattern: str | None = None
+    cpu_is_progress = False
+    fault: str | None = None
+
+    def __init__(self, spec: RunSpec, run_dir: str, emit: Emit):
+        self.spec = spec
+        self.run_dir = run_dir
+        self.emit = emit
+
+    def config(self, overrides: Mapping[str, Any]) -> dict[str, Any]:
+        return self.spec.config.merged(overrides)
+
+    def attempt_env(self, n: int) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(attempt_env(self.spec.cache.env, attempt=n, run_dir=self.run_dir,
+                               fault=self.fault, run_id=self.spec.identity.run_id))
+        return env
+
+    def run_first(self, n: int, launch: Launch, log_path: str, timeout: float) -> None:
+        if launch.first:
+            ok, why = byo_sup.run_first(launch.first, launch.env, launch.cwd, log_path,
+                                        timeout=timeout)
+            self.emit(events.RunFirst(attempt=n, commands=launch.first, ok=ok, detail=why))
+
+
+class BundledSource(_Source):
+    def __init__(self, spec: RunSpec, trainer: Bundled, run_dir: str, emit: Emit):
+        super().__init__(spec, run_dir, emit)
+        self.fault = trainer.fault
+
+    def resume_target(self, state: RunState) -> str | None:
+        """Once this run has saved a checkpoint: the newest one whose manifest verifies and
+        names this run (torn/corrupt ones are skipped and reported; another run's are never
+        taken, even when newer). Else: exactly the checkpoint launch was given (--resume),
+        else None (from scratch)."""
+        spec = self.spec
+        if not state.last_checkpoint:
+            return spec.resume.path  # this run saved nothing yet: what launch was given
+        info, skipped = newest_of_run(spec.resume.checkpoint_dir, spec.identity.run_id)
+        for c in skipped:
+            self.emit(events.Watchdog(attempt=state.attempt + 1,
+                                      reason=f"skipping checkpoint {c.name}: {c.reason}"))
+        return (info.path if info else None) or spec.resume.path
+
+    def launch(self, n: int, state: RunState, role: Role) -> Launch:
+        spec = self.spec
+        cfg = self.config(state.overrides)
+        at = role.place(n, lambda: self.resume_target(state))
+        env = self.attempt_env(n)
+        env.update(at.env)
+        argv = trainer_argv(spec.identity.python, spec.config.path, state.overrides,
+                            run_dir=self.run_dir, checkpoint_dir=spec.resume.checkpoint_dir,
+                            resume=at.resume, layout=cfg.get("parallel.layout"),
+                            nproc=at.nproc if at.nproc is not None else ddp_nproc(cfg),
+                            rdzv=at.rdzv)
+        return Launch(argv, env, self.run_dir, at.resume)
+
+    def next_choice(self, cls: str, position: int, overrides: Mapping[str, Any]) -> Choice:
+        ladder = list(self.spec.ladders.get(cls, ()))
+        return next_config(cls, ladder, position, dict(self.spec.config.base), dict(overrides))
+
+
+class OwnSource(_Source):
+    foreign = True
+    cpu_is_progress = True
+
+    def __init__(self, spec: RunSpec, own: Own, run_dir: str, emit: Emit):
+        super().__init__(spec, run_dir, emit)
+        self.own = own
+        self.step_pattern = own.step_pattern
+
+    def launch(self, n: int, state: RunState, role: Role) -> Launch:
+        own = self.own
+        changes = byo_ops.Changes.from_json(state.overrides)
+        resume = byo_sup.resume_target(own, self.run_dir,
+                                       since=float(state.started_at or 0) - 1.0) \
+            or self.spec.resume.path
+        env = byo_sup.env(own, self.spec.identity.python, changes, self.attempt_env(n))
+        return Launch(byo_sup.argv(own, changes, resume), env, byo_sup.cwd(own, self.run_dir),
+                      resume, list(changes.first))
+
+    def next_choice(self, cls: str, position: int, overrides: Mapping[str, Any]) -> OwnChoice:
+        ladder = list(self.own.fallbacks.get(cls, ()))
+        c = byo_ops.next_step(cls, ladder, position, byo_ops.Changes.from_json(overrides))
+        return OwnChoice(c.step, c.changes.to_json(), c.position, c.changed, False,
+                         c.exhausted,
+                         " -> ".join(byo_ops.describe_step(s) for s in ladder) or "empty")
+
+
+def source_for(spec: RunSpec, run_dir: str, emit: Emit) -> AttemptSource:
+    """The run's attempt source, from its spec's ``trainer``."""
+    tr = spec.trainer
+    return OwnSource(spec, tr, run_dir, emit) if isinstance(tr, Own) \
+        else BundledSource(spec, tr, run_dir, emit)
