@@ -33,6 +33,7 @@ lease is pruned by the next ``up``.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -48,6 +49,15 @@ from tests.helpers.shared import built_once, locked, run_dir, sources_key  # noq
 from tests.lab import Lab, LabInfo, LabUnavailable, Sshd  # noqa: E402
 from tests.lab.pair import Pair, PairInfo  # noqa: E402
 from tests.lab.procs import file_lock  # noqa: E402
+
+
+# A test run started in the background of a non-interactive shell (`bash .ci/run &`, nohup)
+# inherits SIGINT ignored, and so would every dfo a test starts: Python leaves an ignored
+# SIGINT ignored, and the tests that press Ctrl-C on dfo would wait for nothing. Ctrl-C
+# behaves in the tests as in a terminal: the default handler here, the default disposition
+# in every child (a handler does not survive exec).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _ci() -> bool:

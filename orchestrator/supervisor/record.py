@@ -53,23 +53,40 @@ class Stop:
 class RunLock:
     """``locks/run.lock``: held (``flock``) by the live run's supervisor, its content the run
     id. The fd is close-on-exec, so no child (attempt, standby, ``run_first`` command)
-    holds the lock after the supervisor let it go."""
+    holds the lock after the supervisor let it go.
 
-    def __init__(self, path: str, run_id: str):
+    Others take the lock for a moment only: the launch probe tests it with
+    ``flock -n run.lock true`` (and polls so while a launch waits for its supervisor), and
+    deploy's switch holds it while it renames ``envs/current``. So a lock that is busy is
+    tried again for ``grace_s`` before it counts as another run's: only a live run holds it
+    that long."""
+
+    #: how long a busy run.lock is tried again before another run is taken to hold it
+    GRACE_S = 5.0
+    RETRY_S = 0.01
+
+    def __init__(self, path: str, run_id: str, *, grace_s: float = GRACE_S):
         self.path = path
         self.run_id = run_id
+        self.grace_s = grace_s
         self.fd: int | None = None
 
     def take(self) -> str | None:
         """None once held; else who holds it (its content, or "another run")."""
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            owner = os.pread(fd, 200, 0).decode("utf-8", "replace").strip()
-            os.close(fd)
-            return owner or "another run"
+        end = time.monotonic() + self.grace_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() < end:
+                    time.sleep(self.RETRY_S)
+                    continue
+                owner = os.pread(fd, 200, 0).decode("utf-8", "replace").strip()
+                os.close(fd)
+                return owner or "another run"
         os.ftruncate(fd, 0)
         os.pwrite(fd, (self.run_id + "\n").encode(), 0)
         self.fd = fd
