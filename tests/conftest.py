@@ -17,6 +17,7 @@ Built once per run and shared by every test, also across xdist workers (tests/he
   tiny_assets      a tiny real target + 256 synthetic samples (trainer's own tools)
   project_wheel    dfo's wheel of these sources (orchestrator.engine.wheel.build)
   cpu_wheelhouse   every wheel of the cpu lock + an older pyyaml (tests/helpers/wheelhouse.py)
+  _cxx_cache       (autouse) $CXX: a g++ that builds each distinct kernel once a run
 Define such fixtures here, never import one into a test module (pytest would register the
 copy per module and build it again there).
 
@@ -181,6 +182,23 @@ def tiny_assets(run_shared: Path) -> Path:
                        cwd=_REPO, timeout=300)
 
     return built_once(run_shared, "tiny", sources_key(), build)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _cxx_cache(run_shared: Path):
+    """Inductor's C++ builds through the run's caching g++ (tests/helpers/cxx_cache.py): a
+    kernel source compiled once in the run is not compiled again by another test."""
+    from tests.helpers.cxx_cache import install
+
+    path = install(run_shared)
+    if path is None:
+        yield None
+        return
+    os.environ["CXX"] = path
+    try:
+        yield path
+    finally:
+        os.environ.pop("CXX", None)
 
 
 @pytest.fixture(scope="session")
