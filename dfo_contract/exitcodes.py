@@ -9,6 +9,7 @@ code  meaning
 4     checkpoint error (resume target missing, torn or corrupt)
 5     fatal runtime error (any uncaught exception: OOM, the FX race, NaN loss, ...)
 6     interrupted by SIGTERM/SIGINT after saving a checkpoint
+7     disk full (a checkpoint did not fit; names the filesystem and the space it needs)
 ====  ==========================================================================
 
 This table is the trainer's, not dfo's: dfo's own exit codes (``orchestrator.errors``)
@@ -26,6 +27,7 @@ DATA_ERROR = 3
 CHECKPOINT_ERROR = 4
 FATAL = 5
 INTERRUPTED = 6
+DISK_FULL = 7
 
 TABLE: dict[int, str] = {
     DONE: "done (max_steps reached)",
@@ -34,6 +36,7 @@ TABLE: dict[int, str] = {
     CHECKPOINT_ERROR: "checkpoint error (resume target missing/corrupt)",
     FATAL: "fatal runtime error",
     INTERRUPTED: "interrupted by SIGTERM/SIGINT after saving a checkpoint",
+    DISK_FULL: "disk full (a checkpoint did not fit)",
 }
 
 
@@ -67,6 +70,14 @@ class CheckpointError(TrainerError):
     """A resume target is missing, torn or corrupt."""
 
     exit_code = CHECKPOINT_ERROR
+
+
+class DiskFullError(TrainerError):
+    """The filesystem of the checkpoint directory is full (ENOSPC, or over quota): no
+    restart can help until space is freed. The message starts ``disk full:`` and names the
+    filesystem, what is free and what the checkpoint needs."""
+
+    exit_code = DISK_FULL
 
 
 class NonFiniteLoss(RuntimeError):

@@ -231,3 +231,11 @@ def append_jsonl(path: str | os.PathLike, rec: Any, *, mode: int = 0o644) -> Non
             view = view[os.write(fd, view):]
     finally:
         os.close(fd)
+
+
+def human_bytes(n: int) -> str:
+    """A byte count for people: ``1.5 GiB``, ``212.0 MiB``, ``640 B``."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"

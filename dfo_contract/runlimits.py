@@ -103,6 +103,7 @@ DEFAULT_PER_CLASS: dict[str, int] = {
     "oom": 6,
     "nccl_timeout": 5,
     "nan_loss": 3,
+    "disk_full": 0,   # permanent: the run stops at once
     "crash": 3,
 }
 

@@ -113,7 +113,30 @@ def test_incremental_scan_equals_batch():
 
 def test_classes_cover_the_issue():
     assert set(CLASSES) == {"fx_trace_race", "compile_hang", "dense_fallback", "oom",
-                            "nccl_timeout", "nan_loss", "crash", "done"}
+                            "nccl_timeout", "nan_loss", "disk_full", "crash", "done"}
+
+
+DISK_FULL_LINE = ("trainer: disk full: the filesystem at /mnt/ck is full (12.0 KiB free); "
+                  "checkpoint step_50 in /mnt/ck/r needs 1.5 GiB (free space there or set "
+                  "checkpoint.dir to a larger filesystem, then resume)")
+
+
+def test_a_full_disk_is_its_own_permanent_class_named_by_the_trainers_line():
+    d = classify(["@dfo {\"kind\": \"step\", \"step\": 50}", DISK_FULL_LINE], exit_code=7)
+    assert d.cls == "disk_full" and d.permanent
+    assert d.reason == DISK_FULL_LINE[len("trainer: "):]
+    # ENOSPC anywhere else (a traceback of a metrics write): the same class, also over a
+    # crash-looking exit and beside another class's evidence
+    tb = ["Traceback (most recent call last):", "OSError: [Errno 28] No space left on device",
+          "Detected that you are using FX to symbolically trace a dynamo-optimized function"]
+    d = classify(tb, exit_code=5)
+    assert d.cls == "disk_full" and d.permanent and "fx_trace_race" in d.also
+    assert d.reason == "no-space-left in the output"
+    # the exit code alone (the log was lost)
+    d = classify([], exit_code=7)
+    assert d.cls == "disk_full" and d.permanent
+    # a full-disk line is no reason to kill a running attempt: its end decides
+    assert LineScan().feed("OSError: [Errno 122] Disk quota exceeded").live is False
 
 
 def test_throughput_monitor():

@@ -48,8 +48,9 @@ def test_emitter_writes_nan_as_null_and_step_fields(tmp_path):
 
 
 def test_exit_code_table():
-    assert exitcodes.TABLE[0].startswith("done") and set(exitcodes.TABLE) == {0, 2, 3, 4, 5, 6}
+    assert exitcodes.TABLE[0].startswith("done") and set(exitcodes.TABLE) == {0, 2, 3, 4, 5, 6, 7}
     assert exitcodes.exit_code_for(exitcodes.DataError("x")) == 3
+    assert exitcodes.exit_code_for(exitcodes.DiskFullError("x")) == 7
     assert exitcodes.exit_code_for(exitcodes.CheckpointError("x")) == 4
     assert exitcodes.exit_code_for(exitcodes.TrainerConfigError("x")) == 2
     assert exitcodes.exit_code_for(RuntimeError("x")) == 5

@@ -24,11 +24,14 @@ from dfo_contract.markers import PREFIX as MARKER
 from dfo_contract.markers import parse_marker
 
 CLASSES = ("fx_trace_race", "compile_hang", "dense_fallback", "oom", "nccl_timeout", "nan_loss",
-           "crash", "done")
+           "disk_full", "crash", "done")
 
 #: when several classes have evidence, the first in this order wins
-PRIORITY = ("fx_trace_race", "oom", "nccl_timeout", "nan_loss", "compile_hang", "dense_fallback",
-            "crash")
+PRIORITY = ("disk_full", "fx_trace_race", "oom", "nccl_timeout", "nan_loss", "compile_hang",
+            "dense_fallback", "crash")
+
+#: classes that no restart can help: the run stops at once and the reason says what to fix
+PERMANENT_CLASSES = frozenset({"disk_full"})
 
 #: classes only a multi-node run's node ends carry (``ops.group_decide``); not in CLASSES, so
 #: no ladder or budget names them: ``node_lost`` gives up at once (the fix is in the reason),
@@ -59,6 +62,13 @@ def _r(cls: str, name: str, rx: str, *, live: bool = True) -> Rule:
 
 
 RULES: tuple[Rule, ...] = (
+    # the trainer's own line for a checkpoint that did not fit (trainer.train.diskfull): it
+    # names the filesystem, what is free and what the checkpoint needs
+    _r("disk_full", "trainer-disk-full", r"\bdisk full: the filesystem at ", live=False),
+    # ENOSPC / EDQUOT anywhere else (a metrics file, a log, a compile cache); not acted on
+    # while the attempt runs (a cache write that failed is a warning): its end decides
+    _r("disk_full", "no-space-left", r"No space left on device|Disk quota exceeded",
+       live=False),
     # torch/_dynamo/eval_frame.py compile_wrapper, in any thread's traceback
     _r("fx_trace_race", "fx-symbolic-trace-of-dynamo-fn",
        r"Detected that you are using FX to symbolically trace a dynamo-optimized function"),
@@ -191,14 +201,21 @@ def classify(lines: Iterable[str] | LineScan, *, exit_code: int | None = None,
                 return c, "killed by the kernel's OOM killer (cgroup oom_kill rose)", ()
             if c in hits:
                 ev = tuple(hits[c])
+                if c == "disk_full":   # the trainer's own line says it all
+                    own = [e for e in ev if e.rule == "trainer-disk-full"]
+                    return c, _reason_line(own[-1].text) if own else \
+                        f"{ev[0].rule} in the output", ev
                 return c, f"{ev[0].rule} in the output", ev
+            if c == "disk_full" and exit_code == exitcodes.DISK_FULL:
+                return c, "trainer exit 7: disk full", ()
         return "", "", ()
 
     cls, reason, ev = pick()
     if cls:
         if cls == "dense_fallback" and collapse and "dense_fallback" in hits:
             reason = f"{reason}; throughput collapse: {collapse}"
-        return Diagnosis(cls, reason, ev, exit_code, signal, also=also)
+        return Diagnosis(cls, reason, ev, exit_code, signal, permanent=cls in PERMANENT_CLASSES,
+                         also=also)
 
     if exit_code in PERMANENT_EXITS:
         tail = _last_lines(scan, lines)
@@ -212,6 +229,11 @@ def classify(lines: Iterable[str] | LineScan, *, exit_code: int | None = None,
         what = "exit 6 (interrupted by a signal the supervisor did not send)"
     return Diagnosis("crash", f"the trainer ended with {what}", _last_lines(scan, lines),
                      exit_code, signal, also=also)
+
+
+def _reason_line(text: str) -> str:
+    """The trainer's error line without its ``trainer: `` prefix."""
+    return text.split("trainer: ", 1)[-1] if text.startswith("trainer: ") else text
 
 
 def _scan_all(lines: Iterable[str]) -> LineScan:

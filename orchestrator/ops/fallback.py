@@ -110,6 +110,7 @@ DEFAULT_LADDERS: dict[str, list[str]] = {
     "oom": ["halve_micro_batch*", "halve_anchors*"],
     "nan_loss": ["same", "halve_lr*"],
     "nccl_timeout": [],
+    "disk_full": [],      # permanent (ops.classify.PERMANENT_CLASSES): no restart
     "crash": [],
 }
 

@@ -11,17 +11,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from dfo_contract.fsio import human_bytes  # noqa: F401 (dfo's one formatter of byte counts)
+
 _UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
 _DOWNLOADING = re.compile(r"^\s*Downloading (?P<name>\S+) \((?P<num>[\d.]+)(?P<unit>[KMGT]?i?B)\)\s*$")
 _DOWNLOADED = re.compile(r"^\s*Downloaded (?P<name>\S+)\s*$")
 _PHASE = re.compile(r"^\s*(?P<what>Resolved|Prepared|Installed|Uninstalled) (?P<n>\d+) packages?\b")
-
-
-def human_bytes(n: int) -> str:
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
 
 
 @dataclass

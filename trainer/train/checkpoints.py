@@ -25,6 +25,8 @@ from dfo_contract import checkpoints as cm
 from dfo_contract.exitcodes import CheckpointError
 from dfo_contract.fsio import fsync_dir, replace_dir
 
+from . import diskfull
+
 log = logging.getLogger("dfo")
 
 
@@ -51,8 +53,8 @@ def save(root: str, step: int, *, drafter, optimizer, scheduler, data_state: dic
          config_yaml: str, keep: int | None = None, extra: dict | None = None,
          run_id: str | None = None, attempt: int | None = None) -> str:
     """Write ``root/step_<step>`` atomically; prune to the newest ``keep`` (of run ``run_id``
-    when given). The manifest records ``run_id``/``attempt``. Returns its path."""
-    import torch
+    when given). The manifest records ``run_id``/``attempt``. Returns its path. A save that
+    runs out of space removes what it wrote and raises ``DiskFullError`` (trainer.train.diskfull)."""
     from safetensors.torch import save_file
 
     os.makedirs(root, exist_ok=True)
@@ -60,22 +62,28 @@ def save(root: str, step: int, *, drafter, optimizer, scheduler, data_state: dic
     tmp = os.path.join(root, f".step_{step}.tmp-{os.getpid()}")  # cm.TMP_RE
     if os.path.exists(tmp):
         shutil.rmtree(tmp)
-    os.makedirs(tmp)
-    sd = {k: v.detach().contiguous().cpu() for k, v in drafter.trainable_state_dict().items()}
-    save_file(sd, os.path.join(tmp, "drafter.safetensors"), metadata={"step": str(step), "format": "dfo-dflash-1"})
-    torch.save(optimizer.state_dict(), os.path.join(tmp, "optim.pt"))
-    torch.save(scheduler.state_dict(), os.path.join(tmp, "sched.pt"))
-    torch.save(rng_state(), os.path.join(tmp, "rng.pt"))
-    with open(os.path.join(tmp, "data.json"), "w") as f:
-        json.dump({"step": step, **data_state, **(extra or {})}, f, indent=1, sort_keys=True)
-    with open(os.path.join(tmp, "config.yaml"), "w") as f:
-        f.write(config_yaml)
-    for name in cm.REQUIRED_FILES:
-        with open(os.path.join(tmp, name), "rb+") as f:
-            os.fsync(f.fileno())
-    lineage = {"run": run_id, "attempt": attempt} if run_id else None
-    cm.write_manifest(tmp, step, list(cm.REQUIRED_FILES), lineage=lineage)
-    fsync_dir(tmp)
+    try:
+        os.makedirs(tmp)
+        sd = {k: v.detach().contiguous().cpu() for k, v in drafter.trainable_state_dict().items()}
+        save_file(sd, os.path.join(tmp, "drafter.safetensors"),
+                  metadata={"step": str(step), "format": "dfo-dflash-1"})
+        diskfull.torch_save(optimizer.state_dict(), os.path.join(tmp, "optim.pt"))
+        diskfull.torch_save(scheduler.state_dict(), os.path.join(tmp, "sched.pt"))
+        diskfull.torch_save(rng_state(), os.path.join(tmp, "rng.pt"))
+        with open(os.path.join(tmp, "data.json"), "w") as f:
+            json.dump({"step": step, **data_state, **(extra or {})}, f, indent=1, sort_keys=True)
+        with open(os.path.join(tmp, "config.yaml"), "w") as f:
+            f.write(config_yaml)
+        for name in cm.REQUIRED_FILES:
+            with open(os.path.join(tmp, name), "rb+") as f:
+                os.fsync(f.fileno())
+        lineage = {"run": run_id, "attempt": attempt} if run_id else None
+        cm.write_manifest(tmp, step, list(cm.REQUIRED_FILES), lineage=lineage)
+        fsync_dir(tmp)
+    except Exception as e:  # noqa: BLE001 - safetensors has its own error type
+        if not diskfull.is_disk_full(e):
+            raise
+        raise diskfull.error(root, step, tmp, e) from None
     # re-saving a step (e.g. after a resume): swap, then drop the old
     replace_dir(tmp, final, old=os.path.join(root, f".step_{step}.old-{os.getpid()}"))
     if keep:

@@ -1,0 +1,101 @@
+"""A full disk is its own failure class, with a real tmpfs as the checkpoint filesystem:
+the trainer removes its partial checkpoint, keeps the complete ones and ends with exit 7
+and one line naming the filesystem and the space it needs; the supervisor stops at once
+(``disk_full`` is permanent) with that line as the reason, instead of retraining the same
+steps into the same full disk."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from dfo_contract import checkpoints as cm
+from dfo_contract.exitcodes import DISK_FULL
+from orchestrator.engine.runs import LaunchOptions, RunOps
+from orchestrator.transport.local import LocalTransport
+from tests.helpers.trainer import make_synth, make_target, run_trainer, tiny_overrides
+from tests.supervisor_env import FAST, events, local_host, make_root, wait_final, write_config
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """``mount(size)``: a fresh tmpfs of that size (bytes) at a new directory; unmounted
+    after the test."""
+    if os.geteuid() != 0:
+        if os.environ.get("CI", "").strip().lower() in ("1", "true", "yes", "on"):
+            pytest.fail("mounting a tmpfs needs root", pytrace=False)
+        pytest.skip("mounting a tmpfs needs root")
+    mounted: list[Path] = []
+
+    def mount(size: int, where: Path | None = None) -> Path:
+        d = where or tmp_path / f"fs{len(mounted)}"
+        d.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(d)],
+                       check=True, timeout=60)
+        mounted.append(d)
+        return d
+
+    yield mount
+    for d in reversed(mounted):
+        subprocess.run(["umount", "-l", str(d)], timeout=60)
+
+
+def _fill(fs: Path, leave: int) -> None:
+    """Fill ``fs`` until ``leave`` bytes (or fewer) are free."""
+    st = os.statvfs(fs)
+    free = st.f_bavail * st.f_frsize
+    with open(fs / "filler", "wb") as f:
+        f.write(b"\0" * max(0, free - leave))
+    st = os.statvfs(fs)
+    assert st.f_bavail * st.f_frsize <= leave + st.f_frsize
+
+
+def _tree_bytes(p: Path) -> int:
+    return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+
+
+def test_a_checkpoint_that_does_not_fit_is_exit_7_and_keeps_the_complete_ones(tmp_path, tmpfs):
+    target = make_target(str(tmp_path / "target"))
+    data = make_synth(str(tmp_path / "d.jsonl"), num=64)
+    fs = tmpfs(64 << 20)
+    ck = fs / "ck"
+    args = tiny_overrides(target, data, str(tmp_path / "run"),
+                          **{"train.max_steps": 2, "checkpoint.every": 2, "checkpoint.dir": ck})
+    r = run_trainer(["train", *args], timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    size = _tree_bytes(ck / "step_2")
+    _fill(fs, size // 2)                  # less than one more checkpoint is free now
+    args = tiny_overrides(target, data, str(tmp_path / "run"),
+                          **{"train.max_steps": 4, "checkpoint.every": 2, "checkpoint.dir": ck})
+    r = run_trainer(["train", *args, "--resume", str(ck / "step_2")], timeout=600)
+    assert r.returncode == DISK_FULL, r.stderr[-2000:]
+    line = r.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"trainer: disk full: the filesystem at {fs} is full ("), line
+    assert f"checkpoint step_4 in {ck} needs " in line and "Traceback" not in r.stderr
+    from dfo_contract.fsio import human_bytes
+    assert f"needs {human_bytes(size)} (" in line          # the size of a complete one
+    assert sorted(p.name for p in ck.iterdir()) == ["step_2"]   # no partial left
+    assert cm.verify(str(ck / "step_2"))[0]
+
+
+def test_the_supervisor_stops_at_once_on_a_full_disk(tmp_path, tmpfs, tiny_assets):  # noqa: F811
+    root = make_root(tmp_path)
+    fs = tmpfs(64 << 10, root / "checkpoints")   # not even one checkpoint fits
+    ops = RunOps(LocalTransport("local"), local_host(root))
+    cfg = write_config(tmp_path / "c.yaml", tiny_assets)
+    plan = ops.launch(LaunchOptions(config=str(cfg), run_name="t", backoff_scale=0.01,
+                                    thresholds=dict(FAST), env_check=False))
+    info = wait_final(ops, plan.run_id)
+    evs = events(root, plan.run_id)
+    assert info["status"] == "failed"
+    starts = [e for e in evs if e.kind == "attempt_start"]
+    cl = [e for e in evs if e.kind == "classified"]
+    assert len(starts) == 1 and [c.cls for c in cl] == ["disk_full"]   # no retry
+    assert cl[0].reason.startswith(f"disk full: the filesystem at {fs} is full (")
+    assert "disk full: the filesystem at" in info["reason"] and "restarting cannot help" in info["reason"]
+    assert not [p for p in fs.rglob(".step_*")]                # the partial one was removed
