@@ -202,6 +202,9 @@ def status(app, host_name, run_id, wide, watch_, interval, as_json, group_name):
         con.print(status_table(ops.host.name, runs, wide=True))
     else:
         con.print(status_table(ops.host.name, runs, width=con.width))
+    for r in runs:
+        if r.get("state_damaged"):
+            click.echo(f"dfo: warning: run {r.get('run_id')}: {r['state_damaged']}", err=True)
     return 0
 
 

@@ -100,7 +100,9 @@ class Supervisor:
             return 0
         resumed = os.path.exists(self.record.path(rs.STATE_FILE))
         if resumed:
-            self.record.state = runfiles.read_state(self.run_dir)
+            self.record.state, damage = runfiles.read_state_or_events(self.run_dir)
+            if damage:
+                print(f"dfo-supervisor: {damage}", file=sys.stderr, flush=True)
             if self.state.final:
                 return 0
         else:

@@ -31,7 +31,7 @@ from dfo_contract import wire
 from ..ops import runstate as rs
 from .lines import read_lines
 from .query import never_started
-from .runfiles import read_state
+from .runfiles import read_state_or_events
 
 #: seconds between keepalives while nothing else is sent (a closed pipe shows on a write)
 KEEPALIVE_S = 2.0
@@ -86,7 +86,7 @@ def _drain(run_dir: str, name: str, offsets: dict[str, int], final: bool) -> boo
 
 def _status(run_dir: str) -> tuple[str | None, int | None]:
     try:
-        st = read_state(run_dir)
+        st, _ = read_state_or_events(run_dir)   # a damaged state.json: what the events say
     except (OSError, ValueError):
         return None, None
     return st.status, st.pid

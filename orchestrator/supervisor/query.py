@@ -20,7 +20,7 @@ from dfo_contract.procs import supervisor_alive
 
 from ..ops import runstate as rs
 from . import procs
-from .runfiles import read_state
+from .runfiles import read_state_or_events
 
 
 #: the processes that only read a run (a launch in progress or a supervisor is anything else)
@@ -67,8 +67,10 @@ def never_started(run_dir: str, quiet_s: float = 15.0, *, now: float | None = No
 
 
 def run_info(run_dir: str) -> dict | None:
+    damage = None
     try:
-        st = read_state(run_dir).to_json()
+        state, damage = read_state_or_events(run_dir)
+        st = state.to_json()
     except (OSError, ValueError):
         if os.path.exists(os.path.join(run_dir, rs.SPEC_FILE)):
             rid = os.path.basename(run_dir)
@@ -84,6 +86,8 @@ def run_info(run_dir: str) -> dict | None:
     if shown in rs.LIVE and not live:
         shown = "lost"
     st["shown_status"] = shown
+    if damage:
+        st["state_damaged"] = damage
     st["now"] = time.time()
     _add_metrics(st, run_dir)
     st.pop("attempts_argv", None)

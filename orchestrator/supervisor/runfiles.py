@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from dfo_contract.events import EventBase
 
 __all__ = ["NotOwner", "OWNER_LOCK", "append_event", "own_run", "read_spec", "read_state",
-           "write_json_atomic", "write_state"]
+           "read_state_or_events", "write_json_atomic", "write_state"]
 
 #: held (flock) by the one supervisor that owns the run, for its whole life
 OWNER_LOCK = "supervisor.lock"
@@ -65,6 +65,30 @@ def write_state(run_dir: str, state: RunState) -> None:
 def read_state(run_dir: str) -> RunState:
     """The run's state.json. Raises OSError (absent) or ValueError (not a state)."""
     return RunState.from_json(read_json(os.path.join(run_dir, rs.STATE_FILE)))
+
+
+def read_state_or_events(run_dir: str) -> tuple[RunState, str | None]:
+    """The run's state and, when state.json is damaged (there but not a state), the one line
+    that says so: the state is then rebuilt from events.jsonl (``ops.runstate_replay``).
+    Raises OSError when state.json is absent, ValueError when neither file can tell."""
+    try:
+        return read_state(run_dir), None
+    except ValueError as e:
+        damage = f"{rs.STATE_FILE} is damaged ({e})"
+    from dfo_contract import events   # only for a damaged state (see append_event)
+
+    from ..ops.runstate_replay import state_from_events
+
+    try:
+        with open(os.path.join(run_dir, rs.EVENTS_FILE), encoding="utf-8",
+                  errors="replace") as f:
+            evs = events.read_events(f.read())
+    except (OSError, ContractError):
+        raise ValueError(f"{damage}, and {rs.EVENTS_FILE} cannot be read") from None
+    if not evs:
+        raise ValueError(f"{damage}, and {rs.EVENTS_FILE} has no events")
+    st = state_from_events(os.path.basename(os.path.normpath(run_dir)), evs)
+    return st, f"{damage}: rebuilt from {rs.EVENTS_FILE}"
 
 
 def read_spec(run_dir: str) -> RunSpec:
