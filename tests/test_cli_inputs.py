@@ -88,3 +88,31 @@ def test_profile_name_must_be_a_plain_name(tmp_path, name):
         return
     with pytest.raises(ConfigError, match="is not a plain name"):
         load_profile(str(d))
+
+
+@pytest.mark.parametrize("argv, what", [
+    (["launch", "--fault", "bogus", "--dry-run"], "'bogus': not of the form KIND[=ARG]@STEP"),
+    (["launch", "--fault", "nosuch@3", "--dry-run"], "unknown kind 'nosuch'"),
+    (["launch", "--fault", "fx_race@5,", "--dry-run"], "empty item"),
+    # the demo checks it before it deploys anything
+    (["demo", "--fault", "exit@2"], "exit needs an argument"),
+    (["warm-cache", "--prune", "-1"], "-1 is not in the range x>=0"),
+])
+def test_a_bad_fault_spec_or_prune_count_is_one_line_exit_2(argv, what, tmp_path):
+    env = {k: v for k, v in __import__("os").environ.items() if k != "DFO_HOSTS"}
+    r = subprocess.run([*DFO, *argv], capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                       env=env)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, (r.stdout, r.stderr)
+    assert what in lines[0] and lines[0].startswith(f"dfo: error: dfo {argv[0]}: "), lines
+    assert not (tmp_path / ".dfo").exists() and not list(tmp_path.iterdir())   # nothing ran
+
+
+def test_a_bad_fault_spec_through_the_engine_is_a_config_error(tmp_path):
+    from orchestrator.engine.runs import LaunchOptions, RunOps
+    from orchestrator.transport.local import LocalTransport
+    from tests.supervisor_env import local_host, make_root
+
+    ops = RunOps(LocalTransport("local"), local_host(make_root(tmp_path)))
+    with pytest.raises(ConfigError, match=r"^--fault: 'hang@x': step must be a non-negative"):
+        ops.launch(LaunchOptions(run_name="t", fault="hang@x", dry_run=True, env_check=False))

@@ -31,7 +31,7 @@ from ..errors import ConfigError
 @click.option("--push", "push_file", type=click.Path(dir_okay=False), default=None,
               help="Upload a local snapshot into the host's store and restore it.")
 @click.option("--status", "show_status", is_flag=True, help="List the host's cache keys, sizes, last use.")
-@click.option("--prune", "prune_keep", type=int, default=None, metavar="K",
+@click.option("--prune", "prune_keep", type=click.IntRange(min=0), default=None, metavar="K",
               help="Delete all but the newest K keys (live cache and snapshot).")
 @click.option("--trust-foreign", "trust_foreign", is_flag=True,
               help="Take a snapshot another host built (it carries compiled code torch runs).")

@@ -14,6 +14,7 @@ import click
 from rich.markup import escape
 
 from .console import Activity, console, stamp
+from .params import FAULT_SPEC
 
 from .cache import warm_cache
 from .deploy import deploy
@@ -22,7 +23,7 @@ from .run import launch
 
 @click.command("demo")
 @click.option("--host", "host_name", default=None, metavar="NAME", help="Host from hosts.yaml (default: the default host).")
-@click.option("--fault", default=None, metavar="SPEC",
+@click.option("--fault", default=None, metavar="SPEC", type=FAULT_SPEC,
               help="Fault to inject in the first attempt (default: fx_race@30, torch's FX-tracing "
                    "error of the threaded lazy-compile race, docs/recovery.md).")
 @click.option("--no-fault", is_flag=True, help="Run without an injected failure.")

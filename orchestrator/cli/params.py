@@ -36,6 +36,26 @@ POSITIVE_SECONDS = Seconds()
 NON_NEGATIVE = Seconds(allow_zero=True)
 
 
+class FaultSpec(click.ParamType):
+    """A fault-injection spec (``KIND[=ARG]@STEP[#ATTEMPT]``, comma-separated), checked
+    when the command line is read: a bad one is a one-line usage error before anything runs
+    (a demo's deploy and warm-cache included)."""
+
+    name = "SPEC"
+
+    def convert(self, value, param, ctx):
+        from dfo_contract.faultspec import FaultSpecError, parse_spec
+
+        try:
+            parse_spec(str(value), source="")
+        except FaultSpecError as e:
+            self.fail(str(e).split(": ", 2)[-1], param, ctx)
+        return str(value)
+
+
+FAULT_SPEC = FaultSpec()
+
+
 def group_option(verb: str):
     """``--group NAME``: do ``verb`` on every member of a hosts.yaml group, in parallel."""
     return click.option("--group", "group_name", default=None, metavar="NAME",

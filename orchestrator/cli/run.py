@@ -14,7 +14,7 @@ from ..errors import EXIT_INTERRUPTED, ConfigError, NotFoundError, RunFailed
 from .console import Activity, console, note
 from .group_run import GROUP_OPTION, follow_group_logs, group_runs, launch_group
 from .log_lines import LinePrinter
-from .params import NON_NEGATIVE
+from .params import FAULT_SPEC, NON_NEGATIVE
 from .run_ops import require_run, run_ops
 
 
@@ -51,7 +51,7 @@ def _kv(items, what: str, conv=float) -> dict:
 @click.option("--dry-run", is_flag=True, help="Validate and print the plan; start nothing.")
 @click.option("-f", "--follow", is_flag=True, help="Then follow the logs (like dfo logs -f).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@click.option("--fault", default=None, metavar="SPEC",
+@click.option("--fault", default=None, metavar="SPEC", type=FAULT_SPEC,
               help="Fault injection for tests/demos (DFO_FAULT), e.g. fx_race@5.")
 @click.option("--fault-node", type=click.IntRange(min=0), default=None, metavar="K",
               help="With --group: inject --fault on node K only (default: every node).")

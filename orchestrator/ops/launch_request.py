@@ -112,9 +112,12 @@ def prepare(o: LaunchOptions, trainer: TrainerInput, host, now: float) -> Launch
                              source=f"{host.source or 'hosts.yaml'}: hosts.{host.name}.fallbacks"),
             validate_ladders(o.fallbacks, source="--fallbacks"))
         if o.fault:
-            from dfo_contract.faultspec import parse_spec
+            from dfo_contract.faultspec import FaultSpecError, parse_spec
 
-            parse_spec(o.fault, source="--fault")
+            try:
+                parse_spec(o.fault, source="--fault")
+            except FaultSpecError as e:   # the trainer's error, as dfo's (exit 2, one line)
+                raise ConfigError(str(e).removeprefix("config: ")) from None
     policy = BudgetPolicy.from_json({**dict(o.budget), "scale": o.backoff_scale})
     run_id = o.run_id or make_run_id(run_name, now)
     return LaunchInputs(run_name=run_name, run_id=run_id, run_dir=lay.run_dir(run_id), now=now,
