@@ -132,3 +132,14 @@ def test_check_names_a_profile_without_its_lock(tmp_path, capsys):
     probs = json.loads(capsys.readouterr().out)["problems"]
     assert any(x.startswith("profile gpu-cu128: no lock at ") and "python tools/make_lock.py gpu-cu128" in x
                and "download.pytorch.org" in x for x in probs), probs
+
+
+def test_check_takes_the_host_as_every_host_command_does(tmp_path, capsys):
+    (tmp_path / "hosts.yaml").write_text(HOSTS.format(root=tmp_path / "r"))
+    assert main(["hosts", "check", "--host", "here", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["host"] == "here"
+    assert main(["hosts", "check", "here", "--host", "here", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["host"] == "here"
+    assert main(["hosts", "check", "here", "--host", "box"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "NAME here and --host box name different hosts" in err[0]

@@ -63,10 +63,13 @@ def list_cmd(app: AppContext, as_json: bool) -> None:
 
 @hosts.command("check")
 @click.argument("name", required=False)
+@click.option("--host", "host_name", default=None, metavar="NAME",
+              help="Host from hosts.yaml, as every host command takes it (the same as NAME).")
 @group_option("Check")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 @click.pass_obj
-def check_cmd(app: AppContext, name: str | None, group_name: str | None, as_json: bool) -> int:
+def check_cmd(app: AppContext, name: str | None, host_name: str | None, group_name: str | None,
+              as_json: bool) -> int:
     """Check a host (default: the default host): reachable, container state, Python,
     free disk under the root, GPUs, systemd as PID 1. Exits non-zero when it is
     unreachable (3/4) or its container is not running (5).
@@ -76,6 +79,10 @@ def check_cmd(app: AppContext, name: str | None, group_name: str | None, as_json
     on head_addr at port and port+1 (a short-lived listener on the head; exit 3 when not)."""
     from ..engine.hostcheck import check_host
 
+    if name is not None and host_name is not None and name != host_name:
+        raise click.UsageError(f"NAME {name} and --host {host_name} name different hosts: "
+                               "give one")
+    name = name if name is not None else host_name
     if name is not None and group_name is not None:
         raise click.UsageError("a host NAME and --group cannot be combined: give one "
                                "(--group checks every host of the group)")
