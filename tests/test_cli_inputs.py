@@ -116,3 +116,18 @@ def test_a_bad_fault_spec_through_the_engine_is_a_config_error(tmp_path):
     ops = RunOps(LocalTransport("local"), local_host(make_root(tmp_path)))
     with pytest.raises(ConfigError, match=r"^--fault: 'hang@x': step must be a non-negative"):
         ops.launch(LaunchOptions(run_name="t", fault="hang@x", dry_run=True, env_check=False))
+
+
+def test_a_config_file_name_that_is_no_run_name_says_where_the_name_came_from(tmp_path):
+    src = Path(__file__).resolve().parents[1] / "orchestrator/config/defaults/tiny-cpu.yaml"
+    (tmp_path / "my cfg.yaml").write_text(src.read_text())
+    r = subprocess.run([*DFO, "launch", "--config", "my cfg.yaml", "--dry-run"],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    assert "the run name 'my cfg', taken from the config file's name (my cfg.yaml)" in lines[0]
+    assert "--run-name NAME" in lines[0] and "--run-name:" not in lines[0]
+    # a bad --run-name given as such is still named as the flag
+    r = subprocess.run([*DFO, "launch", "--config", "my cfg.yaml", "--run-name", "a b",
+                        "--dry-run"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert r.returncode == 2 and "--run-name: 'a b' is not a valid run name" in r.stderr

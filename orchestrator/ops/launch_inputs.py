@@ -114,8 +114,15 @@ def resolve_resume(resume: ResumeArg, listing: Sequence[CkptInfo], ckpt_dir: str
 
 # --- run names and --set --------------------------------------------------------------
 
-def check_run_name(name: str) -> str:
+def check_run_name(name: str, *, derived_from: str | None = None) -> str:
+    """``name``, when it is a valid run name. ``derived_from``: the name was not given but
+    taken from that (the config file's stem), so the error says where it came from."""
     if not RUN_NAME.fullmatch(name or ""):
+        if derived_from is not None:
+            raise ConfigError(f"the run name {name!r}, taken from {derived_from}, is not a valid "
+                              "run name",
+                              hint="give one with --run-name NAME (letters, digits, '.', '_' "
+                                   "or '-', at most 48 characters), or rename the file")
         raise ConfigError(f"--run-name: {name!r} is not a valid run name",
                           hint="use letters, digits, '.', '_' or '-', at most 48 characters")
     return name

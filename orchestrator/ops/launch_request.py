@@ -102,7 +102,11 @@ def prepare(o: LaunchOptions, trainer: TrainerInput, host, now: float) -> Launch
     if resume is not None and o.new_lineage:
         raise ConfigError("--new-lineage starts over; it cannot be combined with --resume",
                           hint="drop one of the two")
-    run_name = check_run_name(trainer.name if o.run_name is None else o.run_name)
+    if o.run_name is None:   # a foreign trainer's name is made valid from its command
+        run_name = check_run_name(trainer.name, derived_from=(
+            f"the config file's name ({o.config})" if o.config else "the default config"))
+    else:
+        run_name = check_run_name(o.run_name)
     if isinstance(trainer, OwnConfig):
         thr, ladders = check_thresholds(trainer.thresholds), {}
     else:
