@@ -2,7 +2,8 @@
 + real uv, offline from the wheelhouse bind-mounted at /mnt/wheelhouse.
 
 The CPU env (torch ~200 MB) is installed once per session (``deployed``) and shared;
-the tests run in file order and each leaves envs/current on the session's cpu env.
+the tests run in file order and each leaves envs/current on the session's cpu env
+(``Deployed.env_name``: a repair makes a new generation of it, which it then names).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from orchestrator.engine.deploy import Deployer
 from orchestrator.errors import DeployError, VerifyError
 from orchestrator.config.inventory import HostConfig, load_inventory
 from orchestrator.ops.fingerprint import FINGERPRINT_FIELDS
+from orchestrator.ops.layout import env_generation
 from orchestrator.ops.lockfile import lock_hash
 from orchestrator.config.profiles import PROFILES_DIR
 from orchestrator.engine.wheel import ProjectWheel
@@ -75,6 +77,11 @@ def rsh(d: Deployed, script: str, *args: str, timeout: float = 60) -> str:
 
 def current(d: Deployed) -> str:
     return rsh(d, 'readlink "$1" || true', f"{ROOT}/envs/current").strip()
+
+
+def lock12(d: Deployed) -> str:
+    """The cpu lock's 12 hex digits in its env's name (the same in every generation)."""
+    return env_generation(d.env_name)[0].rsplit("-", 1)[1]
 
 
 def complete(d: Deployed, name: str) -> bool:
@@ -152,6 +159,12 @@ def test_drift_is_reported_and_repaired(deployed):
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
     assert rep["action"] == "repair" and rep["drift"] == [f"pyyaml: lock 6.0.4, installed {OLD_PYYAML}"]
+    # the repair built a new generation beside the drifted env and switched to it; the
+    # drifted env was never changed and is envs/previous
+    assert rep["env"] == f"{d.env_name}.2"
+    assert rsh(d, 'readlink "$1"', f"{ROOT}/envs/previous").strip() == d.env_name
+    assert complete(d, d.env_name)
+    d.env_name = rep["env"]  # the session's cpu env from here on
     r = cli(d, "--check", "--json")
     assert r.returncode == 0, r.stdout + r.stderr
     assert json.loads(r.stdout)["drift"] == []
@@ -166,7 +179,7 @@ def test_failed_verification_leaves_current_alone(deployed):
     msg = str(ei.value)
     assert "torch.version.cuda: expected 12.8, got none" in msg and "\n" not in msg
     assert current(d) == d.env_name
-    bad = f"cpu-badexpect-{d.env_name.rsplit('-', 1)[1]}"
+    bad = f"cpu-badexpect-{lock12(d)}"
     assert not complete(d, bad)  # never marked good: the next deploy removes it
 
 
@@ -242,7 +255,7 @@ def test_killed_mid_install_next_deploy_recovers(deployed):
     finally:
         if p.poll() is None:
             p.kill()
-    crash = f"cpu-crash-{d.env_name.rsplit('-', 1)[1]}"
+    crash = f"cpu-crash-{lock12(d)}"
     assert current(d) == d.env_name  # never switched to the half-built env
     assert not complete(d, crash)
     r = cli(d, "--profile", str(prof), "--json")

@@ -196,3 +196,179 @@ def test_ctrl_c_mid_install_then_next_deploy_finishes(wheelhouse, tmp_path, proj
     assert rep["action"] == "create"
     assert os.readlink(root / "envs/current") == rep["env"]
     assert (root / "envs" / rep["env"] / ".dfo-complete").is_file()
+
+
+# --------------------------------------------------------------------------- a deploy that
+# fails never breaks the env that works: a repair, update or --force builds a new env
+# beside envs/current and switches only once it is verified
+
+
+def _uv_syncs(root: Path, env_name: str) -> list[int]:
+    """The uv ``pip sync`` processes (uv itself, not its wrappers) installing into envs/NAME."""
+    uv, into = str(root / "bin/uv"), str(root / "envs" / env_name) + "/"
+    pids = []
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            argv = (p / "cmdline").read_bytes().decode("utf-8", "replace").split("\0")
+        except OSError:
+            continue
+        if argv[0] == uv and argv[1:3] == ["pip", "sync"] and any(into in a for a in argv):
+            pids.append(int(p.name))
+    return pids
+
+
+def _mid_install(p: subprocess.Popen, root: Path, env_name: str) -> list[int]:
+    """Wait until uv installs into envs/NAME and has written its first MiB (unpacking torch
+    from a cold cache goes on for seconds more); its pids."""
+    deadline = time.monotonic() + 300
+    while _written(pids := _uv_syncs(root, env_name)) < 1 << 20:
+        assert p.poll() is None, p.communicate()
+        assert time.monotonic() < deadline, "uv never installed into " + env_name
+        time.sleep(0.05)
+    return pids
+
+
+def _setup(tmp_path: Path, wheelhouse, project_wheel, cache: Path):
+    """A local root with the cpu env deployed (current), the CLI's environment, hosts.yaml."""
+    wh, links = wheelhouse
+    root = tmp_path / "root"
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text(f"hosts:\n  local:\n    transport: local\n    root: {root}\n"
+                     f"    profile: cpu\n    wheelhouse: {wh}\n")
+    env = dict(os.environ, PIP_FIND_LINKS=str(links), UV_CACHE_DIR=str(cache),
+               DFO_PROJECT_WHEEL=str(project_wheel.path))
+    env.pop("UV_FIND_LINKS", None)
+    r = subprocess.run([DFO, "--hosts", str(hosts), "deploy", "--json"], env=env,
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["action"] == "create" and os.readlink(root / "envs/current") == rep["env"]
+    return root, hosts, env, rep["env"]
+
+
+def _current_is_good(root: Path, hosts: Path, name: str, wheel) -> None:
+    """envs/current is still NAME, complete, and launch's env check accepts it."""
+    from orchestrator.config.inventory import load_inventory
+    from orchestrator.ops.launch_facts import FactsRequest, facts_argv, parse_facts
+
+    assert os.readlink(root / "envs/current") == name
+    assert (root / "envs" / name / ".dfo-complete").is_file()
+    host = load_inventory(str(hosts)).get("local")
+    t = LocalTransport("local")
+    d = Deployer(t, host, wheel=wheel)
+    out = t.run(facts_argv(FactsRequest(root=host.layout.root, run_lock=host.layout.run_lock,
+                                        check=True, env_dir=d._local_facts()[2],
+                                        python_spec=d.python_spec(), wheel=d.wheel_remote())),
+                timeout=600)
+    rep, _ = d.launch_check(parse_facts(out.out))
+    assert rep.ok and rep.drift == [] and rep.env == name, rep.drift
+
+
+def _next_deploy_cleans(root: Path, hosts: Path, env: dict, name: str, half: str) -> None:
+    r = subprocess.run([DFO, "--hosts", str(hosts), "deploy", "--json"], env=env,
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["action"] == "noop" and rep["env"] == name, rep
+    assert f"removed the half-built {half}" in rep["message"]
+    assert not (root / "envs" / half).exists() and not list((root / "envs").glob(".trash.*"))
+    assert os.readlink(root / "envs/current") == name
+
+
+@pytest.fixture(scope="module")
+def warm_uv_cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("uv-cache")
+
+
+def test_ctrl_c_during_force_leaves_current_working(wheelhouse, tmp_path, project_wheel,
+                                                    warm_uv_cache):
+    """Ctrl-C while `deploy --force` installs (uv held still with SIGSTOP, so the interrupt
+    lands mid-install): exit 130, envs/current is the old env, complete and launchable;
+    the next deploy removes the half-built one."""
+    root, hosts, env, name = _setup(tmp_path, wheelhouse, project_wheel, warm_uv_cache)
+    half = f"{name}.2"
+    cold = dict(env, UV_CACHE_DIR=str(tmp_path / "cold-cache"))  # unpacking torch takes seconds
+    p = subprocess.Popen([DFO, "--hosts", str(hosts), "deploy", "--force"], env=cold,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for pid in _mid_install(p, root, half):
+            os.kill(pid, signal.SIGSTOP)
+        assert p.poll() is None
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130, err
+    assert "dfo: interrupted" in err and "Traceback" not in err
+    deadline = time.monotonic() + 30
+    while _uv_syncs(root, half):   # stopped with dfo (SIGKILLed with its session)
+        assert time.monotonic() < deadline, "uv goes on after dfo was interrupted"
+        time.sleep(0.05)
+    assert (root / "envs" / half).is_dir() and not (root / "envs" / half / ".dfo-complete").exists()
+    assert not (root / "locks/deploy.owner").exists()  # the lease was released
+    _current_is_good(root, hosts, name, project_wheel)
+    _next_deploy_cleans(root, hosts, env, name, half)
+
+
+def test_failed_force_leaves_current_working(wheelhouse, tmp_path, project_wheel,
+                                             warm_uv_cache):
+    """`deploy --force` failing mid-way (a wheelhouse without a wheel the lock needs; uv
+    killed with SIGKILL): one-line error, envs/current untouched and launchable, the
+    half-built env removed by the next deploy; a forced deploy that completes switches to a
+    new generation and keeps no more than current and previous."""
+    root, hosts, env, name = _setup(tmp_path, wheelhouse, project_wheel, warm_uv_cache)
+    wh, _ = wheelhouse
+    half = f"{name}.2"
+
+    # 1. the wheelhouse lacks a wheel the lock pins
+    short = tmp_path / "short-wheelhouse"
+    short.mkdir()
+    gone = next(f for f in sorted(wh.glob("mdurl-*.whl")))
+    for f in wh.glob("*.whl"):
+        if f != gone:
+            os.link(f, short / f.name)
+    good_hosts = hosts.read_text()
+    hosts.write_text(good_hosts.replace(f"wheelhouse: {wh}", f"wheelhouse: {short}"))
+    cold = dict(env, UV_CACHE_DIR=str(tmp_path / "cold-1"))
+    r = subprocess.run([DFO, "--hosts", str(hosts), "deploy", "--force"], env=cold,
+                       capture_output=True, text=True, timeout=900)
+    hosts.write_text(good_hosts)
+    assert r.returncode == 7, r.stdout + r.stderr
+    err = [ln for ln in r.stderr.splitlines() if ln.startswith("dfo: error:")]
+    assert len(err) == 1 and "mdurl" in err[0] and "not available" in err[0], r.stderr
+    assert "envs/current is untouched" in err[0] and "Traceback" not in r.stderr
+    _current_is_good(root, hosts, name, project_wheel)
+    _next_deploy_cleans(root, hosts, env, name, half)
+
+    # 2. uv killed mid-install
+    cold = dict(env, UV_CACHE_DIR=str(tmp_path / "cold-2"))
+    p = subprocess.Popen([DFO, "--hosts", str(hosts), "deploy", "--force"], env=cold,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for pid in _mid_install(p, root, half):
+            os.kill(pid, signal.SIGKILL)
+        out, err2 = p.communicate(timeout=300)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 7, out + err2
+    assert "envs/current is untouched" in err2 and "Traceback" not in err2
+    assert (root / "envs" / half).is_dir() and not (root / "envs" / half / ".dfo-complete").exists()
+    _current_is_good(root, hosts, name, project_wheel)
+    _next_deploy_cleans(root, hosts, env, name, half)
+
+    # a forced deploy that completes: a new generation, the old env kept as previous; the
+    # next one retires the oldest (never more than current + previous of one env)
+    for n, prev in ((2, name), (3, f"{name}.2")):
+        r = subprocess.run([DFO, "--hosts", str(hosts), "deploy", "--force", "--json"], env=env,
+                           capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0, r.stderr
+        rep = json.loads(r.stdout)
+        assert rep["action"] == "repair" and rep["env"] == f"{name}.{n}", rep
+        assert os.readlink(root / "envs/previous") == prev
+        _current_is_good(root, hosts, f"{name}.{n}", project_wheel)
+    assert sorted(e.name for e in (root / "envs").iterdir()) == sorted(
+        ["current", "previous", f"{name}.2", f"{name}.3"])

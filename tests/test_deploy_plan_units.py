@@ -79,16 +79,20 @@ def test_plan_noop_when_current_matches():
     assert p.action == "noop" and [s.stage for s in p.steps if s.run] == ["connect"]
 
 
-def test_plan_repairs_drift_in_place():
+def test_plan_repairs_drift_in_a_new_generation():
     p = _plan(_current_state(freeze=GOOD_FREEZE.replace("numpy==2.4.6", "numpy==1.26.4") + "sglang==0.4\n"))
     assert p.action == "repair" and p.runs("install") and p.runs("verify")
-    assert not p.runs("switch") and not p.runs("create venv")
+    # envs/current is never changed in place: the repair is a new env beside it
+    assert p.runs("switch") and p.runs("create venv")
+    assert p.target == f"{TARGET}.2" and p.new_previous == TARGET and not p.reinstall
     assert p.drift.lines() == ["numpy: lock 2.4.6, installed 1.26.4", "+ sglang 0.4 (not in lock)"]
 
 
 def test_plan_updates_dfo_only_when_wheel_changed():
     p = _plan(_current_state(freeze=GOOD_FREEZE.replace("/abc/", "/old/"), wheel="absent"))
-    assert p.action == "update" and not p.sync and p.runs("push wheel") and p.runs("install")
+    # a new env: the lock is synced into it (from uv's cache), then the new wheel
+    assert p.action == "update" and p.sync and p.runs("push wheel") and p.runs("install")
+    assert p.runs("create venv") and p.runs("switch") and p.target == f"{TARGET}.2"
 
 
 def test_plan_reverifies_when_fingerprint_no_longer_matches():
@@ -100,6 +104,7 @@ def test_plan_reverifies_when_fingerprint_no_longer_matches():
 def test_plan_force_reinstalls():
     p = _plan(_current_state(), force=True)
     assert p.action == "repair" and p.reinstall
+    assert p.target == f"{TARGET}.2" and p.runs("create venv") and p.runs("switch")
 
 
 def test_plan_creates_and_cleans_half_built_envs():
@@ -125,6 +130,83 @@ def test_plan_reuses_complete_env_that_is_not_current():
     p = _plan(s)
     assert p.action == "reuse" and p.runs("switch") and not p.runs("create venv")
     assert p.new_previous == "cpu-other"
+
+
+def test_env_generation_names():
+    from orchestrator.ops.layout import env_generation, generation_name
+
+    assert env_generation(TARGET) == (TARGET, 1) and generation_name(TARGET, 1) == TARGET
+    assert env_generation(f"{TARGET}.3") == (TARGET, 3) and generation_name(TARGET, 3) == f"{TARGET}.3"
+    assert env_generation("cpu-x.2") == ("cpu-x.2", 1)        # not an env of a lock hash
+    assert env_generation(f"{TARGET}.1") == (f"{TARGET}.1", 1)
+
+
+def _gen_state(current: str, previous: str = "", envs: dict | None = None, **kw):
+    """A state whose envs/current is ``current`` (a generation of TARGET, matching its lock)."""
+    extra = [f"current_marker\t{_b(json.dumps({'lock_hash': TLOCK.sha256}))}",
+             f"current_fingerprint\t{_b(json.dumps(FP))}", f"current_freeze\t{_b(kw.pop('freeze', GOOD_FREEZE))}"]
+    extra += [f"env\t{'complete' if ok else 'incomplete'} {n}" for n, ok in (envs or {}).items()]
+    return dp.parse_state(_state(current=current, previous=previous, target="absent",
+                                 _extra=extra, **kw))
+
+
+def test_plan_a_later_generation_is_current_and_matches():
+    p = _plan(_gen_state(f"{TARGET}.2", TARGET, {TARGET: True, f"{TARGET}.2": True}))
+    assert p.action == "noop" and p.target == f"{TARGET}.2" and not p.clean
+
+
+def test_plan_repair_of_a_generation_retires_the_older_ones():
+    s = _gen_state(f"{TARGET}.3", f"{TARGET}.2",
+                   {TARGET: True, f"{TARGET}.2": True, f"{TARGET}.3": True, "cpu-other": True},
+                   freeze=GOOD_FREEZE.replace("numpy==2.4.6", "numpy==1.26.4"))
+    p = _plan(s)
+    assert p.action == "repair" and p.target == f"{TARGET}.4" and p.new_previous == f"{TARGET}.3"
+    # current and previous stay; older generations of the same env go; other envs are kept
+    assert p.retire == sorted([TARGET, f"{TARGET}.2"])
+
+
+def test_plan_after_an_interrupted_force_cleans_and_keeps_current():
+    envs = {TARGET: True, f"{TARGET}.2": False}
+    p = _plan(_gen_state(TARGET, "", envs))
+    assert p.action == "noop" and p.clean == [f"{TARGET}.2"] and p.target == TARGET
+    p = _plan(_gen_state(TARGET, "", envs), force=True)
+    assert p.action == "repair" and p.clean == [f"{TARGET}.2"]
+    assert p.target == f"{TARGET}.2" and p.new_previous == TARGET and p.retire == []
+
+
+def test_plan_never_cleans_the_env_current_points_to():
+    """A current env without its marker (cut short by a dfo that repaired in place) is not
+    removed under envs/current: a new generation is built and switched to."""
+    s = dp.parse_state(_state(current=TARGET, previous="cpu-old", target="incomplete",
+                              _extra=[f"env\tincomplete {TARGET}", "env\tcomplete cpu-old",
+                                      "env\tincomplete cpu-zzz"]))
+    p = _plan(s)
+    assert p.action == "create" and p.clean == ["cpu-zzz"]
+    assert p.target == f"{TARGET}.2" and p.new_previous == "" and p.runs("switch")
+
+
+def test_plan_reverify_stays_in_place():
+    s = _gen_state(f"{TARGET}.2", TARGET, {TARGET: True, f"{TARGET}.2": True})
+    s.current_fingerprint = {**FP, "torch_cuda": "13.0"}
+    p = _plan(s)
+    assert p.action == "reverify" and p.target == f"{TARGET}.2"
+    assert not p.runs("create venv") and not p.runs("install") and not p.runs("switch")
+
+
+def test_plan_reuse_prefers_the_previous_generation():
+    s = dp.parse_state(_state(current="cpu-other", previous=f"{TARGET}.2", _extra=[
+        f"env\tcomplete {TARGET}", f"env\tcomplete {TARGET}.2", "env\tcomplete cpu-other"]))
+    p = _plan(s)
+    assert p.action == "reuse" and p.target == f"{TARGET}.2" and p.new_previous == "cpu-other"
+    assert p.retire == [TARGET]
+
+
+def test_plan_another_lock_retires_older_generations_of_the_old_one():
+    s = dp.parse_state(_state(current="cpu-aaaaaaaaaaaa.2", previous="cpu-aaaaaaaaaaaa", _extra=[
+        "env\tcomplete cpu-aaaaaaaaaaaa", "env\tcomplete cpu-aaaaaaaaaaaa.2"]))
+    p = _plan(s)
+    assert p.action == "create" and p.target == TARGET
+    assert p.new_previous == "cpu-aaaaaaaaaaaa.2" and p.retire == ["cpu-aaaaaaaaaaaa"]
 
 
 def test_rollback_plan():

@@ -107,6 +107,21 @@ def test_switch_is_atomic_and_keeps_previous(root):
     assert not list((root / "envs").glob(".*tmp*"))
 
 
+def test_switch_retires_older_envs_but_never_current_or_previous(root):
+    for n in ("cpu-a", "cpu-a.2", "cpu-a.3"):
+        _env(root, n)
+    (root / "envs/cpu-a/lib").mkdir()
+    envs, runlock = str(root / "envs"), str(root / "locks/run.lock")
+    assert "@switched" in sh(dp.SWITCH_SCRIPT, envs, "cpu-a.2", "cpu-a", runlock).stdout
+    r = sh(dp.SWITCH_SCRIPT, envs, "cpu-a.3", "cpu-a.2", runlock,
+           "cpu-a", "cpu-a.2", "cpu-a.3", "current", "../envs", "")
+    assert r.returncode == 0 and "@switched" in r.stdout, r.stderr
+    assert [ln for ln in r.stdout.splitlines() if ln.startswith("@retired")] == ["@retired\tcpu-a"]
+    assert sorted(os.listdir(envs)) == ["cpu-a.2", "cpu-a.3", "current", "previous"]
+    assert os.readlink(root / "envs/current") == "cpu-a.3"
+    assert os.readlink(root / "envs/previous") == "cpu-a.2"
+
+
 def test_switch_refuses_an_incomplete_env(root):
     _env(root, "cpu-half", complete=False)
     r = sh(dp.SWITCH_SCRIPT, str(root / "envs"), "cpu-half", "", str(root / "locks/run.lock"))

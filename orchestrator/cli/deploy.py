@@ -59,6 +59,8 @@ def deploy(app, host_name, check, rollback, force, profile, group_name, as_json)
     The env is a uv venv in <root>/envs/<profile>-<lockhash>/ installed with
     `uv pip sync --require-hashes` from the profile's lock, plus dfo's own wheel.
     A probe checks it against the profile before envs/current is switched to it.
+    A repair or update builds a new env beside the current one (<name>.2, .3, ...):
+    a deploy that fails or is interrupted leaves envs/current as it was.
     """
     from ..engine.deploy import Deployer
 

@@ -6,7 +6,9 @@ is timed and reported through ``on_event(stage, status, seconds, detail)`` (stat
 ``orchestrator.ops.deploy_plan`` (pure); this module only runs them.
 
 Guarantees:
-- nothing that fails verification becomes ``envs/current``;
+- nothing that fails verification becomes ``envs/current``, and the env it points to is
+  never changed in place: a repair, an update or ``--force`` builds the next generation
+  beside it and switches to it, so a deploy that fails or is cut short leaves it as it was;
 - an env is good only with ``.dfo-complete`` (written last); half-built ones are removed
   by the next deploy;
 - mutating commands hold ``flock`` on ``locks/deploy.lock`` under this deploy's lease;
@@ -33,6 +35,7 @@ from ..ops.fingerprint import (Mismatch, build_fingerprint, compare, fingerprint
 from ..ops.uv import local_find_links, translate_uv_error
 from ..ops.uv_progress import UvProgress, human_bytes, parse_du_k
 from .deploy_check import DeployChecks
+from .deploy_switch import EnvSwitch
 from .lease import DeployLease
 from .stages import DeployReport, EventFn, StageClock, StageResult  # noqa: F401 (re-exported)
 from .wheel import ProjectWheel, build as build_wheel
@@ -56,7 +59,7 @@ def local_uv() -> tuple[str, str]:
     return path, out.stdout.strip().splitlines()[0] if out.stdout.strip() else ""
 
 
-class Deployer(DeployChecks):
+class Deployer(DeployChecks, EnvSwitch):
     def __init__(self, transport, host, *, profile: Profile | str | None = None,
                  on_event: EventFn | None = None, environ: dict[str, str] | None = None,
                  wheel: ProjectWheel | None = None):
@@ -265,26 +268,6 @@ class Deployer(DeployChecks):
         self.t.put(json.dumps(marker).encode() + b"\n",
                    posixpath.join(env_dir, dp.COMPLETE_MARKER), mode=0o644)
 
-    def _switch(self, new: str, new_previous: str) -> None:
-        t = self.clock.begin("switch", new)
-        argv = self.lease.locked(dp.script_argv(dp.SWITCH_SCRIPT, self.layout.envs, new, new_previous,
-                                                self.layout.run_lock, name="dfo-switch"))
-        r = self.t.run(argv, timeout=SMALL_TIMEOUT)
-        if r.exit_code == dp.EXIT_BUSY:
-            owner = next((ln.split("\t", 1)[1] for ln in r.out.splitlines()
-                          if ln.startswith("@runlock\t")), None)
-            if owner is not None:
-                self.clock.end("switch", t, "refused: run.lock held", status="failed")
-                raise dp.run_lock_error(self.host.name, self.layout.root, dp._b64(owner))
-        if "@switched" not in r.out:
-            self.clock.end("switch", t, "failed", status="failed")
-            r.check("switching envs/current")
-        self.clock.end("switch", t, f"envs/current -> {new}")
-
-    def _guard_run_lock(self, state: dp.RemoteState) -> None:
-        if state.run_lock_held:
-            raise dp.run_lock_error(self.host.name, self.layout.root, state.run_lock_owner)
-
     # ------------------------------------------------------------------ commands
     def deploy(self, *, force: bool = False) -> DeployReport:
         self.clock.restart()
@@ -297,12 +280,14 @@ class Deployer(DeployChecks):
         self.clock.end("connect", t, f"{self.host.name}: current {state.current_name or 'none'}")
         plan = dp.make_plan(state, target=target, lock=lock, expect=self.profile.expect,
                             local_uv=uv_version, wheel_remote=self.wheel_remote(), force=force)
-        report = DeployReport(self.host.name, self.profile.name, target, plan.action,
+        report = DeployReport(self.host.name, self.profile.name, plan.target, plan.action,
                               drift=plan.drift.lines() if plan.drift else [])
         if plan.noop:
             for s in plan.steps[1:]:
                 self.clock.skip(s.stage, s.reason)
-            report.message = f"{target} is current and matches its lock: nothing to do"
+            report.message = f"{plan.target} is current and matches its lock: nothing to do"
+            if plan.clean and self._clean_alone(state, plan.clean):
+                report.message += f"; removed the half-built {', '.join(plan.clean)}"
             return self._finish(report, state.current_fingerprint)
 
         self._guard_run_lock(state)
@@ -319,15 +304,17 @@ class Deployer(DeployChecks):
                 raise DeployError(msg, hint="free space on the target; envs/current is untouched")
         self.lease.acquire(state)
         try:
-            return self._execute(plan, state, lock, lock_bytes, env_dir, uv_path, uv_version,
-                                 report)
+            return self._execute(plan, state, lock, lock_bytes, uv_path, uv_version, report)
         finally:
             self.lease.release()
 
-    def _execute(self, plan: dp.Plan, state, lock, lock_bytes, env_dir, uv_path, uv_version,
+    def _execute(self, plan: dp.Plan, state, lock, lock_bytes, uv_path, uv_version,
                  report: DeployReport) -> DeployReport:
+        """Build (or re-sync) ``plan.target`` beside envs/current, verify, mark complete, switch:
+        envs/current changes only at the switch (a reverify rewrites its fingerprint once
+        the probe passed), so a failure before it leaves envs/current as it was."""
         target = plan.target
-        keep = state.current_name or "none"
+        env_dir = posixpath.join(self.layout.envs, target)
         steps = {s.stage: s for s in plan.steps}
         if steps["push uv"].run:
             self._push_uv(uv_path, uv_version)
@@ -338,16 +325,11 @@ class Deployer(DeployChecks):
         else:
             self.clock.skip("push wheel", steps["push wheel"].reason)
         if plan.clean:
-            paths = [posixpath.join(self.layout.envs, n) for n in plan.clean]
-            self._run(dp.script_argv(dp.CLEAN_SCRIPT, *paths, name="dfo-clean"),
-                      what="removing half-built envs")
-        in_place = plan.action in ("repair", "update", "reverify")
+            self._clean(plan.clean)
         if plan.runs("install") and not plan.runs("create venv"):
-            # an existing env is about to change: mark it incomplete first (under run.lock,
-            # so no run starts on it meanwhile); the marker comes back after verification
-            self._run(["flock", "-n", "-E", str(dp.EXIT_BUSY), self.layout.run_lock,
-                       "rm", "-f", "--", posixpath.join(env_dir, dp.COMPLETE_MARKER)],
-                      what="marking the env for repair")
+            # re-syncing an env that is not current: not a good env until verified again
+            self._run(["rm", "-f", "--", posixpath.join(env_dir, dp.COMPLETE_MARKER)],
+                      what="re-syncing the env")
         if steps["create venv"].run:
             t = self.clock.begin("create venv", self.python_spec())
             self._run([self.layout.uv, "venv", "--quiet", "--python", state.python,
@@ -360,19 +342,19 @@ class Deployer(DeployChecks):
                           detail=steps["install"].reason)
         else:
             self.clock.skip("install", steps["install"].reason)
-        fp = self._verify(env_dir, lock.sha256,
-                          keep=keep if not in_place else f"{keep}, but it is marked incomplete "
-                          "until a deploy repairs it")
+        fp = self._verify(env_dir, lock.sha256, keep=state.current_name or "none")
         self._mark_complete(env_dir, fp, lock.sha256)
         if steps["switch"].run:
-            self._switch(target, plan.new_previous)
+            self._switch(target, plan.new_previous, plan.retire)
         else:
             self.clock.skip("switch", steps["switch"].reason)
         report.message = {
             "create": f"built {target} and made it current",
             "reuse": f"re-verified {target} and made it current",
-            "repair": f"repaired {target} to its lock",
-            "update": f"updated dfo in {target}",
+            "repair": f"repaired: built {target} to its lock and made it current "
+                      f"(previous: {plan.new_previous})",
+            "update": f"updated dfo: built {target} and made it current "
+                      f"(previous: {plan.new_previous})",
             "reverify": f"re-verified {target}",
         }.get(plan.action, plan.action)
         return self._finish(report, fp)

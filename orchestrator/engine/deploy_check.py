@@ -17,9 +17,16 @@ from ..ops import deploy_plan as dp
 from ..ops.drift import fingerprint_drift
 from ..ops.fingerprint import compare, fingerprint_changes, parse_probe
 from ..ops.launch_facts import VERIFIED_FILE, LaunchFacts, record_bytes
+from ..ops.layout import env_generation
 from .stages import DeployReport
 
 log = logging.getLogger("dfo")
+
+
+def _shown(state: dp.RemoteState, target: str) -> str:
+    """The env a check names: envs/current when it is a generation of the lock's env."""
+    cur = state.current_name
+    return cur if cur and env_generation(cur)[0] == target else target
 
 
 class DeployChecks:
@@ -31,7 +38,7 @@ class DeployChecks:
         t = self.clock.begin("connect")
         state = self.probe_state(env_dir)
         self.clock.end("connect", t, f"current {state.current_name or 'none'}")
-        report = DeployReport(self.host.name, self.profile.name, target, "check")
+        report = DeployReport(self.host.name, self.profile.name, _shown(state, target), "check")
         lines = self._drift_lines(state, lock, target,
                                   lambda: self._timed_probe(self.layout.current_env))
         report.fingerprint = state.current_fingerprint or None
@@ -56,12 +63,12 @@ class DeployChecks:
         lines: list[str] = []
         if not state.current_name:
             return [f"no env deployed (envs/current missing; the lock wants {target})"]
-        if state.current_name != target:
+        ours = env_generation(state.current_name)[0] == target  # any generation of it
+        if not ours:
             lines.append(f"envs/current is {state.current_name}, the lock wants {target}")
         if not state.current_marker:
             lines.append(f"{state.current_name} is incomplete (a deploy was cut short)")
-        elif state.current_marker.get("lock_hash") != lock.sha256 and \
-                state.current_name == target:
+        elif state.current_marker.get("lock_hash") != lock.sha256 and ours:
             lines.append(f"{state.current_name} was built from another lock")
         if state.current_freeze is None:
             lines.append(f"{state.current_name}: cannot list its packages (no python or uv)")
@@ -96,7 +103,7 @@ class DeployChecks:
         rec = facts.verified
         if rec is not None:
             state.current_freeze = rec.freeze
-        report = DeployReport(self.host.name, self.profile.name, target, "check")
+        report = DeployReport(self.host.name, self.profile.name, _shown(state, target), "check")
         probed: dict[str, Any] = {}
 
         def probe() -> dict[str, Any]:

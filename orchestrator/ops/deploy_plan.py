@@ -19,7 +19,9 @@ positional parameter (``"$1"``...), never through f-string shells:
 An env is complete when ``<env>/.dfo-complete`` exists; it is written last, after the
 probe passed and ``fingerprint.json`` was written. A directory without it (a deploy cut
 short by a dropped SSH link, Ctrl-C or kill -9) is never taken for a good env: the
-next deploy removes it and builds again.
+next deploy removes it and builds again. The env envs/current points to is never changed
+in place: a repair or update builds the next generation (``<profile>-<lockhash12>.N``,
+``layout.env_generation``) beside it and switches to it.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import Any
 from ..errors import LockHeldError
 from .drift import Drift, Installed, diff, parse_freeze
 from .fingerprint import Mismatch, compare
+from .layout import env_generation, generation_name
 from .lockfile import Lock
 from .probes import Output, Probe, text
 from .scripts import script_text
@@ -220,7 +223,7 @@ class Step:
 @dataclass
 class Plan:
     action: str        # noop | create | repair | update | reuse | reverify | rollback
-    target: str        # env dir name in envs/
+    target: str        # env dir name in envs/ (the new env, or the current one)
     steps: list[Step]
     clean: list[str] = field(default_factory=list)  # incomplete env dir names to remove
     drift: Drift | None = None
@@ -228,6 +231,7 @@ class Plan:
     reinstall: bool = False
     sync: bool = True          # run `uv pip sync` in the install stage
     new_previous: str = ""     # what envs/previous becomes at switch ("" keeps it)
+    retire: list[str] = field(default_factory=list)  # older complete envs the switch removes
 
     def runs(self, stage: str) -> bool:
         return any(s.stage == stage and s.run for s in self.steps)
@@ -251,15 +255,45 @@ def current_drift(state: RemoteState, lock: Lock, wheel_remote: str | None) -> D
     return diff(lock, installed, project="dfo", project_wheel=wheel_remote)
 
 
+def next_generation(state: RemoteState, target: str, clean: list[str]) -> str:
+    """A name for a new env of ``target``: the target itself while no env of it is left
+    (half-built ones are removed first), else the generation after the newest one."""
+    taken = [n for n in [*state.envs, state.current_name, state.previous_name]
+             if n and n not in clean and env_generation(n)[0] == target]
+    return generation_name(target, max(env_generation(n)[1] for n in taken) + 1) if taken \
+        else target
+
+
+def retired(state: RemoteState, envs: dict[str, bool], new: str, new_previous: str) -> list[str]:
+    """Complete envs of the new current's and new previous's lock that the switch leaves
+    neither current nor previous: older generations, removed once the switch is done."""
+    prev = new_previous or state.previous_name
+    bases = {env_generation(n)[0] for n in (new, prev) if n}
+    return sorted(n for n, ok in envs.items()
+                  if ok and n not in (new, prev) and env_generation(n)[0] in bases)
+
+
 def make_plan(state: RemoteState, *, target: str, lock: Lock, expect: dict[str, Any],
               local_uv: str, wheel_remote: str, force: bool = False) -> Plan:
-    """What a deploy must do to make ``envs/current`` the complete, verified ``target``."""
+    """What a deploy must do to make ``envs/current`` a complete, verified env of ``target``.
+
+    The env ``envs/current`` points to is never changed in place: a repair, an update or
+    ``--force`` builds the next generation of it beside it (``<target>.<n>``), verifies it,
+    marks it complete and only then switches to it, so a deploy that fails or is cut short
+    at any stage leaves envs/current as it was. Only ``reverify`` (a probe, then a new
+    fingerprint) works on the current env itself."""
     uv_step = Step("push uv", not uv_matches(state.uv_version, local_uv),
                    "uv missing" if not state.uv_version else
                    (f"{_uv_version_number(state.uv_version)} -> {_uv_version_number(local_uv)}"
                     if not uv_matches(state.uv_version, local_uv) else "same version"))
-    clean = sorted(n for n, ok in state.envs.items() if not ok)
-    is_current = state.current_name == target and state.target == "complete"
+    envs = dict(state.envs)
+    if state.target in ("complete", "incomplete"):
+        envs.setdefault(target, state.target == "complete")
+    cur = state.current_name
+    cur_ok = bool(cur) and envs.get(cur, False)
+    # half-built envs are removed, but never the one envs/current points to
+    clean = sorted(n for n, ok in envs.items() if not ok and n != cur)
+    is_current = cur_ok and env_generation(cur)[0] == target
 
     def steps(create: bool, install: str | None, verify: bool, switch: str | None) -> list[Step]:
         wheel_needed = install is not None
@@ -275,6 +309,12 @@ def make_plan(state: RemoteState, *, target: str, lock: Lock, expect: dict[str, 
             Step("switch", switch is not None, switch or "already current"),
         ]
 
+    def rebuild(action: str, install: str, drift: Drift, mism: list[Mismatch]) -> Plan:
+        new = next_generation(state, target, clean)
+        return Plan(action, new, steps(True, install, True, f"from {cur} to {new}"), clean,
+                    drift, mism, reinstall=force, new_previous=cur,
+                    retire=retired(state, envs, new, cur))
+
     if is_current:
         drift = current_drift(state, lock, wheel_remote)
         marker = state.current_marker or {}
@@ -282,25 +322,27 @@ def make_plan(state: RemoteState, *, target: str, lock: Lock, expect: dict[str, 
         mism = compare(fp, expect) if fp else []
         marker_ok = marker.get("lock_hash") == lock.sha256
         if force:
-            return Plan("repair", target, steps(False, "reinstall (--force)", True, None),
-                        clean, drift, mism, reinstall=True)
+            return rebuild("repair", "reinstall (--force), new env", drift, mism)
         if drift.packages_differ or not marker_ok:
-            return Plan("repair", target, steps(False, "uv pip sync (drift)", True, None),
-                        clean, drift, mism)
+            return rebuild("repair", "uv pip sync (drift), new env", drift, mism)
         if drift.project_differs:
-            return Plan("update", target, steps(False, "dfo wheel", True, None),
-                        clean, drift, mism, sync=False)
+            return rebuild("update", "uv pip sync + dfo wheel, new env", drift, mism)
         if not fp or mism:
-            return Plan("reverify", target, steps(False, None, True, None), clean, drift, mism)
-        return Plan("noop", target, steps(False, None, False, None), clean, drift, mism)
+            return Plan("reverify", cur, steps(False, None, True, None), clean, drift, mism)
+        return Plan("noop", cur, steps(False, None, False, None), clean, drift, mism)
 
-    prev = state.current_name if state.current_name and state.current_name != target else ""
-    if state.target == "complete":
+    prev = cur if cur_ok else ""
+    done = sorted((n for n, ok in envs.items() if ok and env_generation(n)[0] == target),
+                  key=lambda n: env_generation(n)[1])
+    if done:
         # built before (e.g. the env we rolled back from): make sure it is exact, then switch
-        return Plan("reuse", target, steps(False, "uv pip sync", True, "to existing env"),
-                    clean, new_previous=prev, reinstall=force)
-    return Plan("create", target, steps(True, "uv pip sync", True, "to new env"),
-                [n for n in clean], new_previous=prev)
+        got = state.previous_name if state.previous_name in done else done[-1]
+        return Plan("reuse", got, steps(False, "uv pip sync", True, "to existing env"),
+                    clean, new_previous=prev, reinstall=force,
+                    retire=retired(state, envs, got, prev))
+    new = next_generation(state, target, clean)
+    return Plan("create", new, steps(True, "uv pip sync", True, "to new env"), clean,
+                new_previous=prev, retire=retired(state, envs, new, prev))
 
 
 def rollback_plan(state: RemoteState) -> Plan:

@@ -4,6 +4,7 @@
 
     <root>/
       envs/<profile>-<lockhash>/      venvs; fingerprint.json beside each; envs/current -> active
+      envs/<profile>-<lockhash>.<n>/  a later generation of the same env (a repair, an update)
       cache/<key>/                    TORCHINDUCTOR_CACHE_DIR + TRITON_CACHE_DIR for that key
       cache/snapshots/<key>.tar + <key>.manifest.json
       runs/<run-id>/                  state.json, events.jsonl, attempt-<n>.log, metrics.jsonl, stacks/
@@ -18,7 +19,24 @@ Paths are plain POSIX strings: they are used on the far side, never on this mach
 from __future__ import annotations
 
 import posixpath
+import re
 from dataclasses import dataclass
+
+_GENERATION = re.compile(r"^(.+-[0-9a-f]{12})\.([0-9]+)$")
+
+
+def env_generation(name: str) -> tuple[str, int]:
+    """An env dir name -> (the env it is a generation of, its number): ``cpu-0123456789ab``
+    is generation 1 of itself, ``cpu-0123456789ab.3`` generation 3 of ``cpu-0123456789ab``.
+    A repair or update never changes an env in place: it builds the next generation."""
+    m = _GENERATION.match(name)
+    if m and int(m.group(2)) >= 2:
+        return m.group(1), int(m.group(2))
+    return name, 1
+
+
+def generation_name(base: str, gen: int) -> str:
+    return base if gen <= 1 else f"{base}.{gen}"
 
 
 @dataclass(frozen=True)
@@ -34,6 +52,7 @@ class RemoteLayout:
         return self._j("envs")
 
     def env_dir(self, profile: str, lock_hash: str) -> str:
+        """The env a lock wants (its first generation; see ``env_generation``)."""
         return self._j("envs", f"{profile}-{lock_hash[:12]}")
 
     @property

@@ -1,5 +1,7 @@
 """uv on this side, pure: where extra wheels are found (``PIP_FIND_LINKS``/``UV_FIND_LINKS``)
-and uv's error output as one-line ``DeployError``s with the fix."""
+and uv's error output as one-line ``DeployError``s with the fix. uv only ever installs into
+an env that is not envs/current (a new one, or one re-synced before the switch), so each
+says envs/current is untouched."""
 
 from __future__ import annotations
 
@@ -31,19 +33,21 @@ def translate_uv_error(text: str, *, host: str, root: str, what: str) -> DeployE
         got = f": lock sha256 {hashes[0][:12]}..., file {hashes[-1][:12]}..." if len(hashes) >= 2 else ""
         return DeployError(f"{pkg}: the file does not match the lock's sha256 (hash mismatch){got}",
                            hint="the wheelhouse/index serves a different build than the lock pins; "
-                                "fix the wheelhouse or regenerate the lock with tools/make_lock.py")
+                                "fix the wheelhouse or regenerate the lock with tools/make_lock.py; "
+                                "envs/current is untouched")
     m = re.search(r"Because ([A-Za-z0-9_.\-]+)(==[^\s,]+)? was not found", text)
     req = re.search(r"you require ([A-Za-z0-9_.\-]+==[^\s,]+)", text)
     if m or "not found in the provided package locations" in low or "no matching distribution" in low:
         pkg = (req.group(1) if req else m.group(1) + (m.group(2) or "")) if m else "a locked package"
         return DeployError(f"{pkg} is not available from the package sources on {host}",
                            hint="add it to the host's wheelhouse (see docs/deploy.md: "
-                                "`pip download`), or set index_url in hosts.yaml")
+                                "`pip download`), or set index_url in hosts.yaml; "
+                                "envs/current is untouched")
     if "failed to fetch" in low or "dns error" in low or "connection refused" in low \
             or "network is unreachable" in low:
         return DeployError(f"{host} cannot reach the package index while {what}",
                            hint="give the host a wheelhouse (hosts.yaml `wheelhouse:`) for "
-                                "offline installs, or fix its network")
+                                "offline installs, or fix its network; envs/current is untouched")
     last = lines[-1] if lines else "no output"
     return DeployError(f"{what} failed on {host}: {last}",
                        hint="run with -vv for uv's full output; envs/current is untouched")

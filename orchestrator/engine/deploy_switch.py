@@ -1,0 +1,56 @@
+"""The changes ``dfo deploy`` makes to ``<root>/envs/`` itself (a mixin of ``Deployer``: uses
+its clock, lease and transport): the atomic switch of ``envs/current`` under run.lock, which
+also retires older generations of the env, and the removal of half-built envs."""
+
+from __future__ import annotations
+
+import posixpath
+
+from ..errors import LockHeldError
+from ..ops import deploy_plan as dp
+
+#: the switch itself is instant; deleting the envs it retires (renamed first) takes longer
+SWITCH_TIMEOUT = 600.0
+
+
+class EnvSwitch:
+    def _switch(self, new: str, new_previous: str, retire: list[str] | None = None) -> None:
+        t = self.clock.begin("switch", new)
+        argv = self.lease.locked(dp.script_argv(dp.SWITCH_SCRIPT, self.layout.envs, new, new_previous,
+                                                self.layout.run_lock, *(retire or []),
+                                                name="dfo-switch"))
+        r = self.t.run(argv, timeout=SWITCH_TIMEOUT)
+        if r.exit_code == dp.EXIT_BUSY:
+            owner = next((ln.split("\t", 1)[1] for ln in r.out.splitlines()
+                          if ln.startswith("@runlock\t")), None)
+            if owner is not None:
+                self.clock.end("switch", t, "refused: run.lock held", status="failed")
+                raise dp.run_lock_error(self.host.name, self.layout.root, dp._b64(owner))
+        if "@switched" not in r.out:
+            self.clock.end("switch", t, "failed", status="failed")
+            r.check("switching envs/current")
+        gone = [ln.split("\t", 1)[1] for ln in r.out.splitlines() if ln.startswith("@retired\t")]
+        self.clock.end("switch", t, f"envs/current -> {new}"
+                       + (f"; removed {', '.join(gone)}" if gone else ""))
+
+    def _guard_run_lock(self, state: dp.RemoteState) -> None:
+        if state.run_lock_held:
+            raise dp.run_lock_error(self.host.name, self.layout.root, state.run_lock_owner)
+
+    def _clean(self, names: list[str]) -> None:
+        paths = [posixpath.join(self.layout.envs, n) for n in names]
+        self._run(dp.script_argv(dp.CLEAN_SCRIPT, *paths, name="dfo-clean"),
+                  what="removing half-built envs")
+
+    def _clean_alone(self, state: dp.RemoteState, names: list[str]) -> bool:
+        """A no-op deploy removes half-built envs under the lease; while another deploy
+        holds it, the env may be that deploy's: left alone."""
+        try:
+            self.lease.acquire(state)
+        except LockHeldError:
+            return False
+        try:
+            self._clean(names)
+        finally:
+            self.lease.release()
+        return True
