@@ -148,6 +148,26 @@ def _procs_with(*needles: str) -> list[int]:
     return pids
 
 
+def _ctrl_c(p: subprocess.Popen, mid_install, uv_running) -> None:
+    """Ctrl-C to a deploying dfo once ``mid_install()`` returned: exit 130, "interrupted"
+    and no traceback, and uv stopped with dfo (SIGKILLed with its session: gone once the
+    kernel tore it down; a zombie or a process in its exit has no command line)."""
+    try:
+        mid_install()
+        assert p.poll() is None
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130, err
+    assert "dfo: interrupted" in err and "Traceback" not in err
+    deadline = time.monotonic() + 30
+    while uv_running():
+        assert time.monotonic() < deadline, "uv goes on after dfo was interrupted"
+        time.sleep(0.05)
+
+
 def test_ctrl_c_mid_install_then_next_deploy_finishes(wheelhouse, tmp_path, project_wheel):
     """Ctrl-C while uv installs: exit 130, uv stopped, nothing current, lock released;
     the next deploy removes the half-built env and builds it."""
@@ -162,7 +182,7 @@ def test_ctrl_c_mid_install_then_next_deploy_finishes(wheelhouse, tmp_path, proj
     env.pop("UV_FIND_LINKS", None)
     p = subprocess.Popen([DFO, "--hosts", str(hosts), "deploy"], env=env, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
-    try:
+    def first_mib() -> None:
         # mid install: uv is syncing and has written its first MiB (it unpacks torch from a
         # cold cache for seconds more), however fast or slow the box gets there
         deadline = time.monotonic() + 300
@@ -170,20 +190,8 @@ def test_ctrl_c_mid_install_then_next_deploy_finishes(wheelhouse, tmp_path, proj
             assert p.poll() is None, p.communicate()
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        assert p.poll() is None
-        p.send_signal(signal.SIGINT)
-        out, err = p.communicate(timeout=120)
-    finally:
-        if p.poll() is None:
-            p.kill()
-    assert p.returncode == 130, err
-    assert "dfo: interrupted" in err and "Traceback" not in err
-    # uv was stopped with dfo (SIGKILLed with its session: gone once the kernel tore it
-    # down; a zombie or a process in its exit has no command line)
-    deadline = time.monotonic() + 30
-    while _procs_with("pip sync", str(root)):
-        assert time.monotonic() < deadline, "uv goes on after dfo was interrupted"
-        time.sleep(0.05)
+
+    _ctrl_c(p, first_mib, lambda: _procs_with("pip sync", str(root)))
     envs = [e for e in (root / "envs").iterdir() if not e.name.startswith(".")]
     assert envs and all(not (e / ".dfo-complete").exists() for e in envs)
     assert not (root / "envs/current").exists()
@@ -292,21 +300,11 @@ def test_ctrl_c_during_force_leaves_current_working(wheelhouse, tmp_path, projec
     cold = dict(env, UV_CACHE_DIR=str(tmp_path / "cold-cache"))  # unpacking torch takes seconds
     p = subprocess.Popen([DFO, "--hosts", str(hosts), "deploy", "--force"], env=cold,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    def held_still() -> None:
         for pid in _mid_install(p, root, half):
             os.kill(pid, signal.SIGSTOP)
-        assert p.poll() is None
-        p.send_signal(signal.SIGINT)
-        out, err = p.communicate(timeout=120)
-    finally:
-        if p.poll() is None:
-            p.kill()
-    assert p.returncode == 130, err
-    assert "dfo: interrupted" in err and "Traceback" not in err
-    deadline = time.monotonic() + 30
-    while _uv_syncs(root, half):   # stopped with dfo (SIGKILLed with its session)
-        assert time.monotonic() < deadline, "uv goes on after dfo was interrupted"
-        time.sleep(0.05)
+
+    _ctrl_c(p, held_still, lambda: _uv_syncs(root, half))
     assert (root / "envs" / half).is_dir() and not (root / "envs" / half / ".dfo-complete").exists()
     assert not (root / "locks/deploy.owner").exists()  # the lease was released
     _current_is_good(root, hosts, name, project_wheel)
