@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The main job (README), on the embedded `local` default: no host, no GPU needed.
-#   dfo deploy      a hash-locked uv env (CPU profile) under ~/.dfo/envs/, verified
+#   dfo deploy      a hash-locked uv env (profile cpu-pypi: PyPI alone) under ~/.dfo/envs/
 #   demo assets     a tiny random-init Qwen3 target + synthetic data under ~/.dfo/demo/
 #   dfo warm-cache  the compile-cache snapshot for this env, restored or warmed
 #   dfo launch -f   the DFlash trainer under the supervisor, with torch's FX-tracing error of
 #                   the threaded lazy-compile race (docs/recovery.md) injected once:
 #                   detection, fallback and resume, then done
-# Needs Python >= 3.11 and network access to PyPI (torch comes from $PIP_FIND_LINKS when set).
+# Needs Python >= 3.11 and HTTPS access to PyPI (about 2.1 GiB of downloads the first time).
 # Extra arguments go to `dfo demo` (e.g. --no-fault, --host NAME).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -20,8 +20,5 @@ if [[ ! -x .venv/bin/dfo ]]; then
     echo "== setting up .venv (the local side: click, rich, pyyaml, paramiko, uv)" >&2
     "$PY" -m venv .venv
     .venv/bin/python -m pip install -q --disable-pip-version-check -e .
-fi
-if [[ -z ${PIP_FIND_LINKS:-} && -d /opt/wheels ]]; then
-    export PIP_FIND_LINKS=/opt/wheels   # a local torch CPU wheel on this kind of machine
 fi
 exec .venv/bin/dfo demo "$@"

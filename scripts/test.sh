@@ -53,6 +53,16 @@ fi
 if [[ -z ${PIP_FIND_LINKS:-} && -d /opt/wheels ]]; then
     export PIP_FIND_LINKS=/opt/wheels   # the CPU torch wheel on this kind of machine
 fi
+# the lab deploys the `cpu` profile offline: torch's +cpu wheel must be in a find-links dir
+torch_cpu=torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl
+found=
+for d in ${PIP_FIND_LINKS//,/ }; do
+    [[ $d == *://* || -f $d/$torch_cpu ]] && found=1
+done
+if [[ -z $found ]]; then
+    echo "scripts/test.sh: the tests need $torch_cpu (https://download.pytorch.org/whl/cpu/torch/) in a directory named by PIP_FIND_LINKS (README)" >&2
+    exit 2
+fi
 constraints=$(mktemp)
 trap 'rm -f "$constraints"' EXIT
 # torch==2.13.0 also matches a local 2.13.0+cpu wheel from PIP_FIND_LINKS (PEP 440)

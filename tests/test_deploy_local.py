@@ -97,30 +97,6 @@ def test_local_deploy_noop_and_check(wheelhouse, tmp_path, project_wheel):
     assert not owner.exists()  # released
 
 
-def test_cli_deploys_on_the_embedded_local_default(wheelhouse, tmp_path, project_wheel):
-    """`dfo deploy` with no hosts.yaml: the embedded `local` host, root ~/.dfo."""
-    wh, links = wheelhouse
-    home = tmp_path / "home"
-    home.mkdir()
-    # a cache of its own: everything comes from the wheelhouse, nothing from what an
-    # earlier run left in ~/.cache/uv
-    env = {k: v for k, v in os.environ.items() if k != "DFO_HOSTS"}
-    env.update(HOME=str(home), UV_CACHE_DIR=str(tmp_path / "uv-cache"), UV_OFFLINE="1",
-               UV_FIND_LINKS=str(wh), PIP_FIND_LINKS=str(links),
-               DFO_CACHE_DIR=str(tmp_path / "dfo-cache"),
-               # pin dfo's wheel: the checkout may change between the two deploys
-               DFO_PROJECT_WHEEL=str(project_wheel.path))
-    r = subprocess.run([DFO, "deploy", "--json"], cwd=tmp_path, env=env, capture_output=True,
-                       text=True, timeout=900)
-    assert r.returncode == 0, r.stderr
-    rep = json.loads(r.stdout)
-    assert rep["host"] == "local" and rep["action"] == "create"
-    assert os.readlink(home / ".dfo/envs/current") == rep["env"]
-    r = subprocess.run([DFO, "deploy"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0 and "nothing to do" in r.stdout, r.stdout + r.stderr
-
-
 def _written(pids: list[int]) -> int:
     """Bytes these processes wrote so far (/proc/PID/io wchar; 0 for one that is gone)."""
     n = 0

@@ -74,7 +74,7 @@ def test_repo_hosts_yaml_and_embedded_default_load(tmp_path, _isolated):
     assert inv.default == "local"
     h = inv.get(None)
     assert h.transport == "local" and h.root == str(_isolated / ".dfo")
-    assert h.gpus.target == ("cpu",) and h.gpus.drafter == ("cpu",) and h.profile == "cpu"
+    assert h.gpus.target == ("cpu",) and h.gpus.drafter == ("cpu",) and h.profile == "cpu-pypi"
     emb = load_inventory(None)
     assert emb.path is None and emb.get(None) == h.__class__(**{**h.__dict__, "source": emb.get(None).source})
     assert "local" in EMBEDDED_DEFAULT

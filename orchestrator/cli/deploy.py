@@ -50,10 +50,13 @@ def _esc(s: str) -> str:
 @click.option("--force", is_flag=True, help="Reinstall every package and re-verify, even when up to date.")
 @click.option("--profile", "profile", default=None, metavar="NAME|DIR",
               help="Use this profile instead of the host's `profile:` (a name or a directory).")
+@click.option("--find-links", "find_links", multiple=True, metavar="DIR|URL",
+              help="Also take wheels from here (a directory on the target, or a page of links such "
+                   "as https://download.pytorch.org/whl/cpu/torch/); repeatable.")
 @group_option("Deploy")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (for scripts).")
 @click.pass_obj
-def deploy(app, host_name, check, rollback, force, profile, group_name, as_json):
+def deploy(app, host_name, check, rollback, force, profile, find_links, group_name, as_json):
     """Build, verify and switch to the host's pinned environment.
 
     The env is a uv venv in <root>/envs/<profile>-<lockhash>/ installed with
@@ -69,13 +72,13 @@ def deploy(app, host_name, check, rollback, force, profile, group_name, as_json)
     host_or_group(host_name, group_name)
     if group_name is not None:
         action = "check" if check else "rollback" if rollback else "deploy"
-        return _deploy_group(app, group_name, action, profile, force, as_json)
+        return _deploy_group(app, group_name, action, profile, force, as_json, find_links)
     view = None if as_json else _StageView(console(stderr=True))
     host = app.host(host_name)
     report = None
     try:
         transport = app.transport(host_name)
-        d = Deployer(transport, host, profile=profile, on_event=view)
+        d = Deployer(transport, host, profile=profile, on_event=view, find_links=find_links)
         if check:
             report = d.check()
         elif rollback:
@@ -134,7 +137,7 @@ def _figures(r) -> str:
     return f"{r.action} {r.env} in {r.total_seconds:.1f}s{torch}"
 
 
-def _deploy_group(app, group_name, action, profile, force, as_json) -> int:
+def _deploy_group(app, group_name, action, profile, force, as_json, find_links=()) -> int:
     from ..engine.group import worst_exit
     from ..engine.group_hosts import deploy_group
     from . import group_view as gv
@@ -143,7 +146,7 @@ def _deploy_group(app, group_name, action, profile, force, as_json) -> int:
     view = gv.rows(f"deploy {g.name}", g.hosts, as_json)
     with view:
         outs = deploy_group(members, app.transport_for, action=action, profile=profile,
-                            force=force, progress=view.update)
+                            force=force, progress=view.update, find_links=find_links)
         gv.finish_rows(view, outs, _figures)
     code = worst_exit(outs)
     if as_json:

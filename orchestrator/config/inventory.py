@@ -36,7 +36,7 @@ hosts:
   local:
     transport: local
     root: ~/.dfo
-    profile: cpu
+    profile: cpu-pypi
     gpus: {target: [cpu], drafter: [cpu]}
 """
 

@@ -32,7 +32,7 @@ from ..errors import DeployError, DfoError, LockHeldError, RemoteCommandError, V
 from ..ops import deploy_plan as dp
 from ..ops.fingerprint import (Mismatch, build_fingerprint, compare, fingerprint_changes,
                               fingerprint_json, parse_probe, probe_argv)
-from ..ops.uv import local_find_links, translate_uv_error
+from ..ops.uv import describe_sources, local_find_links, translate_uv_error
 from ..ops.uv_progress import UvProgress, human_bytes, parse_du_k
 from .deploy_check import DeployChecks
 from .deploy_switch import EnvSwitch
@@ -62,8 +62,9 @@ def local_uv() -> tuple[str, str]:
 class Deployer(DeployChecks, EnvSwitch):
     def __init__(self, transport, host, *, profile: Profile | str | None = None,
                  on_event: EventFn | None = None, environ: dict[str, str] | None = None,
-                 wheel: ProjectWheel | None = None):
+                 wheel: ProjectWheel | None = None, find_links: tuple[str, ...] = ()):
         self.t = transport
+        self.find_links = tuple(find_links)  # `dfo deploy --find-links`: dirs or URLs uv reads
         self.host = host
         self.layout = host.layout
         prof = profile if profile is not None else host.profile
@@ -106,8 +107,7 @@ class Deployer(DeployChecks, EnvSwitch):
                 except Exception:  # noqa: BLE001
                     owner = ""
                 raise dp.run_lock_error(self.host.name, self.layout.root, owner)
-            raise translate_uv_error(r.err or r.out, host=self.host.name, root=self.layout.root,
-                                     what=what)
+            raise self._uv_error(r.err or r.out, what)
         return r.out
 
     def _stream(self, stage: str, argv: list[str], *, what: str) -> None:
@@ -129,7 +129,12 @@ class Deployer(DeployChecks, EnvSwitch):
             if r.exit_code == dp.EXIT_BUSY and "deploy" in text:
                 raise LockHeldError(f"lost the deploy lock on {self.host.name} while {what}",
                                     hint="another deploy took over; run dfo deploy again")
-            raise translate_uv_error(text, host=self.host.name, root=self.layout.root, what=what)
+            raise self._uv_error(text, what)
+
+    def _uv_error(self, text: str, what: str):
+        return translate_uv_error(text, host=self.host.name, root=self.layout.root, what=what,
+                                  sources=describe_sources(self._source_args()),
+                                  unserved_hint=self.profile.sources.unserved_hint)
 
     # ------------------------------------------------------------------ local facts
     def _local_facts(self):
@@ -182,20 +187,25 @@ class Deployer(DeployChecks, EnvSwitch):
         self.clock.end("push wheel", t, f"{w.filename} ({w.short})")
 
     def _source_args(self) -> list[str]:
+        """uv's sources: find-links (the profile's, ``--find-links``, the host's wheelhouse
+        and, on ``local`` unless the profile opts out, PIP_FIND_LINKS / UV_FIND_LINKS), then
+        the index. Find-links stand in for the profile's extra indexes (which serve only the
+        builds the lock pins from them, such as torch's ``+cpu`` wheel), so those are asked
+        only when no find-links are given; a wheelhouse alone means offline."""
         s = self.profile.sources
-        args: list[str] = []
-        links = list(s.find_links)
-        if self.host.wheelhouse:
-            links.append(self.host.wheelhouse)
-        if self.t.is_local:
+        links = list(dict.fromkeys([*s.find_links, *self.find_links,
+                                    *([self.host.wheelhouse] if self.host.wheelhouse else [])]))
+        if self.t.is_local and s.env_find_links:
             links += [x for x in local_find_links(self.environ) if x not in links]
+        args: list[str] = []
         for fl in links:
             args += ["--find-links", fl]
         index = self.host.index_url or (None if self.host.wheelhouse else s.index_url)
         if index:
             args += ["--index-url", index]
-            for extra in s.extra_index_urls:
-                args += ["--extra-index-url", extra]
+            if not links:
+                for extra in s.extra_index_urls:
+                    args += ["--extra-index-url", extra]
             if s.index_strategy:
                 args += ["--index-strategy", s.index_strategy]
         else:

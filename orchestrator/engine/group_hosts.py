@@ -39,7 +39,7 @@ def _quiet(host: str, text: str) -> None:
 
 def deploy_group(hosts: Sequence[HostConfig], transport_for: TransportFor, *, action: str = "deploy",
                  profile: str | None = None, force: bool = False, progress: Progress = _quiet,
-                 wheel=None) -> list[HostOutcome]:
+                 wheel=None, find_links: tuple[str, ...] = ()) -> list[HostOutcome]:
     """``dfo deploy`` (``action`` deploy, check or rollback) on every member; dfo's wheel is
     built once, before the members start. ``check`` finding drift is that member's failure
     (exit 7), with its report kept."""
@@ -57,7 +57,8 @@ def deploy_group(hosts: Sequence[HostConfig], transport_for: TransportFor, *, ac
             if status in ("start", "line", "done"):
                 progress(h.name, f"{stage}: {detail}" if detail else stage)
 
-        d = Deployer(transport_for(h), h, profile=profile, on_event=on_event, wheel=wheel)
+        d = Deployer(transport_for(h), h, profile=profile, on_event=on_event, wheel=wheel,
+                     find_links=find_links)
         if action == "check":
             return d.check()
         if action == "rollback":

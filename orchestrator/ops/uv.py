@@ -20,7 +20,32 @@ def local_find_links(environ: dict[str, str]) -> list[str]:
     return out
 
 
-def translate_uv_error(text: str, *, host: str, root: str, what: str) -> DeployError:
+def describe_sources(args: list[str]) -> str:
+    """uv's source arguments for people: ``index https://pypi.org/simple, find-links /w``."""
+    out = []
+    for flag, value in zip(args, args[1:] + [""]):
+        if flag == "--index-url":
+            out.append("PyPI" if value.rstrip("/") == "https://pypi.org/simple" else f"index {value}")
+        elif flag == "--extra-index-url":
+            out.append(f"index {value}")
+        elif flag == "--find-links":
+            out.append(f"find-links {value}")
+        elif flag == "--no-index":
+            out.append("no index")
+    return ", ".join(out) or "uv's defaults"
+
+
+def unserved_package(text: str) -> str | None:
+    """The pinned requirement uv could find no file for (``torch==2.13.0+cpu``), from its
+    resolver's words, or None."""
+    m = re.search(r"there is no version of ([A-Za-z0-9_.\-]+==[^\s,]+)", text)
+    return m.group(1) if m else None
+
+
+def translate_uv_error(text: str, *, host: str, root: str, what: str,
+                       sources: str = "", unserved_hint: str = "") -> DeployError:
+    """``sources`` names where uv looked (for people); ``unserved_hint`` is the profile's
+    own advice for a pin its sources cannot serve."""
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
     low = text.lower()
     if "no space left on device" in low:
@@ -34,6 +59,13 @@ def translate_uv_error(text: str, *, host: str, root: str, what: str) -> DeployE
         return DeployError(f"{pkg}: the file does not match the lock's sha256 (hash mismatch){got}",
                            hint="the wheelhouse/index serves a different build than the lock pins; "
                                 "fix the wheelhouse or regenerate the lock with tools/make_lock.py; "
+                                "envs/current is untouched")
+    pin = unserved_package(text)
+    if pin:
+        fix = "add a wheelhouse that holds it (hosts.yaml `wheelhouse:`) or `dfo deploy --find-links DIR|URL`"
+        return DeployError(f"{pin} is not served by the package sources on {host}"
+                           + (f" ({sources})" if sources else ""),
+                           hint=f"{fix}{'; ' + unserved_hint if unserved_hint else ''}; "
                                 "envs/current is untouched")
     m = re.search(r"Because ([A-Za-z0-9_.\-]+)(==[^\s,]+)? was not found", text)
     req = re.search(r"you require ([A-Za-z0-9_.\-]+==[^\s,]+)", text)

@@ -34,12 +34,22 @@ from ...ops.lockfile import Lock, lock_hash, parse_lock
 PROFILES_DIR = Path(__file__).resolve().parent
 
 
+_SOURCE_KEYS = ("index_url", "extra_index_urls", "find_links", "index_strategy", "env_find_links",
+                "unserved_hint")
+
+
 @dataclass(frozen=True)
 class Sources:
     index_url: str | None = None
     extra_index_urls: tuple[str, ...] = ()
     find_links: tuple[str, ...] = ()
     index_strategy: str | None = None
+    #: whether PIP_FIND_LINKS / UV_FIND_LINKS add to a local deploy's sources; false for
+    #: a lock that resolves from its index alone (a local ``+cpu`` wheel there would
+    #: otherwise stand in for the index's build of the same version)
+    env_find_links: bool = True
+    #: advice for a pinned file these sources cannot serve (another profile, a URL)
+    unserved_hint: str = ""
 
 
 @dataclass(frozen=True)
@@ -142,7 +152,10 @@ def _load_dir(d: Path) -> Profile:
     src = doc.get("sources") or {}
     if not isinstance(src, dict):
         raise ConfigError(f"{f}: `sources:` must be a mapping",
-                          hint="keys: index_url, extra_index_urls, find_links, index_strategy")
+                          hint="keys: " + ", ".join(_SOURCE_KEYS))
+    unknown = sorted(set(src) - set(_SOURCE_KEYS))
+    if unknown:
+        raise ConfigError(f"{f}: sources: unknown key {unknown[0]!r}", hint="keys: " + ", ".join(_SOURCE_KEYS))
     expect = doc.get("expect") or {}
     if not isinstance(expect, dict):
         raise ConfigError(f"{f}: `expect:` must be a mapping", hint="e.g. expect: {torch: 2.13.0+cpu}")
@@ -163,6 +176,8 @@ def _load_dir(d: Path) -> Profile:
             extra_index_urls=tuple(src.get("extra_index_urls") or ()),
             find_links=tuple(src.get("find_links") or ()),
             index_strategy=src.get("index_strategy"),
+            env_find_links=bool(src.get("env_find_links", True)),
+            unserved_hint=str(src.get("unserved_hint") or ""),
         ),
         expect=dict(expect),
         description=str(doc.get("description") or ""),
