@@ -110,3 +110,9 @@ class NotFoundError(DfoError):
 
 
 EXIT_INTERRUPTED = 130
+
+
+class Interrupted(DfoError):
+    """Ctrl-C, saying what it left behind (a launch: whether a run started)."""
+
+    exit_code = EXIT_INTERRUPTED

@@ -14,7 +14,7 @@ import sys
 import click
 
 from .. import __version__
-from ..errors import EXIT_INTERRUPTED, DfoError
+from ..errors import EXIT_INTERRUPTED, DfoError, Interrupted
 from .context import AppContext
 from . import cache as _cache, demo as _demo, deploy as _deploy, hosts as _hosts, run as _run
 from . import status as _status
@@ -58,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point: run the CLI and map errors to exit codes (the only place that does)."""
     try:
         rv = cli.main(args=argv, prog_name="dfo", standalone_mode=False)
+    except Interrupted as e:
+        click.echo(f"dfo: interrupted: {e}", err=True)
+        return e.exit_code
     except DfoError as e:
         click.echo(f"dfo: error: {e}", err=True)
         return e.exit_code

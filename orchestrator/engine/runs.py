@@ -6,9 +6,10 @@ file) and checks everything given before anything touches the host
 (``engine.preflight``: env deployed and ``dfo deploy --check``-clean, run.lock, the
 config's paths, the cache key's inputs, the checkpoints by manifest, a resume glob) and
 plans (``ops.launch_plan.plan_launch``). ``launch(opts)`` then writes the run dir
-(config.yaml, spec.json), seeds the run's own compile cache and starts the supervisor
-detached (systemd-run, or setsid) in ONE more command (``ops.launch_steps``), and waits
-until the supervisor has taken run.lock.
+(config.yaml, spec.json) and starts the supervisor detached (systemd-run, or setsid) in ONE
+more command (``ops.launch_steps``; the supervisor seeds the run's own compile cache), and
+waits until the supervisor has taken run.lock. Ctrl-C during a launch ends in
+:class:`~orchestrator.errors.Interrupted`, saying whether the run started.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from ..config.runconfig import default_config_path
-from ..errors import (ConnectError, DfoError, HostKeyError, LockHeldError, RemoteCommandError,
-                      RunFailed)
+from ..errors import (ConnectError, DfoError, HostKeyError, Interrupted, LockHeldError,
+                      RemoteCommandError, RunFailed)
 from ..ops import launch_plan as lp
 from ..ops import launch_request as lr
 from ..ops import launch_steps as ls
@@ -100,6 +101,51 @@ class RunOps(RunQueries):
             raise
         except ConnectError as e:
             raise cut_off_error(e, self.host.name, self._launching) from None
+        except KeyboardInterrupt:
+            raise self._interrupted(self._launching) from None
+
+    def _interrupted(self, run_id: str | None) -> Interrupted:
+        """What a Ctrl-C during a launch left: nothing (before the run's steps were sent),
+        or the run as the host shows it once those steps are over (once sent they run to
+        their end: ``orchestrator.remote.run_steps``)."""
+        where = self.host.name
+        if run_id is None:
+            return Interrupted(f"no run was started on {where}")
+        look = f"`dfo status --host {where} --run {run_id}`"
+        try:
+            info = self._settled(run_id)
+        except (DfoError, KeyboardInterrupt):
+            return Interrupted(f"run {run_id} may have started on {where}",
+                               hint=f"check with {look}")
+        if info is None:
+            return Interrupted(f"run {run_id} was not started on {where} (nothing of it is "
+                               "there)")
+        shown = str(info.get("shown_status") or info.get("status"))
+        if shown == "never_started":
+            return Interrupted(f"run {run_id} did not start on {where}",
+                               hint=f"remove {self.layout.run_dir(run_id)} (nothing of it ran)")
+        if not info.get("pid") and shown not in rs.FINAL:
+            return Interrupted(f"run {run_id} may have started on {where} (its supervisor has "
+                               "not reported yet)", hint=f"check with {look}")
+        return Interrupted(f"run {run_id} started on {where} and goes on ({shown})",
+                           hint=f"follow it with `dfo logs -f --host {where} --run {run_id}`; "
+                           f"stop it with `dfo stop --host {where} --run {run_id}`")
+
+    def _settled(self, run_id: str, timeout: float = 60.0) -> dict | None:
+        """``run_id`` as the host shows it once its launch steps are over: its supervisor
+        has written its state, the run ended or never started; what is there at
+        ``timeout`` (None: nothing of it)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            runs = self.status(run_id)
+            info = runs[0] if runs else None
+            shown = str((info or {}).get("shown_status"))
+            if info is not None and (info.get("pid") or shown in rs.FINAL
+                                     or shown == "never_started"):
+                return info
+            if time.monotonic() > deadline:
+                return info
+            time.sleep(0.2)
 
     def _launch(self, o: LaunchOptions) -> lp.LaunchPlan:
         plan = self.plan(o)

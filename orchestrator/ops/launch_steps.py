@@ -1,8 +1,10 @@
 """What ``dfo launch`` does on the host once a run is planned, as the steps of ONE remote
 command (``orchestrator.remote.run_steps``, pure here): move earlier checkpoints aside
 (``--new-lineage``), create the run dir (exclusively: no two launches share one), write the
-run config, seed the run's compile cache, write spec.json, record the env's verification,
-and start the supervisor. Each step is an argv or a file to write; the first that fails
+run config and spec.json, record the env's verification, and start the supervisor. Nothing
+slow runs before the supervisor owns the run: it seeds the run's compile cache itself (a copy
+of the host's live cache, ``spec.cache.restore_argv``), so a launch cut off before that
+leaves no copy behind, and a run dir with spec.json is listed by ``dfo status``. Each step is an argv or a file to write; the first that fails
 stops the rest, and :data:`WHAT` names it in the error.
 """
 
@@ -27,7 +29,7 @@ WHAT = {"move_aside": "moving the earlier checkpoints aside",
         "moved": "moving the earlier checkpoints aside",
         "parents": "creating the run dir", "run_dir": "creating the run dir",
         "inside": "creating the run dir", "config": "writing the run config",
-        "seed": "seeding the run's compile cache", "spec": "writing spec.json",
+        "spec": "writing spec.json",
         "record": "recording the env's verification", "start": "starting the supervisor"}
 
 
@@ -52,7 +54,6 @@ def launch_steps(plan, locks: str, *, start: bool = True) -> list[dict[str, Any]
     steps += [{"id": "parents", "run": parents}, {"id": "run_dir", "run": mine}]
     steps += [{"id": "inside", "run": a} for a in inside]
     steps.append(_write("config", plan.spec.config.path, plan.config_bytes))
-    steps += [{"id": "seed", "run": a, "timeout": 600} for a in plan.seed_argvs]
     steps.append(_write("spec", posixpath.join(plan.run_dir, rs.SPEC_FILE), spec_bytes(plan.spec)))
     if plan.record is not None:
         steps.append(_write("record", plan.record[0], plan.record[1], optional=True))

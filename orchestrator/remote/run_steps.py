@@ -9,12 +9,19 @@ stops the rest; an ``optional`` write that fails is passed over. One line answer
 ``@dfo-steps {"done": N}`` or ``@dfo-steps {"failed": ID, "exit_code": C, "stdout": ...,
 "stderr": ...}``; the caller turns a failed step into its own error
 (``orchestrator.ops.launch_steps``). Stdlib and ``dfo_contract`` only.
+
+Once the steps have arrived they run to their end: Ctrl-C on the laptop (SIGINT to a local
+launch's process group) or a dropped connection (SIGHUP, a closed stdout) does not cut them
+off between creating the run dir and starting its supervisor, so a launch either leaves
+nothing or a run its supervisor owns. The supervisor gets the default signal handlers.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import os
+import signal
 import subprocess
 import sys
 
@@ -23,6 +30,22 @@ from dfo_contract.fsio import atomic_write_bytes
 MARK = "@dfo-steps "
 #: how much of a failed step's output comes back
 TAIL = 4000
+
+
+#: the signals the steps are shielded from (see the module doc)
+SHIELDED = (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE)
+
+
+def _default_signals() -> None:
+    for sig in SHIELDED:
+        signal.signal(sig, signal.SIG_DFL)
+
+
+def _answer(reply: dict) -> None:
+    try:
+        print(MARK + json.dumps(reply), flush=True)
+    except OSError:   # the caller is gone (Ctrl-C, a dropped connection): the steps stand
+        pass
 
 
 def run_step(step: dict) -> dict | None:
@@ -38,7 +61,8 @@ def run_step(step: dict) -> dict | None:
         return None
     try:
         p = subprocess.run([str(a) for a in step["run"]], stdin=subprocess.DEVNULL,
-                           capture_output=True, timeout=float(step.get("timeout", 60)))
+                           capture_output=True, timeout=float(step.get("timeout", 60)),
+                           preexec_fn=_default_signals)
     except FileNotFoundError as e:
         return {"exit_code": 127, "stdout": "", "stderr": f"{e.filename}: not found"}
     except subprocess.TimeoutExpired:
@@ -49,20 +73,55 @@ def run_step(step: dict) -> dict | None:
             "stderr": p.stderr.decode("utf-8", "replace")[-TAIL:]}
 
 
-def main() -> int:
-    try:
-        steps = json.loads(sys.stdin.buffer.read() or b"{}").get("steps") or []
-    except (ValueError, AttributeError) as e:
-        print(MARK + json.dumps({"failed": None, "exit_code": 2, "stdout": "",
-                                 "stderr": f"steps unreadable: {e}"}), flush=True)
-        return 2
+def run_all(steps: list) -> dict:
+    """Run ``steps`` in order; the answer (``{"done": N}`` or the first failure)."""
     for i, step in enumerate(steps):
         bad = run_step(step)
         if bad is not None:
-            print(MARK + json.dumps({"failed": step.get("id", i), **bad}), flush=True)
-            return 1
-    print(MARK + json.dumps({"done": len(steps)}), flush=True)
-    return 0
+            return {"failed": step.get("id", i), **bad}
+    return {"done": len(steps)}
+
+
+def _shielded(steps: list) -> dict:
+    """``run_all`` in a child of its own session, so that nothing aimed at the caller's
+    session (Ctrl-C, a killed ``pct exec``/SSH session, a local transport's kill of the
+    command's process group) cuts the steps off; the answer comes back through a pipe."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:   # pragma: no cover - the child's coverage is not collected
+        os.close(r)
+        os.setsid()
+        reply = run_all(steps)
+        try:
+            os.write(w, json.dumps(reply).encode())
+        except OSError:
+            pass
+        os._exit(0)
+    os.close(w)
+    chunks = []
+    while chunk := os.read(r, 65536):
+        chunks.append(chunk)
+    os.close(r)
+    os.waitpid(pid, 0)
+    try:
+        return json.loads(b"".join(chunks))
+    except ValueError:
+        return {"failed": None, "exit_code": 1, "stdout": "",
+                "stderr": "the launch steps ended without an answer"}
+
+
+def main() -> int:
+    for sig in SHIELDED:
+        signal.signal(sig, signal.SIG_IGN)
+    try:
+        steps = json.loads(sys.stdin.buffer.read() or b"{}").get("steps") or []
+    except (ValueError, AttributeError) as e:
+        _answer({"failed": None, "exit_code": 2, "stdout": "",
+                 "stderr": f"steps unreadable: {e}"})
+        return 2
+    reply = _shielded(steps)
+    _answer(reply)
+    return 0 if "done" in reply else 1
 
 
 if __name__ == "__main__":

@@ -120,6 +120,7 @@ class Supervisor:
             self._recover_after_restart()
             if was == "stopping":  # it died while stopping: finish the stop, start nothing
                 return self.final("stopped", "stopped (the supervisor died while stopping)")
+        self.seed_cache()
         self.state.status = "running"
         self.record.save()
         try:
@@ -271,6 +272,20 @@ class Supervisor:
                                            reached_train=out.reached_train))
         self.record.save()
         return out
+
+    def seed_cache(self) -> None:
+        """The run's own copy of the host's live compile cache, made here (once this
+        supervisor owns the run), never by the launch: a launch cut off before the start
+        leaves no copy behind."""
+        argv = list(self.spec.cache.restore_argv or ())
+        if not argv or os.path.isdir(os.path.join(self.run_dir, "cache")):
+            return
+        p = subprocess.run(argv, capture_output=True, text=True)
+        tail = (p.stderr or p.stdout).strip().splitlines()[-1:] if p.returncode else []
+        self.record.emit(events.CacheRestore(
+            attempt=int(self.state.attempt) + 1, ok=p.returncode == 0,
+            detail="the run's cache seeded from the host's live cache (empty if none)"
+            if p.returncode == 0 else f"seeding failed, starting cold: {' '.join(tail)}"))
 
     def restore_cache(self, n: int) -> None:
         argv = list(self.spec.cache.restore_argv or ())
