@@ -102,11 +102,28 @@ def test_bench_candidates_side_by_side_cpu(tmp_path, capsys):
 
 def test_bench_flop_formula_matches_prototype_figure():
     """The H200 shape: ~40.8 TFLOP per sample, so 103.7 ms/sample is ~40% MFU (the prototype)."""
-    from trainer.bench.drafter_step import qwen3_4b_config
+    from trainer.bench.shapes import target_config
     from trainer.bench.flops import drafter_flops
     from trainer.model.drafter import DrafterSpec
 
-    spec = DrafterSpec.from_target_config(qwen3_4b_config(), num_layers=5, num_taps=5)
+    spec = DrafterSpec.from_target_config(target_config("qwen3-4b"), num_layers=5, num_taps=5)
     f = drafter_flops(spec, seq_len=3072, tq=8192, pairs=16 * 512 * (1536 + 16), label_rows=512 * 15)
     mfu = f["total"] / 0.1037 / 989e12
     assert 0.38 < mfu < 0.42
+
+
+def test_target_forward_bench_compiled_layers_match_eager(tmp_path):
+    """``Target.compile_layers`` (regional compile, tap hooks outside the graph) gives the
+    eager features; the bench reports both side by side."""
+    import json
+
+    from trainer.bench import target_forward
+
+    out = tmp_path / "t.json"
+    assert target_forward.main(["--quick", "--cpu", "--variants", "eager,compiled",
+                                "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert set(r["variants"]) == {"eager", "compiled"}
+    assert r["variants"]["compiled"]["rel_diff_vs_first"] < 1e-5
+    assert r["variants"]["compiled"]["ms"] > 0 and "speedup_vs_first" in r["variants"]["compiled"]
+    assert target_forward.main(["--quick", "--cpu", "--variants", "nope"]) == 2

@@ -4,6 +4,7 @@
                                                  # 5-layer drafter, S=3072, 512 anchors, B=16
     python -m trainer.bench --quick              # tiny shapes, runs on CPU (smoke test)
     python -m trainer.bench --variants flex-compiled,sdpa --json out.json
+    python -m trainer.bench --target qwen3-8b --seq-len 768 --anchors 256   # SpecForge's shape
 
 Variants (``--variants``, comma-separated):
   flex-compiled  flex attention; drafter layers + norms + RoPE + chunked CE compiled as one
@@ -34,21 +35,13 @@ from dfo_contract.markers import format_marker
 
 from .flops import H200_BF16_PEAK_TFLOPS, drafter_flops, target_flops, visible_pairs
 from .measure import CANDIDATES, candidate, measure, write_json
+from .shapes import TARGETS, target_config
 from .timing import timeit
 
 VARIANTS = ("flex-compiled", "flex", "sdpa", "sdpa-compiled")
 
 
 # --------------------------------------------------------------------------- setup
-
-def qwen3_4b_config():
-    from transformers import Qwen3Config
-
-    return Qwen3Config(hidden_size=2560, num_hidden_layers=36, intermediate_size=9728,
-                       num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-                       vocab_size=151936, max_position_embeddings=40960, tie_word_embeddings=True,
-                       rms_norm_eps=1e-6)
-
 
 def make_cfg(a):
     from dfo_contract.trainer_config import TrainerConfig
@@ -76,7 +69,7 @@ def run(a) -> dict:
     dev = torch.device("cuda:0" if torch.cuda.is_available() and not a.cpu else "cpu")
     cfg = make_cfg(a)
     dtype = S.compute_dtype(cfg, dev)
-    tcfg = tiny_qwen3_config(hidden=64, layers=4, vocab=128) if a.quick else qwen3_4b_config()
+    tcfg = tiny_qwen3_config(hidden=64, layers=4, vocab=128) if a.quick else target_config(a.target)
     t0 = time.perf_counter()
     target = target_from_config(tcfg, device=dev, dtype=dtype, num_drafter_layers=a.drafter_layers,
                                 tap_ids=[1, 3] if a.quick and a.drafter_layers == 2 else None)
@@ -122,6 +115,18 @@ def run(a) -> dict:
                                                            a.seq_len, a.block_size), dev, a.iters)
         report["block_mask"] = {"create_block_mask_uncompiled_ms": round(t_ref * 1e3, 2),
                                 "analytic_ms": round(t_ours * 1e3, 3)}
+    t_target_c = None
+    if a.target_compile:   # the same target, its decoder layers compiled (side by side)
+        t0 = time.perf_counter()
+        target.compile_layers()
+        for _ in range(2):
+            S.target_features(target, batch, cfg)
+        warm = time.perf_counter() - t0
+        t_target_c = timeit(lambda: S.target_features(target, batch, cfg), dev, a.iters)
+        report["target_forward_compiled"] = {
+            "ms": round(t_target_c * 1e3, 3), "mfu": mfu(tfl, t_target_c),
+            "tflops": round(tfl / t_target_c / 1e12, 2), "warmup_s": round(warm, 1),
+            "speedup": round(t_target / t_target_c, 3)}
     params = drafter.trainable_parameters()
     opt = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), fused=dev.type == "cuda")
     plan = [(name, {"variant": name}) for name in a.variants]
@@ -134,6 +139,10 @@ def run(a) -> dict:
         report["variants"][name] = measure(a, cfg, dev, target, drafter, opt, tcfg, spec, peak,
                                            batch, feats, t_target, dfl, opts)
         v = report["variants"][name]
+        if t_target_c and "drafter_step_ms" in v and "settings" not in v:
+            e2e_c = t_target_c + (v["drafter_step_ms"] + v["optimizer_ms"]) / 1e3
+            v["tokens_per_s_target_compiled"] = round(a.micro_batch * a.seq_len / e2e_c, 1)
+            v["samples_per_s_target_compiled"] = round(a.micro_batch / e2e_c, 3)
         print(f"bench: {name}: " + (f"{v['drafter_step_ms']} ms/step, {v['ms_per_sample']} ms/sample, "
                                     f"MFU {v['drafter_mfu']}, compile+warm-up {v['warmup_s']} s"
                                     if "drafter_step_ms" in v else str(v.get("skipped") or v.get("error"))),
@@ -198,6 +207,10 @@ def markdown(r: dict) -> str:
                  f"create_block_mask {r['block_mask']['create_block_mask_uncompiled_ms']} ms"
                  if "block_mask" in r else ""),
              "",
+             *([f"Target forward, decoder layers compiled: {r['target_forward_compiled']['ms']} ms, "
+                f"MFU {r['target_forward_compiled']['mfu']}, "
+                f"{r['target_forward_compiled']['speedup']}x eager", ""]
+               if "target_forward_compiled" in r else []),
              "| variant | drafter step ms | ms/sample | drafter TFLOP/s | drafter MFU | block mask ms | "
              "peak mem GiB | tokens/s (e2e) | samples/s (e2e) |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -217,6 +230,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="tiny shapes (CPU smoke test)")
     ap.add_argument("--cpu", action="store_true", help="run on CPU even when CUDA is available")
     ap.add_argument("--variants", default=None, help=f"comma-separated, from {','.join(VARIANTS)}")
+    ap.add_argument("--target", default="qwen3-4b", choices=sorted(TARGETS),
+                    help="the target's shape (random weights; default qwen3-4b)")
+    ap.add_argument("--target-compile", action="store_true",
+                    help="also time the target's forward with its decoder layers compiled "
+                         "(Target.compile_layers) and report end to end with it")
     ap.add_argument("--seq-len", type=int, default=None)
     ap.add_argument("--anchors", type=int, default=None)
     ap.add_argument("--block-size", type=int, default=None)

@@ -118,6 +118,13 @@ class Target:
     def layers_run(self) -> int:
         return max(self.tap_ids) + 1
 
+    def compile_layers(self, mode: str = "default") -> None:
+        """Compile each kept decoder layer's forward with ``torch.compile`` (regional: the
+        layers share one code object, so one graph serves them all; the tap hooks run
+        outside it, in ``Module.__call__``)."""
+        for layer in self.model.model.layers:
+            layer.forward = torch.compile(layer.forward, mode=mode, dynamic=False)
+
     @torch.no_grad()
     def features(self, input_ids: torch.Tensor) -> torch.Tensor:
         """[b, S, k*H]: the outputs of the tapped layers (hidden_states[id+1]), concatenated."""
