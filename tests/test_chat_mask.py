@@ -12,7 +12,8 @@ import pytest
 
 from dfo_contract.exitcodes import DataError
 from tests.fixtures.chat.tokenizer import byte_level_tokenizer, qwen3_like_tokenizer
-from trainer.data.chat import ChatMasker, Conversation, Unmaskable, conversation_from_record
+from trainer.data.chat import ChatMasker, Unmaskable
+from trainer.data.records import Conversation, conversation_from_record
 from trainer.data.tokenizer import tokenize_chat
 
 
