@@ -75,8 +75,8 @@ def cmd_regenerate(a) -> int:
     n, skipped = regenerate(a.target, a.inp, a.out, batch_size=a.batch_size,
                             max_new_tokens=a.max_new_tokens, device=a.device, thinking=a.thinking,
                             progress=prog)
-    print(f"regenerated {n} samples into {a.out} ({skipped} already done; thinking {a.thinking}, "
-          f"recorded in {a.out}.meta.json)")
+    print(f"regenerated {n} samples into {a.out} ({skipped} already done); thinking {a.thinking}, "
+          f"recorded in {a.out}.meta.json")
     for line in prog.summary.lines()[1:]:
         if line.startswith("dropped"):
             print(line.replace("dropped", "skipped", 1))

@@ -56,6 +56,13 @@ def done_indices(out: str) -> set[int]:
     return done
 
 
+def generation_prompt(tok, messages: list[dict], tools, template_kwargs: dict) -> str:
+    """The prompt the target continues: the conversation so far and the generation prompt
+    (with ``enable_thinking`` off, Qwen3's hybrid template ends it with an empty think block)."""
+    return tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True,
+                                   **template_kwargs)
+
+
 def _device(name: str):
     import torch
 
@@ -114,9 +121,7 @@ class Rewriter:
                  for ms in msgs]
         for t in range(max((len(x) for x in turns), default=0)):
             todo = [(i, turns[i][t]) for i in range(len(msgs)) if t < len(turns[i])]
-            prompts = [self.tok.apply_chat_template(msgs[i][:k], tools=convs[i].tools, tokenize=False,
-                                                    add_generation_prompt=True, **self.kw)
-                       for i, k in todo]
+            prompts = [generation_prompt(self.tok, msgs[i][:k], convs[i].tools, self.kw) for i, k in todo]
             for (i, k), text in zip(todo, self.generate(prompts)):
                 msgs[i][k] = regenerated_message(self.masker, text)
         return msgs
