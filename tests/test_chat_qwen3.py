@@ -187,6 +187,30 @@ def test_template_failing_on_the_probe_is_one_line_exit_3(tmp_path, targets, wor
            "message" in errors[0] and not os.path.exists(tmp_path / "store")
 
 
+def test_a_worker_that_dies_is_one_line_exit_5(tmp_path, targets):
+    """The run is killed in a worker as soon as it reports progress (never a hang)."""
+    data = qwen3.write_jsonl(tmp_path / "big.jsonl", qwen3.records() * 6000)
+    p = subprocess.Popen([sys.executable, "-m", "trainer.data", "tokenize", "--target", targets["hybrid"],
+                          "--in", data, "--out", str(tmp_path / "store"), "--workers", "2"], cwd=REPO,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        first = p.stderr.readline()
+        assert first.startswith("tokenize: "), first + p.stderr.read()
+        children = open(f"/proc/{p.pid}/task/{p.pid}/children").read().split()
+        assert children, "no worker process"
+        os.kill(int(children[0]), 9)
+        _, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 5, err
+    assert err.strip().splitlines()[-1] == ("trainer.data: tokenize: a worker process died (killed, or "
+                                            "out of memory?); rerun, with fewer --workers if memory is short")
+    assert "Traceback" not in err and not os.path.exists(tmp_path / "store")
+
+
 def test_bad_records_are_skipped_and_counted(tmp_path, targets):
     good = qwen3.records()
     bad_json = '{"messages": [{"role": "user", "content": "tab\x01here"}]}'
