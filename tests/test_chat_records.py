@@ -127,3 +127,14 @@ def test_thinking_metadata_and_the_tokenize_warning(tmp_path):
     open(out, "w").write('{"index": 0}\n')
     with pytest.raises(DataError, match=r"^--thinking off: .* was generated with --thinking on; use that"):
         write_meta(out, RegenMeta(thinking="off", target="/t"))
+
+
+def test_tokenize_usage_errors_are_one_line_exit_3(tmp_path, capsys):
+    from trainer.data.cli import main
+
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 128}))
+    assert main(["tokenize", "--target", str(tmp_path), "--in", str(tmp_path / "nope.jsonl"),
+                 "--out", str(tmp_path / "s")]) == 3
+    assert capsys.readouterr().err == f"trainer.data: --in: {tmp_path}/nope.jsonl: no such file\n"
+    assert main(["tokenize", "--target", str(tmp_path / "none"), "--in", "x", "--out", "y"]) == 3
+    assert "config.json: unreadable" in capsys.readouterr().err

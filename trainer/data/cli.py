@@ -22,7 +22,7 @@ import json
 import os
 import sys
 
-from dfo_contract.exitcodes import TrainerError
+from dfo_contract.exitcodes import DataError, TrainerError
 
 from .progress import Progress
 
