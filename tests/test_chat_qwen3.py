@@ -104,6 +104,22 @@ def test_hybrid_default_loss_has_no_prompt_text(tokdir):
         assert sum(t == 151645 for t, b in zip(ids, mask) if b) == len(EXPECTED["hybrid", "on"][k - 1])
 
 
+@pytest.mark.parametrize("name,opens", [("hybrid", "<think>\n"), ("thinking-2507", "")])
+def test_multi_step_tool_turns_keep_their_reasoning(tokdir, name, opens):
+    """After the last user query every assistant turn renders its reasoning: all under loss
+    (Thinking-2507's ``<think>\\n`` is the generation prompt's, so prompt)."""
+    call = {"function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}
+    rec = {"messages": [{"role": "user", "content": "Oslo?"},
+                        {"role": "assistant", "content": None, "reasoning_content": "need the tool",
+                         "tool_calls": [call]},
+                        {"role": "tool", "content": "sunny"},
+                        {"role": "assistant", "content": "Sunny.", "reasoning_content": "it said sunny"}],
+           "tools": qwen3.TOOLS}
+    m = masker(tokdir, name)
+    assert runs(m.tok, *m.mask(conversation_from_record(rec))) == [
+        opens + "need the tool\n</think>\n\n" + CALL + E, opens + "it said sunny\n</think>\n\nSunny." + E]
+
+
 def test_reply_starting_with_a_newline_keeps_it_under_loss(tokdir):
     """Qwen's byte-level BPE merges the header's newline and the reply's into one token (ĊĊ,
     271): that token is under loss, as the token the target generates first."""
