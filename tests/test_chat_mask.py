@@ -12,7 +12,8 @@ import pytest
 
 from dfo_contract.exitcodes import DataError
 from tests.fixtures.chat.tokenizer import byte_level_tokenizer, qwen3_like_tokenizer
-from trainer.data.chat import ChatMasker, Conversation, Unmaskable, conversation_from_record
+from trainer.data.chat import ChatMasker, Unmaskable
+from trainer.data.records import Conversation, conversation_from_record
 from trainer.data.tokenizer import tokenize_chat
 
 
@@ -24,6 +25,9 @@ def tok(request):
 @pytest.fixture(scope="module")
 def masker(tok):
     return ChatMasker(tok)
+
+
+ET = "<think>\n\n</think>\n\n"  # the empty think block the template renders on the last turn
 
 
 def runs(tok, ids, mask) -> list[str]:
@@ -44,15 +48,19 @@ def test_template_has_no_generation_markers(tok, masker):
     assert "{% generation" not in tok.chat_template and "generation %}" not in tok.chat_template
     assert "add_generation_prompt" in tok.chat_template  # as in Qwen3's: the old code keyed on it
     assert masker.header == "<|im_start|>assistant\n"
-    assert masker.empty_think == "<think>\n\n</think>\n\n"
+    assert masker.prompt_tail == ""  # thinking on: the generation prompt is the header alone
+    assert ChatMasker(tok, template_kwargs={"enable_thinking": False}).prompt_tail == ET
     assert masker.end_of_turn == "<|im_end|>"
 
 
-def test_single_turn_excludes_header_and_empty_think_block(tok):
+def test_single_turn_empty_think_block_is_loss_unless_no_thinking(tok):
     msgs = [{"role": "user", "content": "add one: 3"}, {"role": "assistant", "content": "4, then 5."}]
     ids, mask = tokenize_chat(tok, msgs)
     text = tok.decode(ids)
-    assert "<think>\n\n</think>\n\n4, then 5." in text  # the template did insert the block
+    assert ET + "4, then 5." in text  # the template did insert the block
+    assert runs(tok, ids, mask) == [ET + "4, then 5.<|im_end|>"]
+    off = ChatMasker(tok, template_kwargs={"enable_thinking": False})
+    ids, mask = off.mask(Conversation(msgs))
     assert runs(tok, ids, mask) == ["4, then 5.<|im_end|>"]
 
 
@@ -87,7 +95,7 @@ def test_tool_calls_under_loss_tool_results_not(tok):
     ids, mask = ChatMasker(tok).mask(Conversation(msgs, tools))
     got = runs(tok, ids, mask)
     assert got == ['<tool_call>\n{"name": "weather", "arguments": {"city": "Oslo"}}\n</tool_call><|im_end|>',
-                   "<think>\n\n</think>\n\nSunny and 20C.<|im_end|>"[len("<think>\n\n</think>\n\n"):]]
+                   ET + "Sunny and 20C.<|im_end|>"]
     off = tok.decode([t for t, m in zip(ids, mask) if not m])
     assert "sunny, 20C" in off and "weather" in off  # the tool schema is prompt
 
@@ -96,8 +104,7 @@ def test_assistant_text_inside_a_user_message_is_not_masked(tok):
     msgs = [{"role": "user", "content": "say ok"}, {"role": "assistant", "content": "ok"},
             {"role": "user", "content": "ok again"}, {"role": "assistant", "content": "ok"}]
     ids, mask = tokenize_chat(tok, msgs)
-    assert runs(tok, ids, mask) == ["ok<|im_end|>", "ok<|im_end|>"]
-    assert sum(mask) == 2 * (len("ok") + 1)
+    assert runs(tok, ids, mask) == ["ok<|im_end|>", ET + "ok<|im_end|>"]
 
 
 def test_user_text_the_template_transforms_does_not_skip_a_turn(tok):
@@ -107,7 +114,7 @@ def test_user_text_the_template_transforms_does_not_skip_a_turn(tok):
     msgs = [{"role": "user", "content": "ok"}, {"role": "assistant", "content": "ok"},
             {"role": "user", "content": "next"}, {"role": "assistant", "content": "fine"}]
     ids, mask = tokenize_chat(t, msgs)
-    assert runs(t, ids, mask) == ["ok<|im_end|>", "fine<|im_end|>"]
+    assert runs(t, ids, mask) == ["ok<|im_end|>", ET + "fine<|im_end|>"]
 
 
 def test_sharegpt_equals_openai(masker):

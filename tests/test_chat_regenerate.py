@@ -74,7 +74,7 @@ def test_kill_and_resume(tmp_path, target):
     os.mkfifo(fifo)
     out = tmp_path / "out.jsonl"
     cmd = [sys.executable, "-m", "trainer.data", "regenerate", "--target", target, "--out", str(out),
-           "--batch-size", "2", "--max-new-tokens", "5", "--device", "cpu"]
+           "--batch-size", "2", "--max-new-tokens", "5", "--device", "cpu", "--thinking", "on"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     p = subprocess.Popen(cmd + ["--in", str(fifo)], cwd=REPO, env=env, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)

@@ -4,84 +4,50 @@ Works for any chat template, with or without ``{% generation %}`` markers: the c
 is rendered ONCE with the tokenizer's template (text), each assistant turn is located in the
 text, and the character span is mapped to tokens with the fast tokenizer's offsets.
 
-Per assistant turn the loss span runs from the end of the assistant header to the end-of-turn
-token, inclusive:
+Three probe renders (a user turn; the same with the generation prompt; user, assistant,
+user) give:
 
-- the header ``H`` is what ``add_generation_prompt`` appends (``<|im_start|>assistant\\n``);
-- an empty think block ``T`` right after it is skipped: ``T`` is what the template adds to the
-  generation prompt when ``enable_thinking=False`` (``<think>\\n\\n</think>\\n\\n`` for Qwen3),
-  because at serving time it is part of the prompt, never generated;
-- reasoning the template renders (``reasoning_content``, Qwen3: the turns after the last user
-  query) is generated, so it is under loss with its tags; reasoning the template drops
-  (earlier turns) is not in the text and is not trained on;
-- tool calls rendered between the content and the end of turn are under loss;
-- the end-of-turn token ``E`` is the first token the template puts after an assistant's
-  content (``<|im_end|>``), found by rendering a probe conversation.
+- the role header ``H``: how the template opens an assistant turn that precedes a later user
+  turn, cut to what the generation prompt also starts with (Qwen3: ``<|im_start|>assistant\\n``);
+- the prompt tail ``P``: the rest of the generation prompt. It is part of the prompt at
+  serving time, never generated, so where a rendered turn starts with it, it is not under
+  loss. Qwen3: ``<think>\\n`` for Thinking-2507; ``<think>\\n\\n</think>\\n\\n`` for the
+  hybrid template with ``enable_thinking=False`` (``tokenize --no-thinking``); nothing for the
+  hybrid template in its default mode, where the empty think block the template renders on
+  the last turn stays under loss (the model writes it when it decides not to think);
+- the end-of-turn ``E``: the first token after an assistant's content (``<|im_end|>``).
+
+Per assistant turn the loss span runs from after ``H`` (and ``P`` where present) to ``E``,
+inclusive: reasoning the template renders (Qwen3: turns after the last user query) with its
+tags, the content, tool calls. Reasoning the template drops (earlier turns) is not in the text
+and is not trained on. A token that spans the start of a turn's span (Qwen's ``ĊĊ`` when a
+reply starts with a newline right after the header's newline) is under loss: it is the
+token the target generates first.
 
 A turn that cannot be located raises ``Unmaskable`` with the reason; callers drop the sample
-and report it with file:line.
+and report it with file:line. A template that fails on the probes raises ``Unmaskable``
+naming the template's error (the data cannot be masked at all).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
 
-SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
-                  "chatgpt": "assistant", "bing": "assistant", "bard": "assistant",
-                  "system": "system", "tool": "tool", "observation": "tool",
-                  "function_response": "tool", "function_call": "assistant"}
+from .records import Conversation
+
 _PROBE_USER = "Xu"
 _PROBE_REPLY = "Zq7"
+_PROBE_NEXT = "Yv"
 
 
 class Unmaskable(Exception):
     """A conversation whose assistant tokens cannot be located (the message is the reason)."""
 
 
-class BadRecord(Exception):
-    """A record that is not a conversation this reader understands (the message says why)."""
-
-
-@dataclass(frozen=True)
-class Conversation:
-    messages: list[dict]
-    tools: list | None = None
-
-
-def conversation_from_record(obj: dict) -> Conversation:
-    """OpenAI ``messages`` or ShareGPT ``conversations`` (from/value) -> a Conversation."""
-    tools = obj.get("tools")
-    if tools is not None and not isinstance(tools, list):
-        raise BadRecord("tools must be a list of tool schemas")
-    if "messages" in obj:
-        msgs = obj["messages"]
-        if not isinstance(msgs, list) or not msgs or not all(_is_message(m) for m in msgs):
-            raise BadRecord("messages must be a non-empty list of {\"role\": str, \"content\": str} "
-                            "objects (content may be null when tool_calls is given)")
-        return Conversation([dict(m) for m in msgs], tools)
-    if "conversations" in obj:
-        conv = obj["conversations"]
-        if not isinstance(conv, list) or not conv:
-            raise BadRecord("conversations must be a non-empty list of {\"from\": ..., \"value\": ...}")
-        out = []
-        for j, turn in enumerate(conv):
-            if not isinstance(turn, dict) or not isinstance(turn.get("value"), str):
-                raise BadRecord(f"conversations[{j}] must be {{\"from\": str, \"value\": str}}")
-            role = SHAREGPT_ROLES.get(str(turn.get("from", "")).lower())
-            if role is None:
-                raise BadRecord(f"conversations[{j}].from = {turn.get('from')!r}; expected "
-                                "human, gpt, system or tool")
-            out.append({"role": role, "content": turn["value"]})
-        return Conversation(out, tools)
-    raise BadRecord("missing field 'messages' (chat lines need messages or conversations; "
-                    "tokenized lines need input_ids and loss_mask)")
-
-
-def _is_message(m) -> bool:
-    if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-        return False
-    c = m.get("content")
-    return isinstance(c, str) or (c is None and bool(m.get("tool_calls")))
+def template_error(e: Exception) -> str:
+    """One line naming a chat template's exception."""
+    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"{type(e).__name__}: {first}" if first else type(e).__name__
 
 
 class ChatMasker:
@@ -97,26 +63,35 @@ class ChatMasker:
         self.tok = tokenizer
         self.kw = dict(template_kwargs or {})
         self.thinks = "reasoning_content" in str(tokenizer.chat_template)
-        probe = [{"role": "user", "content": _PROBE_USER}]
-        base = self._render(probe)
-        gen = self._render(probe, add_generation_prompt=True)
+        try:
+            self._probe()
+        except Unmaskable:
+            raise
+        except Exception as e:  # noqa: BLE001 - any template failure: one line naming it
+            raise Unmaskable(f"the chat template fails on a probe conversation: {template_error(e)}") from None
+
+    def _probe(self) -> None:
+        user = {"role": "user", "content": _PROBE_USER}
+        base = self._render([user])
+        gen = self._render([user], add_generation_prompt=True)
         if not gen.startswith(base) or len(gen) == len(base):
             raise Unmaskable("the chat template adds no assistant header with add_generation_prompt")
-        self.header = gen[len(base):]
-        try:
-            off = self._render(probe, add_generation_prompt=True, enable_thinking=False)
-        except Exception:  # noqa: BLE001 - a template that rejects the flag simply has no think block
-            off = gen
-        self.empty_think = off[len(gen):] if off.startswith(gen) else ""
-        full = self._render(probe + [{"role": "assistant", "content": _PROBE_REPLY}])
-        at = full.rfind(_PROBE_REPLY)
-        enc = self._encode(full)
-        after = [(a, b) for a, b in enc["offset_mapping"] if a >= at + len(_PROBE_REPLY) and b > a]
+        hist = self._render([user, {"role": "assistant", "content": _PROBE_REPLY},
+                             {"role": "user", "content": _PROBE_NEXT}])
+        at = hist.find(_PROBE_REPLY, len(base)) if hist.startswith(base) else -1
         if at < 0:
             raise Unmaskable("the chat template does not render assistant content verbatim")
+        header = os.path.commonprefix([hist[len(base):at], gen[len(base):]])
+        if not header:
+            raise Unmaskable(f"the chat template opens assistant turns with {hist[len(base):at]!r}, "
+                             f"its generation prompt with {gen[len(base):]!r}")
+        self.header = header
+        self.prompt_tail = gen[len(base) + len(header):]
+        enc = self._encode(hist)
+        after = [(a, b) for a, b in enc["offset_mapping"] if a >= at + len(_PROBE_REPLY) and b > a]
         if not after:
             raise Unmaskable("the chat template puts no end-of-turn token after an assistant message")
-        self.end_of_turn = full[after[0][0]:after[0][1]]
+        self.end_of_turn = hist[after[0][0]:after[0][1]]
 
     # -- rendering --------------------------------------------------------------------------
     def _render(self, messages, tools=None, **kw) -> str:
@@ -150,62 +125,74 @@ class ChatMasker:
         spans: list[tuple[int, int]] = []
         cur = 0
         for k, m in enumerate(msgs):
-            content = (m.get("content") or "").strip()
             if m["role"] != "assistant":
+                content = (m.get("content") or "").strip()
                 j = text.find(content, cur) if content else -1
                 nxt = text.find(self.header, cur)
                 if j >= 0 and (nxt < 0 or j < nxt):  # a transformed message never skips a header
                     cur = j + len(content)
                 continue
-            h = text.find(self.header, cur)
-            if h < 0:
-                raise Unmaskable(f"message {k} (assistant): its header {self.header!r} is not in "
-                                 "the rendered conversation")
-            start = h + len(self.header)
-            if self.empty_think and text.startswith(self.empty_think, start):
-                start += len(self.empty_think)
-            end_piece = start
-            if content:
-                j = text.find(content, start)
-                if j < 0:
-                    raise Unmaskable(f"message {k} (assistant): the template does not render its "
-                                     "content verbatim")
-                end_piece = j + len(content)
-            elif not m.get("tool_calls"):
-                raise Unmaskable(f"message {k} (assistant) is empty")
-            e = text.find(self.end_of_turn, end_piece)
-            nxt = text.find(self.header, start)
-            if e < 0 or (0 <= nxt < e):
-                raise Unmaskable(f"message {k} (assistant): no end-of-turn {self.end_of_turn!r} "
-                                 "after its content")
-            for call in m.get("tool_calls") or []:
-                fn = call.get("function", call) if isinstance(call, dict) else {}
-                name = fn.get("name") if isinstance(fn, dict) else None
-                if not isinstance(name, str) or text.find(name, start, e) < 0:
-                    raise Unmaskable(f"message {k} (assistant): tool call {name!r} is not rendered "
-                                     "in its turn")
-            spans.append((start, e + len(self.end_of_turn)))
-            cur = e + len(self.end_of_turn)
+            start, end = self._turn(text, cur, k, m)
+            spans.append((start, end))
+            cur = end
         return text, spans
+
+    def _turn(self, text: str, cur: int, k: int, m: dict) -> tuple[int, int]:
+        """The loss span of assistant message ``k``, the first assistant turn at or after ``cur``."""
+        h = text.find(self.header, cur)
+        if h < 0:
+            raise Unmaskable(f"message {k} (assistant): its header {self.header!r} is not in "
+                             "the rendered conversation")
+        start = h + len(self.header)
+        if self.prompt_tail and text.startswith(self.prompt_tail, start):
+            start += len(self.prompt_tail)
+        content = (m.get("content") or "").strip()
+        end_piece = start
+        if content:
+            j = text.find(content, start)
+            if j < 0 or 0 <= text.find(self.end_of_turn, start) < j:
+                raise Unmaskable(f"message {k} (assistant): the template does not render its "
+                                 "content verbatim")
+            end_piece = j + len(content)
+        elif not m.get("tool_calls"):
+            raise Unmaskable(f"message {k} (assistant) is empty")
+        e = text.find(self.end_of_turn, end_piece)
+        nxt = text.find(self.header, end_piece)  # a header inside the reply is the reply's text
+        if e < 0 or (0 <= nxt < e):
+            raise Unmaskable(f"message {k} (assistant): no end-of-turn {self.end_of_turn!r} "
+                             "after its content")
+        for call in m.get("tool_calls") or []:
+            fn = call.get("function", call) if isinstance(call, dict) else {}
+            name = fn.get("name") if isinstance(fn, dict) else None
+            if not isinstance(name, str) or text.find(name, end_piece, e) < 0:
+                raise Unmaskable(f"message {k} (assistant): tool call {name!r} is not rendered "
+                                 "in its turn")
+        return start, e + len(self.end_of_turn)
 
     def mask(self, conv: Conversation) -> tuple[list[int], list[int]]:
         """Token ids of the rendered conversation and its 0/1 loss mask."""
         text, spans = self.render(conv)
         enc = self._encode(text)
         ids = list(enc["input_ids"])
-        mask = [0] * len(ids)
-        si = 0
-        for t, (a, _b) in enumerate(enc["offset_mapping"]):
-            while si < len(spans) and a >= spans[si][1]:
-                si += 1
-            if si == len(spans):
-                break
-            s, e = spans[si]
-            if s <= a < e:  # by start: robust to trimmed offsets; a token straddling s is prompt
-                mask[t] = 1
-        if not any(mask):
-            raise Unmaskable("no assistant token survived tokenization")
-        return ids, mask
+        return ids, span_mask(enc["offset_mapping"], spans, len(ids))
+
+
+def span_mask(offsets, spans: list[tuple[int, int]], n: int) -> list[int]:
+    """1 for every token that overlaps a character span (spans sorted, disjoint): a token that
+    holds the first character of a span is under loss even when it starts before it."""
+    mask = [0] * n
+    si = 0
+    for t, (a, b) in enumerate(offsets):
+        while si < len(spans) and a >= spans[si][1]:
+            si += 1
+        if si == len(spans):
+            break
+        s, e = spans[si]
+        if (a < e and b > s) if b > a else (s <= a < e):
+            mask[t] = 1
+    if not any(mask):
+        raise Unmaskable("no assistant token survived tokenization")
+    return mask
 
 
 def regenerated_message(masker: ChatMasker, text: str) -> dict:

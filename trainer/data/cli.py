@@ -4,11 +4,15 @@
   tokenized dataset.
 - ``tokenize --target DIR --in FILE... --out DIR [--workers N] [--no-thinking]``: build a
   pre-tokenized store (trainer.data.tokenized) in parallel over the cores, with a progress bar
-  and a summary (samples, dropped and why, loss tokens, length histogram).
-- ``regenerate --target DIR --in FILE --out FILE [--batch-size N] [--max-new-tokens N]``: the
-  target rewrites the assistant turns (trainer.data.regenerate); resumable after a kill.
+  and a summary (samples, skipped records by reason with the first file:line, loss tokens,
+  length histogram). It warns when an input's regenerate metadata disagrees with
+  ``--no-thinking`` (trainer.data.meta).
+- ``regenerate --target DIR --in FILE --out FILE --thinking on|off [--batch-size N]
+  [--max-new-tokens N]``: the target rewrites the assistant turns (trainer.data.regenerate);
+  resumable after a kill.
 
-User errors print one line ``trainer.data: ...`` and exit 2 (usage) or 3 (data).
+User errors print one line ``trainer.data: ...`` and exit 2 (usage) or 3 (data); a worker
+process that dies exits 5 (dfo_contract.exitcodes).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import json
 import os
 import sys
 
-from dfo_contract.exitcodes import DATA_ERROR, DataError
+from dfo_contract.exitcodes import DataError, TrainerError
 
 from .progress import Progress
 
@@ -38,12 +42,15 @@ def target_vocab_size(target: str) -> int:
 
 def cmd_tokenize(a) -> int:
     from .formats import count_records
+    from .meta import thinking_warnings
     from .tokenized import write_store
 
     vocab = target_vocab_size(a.target)
     for p in a.inputs:
         if not os.path.isfile(p):
             raise DataError(f"--in: {p}: no such file")
+    for line in thinking_warnings(a.inputs, a.no_thinking):
+        print(line, file=sys.stderr, flush=True)
     total = sum(count_records(p) or 0 for p in a.inputs) or None
     workers = a.workers or max(1, os.cpu_count() or 1)
     prog = Progress(total, "tokenize")
@@ -62,10 +69,17 @@ def cmd_tokenize(a) -> int:
 def cmd_regenerate(a) -> int:
     from .regenerate import regenerate
 
-    kw = {"enable_thinking": False} if a.no_thinking else {}
+    from .formats import count_records
+
+    prog = Progress(count_records(a.inp), "regenerate")
     n, skipped = regenerate(a.target, a.inp, a.out, batch_size=a.batch_size,
-                            max_new_tokens=a.max_new_tokens, device=a.device, template_kwargs=kw)
-    print(f"regenerated {n} samples into {a.out} ({skipped} already done)")
+                            max_new_tokens=a.max_new_tokens, device=a.device, thinking=a.thinking,
+                            progress=prog)
+    print(f"regenerated {n} samples into {a.out} ({skipped} already done); thinking {a.thinking}, "
+          f"recorded in {a.out}.meta.json")
+    for line in prog.summary.lines()[1:]:
+        if line.startswith("dropped"):
+            print(line.replace("dropped", "skipped", 1))
     return 0
 
 
@@ -110,8 +124,9 @@ def parser() -> argparse.ArgumentParser:
     rp.add_argument("--batch-size", type=int, default=32)
     rp.add_argument("--max-new-tokens", type=int, default=1024)
     rp.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
-    rp.add_argument("--no-thinking", action="store_true",
-                    help="generate with enable_thinking=False")
+    rp.add_argument("--thinking", required=True, choices=["on", "off"],
+                    help="enable_thinking passed to the chat template when generating; recorded "
+                         "in OUT.meta.json (tokenize with --no-thinking what was made with off)")
     rp.set_defaults(fn=cmd_regenerate)
     return ap
 
@@ -120,9 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     a = parser().parse_args(argv)
     try:
         return a.fn(a)
-    except DataError as e:
+    except TrainerError as e:
         print(f"trainer.data: {e}", file=sys.stderr, flush=True)
-        return DATA_ERROR
+        return e.exit_code
     except KeyboardInterrupt:
         print("trainer.data: interrupted", file=sys.stderr, flush=True)
         return 130

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 from dfo_contract.exitcodes import DataError
 
-from .chat import BadRecord, ChatMasker, Unmaskable, conversation_from_record
+from .chat import ChatMasker, Unmaskable, template_error
+from .records import BadRecord, conversation_from_record
 
 SUFFIXES = (".jsonl", ".jsonl.gz", ".json.gz", ".parquet", ".json")
 
@@ -32,6 +33,31 @@ class Dropped(Exception):
     """A well-formed record that yields no trainable sample (the message is the reason)."""
 
 
+class Skippable(DataError):
+    """A record that cannot be read (malformed JSON, not an object, not a conversation): the
+    training loader stops on it like on any data error; ``tokenize`` and ``regenerate`` skip
+    it and count it under ``reason`` (the message names file:line and the full cause)."""
+
+    def __init__(self, message: str, reason: str = "bad record"):
+        super().__init__(message)
+        self.reason = reason
+
+    def __reduce__(self):
+        return (type(self), (self.message, self.reason))
+
+
+@dataclass(frozen=True)
+class BadLine:
+    """A line that is not JSON, read with ``skip_bad``: where, and the parser's full message."""
+
+    where: str
+    error: str
+
+    def exception(self) -> Skippable:
+        return Skippable(f"{self.where}: malformed JSON ({self.error}); fix or remove the line",
+                         "malformed JSON")
+
+
 def is_parquet(path: str) -> bool:
     return path.endswith(".parquet")
 
@@ -40,8 +66,9 @@ def is_gzip(path: str) -> bool:
     return path.endswith(".gz")
 
 
-def iter_records(path: str) -> Iterator[tuple[int, object]]:
-    """(line, record) pairs; a line that is not JSON yields a ``DataError`` naming file:line."""
+def iter_records(path: str, skip_bad: bool = False) -> Iterator[tuple[int, object]]:
+    """(line, record) pairs; a line that is not JSON raises a ``Skippable`` naming file:line,
+    or with ``skip_bad`` is yielded as a ``BadLine``."""
     if not os.path.exists(path):
         raise DataError(f"data: {path}: no such file")
     if is_parquet(path):
@@ -52,15 +79,21 @@ def iter_records(path: str) -> Iterator[tuple[int, object]]:
         for lineno, raw in enumerate(f, start=1):
             if not raw.strip():
                 continue
-            yield lineno, parse_json_line(raw, f"data: {path}:{lineno}")
+            where = f"data: {path}:{lineno}"
+            if skip_bad:
+                try:
+                    yield lineno, json.loads(raw)
+                except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                    yield lineno, BadLine(where, str(e))
+            else:
+                yield lineno, parse_json_line(raw, where)
 
 
 def parse_json_line(raw: bytes, where: str):
     try:
         return json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise DataError(f"{where}: malformed JSON ({e.msg if hasattr(e, 'msg') else e}); "
-                        "fix or remove the line") from None
+        raise BadLine(where, str(e)).exception() from None
 
 
 def _iter_parquet(path: str):
@@ -142,7 +175,7 @@ def chat_sample(obj: dict, where: str, masker: ChatMasker | None, vocab_size: in
     try:
         conv = conversation_from_record(obj)
     except BadRecord as e:
-        raise DataError(f"{where}: {e}") from None
+        raise Skippable(f"{where}: {e}", f"bad record: {e.reason}") from None
     if masker is None:
         raise DataError(f"{where}: chat data needs the target's tokenizer, and "
                         "--model.target_path has none; pre-tokenize the data")
@@ -151,8 +184,7 @@ def chat_sample(obj: dict, where: str, masker: ChatMasker | None, vocab_size: in
     except Unmaskable as e:
         raise Dropped(f"cannot mask: {e}") from None
     except Exception as e:  # noqa: BLE001 - a template error on this sample only
-        raise Dropped(f"the chat template failed on it: {type(e).__name__}: "
-                      f"{str(e).splitlines()[0] if str(e) else ''}") from None
+        raise Dropped(f"the chat template failed on it: {template_error(e)}") from None
     bad = [t for t in ids if t >= vocab_size]
     if bad:
         raise DataError(f"{where}: the tokenizer produced id {bad[0]} >= the target's vocab "
@@ -161,8 +193,10 @@ def chat_sample(obj: dict, where: str, masker: ChatMasker | None, vocab_size: in
 
 
 def record_sample(obj, where: str, *, fmt: str, masker: ChatMasker | None, vocab_size: int) -> Sample:
+    if isinstance(obj, BadLine):
+        raise obj.exception()
     if not isinstance(obj, dict):
-        raise DataError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+        raise Skippable(f"{where}: expected a JSON object, got {type(obj).__name__}", "not a JSON object")
     if record_kind(obj, fmt) == "tokens":
         return tokens_sample(obj, where, vocab_size)
     return chat_sample(obj, where, masker, vocab_size)

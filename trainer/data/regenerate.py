@@ -9,6 +9,11 @@ The output is JSONL, appended to: one line per conversation
 ``{"index": i, "line": L, "messages": [...], "tools": [...]?}`` (``i`` counts records of the
 input from 0), flushed and fsynced after each batch. A rerun reads the output, drops a torn
 last line, and skips every index already there: kill it at any point and run it again.
+
+``thinking`` ("on"/"off") is passed to the chat template as ``enable_thinking`` when the
+generation prompt is rendered, and recorded in ``OUT.meta.json`` (trainer.data.meta); resuming
+an output in the other mode is a data error. Records that cannot be read (malformed JSON, not
+a conversation) are skipped and counted in ``progress.summary`` with file:line.
 """
 
 from __future__ import annotations
@@ -18,8 +23,10 @@ import os
 
 from dfo_contract.exitcodes import DataError
 
-from .chat import BadRecord, ChatMasker, Unmaskable, conversation_from_record, regenerated_message
-from .formats import count_records, iter_records
+from .chat import ChatMasker, Unmaskable, regenerated_message
+from .formats import BadLine, count_records, iter_records
+from .meta import RegenMeta, write_meta
+from .records import BadRecord, conversation_from_record
 from .progress import Progress
 from .tokenizer import load_tokenizer
 
@@ -47,6 +54,13 @@ def done_indices(out: str) -> set[int]:
             f.flush()
             os.fsync(f.fileno())
     return done
+
+
+def generation_prompt(tok, messages: list[dict], tools, template_kwargs: dict) -> str:
+    """The prompt the target continues: the conversation so far and the generation prompt
+    (with ``enable_thinking`` off, Qwen3's hybrid template ends it with an empty think block)."""
+    return tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True,
+                                   **template_kwargs)
 
 
 def _device(name: str):
@@ -107,27 +121,37 @@ class Rewriter:
                  for ms in msgs]
         for t in range(max((len(x) for x in turns), default=0)):
             todo = [(i, turns[i][t]) for i in range(len(msgs)) if t < len(turns[i])]
-            prompts = [self.tok.apply_chat_template(msgs[i][:k], tools=convs[i].tools, tokenize=False,
-                                                    add_generation_prompt=True, **self.kw)
-                       for i, k in todo]
+            prompts = [generation_prompt(self.tok, msgs[i][:k], convs[i].tools, self.kw) for i, k in todo]
             for (i, k), text in zip(todo, self.generate(prompts)):
                 msgs[i][k] = regenerated_message(self.masker, text)
         return msgs
 
 
+def _conversation(rec):
+    if isinstance(rec, BadLine):
+        raise BadRecord("malformed JSON", f"malformed JSON ({rec.error})")
+    if not isinstance(rec, dict):
+        raise BadRecord("not a JSON object", f"expected a JSON object, got {type(rec).__name__}")
+    return conversation_from_record(rec)
+
+
 def regenerate(target: str, inp: str, out: str, *, batch_size: int = 32, max_new_tokens: int = 1024,
-               device: str = "auto", template_kwargs: dict | None = None, progress=None):
+               device: str = "auto", thinking: str = "on", progress=None):
     """Rewrite ``inp`` into ``out``; returns (samples written now, samples already done)."""
     if batch_size < 1:
         raise DataError("--batch-size: must be >= 1")
+    if thinking not in ("on", "off"):
+        raise DataError(f"--thinking: {thinking!r}; expected on or off")
     if not os.path.exists(inp):
         raise DataError(f"--in: {inp}: no such file")
+    template_kwargs = {"enable_thinking": thinking == "on"}
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    write_meta(out, RegenMeta(thinking=thinking, target=os.path.abspath(target)))
     done = done_indices(out)
     rw = None  # loaded at the first batch: a finished output costs no model load
     prog = progress or Progress(count_records(inp) if os.path.isfile(inp) else None, "regenerate")
     prog.update(0)
     written = skipped = 0
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "ab") as fo:
         batch: list = []
 
@@ -150,17 +174,19 @@ def regenerate(target: str, inp: str, out: str, *, batch_size: int = 32, max_new
             prog.update(len(batch))
             batch.clear()
 
-        for idx, (line, rec) in enumerate(iter_records(inp)):
+        for idx, (line, rec) in enumerate(iter_records(inp, skip_bad=True)):
             if idx in done:
                 skipped += 1
                 prog.update(1)
                 continue
-            if not isinstance(rec, dict):
-                raise DataError(f"data: {inp}:{line}: expected a JSON object")
+            prog.summary.records += 1
             try:
-                conv = conversation_from_record(rec)
+                conv = _conversation(rec)
             except BadRecord as e:
-                raise DataError(f"data: {inp}:{line}: {e}") from None
+                prog.summary.drop(e.reason, f"{inp}:{line}", f"{inp}:{line}: {e}")
+                prog.update(1)
+                continue
+            prog.summary.kept += 1
             batch.append((idx, line, conv))
             if len(batch) >= batch_size:
                 flush()

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -28,8 +27,8 @@ import numpy as np
 from dfo_contract.exitcodes import DataError
 from dfo_contract.fsio import atomic_write_text, fsync_dir, replace_dir, sha256_file, tmp_name
 
-from .formats import Dropped, Sample, iter_records, record_sample
-from .tokenizer import load_masker
+from .formats import Sample
+from .pool import tokenize_records
 
 FORMAT = "dfo-tokenized"
 VERSION = 1
@@ -63,9 +62,11 @@ class Summary:
     first_dropped: dict = field(default_factory=dict)   # reason -> "file:line"
     lengths: list = field(default_factory=list)
 
-    def drop(self, reason: str, where: str) -> None:
+    def drop(self, reason: str, where: str, message: str | None = None) -> None:
+        """Count a skipped record; the first of each reason is kept as ``file:line`` (or the
+        record's full message, which names file:line)."""
         self.dropped[reason] += 1
-        self.first_dropped.setdefault(reason, where)
+        self.first_dropped.setdefault(reason, message or where)
 
     def lines(self) -> list[str]:
         out = [f"samples: {self.kept} kept of {self.records} records; {self.tokens} tokens, "
@@ -76,86 +77,6 @@ class Summary:
         if hist:
             out.append("lengths: " + ", ".join(f"{k}: {v}" for k, v in hist.items()))
         return out
-
-
-# --------------------------------------------------------------------------- workers
-
-_W: dict = {}
-
-
-def _init_worker(target: str, fmt: str, vocab_size: int, template_kwargs: dict) -> None:
-    _W.update(masker=load_masker(target, template_kwargs), fmt=fmt, vocab=vocab_size)
-
-
-def _work(chunk):
-    """[(file_index, where, lineno, record)] -> [(fi, lineno, ids|None, mask|reason|error)]."""
-    out = []
-    for fi, where, lineno, rec in chunk:
-        try:
-            s = record_sample(rec, where, fmt=_W["fmt"], masker=_W["masker"], vocab_size=_W["vocab"])
-        except Dropped as e:
-            out.append((fi, lineno, None, str(e)))
-            continue
-        except DataError as e:
-            out.append((fi, lineno, False, str(e)))
-            continue
-        if not any(s.loss_mask):
-            out.append((fi, lineno, None, "no loss tokens"))
-            continue
-        out.append((fi, lineno, np.asarray(s.input_ids, dtype=np.uint32),
-                    np.asarray(s.loss_mask, dtype=np.uint8)))
-    return out
-
-
-def _chunks(paths: list[str], size: int):
-    chunk = []
-    for fi, p in enumerate(paths):
-        for lineno, rec in iter_records(p):
-            chunk.append((fi, f"data: {p}:{lineno}", lineno, rec))
-            if len(chunk) >= size:
-                yield chunk
-                chunk = []
-    if chunk:
-        yield chunk
-
-
-def tokenize_records(paths: list[str], *, target: str, fmt: str = "auto", vocab_size: int,
-                     workers: int = 1, template_kwargs: dict | None = None, progress=None,
-                     chunk_size: int = 256):
-    """Yield (file_index, lineno, ids, mask) for kept samples, in input order; counts and
-    drops go to ``progress.summary``. Structural errors raise ``DataError`` (file:line)."""
-    args = (target, fmt, vocab_size, dict(template_kwargs or {}))
-    summary: Summary = progress.summary
-    if workers <= 1:
-        _init_worker(*args)
-        results = map(_work, _chunks(paths, chunk_size))
-        pool = None
-    else:
-        import multiprocessing as mp
-
-        ctx = mp.get_context("spawn" if sys.platform == "darwin" else "fork")
-        pool = ctx.Pool(workers, initializer=_init_worker, initargs=args)
-        results = pool.imap(_work, _chunks(paths, chunk_size), chunksize=1)
-    try:
-        for res in results:
-            for fi, lineno, ids, extra in res:
-                summary.records += 1
-                where = f"{paths[fi]}:{lineno}"
-                if ids is False:
-                    raise DataError(extra)
-                if ids is None:
-                    summary.drop(extra, where)
-                    continue
-                summary.kept += 1
-                summary.tokens += len(ids)
-                summary.loss_tokens += int(extra.sum())
-                summary.lengths.append(len(ids))
-                yield fi, lineno, ids, extra
-            progress.update(len(res))
-    finally:
-        if pool is not None:
-            pool.terminate()
-            pool.join()
 
 
 def write_store(out: str, paths: list[str], *, target: str, vocab_size: int, fmt: str = "auto",

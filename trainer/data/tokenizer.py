@@ -10,7 +10,8 @@ import os
 
 from dfo_contract.exitcodes import DataError
 
-from .chat import ChatMasker, Conversation, Unmaskable
+from .chat import ChatMasker, Unmaskable
+from .records import Conversation
 
 
 def tokenize_chat(tokenizer, messages: list[dict], where: str = "data") -> tuple[list[int], list[int]]:
