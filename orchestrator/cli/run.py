@@ -242,7 +242,11 @@ def logs(app, host_name, follow, run_id, attempt, since, raw, group_name):
               help="Your own trainer's run file: its ladder gives the fallback.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (for scripts).")
 def diagnose(logfile, exit_code, config, run_file, as_json):
-    """Classify a saved log offline: class, evidence lines, and the fallback dfo would choose."""
+    """Classify a saved log offline: class, evidence lines, and the fallback dfo would choose.
+
+    A log inside its run directory (runs/<id>/attempt-<n>.log) gets the supervisor's answer:
+    its class for that attempt and the fallback over the run's own config and ladders. A log
+    alone says what it assumed and what it cannot know (a crash or a hang)."""
     from ..engine.diagnose import diagnose as run
 
     res = run(logfile, exit_code=exit_code, config=config, run_file=run_file)
