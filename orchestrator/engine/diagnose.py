@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from dfo_contract import events as ev
+from dfo_contract.errors import ContractError
 from dfo_contract.runspec import RunSpec
 
 from ..config.runconfig import load_config
@@ -138,7 +139,7 @@ def _run_of(log: Path) -> tuple[RunSpec, list[ev.Event], int, str] | None:
     try:
         spec = RunSpec.from_json(json.loads(spec_p.read_text()))
         evs = ev.read_events(events_p.read_text()) if events_p.is_file() else []
-    except (OSError, ValueError, Exception) as e:  # noqa: BLE001 - any unreadable record
+    except (OSError, ValueError, ContractError) as e:
         raise ConfigError(f"{run_dir}: the run's records cannot be read ({e})",
                           hint="pass --config to diagnose the log alone") from None
     return spec, evs, n, os.path.basename(run_dir)
