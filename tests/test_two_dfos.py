@@ -54,9 +54,22 @@ def freeze_dfo(root: Path) -> str:
     return next(ln for ln in out.splitlines() if ln.startswith("dfo"))
 
 
+def test_the_env_probe_answers_for_the_env_not_the_working_directory(tmp_path, monkeypatch):
+    from importlib.metadata import version
+
+    from orchestrator.ops.fingerprint import parse_probe, probe_argv
+
+    other = tmp_path / "checkout"
+    (other / "dfo-9.9.9.dist-info").mkdir(parents=True)
+    (other / "dfo-9.9.9.dist-info" / "METADATA").write_text("Name: dfo\nVersion: 9.9.9\n")
+    monkeypatch.chdir(other)
+    p = subprocess.run(probe_argv(sys.executable), capture_output=True, text=True, timeout=600)
+    assert parse_probe(p.stdout + "\n" + p.stderr)["dfo"] == version("dfo") != "9.9.9"
+
+
 def test_two_dfos_share_one_host(wheelhouse, tmp_path, monkeypatch):  # noqa: F811
     wh, links = wheelhouse
-    monkeypatch.chdir(tmp_path)   # not the checkout: its dfo.egg-info would answer the probe
+    monkeypatch.chdir(tmp_path)   # not the checkout: `python -m` would import its modules
     a = from_file(build_at_version(tmp_path / "a", "0.1.0"))
     b = from_file(build_at_version(tmp_path / "b", "0.1.1"))
     root = tmp_path / "root"
