@@ -183,10 +183,12 @@ class Fallback(EventBase):
     changed: dict[str, Any]
     overrides: dict[str, Any]
     restore_cache: bool
+    #: why the config stays the same (a foreign command's race class: restart unchanged)
+    note: str | None = opt()
 
     def describe(self) -> str:
         ch = ", ".join(f"{k2}={v}" for k2, v in (self.changed or {}).items())
-        return f"fallback for {self.cls}: {self.step or 'same config'}" + \
+        return f"fallback for {self.cls}: {self.step or self.note or 'same config'}" + \
             (f" ({ch})" if ch else "")
 
 

@@ -117,6 +117,13 @@ def deploy(app, host_name, check, rollback, force, profile, find_links, group_na
                     if k in fp:
                         t.add_row(k, str(fp[k]))
                 out.print(t)
+    if check and not report.ok and report.dfo_only:
+        raise DriftError(f"{host.name}: envs/current has another dfo's wheel "
+                         f"({report.dfo_only}); only dfo's own version differs, the lock's "
+                         "packages match",
+                         hint=f"run `dfo deploy --host {host.name}` with this dfo, or just "
+                              "`dfo launch` (it switches to this dfo's wheel when an earlier "
+                              "deploy left it on the host)")
     if check and not report.ok:
         first = report.drift[0] if report.drift else ""
         raise DriftError(f"{host.name}: envs/current differs from its lock "

@@ -242,29 +242,58 @@ def logs(app, host_name, follow, run_id, attempt, since, raw, group_name):
               help="Your own trainer's run file: its ladder gives the fallback.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (for scripts).")
 def diagnose(logfile, exit_code, config, run_file, as_json):
-    """Classify a saved log offline: class, evidence lines, and the fallback dfo would choose."""
+    """Classify a saved log offline: class, evidence lines, and the fallback dfo would choose.
+
+    A log inside its run directory (runs/<id>/attempt-<n>.log) gets the supervisor's answer:
+    its class for that attempt and the fallback over the run's own config and ladders. A log
+    alone says what it assumed and what it cannot know (a crash or a hang)."""
     from ..engine.diagnose import diagnose as run
 
     res = run(logfile, exit_code=exit_code, config=config, run_file=run_file)
-    d, choice = res.diagnosis, res.fallback
+    d, choice, r = res.diagnosis, res.fallback, res.run
     if as_json:
         click.echo(json.dumps(res.to_json()))
         return 0
     c = console()
-    c.print(f"[bold]{d.cls}[/]: {escape(d.reason)}")
+    if r is not None and r.cls:
+        c.print(f"[bold]{res.cls}[/]: {escape(r.reason or '')} (the supervisor's class for "
+                f"attempt {r.attempt} of run {r.run_id})")
+        if d.cls != r.cls:
+            c.print(f"log alone: {d.cls}: {escape(d.reason)}")
+    else:
+        c.print(f"[bold]{d.cls}[/]: {escape(d.reason)}")
     for ev in d.evidence:
         c.print(f"  [red]{ev.line_no:>6}│ {escape(ev.text)}[/]")
-    if choice is None:
+    if res.unknown:
+        c.print(f"cannot know: {escape(res.unknown)}")
+    if r is not None:
+        c.print(f"run: {r.run_id} attempt {r.attempt} (its config, ladders and earlier "
+                "fallbacks: spec.json, events.jsonl)")
+    elif res.assumed:
+        c.print(f"assumed: {escape(res.assumed)}")
+    if res.alternatives:
+        c.print("fallback: depends on how it ended: " + "; ".join(
+            f"{k} -> {_fallback_text(v)}" for k, v in res.alternatives.items()))
+    elif choice is None:
         c.print("fallback: none (the run finished)")
-    elif choice.exhausted:
-        c.print("fallback: none left; the run would end failed")
-    elif choice.step is None:
-        c.print("fallback: restart with the same config (transient)")
     else:
-        ch = ", ".join(f"{k}={v}" for k, v in choice.changed.items())
-        c.print(f"fallback: [yellow]{choice.step}[/]" + (f" ({escape(ch)})" if ch else "")
-                + (" + restore the compile cache" if choice.restore_cache else ""))
+        c.print("fallback: " + _fallback_text(choice, rich=True))
+    if r is not None and r.gave_up:
+        c.print(f"the supervisor gave up: {escape(r.gave_up)}")
+    elif r is not None and r.applied is not None:
+        c.print(f"the supervisor applied: {r.applied or 'restart unchanged'}")
     return 0
+
+
+def _fallback_text(choice, rich: bool = False) -> str:
+    if choice.exhausted:
+        return "none left; the run would end failed"
+    if choice.step is None:
+        return choice.note or "restart with the same config (transient)"
+    ch = ", ".join(f"{k}={v}" for k, v in choice.changed.items())
+    step = f"[yellow]{choice.step}[/]" if rich else choice.step
+    return (step + (f" ({escape(ch)})" if ch else "")
+            + (" + restore the compile cache" if choice.restore_cache else ""))
 
 
 COMMANDS = [launch, logs, diagnose]

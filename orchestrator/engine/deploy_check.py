@@ -15,7 +15,7 @@ from ..config.profiles import Profile
 from ..errors import DeployError, NotFoundError, RemoteCommandError
 from ..ops import deploy_plan as dp
 from ..ops.drift import fingerprint_drift
-from ..ops.fingerprint import compare, fingerprint_changes, parse_probe
+from ..ops.fingerprint import EXPECT_FIELDS, compare, fingerprint_changes, parse_probe
 from ..ops.launch_facts import VERIFIED_FILE, LaunchFacts, record_bytes
 from ..ops.layout import env_generation
 from .stages import DeployReport
@@ -45,6 +45,7 @@ class DeployChecks:
         seen: set[str] = set()
         report.drift = [x for x in lines if not (x in seen or seen.add(x))]
         report.ok = not report.drift
+        report.dfo_only = self._dfo_only(state, lock, report.drift)
         report.message = ("envs/current matches its lock and fingerprint" if report.ok else
                           f"{len(report.drift)} difference(s) from the lock")
         return self._finish(report, report.fingerprint)
@@ -116,6 +117,7 @@ class DeployChecks:
         seen: set[str] = set()
         report.drift = [x for x in lines if not (x in seen or seen.add(x))]
         report.ok = not report.drift
+        report.dfo_only = self._dfo_only(state, lock, report.drift)
         report.cached = rec is not None
         report.fingerprint = state.current_fingerprint or None
         record = None
@@ -125,6 +127,40 @@ class DeployChecks:
                           + (" (recorded verification)" if report.cached else "")
                           if report.ok else f"{len(report.drift)} difference(s) from the lock")
         return self._finish(report, report.fingerprint), record
+
+    def _dfo_only(self, state: dp.RemoteState, lock, drift: list[str]) -> str | None:
+        """When the only difference is dfo's own wheel (another dfo deployed its wheel into
+        envs/current): what is installed instead; else None."""
+        proj = [i for i in dp.current_drift(state, lock, self.wheel_remote()).items
+                if i.kind == "project"]
+        own = {str(i) for i in proj}
+        version_line = EXPECT_FIELDS["dfo"] + ":"
+        if not proj or any(x not in own and not x.startswith(version_line) for x in drift):
+            return None
+        got = proj[0].installed or "nothing"
+        return posixpath.basename(got.rstrip("/")) if "/" in got else got
+
+    def switch_dfo_wheel(self, state: dp.RemoteState) -> str:
+        """Install this dfo's wheel into envs/current when it is already on the host (an
+        earlier deploy from this dfo left it under wheels/<hash>/) and only dfo's own wheel
+        differs: the lock's packages stay as they are. Verified and re-marked like a deploy;
+        refused while a run holds run.lock (its next attempt would load another dfo)."""
+        lock, _, _ = self._local_facts()
+        self._guard_run_lock(state)
+        env_dir = posixpath.join(self.layout.envs, state.current_name)
+        py = posixpath.join(env_dir, "bin", "python")
+        self.lease.acquire(state)
+        try:
+            self._run(["rm", "-f", "--", posixpath.join(env_dir, dp.COMPLETE_MARKER),
+                       posixpath.join(env_dir, VERIFIED_FILE)], what="switching the dfo wheel")
+            self._run([self.layout.uv, "pip", "install", "--no-deps", "--no-index", "--offline",
+                       "--python", py, "--reinstall-package", "dfo", self.wheel_remote()],
+                      timeout=300, what="switching the dfo wheel")
+            fp = self._verify(env_dir, lock.sha256, keep=state.current_name)
+            self._mark_complete(env_dir, fp, lock.sha256)
+        finally:
+            self.lease.release()
+        return posixpath.basename(self.wheel_remote())
 
     def _verified_record(self, facts: LaunchFacts, probe: dict[str, Any],
                          freeze: str) -> tuple[str, bytes] | None:

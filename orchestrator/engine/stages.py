@@ -36,6 +36,7 @@ class DeployReport:
     ok: bool = True
     env_bytes: int | None = None  # the env's size on disk after an install (du -sk)
     cached: bool = False          # launch: the env's recorded verification held (no probe)
+    dfo_only: str | None = None   # launch: only dfo's own wheel differs; the one installed
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)

@@ -27,6 +27,7 @@ from dfo_contract.runspec import (Budget, Bundled, Cache, Config, Group, Identit
 from ..errors import ConfigError, DeployError, LockHeldError, RemoteCommandError
 from . import byo
 from . import cache_key as ck
+from .devices import check_devices
 from .launch_argv import attempt_env, ddp_nproc, start_argv, trainer_argv
 from .launch_facts import FactsRequest, LaunchFacts, checkpoint_listing
 from .launch_inputs import ResumeArg, resolve_resume, skipped_by_latest, skipped_warning
@@ -171,7 +172,7 @@ def _lineage(facts: LaunchFacts, ck_dir: str, run_name: str, now: float,
     if not new_lineage:
         raise ConfigError(
             f"checkpoints/{run_name} already holds {len(found)} checkpoint(s) of an earlier "
-            f"run (newest {found[-1].name})",
+            f"run (newest {max(found, key=lambda c: c.step).name})",
             hint="continue that run with --resume latest, or start over with --new-lineage "
                  "(moves them aside under a dated name, deletes nothing)")
     return f"{ck_dir.rstrip('/')}.{time.strftime('%Y%m%d-%H%M%S', time.gmtime(now))}"
@@ -254,6 +255,7 @@ def _bundled(o: LaunchOptions, inp: LaunchInputs, facts: LaunchFacts, host,
     tr, lay, run_dir = inp.trainer, host.layout, inp.run_dir
     assert isinstance(tr, BundledConfig)
     raise_missing(host.name, config_paths(tr.full), facts.missing, tr.source)
+    check_devices(tr.flat, facts.fingerprint, host=host.name, source=tr.source)
     cfg_path, ck_dir = posixpath.join(run_dir, "config.yaml"), lay.checkpoints(inp.run_name)
     key = _cache_key(tr, facts, host.name, warnings)
     aside = None

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 
 from ..errors import DeployError
+from .uv_failure import classify_uv_failure
 
 
 def local_find_links(environ: dict[str, str]) -> list[str]:
@@ -46,7 +47,6 @@ def translate_uv_error(text: str, *, host: str, root: str, what: str,
                        sources: str = "", unserved_hint: str = "") -> DeployError:
     """``sources`` names where uv looked (for people); ``unserved_hint`` is the profile's
     own advice for a pin its sources cannot serve."""
-    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
     low = text.lower()
     if "no space left on device" in low:
         return DeployError(f"disk full on {host} while {what} (under {root})",
@@ -80,6 +80,19 @@ def translate_uv_error(text: str, *, host: str, root: str, what: str,
         return DeployError(f"{host} cannot reach the package index while {what}",
                            hint="give the host a wheelhouse (hosts.yaml `wheelhouse:`) for "
                                 "offline installs, or fix its network; envs/current is untouched")
-    last = lines[-1] if lines else "no output"
-    return DeployError(f"{what} failed on {host}: {last}",
+    f = classify_uv_failure(text)
+    if f.kind == "interpreter_broken":
+        said = f": {f.said}" if f.said else ""
+        code = f" (exit {f.exit_code})" if f.exit_code is not None else ""
+        where = f" ({f.origin})" if f.origin else ""
+        return DeployError(f"{what} failed on {host}: the Python interpreter {f.interpreter}"
+                           f"{where} does not run{code}{said}",
+                           hint="fix or remove it from the host's PATH (a broken pyenv shim?), "
+                                "or point hosts.yaml `python:` at a working interpreter's path; "
+                                "envs/current is untouched")
+    if f.kind == "no_interpreter":
+        return DeployError(f"{what} failed on {host}: {f.cause}",
+                           hint="install that Python on the host, or point hosts.yaml `python:` "
+                                "at an interpreter it has; envs/current is untouched")
+    return DeployError(f"{what} failed on {host}: {f.cause}",
                        hint="run with -vv for uv's full output; envs/current is untouched")

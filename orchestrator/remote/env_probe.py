@@ -13,6 +13,10 @@ import sys
 
 MARK = "@dfo-probe "
 
+# what the env has, not the directory the probe was started in: ``-c`` puts "" (the working
+# directory) first on sys.path, and a dfo checkout there would answer for dfo and trainer
+sys.path[:] = [p for p in sys.path if p != ""]
+
 
 def _err(e: BaseException) -> str:
     return "%s: %s" % (type(e).__name__, e)

@@ -198,9 +198,13 @@ class Supervisor:
             if choice.step and choice.step != "same":
                 state.fallbacks.append({"class": diag.cls, "step": choice.step,
                                         "changed": choice.changed, "attempt": n})
+            elif choice.note:
+                state.fallbacks.append({"class": diag.cls, "step": "restart unchanged",
+                                        "note": choice.note, "changed": {}, "attempt": n})
             fb = emit(events.Fallback(attempt=n, cls=diag.cls, step=choice.step,
                                       changed=choice.changed, overrides=choice.overrides,
-                                      restore_cache=choice.restore_cache))
+                                      restore_cache=choice.restore_cache,
+                                      note=choice.note or None))
             restore_cache = choice.restore_cache
             state.status = "backoff"
             delay = restart_delay(self.policy, dec, diag.cls,

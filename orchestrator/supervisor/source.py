@@ -3,10 +3,13 @@
 
 - :class:`BundledSource`: ``python -m trainer train`` through the shim; it resumes the
   newest verified checkpoint of this run, takes its part of a multi-node run from the role
-  (``role.Placement``) and falls back over ``spec.ladders`` (``ops.fallback.next_config``).
+  (``role.Placement``).
 - :class:`OwnSource`: a foreign command (``dfo launch -- CMD ARGS...``); it resumes what the
   run file's glob finds, runs a ladder step's ``run_first`` commands before the attempt and
-  falls back over ``spec.own.fallbacks`` (``ops.byo.next_step``).
+  falls back over the run file's ladders.
+
+Both choose the next config with ``ops.verdict.choose`` (the one ladder choice, shared with
+``dfo diagnose``).
 
 A source decides; it keeps no state of its own (the run's state comes in).
 """
@@ -15,16 +18,16 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Protocol, Union
+from typing import Any, Callable, Mapping, Protocol
 
 from dfo_contract import events
 from dfo_contract.checkpoints import newest_of_run
 from dfo_contract.runspec import Bundled, Own, RunSpec
 
 from ..ops import byo as byo_ops
-from ..ops.fallback import Choice, next_config
 from ..ops.launch_argv import attempt_env, ddp_nproc, trainer_argv
 from ..ops.runstate import RunState
+from ..ops.verdict import Ladders, Verdict, choose
 from . import byo as byo_sup
 from .role import Role
 
@@ -42,18 +45,6 @@ class Launch:
     first: list[list[str]] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
-class OwnChoice:
-    """A foreign command's ladder choice, shaped like ``ops.fallback.Choice``."""
-    step: str | None
-    overrides: dict
-    position: int
-    changed: dict
-    restore_cache: bool
-    exhausted: bool
-    spent: str
-
-
 class AttemptSource(Protocol):
     #: a foreign command (never preloaded by a standby)
     foreign: bool
@@ -67,7 +58,7 @@ class AttemptSource(Protocol):
     def launch(self, n: int, state: RunState, role: Role) -> Launch: ...
     def run_first(self, n: int, launch: Launch, log_path: str, timeout: float) -> None: ...
     def next_choice(self, cls: str, position: int,
-                    overrides: Mapping[str, Any]) -> Union[Choice, OwnChoice]: ...
+                    overrides: Mapping[str, Any]) -> Verdict: ...
 
 
 class _Source:
@@ -90,6 +81,9 @@ class _Source:
         env.update(attempt_env(self.spec.cache.env, attempt=n, run_dir=self.run_dir,
                                fault=self.fault, run_id=self.spec.identity.run_id))
         return env
+
+    def next_choice(self, cls: str, position: int, overrides: Mapping[str, Any]) -> Verdict:
+        return choose(Ladders.from_spec(self.spec), cls, position, overrides)
 
     def run_first(self, n: int, launch: Launch, log_path: str, timeout: float) -> None:
         if launch.first:
@@ -130,10 +124,6 @@ class BundledSource(_Source):
                             rdzv=at.rdzv)
         return Launch(argv, env, self.run_dir, at.resume)
 
-    def next_choice(self, cls: str, position: int, overrides: Mapping[str, Any]) -> Choice:
-        ladder = list(self.spec.ladders.get(cls, ()))
-        return next_config(cls, ladder, position, dict(self.spec.config.base), dict(overrides))
-
 
 class OwnSource(_Source):
     foreign = True
@@ -153,13 +143,6 @@ class OwnSource(_Source):
         env = byo_sup.env(own, self.spec.identity.python, changes, self.attempt_env(n))
         return Launch(byo_sup.argv(own, changes, resume), env, byo_sup.cwd(own, self.run_dir),
                       resume, list(changes.first))
-
-    def next_choice(self, cls: str, position: int, overrides: Mapping[str, Any]) -> OwnChoice:
-        ladder = list(self.own.fallbacks.get(cls, ()))
-        c = byo_ops.next_step(cls, ladder, position, byo_ops.Changes.from_json(overrides))
-        return OwnChoice(c.step, c.changes.to_json(), c.position, c.changed, False,
-                         c.exhausted,
-                         " -> ".join(byo_ops.describe_step(s) for s in ladder) or "empty")
 
 
 def source_for(spec: RunSpec, run_dir: str, emit: Emit) -> AttemptSource:
