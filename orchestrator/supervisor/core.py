@@ -161,7 +161,8 @@ class Supervisor:
             if out.stopped:
                 return self.final("stopped", self.stop.reason or "stopped")
             diag = classify(out.scan, exit_code=out.exit_code, signal=out.signal, hang=out.hang,
-                            oom_killed=out.oom_killed, collapse=out.collapse)
+                            oom_killed=out.oom_killed, collapse=out.collapse,
+                            frozen=out.frozen)
             att = state.attempts[-1]
             att.cls, att.reason = diag.cls, diag.reason
             ev = [e.to_json() for e in diag.evidence]

@@ -306,7 +306,8 @@ class GroupMember(GroupRole):
         self.plan: dict | None = None
 
     def thresholds(self, t: Thresholds) -> Thresholds:
-        # a peer judges only its own process (exit, fatal lines, OOM)
+        # a peer judges only its own process (exit, fatal lines, OOM, a stopped process:
+        # frozen_s stays, so the run names the node where it happened)
         return dataclasses.replace(t, warmup_s=1e12, train_s=1e12, hang_s=0.0)
 
     def lost_reason(self, lost: list[tuple[int, float]]) -> str:
@@ -337,7 +338,8 @@ class GroupMember(GroupRole):
             if out.stopped:
                 return driver.final("stopped", self.stop.reason or "stopped")
             diag = classify(out.scan, exit_code=out.exit_code, signal=out.signal,
-                            hang=out.hang, oom_killed=out.oom_killed, collapse=out.collapse)
+                            hang=out.hang, oom_killed=out.oom_killed, collapse=out.collapse,
+                            frozen=out.frozen)
             att = state.attempts[-1]
             end = self.node_end(n, out, diag)
             att.cls, att.reason = end.cls, end.reason

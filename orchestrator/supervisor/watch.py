@@ -35,6 +35,7 @@ class Outcome:
     exit_code: int | None = None
     signal: int | None = None
     hang: str | None = None
+    frozen: str | None = None
     collapse: str | None = None
     stopped: bool = False
     reached_train: bool = False
@@ -150,14 +151,16 @@ class AttemptWatch:
         i.after(n, out)
         end = time.monotonic()
         out.hang, out.collapse, out.reached_train = dog.hang, dog.collapse, dog.reached_train
+        out.frozen = dog.frozen
         out.duration_s = end - t0
         out.healthy_s = dog.healthy_s(end)
         return out
 
     def _sample(self, pid: int, out: Outcome, dog: wd.Watchdog, now: float) -> None:
         """The tree's CPU/I-O for the hang check; the host's load for a throughput drop."""
-        cpu, io = out.meter.sample(procs.descendants(pid) or [pid])
-        dog.activity(now, cpu, io)
+        tree = procs.descendants(pid) or [pid]
+        cpu, io = out.meter.sample(tree)
+        dog.activity(now, cpu, io, stopped=procs.stopped(tree))
         out.host.append(hostprobe.host_sample(now, cpu))
         while len(out.host) > 2 and out.host[1].t <= now - HOST_WINDOW_S:
             del out.host[0]
