@@ -268,6 +268,25 @@ def test_a_frozen_head_ends_the_peer_without_waiting_on_its_store(group):
     assert final_t - lost_t < OP_TIMEOUT_S, final_t - lost_t
 
 
+def test_a_stopped_trainer_on_the_peer_is_frozen_on_that_node(group):
+    # SIGSTOP to node 1's torchrun and worker (not its supervisor): node 1 sees its own
+    # processes stopped, the head's ranks only wait; the run's cause names node 1
+    g = group(name="pairstopped", thresholds={"frozen_s": 3}, train={"max_steps": 16})
+    wait_for(lambda: (g.state(0).get("last_step") or 0) >= 2, 240, "training on the head")
+    stopped = procs_of(g.dirs[1])
+    assert stopped
+    for pid in stopped:
+        os.kill(pid, signal.SIGSTOP)
+    head, peer = g.wait_final(0), g.wait_final(1)
+    assert head["status"] == "done" and peer["status"] == "done", head.get("reason")
+    cause = g.kinds(0, "group_decision")[0].cause
+    assert (cause["class"], cause["node"], cause["host"]) == ("frozen", 1, "gpu2")
+    assert "of the attempt stopped (state T" in cause["reason"]
+    assert [c.cls for c in g.kinds(1, "classified")][:1] == ["frozen"]
+    assert [f.step for f in g.kinds(0, "fallback")] == [None]    # the same config again
+    assert head["overrides"] == peer["overrides"] == {}
+
+
 def procs_of(run_dir: Path) -> list[int]:
     from orchestrator.supervisor.procs import processes_of_run
 
