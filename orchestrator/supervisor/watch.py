@@ -19,7 +19,7 @@ from ..ops import watchdog as wd
 from ..ops.byo import compile_step_pattern
 from ..ops.classify import LineScan, TailScan
 from ..ops.host_load import HostSample, judge_drop, settled
-from . import hostprobe, procs
+from . import hostprobe, procs, runfiles
 from .lines import read_lines
 from .record import RunRecord, Stop
 from .stacks import dump_stacks
@@ -110,6 +110,7 @@ class AttemptWatch:
         next_sample = t0
         early = sb.early()
         while True:
+            runfiles.check_run_dir(i.run_dir)   # deleted under the run: RunDirGone
             rc = proc.poll()
             # new output (read once more after the process exited: its last lines)
             lines, offset = read_lines(log_path, offset, final=rc is not None)
