@@ -138,6 +138,14 @@ class Group:
             except ProcessLookupError:
                 pass
 
+    def restart_supervisor(self, k: int) -> None:
+        """Start node k's supervisor again on its run dir, as systemd's Restart= would."""
+        env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+        log = open(self.dirs[k] / "supervisor.log", "ab")
+        self.procs[k] = subprocess.Popen(
+            supervisor_argv(sys.executable, str(self.dirs[k])), stdin=subprocess.DEVNULL,
+            stdout=log, stderr=log, env=env, cwd=str(self.dirs[k]), start_new_session=True)
+
     def cleanup(self) -> None:
         for k, p in enumerate(self.procs):
             if p.poll() is None:
@@ -285,6 +293,26 @@ def test_a_stopped_trainer_on_the_peer_is_frozen_on_that_node(group):
     assert [c.cls for c in g.kinds(1, "classified")][:1] == ["frozen"]
     assert [f.step for f in g.kinds(0, "fallback")] == [None]    # the same config again
     assert head["overrides"] == peer["overrides"] == {}
+
+
+def test_a_restarted_head_supervisor_says_it_lost_the_groups_state(group):
+    # kill -9 of the head's supervisor alone (its trainer dies with it), then a restart as
+    # systemd would: the new one has no store the peers know; it must not blame the peer
+    g = group(name="pairrestart", node_lost_s=6.0, train={"max_steps": 100000},
+              checkpoint={"every": 100000})
+    wait_for(lambda: (g.state(0).get("last_step") or 0) >= 2, 240, "training on the head")
+    os.kill(g.procs[0].pid, signal.SIGKILL)
+    g.procs[0].wait(30)
+    g.restart_supervisor(0)
+    head, peer = g.wait_final(0, timeout=240), g.wait_final(1, timeout=240)
+    assert head["status"] == "failed"
+    assert head["reason"].startswith("the head's supervisor restarted during attempt 1 and "
+                                     "lost the group's state"), head["reason"]
+    assert "dfo launch --group pair --resume latest" in head["reason"]
+    assert "gpu2 lost" not in head["reason"] and not g.kinds(0, "node_lost")
+    assert peer["status"] == "failed"
+    assert peer["reason"].startswith("lost the head node gpu1"), peer["reason"]
+    assert procs_of(g.dirs[0]) == [] and procs_of(g.dirs[1]) == []
 
 
 def procs_of(run_dir: Path) -> list[int]:

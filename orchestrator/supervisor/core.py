@@ -122,6 +122,10 @@ class Supervisor:
             self._recover_after_restart()
             if was == "stopping":  # it died while stopping: finish the stop, start nothing
                 return self.final("stopped", "stopped (the supervisor died while stopping)")
+            cannot = self.role.restarted(int(self.state.attempt))
+            if cannot:   # a group's head: its peers' store is gone with its predecessor
+                self.record.emit(events.GiveUp(cls="crash", reason=cannot, evidence=[]))
+                return self.final("failed", cannot)
         self.state.status = "running"
         self.record.save()
         try:
