@@ -132,7 +132,10 @@ class BundledSource(_Source):
 
     def next_choice(self, cls: str, position: int, overrides: Mapping[str, Any]) -> Choice:
         ladder = list(self.spec.ladders.get(cls, ()))
-        return next_config(cls, ladder, position, dict(self.spec.config.base), dict(overrides))
+        base = dict(self.spec.config.base)
+        if self.spec.group is not None:   # every node runs ddp whatever the config says
+            base["parallel.layout"] = "ddp"
+        return next_config(cls, ladder, position, base, dict(overrides))
 
 
 class OwnSource(_Source):
