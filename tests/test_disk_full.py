@@ -6,8 +6,6 @@ steps into the same full disk."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -16,43 +14,11 @@ from dfo_contract import checkpoints as cm
 from dfo_contract.exitcodes import DISK_FULL
 from orchestrator.engine.runs import LaunchOptions, RunOps
 from orchestrator.transport.local import LocalTransport
+from tests.helpers.tmpfs import fill as _fill, tmpfs  # noqa: F401
 from tests.helpers.trainer import make_synth, make_target, run_trainer, tiny_overrides
 from tests.supervisor_env import FAST, events, local_host, make_root, wait_final, write_config
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def tmpfs(tmp_path):
-    """``mount(size)``: a fresh tmpfs of that size (bytes) at a new directory; unmounted
-    after the test."""
-    if os.geteuid() != 0:
-        if os.environ.get("CI", "").strip().lower() in ("1", "true", "yes", "on"):
-            pytest.fail("mounting a tmpfs needs root", pytrace=False)
-        pytest.skip("mounting a tmpfs needs root")
-    mounted: list[Path] = []
-
-    def mount(size: int, where: Path | None = None) -> Path:
-        d = where or tmp_path / f"fs{len(mounted)}"
-        d.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(d)],
-                       check=True, timeout=60)
-        mounted.append(d)
-        return d
-
-    yield mount
-    for d in reversed(mounted):
-        subprocess.run(["umount", "-l", str(d)], timeout=60)
-
-
-def _fill(fs: Path, leave: int) -> None:
-    """Fill ``fs`` until ``leave`` bytes (or fewer) are free."""
-    st = os.statvfs(fs)
-    free = st.f_bavail * st.f_frsize
-    with open(fs / "filler", "wb") as f:
-        f.write(b"\0" * max(0, free - leave))
-    st = os.statvfs(fs)
-    assert st.f_bavail * st.f_frsize <= leave + st.f_frsize
 
 
 def _tree_bytes(p: Path) -> int:
