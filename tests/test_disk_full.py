@@ -6,6 +6,7 @@ steps into the same full disk."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,12 @@ def test_a_checkpoint_that_does_not_fit_is_exit_7_and_keeps_the_complete_ones(tm
     r = run_trainer(["train", *args], timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     size = _tree_bytes(ck / "step_2")
+    # an earlier attempt killed mid-save left its partial temp dir (its writer is dead)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = ck / f".step_3.tmp-{dead.pid}"
+    stale.mkdir()
+    (stale / "model.safetensors").write_bytes(b"\0" * 4096)
     _fill(fs, size // 2)                  # less than one more checkpoint is free now
     args = tiny_overrides(target, data, str(tmp_path / "run"),
                           **{"train.max_steps": 4, "checkpoint.every": 2, "checkpoint.dir": ck})
@@ -45,7 +52,7 @@ def test_a_checkpoint_that_does_not_fit_is_exit_7_and_keeps_the_complete_ones(tm
     assert f"checkpoint step_4 in {ck} needs " in line and "Traceback" not in r.stderr
     from dfo_contract.fsio import human_bytes
     assert f"needs {human_bytes(size)} (" in line          # the size of a complete one
-    assert sorted(p.name for p in ck.iterdir()) == ["step_2"]   # no partial left
+    assert sorted(p.name for p in ck.iterdir()) == ["step_2"]   # no partial left, no stale one
     assert cm.verify(str(ck / "step_2"))[0]
 
 
