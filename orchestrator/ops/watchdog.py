@@ -23,8 +23,9 @@ What it decides:
   first step) or ``train_s`` (after it), busy or not. Either: dump the stacks, then kill;
 - a frozen attempt: a process of its tree stopped (``/proc/PID/stat`` state T or t: SIGSTOP,
   job control, a debugger) for ``frozen_s`` with no progress for as long, or when a hang
-  would be judged while one is stopped: it runs no code, so this is no compile and no hang of the trainer's own. Kill it
-  (SIGKILL ends a stopped process) and say so (``frozen``); no stacks (it cannot answer);
+  would be judged while one is stopped: it runs no code, so this is no compile and no hang
+  of the trainer's own. Kill it (SIGKILL ends a stopped process) and say so (``frozen``);
+  no stacks (it cannot answer);
 - a stop request: SIGTERM, and a kill ``stop_timeout_s`` later;
 - once a kill is due it is repeated every 2 s until the process is gone.
 """
