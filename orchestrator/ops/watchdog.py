@@ -277,7 +277,7 @@ class Watchdog:
         if self.stopped_since is None:
             return []
         held = now - self.stopped_since
-        frozen_s = float(getattr(self.t, "frozen_s", 0.0) or 0.0)
+        frozen_s = float(self.t.frozen_s)
         hang_due = silent > limit or (self.t.hang_s > 0 and silent > self.t.hang_s)
         if not ((frozen_s > 0 and held >= frozen_s and silent >= frozen_s) or hang_due):
             return []
