@@ -54,6 +54,12 @@ class ProcStat:
         return self.state == "Z"
 
     @property
+    def stopped(self) -> bool:
+        """Stopped by a signal (T: SIGSTOP, SIGTSTP, SIGTTIN/OU) or by a tracer (t): it runs
+        no code at all until someone continues it."""
+        return self.state in ("T", "t")
+
+    @property
     def cpu_ticks(self) -> int:
         """CPU of the process and its reaped children."""
         return self.utime + self.stime + self.cutime + self.cstime

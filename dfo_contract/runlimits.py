@@ -54,6 +54,7 @@ class Thresholds:
     warmup_s: float = 900.0         # no heartbeat/step before the first training step
     train_s: float = 300.0          # no step (or heartbeat) once training
     hang_s: float = 60.0            # no heartbeat/step and an idle process tree: stuck (0: off)
+    frozen_s: float = 60.0          # a process of the attempt stopped (state T) this long (0: off)
     stop_timeout_s: float = 120.0   # SIGTERM -> checkpoint -> exit, before SIGKILL
     kill_grace_s: float = 10.0      # after a failure was seen, before SIGKILL
     live_grace_s: float = 5.0       # a fatal pattern was printed: let the trainer exit itself
@@ -66,7 +67,7 @@ class Thresholds:
     standby_early_cpus: int = 8     # hosts with >= this many CPUs start it early (0: never)
 
     #: the thresholds where 0 means "off" (every other one must be positive)
-    ZERO_OK: ClassVar[tuple[str, ...]] = ("skip_steps", "hang_s", "standby_wait_s",
+    ZERO_OK: ClassVar[tuple[str, ...]] = ("skip_steps", "hang_s", "frozen_s", "standby_wait_s",
                                           "standby_early_cpus")
     _INTS: ClassVar[tuple[str, ...]] = ("collapse_steps", "baseline_steps", "skip_steps",
                                         "standby_early_cpus")
@@ -103,6 +104,7 @@ DEFAULT_PER_CLASS: dict[str, int] = {
     "oom": 6,
     "nccl_timeout": 5,
     "nan_loss": 3,
+    "frozen": 3,      # transient: someone stopped the process; the same config again
     "disk_full": 0,   # permanent: the run stops at once
     "crash": 3,
 }

@@ -6,7 +6,6 @@ steps into the same full disk."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
@@ -16,43 +15,11 @@ from dfo_contract import checkpoints as cm
 from dfo_contract.exitcodes import DISK_FULL
 from orchestrator.engine.runs import LaunchOptions, RunOps
 from orchestrator.transport.local import LocalTransport
+from tests.helpers.tmpfs import fill as _fill, tmpfs  # noqa: F401
 from tests.helpers.trainer import make_synth, make_target, run_trainer, tiny_overrides
 from tests.supervisor_env import FAST, events, local_host, make_root, wait_final, write_config
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def tmpfs(tmp_path):
-    """``mount(size)``: a fresh tmpfs of that size (bytes) at a new directory; unmounted
-    after the test."""
-    if os.geteuid() != 0:
-        if os.environ.get("CI", "").strip().lower() in ("1", "true", "yes", "on"):
-            pytest.fail("mounting a tmpfs needs root", pytrace=False)
-        pytest.skip("mounting a tmpfs needs root")
-    mounted: list[Path] = []
-
-    def mount(size: int, where: Path | None = None) -> Path:
-        d = where or tmp_path / f"fs{len(mounted)}"
-        d.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(d)],
-                       check=True, timeout=60)
-        mounted.append(d)
-        return d
-
-    yield mount
-    for d in reversed(mounted):
-        subprocess.run(["umount", "-l", str(d)], timeout=60)
-
-
-def _fill(fs: Path, leave: int) -> None:
-    """Fill ``fs`` until ``leave`` bytes (or fewer) are free."""
-    st = os.statvfs(fs)
-    free = st.f_bavail * st.f_frsize
-    with open(fs / "filler", "wb") as f:
-        f.write(b"\0" * max(0, free - leave))
-    st = os.statvfs(fs)
-    assert st.f_bavail * st.f_frsize <= leave + st.f_frsize
 
 
 def _tree_bytes(p: Path) -> int:
@@ -69,6 +36,12 @@ def test_a_checkpoint_that_does_not_fit_is_exit_7_and_keeps_the_complete_ones(tm
     r = run_trainer(["train", *args], timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     size = _tree_bytes(ck / "step_2")
+    # an earlier attempt killed mid-save left its partial temp dir (its writer is dead)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = ck / f".step_3.tmp-{dead.pid}"
+    stale.mkdir()
+    (stale / "model.safetensors").write_bytes(b"\0" * 4096)
     _fill(fs, size // 2)                  # less than one more checkpoint is free now
     args = tiny_overrides(target, data, str(tmp_path / "run"),
                           **{"train.max_steps": 4, "checkpoint.every": 2, "checkpoint.dir": ck})
@@ -79,7 +52,7 @@ def test_a_checkpoint_that_does_not_fit_is_exit_7_and_keeps_the_complete_ones(tm
     assert f"checkpoint step_4 in {ck} needs " in line and "Traceback" not in r.stderr
     from dfo_contract.fsio import human_bytes
     assert f"needs {human_bytes(size)} (" in line          # the size of a complete one
-    assert sorted(p.name for p in ck.iterdir()) == ["step_2"]   # no partial left
+    assert sorted(p.name for p in ck.iterdir()) == ["step_2"]   # no partial left, no stale one
     assert cm.verify(str(ck / "step_2"))[0]
 
 

@@ -42,6 +42,14 @@ def test_steps_that_change_nothing_are_skipped():
     assert s[2].exhausted
 
 
+def test_a_compile_step_is_skipped_when_the_run_does_not_compile():
+    base = dict(RACE, **{"compile.enabled": False})
+    s = walk("compile_hang", base, 2)
+    assert s[0].step == "layout_ddp" and "compile.gate" not in s[0].overrides
+    assert not s[0].restore_cache
+    assert walk("compile_hang", dict(RACE, **{"compile.enabled": True}), 1)[0].step == "compile_gate"
+
+
 def test_oom_halves_micro_batch_then_anchors():
     base = dict(RACE, **{"train.micro_batch": 4, "data.num_anchors": 4})
     s = walk("oom", base, 6)
@@ -51,7 +59,7 @@ def test_oom_halves_micro_batch_then_anchors():
 
 
 def test_transient_classes_restart_with_same_config():
-    for cls in ("crash", "nccl_timeout"):
+    for cls in ("crash", "nccl_timeout", "frozen"):
         c = next_config(cls, DEFAULT_LADDERS[cls], 0, RACE, {"a.b": 1})
         assert c.step is None and not c.exhausted and c.overrides == {"a.b": 1}
 

@@ -134,7 +134,7 @@ def test_group_env():
 
 
 def test_local_addr_is_the_source_address_towards_the_head():
-    from orchestrator.supervisor.group import local_addr
+    from orchestrator.supervisor.hostprobe import local_addr
 
     assert local_addr("127.0.0.1", 29400) == "127.0.0.1"
     assert local_addr("192.0.2.1", 9) not in ("", "192.0.2.1")  # a route's source, or None

@@ -138,6 +138,14 @@ class Group:
             except ProcessLookupError:
                 pass
 
+    def restart_supervisor(self, k: int) -> None:
+        """Start node k's supervisor again on its run dir, as systemd's Restart= would."""
+        env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+        log = open(self.dirs[k] / "supervisor.log", "ab")
+        self.procs[k] = subprocess.Popen(
+            supervisor_argv(sys.executable, str(self.dirs[k])), stdin=subprocess.DEVNULL,
+            stdout=log, stderr=log, env=env, cwd=str(self.dirs[k]), start_new_session=True)
+
     def cleanup(self) -> None:
         for k, p in enumerate(self.procs):
             if p.poll() is None:
@@ -188,24 +196,24 @@ def test_two_nodes_train_to_done(group):
 
 
 def test_a_fault_on_one_node_restarts_the_whole_run_with_one_fallback(group):
-    g = group(name="pairfx", faults=(None, "fx_race@6"))
+    g = group(name="pairfx", faults=(None, "oom@6"))
     head, peer = g.wait_final(0), g.wait_final(1)
     assert head["status"] == "done", head.get("reason")
     assert peer["status"] == "done", peer.get("reason")
-    # the cause was node 1's FX error, decided once on the head
+    # the cause was node 1's OOM, decided once on the head
     cause = g.kinds(0, "group_decision")[0].cause
-    assert cause["class"] == "fx_trace_race" and cause["node"] == 1
+    assert cause["class"] == "oom" and cause["node"] == 1
     fb = g.kinds(0, "fallback")
-    assert len(fb) == 1 and fb[0].step == "compile_gate"
-    assert [e.step for e in g.kinds(1, "fallback")] == ["compile_gate"]
+    assert len(fb) == 1 and fb[0].step == "halve_micro_batch"
+    assert [e.step for e in g.kinds(1, "fallback")] == ["halve_micro_batch"]
     s0, s1 = g.kinds(0, "attempt_start"), g.kinds(1, "attempt_start")
     assert len(s0) == len(s1) == 2
     # both nodes' attempt 2: the same overrides, the same checkpoint (the head's)
-    assert s0[1].overrides == s1[1].overrides == {"compile.gate": True}
+    assert s0[1].overrides == s1[1].overrides == {"train.micro_batch": 4}
     assert s0[1].resume == s1[1].resume and s0[1].resume.endswith("/step_4")
     assert s0[1].resume.startswith(str(g.roots[0]))
-    assert "--compile.gate=true" in s1[1].argv
-    assert head["overrides"] == peer["overrides"] == {"compile.gate": True}
+    assert "--train.micro_batch=4" in s1[1].argv
+    assert head["overrides"] == peer["overrides"] == {"train.micro_batch": 4}
     steps = _steps(g.dirs[0] / "attempt-2.log")
     assert steps[0] == 5 and steps[-1] == 12
 
@@ -266,6 +274,45 @@ def test_a_frozen_head_ends_the_peer_without_waiting_on_its_store(group):
     lost_t = g.kinds(1, "node_lost")[0].t
     final_t = g.kinds(1, "final")[0].t
     assert final_t - lost_t < OP_TIMEOUT_S, final_t - lost_t
+
+
+def test_a_stopped_trainer_on_the_peer_is_frozen_on_that_node(group):
+    # SIGSTOP to node 1's torchrun and worker (not its supervisor): node 1 sees its own
+    # processes stopped, the head's ranks only wait; the run's cause names node 1
+    g = group(name="pairstopped", thresholds={"frozen_s": 3}, train={"max_steps": 16})
+    wait_for(lambda: (g.state(0).get("last_step") or 0) >= 2, 240, "training on the head")
+    stopped = procs_of(g.dirs[1])
+    assert stopped
+    for pid in stopped:
+        os.kill(pid, signal.SIGSTOP)
+    head, peer = g.wait_final(0), g.wait_final(1)
+    assert head["status"] == "done" and peer["status"] == "done", head.get("reason")
+    cause = g.kinds(0, "group_decision")[0].cause
+    assert (cause["class"], cause["node"], cause["host"]) == ("frozen", 1, "gpu2")
+    assert "of the attempt stopped (state T" in cause["reason"]
+    assert [c.cls for c in g.kinds(1, "classified")][:1] == ["frozen"]
+    assert [f.step for f in g.kinds(0, "fallback")] == [None]    # the same config again
+    assert head["overrides"] == peer["overrides"] == {}
+
+
+def test_a_restarted_head_supervisor_says_it_lost_the_groups_state(group):
+    # kill -9 of the head's supervisor alone (its trainer dies with it), then a restart as
+    # systemd would: the new one has no store the peers know; it must not blame the peer
+    g = group(name="pairrestart", node_lost_s=6.0, train={"max_steps": 100000},
+              checkpoint={"every": 100000})
+    wait_for(lambda: (g.state(0).get("last_step") or 0) >= 2, 240, "training on the head")
+    os.kill(g.procs[0].pid, signal.SIGKILL)
+    g.procs[0].wait(30)
+    g.restart_supervisor(0)
+    head, peer = g.wait_final(0, timeout=240), g.wait_final(1, timeout=240)
+    assert head["status"] == "failed"
+    assert head["reason"].startswith("the head's supervisor restarted during attempt 1 and "
+                                     "lost the group's state"), head["reason"]
+    assert "dfo launch --group pair --resume latest" in head["reason"]
+    assert "gpu2 lost" not in head["reason"] and not g.kinds(0, "node_lost")
+    assert peer["status"] == "failed"
+    assert peer["reason"].startswith("lost the head node gpu1"), peer["reason"]
+    assert procs_of(g.dirs[0]) == [] and procs_of(g.dirs[1]) == []
 
 
 def procs_of(run_dir: Path) -> list[int]:

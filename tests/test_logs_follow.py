@@ -144,3 +144,27 @@ def test_parse_since():
     from orchestrator.errors import ConfigError
     with pytest.raises(ConfigError):
         parse_since("yesterday", 0)
+
+
+class DroppingTransport(LocalTransport):
+    """The real local transport whose first stream fails as a dropped SSH connection does
+    (the transport's own ConnectError, with its hint for a person)."""
+
+    def __init__(self):
+        super().__init__("local")
+        self.drops = 0
+
+    def stream(self, argv, on_line, **kw):
+        if self.drops == 0:
+            from orchestrator.errors import ConnectError
+
+            self.drops += 1
+            raise ConnectError("connection to local lost: EOF",
+                               hint="check the host and run the command again")
+        return super().stream(argv, on_line, **kw)
+
+
+def test_a_reconnect_names_what_was_lost_not_the_errors_hint(root):
+    _, _, status, reconnects = follow_while_writing(root, DroppingTransport(), n=10, delay=0)
+    assert status == "done"
+    assert reconnects == ["connection to local lost: EOF"]

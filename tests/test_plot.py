@@ -119,7 +119,7 @@ def test_plot_of_a_real_run_with_a_fallback(tmp_path, tiny_assets, capsys, monke
 
     c = pl.fetch_curves(ops, plan.run_id)
     assert [b.attempt for b in c.boundaries] == [2]
-    assert c.boundaries[0].label.startswith("attempt 2: fx_trace_race -> compile_gate")
+    assert c.boundaries[0].label.startswith("attempt 2: fx_trace_race -> layout_ddp")
     assert c.boundaries[0].step == 4
 
     out = tmp_path / "pics" / "run.png"

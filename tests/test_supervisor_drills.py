@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -163,3 +164,24 @@ def test_a_hang_is_acted_on_within_hang_s_of_the_last_heartbeat(setup, tiny_asse
     assert 10 <= gap < 120, gap
     assert kinds(evs, "stacks") and kinds(evs, "classified")[0].cls == "compile_hang"
     assert info["last_step"] == 12
+
+
+def test_a_stopped_trainer_is_frozen_not_a_compile_hang(setup, tiny_assets):  # noqa: F811
+    """SIGSTOP to attempt 1's trainer (as soon as it started, so it cannot finish first):
+    ``frozen`` (its state T read from /proc), not ``compile_hang``; the same config again
+    (no compile step in a run that does not compile), and the run ends done."""
+    root, ops, tmp = setup
+    cfg = write_config(tmp / "c.yaml", tiny_assets)
+    plan = launch(ops, cfg, thresholds={"hang_s": 10, "frozen_s": 3})
+    starts = wait_for(lambda: kinds(events(root, plan.run_id), "attempt_start"), 120,
+                      "attempt 1 to start")
+    pid = starts[0].pid
+    os.kill(pid, signal.SIGSTOP)
+    info = wait_final(ops, plan.run_id, timeout=280)
+    evs = events(root, plan.run_id)
+    cls = kinds(evs, "classified")
+    assert cls[0].cls == "frozen", [(c.cls, c.reason) for c in cls]
+    assert f"process {pid} of the attempt stopped (state T" in cls[0].reason
+    assert [f.step for f in kinds(evs, "fallback")] == [None]    # the same config again
+    assert info["overrides"] == {} and info["status"] == "done", info.get("reason")
+    assert not kinds(evs, "stacks")

@@ -94,7 +94,7 @@ def test_fx_recovery_in_the_container_under_systemd(ct):
     cl = [x for x in e if x.kind == "classified"]
     assert cl[0].cls == "fx_trace_race" and cl[-1].cls == "done"
     fb = [x for x in e if x.kind == "fallback"][0]
-    assert fb.step == "compile_gate"
+    assert fb.step == "layout_ddp"   # the tiny config does not compile
     starts = [x for x in e if x.kind == "attempt_start"]
     assert starts[1].resume.endswith("/step_4")
 

@@ -37,6 +37,8 @@ def kinds(evs, kind):
 
 
 def test_fx_error_is_classified_falls_back_and_resumes(setup, tiny_assets):  # noqa: F811
+    # the tiny config does not compile: the ladder's compile_gate could not change the run,
+    # so its first step that does is layout_ddp
     root, ops, tmp = setup
     cfg = write_config(tmp / "c.yaml", tiny_assets)
     plan = launch(ops, cfg, fault="fx_race@6")
@@ -47,13 +49,15 @@ def test_fx_error_is_classified_falls_back_and_resumes(setup, tiny_assets):  # n
     assert cl[0].cls == "fx_trace_race" and cl[0].attempt == 1
     assert any("Detected that you are using FX" in t for t in cl[0].evidence_texts())
     fb = kinds(evs, "fallback")[0]
-    assert fb.step == "compile_gate" and fb.changed == {"compile.gate": True}
+    assert fb.step == "layout_ddp" and fb.changed == {"parallel.layout": "ddp"}
+    assert not fb.restore_cache
     starts = kinds(evs, "attempt_start")
     assert len(starts) == 2 and starts[1].resume.endswith("/step_4")
     argv = starts[1].argv
-    assert "--compile.gate=true" in argv
+    assert "--parallel.layout=ddp" in argv and "torch.distributed.run" in argv
+    assert not any("compile.gate" in a for a in argv)
     assert cl[-1].cls == "done" and info["last_step"] == 12
-    assert info["overrides"] == {"compile.gate": True}
+    assert info["overrides"] == {"parallel.layout": "ddp"}
     order = [e.kind for e in evs]
     assert order.index("classified") < order.index("fallback") < order.index("restart") \
         < len(order) - 1 - order[::-1].index("attempt_start")

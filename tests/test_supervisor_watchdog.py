@@ -239,3 +239,49 @@ def test_hang_s_comes_from_the_spec_thresholds_with_a_default():
     assert Thresholds.from_json({"warmup_s": 1, "train_s": 2, "live_grace_s": 3,
                                  "kill_grace_s": 4, "stop_timeout_s": 5,
                                  "hang_s": 20}).hang_s == 20.0
+
+
+def test_a_stopped_process_is_frozen_after_frozen_s_without_progress():
+    t = Thresholds(**{**T.__dict__, "hang_s": 60.0, "frozen_s": 5.0})
+    w = Watchdog(t, now=0.0)
+    w.feed('@dfo {"kind": "heartbeat", "phase": "train"}', 1.0)
+    w.activity(2.0, 1.0, 0, stopped=(42,))
+    assert w.tick(6.5) == []                   # stopped 4.5 s: not yet
+    w.activity(7.0, 1.0, 0, stopped=(42,))
+    acts = w.tick(7.1)
+    assert kinds(acts) == ["Warn", "Kill"]     # no stacks: a stopped process cannot answer
+    assert w.frozen and w.hang == w.frozen and "process 42 of the attempt stopped (state T" \
+        in w.frozen and "for 5s" in w.frozen
+
+
+def test_a_stopped_process_that_is_continued_or_progress_is_not_frozen():
+    t = Thresholds(**{**T.__dict__, "hang_s": 60.0, "frozen_s": 5.0})
+    w = Watchdog(t, now=0.0)
+    w.activity(1.0, 1.0, 0, stopped=(42,))
+    w.activity(4.0, 1.0, 0, stopped=())        # SIGCONT: the clock starts over
+    w.activity(5.0, 1.0, 0, stopped=(42,))
+    assert w.tick(9.0) == [] and w.frozen is None
+    # a stopped helper while the trainer still beats is not frozen (yet)
+    w2 = Watchdog(t, now=0.0)
+    w2.activity(1.0, 1.0, 0, stopped=(43,))
+    for s in range(2, 20):
+        w2.feed('@dfo {"kind": "heartbeat", "phase": "train"}', float(s))
+        w2.activity(float(s), 1.0 + s, 0, stopped=(43,))
+        assert w2.tick(float(s) + 0.5) == []
+    off = Thresholds(**{**T.__dict__, "hang_s": 0.0, "frozen_s": 0.0})
+    w3 = Watchdog(off, now=0.0)
+    w3.activity(1.0, 0.0, 0, stopped=(44,))
+    assert w3.tick(9.0) == []
+
+
+def test_a_hang_due_while_a_process_is_stopped_is_frozen_not_compile_hang():
+    from orchestrator.ops.classify import classify
+
+    t = Thresholds(**{**T.__dict__, "hang_s": 10.0, "frozen_s": 600.0})
+    w = Watchdog(t, now=0.0)
+    for s in range(0, 13):
+        w.activity(float(s), 1.0, 0, stopped=(42,) if s >= 1 else ())
+    acts = w.tick(12.0)
+    assert kinds(acts) == ["Warn", "Kill"] and w.frozen
+    d = classify([], signal=9, hang=w.hang, frozen=w.frozen)
+    assert (d.cls, d.reason, d.permanent) == ("frozen", w.frozen, False)

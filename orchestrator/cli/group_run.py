@@ -12,7 +12,7 @@ from rich.markup import escape
 
 from ..errors import EXIT_INTERRUPTED, DfoError, RunFailed
 from .console import Activity, console, note
-from .log_lines import LinePrinter
+from .log_lines import LinePrinter, skipped_note
 from .params import host_or_group
 
 
@@ -88,7 +88,9 @@ def follow_group_logs(gr, run_id, *, follow, raw, attempt, since, from_attempt) 
             attempt=attempt, from_attempt=from_attempt, since=parse_since(since, time.time()),
             on_reconnect=lambda host, n, why: err.print(
                 f"[yellow]dfo: {escape(host)}: connection lost ({escape(why)}); "
-                f"reconnecting ({n})[/]"))
+                f"reconnecting ({n})[/]"),
+            on_skipped=lambda host, n: err.print(
+                f"[yellow]{escape(skipped_note(n, f'{host}: '))}[/]"))
     except KeyboardInterrupt:
         err.print(f"dfo: detached; run {escape(run_id)} goes on "
                   f"(dfo logs -f --group {escape(gr.group.name)})")

@@ -9,6 +9,13 @@ from rich.markup import escape
 
 from .console import console, progress_every, stamp
 
+def skipped_note(n: int, where: str = "") -> str:
+    """The one line for lines of events.jsonl that were not events (and were not shown)."""
+    what = "line" if n == 1 else "lines"
+    return (f"dfo: {where}skipped {n} {what} of events.jsonl that {'is' if n == 1 else 'are'} "
+            "not an event (garbage, invalid bytes or a torn write)")
+
+
 def _event_style(e) -> str:
     from dfo_contract import events as ev
 

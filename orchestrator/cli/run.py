@@ -13,7 +13,7 @@ from rich.markup import escape
 from ..errors import EXIT_INTERRUPTED, ConfigError, NotFoundError, RunFailed
 from .console import Activity, console, note
 from .group_run import GROUP_OPTION, follow_group_logs, group_runs, launch_group
-from .log_lines import LinePrinter
+from .log_lines import LinePrinter, skipped_note
 from .params import FAULT_SPEC, NON_NEGATIVE
 from .run_ops import require_run, run_ops
 
@@ -176,7 +176,8 @@ def _follow(ops, run_id, *, follow, raw, attempt, since, from_attempt) -> int:
                     attempt=attempt, from_attempt=from_attempt,
                     since=parse_since(since, time.time()),
                     on_reconnect=lambda n, why: err.print(
-                        f"[yellow]dfo: connection lost ({escape(why)}); reconnecting ({n})[/]"))
+                        f"[yellow]dfo: connection lost ({escape(why)}); reconnecting ({n})[/]"),
+                    on_skipped=lambda n: err.print(f"[yellow]{escape(skipped_note(n))}[/]"))
     try:
         status = f.run()
     except KeyboardInterrupt:

@@ -308,10 +308,7 @@ class Deployer(DeployChecks, EnvSwitch):
                     f"(profile {self.profile.name} needs it)",
                     hint=f"install python{self.python_spec()} there, or set `python:` in "
                          f"hosts.yaml to an interpreter path; envs/current is untouched")
-            msg = dp.check_disk(state.df_kb, self.profile.min_free_mb, host=self.host.name,
-                                root=self.layout.root)
-            if msg:
-                raise DeployError(msg, hint="free space on the target; envs/current is untouched")
+            self._check_space(state, plan.clean)
         self.lease.acquire(state)
         try:
             return self._execute(plan, state, lock, lock_bytes, uv_path, uv_version, report)

@@ -1,13 +1,15 @@
 """The changes ``dfo deploy`` makes to ``<root>/envs/`` itself (a mixin of ``Deployer``: uses
 its clock, lease and transport): the atomic switch of ``envs/current`` under run.lock, which
-also retires older generations of the env, and the removal of half-built envs."""
+also retires older generations of the env, and the removal of half-built envs; the free
+space a new env needs, counting what dfo removes first or reuses (``ops.deploy_space``)."""
 
 from __future__ import annotations
 
 import posixpath
 
-from ..errors import LockHeldError
+from ..errors import DeployError, LockHeldError
 from ..ops import deploy_plan as dp
+from ..ops import deploy_space as ds
 
 #: the switch itself is instant; deleting the envs it retires (renamed first) takes longer
 SWITCH_TIMEOUT = 600.0
@@ -36,6 +38,21 @@ class EnvSwitch:
     def _guard_run_lock(self, state: dp.RemoteState) -> None:
         if state.run_lock_held:
             raise dp.run_lock_error(self.host.name, self.layout.root, state.run_lock_owner)
+
+    def _check_space(self, state: dp.RemoteState, clean: list[str]) -> None:
+        """DeployError when the target has no room for the new env. ``df`` first; only when
+        that looks short, what dfo's own leftovers hold (half-built envs, removed before the
+        build: ``clean``; uv's cache, reused) is measured and counted too."""
+        need, root = self.profile.min_free_mb, self.layout.root
+        if dp.check_disk(state.df_kb, need, host=self.host.name, root=root) is None:
+            return
+        r = self.t.run(dp.script_argv(ds.RECLAIM_SCRIPT, root, *clean, name="dfo-reclaim"),
+                       timeout=600)
+        found = ds.parse_reclaim(r)
+        msg = ds.check_space(state.df_kb, need, found if found.complete_output
+                             else ds.Reclaimable(), host=self.host.name, root=root)
+        if msg:
+            raise DeployError(msg, hint="free space on the target; envs/current is untouched")
 
     def _clean(self, names: list[str]) -> None:
         paths = [posixpath.join(self.layout.envs, n) for n in names]

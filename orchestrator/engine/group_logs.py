@@ -24,6 +24,7 @@ def follow_group(nodes: Sequence[tuple[str, Any, Any]], run_id: str, *,
                  on_line: Callable[[str, LogLine], None], follow: bool = False,
                  from_attempt: int = 1, attempt: int | None = None, since: float | None = None,
                  on_reconnect: Callable[[str, int, str], None] | None = None,
+                 on_skipped: Callable[[str, int], None] | None = None,
                  poll: float = 0.25) -> list[HostOutcome[str]]:
     """Follow ``run_id`` on every ``(host name, transport, layout)``; one outcome per node in
     order, its value the run's status when its follower ended."""
@@ -40,10 +41,15 @@ def follow_group(nodes: Sequence[tuple[str, Any, Any]], run_id: str, *,
                 with lock:
                     on_reconnect(name, n, why)
 
+        def skipped(n: int) -> None:
+            if on_skipped is not None:
+                with lock:
+                    on_skipped(name, n)
+
         try:
             f = LogFollower(t, layout, run_id, on_line=deliver, follow=follow, attempt=attempt,
                             from_attempt=from_attempt, since=since, on_reconnect=reconnect,
-                            poll=poll)
+                            on_skipped=skipped, poll=poll)
             outcomes[i].value = f.run()
         except DfoError as e:
             log.info("%s: %s", name, e)

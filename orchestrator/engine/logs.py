@@ -39,6 +39,7 @@ class LogFollower:
                  follow: bool = False, attempt: int | None = None, from_attempt: int = 1,
                  since: float | None = None, max_retries: int = 20,
                  on_reconnect: Callable[[int, str], None] | None = None,
+                 on_skipped: Callable[[int], None] | None = None,
                  sleep: Callable[[float], None] = time.sleep, poll: float = 0.25):
         self.t = transport
         self.layout = layout
@@ -50,6 +51,9 @@ class LogFollower:
         self.since = since
         self.max_retries = max_retries
         self.on_reconnect = on_reconnect or (lambda n, why: None)
+        #: told once, when following ends, how many lines of events.jsonl were not events
+        self.on_skipped = on_skipped or (lambda n: None)
+        self.skipped = 0
         self.sleep = sleep
         self.poll = poll
         self.offsets: dict[str, int] = {}
@@ -68,7 +72,16 @@ class LogFollower:
 
     def run(self) -> str | None:
         """Stream until the run ends (``-f``: returns its final status) or everything present
-        was shown (returns the status then)."""
+        was shown (returns the status then). Lines of events.jsonl that are not events
+        (garbage, invalid bytes, a torn write) are never shown; their count goes to
+        ``on_skipped`` at the end."""
+        try:
+            return self._run()
+        finally:
+            if self.skipped:
+                self.on_skipped(self.skipped)
+
+    def _run(self) -> str | None:
         failures = 0
         while True:
             box: dict[type, Any] = {}   # the follower's last End / Eof / Error
@@ -103,9 +116,9 @@ class LogFollower:
             except HostKeyError:
                 raise   # a changed host key is not a dropped connection: stop at once
             except ConnectError as e:
-                why = str(e)
+                why = e.message    # what happened; its hint (run it again) is not for a retry
             except RemoteCommandError as e:
-                why = str(e)
+                why = e.message
             if wire.Error in box:
                 raise NotFoundError(f"run {self.run_id}: {box[wire.Error].message}",
                                     hint="see `dfo status` for run ids")
@@ -135,7 +148,8 @@ class LogFollower:
             try:
                 ev = events.decode(text)
             except events.NotARecord:
-                ev = None        # shown as the text it is
+                self.skipped += 1    # not an event: counted, never shown as one
+                return
             except ContractError as e:
                 raise ContractMismatch(f"run {self.run_id}: {rs.EVENTS_FILE}: {e}") from None
             if self.since is not None and ev is not None and ev.t < self.since:

@@ -24,11 +24,11 @@ from dfo_contract.markers import PREFIX as MARKER
 from dfo_contract.markers import parse_marker
 
 CLASSES = ("fx_trace_race", "compile_hang", "dense_fallback", "oom", "nccl_timeout", "nan_loss",
-           "disk_full", "crash", "done")
+           "frozen", "disk_full", "crash", "done")
 
 #: when several classes have evidence, the first in this order wins
-PRIORITY = ("disk_full", "fx_trace_race", "oom", "nccl_timeout", "nan_loss", "compile_hang",
-            "dense_fallback", "crash")
+PRIORITY = ("disk_full", "fx_trace_race", "oom", "nccl_timeout", "nan_loss", "frozen",
+            "compile_hang", "dense_fallback", "crash")
 
 #: classes that no restart can help: the run stops at once and the reason says what to fix
 PERMANENT_CLASSES = frozenset({"disk_full"})
@@ -168,7 +168,8 @@ def _match_marker(text: str) -> Rule | None:
 
 def classify(lines: Iterable[str] | LineScan, *, exit_code: int | None = None,
              signal: int | None = None, hang: str | None = None, oom_killed: bool = False,
-             collapse: str | None = None, done_marker: bool | None = None) -> Diagnosis:
+             collapse: str | None = None, done_marker: bool | None = None,
+             frozen: str | None = None) -> Diagnosis:
     """Classify one attempt.
 
     ``exit_code``: the trainer's exit status (None when it was killed by a signal or is
@@ -177,7 +178,9 @@ def classify(lines: Iterable[str] | LineScan, *, exit_code: int | None = None,
     ``oom_killed``: the cgroup's oom_kill counter rose during the attempt.
     ``collapse``: the throughput monitor's reason when tokens/s collapsed. A collapse alone
     is no class: a busy host slows training too (see ``ops.host_load``); only with flex's
-    dense-path lines is it ``dense_fallback``.
+    dense-path lines is it ``dense_fallback``. ``frozen``: the watchdog's reason when a
+    process of the attempt sat stopped (state T/t: SIGSTOP, a debugger), which is why it made
+    no progress: ``frozen``, never ``compile_hang``.
     """
     scan = lines if isinstance(lines, LineScan) else _scan_all(lines)
     hits = scan.hits
@@ -187,7 +190,7 @@ def classify(lines: Iterable[str] | LineScan, *, exit_code: int | None = None,
     also = tuple(evidence_classes)
     sig_txt = f"signal {_SIGNAMES.get(signal, signal)}" if signal else None
 
-    if exit_code == EXIT_DONE and not hang and not collapse:
+    if exit_code == EXIT_DONE and not hang and not collapse and not frozen:
         return Diagnosis("done", "the trainer reached max_steps (exit 0)", (), exit_code, signal,
                          also=also)
 
@@ -195,6 +198,8 @@ def classify(lines: Iterable[str] | LineScan, *, exit_code: int | None = None,
     # only what is less specific than itself
     def pick() -> tuple[str, str, tuple[Evidence, ...]]:
         for c in PRIORITY:
+            if c == "frozen" and frozen:
+                return c, frozen, ()
             if c == "compile_hang" and hang:
                 return c, f"no heartbeat or step: {hang}", tuple(hits.get(c, ()))
             if c == "oom" and oom_killed and c not in hits:

@@ -38,7 +38,11 @@ def _set(ov: Overrides, cfg: Config, key: str, value: Any) -> Overrides | None:
 
 def compile_gate(cfg: Config, ov: Overrides) -> Overrides | None:
     """Compile gate on: warm every shape sequentially, then hold a lock around compiled calls.
-    The supervisor also restores the compile cache from its snapshot before the attempt."""
+    The supervisor also restores the compile cache from its snapshot before the attempt.
+    Nothing when the run does not compile (``compile.enabled: false``): the gate would
+    change the config but not the run."""
+    if cfg.get("compile.enabled") is False:
+        return None
     return _set(ov, cfg, "compile.gate", True)
 
 
@@ -110,12 +114,13 @@ DEFAULT_LADDERS: dict[str, list[str]] = {
     "oom": ["halve_micro_batch*", "halve_anchors*"],
     "nan_loss": ["same", "halve_lr*"],
     "nccl_timeout": [],
+    "frozen": [],         # transient: nothing in the config stopped the process
     "disk_full": [],      # permanent (ops.classify.PERMANENT_CLASSES): no restart
     "crash": [],
 }
 
 #: classes that restart with the same config once their ladder is spent
-TRANSIENT = frozenset({"nccl_timeout", "crash"})
+TRANSIENT = frozenset({"nccl_timeout", "frozen", "crash"})
 
 FAILURE_CLASSES = tuple(c for c in CLASSES if c != "done")
 

@@ -74,6 +74,14 @@ def head_lost_reason(host: str, silent_s: float) -> str:
             f"for the whole run: see its status, then dfo launch --group ... --resume latest")
 
 
+def head_restarted_reason(group: str, attempt: int) -> str:
+    """A restarted head supervisor cannot re-join its own run (yet): why, and what to do."""
+    return (f"the head's supervisor restarted during attempt {attempt} and lost the group's "
+            "state (the coordination store it hosts would start empty; the peers' connections "
+            "to the old one are gone), so the run cannot go on; the peers end by themselves "
+            f"(lost the head node), then dfo launch --group {group} --resume latest")
+
+
 def _rank(e: NodeEnd) -> tuple:
     """Lower is a better root cause: a node lost; then a real class over ``peer_abort``;
     then the most specific class (classify.PRIORITY: a secondary 'crash' of a node whose

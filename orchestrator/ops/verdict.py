@@ -71,8 +71,10 @@ class Ladders:
         tr = spec.trainer
         if isinstance(tr, Own):
             return cls(foreign=True, own=dict(tr.fallbacks))
-        return cls(bundled={k: tuple(v) for k, v in spec.ladders.items()},
-                   base=dict(spec.config.base))
+        base = dict(spec.config.base)
+        if spec.group is not None:   # every node of a group runs ddp, whatever the config says
+            base["parallel.layout"] = "ddp"
+        return cls(bundled={k: tuple(v) for k, v in spec.ladders.items()}, base=base)
 
     @classmethod
     def assumed(cls, base: Mapping[str, Any]) -> "Ladders":

@@ -21,6 +21,11 @@ What it decides:
   (the supervisor feeds :meth:`Watchdog.activity`; a compile that makes progress burns CPU
   and the trainer's heartbeat goes on); or no marker at all for ``warmup_s`` (before the
   first step) or ``train_s`` (after it), busy or not. Either: dump the stacks, then kill;
+- a frozen attempt: a process of its tree stopped (``/proc/PID/stat`` state T or t: SIGSTOP,
+  job control, a debugger) for ``frozen_s`` with no progress for as long, or when a hang
+  would be judged while one is stopped: it runs no code, so this is no compile and no hang
+  of the trainer's own. Kill it (SIGKILL ends a stopped process) and say so (``frozen``);
+  no stacks (it cannot answer);
 - a stop request: SIGTERM, and a kill ``stop_timeout_s`` later;
 - once a kill is due it is repeated every 2 s until the process is gone.
 """
@@ -137,6 +142,10 @@ class Watchdog:
         self.first_step_at: float | None = None
         self.reached_train = False
         self.hang: str | None = None
+        #: the reason when the attempt was killed because a process of it sat stopped
+        self.frozen: str | None = None
+        self.stopped_pids: tuple[int, ...] = ()
+        self.stopped_since: float | None = None
         self.collapse: str | None = None     # (kept for Outcome; a collapse no longer kills)
         self.low: str | None = None          # throughput low without dense evidence (now)
         self.low_episodes = 0
@@ -190,9 +199,17 @@ class Watchdog:
         acts.append(Step(rec.get("step"), tps, self.monitor.baseline))
         return acts
 
-    def activity(self, now: float, cpu_s: float, io_bytes: int = 0) -> None:
+    def activity(self, now: float, cpu_s: float, io_bytes: int = 0,
+                 stopped: tuple[int, ...] = ()) -> None:
         """The attempt's process tree has used ``cpu_s`` CPU seconds and moved ``io_bytes``
-        so far (cumulative; the supervisor samples it about once a second)."""
+        so far (cumulative; the supervisor samples it about once a second); ``stopped``: the
+        pids of the tree that are stopped (state T/t) now."""
+        if stopped:
+            if self.stopped_since is None:
+                self.stopped_since = now
+        else:
+            self.stopped_since = None
+        self.stopped_pids = tuple(stopped)
         if self.cpu_is_progress and self.samples:
             t0, c0, _ = self.samples[-1]
             if now > t0 and cpu_s - c0 >= IDLE_CPU_FRACTION * (now - t0):
@@ -235,6 +252,8 @@ class Watchdog:
         silent = now - self.last_progress
         phase = "training" if self.reached_train else "warm-up/compile"
         if self.kill_at is None and self.term_at is None:
+            acts += self._frozen(now, silent, limit)
+        if self.kill_at is None and self.term_at is None:
             if silent > limit:
                 self.hang = f"{silent:.0f}s without progress during {phase} (threshold {limit:g}s)"
             elif self.t.hang_s > 0 and silent > self.t.hang_s:
@@ -252,6 +271,24 @@ class Watchdog:
                 acts.append(Kill("the attempt did not end in time"))
             self.kill_at = now + KILL_REPEAT_S
         return acts
+
+    def _frozen(self, now: float, silent: float, limit: float) -> list[Action]:
+        """A process of the tree stopped for ``frozen_s`` (or a hang is due meanwhile)."""
+        if self.stopped_since is None:
+            return []
+        held = now - self.stopped_since
+        frozen_s = float(self.t.frozen_s)
+        hang_due = silent > limit or (self.t.hang_s > 0 and silent > self.t.hang_s)
+        if not ((frozen_s > 0 and held >= frozen_s and silent >= frozen_s) or hang_due):
+            return []
+        pids = ", ".join(str(p) for p in self.stopped_pids)
+        what = "process" if len(self.stopped_pids) == 1 else "processes"
+        self.frozen = (f"{what} {pids} of the attempt stopped (state T: SIGSTOP, job control or "
+                       f"a debugger) for {held:.0f}s, no progress for {silent:.0f}s: frozen from "
+                       "outside, not a compile or a hang of its own; killed")
+        self.hang = self.frozen
+        self.kill_at = now
+        return [Warn(self.frozen), Kill(self.frozen)]
 
     # --- result -------------------------------------------------------------------------------
     def healthy_s(self, end: float) -> float:

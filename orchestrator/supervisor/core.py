@@ -28,6 +28,7 @@ from dfo_contract.runspec import RunSpec
 from ..ops import runstate as rs
 from ..ops.budget import BudgetState, on_failure, restart_delay
 from ..ops.classify import classify
+from ..ops.launch_argv import RUN_DIR_GONE_EXIT
 from ..ops.runstate import Attempt, RunState
 from . import procs, runfiles
 from .group import role_for
@@ -85,6 +86,7 @@ class Supervisor:
     def _sleep(self, seconds: float) -> None:
         end = time.monotonic() + seconds
         while self.stop.reason is None and time.monotonic() < end:
+            runfiles.check_run_dir(self.run_dir)
             self.role.sync_stop()   # a stop on another node (the backoff of a group)
             time.sleep(min(0.1, max(0.0, end - time.monotonic())))
 
@@ -120,14 +122,44 @@ class Supervisor:
             self._recover_after_restart()
             if was == "stopping":  # it died while stopping: finish the stop, start nothing
                 return self.final("stopped", "stopped (the supervisor died while stopping)")
+            cannot = self.role.restarted(int(self.state.attempt))
+            if cannot:   # a group's head: its peers' store is gone with its predecessor
+                self.record.emit(events.GiveUp(cls="crash", reason=cannot, evidence=[]))
+                return self.final("failed", cannot)
         self.seed_cache()
         self.state.status = "running"
         self.record.save()
         try:
             self.role.open()
             return self.role.run(self)
+        except (runfiles.RunDirGone, FileNotFoundError) as e:
+            if os.path.isdir(self.run_dir):
+                raise
+            return self._run_dir_gone(e)
         finally:
             self._release()
+
+    def _run_dir_gone(self, e: Exception) -> int:
+        """The run's directory was deleted under the live run: nothing can be recorded there.
+        Stop what runs for it, say so where it can still be read (stderr: the journal under
+        systemd; the system log) and exit non-zero, never restarted."""
+        left = procs.processes_of_run(self.run_dir)
+        if left:
+            procs.signal_all(left, signal.SIGKILL)
+            procs.wait_gone(left, 5)
+        line = (f"dfo-supervisor: run {self.spec.identity.run_id}: the run directory "
+                f"{self.run_dir} was deleted while the run was live; the run ends (its "
+                f"trainer was killed; {len(left)} process(es)); its checkpoints in "
+                f"{self.spec.resume.checkpoint_dir or 'checkpoint.dir'} are kept")
+        print(line, file=sys.stderr, flush=True)
+        try:
+            import syslog
+
+            syslog.openlog("dfo-supervisor")
+            syslog.syslog(syslog.LOG_ERR, line)
+        except OSError:
+            pass
+        return RUN_DIR_GONE_EXIT
 
     def _recover_after_restart(self) -> None:
         """A previous supervisor died: no trainer of this run may run unwatched."""
@@ -162,7 +194,8 @@ class Supervisor:
             if out.stopped:
                 return self.final("stopped", self.stop.reason or "stopped")
             diag = classify(out.scan, exit_code=out.exit_code, signal=out.signal, hang=out.hang,
-                            oom_killed=out.oom_killed, collapse=out.collapse)
+                            oom_killed=out.oom_killed, collapse=out.collapse,
+                            frozen=out.frozen)
             att = state.attempts[-1]
             att.cls, att.reason = diag.cls, diag.reason
             ev = [e.to_json() for e in diag.evidence]

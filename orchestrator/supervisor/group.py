@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import signal
-import socket
 import subprocess
 import time
 from typing import Any, Callable
@@ -25,29 +24,17 @@ from dfo_contract.runlimits import Thresholds
 from dfo_contract.runspec import Group, RunSpec
 
 from ..ops.classify import NODE_LOST, PEER_ABORT, Diagnosis, classify
-from ..ops.group_decide import (GroupDecision, NodeEnd, head_lost_reason, lost_end,
-                                node_lost_reason, peer_step, root_cause, run_healthy_s,
-                                run_reached_train)
+from ..ops.group_decide import (GroupDecision, NodeEnd, head_lost_reason, head_restarted_reason,
+                                lost_end, node_lost_reason, peer_step, root_cause,
+                                run_healthy_s, run_reached_train)
 from ..ops.launch_argv import Rendezvous, group_env
 from ..ops.watchdog import Watchdog
 from . import procs
+from .hostprobe import local_addr
 from .coordinator import STORE_POLL_S, Coordinator
 from .record import RunRecord, Stop
 from .role import Driver, Ending, Placement, Role, Solo
 from .watch import Outcome
-
-
-def local_addr(head_addr: str, port: int) -> str | None:
-    """This node's own address on the way to the head: the source address the kernel picks
-    for a UDP socket "connected" to it (nothing is sent). torchrun's ``--local-addr``; None
-    when there is no route (torchrun then falls back to the hostname)."""
-    try:
-        fam = socket.AF_INET6 if ":" in head_addr else socket.AF_INET
-        with socket.socket(fam, socket.SOCK_DGRAM) as s:
-            s.connect((head_addr, port))
-            return str(s.getsockname()[0])
-    except OSError:
-        return None
 
 
 class GroupRole:
@@ -75,6 +62,9 @@ class GroupRole:
         self.coord = c
         self.record.emit(events.GroupStart(node=gs.node, host=gs.host, nodes=list(gs.nodes),
                                            head_addr=gs.head_addr, coord_port=gs.coord_port))
+
+    def restarted(self, attempt: int) -> str | None:
+        return None
 
     def release(self) -> None:
         """Leave the group (the head waits for its peers); once."""
@@ -210,6 +200,9 @@ class GroupHead(GroupRole):
     def run(self, driver: Driver) -> int:
         return driver.loop()
 
+    def restarted(self, attempt: int) -> str | None:
+        return head_restarted_reason(self.gs.name, attempt)
+
     def place(self, n: int, find_resume: Callable[[], str | None]) -> Placement:
         """What every node runs as attempt N: published as the attempt's plan."""
         at = self._placement(n, find_resume())
@@ -306,7 +299,8 @@ class GroupMember(GroupRole):
         self.plan: dict | None = None
 
     def thresholds(self, t: Thresholds) -> Thresholds:
-        # a peer judges only its own process (exit, fatal lines, OOM)
+        # a peer judges only its own process (exit, fatal lines, OOM, a stopped process:
+        # frozen_s stays, so the run names the node where it happened)
         return dataclasses.replace(t, warmup_s=1e12, train_s=1e12, hang_s=0.0)
 
     def lost_reason(self, lost: list[tuple[int, float]]) -> str:
@@ -337,7 +331,8 @@ class GroupMember(GroupRole):
             if out.stopped:
                 return driver.final("stopped", self.stop.reason or "stopped")
             diag = classify(out.scan, exit_code=out.exit_code, signal=out.signal,
-                            hang=out.hang, oom_killed=out.oom_killed, collapse=out.collapse)
+                            hang=out.hang, oom_killed=out.oom_killed, collapse=out.collapse,
+                            frozen=out.frozen)
             att = state.attempts[-1]
             end = self.node_end(n, out, diag)
             att.cls, att.reason = end.cls, end.reason

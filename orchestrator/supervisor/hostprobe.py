@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 from typing import Iterable
 
@@ -94,3 +95,16 @@ def gpu_apps(timeout: float = 10.0) -> list[GpuApp] | None:
     if p.returncode != 0:
         return None
     return parse_gpu_apps(p.stdout)
+
+
+def local_addr(head_addr: str, port: int) -> str | None:
+    """This node's own address on the way to the head: the source address the kernel picks
+    for a UDP socket "connected" to it (nothing is sent). torchrun's ``--local-addr``; None
+    when there is no route (torchrun then falls back to the hostname)."""
+    try:
+        fam = socket.AF_INET6 if ":" in head_addr else socket.AF_INET
+        with socket.socket(fam, socket.SOCK_DGRAM) as s:
+            s.connect((head_addr, port))
+            return str(s.getsockname()[0])
+    except OSError:
+        return None

@@ -50,6 +50,16 @@ def descendants(pid: int) -> list[int]:
     return [p for p in out if p in pmap]
 
 
+def stopped(pids: Iterable[int]) -> tuple[int, ...]:
+    """Those of ``pids`` that are stopped (state T or t: a signal or a tracer stopped them)."""
+    out = []
+    for p in pids:
+        st = proc_stat(p)
+        if st is not None and st.stopped:
+            out.append(p)
+    return tuple(out)
+
+
 def env_of(pid: int) -> dict[str, str]:
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:

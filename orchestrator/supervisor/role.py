@@ -85,6 +85,10 @@ class Role(Protocol):
     def release(self) -> None:
         """Let go of what the role holds (once; before the final status is written)."""
 
+    def restarted(self, attempt: int) -> str | None:
+        """A supervisor restarted after its predecessor died during ``attempt``: why the run
+        cannot go on (None: it goes on with a new attempt)."""
+
 
 class Solo:
     """A run on one host."""
@@ -123,3 +127,6 @@ class Solo:
 
     def release(self) -> None:
         pass
+
+    def restarted(self, attempt: int) -> str | None:
+        return None

@@ -22,7 +22,7 @@ from ..ops.runstate import RunState
 if TYPE_CHECKING:
     from dfo_contract.events import EventBase
 
-__all__ = ["NotOwner", "OWNER_LOCK", "append_event", "own_run", "read_spec", "read_state",
+__all__ = ["NotOwner", "OWNER_LOCK", "RunDirGone", "check_run_dir", "append_event", "own_run", "read_spec", "read_state",
            "read_state_or_events", "write_json_atomic", "write_state"]
 
 #: held (flock) by the one supervisor that owns the run, for its whole life
@@ -31,6 +31,17 @@ OWNER_LOCK = "supervisor.lock"
 
 class NotOwner(RuntimeError):
     """Another live supervisor owns this run directory: write nothing into it."""
+
+
+class RunDirGone(RuntimeError):
+    """The run's directory was deleted while the run was live: nothing of it can be
+    recorded there any more."""
+
+
+def check_run_dir(run_dir: str) -> None:
+    """RunDirGone when ``run_dir`` no longer exists (one ``stat``: cheap enough per poll)."""
+    if not os.path.isdir(run_dir):
+        raise RunDirGone(f"the run directory {run_dir} was deleted while the run was live")
 
 
 def own_run(run_dir: str) -> int:

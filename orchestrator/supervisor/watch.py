@@ -19,7 +19,7 @@ from ..ops import watchdog as wd
 from ..ops.byo import compile_step_pattern
 from ..ops.classify import LineScan, TailScan
 from ..ops.host_load import HostSample, judge_drop, settled
-from . import hostprobe, procs
+from . import hostprobe, procs, runfiles
 from .lines import read_lines
 from .record import RunRecord, Stop
 from .stacks import dump_stacks
@@ -35,6 +35,7 @@ class Outcome:
     exit_code: int | None = None
     signal: int | None = None
     hang: str | None = None
+    frozen: str | None = None
     collapse: str | None = None
     stopped: bool = False
     reached_train: bool = False
@@ -109,6 +110,7 @@ class AttemptWatch:
         next_sample = t0
         early = sb.early()
         while True:
+            runfiles.check_run_dir(i.run_dir)   # deleted under the run: RunDirGone
             rc = proc.poll()
             # new output (read once more after the process exited: its last lines)
             lines, offset = read_lines(log_path, offset, final=rc is not None)
@@ -150,14 +152,16 @@ class AttemptWatch:
         i.after(n, out)
         end = time.monotonic()
         out.hang, out.collapse, out.reached_train = dog.hang, dog.collapse, dog.reached_train
+        out.frozen = dog.frozen
         out.duration_s = end - t0
         out.healthy_s = dog.healthy_s(end)
         return out
 
     def _sample(self, pid: int, out: Outcome, dog: wd.Watchdog, now: float) -> None:
         """The tree's CPU/I-O for the hang check; the host's load for a throughput drop."""
-        cpu, io = out.meter.sample(procs.descendants(pid) or [pid])
-        dog.activity(now, cpu, io)
+        tree = procs.descendants(pid) or [pid]
+        cpu, io = out.meter.sample(tree)
+        dog.activity(now, cpu, io, stopped=procs.stopped(tree))
         out.host.append(hostprobe.host_sample(now, cpu))
         while len(out.host) > 2 and out.host[1].t <= now - HOST_WINDOW_S:
             del out.host[0]

@@ -9,8 +9,9 @@
   'cat > tmp && mv'``): nothing is written on the node, and no host file is ever
   redirected into pct exec (lxc-attach changes the owner and mode of its stdio files).
 - The container's state: ``pct status VMID`` -> ``status: running``. It is checked once,
-  before the first command; a stopped container is a ContainerError with the command
-  that starts it, a missing ``pct`` a ConnectError ("is this a Proxmox node?").
+  before the first command, and again after a command or a stream that failed; a stopped
+  container is a ContainerError with the command that starts it, a missing ``pct`` a
+  ConnectError ("is this a Proxmox node?").
 """
 
 from __future__ import annotations
@@ -98,8 +99,15 @@ class ProxmoxTransport(SSHTransport):
         return res.check() if check else res
 
     def stream(self, argv, on_line, *, env=None, cwd=None, timeout=None) -> Result:
+        """A stream that ends with an error may have ended because the container stopped
+        (lxc-attach's own error goes to ``on_line`` with the command's stderr): that is
+        checked with ``pct status`` and said as ContainerError, like every command's."""
         self.ensure_running()
-        return super().stream(argv, on_line, env=env, cwd=cwd, timeout=timeout)
+        res = super().stream(argv, on_line, env=env, cwd=cwd, timeout=timeout)
+        if res.exit_code != 0:
+            self._checked = False
+            self._require_running()
+        return res
 
     def _after(self, res: Result) -> None:
         """pct exec failing because the container stopped meanwhile: say so plainly.

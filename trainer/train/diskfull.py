@@ -100,11 +100,14 @@ def need_bytes(root: str, partial_bytes: int) -> tuple[int, bool]:
 
 def error(root: str, step: int, partial: str, exc: BaseException) -> DiskFullError:
     """The one-line error for a save of ``step`` into ``root`` that ran out of space, after
-    removing the save's partial directory ``partial``."""
+    removing the save's partial directory ``partial`` and the temp dirs of dead writers
+    (an earlier attempt killed mid-save) that hold no checkpoint's only copy."""
     import shutil
 
     written = tree_bytes(partial)
     shutil.rmtree(partial, ignore_errors=True)
+    for stale in cm.stale_tmp_dirs(root):
+        shutil.rmtree(stale, ignore_errors=True)
     need, exact = need_bytes(root, written)
     mount = mount_of(root)
     try:
@@ -118,4 +121,4 @@ def error(root: str, step: int, partial: str, exc: BaseException) -> DiskFullErr
         f"disk full: the filesystem at {mount} is {what} ({free} free); checkpoint step_{step} "
         f"in {root} needs {needs}",
         hint="free space there or set checkpoint.dir to a larger filesystem, then resume; "
-             "the complete checkpoints are kept and the partial one was removed")
+             "the complete checkpoints are kept and the partial ones were removed")

@@ -1,0 +1,95 @@
+"""A live run's directory deleted under it: the real supervisor (solo, local) running the
+real trainer on CPU notices within a poll, kills the trainer, gives run.lock back, says so
+on stderr (the journal under systemd) and exits 3 (RUN_DIR_GONE_EXIT), which neither systemd
+(RestartPreventExitStatus) nor the setsid script restarts."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from dfo_contract.runspec import Bundled, Config, Identity, Resume, RunSpec
+from orchestrator.ops.budget import BudgetPolicy
+from orchestrator.ops.fallback import merge_ladders
+from orchestrator.ops.launch_argv import RUN_DIR_GONE_EXIT, SETSID_SCRIPT, supervisor_argv
+from orchestrator.ops.launch_inputs import flatten
+from orchestrator.ops.layout import RemoteLayout
+from orchestrator.ops.run_identity import make_run_id
+from orchestrator.ops.thresholds import thresholds as thresholds_of
+from orchestrator.supervisor.procs import processes_of_run
+from tests.supervisor_env import FAST, REPO, make_root, wait_for, write_config
+
+
+def test_setsid_script_does_not_restart_a_supervisor_whose_run_dir_is_gone(tmp_path):
+    log, count = tmp_path / "log", tmp_path / "count"
+    body = f'echo x >> {count}; exit {RUN_DIR_GONE_EXIT}'
+    r = subprocess.run(["sh", "-c", SETSID_SCRIPT, "dfo-supervisor", str(log), "sh", "-c", body],
+                       timeout=60)
+    assert r.returncode == RUN_DIR_GONE_EXIT
+    assert count.read_text() == "x\n"
+    assert "run directory is gone; not restarted" in log.read_text()
+
+
+@pytest.mark.slow
+def test_deleting_a_live_runs_directory_ends_it_non_zero(tmp_path, tiny_assets):  # noqa: F811
+    root = make_root(tmp_path)
+    lay = RemoteLayout(str(root))
+    run_id = make_run_id("gone", time.time())
+    run_dir = lay.run_dir(run_id)
+    os.makedirs(run_dir)
+    cfg = write_config(tmp_path / "c.yaml", tiny_assets, train={"max_steps": 100000},
+                       checkpoint={"every": 100000})
+    (tmp_path / "run.yaml").write_text(cfg.read_text())
+    spec = RunSpec(
+        identity=Identity(run_id=run_id, run_name="gone", host="local", root=str(root),
+                          python=sys.executable, lock=lay.run_lock),
+        config=Config(path=str(tmp_path / "run.yaml"),
+                      base=flatten(yaml.safe_load(cfg.read_text()))),
+        resume=Resume(checkpoint_dir=lay.checkpoints("gone")),
+        thresholds=thresholds_of(dict(FAST)), budget=BudgetPolicy(scale=0.01),
+        ladders={k: tuple(v) for k, v in merge_ladders().items()}, trainer=Bundled())
+    with open(os.path.join(run_dir, "spec.json"), "w") as f:
+        json.dump(spec.to_json(), f)
+    err = open(tmp_path / "stderr", "w+")
+    sup = subprocess.Popen(supervisor_argv(sys.executable, run_dir), stdin=subprocess.DEVNULL,
+                           stdout=subprocess.DEVNULL, stderr=err, cwd=str(tmp_path),
+                           env=dict(os.environ, PYTHONPATH=str(REPO)), start_new_session=True)
+    try:
+        def trained():
+            try:
+                st = json.loads(open(os.path.join(run_dir, "state.json")).read())
+            except (OSError, ValueError):
+                return False
+            return (st.get("last_step") or 0) >= 1
+        wait_for(trained, 240, "a training step")
+        trainers = processes_of_run(run_dir)
+        assert trainers
+        # rm -rf as a person would; writers may still add files while it walks: again
+        # until the directory is gone
+        wait_for(lambda: shutil.rmtree(run_dir, ignore_errors=True) or not os.path.exists(run_dir),
+                 60, "the run directory to be deleted", poll=0.05)
+        rc = sup.wait(timeout=120)
+    finally:
+        if sup.poll() is None:
+            sup.kill()
+            sup.wait()
+    assert rc == RUN_DIR_GONE_EXIT
+    err.seek(0)
+    text = err.read()
+    assert (f"dfo-supervisor: run {run_id}: the run directory {run_dir} was deleted while the "
+            "run was live; the run ends") in text, text
+    assert "Traceback" not in text
+    assert processes_of_run(run_dir) == []
+    fd = os.open(lay.run_lock, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)   # given back
+    finally:
+        os.close(fd)
