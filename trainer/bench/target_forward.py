@@ -92,7 +92,7 @@ def run(a) -> dict:
                 if dev.type == "cuda":
                     torch.cuda.synchronize(dev)
                 warm_s = time.perf_counter() - t0
-                ms = _median_ms(lambda: target.features(ids), dev, a.iters)
+                ms = _median_ms(lambda t=target: t.features(ids), dev, a.iters)
         except Exception as e:  # noqa: BLE001 - a kernel this device lacks: say so, go on
             report["variants"][name] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
             print(f"target_forward: {name}: {report['variants'][name]['error']}", flush=True)
