@@ -6,9 +6,6 @@ Click only: each step is the same command a user would type.
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
-
 import click
 
 from rich.markup import escape
@@ -30,7 +27,7 @@ from .run import launch
 @click.pass_context
 def demo(ctx: click.Context, host_name: str | None, fault: str | None, no_fault: bool) -> int:
     """Deploy, warm the compile cache, and train a tiny drafter that recovers from the FX error."""
-    from ..engine.demo import DEMO_FAULT, ensure_assets, write_demo_config
+    from ..engine.demo import DEMO_FAULT, ensure_assets
 
     app = ctx.obj
     con = console(stderr=True)
@@ -52,26 +49,23 @@ def demo(ctx: click.Context, host_name: str | None, fault: str | None, no_fault:
             act.update(m.split(" (")[0])
 
         ensure_assets(app.transport(host.name), host.layout, say=say)
-    cfg_dir = Path(tempfile.mkdtemp(prefix="dfo-demo-"))
-    cfg = write_demo_config(host.layout, cfg_dir / "demo.yaml")
 
-    step(3, "dfo warm-cache")
-    _run(ctx, warm_cache, ["--host", host.name, "--config", str(cfg), "--no-check"])
+    step(3, "dfo warm-cache")   # the default run config is the demo's
+    _run(ctx, warm_cache, ["--host", host.name, "--no-check"])
 
     step(4, "dfo launch -f")
     spec = None if no_fault else (fault or DEMO_FAULT)
     if spec:
         con.print(f"dfo: injecting [bold]{spec}[/bold]: torch will raise the FX-tracing error in "
                   "attempt 1; watch the supervisor classify it and fall back")
-    return _run(ctx, launch, launch_args(host.name, cfg, spec))
+    return _run(ctx, launch, launch_args(host.name, spec))
 
 
-def launch_args(host: str, cfg: Path, fault: str | None) -> list[str]:
-    """The demo's `dfo launch` arguments. Run name `demo` (the run id adds the start time
-    once); --new-lineage: a new demo starts over, an earlier demo's checkpoints move aside
-    under a dated name instead of being resumed."""
-    args = ["--host", host, "--config", str(cfg), "--run-name", "demo", "--new-lineage",
-            "--replace", "--follow", "--backoff-scale", "0.02"]
+def launch_args(host: str, fault: str | None) -> list[str]:
+    """The demo's `dfo launch` arguments: the defaults (the demo's config, run name `demo`;
+    the run id adds the start time once); --new-lineage: a new demo starts over, an earlier
+    demo's checkpoints move aside under a dated name instead of being resumed."""
+    args = ["--host", host, "--new-lineage", "--replace", "--follow", "--backoff-scale", "0.02"]
     return args + (["--fault", fault] if fault else [])
 
 

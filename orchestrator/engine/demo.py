@@ -39,7 +39,8 @@ def demo_paths(layout: RemoteLayout) -> dict[str, str]:
 
 
 def demo_config(base: Mapping[str, Any], layout: RemoteLayout) -> dict[str, Any]:
-    """The demo's run config: the tiny CPU config with its paths on the host's root.
+    """The demo's run config (the default run config, ``default_run_config``): the tiny CPU
+    config with its paths on the host's root.
 
     The run directory and checkpoint directory are set by ``dfo launch``.
     """
@@ -64,25 +65,30 @@ def demo_config(base: Mapping[str, Any], layout: RemoteLayout) -> dict[str, Any]
     return cfg
 
 
+#: the run name ``dfo launch`` uses without ``--config`` and ``--run-name``: the demo's own
+#: (its checkpoints are under ``<root>/checkpoints/demo/``)
+DEFAULT_RUN_NAME = "demo"
+
+#: what error messages call the run config used without ``--config``
+DEFAULT_CONFIG_NAME = "the default config (the demo's: tiny-cpu.yaml on the demo's paths)"
+
+
 def default_run_config(layout: RemoteLayout) -> dict[str, Any]:
     """The run config ``dfo launch`` and ``dfo warm-cache`` use without ``--config``: the
-    shipped tiny CPU config with its target and data where ``dfo demo`` puts them on this
-    host (``<root>/demo/``), so the default works right after the demo, from any directory."""
-    cfg = yaml.safe_load(default_config_path().read_text())
-    p = demo_paths(layout)
-    cfg.setdefault("model", {})["target_path"] = p["target"]
-    cfg.setdefault("data", {})["path"] = p["data"]
-    cfg.pop("run", None)
-    return cfg
+    demo's own (``demo_config`` over the shipped tiny CPU config: compile on, its target,
+    data and held-out data where ``dfo demo`` puts them on this host, ``<root>/demo/``), so
+    the default works right after the demo, from any directory, and resumes its checkpoints."""
+    return demo_config(yaml.safe_load(default_config_path().read_text()), layout)
 
 
 @contextmanager
 def default_config_file(layout: RemoteLayout) -> Iterator[Path]:
-    """``default_run_config`` as a local file named like the shipped one (tiny-cpu.yaml),
-    for as long as the ``with`` lasts."""
+    """``default_run_config`` as a local file, for as long as the ``with`` lasts (its
+    directory is removed after)."""
     with tempfile.TemporaryDirectory(prefix="dfo-default-") as d:
-        dest = Path(d) / default_config_path().name
-        atomic_write_text(dest, f"# {default_config_path().name} with the demo's paths on the host\n"
+        dest = Path(d) / f"{DEFAULT_RUN_NAME}.yaml"
+        atomic_write_text(dest, f"# the demo's run config on this host ({default_config_path().name} "
+                          "with the demo's settings and paths)\n"
                           + yaml.safe_dump(default_run_config(layout), sort_keys=False))
         yield dest
 
@@ -101,15 +107,6 @@ def load_run_layers(path: str | None, layout: RemoteLayout,
         return load_layers(path, overrides)
     with default_config_file(layout) as p:
         return load_layers(p, overrides)
-
-
-def write_demo_config(layout: RemoteLayout, dest: Path, base_path: Path | None = None) -> Path:
-    """Write the demo's run config to ``dest``; the base is the shipped tiny CPU config."""
-    base = yaml.safe_load((base_path or default_config_path()).read_text())
-    cfg = demo_config(base, layout)
-    atomic_write_text(dest, "# dfo demo config (written by `dfo demo`)\n"
-                      + yaml.safe_dump(cfg, sort_keys=False))
-    return dest
 
 
 def ensure_assets(t: Transport, layout: RemoteLayout, *,

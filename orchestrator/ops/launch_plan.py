@@ -124,7 +124,7 @@ def raise_missing(host: str, keys: Sequence[tuple[str, str]], missing: Sequence[
     gone = set(missing)
     for k, v in keys:
         if v in gone:
-            where = config or "the default config tiny-cpu.yaml"
+            where = config or "the default config (the demo's)"
             fix = (f"run `dfo demo --host {host}` to make the demo's assets, or pass --config"
                    if not config else f"fix {k} in {config} or pass --set {k}=PATH")
             raise ConfigError(f"{k} of {where}: {v} does not exist on {host}", hint=fix)
