@@ -103,10 +103,11 @@ def test_diagnose_done_log_is_not_a_failure(tmp_path):
 
 def test_demo_run_id_has_one_timestamp():
     from orchestrator.cli.demo import launch_args
+    from orchestrator.engine.demo import DEFAULT_RUN_NAME
 
-    args = launch_args("local", Path("/x/demo.yaml"), "fx_race@30")
-    name = args[args.index("--run-name") + 1]
-    rid = make_run_id(name, 1_790_000_000)
+    args = launch_args("local", "fx_race@30")
+    assert "--config" not in args and "--run-name" not in args   # the defaults are the demo's
+    rid = make_run_id(DEFAULT_RUN_NAME, 1_790_000_000)
     assert rid.count("2026") + rid.count("2027") == 1 and rid.startswith("demo-")
     assert "--new-lineage" in args   # an earlier demo's checkpoints are not resumed
 

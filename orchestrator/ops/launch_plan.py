@@ -40,7 +40,8 @@ from .snapshot import cache_env, seed_run_cache_argvs
 def config_paths(cfg: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(config key, path) of the paths a run needs on the host."""
     keys = [("model.target_path", (cfg.get("model") or {}).get("target_path")),
-            ("data.path", (cfg.get("data") or {}).get("path"))]
+            ("data.path", (cfg.get("data") or {}).get("path")),
+            ("data.eval_path", (cfg.get("data") or {}).get("eval_path"))]
     return [(k, v) for k, v in keys if isinstance(v, str) and v]
 
 
