@@ -30,6 +30,16 @@ log = logging.getLogger("dfo")
 #: the fault the demo injects: the real FX-tracing error, raised by torch, at this step
 DEMO_FAULT = "fx_race@30"
 
+#: how long each step of the demo takes on a 2-core CPU machine, measured
+#: (docs/benchmarks.md, "The README's main job"); said at each step's start
+EXPECT = {
+    "deploy": "first time: about 2.1 GiB to download, then about a minute to install; "
+              "later: seconds",
+    "assets": "once per host: about 2 to 4 minutes on 2 CPU cores",
+    "warm-cache": "first time: about 1 to 2 minutes on 2 CPU cores; later: seconds",
+    "launch": "about 2 to 3 minutes on 2 CPU cores",
+}
+
 
 def demo_paths(layout: RemoteLayout) -> dict[str, str]:
     base = posixpath.join(layout.root, "demo")
@@ -109,6 +119,22 @@ def load_run_layers(path: str | None, layout: RemoteLayout,
         return load_layers(p, overrides)
 
 
+def run_events(t: Transport, layout: RemoteLayout, run_id: str) -> list:
+    """The run's events (``events.jsonl``), decoded; a newer writer's version raises
+    ``ContractMismatch`` (one line)."""
+    from dfo_contract.errors import ContractError
+    from dfo_contract.events import read_events
+
+    from ..errors import ContractMismatch
+    from ..ops import runstate as rs
+
+    try:
+        return read_events(t.get(posixpath.join(layout.run_dir(run_id), rs.EVENTS_FILE)).decode(
+            "utf-8", "replace"))
+    except ContractError as e:
+        raise ContractMismatch(f"run {run_id}: events.jsonl: {e}") from None
+
+
 def ensure_assets(t: Transport, layout: RemoteLayout, *,
                   say: Callable[[str], None] = lambda m: None) -> dict[str, str]:
     """Make the taught tiny target and its generated data on the host, unless already there."""
@@ -117,7 +143,7 @@ def ensure_assets(t: Transport, layout: RemoteLayout, *,
     taught = posixpath.join(p["target"], "dfo_taught")
     if not t.run(["test", "-e", taught], timeout=30).ok:
         say(f"making a tiny Qwen3 target in {p['target']} and teaching it stride sequences "
-            "(a minute or two on CPU)")
+            "(the longest part of this step)")
         t.run([py, "-m", "trainer.model.target", "--out", p["target"]], timeout=600).check("trainer.model.target")
         t.run([py, "-m", "trainer.model.tinylm", "teach", "--target", p["target"], "--steps", "250"],
               timeout=1800).check("trainer.model.tinylm teach")
