@@ -184,6 +184,21 @@ def test_activity_in_a_pipe_prints_timestamped_lines_at_a_steady_pace():
     assert lines[-1].endswith("✓ done") and "[green]" not in lines[-1]
 
 
+def test_activity_in_a_terminal_shows_a_running_clock_while_nothing_changes():
+    from orchestrator.cli.console import Activity
+
+    buf = io.StringIO()
+    con = Console(file=buf, width=80, force_terminal=True)
+    with Activity("demo assets", con=con) as act:
+        act.update("making a tiny Qwen3 target " + "and teaching it " * 6)
+        deadline = time.monotonic() + 30
+        while "(0m01s)" not in buf.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    out = buf.getvalue()
+    # the clock comes before the text: at 80 columns the text is cut, the clock is not
+    assert "demo assets (0m00s): making a tiny" in out and "demo assets (0m01s): making" in out
+
+
 def test_console_in_a_pipe_never_cuts(tmp_path):
     from orchestrator.cli.status import status_table
 

@@ -120,3 +120,12 @@ def test_the_attempt_clock_reads_the_trainer_markers():
 
 def test_seconds_text():
     assert seconds_text(8.44) == "8.4 s" and seconds_text(127) == "2m07s"
+
+
+def test_training_after_the_last_report_until_the_failure_showed_is_redone():
+    evs = _timed_run()
+    evs.insert(3, ev.Watchdog(t=1062.0, attempt=1, reason="fx_trace_race seen in the output"))
+    g = account(evs)
+    _sums(g)
+    assert g.lost("detection") == 2.0 and g.lost("redone") == pytest.approx(12.0)
+    assert g.train_s == pytest.approx(account(_timed_run()).train_s)

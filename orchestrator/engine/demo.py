@@ -79,9 +79,6 @@ def demo_config(base: Mapping[str, Any], layout: RemoteLayout) -> dict[str, Any]
 #: (its checkpoints are under ``<root>/checkpoints/demo/``)
 DEFAULT_RUN_NAME = "demo"
 
-#: what error messages call the run config used without ``--config``
-DEFAULT_CONFIG_NAME = "the default config (the demo's: tiny-cpu.yaml on the demo's paths)"
-
 
 def default_run_config(layout: RemoteLayout) -> dict[str, Any]:
     """The run config ``dfo launch`` and ``dfo warm-cache`` use without ``--config``: the

@@ -12,11 +12,12 @@ per cause:
   start to the trainer's training loop (interpreter, imports, model, data, resume);
 - ``compile``: the trainer's warm-up compile, and the part of the time up to the first step
   report that the steps themselves do not explain (a lazy compile in the first step);
-- ``detection``: in a failed attempt, from the last step it reported to its end (the error
-  and its classification, or the watchdog's wait and kill);
+- ``detection``: in a failed attempt, from when the failure showed (the watchdog's first
+  event in it, else its last step report) to its end (the error and the exit, or the
+  watchdog's wait and kill);
 - ``restart``: between one attempt's end and the next one's start (backoff, cache restore);
 - ``redone``: the steps a failed attempt trained past the checkpoint the next one resumed
-  from (trained twice);
+  from (trained twice), including those after its last step report until the failure showed;
 - ``other``: what is left (the final save after the last step report, the end of the run).
 
 The figures per attempt come from the optional timing fields of ``attempt_end``
@@ -118,8 +119,10 @@ def account(evs: Sequence[ev.Event], now: float | None = None) -> Goodput:
         e_t = end.t if end else t1
         failed = n not in done and end is not None
         resumed_at = _from_step(nxt, ends.get(nxt.attempt) if nxt else None, evs) if nxt else None
+        seen = [w.t for w in evs if isinstance(w, ev.Watchdog) and w.attempt == n]
         part = _attempt(s, end, e_t, failed, resumed_at,
-                        [c for c in evs if isinstance(c, ev.Checkpoint) and c.attempt == n])
+                        [c for c in evs if isinstance(c, ev.Checkpoint) and c.attempt == n],
+                        seen[0] if seen else None)
         train += part.pop("train")
         for k, v in part.items():
             lost[k] += v
@@ -134,9 +137,11 @@ def _done(wall: float, train: float, lost: dict[str, float], *, live: bool) -> G
 
 
 def _attempt(s: ev.AttemptStart, end: ev.AttemptEnd | None, e_t: float, failed: bool,
-             resumed_at: int | None, ckpts: list[ev.Checkpoint]) -> dict[str, float]:
+             resumed_at: int | None, ckpts: list[ev.Checkpoint],
+             seen_t: float | None) -> dict[str, float]:
     """One attempt's seconds: train and each cause (``failed``: a next attempt or the end
-    follows a failure; ``resumed_at``: the step the next attempt resumed from)."""
+    follows a failure; ``resumed_at``: the step the next attempt resumed from; ``seen_t``:
+    when the watchdog first saw something wrong in it)."""
     out = {"train": 0.0, "startup": 0.0, "compile": 0.0, "detection": 0.0, "redone": 0.0,
            "other": 0.0}
     span = max(0.0, e_t - s.t)
@@ -165,11 +170,19 @@ def _attempt(s: ev.AttemptStart, end: ev.AttemptEnd | None, e_t: float, failed: 
     else:   # estimated from checkpoints: all before the first one's steps is start-up
         out["startup"] = head - head_train
     train = head_train + max(0.0, l_t - f_t)
-    tail = max(0.0, e_t - l_t)
+    # a failed attempt trained on after its last step report until the failure showed (the
+    # watchdog's first event), then the failure took the rest of it to be acted on
+    fail_t = l_t
+    if failed and seen_t is not None and l_t < seen_t <= e_t:
+        fail_t = seen_t
+    after = fail_t - l_t
+    tail = max(0.0, e_t - fail_t)
     out["detection" if failed else "other"] = tail
-    if failed and resumed_at is not None and l_step > resumed_at:
+    train += after
+    if failed and resumed_at is not None:
         per = sps if sps is not None else train / max(1, l_step - (from_step or 0))
-        out["redone"] = min(train, (l_step - resumed_at) * per)
+        past = max(0.0, (l_step - resumed_at) * per) + after
+        out["redone"] = min(train, past)
         train -= out["redone"]
     out["train"] = train
     return out

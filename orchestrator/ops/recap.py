@@ -26,6 +26,7 @@ class Recap:
     attempts: int
     failure_cls: str | None                # the first failure's class
     failure_reason: str | None
+    failure_line: str | None               # the first line of its evidence (the error)
     fallback: str | None                   # "compile_gate (compile.gate=true)"
     resumed_from: str | None               # the checkpoint the next attempt resumed from
     accept_first: tuple[int, float] | None   # (step, measured acceptance length)
@@ -39,6 +40,8 @@ class Recap:
                + (f": {self.reason}" if self.reason else "")]
         if self.failure_cls:
             out.append(f"failure: {self.failure_cls} ({self.failure_reason})")
+            if self.failure_line:
+                out.append(f"  seen: {self.failure_line}")
             out.append(f"fallback: {self.fallback or 'none (the same config again)'}")
             out.append(f"resumed from: {self.resumed_from or 'the start (no checkpoint yet)'}")
         else:
@@ -75,9 +78,18 @@ def recap(evs: Sequence[ev.Event], now: float | None = None) -> Recap:
              and _num(e.step) and _num(e.accept_len)]
     return Recap(status=final.status if final else None, reason=final.reason if final else None,
                  attempts=len(starts), failure_cls=failed.cls if failed else None,
-                 failure_reason=failed.reason if failed else None, fallback=fb,
+                 failure_reason=failed.reason if failed else None,
+                 failure_line=_first_line(failed) if failed else None, fallback=fb,
                  resumed_from=rs, accept_first=evals[0] if evals else None,
                  accept_last=evals[-1] if evals else None, time=account(evs, now=now))
+
+
+def _first_line(c: ev.Classified, width: int = 160) -> str | None:
+    for e in c.evidence or []:
+        text = str(e.get("text", "")).strip() if isinstance(e, dict) else ""
+        if text:
+            return text if len(text) <= width else text[:width - 1] + "…"
+    return None
 
 
 def _num(x) -> bool:
