@@ -46,7 +46,8 @@ def demo(ctx: click.Context, host_name: str | None, fault: str | None, no_fault:
             con.rule(f"[bold]{n}/4 {escape(what)}[/bold] on {escape(host.name)}")
         else:  # a pipe: one plain, timestamped line (a rule would be as wide as the console)
             con.print(f"{stamp()} == {n}/4 {what} on {host.name}", markup=False)
-        con.print(f"dfo: expect: {expect}", markup=False, highlight=False)
+        con.print(f"{'' if con.is_terminal else stamp() + ' '}dfo: expect: {expect}",
+                  markup=False, highlight=False)
         return time.monotonic()
 
     def took(n: int, what: str, t0: float) -> None:
