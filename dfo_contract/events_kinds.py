@@ -155,6 +155,16 @@ class AttemptEnd(EventBase):
     reached_train: bool | None = opt()
     #: set when the attempt was abandoned (its supervisor died), no exit code known
     note: str | None = opt()
+    #: where the attempt's time went, from the trainer's markers (epoch seconds ``*_t``):
+    #: when its training loop began and how long of the time before it was warm-up compile,
+    #: the step it started from, and its first and last step reports
+    loop_t: float | None = opt()
+    warmup_s: float | None = opt()
+    from_step: int | None = opt()
+    first_step: int | None = opt()
+    first_step_t: float | None = opt()
+    last_step: int | None = opt()
+    last_step_t: float | None = opt()
 
     def describe(self) -> str:
         how = f"signal {self.signal}" if self.signal else f"exit {self.exit_code}"
@@ -230,6 +240,10 @@ class Final(EventBase):
     status: str                # done | failed | stopped
     reason: str
     last_checkpoint: dict[str, Any] | None   # {"step", "path"}
+    #: the share of the run's wall time spent in training steps, and the time lost per
+    #: cause (``orchestrator.ops.goodput``)
+    goodput: float | None = opt()
+    lost_s: dict[str, Any] | None = opt()
 
     def describe(self) -> str:
         return f"run {self.status}: {self.reason}"

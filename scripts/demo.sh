@@ -6,6 +6,8 @@
 #   dfo launch -f   the DFlash trainer under the supervisor, with torch's FX-tracing error of
 #                   the threaded lazy-compile race (docs/recovery.md) injected once:
 #                   detection, fallback and resume, then done
+#   then a recap of the run (failure, fallback, checkpoint resumed, time lost, acceptance
+#   length) and the commands to try next; each step says how long it usually takes
 # Needs Python >= 3.11 and HTTPS access to PyPI (about 2.1 GiB of downloads the first time).
 # Extra arguments go to `dfo demo` (e.g. --no-fault, --host NAME).
 set -euo pipefail

@@ -75,7 +75,7 @@ def test_default_config_is_checked_then_works_after_the_demo_assets(env, capsys,
     root, hosts = env
     rc, out, err = dfo(capsys, hosts, "launch", "--dry-run", "--no-env-check")
     assert rc == 2 and err.count("\n") == 1, err
-    assert "model.target_path of the default config tiny-cpu.yaml" in err
+    assert "model.target_path of the default config (the demo's)" in err
     from orchestrator.engine.demo import demo_paths
     from orchestrator.ops.layout import RemoteLayout
 
@@ -88,13 +88,16 @@ def test_default_config_is_checked_then_works_after_the_demo_assets(env, capsys,
     assert rc == 2 and "data.path of the default config" in err and "--data.path" not in err
     shutil.copy(tiny_assets / "synth.jsonl", paths["data"])
     rc, out, err = dfo(capsys, hosts, "launch", "--dry-run", "--no-env-check")
+    assert rc == 2 and "data.eval_path of the default config" in err, err
+    shutil.copy(tiny_assets / "synth.jsonl", paths["eval"])
+    rc, out, err = dfo(capsys, hosts, "launch", "--dry-run", "--no-env-check")
     assert rc == 0, err
-    assert "run tiny-cpu-" in out
-    # compile.enabled is false in tiny-cpu.yaml: no advice to warm a cache
-    assert "warm-cache" not in err
+    assert "run demo-" in out     # the default run name is the demo's
+    # the default config is the demo's, compile on: warm its cache first
+    assert "run `dfo warm-cache`" in err, err
     rc, _, err = dfo(capsys, hosts, "launch", "--dry-run", "--no-env-check",
-                     "--set", "compile.enabled=true")
-    assert rc == 0 and "run `dfo warm-cache`" in err, err
+                     "--set", "compile.enabled=false")
+    assert rc == 0 and "warm-cache" not in err, err
 
 
 def test_missing_data_path_names_the_key(env, capsys, tiny_assets, tmp_path):  # noqa: F811
@@ -123,7 +126,7 @@ def test_warm_cache_without_config_names_dfo_options(env, capsys, tmp_path):
     rc, _, err = dfo(capsys, hosts, "warm-cache", "--pull", str(tmp_path))
     assert rc == 11 and "no compile-cache snapshots on local" in err, err
     assert "--data.path" not in err and "required" not in err
-    rc, _, err = dfo(capsys, hosts, "warm-cache")
+    rc, _, err = dfo(capsys, hosts, "warm-cache", "--set", "compile.enabled=false")
     assert rc == 2 and "--data.path" not in err
-    assert "the default config (tiny-cpu.yaml) has compile.enabled false" in err
+    assert "the default config (the demo's) has compile.enabled false" in err
     assert "--config" in err

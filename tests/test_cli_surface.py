@@ -103,10 +103,11 @@ def test_diagnose_done_log_is_not_a_failure(tmp_path):
 
 def test_demo_run_id_has_one_timestamp():
     from orchestrator.cli.demo import launch_args
+    from orchestrator.engine.demo import DEFAULT_RUN_NAME
 
-    args = launch_args("local", Path("/x/demo.yaml"), "fx_race@30")
-    name = args[args.index("--run-name") + 1]
-    rid = make_run_id(name, 1_790_000_000)
+    args = launch_args("local", "fx_race@30")
+    assert "--config" not in args and "--run-name" not in args   # the defaults are the demo's
+    rid = make_run_id(DEFAULT_RUN_NAME, 1_790_000_000)
     assert rid.count("2026") + rid.count("2027") == 1 and rid.startswith("demo-")
     assert "--new-lineage" in args   # an earlier demo's checkpoints are not resumed
 
@@ -181,6 +182,21 @@ def test_activity_in_a_pipe_prints_timestamped_lines_at_a_steady_pace():
     assert sum("still working" in ln for ln in lines) >= 2
     assert all(ln[:2].isdigit() and ln[2] == ":" and ln[5] == ":" for ln in lines)
     assert lines[-1].endswith("✓ done") and "[green]" not in lines[-1]
+
+
+def test_activity_in_a_terminal_shows_a_running_clock_while_nothing_changes():
+    from orchestrator.cli.console import Activity
+
+    buf = io.StringIO()
+    con = Console(file=buf, width=80, force_terminal=True)
+    with Activity("demo assets", con=con) as act:
+        act.update("making a tiny Qwen3 target " + "and teaching it " * 6)
+        deadline = time.monotonic() + 30
+        while "(0m01s)" not in buf.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    out = buf.getvalue()
+    # the clock comes before the text: at 80 columns the text is cut, the clock is not
+    assert "demo assets (0m00s): making a tiny" in out and "demo assets (0m01s): making" in out
 
 
 def test_console_in_a_pipe_never_cuts(tmp_path):

@@ -147,3 +147,29 @@ def test_plot_of_a_real_run_with_a_fallback(tmp_path, tiny_assets, capsys, monke
     assert main(["--hosts", str(hosts), "plot", "--run", "nosuchrun"]) == 11
     err = capsys.readouterr().err.strip()
     assert err.startswith("dfo: error: no run nosuchrun") and "\n" not in err
+
+
+def test_without_matplotlib_the_hint_fits_how_dfo_was_installed(tmp_path):
+    """matplotlib made unimportable (a package of that name that raises ImportError first on
+    the path): one line, exit-2 ConfigError, with the install command for this checkout."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    block = tmp_path / "block" / "matplotlib"
+    block.mkdir(parents=True)
+    (block / "__init__.py").write_text("raise ImportError('blocked for a test')\n")
+    code = ("from orchestrator.engine.plot import render\n"
+            "try:\n    render(None, 'x.png')\nexcept Exception as e:\n"
+            "    print(type(e).__name__, e.exit_code, e, '|', e.hint)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=repo,
+                       env=dict(os.environ, PYTHONPATH=f"{block.parent}:{repo}"), timeout=120)
+    assert r.stdout.startswith("ConfigError 2 dfo plot needs matplotlib on this machine ("), r
+    hint = r.stdout.split("|", 1)[1].strip()
+    if Path(sys.prefix).resolve().parent == repo:        # the checkout's .venv (scripts/*.sh)
+        rel = Path(sys.prefix).resolve().relative_to(repo)
+        assert hint == f"install it with `{rel}/bin/pip install -e '.[plot]'`"
+    else:                                                # another env of this checkout
+        assert hint == f"install it with `{sys.executable} -m pip install -e '{repo}[plot]'`"

@@ -127,7 +127,7 @@ class Activity(_Progress):
         if self.plain:
             self._start_beat()
         else:
-            self._status = self.con.status(self._desc())
+            self._status = self.con.status(_Clocked(self))
             self._status.start()
         return self
 
@@ -137,10 +137,10 @@ class Activity(_Progress):
             self._status.stop()
             self._status = None
 
-    def _desc(self) -> str:
-        from rich.markup import escape
-
-        return escape(f"{self.label}: {self.text}" if self.text else self.label)
+    def desc(self) -> str:
+        """What the spinner says: ``LABEL (0m07s): TEXT``, the clock current at each refresh
+        (before the text, so a narrow terminal that cuts the text keeps the clock)."""
+        return f"{self.label} ({self._elapsed()})" + (f": {self.text}" if self.text else "")
 
     def _elapsed(self) -> str:
         return minutes_seconds(time.monotonic() - self._t0)
@@ -156,7 +156,7 @@ class Activity(_Progress):
         if not self.enabled:
             return
         if self._status is not None:
-            self._status.update(self._desc())
+            self._status.update(_Clocked(self))
         elif self.plain and changed and self._quiet_over() and \
                 time.monotonic() - self._last_upd >= min(1.0, self.every):
             self._last_upd = time.monotonic()
@@ -180,6 +180,19 @@ class Activity(_Progress):
             if time.monotonic() - self._last >= self.every:
                 self._plain(f"{self.label}: {self.text or 'working'} "
                             f"(still working, {self._elapsed()})")
+
+
+class _Clocked:
+    """An :class:`Activity`'s spinner text, rendered afresh at every refresh of the spinner
+    (about 12 a second), so its clock runs while nothing else changes."""
+
+    def __init__(self, act: Activity):
+        self.act = act
+
+    def __rich__(self):
+        from rich.text import Text
+
+        return Text(self.act.desc(), no_wrap=True, overflow="ellipsis")
 
 
 class HostRows(_Progress):

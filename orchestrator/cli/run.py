@@ -38,11 +38,12 @@ def _kv(items, what: str, conv=float) -> dict:
 @click.option("--resume", default=None, metavar="step_N|latest|PATH",
               help="Checkpoint to start from: a name, 'latest', or a path under the host's root.")
 @click.option("--config", "config", default=None, type=click.Path(dir_okay=False),
-              help="Run config (trainer YAML); default: the shipped tiny-cpu.yaml with its target and "
-                   "data where `dfo demo` puts them on the host (<root>/demo/).")
+              help="Run config (trainer YAML); default: the demo's (the shipped tiny-cpu.yaml with "
+                   "compile on and its target and data where `dfo demo` puts them on the host, "
+                   "<root>/demo/).")
 @click.option("--run-name", default=None, metavar="NAME",
               help="Run name (checkpoints/<run-name>/; the run id adds the start time); "
-                   "default: the config file's stem.")
+                   "default: the config file's stem; without --config: demo.")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
               help="Config override, e.g. --set train.micro_batch=4 (repeatable).")
 @click.option("--replace", is_flag=True, help="Stop the host's live run first.")

@@ -94,7 +94,7 @@ def warm_cache(mgr: CacheManager, req: WarmCacheRequest,
         cfg, cfg_bytes = load_run_config(req.config_path, mgr.layout, overrides)
         if not (cfg.get("compile") or {}).get("enabled", True) and not moving:
             which = f"--config {req.config_path}" if req.config_path else \
-                "the default config (tiny-cpu.yaml)"
+                "the default config (the demo's)"
             raise ConfigError(f"warm-cache: nothing to warm: {which} has compile.enabled false",
                               hint="pass the --config you launch with, or --set "
                                    "compile.enabled=true (and launch with it too)")

@@ -30,6 +30,18 @@ log = logging.getLogger("dfo")
 #: the fault the demo injects: the real FX-tracing error, raised by torch, at this step
 DEMO_FAULT = "fx_race@30"
 
+#: how long each step of the demo takes on a 2-core CPU machine, measured
+#: (docs/benchmarks.md, "The README's main job"); said at each step's start
+EXPECT = {
+    "deploy": "first time: about 2.1 GiB to download, then about a minute to install; "
+              "later: seconds",
+    "assets": "once per host: about 2 1/2 minutes on 2 CPU cores, up to 7 when other "
+              "work shares them",
+    "warm-cache": "first time: about 1 to 1 1/2 minutes on 2 CPU cores, up to 2 1/2 when "
+                  "other work shares them; later: seconds",
+    "launch": "about 1 to 2 minutes on 2 CPU cores, up to 6 when other work shares them",
+}
+
 
 def demo_paths(layout: RemoteLayout) -> dict[str, str]:
     base = posixpath.join(layout.root, "demo")
@@ -39,7 +51,8 @@ def demo_paths(layout: RemoteLayout) -> dict[str, str]:
 
 
 def demo_config(base: Mapping[str, Any], layout: RemoteLayout) -> dict[str, Any]:
-    """The demo's run config: the tiny CPU config with its paths on the host's root.
+    """The demo's run config (the default run config, ``default_run_config``): the tiny CPU
+    config with its paths on the host's root.
 
     The run directory and checkpoint directory are set by ``dfo launch``.
     """
@@ -64,25 +77,27 @@ def demo_config(base: Mapping[str, Any], layout: RemoteLayout) -> dict[str, Any]
     return cfg
 
 
+#: the run name ``dfo launch`` uses without ``--config`` and ``--run-name``: the demo's own
+#: (its checkpoints are under ``<root>/checkpoints/demo/``)
+DEFAULT_RUN_NAME = "demo"
+
+
 def default_run_config(layout: RemoteLayout) -> dict[str, Any]:
     """The run config ``dfo launch`` and ``dfo warm-cache`` use without ``--config``: the
-    shipped tiny CPU config with its target and data where ``dfo demo`` puts them on this
-    host (``<root>/demo/``), so the default works right after the demo, from any directory."""
-    cfg = yaml.safe_load(default_config_path().read_text())
-    p = demo_paths(layout)
-    cfg.setdefault("model", {})["target_path"] = p["target"]
-    cfg.setdefault("data", {})["path"] = p["data"]
-    cfg.pop("run", None)
-    return cfg
+    demo's own (``demo_config`` over the shipped tiny CPU config: compile on, its target,
+    data and held-out data where ``dfo demo`` puts them on this host, ``<root>/demo/``), so
+    the default works right after the demo, from any directory, and resumes its checkpoints."""
+    return demo_config(yaml.safe_load(default_config_path().read_text()), layout)
 
 
 @contextmanager
 def default_config_file(layout: RemoteLayout) -> Iterator[Path]:
-    """``default_run_config`` as a local file named like the shipped one (tiny-cpu.yaml),
-    for as long as the ``with`` lasts."""
+    """``default_run_config`` as a local file, for as long as the ``with`` lasts (its
+    directory is removed after)."""
     with tempfile.TemporaryDirectory(prefix="dfo-default-") as d:
-        dest = Path(d) / default_config_path().name
-        atomic_write_text(dest, f"# {default_config_path().name} with the demo's paths on the host\n"
+        dest = Path(d) / f"{DEFAULT_RUN_NAME}.yaml"
+        atomic_write_text(dest, f"# the demo's run config on this host ({default_config_path().name} "
+                          "with the demo's settings and paths)\n"
                           + yaml.safe_dump(default_run_config(layout), sort_keys=False))
         yield dest
 
@@ -103,13 +118,20 @@ def load_run_layers(path: str | None, layout: RemoteLayout,
         return load_layers(p, overrides)
 
 
-def write_demo_config(layout: RemoteLayout, dest: Path, base_path: Path | None = None) -> Path:
-    """Write the demo's run config to ``dest``; the base is the shipped tiny CPU config."""
-    base = yaml.safe_load((base_path or default_config_path()).read_text())
-    cfg = demo_config(base, layout)
-    atomic_write_text(dest, "# dfo demo config (written by `dfo demo`)\n"
-                      + yaml.safe_dump(cfg, sort_keys=False))
-    return dest
+def run_events(t: Transport, layout: RemoteLayout, run_id: str) -> list:
+    """The run's events (``events.jsonl``), decoded; a newer writer's version raises
+    ``ContractMismatch`` (one line)."""
+    from dfo_contract.errors import ContractError
+    from dfo_contract.events import read_events
+
+    from ..errors import ContractMismatch
+    from ..ops import runstate as rs
+
+    try:
+        return read_events(t.get(posixpath.join(layout.run_dir(run_id), rs.EVENTS_FILE)).decode(
+            "utf-8", "replace"))
+    except ContractError as e:
+        raise ContractMismatch(f"run {run_id}: events.jsonl: {e}") from None
 
 
 def ensure_assets(t: Transport, layout: RemoteLayout, *,
@@ -120,7 +142,7 @@ def ensure_assets(t: Transport, layout: RemoteLayout, *,
     taught = posixpath.join(p["target"], "dfo_taught")
     if not t.run(["test", "-e", taught], timeout=30).ok:
         say(f"making a tiny Qwen3 target in {p['target']} and teaching it stride sequences "
-            "(a minute or two on CPU)")
+            "(the longest part of this step)")
         t.run([py, "-m", "trainer.model.target", "--out", p["target"]], timeout=600).check("trainer.model.target")
         t.run([py, "-m", "trainer.model.tinylm", "teach", "--target", p["target"], "--steps", "250"],
               timeout=1800).check("trainer.model.tinylm teach")

@@ -113,10 +113,10 @@ class GroupRuns:
         if o.replace:
             raise ConfigError("--replace cannot be combined with --group",
                               hint=f"stop the live run with `dfo stop --group {self.group.name}`")
-        from ..config.runconfig import default_config_path
+        from .demo import DEFAULT_RUN_NAME
 
-        cfg = o.config or default_config_path()
-        run_name = check_run_name(Path(cfg).stem if o.run_name is None else o.run_name)
+        stem = Path(o.config).stem if o.config else DEFAULT_RUN_NAME
+        run_name = check_run_name(stem if o.run_name is None else o.run_name)
         now = self.clock()
         base = dataclasses.replace(o, sets=tuple(gl.group_sets(o.sets)), run_name=run_name,
                                    run_id=o.run_id or make_run_id(run_name, now))

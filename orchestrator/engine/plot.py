@@ -54,8 +54,10 @@ def render(c: cv.Curves, out: str) -> str:
     try:
         import matplotlib
     except ImportError:
+        from .wheel import install_extra_hint
+
         raise ConfigError("dfo plot needs matplotlib on this machine",
-                          hint="pip install 'dfo[plot]' (or pip install matplotlib)") from None
+                          hint=f"install it with `{install_extra_hint('plot')}`") from None
     matplotlib.use("Agg", force=True)
     from matplotlib.figure import Figure
 

@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from ..config.runconfig import default_config_path
 from ..errors import (ConnectError, DfoError, HostKeyError, Interrupted, LockHeldError,
                       RemoteCommandError, RunFailed)
 from ..ops import launch_plan as lp
@@ -72,12 +71,12 @@ class RunOps(RunQueries):
 
             rf, data = read_run_file(o.run_file) if o.run_file else ({}, None)
             return own_config(o, rf, data)
-        from .demo import load_run_layers
+        from .demo import DEFAULT_RUN_NAME, load_run_layers
 
         sets = parse_sets(o.sets)
         base, full, data = load_run_layers(o.config, self.layout,
                                            [(k, render_value(v)) for k, v in sets.items()])
-        name = Path(o.config or default_config_path()).stem
+        name = Path(o.config).stem if o.config else DEFAULT_RUN_NAME
         return lr.bundled_config(o, name, sets, base, full, data)
 
     def prepare(self, o: LaunchOptions) -> lr.LaunchInputs:

@@ -71,6 +71,24 @@ def source_root() -> Path | None:
     return root if 'name = "dfo"' in text else None
 
 
+def install_extra_hint(extra: str) -> str:
+    """The command that installs dfo's optional ``extra`` (``plot``) into the environment
+    this dfo runs in, as it was installed: a checkout (``scripts/demo.sh``'s ``.venv``:
+    ``.venv/bin/pip install -e '.[plot]'``, run in the checkout), else from a package index."""
+    import sys
+
+    root = source_root()
+    prefix = Path(sys.prefix).resolve()
+    if root is None:
+        return f"{sys.executable} -m pip install 'dfo[{extra}]'"
+    if prefix.parent == root:
+        pip = prefix.relative_to(root) / "bin" / "pip"
+        here = Path.cwd().resolve() == root
+        return (f"{pip} install -e '.[{extra}]'" if here
+                else f"cd {root} && {pip} install -e '.[{extra}]'")
+    return f"{sys.executable} -m pip install -e '{root}[{extra}]'"
+
+
 def _source_files(root: Path) -> list[Path]:
     files = [root / f for f in _TOP_FILES if (root / f).is_file()]
     for pkg in _PACKAGES:

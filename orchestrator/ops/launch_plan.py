@@ -41,7 +41,8 @@ from .snapshot import cache_env, seed_run_cache_argvs
 def config_paths(cfg: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(config key, path) of the paths a run needs on the host."""
     keys = [("model.target_path", (cfg.get("model") or {}).get("target_path")),
-            ("data.path", (cfg.get("data") or {}).get("path"))]
+            ("data.path", (cfg.get("data") or {}).get("path")),
+            ("data.eval_path", (cfg.get("data") or {}).get("eval_path"))]
     return [(k, v) for k, v in keys if isinstance(v, str) and v]
 
 
@@ -125,7 +126,7 @@ def raise_missing(host: str, keys: Sequence[tuple[str, str]], missing: Sequence[
     gone = set(missing)
     for k, v in keys:
         if v in gone:
-            where = config or "the default config tiny-cpu.yaml"
+            where = config or "the default config (the demo's)"
             fix = (f"run `dfo demo --host {host}` to make the demo's assets, or pass --config"
                    if not config else f"fix {k} in {config} or pass --set {k}=PATH")
             raise ConfigError(f"{k} of {where}: {v} does not exist on {host}", hint=fix)

@@ -40,6 +40,7 @@ from dfo_contract.markers import parse_marker
 from dfo_contract.runlimits import Thresholds  # noqa: F401  (the watchdog's limits: spec.json's)
 
 from .byo import match_step
+from .goodput import AttemptClock
 from .classify import LineScan, TailScan, ThroughputMonitor
 
 #: a kill that did not take is repeated after this many seconds
@@ -124,8 +125,12 @@ class Watchdog:
 
     def __init__(self, thresholds: Thresholds, *, now: float, baseline: float | None = None,
                  dense_expected: bool = False, step_pattern: re.Pattern | None = None,
-                 cpu_is_progress: bool = False):
+                 cpu_is_progress: bool = False, wall: float | None = None):
         self.t = thresholds
+        #: epoch seconds minus monotonic ones (``wall``: the epoch seconds at ``now``), for
+        #: the attempt's clock of step reports that carry no time of their own
+        self._to_wall = (wall if wall is not None else now) - now
+        self.clock = AttemptClock()
         self.dense_expected = dense_expected
         #: a foreign trainer (``dfo launch -- CMD``): lines matching this are steps, and
         #: the process tree's CPU time advancing is progress (it prints no heartbeats)
@@ -165,6 +170,7 @@ class Watchdog:
             rec = match_step(self.step_pattern, line)
         if rec is not None:
             self.last_progress = now
+            self.clock.feed(rec, now + self._to_wall)
             kind = rec.get("kind")
             if kind == "step":
                 acts += self._on_step(rec, now)

@@ -25,6 +25,7 @@ from dfo_contract import envvars, events
 from dfo_contract.errors import ContractError
 from dfo_contract.runspec import RunSpec
 
+from ..ops import goodput
 from ..ops import runstate as rs
 from ..ops.budget import BudgetState, on_failure, restart_delay
 from ..ops.classify import classify
@@ -260,10 +261,22 @@ class Supervisor:
         self.role.on_final(status, reason)
         self.standby.discard(f"the run ended ({status})")
         self._release()   # a final state means the host is free: the next launch may start
+        g = self._goodput()
         self.record.emit(events.Final(status=status, reason=reason,
-                                      last_checkpoint=state.last_checkpoint))
+                                      last_checkpoint=state.last_checkpoint,
+                                      goodput=g.goodput if g else None,
+                                      lost_s=dict(g.lost_s) if g else None))
         self.record.save()
         return 0
+
+    def _goodput(self):
+        """The run's goodput and time lost so far (ops.goodput), for its final event; None
+        when its events cannot be read (the final is written all the same)."""
+        try:
+            with open(self.record.path(rs.EVENTS_FILE), encoding="utf-8") as f:
+                return goodput.account(events.read_events(f.read()), now=time.time())
+        except (OSError, ValueError, ContractError):
+            return None
 
     def _release(self) -> None:
         """Leave the group (the head waits for its peers) and give run.lock back; once."""
@@ -306,7 +319,8 @@ class Supervisor:
         self.record.emit(events.AttemptEnd(attempt=n, exit_code=out.exit_code,
                                            signal=out.signal,
                                            duration_s=round(out.duration_s, 3),
-                                           reached_train=out.reached_train))
+                                           reached_train=out.reached_train,
+                                           **out.clock.fields()))
         self.record.save()
         return out
 

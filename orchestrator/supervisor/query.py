@@ -90,6 +90,7 @@ def run_info(run_dir: str) -> dict | None:
         st["state_damaged"] = damage
     st["now"] = time.time()
     _add_metrics(st, run_dir)
+    st["time"] = _time(run_dir, st["now"])
     st.pop("attempts_argv", None)
     for a in st.get("attempts", []):
         a.pop("argv", None)
@@ -109,6 +110,21 @@ def _add_metrics(st: dict, run_dir: str, tail_bytes: int = 16384) -> None:
     ck = st.get("last_checkpoint") if isinstance(st.get("last_checkpoint"), dict) else {}
     st["recent_tokens_per_s"] = tps
     st["last_step"] = current_step(st.get("last_step"), step, ck.get("step"))
+
+
+def _time(run_dir: str, now: float) -> dict | None:
+    """Goodput and the time lost per cause (ops.goodput), from the run's events; None when
+    they cannot be read."""
+    from dfo_contract.errors import ContractError
+    from dfo_contract.events import read_events
+
+    from ..ops.goodput import account
+
+    try:
+        with open(os.path.join(run_dir, rs.EVENTS_FILE), encoding="utf-8") as f:
+            return account(read_events(f.read()), now=now).to_json()
+    except (OSError, ValueError, ContractError):
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:

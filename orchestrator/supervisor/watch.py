@@ -18,6 +18,7 @@ from dfo_contract.runlimits import Thresholds
 from ..ops import watchdog as wd
 from ..ops.byo import compile_step_pattern
 from ..ops.classify import LineScan, TailScan
+from ..ops.goodput import AttemptClock
 from ..ops.host_load import HostSample, judge_drop, settled
 from . import hostprobe, procs, runfiles
 from .lines import read_lines
@@ -43,6 +44,8 @@ class Outcome:
     duration_s: float = 0.0
     oom_killed: bool = False
     scan: LineScan = field(default_factory=TailScan)
+    #: where the attempt's time went (its ``attempt_end``'s timing fields)
+    clock: AttemptClock = field(default_factory=AttemptClock)
     stacks: list[str] = field(default_factory=list)
     #: the attempt's process tree (TreeMeter) and the host, sampled about once a second
     meter: hostprobe.TreeMeter = field(default_factory=hostprobe.TreeMeter)
@@ -103,8 +106,8 @@ class AttemptWatch:
                           dense_expected=str(i.config().get("model.attention", ""))
                           == "flex-eager",   # uncompiled flex on purpose
                           step_pattern=compile_step_pattern(i.step_pattern),
-                          cpu_is_progress=i.cpu_is_progress)
-        out = Outcome(scan=dog.scan)
+                          cpu_is_progress=i.cpu_is_progress, wall=time.time())
+        out = Outcome(scan=dog.scan, clock=dog.clock)
         poll = float(i.thresholds.poll_s)
         offset = 0
         next_sample = t0

@@ -181,7 +181,7 @@ def train(cfg: TrainerConfig, resume: str | None = None, *, out=None) -> int:
         if warmed:
             started.mark("warm-up")
         em.print(started.line())
-        em.marker("startup", **started.fields())
+        em.marker("startup", step=step, **started.fields())
         precompile_pending = precompile  # saved once everything compiled: after warm-up or step 1
         if precompile and warmed:
             save_precompile_entries()
