@@ -74,7 +74,9 @@ def test_the_recap_says_what_happened_in_the_run(demo_run):
     assert rec.status == "done" and rec.attempts == 2
     assert rec.failure_cls == "fx_trace_race" and rec.failure_reason
     assert "using FX to symbolically trace a dynamo-optimized function" in rec.failure_line
-    assert rec.fallback == "compile_gate (compile.gate=true)"
+    # compile is off here (speed), so the ladder passes over compile_gate, which could not
+    # change this run, to its next step (the demo itself compiles and gets compile_gate)
+    assert rec.fallback.startswith("layout_ddp"), rec.fallback
     ck = root / "checkpoints" / DEFAULT_RUN_NAME
     assert rec.resumed_from == str(ck / "step_140")
     g = rec.time
@@ -116,7 +118,7 @@ def test_the_recap_in_a_terminal_of_80_columns(demo_run):
         t.close()
     assert "rc=0" in s, s
     assert f"what happened in {rid}" in s
-    assert "failure: fx_trace_race" in s and "fallback: compile_gate (compile.gate=true)" in s
+    assert "failure: fx_trace_race" in s and "fallback: layout_ddp" in s
     assert "time lost: " in s and "goodput " in s and "the demo took 5m12s in all" in s
     for cmd in ("dfo status", "dfo plot", "dfo export --to DIR",
                 " ".join(readme_resume_line())):
