@@ -60,8 +60,10 @@ def gpu_facts(t: Transport) -> gpu.GpuFacts:
 
 
 def _profile_cuda(name: str) -> tuple[str, str | None, str | None]:
-    """The host's profile, the CUDA runtime it needs (None: CPU, or not loadable here),
-    and why ``dfo deploy`` could not use it (e.g. a profile without its lock), if so."""
+    """The host's profile, the CUDA runtime it needs (None: a profile that runs on the CPU,
+    ``expect.cuda_available`` not true, whatever CUDA its torch was built against; or not
+    loadable here), and why ``dfo deploy`` could not use it (e.g. a profile without its
+    lock), if so."""
     from ..config.profiles import load_profile
 
     try:
@@ -74,4 +76,5 @@ def _profile_cuda(name: str) -> tuple[str, str | None, str | None]:
         prof.lock_bytes()  # a missing lock: the one-line error with the command that makes it
     except DfoError as e:
         problem = str(e)
-    return name, (str(cuda) if cuda else None), problem
+    needs_gpu = prof.expect.get("cuda_available") is True
+    return name, (str(cuda) if cuda and needs_gpu else None), problem
