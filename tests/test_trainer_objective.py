@@ -189,6 +189,17 @@ def test_tapped_layer_ids():
         tapped_layer_ids(4, 2, [0, 3])
 
 
+def test_tapping_the_last_layer_is_one_line_exit_2(tmp_path):
+    from tests.helpers.trainer import run_trainer, tiny_overrides
+
+    target = make_target(str(tmp_path / "target"))
+    data = make_synth(str(tmp_path / "synth.jsonl"), num=8)
+    run = run_trainer(["train", *tiny_overrides(target, data, str(tmp_path / "run"), **{
+        "model.drafter_layers": 2, "model.target_layer_ids": "[1,3]"})])
+    assert run.returncode == 2 and run.stderr.count("\n") == 1 and "Traceback" not in run.stderr
+    assert "layer 3 is the last layer" in run.stderr and "tap layers 0..2 with --model.target_layer_ids" in run.stderr
+
+
 # --------------------------------------------------------------------------- with the model
 
 @pytest.fixture(scope="module")

@@ -68,7 +68,7 @@ def read_dflash_dir(path: str, *, flag: str) -> DFlashDir:
         return DFlashDir(
             path=path, num_layers=int(conf["num_hidden_layers"]),
             hidden_size=int(conf["hidden_size"]), vocab_size=int(conf["vocab_size"]),
-            num_target_layers=_opt_int(conf.get("num_target_layers")),
+            num_target_layers=_opt_int(dc.get("num_target_layers", conf.get("num_target_layers"))),
             target_layer_ids=None if taps is None else tuple(int(i) for i in taps),
             block_size=_opt_int(dc.get("block_size", conf.get("block_size"))),
             mask_token_id=_opt_int(dc.get("mask_token_id")),
