@@ -30,7 +30,7 @@ import shutil
 from dfo_contract.exitcodes import CheckpointError, TrainerConfigError
 from dfo_contract.fsio import fsync_dir, replace_dir, sha256_file
 
-from .export_config import DTYPES, MODULE_FILE, drafter_config, readme
+from .export_config import DTYPES, MODULE_FILE, MODULE_SOURCE, drafter_config, readme
 
 MANIFEST = "dfo_export.json"
 
@@ -65,8 +65,9 @@ def export(ckpt: str, out: str, *, dtype: str = "bf16", target_path: str | None 
         raise TrainerConfigError(f"config: --target: {tpath or '(none)'} has no config.json (give "
                                  "the target model directory the checkpoint was trained against)")
     tcfg = AutoConfig.from_pretrained(tpath, local_files_only=True)
-    from ..train.step import _tokenizer_mask_id
+    from ..model.drafter import DrafterSpec
     from ..model.target import tapped_layer_ids
+    from ..train.step import _tokenizer_mask_id
 
     n_target = int(tcfg.num_hidden_layers)
     taps = tapped_layer_ids(n_target, cfg.model.drafter_layers, cfg.model.target_layer_ids)
@@ -79,8 +80,6 @@ def export(ckpt: str, out: str, *, dtype: str = "bf16", target_path: str | None 
     sd = load_file(os.path.join(ckpt, "drafter.safetensors"))
     tdt = getattr(torch, DTYPES[dtype])
     sd = {k: v.to(tdt).contiguous() for k, v in sd.items()}
-    from ..model.drafter import DrafterSpec
-
     spec = DrafterSpec.from_target_config(tcfg, num_layers=cfg.model.drafter_layers,
                                           num_taps=len(taps))
     conf = drafter_config(tcfg, num_layers=cfg.model.drafter_layers, tap_ids=taps,
@@ -95,8 +94,7 @@ def export(ckpt: str, out: str, *, dtype: str = "bf16", target_path: str | None 
     save_file(sd, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(tmp, "config.json"), "w") as f:
         json.dump(conf, f, indent=2, sort_keys=True)
-    shutil.copyfile(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                 "model", MODULE_FILE), os.path.join(tmp, MODULE_FILE))
+    shutil.copyfile(MODULE_SOURCE, os.path.join(tmp, MODULE_FILE))
     with open(os.path.join(tmp, "README.md"), "w") as f:
         f.write(readme(target=tpath, data=cfg.data.path, steps=int(data.get("step", 0)),
                        accept_len=data.get("accept_len"), block_size=cfg.model.block_size,

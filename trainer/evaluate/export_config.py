@@ -15,7 +15,12 @@ The config describes the drafter as it is, not as the target is:
 
 from __future__ import annotations
 
+import os
+
 MODULE_FILE = "modeling_dflash.py"
+# the shipped module: trainer/model/modeling_dflash.py (copied, never imported here)
+MODULE_SOURCE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                             "model", MODULE_FILE)
 AUTO_MAP = {"AutoModel": "modeling_dflash.DFlashDraftModel"}
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 _DROP = ("auto_map", "_name_or_path", "quantization_config", "transformers_version",
