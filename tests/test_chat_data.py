@@ -153,7 +153,8 @@ def test_tokenize_store_matches_jsonl_and_trains(tmp_path, target, masker):
     assert samples(st2) == js2 and st2.report.truncated > 0
     # training reads the store directly
     run = run_trainer(["train", *tiny_overrides(target, out, str(tmp_path / "run"), **{
-        "model.block_size": B, "data.max_seq_len": 256, "train.max_steps": 2, "train.micro_batch": 2})])
+        "model.block_size": B, "data.max_seq_len": 256, "train.max_steps": 2, "train.micro_batch": 2,
+        "model.target_layer_ids": "[0]"})])
     assert run.returncode == 0, run.stderr[-2000:]
     assert "46 samples" in run.stdout
 

@@ -50,7 +50,8 @@ def test_export_best_to_local_dir(host_run, capsys):
     assert rc == 0, err
     res = json.loads(out)
     assert res["step"] == best["step"] and res["accept_len"] == pytest.approx(best["accept_len"])
-    assert sorted(os.listdir(to)) == ["README.md", "config.json", "dfo_export.json", "model.safetensors"]
+    assert sorted(os.listdir(to)) == ["README.md", "config.json", "dfo_export.json",
+                                      "model.safetensors", "modeling_dflash.py"]
     for name, meta in res["files"].items():
         assert sha256_file(to / name) == meta["sha256"]
     assert sorted(os.listdir(to.parent)) == ["drafter"]          # no temp dir left behind

@@ -9,23 +9,13 @@ import subprocess
 import pytest
 import torch
 
-from tests.helpers.trainer import PY, REPO, make_synth, make_target, tiny_config
+from tests.helpers.trainer import PY, REPO, trained_checkpoint
 from trainer.evaluate.export import export, load_exported, verify_export
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    from trainer.train.loop import train
-
-    d = tmp_path_factory.mktemp("export")
-    target = make_target(str(d / "target"))
-    data = make_synth(str(d / "synth.jsonl"), num=24)
-    cfg = tiny_config(target, data, str(d / "run"), **{"train.max_steps": 3,
-                                                       "model.drafter_layers": 2,
-                                                       "model.target_layer_ids": "[1,3]"})
-    import io
-    assert train(cfg, out=io.StringIO()) == 0
-    return {"dir": d, "target": target, "ckpt": str(d / "run" / "checkpoints" / "step_3"), "cfg": cfg}
+    return trained_checkpoint(tmp_path_factory.mktemp("export"))
 
 
 def _checkpoint_drafter(trained):
@@ -79,11 +69,12 @@ def test_export_layout_and_names(trained, tmp_path):
     out = tmp_path / "x"
     export(trained["ckpt"], str(out))
     assert sorted(os.listdir(tmp_path)) == ["x"]                      # no temp dir left behind
-    assert sorted(os.listdir(out)) == ["README.md", "config.json", "dfo_export.json", "model.safetensors"]
+    assert sorted(os.listdir(out)) == ["README.md", "config.json", "dfo_export.json",
+                                       "model.safetensors", "modeling_dflash.py"]
     conf = json.loads((out / "config.json").read_text())
     assert conf["architectures"] == ["DFlashDraftModel"]
     assert conf["block_size"] == 8 and conf["num_hidden_layers"] == 2 and conf["num_target_layers"] == 4
-    assert conf["dflash_config"] == {"mask_token_id": 3, "target_layer_ids": [1, 3]}
+    assert conf["dflash_config"] == {"mask_token_id": 3, "target_layer_ids": [1, 2], "block_size": 8}
     for k in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
               "intermediate_size", "rms_norm_eps", "vocab_size", "max_position_embeddings"):
         assert k in conf

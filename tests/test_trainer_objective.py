@@ -177,13 +177,27 @@ def test_sdpa_invalid_rows_zero_no_nan():
 def test_tapped_layer_ids():
     assert tapped_layer_ids(36, 5) == [1, 9, 17, 25, 33]
     assert tapped_layer_ids(4, 1) == [2]
-    assert tapped_layer_ids(4, 2, [1, 3]) == [1, 3]
+    assert tapped_layer_ids(4, 2, [1, 2]) == [1, 2]
     for t, n, ex, what in [(2, 2, None, "negative"), (4, 2, None, "duplicate"),
                            (4, 1, [4], "out of range"), (4, 2, [1, 1], "duplicate"),
-                           (4, 1, [-1], "negative")]:
+                           (4, 1, [-1], "negative"), (4, 2, [1, 3], "last layer"),
+                           (2, 1, None, "last layer")]:
         with pytest.raises(TrainerConfigError, match=what) as ei:
             tapped_layer_ids(t, n, ex)
-        assert "--model.target_layer_ids" in str(ei.value)
+        assert "--model.target_layer_ids" in str(ei.value) and "\n" not in str(ei.value)
+    with pytest.raises(TrainerConfigError, match=r"tap layers 0\.\.2 with --model.target_layer_ids"):
+        tapped_layer_ids(4, 2, [0, 3])
+
+
+def test_tapping_the_last_layer_is_one_line_exit_2(tmp_path):
+    from tests.helpers.trainer import run_trainer, tiny_overrides
+
+    target = make_target(str(tmp_path / "target"))
+    data = make_synth(str(tmp_path / "synth.jsonl"), num=8)
+    run = run_trainer(["train", *tiny_overrides(target, data, str(tmp_path / "run"), **{
+        "model.drafter_layers": 2, "model.target_layer_ids": "[1,3]"})])
+    assert run.returncode == 2 and run.stderr.count("\n") == 1 and "Traceback" not in run.stderr
+    assert "layer 3 is the last layer" in run.stderr and "tap layers 0..2 with --model.target_layer_ids" in run.stderr
 
 
 # --------------------------------------------------------------------------- with the model
@@ -194,7 +208,7 @@ def tiny(tmp_path_factory):
     target = make_target(str(d / "target"))
     data = make_synth(str(d / "synth.jsonl"), num=16)
     cfg = tiny_config(target, data, str(d / "run"), **{"model.drafter_layers": 2,
-                                                       "model.target_layer_ids": "[1,3]"})
+                                                       "model.target_layer_ids": "[1,2]"})
     torch.manual_seed(0)
     tgt, drafter = step.build_models(cfg, "cpu")
     return cfg, tgt, drafter

@@ -38,7 +38,7 @@ def _random_drafter(target_dir, block_size=8):
     d = Drafter(spec, SharedHead(model.get_input_embeddings(), model.get_output_embeddings()))
     d.init_weights(0)
     d.mask_token_id, d.block_size = 3, block_size
-    return spec_eval.Tapped(model, [1, 3]), d.eval()
+    return spec_eval.Tapped(model, [1, 2]), d.eval()
 
 
 def test_speculative_equals_greedy_with_an_untrained_drafter(tiny_target):
@@ -91,7 +91,7 @@ def test_whole_path_small_scale(tmp_path):
     run = tmp_path / "run"
     cfg = tiny_config(target, train_data, str(run), **{
         "data.eval_path": eval_data, "eval.every": 100, "train.max_steps": 400,
-        "train.log_every": 50, "model.target_layer_ids": "[1,3]", "train.lr": 1e-2,
+        "train.log_every": 50, "model.target_layer_ids": "[1,2]", "train.lr": 1e-2,
         "data.num_anchors": 16})
     assert train(cfg, out=io.StringIO()) == 0
     evals = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())

@@ -105,6 +105,7 @@ def _set(cfg: TrainerConfig, key: str, value: Any, *, from_text: bool, where: st
         raise TrainerConfigError(f"config: {where}unknown key {key!r} (known: {', '.join(known)})")
     sec, name = key.split(".", 1)
     setattr(getattr(cfg, sec), name, _coerce(key, types_[key], value, from_text=from_text))
+    cfg.explicit_keys.add(key)
 
 
 def _flatten_yaml(data: Any, path: str) -> dict[str, Any]:

@@ -42,6 +42,8 @@ class ModelConfig:
     ce_chunk: int = 2048                      # rows per chunk of the LM-head cross-entropy
     dtype: str = "auto"                       # autocast dtype: auto = bf16 on GPU, fp32 on CPU
     init_seed: int | None = None              # drafter init seed; None: train.seed
+    init_from: str = ""                       # an exported DFlash drafter dir: its weights, taps,
+    #                                           block size and mask token start the run ("" = off)
 
 
 @dataclass(kw_only=True)
@@ -131,6 +133,10 @@ class TrainerConfig:
     compile: CompileConfig = field(default_factory=CompileConfig)
     run: RunConfig = field(default_factory=RunConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
+
+    def __post_init__(self):
+        # the keys a file or flag set (``parse._set``); not a field, so never serialized
+        self.explicit_keys: set[str] = set()
 
     # -- derived values (pure) -------------------------------------------------------------
     def gamma(self) -> float:

@@ -57,3 +57,20 @@ def run_trainer(args: list[str], env: dict | None = None, timeout: int = 120):
 
 def markers(stdout: str) -> list[dict]:
     return list(iter_markers(stdout.splitlines()))
+
+
+def trained_checkpoint(d, steps: int = 3) -> dict:
+    """A tiny target (4 layers) and a 2-layer drafter trained ``steps`` steps on it, tapping
+    [1, 2]: ``{"dir", "target", "ckpt", "cfg"}``."""
+    import io
+
+    from trainer.train.loop import train
+
+    target = make_target(str(d / "target"))
+    data = make_synth(str(d / "synth.jsonl"), num=24)
+    cfg = tiny_config(target, data, str(d / "run"), **{"train.max_steps": steps,
+                                                       "model.drafter_layers": 2,
+                                                       "model.target_layer_ids": "[1,2]"})
+    assert train(cfg, out=io.StringIO()) == 0
+    return {"dir": d, "target": target, "data": data, "cfg": cfg,
+            "ckpt": str(d / "run" / "checkpoints" / f"step_{steps}")}

@@ -72,7 +72,7 @@ def run(a) -> dict:
     tcfg = tiny_qwen3_config(hidden=64, layers=4, vocab=128) if a.quick else target_config(a.target)
     t0 = time.perf_counter()
     target = target_from_config(tcfg, device=dev, dtype=dtype, num_drafter_layers=a.drafter_layers,
-                                tap_ids=[1, 3] if a.quick and a.drafter_layers == 2 else None)
+                                tap_ids=[1, 2] if a.quick and a.drafter_layers == 2 else None)
     cfg.model.attention = "sdpa"
     cfg.compile.enabled = False
     _, drafter = S.build_models(cfg, dev, target=target)

@@ -266,6 +266,9 @@ def main(argv: list[str] | None = None) -> int:
         from dfo_contract.trainer_config import load_config
 
         cfg = load_config(own["--config"], rest)
+        from ..train.init_from import resolve
+
+        resolve(cfg)  # model.init_from: the released drafter's taps, block size, mask token
         report = run_warmup(cfg, load_cache=own["--load-mega-cache"],
                             save_cache=own["--save-mega-cache"])
         if own["--report"]:

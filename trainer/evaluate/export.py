@@ -1,16 +1,19 @@
 """A servable export: ``python -m trainer export CHECKPOINT --out DIR [--dtype bf16]``.
 
 Writes a Hugging Face directory in the layout of z-lab's released DFlash drafters, which
-SGLang's ``DFLASH`` speculative algorithm and z-lab's ``DFlashDraftModel`` read:
+vLLM's ``dflash`` speculative method, SGLang's ``DFLASH`` algorithm, z-lab's
+``DFlashDraftModel`` and transformers' ``trust_remote_code`` read:
 
-- ``config.json``: the target's Qwen3 fields (width, heads, head_dim, MLP size, eps, vocab,
-  RoPE incl. scaling, max positions) with ``architectures: ["DFlashDraftModel"]``,
-  ``num_hidden_layers`` = drafter layers, ``num_target_layers``, ``block_size`` and
-  ``dflash_config: {mask_token_id, target_layer_ids}``;
+- ``config.json``: the drafter's config (``export_config.drafter_config``: the target's
+  width, heads, MLP size, eps, vocab, RoPE in both spellings, max positions;
+  ``num_hidden_layers`` = drafter layers, full-attention ``layer_types``, no sliding window,
+  no biases, ``num_target_layers``, ``block_size``, ``dflash_config: {mask_token_id,
+  target_layer_ids, block_size}``, ``auto_map`` to ``modeling_dflash.py``);
 - ``model.safetensors``: the drafter's weights under the module's names (``fc``,
   ``hidden_norm``, ``layers.N.self_attn.q_proj``, ..., ``norm``), in ``--dtype`` (bf16
   default); no embedding or LM head (the target's are used);
-- ``README.md``: how it was trained (target, data, steps, measured acceptance length);
+- ``modeling_dflash.py``: the drafter as a transformers model (``trainer.model.modeling_dflash``);
+- ``README.md``: how it was trained and how to serve it;
 - ``dfo_export.json``: the source checkpoint and the sha256 and size of every file.
 
 Built in ``.DIR.tmp-<pid>`` and renamed into place. ``load_exported(DIR, target)`` rebuilds
@@ -27,8 +30,9 @@ import shutil
 from dfo_contract.exitcodes import CheckpointError, TrainerConfigError
 from dfo_contract.fsio import fsync_dir, replace_dir, sha256_file
 
+from .export_config import DTYPES, MODULE_FILE, MODULE_SOURCE, drafter_config, readme
+
 MANIFEST = "dfo_export.json"
-DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
 def _checkpoint_config(ckpt: str):
@@ -47,42 +51,6 @@ def _checkpoint_config(ckpt: str):
     return cfg, data
 
 
-def drafter_config(tcfg, *, num_layers: int, tap_ids: list[int], num_target_layers: int,
-                   block_size: int, mask_token_id: int, dtype: str) -> dict:
-    """config.json's object: the target's config with the drafter's fields on top."""
-    c = tcfg.to_dict()
-    for k in ("auto_map", "_name_or_path", "quantization_config", "transformers_version"):
-        c.pop(k, None)
-    c["architectures"] = ["DFlashDraftModel"]
-    c["model_type"] = "qwen3"
-    c["num_hidden_layers"] = int(num_layers)
-    if isinstance(c.get("layer_types"), list):
-        c["layer_types"] = (c["layer_types"] + ["full_attention"] * num_layers)[:num_layers]
-    c["num_target_layers"] = int(num_target_layers)
-    c["block_size"] = int(block_size)
-    c["dflash_config"] = {"mask_token_id": int(mask_token_id), "target_layer_ids": list(tap_ids)}
-    c["dtype"] = c["torch_dtype"] = DTYPES[dtype]
-    c["tie_word_embeddings"] = False
-    c["use_cache"] = True
-    return c
-
-
-def _readme(*, target: str, data: str, steps: int, accept_len, block_size: int, layers: int,
-            tap_ids, source: str) -> str:
-    al = f"{accept_len:.3f}" if isinstance(accept_len, (int, float)) else "not measured"
-    return (
-        "# DFlash drafter\n\n"
-        "A block-diffusion speculative-decoding drafter (DFlash) trained with dfo's bundled "
-        "trainer.\n\n"
-        f"- target: `{target}`\n- training data: `{data}`\n- steps: {steps}\n"
-        f"- block size: {block_size}; drafter layers: {layers}; target layers tapped: {list(tap_ids)}\n"
-        f"- measured acceptance length on held-out data (1 + leading correct draft tokens per "
-        f"block, mean): {al}\n- source checkpoint: `{source}`\n\n"
-        "Serve with SGLang: `--speculative-algorithm DFLASH --speculative-draft-model-path "
-        f"THIS_DIR --speculative-num-draft-tokens {block_size}`. Measure it on your prompts "
-        "with `python -m trainer eval THIS_DIR --target TARGET --prompts FILE --spec-decode N`.\n")
-
-
 def export(ckpt: str, out: str, *, dtype: str = "bf16", target_path: str | None = None) -> dict:
     """Export checkpoint ``ckpt`` to ``out`` (atomically). Returns the export manifest."""
     import torch
@@ -97,8 +65,9 @@ def export(ckpt: str, out: str, *, dtype: str = "bf16", target_path: str | None 
         raise TrainerConfigError(f"config: --target: {tpath or '(none)'} has no config.json (give "
                                  "the target model directory the checkpoint was trained against)")
     tcfg = AutoConfig.from_pretrained(tpath, local_files_only=True)
-    from ..train.step import _tokenizer_mask_id
+    from ..model.drafter import DrafterSpec
     from ..model.target import tapped_layer_ids
+    from ..train.step import _tokenizer_mask_id
 
     n_target = int(tcfg.num_hidden_layers)
     taps = tapped_layer_ids(n_target, cfg.model.drafter_layers, cfg.model.target_layer_ids)
@@ -111,9 +80,11 @@ def export(ckpt: str, out: str, *, dtype: str = "bf16", target_path: str | None 
     sd = load_file(os.path.join(ckpt, "drafter.safetensors"))
     tdt = getattr(torch, DTYPES[dtype])
     sd = {k: v.to(tdt).contiguous() for k, v in sd.items()}
+    spec = DrafterSpec.from_target_config(tcfg, num_layers=cfg.model.drafter_layers,
+                                          num_taps=len(taps))
     conf = drafter_config(tcfg, num_layers=cfg.model.drafter_layers, tap_ids=taps,
                           num_target_layers=n_target, block_size=cfg.model.block_size,
-                          mask_token_id=mask_id, dtype=dtype)
+                          mask_token_id=mask_id, dtype=dtype, head_dim=spec.head_dim)
     out = os.path.abspath(out)
     parent = os.path.dirname(out)
     os.makedirs(parent, exist_ok=True)
@@ -123,10 +94,12 @@ def export(ckpt: str, out: str, *, dtype: str = "bf16", target_path: str | None 
     save_file(sd, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(tmp, "config.json"), "w") as f:
         json.dump(conf, f, indent=2, sort_keys=True)
+    shutil.copyfile(MODULE_SOURCE, os.path.join(tmp, MODULE_FILE))
     with open(os.path.join(tmp, "README.md"), "w") as f:
-        f.write(_readme(target=tpath, data=cfg.data.path, steps=int(data.get("step", 0)),
-                        accept_len=data.get("accept_len"), block_size=cfg.model.block_size,
-                        layers=cfg.model.drafter_layers, tap_ids=taps, source=os.path.abspath(ckpt)))
+        f.write(readme(target=tpath, data=cfg.data.path, steps=int(data.get("step", 0)),
+                       accept_len=data.get("accept_len"), block_size=cfg.model.block_size,
+                       layers=cfg.model.drafter_layers, tap_ids=taps, source=os.path.abspath(ckpt),
+                       init_from=cfg.model.init_from))
     files = {}
     for name in sorted(os.listdir(tmp)):
         p = os.path.join(tmp, name)
@@ -161,26 +134,21 @@ def verify_export(d: str) -> tuple[bool, str]:
 
 def load_exported(d: str, *, embed_tokens, lm_head, device="cpu"):
     """The drafter rebuilt from an exported directory alone (+ the target's embed/head)."""
-    from safetensors.torch import load_file
-    from transformers import Qwen3Config
-
     from ..model.drafter import Drafter, DrafterSpec, SharedHead
+    from .dflash_dir import hf_config, load_weights, read_dflash_dir
 
-    with open(os.path.join(d, "config.json")) as f:
-        conf = json.load(f)
-    dc = conf["dflash_config"]
-    tcfg = Qwen3Config(**{k: v for k, v in conf.items()
-                          if k not in ("architectures", "dflash_config", "block_size",
-                                       "num_target_layers", "model_type")})
-    spec = DrafterSpec.from_target_config(tcfg, num_layers=int(conf["num_hidden_layers"]),
-                                          num_taps=len(dc["target_layer_ids"]))
+    dd = read_dflash_dir(d, flag="export")
+    if dd.target_layer_ids is None or dd.block_size is None or dd.mask_token_id is None:
+        raise TrainerConfigError(f"config: export: {d}: dflash_config needs target_layer_ids, "
+                                 "mask_token_id and block_size")
+    spec = DrafterSpec.from_target_config(hf_config(dd), num_layers=dd.num_layers,
+                                          num_taps=len(dd.target_layer_ids))
     drafter = Drafter(spec, SharedHead(embed_tokens, lm_head))
-    sd = {k: v.float() for k, v in load_file(os.path.join(d, "model.safetensors")).items()}
-    drafter.load_trainable_state_dict(sd)
+    drafter.load_trainable_state_dict({k: v.float() for k, v in load_weights(dd).items()})
     drafter.to(device)
-    drafter.mask_token_id = int(dc["mask_token_id"])
-    drafter.block_size = int(conf["block_size"])
-    drafter.target_layer_ids = list(dc["target_layer_ids"])
+    drafter.mask_token_id = dd.mask_token_id
+    drafter.block_size = dd.block_size
+    drafter.target_layer_ids = list(dd.target_layer_ids)
     drafter.attn_backend = "sdpa"
     return drafter  # fp32 weights; the caller casts
 

@@ -42,7 +42,9 @@ def tapped_layer_ids(num_target_layers: int, num_drafter_layers: int,
     """The target layers whose outputs feed the drafter.
 
     Default: ``round(1 + i*(T-4)/(L-1))`` for i < L when L > 1, ``[T//2]`` when L == 1.
-    Duplicates, negatives and ids >= T are rejected (e.g. the formula on a 2-layer target).
+    Duplicates, negatives and ids >= T are rejected (e.g. the formula on a 2-layer target),
+    and so is the last layer T-1: serving engines (z-lab's loop, vLLM, SGLang) take its
+    hidden state after the target's final norm, which training never sees.
     """
     t, n = num_target_layers, num_drafter_layers
     flag = "--model.target_layer_ids"
@@ -66,6 +68,12 @@ def tapped_layer_ids(num_target_layers: int, num_drafter_layers: int,
     if problem:
         raise TrainerConfigError(f"config: {flag}: {problem} from {src}; give valid distinct ids "
                                  f"in [0, {t}) with {flag}, or change --model.drafter_layers")
+    if max(ids) == t - 1:
+        # serving engines read the last layer's state after the target's final norm; training
+        # would see it before: the drafts would diverge from what was trained
+        raise TrainerConfigError(
+            f"config: {flag}: layer {t - 1} is the last layer of the {t}-layer target (servers "
+            f"feed its final-normed state), from {src}; tap layers 0..{t - 2} with {flag}")
     return ids
 
 

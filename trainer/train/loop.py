@@ -22,7 +22,7 @@ from dfo_contract.trainer_config import TrainerConfig
 
 from ..evaluate import accept
 from .. import runtime
-from . import checkpoints, faults, metrics, objective
+from . import checkpoints, faults, init_from, metrics, objective
 from ..compile import settings as compile_settings
 from ..compile.precompile import save_precompile_entries, verify_precompile_entries
 from ..data.datasets import JsonlDataset, open_dataset
@@ -115,6 +115,7 @@ def _read_resume(ckdir: str, spec: str, device) -> dict | TrainerError:
 def train(cfg: TrainerConfig, resume: str | None = None, *, out=None) -> int:
     """Run training to ``train.max_steps``. Returns an exit code (0 done, 6 interrupted);
     raises TrainerError subclasses (config/data/checkpoint) and anything fatal."""
+    init_from.resolve(cfg)  # a released drafter's taps, block size, mask token (in place)
     env = runtime.refresh_env()
     started = metrics.Startup(env.spawn_t or runtime.process_start_t())
     attempt = env.attempt

@@ -97,6 +97,10 @@ def build_models(cfg: TrainerConfig, device, *, target_device=None,
                                           num_taps=len(target.tap_ids))
     drafter = Drafter(spec, SharedHead(embed, head))
     drafter.init_weights(cfg.model.init_seed if cfg.model.init_seed is not None else cfg.train.seed)
+    if cfg.model.init_from:
+        from .init_from import load_into
+
+        load_into(cfg, target, drafter)
     drafter.to(device)
     drafter.attn_backend = resolve_backend(cfg, device)
     drafter.mask_token_id = mask_id

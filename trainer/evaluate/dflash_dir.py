@@ -1,0 +1,98 @@
+"""Reading an exported DFlash drafter directory: dfo's export or z-lab's published layout.
+
+Both hold ``config.json`` (Qwen3 fields, ``num_hidden_layers`` = drafter layers, and
+``dflash_config: {target_layer_ids, mask_token_id[, block_size]}``; ``block_size`` and
+``num_target_layers`` may also be top-level) and the weights in ``*.safetensors`` under the
+names ``fc``, ``hidden_norm``, ``layers.N.*``, ``norm``. ``read_dflash_dir`` checks the
+drafter is one this trainer's architecture can hold (no biases, full attention only) and
+returns what the trainer needs in a ``DFlashDir``; ``load_weights`` reads the tensors.
+Every problem is one ``TrainerConfigError`` line naming the flag that pointed here.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from dataclasses import dataclass, field
+
+from dfo_contract.exitcodes import TrainerConfigError
+
+
+@dataclass(frozen=True)
+class DFlashDir:
+    path: str
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+    num_target_layers: int | None
+    target_layer_ids: tuple[int, ...] | None   # None: the default formula
+    block_size: int | None
+    mask_token_id: int | None
+    weight_files: tuple[str, ...]
+    config: dict = field(compare=False, repr=False)
+    version: int = 1
+
+
+def _opt_int(v):
+    return None if v is None else int(v)
+
+
+def read_dflash_dir(path: str, *, flag: str) -> DFlashDir:
+    def bad(why: str) -> TrainerConfigError:
+        return TrainerConfigError(f"config: {flag}: {path}: {why}")
+
+    cpath = os.path.join(path, "config.json")
+    try:
+        with open(cpath) as f:
+            conf = json.load(f)
+    except FileNotFoundError:
+        raise bad("no config.json (give an exported DFlash drafter directory)") from None
+    except (OSError, ValueError) as e:
+        raise bad(f"config.json is not readable JSON ({e})") from None
+    if not isinstance(conf, dict) or not isinstance(conf.get("dflash_config"), dict):
+        raise bad("config.json has no dflash_config: not a DFlash drafter")
+    dc = conf["dflash_config"]
+    files = tuple(sorted(glob.glob(os.path.join(path, "*.safetensors"))))
+    if not files:
+        raise bad("no *.safetensors weights")
+    if conf.get("attention_bias") or conf.get("mlp_bias"):
+        raise bad("the drafter has bias weights (attention_bias/mlp_bias); this trainer's "
+                  "drafter has none")
+    types = conf.get("layer_types") or []
+    if any(t != "full_attention" for t in types):
+        raise bad(f"layer_types {sorted(set(types))}: this trainer's drafter has full "
+                  "attention layers only")
+    try:
+        taps = dc.get("target_layer_ids")
+        return DFlashDir(
+            path=path, num_layers=int(conf["num_hidden_layers"]),
+            hidden_size=int(conf["hidden_size"]), vocab_size=int(conf["vocab_size"]),
+            num_target_layers=_opt_int(dc.get("num_target_layers", conf.get("num_target_layers"))),
+            target_layer_ids=None if taps is None else tuple(int(i) for i in taps),
+            block_size=_opt_int(dc.get("block_size", conf.get("block_size"))),
+            mask_token_id=_opt_int(dc.get("mask_token_id")),
+            weight_files=files, config=conf)
+    except KeyError as e:
+        raise bad(f"config.json lacks {e}") from None
+    except (TypeError, ValueError) as e:
+        raise bad(f"config.json has a malformed DFlash field ({e})") from None
+
+
+def hf_config(dd: DFlashDir):
+    """The directory's config as a transformers ``Qwen3Config`` (width, heads, RoPE)."""
+    from transformers import Qwen3Config
+
+    skip = ("architectures", "auto_map", "dflash_config", "block_size", "num_target_layers",
+            "model_type")
+    return Qwen3Config(**{k: v for k, v in dd.config.items() if k not in skip})
+
+
+def load_weights(dd: DFlashDir) -> dict:
+    """Every tensor of the directory's safetensors files, as stored (dtype included)."""
+    from safetensors.torch import load_file
+
+    sd: dict = {}
+    for p in dd.weight_files:
+        sd.update(load_file(p))
+    return sd
