@@ -119,7 +119,7 @@ def next_commands(host_name: str) -> list[tuple[str, str]]:
         plot = f"its curves as a PNG (needs matplotlib: {install_extra_hint('plot')})"
     return [(f"dfo status{h}", "the run's state (--json: its goodput and time lost too)"),
             (f"dfo plot{h}", plot),
-            (f"dfo export{h} --to DIR", "the drafter (its newest checkpoint) for SGLang"),
+            (f"dfo export{h} --to DIR", "the drafter (its newest checkpoint) for vLLM or SGLang"),
             (f"dfo launch{h} --resume step_200 --set train.max_steps=300 -f",
              "train 100 steps more")]
 
