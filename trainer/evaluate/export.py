@@ -114,6 +114,10 @@ def export(ckpt: str, out: str, *, dtype: str = "bf16", target_path: str | None 
     conf = drafter_config(tcfg, num_layers=cfg.model.drafter_layers, tap_ids=taps,
                           num_target_layers=n_target, block_size=cfg.model.block_size,
                           mask_token_id=mask_id, dtype=dtype)
+    if cfg.model.method == "dflash2":
+        from .export_dflash2 import dflash2_config
+
+        conf = dflash2_config(conf, cfg.model)
     out = os.path.abspath(out)
     parent = os.path.dirname(out)
     os.makedirs(parent, exist_ok=True)
@@ -171,10 +175,15 @@ def load_exported(d: str, *, embed_tokens, lm_head, device="cpu"):
     dc = conf["dflash_config"]
     tcfg = Qwen3Config(**{k: v for k, v in conf.items()
                           if k not in ("architectures", "dflash_config", "block_size",
-                                       "num_target_layers", "model_type")})
+                                       "num_target_layers", "model_type", "is_causal")})
     spec = DrafterSpec.from_target_config(tcfg, num_layers=int(conf["num_hidden_layers"]),
                                           num_taps=len(dc["target_layer_ids"]))
-    drafter = Drafter(spec, SharedHead(embed_tokens, lm_head))
+    from .export_dflash2 import build_exported, is_dflash2
+
+    if is_dflash2(conf):
+        drafter = build_exported(conf, spec, SharedHead(embed_tokens, lm_head))
+    else:
+        drafter = Drafter(spec, SharedHead(embed_tokens, lm_head))
     sd = {k: v.float() for k, v in load_file(os.path.join(d, "model.safetensors")).items()}
     drafter.load_trainable_state_dict(sd)
     drafter.to(device)
