@@ -196,3 +196,26 @@ def test_export_round_trip(env, tmp_path):
         anchor = blocks.block_input_ids(b.input_ids, b.anchors, b.anchor_valid, 8, 3)[:, ::8]
         assert torch.equal(re.greedy_path(h_re.view(2, 4, 8, -1), anchor),
                            dr.greedy_path(h_dr.view(2, 4, 8, -1), anchor))
+
+
+def test_speculative_decoding_with_an_exported_dflash2_is_lossless(env, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from trainer.evaluate import spec_eval
+    from trainer.evaluate.export import export, load_exported
+
+    ck = env["dir"] / "full" / "checkpoints" / "step_30"
+    if not ck.is_dir():
+        assert _train(env, "full", **{"train.max_steps": 30, "train.schedule_steps": 30,
+                                      "checkpoint.every": 0, "train.lr": 1e-2}) == 0
+    export(str(ck), str(tmp_path / "x"), dtype="fp32")
+    model = AutoModelForCausalLM.from_pretrained(env["target"], local_files_only=True,
+                                                 dtype=torch.float32).eval()
+    dr = load_exported(str(tmp_path / "x"), embed_tokens=model.get_input_embeddings(),
+                       lm_head=model.get_output_embeddings()).eval()
+    target = spec_eval.Tapped(model, dr.target_layer_ids)
+    for prompt in ([5, 6, 7], [40, 41, 42, 43, 44, 45, 46]):
+        base = spec_eval.greedy(target, prompt, 30, "cpu")
+        spec = spec_eval.speculative(target, dr, prompt, 30, "cpu")
+        assert spec.tokens == base.tokens
+        assert all(1 <= a <= 8 for a in spec.accept_lengths)
