@@ -119,6 +119,25 @@ def test_sliding_flex_mask_matches_torch_block_mask():
     assert row[300:].nonzero().flatten().tolist() == [3 * 8 + j for j in range(k + 1)]
 
 
+def test_flex_forward_matches_sdpa_with_a_window(env):
+    """The window layers through flex_attention (uncompiled, forward: no backward on CPU)."""
+    import warnings
+
+    target, dr = _models(env)
+    b = _batch(seed=4, s=64, n=6)
+    feats = target.features(b.input_ids)
+    ids = blocks.block_input_ids(b.input_ids, b.anchors, b.anchor_valid, 8, dr.mask_token_id)
+    pos = blocks.block_positions(b.anchors, 8)
+    out = {}
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for backend in ("sdpa", "flex-eager"):
+            mask = attention.build_mask(backend, b.anchors, b.anchor_valid, 64, 8, 24)
+            out[backend] = dr(feats, ids, pos,
+                              lambda q, k, v: attention.attend(backend, q, k, v, mask))
+    torch.testing.assert_close(out["flex-eager"], out["sdpa"], rtol=1e-4, atol=1e-4)
+
+
 def test_gold_token_replaces_the_weakest_candidate():
     top = torch.tensor([[5, 2, 9], [5, 2, 9]])
     cand, where, contains = objective2.training_candidates(top, torch.tensor([2, 7]))
