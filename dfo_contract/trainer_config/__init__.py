@@ -8,12 +8,12 @@ Torch-free: the orchestrator imports this package to validate and render run con
 
 from .parse import (apply_overrides, config_from_dict, field_types, load_config, parse_overrides, split_args,
                     validate)
-from .schema import (ATTENTION_BACKENDS, COMPILE_MODES, DATA_FORMATS, DTYPES, LAYOUTS, SCHEDULES,
+from .schema import (ATTENTION_BACKENDS, COMPILE_MODES, DATA_FORMATS, DTYPES, LAYOUTS, METHODS, SCHEDULES,
                      CheckpointConfig, CompileConfig, DataConfig, FaultConfig, ModelConfig,
                      ParallelConfig, RunConfig, TrainConfig, TrainerConfig, default_gamma)
 
 __all__ = [
-    "ATTENTION_BACKENDS", "COMPILE_MODES", "DATA_FORMATS", "DTYPES", "LAYOUTS", "SCHEDULES",
+    "ATTENTION_BACKENDS", "COMPILE_MODES", "DATA_FORMATS", "DTYPES", "LAYOUTS", "METHODS", "SCHEDULES",
     "CheckpointConfig", "CompileConfig", "DataConfig", "FaultConfig", "ModelConfig",
     "ParallelConfig", "RunConfig", "TrainConfig", "TrainerConfig", "apply_overrides",
     "config_from_dict",

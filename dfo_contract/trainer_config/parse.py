@@ -18,6 +18,7 @@ import yaml
 
 from ..exitcodes import TrainerConfigError
 from ..faultspec import parse_spec
+from .methods import validate_method
 from .schema import (ATTENTION_BACKENDS, COMPILE_MODES, DATA_FORMATS, DDP_GRAD_DTYPES, DTYPES,
                      LAYOUTS, SCHEDULES, TrainerConfig)
 
@@ -324,6 +325,7 @@ def validate(cfg: TrainerConfig) -> TrainerConfig:
     if p.layout == "ddp" and p.ddp_grad_dtype == "bf16" and on_cpu:
         raise _err("parallel.ddp_grad_dtype", "bf16 gradients need NCCL (ddp on GPU); use fp32 "
                                               "with gloo on CPU")
+    validate_method(cfg, _err)
     if cfg.fault.spec:
         parse_spec(cfg.fault.spec)  # FaultSpecError is a TrainerConfigError naming --fault.spec
     return cfg

@@ -19,6 +19,7 @@ DTYPES = ("auto", "bf16", "fp32", "fp16")
 DATA_FORMATS = ("auto", "tokens", "chat")
 DDP_GRAD_DTYPES = ("fp32", "bf16")
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead")
+METHODS = ("dflash", "dflash2")
 
 
 def default_gamma(block_size: int) -> float:
@@ -44,6 +45,15 @@ class ModelConfig:
     init_seed: int | None = None              # drafter init seed; None: train.seed
     init_from: str = ""                       # an exported DFlash drafter dir: its weights, taps,
     #                                           block size and mask token start the run ("" = off)
+    method: str = "dflash"                    # dflash | dflash2 (conv + top-k path selector, docs/trainer.md)
+    # DFlash2 only (ignored for dflash); names as in the export's dflash_config
+    conv_kernel_size: int = 2                 # taps of the dynamic depthwise conv around each sublayer
+    conv_group_size: int = 16                 # channels sharing one dynamic coefficient (divides hidden)
+    selector_rank: int = 256                  # rank of the pairwise path selector
+    selector_top_k: int = 16                  # candidates per slot the selector re-ranks
+    sliding_window: int = 2048                # draft-layer attention window (0: full attention)
+    final_logit_softcapping: float = 20.0     # unary logits: cap * tanh(logits * multiplier / cap)
+    output_multiplier: float = 1.0
 
 
 @dataclass(kw_only=True)
@@ -76,6 +86,7 @@ class TrainConfig:
     seed: int = 0
     log_every: int = 1
     heartbeat_s: float = 5.0
+    selector_loss_alpha: float = 1.0          # DFlash2: weight of the selector loss (0: unary only)
 
 
 @dataclass(kw_only=True)

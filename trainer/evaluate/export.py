@@ -85,6 +85,10 @@ def export(ckpt: str, out: str, *, dtype: str = "bf16", target_path: str | None 
     conf = drafter_config(tcfg, num_layers=cfg.model.drafter_layers, tap_ids=taps,
                           num_target_layers=n_target, block_size=cfg.model.block_size,
                           mask_token_id=mask_id, dtype=dtype, head_dim=spec.head_dim)
+    if cfg.model.method == "dflash2":
+        from .export_dflash2 import dflash2_config
+
+        conf = dflash2_config(conf, cfg.model)
     out = os.path.abspath(out)
     parent = os.path.dirname(out)
     os.makedirs(parent, exist_ok=True)
@@ -143,7 +147,12 @@ def load_exported(d: str, *, embed_tokens, lm_head, device="cpu"):
                                  "mask_token_id and block_size")
     spec = DrafterSpec.from_target_config(hf_config(dd), num_layers=dd.num_layers,
                                           num_taps=len(dd.target_layer_ids))
-    drafter = Drafter(spec, SharedHead(embed_tokens, lm_head))
+    from .export_dflash2 import build_exported, is_dflash2
+
+    if is_dflash2(dd.config):
+        drafter = build_exported(dd.config, spec, SharedHead(embed_tokens, lm_head))
+    else:
+        drafter = Drafter(spec, SharedHead(embed_tokens, lm_head))
     drafter.load_trainable_state_dict({k: v.float() for k, v in load_weights(dd).items()})
     drafter.to(device)
     drafter.mask_token_id = dd.mask_token_id

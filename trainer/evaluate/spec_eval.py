@@ -67,6 +67,20 @@ def _full_attend(q, k, v):
     return torch.nn.functional.scaled_dot_product_attention(q, k, v)
 
 
+def _dflash2_draft(drafter, ctx, block, pos, start: int):
+    """[1, B-1]: DFlash2's served draft (sliding-window visibility, the selector's greedy path)."""
+    from ..model import attention
+    from ..model.blocks import visibility_mask
+
+    bs, dev = block.shape[1], block.device
+    vis = visibility_mask(torch.tensor([[start]], device=dev), torch.ones(1, 1, dtype=torch.bool,
+                          device=dev), ctx.shape[1], bs, drafter.d2.sliding_window)
+    m = attention.SdpaMask(vis)
+    hidden = drafter(ctx.to(drafter.fc.weight.dtype), block, pos,
+                     lambda q, k, v: attention.attend("sdpa", q, k, v, m))
+    return drafter.greedy_path(hidden.view(1, 1, bs, -1), block[:, :1])[0]
+
+
 def _crop(cache, keep: int) -> None:
     """Keep the first ``keep`` positions (a negative crop removes tokens in every version)."""
     drop = int(cache.get_seq_length()) - keep
@@ -119,8 +133,11 @@ def speculative(target: Tapped, drafter, prompt: list[int], n_new: int, device) 
         block = torch.full((1, bs), mask, dtype=torch.long, device=device)
         block[0, 0] = out[-1]
         pos = torch.arange(start, start + bs, device=device).unsqueeze(0)
-        hidden = drafter(ctx.to(drafter.fc.weight.dtype), block, pos, _full_attend)
-        draft = drafter.shared.lm_head(hidden[:, 1:]).argmax(-1)          # [1, B-1]
+        if getattr(drafter, "method", "dflash") == "dflash2":
+            draft = _dflash2_draft(drafter, ctx, block, pos, start)
+        else:
+            hidden = drafter(ctx.to(drafter.fc.weight.dtype), block, pos, _full_attend)
+            draft = drafter.shared.lm_head(hidden[:, 1:]).argmax(-1)      # [1, B-1]
         block[0, 1:] = draft[0]
         logits, feats = target.forward(block, pos, cache)
         res.target_forwards += 1

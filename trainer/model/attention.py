@@ -30,7 +30,8 @@ FLEX_BLOCK = 128
 BACKENDS = ("flex", "sdpa", "flex-eager")
 
 
-def _mask_mod_for(anchors: torch.Tensor, valid: torch.Tensor, seq_len: int, block_size: int):
+def _mask_mod_for(anchors: torch.Tensor, valid: torch.Tensor, seq_len: int, block_size: int,
+                  window: int = 0):
     n = anchors.shape[1]
     anch = torch.where(valid, anchors, torch.zeros_like(anchors))
 
@@ -42,15 +43,26 @@ def _mask_mod_for(anchors: torch.Tensor, valid: torch.Tensor, seq_len: int, bloc
         ctx = kv_idx < a
         own = (kv_idx >= seq_len) & ((kv_idx - seq_len) // block_size == blk)
         return ok & (ctx | own)
-    return dflash_mask_mod
+
+    def sliding_mask_mod(b, h, q_idx, kv_idx):
+        blk, off = q_idx // block_size, q_idx % block_size
+        safe = blk.clamp(max=n - 1)
+        a = anch[b, safe]
+        ok = valid[b, safe] & (blk < n)
+        ctx = (kv_idx < a) & (kv_idx >= a + off - (window - 1))
+        own = ((kv_idx >= seq_len) & ((kv_idx - seq_len) // block_size == blk)
+               & ((kv_idx - seq_len) % block_size <= off))
+        return ok & (ctx | own)
+    return sliding_mask_mod if window > 0 else dflash_mask_mod
 
 
 def flex_block_mask(anchors: torch.Tensor, valid: torch.Tensor, seq_len: int, block_size: int,
-                    *, block: int = FLEX_BLOCK):
+                    *, block: int = FLEX_BLOCK, window: int = 0):
     """The DFlash BlockMask, from interval arithmetic (exact; no dense Q x KV materialization).
 
     Each query row sees two intervals: context [0, anchor) and its own block
-    [S + n*B, S + (n+1)*B). Counting the visible keys of every (row, KV tile) gives which
+    [S + n*B, S + (n+1)*B) (with ``window``: context [anchor+k-(window-1), anchor) and
+    [S + n*B, S + n*B + k + 1) for slot k). Counting the visible keys of every (row, KV tile) gives which
     tiles are empty, partial or full; partial tiles use the mask_mod.
     """
     from torch.nn.attention.flex_attention import BlockMask
@@ -67,9 +79,12 @@ def flex_block_mask(anchors: torch.Tensor, valid: torch.Tensor, seq_len: int, bl
     kb_lo = torch.arange(nkb, device=dev) * block
     kb_hi = (kb_lo + block).clamp(max=kv)
     width = (kb_hi - kb_lo).view(1, 1, -1)
-    ctx_cnt = (torch.minimum(a.unsqueeze(-1), kb_hi.view(1, 1, -1)) - kb_lo.view(1, 1, -1)).clamp(min=0)
+    off = rows % block_size
+    ctx_lo = (a + off.view(1, -1) - (window - 1)).clamp(min=0) if window > 0 else torch.zeros_like(a)
+    ctx_cnt = (torch.minimum(a.unsqueeze(-1), kb_hi.view(1, 1, -1))
+               - torch.maximum(ctx_lo.unsqueeze(-1), kb_lo.view(1, 1, -1))).clamp(min=0)
     own_lo = (seq_len + blk * block_size).view(1, -1, 1)
-    own_hi = own_lo + block_size
+    own_hi = own_lo + ((off + 1).view(1, -1, 1) if window > 0 else block_size)
     own_cnt = (torch.minimum(own_hi, kb_hi.view(1, 1, -1)) - torch.maximum(own_lo, kb_lo.view(1, 1, -1))
                ).clamp(min=0) * ok.unsqueeze(-1)
     cnt = (ctx_cnt + own_cnt).view(b, nqb, block, nkb)
@@ -86,7 +101,7 @@ def flex_block_mask(anchors: torch.Tensor, valid: torch.Tensor, seq_len: int, bl
 
     kv_num, kv_idx = ordered(partial)
     full_num, full_idx = ordered(full)
-    mask_mod = _mask_mod_for(anchors, valid, seq_len, block_size)
+    mask_mod = _mask_mod_for(anchors, valid, seq_len, block_size, window)
     try:
         return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=block,
                                         mask_mod=mask_mod, seq_lengths=(tq, kv))
@@ -95,12 +110,13 @@ def flex_block_mask(anchors: torch.Tensor, valid: torch.Tensor, seq_len: int, bl
                                         mask_mod=mask_mod)
 
 
-def reference_block_mask(anchors, valid, seq_len, block_size, *, block: int = FLEX_BLOCK):
+def reference_block_mask(anchors, valid, seq_len, block_size, *, block: int = FLEX_BLOCK,
+                         window: int = 0):
     """The same BlockMask through torch's (uncompiled) create_block_mask; tests/bench only."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     b, n = anchors.shape
-    return create_block_mask(_mask_mod_for(anchors, valid, seq_len, block_size), b, None,
+    return create_block_mask(_mask_mod_for(anchors, valid, seq_len, block_size, window), b, None,
                              n * block_size, seq_len + n * block_size, device=anchors.device,
                              BLOCK_SIZE=block)
 
@@ -115,12 +131,12 @@ class SdpaMask:
 
 
 def build_mask(backend: str, anchors: torch.Tensor, valid: torch.Tensor, seq_len: int,
-               block_size: int):
-    """The mask object ``attend`` needs for ``backend``."""
+               block_size: int, window: int = 0):
+    """The mask object ``attend`` needs for ``backend`` (``window`` > 0: sliding-window layers)."""
     if backend == "sdpa":
-        return SdpaMask(visibility_mask(anchors, valid, seq_len, block_size))
+        return SdpaMask(visibility_mask(anchors, valid, seq_len, block_size, window))
     if backend in ("flex", "flex-eager"):
-        return flex_block_mask(anchors, valid, seq_len, block_size)
+        return flex_block_mask(anchors, valid, seq_len, block_size, window=window)
     raise ValueError(f"unknown attention backend {backend!r} (expected one of {BACKENDS})")
 
 

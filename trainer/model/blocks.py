@@ -9,7 +9,8 @@ Tq = N*B block tokens; KV = S + Tq (context | blocks).
   at or after ``len`` carry no loss); sorted; unused slots invalid (anchor 0, valid False).
 - **Block input.** ``[x_anchor, MASK x (B-1)]`` (an invalid block is all MASK).
 - **Visibility.** Query slot k of block n sees context ``j < anchor_n`` (strictly) and its
-  own block (bidirectional), nothing else. Invalid blocks see nothing.
+  own block (bidirectional), nothing else. Invalid blocks see nothing. Sliding-window
+  layers (DFlash2) see less: see ``visibility_mask``.
 
 What the blocks are trained to predict, and the loss, are trainer.train.objective's.
 """
@@ -82,15 +83,24 @@ def block_positions(anchors: torch.Tensor, block_size: int) -> torch.Tensor:
 
 
 def visibility_mask(anchors: torch.Tensor, valid: torch.Tensor, seq_len: int,
-                    block_size: int) -> torch.Tensor:
-    """Bool [b, N*B, S+N*B]: which keys each block query sees (True = visible)."""
+                    block_size: int, window: int = 0) -> torch.Tensor:
+    """Bool [b, N*B, S+N*B]: which keys each block query sees (True = visible).
+
+    ``window`` > 0 (sliding-window layers): slot k (position p = anchor+k) sees context
+    ``p-(window-1) <= j < anchor`` and the slots ``<= k`` of its own block (the window
+    counts the query itself, ends at it, and holds no later slot)."""
     b, n = anchors.shape
     tq = n * block_size
-    q_blk = torch.arange(tq, device=anchors.device) // block_size          # [Tq]
+    q_idx = torch.arange(tq, device=anchors.device)
+    q_blk, q_off = q_idx // block_size, q_idx % block_size                 # [Tq]
     kv = torch.arange(seq_len + tq, device=anchors.device)                 # [KV]
     a = anchors[:, q_blk]                                                  # [b, Tq]
     ok = valid[:, q_blk]                                                   # [b, Tq]
     ctx = kv.view(1, 1, -1) < a.unsqueeze(-1)                              # j < anchor (j < S too)
     kv_blk = torch.where(kv >= seq_len, (kv - seq_len) // block_size, torch.full_like(kv, -1))
     own = kv_blk.view(1, 1, -1) == q_blk.view(1, -1, 1)
+    if window > 0:
+        lo = (a + q_off.view(1, -1) - (window - 1)).unsqueeze(-1)
+        ctx = ctx & (kv.view(1, 1, -1) >= lo)
+        own = own & (((kv - seq_len) % block_size).view(1, 1, -1) <= q_off.view(1, -1, 1))
     return (ctx | own) & ok.unsqueeze(-1)

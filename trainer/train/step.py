@@ -95,7 +95,12 @@ def build_models(cfg: TrainerConfig, device, *, target_device=None,
         embed, head = copy.deepcopy(embed).to(device), copy.deepcopy(head).to(device)
     spec = DrafterSpec.from_target_config(target.config, num_layers=cfg.model.drafter_layers,
                                           num_taps=len(target.tap_ids))
-    drafter = Drafter(spec, SharedHead(embed, head))
+    if cfg.model.method == "dflash2":
+        from ..model.dflash2 import build_dflash2
+
+        drafter = build_dflash2(spec, cfg.model, SharedHead(embed, head))
+    else:
+        drafter = Drafter(spec, SharedHead(embed, head))
     drafter.init_weights(cfg.model.init_seed if cfg.model.init_seed is not None else cfg.train.seed)
     if cfg.model.init_from:
         from .init_from import load_into
@@ -179,6 +184,22 @@ def _drafter_forward_loss(drafter: Drafter, features, block_ids, block_pos, mask
                                  chunk=chunk)
 
 
+def _dflash2_forward_loss(drafter, features, block_ids, block_pos, mask, labels, weights, counted,
+                          backend: str, chunk: int, alpha: float):
+    from . import objective2
+
+    def attend(q, k, v):
+        return attention.attend(backend, q, k, v, mask)
+    hidden = drafter(features, block_ids, block_pos, attend)
+    return objective2.dflash2_loss(drafter, hidden, labels, weights, counted, alpha=alpha,
+                                   chunk=chunk)
+
+
+def attention_window(cfg: TrainerConfig) -> int:
+    """The draft layers' sliding window (0: full attention; only DFlash2 has one)."""
+    return cfg.model.sliding_window if cfg.model.method == "dflash2" else 0
+
+
 def drafter_loss(drafter: Drafter, features: torch.Tensor, batch: Batch, cfg: TrainerConfig):
     """Loss and metric tensors (``loss``, ``correct_per_pos``, ``count_per_pos``, ``weight_sum``).
 
@@ -195,17 +216,20 @@ def drafter_loss(drafter: Drafter, features: torch.Tensor, batch: Batch, cfg: Tr
     pos = blocks.block_positions(b.anchors, bs)
     labels, weights, counted = objective.labels_and_weights(b.input_ids, b.loss_mask, b.anchors,
                                                             b.anchor_valid, bs, cfg.gamma())
-    mask = attention.build_mask(backend, b.anchors, b.anchor_valid, s_len, bs)
+    mask = attention.build_mask(backend, b.anchors, b.anchor_valid, s_len, bs, attention_window(cfg))
     args = (drafter, features, ids, pos, mask, labels, weights, counted, backend, cfg.model.ce_chunk)
+    step_fn, base = _drafter_forward_loss, "drafter_step"
+    if cfg.model.method == "dflash2":
+        args, step_fn, base = args + (cfg.train.selector_loss_alpha,), _dflash2_forward_loss, "dflash2_step"
     with autocast(cfg, dev):
         if cfg.compile.enabled:
             mode = cfg.compile.mode
-            name = "drafter_step" if mode == "default" else f"drafter_step[{mode}]"
-            fn = registry.compiled(name, _drafter_forward_loss,
+            name = base if mode == "default" else f"{base}[{mode}]"
+            fn = registry.compiled(name, step_fn,
                                    **({} if mode == "default" else {"mode": mode}))
             with registry.guard(name):
                 return fn(*args)
-        return _drafter_forward_loss(*args)
+        return step_fn(*args)
 
 
 def shape_buckets(cfg: TrainerConfig) -> list[tuple[int, int]]:

@@ -1,0 +1,92 @@
+"""DFlash vs DFlash2 on a tiny teachable target (CPU): measured acceptance length, side by side.
+
+    python3 bench/bench_dflash2.py [--steps 400] [--layers 1] [--seed 0] [--out DIR]
+
+Builds a tiny Qwen3 target, teaches it the stride sequences (``trainer.model.tinylm teach``),
+regenerates training and held-out data with it (greedy), then trains a DFlash and a DFlash2
+drafter with the same data, seed, steps, block size (8) and optimizer settings, evaluating
+both on the same held-out blocks every ``--steps/4`` steps. The acceptance length is the
+trainer's ``accept_len`` (``trainer.evaluate.accept``: 1 + leading correct draft tokens per
+block; DFlash2's draft is its selector's greedy path). Prints a table and writes
+``bench_dflash2.json`` to ``--out`` (default ``$OUT`` or ``bench/results``). No network.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+DFLASH2 = {"model.method": "dflash2", "model.conv_kernel_size": 2, "model.conv_group_size": 16,
+           "model.selector_rank": 16, "model.selector_top_k": 16, "model.sliding_window": 2048}
+
+
+def train_one(target: str, train_data: str, eval_data: str, run_dir: str, *, steps: int,
+              layers: int, seed: int, extra: dict) -> dict:
+    from tests.helpers.trainer import tiny_config
+    from trainer.train.loop import train
+
+    cfg = tiny_config(target, train_data, run_dir, **{
+        "data.eval_path": eval_data, "eval.every": max(1, steps // 4), "train.max_steps": steps,
+        "train.log_every": max(1, steps // 4), "model.drafter_layers": layers,
+        "model.target_layer_ids": "[1,3]", "train.lr": 1e-2, "data.num_anchors": 16,
+        "train.seed": seed, "checkpoint.every": 0, "checkpoint.save_final": "false", **extra})
+    t0 = time.perf_counter()
+    code = train(cfg, out=io.StringIO())
+    wall = time.perf_counter() - t0
+    recs = [json.loads(x) for x in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    evals = {r["step"]: r["accept_len"] for r in recs if r.get("phase") == "eval"}
+    losses = {r["step"]: r["loss"] for r in recs if r.get("phase") == "train"}
+    return {"exit": code, "train_s": round(wall, 1), "accept_len": evals, "loss": losses}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="bench_dflash2")
+    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--layers", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=os.environ.get("OUT") or str(REPO / "bench" / "results"))
+    a = ap.parse_args(argv)
+
+    import torch
+
+    torch.set_num_threads(1)
+    from tests.helpers.trainer import make_target
+    from trainer.model.tinylm import regenerate, teach
+
+    res = {"steps": a.steps, "drafter_layers": a.layers, "seed": a.seed, "block_size": 8,
+           "torch": torch.__version__, "dflash2_fields": DFLASH2}
+    with tempfile.TemporaryDirectory(prefix="bench-dflash2-") as tmp:
+        target = make_target(os.path.join(tmp, "target"))
+        res["target_loss"] = round(teach(target, steps=250, seq_len=40), 4)
+        train_data = regenerate(target, os.path.join(tmp, "train.jsonl"), num=128, new=36, seed=1)
+        eval_data = regenerate(target, os.path.join(tmp, "eval.jsonl"), num=16, new=36, seed=2)
+        for name, extra in (("dflash", {}), ("dflash2", DFLASH2)):
+            res[name] = train_one(target, train_data, eval_data, os.path.join(tmp, name),
+                                  steps=a.steps, layers=a.layers, seed=a.seed, extra=extra)
+    print(f"target taught to loss {res['target_loss']}; {a.steps} steps, block 8, "
+          f"{a.layers} drafter layer(s), seed {a.seed}")
+    print(f"{'step':>6} {'DFlash accept_len':>18} {'DFlash2 accept_len':>19} "
+          f"{'DFlash loss':>12} {'DFlash2 loss':>13}")
+    for s in sorted(res["dflash"]["accept_len"]):
+        print(f"{s:>6} {res['dflash']['accept_len'][s]:>18.3f} "
+              f"{res['dflash2']['accept_len'].get(s, float('nan')):>19.3f} "
+              f"{res['dflash']['loss'].get(s, float('nan')):>12.4f} "
+              f"{res['dflash2']['loss'].get(s, float('nan')):>13.4f}")
+    print(f"train time: DFlash {res['dflash']['train_s']} s, DFlash2 {res['dflash2']['train_s']} s")
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "bench_dflash2.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    return 0 if res["dflash"]["exit"] == res["dflash2"]["exit"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

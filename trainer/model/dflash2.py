@@ -1,0 +1,185 @@
+"""The DFlash2 drafter's architecture: the DFlash drafter plus two additions (no loss here).
+
+- **Grouped dynamic depthwise convolution** around every attention and MLP sublayer
+  (``attention_conv``, ``mlp_conv``). One projection of the (normed) sublayer input gives,
+  per block slot, a dynamic coefficient per tap for each group of ``conv_group_size``
+  channels, twice: once for the sublayer's input, once for its output. Slot i's output is
+  ``sum_t (base[side, t] + delta_i[side, t]) * x_{i-t}``, reading only earlier slots of the
+  same block (zeros before the block's start). ``base_kernel`` [2, taps, H] starts as the
+  identity (tap 0 = 1) and ``kernel_projection`` at zero, so a fresh DFlash2 layer computes
+  exactly what a DFlash layer does.
+- **Top-k pairwise path selector** (``candidate_selector``): the unary logits of slot k
+  (``cap * tanh(lm_head(h_k) * output_multiplier / cap)``) give the top-k candidates;
+  a candidate c following token p at slot k scores
+  ``unary_k(c) + <predecessor_codebook[p] * hidden_projection(h_k), successor_codebook[c]>``.
+  Slot 1's predecessor is the anchor token. The served draft walks slots greedily.
+  ``successor_codebook`` starts at zero (the selector starts as the unary argmax).
+- Sliding-window attention in the draft layers: the visibility of
+  ``trainer.model.blocks.visibility_mask(..., window)``.
+
+Parameter names are the DFlash2 checkpoints' (``layers.N.attention_conv.base_kernel``,
+``layers.N.mlp_conv.kernel_projection.weight``, ``candidate_selector.successor_codebook``, ...).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .drafter import Attend, Drafter, DrafterLayer, DrafterSpec, SharedHead
+
+
+@dataclass(frozen=True)
+class DFlash2Spec:
+    block_size: int
+    conv_kernel_size: int = 2
+    conv_group_size: int = 16
+    selector_rank: int = 256
+    selector_top_k: int = 16
+    sliding_window: int = 2048
+    final_logit_softcapping: float = 20.0
+    output_multiplier: float = 1.0
+
+    @classmethod
+    def from_config(cls, model_cfg) -> "DFlash2Spec":
+        m = model_cfg
+        return cls(block_size=m.block_size, conv_kernel_size=m.conv_kernel_size,
+                   conv_group_size=m.conv_group_size, selector_rank=m.selector_rank,
+                   selector_top_k=m.selector_top_k, sliding_window=m.sliding_window,
+                   final_logit_softcapping=m.final_logit_softcapping,
+                   output_multiplier=m.output_multiplier)
+
+    def problem(self, hidden: int, vocab: int) -> tuple[str, str] | None:
+        """(flag, why) when this spec does not fit a target of width ``hidden``/``vocab``."""
+        if hidden % self.conv_group_size:
+            return ("model.conv_group_size", f"{self.conv_group_size} does not divide the "
+                                             f"target's hidden size {hidden}")
+        if self.selector_top_k > vocab:
+            return ("model.selector_top_k", f"{self.selector_top_k} exceeds the target's "
+                                            f"vocabulary ({vocab})")
+        return None
+
+
+class GroupedDynamicConv(nn.Module):
+    """The two-sided dynamic depthwise convolution along each block (see the module doc)."""
+
+    def __init__(self, hidden: int, block_size: int, taps: int, group_size: int):
+        super().__init__()
+        self.block_size, self.taps, self.group_size = block_size, taps, group_size
+        self.groups = hidden // group_size
+        self.base_kernel = nn.Parameter(torch.zeros(2, taps, hidden))
+        self.kernel_projection = nn.Linear(hidden, 2 * taps * self.groups, bias=False)
+
+    @torch.no_grad()
+    def reset(self) -> None:
+        self.base_kernel.zero_()
+        self.base_kernel[:, 0] = 1.0
+        self.kernel_projection.weight.zero_()
+
+    def convolve(self, x: torch.Tensor, delta: torch.Tensor, side: int) -> torch.Tensor:
+        b, t, h = x.shape
+        n, bs, g = t // self.block_size, self.block_size, self.groups
+        xs = x.reshape(b, n, bs, g, self.group_size)
+        coef = (self.base_kernel[side].to(x.dtype).view(1, 1, 1, self.taps, g, self.group_size)
+                + delta.reshape(b, n, bs, self.taps, g).unsqueeze(-1))
+        out = coef[:, :, :, 0] * xs
+        for tap in range(1, self.taps):
+            shifted = torch.cat([xs.new_zeros(b, n, tap, g, self.group_size), xs[:, :, :bs - tap]], 2)
+            out = out + coef[:, :, :, tap] * shifted
+        return out.reshape(b, t, h)
+
+    def prepare(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The sublayer's convolved input, and the output side's dynamic coefficients."""
+        d = self.kernel_projection(x).reshape(*x.shape[:-1], 2, self.taps, self.groups)
+        return self.convolve(x, d[..., 0, :, :], 0), d[..., 1, :, :]
+
+    def finish(self, y: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+        return self.convolve(y, delta, 1)
+
+
+class DFlash2Layer(DrafterLayer):
+    def __init__(self, s: DrafterSpec, d: DFlash2Spec):
+        super().__init__(s)
+        self.attention_conv = GroupedDynamicConv(s.hidden, d.block_size, d.conv_kernel_size,
+                                                 d.conv_group_size)
+        self.mlp_conv = GroupedDynamicConv(s.hidden, d.block_size, d.conv_kernel_size,
+                                           d.conv_group_size)
+
+    def forward(self, x, ctx, rope_q, rope_k, attend: Attend):
+        h, d = self.attention_conv.prepare(self.input_layernorm(x))
+        x = x + self.attention_conv.finish(self.self_attn(h, ctx, rope_q, rope_k, attend), d)
+        h, d = self.mlp_conv.prepare(self.post_attention_layernorm(x))
+        return x + self.mlp_conv.finish(self.mlp(h), d)
+
+
+class CandidateSelector(nn.Module):
+    def __init__(self, hidden: int, vocab: int, rank: int, top_k: int):
+        super().__init__()
+        self.top_k = top_k
+        self.predecessor_codebook = nn.Parameter(torch.zeros(vocab, rank))
+        self.successor_codebook = nn.Parameter(torch.zeros(vocab, rank))
+        self.hidden_projection = nn.Linear(hidden, rank, bias=False)
+
+    def transition(self, hidden: torch.Tensor, pred_ids: torch.Tensor,
+                   cand_ids: torch.Tensor) -> torch.Tensor:
+        """[..., K]: the pairwise term of candidates ``cand_ids`` [..., K] after ``pred_ids`` [...]."""
+        ctx = self.predecessor_codebook[pred_ids] * self.hidden_projection(hidden)
+        succ = self.successor_codebook[cand_ids].to(ctx.dtype)
+        return torch.einsum("...r,...kr->...k", ctx, succ)
+
+
+class DFlash2Drafter(Drafter):
+    """The DFlash2 drafter. ``forward`` returns the final hidden states of the block tokens."""
+
+    method = "dflash2"
+
+    def __init__(self, spec: DrafterSpec, d2: DFlash2Spec, shared: SharedHead):
+        super().__init__(spec, shared)
+        self.d2 = d2
+        self.layers = nn.ModuleList(DFlash2Layer(spec, d2) for _ in range(spec.num_layers))
+        self.candidate_selector = CandidateSelector(spec.hidden, spec.vocab, d2.selector_rank,
+                                                    d2.selector_top_k)
+
+    @torch.no_grad()
+    def init_weights(self, seed: int) -> None:
+        """The DFlash init, then the no-op starts: identity convs, a zero successor codebook."""
+        super().init_weights(seed)
+        for layer in self.layers:
+            layer.attention_conv.reset()
+            layer.mlp_conv.reset()
+        self.candidate_selector.successor_codebook.zero_()
+
+    def unary_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """The served unary transform, in fp32: ``cap * tanh(logits * multiplier / cap)``."""
+        cap = self.d2.final_logit_softcapping
+        return torch.tanh(logits.float() * (self.d2.output_multiplier / cap)) * cap
+
+    @torch.no_grad()
+    def greedy_path(self, hidden: torch.Tensor, anchor_ids: torch.Tensor) -> torch.Tensor:
+        """[b, N, B-1]: the served draft of each block, walking the selector slot by slot.
+
+        hidden [b, N, B, H] (slot 0 = the anchor's row, unused); anchor_ids [b, N]."""
+        w = self.shared.lm_head.weight
+        hs = hidden[:, :, 1:]
+        unary = self.unary_logits(hs.to(w.dtype) @ w.t())
+        vals, ids = unary.topk(self.d2.selector_top_k, dim=-1)           # [b, N, B-1, K]
+        sel = self.candidate_selector
+        prev, path = anchor_ids, []
+        for k in range(hs.shape[2]):
+            score = vals[:, :, k] + sel.transition(hs[:, :, k].float(), prev, ids[:, :, k]).float()
+            prev = ids[:, :, k].gather(-1, score.argmax(-1, keepdim=True)).squeeze(-1)
+            path.append(prev)
+        return torch.stack(path, dim=2)
+
+
+def build_dflash2(spec: DrafterSpec, model_cfg, shared: SharedHead) -> DFlash2Drafter:
+    """The DFlash2 drafter for ``spec``; a config that does not fit the target is a config error."""
+    from dfo_contract.exitcodes import TrainerConfigError
+
+    d2 = DFlash2Spec.from_config(model_cfg)
+    bad = d2.problem(spec.hidden, spec.vocab)
+    if bad:
+        raise TrainerConfigError(f"config: --{bad[0]}: {bad[1]}")
+    return DFlash2Drafter(spec, d2, shared)

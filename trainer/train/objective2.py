@@ -1,0 +1,132 @@
+"""The DFlash2 training objective: the DFlash loss on the served unary logits + the selector loss.
+
+Labels, weights and the anchor geometry are ``trainer.train.objective``'s (slot k predicts
+``x[anchor+k]``, weight ``exp(-(k-1)/gamma) * loss_mask``, slot 0 unweighted).
+
+- **Unary loss.** ``sum(w * CE(u)) / sum(w)`` with ``u = cap * tanh(lm_head(h) * m / cap)``
+  (``model.final_logit_softcapping``, ``model.output_multiplier``): the logits the selector
+  ranks at serving time. Chunked over rows; full-vocabulary logits are never all alive.
+- **Selector loss.** Per slot, the top-``model.selector_top_k`` candidates of ``u``; when
+  the gold token is not among them it replaces the last (weakest) candidate, so every
+  slot has a K-way label. Teacher-forced: slot k's predecessor is the gold token of slot
+  k-1 (the anchor token for slot 1). ``CE(unary(c) + transition(pred, c))`` over the K
+  candidates, weighted and normalized like the unary loss; gradients reach the backbone
+  through both terms.
+- **Loss** = unary + ``train.selector_loss_alpha`` * selector.
+- **Metrics.** ``correct_per_pos`` counts the selector's teacher-forced pick (what a
+  served block proposes while it is still right); a gold token outside the real top-k
+  is never counted correct.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+class ChunkedCappedCE(torch.autograd.Function):
+    """forward(h [T,H], W [V,H], labels [T], w [T], chunk, mult, cap, k)
+    -> (sum_t w_t * CE(u_t), top-k ids [T,k] of u).
+
+    ``u = cap * tanh(h W^T * mult / cap)``; the gradient w.r.t. h is computed chunk by chunk
+    in forward (W is frozen) and scaled by the incoming gradient in backward."""
+
+    @staticmethod
+    def forward(ctx, h, weight, labels, w, chunk: int, mult: float, cap: float, k: int):
+        t = h.shape[0]
+        need_grad = h.requires_grad
+        loss = torch.zeros((), dtype=torch.float32, device=h.device)
+        top = torch.empty(t, k, dtype=torch.long, device=h.device)
+        grad_h = torch.empty_like(h) if need_grad else None
+        vocab = torch.arange(weight.shape[0], device=h.device)
+        with torch.autocast(device_type=h.device.type, enabled=False):
+            for s in range(0, t, chunk):
+                e = min(t, s + chunk)
+                th = torch.tanh((h[s:e].to(weight.dtype) @ weight.t()).float() * (mult / cap))
+                u = th * cap
+                lab = labels[s:e]
+                lse = torch.logsumexp(u, dim=-1)
+                wc = w[s:e].float()
+                loss = loss + ((lse - u.gather(1, lab.unsqueeze(1)).squeeze(1)) * wc).sum()
+                top[s:e] = u.topk(k, dim=-1).indices
+                if need_grad:
+                    onehot = (vocab.unsqueeze(0) == lab.unsqueeze(1)).float()
+                    g = (torch.exp(u - lse.unsqueeze(1)) - onehot) * wc.unsqueeze(1)
+                    g = g * (1.0 - th * th) * mult
+                    grad_h[s:e] = (g.to(weight.dtype) @ weight).to(h.dtype)
+        ctx.mark_non_differentiable(top)
+        if need_grad:
+            ctx.save_for_backward(grad_h)
+        return loss, top
+
+    @staticmethod
+    def backward(ctx, grad_loss, grad_top):
+        (grad_h,) = ctx.saved_tensors
+        return grad_h * grad_loss.to(grad_h.dtype), None, None, None, None, None, None, None
+
+
+def training_candidates(top: torch.Tensor, gold: torch.Tensor):
+    """(candidate ids, gold's index, gold in the real top-k): the gold token replaces the last
+    candidate where the top-k misses it. top [..., K], gold [...]."""
+    hit = top.eq(gold.unsqueeze(-1))
+    contains = hit.any(-1)
+    k = top.shape[-1]
+    where = torch.where(contains, hit.long().argmax(-1), torch.full_like(gold, k - 1))
+    cand = top.clone()
+    cand[..., -1] = torch.where(contains, top[..., -1], gold)
+    return cand, where, contains
+
+
+def selector_scores(drafter, h: torch.Tensor, pred: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
+    """[T, K] fp32: unary(c) + transition(pred, c) for candidates ``cand`` [T, K] of rows h [T, H]."""
+    w = drafter.shared.lm_head.weight
+    z = torch.einsum("th,tkh->tk", h.to(w.dtype), w[cand])
+    trans = drafter.candidate_selector.transition(h, pred, cand)
+    return drafter.unary_logits(z) + trans.float()
+
+
+def dflash2_loss(drafter, hidden: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
+                 counted: torch.Tensor, *, alpha: float, chunk: int = 2048):
+    """(loss, metrics) with the metric keys of ``objective.weighted_ce``; no ``.item()``.
+
+    hidden [b, N*B, H]; labels/weights/counted [b, N, B]."""
+    b, n, bs = labels.shape
+    d2 = drafter.d2
+    h = hidden.view(b, n, bs, -1)[:, :, 1:, :].reshape(-1, hidden.shape[-1])
+    gold = labels[:, :, 1:].reshape(-1)
+    pred = labels[:, :, :-1].reshape(-1)           # slot k's predecessor: the gold of slot k-1
+    w = weights[:, :, 1:].reshape(-1)
+    cnt = counted[:, :, 1:]
+    denom = w.sum()
+    wn = w / denom.clamp(min=1e-12)
+    unary, top = ChunkedCappedCE.apply(h, drafter.shared.lm_head.weight, gold, wn, chunk,
+                                       float(d2.output_multiplier),
+                                       float(d2.final_logit_softcapping), int(d2.selector_top_k))
+    cand, where, contains = training_candidates(top, gold)
+    scores = selector_scores(drafter, h, pred, cand)
+    sel = (F.cross_entropy(scores, where, reduction="none") * wn).sum()
+    loss = unary + alpha * sel
+    with torch.no_grad():
+        pick = cand.gather(1, scores.argmax(-1, keepdim=True)).squeeze(1)
+        correct = (pick == gold) & contains
+        corr = (correct.view(b, n, bs - 1) & cnt).float()
+    metrics = {
+        "loss": loss.detach(),
+        "correct_per_pos": corr.sum(dim=(0, 1)),
+        "count_per_pos": cnt.float().sum(dim=(0, 1)),
+        "weight_sum": denom.detach(),
+    }
+    return loss, metrics
+
+
+def reference_dflash2_loss(drafter, hidden, labels, weights, *, alpha: float) -> torch.Tensor:
+    """The same loss from full logits (unchunked; for tests)."""
+    b, n, bs = labels.shape
+    h = hidden.view(b, n, bs, -1)[:, :, 1:, :].reshape(-1, hidden.shape[-1])
+    gold, pred = labels[:, :, 1:].reshape(-1), labels[:, :, :-1].reshape(-1)
+    w = weights[:, :, 1:].reshape(-1)
+    u = drafter.unary_logits(drafter.shared.lm_head(h))
+    ce = F.cross_entropy(u, gold, reduction="none")
+    cand, where, _ = training_candidates(u.topk(drafter.d2.selector_top_k, -1).indices, gold)
+    sel = F.cross_entropy(selector_scores(drafter, h, pred, cand), where, reduction="none")
+    return ((ce + alpha * sel) * w).sum() / w.sum().clamp(min=1e-12)
