@@ -37,7 +37,7 @@ def train_one(target: str, train_data: str, eval_data: str, run_dir: str, *, ste
     cfg = tiny_config(target, train_data, run_dir, **{
         "data.eval_path": eval_data, "eval.every": max(1, steps // 4), "train.max_steps": steps,
         "train.log_every": max(1, steps // 4), "model.drafter_layers": layers,
-        "model.target_layer_ids": "[1,3]", "train.lr": 1e-2, "data.num_anchors": 16,
+        "model.target_layer_ids": "[1,2]", "train.lr": 1e-2, "data.num_anchors": 16,
         "train.seed": seed, "checkpoint.every": 0, "checkpoint.save_final": "false", **extra})
     t0 = time.perf_counter()
     code = train(cfg, out=io.StringIO())

@@ -29,7 +29,7 @@ def run(target, data, run_dir, steps, window, attn, compiled):
     from trainer.train.loop import train
 
     cfg = tiny_config(target, data, run_dir, **{
-        "model.method": "dflash2", "model.drafter_layers": 2, "model.target_layer_ids": "[1,3]",
+        "model.method": "dflash2", "model.drafter_layers": 2, "model.target_layer_ids": "[1,2]",
         "model.attention": attn, "compile.enabled": str(compiled).lower(),
         "model.sliding_window": window, "model.selector_rank": 32, "model.selector_top_k": 16,
         "data.max_seq_len": 256, "data.num_anchors": 32, "train.micro_batch": 4,

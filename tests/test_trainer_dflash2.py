@@ -16,7 +16,7 @@ from dfo_contract.trainer_config import load_config
 from trainer.model import attention, blocks
 from trainer.train import objective, objective2
 
-D2 = {"model.method": "dflash2", "model.drafter_layers": 2, "model.target_layer_ids": "[1,3]",
+D2 = {"model.method": "dflash2", "model.drafter_layers": 2, "model.target_layer_ids": "[1,2]",
       "model.selector_rank": 8, "model.selector_top_k": 4, "model.sliding_window": 24}
 
 
@@ -194,7 +194,7 @@ def test_export_round_trip(env, tmp_path):
     conf = json.loads((out / "config.json").read_text())
     assert conf["architectures"] == ["DFlash2DraftModel"] and conf["is_causal"] is False
     assert conf["dflash_config"] == {
-        "mask_token_id": dr.mask_token_id, "target_layer_ids": [1, 3], "block_size": 8,
+        "mask_token_id": dr.mask_token_id, "target_layer_ids": [1, 2], "block_size": 8,
         "conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 8, "selector_top_k": 4,
         "final_logit_softcapping": 20.0, "output_multiplier": 1.0}
     assert conf["layer_types"] == ["sliding_attention"] * 2 and conf["sliding_window"] == 24

@@ -60,7 +60,11 @@ def read_dflash_dir(path: str, *, flag: str) -> DFlashDir:
         raise bad("the drafter has bias weights (attention_bias/mlp_bias); this trainer's "
                   "drafter has none")
     types = conf.get("layer_types") or []
-    if any(t != "full_attention" for t in types):
+    dflash2 = list(conf.get("architectures") or []) == ["DFlash2DraftModel"]
+    if dflash2 and flag != "export":
+        raise bad("a DFlash2 drafter (architectures DFlash2DraftModel): only a DFlash "
+                  "drafter can start a run; export and evaluate DFlash2 ones")
+    if not dflash2 and any(t != "full_attention" for t in types):
         raise bad(f"layer_types {sorted(set(types))}: this trainer's drafter has full "
                   "attention layers only")
     try:

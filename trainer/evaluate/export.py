@@ -98,7 +98,8 @@ def export(ckpt: str, out: str, *, dtype: str = "bf16", target_path: str | None 
     save_file(sd, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(tmp, "config.json"), "w") as f:
         json.dump(conf, f, indent=2, sort_keys=True)
-    shutil.copyfile(MODULE_SOURCE, os.path.join(tmp, MODULE_FILE))
+    if cfg.model.method != "dflash2":   # the trust_remote_code module is DFlash's
+        shutil.copyfile(MODULE_SOURCE, os.path.join(tmp, MODULE_FILE))
     with open(os.path.join(tmp, "README.md"), "w") as f:
         f.write(readme(target=tpath, data=cfg.data.path, steps=int(data.get("step", 0)),
                        accept_len=data.get("accept_len"), block_size=cfg.model.block_size,

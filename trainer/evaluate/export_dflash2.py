@@ -25,6 +25,7 @@ def dflash2_config(conf: dict, model_cfg) -> dict:
     """``conf`` (a DFlash export's config.json object) turned into the DFlash2 one."""
     m = model_cfg
     c = dict(conf)
+    c.pop("auto_map", None)   # modeling_dflash.py is DFlash's: serving engines load DFlash2
     c["architectures"] = [ARCH]
     c["is_causal"] = False
     dc = dict(c.get("dflash_config") or {})
