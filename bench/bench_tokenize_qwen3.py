@@ -6,10 +6,13 @@
 Generates realistic multi-turn chats (a system prompt, 2-5 user/assistant exchanges of
 varied prose and code, reasoning_content on some turns, tool calls with tool results on
 some records; about 770 Qwen3 tokens each), then runs ``python -m trainer.data tokenize``
-once per worker count and prints ONE JSON line: per run the wall seconds, records/s and
-the CPU seconds per record of the tokenize process and its workers (user+sys from
-``resource.getrusage(RUSAGE_CHILDREN)``, which a loaded machine does not inflate), the
-mean tokens per record, and whether every store is byte-identical to the first.
+once per worker count and prints ONE JSON line: per run the wall seconds, records/s, the
+CPU seconds of the tokenize process and its workers together (user+sys from
+``resource.getrusage(RUSAGE_CHILDREN)``, which a loaded machine inflates far less than wall
+time) and per record, the parent's own CPU seconds (start-up, reading lines, writing the
+store; ``parent_cpu_s``), the mean tokens per record, whether every store is
+byte-identical to the first, and a projection for ``--project`` cores (default 16) from the
+measured CPU figures, labelled as such.
 
 ``--tokenizer`` is a directory with ``tokenizer.json`` (or ``tokenizer.json.gz``) and
 ``tokenizer_config.json``; ``--template`` a Jinja chat template file that replaces the
@@ -138,10 +141,23 @@ def store_digest(path: Path) -> str:
     return h.hexdigest()
 
 
+# Runs ``python -m trainer.data`` in-process and reports its own CPU seconds (the parent:
+# start-up, reading, writing) apart from its workers' on the last stderr line.
+WRAP = """import json, resource, sys
+from trainer.data.cli import main
+try:
+    rc = main(sys.argv[1:])
+finally:
+    s = resource.getrusage(resource.RUSAGE_SELF)
+    print("RUSAGE " + json.dumps(s.ru_utime + s.ru_stime), file=sys.stderr)
+sys.exit(rc)
+"""
+
+
 def run(target: Path, src: Path, out: Path, workers: int, extra: list[str]) -> dict:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "trainer.data", "tokenize", "--target", str(target),
+    r = subprocess.run([sys.executable, "-c", WRAP, "tokenize", "--target", str(target),
                         "--in", str(src), "--out", str(out), "--workers", str(workers), *extra],
                        cwd=REPO, capture_output=True, text=True,
                        env={**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"})
@@ -150,8 +166,29 @@ def run(target: Path, src: Path, out: Path, workers: int, extra: list[str]) -> d
     if r.returncode != 0:
         raise SystemExit(f"bench: tokenize --workers {workers} failed ({r.returncode}): {r.stderr[-2000:]}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    parent = float(r.stderr.strip().splitlines()[-1].removeprefix("RUSAGE "))
     return {"workers": workers, "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
-            "summary": r.stdout.splitlines()[0]}
+            "parent_cpu_s": round(parent, 2), "summary": r.stdout.splitlines()[0]}
+
+
+def projection(runs: list[dict], records: int, cores: int) -> dict:
+    """records/s on ``cores`` idle cores, from measured CPU seconds: the start-up (the 1-worker
+    run's CPU less its records' masking) runs once; then ``cores`` workers share the
+    per-record CPU of the widest run's workers, unless the parent's own per-record CPU
+    (reading, writing) is the slower stage."""
+    one = next((r for r in runs if r["workers"] == 1), None)
+    many = max(runs, key=lambda r: r["workers"])
+    if one is None or many["workers"] < 2:
+        return {"note": "needs a 1-worker run and a run with 2 or more workers"}
+    worker = (many["cpu_s"] - many["parent_cpu_s"]) / records
+    startup = max(one["cpu_s"] - worker * records, 0.0)
+    parent = max(many["parent_cpu_s"] - startup, 0.0) / records
+    steady = 1 / max(worker / cores, parent, 1e-12)
+    return {"kind": "PROJECTION from CPU seconds, not a measurement", "cores": cores,
+            "startup_cpu_s": round(startup, 2), "worker_cpu_ms_per_record": round(1000 * worker, 3),
+            "parent_cpu_ms_per_record": round(1000 * parent, 4),
+            "records_per_s": round(records / (startup + records / steady), 1),
+            "records_per_s_steady": round(steady, 1)}
 
 
 def main() -> int:
@@ -164,6 +201,7 @@ def main() -> int:
                                        "the fixtures' Qwen3 hybrid template)")
     ap.add_argument("--no-thinking", action="store_true", help="tokenize with --no-thinking")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--project", type=int, default=16, help="cores to project records/s for")
     ap.add_argument("--keep", help="write the data, target and stores here (default: a temp dir)")
     a = ap.parse_args()
     counts = [int(w) for w in a.workers.split(",") if w.strip()]
@@ -186,12 +224,14 @@ def main() -> int:
             manifest = json.loads((out / "manifest.json").read_text())
             r["records_per_s"] = round(a.records / r["wall_s"], 1)
             r["cpu_ms_per_record"] = round(1000 * r["cpu_s"] / a.records, 3)
+            r["parent_cpu_ms_per_record"] = round(1000 * r["parent_cpu_s"] / a.records, 3)
             runs.append(r)
             digests.append(store_digest(out))
         res = {"bench": "tokenize_qwen3", "records": a.records, "cores": os.cpu_count(),
                "tokens_per_record": round(manifest["num_tokens"] / max(manifest["num_samples"], 1), 1),
                "kept": manifest["num_samples"], "runs": runs,
                "identical": all(d == digests[0] for d in digests),
+               "projection": projection(runs, a.records, a.project),
                "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     print(json.dumps(res))
     return 0 if res["identical"] else 1
