@@ -3,7 +3,7 @@
     python3 bench/bench_tokenize_qwen3.py [--records 4000] [--workers 1,16] [--tokenizer DIR]
         [--template FILE] [--no-thinking] [--seed 0] [--keep DIR]
 
-Generates realistic multi-turn chats (a system prompt, 2-5 user/assistant exchanges of
+Generates realistic multi-turn chats (a system prompt, 2-4 user/assistant exchanges of
 varied prose and code, reasoning_content on some turns, tool calls with tool results on
 some records; about 770 Qwen3 tokens each), then runs ``python -m trainer.data tokenize``
 once per worker count and prints ONE JSON line: per run the wall seconds, records/s, the
@@ -63,8 +63,32 @@ TOOLS = [{"type": "function", "function": {
     ("run_sql", "Run a read-only SQL query", "sql"))]
 
 
+SYLLABLES = [c + v for c in ("", "b", "c", "d", "f", "g", "h", "k", "l", "m", "n", "p", "r", "s",
+                              "t", "v", "w", "z", "br", "ch", "st", "tr", "sh", "pl", "gr")
+             for v in ("a", "e", "i", "o", "u", "ai", "ea", "ou", "io", "er", "an", "in", "on")]
+
+
+def lexicon(seed: int, size: int = 40000) -> tuple[list[str], list[float]]:
+    """The common words above, then ``size`` made-up words of 1-4 syllables, with Zipf
+    cumulative weights: like real text, most words repeat and a long tail does not, so the
+    tokenizer's word cache misses about as often as on real data."""
+    rng = random.Random(seed + 1)
+    words = list(WORDS) + ["".join(rng.choice(SYLLABLES) for _ in range(rng.randint(1, 4)))
+                           for _ in range(size)]
+    cum, total = [], 0.0
+    for rank in range(len(words)):
+        total += 1.0 / (rank + 1)
+        cum.append(total)
+    return words, cum
+
+
+_LEX: dict = {}
+
+
 def sentence(rng: random.Random, n: int) -> str:
-    words = [rng.choice(WORDS) for _ in range(n)]
+    if "words" not in _LEX:
+        _LEX["words"], _LEX["cum"] = lexicon(0)
+    words = rng.choices(_LEX["words"], cum_weights=_LEX["cum"], k=n)
     s = " ".join(words)
     return s[0].upper() + s[1:] + rng.choice((".", ".", ".", "?", "!"))
 
@@ -74,7 +98,7 @@ def paragraph(rng: random.Random, sentences: int) -> str:
 
 
 def reply(rng: random.Random) -> str:
-    parts = [paragraph(rng, rng.randint(5, 9))]
+    parts = [paragraph(rng, rng.randint(3, 6))]
     if rng.random() < 0.3:
         code = rng.choice(CODE).format(f=rng.choice(("score", "scale", "norm", "mix")), k=rng.randint(2, 99))
         parts.append(f"```\n{code}```")
@@ -84,10 +108,10 @@ def reply(rng: random.Random) -> str:
 
 
 def chat(rng: random.Random) -> dict:
-    """One record: system, 3-5 exchanges; reasoning on ~half the replies; tool calls on ~1/4."""
+    """One record: system, 2-4 exchanges; reasoning on ~half the replies; tool calls on ~1/4."""
     msgs = [{"role": "system", "content": paragraph(rng, rng.randint(1, 3))}]
     tools = rng.random() < 0.25
-    for _ in range(rng.randint(3, 5)):
+    for _ in range(rng.randint(2, 4)):
         msgs.append({"role": "user", "content": paragraph(rng, rng.randint(1, 4))})
         if tools and rng.random() < 0.5:
             t = rng.choice(TOOLS)["function"]
