@@ -11,8 +11,9 @@ CPU seconds of the tokenize process and its workers together (user+sys from
 ``resource.getrusage(RUSAGE_CHILDREN)``, which a loaded machine inflates far less than wall
 time) and per record, the parent's own CPU seconds (start-up, reading lines, writing the
 store; ``parent_cpu_s``), the mean tokens per record, whether every store is
-byte-identical to the first, and a projection for ``--project`` cores (default 16) from the
-measured CPU figures, labelled as such.
+byte-identical to the first, two start-up runs over 16 records (1 worker and the widest
+count), and a projection for ``--project`` cores (default 16) from these CPU figures,
+labelled as such.
 
 ``--tokenizer`` is a directory with ``tokenizer.json`` (or ``tokenizer.json.gz``) and
 ``tokenizer_config.json``; ``--template`` a Jinja chat template file that replaces the
@@ -38,6 +39,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+TINY = 16  # records of the start-up runs
 FILES = ("tokens.u32", "offsets.i64", "loss.bits", "origin.i64")
 
 WORDS = ("the a of to and in is that for it as with was on be by this are from at or an have not "
@@ -195,23 +197,27 @@ def run(target: Path, src: Path, out: Path, workers: int, extra: list[str]) -> d
             "parent_cpu_s": round(parent, 2), "summary": r.stdout.splitlines()[0]}
 
 
-def projection(runs: list[dict], records: int, cores: int) -> dict:
-    """records/s on ``cores`` idle cores, from measured CPU seconds: the start-up (the 1-worker
-    run's CPU less its records' masking) runs once; then ``cores`` workers share the
-    per-record CPU of the widest run's workers, unless the parent's own per-record CPU
-    (reading, writing) is the slower stage."""
+def projection(runs: list[dict], tiny: dict[int, dict], records: int, cores: int) -> dict:
+    """records/s on ``cores`` idle cores, from measured CPU seconds (not a measurement): the
+    start-up (a 1-worker run over a few records) runs once; workers start in parallel (the
+    per-worker CPU of a run over a few records with the widest worker count); then ``cores``
+    workers share the 1-worker run's per-record CPU, unless the parent's own per-record CPU
+    (reading lines, writing the store; the widest run's parent less its start-up) is slower."""
     one = next((r for r in runs if r["workers"] == 1), None)
     many = max(runs, key=lambda r: r["workers"])
     if one is None or many["workers"] < 2:
         return {"note": "needs a 1-worker run and a run with 2 or more workers"}
-    worker = (many["cpu_s"] - many["parent_cpu_s"]) / records
-    startup = max(one["cpu_s"] - worker * records, 0.0)
-    parent = max(many["parent_cpu_s"] - startup, 0.0) / records
+    w = many["workers"]
+    startup = tiny[1]["cpu_s"]
+    per_worker = max(tiny[w]["cpu_s"] - startup, 0.0) / w
+    worker = max(one["cpu_s"] - startup, 0.0) / records
+    parent = max(many["parent_cpu_s"] - tiny[w]["parent_cpu_s"], 0.0) / records
     steady = 1 / max(worker / cores, parent, 1e-12)
     return {"kind": "PROJECTION from CPU seconds, not a measurement", "cores": cores,
-            "startup_cpu_s": round(startup, 2), "worker_cpu_ms_per_record": round(1000 * worker, 3),
+            "startup_cpu_s": round(startup, 2), "per_worker_start_cpu_s": round(per_worker, 3),
+            "worker_cpu_ms_per_record": round(1000 * worker, 3),
             "parent_cpu_ms_per_record": round(1000 * parent, 4),
-            "records_per_s": round(records / (startup + records / steady), 1),
+            "records_per_s": round(records / (startup + per_worker + records / steady), 1),
             "records_per_s_steady": round(steady, 1)}
 
 
@@ -239,6 +245,12 @@ def main() -> int:
         with open(src, "w") as f:
             for _ in range(a.records):
                 f.write(json.dumps(chat(rng)) + "\n")
+        few = root / "few.jsonl"
+        few.write_text("".join(src.read_text().splitlines(keepends=True)[:TINY]))
+        tiny = {}
+        for w in sorted({1, max(counts)}):
+            shutil.rmtree(root / "store-tiny", ignore_errors=True)
+            tiny[w] = run(target, few, root / "store-tiny", w, extra)
         runs, digests = [], []
         for w in counts:
             out = root / f"store-{w}"
@@ -255,7 +267,9 @@ def main() -> int:
                "tokens_per_record": round(manifest["num_tokens"] / max(manifest["num_samples"], 1), 1),
                "kept": manifest["num_samples"], "runs": runs,
                "identical": all(d == digests[0] for d in digests),
-               "projection": projection(runs, a.records, a.project),
+               "startup_runs": {f"{TINY} records, {w} workers": {k: r[k] for k in ("wall_s", "cpu_s", "parent_cpu_s")}
+                                for w, r in tiny.items()},
+               "projection": projection(runs, tiny, a.records, a.project),
                "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     print(json.dumps(res))
     return 0 if res["identical"] else 1
