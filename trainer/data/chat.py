@@ -24,6 +24,9 @@ and is not trained on. A token that spans the start of a turn's span (Qwen's ``Ä
 reply starts with a newline right after the header's newline) is under loss: it is the
 token the target generates first.
 
+Per conversation the cost is one template render and one encode: the Rust tokenizer is
+called directly (``Encoder``), and the mask is computed over the offsets with numpy.
+
 A turn that cannot be located raises ``Unmaskable`` with the reason; callers drop the sample
 and report it with file:line. A template that fails on the probes raises ``Unmaskable``
 naming the template's error (the data cannot be masked at all).
@@ -32,6 +35,10 @@ naming the template's error (the data cannot be masked at all).
 from __future__ import annotations
 
 import os
+import unicodedata
+from itertools import chain
+
+import numpy as np
 
 from .records import Conversation
 
@@ -61,6 +68,7 @@ class ChatMasker:
             raise Unmaskable("the target's tokenizer has no chat template; pre-tokenize the data "
                              "with input_ids/loss_mask")
         self.tok = tokenizer
+        self.encoder = Encoder(tokenizer)
         self.kw = dict(template_kwargs or {})
         self.thinks = "reasoning_content" in str(tokenizer.chat_template)
         try:
@@ -87,8 +95,8 @@ class ChatMasker:
                              f"its generation prompt with {gen[len(base):]!r}")
         self.header = header
         self.prompt_tail = gen[len(base) + len(header):]
-        enc = self._encode(hist)
-        after = [(a, b) for a, b in enc["offset_mapping"] if a >= at + len(_PROBE_REPLY) and b > a]
+        _, offsets = self.encoder.encode(hist)
+        after = [(a, b) for a, b in offsets if a >= at + len(_PROBE_REPLY) and b > a]
         if not after:
             raise Unmaskable("the chat template puts no end-of-turn token after an assistant message")
         self.end_of_turn = hist[after[0][0]:after[0][1]]
@@ -98,9 +106,6 @@ class ChatMasker:
         args = dict(self.kw)
         args.update(kw)
         return self.tok.apply_chat_template(messages, tools=tools, tokenize=False, **args)
-
-    def _encode(self, text: str):
-        return self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
 
     def _split_inline_think(self, m: dict) -> dict:
         """``<think>R</think>C`` in content -> reasoning_content R, content C (templates that
@@ -171,28 +176,65 @@ class ChatMasker:
 
     def mask(self, conv: Conversation) -> tuple[list[int], list[int]]:
         """Token ids of the rendered conversation and its 0/1 loss mask."""
+        ids, mask = self.mask_arrays(conv)
+        return ids.tolist(), mask.tolist()
+
+    def mask_arrays(self, conv: Conversation) -> tuple[np.ndarray, np.ndarray]:
+        """``mask`` as arrays: ids (int64) and the 0/1 loss mask (uint8)."""
         text, spans = self.render(conv)
-        enc = self._encode(text)
-        ids = list(enc["input_ids"])
-        return ids, span_mask(enc["offset_mapping"], spans, len(ids))
+        ids, offsets = self.encoder.encode(text)
+        return np.asarray(ids, dtype=np.int64), span_mask_array(offsets, spans)
+
+
+class Encoder:
+    """``tokenizer(text, add_special_tokens=False)`` ids and offsets, straight from the Rust
+    tokenizer (no BatchEncoding). Where the tokenizer's normalizer is a Unicode normal form
+    alone (Qwen3: NFC), text already in that form is encoded by a copy without it: the same
+    ids and offsets, without the normalizer's per-character alignment work."""
+
+    def __init__(self, tokenizer):
+        self.full = tokenizer._tokenizer
+        if self.full.truncation is not None:  # as the tokenizer's __call__ does without truncation=
+            self.full.no_truncation()
+        if self.full.padding is not None:
+            self.full.no_padding()
+        self.plain, self.form = None, None
+        from tokenizers import Tokenizer, normalizers
+
+        forms = [f for f in ("NFC", "NFD", "NFKC", "NFKD")
+                 if type(self.full.normalizer) is getattr(normalizers, f, None)]
+        if forms:
+            self.plain = Tokenizer.from_str(self.full.to_str())
+            self.plain.normalizer = None
+            self.form = forms[0]
+
+    def encode(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        skip = self.plain is not None and unicodedata.is_normalized(self.form, text)
+        enc = (self.plain if skip else self.full).encode(text, add_special_tokens=False)
+        return enc.ids, enc.offsets
 
 
 def span_mask(offsets, spans: list[tuple[int, int]], n: int) -> list[int]:
     """1 for every token that overlaps a character span (spans sorted, disjoint): a token that
     holds the first character of a span is under loss even when it starts before it."""
-    mask = [0] * n
-    si = 0
-    for t, (a, b) in enumerate(offsets):
-        while si < len(spans) and a >= spans[si][1]:
-            si += 1
-        if si == len(spans):
-            break
-        s, e = spans[si]
-        if (a < e and b > s) if b > a else (s <= a < e):
-            mask[t] = 1
-    if not any(mask):
+    return span_mask_array(offsets[:n], spans).tolist()
+
+
+def span_mask_array(offsets, spans: list[tuple[int, int]]) -> np.ndarray:
+    """``span_mask`` over numpy: token ``t`` (a, b) is held against the first span not ending at
+    or before any token start so far (a running maximum, as a scan over sorted spans gives);
+    a token past the last span is 0."""
+    off = np.fromiter(chain.from_iterable(offsets), dtype=np.int64, count=2 * len(offsets)).reshape(-1, 2)
+    a, b = off[:, 0], off[:, 1]
+    sp = np.asarray(spans, dtype=np.int64).reshape(-1, 2)
+    si = np.maximum.accumulate(np.searchsorted(sp[:, 1], a, side="right")) if len(a) else a
+    live = si < len(sp)
+    s = sp[np.minimum(si, len(sp) - 1), 0] if len(sp) else a
+    e = sp[np.minimum(si, len(sp) - 1), 1] if len(sp) else a
+    hit = np.where(b > a, (a < e) & (b > s), (s <= a) & (a < e)) & live
+    if not hit.any():
         raise Unmaskable("no assistant token survived tokenization")
-    return mask
+    return hit.astype(np.uint8)
 
 
 def regenerated_message(masker: ChatMasker, text: str) -> dict:

@@ -15,6 +15,8 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import numpy as np
+
 from dfo_contract.exitcodes import DataError
 
 from .chat import ChatMasker, Unmaskable, template_error
@@ -69,6 +71,19 @@ def is_gzip(path: str) -> bool:
 def iter_records(path: str, skip_bad: bool = False) -> Iterator[tuple[int, object]]:
     """(line, record) pairs; a line that is not JSON raises a ``Skippable`` naming file:line,
     or with ``skip_bad`` is yielded as a ``BadLine``."""
+    for lineno, raw in iter_raw(path):
+        if isinstance(raw, bytes):
+            rec = load_line(raw, f"data: {path}:{lineno}")
+            if isinstance(rec, BadLine) and not skip_bad:
+                raise rec.exception()
+            yield lineno, rec
+        else:
+            yield lineno, raw
+
+
+def iter_raw(path: str) -> Iterator[tuple[int, object]]:
+    """(line, the line's bytes) of a JSON-lines file, blank lines skipped; (row, record) of a
+    parquet file. ``load_line`` parses a line (``tokenize`` parses in its workers)."""
     if not os.path.exists(path):
         raise DataError(f"data: {path}: no such file")
     if is_parquet(path):
@@ -77,23 +92,23 @@ def iter_records(path: str, skip_bad: bool = False) -> Iterator[tuple[int, objec
     opener = gzip.open if is_gzip(path) else open
     with opener(path, "rb") as f:
         for lineno, raw in enumerate(f, start=1):
-            if not raw.strip():
-                continue
-            where = f"data: {path}:{lineno}"
-            if skip_bad:
-                try:
-                    yield lineno, json.loads(raw)
-                except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                    yield lineno, BadLine(where, str(e))
-            else:
-                yield lineno, parse_json_line(raw, where)
+            if raw.strip():
+                yield lineno, raw
 
 
-def parse_json_line(raw: bytes, where: str):
+def load_line(raw: bytes, where: str):
+    """A JSON line's record, or a ``BadLine`` when it is not JSON."""
     try:
         return json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise BadLine(where, str(e)).exception() from None
+        return BadLine(where, str(e))
+
+
+def parse_json_line(raw: bytes, where: str):
+    rec = load_line(raw, where)
+    if isinstance(rec, BadLine):
+        raise rec.exception()
+    return rec
 
 
 def _iter_parquet(path: str):
@@ -172,6 +187,13 @@ def tokens_sample(obj: dict, where: str, vocab_size: int) -> Sample:
 def chat_sample(obj: dict, where: str, masker: ChatMasker | None, vocab_size: int) -> Sample:
     """A chat record -> Sample. Structural errors raise DataError; a conversation that
     cannot be masked raises ``Dropped`` (the caller counts it and names file:line)."""
+    ids, mask = chat_arrays(obj, where, masker, vocab_size)
+    return Sample(ids.tolist(), mask.tolist())
+
+
+def chat_arrays(obj: dict, where: str, masker: ChatMasker | None,
+                vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """``chat_sample`` as arrays: ids (int64) and the loss mask (uint8)."""
     try:
         conv = conversation_from_record(obj)
     except BadRecord as e:
@@ -180,23 +202,37 @@ def chat_sample(obj: dict, where: str, masker: ChatMasker | None, vocab_size: in
         raise DataError(f"{where}: chat data needs the target's tokenizer, and "
                         "--model.target_path has none; pre-tokenize the data")
     try:
-        ids, mask = masker.mask(conv)
+        ids, mask = masker.mask_arrays(conv)
     except Unmaskable as e:
         raise Dropped(f"cannot mask: {e}") from None
     except Exception as e:  # noqa: BLE001 - a template error on this sample only
         raise Dropped(f"the chat template failed on it: {template_error(e)}") from None
-    bad = [t for t in ids if t >= vocab_size]
-    if bad:
+    bad = ids[ids >= vocab_size]
+    if len(bad):
         raise DataError(f"{where}: the tokenizer produced id {bad[0]} >= the target's vocab "
                         f"size {vocab_size}; the tokenizer does not match the target")
-    return Sample(ids, mask)
+    return ids, mask
 
 
-def record_sample(obj, where: str, *, fmt: str, masker: ChatMasker | None, vocab_size: int) -> Sample:
+def _checked(obj, where: str, fmt: str) -> str:
+    """The record's kind (chat or tokens); a line that is not a JSON object raises Skippable."""
     if isinstance(obj, BadLine):
         raise obj.exception()
     if not isinstance(obj, dict):
         raise Skippable(f"{where}: expected a JSON object, got {type(obj).__name__}", "not a JSON object")
-    if record_kind(obj, fmt) == "tokens":
+    return record_kind(obj, fmt)
+
+
+def record_sample(obj, where: str, *, fmt: str, masker: ChatMasker | None, vocab_size: int) -> Sample:
+    if _checked(obj, where, fmt) == "tokens":
         return tokens_sample(obj, where, vocab_size)
     return chat_sample(obj, where, masker, vocab_size)
+
+
+def record_arrays(obj, where: str, *, fmt: str, masker: ChatMasker | None,
+                  vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """``record_sample`` as arrays: ids (int64) and the loss mask (uint8)."""
+    if _checked(obj, where, fmt) == "tokens":
+        s = tokens_sample(obj, where, vocab_size)
+        return np.asarray(s.input_ids, dtype=np.int64), np.asarray(s.loss_mask, dtype=np.uint8)
+    return chat_arrays(obj, where, masker, vocab_size)

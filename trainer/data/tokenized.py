@@ -28,7 +28,7 @@ from dfo_contract.exitcodes import DataError
 from dfo_contract.fsio import atomic_write_text, fsync_dir, replace_dir, sha256_file, tmp_name
 
 from .formats import Sample
-from .pool import tokenize_records
+from .pool import tokenize_chunks
 
 FORMAT = "dfo-tokenized"
 VERSION = 1
@@ -90,19 +90,19 @@ def write_store(out: str, paths: list[str], *, target: str, vocab_size: int, fmt
         shutil.rmtree(tmp)
     os.makedirs(tmp)
     summary = progress.summary
-    offsets = [0]
-    origin = []
+    offsets, origin, total = [np.zeros(1, dtype=np.int64)], [], 0
     bit_tail = np.zeros(0, dtype=np.uint8)
     try:
         with open(os.path.join(tmp, "tokens.u32"), "wb") as ft, \
                 open(os.path.join(tmp, "loss.bits"), "wb") as fb:
-            for fi, lineno, ids, mask in tokenize_records(
-                    paths, target=target, fmt=fmt, vocab_size=vocab_size, workers=workers,
-                    template_kwargs=template_kwargs, progress=progress):
-                ft.write(ids.astype("<u4").tobytes())
-                offsets.append(offsets[-1] + len(ids))
-                origin.append((fi << LINE_BITS) | lineno)
-                bits = np.concatenate([bit_tail, mask])
+            for c in tokenize_chunks(paths, target=target, fmt=fmt, vocab_size=vocab_size,
+                                     workers=workers, template_kwargs=template_kwargs,
+                                     progress=progress):
+                ft.write(c.ids.astype("<u4", copy=False).tobytes())
+                offsets.append(total + np.cumsum(c.lengths))
+                total += int(c.lengths.sum())
+                origin.append((c.file_index << LINE_BITS) | c.lines)
+                bits = np.concatenate([bit_tail, c.mask])
                 whole = len(bits) - len(bits) % 8
                 fb.write(np.packbits(bits[:whole], bitorder="little").tobytes())
                 bit_tail = bits[whole:]
@@ -113,8 +113,8 @@ def write_store(out: str, paths: list[str], *, target: str, vocab_size: int, fmt
                 os.fsync(f.fileno())
         if summary.kept == 0:
             raise DataError(no_samples_message(", ".join(paths), summary))
-        np.asarray(offsets, dtype="<i8").tofile(os.path.join(tmp, "offsets.i64"))
-        np.asarray(origin, dtype="<i8").tofile(os.path.join(tmp, "origin.i64"))
+        np.concatenate(offsets).astype("<i8").tofile(os.path.join(tmp, "offsets.i64"))
+        np.concatenate(origin).astype("<i8").tofile(os.path.join(tmp, "origin.i64"))
         manifest = {
             "format": FORMAT, "version": VERSION, "num_samples": summary.kept,
             "num_tokens": summary.tokens, "loss_tokens": summary.loss_tokens,

@@ -6,6 +6,7 @@ is imported only then); ``load_masker`` and ``tokenize_chat`` give one-line ``Da
 
 from __future__ import annotations
 
+import json
 import os
 
 from dfo_contract.exitcodes import DataError
@@ -23,12 +24,42 @@ def tokenize_chat(tokenizer, messages: list[dict], where: str = "data") -> tuple
 
 
 def load_tokenizer(path: str):
-    """The tokenizer in a target directory, or None when it has none."""
+    """The tokenizer in a target directory, or None when it has none.
+
+    The class ``tokenizer_config.json`` names is loaded directly when transformers has it
+    (``AutoTokenizer``'s own choice: the ``...Fast`` variant first); that skips the import of
+    the model configuration code, and of torch with it, which costs seconds per process.
+    Anything else (no class named, remote code) goes through ``AutoTokenizer``."""
     if not any(os.path.isfile(os.path.join(path, f)) for f in ("tokenizer.json", "tokenizer_config.json")):
         return None
+    cls = _named_class(path)
+    if cls is not None:
+        return cls.from_pretrained(path, local_files_only=True)
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+def _named_class(path: str):
+    """The tokenizer class named in ``tokenizer_config.json``, or None."""
+    try:
+        with open(os.path.join(path, "tokenizer_config.json")) as f:
+            cfg = json.load(f)
+    except (OSError, ValueError):
+        return None
+    name = cfg.get("tokenizer_class") if isinstance(cfg, dict) else None
+    if not isinstance(name, str) or not name.isidentifier() or "auto_map" in cfg:
+        return None
+    import transformers
+
+    for cand in ([name] if name.endswith("Fast") else [name + "Fast", name]):
+        try:
+            cls = getattr(transformers, cand)
+        except (AttributeError, ImportError):
+            continue
+        if isinstance(cls, type) and issubclass(cls, transformers.PreTrainedTokenizerBase):
+            return cls
+    return None
 
 
 def load_masker(target: str, template_kwargs: dict | None = None) -> ChatMasker | None:
