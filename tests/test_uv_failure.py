@@ -70,6 +70,17 @@ def test_no_interpreter_and_other_failures_keep_the_cause_line():
         == "the real reason"
 
 
+def test_a_wrapped_query_line_still_names_the_interpreter():
+    """uv wraps a long message; the path lands on the next line."""
+    text = ("error: Failed to inspect Python interpreter from first executable in the search "
+            "path at\n  `/tmp/a/very/long/path/shims/python3.12`\n  Caused by: Querying "
+            "Python at\n  `/tmp/a/very/long/path/shims/python3.12` failed with exit status\n"
+            "  exit status: 127\n\n[stderr]\npyenv: python3.12: command not found\n")
+    f = classify_uv_failure(text)
+    assert f.kind == "interpreter_broken" and f.exit_code == 127
+    assert f.interpreter == "/tmp/a/very/long/path/shims/python3.12"
+
+
 @pytest.mark.slow
 def test_a_real_deploy_with_a_broken_shim_first_on_path(tmp_path, monkeypatch, project_wheel):
     from orchestrator.config.inventory import HostConfig

@@ -137,12 +137,17 @@ def _run_of(log: Path) -> tuple[RunSpec, list[ev.Event], int, str] | None:
     if n is None or not spec_p.is_file():
         return None
     try:
-        spec = RunSpec.from_json(json.loads(spec_p.read_text()))
+        spec = _spec(spec_p)
         evs = ev.read_events(events_p.read_text()) if events_p.is_file() else []
     except (OSError, ValueError, ContractError) as e:
         raise ConfigError(f"{run_dir}: the run's records cannot be read ({e})",
                           hint="pass --config to diagnose the log alone") from None
     return spec, evs, n, os.path.basename(run_dir)
+
+
+def _spec(path: Path) -> RunSpec:
+    """A run's spec.json (OSError, ValueError or ContractError when unreadable)."""
+    return RunSpec.from_json(json.loads(path.read_text()))
 
 
 def _in_run(d, spec: RunSpec, evs: list[ev.Event], n: int, run_id: str) -> Diagnosis:

@@ -46,8 +46,10 @@ def _stderr_first(lines: list[str]) -> str:
 
 def classify_uv_failure(text: str) -> UvFailure:
     lines = text.splitlines()
-    m = _INSPECT.search(text)
-    q = _QUERY.search(text)
+    # uv wraps a long message (a long interpreter path) onto indented lines: match it whole
+    flat = " ".join(ln.strip() for ln in lines)
+    m = _INSPECT.search(flat)
+    q = _QUERY.search(flat)
     if m or q:
         path = (q.group("path") if q else m.group("path"))
         return UvFailure("interpreter_broken",
