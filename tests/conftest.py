@@ -112,6 +112,20 @@ def lab_hosts_file(lab_hosts_factory) -> Path:
     return lab_hosts_factory()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _lab_roots_cleared(request):
+    """After a module of lab tests, the dfo roots it deployed into the containers are removed
+    (each module uses roots of its own, about 1 GB each): a run never piles them up on disk."""
+    mod = request.module
+    manager = None
+    if os.geteuid() == 0 and any(i.get_closest_marker("lab") for i in request.session.items
+                                 if i.module is mod):
+        manager = request.getfixturevalue("_lab_manager")
+    yield
+    if manager is not None:
+        manager.clear_roots()
+
+
 @pytest.fixture(scope="session")
 def _lab_scratch_built(_lab_manager: Lab, lab: LabInfo):
     try:

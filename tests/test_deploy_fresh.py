@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -43,7 +44,19 @@ def torch_links(tmp_path_factory, cpu_wheelhouse) -> Path:
     return d
 
 
+def needs_free_disk(path: Path, profile: str) -> None:
+    """Skip, naming both figures, when ``path``'s filesystem has less room than the profile's
+    ``min_free_mb`` (dfo's own deploy check would refuse: README, "Run the tests")."""
+    from orchestrator.config.profiles import load_profile
+
+    need = load_profile(profile).min_free_mb
+    free = shutil.disk_usage(path).free >> 20
+    if free < need:
+        pytest.skip(f"needs {need} MB free for the {profile} env, {path} has {free} MB")
+
+
 def test_the_embedded_default_deploys_from_pypi_alone(tmp_path, project_wheel, torch_links):
+    needs_free_disk(tmp_path, "cpu-pypi")
     env = fresh_env(tmp_path, project_wheel, PIP_FIND_LINKS=str(torch_links))
     r = subprocess.run([DFO, "deploy", "--json"], cwd=tmp_path, env=env, capture_output=True,
                        text=True, timeout=1100)

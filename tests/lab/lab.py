@@ -174,6 +174,19 @@ class Lab:
             for ct in self._containers():
                 ct.destroy()
 
+    def clear_roots(self, prefix: str = "dfo") -> list[str]:
+        """Remove every ``/root/<prefix>*`` directory in the containers this state dir
+        manages (the dfo roots tests deploy into: about 1 GB each). Returns what went."""
+        gone = []
+        with file_lock(self.lock):
+            for ct in self._containers():
+                home = ct.rootfs / "root"
+                for d in sorted(home.glob(f"{prefix}*")) if home.is_dir() else []:
+                    if d.is_dir() and not d.is_symlink():
+                        shutil.rmtree(d, ignore_errors=True)
+                        gone.append(f"{ct.name}:/root/{d.name}")
+        return gone
+
     def status(self) -> dict:
         sshd_pid = self.sshd.pid()
         port = None
