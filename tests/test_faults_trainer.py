@@ -196,3 +196,26 @@ def test_fx_race_real_torch_error_threads_gate_off(tiny, tmp_path):
             "dynamo-optimized function. This is not supported at the moment.") in r.stderr
     assert "torch/_dynamo/eval_frame.py" in r.stderr  # raised by torch, not by us
     assert [s["step"] for s in _steps(r.stdout)] == [1]
+
+
+def test_fx_race_with_dflash2_is_classified_as_with_dflash(tiny, tmp_path):
+    """model.method dflash2 under the injected FX fault: the trainer exits as a DFlash run
+    does (exit 5, torch's own error), and the supervisor's classifier reads the same class
+    from the same evidence lines."""
+    from orchestrator.ops.classify import classify
+
+    seen = {}
+    for method in ("dflash", "dflash2"):
+        extra = {"model.method": method, "compile.gate": "false"}
+        if method == "dflash2":
+            extra.update({"model.selector_rank": 8, "model.selector_top_k": 4,
+                          "model.sliding_window": 24})
+        r = run_trainer(_args(tiny, tmp_path / method, **extra), env={"DFO_FAULT": "fx_race@2"})
+        assert r.returncode == 5, r.stderr[-3000:]
+        assert [s["step"] for s in _steps(r.stdout)] == [1]
+        d = classify(r.stdout.splitlines() + r.stderr.splitlines(), exit_code=r.returncode)
+        seen[method] = (d.cls, [e.text for e in d.evidence])
+    assert seen["dflash2"] == seen["dflash"]
+    assert seen["dflash2"][0] == "fx_trace_race"
+    assert seen["dflash2"][1][0].startswith("RuntimeError: Detected that you are using FX to "
+                                            "symbolically trace a dynamo-optimized function")

@@ -43,8 +43,9 @@ class ModelConfig:
     ce_chunk: int = 2048                      # rows per chunk of the LM-head cross-entropy
     dtype: str = "auto"                       # autocast dtype: auto = bf16 on GPU, fp32 on CPU
     init_seed: int | None = None              # drafter init seed; None: train.seed
-    init_from: str = ""                       # an exported DFlash drafter dir: its weights, taps,
-    #                                           block size and mask token start the run ("" = off)
+    init_from: str = ""                       # an exported DFlash/DFlash2 drafter dir: its weights,
+    #                                           taps, block size, mask token (and DFlash2 settings)
+    #                                           start the run ("" = off)
     method: str = "dflash"                    # dflash | dflash2 (conv + top-k path selector, docs/trainer.md)
     # DFlash2 only (ignored for dflash); names as in the export's dflash_config
     conv_kernel_size: int = 2                 # taps of the dynamic depthwise conv around each sublayer

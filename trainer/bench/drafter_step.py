@@ -6,6 +6,13 @@
     python -m trainer.bench --variants flex-compiled,sdpa --json out.json
     python -m trainer.bench --target qwen3-8b --seq-len 768 --anchors 256   # SpecForge's shape
 
+    python -m trainer.bench --methods dflash,dflash2 --variants flex-compiled   # side by side
+
+Methods (``--methods``, comma-separated; default dflash): ``dflash``, ``dflash2`` (grouped
+dynamic convolutions, path selector, sliding-window draft layers). Each method gets its own
+drafter on the same target, batch and target features and runs the same variants and
+candidates; with both, the report adds DFlash2/DFlash ratios (step time, FLOPs, TFLOP/s, MFU).
+
 Variants (``--variants``, comma-separated):
   flex-compiled  flex attention; drafter layers + norms + RoPE + chunked CE compiled as one
                  function (compile.enabled), flex lowered inside it
@@ -33,8 +40,9 @@ import torch
 
 from dfo_contract.markers import format_marker
 
-from .flops import H200_BF16_PEAK_TFLOPS, drafter_flops, target_flops, visible_pairs
+from .flops import H200_BF16_PEAK_TFLOPS, target_flops
 from .measure import CANDIDATES, candidate, measure, write_json
+from .methods import METHODS, apply_method, parse_methods, ratio_markdown, ratios, step_flops
 from .shapes import TARGETS, target_config
 from .timing import timeit
 
@@ -63,7 +71,6 @@ def make_cfg(a):
 def run(a) -> dict:
     from ..model import attention
     from ..train import step as S
-    from ..model.drafter import DrafterSpec
     from ..model.target import target_from_config, tiny_qwen3_config
 
     dev = torch.device("cuda:0" if torch.cuda.is_available() and not a.cpu else "cpu")
@@ -73,17 +80,9 @@ def run(a) -> dict:
     t0 = time.perf_counter()
     target = target_from_config(tcfg, device=dev, dtype=dtype, num_drafter_layers=a.drafter_layers,
                                 tap_ids=[1, 2] if a.quick and a.drafter_layers == 2 else None)
-    cfg.model.attention = "sdpa"
-    cfg.compile.enabled = False
-    _, drafter = S.build_models(cfg, dev, target=target)
     setup_s = time.perf_counter() - t0
-    spec: DrafterSpec = drafter.spec
     batch = S.dummy_batch(cfg, a.seq_len, a.anchors, a.micro_batch, dev, seed=0)
-    b, n = batch.anchors.shape
-    tq = n * a.block_size
-    pairs = visible_pairs(batch.anchors, batch.anchor_valid, a.block_size)
-    label_rows = b * n * (a.block_size - 1)
-    dfl = drafter_flops(spec, seq_len=b * a.seq_len, tq=b * tq, pairs=pairs, label_rows=label_rows)
+    b = batch.anchors.shape[0]
     tfl = target_flops(tcfg, layers_run=target.layers_run, seq_len=a.seq_len, batch=b)
     peak = (a.peak_tflops or (H200_BF16_PEAK_TFLOPS if dev.type == "cuda" else 0.0)) * 1e12
 
@@ -103,10 +102,10 @@ def run(a) -> dict:
                   "tap_ids": target.tap_ids, "hidden": tcfg.hidden_size, "vocab": tcfg.vocab_size},
         "setup_s": round(setup_s, 2),
         "peak_tflops": peak / 1e12 if peak else None,
-        "flops": {"drafter_step": dfl, "target_forward": tfl, "visible_pairs": pairs},
+        "flops": {"target_forward": tfl},
         "target_forward": {"ms": round(t_target * 1e3, 3), "mfu": mfu(tfl, t_target),
                            "tflops": round(tfl / t_target / 1e12, 2)},
-        "variants": {},
+        "methods": {},
     }
     if a.compare_mask:  # torch's uncompiled create_block_mask at this shape, for reference
         t_ref = timeit(lambda: attention.reference_block_mask(batch.anchors, batch.anchor_valid,
@@ -127,29 +126,63 @@ def run(a) -> dict:
             "ms": round(t_target_c * 1e3, 3), "mfu": mfu(tfl, t_target_c),
             "tflops": round(tfl / t_target_c / 1e12, 2), "warmup_s": round(warm, 1),
             "speedup": round(t_target / t_target_c, 3)}
+    t_plan = time.perf_counter()
+    for method in a.methods:
+        bench_method(a, method, dev, target, tcfg, batch, feats, (t_target, t_target_c), peak,
+                     t_plan, report)
+    first = report["methods"][a.methods[0]]   # the one-method report's keys: the first method's
+    report["variants"] = first["variants"]
+    report["flops"].update(drafter_step=first["flops"], visible_pairs=first["visible_pairs"])
+    report["ratio"] = ratios(report["methods"])
+    return report
+
+
+def bench_method(a, method: str, dev, target, tcfg, batch, feats, t_targets, peak, t_plan,
+                 report: dict) -> None:
+    """Build ``method``'s drafter on ``target`` and measure every variant and candidate with
+    it; the results go into ``report["methods"][method]`` (the JSON is rewritten after each)."""
+    from ..train import step as S
+
+    t_target, t_target_c = t_targets
+    cfg = make_cfg(a)
+    apply_method(cfg, a, method)
+    cfg.model.attention = "sdpa"
+    cfg.compile.enabled = False
+    t0 = time.perf_counter()
+    _, drafter = S.build_models(cfg, dev, target=target)
+    spec = drafter.spec
+    dfl, pairs = step_flops(cfg, spec, batch, a.seq_len)
+    out = report["methods"][method] = {"setup_s": round(time.perf_counter() - t0, 2),
+                                       "flops": dfl, "visible_pairs": pairs, "variants": {}}
+    if method == "dflash2":
+        d2 = drafter.d2
+        out["config"] = {"sliding_window": d2.sliding_window, "conv_kernel_size": d2.conv_kernel_size,
+                          "conv_group_size": d2.conv_group_size, "selector_rank": d2.selector_rank,
+                          "selector_top_k": d2.selector_top_k}
     params = drafter.trainable_parameters()
     opt = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), fused=dev.type == "cuda")
     plan = [(name, {"variant": name}) for name in a.variants]
     plan += [(f"cand:{c}", {"variant": a.candidate_variant, **candidate(c)}) for c in a.candidates]
-    t_plan = time.perf_counter()
+    label = f"{method} " if len(a.methods) > 1 else ""
     for name, opts in plan:
         if a.budget_s and time.perf_counter() - t_plan > a.budget_s:
-            report["variants"][name] = {"skipped": f"--budget-s {a.budget_s:.0f} spent"}
+            out["variants"][name] = {"skipped": f"--budget-s {a.budget_s:.0f} spent"}
             continue
-        report["variants"][name] = measure(a, cfg, dev, target, drafter, opt, tcfg, spec, peak,
-                                           batch, feats, t_target, dfl, opts)
-        v = report["variants"][name]
+        v = out["variants"][name] = measure(a, cfg, dev, target, drafter, opt, tcfg, spec, peak,
+                                            batch, feats, t_target, dfl, opts)
         if t_target_c and "drafter_step_ms" in v and "settings" not in v:
             e2e_c = t_target_c + (v["drafter_step_ms"] + v["optimizer_ms"]) / 1e3
             v["tokens_per_s_target_compiled"] = round(a.micro_batch * a.seq_len / e2e_c, 1)
             v["samples_per_s_target_compiled"] = round(a.micro_batch / e2e_c, 3)
-        print(f"bench: {name}: " + (f"{v['drafter_step_ms']} ms/step, {v['ms_per_sample']} ms/sample, "
-                                    f"MFU {v['drafter_mfu']}, compile+warm-up {v['warmup_s']} s"
-                                    if "drafter_step_ms" in v else str(v.get("skipped") or v.get("error"))),
-              flush=True)
+        print(f"bench: {label}{name}: " + (
+            f"{v['drafter_step_ms']} ms/step, {v['ms_per_sample']} ms/sample, "
+            f"MFU {v['drafter_mfu']}, compile+warm-up {v['warmup_s']} s"
+            if "drafter_step_ms" in v else str(v.get("skipped") or v.get("error"))), flush=True)
         if a.json:  # after each: a later candidate that runs out of time loses only itself
             write_json(a.json, report)
-    return report
+    del opt, drafter
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def check_agreement(device: str = "cuda:0", *, seq_len: int = 512, anchors: int = 32,
@@ -211,17 +244,19 @@ def markdown(r: dict) -> str:
                 f"MFU {r['target_forward_compiled']['mfu']}, "
                 f"{r['target_forward_compiled']['speedup']}x eager", ""]
                if "target_forward_compiled" in r else []),
-             "| variant | drafter step ms | ms/sample | drafter TFLOP/s | drafter MFU | block mask ms | "
-             "peak mem GiB | tokens/s (e2e) | samples/s (e2e) |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for name, v in r["variants"].items():
-        if "drafter_step_ms" not in v:
-            lines.append(f"| {name} | {v.get('skipped') or v.get('error')} | | | | | | | |")
-            continue
-        mem = f"{v['peak_mem_bytes'] / 2**30:.1f}" if v["peak_mem_bytes"] else "-"
-        lines.append(f"| {name} | {v['drafter_step_ms']} | {v['ms_per_sample']} | {v['drafter_tflops']} | "
-                     f"{v['drafter_mfu']} | {v['block_mask_ms']} | {mem} | {v['tokens_per_s']} | "
-                     f"{v['samples_per_s']} |")
+             "| method | variant | drafter step ms | ms/sample | drafter TFLOP/s | drafter MFU | "
+             "block mask ms | peak mem GiB | tokens/s (e2e) | samples/s (e2e) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for method, m in r["methods"].items():
+        for name, v in m["variants"].items():
+            if "drafter_step_ms" not in v:
+                lines.append(f"| {method} | {name} | {v.get('skipped') or v.get('error')} | | | | | | | |")
+                continue
+            mem = f"{v['peak_mem_bytes'] / 2**30:.1f}" if v["peak_mem_bytes"] else "-"
+            lines.append(f"| {method} | {name} | {v['drafter_step_ms']} | {v['ms_per_sample']} | "
+                         f"{v['drafter_tflops']} | {v['drafter_mfu']} | {v['block_mask_ms']} | {mem} | "
+                         f"{v['tokens_per_s']} | {v['samples_per_s']} |")
+    lines += ratio_markdown(r.get("ratio") or {})
     return "\n".join(lines)
 
 
@@ -230,6 +265,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="tiny shapes (CPU smoke test)")
     ap.add_argument("--cpu", action="store_true", help="run on CPU even when CUDA is available")
     ap.add_argument("--variants", default=None, help=f"comma-separated, from {','.join(VARIANTS)}")
+    ap.add_argument("--methods", default="dflash",
+                    help=f"comma-separated drafters measured side by side, from {','.join(METHODS)} "
+                         "(each its own drafter on the same target and batch; with both, the "
+                         "DFlash2/DFlash ratios)")
+    ap.add_argument("--sliding-window", type=int, default=None,
+                    help="DFlash2's draft-layer attention window (default: model.sliding_window's "
+                         "2048; 32 with --quick)")
+    ap.add_argument("--selector-rank", type=int, default=None,
+                    help="DFlash2's path-selector rank (default: model.selector_rank's)")
+    ap.add_argument("--selector-top-k", type=int, default=None,
+                    help="DFlash2's selector candidates per slot (default: model.selector_top_k's)")
     ap.add_argument("--target", default="qwen3-4b", choices=sorted(TARGETS),
                     help="the target's shape (random weights; default qwen3-4b)")
     ap.add_argument("--target-compile", action="store_true",
@@ -281,6 +327,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for c in a.candidates:
             candidate(c)
+    except ValueError as e:
+        print(f"trainer.bench: {e}", file=sys.stderr)
+        return 2
+    if q and a.sliding_window is None:
+        a.sliding_window = 32
+    try:
+        a.methods = parse_methods(a.methods)
     except ValueError as e:
         print(f"trainer.bench: {e}", file=sys.stderr)
         return 2

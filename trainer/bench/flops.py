@@ -1,6 +1,9 @@
 """Model FLOPs of a drafter training step and of the target's forward (for MFU), and the peak.
 
-MFU = model FLOPs / time / peak; the formulas are in docs/trainer.md.
+MFU = model FLOPs / time / peak; the formulas are in docs/trainer.md. ``drafter_flops``
+counts DFlash's step, and DFlash2's when given its ``DFlash2Spec`` (the grouped dynamic
+convolutions and the path selector on top; the sliding window enters through the visible
+pairs, ``visible_pairs(..., window)``).
 """
 
 from __future__ import annotations
@@ -11,18 +14,52 @@ import torch
 H200_BF16_PEAK_TFLOPS = 989.0
 
 
-def visible_pairs(anchors: torch.Tensor, valid: torch.Tensor, block_size: int) -> int:
-    """Sum over valid block queries of the keys they see: B * (anchor + B) per valid block."""
-    return int((block_size * (anchors + block_size) * valid).sum())
+def visible_pairs(anchors: torch.Tensor, valid: torch.Tensor, block_size: int,
+                  window: int = 0) -> int:
+    """Sum over valid block queries of the keys they see (``blocks.visibility_mask``'s count).
+
+    Full attention: B * (anchor + B) per valid block. A sliding window w (>= B): slot k sees
+    ``min(anchor, w-1-k)`` context keys and the k+1 slots up to itself."""
+    if window <= 0:
+        return int((block_size * (anchors + block_size) * valid).sum())
+    k = torch.arange(block_size, device=anchors.device)
+    ctx = torch.minimum(anchors.unsqueeze(-1), (window - 1 - k).clamp(min=0))   # [b, N, B]
+    per_block = ctx.sum(-1) + block_size * (block_size + 1) // 2
+    return int((per_block * valid).sum())
 
 
-def drafter_flops(spec, *, seq_len: int, tq: int, pairs: int, label_rows: int) -> dict:
+def dflash2_extra_flops(spec, d2, *, tq: int, label_rows: int) -> dict:
+    """DFlash2's modules on top of DFlash's, forward + backward, per micro-batch.
+
+    Per layer, two grouped dynamic convolutions (attention and MLP sublayers), each: the
+    coefficient projection H -> 2*taps*G (G = H / group size), a linear: 6*Tq*H*2*taps*G;
+    the depthwise convolution on both sides of the sublayer, one multiply-add per tap per
+    channel per row (2*taps*Tq*H each side forward; backward to the input and the
+    coefficients 2x forward): 3 * 2 * 2*taps*Tq*H.
+    Selector, per label row (R rows, K candidates, rank r): the candidates' unary logits
+    (frozen head rows gathered; forward + gradient to the hidden state) 4*K*H; the hidden
+    projection H -> r (a linear) 6*H*r; the predecessor-codebook product r (forward; 2r
+    backward) 3*r; the pairwise scores against K successor codes 3 * 2*K*r.
+    """
+    h, taps = spec.hidden, d2.conv_kernel_size
+    groups = h // d2.conv_group_size
+    proj = 6 * tq * h * 2 * taps * groups
+    depthwise = 3 * 2 * (2 * taps * tq * h)
+    conv = spec.num_layers * 2 * (proj + depthwise)
+    k, r = d2.selector_top_k, d2.selector_rank
+    selector = label_rows * (4 * k * h + 6 * h * r + 3 * r + 3 * 2 * k * r)
+    return {"conv": conv, "selector": selector}
+
+
+def drafter_flops(spec, *, seq_len: int, tq: int, pairs: int, label_rows: int, d2=None) -> dict:
     """Model FLOPs of one drafter step (forward + backward) for one micro-batch.
 
     Linear layers: 2*m*n*k forward, 2x that backward (input + weight grads) -> 6*m*n*k;
     fc: forward + weight grad only (its input is the frozen target's features) -> 4*m*n*k.
     Attention: 4*heads*head_dim per visible (query, key) pair forward, 3x for fwd+bwd.
-    LM head (frozen): forward + grad w.r.t. the hidden state only -> 4*rows*H*V.
+    LM head (frozen): forward + grad w.r.t. the hidden state only -> 4*rows*H*V (DFlash2's
+    capped unary logits: the same matmuls). ``d2`` (a ``DFlash2Spec``): DFlash2's step,
+    adding ``dflash2_extra_flops``; its ``pairs`` are the sliding window's.
     ``tq``/``pairs``/``label_rows`` are summed over the micro-batch's sequences.
     """
     h, nh, nkv, hd, inter = spec.hidden, spec.heads, spec.kv_heads, spec.head_dim, spec.intermediate
@@ -32,8 +69,14 @@ def drafter_flops(spec, *, seq_len: int, tq: int, pairs: int, label_rows: int) -
     attn = 3 * 4 * nh * hd * pairs
     head = 4 * label_rows * h * spec.vocab
     layers = spec.num_layers * (lin + attn)
-    return {"fc": fc, "layers": layers, "attention": spec.num_layers * attn, "lm_head": head,
-            "total": fc + layers + head}
+    out = {"fc": fc, "layers": layers, "attention": spec.num_layers * attn, "lm_head": head}
+    if d2 is not None:
+        extra = dflash2_extra_flops(spec, d2, tq=tq, label_rows=label_rows)
+        out.update(extra)
+        out["total"] = fc + layers + head + extra["conv"] + extra["selector"]
+    else:
+        out["total"] = fc + layers + head
+    return out
 
 
 def target_flops(tcfg, *, layers_run: int, seq_len: int, batch: int) -> int:

@@ -18,7 +18,7 @@ import torch
 
 from dfo_contract.fsio import atomic_write_text
 
-from .flops import drafter_flops, visible_pairs
+from .methods import step_flops
 from .timing import sync, timeit
 
 #: ``--candidates``: changes to the flex-compiled step measured side by side with it (for
@@ -93,10 +93,7 @@ def measure(a, cfg, dev, target, drafter, opt, tcfg, spec, peak, batch, feats, t
         batch = S.dummy_batch(cfg, a.seq_len, a.anchors, mb, dev, seed=0)
         feats = S.target_features(target, batch, cfg)
         t_target = timeit(lambda: S.target_features(target, batch, cfg), dev, max(1, a.iters // 2))
-        b, n = batch.anchors.shape
-        dfl = drafter_flops(spec, seq_len=b * a.seq_len, tq=b * n * a.block_size,
-                            pairs=visible_pairs(batch.anchors, batch.anchor_valid, a.block_size),
-                            label_rows=b * n * (a.block_size - 1))
+        dfl, _ = step_flops(cfg, spec, batch, a.seq_len)
     b = batch.anchors.shape[0]
     cudagraphs = "reduce-overhead" in mode
 
@@ -125,8 +122,9 @@ def measure(a, cfg, dev, target, drafter, opt, tcfg, spec, peak, batch, feats, t
             first_s = time.perf_counter() - tc
             t_step = timeit(lambda: (drafter_step(), None), dev, a.iters)
         t_opt = timeit(lambda: opt.step(), dev, a.iters)
+        window = S.attention_window(cfg)
         t_mask = timeit(lambda: attention.build_mask(backend, batch.anchors, batch.anchor_valid,
-                                                      a.seq_len, a.block_size), dev, a.iters)
+                                                      a.seq_len, a.block_size, window), dev, a.iters)
         drafter.zero_grad(set_to_none=True)
         peak_mem = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None
     except torch.OutOfMemoryError as e:
@@ -150,7 +148,8 @@ def measure(a, cfg, dev, target, drafter, opt, tcfg, spec, peak, batch, feats, t
         "optimizer_ms": round(t_opt * 1e3, 3),
         "block_mask_ms": round(t_mask * 1e3, 3),
         "drafter_mfu": mfu(dfl["total"], t_step),
-        "drafter_tflops": round(dfl["total"] / t_step / 1e12, 2),
+        "drafter_tflops": float(f"{dfl['total'] / t_step / 1e12:.4g}"),   # 4 significant digits
+        "drafter_flops": dfl["total"],
         "ms_per_sample": round(t_step * 1e3 / b, 3),
         "peak_mem_bytes": peak_mem,
         "end_to_end_ms": round(e2e * 1e3, 3),

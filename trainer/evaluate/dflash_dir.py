@@ -1,11 +1,13 @@
-"""Reading an exported DFlash drafter directory: dfo's export or z-lab's published layout.
+"""Reading an exported DFlash or DFlash2 drafter directory: dfo's export or z-lab's published
+layout (DFlash2: the layout of ``trainer.evaluate.export_dflash2``, which SGLang and vLLM load).
 
 Both hold ``config.json`` (Qwen3 fields, ``num_hidden_layers`` = drafter layers, and
 ``dflash_config: {target_layer_ids, mask_token_id[, block_size]}``; ``block_size`` and
 ``num_target_layers`` may also be top-level) and the weights in ``*.safetensors`` under the
 names ``fc``, ``hidden_norm``, ``layers.N.*``, ``norm``. ``read_dflash_dir`` checks the
-drafter is one this trainer's architecture can hold (no biases, full attention only) and
-returns what the trainer needs in a ``DFlashDir``; ``load_weights`` reads the tensors.
+drafter is one this trainer's architecture can hold (no biases; DFlash: full attention
+only) and returns what the trainer needs in a ``DFlashDir`` (``method`` is ``dflash2`` when
+``architectures`` is ``["DFlash2DraftModel"]``); ``load_weights`` reads the tensors.
 Every problem is one ``TrainerConfigError`` line naming the flag that pointed here.
 """
 
@@ -32,6 +34,7 @@ class DFlashDir:
     weight_files: tuple[str, ...]
     config: dict = field(compare=False, repr=False)
     version: int = 1
+    method: str = "dflash"                     # dflash2: architectures ["DFlash2DraftModel"]
 
 
 def _opt_int(v):
@@ -61,9 +64,6 @@ def read_dflash_dir(path: str, *, flag: str) -> DFlashDir:
                   "drafter has none")
     types = conf.get("layer_types") or []
     dflash2 = list(conf.get("architectures") or []) == ["DFlash2DraftModel"]
-    if dflash2 and flag != "export":
-        raise bad("a DFlash2 drafter (architectures DFlash2DraftModel): only a DFlash "
-                  "drafter can start a run; export and evaluate DFlash2 ones")
     if not dflash2 and any(t != "full_attention" for t in types):
         raise bad(f"layer_types {sorted(set(types))}: this trainer's drafter has full "
                   "attention layers only")
@@ -76,7 +76,7 @@ def read_dflash_dir(path: str, *, flag: str) -> DFlashDir:
             target_layer_ids=None if taps is None else tuple(int(i) for i in taps),
             block_size=_opt_int(dc.get("block_size", conf.get("block_size"))),
             mask_token_id=_opt_int(dc.get("mask_token_id")),
-            weight_files=files, config=conf)
+            weight_files=files, config=conf, method="dflash2" if dflash2 else "dflash")
     except KeyError as e:
         raise bad(f"config.json lacks {e}") from None
     except (TypeError, ValueError) as e:
