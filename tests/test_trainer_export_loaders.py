@@ -157,3 +157,16 @@ def test_load_exported_reads_the_new_config(trained, tmp_path):
     target, _ = build_models(trained["cfg"], "cpu")
     d = load_exported(str(out), embed_tokens=target.embed_tokens, lm_head=target.lm_head)
     assert (d.target_layer_ids, d.block_size, d.mask_token_id) == ([1, 2], 8, 3)
+
+
+def test_the_export_readme_names_the_method_it_serves_and_tunes():
+    from trainer.evaluate.export_config import MODULE_FILE, readme
+
+    kw = dict(target="T", data="d.jsonl", steps=3, accept_len=2.5, block_size=8, layers=2,
+              tap_ids=[1], source="ckpt")
+    one, two = readme(**kw), readme(**kw, method="dflash2")
+    assert one.startswith("# DFlash drafter") and MODULE_FILE in one
+    assert "`--model.init_from THIS_DIR`" in one
+    assert two.startswith("# DFlash2 drafter") and MODULE_FILE not in two
+    assert "`--model.method dflash2 --model.init_from THIS_DIR`" in two
+    assert '"num_speculative_tokens": 7' in two

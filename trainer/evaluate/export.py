@@ -104,7 +104,7 @@ def export(ckpt: str, out: str, *, dtype: str = "bf16", target_path: str | None 
         f.write(readme(target=tpath, data=cfg.data.path, steps=int(data.get("step", 0)),
                        accept_len=data.get("accept_len"), block_size=cfg.model.block_size,
                        layers=cfg.model.drafter_layers, tap_ids=taps, source=os.path.abspath(ckpt),
-                       init_from=cfg.model.init_from))
+                       init_from=cfg.model.init_from, method=cfg.model.method))
     files = {}
     for name in sorted(os.listdir(tmp)):
         p = os.path.join(tmp, name)

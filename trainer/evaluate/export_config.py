@@ -70,12 +70,24 @@ def drafter_config(tcfg, *, num_layers: int, tap_ids: list[int], num_target_laye
 
 
 def readme(*, target: str, data: str, steps: int, accept_len, block_size: int, layers: int,
-           tap_ids, source: str, init_from: str = "") -> str:
+           tap_ids, source: str, init_from: str = "", method: str = "dflash") -> str:
     al = f"{accept_len:.3f}" if isinstance(accept_len, (int, float)) else "not measured"
     start = f"- initial weights: `{init_from}`\n" if init_from else ""
+    two = method == "dflash2"
+    name = "DFlash2" if two else "DFlash"
+    # vLLM and SGLang take a DFlash2 drafter under their DFlash method and tell the two
+    # apart by `architectures`; only DFlash ships a trust_remote_code module
+    hf = ("- transformers: no module ships with a DFlash2 drafter; `python -m trainer eval "
+          "THIS_DIR` loads it.\n\n") if two else (
+        "- transformers: `AutoModel.from_pretrained(THIS_DIR, trust_remote_code=True)` builds "
+        f"the drafter from the shipped `{MODULE_FILE}` (torch + transformers only) and loads "
+        "every weight; its `forward(position_ids, noise_embedding, target_hidden, ...)` follows "
+        "z-lab's DFlash generation loop. The embedding and LM head are the target's.\n\n")
+    tune = "`--model.method dflash2 --model.init_from THIS_DIR`" if two else \
+        "`--model.init_from THIS_DIR`"
     return (
-        "# DFlash drafter\n\n"
-        "A block-diffusion speculative-decoding drafter (DFlash) trained with dfo's bundled "
+        f"# {name} drafter\n\n"
+        f"A block-diffusion speculative-decoding drafter ({name}) trained with dfo's bundled "
         "trainer.\n\n"
         f"- target: `{target}`\n- training data: `{data}`\n- steps: {steps}\n{start}"
         f"- block size: {block_size}; drafter layers: {layers}; target layers tapped: {list(tap_ids)}\n"
@@ -88,9 +100,6 @@ def readme(*, target: str, data: str, steps: int, accept_len, block_size: int, l
         f"\"num_speculative_tokens\": {block_size - 1}}})`).\n"
         "- SGLang: `--speculative-algorithm DFLASH --speculative-draft-model-path THIS_DIR "
         f"--speculative-num-draft-tokens {block_size}`.\n"
-        "- transformers: `AutoModel.from_pretrained(THIS_DIR, trust_remote_code=True)` builds "
-        f"the drafter from the shipped `{MODULE_FILE}` (torch + transformers only) and loads "
-        "every weight; its `forward(position_ids, noise_embedding, target_hidden, ...)` follows "
-        "z-lab's DFlash generation loop. The embedding and LM head are the target's.\n\n"
+        f"{hf}"
         "Measure it on your prompts with `python -m trainer eval THIS_DIR --target TARGET "
-        "--prompts FILE --spec-decode N`; fine-tune it with `--model.init_from THIS_DIR`.\n")
+        f"--prompts FILE --spec-decode N`; fine-tune it with {tune}.\n")
