@@ -77,7 +77,7 @@ lanes=()
 if [[ $workers != 0 ]]; then
     lanes=(-n "$workers" --dist loadgroup)
 fi
-df -h / /tmp /var/lib >&2 || true   # the run needs about 15 GB free (README); the log shows what it had
+df -h / /tmp /var/lib >&2 || true   # the run needs about 20 GB free (README); the log shows what it had
 log "python -m pytest -q ${lanes[*]} --durations=25 $*"
 export PATH="$PWD/.venv/bin:$PATH"
 exec python -m pytest -q "${lanes[@]}" --durations=25 "$@"
