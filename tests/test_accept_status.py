@@ -52,3 +52,11 @@ def test_prune_keeps_the_best_checkpoint(tmp_path):
     removed = checkpoints.prune(str(ck), 2, run_id="r1")
     assert sorted(p.rsplit("/", 1)[1] for p in removed) == ["step_10"]   # not step_20
     assert (ck / "step_20").is_dir() and (ck / "step_30").is_dir() and (ck / "step_40").is_dir()
+
+
+def test_goodput_cell_is_the_share_of_time_spent_training():
+    assert row_values(_run())["goodput"].plain == "-"
+    # the query adds the run's time account beside its state (supervisor/query.py)
+    assert row_values(dict(_run(), time={"version": 1, "goodput": 0.4637}))["goodput"].plain == "46%"
+    assert row_values(dict(_run(), time={"goodput": "x"}))["goodput"].plain == "-"   # hand-edited
+    assert row_values(dict(_run(), time=None))["goodput"].plain == "-"

@@ -19,12 +19,12 @@ from .params import POSITIVE_SECONDS
 from .run_ops import require_run, run_ops
 
 #: every column, in display order
-COLUMNS = ("run", "state", "step", "tok/s", "trend", "accept", "fallback", "attempt",
+COLUMNS = ("run", "state", "step", "tok/s", "trend", "accept", "goodput", "fallback", "attempt",
            "checkpoint", "last event", "uptime")
 #: what a narrow terminal keeps: these always, then the optional ones in this order while
 #: they fit (--wide: all, folded to fit)
 REQUIRED = ("run", "state", "step", "tok/s", "fallback")
-OPTIONAL = ("trend", "accept", "checkpoint", "attempt", "uptime", "last event")
+OPTIONAL = ("trend", "accept", "goodput", "checkpoint", "attempt", "uptime", "last event")
 _STYLE = {"done": "green", "failed": "red", "lost": "red", "running": "cyan",
           "backoff": "yellow", "stopping": "yellow", "stopped": "dim"}
 
@@ -76,6 +76,13 @@ def _accept(r: dict) -> str:
     return f"{a:.2f}" if b is None or abs(b - a) < 5e-3 else f"{a:.2f} (best {b:.2f})"
 
 
+def _goodput(r: dict) -> str:
+    """The share of the run's time spent training (ops.goodput), ``87%``; ``-`` unknown."""
+    t = r.get("time") if isinstance(r.get("time"), dict) else {}
+    g = _finite(t.get("goodput"))
+    return "-" if g is None else f"{g * 100:.0f}%"
+
+
 def row_values(r: dict, sep: str = ", ") -> dict[str, Text]:
     """One run's cells, all as Text (values from state.json are text, never markup)."""
     st = str(r.get("shown_status") or r.get("status") or "?")
@@ -90,7 +97,7 @@ def row_values(r: dict, sep: str = ", ") -> dict[str, Text]:
         "step": Text(str(r.get("last_step") if r.get("last_step") is not None else "-")),
         "tok/s": Text("-" if tps is None else f"{tps:.0f}"),
         "trend": Text(sparkline(recent, 8) or "-", style="cyan"),
-        "accept": Text(_accept(r)),
+        "accept": Text(_accept(r)), "goodput": Text(_goodput(r)),
         "fallback": Text(fb), "attempt": Text(str(r.get("attempt") or 0)),
         "checkpoint": Text(f"step_{ck['step']}" if ck.get("step") is not None else "-"),
         "last event": Text(str(r.get("last_event") or "-")),
@@ -115,7 +122,8 @@ def status_table(host: str, runs: list[dict], *, width: int | None = None,
         elif c == "run":   # whole on one line when it fits; a very long id folds, never cut
             t.add_column(c, overflow="fold")
         else:
-            t.add_column(c, no_wrap=True, justify="right" if c in ("step", "tok/s", "attempt") else "left")
+            t.add_column(c, no_wrap=True,
+                         justify="right" if c in ("step", "tok/s", "attempt", "goodput") else "left")
     for v in rows:
         t.add_row(*(v[c] for c in cols))
     return t
@@ -175,8 +183,9 @@ def watch(ops, run_id: str, *, interval: float, wide: bool) -> int:
 def status(app, host_name, run_id, wide, watch_, interval, as_json, group_name):
     """A table of the host's runs: state, step, tok/s and its trend, fallback, checkpoint.
 
-    A terminal shows run, state, step, tok/s and fallback always, then the trend,
-    checkpoint, attempt, uptime and last event as they fit; --wide shows them all.
+    A terminal shows run, state, step, tok/s and fallback always, then the trend, the
+    acceptance length, goodput (the share of the run's time spent training), checkpoint,
+    attempt, uptime and last event as they fit; --wide shows them all.
     With --group: one row per node of the group's run (--run, else the head's live or
     newest run)."""
     if group_name is not None:
