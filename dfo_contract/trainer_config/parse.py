@@ -306,10 +306,6 @@ def validate(cfg: TrainerConfig) -> TrainerConfig:
     _positive(cfg.checkpoint.keep, "checkpoint.keep")
 
     _choice(cfg.compile.mode, "compile.mode", COMPILE_MODES)
-    if cfg.compile.target and not cfg.compile.enabled:
-        raise _err("compile.target", "compiling the target's layers needs compile.enabled true "
-                                     "(compile.enabled false turns every torch.compile off); set "
-                                     "--compile.enabled true or --compile.target false")
     p = cfg.parallel
     _choice(p.layout, "parallel.layout", LAYOUTS)
     _positive(p.queue_depth, "parallel.queue_depth")

@@ -39,9 +39,9 @@ def _set(ov: Overrides, cfg: Config, key: str, value: Any) -> Overrides | None:
 def compile_gate(cfg: Config, ov: Overrides) -> Overrides | None:
     """Compile gate on: warm every shape sequentially, then hold a lock around compiled calls.
     The supervisor also restores the compile cache from its snapshot before the attempt.
-    Nothing when the run does not compile (``compile.enabled: false``): the gate would
-    change the config but not the run."""
-    if cfg.get("compile.enabled") is False:
+    Nothing when the run does not compile (``compile.enabled: false`` and no
+    ``compile.target``): the gate would change the config but not the run."""
+    if cfg.get("compile.enabled") is False and cfg.get("compile.target") is not True:
         return None
     return _set(ov, cfg, "compile.gate", True)
 

@@ -160,7 +160,7 @@ def run_warmup(cfg, *, load_cache: str | None = None, save_cache: str | None = N
                               "attention": cfg.model.attention,
                               "compile_enabled": cfg.compile.enabled,
                               "precompile": cfg.compile.precompile,
-                              "compile_target": cfg.compile.enabled and cfg.compile.target}
+                              "compile_target": cfg.compile.target}
     if load_cache:
         report["mega_cache_load"] = load_mega_cache(load_cache)
     if cfg.compile.precompile:

@@ -114,16 +114,17 @@ def build_models(cfg: TrainerConfig, device, *, target_device=None,
 
 
 def compile_target(cfg: TrainerConfig, target: Target) -> None:
-    """``compile.target``: compile the target's decoder layers (``Target.compile_layers``,
-    default mode: the drafter's ``compile.mode`` is not applied to the target). Idempotent.
+    """``compile.target`` (independent of ``compile.enabled``, the drafter step's switch):
+    compile the target's decoder layers (``Target.compile_layers``, default mode: the
+    drafter's ``compile.mode`` is not applied to the target). Idempotent.
     The layers compile on their first forward, which the layouts run in the gate's warm-up."""
-    if cfg.compile.enabled and cfg.compile.target:
+    if cfg.compile.target:
         target.compile_layers()
 
 
 def warmup_what(cfg: TrainerConfig, what: str) -> str:
     """A warm-up unit's name, naming the target's layers when they are compiled too."""
-    return f"{what} + target layers" if cfg.compile.enabled and cfg.compile.target else what
+    return f"{what} + target layers" if cfg.compile.target else what
 
 
 def mask_token_id(cfg: TrainerConfig, target: Target) -> int:
@@ -256,7 +257,7 @@ def compile_variants(cfg: TrainerConfig, drafter_devices: int, target_devices: i
     limit): the drafter step per shape bucket and drafter device; with ``compile.target`` the
     target's layer function per sequence bucket and target device (all layers share it)."""
     n = len(shape_buckets(cfg)) * drafter_devices
-    if cfg.compile.enabled and cfg.compile.target:
+    if cfg.compile.target:
         n = max(n, len(cfg.seq_buckets()) * target_devices)
     return n
 
