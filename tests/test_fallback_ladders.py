@@ -87,5 +87,5 @@ def test_merge_replaces_whole_classes_and_describe():
     m = merge_ladders({"oom": ["halve_anchors"]})
     assert m["oom"] == ["halve_anchors"] and m["fx_trace_race"] == DEFAULT_LADDERS["fx_trace_race"]
     rows = dict(describe(m))
-    assert rows["fx_trace_race"].startswith("compile_gate -> layout_ddp")
+    assert rows["fx_trace_race"].startswith("target_compile_off -> compile_gate -> layout_ddp")
     assert rows["crash"].endswith("restart with the same config")

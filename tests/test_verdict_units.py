@@ -23,7 +23,7 @@ def test_position_is_replayed_from_the_earlier_fallbacks():
     lad = Ladders.assumed({"compile.gate": False, "parallel.layout": "threads"})
     pos = position_before(lad, "fx_trace_race", [("fx_trace_race", {}), ("oom", {})])
     c = choose(lad, "fx_trace_race", pos, {"compile.gate": True})
-    assert pos == 1 and c.step == "layout_ddp"
+    assert pos == 2 and c.step == "layout_ddp"  # past target_compile_off (skipped) and compile_gate
 
 
 def test_a_foreign_race_class_without_a_ladder_restarts_unchanged():

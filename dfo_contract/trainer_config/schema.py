@@ -122,6 +122,8 @@ class CompileConfig:
     mode: str = "default"                     # torch.compile mode for the drafter step
     precompile: bool = False                  # dynamo's precompile cache (trainer.compile.precompile):
     #                                           a warm start loads dynamo's traced code, no re-tracing
+    target: bool = False                      # torch.compile the target's decoder layers (regional,
+    #                                           warmed and sealed by the gate like the drafter step)
 
 
 @dataclass(kw_only=True)

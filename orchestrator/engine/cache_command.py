@@ -92,7 +92,8 @@ def warm_cache(mgr: CacheManager, req: WarmCacheRequest,
         from .demo import load_run_config
 
         cfg, cfg_bytes = load_run_config(req.config_path, mgr.layout, overrides)
-        if not (cfg.get("compile") or {}).get("enabled", True) and not moving:
+        comp = cfg.get("compile") or {}
+        if not (comp.get("enabled", True) or comp.get("target")) and not moving:
             which = f"--config {req.config_path}" if req.config_path else \
                 "the default config (the demo's)"
             raise ConfigError(f"warm-cache: nothing to warm: {which} has compile.enabled false",

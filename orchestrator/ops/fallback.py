@@ -39,11 +39,20 @@ def _set(ov: Overrides, cfg: Config, key: str, value: Any) -> Overrides | None:
 def compile_gate(cfg: Config, ov: Overrides) -> Overrides | None:
     """Compile gate on: warm every shape sequentially, then hold a lock around compiled calls.
     The supervisor also restores the compile cache from its snapshot before the attempt.
-    Nothing when the run does not compile (``compile.enabled: false``): the gate would
-    change the config but not the run."""
-    if cfg.get("compile.enabled") is False:
+    Nothing when the run does not compile (``compile.enabled: false`` and no
+    ``compile.target``): the gate would change the config but not the run."""
+    if cfg.get("compile.enabled") is False and cfg.get("compile.target") is not True:
         return None
     return _set(ov, cfg, "compile.gate", True)
+
+
+def target_compile_off(cfg: Config, ov: Overrides) -> Overrides | None:
+    """The target's decoder layers eager again (``compile.target: false``): the first thing a
+    compile failure gives up, before the drafter's compile is touched. Nothing when the target
+    is not compiled."""
+    if cfg.get("compile.target") is not True:
+        return None
+    return _set(ov, cfg, "compile.target", False)
 
 
 def layout_ddp(cfg: Config, ov: Overrides) -> Overrides | None:
@@ -92,6 +101,7 @@ def same(cfg: Config, ov: Overrides) -> Overrides | None:
 
 
 STEPS: dict[str, StepFn] = {
+    "target_compile_off": target_compile_off,
     "compile_gate": compile_gate,
     "layout_ddp": layout_ddp,
     "one_drafter_device": one_drafter_device,
@@ -105,7 +115,8 @@ STEPS: dict[str, StepFn] = {
 #: steps after which the supervisor restores the compile cache from its snapshot
 RESTORES_CACHE = frozenset({"compile_gate"})
 
-COMPILE_LADDER = ["compile_gate", "layout_ddp", "one_drafter_device", "attention_sdpa"]
+COMPILE_LADDER = ["target_compile_off", "compile_gate", "layout_ddp", "one_drafter_device",
+                  "attention_sdpa"]
 
 DEFAULT_LADDERS: dict[str, list[str]] = {
     "fx_trace_race": list(COMPILE_LADDER),
@@ -116,7 +127,7 @@ DEFAULT_LADDERS: dict[str, list[str]] = {
     "nccl_timeout": [],
     "frozen": [],         # transient: nothing in the config stopped the process
     "disk_full": [],      # permanent (ops.classify.PERMANENT_CLASSES): no restart
-    "crash": [],
+    "crash": ["target_compile_off"],  # a compiled target's compile error is a crash
 }
 
 #: classes that restart with the same config once their ladder is spent

@@ -84,7 +84,8 @@ def _truthy(v: Any, default: bool) -> bool:
 def preload_for(config: Mapping[str, Any]) -> Preload:
     """The preload of a run config in force (flat ``section.field`` keys)."""
     return Preload(target_path=config.get("model.target_path") or None,
-                   compile=_truthy(config.get("compile.enabled"), True),
+                   compile=_truthy(config.get("compile.enabled"), True)
+                   or _truthy(config.get("compile.target"), False),
                    layout=str(config.get("parallel.layout") or "single"))
 
 

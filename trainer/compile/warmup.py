@@ -11,8 +11,9 @@ backward on a dummy batch of that shape, and record the time and the compile-cac
 least every ``train.heartbeat_s`` seconds meanwhile.
 
 What gets compiled is what the training step compiles (trainer.compile.registry): the drafter step
-(layers + loss) when ``compile.enabled``, and flex_attention when the attention backend is
-``flex``. On CPU (torch 2.13) compiled flex has no backward, so the trainer's ``auto`` backend
+(layers + loss) when ``compile.enabled``, flex_attention when the attention backend is
+``flex``, and the target's decoder layers when ``compile.target`` (on the drafter devices
+here: the on-disk cache serves target devices of the same kind). On CPU (torch 2.13) compiled flex has no backward, so the trainer's ``auto`` backend
 is ``sdpa`` there; with ``compile.enabled`` the inductor still compiles the drafter step's
 forward and backward, which are the cache entries the compile-cache tests hit.
 
@@ -64,7 +65,7 @@ def _resolve(dev: str) -> str:
 
 
 def warm_devices(cfg) -> list[str]:
-    """The distinct devices that run compiled code: the drafter devices (the target is eager).
+    """The distinct devices that warm: the drafter devices (a compiled target is warmed there).
 
     For ``ddp`` the list names the ranks' devices. Kernels in the on-disk cache are shared by
     devices of the same kind, so warming one of several identical GPUs fills the cache for
@@ -78,7 +79,7 @@ def warm_devices(cfg) -> list[str]:
     return out
 
 
-def make_task(cfg, device: str, shape: tuple[int, int], target, drafter, *, what="drafter step"):
+def make_task(cfg, device: str, shape: tuple[int, int], target, drafter, *, what=None):
     """A WarmupTask running the real drafter step (target forward, drafter fwd+bwd) once."""
     from ..train import step
     from .gate import WarmupTask
@@ -93,7 +94,8 @@ def make_task(cfg, device: str, shape: tuple[int, int], target, drafter, *, what
             loss.backward()
             drafter.zero_grad(set_to_none=True)
 
-    return WarmupTask(device=device, shape=(seq_len, anchors), run=run, what=what)
+    return WarmupTask(device=device, shape=(seq_len, anchors), run=run,
+                      what=what or step.warmup_what(cfg, "drafter step"))
 
 
 def _write_file(path: str, data: bytes) -> None:
@@ -157,7 +159,8 @@ def run_warmup(cfg, *, load_cache: str | None = None, save_cache: str | None = N
     report: dict[str, Any] = {"torch": torch.__version__, "layout": cfg.parallel.layout,
                               "attention": cfg.model.attention,
                               "compile_enabled": cfg.compile.enabled,
-                              "precompile": cfg.compile.precompile}
+                              "precompile": cfg.compile.precompile,
+                              "compile_target": cfg.compile.target}
     if load_cache:
         report["mega_cache_load"] = load_mega_cache(load_cache)
     if cfg.compile.precompile:
@@ -168,7 +171,8 @@ def run_warmup(cfg, *, load_cache: str | None = None, save_cache: str | None = N
     devs = warm_devices(cfg)
     buckets = [tuple(s) for s in step.shape_buckets(cfg)]
     report["devices"], report["buckets"] = devs, [list(b) for b in buckets]
-    gate = install(CompileGate(True, default_dynamo_settings(len(buckets) * len(devs))))
+    n_variants = step.compile_variants(cfg, len(devs), len(devs))
+    gate = install(CompileGate(True, default_dynamo_settings(n_variants)))
     total0 = counters_snapshot()
     t0 = time.perf_counter()
 

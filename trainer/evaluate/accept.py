@@ -112,7 +112,9 @@ class HeldOut:
         def feats(batch):
             return S.target_features(target, batch, cfg).to(dev)
 
-        with S.autocast(cfg, dev):
+        # the target's compiled layers (compile.target) were warmed for the training shapes
+        # only; a held-out batch may be shorter (its last), so they run eagerly here
+        with S.autocast(cfg, dev), target.eager():
             return evaluate(drafter, target, self.batches, block_size=cfg.model.block_size,
                             gamma=cfg.gamma(), features_fn=feats)
 

@@ -13,10 +13,12 @@ data and the demo work with no download.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import threading
+from typing import Iterator
 
 import torch
 from torch import nn
@@ -90,6 +92,7 @@ class Target:
         layers = self._layers()
         self.model.model.layers = nn.ModuleList(list(layers)[: last + 1])
         self._local = threading.local()  # captured states per calling thread (threads layout)
+        self.compiled_layers = ""  # compile_layers' registry name once compiled
         for i in self.tap_ids:
             self.model.model.layers[i].register_forward_hook(self._hook(i))
         for p in self.model.parameters():
@@ -126,12 +129,56 @@ class Target:
     def layers_run(self) -> int:
         return max(self.tap_ids) + 1
 
-    def compile_layers(self, mode: str = "default") -> None:
-        """Compile each kept decoder layer's forward with ``torch.compile`` (regional: the
-        layers share one code object, so one graph serves them all; the tap hooks run
-        outside it, in ``Module.__call__``)."""
-        for layer in self.model.model.layers:
-            layer.forward = torch.compile(layer.forward, mode=mode, dynamic=False)
+    def compile_layers(self, mode: str = "default") -> str:
+        """Compile the kept decoder layers' forward (regional compile): one function, the
+        layer class's ``forward``, compiled once per process through trainer.compile.registry
+        (so every call runs inside the compile gate's guard: its lock once sealed, the cache
+        settings in the calling thread) and called with each layer as its first argument, so
+        one graph serves every layer of a device and shape. The tap hooks run outside it, in
+        ``Module.__call__``. Idempotent; returns the registry name (``target_layer[...]``).
+        No CUDA-graph modes: every layer replays the same graph, which would overwrite the
+        tapped outputs the hooks hold.
+
+        Inside ``with target.eager():`` the layers run their eager forward (evaluation, whose
+        shapes the gate did not warm)."""
+        if mode in ("reduce-overhead", "max-autotune"):  # CUDA graphs
+            raise ValueError(f"Target.compile_layers: mode {mode!r} uses CUDA graphs, which "
+                             "overwrite the tapped layer outputs; use default or "
+                             "max-autotune-no-cudagraphs")
+        layers = list(self.model.model.layers)
+        cls = type(layers[0])
+        name = f"target_layer[{cls.__name__}" + ("]" if mode == "default" else f", {mode}]")
+        if self.compiled_layers == name:
+            return name
+        fn = cls.forward
+        opts = {} if mode == "default" else {"mode": mode}
+        for layer in layers:
+            layer.forward = self._compiled_forward(layer, name, fn, opts)
+        self.compiled_layers = name
+        return name
+
+    def _compiled_forward(self, layer: nn.Module, name: str, fn, opts: dict):
+        from ..compile import registry
+
+        eager = fn.__get__(layer, type(layer))
+
+        def forward(*args, **kwargs):
+            if getattr(self._local, "eager", False):
+                return eager(*args, **kwargs)
+            c = registry.compiled(name, fn, **opts)
+            with registry.guard(name):
+                return c(layer, *args, **kwargs)
+        return forward
+
+    @contextlib.contextmanager
+    def eager(self) -> Iterator[None]:
+        """Run the decoder layers eagerly in this thread for the duration (no-op uncompiled)."""
+        before = getattr(self._local, "eager", False)
+        self._local.eager = True
+        try:
+            yield
+        finally:
+            self._local.eager = before
 
     @torch.no_grad()
     def features(self, input_ids: torch.Tensor) -> torch.Tensor:

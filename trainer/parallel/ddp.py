@@ -129,9 +129,10 @@ class DdpLayout(LayoutBase):
         self.data_parallel = self.world
         self.target, self.drafter = S.build_models(
             cfg, self.device, target=build_target(self.device) if build_target else None)
-        self.uses_compiled = cfg.compile.enabled or self.drafter.attn_backend == "flex"
+        self.uses_compiled = (cfg.compile.enabled or cfg.compile.target
+                              or self.drafter.attn_backend == "flex")
         self.gate = install(CompileGate(enabled=cfg.compile.gate, settings=default_dynamo_settings(
-            len(S.shape_buckets(cfg)))))
+            S.compile_variants(cfg, 1, 1))))
         self.gate.thread_setup()
         self.module = _step_module_cls()(self.drafter, cfg)
         self.ddp = self.wrap(cfg.parallel.ddp_bucket_mb, cfg.parallel.ddp_grad_dtype)
@@ -175,7 +176,7 @@ class DdpLayout(LayoutBase):
                 loss.backward()
                 dr.zero_grad(set_to_none=True)
             return WarmupTask(device=str(dev), shape=tuple(shape), run=run,
-                              what=f"drafter step (rank {self.rank})")
+                              what=S.warmup_what(cfg, f"drafter step (rank {self.rank})"))
         recs = self.gate.warmup([task(s) for s in S.shape_buckets(cfg)],
                                 heartbeat=metrics.Heartbeat(emitter, every_s=heartbeat_s),
                                 on_record=lambda rec: emitter.print(describe(rec)))

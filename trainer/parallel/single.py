@@ -20,7 +20,8 @@ class SingleLayout(LayoutBase):
         self.device = S.resolve_device(cfg.parallel.drafter_devices[0])
         tdev = S.resolve_device(cfg.parallel.target_devices[0])
         self.target, self.drafter = S.build_models(cfg, self.device, target_device=tdev)
-        self.uses_compiled = self.drafter.attn_backend == "flex" or cfg.compile.enabled
+        self.uses_compiled = (self.drafter.attn_backend == "flex" or cfg.compile.enabled
+                              or cfg.compile.target)
         self._gate: gate.CompileGate | None = None
 
     def parameters(self):
@@ -61,11 +62,12 @@ class SingleLayout(LayoutBase):
 
         emitter.set_phase("warmup")
         if self.cfg.compile.gate:
-            g = gate.install(gate.CompileGate(
-                enabled=True, settings=gate.default_dynamo_settings(len(buckets))))
+            limits = gate.default_dynamo_settings(S.compile_variants(self.cfg, 1, 1))
+            g = gate.install(gate.CompileGate(enabled=True, settings=limits))
             self._gate = g
-            tasks = [gate.WarmupTask(device=str(self.device), shape=tuple(s), run=run_bucket(s))
-                     for s in buckets]
+            what = S.warmup_what(self.cfg, "drafter step")
+            tasks = [gate.WarmupTask(device=str(self.device), shape=tuple(s), run=run_bucket(s),
+                                     what=what) for s in buckets]
             # the loop's heartbeat thread is already running: no second one here
             recs = g.warmup(tasks, heartbeat=contextlib.nullcontext(),
                             on_record=lambda rec: emitter.print(gate.describe(rec)))

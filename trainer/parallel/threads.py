@@ -42,6 +42,8 @@ class ThreadsLayout(LayoutBase):
                         num_drafter_layers=cfg.model.drafter_layers,
                         tap_ids=cfg.model.target_layer_ids)
             for d in self.target_devices]
+        for t in self.targets:  # compile.target: every target's layers (warmed below)
+            S.compile_target(cfg, t)
         self.drafters = []
         for r, d in enumerate(self.drafter_devices):
             _, dr = S.build_models(cfg, d, target=self.targets[r % len(self.targets)])
@@ -49,9 +51,9 @@ class ThreadsLayout(LayoutBase):
         replicas.broadcast_params(self.drafters)
         self.target, self.drafter, self.device = self.targets[0], self.drafters[0], \
             self.drafter_devices[0]
-        self.uses_compiled = cfg.compile.enabled or any(
+        self.uses_compiled = cfg.compile.enabled or cfg.compile.target or any(
             d.attn_backend == "flex" for d in self.drafters)
-        n_variants = len(S.shape_buckets(cfg)) * len(self.drafters)
+        n_variants = S.compile_variants(cfg, len(self.drafters), len(self.targets))
         self.gate = install(CompileGate(enabled=cfg.compile.gate,
                                         settings=default_dynamo_settings(n_variants)))
         self.gate.thread_setup()
@@ -85,6 +87,9 @@ class ThreadsLayout(LayoutBase):
             tgt = self.targets[r % len(self.targets)]
             for shape in S.shape_buckets(self.cfg):
                 tasks.append(self._task(dev, tuple(shape), tgt, dr, r))
+        for t in range(len(self.drafters), len(self.targets)):  # targets no replica reaches
+            if self.targets[t].compiled_layers:
+                tasks += [self._target_task(t, tuple(s)) for s in S.shape_buckets(self.cfg)]
         recs = self.gate.warmup(tasks, heartbeat=metrics.Heartbeat(emitter, every_s=heartbeat_s),
                                 on_record=lambda rec: emitter.print(describe(rec)))
         self.gate.seal()
@@ -99,7 +104,17 @@ class ThreadsLayout(LayoutBase):
             loss, _ = S.drafter_loss(dr, feats, b, cfg)
             loss.backward()
             dr.zero_grad(set_to_none=True)
-        return WarmupTask(device=str(dev), shape=shape, run=run, what=f"drafter replica {r}")
+        return WarmupTask(device=str(dev), shape=shape, run=run,
+                          what=S.warmup_what(cfg, f"drafter replica {r}"))
+
+    def _target_task(self, t: int, shape) -> WarmupTask:
+        """The target forward alone, for a target worker that no drafter replica's task uses."""
+        cfg, tgt, dev = self.cfg, self.targets[t], self.target_devices[t]
+
+        def run():
+            S.target_features(tgt, S.dummy_batch(cfg, shape[0], shape[1], cfg.train.micro_batch,
+                                                 dev), cfg)
+        return WarmupTask(device=str(dev), shape=shape, run=run, what=f"target layers {t}")
 
     def grads(self, batches, loss_hook=None) -> list[dict]:
         if not self._started:

@@ -137,6 +137,10 @@ def train(cfg: TrainerConfig, resume: str | None = None, *, out=None) -> int:
         started.mark("layout")
         em.enabled = layout.is_main
         drafter = layout.drafter
+        if layout.target.compiled_layers:  # compile.target
+            em.print(f"compile: target: {layout.target.layers_run} decoder layers compiled as "
+                     f"{layout.target.compiled_layers} (one graph per device and sequence "
+                     "bucket, warmed with the drafter step)")
         ds = open_data(cfg, layout.target.vocab_size, drafter.mask_token_id)
         r = ds.report
         em.print(r.describe(cfg.min_loss_tokens()))

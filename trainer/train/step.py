@@ -89,6 +89,7 @@ def build_models(cfg: TrainerConfig, device, *, target_device=None,
         target = load_target(cfg.model.target_path, device=tdev, dtype=compute_dtype(cfg, tdev),
                              num_drafter_layers=cfg.model.drafter_layers,
                              tap_ids=cfg.model.target_layer_ids)
+    compile_target(cfg, target)
     mask_id = mask_token_id(cfg, target)
     embed, head = target.embed_tokens, target.lm_head
     if target.device != device:
@@ -110,6 +111,20 @@ def build_models(cfg: TrainerConfig, device, *, target_device=None,
     drafter.attn_backend = resolve_backend(cfg, device)
     drafter.mask_token_id = mask_id
     return target, drafter
+
+
+def compile_target(cfg: TrainerConfig, target: Target) -> None:
+    """``compile.target`` (independent of ``compile.enabled``, the drafter step's switch):
+    compile the target's decoder layers (``Target.compile_layers``, default mode: the
+    drafter's ``compile.mode`` is not applied to the target). Idempotent.
+    The layers compile on their first forward, which the layouts run in the gate's warm-up."""
+    if cfg.compile.target:
+        target.compile_layers()
+
+
+def warmup_what(cfg: TrainerConfig, what: str) -> str:
+    """A warm-up unit's name, naming the target's layers when they are compiled too."""
+    return f"{what} + target layers" if cfg.compile.target else what
 
 
 def mask_token_id(cfg: TrainerConfig, target: Target) -> int:
@@ -235,6 +250,16 @@ def drafter_loss(drafter: Drafter, features: torch.Tensor, batch: Batch, cfg: Tr
 def shape_buckets(cfg: TrainerConfig) -> list[tuple[int, int]]:
     """Every (seq_len, num_anchors) a batch can be padded to: the compiled-shape set."""
     return [(s, n) for s in cfg.seq_buckets() for n in cfg.anchor_buckets()]
+
+
+def compile_variants(cfg: TrainerConfig, drafter_devices: int, target_devices: int) -> int:
+    """How many variants of one compiled function a warm-up compiles (the gate's recompile
+    limit): the drafter step per shape bucket and drafter device; with ``compile.target`` the
+    target's layer function per sequence bucket and target device (all layers share it)."""
+    n = len(shape_buckets(cfg)) * drafter_devices
+    if cfg.compile.target:
+        n = max(n, len(cfg.seq_buckets()) * target_devices)
+    return n
 
 
 def dummy_batch(cfg: TrainerConfig, seq_len: int, num_anchors: int, batch_size: int, device,
