@@ -1,10 +1,12 @@
-"""The model build reads and creates only what training uses, with the same result as before.
+"""A training start reads and creates only what training uses, with the same result as before.
 
 - ``load_target`` builds the decoder layers up to the last tapped one only: its features
   equal those of the whole model loaded then cut (the old way) bit for bit, and the target
   still reports (and checks taps against) its full layer count.
 - ``build_drafter`` creates the drafter's parameters on the meta device first: its weights
   and buffers equal ``Drafter(...)`` + ``init_weights(seed)`` bit for bit, DFlash2 included.
+- ``load_tokenizer`` loads a directory's tokenizer once per process (the mask token, the
+  vocabulary length and the data all ask for it), again when a file of it changed.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from trainer.model.target import Target, _from_pretrained, load_target, make_tin
 
 @pytest.fixture(scope="module")
 def target_dir(tmp_path_factory):
-    return make_tiny_target(str(tmp_path_factory.mktemp("tgt") / "t"), layers=6, tokenizer=False)
+    return make_tiny_target(str(tmp_path_factory.mktemp("tgt") / "t"), layers=6)
 
 
 def _old_way(path: str, taps: list[int]) -> Target:
@@ -92,3 +94,22 @@ def test_build_drafter_equals_construct_then_init(method):
     # and the seed matters (the comparison above can fail)
     other = build_drafter(make, device="cpu", seed=8)
     assert not torch.equal(other.fc.weight, new.fc.weight)
+
+
+def test_tokenizer_is_loaded_once_per_directory_until_it_changes(target_dir, tmp_path):
+    import os
+    import shutil
+
+    from trainer.data.tokenizer import load_tokenizer
+
+    copy = str(tmp_path / "t")
+    shutil.copytree(target_dir, copy)
+    first = load_tokenizer(copy)
+    assert first is not None and load_tokenizer(copy) is first
+    assert load_tokenizer(target_dir) is not first  # another directory
+    cfg = os.path.join(copy, "tokenizer_config.json")
+    st = os.stat(cfg)
+    os.utime(cfg, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    again = load_tokenizer(copy)
+    assert again is not first and len(again) == len(first)
+    assert load_tokenizer(str(tmp_path)) is None  # no tokenizer there
