@@ -2,8 +2,11 @@
 
     python3 bench/bench_target_load.py [--device cpu] [--repeats 3] [--baseline-ref REF]
                                        [--hidden 1024 --layers 16 --vocab 32000 --taps 2,5,8]
+                                       [--qwen3-tokenizer]
 
-Writes a random Qwen3 target (bf16 safetensors, a tiny tokenizer) to a temp dir, then, in a
+Writes a random Qwen3 target (bf16 safetensors; the tiny tokenizer, whose mask token the
+trainer finds through the tokenizer, or with ``--qwen3-tokenizer`` Qwen3's own from the
+shared fixtures, vocabulary 151936, no mask token) to a temp dir, then, in a
 fresh process per figure (each pays its own first reads; the imports are timed apart), with
 old and new alternated ``--repeats`` times:
 
@@ -15,10 +18,11 @@ old and new alternated ``--repeats`` times:
 - drafter, new: ``trainer.model.drafter.build_drafter`` (meta device, then created on the
   device with the same values).
 
-Prints the medians, the ratios new/old and each child's peak RSS. With ``--startup`` (the
-default) it also runs ``python -m trainer train`` for one step on that target (compile off)
-and prints the trainer's own ``startup`` phases; ``--baseline-ref REF`` runs the same from a
-``git archive`` of REF beside it. The temp dir is removed at the end (``--keep`` keeps it).
+Prints the medians (and minima: a loaded machine adds noise), the ratios new/old and each
+child's peak RSS. With ``--startup`` (the
+default) it also runs ``python -m trainer train`` for one step on that target (compile off),
+``--repeats`` times, and prints the medians of the trainer's own ``startup`` phases;
+``--baseline-ref REF`` runs the same from a ``git archive`` of REF, alternated with it. The temp dir is removed at the end (``--keep`` keeps it).
 """
 
 from __future__ import annotations
@@ -87,21 +91,30 @@ print("BENCH_CHILD " + json.dumps(out))
 
 
 def write_target(out: str, *, hidden: int, layers: int, vocab: int, heads: int, kv_heads: int,
-                 head_dim: int, intermediate: int) -> float:
-    """A random Qwen3 in bf16 (+ the tiny tokenizer and mask token hint); its size in MB."""
+                 head_dim: int, intermediate: int, qwen3_tokenizer: bool) -> float:
+    """A random Qwen3 in bf16 and a tokenizer (no mask token hint); its size in MB."""
     import torch
     from transformers import Qwen3ForCausalLM
 
-    from trainer.model.target import TINY_MASK_ID, tiny_qwen3_config, write_tiny_tokenizer
+    from trainer.model.target import _quiet_transformers, tiny_qwen3_config, write_tiny_tokenizer
 
+    _quiet_transformers()
     torch.manual_seed(0)
     cfg = tiny_qwen3_config(hidden=hidden, layers=layers, vocab=vocab, heads=heads,
                             kv_heads=kv_heads, head_dim=head_dim, intermediate=intermediate)
     model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
     model.save_pretrained(out)
     del model
-    write_tiny_tokenizer(out, vocab)
-    Path(out, "dfo_target.json").write_text(json.dumps({"kind": "bench", "mask_token_id": TINY_MASK_ID}))
+    if qwen3_tokenizer:
+        from bench_tokenize_qwen3 import make_target
+
+        tok = Path(out) / "qwen3-tokenizer"
+        make_target(tok, None, None)
+        for f in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.move(str(tok / f), os.path.join(out, f))
+        shutil.rmtree(tok)
+    else:
+        write_tiny_tokenizer(out, vocab)
     return sum(f.stat().st_size for f in Path(out).glob("*.safetensors")) / 2**20
 
 
@@ -159,36 +172,45 @@ def main(argv=None) -> int:
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--intermediate", type=int, default=3072)
     ap.add_argument("--taps", default="2,5,8", help="tapped layer ids (the last is the last layer built)")
+    ap.add_argument("--qwen3-tokenizer", action="store_true",
+                    help="Qwen3's tokenizer (shared fixtures) and vocabulary 151936")
     ap.add_argument("--startup", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--baseline-ref", default=None, help="git ref whose trainer startup runs beside")
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     sys.path.insert(0, str(REPO))
+    if a.qwen3_tokenizer:
+        a.vocab = max(a.vocab, 151936)
     work = tempfile.mkdtemp(prefix="dfo-bench-target-")
     try:
         target = os.path.join(work, "target")
         t = time.perf_counter()
         mb = write_target(target, hidden=a.hidden, layers=a.layers, vocab=a.vocab, heads=a.heads,
-                          kv_heads=a.kv_heads, head_dim=a.head_dim, intermediate=a.intermediate)
+                          kv_heads=a.kv_heads, head_dim=a.head_dim, intermediate=a.intermediate,
+                          qwen3_tokenizer=a.qwen3_tokenizer)
         print(f"target: {a.layers} layers, hidden {a.hidden}, vocab {a.vocab}, {mb:.0f} MB bf16, "
               f"taps {a.taps} (written in {time.perf_counter() - t:.1f} s); device {a.device}")
-        res: dict = {"target_mb": round(mb, 1), "device": a.device, "taps": a.taps}
+        res: dict = {"target_mb": round(mb, 1), "device": a.device, "taps": a.taps,
+                     "tokenizer": "qwen3" if a.qwen3_tokenizer else "tiny"}
         for kind in ("target", "drafter"):
             runs: dict[str, list[dict]] = {"old": [], "new": []}
             for _ in range(a.repeats):
                 for mode in ("old", "new"):
                     runs[mode].append(child(REPO, kind, mode, target, a.device, a.taps))
             med = {m: statistics.median(r["seconds"] for r in rs) for m, rs in runs.items()}
+            low = {m: min(r["seconds"] for r in rs) for m, rs in runs.items()}
             rss = {m: max(r["maxrss_mb"] for r in rs) for m, rs in runs.items()}
             ratio = med["new"] / med["old"]
             extra = (f"layers built {runs['old'][0]['layers_built']} -> {runs['new'][0]['layers_built']} "
                      f"of {runs['new'][0]['num_layers_total']}" if kind == "target"
                      else f"{runs['new'][0]['params'] / 1e6:.1f} M params")
             print(f"{kind} build: old {med['old']:.3f} s, new {med['new']:.3f} s, new/old "
-                  f"{ratio:.3f} (median of {a.repeats}; peak RSS {rss['old']:.0f} -> "
+                  f"{ratio:.3f} (median of {a.repeats}; minima {low['old']:.3f} -> "
+                  f"{low['new']:.3f} s; peak RSS {rss['old']:.0f} -> "
                   f"{rss['new']:.0f} MB; {extra})")
             res[kind] = {"old_s": round(med["old"], 3), "new_s": round(med["new"], 3),
+                         "old_min_s": round(low["old"], 3), "new_min_s": round(low["new"], 3),
                          "ratio": round(ratio, 3), "maxrss_mb": rss,
                          "all": {m: [round(r["seconds"], 3) for r in rs] for m, rs in runs.items()}}
         if a.startup:
@@ -199,13 +221,26 @@ def main(argv=None) -> int:
             trees = {"new": REPO}
             if a.baseline_ref:
                 trees = {"old": baseline_tree(a.baseline_ref, tempfile.mkdtemp(dir=work)), "new": REPO}
+            got: dict[str, list[dict]] = {n: [] for n in trees}
+            for i in range(a.repeats):
+                for name, tree in trees.items():
+                    got[name].append(startup(tree, target, data,
+                                             os.path.join(work, f"run-{name}-{i}"), a.device, a.taps))
             res["startup"] = {}
-            for name, tree in trees.items():
-                s = startup(tree, target, data, os.path.join(work, f"run-{name}"), a.device, a.taps)
+            for name, runs in got.items():
+                s = {"total_s": statistics.median(r["total_s"] for r in runs),
+                     "wall_s": statistics.median(r["wall_s"] for r in runs),
+                     "phases": {k: round(statistics.median(r["phases"].get(k, 0.0) for r in runs), 3)
+                                for k in runs[0]["phases"]},
+                     "all_total_s": [r["total_s"] for r in runs]}
                 res["startup"][name] = s
-                print(f"trainer startup ({name}): {s['total_s']:.2f} s to the loop, "
-                      + ", ".join(f"{k} {v:.2f} s" for k, v in s["phases"].items())
+                print(f"trainer startup ({name}, median of {a.repeats}): {s['total_s']:.2f} s to the "
+                      "loop, " + ", ".join(f"{k} {v:.2f} s" for k, v in s["phases"].items())
                       + f"; process wall {s['wall_s']:.2f} s")
+            if "old" in res["startup"]:
+                r = res["startup"]["new"]["total_s"] / res["startup"]["old"]["total_s"]
+                res["startup"]["ratio"] = round(r, 3)
+                print(f"trainer startup new/old: {r:.3f}")
         print("BENCH " + json.dumps(res))
         if a.json:
             Path(a.json).write_text(json.dumps(res, indent=1))
