@@ -221,18 +221,16 @@ def load_target(path: str, *, device, dtype: torch.dtype, num_drafter_layers: in
         raise TrainerConfigError(f"config: --model.target_path: {path} has no config.json "
                                  "(give a local transformers model directory; nothing is downloaded)")
     config = _read_config(path)
-    n_layers = getattr(config, "num_hidden_layers", None) if config is not None else None
-    if not isinstance(n_layers, int):  # not a decoder-stack config: load it whole, cut after
+    n_layers = getattr(config, "num_hidden_layers", None)
+    if isinstance(n_layers, int):
+        ids = tapped_layer_ids(n_layers, num_drafter_layers, tap_ids)
+        old = _shortened(config, max(ids) + 1)
+        model = _from_pretrained(path, dtype, config=config, device=device)
+        _restored(model.config, old)  # the model's config names the whole target, as before
+    else:  # a config transformers cannot read or without a layer count: load whole, cut after
         model = _from_pretrained(path, dtype)
         n_layers = len(model.model.layers)
         ids = tapped_layer_ids(n_layers, num_drafter_layers, tap_ids)
-        t = Target(model, ids, path)
-        t.model.to(device)
-        return t
-    ids = tapped_layer_ids(n_layers, num_drafter_layers, tap_ids)
-    old = _shortened(config, max(ids) + 1)
-    model = _from_pretrained(path, dtype, config=config, device=device)
-    _restored(model.config, old)  # the model's config names the target, as a full load's does
     t = Target(model, ids, path, num_layers_total=n_layers)
     t.model.to(device)
     return t
