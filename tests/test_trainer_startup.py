@@ -1,8 +1,9 @@
 """A training start reads and creates only what training uses, with the same result as before.
 
-- ``load_target`` builds the decoder layers up to the last tapped one only: its features
-  equal those of the whole model loaded then cut (the old way) bit for bit, and the target
-  still reports (and checks taps against) its full layer count.
+- ``load_target`` builds the decoder layers up to the last tapped one only (a later layer's
+  weights are never read): its features equal those of the whole model loaded then cut
+  (the old way) bit for bit, and the target still reports (and checks taps against) its
+  full layer count.
 - ``build_drafter`` creates the drafter's parameters on the meta device first: its weights
   and buffers equal ``Drafter(...)`` + ``init_weights(seed)`` bit for bit, DFlash2 included.
 - ``load_tokenizer`` loads a directory's tokenizer once per process (the mask token, the
@@ -50,6 +51,26 @@ def test_short_load_equals_full_load_then_cut(target_dir, taps):
     assert list(sd_new) == list(sd_old)
     assert all(torch.equal(sd_new[k], sd_old[k]) for k in sd_new)
     assert not any(p.requires_grad for p in new.model.parameters())
+
+
+def test_layers_after_the_last_tap_are_never_loaded(target_dir, tmp_path):
+    """A later layer's weight of the wrong shape: the whole-model load refuses it, the
+    short build never reads it."""
+    import os
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    bad = str(tmp_path / "bad")
+    shutil.copytree(target_dir, bad)
+    f = os.path.join(bad, "model.safetensors")
+    sd = load_file(f)
+    sd["model.layers.5.mlp.down_proj.weight"] = torch.zeros(3, 3)
+    save_file(sd, f, metadata={"format": "pt"})
+    with pytest.raises(RuntimeError):
+        _from_pretrained(bad, torch.float32)
+    t = load_target(bad, device="cpu", dtype=torch.float32, num_drafter_layers=2, tap_ids=[0, 2])
+    assert len(t.model.model.layers) == 3 and t.num_layers_total == 6
 
 
 def test_taps_are_checked_against_the_full_layer_count(target_dir, tmp_path):
