@@ -23,8 +23,18 @@ def tokenize_chat(tokenizer, messages: list[dict], where: str = "data") -> tuple
         raise DataError(f"{where}: cannot mask the conversation: {e}") from None
 
 
+#: tokenizers loaded by this process: {(realpath, the directory's file signature): tokenizer}
+_LOADED: dict[tuple, object] = {}
+_WEIGHTS = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+
+
 def load_tokenizer(path: str):
     """The tokenizer in a target directory, or None when it has none.
+
+    Loaded once per process and directory (a large vocabulary takes seconds, and a training
+    start asks for it for the mask token, the vocabulary length, the data and the held-out
+    data): callers share it and only read it. A file of the directory changed on disk
+    (name, size or mtime; weights aside) loads it anew.
 
     The class ``tokenizer_config.json`` names is loaded directly when transformers has it
     (``AutoTokenizer``'s own choice: the ``...Fast`` variant first); that skips the import of
@@ -32,6 +42,25 @@ def load_tokenizer(path: str):
     Anything else (no class named, remote code) goes through ``AutoTokenizer``."""
     if not any(os.path.isfile(os.path.join(path, f)) for f in ("tokenizer.json", "tokenizer_config.json")):
         return None
+    key = _signature(path)
+    tok = _LOADED.get(key)
+    if tok is None:
+        tok = _LOADED[key] = _load(path)
+    return tok
+
+
+def _signature(path: str) -> tuple:
+    real = os.path.realpath(path)
+    files = []
+    with os.scandir(real) as it:
+        for e in it:
+            if e.is_file() and not e.name.endswith(_WEIGHTS):
+                st = e.stat()
+                files.append((e.name, st.st_size, st.st_mtime_ns))
+    return real, tuple(sorted(files))
+
+
+def _load(path: str):
     cls = _named_class(path)
     if cls is not None:
         return cls.from_pretrained(path, local_files_only=True)

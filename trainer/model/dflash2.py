@@ -143,9 +143,9 @@ class DFlash2Drafter(Drafter):
                                                     d2.selector_top_k)
 
     @torch.no_grad()
-    def init_weights(self, seed: int) -> None:
+    def init_weights(self, seed: int, device=None) -> None:
         """The DFlash init, then the no-op starts: identity convs, a zero successor codebook."""
-        super().init_weights(seed)
+        super().init_weights(seed, device)
         for layer in self.layers:
             layer.attention_conv.reset()
             layer.mlp_conv.reset()

@@ -167,21 +167,36 @@ class Drafter(nn.Module):
         self.hidden_norm = RMSNorm(h, spec.eps)
         self.layers = nn.ModuleList(DrafterLayer(spec) for _ in range(spec.num_layers))
         self.norm = RMSNorm(h, spec.eps)
-        self.rope = DrafterRope(spec.rope_config, head_dim=spec.head_dim, theta=spec.rope_theta)
+        # RoPE tables are computed, not initialized: on the CPU even while the parameters are
+        # created on the meta device (build_drafter)
+        with torch.device("cpu"):
+            self.rope = DrafterRope(spec.rope_config, head_dim=spec.head_dim, theta=spec.rope_theta)
         self.shared = shared
 
     @torch.no_grad()
-    def init_weights(self, seed: int) -> None:
-        """Deterministic init: normal(0, init_std) for linears, ones for norms."""
+    def init_weights(self, seed: int, device=None) -> None:
+        """Deterministic init: normal(0, init_std) for linears, ones for norms, drawn in
+        parameter order from one CPU generator. A parameter still on the meta device is
+        created on ``device`` (default cpu) with the value it would have been given."""
         g = torch.Generator(device="cpu").manual_seed(int(seed))
-        for name, p in self.named_parameters():
+        for name, p in list(self.named_parameters()):
             if name.startswith(self.SHARED_PREFIX):
                 continue
+            val = None
             if p.ndim == 2:
-                p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32)
-                        .mul_(self.spec.init_std).to(p.dtype))
-            else:
-                p.fill_(1.0)
+                val = (torch.randn(p.shape, generator=g, dtype=torch.float32)
+                       .mul_(self.spec.init_std).to(p.dtype))
+            if not p.is_meta:
+                if val is not None:
+                    p.copy_(val)
+                else:
+                    p.fill_(1.0)
+                continue
+            dev = torch.device(device if device is not None else "cpu")
+            new = (val.to(dev) if val is not None
+                   else torch.ones(p.shape, dtype=p.dtype, device=dev))
+            owner, _, attr = name.rpartition(".")
+            setattr(self.get_submodule(owner), attr, nn.Parameter(new, requires_grad=p.requires_grad))
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for n, p in self.named_parameters()
@@ -220,3 +235,17 @@ class Drafter(nn.Module):
         for layer in self.layers:
             x = layer(x, ctx, rope_q, rope_k, attend)
         return self.norm(x)
+
+
+def build_drafter(make: Callable[[], Drafter], *, device, seed: int) -> Drafter:
+    """``make()``'s drafter, its own parameters created on ``device`` by ``init_weights(seed)``.
+
+    Bit for bit what ``make()`` then ``init_weights(seed)`` gives (the values come from the same
+    CPU generator in the same order), without nn.Linear's throwaway init nor a CPU copy of
+    the weights: ``make()`` runs on the meta device. The shared head and the RoPE tables stay
+    where they are (``.to(device)`` moves the latter).
+    """
+    with torch.device("meta"):
+        drafter = make()
+    drafter.init_weights(seed, device=device)
+    return drafter

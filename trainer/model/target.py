@@ -1,8 +1,12 @@
 """The frozen target: a transformers causal-LM directory, run up to the last tapped layer.
 
-``load_target(path, ...)`` loads the model from disk only (never a hub), freezes it, drops
-the decoder layers after the last tapped one, and captures each tapped layer's output
-with forward hooks (so no final norm sneaks into the last tapped state).
+``load_target(path, ...)`` loads the model from disk only (never a hub), freezes it, and
+captures each tapped layer's output with forward hooks (so no final norm sneaks into the
+last tapped state). It reads the config first and builds the model with only the decoder
+layers up to the last tapped one, so the later layers' weights are never read nor
+allocated; the weights go straight to the device when transformers can place them there
+(``device_map``, which needs ``accelerate``), else through the CPU. The embedding, the final
+norm and the LM head are kept (the drafter shares the embedding and the LM head).
 
 ``python -m trainer.model.target --out DIR`` writes a tiny random-init Qwen3 target
 (hidden 64, vocab 128, 4 layers by default) with ``save_pretrained`` plus a tiny
@@ -82,12 +86,15 @@ def tapped_layer_ids(num_target_layers: int, num_drafter_layers: int,
 class Target:
     """A frozen HF causal LM truncated after its last tapped layer."""
 
-    def __init__(self, model: nn.Module, tap_ids: list[int], path: str = ""):
+    def __init__(self, model: nn.Module, tap_ids: list[int], path: str = "",
+                 num_layers_total: int | None = None):
+        """``num_layers_total``: the target's full layer count, when ``model`` was built with
+        fewer layers (default: the layers ``model`` has)."""
         self.model = model
         self.config = model.config
         self.tap_ids = list(tap_ids)
         self.path = path
-        self.num_layers_total = len(self._layers())
+        self.num_layers_total = int(num_layers_total or len(self._layers()))
         last = max(self.tap_ids)
         layers = self._layers()
         self.model.model.layers = nn.ModuleList(list(layers)[: last + 1])
@@ -202,31 +209,90 @@ def _quiet_transformers() -> None:
         pass
 
 
-def _from_pretrained(path: str, dtype: torch.dtype):
+def _from_pretrained(path: str, dtype: torch.dtype, *, config=None, device=None):
+    """``AutoModelForCausalLM.from_pretrained`` from the local directory only; ``config``
+    replaces the directory's, ``device`` places the weights there as they are read (when
+    ``accelerate`` is installed: transformers requires it for ``device_map``)."""
     from transformers import AutoModelForCausalLM
 
     _quiet_transformers()
-    kw = dict(local_files_only=True, attn_implementation="sdpa")
+    kw: dict = dict(local_files_only=True, attn_implementation="sdpa")
+    if config is not None:
+        kw["config"] = config
+    if device is not None and _can_place_on_load():
+        kw["device_map"] = {"": torch.device(device)}
     try:
         return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kw)
     except TypeError:  # transformers 4.x spells it torch_dtype
         return AutoModelForCausalLM.from_pretrained(path, torch_dtype=dtype, **kw)
 
 
+def _can_place_on_load() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("accelerate") is not None
+
+
+#: per-layer config lists that must have ``num_hidden_layers`` entries
+_PER_LAYER_FIELDS = ("layer_types",)
+
+
+def _shortened(config, keep: int) -> dict:
+    """Set ``config`` to ``keep`` decoder layers (per-layer lists cut alike); return the
+    fields it had, for :func:`_restored`."""
+    old = {"num_hidden_layers": config.num_hidden_layers}
+    config.num_hidden_layers = keep
+    for f in _PER_LAYER_FIELDS:
+        v = getattr(config, f, None)
+        if isinstance(v, (list, tuple)) and len(v) >= keep:
+            old[f] = v
+            setattr(config, f, type(v)(v[:keep]))
+    return old
+
+
+def _restored(config, old: dict) -> None:
+    for f, v in old.items():
+        setattr(config, f, v)
+
+
 def load_target(path: str, *, device, dtype: torch.dtype, num_drafter_layers: int,
                 tap_ids: list[int] | None = None) -> Target:
+    """The frozen target, built with the decoder layers up to the last tapped one only.
+
+    ``num_layers_total`` and ``config.num_hidden_layers`` stay the full count (taps are
+    checked against it); the model holds ``max(taps)+1`` layers, loaded on ``device``."""
     if not path:
         raise TrainerConfigError("config: --model.target_path: required: a transformers "
                                  "causal-LM directory (python -m trainer.model.target --out DIR makes a tiny one)")
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise TrainerConfigError(f"config: --model.target_path: {path} has no config.json "
                                  "(give a local transformers model directory; nothing is downloaded)")
-    model = _from_pretrained(path, dtype)
-    n_layers = len(model.model.layers)
-    ids = tapped_layer_ids(n_layers, num_drafter_layers, tap_ids)
-    t = Target(model, ids, path)
+    config = _read_config(path)
+    n_layers = getattr(config, "num_hidden_layers", None)
+    if isinstance(n_layers, int):
+        ids = tapped_layer_ids(n_layers, num_drafter_layers, tap_ids)
+        old = _shortened(config, max(ids) + 1)
+        model = _from_pretrained(path, dtype, config=config, device=device)
+        _restored(model.config, old)  # the model's config names the whole target, as before
+    else:  # a config transformers cannot read or without a layer count: load whole, cut after
+        model = _from_pretrained(path, dtype)
+        n_layers = len(model.model.layers)
+        ids = tapped_layer_ids(n_layers, num_drafter_layers, tap_ids)
+    t = Target(model, ids, path, num_layers_total=n_layers)
     t.model.to(device)
     return t
+
+
+def _read_config(path: str):
+    """The directory's transformers config, or None when transformers cannot read it (the
+    full load then reports why)."""
+    from transformers import AutoConfig
+
+    _quiet_transformers()
+    try:
+        return AutoConfig.from_pretrained(path, local_files_only=True)
+    except (ValueError, OSError, KeyError):
+        return None
 
 
 def target_from_config(tcfg, *, device, dtype: torch.dtype, num_drafter_layers: int,

@@ -27,7 +27,7 @@ from dfo_contract.trainer_config import TrainerConfig
 from ..compile import registry
 from ..data.batch import Batch
 from ..model import attention, blocks
-from ..model.drafter import Drafter, DrafterSpec, SharedHead
+from ..model.drafter import Drafter, DrafterSpec, SharedHead, build_drafter
 from ..model.target import Target, load_target
 from . import objective
 
@@ -99,10 +99,13 @@ def build_models(cfg: TrainerConfig, device, *, target_device=None,
     if cfg.model.method == "dflash2":
         from ..model.dflash2 import build_dflash2
 
-        drafter = build_dflash2(spec, cfg.model, SharedHead(embed, head))
+        def make():
+            return build_dflash2(spec, cfg.model, SharedHead(embed, head))
     else:
-        drafter = Drafter(spec, SharedHead(embed, head))
-    drafter.init_weights(cfg.model.init_seed if cfg.model.init_seed is not None else cfg.train.seed)
+        def make():
+            return Drafter(spec, SharedHead(embed, head))
+    seed = cfg.model.init_seed if cfg.model.init_seed is not None else cfg.train.seed
+    drafter = build_drafter(make, device=device, seed=seed)
     if cfg.model.init_from:
         from .init_from import load_into
 
