@@ -48,7 +48,8 @@ t0 = time.perf_counter()
 import torch
 from torch import nn
 from transformers import AutoModelForCausalLM
-from trainer.model.target import Target, _from_pretrained, load_target
+from trainer.model.hf_load import from_pretrained
+from trainer.model.target import Target, load_target
 from trainer.model.drafter import Drafter, DrafterSpec, SharedHead, build_drafter
 import transformers.models.qwen3.modeling_qwen3  # noqa: F401  (imported by either way)
 out = {"import_s": time.perf_counter() - t0}
@@ -62,7 +63,7 @@ if dev.startswith("cuda"):
 if kind == "target":
     a = time.perf_counter()
     if mode == "old":
-        t = Target(_from_pretrained(path, dtype), ids, path)
+        t = Target(from_pretrained(path, dtype), ids, path)
         t.model.to(dev)
     else:
         t = load_target(path, device=dev, dtype=dtype, num_drafter_layers=len(ids), tap_ids=ids)
@@ -96,9 +97,10 @@ def write_target(out: str, *, hidden: int, layers: int, vocab: int, heads: int, 
     import torch
     from transformers import Qwen3ForCausalLM
 
-    from trainer.model.target import _quiet_transformers, tiny_qwen3_config, write_tiny_tokenizer
+    from trainer.model.hf_load import quiet_transformers
+    from trainer.model.target import tiny_qwen3_config, write_tiny_tokenizer
 
-    _quiet_transformers()
+    quiet_transformers()
     torch.manual_seed(0)
     cfg = tiny_qwen3_config(hidden=hidden, layers=layers, vocab=vocab, heads=heads,
                             kv_heads=kv_heads, head_dim=head_dim, intermediate=intermediate)

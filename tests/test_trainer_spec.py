@@ -31,9 +31,9 @@ def tiny_target(tmp_path_factory):
 
 def _random_drafter(target_dir, block_size=8):
     from trainer.model.drafter import Drafter, DrafterSpec, SharedHead
-    from trainer.model.target import _from_pretrained
+    from trainer.model.hf_load import from_pretrained
 
-    model = _from_pretrained(target_dir, torch.float32).eval()
+    model = from_pretrained(target_dir, torch.float32).eval()
     spec = DrafterSpec.from_target_config(model.config, num_layers=1, num_taps=2)
     d = Drafter(spec, SharedHead(model.get_input_embeddings(), model.get_output_embeddings()))
     d.init_weights(0)

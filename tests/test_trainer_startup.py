@@ -19,7 +19,8 @@ from torch import nn
 from dfo_contract.exitcodes import TrainerConfigError
 from trainer.model.dflash2 import DFlash2Drafter, DFlash2Spec
 from trainer.model.drafter import Drafter, DrafterSpec, SharedHead, build_drafter
-from trainer.model.target import Target, _from_pretrained, load_target, make_tiny_target
+from trainer.model.hf_load import from_pretrained
+from trainer.model.target import Target, load_target, make_tiny_target
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +30,7 @@ def target_dir(tmp_path_factory):
 
 def _old_way(path: str, taps: list[int]) -> Target:
     """Every layer loaded, then the ones after the last tap dropped."""
-    t = Target(_from_pretrained(path, torch.float32), taps, path)
+    t = Target(from_pretrained(path, torch.float32), taps, path)
     t.model.to("cpu")
     return t
 
@@ -68,7 +69,7 @@ def test_layers_after_the_last_tap_are_never_loaded(target_dir, tmp_path):
     sd["model.layers.5.mlp.down_proj.weight"] = torch.zeros(3, 3)
     save_file(sd, f, metadata={"format": "pt"})
     with pytest.raises(RuntimeError):
-        _from_pretrained(bad, torch.float32)
+        from_pretrained(bad, torch.float32)
     t = load_target(bad, device="cpu", dtype=torch.float32, num_drafter_layers=2, tap_ids=[0, 2])
     assert len(t.model.model.layers) == 3 and t.num_layers_total == 6
 

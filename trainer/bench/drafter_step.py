@@ -341,9 +341,9 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         print(f"trainer.bench: unknown variant {bad[0]!r} (known: {', '.join(VARIANTS)})", file=sys.stderr)
         return 2
-    from ..model.target import _quiet_transformers
+    from ..model.hf_load import quiet_transformers
 
-    _quiet_transformers()
+    quiet_transformers()
     r = run(a)
     print(markdown(r))
     sys.stdout.write(format_marker({"kind": "bench", **r}))

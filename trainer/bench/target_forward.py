@@ -156,9 +156,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"target_forward: unknown variant {bad[0]!r} (known: {', '.join(VARIANTS)})",
               file=sys.stderr)
         return 2
-    from ..model.target import _quiet_transformers
+    from ..model.hf_load import quiet_transformers
 
-    _quiet_transformers()
+    quiet_transformers()
     r = run(a)
     print(table(r))
     if a.json:

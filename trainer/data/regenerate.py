@@ -75,9 +75,9 @@ class Rewriter:
     def __init__(self, target: str, device: str, max_new_tokens: int, template_kwargs: dict):
         import torch
 
-        from ..model.target import _from_pretrained, _quiet_transformers
+        from ..model.hf_load import from_pretrained, quiet_transformers
 
-        _quiet_transformers()
+        quiet_transformers()
         tok = load_tokenizer(target)
         if tok is None:
             raise DataError(f"--target: {target}: no tokenizer; regenerate needs the target's tokenizer")
@@ -88,7 +88,7 @@ class Rewriter:
         self.tok, self.kw = tok, dict(template_kwargs)
         self.dev = _device(device)
         dtype = torch.bfloat16 if self.dev.type == "cuda" else torch.float32
-        self.model = _from_pretrained(target, dtype)
+        self.model = from_pretrained(target, dtype)
         self.model.to(self.dev).eval()
         self.max_new = max_new_tokens
         self.eot = tok.convert_tokens_to_ids(self.masker.end_of_turn)

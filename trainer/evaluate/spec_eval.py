@@ -158,7 +158,8 @@ def speculative(target: Tapped, drafter, prompt: list[int], n_new: int, device) 
 
 def load_pair(path: str, *, target_path: str | None, device, dtype=None):
     """(Tapped target, drafter) from a checkpoint dir (step_N) or an exported directory."""
-    from ..model.target import _from_pretrained, tapped_layer_ids
+    from ..model.hf_load import from_pretrained
+    from ..model.target import tapped_layer_ids
 
     exported = os.path.isfile(os.path.join(path, "config.json"))
     if exported:
@@ -177,7 +178,7 @@ def load_pair(path: str, *, target_path: str | None, device, dtype=None):
         raise TrainerConfigError(f"config: --target: {target_path or '(none)'} has no config.json")
     if dtype is None:
         dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
-    model = _from_pretrained(target_path, dtype).to(device).eval()
+    model = from_pretrained(target_path, dtype).to(device).eval()
     if exported:
         from .export import load_exported
 

@@ -30,6 +30,8 @@ from torch import nn
 from dfo_contract.exitcodes import TrainerConfigError
 from dfo_contract.fsio import fsync_dir, replace_dir, tmp_name
 
+from .hf_load import from_pretrained, quiet_transformers, restored, shortened
+
 TINY_SPECIALS = ["<|pad|>", "<|im_start|>", "<|im_end|>", "<|mask|>"]
 TINY_MASK_ID = 3
 TINY_CHAT_TEMPLATE = (
@@ -199,62 +201,6 @@ class Target:
             self._local.captured = None
 
 
-def _quiet_transformers() -> None:
-    try:
-        from transformers.utils import logging as tlog
-
-        tlog.disable_progress_bar()
-        tlog.set_verbosity_error()
-    except Exception:  # noqa: BLE001 - cosmetics only
-        pass
-
-
-def _from_pretrained(path: str, dtype: torch.dtype, *, config=None, device=None):
-    """``AutoModelForCausalLM.from_pretrained`` from the local directory only; ``config``
-    replaces the directory's, ``device`` places the weights there as they are read (when
-    ``accelerate`` is installed: transformers requires it for ``device_map``)."""
-    from transformers import AutoModelForCausalLM
-
-    _quiet_transformers()
-    kw: dict = dict(local_files_only=True, attn_implementation="sdpa")
-    if config is not None:
-        kw["config"] = config
-    if device is not None and _can_place_on_load():
-        kw["device_map"] = {"": torch.device(device)}
-    try:
-        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kw)
-    except TypeError:  # transformers 4.x spells it torch_dtype
-        return AutoModelForCausalLM.from_pretrained(path, torch_dtype=dtype, **kw)
-
-
-def _can_place_on_load() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("accelerate") is not None
-
-
-#: per-layer config lists that must have ``num_hidden_layers`` entries
-_PER_LAYER_FIELDS = ("layer_types",)
-
-
-def _shortened(config, keep: int) -> dict:
-    """Set ``config`` to ``keep`` decoder layers (per-layer lists cut alike); return the
-    fields it had, for :func:`_restored`."""
-    old = {"num_hidden_layers": config.num_hidden_layers}
-    config.num_hidden_layers = keep
-    for f in _PER_LAYER_FIELDS:
-        v = getattr(config, f, None)
-        if isinstance(v, (list, tuple)) and len(v) >= keep:
-            old[f] = v
-            setattr(config, f, type(v)(v[:keep]))
-    return old
-
-
-def _restored(config, old: dict) -> None:
-    for f, v in old.items():
-        setattr(config, f, v)
-
-
 def load_target(path: str, *, device, dtype: torch.dtype, num_drafter_layers: int,
                 tap_ids: list[int] | None = None) -> Target:
     """The frozen target, built with the decoder layers up to the last tapped one only.
@@ -271,11 +217,11 @@ def load_target(path: str, *, device, dtype: torch.dtype, num_drafter_layers: in
     n_layers = getattr(config, "num_hidden_layers", None)
     if isinstance(n_layers, int):
         ids = tapped_layer_ids(n_layers, num_drafter_layers, tap_ids)
-        old = _shortened(config, max(ids) + 1)
-        model = _from_pretrained(path, dtype, config=config, device=device)
-        _restored(model.config, old)  # the model's config names the whole target, as before
+        old = shortened(config, max(ids) + 1)
+        model = from_pretrained(path, dtype, config=config, device=device)
+        restored(model.config, old)  # the model's config names the whole target, as before
     else:  # a config transformers cannot read or without a layer count: load whole, cut after
-        model = _from_pretrained(path, dtype)
+        model = from_pretrained(path, dtype)
         n_layers = len(model.model.layers)
         ids = tapped_layer_ids(n_layers, num_drafter_layers, tap_ids)
     t = Target(model, ids, path, num_layers_total=n_layers)
@@ -288,7 +234,7 @@ def _read_config(path: str):
     full load then reports why)."""
     from transformers import AutoConfig
 
-    _quiet_transformers()
+    quiet_transformers()
     try:
         return AutoConfig.from_pretrained(path, local_files_only=True)
     except (ValueError, OSError, KeyError):
@@ -351,7 +297,7 @@ def make_tiny_target(out: str, *, hidden=64, layers=4, vocab=128, heads=4, kv_he
     """Write a random-init Qwen3 (and a tiny tokenizer) to ``out`` via a temp dir + rename."""
     from transformers import Qwen3ForCausalLM
 
-    _quiet_transformers()
+    quiet_transformers()
     if vocab < 100 and tokenizer:
         raise TrainerConfigError("target: --vocab must be >= 100 to hold the tiny tokenizer "
                                  "(or pass --no-tokenizer)")

@@ -30,9 +30,9 @@ def teach(target_dir: str, *, steps: int = 300, seq_len: int = 40, batch: int = 
 
     from dfo_contract.fsio import fsync_dir
     from ..data.synth import synth_samples
-    from .target import _quiet_transformers
+    from .hf_load import quiet_transformers
 
-    _quiet_transformers()
+    quiet_transformers()
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(target_dir, local_files_only=True,
@@ -64,9 +64,9 @@ def regenerate(target_dir: str, out: str, *, num: int = 128, prompt_len: int = 4
     from transformers import AutoModelForCausalLM
 
     from dfo_contract.fsio import atomic_write_text
-    from .target import _quiet_transformers
+    from .hf_load import quiet_transformers
 
-    _quiet_transformers()
+    quiet_transformers()
     model = AutoModelForCausalLM.from_pretrained(target_dir, local_files_only=True,
                                                  dtype=torch.float32).eval()
     span = model.config.vocab_size - reserve
