@@ -101,8 +101,7 @@ def main(argv: list[str]) -> int:
                 break
     import vllm
 
-    plain, _, t_plain = decode(args, prompts, speculative=False)
-    try:
+    try:   # speculation first: a drafter vLLM refuses is reported without the plain run
         spec, stats, t_spec = decode(args, prompts, speculative=True)
     except Exception as e:  # noqa: BLE001 - reported, not hidden: the bench says where vLLM stopped
         res = {"vllm": vllm.__version__, "error": where(e),
@@ -112,7 +111,7 @@ def main(argv: list[str]) -> int:
         print(res["traceback"], file=sys.stderr)
         print(json.dumps({"vllm": res["vllm"], "error": res["error"]}))
         return 0
-
+    plain, _, t_plain = decode(args, prompts, speculative=False)
     res = {"vllm": vllm.__version__, "prompts": prompts, "plain": plain, "speculative": spec,
            "identical": plain == spec, "stats": stats,
            "seconds": {"plain": round(t_plain, 3), "speculative": round(t_spec, 3)}}
