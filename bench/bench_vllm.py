@@ -102,8 +102,8 @@ def main(argv: list[str]) -> int:
         run(["-m", "trainer", "export", ckpt, "--out", export, "--target", target])
     print("bench_vllm: dfo's speculative decoding", flush=True)
     run(["-m", "trainer", "eval", export, "--target", target, "--prompts", prompts,
-         "--spec-decode", NEW, "--dtype", "fp32", "--json", w / "dfo_eval.json"])
-    dfo = json.loads((w / "dfo_eval.json").read_text())
+         "--spec-decode", NEW, "--dtype", "fp32", "--json", w / f"dfo_eval-{a.method}.json"])
+    dfo = json.loads((w / f"dfo_eval-{a.method}.json").read_text())
     print("bench_vllm: vLLM", flush=True)
     vpy = vllm_venv(Path(a.vllm_venv).resolve() if a.vllm_venv else w / "vllm-venv")
     venv = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1")
