@@ -183,6 +183,18 @@ def run_shared(tmp_path_factory) -> Path:
     return run_dir(tmp_path_factory)
 
 
+@pytest.fixture
+def one_torch_thread():
+    """torch on one thread for the test (in-process training runs: as the trainer's
+    subprocesses run with OMP_NUM_THREADS=1, and steady on a shared machine)."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="session")
 def tiny_assets(run_shared: Path) -> Path:
     """A tiny real target and synthetic data, made by the trainer's own tools; read-only

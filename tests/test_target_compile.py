@@ -24,12 +24,7 @@ def tiny(tmp_path_factory):
     return make_target(str(d / "target")), make_synth(str(d / "data.jsonl"), num=24), d
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _run(cfg) -> tuple[dict[int, float], list[dict], str]:

@@ -15,12 +15,7 @@ from trainer.model.dflash2 import DFlash2Spec
 from trainer.model.drafter import DrafterSpec
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_dflash2_flops_by_hand_on_a_tiny_shape():

@@ -27,12 +27,7 @@ def env(tmp_path_factory):
             "data": make_synth(str(d / "synth.jsonl"), num=48)}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _train(env, run, resume=None, **kw):

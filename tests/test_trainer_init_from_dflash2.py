@@ -24,12 +24,7 @@ D2 = {"model.method": "dflash2", "model.drafter_layers": 2, "model.target_layer_
       "model.selector_rank": 8, "model.selector_top_k": 4, "model.sliding_window": 24}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ import sys
 import time
 
 import pytest
-import torch
 
 from tests.helpers.trainer import (PY, REPO, make_synth, make_target, markers, run_trainer,
                                         tiny_config, tiny_overrides)
@@ -27,12 +26,8 @@ def env(tmp_path_factory):
             "data": make_synth(str(d / "synth.jsonl"), num=48)}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # the same as the subprocess runs (OMP_NUM_THREADS=1)
-    yield
-    torch.set_num_threads(n)
+# one torch thread: the same as the subprocess runs (OMP_NUM_THREADS=1)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _losses(run_dir) -> dict[int, float]:
