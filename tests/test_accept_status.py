@@ -60,3 +60,18 @@ def test_goodput_cell_is_the_share_of_time_spent_training():
     assert row_values(dict(_run(), time={"version": 1, "goodput": 0.4637}))["goodput"].plain == "46%"
     assert row_values(dict(_run(), time={"goodput": "x"}))["goodput"].plain == "-"   # hand-edited
     assert row_values(dict(_run(), time=None))["goodput"].plain == "-"
+
+
+def test_a_terminal_leaves_out_an_optional_column_without_a_value():
+    from orchestrator.cli.status import COLUMNS, columns_for
+
+    rows = [{c: v.plain for c, v in row_values(_run()).items()}]
+    assert rows[0]["accept"] == rows[0]["goodput"] == "-"
+    cols = columns_for(200, cells=rows)
+    assert "accept" not in cols and "goodput" not in cols and "trend" not in cols
+    assert cols[:3] == ["run", "state", "step"] and "checkpoint" not in cols
+    rows = [{c: v.plain for c, v in row_values(dict(_run(accept_len=3.1),
+                                                    time={"goodput": 0.5})).items()}]
+    cols = columns_for(200, cells=rows)
+    assert "accept" in cols and "goodput" in cols
+    assert columns_for(60, wide=True, cells=rows) == list(COLUMNS)   # --wide: every column

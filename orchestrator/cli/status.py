@@ -24,7 +24,7 @@ COLUMNS = ("run", "state", "step", "tok/s", "trend", "accept", "goodput", "fallb
 #: what a narrow terminal keeps: these always, then the optional ones in this order while
 #: they fit (--wide: all, folded to fit)
 REQUIRED = ("run", "state", "step", "tok/s", "fallback")
-OPTIONAL = ("trend", "accept", "goodput", "checkpoint", "attempt", "uptime", "last event")
+OPTIONAL = ("trend", "accept", "checkpoint", "goodput", "attempt", "uptime", "last event")
 _STYLE = {"done": "green", "failed": "red", "lost": "red", "running": "cyan",
           "backoff": "yellow", "stopping": "yellow", "stopped": "dim"}
 
@@ -32,7 +32,8 @@ _STYLE = {"done": "green", "failed": "red", "lost": "red", "running": "cyan",
 def columns_for(width: int | None, wide: bool = False,
                 cells: list[dict[str, str]] | None = None) -> list[str]:
     """The columns ``dfo status`` shows at a terminal ``width`` (None or --wide: all):
-    the required ones, then each optional one that still fits its widest cell."""
+    the required ones, then each optional one that holds a value (not only ``-``) and
+    still fits its widest cell."""
     if wide or width is None:
         return list(COLUMNS)
 
@@ -43,6 +44,8 @@ def columns_for(width: int | None, wide: bool = False,
     used = sum(need(c) for c in REQUIRED) - 3   # no outer edge or edge padding
     chosen = set(REQUIRED)
     for c in OPTIONAL:
+        if all(row.get(c, "-") == "-" for row in cells or [{}]):
+            continue
         if used + need(c) <= width:
             chosen.add(c)
             used += need(c)
@@ -184,8 +187,8 @@ def status(app, host_name, run_id, wide, watch_, interval, as_json, group_name):
     """A table of the host's runs: state, step, tok/s and its trend, fallback, checkpoint.
 
     A terminal shows run, state, step, tok/s and fallback always, then the trend, the
-    acceptance length, goodput (the share of the run's time spent training), checkpoint,
-    attempt, uptime and last event as they fit; --wide shows them all.
+    acceptance length, checkpoint, goodput (the share of the run's time spent training),
+    attempt, uptime and last event as they fit and hold a value; --wide shows them all.
     With --group: one row per node of the group's run (--run, else the head's live or
     newest run)."""
     if group_name is not None:
