@@ -117,7 +117,7 @@ def next_commands(host_name: str) -> list[tuple[str, str]]:
         plot = "its curves as a PNG"
     except ImportError:
         plot = f"its curves as a PNG (needs matplotlib: {install_extra_hint('plot')})"
-    return [(f"dfo status{h}", "the run's state (--json: its goodput and time lost too)"),
+    return [(f"dfo status{h}", "the run's state and goodput (--json: the time lost per cause too)"),
             (f"dfo plot{h}", plot),
             (f"dfo export{h} --to DIR", "the drafter (its newest checkpoint) for vLLM or SGLang"),
             (f"dfo launch{h} --resume step_200 --set train.max_steps=300 -f",
