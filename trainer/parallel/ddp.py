@@ -129,8 +129,7 @@ class DdpLayout(LayoutBase):
         self.data_parallel = self.world
         self.target, self.drafter = S.build_models(
             cfg, self.device, target=build_target(self.device) if build_target else None)
-        self.uses_compiled = (cfg.compile.enabled or cfg.compile.target
-                              or self.drafter.attn_backend == "flex")
+        self.uses_compiled = S.uses_compiled(cfg, [self.drafter])
         self.gate = install(CompileGate(enabled=cfg.compile.gate, settings=default_dynamo_settings(
             S.compile_variants(cfg, 1, 1))))
         self.gate.thread_setup()

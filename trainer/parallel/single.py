@@ -20,8 +20,7 @@ class SingleLayout(LayoutBase):
         self.device = S.resolve_device(cfg.parallel.drafter_devices[0])
         tdev = S.resolve_device(cfg.parallel.target_devices[0])
         self.target, self.drafter = S.build_models(cfg, self.device, target_device=tdev)
-        self.uses_compiled = (self.drafter.attn_backend == "flex" or cfg.compile.enabled
-                              or cfg.compile.target)
+        self.uses_compiled = S.uses_compiled(cfg, [self.drafter])
         self._gate: gate.CompileGate | None = None
 
     def parameters(self):

@@ -51,8 +51,7 @@ class ThreadsLayout(LayoutBase):
         replicas.broadcast_params(self.drafters)
         self.target, self.drafter, self.device = self.targets[0], self.drafters[0], \
             self.drafter_devices[0]
-        self.uses_compiled = cfg.compile.enabled or cfg.compile.target or any(
-            d.attn_backend == "flex" for d in self.drafters)
+        self.uses_compiled = S.uses_compiled(cfg, self.drafters)
         n_variants = S.compile_variants(cfg, len(self.drafters), len(self.targets))
         self.gate = install(CompileGate(enabled=cfg.compile.gate,
                                         settings=default_dynamo_settings(n_variants)))

@@ -125,6 +125,13 @@ def compile_target(cfg: TrainerConfig, target: Target) -> None:
         target.compile_layers()
 
 
+def uses_compiled(cfg: TrainerConfig, drafters) -> bool:
+    """Whether a layout runs anything compiled: the drafter step (``compile.enabled``), the
+    target's layers (``compile.target``) or flex attention in any of ``drafters``."""
+    return bool(cfg.compile.enabled or cfg.compile.target
+                or any(d.attn_backend == "flex" for d in drafters))
+
+
 def warmup_what(cfg: TrainerConfig, what: str) -> str:
     """A warm-up unit's name, naming the target's layers when they are compiled too."""
     return f"{what} + target layers" if cfg.compile.target else what
