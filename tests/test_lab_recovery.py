@@ -58,10 +58,17 @@ def test_up_recovers_from_a_killed_sshd_and_a_taken_port(root_only, tmp_path):
     while pid_alive(info.pid):
         assert time.monotonic() < deadline, "the killed sshd is still alive"
         time.sleep(0.02)
-    # someone else grabs the old port meanwhile
+    # someone else grabs the old port meanwhile (once a connection child of the killed sshd,
+    # which holds the listening socket until it exits, is gone too)
     squatter = socket.socket()
     squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    squatter.bind(("127.0.0.1", info.port))
+    while True:
+        try:
+            squatter.bind(("127.0.0.1", info.port))
+            break
+        except OSError:
+            assert time.monotonic() < deadline, f"port {info.port} still held after the kill"
+            time.sleep(0.02)
     squatter.listen()
     try:
         info2, started = s.up()
