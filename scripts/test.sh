@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The test command (README): from a clean clone on a fresh Debian 12 machine, as root:
 #   1. apt-get install what the lab of real parts needs (only what is missing);
-#   2. a venv (.venv, Python 3.11 from PATH) with `pip install -e '.[trainer,dev]'`
-#      (torch from $PIP_FIND_LINKS, e.g. /opt/wheels, when there; else PyPI);
+#   2. a venv (.venv, Python 3.11 from PATH) holding tests/env/requirements.lock (hash-pinned:
+#      dfo's `trainer` and `dev` extras) and dfo itself; torch's +cpu wheel from
+#      $PIP_FIND_LINKS (e.g. /opt/wheels), else fetched once from PyTorch's CPU index;
 #   3. the README's test command, `python -m pytest -q`, with CI=true so that a
 #      lab that cannot come up fails instead of skipping; on two xdist workers
 #      (`-n 2 --dist loadgroup`: the lab tests on one lane, each other file on
@@ -53,23 +54,40 @@ fi
 if [[ -z ${PIP_FIND_LINKS:-} && -d /opt/wheels ]]; then
     export PIP_FIND_LINKS=/opt/wheels   # the CPU torch wheel on this kind of machine
 fi
-# the lab deploys the `cpu` profile offline: torch's +cpu wheel must be in a find-links dir
+# The test env is tests/env/requirements.lock: every package pinned and hashed, so a release
+# on PyPI never changes it. torch's +cpu build is not on PyPI: it comes from a find-links
+# directory, or is fetched once from PyTorch's CPU index into a cache (checked against the
+# lock's hash). The lab's containers deploy the `cpu` profile offline from the same wheel.
+LOCK=tests/env/requirements.lock
 torch_cpu=torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl
+torch_url="https://download.pytorch.org/whl/cpu/torch-2.13.0%2Bcpu-cp311-cp311-manylinux_2_28_x86_64.whl"
 found=
-for d in ${PIP_FIND_LINKS//,/ }; do
+for d in ${PIP_FIND_LINKS//,/ }; do   # whitespace or comma separated, as dfo reads it
     [[ $d == *://* || -f $d/$torch_cpu ]] && found=1
 done
 if [[ -z $found ]]; then
-    echo "scripts/test.sh: the tests need $torch_cpu (https://download.pytorch.org/whl/cpu/torch/) in a directory named by PIP_FIND_LINKS (README)" >&2
-    exit 2
+    cache="${DFO_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/dfo/wheels}"
+    if [[ ! -f $cache/$torch_cpu ]]; then
+        log "fetching $torch_cpu from PyTorch's CPU index into $cache (once; PyPI does not serve it)"
+        want=$(grep -A1 "^torch==2.13.0+cpu " "$LOCK" | sed -n 's/.*--hash=sha256:\([0-9a-f]*\).*/\1/p')
+        if ! "$PY" scripts/fetch_wheel.py "${DFO_TORCH_CPU_URL:-$torch_url}" "$cache" "$torch_cpu" "$want" >/dev/null
+        then
+            echo "scripts/test.sh: could not fetch ${DFO_TORCH_CPU_URL:-$torch_url}; place $torch_cpu in a directory and name it in PIP_FIND_LINKS (README)" >&2
+            exit 2
+        fi
+    fi
+    export PIP_FIND_LINKS="$cache${PIP_FIND_LINKS:+ $PIP_FIND_LINKS}"   # pip splits on whitespace
 fi
-constraints=$(mktemp)
-trap 'rm -f "$constraints"' EXIT
-# torch==2.13.0 also matches a local 2.13.0+cpu wheel from PIP_FIND_LINKS (PEP 440)
-echo "torch==2.13.0" >"$constraints"
-log "pip install -e '.[trainer,dev]'"
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -c "$constraints" -e '.[trainer,dev]'
+# install the lock once per lock (a stamp in the venv holds its sha256), then dfo itself
+# without dependencies and without build isolation (setuptools and wheel are in the lock)
+lock_sha=$(sha256sum "$LOCK" | cut -d' ' -f1)
+if [[ $(cat .venv/.dfo-test-lock 2>/dev/null) != "$lock_sha" ]]; then
+    log "pip install --require-hashes -r $LOCK"
+    .venv/bin/python -m pip install -q --require-hashes --no-deps -r "$LOCK"
+    echo "$lock_sha" >.venv/.dfo-test-lock
+fi
+log "pip install --no-deps -e ."
+.venv/bin/python -m pip install -q --no-deps --no-build-isolation -e .
 
 # --- 3. the tests (the README's command) --------------------------------------
 workers=${DFO_TEST_WORKERS:-2}

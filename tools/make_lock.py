@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     s = prof.sources
     cmd = [uv_bin(), "pip", "compile", str(req_in), "--generate-hashes", "--quiet",
            "--python-version", prof.python, "--python-platform", prof.platform,
-           "--custom-compile-command", f"python tools/make_lock.py {prof.name}"]
+           "--custom-compile-command", f"python tools/make_lock.py {args.profile}"]
     env_links = [] if args.no_env_find_links else local_find_links(dict(os.environ))
     for fl in [*args.find_links, *s.find_links, *env_links]:
         cmd += ["--find-links", fl]
