@@ -80,10 +80,12 @@ if [[ -z $found ]]; then
 fi
 # install the lock once per lock (a stamp in the venv holds its sha256), then dfo itself
 # without dependencies and without build isolation (setuptools and wheel are in the lock)
-lock_sha=$(sha256sum "$LOCK" | cut -d' ' -f1)
+REFERENCE=tests/env/reference.txt   # z-lab's own model classes, for the parity tests
+lock_sha=$(cat "$LOCK" "$REFERENCE" | sha256sum | cut -d' ' -f1)
 if [[ $(cat .venv/.dfo-test-lock 2>/dev/null) != "$lock_sha" ]]; then
-    log "pip install --require-hashes -r $LOCK"
+    log "pip install --require-hashes -r $LOCK -r $REFERENCE"
     .venv/bin/python -m pip install -q --require-hashes --no-deps -r "$LOCK"
+    .venv/bin/python -m pip install -q --require-hashes --no-deps -r "$REFERENCE"
     echo "$lock_sha" >.venv/.dfo-test-lock
 fi
 log "pip install --no-deps -e ."

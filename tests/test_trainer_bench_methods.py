@@ -24,11 +24,13 @@ def test_dflash2_flops_by_hand_on_a_tiny_shape():
     spec = DrafterSpec(hidden=8, heads=2, kv_heads=1, head_dim=4, intermediate=16, num_layers=1,
                        num_taps=2, vocab=10)
     d2 = DFlash2Spec(block_size=4, conv_kernel_size=2, conv_group_size=4, selector_rank=3,
-                     selector_top_k=2, sliding_window=5)
+                     selector_top_k=2)
     anchors, valid = torch.tensor([[2, 6]]), torch.tensor([[True, True]])
-    # full: 4*(2+4) + 4*(6+4); window 5: context min(a, 4-k) per slot k, own block k+1
+    # full: 4*(2+4) + 4*(6+4); window 5: context min(a, 4-k) per slot k; own block: all 4
+    # slots (bidirectional), k+1 of them (causal)
     assert visible_pairs(anchors, valid, 4) == 64
-    assert visible_pairs(anchors, valid, 4, 5) == (2 + 2 + 2 + 1) + (4 + 3 + 2 + 1) + 2 * 10 == 37
+    assert visible_pairs(anchors, valid, 4, 5) == (2 + 2 + 2 + 1) + (4 + 3 + 2 + 1) + 2 * 16 == 49
+    assert visible_pairs(anchors, valid, 4, 5, causal=True) == (2 + 2 + 2 + 1) + (4 + 3 + 2 + 1) + 2 * 10 == 37
     f = drafter_flops(spec, seq_len=12, tq=8, pairs=37, label_rows=6, d2=d2)
     fc = 4 * 12 * 16 * 8                                                   # 6144
     lin = 6 * (8 * 8 * 8 + 2 * 20 * 8 * 4 + 8 * 8 * 8 + 3 * 8 * 8 * 16)    # 32256
@@ -49,8 +51,9 @@ def test_window_pairs_count_the_visibility_mask():
                                            torch.tensor([90, 60, 10]), 12, 8, generator=g)
     assert not bool(valid.all())                     # some invalid blocks (the short row)
     for window in (0, 8, 13, 40, 200):
-        vis = blocks.visibility_mask(anchors, valid, 90, 8, window)
-        assert visible_pairs(anchors, valid, 8, window) == int(vis.sum()), window
+        for causal in (False, True):
+            vis = blocks.visibility_mask(anchors, valid, 90, 8, window, causal)
+            assert visible_pairs(anchors, valid, 8, window, causal) == int(vis.sum()), window
 
 
 def test_matmul_flops_match_torch_flop_counter_on_a_real_step():

@@ -104,14 +104,17 @@ def test_sliding_flex_mask_matches_torch_block_mask():
     anchors, valid = blocks.sample_anchors(torch.ones(2, 300, dtype=torch.bool),
                                            torch.tensor([300, 170]), 20, 8, generator=g)
     for window in (16, 100):           # 0 (full DFlash visibility): tests/test_trainer_flex.py
-        ours = attention.flex_block_mask(anchors, valid, 300, 8, window=window).to_dense()
-        ref = attention.reference_block_mask(anchors, valid, 300, 8, window=window).to_dense()
-        assert torch.equal(ours, ref), window
-    vis = blocks.visibility_mask(anchors, valid, 300, 8, 16)
+        for causal in (False, True):
+            ours = attention.flex_block_mask(anchors, valid, 300, 8, window=window,
+                                             causal=causal).to_dense()
+            ref = attention.reference_block_mask(anchors, valid, 300, 8, window=window,
+                                                 causal=causal).to_dense()
+            assert torch.equal(ours, ref), (window, causal)
     a, k = int(anchors[0, 3]), 5                             # slot 5 of block 3 (position a+5)
-    row = vis[0, 3 * 8 + k]
-    assert row[:300].nonzero().flatten().tolist() == list(range(max(0, a + k - 15), a))
-    assert row[300:].nonzero().flatten().tolist() == [3 * 8 + j for j in range(k + 1)]
+    for causal, own in ((False, range(8)), (True, range(k + 1))):
+        row = blocks.visibility_mask(anchors, valid, 300, 8, 16, causal)[0, 3 * 8 + k]
+        assert row[:300].nonzero().flatten().tolist() == list(range(max(0, a + k - 15), a))
+        assert row[300:].nonzero().flatten().tolist() == [3 * 8 + j for j in own]
 
 
 def test_flex_forward_matches_sdpa_with_a_window(env):

@@ -1,5 +1,5 @@
 """Validation of ``model.method`` and the DFlash2 fields (``model.conv_*``, ``model.selector_*``,
-``model.sliding_window``, ``model.final_logit_softcapping``, ``model.output_multiplier``,
+``model.final_logit_softcapping``, ``model.output_multiplier``,
 ``train.selector_loss_alpha``). Torch-free; checks needing the target's shape (the conv group
 dividing the hidden size, top-k within the vocabulary) are made when the drafter is built.
 """
@@ -25,12 +25,6 @@ def validate_method(cfg, err) -> None:
     if m.conv_kernel_size > m.block_size:
         raise err("model.conv_kernel_size", f"must be <= model.block_size ({m.block_size}), "
                                             f"got {m.conv_kernel_size}")
-    if not isinstance(m.sliding_window, int) or m.sliding_window < 0:
-        raise err("model.sliding_window", f"expected an integer >= 0 (0: full attention), "
-                                          f"got {m.sliding_window!r}")
-    if 0 < m.sliding_window < m.block_size:
-        raise err("model.sliding_window", f"must be 0 or >= model.block_size ({m.block_size}), "
-                                          f"got {m.sliding_window}")
     if not (math.isfinite(m.final_logit_softcapping) and m.final_logit_softcapping > 0):
         raise err("model.final_logit_softcapping",
                   f"expected a positive number, got {m.final_logit_softcapping}")

@@ -18,6 +18,7 @@ import yaml
 
 from ..exitcodes import TrainerConfigError
 from ..faultspec import parse_spec
+from .layers import validate_layers, validate_window
 from .methods import validate_method
 from .schema import (ATTENTION_BACKENDS, COMPILE_MODES, DATA_FORMATS, DDP_GRAD_DTYPES, DTYPES,
                      LAYOUTS, SCHEDULES, TrainerConfig)
@@ -253,6 +254,8 @@ def validate(cfg: TrainerConfig) -> TrainerConfig:
     if m.gamma is not None and not m.gamma > 0:
         raise _err("model.gamma", f"expected a positive number, got {m.gamma}")
     _positive(m.ce_chunk, "model.ce_chunk")
+    validate_layers(m, _err)
+    validate_window(m, _err)
 
     if not d.path:
         raise _err("data.path", "required: a .jsonl, .jsonl.gz or .parquet file (tokenized or "

@@ -47,12 +47,18 @@ class ModelConfig:
     #                                           taps, block size, mask token (and DFlash2 settings)
     #                                           start the run ("" = off)
     method: str = "dflash"                    # dflash | dflash2 (conv + top-k path selector, docs/trainer.md)
+    # the draft layers' attention (trainer_config.layers): per layer full_attention |
+    # sliding_attention (null: every layer full for dflash, sliding for dflash2 unless the
+    # window is 0); is_causal within the block: false every layer bidirectional, true every
+    # layer causal, null sliding layers causal and full ones bidirectional
+    layer_types: list[str] | None = None
+    sliding_window: int = 2048                # the sliding layers' window (0: none)
+    is_causal: bool | None = False
     # DFlash2 only (ignored for dflash); names as in the export's dflash_config
     conv_kernel_size: int = 2                 # taps of the dynamic depthwise conv around each sublayer
     conv_group_size: int = 16                 # channels sharing one dynamic coefficient (divides hidden)
     selector_rank: int = 256                  # rank of the pairwise path selector
     selector_top_k: int = 16                  # candidates per slot the selector re-ranks
-    sliding_window: int = 2048                # draft-layer attention window (0: full attention)
     final_logit_softcapping: float = 20.0     # unary logits: cap * tanh(logits * multiplier / cap)
     output_multiplier: float = 1.0
 

@@ -17,9 +17,12 @@ from .console import note
 @click.option("--to", "to", required=True, type=click.Path(file_okay=False),
               help="Local directory to write the export to (replaced atomically).")
 @click.option("--dtype", default="bf16", show_default=True, type=click.Choice(["bf16", "fp16", "fp32"]))
+@click.option("--engines", default="all", show_default=True, metavar="LIST",
+              help="Engines that must serve every draft layer as it was trained, comma "
+                   "separated (z-lab,vllm,sglang,llama.cpp); the export is refused otherwise.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.pass_context
-def export(ctx: click.Context, host_name, run, step, to, dtype, as_json) -> int:
+def export(ctx: click.Context, host_name, run, step, to, dtype, engines, as_json) -> int:
     """Export a checkpoint (z-lab/SGLang DFlash layout) and copy it here, sha256-verified."""
     from ..engine.export import ExportOps
 
@@ -32,7 +35,7 @@ def export(ctx: click.Context, host_name, run, step, to, dtype, as_json) -> int:
             click.echo(f"dfo: {name} verified ({done}/{total} bytes, {pct:.0f}%)", err=True)
 
     ops = ExportOps(app.transport(host_name), app.host(host_name), say=say)
-    res = ops.export(to, run=run, step=step, dtype=dtype, progress=progress)
+    res = ops.export(to, run=run, step=step, dtype=dtype, progress=progress, engines=engines)
     if as_json:
         click.echo(json.dumps(res.to_json()))
     else:

@@ -105,8 +105,8 @@ class ExportOps:
                             hint=f"valid steps: {have}")
 
     def export(self, to: str, *, run: str | None = None, step: str | None = None,
-               dtype: str = "bf16", progress: Callable[[str, int, int], None] | None = None
-               ) -> ExportResult:
+               dtype: str = "bf16", progress: Callable[[str, int, int], None] | None = None,
+               engines: str = "all") -> ExportResult:
         st = parse_step(step)
         if dtype not in ("bf16", "fp16", "fp32"):
             raise ConfigError(f"--dtype {dtype!r}", hint="use bf16, fp16 or fp32")
@@ -122,7 +122,7 @@ class ExportOps:
         remote = posixpath.join(self.layout.root, "exports", name, posixpath.basename(ckpt))
         self.say(f"exporting {ckpt} on {self.host.name}")
         r = self.t.run([self.runs.python, "-m", "trainer", "export", ckpt, "--out", remote,
-                        "--dtype", dtype], timeout=1800)
+                        "--dtype", dtype, "--engines", engines], timeout=1800)
         if not r.ok:
             last = (r.err.strip().splitlines() or ["(no output)"])[-1]
             raise RemoteCommandError(f"export of {ckpt} failed on {self.host.name}: {last}",

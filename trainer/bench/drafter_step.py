@@ -156,7 +156,8 @@ def bench_method(a, method: str, dev, target, tcfg, batch, feats, t_targets, pea
                                        "flops": dfl, "visible_pairs": pairs, "variants": {}}
     if method == "dflash2":
         d2 = drafter.d2
-        out["config"] = {"sliding_window": d2.sliding_window, "conv_kernel_size": d2.conv_kernel_size,
+        out["config"] = {"sliding_window": cfg.model.sliding_window, "is_causal": cfg.model.is_causal,
+                          "conv_kernel_size": d2.conv_kernel_size,
                           "conv_group_size": d2.conv_group_size, "selector_rank": d2.selector_rank,
                           "selector_top_k": d2.selector_top_k}
     params = drafter.trainable_parameters()

@@ -2,8 +2,8 @@
 
 MFU = model FLOPs / time / peak; the formulas are in docs/trainer.md. ``drafter_flops``
 counts DFlash's step, and DFlash2's when given its ``DFlash2Spec`` (the grouped dynamic
-convolutions and the path selector on top; the sliding window enters through the visible
-pairs, ``visible_pairs(..., window)``).
+convolutions and the path selector on top; each layer's pattern enters through the visible
+pairs, ``pattern_pairs``).
 """
 
 from __future__ import annotations
@@ -15,17 +15,25 @@ H200_BF16_PEAK_TFLOPS = 989.0
 
 
 def visible_pairs(anchors: torch.Tensor, valid: torch.Tensor, block_size: int,
-                  window: int = 0) -> int:
-    """Sum over valid block queries of the keys they see (``blocks.visibility_mask``'s count).
+                  window: int = 0, causal: bool = False) -> int:
+    """Sum over valid block queries of the keys they see (``blocks.visibility_mask``'s count)
+    in one layer of that pattern.
 
-    Full attention: B * (anchor + B) per valid block. A sliding window w (>= B): slot k sees
-    ``min(anchor, w-1-k)`` context keys and the k+1 slots up to itself."""
-    if window <= 0:
-        return int((block_size * (anchors + block_size) * valid).sum())
+    Slot k sees ``anchor`` context keys (a sliding window w >= B: ``min(anchor, w-1-k)``) and
+    its whole block (causal: the k+1 slots up to itself)."""
     k = torch.arange(block_size, device=anchors.device)
-    ctx = torch.minimum(anchors.unsqueeze(-1), (window - 1 - k).clamp(min=0))   # [b, N, B]
-    per_block = ctx.sum(-1) + block_size * (block_size + 1) // 2
+    ctx = anchors.unsqueeze(-1).expand(*anchors.shape, block_size)
+    if window > 0:
+        ctx = torch.minimum(ctx, (window - 1 - k).clamp(min=0))            # [b, N, B]
+    own = block_size * (block_size + 1) // 2 if causal else block_size * block_size
+    per_block = ctx.sum(-1) + own
     return int((per_block * valid).sum())
+
+
+def pattern_pairs(anchors: torch.Tensor, valid: torch.Tensor, block_size: int, pattern) -> int:
+    """``visible_pairs`` averaged over the draft layers' patterns (rounded down)."""
+    total = sum(visible_pairs(anchors, valid, block_size, la.window, la.causal) for la in pattern)
+    return total // max(1, len(pattern))
 
 
 def dflash2_extra_flops(spec, d2, *, tq: int, label_rows: int) -> dict:

@@ -17,6 +17,7 @@ import time
 import torch
 
 from dfo_contract.fsio import atomic_write_text
+from dfo_contract.trainer_config.layers import layer_pattern
 
 from .methods import step_flops
 from .timing import sync, timeit
@@ -122,9 +123,9 @@ def measure(a, cfg, dev, target, drafter, opt, tcfg, spec, peak, batch, feats, t
             first_s = time.perf_counter() - tc
             t_step = timeit(lambda: (drafter_step(), None), dev, a.iters)
         t_opt = timeit(lambda: opt.step(), dev, a.iters)
-        window = S.attention_window(cfg)
-        t_mask = timeit(lambda: attention.build_mask(backend, batch.anchors, batch.anchor_valid,
-                                                      a.seq_len, a.block_size, window), dev, a.iters)
+        pattern = layer_pattern(cfg.model)
+        t_mask = timeit(lambda: attention.build_masks(backend, batch.anchors, batch.anchor_valid,
+                                                       a.seq_len, a.block_size, pattern), dev, a.iters)
         drafter.zero_grad(set_to_none=True)
         peak_mem = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None
     except torch.OutOfMemoryError as e:

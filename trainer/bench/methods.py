@@ -8,7 +8,9 @@ pairs). With both, ``ratios`` gives DFlash2 over DFlash per variant measured by 
 
 from __future__ import annotations
 
-from .flops import drafter_flops, visible_pairs
+from dfo_contract.trainer_config.layers import layer_pattern
+
+from .flops import drafter_flops, pattern_pairs
 
 METHODS = ("dflash", "dflash2")
 
@@ -40,13 +42,11 @@ def step_flops(cfg, spec, batch, seq_len: int) -> tuple[dict, int]:
     bs = cfg.model.block_size
     b, n = batch.anchors.shape
     d2 = None
-    window = 0
     if cfg.model.method == "dflash2":
         from ..model.dflash2 import DFlash2Spec
 
         d2 = DFlash2Spec.from_config(cfg.model)
-        window = d2.sliding_window
-    pairs = visible_pairs(batch.anchors, batch.anchor_valid, bs, window)
+    pairs = pattern_pairs(batch.anchors, batch.anchor_valid, bs, layer_pattern(cfg.model))
     return drafter_flops(spec, seq_len=b * seq_len, tq=b * n * bs, pairs=pairs,
                          label_rows=b * n * (bs - 1), d2=d2), pairs
 

@@ -35,14 +35,9 @@ def batch_accept(drafter, features: torch.Tensor, batch, *, block_size: int, gam
     pos = block_positions(b.anchors, block_size)
     labels, _w, counted = objective.labels_and_weights(b.input_ids, b.loss_mask, b.anchors,
                                                        b.anchor_valid, block_size, gamma)
-    window = drafter.d2.sliding_window if getattr(drafter, "method", "dflash") == "dflash2" else 0
-    mask = attention.build_mask(backend, b.anchors, b.anchor_valid, b.input_ids.shape[1], block_size,
-                                window)
-
-    def attend(q, k, v):
-        return attention.attend(backend, q, k, v, mask)
-
-    hidden = drafter(features, ids, pos, attend)                          # [b, N*B, H]
+    masks = attention.build_masks(backend, b.anchors, b.anchor_valid, b.input_ids.shape[1],
+                                  block_size, drafter.spec.pattern)
+    hidden = drafter(features, ids, pos, attention.layer_attends(backend, masks))  # [b, N*B, H]
     if getattr(drafter, "method", "dflash") == "dflash2":    # the selector's served draft
         path = drafter.greedy_path(hidden.view(*labels.shape, -1), labels[..., 0])
         pred = torch.cat([labels[..., :1], path], dim=-1)

@@ -6,8 +6,9 @@ vLLM's ``dflash`` speculative method, SGLang's ``DFLASH`` algorithm, z-lab's
 
 - ``config.json``: the drafter's config (``export_config.drafter_config``: the target's
   width, heads, MLP size, eps, vocab, RoPE in both spellings, max positions;
-  ``num_hidden_layers`` = drafter layers, full-attention ``layer_types``, no sliding window,
-  no biases, ``num_target_layers``, ``block_size``, ``dflash_config: {mask_token_id,
+  ``num_hidden_layers`` = drafter layers; the layers' attention exactly as trained,
+  ``layer_types``, ``sliding_window`` and ``is_causal`` (``served.export_fields``; a pattern
+  some engine would serve differently is refused, naming the engine and layer); no biases, ``num_target_layers``, ``block_size``, ``dflash_config: {mask_token_id,
   target_layer_ids, block_size}``, ``auto_map`` to ``modeling_dflash.py``);
 - ``model.safetensors``: the drafter's weights under the module's names (``fc``,
   ``hidden_norm``, ``layers.N.self_attn.q_proj``, ..., ``norm``), in ``--dtype`` (bf16
@@ -30,7 +31,10 @@ import shutil
 from dfo_contract.exitcodes import CheckpointError, TrainerConfigError
 from dfo_contract.fsio import fsync_dir, replace_dir, sha256_file
 
+from dfo_contract.trainer_config.layers import layer_pattern
+
 from .export_config import DTYPES, MODULE_FILE, MODULE_SOURCE, drafter_config, readme
+from .served import Unservable, check_served, export_fields, parse_engines
 
 MANIFEST = "dfo_export.json"
 
@@ -45,14 +49,24 @@ def _checkpoint_config(ckpt: str):
     if not ok:
         raise CheckpointError(f"checkpoint: {ckpt} is not usable: {why}")
     with open(os.path.join(ckpt, "config.yaml")) as f:
-        cfg = config_from_dict(yaml.safe_load(f))
+        raw = yaml.safe_load(f)
+    cfg = config_from_dict(raw)
+    model = (raw or {}).get("model") or {}
+    if "is_causal" not in model and cfg.model.method == "dflash2" and cfg.model.sliding_window:
+        # a DFlash2 checkpoint whose config predates model.is_causal was trained with
+        # window layers causal within the block: say so, so that export declares it
+        cfg.model.is_causal = True
     with open(os.path.join(ckpt, "data.json")) as f:
         data = json.load(f)
     return cfg, data
 
 
-def export(ckpt: str, out: str, *, dtype: str = "bf16", target_path: str | None = None) -> dict:
-    """Export checkpoint ``ckpt`` to ``out`` (atomically). Returns the export manifest."""
+def export(ckpt: str, out: str, *, dtype: str = "bf16", target_path: str | None = None,
+           engines: str = "all") -> dict:
+    """Export checkpoint ``ckpt`` to ``out`` (atomically). Returns the export manifest.
+
+    ``engines`` (comma separated, default all of ``served.ENGINES``): the engines that must
+    serve every layer as it was trained, else the export is refused."""
     import torch
     from safetensors.torch import load_file, save_file
     from transformers import AutoConfig
@@ -80,8 +94,9 @@ def export(ckpt: str, out: str, *, dtype: str = "bf16", target_path: str | None 
     sd = load_file(os.path.join(ckpt, "drafter.safetensors"))
     tdt = getattr(torch, DTYPES[dtype])
     sd = {k: v.to(tdt).contiguous() for k, v in sd.items()}
+    pattern = layer_pattern(cfg.model)
     spec = DrafterSpec.from_target_config(tcfg, num_layers=cfg.model.drafter_layers,
-                                          num_taps=len(taps))
+                                          num_taps=len(taps), attention=pattern)
     conf = drafter_config(tcfg, num_layers=cfg.model.drafter_layers, tap_ids=taps,
                           num_target_layers=n_target, block_size=cfg.model.block_size,
                           mask_token_id=mask_id, dtype=dtype, head_dim=spec.head_dim)
@@ -89,6 +104,18 @@ def export(ckpt: str, out: str, *, dtype: str = "bf16", target_path: str | None 
         from .export_dflash2 import dflash2_config
 
         conf = dflash2_config(conf, cfg.model)
+    try:
+        held = parse_engines(engines)
+    except ValueError as e:
+        raise TrainerConfigError(f"config: --engines: {e}") from None
+    try:
+        conf.update(export_fields(pattern))
+        check_served(pattern, conf, held)
+    except Unservable as e:
+        others = ",".join(n for n in held if not str(e).startswith(n)) or "none"
+        raise TrainerConfigError(
+            f"config: export: {ckpt}: {e}; train with one --model.is_causal for every layer, "
+            f"or export for the other engines only (--engines {others})") from None
     out = os.path.abspath(out)
     parent = os.path.dirname(out)
     os.makedirs(parent, exist_ok=True)
@@ -147,7 +174,8 @@ def load_exported(d: str, *, embed_tokens, lm_head, device="cpu"):
         raise TrainerConfigError(f"config: export: {d}: dflash_config needs target_layer_ids, "
                                  "mask_token_id and block_size")
     spec = DrafterSpec.from_target_config(hf_config(dd), num_layers=dd.num_layers,
-                                          num_taps=len(dd.target_layer_ids))
+                                          num_taps=len(dd.target_layer_ids),
+                                          attention=dd.attention)
     from .export_dflash2 import build_exported, is_dflash2
 
     if is_dflash2(dd.config):
@@ -169,8 +197,11 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     ap.add_argument("--target", default=None, help="target directory (default: the checkpoint's)")
+    ap.add_argument("--engines", default="all",
+                    help="engines that must serve every layer as trained (comma separated: "
+                         "z-lab,vllm,sglang,llama.cpp; default all)")
     a = ap.parse_args(argv)
-    man = export(a.checkpoint, a.out, dtype=a.dtype, target_path=a.target)
+    man = export(a.checkpoint, a.out, dtype=a.dtype, target_path=a.target, engines=a.engines)
     print(json.dumps({"kind": "export", "out": os.path.abspath(a.out), "step": man["step"],
                       "accept_len": man["accept_len"], "files": man["files"]}))
     return 0

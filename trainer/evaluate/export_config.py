@@ -5,9 +5,8 @@ The config describes the drafter as it is, not as the target is:
 - RoPE both ways: ``rope_parameters`` (transformers 5) and the top-level ``rope_theta`` +
   ``rope_scaling`` (transformers 4, z-lab's MLX loader, z-lab's published configs), the
   same values;
-- every layer ``full_attention``, no sliding window (the drafter attends to its whole
-  context; a ``sliding_attention`` entry makes vLLM and SGLang run that layer causally
-  with a window);
+- the layers' attention (``layer_types``, ``sliding_window``, ``is_causal``) is added by
+  ``trainer.evaluate.served.export_fields``, exactly as trained;
 - no biases (``attention_bias: false``), SiLU MLP, an explicit ``head_dim``;
 - ``auto_map`` to the shipped ``modeling_dflash.py``, so transformers'
   ``trust_remote_code`` builds the DFlash module, not a plain Qwen3 model.
@@ -51,10 +50,6 @@ def drafter_config(tcfg, *, num_layers: int, tap_ids: list[int], num_target_laye
     c["model_type"] = "qwen3"
     c["num_hidden_layers"] = int(num_layers)
     c["head_dim"] = int(head_dim)
-    c["layer_types"] = ["full_attention"] * int(num_layers)
-    c["sliding_window"] = None
-    c["use_sliding_window"] = False
-    c["max_window_layers"] = int(num_layers)
     c["attention_bias"] = False
     if "mlp_bias" in c:
         c["mlp_bias"] = False

@@ -3,15 +3,13 @@
 ``config.json`` of a DFlash2 export is the DFlash one (the target's Qwen3 fields,
 ``num_hidden_layers``, ``num_target_layers``, ``block_size``) with
 
-- ``architectures: ["DFlash2DraftModel"]``, ``is_causal: false``;
+- ``architectures: ["DFlash2DraftModel"]``;
 - ``dflash_config``: ``mask_token_id``, ``target_layer_ids`` and the DFlash2 fields
   ``block_size``, ``conv_kernel_size``, ``conv_group_size``, ``selector_rank``,
   ``selector_top_k``, ``final_logit_softcapping``, ``output_multiplier``;
-- sliding-window draft layers: ``layer_types`` all ``sliding_attention``,
-  ``sliding_window``, ``use_sliding_window: true``, ``max_window_layers`` = layers
-  (``model.sliding_window`` 0: ``full_attention`` layers, no window);
-
-the layout SGLang's and vLLM's ``DFlash2DraftModel`` loaders read. ``model.safetensors``
+and the layers' attention as for DFlash (``served.export_fields``: ``layer_types``,
+``sliding_window``, ``is_causal``; by default every layer sliding and bidirectional within
+the block), the layout SGLang's and vLLM's ``DFlash2DraftModel`` loaders read. ``model.safetensors``
 holds the module's names (``layers.N.attention_conv.base_kernel``,
 ``candidate_selector.predecessor_codebook``, ...).
 """
@@ -27,7 +25,6 @@ def dflash2_config(conf: dict, model_cfg) -> dict:
     c = dict(conf)
     c.pop("auto_map", None)   # modeling_dflash.py is DFlash's: serving engines load DFlash2
     c["architectures"] = [ARCH]
-    c["is_causal"] = False
     dc = dict(c.get("dflash_config") or {})
     dc.update({"block_size": int(m.block_size), "conv_kernel_size": int(m.conv_kernel_size),
                "conv_group_size": int(m.conv_group_size), "selector_rank": int(m.selector_rank),
@@ -35,16 +32,6 @@ def dflash2_config(conf: dict, model_cfg) -> dict:
                "final_logit_softcapping": float(m.final_logit_softcapping),
                "output_multiplier": float(m.output_multiplier)})
     c["dflash_config"] = dc
-    n = int(c["num_hidden_layers"])
-    if m.sliding_window > 0:
-        c["layer_types"] = ["sliding_attention"] * n
-        c["sliding_window"] = int(m.sliding_window)
-        c["use_sliding_window"] = True
-        c["max_window_layers"] = n
-    else:
-        c["layer_types"] = ["full_attention"] * n
-        c["sliding_window"] = None
-        c["use_sliding_window"] = False
     return c
 
 
@@ -57,13 +44,11 @@ def spec_from_export(conf: dict):
     from ..model.dflash2 import DFlash2Spec
 
     dc = conf["dflash_config"]
-    window = conf.get("sliding_window") if conf.get("use_sliding_window") else 0
     return DFlash2Spec(block_size=int(dc.get("block_size", conf["block_size"])),
                        conv_kernel_size=int(dc["conv_kernel_size"]),
                        conv_group_size=int(dc["conv_group_size"]),
                        selector_rank=int(dc["selector_rank"]),
                        selector_top_k=int(dc["selector_top_k"]),
-                       sliding_window=int(window or 0),
                        final_logit_softcapping=float(dc.get("final_logit_softcapping") or 0.0),
                        output_multiplier=float(dc.get("output_multiplier", 1.0)))
 

@@ -60,25 +60,22 @@ class Tapped:
         return out.logits, feats
 
 
-def _full_attend(q, k, v):
-    rep = q.shape[1] // k.shape[1]
-    if rep > 1:
-        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-    return torch.nn.functional.scaled_dot_product_attention(q, k, v)
-
-
-def _dflash2_draft(drafter, ctx, block, pos, start: int):
-    """[1, B-1]: DFlash2's served draft (sliding-window visibility, the selector's greedy path)."""
+def _draft(drafter, ctx, block, pos, start: int):
+    """[1, B-1]: the served draft of one block: each draft layer with the attention pattern
+    the drafter declares (``drafter.spec.pattern``: what its export's ``layer_types``,
+    ``sliding_window`` and ``is_causal`` make z-lab's class and the engines run); DFlash2
+    walks its selector, DFlash takes the argmax."""
     from ..model import attention
-    from ..model.blocks import visibility_mask
 
     bs, dev = block.shape[1], block.device
-    vis = visibility_mask(torch.tensor([[start]], device=dev), torch.ones(1, 1, dtype=torch.bool,
-                          device=dev), ctx.shape[1], bs, drafter.d2.sliding_window)
-    m = attention.SdpaMask(vis)
+    anchors = torch.tensor([[start]], device=dev)
+    valid = torch.ones(1, 1, dtype=torch.bool, device=dev)
+    masks = attention.build_masks("sdpa", anchors, valid, ctx.shape[1], bs, drafter.spec.pattern)
     hidden = drafter(ctx.to(drafter.fc.weight.dtype), block, pos,
-                     lambda q, k, v: attention.attend("sdpa", q, k, v, m))
-    return drafter.greedy_path(hidden.view(1, 1, bs, -1), block[:, :1])[0]
+                     attention.layer_attends("sdpa", masks))
+    if getattr(drafter, "method", "dflash") == "dflash2":
+        return drafter.greedy_path(hidden.view(1, 1, bs, -1), block[:, :1])[0]
+    return drafter.shared.lm_head(hidden[:, 1:]).argmax(-1)                # [1, B-1]
 
 
 def _crop(cache, keep: int) -> None:
@@ -133,11 +130,7 @@ def speculative(target: Tapped, drafter, prompt: list[int], n_new: int, device) 
         block = torch.full((1, bs), mask, dtype=torch.long, device=device)
         block[0, 0] = out[-1]
         pos = torch.arange(start, start + bs, device=device).unsqueeze(0)
-        if getattr(drafter, "method", "dflash") == "dflash2":
-            draft = _dflash2_draft(drafter, ctx, block, pos, start)
-        else:
-            hidden = drafter(ctx.to(drafter.fc.weight.dtype), block, pos, _full_attend)
-            draft = drafter.shared.lm_head(hidden[:, 1:]).argmax(-1)      # [1, B-1]
+        draft = _draft(drafter, ctx, block, pos, start)
         block[0, 1:] = draft[0]
         logits, feats = target.forward(block, pos, cache)
         res.target_forwards += 1
@@ -192,9 +185,17 @@ def load_pair(path: str, *, target_path: str | None, device, dtype=None):
 
         taps = tapped_layer_ids(len(model.model.layers), cfg.model.drafter_layers,
                                 cfg.model.target_layer_ids)
+        from dfo_contract.trainer_config.layers import layer_pattern
+
         spec = DrafterSpec.from_target_config(model.config, num_layers=cfg.model.drafter_layers,
-                                              num_taps=len(taps))
-        drafter = Drafter(spec, SharedHead(model.get_input_embeddings(), model.get_output_embeddings()))
+                                              num_taps=len(taps), attention=layer_pattern(cfg.model))
+        shared = SharedHead(model.get_input_embeddings(), model.get_output_embeddings())
+        if cfg.model.method == "dflash2":
+            from ..model.dflash2 import build_dflash2
+
+            drafter = build_dflash2(spec, cfg.model, shared)
+        else:
+            drafter = Drafter(spec, shared)
         checkpoints.load(path, drafter=drafter, restore_rng=False)
         fake = Target.__new__(Target)
         fake.path, fake.config = target_path, model.config

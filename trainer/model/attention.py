@@ -1,6 +1,7 @@
 """Attention backends for the drafter: ``flex`` (compiled), ``sdpa`` (boolean mask), ``flex-eager``.
 
-All three implement the DFlash visibility of ``trainer.model.blocks.visibility_mask``:
+All three implement the DFlash visibility of ``trainer.model.blocks.visibility_mask``, one
+mask per draft-layer pattern (``build_masks``):
 
 - ``flex``: ``flex_attention`` compiled once per process (trainer.compile.registry) with a BlockMask
   built analytically here (``flex_block_mask``; no compile, no vmap over Q x KV).
@@ -31,7 +32,7 @@ BACKENDS = ("flex", "sdpa", "flex-eager")
 
 
 def _mask_mod_for(anchors: torch.Tensor, valid: torch.Tensor, seq_len: int, block_size: int,
-                  window: int = 0):
+                  window: int = 0, causal: bool = False):
     n = anchors.shape[1]
     anch = torch.where(valid, anchors, torch.zeros_like(anchors))
 
@@ -44,25 +45,28 @@ def _mask_mod_for(anchors: torch.Tensor, valid: torch.Tensor, seq_len: int, bloc
         own = (kv_idx >= seq_len) & ((kv_idx - seq_len) // block_size == blk)
         return ok & (ctx | own)
 
-    def sliding_mask_mod(b, h, q_idx, kv_idx):
+    def layer_mask_mod(b, h, q_idx, kv_idx):
         blk, off = q_idx // block_size, q_idx % block_size
         safe = blk.clamp(max=n - 1)
         a = anch[b, safe]
         ok = valid[b, safe] & (blk < n)
-        ctx = (kv_idx < a) & (kv_idx >= a + off - (window - 1))
-        own = ((kv_idx >= seq_len) & ((kv_idx - seq_len) // block_size == blk)
-               & ((kv_idx - seq_len) % block_size <= off))
+        ctx = kv_idx < a
+        if window > 0:
+            ctx = ctx & (kv_idx >= a + off - (window - 1))
+        own = (kv_idx >= seq_len) & ((kv_idx - seq_len) // block_size == blk)
+        if causal:
+            own = own & ((kv_idx - seq_len) % block_size <= off)
         return ok & (ctx | own)
-    return sliding_mask_mod if window > 0 else dflash_mask_mod
+    return layer_mask_mod if (window > 0 or causal) else dflash_mask_mod
 
 
 def flex_block_mask(anchors: torch.Tensor, valid: torch.Tensor, seq_len: int, block_size: int,
-                    *, block: int = FLEX_BLOCK, window: int = 0):
+                    *, block: int = FLEX_BLOCK, window: int = 0, causal: bool = False):
     """The DFlash BlockMask, from interval arithmetic (exact; no dense Q x KV materialization).
 
     Each query row sees two intervals: context [0, anchor) and its own block
-    [S + n*B, S + (n+1)*B) (with ``window``: context [anchor+k-(window-1), anchor) and
-    [S + n*B, S + n*B + k + 1) for slot k). Counting the visible keys of every (row, KV tile) gives which
+    [S + n*B, S + (n+1)*B) (with ``window``: context [anchor+k-(window-1), anchor) for
+    slot k; ``causal``: [S + n*B, S + n*B + k + 1) of its block). Counting the visible keys of every (row, KV tile) gives which
     tiles are empty, partial or full; partial tiles use the mask_mod.
     """
     from torch.nn.attention.flex_attention import BlockMask
@@ -84,7 +88,7 @@ def flex_block_mask(anchors: torch.Tensor, valid: torch.Tensor, seq_len: int, bl
     ctx_cnt = (torch.minimum(a.unsqueeze(-1), kb_hi.view(1, 1, -1))
                - torch.maximum(ctx_lo.unsqueeze(-1), kb_lo.view(1, 1, -1))).clamp(min=0)
     own_lo = (seq_len + blk * block_size).view(1, -1, 1)
-    own_hi = own_lo + ((off + 1).view(1, -1, 1) if window > 0 else block_size)
+    own_hi = own_lo + ((off + 1).view(1, -1, 1) if causal else block_size)
     own_cnt = (torch.minimum(own_hi, kb_hi.view(1, 1, -1)) - torch.maximum(own_lo, kb_lo.view(1, 1, -1))
                ).clamp(min=0) * ok.unsqueeze(-1)
     cnt = (ctx_cnt + own_cnt).view(b, nqb, block, nkb)
@@ -101,7 +105,7 @@ def flex_block_mask(anchors: torch.Tensor, valid: torch.Tensor, seq_len: int, bl
 
     kv_num, kv_idx = ordered(partial)
     full_num, full_idx = ordered(full)
-    mask_mod = _mask_mod_for(anchors, valid, seq_len, block_size, window)
+    mask_mod = _mask_mod_for(anchors, valid, seq_len, block_size, window, causal)
     try:
         return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=block,
                                         mask_mod=mask_mod, seq_lengths=(tq, kv))
@@ -111,12 +115,12 @@ def flex_block_mask(anchors: torch.Tensor, valid: torch.Tensor, seq_len: int, bl
 
 
 def reference_block_mask(anchors, valid, seq_len, block_size, *, block: int = FLEX_BLOCK,
-                         window: int = 0):
+                         window: int = 0, causal: bool = False):
     """The same BlockMask through torch's (uncompiled) create_block_mask; tests/bench only."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     b, n = anchors.shape
-    return create_block_mask(_mask_mod_for(anchors, valid, seq_len, block_size, window), b, None,
+    return create_block_mask(_mask_mod_for(anchors, valid, seq_len, block_size, window, causal), b, None,
                              n * block_size, seq_len + n * block_size, device=anchors.device,
                              BLOCK_SIZE=block)
 
@@ -131,13 +135,30 @@ class SdpaMask:
 
 
 def build_mask(backend: str, anchors: torch.Tensor, valid: torch.Tensor, seq_len: int,
-               block_size: int, window: int = 0):
-    """The mask object ``attend`` needs for ``backend`` (``window`` > 0: sliding-window layers)."""
+               block_size: int, window: int = 0, causal: bool = False):
+    """The mask object ``attend`` needs for ``backend``, for one layer's pattern (``window``
+    > 0: a sliding layer; ``causal``: causal within the block)."""
     if backend == "sdpa":
-        return SdpaMask(visibility_mask(anchors, valid, seq_len, block_size, window))
+        return SdpaMask(visibility_mask(anchors, valid, seq_len, block_size, window, causal))
     if backend in ("flex", "flex-eager"):
-        return flex_block_mask(anchors, valid, seq_len, block_size, window=window)
+        return flex_block_mask(anchors, valid, seq_len, block_size, window=window, causal=causal)
     raise ValueError(f"unknown attention backend {backend!r} (expected one of {BACKENDS})")
+
+
+def build_masks(backend: str, anchors: torch.Tensor, valid: torch.Tensor, seq_len: int,
+                block_size: int, pattern) -> tuple:
+    """One mask per draft layer of ``pattern`` (``LayerAttention``s); layers of one pattern
+    share one mask object, so a uniform drafter builds one mask."""
+    made: dict = {}
+    for la in pattern:
+        if la not in made:
+            made[la] = build_mask(backend, anchors, valid, seq_len, block_size, la.window, la.causal)
+    return tuple(made[la] for la in pattern)
+
+
+def layer_attends(backend: str, masks) -> list:
+    """The per-layer ``attend(q, k, v)`` callables the drafter's forward takes."""
+    return [lambda q, k, v, m=m: attend(backend, q, k, v, m) for m in masks]
 
 
 def _sdpa(q, k, v, mask: SdpaMask):

@@ -10,7 +10,7 @@ Tq = N*B block tokens; KV = S + Tq (context | blocks).
 - **Block input.** ``[x_anchor, MASK x (B-1)]`` (an invalid block is all MASK).
 - **Visibility.** Query slot k of block n sees context ``j < anchor_n`` (strictly) and its
   own block (bidirectional), nothing else. Invalid blocks see nothing. Sliding-window
-  layers (DFlash2) see less: see ``visibility_mask``.
+  and causal layers see less: see ``visibility_mask``.
 
 What the blocks are trained to predict, and the loss, are trainer.train.objective's.
 """
@@ -83,12 +83,13 @@ def block_positions(anchors: torch.Tensor, block_size: int) -> torch.Tensor:
 
 
 def visibility_mask(anchors: torch.Tensor, valid: torch.Tensor, seq_len: int,
-                    block_size: int, window: int = 0) -> torch.Tensor:
+                    block_size: int, window: int = 0, causal: bool = False) -> torch.Tensor:
     """Bool [b, N*B, S+N*B]: which keys each block query sees (True = visible).
 
-    ``window`` > 0 (sliding-window layers): slot k (position p = anchor+k) sees context
-    ``p-(window-1) <= j < anchor`` and the slots ``<= k`` of its own block (the window
-    counts the query itself, ends at it, and holds no later slot)."""
+    One draft layer's pattern (``dfo_contract.trainer_config.layers``): ``window`` > 0
+    (a sliding layer) limits slot k (position p = anchor+k) to context
+    ``p-(window-1) <= j < anchor``; ``causal`` limits its own block to the slots ``<= k``
+    (else the whole block, as a symmetric window of at least a block shows it)."""
     b, n = anchors.shape
     tq = n * block_size
     q_idx = torch.arange(tq, device=anchors.device)
@@ -102,5 +103,6 @@ def visibility_mask(anchors: torch.Tensor, valid: torch.Tensor, seq_len: int,
     if window > 0:
         lo = (a + q_off.view(1, -1) - (window - 1)).unsqueeze(-1)
         ctx = ctx & (kv.view(1, 1, -1) >= lo)
+    if causal:
         own = own & (((kv - seq_len) % block_size).view(1, 1, -1) <= q_off.view(1, -1, 1))
     return (ctx | own) & ok.unsqueeze(-1)

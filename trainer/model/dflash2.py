@@ -14,8 +14,9 @@
   ``unary_k(c) + <predecessor_codebook[p] * hidden_projection(h_k), successor_codebook[c]>``.
   Slot 1's predecessor is the anchor token. The served draft walks slots greedily.
   ``successor_codebook`` starts at zero (the selector starts as the unary argmax).
-- Sliding-window attention in the draft layers: the visibility of
-  ``trainer.model.blocks.visibility_mask(..., window)``.
+- Sliding-window attention in the draft layers by default (``model.layer_types``; the
+  visibility of ``trainer.model.blocks.visibility_mask(..., window, causal)``), bidirectional
+  within the block as the released checkpoints and the engines serve it.
 
 Parameter names are the DFlash2 checkpoints' (``layers.N.attention_conv.base_kernel``,
 ``layers.N.mlp_conv.kernel_projection.weight``, ``candidate_selector.successor_codebook``, ...).
@@ -38,7 +39,6 @@ class DFlash2Spec:
     conv_group_size: int = 16
     selector_rank: int = 256
     selector_top_k: int = 16
-    sliding_window: int = 2048
     final_logit_softcapping: float = 20.0
     output_multiplier: float = 1.0
 
@@ -47,7 +47,7 @@ class DFlash2Spec:
         m = model_cfg
         return cls(block_size=m.block_size, conv_kernel_size=m.conv_kernel_size,
                    conv_group_size=m.conv_group_size, selector_rank=m.selector_rank,
-                   selector_top_k=m.selector_top_k, sliding_window=m.sliding_window,
+                   selector_top_k=m.selector_top_k,
                    final_logit_softcapping=m.final_logit_softcapping,
                    output_multiplier=m.output_multiplier)
 

@@ -7,9 +7,10 @@
   RMSNorm -> SwiGLU MLP -> residual; then a final RMSNorm.
 - Attention: Q from the block tokens only; K and V from [context features | block tokens]
   with the same projections (and k_norm) for both; RoPE at absolute positions (context
-  0..S-1, block slot k at anchor+k); non-causal. The visibility pattern is not the
-  model's business: ``forward`` takes an ``attend(q, k, v) -> out`` callable built by
-  ``trainer.model.attention``.
+  0..S-1, block slot k at anchor+k). The visibility pattern is not the model's business:
+  ``forward`` takes ``attend(q, k, v) -> out`` callables built by ``trainer.model.attention``
+  for each layer's pattern (``DrafterSpec.attention``: full or sliding, bidirectional or
+  causal within the block).
 - The token embedding and the LM head are the target's, shared and frozen; they live in
   ``self.shared`` and are excluded from ``trainable_state_dict()``.
 
@@ -20,11 +21,13 @@ Parameter names follow the public DFlash checkpoints (``fc``, ``hidden_norm``,
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from dfo_contract.trainer_config.layers import LayerAttention
 
 from .rope import DrafterRope
 
@@ -47,9 +50,17 @@ class DrafterSpec:
     # the target's transformers config: RoPE (incl. scaling) is built from it by transformers
     # (trainer.model.rope); None = plain RoPE with ``rope_theta``
     rope_config: object = field(default=None, compare=False, repr=False)
+    # each draft layer's attention (window, causal within the block); () = every layer full
+    # and bidirectional (dfo_contract.trainer_config.layers)
+    attention: tuple[LayerAttention, ...] = ()
+
+    @property
+    def pattern(self) -> tuple[LayerAttention, ...]:
+        return self.attention or (LayerAttention(),) * self.num_layers
 
     @classmethod
-    def from_target_config(cls, tcfg, *, num_layers: int, num_taps: int) -> "DrafterSpec":
+    def from_target_config(cls, tcfg, *, num_layers: int, num_taps: int,
+                           attention: tuple[LayerAttention, ...] = ()) -> "DrafterSpec":
         """Width, heads and MLP size equal the target's (a transformers Qwen3-style config)."""
         heads = tcfg.num_attention_heads
         head_dim = getattr(tcfg, "head_dim", None) or tcfg.hidden_size // heads
@@ -58,7 +69,7 @@ class DrafterSpec:
                    head_dim=head_dim, intermediate=tcfg.intermediate_size,
                    num_layers=num_layers, num_taps=num_taps, vocab=tcfg.vocab_size,
                    eps=getattr(tcfg, "rms_norm_eps", 1e-6), rope_theta=rope_theta_of(tcfg),
-                   rope_config=tcfg)
+                   rope_config=tcfg, attention=tuple(attention))
 
 
 def rope_theta_of(tcfg) -> float:
@@ -221,8 +232,13 @@ class Drafter(nn.Module):
         return self.shared.embed_tokens(ids)
 
     def forward(self, features: torch.Tensor, block_ids: torch.Tensor,
-                block_positions: torch.Tensor, attend: Attend) -> torch.Tensor:
-        """features [b, S, k*H] (tapped target states), block_ids/positions [b, Tq]."""
+                block_positions: torch.Tensor, attend: Attend | Sequence[Attend]) -> torch.Tensor:
+        """features [b, S, k*H] (tapped target states), block_ids/positions [b, Tq];
+        ``attend``: one callable for every layer, or one per layer (``spec.pattern``'s masks:
+        ``trainer.model.attention.layer_attends``)."""
+        attends = [attend] * len(self.layers) if callable(attend) else list(attend)
+        if len(attends) != len(self.layers):
+            raise ValueError(f"{len(attends)} attention callables for {len(self.layers)} layers")
         b, s, _ = features.shape
         ctx = self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
         x = self.embed(block_ids).to(ctx.dtype)
@@ -232,8 +248,8 @@ class Drafter(nn.Module):
         cos_k, sin_k = self.rope(torch.cat([ctx_pos, block_positions], dim=1))
         rope_k = (cos_k, sin_k)
         rope_q = (cos_k[:, :, s:], sin_k[:, :, s:])
-        for layer in self.layers:
-            x = layer(x, ctx, rope_q, rope_k, attend)
+        for layer, att in zip(self.layers, attends):
+            x = layer(x, ctx, rope_q, rope_k, att)
         return self.norm(x)
 
 

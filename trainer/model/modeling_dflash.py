@@ -23,6 +23,13 @@ past_key_values=None, ...)`` returns the final hidden states of the block tokens
 keys/values of earlier calls are prepended (the context is then the new positions only).
 This is the calling convention of z-lab's DFlash generation loop. ``target_layer_ids``,
 ``block_size`` and ``mask_token_id`` come from the config's ``dflash_config``.
+
+Without ``attention_mask`` each layer attends as the config declares: ``layer_types``
+(``full_attention`` / ``sliding_attention`` with ``sliding_window``) and ``is_causal``
+(false: the whole block visible to each of its slots; true: slot k sees slots <= k;
+absent: sliding layers causal, full ones bidirectional). A sliding layer's query at
+position p sees context keys ``j > p - sliding_window``. Keys held in the cache are taken
+at positions 0, 1, ... in order, as in z-lab's loop.
 """
 
 from __future__ import annotations
@@ -109,7 +116,37 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
                                     for i in range(config.num_hidden_layers))
         self.norm = Qwen3RMSNorm(h, eps=config.rms_norm_eps)
         self.rotary_emb = Qwen3RotaryEmbedding(config)
+        n = config.num_hidden_layers
+        types = list(getattr(config, "layer_types", None) or ["full_attention"] * n)
+        causal = getattr(config, "is_causal", None)
+        window = int(getattr(config, "sliding_window", None) or 0)
+        # (window, causal within the block) per layer
+        self.layer_attention = [(window if t == "sliding_attention" else 0,
+                                 (t == "sliding_attention") if causal is None else bool(causal))
+                                for t in types]
         self.post_init()
+
+    def _layer_masks(self, position_ids, tq: int, past_len: int):
+        """One boolean mask [b, 1, tq, kv] per layer (None where every key is visible)."""
+        kpos = position_ids
+        if past_len:
+            past = torch.arange(past_len, device=kpos.device).unsqueeze(0).expand(kpos.shape[0], -1)
+            kpos = torch.cat([past, kpos], dim=1)
+        qpos = position_ids[:, -tq:]
+        kv = kpos.shape[1]
+        in_block = (torch.arange(kv, device=kpos.device) >= kv - tq).view(1, 1, -1)
+        diff = qpos.unsqueeze(-1) - kpos.unsqueeze(1)                      # [b, tq, kv]
+        made, out = {}, []
+        for window, causal in self.layer_attention:
+            if (window, causal) not in made:
+                ok = torch.ones_like(diff, dtype=torch.bool)
+                if window:
+                    ok = ok & (in_block | (diff < window))
+                if causal:
+                    ok = ok & (~in_block | (diff >= 0))
+                made[(window, causal)] = None if bool(ok.all()) else ok.unsqueeze(1)
+            out.append(made[(window, causal)])
+        return out
 
     def forward(self, position_ids: torch.LongTensor, noise_embedding: torch.Tensor,
                 target_hidden: torch.Tensor, attention_mask: torch.Tensor | None = None,
@@ -120,6 +157,11 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
         with torch.autocast(device_type=x.device.type, enabled=False):
             cos, sin = self.rotary_emb(probe, position_ids)
         cos, sin = cos.float().unsqueeze(1), sin.float().unsqueeze(1)
-        for layer in self.layers:
-            x = layer(x, ctx, cos, sin, attention_mask, past_key_values)
+        if attention_mask is None:
+            past = int(past_key_values.get_seq_length()) if past_key_values is not None else 0
+            masks = self._layer_masks(position_ids, x.shape[1], past)
+        else:
+            masks = [attention_mask] * len(self.layers)
+        for layer, mask in zip(self.layers, masks):
+            x = layer(x, ctx, cos, sin, mask, past_key_values)
         return self.norm(x)

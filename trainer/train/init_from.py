@@ -4,8 +4,11 @@ DFlash2 (the layout SGLang and vLLM load, which dfo's DFlash2 export writes).
 ``resolve(cfg)`` runs before anything is built: the directory's ``config.json`` gives the
 drafter layers, tapped target layers, block size and mask token, and for DFlash2 the
 ``dflash_config`` fields (conv kernel/group size, selector rank/top-k, logit cap, output
-multiplier) and the sliding window (``sliding_window`` when ``use_sliding_window``, else 0).
-A setting given in the config file or a flag that differs from the drafter's is a one-line
+multiplier), and for both methods the layers' attention as the directory declares it:
+``layer_types``, ``sliding_window`` and ``is_causal`` (absent: sliding layers causal, full
+ones bidirectional, the rule z-lab's class applies). A drafter with parts dfo cannot train
+(attention sinks, a separate mask embedding, an input embedding scale other than 1, another
+layer type) is refused in one line naming the part. A setting given in the config file or a flag that differs from the drafter's is a one-line
 error naming the flag; an unset one takes the drafter's value (the checkpoints' config.yaml
 then records it). The method is never taken from the directory: a DFlash2 drafter needs
 ``model.method: dflash2`` and a DFlash one ``dflash``, else one line names the flag.
@@ -50,8 +53,18 @@ def _dflash2_settings(dd: DFlashDir) -> list[tuple[str, object]]:
         raise TrainerConfigError(f"config: {FLAG}: {dd.path}: config.json has a malformed "
                                  f"DFlash2 field ({e})") from None
     return [(name, getattr(d2, name)) for name in (
-        "conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k", "sliding_window",
+        "conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k",
         "final_logit_softcapping", "output_multiplier")]
+
+
+def _attention_settings(dd: DFlashDir) -> list[tuple[str, object]]:
+    """``model.layer_types``, ``model.sliding_window`` (when a layer slides) and
+    ``model.is_causal`` (None: the directory leaves it out)."""
+    window = max((la.window for la in dd.attention), default=0)
+    out: list[tuple[str, object]] = [("layer_types", [la.kind for la in dd.attention])]
+    if window:
+        out.append(("sliding_window", window))
+    return out + [("is_causal", dd.config.get("is_causal"))]
 
 
 def resolve(cfg: TrainerConfig) -> TrainerConfig:
@@ -68,11 +81,12 @@ def resolve(cfg: TrainerConfig) -> TrainerConfig:
                 ("block_size", dd.block_size), ("mask_token_id", dd.mask_token_id)]
     if dd.method == "dflash2":
         settings += _dflash2_settings(dd)
+    settings += _attention_settings(dd)
     for name, val in settings:
-        if val is None:
+        if val is None and name != "is_causal":
             continue
         cur = getattr(cfg.model, name)
-        if f"model.{name}" in explicit and cur is not None and cur != val:
+        if f"model.{name}" in explicit and (cur is not None or name == "is_causal") and cur != val:
             raise TrainerConfigError(
                 f"config: --model.{name}: {cur} conflicts with the drafter's {val} in {FLAG} "
                 f"{path}; drop --model.{name} or set it to {val}")

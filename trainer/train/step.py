@@ -23,6 +23,7 @@ import torch
 
 from dfo_contract.exitcodes import TrainerConfigError
 from dfo_contract.trainer_config import TrainerConfig
+from dfo_contract.trainer_config.layers import layer_pattern
 
 from ..compile import registry
 from ..data.batch import Batch
@@ -95,7 +96,8 @@ def build_models(cfg: TrainerConfig, device, *, target_device=None,
     if target.device != device:
         embed, head = copy.deepcopy(embed).to(device), copy.deepcopy(head).to(device)
     spec = DrafterSpec.from_target_config(target.config, num_layers=cfg.model.drafter_layers,
-                                          num_taps=len(target.tap_ids))
+                                          num_taps=len(target.tap_ids),
+                                          attention=layer_pattern(cfg.model))
     if cfg.model.method == "dflash2":
         from ..model.dflash2 import build_dflash2
 
@@ -200,29 +202,20 @@ def target_features(target: Target, batch: Batch, cfg: TrainerConfig) -> torch.T
         return target.features(batch.input_ids.to(target.device))
 
 
-def _drafter_forward_loss(drafter: Drafter, features, block_ids, block_pos, mask, labels, weights,
+def _drafter_forward_loss(drafter: Drafter, features, block_ids, block_pos, masks, labels, weights,
                           counted, backend: str, chunk: int):
-    def attend(q, k, v):
-        return attention.attend(backend, q, k, v, mask)
-    hidden = drafter(features, block_ids, block_pos, attend)
+    hidden = drafter(features, block_ids, block_pos, attention.layer_attends(backend, masks))
     return objective.weighted_ce(hidden, drafter.shared.lm_head.weight, labels, weights, counted,
                                  chunk=chunk)
 
 
-def _dflash2_forward_loss(drafter, features, block_ids, block_pos, mask, labels, weights, counted,
+def _dflash2_forward_loss(drafter, features, block_ids, block_pos, masks, labels, weights, counted,
                           backend: str, chunk: int, alpha: float):
     from . import objective2
 
-    def attend(q, k, v):
-        return attention.attend(backend, q, k, v, mask)
-    hidden = drafter(features, block_ids, block_pos, attend)
+    hidden = drafter(features, block_ids, block_pos, attention.layer_attends(backend, masks))
     return objective2.dflash2_loss(drafter, hidden, labels, weights, counted, alpha=alpha,
                                    chunk=chunk)
-
-
-def attention_window(cfg: TrainerConfig) -> int:
-    """The draft layers' sliding window (0: full attention; only DFlash2 has one)."""
-    return cfg.model.sliding_window if cfg.model.method == "dflash2" else 0
 
 
 def drafter_loss(drafter: Drafter, features: torch.Tensor, batch: Batch, cfg: TrainerConfig):
@@ -241,8 +234,8 @@ def drafter_loss(drafter: Drafter, features: torch.Tensor, batch: Batch, cfg: Tr
     pos = blocks.block_positions(b.anchors, bs)
     labels, weights, counted = objective.labels_and_weights(b.input_ids, b.loss_mask, b.anchors,
                                                             b.anchor_valid, bs, cfg.gamma())
-    mask = attention.build_mask(backend, b.anchors, b.anchor_valid, s_len, bs, attention_window(cfg))
-    args = (drafter, features, ids, pos, mask, labels, weights, counted, backend, cfg.model.ce_chunk)
+    masks = attention.build_masks(backend, b.anchors, b.anchor_valid, s_len, bs, drafter.spec.pattern)
+    args = (drafter, features, ids, pos, masks, labels, weights, counted, backend, cfg.model.ce_chunk)
     step_fn, base = _drafter_forward_loss, "drafter_step"
     if cfg.model.method == "dflash2":
         args, step_fn, base = args + (cfg.train.selector_loss_alpha,), _dflash2_forward_loss, "dflash2_step"

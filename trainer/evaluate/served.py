@@ -1,0 +1,89 @@
+"""What an export's attention fields make each serving engine run (pure, torch-free).
+
+An export declares its draft layers' attention with ``layer_types`` (``full_attention`` /
+``sliding_attention``), ``sliding_window`` and ``is_causal``. Each engine turns those
+fields into a mask per layer (docs/trainer.md, "Attention as served", names the source read
+for each):
+
+- ``is_causal`` present: every layer causal within the block when true, bidirectional when
+  false; a non-causal sliding window is symmetric (|p - j| < W), so a block no longer than
+  the window is wholly visible and the context starts at ``anchor + k - (W - 1)``;
+- ``is_causal`` absent: z-lab's class, vLLM (after ``dflash_config.causal``) and SGLang
+  apply the legacy rule (sliding layers causal, full layers bidirectional); llama.cpp runs
+  every draft layer bidirectionally.
+
+``export_fields`` writes the fields for a trained pattern; ``served_pattern`` reads them back
+as one engine does; ``check_served`` refuses a pattern some engine would serve differently
+from how it was trained, naming the engine and the layer.
+"""
+
+from __future__ import annotations
+
+from dfo_contract.trainer_config.layers import FULL, SLIDING, LayerAttention, causal_of
+
+ENGINES = ("z-lab", "vllm", "sglang", "llama.cpp")
+
+
+class Unservable(ValueError):
+    """A trained pattern that some engine would serve differently."""
+
+
+def export_fields(pattern: tuple[LayerAttention, ...]) -> dict:
+    """``config.json``'s attention fields for ``pattern`` (one entry per draft layer)."""
+    n = len(pattern)
+    windows = sorted({la.window for la in pattern if la.window})
+    if len(windows) > 1:
+        raise Unservable(f"sliding layers with windows {windows}: config.json holds one "
+                         "sliding_window for every sliding layer")
+    w = windows[0] if windows else 0
+    out: dict = {"layer_types": [la.kind for la in pattern], "sliding_window": w or None,
+                 "use_sliding_window": bool(w), "max_window_layers": n}
+    causal = {la.causal for la in pattern}
+    if len(causal) == 1:
+        out["is_causal"] = causal.pop()
+    return out
+
+
+def served_pattern(conf: dict, engine: str = "z-lab") -> tuple[LayerAttention, ...]:
+    """Each draft layer's attention as ``engine`` serves a config.json object ``conf``;
+    ``Unservable`` for fields no engine serves as a drafter dfo trains."""
+    n = int(conf["num_hidden_layers"])
+    types = list(conf.get("layer_types") or [FULL] * n)
+    if len(types) != n:
+        raise Unservable(f"layer_types has {len(types)} entries for {n} layers")
+    bad = [t for t in types if t not in (FULL, SLIDING)]
+    if bad:
+        raise Unservable(f"layer type {bad[0]!r} is not one dfo trains")
+    w = int(conf.get("sliding_window") or 0)
+    if SLIDING in types and not w:
+        raise Unservable("sliding_attention layers without a sliding_window")
+    is_causal = conf.get("is_causal")
+    if is_causal is None and engine == "vllm":
+        is_causal = (conf.get("dflash_config") or {}).get("causal")
+    if is_causal is None and engine == "llama.cpp":
+        is_causal = False
+    return tuple(LayerAttention(window=w if t == SLIDING else 0,
+                                causal=causal_of(t, None if is_causal is None else bool(is_causal)))
+                 for t in types)
+
+
+def parse_engines(text: str) -> tuple[str, ...]:
+    """``--engines`` (comma separated, or ``all``) as engine names; ValueError naming a bad one."""
+    names = ENGINES if text.strip() in ("", "all") else tuple(
+        dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    bad = [n for n in names if n not in ENGINES]
+    if bad:
+        raise ValueError(f"unknown engine {bad[0]!r} (known: {', '.join(ENGINES)}, or all)")
+    return names
+
+
+def check_served(pattern: tuple[LayerAttention, ...], conf: dict,
+                 engines: tuple[str, ...] = ENGINES) -> None:
+    """Raise ``Unservable`` naming the first of ``engines`` and the first layer that ``conf``
+    would make run differently from ``pattern``."""
+    for engine in engines:
+        got = served_pattern(conf, engine)
+        for i, (want, have) in enumerate(zip(pattern, got)):
+            if want != have:
+                raise Unservable(f"{engine} serves layer {i} as {have.describe()}, but it was "
+                                 f"trained {want.describe()}")
