@@ -33,3 +33,11 @@ def validate_method(cfg, err) -> None:
     a = cfg.train.selector_loss_alpha
     if not (math.isfinite(a) and a >= 0):
         raise err("train.selector_loss_alpha", f"expected a finite number >= 0, got {a}")
+    t = cfg.train
+    for name in ("selector_warmup_ratio", "selector_ramp_ratio"):
+        v = getattr(t, name)
+        if not (math.isfinite(v) and 0 <= v <= 1):
+            raise err(f"train.{name}", f"expected a fraction of the steps in [0, 1], got {v}")
+    if t.selector_warmup_ratio + t.selector_ramp_ratio > 1:
+        raise err("train.selector_ramp_ratio", f"warm-up {t.selector_warmup_ratio} + ramp "
+                                               f"{t.selector_ramp_ratio} exceed the run (1)")

@@ -93,7 +93,12 @@ class TrainConfig:
     seed: int = 0
     log_every: int = 1
     heartbeat_s: float = 5.0
-    selector_loss_alpha: float = 1.0          # DFlash2: weight of the selector loss (0: unary only)
+    selector_loss_alpha: float = 1.0          # DFlash2: weight of the selector loss (0: unary only, selector frozen)
+    selector_warmup_ratio: float = 0.0        # DFlash2: selector weight 0 for this share of the steps,
+    selector_ramp_ratio: float = 0.0          #   then rising linearly over this share to the alpha
+    selector_stop_gradient: bool = False      # DFlash2: the selector term trains the selector only
+    selector_gold_insert: bool = False        # DFlash2: a gold token outside the top-k replaces the
+    #                                           weakest candidate (else that slot has no selector term)
 
 
 @dataclass(kw_only=True)

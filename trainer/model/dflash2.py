@@ -141,11 +141,26 @@ class DFlash2Drafter(Drafter):
         self.layers = nn.ModuleList(DFlash2Layer(spec, d2) for _ in range(spec.num_layers))
         self.candidate_selector = CandidateSelector(spec.hidden, spec.vocab, d2.selector_rank,
                                                     d2.selector_top_k)
+        # the selector loss weight of this step (trainer.train.objective2.selector_alpha_at):
+        # a tensor, so a changing weight never recompiles the step
+        self.register_buffer("selector_alpha", torch.ones(()), persistent=False)
+
+    def set_selector_alpha(self, alpha: float) -> None:
+        if self.selector_alpha.is_meta:
+            self.selector_alpha = torch.full((), float(alpha))
+        else:
+            self.selector_alpha.fill_(float(alpha))
+
+    def freeze_selector(self) -> None:
+        """A selector loss weight of 0: the selector's parameters are not trained."""
+        self.candidate_selector.requires_grad_(False)
 
     @torch.no_grad()
     def init_weights(self, seed: int, device=None) -> None:
         """The DFlash init, then the no-op starts: identity convs, a zero successor codebook."""
         super().init_weights(seed, device)
+        if self.selector_alpha.is_meta:
+            self.selector_alpha = torch.ones((), device=device if device is not None else "cpu")
         for layer in self.layers:
             layer.attention_conv.reset()
             layer.mlp_conv.reset()
@@ -183,3 +198,9 @@ def build_dflash2(spec: DrafterSpec, model_cfg, shared: SharedHead) -> DFlash2Dr
     if bad:
         raise TrainerConfigError(f"config: --{bad[0]}: {bad[1]}")
     return DFlash2Drafter(spec, d2, shared)
+
+
+def apply_selector_training(drafter, train_cfg) -> None:
+    """A selector loss weight of 0 freezes the selector (before the optimizer is built)."""
+    if getattr(drafter, "method", "dflash") == "dflash2" and train_cfg.selector_loss_alpha <= 0:
+        drafter.freeze_selector()

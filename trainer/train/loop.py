@@ -23,6 +23,7 @@ from dfo_contract.trainer_config import TrainerConfig
 from ..evaluate import accept
 from .. import runtime
 from . import checkpoints, faults, init_from, metrics, objective
+from .objective2 import selector_alpha_at
 from ..compile import settings as compile_settings
 from ..compile.precompile import save_precompile_entries, verify_precompile_entries
 from ..data.datasets import JsonlDataset, open_dataset
@@ -259,6 +260,10 @@ def train(cfg: TrainerConfig, resume: str | None = None, *, out=None) -> int:
             lr = sched.lr_at(step)
             for gparam in opt.param_groups:
                 gparam["lr"] = lr
+            if cfg.model.method == "dflash2":
+                alpha = selector_alpha_at(cfg.train, step, sched.total)
+                for dr in getattr(layout, "drafters", None) or [drafter]:
+                    dr.set_selector_alpha(alpha)
             batches = stream.take(n_micro, keep=mine)  # ddp: other ranks' are only counted
             opt.zero_grad(set_to_none=True)
             hook = effects.apply_to_loss if effects.nan else None

@@ -112,6 +112,10 @@ def build_models(cfg: TrainerConfig, device, *, target_device=None,
         from .init_from import load_into
 
         load_into(cfg, target, drafter)
+    if cfg.model.method == "dflash2":
+        from ..model.dflash2 import apply_selector_training
+
+        apply_selector_training(drafter, cfg.train)
     drafter.to(device)
     drafter.attn_backend = resolve_backend(cfg, device)
     drafter.mask_token_id = mask_id
@@ -210,12 +214,14 @@ def _drafter_forward_loss(drafter: Drafter, features, block_ids, block_pos, mask
 
 
 def _dflash2_forward_loss(drafter, features, block_ids, block_pos, masks, labels, weights, counted,
-                          backend: str, chunk: int, alpha: float):
+                          backend: str, chunk: int, gold_insert: bool, stop_gradient: bool,
+                          selector: bool):
     from . import objective2
 
     hidden = drafter(features, block_ids, block_pos, attention.layer_attends(backend, masks))
-    return objective2.dflash2_loss(drafter, hidden, labels, weights, counted, alpha=alpha,
-                                   chunk=chunk)
+    return objective2.dflash2_loss(drafter, hidden, labels, weights, counted,
+                                   alpha=drafter.selector_alpha if selector else None, chunk=chunk,
+                                   gold_insert=gold_insert, stop_gradient=stop_gradient)
 
 
 def drafter_loss(drafter: Drafter, features: torch.Tensor, batch: Batch, cfg: TrainerConfig):
@@ -238,7 +244,9 @@ def drafter_loss(drafter: Drafter, features: torch.Tensor, batch: Batch, cfg: Tr
     args = (drafter, features, ids, pos, masks, labels, weights, counted, backend, cfg.model.ce_chunk)
     step_fn, base = _drafter_forward_loss, "drafter_step"
     if cfg.model.method == "dflash2":
-        args, step_fn, base = args + (cfg.train.selector_loss_alpha,), _dflash2_forward_loss, "dflash2_step"
+        t = cfg.train
+        args = args + (t.selector_gold_insert, t.selector_stop_gradient, t.selector_loss_alpha > 0)
+        step_fn, base = _dflash2_forward_loss, "dflash2_step"
     with autocast(cfg, dev):
         if cfg.compile.enabled:
             mode = cfg.compile.mode
