@@ -158,3 +158,51 @@ def test_refuses_what_is_not_a_drafter_dir(released, tmp_path):
         with pytest.raises(TrainerConfigError, match=want) as ei:
             init_from.resolve(cfg)
         assert str(ei.value).startswith("config: --model.init_from: ") and "\n" not in str(ei.value)
+
+
+def _variant(released, tmp_path, conf_edit=None, extra_tensors=None):
+    d = tmp_path / "variant"
+    shutil.copytree(released["fp32"], d)
+    conf = json.loads((d / "config.json").read_text())
+    if conf_edit:
+        conf_edit(conf)
+    (d / "config.json").write_text(json.dumps(conf))
+    if extra_tensors:
+        from safetensors.torch import save_file
+
+        save_file(extra_tensors, str(d / "extra.safetensors"))
+    return str(d)
+
+
+@pytest.mark.parametrize("edit,tensors,msg", [
+    (lambda c: c.update(input_embedding_scale=2.0), None, "input_embedding_scale 2.0"),
+    (lambda c: c["dflash_config"].update(input_embedding_scale=0.5), None, "input_embedding_scale 0.5"),
+    (None, {"layers.0.self_attn.sinks": torch.zeros(4)}, r"attention sinks \(layers.0.self_attn.sinks\)"),
+    (lambda c: c["dflash_config"].update(attention_sinks=True), None, "attention sinks"),
+    (None, {"mask_embedding": torch.zeros(64)}, r"a separate mask embedding \(mask_embedding\)"),
+    (lambda c: c.update(layer_types=["chunked_attention", "full_attention"]), None,
+     "layer type 'chunked_attention' is not one dfo trains"),
+    (lambda c: c.update(layer_types=["sliding_attention", "full_attention"], sliding_window=None),
+     None, "sliding_attention layers without a sliding_window"),
+])
+def test_parts_dfo_cannot_train_are_refused_in_one_line(released, tmp_path, edit, tensors, msg):
+    d = _variant(released, tmp_path, edit, tensors)
+    with pytest.raises(TrainerConfigError, match=msg) as e:
+        init_from.resolve(_plain_cfg(released, tmp_path, **{"model.init_from": d}))
+    assert str(e.value).startswith(f"config: --model.init_from: {d}: ") and "\n" not in str(e.value)
+
+
+def test_a_released_hybrid_gives_its_attention_and_a_conflicting_flag_is_named(released, tmp_path):
+    def hybrid(c):
+        c.update(layer_types=["sliding_attention", "full_attention"], sliding_window=16,
+                 use_sliding_window=True)
+        c.pop("is_causal", None)
+    d = _variant(released, tmp_path, hybrid)
+    cfg = _plain_cfg(released, tmp_path, **{"model.init_from": d})
+    init_from.resolve(cfg)
+    assert (cfg.model.layer_types, cfg.model.sliding_window, cfg.model.is_causal) == \
+        (["sliding_attention", "full_attention"], 16, None)
+    with pytest.raises(TrainerConfigError, match="--model.is_causal: False conflicts with the "
+                                                 "drafter's None"):
+        init_from.resolve(_plain_cfg(released, tmp_path, **{"model.init_from": d,
+                                                            "model.is_causal": "false"}))
