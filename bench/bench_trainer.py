@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
 
 PRESETS = {
     "dflash-eager": ["--model.method", "dflash", "--compile.target", "false"],
