@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import shutil
 import statistics
@@ -109,7 +110,7 @@ def run_variant(a, label: str, flags: list[str], base: list[str], work: Path, ca
     env["TORCHINDUCTOR_CACHE_DIR"] = str(work / ("ind" if a.cache == "shared" else f"ind-{label}"))
     env.pop("DFO_SPAWN_T", None)
     cmd = [sys.executable, "-m", "trainer", "train", *base, "--run.dir", str(run_dir), *flags]
-    log_path = Path(a.out) / f"{label}.log"
+    log_path = Path(a.out) / (re.sub(r"[^A-Za-z0-9._-]", "_", label) + ".log")
     print(f"== {label} (limit {cap_s:.0f} s): {shlex.join(cmd[1:])}", flush=True)
     t0 = time.time()
     first_step_t = startup = None
