@@ -126,8 +126,8 @@ class CompileConfig:
     #                                           a warm start loads dynamo's traced code, no re-tracing
     target: bool = False                      # torch.compile the target's decoder layers (regional,
     #                                           warmed and sealed by the gate like the drafter step)
-    dynamic: bool = False                     # compile with dynamic shapes: one graph per compiled
-    #                                           function serves every shape bucket
+    target_dynamic: bool = False              # with target: the layers compiled with dynamic shapes,
+    #                                           one graph for every sequence bucket
 
 
 @dataclass(kw_only=True)

@@ -5,8 +5,7 @@
   (``step.shape_buckets``), so the set of compiled shapes is finite.
 - ``compiled(name, fn)``: any other function compiled once per process (the drafter step
   when ``compile.enabled``), also called through ``call(...)`` -> the guard. ``variant``
-  names a function's compiled variant (mode, ``compile.dynamic``: dynamic shapes, one graph
-  for every shape bucket).
+  names a function's compiled variant (mode; dynamic shapes: one graph for every shape).
 - Block masks are NOT compiled: ``torch.compile(create_block_mask)`` with a mask_mod that
   indexes a captured anchor tensor stalled > 280 s on an H200 at Q=8192, KV=11264.
   ``trainer.model.attention.flex_block_mask`` builds the BlockMask analytically instead

@@ -121,9 +121,9 @@ def compile_target(cfg: TrainerConfig, target: Target) -> None:
     compile the target's decoder layers (``Target.compile_layers``, default mode: the
     drafter's ``compile.mode`` is not applied to the target). Idempotent.
     The layers compile on their first forward, which the layouts run in the gate's warm-up;
-    with ``compile.dynamic`` one graph serves every sequence bucket."""
+    with ``compile.target_dynamic`` one graph serves every sequence bucket."""
     if cfg.compile.target:
-        target.compile_layers(dynamic=cfg.compile.dynamic)
+        target.compile_layers(dynamic=cfg.compile.target_dynamic)
 
 
 def uses_compiled(cfg: TrainerConfig, drafters) -> bool:
@@ -249,7 +249,7 @@ def drafter_loss(drafter: Drafter, features: torch.Tensor, batch: Batch, cfg: Tr
         args, step_fn, base = args + (cfg.train.selector_loss_alpha,), _dflash2_forward_loss, "dflash2_step"
     with autocast(cfg, dev):
         if cfg.compile.enabled:
-            name, opts = registry.variant(base, cfg.compile.mode, cfg.compile.dynamic)
+            name, opts = registry.variant(base, cfg.compile.mode)
             fn = registry.compiled(name, step_fn, **opts)
             with registry.guard(name):
                 return fn(*args)
