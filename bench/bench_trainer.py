@@ -4,12 +4,15 @@ Builds, in a work dir, a random-weight target saved as a transformers directory 
 the Qwen3-4B shape of ``trainer.bench.shapes``, bf16, 36 layers, taps 1/9/17/25/33 for the
 5-layer drafter) and ``trainer.data synth`` tokens (S <= 3072, buckets 1024/2048/3072), then
 runs ``python -m trainer train`` once per variant, one after the other, each in a fresh
-process with its own empty inductor cache (``--cache shared``: one cache for all), and
-prints per variant: steady samples/s, tokens/s (medians over steps ``--steady-from``..last
-of ``metrics.jsonl``), peak memory, the start-up to the training loop (the trainer's
-``startup`` marker, with its warm-up phase) and the warm-up's per-bucket lines.
+process, all with one inductor cache that starts empty (``--cache fresh``: an empty one per
+variant, every warm-up cold), and prints per variant: steady samples/s, tokens/s (medians
+over steps ``--steady-from``..last of ``metrics.jsonl``), peak memory, the start-up to the
+training loop (the trainer's ``startup`` marker, with its warm-up phase) and the warm-up's
+per-bucket lines.
 
-Variants (``--variants``, comma list of presets, run in that order):
+Variants (``--variants``, comma list of presets, run in that order; the default is DFlash
+with the target compiled, then eager, then DFlash2 compiled: on one H200 these three and one
+more ran in 562 s, docs/benchmarks.md 2026-12-04):
   dflash-eager      DFlash drafter, target eager
   dflash-compiled   DFlash drafter, ``--compile.target true``
   dflash2-eager     DFlash2 drafter, target eager
@@ -184,9 +187,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="/tmp/bench_trainer")
     ap.add_argument("--workdir", default="", help="target, data, runs, caches (default: a temp dir, removed)")
-    ap.add_argument("--variants", default="dflash-eager,dflash-compiled,dflash2-compiled")
+    ap.add_argument("--variants", default="dflash-compiled,dflash-eager,dflash2-compiled")
     ap.add_argument("--variant", action="append", default=[], metavar="LABEL=FLAGS")
-    ap.add_argument("--steps", type=int, default=25)
+    ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--steady-from", type=int, default=6)
     ap.add_argument("--seq-len", type=int, default=3072)
     ap.add_argument("--seq-buckets", default="1024,2048,3072")
@@ -195,10 +198,10 @@ def main(argv=None) -> int:
     ap.add_argument("--micro-batch", type=int, default=4)
     ap.add_argument("--grad-accum", type=int, default=4)
     ap.add_argument("--samples", type=int, default=1024)
-    ap.add_argument("--cache", choices=["fresh", "shared"], default="fresh",
+    ap.add_argument("--cache", choices=["fresh", "shared"], default="shared",
                     help="fresh: an empty inductor cache per variant (cold warm-ups); shared: one")
-    ap.add_argument("--budget-s", type=float, default=540, help="all variants together")
-    ap.add_argument("--cap-s", type=float, default=330, help="one variant at most")
+    ap.add_argument("--budget-s", type=float, default=570, help="all variants together")
+    ap.add_argument("--cap-s", type=float, default=300, help="one variant at most")
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny target on the CPU (checks the script)")
     a = ap.parse_args(argv)
     if a.cpu_smoke and a.seq_len == 3072:
