@@ -111,7 +111,7 @@ class ParallelConfig:
     target_devices: list[str] = field(default_factory=lambda: ["auto"])
     drafter_devices: list[str] = field(default_factory=lambda: ["auto"])
     queue_depth: int = 2                      # threads: feature batches buffered per drafter
-    overlap_target: bool = False              # single, CUDA: the target's forward of the next
+    overlap_target: bool = False              # single, one CUDA device: the target's forward of the next
     #                                           micro-batch on a second stream, beside the drafter step
     ddp_bucket_mb: int = 25                   # ddp: gradient bucket size (DDP's bucket_cap_mb)
     ddp_grad_dtype: str = "fp32"              # ddp: all-reduce dtype (bf16 = compression hook)

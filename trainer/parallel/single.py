@@ -24,9 +24,9 @@ class SingleLayout(LayoutBase):
         self.target, self.drafter = S.build_models(cfg, self.device, target_device=tdev)
         self.uses_compiled = S.uses_compiled(cfg, [self.drafter])
         self._gate: gate.CompileGate | None = None
-        # parallel.overlap_target: the target's forwards run on this stream (CUDA only)
-        self._side = (torch.cuda.Stream(self.target.device)
-                      if cfg.parallel.overlap_target and self.target.device.type == "cuda" else None)
+        # parallel.overlap_target: the target's forwards run on this stream (one CUDA device)
+        self._side = (torch.cuda.Stream(self.device) if cfg.parallel.overlap_target
+                      and self.device.type == "cuda" and self.target.device == self.device else None)
 
     def parameters(self):
         return self.drafter.trainable_parameters()
