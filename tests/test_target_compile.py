@@ -134,3 +134,43 @@ def test_target_compile_off_is_the_compile_ladders_first_step():
     eager = dict(base, **{"compile.enabled": False})
     assert STEPS["compile_gate"](eager, {}) == {"compile.gate": True}
     assert STEPS["compile_gate"](dict(eager, **{"compile.target": False}), {}) is None
+
+
+def test_target_dynamic_compiles_the_layers_once_for_every_bucket(tiny, tmp_path):
+    """``compile.target_dynamic``: one dynamic-shape layer graph serves both sequence buckets
+    (the second bucket's warm-up builds and loads nothing), and training gives the eager
+    target's losses."""
+    from trainer.compile import registry
+
+    target, data, _ = tiny
+    common = {"train.max_steps": 2, "train.micro_batch": 4, "checkpoint.save_final": "false",
+              "data.seq_buckets": "[32,64]"}
+    ref, _, _ = _run(tiny_config(target, data, str(tmp_path / "ref"), **common))
+    got, _, out = _run(tiny_config(target, data, str(tmp_path / "dyn"), **common, **ON,
+                                   **{"compile.target_dynamic": "true"}))
+    assert sorted(got) == sorted(ref) == [1, 2]
+    for s in ref:
+        assert got[s] == pytest.approx(ref[s], rel=1e-4, abs=1e-5), (s, got, ref)
+    assert "target_layer[Qwen3DecoderLayer, dynamic]" in registry.names()
+    lines = out.splitlines()
+    assert any(ln.startswith("compile: target: 3 decoder layers compiled as target_layer[Qwen3"
+                             "DecoderLayer, dynamic] (one graph per device,") for ln in lines), out
+    warm = [ln for ln in lines if ln.startswith("warmup: cpu")]
+    assert [("seq_len=32" in w, "seq_len=64" in w) for w in warm] == [(True, False), (False, True)], out
+    first, second = (tuple(map(int, re.search(r"fxgraph hit (\d+) miss (\d+)", w).groups()))
+                     for w in warm)
+    assert sum(first) >= 1 and second == (0, 0), out
+
+
+def test_overlap_target_off_cuda_trains_as_without(tiny, tmp_path):
+    """``parallel.overlap_target`` needs a CUDA target; on the CPU the layout runs the
+    micro-batches as without it (same losses), and the flag is a checked boolean."""
+    target, data, _ = tiny
+    common = {"train.max_steps": 2, "train.micro_batch": 2, "train.grad_accum": 2,
+              "checkpoint.save_final": "false"}
+    ref, _, _ = _run(tiny_config(target, data, str(tmp_path / "ref"), **common))
+    got, _, _ = _run(tiny_config(target, data, str(tmp_path / "ov"), **common,
+                                 **{"parallel.overlap_target": "true"}))
+    assert got == ref
+    with pytest.raises(TrainerConfigError, match="--parallel.overlap_target: expected true or false"):
+        tiny_config(target, data, str(tmp_path), **{"parallel.overlap_target": "2"})

@@ -122,6 +122,8 @@ class ParallelConfig:
     target_devices: list[str] = field(default_factory=lambda: ["auto"])
     drafter_devices: list[str] = field(default_factory=lambda: ["auto"])
     queue_depth: int = 2                      # threads: feature batches buffered per drafter
+    overlap_target: bool = False              # single, one CUDA device: the target's forward of the next
+    #                                           micro-batch on a second stream, beside the drafter step
     ddp_bucket_mb: int = 25                   # ddp: gradient bucket size (DDP's bucket_cap_mb)
     ddp_grad_dtype: str = "fp32"              # ddp: all-reduce dtype (bf16 = compression hook)
 
@@ -135,6 +137,8 @@ class CompileConfig:
     #                                           a warm start loads dynamo's traced code, no re-tracing
     target: bool = False                      # torch.compile the target's decoder layers (regional,
     #                                           warmed and sealed by the gate like the drafter step)
+    target_dynamic: bool = False              # with target: the layers compiled with dynamic shapes,
+    #                                           one graph for every sequence bucket
 
 
 @dataclass(kw_only=True)

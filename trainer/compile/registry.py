@@ -4,7 +4,8 @@
   (under a lock) and called through the call guard. Shapes are bucketed
   (``step.shape_buckets``), so the set of compiled shapes is finite.
 - ``compiled(name, fn)``: any other function compiled once per process (the drafter step
-  when ``compile.enabled``), also called through ``call(...)`` -> the guard.
+  when ``compile.enabled``), also called through ``call(...)`` -> the guard. ``variant``
+  names a function's compiled variant (mode; dynamic shapes: one graph for every shape).
 - Block masks are NOT compiled: ``torch.compile(create_block_mask)`` with a mask_mod that
   indexes a captured anchor tensor stalled > 280 s on an H200 at Q=8192, KV=11264.
   ``trainer.model.attention.flex_block_mask`` builds the BlockMask analytically instead
@@ -55,6 +56,14 @@ def compiled(name: str, fn: Callable, **options) -> Callable:
             c = torch.compile(fn, **options)
             st.compiled[name] = c
         return c
+
+
+def variant(base: str, mode: str = "default", dynamic: bool = False) -> tuple[str, dict]:
+    """The registry name and ``torch.compile`` options of ``base`` compiled in ``mode``,
+    with dynamic shapes or not: ``base``, ``base[max-autotune]``, ``base[dynamic]``, ..."""
+    tags = ([] if mode == "default" else [mode]) + (["dynamic"] if dynamic else [])
+    opts: dict = ({} if mode == "default" else {"mode": mode}) | ({"dynamic": True} if dynamic else {})
+    return (f"{base}[{', '.join(tags)}]" if tags else base), opts
 
 
 def call(name: str, fn: Callable, *args, **kwargs):

@@ -138,13 +138,14 @@ class Target:
     def layers_run(self) -> int:
         return max(self.tap_ids) + 1
 
-    def compile_layers(self, mode: str = "default") -> str:
+    def compile_layers(self, mode: str = "default", *, dynamic: bool = False) -> str:
         """Compile the kept decoder layers' forward (regional compile): one function, the
         layer class's ``forward``, compiled once per process through trainer.compile.registry
         (so every call runs inside the compile gate's guard: its lock once sealed, the cache
         settings in the calling thread) and called with each layer as its first argument, so
         one graph serves every layer of a device and shape. The tap hooks run outside it, in
-        ``Module.__call__``. Idempotent; returns the registry name (``target_layer[...]``).
+        ``Module.__call__``. ``dynamic``: compiled with dynamic shapes, so one graph serves
+        every sequence length too. Idempotent; returns the registry name (``target_layer[...]``).
         No CUDA-graph modes: every layer replays the same graph, which would overwrite the
         tapped outputs the hooks hold.
 
@@ -154,13 +155,15 @@ class Target:
             raise ValueError(f"Target.compile_layers: mode {mode!r} uses CUDA graphs, which "
                              "overwrite the tapped layer outputs; use default or "
                              "max-autotune-no-cudagraphs")
+        from ..compile import registry
+
         layers = list(self.model.model.layers)
         cls = type(layers[0])
-        name = f"target_layer[{cls.__name__}" + ("]" if mode == "default" else f", {mode}]")
+        tag, opts = registry.variant(cls.__name__, mode, dynamic)
+        name = f"target_layer[{tag.replace('[', ', ').rstrip(']')}]"
         if self.compiled_layers == name:
             return name
         fn = cls.forward
-        opts = {} if mode == "default" else {"mode": mode}
         for layer in layers:
             layer.forward = self._compiled_forward(layer, name, fn, opts)
         self.compiled_layers = name

@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import time
 
+import torch
+
 from ..compile import gate, registry
 from ..train import metrics, step as S
 from .base import LayoutBase
@@ -22,15 +24,39 @@ class SingleLayout(LayoutBase):
         self.target, self.drafter = S.build_models(cfg, self.device, target_device=tdev)
         self.uses_compiled = S.uses_compiled(cfg, [self.drafter])
         self._gate: gate.CompileGate | None = None
+        # parallel.overlap_target: the target's forwards run on this stream (one CUDA device)
+        self._side = (torch.cuda.Stream(self.device) if cfg.parallel.overlap_target
+                      and self.device.type == "cuda" and self.target.device == self.device else None)
 
     def parameters(self):
         return self.drafter.trainable_parameters()
 
+    def _features(self, b):
+        """The target's features of ``b`` on the drafter's device; with a side stream, issued
+        there (the caller waits for them with ``_ready``)."""
+        if self._side is None:
+            return S.target_features(self.target, b, self.cfg).to(self.device, non_blocking=True)
+        with torch.cuda.stream(self._side):
+            return S.target_features(self.target, b, self.cfg).to(self.device, non_blocking=True)
+
+    def _ready(self, feats):
+        """``feats`` usable on the current stream (waits for the side stream's forward)."""
+        if self._side is not None:
+            torch.cuda.current_stream(feats.device).wait_stream(self._side)
+            feats.record_stream(torch.cuda.current_stream(feats.device))
+        return feats
+
     def grads(self, batches, loss_hook=None) -> list[dict]:
+        """Micro-batches in order; with ``parallel.overlap_target`` the target's forward of
+        micro-batch i+1 is issued on the side stream before the drafter step of i, so the
+        GPU runs the two side by side. The results are the sequential ones."""
         out = []
         n = len(batches)
-        for b in batches:
-            feats = S.target_features(self.target, b, self.cfg).to(self.device, non_blocking=True)
+        nxt = self._features(batches[0]) if batches else None
+        for i, b in enumerate(batches):
+            feats = self._ready(nxt)
+            if i + 1 < n:
+                nxt = self._features(batches[i + 1])
             loss, m = S.drafter_loss(self.drafter, feats, b, self.cfg)
             if loss_hook is not None:
                 loss = loss_hook(loss)

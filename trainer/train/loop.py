@@ -140,8 +140,9 @@ def train(cfg: TrainerConfig, resume: str | None = None, *, out=None) -> int:
         drafter = layout.drafter
         if layout.target.compiled_layers:  # compile.target
             em.print(f"compile: target: {layout.target.layers_run} decoder layers compiled as "
-                     f"{layout.target.compiled_layers} (one graph per device and sequence "
-                     "bucket, warmed with the drafter step)")
+                     f"{layout.target.compiled_layers} (one graph per device"
+                     + ("" if cfg.compile.target_dynamic else " and sequence bucket")
+                     + ", warmed with the drafter step)")
         ds = open_data(cfg, layout.target.vocab_size, drafter.mask_token_id)
         r = ds.report
         em.print(r.describe(cfg.min_loss_tokens()))

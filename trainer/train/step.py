@@ -126,9 +126,10 @@ def compile_target(cfg: TrainerConfig, target: Target) -> None:
     """``compile.target`` (independent of ``compile.enabled``, the drafter step's switch):
     compile the target's decoder layers (``Target.compile_layers``, default mode: the
     drafter's ``compile.mode`` is not applied to the target). Idempotent.
-    The layers compile on their first forward, which the layouts run in the gate's warm-up."""
+    The layers compile on their first forward, which the layouts run in the gate's warm-up;
+    with ``compile.target_dynamic`` one graph serves every sequence bucket."""
     if cfg.compile.target:
-        target.compile_layers()
+        target.compile_layers(dynamic=cfg.compile.target_dynamic)
 
 
 def uses_compiled(cfg: TrainerConfig, drafters) -> bool:
@@ -249,10 +250,8 @@ def drafter_loss(drafter: Drafter, features: torch.Tensor, batch: Batch, cfg: Tr
         step_fn, base = _dflash2_forward_loss, "dflash2_step"
     with autocast(cfg, dev):
         if cfg.compile.enabled:
-            mode = cfg.compile.mode
-            name = base if mode == "default" else f"{base}[{mode}]"
-            fn = registry.compiled(name, step_fn,
-                                   **({} if mode == "default" else {"mode": mode}))
+            name, opts = registry.variant(base, cfg.compile.mode)
+            fn = registry.compiled(name, step_fn, **opts)
             with registry.guard(name):
                 return fn(*args)
         return step_fn(*args)
