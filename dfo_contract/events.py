@@ -25,7 +25,7 @@ from typing import Any, Mapping, Union
 from .errors import ContractError, NotARecord, VersionError
 from .event_base import VERSION, EventBase, check_version
 from .events_kinds import (KINDS, AttemptEnd, AttemptStart, CacheRestore, Checkpoint,
-                           Classified, Eval, Fallback, Final, GiveUp, GroupDecision,
+                           Classified, ConfigEdited, Eval, Fallback, Final, GiveUp, GroupDecision,
                            GroupStart, NodeEnd, NodeLost, OrphansReaped, PeerAbort, Restart,
                            RunFirst, Stacks, StandbyDiscarded, StandbyReady, StandbyStart,
                            StandbyUsed, Stopping, SupervisorStart, ThroughputLow, ThroughputOk,
@@ -57,8 +57,8 @@ class UnknownEvent(EventBase):
 REGISTRY: dict[str, type[EventBase]] = {k.kind: k for k in KINDS}
 
 Event = Union[
-    SupervisorStart, OrphansReaped, AttemptStart, Checkpoint, Eval, Watchdog, ThroughputLow,
-    ThroughputOk, Stacks, CacheRestore, RunFirst, AttemptEnd, Classified, Fallback, Restart,
+    SupervisorStart, OrphansReaped, AttemptStart, Checkpoint, Eval, Watchdog, ConfigEdited,
+    ThroughputLow, ThroughputOk, Stacks, CacheRestore, RunFirst, AttemptEnd, Classified, Fallback, Restart,
     GiveUp, Stopping, Final, GroupStart, PeerAbort, NodeEnd, NodeLost, GroupDecision,
     StandbyStart, StandbyReady, StandbyUsed, StandbyDiscarded, UnknownEvent,
 ]

@@ -86,6 +86,21 @@ class Watchdog(EventBase):
 
 
 @_frozen
+class ConfigEdited(EventBase):
+    kind: ClassVar[str] = "config_edited"
+    attempt: int
+    #: ``SECTION.FIELD`` -> [the value at launch, the value in the edited file]
+    changed: dict[str, Any]
+
+    def describe(self) -> str:
+        what = ", ".join(f"{k} {v[0]!r} -> {v[1]!r}" for k, v in sorted(self.changed.items())[:4])
+        more = f" and {len(self.changed) - 4} more" if len(self.changed) > 4 else ""
+        return (f"config.yaml was edited after launch ({what or 'formatting only'}{more}); "
+                "this run keeps the config it was launched with (to train with the edit: "
+                "dfo launch --resume latest with that config)")
+
+
+@_frozen
 class ThroughputLow(EventBase):
     kind: ClassVar[str] = "throughput_low"
     attempt: int
@@ -389,7 +404,8 @@ class StandbyDiscarded(EventBase):
 
 
 KINDS: tuple[type[EventBase], ...] = (
-    SupervisorStart, OrphansReaped, AttemptStart, Checkpoint, Eval, Watchdog, ThroughputLow,
+    SupervisorStart, OrphansReaped, AttemptStart, Checkpoint, Eval, Watchdog, ConfigEdited,
+    ThroughputLow,
     ThroughputOk, Stacks, CacheRestore, RunFirst, AttemptEnd, Classified, Fallback, Restart,
     GiveUp, Stopping, Final, GroupStart, PeerAbort, NodeEnd, NodeLost, GroupDecision,
     StandbyStart, StandbyReady, StandbyUsed, StandbyDiscarded,

@@ -167,3 +167,42 @@ def test_permanent_error_fails_at_once(setup, tiny_assets):  # noqa: F811
     info = wait_final(ops, plan.run_id)
     assert info["status"] == "failed" and info["attempt"] == 1
     assert "data error (exit 3)" in info["reason"] and "restarting cannot help" in info["reason"]
+
+
+def test_a_config_edited_mid_run_is_named_and_not_taken(setup, tiny_assets):  # noqa: F811
+    """An edit of the live run's config.yaml never reaches a later attempt: the restart
+    trains with the launch config and says what was changed."""
+    import time
+
+    import yaml
+
+    root, ops, tmp = setup
+    cfg = write_config(tmp / "c.yaml", tiny_assets)
+    plan = launch(ops, cfg, fault="hang@5", thresholds={"train_s": 20})
+    run = root / "runs" / plan.run_id
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:   # attempt 1 is hung at step 5 once step 4 is logged
+        log1 = run / "attempt-1.log"
+        if log1.exists() and '"step": 4' in log1.read_text():
+            break
+        time.sleep(0.2)
+    launched = (run / "config.launched.yaml").read_text()
+    conf = yaml.safe_load((run / "config.yaml").read_text())
+    old_lr = conf["train"]["lr"]
+    conf["train"]["lr"] = old_lr * 5
+    (run / "config.yaml").write_text(yaml.safe_dump(conf))
+    info = wait_final(ops, plan.run_id)
+    evs = events(root, plan.run_id)
+    assert info["status"] == "done", info.get("reason")
+    edited = kinds(evs, "config_edited")
+    assert [e.attempt for e in edited] == [2]
+    assert edited[0].changed == {"train.lr": [old_lr, old_lr * 5]}
+    assert "this run keeps the config it was launched with" in edited[0].describe()
+    starts = kinds(evs, "attempt_start")
+    assert all(str(run / "config.launched.yaml") in s.argv for s in starts)
+    assert (run / "config.launched.yaml").read_text() == launched
+    log2 = (run / "attempt-2.log").read_text().splitlines()
+    lrs = [json.loads(ln[5:])["lr"] for ln in log2 if ln.startswith("@dfo ") and '"kind": "step"' in ln]
+    log1 = (run / "attempt-1.log").read_text().splitlines()
+    lr1 = [json.loads(ln[5:])["lr"] for ln in log1 if ln.startswith("@dfo ") and '"kind": "step"' in ln]
+    assert lrs and max(lrs) <= max(lr1) * 1.01     # not five times the launch lr

@@ -3,7 +3,10 @@
 
 - :class:`BundledSource`: ``python -m trainer train`` through the shim; it resumes the
   newest verified checkpoint of this run, takes its part of a multi-node run from the role
-  (``role.Placement``).
+  (``role.Placement``). Every attempt trains with the config the run was launched with:
+  ``config.yaml`` as it was when the first attempt started is kept beside it
+  (``config.launched.yaml``), and an attempt that finds ``config.yaml`` edited since says so
+  (a ``config_edited`` event naming each changed setting) and keeps the launch config.
 - :class:`OwnSource`: a foreign command (``dfo launch -- CMD ARGS...``); it resumes what the
   run file's glob finds, runs a ladder step's ``run_first`` commands before the attempt and
   falls back over the run file's ladders.
@@ -17,6 +20,7 @@ A source decides; it keeps no state of its own (the run's state comes in).
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol
 
@@ -26,6 +30,7 @@ from dfo_contract.runspec import Bundled, Own, RunSpec
 
 from ..ops import byo as byo_ops
 from ..ops.launch_argv import attempt_env, ddp_nproc, trainer_argv
+from ..ops.launch_inputs import flatten
 from ..ops.runstate import RunState
 from ..ops.verdict import Ladders, Verdict, choose
 from . import byo as byo_sup
@@ -111,13 +116,30 @@ class BundledSource(_Source):
                                       reason=f"skipping checkpoint {c.name}: {c.reason}"))
         return (info.path if info else None) or spec.resume.path
 
+    def launched_config(self, n: int) -> str:
+        """The config file attempt ``n`` trains with: the run's config as launched."""
+        path = self.spec.config.path
+        kept = os.path.join(os.path.dirname(path), "config.launched.yaml")
+        if not os.path.exists(kept):
+            tmp = f"{kept}.tmp-{os.getpid()}"
+            try:
+                shutil.copyfile(path, tmp)
+                os.replace(tmp, kept)
+            except OSError:   # a run directory it cannot write to: the file as it is
+                return path
+            return kept
+        changed = config_changes(kept, path)
+        if changed is not None:
+            self.emit(events.ConfigEdited(attempt=n, changed=changed))
+        return kept
+
     def launch(self, n: int, state: RunState, role: Role) -> Launch:
         spec = self.spec
         cfg = self.config(state.overrides)
         at = role.place(n, lambda: self.resume_target(state))
         env = self.attempt_env(n)
         env.update(at.env)
-        argv = trainer_argv(spec.identity.python, spec.config.path, state.overrides,
+        argv = trainer_argv(spec.identity.python, self.launched_config(n), state.overrides,
                             run_dir=self.run_dir, checkpoint_dir=spec.resume.checkpoint_dir,
                             resume=at.resume, layout=cfg.get("parallel.layout"),
                             nproc=at.nproc if at.nproc is not None else ddp_nproc(cfg),
@@ -143,6 +165,28 @@ class OwnSource(_Source):
         env = byo_sup.env(own, self.spec.identity.python, changes, self.attempt_env(n))
         return Launch(byo_sup.argv(own, changes, resume), env, byo_sup.cwd(own, self.run_dir),
                       resume, list(changes.first))
+
+
+def config_changes(kept: str, path: str) -> dict[str, list] | None:
+    """None when ``path`` holds the same bytes as ``kept`` (or is gone); else each
+    ``SECTION.FIELD`` whose value differs, as [kept's, path's]."""
+    import yaml
+
+    try:
+        with open(kept, "rb") as f:
+            a = f.read()
+        with open(path, "rb") as f:
+            b = f.read()
+    except FileNotFoundError:
+        return None
+    if a == b:
+        return None
+    try:
+        old, new = flatten(yaml.safe_load(a) or {}), flatten(yaml.safe_load(b) or {})
+    except yaml.YAMLError:
+        return {"config.yaml": ["(as launched)", "(not valid YAML)"]}
+    return {k: [old.get(k), new.get(k)] for k in sorted(set(old) | set(new))
+            if old.get(k) != new.get(k)}
 
 
 def source_for(spec: RunSpec, run_dir: str, emit: Emit) -> AttemptSource:
