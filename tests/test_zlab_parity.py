@@ -163,6 +163,8 @@ def test_zlab_class_serves_the_export_as_dfo_trained_and_decodes_it(env, name, t
                 # the same weights read bidirectionally are another drafter: the masks matter
                 bi = [type(la)(la.window, False) for la in dr.spec.pattern]
                 assert not torch.allclose(_dfo_forward(dr, bi, ctx, block, pos), z, atol=1e-4)
+    if "auto_map" in conf:     # DFlash ships its own module: transformers' trust_remote_code
+        _shipped_module_serves_the_pattern(tmp_path / "x", model, dr, zm)
     target = spec_eval.Tapped(model, dr.target_layer_ids)
     accepted: list[int] = []
     for prompt in PROMPTS:
@@ -181,6 +183,33 @@ def test_zlab_class_serves_the_export_as_dfo_trained_and_decodes_it(env, name, t
         accepted += z_acc[:whole]
     assert max(accepted) > 2, accepted      # the drafters accept: the comparison is not all 1s
 
+
+
+def _shipped_module_serves_the_pattern(out, model, dr, zm):
+    """The export's modeling_dflash.py, without a mask, as z-lab's class: whole, and with a
+    cache holding the first part of the context (its generation loop's calling convention)."""
+    from transformers import AutoModel, DynamicCache
+
+    shipped = AutoModel.from_pretrained(str(out), trust_remote_code=True,
+                                        dtype=torch.float32).eval()
+    prompt = PROMPTS[0]
+    start = len(prompt) - 1
+    ctx, block, _ = _inputs(model, dr, prompt, start)
+    z = _zlab_forward(zm, model, ctx, block)
+    emb = model.get_input_embeddings()(block)
+    bs = block.shape[1]
+    with torch.no_grad():
+        whole = shipped(position_ids=torch.arange(start + bs).unsqueeze(0), noise_embedding=emb,
+                        target_hidden=ctx)
+        cache = DynamicCache()
+        shipped(position_ids=torch.arange(6 + bs).unsqueeze(0), noise_embedding=emb,
+                target_hidden=ctx[:, :6], past_key_values=cache)
+        cache.crop(-bs)                                           # keep the 6 context positions
+        pos = torch.cat([torch.arange(6, start), torch.arange(start, start + bs)]).unsqueeze(0)
+        cached = shipped(position_ids=pos, noise_embedding=emb, target_hidden=ctx[:, 6:],
+                         past_key_values=cache)
+    torch.testing.assert_close(whole, z, rtol=0, atol=2e-5)
+    torch.testing.assert_close(cached, z, rtol=0, atol=2e-5)
 
 
 @pytest.mark.parametrize("released", [
