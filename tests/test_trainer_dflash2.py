@@ -163,7 +163,10 @@ def test_chunked_loss_and_gradient_match_the_reference(env):
 
 
 def test_tiny_run_trains_and_resumes_exactly(env):
-    common = {"train.schedule_steps": 30, "checkpoint.every": 0, "train.lr": 1e-2}
+    # with gold insertion every slot has a selector term from step 1, so the loss this checks
+    # holds the selector's own learning (the default rule's run: test_dflash2_selector_loss.py)
+    common = {"train.schedule_steps": 30, "checkpoint.every": 0, "train.lr": 1e-2,
+              "train.selector_gold_insert": "true"}
     assert _train(env, "full", **common, **{"train.max_steps": 30}) == 0
     full = _losses(env["dir"] / "full")
     assert full[30] < full[1] - 1.0, full
