@@ -68,7 +68,10 @@ def read_dflash_dir(path: str, *, flag: str) -> DFlashDir:
         raise bad("the drafter has bias weights (attention_bias/mlp_bias); this trainer's "
                   "drafter has none")
     dflash2 = list(conf.get("architectures") or []) == ["DFlash2DraftModel"]
-    unsupported = _unsupported(conf, files)
+    try:
+        unsupported = _unsupported(conf, files)
+    except (TypeError, ValueError) as e:
+        raise bad(f"config.json has a malformed field ({e})") from None
     if unsupported:
         raise bad(f"{unsupported}: dfo cannot train that; give a drafter without it")
     try:
