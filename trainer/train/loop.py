@@ -23,6 +23,7 @@ from dfo_contract.trainer_config import TrainerConfig
 from ..evaluate import accept
 from .. import runtime
 from . import checkpoints, faults, init_from, metrics, objective
+from ..compile import registry
 from ..compile import settings as compile_settings
 from ..compile.precompile import save_precompile_entries, verify_precompile_entries
 from ..data.datasets import JsonlDataset, open_dataset
@@ -129,6 +130,7 @@ def train(cfg: TrainerConfig, resume: str | None = None, *, out=None) -> int:
         em.set_phase("compile")
         hb.start()
         torch.manual_seed(cfg.train.seed)
+        registry.configure_kernels(cfg)
         precompile = cfg.compile.enabled and cfg.compile.precompile
         if precompile:  # dynamo's precompile cache, as `trainer warmup` uses it
             compile_settings.configure(precompile=True)
