@@ -25,7 +25,7 @@ from dfo_contract import envvars, events
 from dfo_contract.errors import ContractError
 from dfo_contract.runspec import RunSpec
 
-from ..ops import goodput
+from ..ops import goodput, oom
 from ..ops import runstate as rs
 from ..ops.budget import BudgetState, on_failure, restart_delay
 from ..ops.classify import classify
@@ -195,8 +195,8 @@ class Supervisor:
             if out.stopped:
                 return self.final("stopped", self.stop.reason or "stopped")
             diag = classify(out.scan, exit_code=out.exit_code, signal=out.signal, hang=out.hang,
-                            oom_killed=out.oom_killed, collapse=out.collapse,
-                            frozen=out.frozen)
+                            oom_killed=out.oom_killed, oom_reason=out.oom_reason,
+                            collapse=out.collapse, frozen=out.frozen)
             att = state.attempts[-1]
             att.cls, att.reason = diag.cls, diag.reason
             ev = [e.to_json() for e in diag.evidence]
@@ -295,7 +295,8 @@ class Supervisor:
                       overrides=dict(state.overrides), argv=argv, log=log_name)
         state.attempts.append(att)
         self.source.run_first(n, launch, log_path, timeout=self.t.warmup_s)
-        oom_before = procs.cgroup_oom_kills()
+        oom_before = procs.oom_counters()
+        klog = procs.KernelLog()
         env[envvars.SPAWN_T] = f"{time.time():.3f}"  # the trainer's startup breakdown counts from here
         proc = self.standby.take(n, argv, env, cwd, log_path)
         if proc is None:
@@ -309,10 +310,18 @@ class Supervisor:
                                              overrides=att.overrides, argv=argv, pid=proc.pid,
                                              log=log_name))
         self.record.save()
-        out = self.watch.watch(n, proc, log_path)
-        oom_after = procs.cgroup_oom_kills()
-        out.oom_killed = (oom_before is not None and oom_after is not None
-                          and oom_after > oom_before and out.signal == signal.SIGKILL)
+        try:
+            out = self.watch.watch(n, proc, log_path)
+            kernel = oom.kernel_oom_kills(klog.read(), out.pids_seen | {proc.pid})
+        finally:
+            klog.close()
+        counters = oom.counters_rose(oom_before, procs.oom_counters())
+        # the kernel's line names a process of this attempt; a counter of the cgroup counts
+        # only for an attempt that died of SIGKILL (another process may have been the victim)
+        out.oom_reason = (f"the kernel's OOM killer: {kernel[0]}" if kernel else
+                          f"killed by the kernel's OOM killer ({counters})"
+                          if counters and out.signal == signal.SIGKILL else None)
+        out.oom_killed = out.oom_reason is not None
         att.ended_at, att.exit_code, att.signal = time.time(), out.exit_code, out.signal
         state.trainer_pids = []
         state.throughput_low = None
