@@ -27,7 +27,7 @@ from dfo_contract.runspec import RunSpec
 
 from ..ops import goodput, oom
 from ..ops import runstate as rs
-from ..ops.budget import BudgetState, on_failure, restart_delay
+from ..ops.budget import BudgetState, cannot_do_better, on_failure, restart_delay
 from ..ops.classify import classify
 from ..ops.launch_argv import RUN_DIR_GONE_EXIT
 from ..ops.runstate import Attempt, RunState
@@ -206,7 +206,7 @@ class Supervisor:
             if ending is not None:
                 return self.final(*ending)
             if diag.cls == "done":
-                return self.final("done", f"reached max_steps at step {state.last_step}")
+                return self.final("done", done_reason(state.last_step, self.source.foreign))
             if out.stopped or self.stop.reason:
                 return self.final("stopped", self.stop.reason or "stopped")
             bstate = BudgetState.from_json(state.budget)
@@ -226,6 +226,12 @@ class Supervisor:
             if choice.exhausted:
                 reason = f"{diag.cls}: fallback ladder spent ({choice.spent})"
                 emit(events.GiveUp(cls=diag.cls, reason=reason, evidence=ev))
+                return self.final("failed", reason, evidence=ev)
+            why = cannot_do_better(state.attempts[-2] if len(state.attempts) > 1 else None,
+                                   att, restart_changes_config=bool(choice.changed))
+            if why:
+                reason = f"{diag.cls} ({diag.reason}): {why}"
+                emit(events.GiveUp(cls=diag.cls, reason=why, evidence=ev))
                 return self.final("failed", reason, evidence=ev)
             state.ladder_pos[diag.cls] = choice.position
             state.overrides = choice.overrides
@@ -296,6 +302,7 @@ class Supervisor:
         state.attempts.append(att)
         self.source.run_first(n, launch, log_path, timeout=self.t.warmup_s)
         oom_before = procs.oom_counters()
+        ckpt_before = state.last_checkpoint
         klog = procs.KernelLog()
         env[envvars.SPAWN_T] = f"{time.time():.3f}"  # the trainer's startup breakdown counts from here
         proc = self.standby.take(n, argv, env, cwd, log_path)
@@ -323,6 +330,8 @@ class Supervisor:
                           if counters and out.signal == signal.SIGKILL else None)
         out.oom_killed = out.oom_reason is not None
         att.ended_at, att.exit_code, att.signal = time.time(), out.exit_code, out.signal
+        att.reached_train = out.reached_train
+        att.checkpointed = state.last_checkpoint != ckpt_before
         state.trainer_pids = []
         state.throughput_low = None
         self.record.emit(events.AttemptEnd(attempt=n, exit_code=out.exit_code,
@@ -361,6 +370,14 @@ class Supervisor:
             detail="the run's cache kept (what the failed attempt built) and topped up "
             "from the host's live cache"
             if p.returncode == 0 else f"restore failed: {' '.join(tail)}"))
+
+
+def done_reason(last_step: int | None, foreign: bool) -> str:
+    """The final reason of a run that finished."""
+    if last_step is not None:
+        return f"reached max_steps at step {last_step}"
+    return ("the command exited 0 (it reported no steps)" if foreign
+            else "the trainer exited 0 (it reported no steps)")
 
 
 def main(argv: list[str] | None = None) -> int:
