@@ -28,10 +28,11 @@ from dfo_contract.runspec import RunSpec
 from ..ops import goodput, oom
 from ..ops import runstate as rs
 from ..ops.budget import BudgetState, cannot_do_better, on_failure, restart_delay
+from ..ops.cache_check import cache_import_error
 from ..ops.classify import classify
 from ..ops.launch_argv import RUN_DIR_GONE_EXIT
 from ..ops.runstate import Attempt, RunState
-from . import procs, runfiles
+from . import cache_scrub, procs, runfiles
 from .group import role_for
 from .record import RunLock, RunRecord, Stop
 from .role import Role
@@ -227,8 +228,9 @@ class Supervisor:
                 reason = f"{diag.cls}: fallback ladder spent ({choice.spent})"
                 emit(events.GiveUp(cls=diag.cls, reason=reason, evidence=ev))
                 return self.final("failed", reason, evidence=ev)
+            cleared = self.scrub_cache(n + 1, out, diag)
             why = cannot_do_better(state.attempts[-2] if len(state.attempts) > 1 else None,
-                                   att, restart_changes_config=bool(choice.changed))
+                                   att, restart_changes_config=bool(choice.changed) or cleared)
             if why:
                 reason = f"{diag.cls} ({diag.reason}): {why}"
                 emit(events.GiveUp(cls=diag.cls, reason=why, evidence=ev))
@@ -355,6 +357,34 @@ class Supervisor:
             attempt=int(self.state.attempt) + 1, ok=p.returncode == 0,
             detail="the run's cache seeded from the host's live cache (empty if none)"
             if p.returncode == 0 else f"seeding failed, starting cold: {' '.join(tail)}"))
+
+    def scrub_cache(self, n: int, out: Outcome, diag) -> bool:
+        """Before attempt ``n``: the run's cache without what the failed attempt left that
+        cannot be loaded (empty files, cut-short shared objects); cleared when the attempt
+        died at start-up loading a shared object from it. True when it was cleared."""
+        cache = os.path.join(self.run_dir, "cache")
+        if not os.path.isdir(cache):
+            return False
+        lines = [e.text for e in diag.evidence] + [t for _, t in getattr(out.scan, "tail", [])]
+        hit = None if out.reached_train else cache_import_error(lines, cache)
+        if hit:
+            cache_scrub.clear(cache)
+            self.record.emit(events.CacheRestore(
+                attempt=n, ok=True,
+                detail=f"the run's cache cleared: attempt {n - 1} died at start-up loading a "
+                f"shared object from it ({hit}); attempt {n} starts with a clean cache"))
+            if self.spec.cache.restore_argv:
+                self.restore_cache(n)
+            return True
+        dropped = cache_scrub.scrub(cache)
+        if dropped:
+            shown = ", ".join(f"{p} ({why})" for p, why in dropped[:5])
+            more = f" and {len(dropped) - 5} more" if len(dropped) > 5 else ""
+            self.record.emit(events.CacheRestore(
+                attempt=n, ok=True,
+                detail=f"dropped {len(dropped)} file(s) the failed attempt left in the run's "
+                f"cache that cannot be loaded: {shown}{more}"))
+        return False
 
     def restore_cache(self, n: int) -> None:
         argv = list(self.spec.cache.restore_argv or ())
