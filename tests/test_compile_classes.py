@@ -279,3 +279,48 @@ def test_ddp_ranks_meet_after_warmup_before_the_first_collective(tmp_path):
     out = p.stdout + p.stderr
     assert "warmed up; meeting the other ranks (timeout 120 s)" in out
     assert sum(1 for m in markers(p.stdout) if m["kind"] == "done") == 1
+
+
+# A real broken compile pool on CPU: inductor's own process pool (AsyncCompile.process_pool,
+# the SubprocPool sidecar that compiles triton kernels) with its worker killed while a
+# compile future waits, collected the way inductor collects kernels (AsyncCompile.wait).
+# On CPU inductor compiles C++ kernels in threads, so the pool is driven directly.
+BROKEN_POOL = textwrap.dedent("""
+    import os, signal, time
+    import torch._inductor.config as icfg
+    icfg.compile_threads = 2
+    from torch._inductor.async_compile import AsyncCompile
+
+    def kids(pid):
+        try:
+            return [int(k) for k in open(f"/proc/{pid}/task/{pid}/children").read().split()]
+        except OSError:
+            return []
+
+    fut = AsyncCompile.process_pool().submit(time.sleep, 60)
+    workers, deadline = [], time.monotonic() + 120
+    while time.monotonic() < deadline and not workers:
+        workers = [w for s in kids(os.getpid()) for w in kids(s)]
+        time.sleep(0.05)
+    assert workers, "no compile worker started"
+    for w in workers:
+        os.kill(w, signal.SIGKILL)
+    AsyncCompile().wait({"triton_tem_fused_0": fut})
+""")
+
+
+@pytest.mark.timeout(300)
+def test_a_real_broken_compile_pool_is_compile_workers(capsys, tmp_path):
+    p = subprocess.run([sys.executable, "-c", BROKEN_POOL], capture_output=True, text=True,
+                       timeout=280, env={**__import__("os").environ,
+                                         "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "ind")})
+    assert p.returncode == 1, p.stderr[-2000:]
+    log = tmp_path / "attempt-1.log"
+    log.write_text(p.stdout + p.stderr)
+    rc, out = diagnose(capsys, "--json", "--exit-code", "1", str(log))
+    j = json.loads(out)
+    assert j["class"] == "compile_workers" and j["unknown"] is None
+    assert j["fallback"]["step"] == "compile_threads_one"
+    texts = [e["text"] for e in j["evidence"]]
+    assert any(t.startswith("concurrent.futures.process.BrokenProcessPool") for t in texts)
+    assert any("A compilation subprocess exited unexpectedly" in t for t in texts)
