@@ -67,6 +67,13 @@ def test_first_collective_timeout_at_warmup_is_compile_skew_not_a_flaky_link(cap
     assert again.exhausted
 
 
+def test_a_first_collective_log_alone_is_taken_as_ddp_and_gets_the_meeting(capsys):
+    rc, out = diagnose(capsys, "--exit-code", "1", str(FIX / "nccl_first_collective.log"))
+    assert rc == 0 and out.startswith("warmup_collective:")
+    assert "fallback: warmup_sync (parallel.warmup_sync_s=1800)" in out
+    assert "parallel.layout=ddp (the log's collectives are ddp's)" in out
+
+
 def test_first_collective_diagnose_proposes_the_warmup_meeting(capsys, tmp_path):
     data = tmp_path / "d.jsonl"
     data.write_text('{"input_ids": [1, 2, 3]}\n')
