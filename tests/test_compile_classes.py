@@ -96,6 +96,20 @@ def test_newer_triton_wording_is_not_an_oom_but_a_real_oom_still_is():
     # both in one log: the real OOM wins (halving the batch is what frees memory)
     assert classify([line, "torch.OutOfMemoryError: CUDA out of memory."], exit_code=1
                     ).cls == "oom"
+    assert match_line(line).name == "autotune-out-of-resources"
+
+
+def test_autotuning_that_skips_a_config_is_no_class_unless_the_compile_failed():
+    skip = ("[rank0]:No valid triton configs. OutOfMemoryError: out of resource: "
+            "triton_flex_attention_backward Required: 296960 Hardware limit:232448 "
+            "Reducing block sizes or `num_stages` may help.. ")
+    nan = '@dfo {"kind": "step", "step": 3, "loss": NaN}'
+    assert classify([skip, "[rank0]:Ignoring this choice.", nan], exit_code=1).cls == "nan_loss"
+    assert classify([skip], exit_code=1).cls == "crash"
+    failed = ("torch._inductor.exc.InductorError: NoValidChoicesError: No choices to select, "
+              "please consider adding ATEN into max_autotune_gemm_backends config")
+    d = classify([skip, failed], exit_code=1)
+    assert d.cls == "compile_resources" and d.evidence[0].text == skip
 
 
 def test_torchs_own_wording_of_a_dead_compile_worker():

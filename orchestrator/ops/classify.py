@@ -81,6 +81,11 @@ RULES: tuple[Rule, ...] = (
     # while inductor benchmarks or runs a template kernel (flex attention's backward with a
     # large head dim on Hopper): the same kernel fails the same way every time. Before the
     # oom rules: newer triton words it `OutOfMemoryError: out of resource: ...`
+    # inductor's autotuner skipping one config that does not fit ("No valid triton configs.
+    # ... out of resource ... Ignoring this choice"): weak evidence (WEAK_RULES), a class only
+    # when a compile also failed; a run whose autotuning found another config goes on
+    _r("compile_resources", "autotune-out-of-resources",
+       r"No valid triton configs\..{0,80}out of resource", live=False),
     _r("compile_resources", "triton-out-of-resources",
        r"OutOfResources|out of resource: \S+.{0,40}Required: \d+", live=False),
     # torch.OutOfMemoryError / torch.cuda.OutOfMemoryError / CUDA's own wording
@@ -119,6 +124,9 @@ RULES: tuple[Rule, ...] = (
 )
 
 _SIGNAMES = {s.value: s.name for s in _signal.Signals}
+
+#: rules whose lines alone make no class: only beside a failed compile (``compile_error``)
+WEAK_RULES = frozenset({"autotune-out-of-resources"})
 
 
 @dataclass(frozen=True)
@@ -246,7 +254,7 @@ def classify(lines: Iterable[str] | LineScan, *, exit_code: int | None = None,
     no progress: ``frozen``, never ``compile_hang``.
     """
     scan = lines if isinstance(lines, LineScan) else _scan_all(lines)
-    hits = scan.hits
+    hits = _strong(scan.hits)
     evidence_classes = [c for c in PRIORITY if c in hits]
     if oom_killed and "oom" not in evidence_classes:
         evidence_classes.insert(0, "oom")
@@ -345,6 +353,17 @@ WHY = {
     "read_only": _read_only_why,
     "compile_error": lambda t: f"the compile failed: {_exc_text(t, 200)}",
 }
+
+
+def _strong(hits: dict[str, list[Evidence]]) -> dict[str, list[Evidence]]:
+    """The hits without a class whose evidence is only weak lines (WEAK_RULES), unless a
+    compile failed (the weak lines then say why)."""
+    out = {}
+    for c, ev in hits.items():
+        if all(e.rule in WEAK_RULES for e in ev) and "compile_error" not in hits:
+            continue
+        out[c] = ev
+    return out
 
 
 def _reason_line(text: str) -> str:
