@@ -182,7 +182,12 @@ class AttemptEnd(EventBase):
     last_step_t: float | None = opt()
 
     def describe(self) -> str:
-        how = f"signal {self.signal}" if self.signal else f"exit {self.exit_code}"
+        if self.signal:
+            how = f"signal {self.signal}"
+        elif self.exit_code is not None:
+            how = f"exit {self.exit_code}"
+        else:   # abandoned: its supervisor died and no one saw it end
+            how = f"no exit status ({self.note})" if self.note else "no exit status"
         return f"attempt {self.attempt} ended: {how} after {self.duration_s:.0f}s"
 
 

@@ -106,6 +106,12 @@ DEFAULT_PER_CLASS: dict[str, int] = {
     "nan_loss": 3,
     "frozen": 3,      # transient: someone stopped the process; the same config again
     "disk_full": 0,   # permanent: the run stops at once
+    "read_only": 0,   # permanent: the run stops at once
+    # deterministic: each restart applies a ladder step, never the same config again
+    "compile_resources": 4,
+    "compile_workers": 1,
+    "warmup_collective": 1,
+    "compile_error": 3,
     "crash": 3,
 }
 

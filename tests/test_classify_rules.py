@@ -113,7 +113,9 @@ def test_incremental_scan_equals_batch():
 
 def test_classes_cover_the_issue():
     assert set(CLASSES) == {"fx_trace_race", "compile_hang", "dense_fallback", "oom",
-                            "nccl_timeout", "nan_loss", "frozen", "disk_full", "crash", "done"}
+                            "nccl_timeout", "nan_loss", "frozen", "disk_full", "crash", "done",
+                            "compile_resources", "compile_workers", "warmup_collective",
+                            "compile_error", "read_only"}
 
 
 DISK_FULL_LINE = ("trainer: disk full: the filesystem at /mnt/ck is full (12.0 KiB free); "

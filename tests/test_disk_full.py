@@ -7,6 +7,7 @@ steps into the same full disk."""
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from dfo_contract import checkpoints as cm
 from dfo_contract.exitcodes import DISK_FULL
 from orchestrator.engine.runs import LaunchOptions, RunOps
 from orchestrator.transport.local import LocalTransport
-from tests.helpers.tmpfs import fill as _fill, tmpfs  # noqa: F401
+from tests.helpers.tmpfs import fill as _fill, read_only, tmpfs  # noqa: F401
 from tests.helpers.trainer import make_synth, make_target, run_trainer, tiny_overrides
 from tests.supervisor_env import FAST, events, local_host, make_root, wait_final, write_config
 
@@ -72,3 +73,36 @@ def test_the_supervisor_stops_at_once_on_a_full_disk(tmp_path, tmpfs, tiny_asset
     assert cl[0].reason.startswith(f"disk full: the filesystem at {fs} is full (")
     assert "disk full: the filesystem at" in info["reason"] and "restarting cannot help" in info["reason"]
     assert not [p for p in fs.rglob(".step_*")]                # the partial one was removed
+
+
+# --- a read-only checkpoint filesystem ------------------------------------------------------
+
+def test_a_real_erofs_is_its_own_permanent_class_naming_the_path(tmp_path, read_only):  # noqa: F811
+    from orchestrator.ops.classify import classify
+
+    ro = read_only(tmp_path / "ro")
+    p = subprocess.run([sys.executable, "-c", f"open({str(ro / 'step_2')!r}, 'w')"],
+                       capture_output=True, text=True)
+    assert p.returncode == 1 and "Read-only file system" in p.stderr
+    d = classify(p.stderr.splitlines(), exit_code=1)
+    assert d.cls == "read_only" and d.permanent
+    assert d.reason.startswith(f"{ro / 'step_2'} is on a read-only filesystem (EROFS)")
+    assert "checkpoint.dir" in d.reason
+
+
+def test_the_supervisor_stops_at_once_on_a_read_only_checkpoint_dir(tmp_path, read_only,  # noqa: F811
+                                                                    tiny_assets):  # noqa: F811
+    root = make_root(tmp_path)
+    ck = read_only(root / "checkpoints" / "t")   # the run name's checkpoint directory
+    ops = RunOps(LocalTransport("local"), local_host(root))
+    cfg = write_config(tmp_path / "c.yaml", tiny_assets)
+    plan = ops.launch(LaunchOptions(config=str(cfg), run_name="t", backoff_scale=0.01,
+                                    thresholds=dict(FAST), env_check=False))
+    info = wait_final(ops, plan.run_id)
+    evs = events(root, plan.run_id)
+    assert info["status"] == "failed"
+    starts = [e for e in evs if e.kind == "attempt_start"]
+    cl = [e for e in evs if e.kind == "classified"]
+    assert len(starts) == 1 and [c.cls for c in cl] == ["read_only"]   # no retry
+    assert "read-only" in info["reason"] and str(ck) in info["reason"]
+    assert "restarting cannot help" in info["reason"]

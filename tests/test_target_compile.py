@@ -119,13 +119,16 @@ def test_target_compile_off_is_the_compile_ladders_first_step():
     assert STEPS["target_compile_off"](base, ov) == {"x.y": 1, "compile.target": False}
     assert ov == {"x.y": 1}  # pure
     assert STEPS["target_compile_off"](dict(base, **{"compile.target": False}), ov) is None
-    for cls in ("fx_trace_race", "compile_hang", "dense_fallback", "crash"):
+    for cls in ("fx_trace_race", "compile_hang", "dense_fallback", "compile_error"):
         c = next_config(cls, DEFAULT_LADDERS[cls], 0, base, {})
         assert (c.step, c.changed, c.restore_cache) == (
             "target_compile_off", {"compile.target": False}, False), cls
-        # the next failure goes on to the class's next step (crash: restart unchanged)
+        # the next failure goes on to the class's next step (compile_error: restart unchanged)
         n = next_config(cls, DEFAULT_LADDERS[cls], c.position, base, c.overrides)
         assert n.step != "target_compile_off" and n.overrides["compile.target"] is False
+    # a crash without a failed compile in its output keeps the target compiled
+    c = next_config("crash", DEFAULT_LADDERS["crash"], 0, base, {})
+    assert (c.step, c.changed, c.overrides, c.exhausted) == (None, {}, {}, False)
     # a run that does not compile the target skips it
     c = next_config("fx_trace_race", DEFAULT_LADDERS["fx_trace_race"], 0,
                     dict(base, **{"compile.target": False}), {})

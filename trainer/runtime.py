@@ -128,6 +128,8 @@ class CompileState:
     compiled: dict[str, Callable] = field(default_factory=dict)
     probes: dict[str, Callable[[], object]] = field(default_factory=dict)
     guard_factory: Callable[[str], ContextManager] | None = None
+    #: flex attention's ``kernel_options`` (``compile.flex_block``/``flex_stages``); None: torch's
+    flex_kernel_options: dict[str, int] | None = None
 
 
 @dataclass

@@ -309,6 +309,12 @@ def validate(cfg: TrainerConfig) -> TrainerConfig:
     _positive(cfg.checkpoint.keep, "checkpoint.keep")
 
     _choice(cfg.compile.mode, "compile.mode", COMPILE_MODES)
+    if cfg.compile.flex_block not in (0, 16, 32, 64, 128):
+        raise _err("compile.flex_block", "expected 0 (torch's choice) or 16, 32, 64 or 128 "
+                   f"(a divisor of flex's 128-token block), got {cfg.compile.flex_block!r}")
+    _positive(cfg.compile.flex_stages, "compile.flex_stages", zero_ok=True)
+    _positive(cfg.compile.threads, "compile.threads", zero_ok=True)
+    _positive(cfg.parallel.warmup_sync_s, "parallel.warmup_sync_s", zero_ok=True)
     p = cfg.parallel
     _choice(p.layout, "parallel.layout", LAYOUTS)
     _positive(p.queue_depth, "parallel.queue_depth")

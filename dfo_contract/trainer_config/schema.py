@@ -126,6 +126,9 @@ class ParallelConfig:
     #                                           micro-batch on a second stream, beside the drafter step
     ddp_bucket_mb: int = 25                   # ddp: gradient bucket size (DDP's bucket_cap_mb)
     ddp_grad_dtype: str = "fp32"              # ddp: all-reduce dtype (bf16 = compression hook)
+    warmup_sync_s: int = 0                    # ddp: >0: after the warm-up compile the ranks meet
+    #                                           on a gloo barrier with this timeout (s) before the
+    #                                           first NCCL collective; 0: no meeting
 
 
 @dataclass(kw_only=True)
@@ -139,6 +142,11 @@ class CompileConfig:
     #                                           warmed and sealed by the gate like the drafter step)
     target_dynamic: bool = False              # with target: the layers compiled with dynamic shapes,
     #                                           one graph for every sequence bucket
+    flex_block: int = 0                       # >0: flex attention's kernel BLOCK_M/BLOCK_N (forward)
+    #                                           and BLOCK_M1/N1/M2/N2 (backward); 0: torch's choice
+    flex_stages: int = 0                      # >0: flex attention's kernel num_stages; 0: torch's
+    threads: int = 0                          # >0: inductor's compile threads
+    #                                           (TORCHINDUCTOR_COMPILE_THREADS); 0: torch's choice
 
 
 @dataclass(kw_only=True)

@@ -27,6 +27,9 @@ from ..ops.classify import classify, parse_marker
 from ..ops.launch_inputs import flatten
 from ..ops.verdict import Ladders, Verdict, choose, position_before
 
+#: classes only a ddp run shows (a log alone is assumed to be ddp's)
+COLLECTIVE_CLASSES = frozenset({"warmup_collective", "nccl_timeout"})
+
 #: what a log alone cannot tell: how an attempt ended that printed no failure and no exit
 UNKNOWABLE = ("the log ends without an exit status or a failure line: from the log alone a "
               "crash cannot be told from a hang (the supervisor judges compile_hang from the "
@@ -113,6 +116,9 @@ def diagnose(logfile: str | Path, *, exit_code: int | None = None,
 
             base = flatten(TrainerConfig().to_dict())
             where = "the trainer's defaults"
+            if d.cls in COLLECTIVE_CLASSES:   # collectives: the log is a ddp run's
+                base["parallel.layout"] = "ddp"
+                where += " with parallel.layout=ddp (the log's collectives are ddp's)"
         ladders = Ladders.assumed(base)
         gate = base.get("compile.gate")
         assumed = (f"the default ladders over {where} (compile.gate={gate}, parallel.layout="

@@ -112,3 +112,37 @@ def on_failure(policy: Budget, state: BudgetState, cls: str, *, healthy_s: float
     return Decision(True, backoff(policy, state.streak),
                     f"restart {state.counts[cls]}/{limit} for {cls}, "
                     f"{state.total}/{policy.total} in total")
+
+
+def cannot_do_better(prev, cur, *, restart_changes_config: bool) -> str | None:
+    """Whether another attempt cannot do better than the last two, from the attempt history
+    (the run's ``runstate.Attempt`` records: class, reason, config, whether it trained):
+    both failed before their first training step, with the same class and the same reason,
+    under the same config, and the next restart would change nothing. Nothing was trained
+    or saved in between, so a third attempt meets the same error: the run stops, saying why
+    (None: restart as the budget allows)."""
+    if prev is None or restart_changes_config:
+        return None
+    if any(a.reached_train is not False or a.checkpointed is not False for a in (prev, cur)):
+        return None
+    if (prev.cls, prev.reason, _set_only(prev.overrides)) != (cur.cls, cur.reason,
+                                                              _set_only(cur.overrides)):
+        return None
+    return (f"attempts {prev.n} and {cur.n} failed the same way before their first training "
+            "step with the same config, and nothing was trained or saved in between: another "
+            "attempt cannot do better; " + what_to_try(cur.cls))
+
+
+def _set_only(overrides) -> dict:
+    """The overrides that set something (a foreign command's empty ``env``/``drop`` lists are
+    the same config as none)."""
+    return {k: v for k, v in dict(overrides or {}).items() if v not in ({}, [], None)}
+
+
+def what_to_try(cls: str) -> str:
+    """What a user can change after the run stopped on ``cls`` repeating."""
+    if cls == "crash":
+        return ("fix the error the trainer reports at start-up (dfo logs --attempt N shows "
+                "it), then dfo launch again")
+    return (f"see the runbook for {cls} in docs/recovery.md, change the config (--set) or the "
+            "host, then dfo launch --resume latest")

@@ -23,15 +23,17 @@ from dfo_contract import exitcodes
 from dfo_contract.markers import PREFIX as MARKER
 from dfo_contract.markers import parse_marker
 
-CLASSES = ("fx_trace_race", "compile_hang", "dense_fallback", "oom", "nccl_timeout", "nan_loss",
-           "frozen", "disk_full", "crash", "done")
+CLASSES = ("fx_trace_race", "compile_hang", "dense_fallback", "compile_resources",
+           "compile_workers", "compile_error", "oom", "warmup_collective", "nccl_timeout",
+           "nan_loss", "frozen", "disk_full", "read_only", "crash", "done")
 
 #: when several classes have evidence, the first in this order wins
-PRIORITY = ("disk_full", "fx_trace_race", "oom", "nccl_timeout", "nan_loss", "frozen",
-            "compile_hang", "dense_fallback", "crash")
+PRIORITY = ("disk_full", "read_only", "fx_trace_race", "oom", "compile_resources",
+            "compile_workers", "warmup_collective", "nccl_timeout", "nan_loss", "frozen",
+            "compile_hang", "dense_fallback", "compile_error", "crash")
 
 #: classes that no restart can help: the run stops at once and the reason says what to fix
-PERMANENT_CLASSES = frozenset({"disk_full"})
+PERMANENT_CLASSES = frozenset({"disk_full", "read_only"})
 
 #: classes only a multi-node run's node ends carry (``ops.group_decide``); not in CLASSES, so
 #: no ladder or budget names them: ``node_lost`` gives up at once (the fix is in the reason),
@@ -69,12 +71,40 @@ RULES: tuple[Rule, ...] = (
     # while the attempt runs (a cache write that failed is a warning): its end decides
     _r("disk_full", "no-space-left", r"No space left on device|Disk quota exceeded",
        live=False),
+    # EROFS: a checkpoint (or anything else) written to a read-only filesystem; permanent
+    _r("read_only", "read-only-filesystem", r"\[Errno 30\] Read-only file system",
+       live=False),
     # torch/_dynamo/eval_frame.py compile_wrapper, in any thread's traceback
     _r("fx_trace_race", "fx-symbolic-trace-of-dynamo-fn",
        r"Detected that you are using FX to symbolically trace a dynamo-optimized function"),
+    # triton/runtime/errors.py OutOfResources (shared memory of one kernel config), raised
+    # while inductor benchmarks or runs a template kernel (flex attention's backward with a
+    # large head dim on Hopper): the same kernel fails the same way every time. Before the
+    # oom rules: newer triton words it `OutOfMemoryError: out of resource: ...`
+    # inductor's autotuner skipping one config that does not fit ("No valid triton configs.
+    # ... out of resource ... Ignoring this choice"): weak evidence (WEAK_RULES), a class only
+    # when a compile also failed; a run whose autotuning found another config goes on
+    _r("compile_resources", "autotune-out-of-resources",
+       r"No valid triton configs\..{0,80}out of resource", live=False),
+    _r("compile_resources", "triton-out-of-resources",
+       r"OutOfResources|out of resource: \S+.{0,40}Required: \d+", live=False),
     # torch.OutOfMemoryError / torch.cuda.OutOfMemoryError / CUDA's own wording
     _r("oom", "torch-oom-error", r"\b(?:torch\.(?:cuda\.)?)?OutOfMemoryError\b"),
     _r("oom", "cuda-out-of-memory", r"CUDA out of memory|CUDA error: out of memory"),
+    # concurrent.futures.process.BrokenProcessPool from inductor's compile workers
+    # (torch/_inductor/async_compile.py, compile_worker/subproc_pool.py)
+    _r("compile_workers", "compile-pool-broken",
+       r"BrokenProcessPool|A process in the process pool was terminated abruptly|"
+       r"SubprocException|compile_worker.{0,80}(?:died|terminated|crashed)|"
+       # torch 2.13's own wording of it (async_compile.py AsyncCompile.wait)
+       r"A compilation subprocess exited unexpectedly|"
+       r"Inductor compile-worker future for .{0,200} did not complete within", live=False),
+    # the watchdog's timeout of a rank's FIRST collective (SeqNum=1, nothing completed yet):
+    # the ranks never met once, which is compile skew at warm-up (one rank still compiling
+    # while the other waits in the first all-reduce), not a flaky link
+    _r("warmup_collective", "first-collective-timeout",
+       r"WorkNCCL\(SeqNum=1,.{0,200}(?:Timeout\(ms\)=|timed out|timing out)|"
+       r"last completed NCCL work: -1\b"),
     # c10d ProcessGroupNCCL watchdog
     _r("nccl_timeout", "nccl-watchdog-timeout", r"Watchdog caught collective operation timeout"),
     _r("nccl_timeout", "nccl-watchdog-terminated",
@@ -87,9 +117,16 @@ RULES: tuple[Rule, ...] = (
     _r("dense_fallback", "flex-dense-warning", r"materializes the full scores matrix"),
     # torch/_dynamo/convert_frame.py: recompile limit -> runs eager from then on
     _r("dense_fallback", "recompile-limit", r"hit config\.recompile_limit|recompile_limit \(\d+\)"),
+    # a compile that failed for any other reason: torch._inductor.exc.InductorError,
+    # torch._dynamo.exc.BackendCompilerFailed (the exception line of the traceback)
+    _r("compile_error", "inductor-error",
+       r"\bInductorError: |\bBackendCompilerFailed: ", live=False),
 )
 
 _SIGNAMES = {s.value: s.name for s in _signal.Signals}
+
+#: rules whose lines alone make no class: only beside a failed compile (``compile_error``)
+WEAK_RULES = frozenset({"autotune-out-of-resources"})
 
 
 @dataclass(frozen=True)
@@ -120,6 +157,15 @@ class Diagnosis:
                 "evidence": [e.to_json() for e in self.evidence]}
 
 
+#: a traceback's first line; torchrun prefixes each line of a rank with ``[rankN]:``
+_TB_START = re.compile(r"Traceback \(most recent call last\):")
+_RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:\s?")
+_FRAME = re.compile(r'^\s*File "[^"]+", line \d+')
+#: the exception line that ends a traceback: ``pkg.mod.SomeError: message`` (or the bare name)
+_EXC_LINE = re.compile(r"^(?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|"
+                       r"Failed|Warning|Fault|Timeout)\b(?::.*)?$")
+
+
 @dataclass
 class LineScan:
     """Incremental scan state, so the supervisor can feed lines as they arrive."""
@@ -127,6 +173,11 @@ class LineScan:
     hits: dict[str, list[Evidence]] = field(default_factory=dict)
     n: int = 0
     max_per_class: int = 8
+    #: the exception line of the last complete traceback, and the non-blank output lines
+    #: (markers aside) printed after it
+    exc: Evidence | None = None
+    after_exc: int = 0
+    _in_tb: bool = False
 
     def feed(self, line: str) -> Rule | None:
         """Scan one line; return the first rule it matched (or None)."""
@@ -137,7 +188,26 @@ class LineScan:
             lst = self.hits.setdefault(rule.cls, [])
             if len(lst) < self.max_per_class:
                 lst.append(Evidence(self.n, _clip(text), rule.name))
+        self._traceback(text)
         return rule
+
+    def _traceback(self, text: str) -> None:
+        if not text.strip() or text.startswith(MARKER):
+            return
+        body = _RANK_PREFIX.sub("", text)
+        if _TB_START.search(body) or _FRAME.match(body):   # a SyntaxError has no header
+            self._in_tb = True
+            return
+        if self._in_tb and not body[:1].isspace() and _EXC_LINE.match(body):
+            self.exc, self.after_exc, self._in_tb = Evidence(self.n, _clip(text), "traceback"), 0, False
+            return
+        if self.exc is not None and not self._in_tb:
+            self.after_exc += 1
+
+    def ends_in_traceback(self) -> bool:
+        """The output ends in a traceback: its exception line is among the last lines (a few
+        lines of shutdown chatter after it allowed)."""
+        return self.exc is not None and self.after_exc <= 3
 
 
 def _clip(text: str, n: int = 400) -> str:
@@ -169,13 +239,14 @@ def _match_marker(text: str) -> Rule | None:
 def classify(lines: Iterable[str] | LineScan, *, exit_code: int | None = None,
              signal: int | None = None, hang: str | None = None, oom_killed: bool = False,
              collapse: str | None = None, done_marker: bool | None = None,
-             frozen: str | None = None) -> Diagnosis:
+             frozen: str | None = None, oom_reason: str | None = None) -> Diagnosis:
     """Classify one attempt.
 
     ``exit_code``: the trainer's exit status (None when it was killed by a signal or is
     unknown, e.g. an offline log). ``signal``: the signal that ended it. ``hang``: the
     watchdog's reason when the supervisor killed it for making no progress.
-    ``oom_killed``: the cgroup's oom_kill counter rose during the attempt.
+    ``oom_killed``: the kernel's OOM killer ended the attempt (a cgroup v1/v2 counter rose,
+    or the kernel's log names one of its pids: ``ops.oom``); ``oom_reason`` says which.
     ``collapse``: the throughput monitor's reason when tokens/s collapsed. A collapse alone
     is no class: a busy host slows training too (see ``ops.host_load``); only with flex's
     dense-path lines is it ``dense_fallback``. ``frozen``: the watchdog's reason when a
@@ -183,7 +254,7 @@ def classify(lines: Iterable[str] | LineScan, *, exit_code: int | None = None,
     no progress: ``frozen``, never ``compile_hang``.
     """
     scan = lines if isinstance(lines, LineScan) else _scan_all(lines)
-    hits = scan.hits
+    hits = _strong(scan.hits)
     evidence_classes = [c for c in PRIORITY if c in hits]
     if oom_killed and "oom" not in evidence_classes:
         evidence_classes.insert(0, "oom")
@@ -203,7 +274,7 @@ def classify(lines: Iterable[str] | LineScan, *, exit_code: int | None = None,
             if c == "compile_hang" and hang:
                 return c, f"no heartbeat or step: {hang}", tuple(hits.get(c, ()))
             if c == "oom" and oom_killed and c not in hits:
-                return c, "killed by the kernel's OOM killer (cgroup oom_kill rose)", ()
+                return c, oom_reason or "killed by the kernel's OOM killer (cgroup oom_kill rose)", ()
             if c in hits:
                 ev = tuple(hits[c])
                 if c == "disk_full":   # the trainer's own line says it all
@@ -219,21 +290,80 @@ def classify(lines: Iterable[str] | LineScan, *, exit_code: int | None = None,
     if cls:
         if cls == "dense_fallback" and collapse and "dense_fallback" in hits:
             reason = f"{reason}; throughput collapse: {collapse}"
+        elif cls in WHY:
+            reason = f"{WHY[cls](ev[0].text) if ev else reason}"
         return Diagnosis(cls, reason, ev, exit_code, signal, permanent=cls in PERMANENT_CLASSES,
                          also=also)
+    raised = scan.exc if scan.ends_in_traceback() else None
 
     if exit_code in PERMANENT_EXITS:
         tail = _last_lines(scan, lines)
         return Diagnosis("crash", f"trainer {PERMANENT_EXITS[exit_code]} (exit {exit_code})",
                          tail, exit_code, signal, permanent=True, also=also)
     if exit_code is None and signal is None:
+        if raised is not None:   # it raised: a crash, whatever its exit status was
+            return Diagnosis("crash", f"the trainer raised {_exc_text(raised.text)}",
+                             (raised,), None, None, also=also)
         return Diagnosis("crash", "the log shows no known failure pattern", (), None, None,
                          also=also)
     what = sig_txt or f"exit {exit_code}"
     if exit_code == EXIT_INTERRUPTED:
         what = "exit 6 (interrupted by a signal the supervisor did not send)"
+    if raised is not None and not signal:
+        return Diagnosis("crash", f"the trainer raised {_exc_text(raised.text)} ({what})",
+                         _with(raised, _last_lines(scan, lines)), exit_code, signal, also=also)
     return Diagnosis("crash", f"the trainer ended with {what}", _last_lines(scan, lines),
                      exit_code, signal, also=also)
+
+
+def _exc_text(text: str, n: int = 200) -> str:
+    body = _RANK_PREFIX.sub("", text)
+    return body if len(body) <= n else body[: n - 1] + "…"
+
+
+def _with(first: Evidence, rest: tuple[Evidence, ...]) -> tuple[Evidence, ...]:
+    return (first,) + tuple(e for e in rest if e.line_no != first.line_no)
+
+
+_ERROFS_PATH = re.compile(r"Read-only file system: ['\"]?([^'\"]+)")
+
+
+def _read_only_why(text: str) -> str:
+    m = _ERROFS_PATH.search(text)
+    where = f"{m.group(1)} is on a read-only filesystem" if m else \
+        "a write hit a read-only filesystem"
+    return (f"{where} (EROFS): no restart can write there; remount it read-write or set "
+            "checkpoint.dir to a writable directory, then dfo launch --resume latest")
+
+
+#: the reason of a class whose cure is known, from its first evidence line
+WHY = {
+    "compile_resources": lambda t: (
+        "a compiled kernel needs more GPU shared memory than the device has (triton "
+        f"OutOfResources: {_exc_text(t, 160)}); it fails the same way every time: compile "
+        "with smaller flex kernel blocks or fewer stages"),
+    "compile_workers": lambda t: (
+        "inductor's compile worker pool broke (a worker process died: BrokenProcessPool); "
+        "compile in the trainer's own process: TORCHINDUCTOR_COMPILE_THREADS=1"),
+    "warmup_collective": lambda t: (
+        "the ranks' first collective timed out before any completed (SeqNum=1): the ranks "
+        "were out of step at warm-up, one still compiling while another waited in the first "
+        "all-reduce; a retry meets the same skew: meet after the warm-up (or give the first "
+        "collective a longer timeout)"),
+    "read_only": _read_only_why,
+    "compile_error": lambda t: f"the compile failed: {_exc_text(t, 200)}",
+}
+
+
+def _strong(hits: dict[str, list[Evidence]]) -> dict[str, list[Evidence]]:
+    """The hits without a class whose evidence is only weak lines (WEAK_RULES), unless a
+    compile failed (the weak lines then say why)."""
+    out = {}
+    for c, ev in hits.items():
+        if all(e.rule in WEAK_RULES for e in ev) and "compile_error" not in hits:
+            continue
+        out[c] = ev
+    return out
 
 
 def _reason_line(text: str) -> str:

@@ -95,6 +95,45 @@ def halve_lr(cfg: Config, ov: Overrides) -> Overrides | None:
     return _set(ov, cfg, "train.lr", float(lr) / 2)
 
 
+#: flex attention's kernel blocks, largest first (each divides flex's 128-token sparse block)
+FLEX_BLOCKS = (64, 32, 16)
+
+
+def flex_smaller_blocks(cfg: Config, ov: Overrides) -> Overrides | None:
+    """Compile flex attention with smaller kernel blocks and one pipeline stage
+    (``compile.flex_block``, ``compile.flex_stages``: the trainer passes them as flex's
+    ``kernel_options``, forward and backward): 64, then 32, then 16. Nothing when flex is not
+    compiled or the blocks are already the smallest."""
+    if cfg.get("model.attention", "auto") not in ("auto", "flex"):   # auto: flex on CUDA
+        return None
+    cur = cfg.get("compile.flex_block") or 0
+    smaller = [b for b in FLEX_BLOCKS if not cur or b < cur]
+    if not smaller:
+        return None
+    new = _set(ov, cfg, "compile.flex_block", smaller[0])
+    return _set(new, {**cfg, **new}, "compile.flex_stages", 1) or new
+
+
+def compile_threads_one(cfg: Config, ov: Overrides) -> Overrides | None:
+    """Compile in the trainer's own process, no worker pool (``compile.threads=1``: the
+    attempt runs with ``TORCHINDUCTOR_COMPILE_THREADS=1``)."""
+    return _set(ov, cfg, "compile.threads", 1)
+
+
+#: the first collective's timeout after ``warmup_sync``: long enough for a cold compile
+WARMUP_SYNC_S = 1800
+
+
+def warmup_sync(cfg: Config, ov: Overrides) -> Overrides | None:
+    """ddp: every rank finishes its warm-up compile, then the ranks meet once on the CPU
+    (a gloo barrier with a ``parallel.warmup_sync_s`` timeout) before the first NCCL
+    collective, so no rank waits in an all-reduce while another still compiles. Nothing when
+    the run is not ddp."""
+    if cfg.get("parallel.layout") != "ddp":
+        return None
+    return _set(ov, cfg, "parallel.warmup_sync_s", WARMUP_SYNC_S)
+
+
 def same(cfg: Config, ov: Overrides) -> Overrides | None:
     """Restart with the same config."""
     return dict(ov)
@@ -109,6 +148,9 @@ STEPS: dict[str, StepFn] = {
     "halve_micro_batch": halve_micro_batch,
     "halve_anchors": halve_anchors,
     "halve_lr": halve_lr,
+    "flex_smaller_blocks": flex_smaller_blocks,
+    "compile_threads_one": compile_threads_one,
+    "warmup_sync": warmup_sync,
     "same": same,
 }
 
@@ -127,11 +169,18 @@ DEFAULT_LADDERS: dict[str, list[str]] = {
     "nccl_timeout": [],
     "frozen": [],         # transient: nothing in the config stopped the process
     "disk_full": [],      # permanent (ops.classify.PERMANENT_CLASSES): no restart
-    "crash": ["target_compile_off"],  # a compiled target's compile error is a crash
+    # deterministic compile failures: each has its cure, and no restart unchanged
+    "compile_resources": ["flex_smaller_blocks*", "attention_sdpa"],
+    "compile_workers": ["compile_threads_one"],
+    "warmup_collective": ["warmup_sync"],
+    # any other failed compile: the target's compile first (the drafter's stays)
+    "compile_error": ["target_compile_off"],
+    "read_only": [],      # permanent (ops.classify.PERMANENT_CLASSES): no restart
+    "crash": [],          # nothing says the config caused it: the same config again
 }
 
 #: classes that restart with the same config once their ladder is spent
-TRANSIENT = frozenset({"nccl_timeout", "frozen", "crash"})
+TRANSIENT = frozenset({"nccl_timeout", "frozen", "crash", "compile_error"})
 
 FAILURE_CLASSES = tuple(c for c in CLASSES if c != "done")
 

@@ -62,6 +62,7 @@ class FactsRequest:
     python_spec: str = ""
     wheel: str = ""
     paths: Sequence[str] = ()           # must exist on the host (the config's paths)
+    commands: Sequence[str] = ()        # must run on the host (a foreign trainer's argv[0])
     ckpt_dirs: Sequence[str] = ()       # checkpoint dirs, listed by manifest
     fingerprint: str = ""               # the env's fingerprint.json
     source: bool = False                # the trainer's source hash (a cache-key input)
@@ -75,6 +76,8 @@ class FactsRequest:
 class LaunchFacts:
     launch: dict[str, str] = field(default_factory=dict)   # the launch probe's key=value
     missing: list[str] = field(default_factory=list)        # config paths that do not exist
+    #: commands that are not an executable file (a path) or not found on PATH (a name)
+    missing_commands: list[str] = field(default_factory=list)
     py: dict[str, Any] = field(default_factory=dict)        # orchestrator.remote.launch_facts
     py_error: str = ""          # what it printed instead of its answer (an older env?)
     checked: bool = False                                   # the env sections were asked for
@@ -135,7 +138,7 @@ def facts_argv(req: FactsRequest) -> list[str]:
     return ["bash", "-c", LAUNCH_FACTS_SCRIPT, "dfo-launch-facts", LAUNCH_PROBE_SCRIPT,
             STATE_SCRIPT, PROBE_SCRIPT if req.check else "", req.root, req.run_lock,
             req.env_dir, req.python_spec, req.wheel, "check" if req.check else "nocheck",
-            str(len(req.paths)), *req.paths, *py]
+            str(len(req.paths)), *req.paths, str(len(req.commands)), *req.commands, *py]
 
 
 def _sections(output: str) -> dict[str, list[str]]:
@@ -153,6 +156,7 @@ def parse_facts(output: str) -> LaunchFacts:
     s = _sections(output)
     f = LaunchFacts(launch=parse_launch_probe("\n".join(s.get("launch", []))),
                     missing=[p for p in s.get("missing", []) if p],
+                    missing_commands=[c for c in s.get("commands", []) if c],
                     complete="end" in s)
     if "facts" in s:
         f.py, f.py_error = _py_facts(s["facts"])

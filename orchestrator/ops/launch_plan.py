@@ -56,6 +56,25 @@ def own_cwd(inp: LaunchInputs) -> str:
     return (tr.cwd if isinstance(tr, OwnConfig) else None) or inp.run_dir
 
 
+def own_command(cmd: str, cwd: str) -> str:
+    """A foreign trainer's argv[0] as the host resolves it: a name stays a name (PATH); a
+    relative path is relative to the command's working directory."""
+    return cmd if "/" not in cmd else posixpath.normpath(posixpath.join(cwd, cmd))
+
+
+def raise_missing_command(host: str, command: str, missing: Sequence[str], cwd: str) -> None:
+    """``dfo launch -- CMD`` whose CMD the host cannot run is refused before any run exists."""
+    if not missing:
+        return
+    if "/" in command:
+        raise ConfigError(f"dfo launch: the command {command} is not an executable file on "
+                          f"{host}", hint="give the path of your trainer on the host (a "
+                          f"relative path is taken from {cwd}), or run it through its "
+                          "interpreter: dfo launch -- python PATH")
+    raise ConfigError(f"dfo launch: the command {command!r} is not found on {host} (PATH, with "
+                      "the deployed env's bin first)", hint="give its full path on the host")
+
+
 def facts_request(o: LaunchOptions, inp: LaunchInputs, host) -> FactsRequest:
     """What the one pre-launch round trip asks (the env check's fields are the engine's)."""
     lay = host.layout
@@ -65,6 +84,7 @@ def facts_request(o: LaunchOptions, inp: LaunchInputs, host) -> FactsRequest:
     if isinstance(tr, OwnConfig):
         latest = o.resume == "latest"
         return FactsRequest(**base, paths=(o.resume,) if o.resume and not latest else (),
+                            commands=(own_command(tr.command[0], own_cwd(inp)),),
                             glob=resume_glob(tr, own_cwd(inp)) if latest else None)
     dirs = [lay.checkpoints(inp.run_name)]
     if inp.resume is not None and inp.resume.kind == "path":
@@ -207,7 +227,7 @@ def plan_launch(o: LaunchOptions, inp: LaunchInputs, facts: LaunchFacts, *, host
         raise LockHeldError(f"run {owner} is live on {host.name} (run.lock held)",
                             hint=f"stop it with `dfo stop --run {owner}` or launch --replace")
     warnings = [] if o.env_check else ["env check skipped (--no-env-check)"]
-    part = (_own(o, inp, facts, resume_path) if isinstance(inp.trainer, OwnConfig) else
+    part = (_own(o, inp, facts, resume_path, host.name) if isinstance(inp.trainer, OwnConfig) else
             _bundled(o, inp, facts, host, role, resume_path, warnings))
     python = lay.current_python
     spec = RunSpec(
@@ -233,9 +253,12 @@ def plan_launch(o: LaunchOptions, inp: LaunchInputs, facts: LaunchFacts, *, host
                       move_aside=part.aside, record=None if o.dry_run else facts.record)
 
 
-def _own(o: LaunchOptions, inp: LaunchInputs, facts: LaunchFacts, resume_path: Any) -> _Part:
+def _own(o: LaunchOptions, inp: LaunchInputs, facts: LaunchFacts, resume_path: Any,
+         host: str) -> _Part:
     tr = inp.trainer
     assert isinstance(tr, OwnConfig)
+    raise_missing_command(host, own_command(tr.command[0], own_cwd(inp)),
+                          facts.missing_commands, own_cwd(inp))
     if resume_path is ...:
         matches = facts.part("glob")
         found = [(str(p), float(m)) for p, m in matches] if isinstance(matches, list) else []

@@ -80,6 +80,10 @@ class Attempt:
     signal: int | None = None
     cls: str | None = None        # the classifier's class
     reason: str | None = None
+    #: it reached its first training step (None: not recorded)
+    reached_train: bool | None = None
+    #: the run's newest checkpoint changed while it ran (None: not recorded)
+    checkpointed: bool | None = None
     extra: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:

@@ -26,6 +26,11 @@ VERSION = 1
 #: a foreign command's classes that restart unchanged once their ladder is spent
 FOREIGN_RETRY = frozenset({"fx_trace_race", "compile_hang"})
 RETRY_NOTE = "restart unchanged: a cold-cache race often clears on retry"
+#: a foreign command's step for a class its run file has no ladder for: what any torch
+#: program honours without knowing dfo
+FOREIGN_DEFAULT: dict[str, tuple[dict, ...]] = {
+    "compile_workers": ({"env": {"TORCHINDUCTOR_COMPILE_THREADS": "1"}},),
+}
 
 
 @dataclass(frozen=True)
@@ -89,7 +94,7 @@ def choose(ladders: Ladders, cls: str, position: int, overrides: Mapping[str, An
                         dict(ladders.base), dict(overrides))
         return Verdict(cls, c.step, dict(c.overrides), c.position, dict(c.changed),
                        c.restore_cache, c.exhausted, c.spent)
-    steps = list(ladders.own.get(cls, ()))
+    steps = list(ladders.own.get(cls) or FOREIGN_DEFAULT.get(cls, ()))
     c = byo.next_step(cls, steps, position, byo.Changes.from_json(overrides))
     spent = " -> ".join(byo.describe_step(s) for s in steps) or "empty"
     if c.exhausted and cls in FOREIGN_RETRY:

@@ -25,13 +25,14 @@ from dfo_contract import envvars, events
 from dfo_contract.errors import ContractError
 from dfo_contract.runspec import RunSpec
 
-from ..ops import goodput
+from ..ops import goodput, oom
 from ..ops import runstate as rs
-from ..ops.budget import BudgetState, on_failure, restart_delay
+from ..ops.budget import BudgetState, cannot_do_better, on_failure, restart_delay
+from ..ops.cache_check import cache_import_error
 from ..ops.classify import classify
 from ..ops.launch_argv import RUN_DIR_GONE_EXIT
 from ..ops.runstate import Attempt, RunState
-from . import procs, runfiles
+from . import cache_scrub, procs, runfiles
 from .group import role_for
 from .record import RunLock, RunRecord, Stop
 from .role import Role
@@ -195,8 +196,8 @@ class Supervisor:
             if out.stopped:
                 return self.final("stopped", self.stop.reason or "stopped")
             diag = classify(out.scan, exit_code=out.exit_code, signal=out.signal, hang=out.hang,
-                            oom_killed=out.oom_killed, collapse=out.collapse,
-                            frozen=out.frozen)
+                            oom_killed=out.oom_killed, oom_reason=out.oom_reason,
+                            collapse=out.collapse, frozen=out.frozen)
             att = state.attempts[-1]
             att.cls, att.reason = diag.cls, diag.reason
             ev = [e.to_json() for e in diag.evidence]
@@ -206,7 +207,7 @@ class Supervisor:
             if ending is not None:
                 return self.final(*ending)
             if diag.cls == "done":
-                return self.final("done", f"reached max_steps at step {state.last_step}")
+                return self.final("done", done_reason(state.last_step, self.source.foreign))
             if out.stopped or self.stop.reason:
                 return self.final("stopped", self.stop.reason or "stopped")
             bstate = BudgetState.from_json(state.budget)
@@ -226,6 +227,13 @@ class Supervisor:
             if choice.exhausted:
                 reason = f"{diag.cls}: fallback ladder spent ({choice.spent})"
                 emit(events.GiveUp(cls=diag.cls, reason=reason, evidence=ev))
+                return self.final("failed", reason, evidence=ev)
+            cleared = self.scrub_cache(n + 1, out, diag)
+            why = cannot_do_better(state.attempts[-2] if len(state.attempts) > 1 else None,
+                                   att, restart_changes_config=bool(choice.changed) or cleared)
+            if why:
+                reason = f"{diag.cls} ({diag.reason}): {why}"
+                emit(events.GiveUp(cls=diag.cls, reason=why, evidence=ev))
                 return self.final("failed", reason, evidence=ev)
             state.ladder_pos[diag.cls] = choice.position
             state.overrides = choice.overrides
@@ -295,7 +303,9 @@ class Supervisor:
                       overrides=dict(state.overrides), argv=argv, log=log_name)
         state.attempts.append(att)
         self.source.run_first(n, launch, log_path, timeout=self.t.warmup_s)
-        oom_before = procs.cgroup_oom_kills()
+        oom_before = procs.oom_counters()
+        ckpt_before = state.last_checkpoint
+        klog = procs.KernelLog()
         env[envvars.SPAWN_T] = f"{time.time():.3f}"  # the trainer's startup breakdown counts from here
         proc = self.standby.take(n, argv, env, cwd, log_path)
         if proc is None:
@@ -309,11 +319,21 @@ class Supervisor:
                                              overrides=att.overrides, argv=argv, pid=proc.pid,
                                              log=log_name))
         self.record.save()
-        out = self.watch.watch(n, proc, log_path)
-        oom_after = procs.cgroup_oom_kills()
-        out.oom_killed = (oom_before is not None and oom_after is not None
-                          and oom_after > oom_before and out.signal == signal.SIGKILL)
+        try:
+            out = self.watch.watch(n, proc, log_path)
+            kernel = oom.kernel_oom_kills(klog.read(), out.pids_seen | {proc.pid})
+        finally:
+            klog.close()
+        counters = oom.counters_rose(oom_before, procs.oom_counters())
+        # the kernel's line names a process of this attempt; a counter of the cgroup counts
+        # only for an attempt that died of SIGKILL (another process may have been the victim)
+        out.oom_reason = (f"the kernel's OOM killer: {kernel[0]}" if kernel else
+                          f"killed by the kernel's OOM killer ({counters})"
+                          if counters and out.signal == signal.SIGKILL else None)
+        out.oom_killed = out.oom_reason is not None
         att.ended_at, att.exit_code, att.signal = time.time(), out.exit_code, out.signal
+        att.reached_train = out.reached_train
+        att.checkpointed = state.last_checkpoint != ckpt_before
         state.trainer_pids = []
         state.throughput_low = None
         self.record.emit(events.AttemptEnd(attempt=n, exit_code=out.exit_code,
@@ -338,6 +358,34 @@ class Supervisor:
             detail="the run's cache seeded from the host's live cache (empty if none)"
             if p.returncode == 0 else f"seeding failed, starting cold: {' '.join(tail)}"))
 
+    def scrub_cache(self, n: int, out: Outcome, diag) -> bool:
+        """Before attempt ``n``: the run's cache without what the failed attempt left that
+        cannot be loaded (empty files, cut-short shared objects); cleared when the attempt
+        died at start-up loading a shared object from it. True when it was cleared."""
+        cache = os.path.join(self.run_dir, "cache")
+        if not os.path.isdir(cache):
+            return False
+        lines = [e.text for e in diag.evidence] + [t for _, t in getattr(out.scan, "tail", [])]
+        hit = None if out.reached_train else cache_import_error(lines, cache)
+        if hit:
+            cache_scrub.clear(cache)
+            self.record.emit(events.CacheRestore(
+                attempt=n, ok=True,
+                detail=f"the run's cache cleared: attempt {n - 1} died at start-up loading a "
+                f"shared object from it ({hit}); attempt {n} starts with a clean cache"))
+            if self.spec.cache.restore_argv:
+                self.restore_cache(n)
+            return True
+        dropped = cache_scrub.scrub(cache)
+        if dropped:
+            shown = ", ".join(f"{p} ({why})" for p, why in dropped[:5])
+            more = f" and {len(dropped) - 5} more" if len(dropped) > 5 else ""
+            self.record.emit(events.CacheRestore(
+                attempt=n, ok=True,
+                detail=f"dropped {len(dropped)} file(s) the failed attempt left in the run's "
+                f"cache that cannot be loaded: {shown}{more}"))
+        return False
+
     def restore_cache(self, n: int) -> None:
         argv = list(self.spec.cache.restore_argv or ())
         if not argv:
@@ -352,6 +400,14 @@ class Supervisor:
             detail="the run's cache kept (what the failed attempt built) and topped up "
             "from the host's live cache"
             if p.returncode == 0 else f"restore failed: {' '.join(tail)}"))
+
+
+def done_reason(last_step: int | None, foreign: bool) -> str:
+    """The final reason of a run that finished."""
+    if last_step is not None:
+        return f"reached max_steps at step {last_step}"
+    return ("the command exited 0 (it reported no steps)" if foreign
+            else "the trainer exited 0 (it reported no steps)")
 
 
 def main(argv: list[str] | None = None) -> int:

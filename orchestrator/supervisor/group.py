@@ -331,7 +331,8 @@ class GroupMember(GroupRole):
             if out.stopped:
                 return driver.final("stopped", self.stop.reason or "stopped")
             diag = classify(out.scan, exit_code=out.exit_code, signal=out.signal,
-                            hang=out.hang, oom_killed=out.oom_killed, collapse=out.collapse,
+                            hang=out.hang, oom_killed=out.oom_killed, oom_reason=out.oom_reason,
+                            collapse=out.collapse,
                             frozen=out.frozen)
             att = state.attempts[-1]
             end = self.node_end(n, out, diag)

@@ -4,6 +4,7 @@ finding orphans of a run, dumping stacks, and the parent-death signal."""
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import shutil
 import signal
@@ -12,6 +13,8 @@ import time
 from typing import Iterable
 
 from dfo_contract.procs import alive, cmdline, proc_stat  # noqa: F401 - procs.cmdline: its callers
+
+from ..ops import oom
 
 PR_SET_PDEATHSIG = 1
 
@@ -154,24 +157,90 @@ def py_spy_dump(exe: str, pid: int, timeout: float = 20.0) -> str | None:
     return (p.stdout + p.stderr) if (p.stdout or p.stderr) else None
 
 
-def cgroup_oom_kills() -> int | None:
-    """This cgroup's oom_kill counter (cgroup v2), or None when unreadable."""
+def _cgroups(path: str = "/proc/self/cgroup") -> tuple[str | None, str | None]:
+    """(the cgroup v2 path, the v1 memory controller's path) of this process."""
+    v2 = v1 = None
     try:
-        with open("/proc/self/cgroup") as f:
-            rel = next((ln.split(":", 2)[2].strip() for ln in f if ln.startswith("0::")), None)
-        if rel is None:
-            return None
-        for path in (f"/sys/fs/cgroup{rel}/memory.events", "/sys/fs/cgroup/memory.events"):
-            try:
-                with open(path) as f:
-                    for ln in f:
-                        if ln.startswith("oom_kill "):
-                            return int(ln.split()[1])
-            except OSError:
-                continue
-    except (OSError, ValueError):
+        with open(path) as f:
+            for ln in f:
+                parts = ln.rstrip("\n").split(":", 2)
+                if len(parts) != 3:
+                    continue
+                if parts[0] == "0" and parts[1] == "":
+                    v2 = parts[2]
+                elif "memory" in parts[1].split(","):
+                    v1 = parts[2]
+    except OSError:
         pass
-    return None
+    return v2, v1
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def oom_counters(fs: str = "/sys/fs/cgroup") -> oom.OomCounters:
+    """This process's cgroup OOM counters: v2 ``memory.events`` and v1 ``memory.oom_control``
+    and ``memory.failcnt`` (where the v1 memory controller is mounted)."""
+    v2, v1 = _cgroups()
+    v2_kill = None
+    if v2 is not None:
+        for d in (f"{fs}{v2}", fs):
+            text = _read(f"{d.rstrip('/')}/memory.events")
+            if text is not None:
+                v2_kill = oom.parse_memory_events(text)
+                break
+    under = kill = failcnt = None
+    if v1 is not None:
+        for d in (f"{fs}/memory{v1}", f"{fs}/memory"):
+            text = _read(f"{d.rstrip('/')}/memory.oom_control")
+            if text is not None:
+                under, kill = oom.parse_oom_control(text)
+                fc = _read(f"{d.rstrip('/')}/memory.failcnt")
+                failcnt = int(fc) if fc and fc.strip().isdigit() else None
+                break
+    return oom.OomCounters(v2_kill, kill, under, failcnt)
+
+
+class KernelLog:
+    """The kernel's log records written since :meth:`open` (``/dev/kmsg``, read without
+    blocking); empty where it cannot be read (no permission, no device)."""
+
+    def __init__(self, path: str = "/dev/kmsg"):
+        self.fd: int | None = None
+        try:
+            self.fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            os.lseek(self.fd, 0, os.SEEK_END)
+        except OSError:
+            self.close()
+
+    def read(self, limit: int = 100000) -> list[str]:
+        out: list[str] = []
+        while self.fd is not None and len(out) < limit:
+            try:
+                rec = os.read(self.fd, 8192)
+            except BlockingIOError:
+                break
+            except OSError as e:
+                if e.errno == errno.EPIPE:   # records overwritten under us: go on
+                    continue
+                break
+            if not rec:
+                break
+            out.append(rec.decode("utf-8", "replace"))
+        return out
+
+    def close(self) -> None:
+        if self.fd is not None:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+        self.fd = None
 
 
 def wait_gone(pids: Iterable[int], timeout: float, poll: float = 0.05) -> bool:

@@ -139,6 +139,8 @@ class BundledSource(_Source):
         at = role.place(n, lambda: self.resume_target(state))
         env = self.attempt_env(n)
         env.update(at.env)
+        if cfg.get("compile.threads"):   # the compile_workers ladder's step, as torch reads it
+            env["TORCHINDUCTOR_COMPILE_THREADS"] = str(cfg["compile.threads"])
         argv = trainer_argv(spec.identity.python, self.launched_config(n), state.overrides,
                             run_dir=self.run_dir, checkpoint_dir=spec.resume.checkpoint_dir,
                             resume=at.resume, layout=cfg.get("parallel.layout"),

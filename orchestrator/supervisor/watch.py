@@ -43,6 +43,10 @@ class Outcome:
     healthy_s: float = 0.0
     duration_s: float = 0.0
     oom_killed: bool = False
+    #: what says the kernel's OOM killer ended it (a kernel log line, a cgroup counter)
+    oom_reason: str | None = None
+    #: every pid of the attempt's process tree the samples saw
+    pids_seen: set = field(default_factory=set)
     scan: LineScan = field(default_factory=TailScan)
     #: where the attempt's time went (its ``attempt_end``'s timing fields)
     clock: AttemptClock = field(default_factory=AttemptClock)
@@ -163,6 +167,8 @@ class AttemptWatch:
     def _sample(self, pid: int, out: Outcome, dog: wd.Watchdog, now: float) -> None:
         """The tree's CPU/I-O for the hang check; the host's load for a throughput drop."""
         tree = procs.descendants(pid) or [pid]
+        out.pids_seen.update(tree)
+        out.pids_seen.add(pid)
         cpu, io = out.meter.sample(tree)
         dog.activity(now, cpu, io, stopped=procs.stopped(tree))
         out.host.append(hostprobe.host_sample(now, cpu))

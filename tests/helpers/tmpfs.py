@@ -44,3 +44,25 @@ def fill(fs: Path, leave: int) -> None:
         f.write(b"\0" * max(0, free - leave))
     st = os.statvfs(fs)
     assert st.f_bavail * st.f_frsize <= leave + st.f_frsize
+
+
+@pytest.fixture
+def read_only(tmp_path):
+    """``make(where)``: ``where`` (created) becomes a read-only bind mount of itself, as a
+    filesystem mounted read-only is; unmounted after the test."""
+    if os.geteuid() != 0:
+        if os.environ.get("CI", "").strip().lower() in ("1", "true", "yes", "on"):
+            pytest.fail("a read-only bind mount needs root", pytrace=False)
+        pytest.skip("a read-only bind mount needs root")
+    mounted: list[Path] = []
+
+    def make(where: Path) -> Path:
+        where.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["mount", "--bind", str(where), str(where)], check=True, timeout=60)
+        mounted.append(where)
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(where)], check=True, timeout=60)
+        return where
+
+    yield make
+    for d in reversed(mounted):
+        subprocess.run(["umount", "-l", str(d)], timeout=60)

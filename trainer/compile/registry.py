@@ -79,11 +79,46 @@ def compiled_flex_attention() -> Callable:
     return compiled("flex_attention", _flex)
 
 
+def flex_kernel_options(block: int, stages: int) -> dict[str, int] | None:
+    """flex attention's ``kernel_options`` for ``compile.flex_block``/``compile.flex_stages``
+    (0: torch's choice). The ``fwd_``/``bwd_`` prefixes address the forward and the backward
+    kernel (torch/_inductor/kernel/flex/flex_attention.py strips them per kernel)."""
+    opts: dict[str, int] = {}
+    if block:
+        opts.update(fwd_BLOCK_M=block, fwd_BLOCK_N=block, bwd_BLOCK_M1=block,
+                    bwd_BLOCK_N1=block, bwd_BLOCK_M2=block, bwd_BLOCK_N2=block)
+    if stages:
+        opts.update(fwd_num_stages=stages, bwd_num_stages=stages)
+    return opts or None
+
+
+def set_flex_kernel_options(opts: dict[str, int] | None) -> None:
+    """Every later flex_attention call of this process compiles with ``opts``."""
+    _state().flex_kernel_options = dict(opts) if opts else None
+
+
+def configure_kernels(cfg) -> None:
+    """The compile section's kernel choices, before anything is compiled: flex attention's
+    kernel blocks and stages (``compile.flex_block``/``flex_stages``) and inductor's compile
+    threads (``compile.threads``; 1: no worker pool, every kernel compiled in this process)."""
+    c = cfg.compile
+    set_flex_kernel_options(flex_kernel_options(c.flex_block, c.flex_stages))
+    if c.threads:
+        import os
+
+        from torch._inductor import config as icfg
+
+        os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = str(c.threads)
+        icfg.compile_threads = int(c.threads)
+
+
 def flex_attention(q, k, v, block_mask, *, enable_gqa: bool = False, scale: float | None = None):
     """Compiled flex_attention (never the dense eager path), called through the guard."""
     fn = compiled_flex_attention()
+    opts = _state().flex_kernel_options
+    kw = {"kernel_options": dict(opts)} if opts else {}
     with guard("flex_attention"):
-        return fn(q, k, v, block_mask=block_mask, enable_gqa=enable_gqa, scale=scale)
+        return fn(q, k, v, block_mask=block_mask, enable_gqa=enable_gqa, scale=scale, **kw)
 
 
 def names() -> list[str]:

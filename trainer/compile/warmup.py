@@ -155,12 +155,14 @@ def run_warmup(cfg, *, load_cache: str | None = None, save_cache: str | None = N
 
     from . import settings as compile_settings
     from .precompile import save_precompile_entries, verify_precompile_entries
+    from .registry import configure_kernels
 
     report: dict[str, Any] = {"torch": torch.__version__, "layout": cfg.parallel.layout,
                               "attention": cfg.model.attention,
                               "compile_enabled": cfg.compile.enabled,
                               "precompile": cfg.compile.precompile,
                               "compile_target": cfg.compile.target}
+    configure_kernels(cfg)
     if load_cache:
         report["mega_cache_load"] = load_mega_cache(load_cache)
     if cfg.compile.precompile:

@@ -124,6 +124,14 @@ class DdpLayout(LayoutBase):
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         # control plane on the CPU (gloo): agreeing to stop costs no GPU synchronization
         self._ctl = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else None
+        # parallel.warmup_sync_s: the ranks meet after their warm-up, on the CPU, with a
+        # timeout a cold compile fits in, before the first NCCL collective
+        self._sync = None
+        if cfg.parallel.warmup_sync_s:
+            from datetime import timedelta
+
+            self._sync = dist.new_group(backend="gloo",
+                                        timeout=timedelta(seconds=cfg.parallel.warmup_sync_s))
         self.main_rank = self._agree_main(env)
         self.is_main = self.rank == self.main_rank
         self.data_parallel = self.world
@@ -159,7 +167,18 @@ class DdpLayout(LayoutBase):
         return self.drafter.trainable_parameters()
 
     def warmup(self, emitter, heartbeat_s: float) -> list[dict]:
-        """Each rank warms its own device (every bucket, fwd+bwd, outside DDP), then seals."""
+        """Each rank warms its own device (every bucket, fwd+bwd, outside DDP), then seals;
+        with ``parallel.warmup_sync_s`` the ranks then meet before the first collective."""
+        recs = self._warmup(emitter, heartbeat_s)
+        if self._sync is not None:
+            import torch.distributed as dist
+
+            emitter.print(f"trainer: rank {self.rank} warmed up; meeting the other ranks "
+                          f"(timeout {self.cfg.parallel.warmup_sync_s} s)")
+            dist.barrier(group=self._sync)
+        return recs
+
+    def _warmup(self, emitter, heartbeat_s: float) -> list[dict]:
         if not (self.uses_compiled and self.gate.enabled):
             return []
         from ..train import metrics

@@ -24,6 +24,7 @@ from ..evaluate import accept
 from .. import runtime
 from . import checkpoints, faults, init_from, metrics, objective
 from .objective2 import selector_alpha_at
+from ..compile import registry
 from ..compile import settings as compile_settings
 from ..compile.precompile import save_precompile_entries, verify_precompile_entries
 from ..data.datasets import JsonlDataset, open_dataset
@@ -130,6 +131,7 @@ def train(cfg: TrainerConfig, resume: str | None = None, *, out=None) -> int:
         em.set_phase("compile")
         hb.start()
         torch.manual_seed(cfg.train.seed)
+        registry.configure_kernels(cfg)
         precompile = cfg.compile.enabled and cfg.compile.precompile
         if precompile:  # dynamo's precompile cache, as `trainer warmup` uses it
             compile_settings.configure(precompile=True)

@@ -7,7 +7,9 @@
 # out while the recorded verification holds) and, when it does not hold, the env probe.
 # $1 launch-probe script, $2 state script, $3 env-probe source, $4 root, $5 run.lock,
 # $6 target env dir, $7 python spec, $8 wheel path, $9 "check" or "nocheck", $10 N,
-# then N paths the config names, then the arguments of orchestrator.remote.launch_facts.
+# then N paths the config names, then M and M commands (a foreign trainer's argv[0]: a path,
+# or a name looked up on PATH with the deployed env's bin first, as the supervisor runs it),
+# then the arguments of orchestrator.remote.launch_facts.
 lp=$1; st=$2; probe=$3; root=$4; lock=$5; env=$6; py=$7; wheel=$8; check=$9; n=${10}
 shift 10
 echo "@section launch"
@@ -16,6 +18,17 @@ echo "@section missing"
 i=0
 while [ "$i" -lt "$n" ]; do
   [ -e "$1" ] || printf '%s\n' "$1"
+  shift; i=$((i+1))
+done
+echo "@section commands"
+m=$1; shift
+i=0
+while [ "$i" -lt "$m" ]; do
+  case "$1" in
+    */*) { [ -f "$1" ] && [ -x "$1" ]; } || printf '%s\n' "$1" ;;
+    *) PATH="$root/envs/current/bin:$PATH" command -v -- "$1" >/dev/null 2>&1 \
+         || printf '%s\n' "$1" ;;
+  esac
   shift; i=$((i+1))
 done
 cur="$root/envs/current"
