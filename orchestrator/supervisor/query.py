@@ -123,13 +123,13 @@ def _time(run_dir: str, now: float) -> dict | None:
     """Goodput and the time lost per cause (ops.goodput), from the run's events; None when
     they cannot be read."""
     from dfo_contract.errors import ContractError
-    from dfo_contract.events import read_events
+    from dfo_contract.events import read_events_file
 
     from ..ops.goodput import account
 
     try:
-        with open(os.path.join(run_dir, rs.EVENTS_FILE), encoding="utf-8") as f:
-            return account(read_events(f.read()), now=now).to_json()
+        return account(read_events_file(os.path.join(run_dir, rs.EVENTS_FILE)),
+                       now=now).to_json()
     except (OSError, ValueError, ContractError):
         return None
 
