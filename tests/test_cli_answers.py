@@ -63,6 +63,17 @@ def test_unknown_run_or_attempt_is_exit_11_everywhere(env, capsys):
     assert rc == 0 and "attempt 2 says hi" in out
 
 
+def test_stop_with_nothing_live_says_so(env, capsys):
+    root, hosts = env
+    fake_run(root, "tiny-20261201-010000")
+    for args in ([], ["--run", "tiny-20261201-010000"]):
+        rc, out, err = dfo(capsys, hosts, "stop", *args)
+        assert rc == 0 and out == ("nothing to stop on local: run tiny-20261201-010000 is "
+                                   "done, not live\n"), (args, out, err)
+    rc, out, _ = dfo(capsys, hosts, "stop", "--json")
+    assert rc == 0 and json.loads(out)["nothing_to_stop"] is True
+
+
 def test_no_runs_says_so(env, capsys):
     _, hosts = env
     rc, out, err = dfo(capsys, hosts, "status")
