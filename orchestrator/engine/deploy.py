@@ -339,7 +339,10 @@ class Deployer(DeployChecks, EnvSwitch):
         else:
             self.clock.skip("create venv", steps["create venv"].reason)
         if steps["install"].run:
-            self._install(env_dir, lock_bytes, sync=plan.sync, reinstall=plan.reinstall,
+            # a venv made just now holds nothing to reinstall: a plain sync fills it from uv's
+            # cache (hardlinks), where --reinstall would imply --refresh and fetch it all again
+            self._install(env_dir, lock_bytes, sync=plan.sync,
+                          reinstall=plan.reinstall and not steps["create venv"].run,
                           detail=steps["install"].reason)
         else:
             self.clock.skip("install", steps["install"].reason)
