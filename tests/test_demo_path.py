@@ -117,3 +117,17 @@ def test_after_the_demo_script_the_readme_commands_are_found_in_a_new_shell(ns_t
         assert rc == 0 and "command not found" not in s, (c, s)
     rc, s = t.run("dfo hosts list --json | grep -c '\"name\": \"local\"'", "hosts")
     assert rc == 0 and re.search(r"^1\nhosts=0$", s, re.M), s
+
+
+def test_the_demos_next_steps_name_dfo_as_a_new_shell_finds_it(monkeypatch, tmp_path):
+    import sys
+
+    from orchestrator.cli.demo import next_commands
+
+    own = os.path.join(sys.prefix, "bin", "dfo")
+    if not os.path.exists(own):
+        pytest.skip(f"no dfo in {sys.prefix}/bin")
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")          # dfo not on PATH
+    assert all(cmd.startswith(f"{own} ") for cmd, _ in next_commands("local"))
+    os.symlink(own, tmp_path / "dfo")                              # the demo's link
+    assert all(cmd.startswith("dfo ") for cmd, _ in next_commands("local"))
