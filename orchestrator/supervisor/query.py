@@ -113,7 +113,7 @@ def _add_metrics(st: dict, run_dir: str, tail_bytes: int = 16384) -> None:
         from dfo_contract.checkpoints import moved_checkpoint
 
         now_at = moved_checkpoint(str(ck["path"]), str(st["run_id"]))
-        if now_at != ck["path"]:
+        if now_at is not None and now_at != ck["path"]:
             ck = st["last_checkpoint"] = {**ck, "path": now_at}
     st["recent_tokens_per_s"] = tps
     st["last_step"] = current_step(st.get("last_step"), step, ck.get("step"))
