@@ -171,6 +171,53 @@ def newest_of_run(root: str, run_id: str) -> tuple[CkptInfo | None, list[CkptInf
     return None, skipped
 
 
+def aside_dirs(root: str) -> list[str]:
+    """The copies of ``root`` that a launch with ``--new-lineage`` moved aside
+    (``<root>.<UTC stamp>``), newest first."""
+    parent, base = os.path.split(os.path.normpath(root))
+    try:
+        names = os.listdir(parent or ".")
+    except OSError:
+        return []
+    return [os.path.join(parent, n) for n in sorted(names, reverse=True)
+            if n.startswith(base + ".") and os.path.isdir(os.path.join(parent, n))]
+
+
+def _runs_in(root: str) -> set[str | None]:
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return set()
+    return {manifest_run(os.path.join(root, n)) for n in names if STEP_RE.match(n)}
+
+
+def run_dir_of(root: str, run_id: str) -> str | None:
+    """Where run ``run_id``'s checkpoints are: ``root`` when a manifest there names it (or
+    when no manifest there names any run), else the moved-aside copy of ``root`` that holds
+    them; None when neither does (``root`` holds other runs' checkpoints only, or none)."""
+    here = _runs_in(root)
+    if run_id in here:
+        return root
+    for d in aside_dirs(root):
+        if run_id in _runs_in(d):
+            return d
+    return root if here and here <= {None} else None
+
+
+def moved_checkpoint(path: str, run_id: str) -> str | None:
+    """``path`` (``<root>/step_N``, written by ``run_id``) where it is now: itself while it
+    is there, else the same ``step_N`` in the moved-aside copy of ``root`` whose manifest
+    names ``run_id``; None when it is nowhere."""
+    if os.path.isdir(path) and manifest_run(path) in (run_id, None):
+        return path
+    root, name = os.path.split(os.path.normpath(path))
+    for d in aside_dirs(root):
+        p = os.path.join(d, name)
+        if os.path.isdir(p) and manifest_run(p) == run_id:
+            return p
+    return None
+
+
 def newest_valid(root: str) -> tuple[CkptInfo | None, list[CkptInfo]]:
     """(newest valid checkpoint or None, the newer invalid ones that were skipped)."""
     skipped = []
@@ -267,12 +314,23 @@ def main(argv: list[str] | None = None, *, prog: str = "python -m dfo_contract.c
     lp.add_argument("--no-hash", action="store_true", help="check sizes only (fast)")
     lp.add_argument("--no-promote", action="store_true",
                     help="leave a dead writer's complete temp dir as it is (change nothing)")
+    lp.add_argument("--run", default=None, metavar="ID",
+                    help="only run ID's checkpoints, from DIR or the copy of DIR they were "
+                         "moved aside to (run_dir_of); \"dir\" says which, null: none")
     a = ap.parse_args(argv)
-    infos = list_checkpoints(a.dir, check_hashes=not a.no_hash, promote=not a.no_promote)
+    d: str | None = a.dir
+    if a.run:
+        d = run_dir_of(a.dir, a.run)
+    infos = list_checkpoints(d, check_hashes=not a.no_hash, promote=not a.no_promote) if d else []
+    if a.run:
+        infos = [c for c in infos if c.run in (a.run, None)]
     if a.json:
         best = next((c for c in infos if c.valid), None)
-        print(json.dumps({"dir": a.dir, "latest": best.name if best else None,
-                          "checkpoints": [c.to_json() for c in infos]}))
+        obj = {"dir": d, "latest": best.name if best else None,
+               "checkpoints": [c.to_json() for c in infos]}
+        if a.run:
+            obj["runs_in_dir"] = sorted(r for r in _runs_in(a.dir) if r)
+        print(json.dumps(obj))
         return 0
     if not infos:
         print(f"no step_N checkpoints in {a.dir}")

@@ -104,6 +104,14 @@ def read_events(text: str) -> list[Event]:
     return out
 
 
+def read_events_file(path: str) -> list[Event]:
+    """``read_events`` of the file at ``path``; bytes that are not UTF-8 become U+FFFD, so a
+    damaged line is skipped (or read with U+FFFD in a string) and never hides the others.
+    Raises OSError (unreadable), VersionError / ContractError (as ``read_events``)."""
+    with open(path, "rb") as f:
+        return read_events(f.read().decode("utf-8", "replace"))
+
+
 def encode_line(ev: EventBase) -> bytes:
     """The record as the bytes of one line (sorted keys, strict JSON, one ``write``)."""
     return (json.dumps(ev.to_dict(), sort_keys=True, separators=(",", ":"),

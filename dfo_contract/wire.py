@@ -3,6 +3,8 @@ a line, each one of the records below (docs/contracts.md, "The follow wire").
 
 - :class:`Line` ``{"f": "attempt-2.log", "o": 1234, "l": "text"}``: one complete line of
   file ``f``; ``o`` is the byte offset just after it (the reader restarts from there).
+  ``"r": 1`` (optional) on the first line of a file that shrank below the reader's offset
+  (emptied, rewritten): the file is read again from its start, so ``o`` starts over.
 - :class:`End` ``{"end": "done"|"failed"|"stopped"|"lost"|"never_started"}``: following,
   the run ended (or never started) and every file was read to its end.
 - :class:`Eof` ``{"eof": true, "status": ...}``: not following, everything present was sent.
@@ -39,6 +41,7 @@ class Line:
     file: str
     offset: int
     text: str
+    restart: bool = False     # the file shrank and is read again from its start
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,8 @@ def encode(rec: Record) -> str:
     """The record as one line of JSON (no newline)."""
     if isinstance(rec, Line):
         obj: dict[str, Any] = {"f": rec.file, "o": rec.offset, "l": rec.text}
+        if rec.restart:
+            obj["r"] = 1
     elif isinstance(rec, End):
         obj = {"end": rec.status}
     elif isinstance(rec, Eof):
@@ -95,7 +100,8 @@ def decode(raw: str | bytes) -> Record | None:
                            f"{VERSION}")
     if "f" in obj:
         try:
-            return Line(str(obj["f"]), int(obj["o"]), str(obj.get("l", "")))
+            return Line(str(obj["f"]), int(obj["o"]), str(obj.get("l", "")),
+                        bool(obj.get("r")))
         except (KeyError, TypeError, ValueError):
             return None
     if "end" in obj:

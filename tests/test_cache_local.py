@@ -24,6 +24,7 @@ from orchestrator.ops.layout import RemoteLayout
 from orchestrator.transport.local import LocalTransport
 
 from tests.helpers.cache_env import CFG, compile_into, make_env
+from tests.helpers.tmpfs import tmpfs  # noqa: F401
 
 
 @pytest.fixture(scope="module")
@@ -250,6 +251,27 @@ def test_pull_into_a_bad_destination_is_one_line(host, cold_cache, tmp_path, cap
     err = capsys.readouterr().err
     assert err.strip().startswith(f"dfo: error: --pull {dest}:") and len(err.strip().splitlines()) == 1
     assert (tmp_path / "afile").read_text() == "keep me\n"
+
+
+@pytest.mark.parametrize("into", ["directory", "tar_path"])
+def test_pull_into_a_read_only_mount_is_one_line(host, cold_cache, tmp_path, capsys, tmpfs,  # noqa: F811
+                                                 into):
+    from orchestrator.cli import main
+
+    root, mgr = host
+    key = mgr.key(CFG)
+    mgr.adopt(str(cold_cache[0]), key)
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text(f"default: h\nhosts:\n  h: {{transport: local, root: {root}}}\n")
+    ro = tmpfs(1 << 20)
+    subprocess.run(["mount", "-o", "remount,ro", str(ro)], check=True, timeout=60)
+    dest = ro if into == "directory" else ro / "x.tar"
+    capsys.readouterr()
+    assert main(["--hosts", str(hosts), "warm-cache", "--pull", str(dest), "--key", key.key]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"dfo: error: --pull {dest}: cannot write ") and err.count("\n") == 1, err
+    assert "Read-only file system" in err and "(pull into a writable directory)" in err
+    assert os.listdir(ro) == []
 
 
 def test_a_second_warmup_on_the_same_host_is_refused_while_one_runs(host):

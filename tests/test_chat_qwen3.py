@@ -301,3 +301,53 @@ def test_regenerate_records_thinking_and_tokenize_checks_it(tmp_path, gen_target
                     "so the empty think block is prompt, as when it was generated"]
     w = tokenize(gen_target, [out], str(tmp_path / "s2"), "--workers", "1", "--no-thinking")
     assert w.returncode == 0 and "warning" not in w.stderr
+
+
+#: the DeepSeek-R1 family's shape (with Qwen3's tokens, so Qwen3's tokenizer reads it): an
+#: assistant turn renders its content with everything up to `</think>` cut off, and never
+#: reads reasoning_content; the generation prompt opens a think block
+R1_SHAPE = (
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'assistant' %}"
+    "{%- set content = message['content'] %}"
+    "{%- if '</think>' in content %}{%- set content = content.split('</think>')[-1] %}{%- endif %}"
+    "{{- '<|im_start|>assistant\\n' + content + '<|im_end|>\\n' }}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n<think>\\n' }}{%- endif %}")
+
+R1_RECORDS = [
+    {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]},
+    {"messages": [{"role": "user", "content": "Is 9 prime?"},
+                  {"role": "assistant", "content": "<think>\n9 = 3 x 3.\n</think>\n\nNo."},
+                  {"role": "user", "content": "And 7?"},
+                  {"role": "assistant", "content": "<think>\nonly 1 and 7.\n</think>\n\nYes."}]},
+]
+
+
+def test_a_template_that_strips_inline_think_masks_the_reply_it_renders(tokdir, tmp_path):
+    from transformers import AutoTokenizer
+
+    d = qwen3.write_tokenizer(tmp_path / "r1", R1_SHAPE)
+    t = AutoTokenizer.from_pretrained(str(d), local_files_only=True)
+    m = ChatMasker(t)
+    assert m.prompt_tail == "<think>\n"
+    got = [runs(t, *m.mask(conversation_from_record(r))) for r in R1_RECORDS]
+    # the reply as rendered: the "\n\n" after </think> included, and the token that
+    # holds it together with the header's newline (module doc of trainer.data.chat)
+    assert got == [["4" + E], ["\n\n\nNo." + E, "\n\n\nYes." + E]]
+    assert not any("9 = 3 x 3" in x or "only 1" in x for x in got[1])
+
+
+def test_tokenize_keeps_records_whose_template_strips_inline_think(tmp_path, targets):
+    target = tmp_path / "r1"
+    qwen3.make_target(target, "hybrid")
+    cfg = json.loads((target / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = R1_SHAPE
+    (target / "tokenizer_config.json").write_text(json.dumps(cfg))
+    data = qwen3.write_jsonl(tmp_path / "chat.jsonl", R1_RECORDS)
+    r = tokenize(str(target), [data], str(tmp_path / "store"), "--workers", "1")
+    assert r.returncode == 0, r.stderr
+    assert "samples: 2 kept of 2 records" in r.stdout and "dropped" not in r.stdout, r.stdout

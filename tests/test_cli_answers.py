@@ -63,6 +63,17 @@ def test_unknown_run_or_attempt_is_exit_11_everywhere(env, capsys):
     assert rc == 0 and "attempt 2 says hi" in out
 
 
+def test_stop_with_nothing_live_says_so(env, capsys):
+    root, hosts = env
+    fake_run(root, "tiny-20261201-010000")
+    for args in ([], ["--run", "tiny-20261201-010000"]):
+        rc, out, err = dfo(capsys, hosts, "stop", *args)
+        assert rc == 0 and out == ("nothing to stop on local: run tiny-20261201-010000 is "
+                                   "done, not live\n"), (args, out, err)
+    rc, out, _ = dfo(capsys, hosts, "stop", "--json")
+    assert rc == 0 and json.loads(out)["nothing_to_stop"] is True
+
+
 def test_no_runs_says_so(env, capsys):
     _, hosts = env
     rc, out, err = dfo(capsys, hosts, "status")
@@ -130,3 +141,22 @@ def test_warm_cache_without_config_names_dfo_options(env, capsys, tmp_path):
     assert rc == 2 and "--data.path" not in err
     assert "the default config (the demo's) has compile.enabled false" in err
     assert "--config" in err
+
+
+def test_warm_cache_after_a_restore_labels_the_snapshots_figures_as_measured_at_save(capsys):
+    from orchestrator.cli.cache import _print_result
+    from orchestrator.engine.cache_warmup import WarmResult
+
+    common = dict(host="local", key="cpu-abc", cold_s=85.1, warm_s=3.2, snapshot_size=10,
+                  cache_size=20)
+    _print_result(WarmResult(action="restored", source="snapshot", **common), {}, False)
+    out = capsys.readouterr().out
+    lines = [ln.strip() for ln in out.splitlines()]
+    assert any(ln.startswith("cold warm-up (at save)") and "1m25s" in ln or
+               ln.startswith("cold warm-up (at save)") and "85.1" in ln for ln in lines), out
+    assert not any(ln.startswith("cold warm-up ") and "(at save)" not in ln for ln in lines), out
+    assert any(ln.startswith("saved next start (at save)") for ln in lines), out
+    _print_result(WarmResult(action="warmed", **common), {}, False)
+    out = capsys.readouterr().out
+    assert "(at save)" not in out and any(ln.strip().startswith("cold warm-up ")
+                                          for ln in out.splitlines()), out

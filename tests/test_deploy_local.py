@@ -346,3 +346,47 @@ def test_failed_force_leaves_current_working(wheelhouse, tmp_path, project_wheel
         _current_is_good(root, hosts, f"{name}.{n}", project_wheel)
     assert sorted(e.name for e in (root / "envs").iterdir()) == sorted(
         ["current", "previous", f"{name}.2", f"{name}.3"])
+
+
+def _cache_bytes(d: Path) -> int:
+    """Bytes of the files under ``d``, each inode once (uv hardlinks)."""
+    seen, total = set(), 0
+    for dirpath, _, files in os.walk(d):
+        for f in files:
+            st = os.lstat(os.path.join(dirpath, f))
+            if st.st_ino not in seen:
+                seen.add(st.st_ino)
+                total += st.st_size
+    return total
+
+
+def test_force_builds_the_next_generation_from_the_uv_cache(wheelhouse, tmp_path, project_wheel):
+    """docs/deploy.md: a second env of the same packages takes seconds and little disk. The
+    new generation is a venv made just now: uv fills it from its cache, without
+    ``--reinstall`` (which implies ``--refresh``: every package fetched again from the
+    index). The host's uv is wrapped by a script that records each command line and runs
+    the real uv."""
+    cache = tmp_path / "uv-cache"
+    root, hosts, env, name = _setup(tmp_path, wheelhouse, project_wheel, cache)
+    uv = root / "bin" / "uv"
+    real = root / "bin" / "uv.real"
+    os.rename(uv, real)
+    calls = tmp_path / "uv-calls"
+    uv.write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> {calls}\nexec {real} "$@"\n')
+    uv.chmod(0o755)
+    before = _cache_bytes(cache)
+    r = subprocess.run([DFO, "--hosts", str(hosts), "deploy", "--force", "--json"], env=env,
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["action"] == "repair" and rep["env"] == f"{name}.2", rep
+    syncs = [ln for ln in calls.read_text().splitlines() if ln.startswith("pip sync ")]
+    assert len(syncs) == 1 and f"envs/{name}.2/" in syncs[0], syncs
+    assert "--reinstall" not in syncs[0].split() and "--refresh" not in syncs[0].split()
+    grown = _cache_bytes(cache) - before
+    assert before > 100 << 20 and grown < before // 20, (before, grown)
+    # the new generation's files are the cache's, as the first env's are: one inode each
+    site = "lib/python3.11/site-packages/torch/__init__.py"
+    first, second = (os.stat(root / "envs" / n / site) for n in (name, f"{name}.2"))
+    assert first.st_ino == second.st_ino, "the new generation was unpacked again"
+    _current_is_good(root, hosts, f"{name}.2", project_wheel)

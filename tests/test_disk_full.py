@@ -106,3 +106,28 @@ def test_the_supervisor_stops_at_once_on_a_read_only_checkpoint_dir(tmp_path, re
     assert len(starts) == 1 and [c.cls for c in cl] == ["read_only"]   # no retry
     assert "read-only" in info["reason"] and str(ck) in info["reason"]
     assert "restarting cannot help" in info["reason"]
+
+
+def test_a_first_checkpoint_that_wrote_nothing_names_the_free_space_not_zero_bytes(
+        tmp_path, tmpfs):  # noqa: F811
+    import errno
+
+    from trainer.train import diskfull
+
+    fs = tmpfs(64 << 10)
+    root = fs / "ck"
+    partial = root / ".step_2.tmp-1"
+    partial.mkdir(parents=True)
+    _fill(fs, 0)
+    try:
+        (partial / "drafter.safetensors").write_bytes(b"x" * 4096)
+    except OSError as e:
+        exc = e
+    else:
+        pytest.fail("the tmpfs took a write after it was filled")
+    assert exc.errno == errno.ENOSPC
+    msg = str(diskfull.error(str(root), 2, str(partial), exc))
+    assert "needs more than 0 B" not in msg and "checkpoint step_2" in msg, msg
+    import re
+    assert re.search(r"needs more than the [\d.]+ (B|KiB) free", msg), msg
+    assert not partial.exists()

@@ -129,3 +129,28 @@ def test_training_after_the_last_report_until_the_failure_showed_is_redone():
     _sums(g)
     assert g.lost("detection") == 2.0 and g.lost("redone") == pytest.approx(12.0)
     assert g.train_s == pytest.approx(account(_timed_run()).train_s)
+
+
+def test_a_line_that_is_not_utf8_is_skipped_and_the_run_keeps_its_goodput(tmp_path):
+    """status's host query (``run_info``) and the supervisor's final goodput read
+    events.jsonl through ``read_events_file``: one damaged line hides nothing else."""
+    import json
+
+    from dfo_contract.fsio import atomic_write_json
+    from orchestrator.ops import runstate as rs
+    from orchestrator.supervisor.query import run_info
+
+    lines = FIX.read_bytes().splitlines(keepends=True)
+    first = [ln for ln in lines if ln.strip()][: len(_runs()[0])]
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / rs.EVENTS_FILE).write_bytes(b"".join(first[:3]) + b'{"kind": "\xff\xfe"}\n'
+                                           + b"\xc3(\n" + b"".join(first[3:]))
+    st = rs.new_state("run", "x", now=1.0)
+    st["status"] = "done"
+    atomic_write_json(run_dir / rs.STATE_FILE, st)
+    want = account(_runs()[0])
+    assert account(ev.read_events_file(str(run_dir / rs.EVENTS_FILE))) == want
+    info = run_info(str(run_dir))
+    assert info["time"] is not None and info["time"]["goodput"] == pytest.approx(want.goodput)
+    json.dumps(info)

@@ -168,3 +168,124 @@ def test_a_reconnect_names_what_was_lost_not_the_errors_hint(root):
     _, _, status, reconnects = follow_while_writing(root, DroppingTransport(), n=10, delay=0)
     assert status == "done"
     assert reconnects == ["connection to local lost: EOF"]
+
+
+# --------------------------------------------------------------------------- a live run whose
+# files change under the follower: a process that is the run's supervisor by its command line
+# (it waits on its stdin, which the test closes), state.json naming it
+
+def _start(n: int):
+    from dfo_contract import events as ev
+    from orchestrator.ops import runstate as rs
+
+    return ev.AttemptStart(attempt=n, resume=None, overrides={}, argv=["trainer"], pid=1,
+                           log=rs.attempt_log_name(n))
+
+
+@pytest.fixture
+def live(root):
+    from dfo_contract.procs import SUPERVISOR_MODULE
+    from orchestrator.ops import runstate as rs
+    from orchestrator.supervisor import runfiles
+
+    run_dir = root / "runs" / "w"
+    p = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()",
+                          SUPERVISOR_MODULE, str(run_dir)], stdin=subprocess.PIPE)
+    st = rs.new_state("w", "w", now=1.0)
+    st.update(status="running", pid=p.pid, attempt=1)
+    runfiles.write_json_atomic(str(run_dir / rs.STATE_FILE), st)
+
+    def end(status="done"):
+        runfiles.write_json_atomic(str(run_dir / rs.STATE_FILE), dict(st, status=status))
+
+    yield run_dir, end
+    p.stdin.close()
+    p.wait(60)
+
+
+def _follow_in_thread(root, on_line):
+    """LogFollower.run() -f in a thread; (its result or exception, whether it ended), the
+    join bounded only as a guard against a hang."""
+    import threading
+
+    out: dict = {}
+
+    def go():
+        try:
+            out["status"] = LogFollower(LocalTransport("local"), RemoteLayout(str(root)), "w",
+                                        on_line=on_line, follow=True, poll=0.05,
+                                        sleep=lambda s: None, max_retries=0).run()
+        except Exception as e:  # noqa: BLE001 - handed to the test
+            out["error"] = e
+
+    th = threading.Thread(target=go, daemon=True)
+    th.start()
+    th.join(120)
+    return out, not th.is_alive()
+
+
+def test_following_a_run_whose_directory_is_deleted_ends_in_one_line(root, live):
+    import shutil
+
+    from dfo_contract import events as ev
+    from orchestrator.errors import NotFoundError
+    from orchestrator.supervisor import runfiles
+
+    run_dir, _ = live
+    runfiles.append_event(str(run_dir / "events.jsonl"), _start(1))
+    (run_dir / "attempt-1.log").write_text("training\n")
+    assert isinstance(ev.read_events_file(str(run_dir / "events.jsonl"))[0], ev.AttemptStart)
+    out, ended = _follow_in_thread(root, lambda ln: shutil.rmtree(run_dir, ignore_errors=True))
+    assert ended, "logs -f went on following a deleted run directory"
+    assert isinstance(out.get("error"), NotFoundError), out
+    assert f"its run directory {run_dir} was deleted" in str(out["error"])
+
+
+def test_an_events_file_that_shrank_is_read_again_from_its_start(root, live):
+    from orchestrator.supervisor import runfiles
+
+    run_dir, end = live
+    evs = run_dir / "events.jsonl"
+    for n in (1, 2, 3):
+        runfiles.append_event(str(evs), _start(n))
+    got = []
+
+    def on_line(ln):
+        got.append(ln)
+        if len(got) == 3:                    # emptied under the live run, then one event
+            evs.write_bytes(b"")
+            runfiles.append_event(str(evs), _start(7))
+            end()
+
+    out, ended = _follow_in_thread(root, on_line)
+    assert ended and out.get("status") == "done", out
+    assert [ln.event.attempt for ln in got if ln.event is not None] == [1, 2, 3, 7]
+
+
+def test_carriage_returns_end_lines_and_a_huge_line_is_cut(root, live):
+    from orchestrator.supervisor.follow import MAX_LINE_CHARS
+
+    run_dir, end = live
+    (run_dir / "attempt-1.log").write_bytes(b"\r 10%\r 50%\r100%\r\nok\n" + b"y" * (10 << 20)
+                                            + b"\nafter\n")
+    end()
+    got = []
+    out, ended = _follow_in_thread(root, got.append)
+    assert ended and out.get("status") == "done", out
+    texts = [ln.text for ln in got if ln.file == "attempt-1.log"]
+    assert texts[:4] == [" 10%", " 50%", "100%", "ok"] and texts[5] == "after", texts[:4]
+    assert texts[4].startswith("y" * MAX_LINE_CHARS + " ... (")
+    assert texts[4].endswith(f"({(10 << 20) - MAX_LINE_CHARS} more characters)")
+
+
+def test_following_a_run_that_had_ended_shows_its_events_first(root, live):
+    from orchestrator.supervisor import runfiles
+
+    run_dir, end = live
+    runfiles.append_event(str(run_dir / "events.jsonl"), _start(1))
+    (run_dir / "attempt-1.log").write_text("a\nb\n")
+    end()
+    got = []
+    out, ended = _follow_in_thread(root, got.append)
+    assert ended and out.get("status") == "done", out
+    assert [ln.file for ln in got] == ["events.jsonl", "attempt-1.log", "attempt-1.log"]

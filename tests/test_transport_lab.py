@@ -271,6 +271,20 @@ def test_unknown_host_refused_with_fingerprint_then_trusted(lab, tmp_path, capsy
         assert t.run(["echo", "ok"]).out == "ok\n"
 
 
+def test_trust_without_a_terminal_checks_an_already_trusted_host(lab, tmp_path, capsys,
+                                                                  monkeypatch):
+    kh = tmp_path / "known_hosts"
+    p = write_hosts(tmp_path / "h.yaml", lab, ssh_over={"known_hosts": str(kh)})
+    monkeypatch.setattr("sys.stdin", open("/dev/null"))
+    assert main(["--hosts", str(p), "hosts", "trust", "lab-node"]) == 2     # would have to ask
+    assert "pass --yes" in capsys.readouterr().err and not kh.exists()
+    assert main(["--hosts", str(p), "hosts", "trust", "lab-node", "--yes"]) == 0
+    capsys.readouterr()
+    rc = main(["--hosts", str(p), "hosts", "trust", "lab-node"])
+    out, err = capsys.readouterr()
+    assert rc == 0 and "lab-node: already trusted: " in out and err == "", (out, err)
+
+
 def test_changed_host_key_refused_loudly(lab, tmp_path, capsys):
     other = tmp_path / "other_key"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)

@@ -107,3 +107,15 @@ def test_put_get_atomic_with_mode(t, tmp_path):
 def test_get_missing(t, tmp_path):
     with pytest.raises(NotFoundError, match="does not exist on local"):
         t.get(str(tmp_path / "nope"))
+
+
+def test_a_command_given_no_cwd_runs_in_a_neutral_directory_not_the_callers(t, tmp_path,
+                                                                            monkeypatch):
+    (tmp_path / "shadowed.py").write_text("print('the module in the caller\\'s directory')\n")
+    monkeypatch.chdir(tmp_path)
+    r = t.run([sys.executable, "-m", "shadowed"])
+    assert r.exit_code == 1 and "No module named shadowed" in r.err, (r.out, r.err)
+    r = t.run([sys.executable, "-c", "import os; print(os.getcwd())"])
+    assert r.out == "/\n"
+    r = t.run([sys.executable, "-m", "shadowed"], cwd=str(tmp_path))     # a cwd given: used
+    assert r.ok and "caller's directory" in r.out

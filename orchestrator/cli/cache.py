@@ -208,17 +208,19 @@ def _print_result(res, components, as_json: bool) -> None:
     s.add_column(style="bold")
     s.add_column()
     cn, wc = res.counters or {}, res.warm_counters or {}
+    # a restore ran no warm-up: its figures are the snapshot's, measured when it was saved
+    at = (lambda label: label) if res.action == "warmed" else (lambda label: f"{label} (at save)")
     if res.cold_s is not None:
-        s.add_row("cold warm-up", f"{_secs(res.cold_s)}  (fxgraph hit/miss {cn.get('fxgraph_cache_hit', 0)}/"
+        s.add_row(at("cold warm-up"), f"{_secs(res.cold_s)}  (fxgraph hit/miss {cn.get('fxgraph_cache_hit', 0)}/"
                                   f"{cn.get('fxgraph_cache_miss', 0)}, autograd {cn.get('autograd_cache_hit', 0)}/"
                                   f"{cn.get('autograd_cache_miss', 0)})")
     if res.warm_s is not None:
-        s.add_row("warm warm-up", f"{_secs(res.warm_s)}  (fxgraph hit/miss {wc.get('fxgraph_cache_hit', 0)}/"
+        s.add_row(at("warm warm-up"), f"{_secs(res.warm_s)}  (fxgraph hit/miss {wc.get('fxgraph_cache_hit', 0)}/"
                                   f"{wc.get('fxgraph_cache_miss', 0)}, autograd {wc.get('autograd_cache_hit', 0)}/"
                                   f"{wc.get('autograd_cache_miss', 0)})")
     if res.saved_s is not None:
         pct = f" ({100 * res.warm_s / res.cold_s:.0f}% of cold)" if res.cold_s else ""
-        s.add_row("saved next start", f"{_secs(res.saved_s)}{pct}")
+        s.add_row(at("saved next start"), f"{_secs(res.saved_s)}{pct}")
     s.add_row("snapshot", f"{_size(res.snapshot_size)} tar, {_size(res.cache_size)} of cache files")
     if res.tar:
         s.add_row("file", res.tar)

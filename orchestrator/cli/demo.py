@@ -112,16 +112,31 @@ def next_commands(host_name: str) -> list[tuple[str, str]]:
     from ..engine.wheel import install_extra_hint
 
     h = "" if host_name == "local" else f" --host {host_name}"
+    dfo = dfo_as_typed()
     try:
         import matplotlib  # noqa: F401
         plot = "its curves as a PNG"
     except ImportError:
         plot = f"its curves as a PNG (needs matplotlib: {install_extra_hint('plot')})"
-    return [(f"dfo status{h}", "the run's state and goodput (--json: the time lost per cause too)"),
-            (f"dfo plot{h}", plot),
-            (f"dfo export{h} --to DIR", "the drafter (its newest checkpoint) for vLLM or SGLang"),
-            (f"dfo launch{h} --resume step_200 --set train.max_steps=300 -f",
+    return [(f"{dfo} status{h}", "the run's state and goodput (--json: the time lost per cause too)"),
+            (f"{dfo} plot{h}", plot),
+            (f"{dfo} export{h} --to DIR", "the drafter (its newest checkpoint) for vLLM or SGLang"),
+            (f"{dfo} launch{h} --resume step_200 --set train.max_steps=300 -f",
              "train 100 steps more")]
+
+
+def dfo_as_typed() -> str:
+    """How to type this dfo in a new shell: ``dfo`` when the one PATH finds is this one
+    (scripts/demo.sh links it), else its full path."""
+    import os
+    import shutil
+    import sys
+
+    own = os.path.join(sys.prefix, "bin", "dfo")
+    found = shutil.which("dfo")
+    if found and os.path.exists(own) and os.path.samefile(found, own):
+        return "dfo"
+    return own if os.path.exists(own) else "dfo"
 
 
 def launch_args(host: str, fault: str | None) -> list[str]:

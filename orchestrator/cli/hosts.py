@@ -220,12 +220,12 @@ def trust_cmd(app: AppContext, name: str, yes: bool, replace: bool, expect_fp: s
     host = app.host(name)
     if host.ssh is None:
         raise ConfigError(f"host {name} uses transport local: there is no SSH key to trust")
-    if not yes and not sys.stdin.isatty():
-        raise ConfigError("dfo hosts trust needs a terminal to ask; check the fingerprint and pass --yes")
     if yes and replace and not expect_fp:
         raise ConfigError("dfo hosts trust --yes --replace would accept any new key unseen",
                           hint="verify the new key out of band and pass --fingerprint SHA256:...")
     kh = host.ssh.known_hosts_path
+    if not yes and not sys.stdin.isatty() and not _all_recorded(host.ssh):
+        raise ConfigError("dfo hosts trust needs a terminal to ask; check the fingerprint and pass --yes")
 
     def decide(label, kh_name, key, status) -> bool:
         fp = knownhosts.describe_key(key)
@@ -244,12 +244,25 @@ def trust_cmd(app: AppContext, name: str, yes: bool, replace: bool, expect_fp: s
             click.echo(f"{label} ({kh_name}) offers {fp}")
         if yes:
             return True
+        if not sys.stdin.isatty():      # asked only for a key not yet trusted
+            raise ConfigError("dfo hosts trust needs a terminal to ask",
+                              hint="check the fingerprint above and pass --yes")
         return click.confirm(f"Record this key in {kh}?", default=False)
 
     for label, fp, outcome in trust_hosts(name, host.ssh, decide):
         verb = {"known": "already trusted", "added": "trusted", "replaced": "key replaced",
                 "skipped": "not trusted"}[outcome]
         click.echo(f"{label}: {verb}: {fp}")
+
+
+def _all_recorded(settings) -> bool:
+    """Every hop (jump hosts and the host) has a key recorded in its known_hosts file: a
+    trust without a terminal then only checks them, and asks only if one differs."""
+    from ..transport import knownhosts
+    from ..transport.ssh import jump_hops
+
+    return all(knownhosts.lookup(s.known_hosts_path, s.host_key_name)
+               for s in [*jump_hops(settings), settings])
 
 
 COMMANDS = [hosts]

@@ -241,6 +241,10 @@ def stop(app, host_name, run_id, timeout, as_json, group_name):
     if as_json:
         click.echo(json.dumps(info, default=str))
         return 0
+    if info.get("nothing_to_stop"):
+        click.echo(f"nothing to stop on {ops.host.name}: run {info['run_id']} is "
+                   f"{info.get('shown_status') or info.get('status')}, not live")
+        return 0
     ck = info.get("last_checkpoint") or {}
     click.echo(f"run {info['run_id']}: {info.get('shown_status') or info.get('status')}"
                + (f", last checkpoint step_{ck['step']}" if ck.get("step") is not None else ""))

@@ -262,7 +262,10 @@ class CacheManager(WarmMixin):
             raise ConfigError(f"--pull {dest}: cannot write {e.filename or tar_path}: "
                               f"{e.strerror or e}", hint="pull into a writable directory") from None
         finally:
-            part.unlink(missing_ok=True)
+            try:
+                part.unlink(missing_ok=True)
+            except OSError:     # a read-only DEST: nothing was written there to remove
+                pass
         return tar_path, man_path
 
     def nearest_snapshot(self, key: ck.CacheKey) -> tuple[str, list[tuple[str, str, str]]] | None:

@@ -33,7 +33,7 @@ DEMO_FAULT = "fx_race@30"
 #: how long each step of the demo takes on a 2-core CPU machine, measured
 #: (docs/benchmarks.md, "The README's main job"); said at each step's start
 EXPECT = {
-    "deploy": "first time: about 2.1 GiB to download, then about a minute to install; "
+    "deploy": "first time: about 2.6 GiB to download, then about a minute to install; "
               "later: seconds",
     "assets": "once per host: about 2 1/2 minutes on 2 CPU cores, up to 7 when other "
               "work shares them",

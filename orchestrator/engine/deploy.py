@@ -38,7 +38,7 @@ from .deploy_check import DeployChecks
 from .deploy_switch import EnvSwitch
 from .lease import DeployLease
 from .stages import DeployReport, EventFn, StageClock, StageResult  # noqa: F401 (re-exported)
-from .wheel import ProjectWheel, build as build_wheel
+from .wheel import ProjectWheel, build as build_wheel, uv_bin
 
 log = logging.getLogger("dfo")
 
@@ -48,13 +48,7 @@ SMALL_TIMEOUT = 120.0
 
 def local_uv() -> tuple[str, str]:
     """(path, ``uv X.Y.Z ...``) of the uv binary from the local ``uv`` package."""
-    try:
-        import uv
-
-        path = uv.find_uv_bin()
-    except (ImportError, FileNotFoundError):
-        raise DeployError("the `uv` Python package is not installed here",
-                          hint="pip install uv (a dfo dependency)") from None
+    path = uv_bin()
     out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30)
     return path, out.stdout.strip().splitlines()[0] if out.stdout.strip() else ""
 
@@ -345,7 +339,10 @@ class Deployer(DeployChecks, EnvSwitch):
         else:
             self.clock.skip("create venv", steps["create venv"].reason)
         if steps["install"].run:
-            self._install(env_dir, lock_bytes, sync=plan.sync, reinstall=plan.reinstall,
+            # a venv made just now holds nothing to reinstall: a plain sync fills it from uv's
+            # cache (hardlinks), where --reinstall would imply --refresh and fetch it all again
+            self._install(env_dir, lock_bytes, sync=plan.sync,
+                          reinstall=plan.reinstall and not steps["create venv"].run,
                           detail=steps["install"].reason)
         else:
             self.clock.skip("install", steps["install"].reason)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from dfo_contract.checkpoints import CkptInfo
-from dfo_contract.fsio import replace_dir, sha256_file
+from dfo_contract.fsio import human_bytes, replace_dir, sha256_file
 
 from ..errors import ConfigError, NotFoundError, RemoteCommandError, VerifyError
 from ..ops.launch_inputs import parse_checkpoint_listing
@@ -66,42 +66,57 @@ class ExportOps:
         self.runs = RunOps(transport, host, say=say)
         self.say = say or (lambda m: log.info("%s", m))
 
-    def _checkpoints(self, ck_dir: str) -> list[CkptInfo]:
-        """The host's checkpoints in ``ck_dir``, their weights hashed against their manifests
-        (an export is where a checkpoint is used: it is verified here); none when absent."""
+    def _checkpoints(self, ck_dir: str, run_id: str) -> tuple[str | None, list[CkptInfo], list[str]]:
+        """(the directory that holds run ``run_id``'s checkpoints: ``ck_dir`` or the copy a
+        later ``--new-lineage`` moved them aside to, None when neither; that run's
+        checkpoints there, their weights hashed against their manifests (an export is where
+        a checkpoint is used: it is verified here); the runs whose checkpoints ``ck_dir``
+        holds)."""
         r = self.t.run([self.runs.python, "-m", "dfo_contract.checkpoints", "list", ck_dir,
-                        "--json", "--no-promote"], timeout=600)
+                        "--json", "--no-promote", "--run", run_id], timeout=600)
         if not r.ok:
             if "does not exist" in r.err or "No such file" in r.err or r.exit_code == 4:
-                return []
+                return None, [], []
             r.check("listing checkpoints")
         try:
-            return parse_checkpoint_listing(json.loads(r.out or "[]"))
-        except ValueError:
+            obj = json.loads(r.out or "{}")
+            return (obj.get("dir"), parse_checkpoint_listing(obj),
+                    [str(x) for x in obj.get("runs_in_dir") or []])
+        except (ValueError, AttributeError):
             raise RemoteCommandError(f"listing checkpoints in {ck_dir}: output is not JSON") \
                 from None
 
-    def _checkpoint(self, ck_dir: str, step: str) -> str:
+    def _checkpoint(self, ck_dir: str, run_id: str, step: str) -> str:
+        where, infos, others = self._checkpoints(ck_dir, run_id)
+        if where is None:
+            held = f" ({ck_dir} holds run {', '.join(others)}'s)" if others else ""
+            raise NotFoundError(f"run {run_id} has no checkpoint in {ck_dir} nor in a copy "
+                                f"moved aside from it{held}",
+                                hint="see `dfo status` for the runs and their checkpoints")
+        valid = [c for c in infos if c.valid]
+        for c in sorted(infos, key=lambda c: c.step, reverse=True):
+            if c.valid:
+                break
+            if step == "latest":
+                log.warning("checkpoint %s skipped: %s", c.path, c.reason or "does not verify")
         if step == "best":
             try:
-                best = json.loads(self.t.get(posixpath.join(ck_dir, "best")).decode())
+                best = json.loads(self.t.get(posixpath.join(where, "best")).decode())
             except NotFoundError:
-                raise NotFoundError(f"no best checkpoint recorded in {ck_dir}",
+                raise NotFoundError(f"no best checkpoint recorded in {where}",
                                     hint="train with --set eval.every=N and data.eval_path, "
                                          "or pass --step N") from None
-            return posixpath.join(ck_dir, f"step_{int(best['step'])}")
+            step = str(int(best["step"]))
         if step == "latest":
-            infos = self._checkpoints(ck_dir)
-            valid = [c for c in infos if c.valid]
             if not valid:
-                raise NotFoundError(f"no valid checkpoint in {ck_dir}", hint="see `dfo status`")
+                raise NotFoundError(f"no valid checkpoint of run {run_id} in {where}",
+                                    hint="see `dfo status`")
             return max(valid, key=lambda c: c.step).path
-        valid = [c for c in self._checkpoints(ck_dir) if c.valid]
         for c in valid:
             if c.step == int(step):
                 return c.path
         have = ", ".join(str(c.step) for c in sorted(valid, key=lambda c: c.step)) or "none"
-        raise NotFoundError(f"no valid checkpoint step_{int(step)} in {ck_dir}",
+        raise NotFoundError(f"no valid checkpoint step_{int(step)} of run {run_id} in {where}",
                             hint=f"valid steps: {have}")
 
     def export(self, to: str, *, run: str | None = None, step: str | None = None,
@@ -118,7 +133,7 @@ class ExportOps:
         info = self.runs._one(run_id)
         name = info.get("run_name") or run_id
         ck_dir = self.layout.checkpoints(name)
-        ckpt = self._checkpoint(ck_dir, st)
+        ckpt = self._checkpoint(ck_dir, run_id, st)
         remote = posixpath.join(self.layout.root, "exports", name, posixpath.basename(ckpt))
         self.say(f"exporting {ckpt} on {self.host.name}")
         r = self.t.run([self.runs.python, "-m", "trainer", "export", ckpt, "--out", remote,
@@ -138,6 +153,7 @@ class ExportOps:
                               hint="give a directory you can write to") from None
         total = sum(int(m["size"]) for m in files.values())
         done = 0
+        fname = dest.name
         try:
             for fname in [*sorted(files), "dfo_export.json"]:
                 local = tmp / fname
@@ -152,6 +168,11 @@ class ExportOps:
                 if progress:
                     progress(fname, done, total)
             replace_dir(tmp, dest)
+        except OSError as e:
+            raise ConfigError(f"--to {dest}: cannot write {e.filename or fname}: "
+                              f"{e.strerror or e}",
+                              hint=f"free {human_bytes(total)} there or give another directory") \
+                from None
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         return ExportResult(run_id=run_id, checkpoint=ckpt, remote_dir=remote, local_dir=str(dest),

@@ -18,7 +18,7 @@ from typing import Callable
 
 from dfo_contract.procs import alive, process_start, same_process
 
-from ..errors import LockHeldError, RemoteCommandError
+from ..errors import DeployError, LockHeldError, RemoteCommandError
 from ..ops import deploy_plan as dp
 from ..ops.layout import RemoteLayout
 
@@ -75,6 +75,12 @@ class DeployLease:
             return
         held = next((ln.split("\t", 1)[1] for ln in r.out.splitlines()
                      if ln.startswith(("@held\t", "@busy\t"))), "")
+        if "@unwritable" in r.out:
+            why = (r.err.strip().splitlines() or ["cannot be written"])[-1].rsplit(": ", 1)[-1]
+            raise DeployError(f"cannot write {self.layout.deploy_lock} on {self.host_name}: "
+                              f"{why}",
+                              hint=f"deploy into a writable root (hosts.yaml `root:`, now "
+                                   f"{self.layout.root})")
         if r.exit_code == dp.EXIT_BUSY:
             who = dp.describe_lease(held) if held else "another deploy"
             raise LockHeldError(f"{who} holds {self.layout.deploy_lock} on {self.host_name}",

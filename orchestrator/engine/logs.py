@@ -97,8 +97,8 @@ class LogFollower:
                     stray[:] = (stray + [raw])[-20:]
                     return  # a torn line from a dropped connection, or stray stderr
                 if isinstance(rec, wire.Line):
-                    if rec.offset <= self.offsets.get(rec.file, 0):
-                        return  # never repeat a line
+                    if rec.offset <= self.offsets.get(rec.file, 0) and not rec.restart:
+                        return  # never repeat a line (but a file that shrank starts over)
                     self.offsets[rec.file] = rec.offset
                     progressed[0] = True
                     self._deliver(rec.file, rec.offset, rec.text)

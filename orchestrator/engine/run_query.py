@@ -58,7 +58,7 @@ class RunQueries:
             runs = self.status(run_id)
             if not runs:
                 raise NotFoundError(f"no run {run_id} on {self.host.name}")
-            return runs[0]
+            return {**runs[0], "nothing_to_stop": True}   # no live supervisor: nothing sent
         if not wait:
             return self._one(run_id)
         deadline = time.monotonic() + timeout

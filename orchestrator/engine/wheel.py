@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,7 +113,22 @@ def source_digest(root: Path) -> str:
     return h.hexdigest()
 
 
-def _uv_bin() -> str:
+_UV_LOCK = threading.Lock()
+_UV_BIN: list[str] = []
+
+
+def uv_bin() -> str:
+    """The local uv binary (the `uv` Python package's, else uv on PATH), found once. Deploys
+    of a group's hosts run in threads: ``uv.find_uv_bin`` reads ``sysconfig``, whose first
+    use is not thread-safe (a TypeError when two threads make it at once), so the first
+    caller finds it under a lock and the others take its answer."""
+    with _UV_LOCK:
+        if not _UV_BIN:
+            _UV_BIN.append(_find_uv_bin())
+        return _UV_BIN[0]
+
+
+def _find_uv_bin() -> str:
     try:
         import uv  # the `uv` Python package, a dfo dependency
 
@@ -172,7 +188,7 @@ def build(cache: Path | None = None) -> ProjectWheel:
             shutil.copy2(f, dest)
         dist = Path(tmp) / "dist"
         # no build isolation when setuptools is importable here: fast, and offline
-        argv = [_uv_bin(), "build", "--wheel", "--out-dir", str(dist), "--quiet"]
+        argv = [uv_bin(), "build", "--wheel", "--out-dir", str(dist), "--quiet"]
         if _can_build_here():
             argv += ["--no-build-isolation", "--python", sys.executable]
         argv.append(str(src))

@@ -281,8 +281,8 @@ class Supervisor:
         """The run's goodput and time lost so far (ops.goodput), for its final event; None
         when its events cannot be read (the final is written all the same)."""
         try:
-            with open(self.record.path(rs.EVENTS_FILE), encoding="utf-8") as f:
-                return goodput.account(events.read_events(f.read()), now=time.time())
+            return goodput.account(events.read_events_file(self.record.path(rs.EVENTS_FILE)),
+                                   now=time.time())
         except (OSError, ValueError, ContractError):
             return None
 

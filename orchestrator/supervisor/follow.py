@@ -12,7 +12,7 @@ Used by ``dfo logs`` over the transport. Each output line is one record of
   cut off before the supervisor started).
 - ``Eof``: (without ``--follow``) everything present was sent.
 - ``Keepalive``: following, every ``KEEPALIVE_S`` while nothing else is sent.
-- ``Error``: no such run directory.
+- ``Error``: no such run directory, or (following) it was deleted.
 
 It never outlives its client: it exits when a write to stdout fails (the pipe closed: the
 SSH channel or ``pct exec`` is gone) or when its parent changes (the parent died).
@@ -76,11 +76,30 @@ def _files(run_dir: str, only_attempt: int | None, from_attempt: int,
     return names + ordered if events_first else ordered + names
 
 
-def _drain(run_dir: str, name: str, offsets: dict[str, int], final: bool) -> bool:
+#: an attempt log's line longer than this is cut (a trainer may print megabytes in one line)
+MAX_LINE_CHARS = 4000
+
+
+def _drain(run_dir: str, name: str, offsets: dict[str, int], final: bool,
+           restarted: set[str]) -> bool:
+    """Send the complete lines of ``name`` after its offset. A file shorter than its offset
+    (emptied or rewritten) is read again from its start; its next line says so (``restart``).
+    Attempt logs: a lone ``\r`` ends a line and a line is cut at ``MAX_LINE_CHARS``."""
+    path = os.path.join(run_dir, name)
     off = offsets.get(name, 0)
-    lines, offsets[name] = read_lines(os.path.join(run_dir, name), off, final=final)
-    for ln in lines:
-        _send(wire.Line(name, ln.end, ln.text))
+    try:
+        if os.path.getsize(path) < off:
+            off = offsets[name] = 0
+            restarted.add(name)
+    except OSError:
+        pass
+    log = name != rs.EVENTS_FILE
+    lines, offsets[name] = read_lines(path, off, final=final, cr=log,
+                                      max_chars=MAX_LINE_CHARS if log else None)
+    for i, ln in enumerate(lines):
+        _send(wire.Line(name, ln.end, ln.text, restart=i == 0 and name in restarted))
+    if lines:
+        restarted.discard(name)
     return bool(lines)
 
 
@@ -120,9 +139,15 @@ def _main(argv: list[str] | None = None) -> int:
     dead_since: float | None = None
     parent = os.getppid()
     last_sent = time.monotonic()
+    restarted: set[str] = set()
+    first_look: bool | None = None
     while True:
         if a.follow and os.getppid() != parent:
             raise ClientGone()   # the process that reads us died
+        if not os.path.isdir(a.run_dir):
+            _send(wire.Error(f"its run directory {a.run_dir} was deleted"))
+            _flush()
+            return 2
         status, pid = _status(a.run_dir)
         if a.follow and status is None and never_started(a.run_dir, a.lost_after):
             _send(wire.End(wire.NEVER_STARTED))
@@ -136,9 +161,15 @@ def _main(argv: list[str] | None = None) -> int:
                 lost = time.monotonic() - dead_since > a.lost_after
             else:
                 dead_since = None
+        # a run that had ended before the first look reads as without --follow: the story
+        # (events) first, then the attempt logs
+        if first_look is None:
+            first_look = final
         sent = False
-        for name in _files(a.run_dir, a.attempt, a.from_attempt, events_first=not a.follow):
-            sent = _drain(a.run_dir, name, offsets, final or lost or not a.follow) or sent
+        for name in _files(a.run_dir, a.attempt, a.from_attempt,
+                           events_first=not a.follow or first_look):
+            sent = _drain(a.run_dir, name, offsets, final or lost or not a.follow,
+                          restarted) or sent
         if not a.follow:
             _send(wire.Eof(status))
             _flush()

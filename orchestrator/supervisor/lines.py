@@ -18,11 +18,13 @@ class Line(NamedTuple):
     end: int    # byte offset just after the line (and its newline): where to resume
 
 
-def read_lines(path: str | os.PathLike, offset: int = 0, *,
-               final: bool = False) -> tuple[list[Line], int]:
+def read_lines(path: str | os.PathLike, offset: int = 0, *, final: bool = False,
+               cr: bool = False, max_chars: int | None = None) -> tuple[list[Line], int]:
     """The complete lines of ``path`` from byte ``offset`` on, and the new offset.
 
     A missing or unreadable file reads as empty (the writer has not created it yet).
+    ``cr``: a lone ``\r`` ends a line too (a progress bar's updates; ``\r\n`` is one end).
+    ``max_chars``: a longer line's text is cut there, with how much was left out.
     """
     try:
         with open(path, "rb") as f:
@@ -32,15 +34,34 @@ def read_lines(path: str | os.PathLike, offset: int = 0, *,
         return [], offset
     if not data:
         return [], offset
-    cut = data.rfind(b"\n") + 1
+    if cr:
+        last = len(data) - 1 if data.endswith(b"\r") else len(data)   # a last \r's \n
+        cut = max(data.rfind(b"\n", 0, last), data.rfind(b"\r", 0, last)) + 1  # may follow
+    else:
+        cut = data.rfind(b"\n") + 1
     body = data if final else data[:cut]
     out: list[Line] = []
     pos = offset
     start = 0
     while start < len(body):
         nl = body.find(b"\n", start)
+        if cr:
+            r = body.find(b"\r", start)
+            if 0 <= r < (nl if nl >= 0 else len(body)) and not (r + 1 == nl):
+                nl = r
         stop = len(body) if nl < 0 else nl
-        pos += stop - start + (0 if nl < 0 else 1)
-        out.append(Line(body[start:stop].decode("utf-8", "replace"), pos))
-        start = stop + 1
+        end = stop + (0 if nl < 0 else 1)
+        text_stop = stop - 1 if cr and stop > start and body[stop - 1:stop] == b"\r" \
+            and nl >= 0 and body[nl:nl + 1] == b"\n" else stop
+        pos += end - start
+        if not (cr and stop == start and body[stop:stop + 1] == b"\r"):   # not a bare \r
+            out.append(Line(_cap(body[start:text_stop].decode("utf-8", "replace"), max_chars),
+                            pos))
+        start = end
     return out, offset + len(body)
+
+
+def _cap(text: str, max_chars: int | None) -> str:
+    if max_chars is None or len(text) <= max_chars:
+        return text
+    return f"{text[:max_chars]} ... ({len(text) - max_chars} more characters)"

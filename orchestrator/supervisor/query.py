@@ -108,6 +108,13 @@ def _add_metrics(st: dict, run_dir: str, tail_bytes: int = 16384) -> None:
         records = []
     step, tps = metrics_tail(records)
     ck = st.get("last_checkpoint") if isinstance(st.get("last_checkpoint"), dict) else {}
+    if ck.get("path") and st.get("run_id"):
+        # a later --new-lineage moves the run's checkpoints aside: say where they are now
+        from dfo_contract.checkpoints import moved_checkpoint
+
+        now_at = moved_checkpoint(str(ck["path"]), str(st["run_id"]))
+        if now_at is not None and now_at != ck["path"]:
+            ck = st["last_checkpoint"] = {**ck, "path": now_at}
     st["recent_tokens_per_s"] = tps
     st["last_step"] = current_step(st.get("last_step"), step, ck.get("step"))
 
@@ -116,13 +123,13 @@ def _time(run_dir: str, now: float) -> dict | None:
     """Goodput and the time lost per cause (ops.goodput), from the run's events; None when
     they cannot be read."""
     from dfo_contract.errors import ContractError
-    from dfo_contract.events import read_events
+    from dfo_contract.events import read_events_file
 
     from ..ops.goodput import account
 
     try:
-        with open(os.path.join(run_dir, rs.EVENTS_FILE), encoding="utf-8") as f:
-            return account(read_events(f.read()), now=now).to_json()
+        return account(read_events_file(os.path.join(run_dir, rs.EVENTS_FILE)),
+                       now=now).to_json()
     except (OSError, ValueError, ContractError):
         return None
 

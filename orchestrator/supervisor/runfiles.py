@@ -91,9 +91,7 @@ def read_state_or_events(run_dir: str) -> tuple[RunState, str | None]:
     from ..ops.runstate_replay import state_from_events
 
     try:
-        with open(os.path.join(run_dir, rs.EVENTS_FILE), encoding="utf-8",
-                  errors="replace") as f:
-            evs = events.read_events(f.read())
+        evs = events.read_events_file(os.path.join(run_dir, rs.EVENTS_FILE))
     except (OSError, ContractError):
         raise ValueError(f"{damage}, and {rs.EVENTS_FILE} cannot be read") from None
     if not evs:

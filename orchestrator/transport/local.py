@@ -24,6 +24,11 @@ class CommandTimeout(RemoteCommandError):
     """A command ran past its ``timeout`` and was killed (exit_status None)."""
 
 
+#: where a command given no cwd runs (an SSH session starts in the user's home; "/" holds no
+#: Python package a `python -m` could take for the deployed one)
+NEUTRAL_CWD = "/"
+
+
 def timeout_error(name: str, argv: Sequence[str], timeout: float) -> CommandTimeout:
     return CommandTimeout(f"{argv[0]} on {name} timed out after {timeout:g}s and was stopped",
                           hint="raise the timeout or check why it hangs")
@@ -66,7 +71,10 @@ class LocalTransport(Transport):
             full_env = dict(os.environ)
             full_env.update(check_env(env))
         try:
-            return subprocess.Popen(argv, env=full_env, cwd=cwd, stdin=stdin, stdout=stdout,
+            # no cwd: a neutral directory, not the caller's, so that `python -m pkg` loads the
+            # deployed env's modules, never a checkout's the caller happens to stand in
+            return subprocess.Popen(argv, env=full_env, cwd=NEUTRAL_CWD if cwd is None else cwd,
+                                    stdin=stdin, stdout=stdout,
                                     stderr=stderr, start_new_session=True)
         except FileNotFoundError as e:
             # the same answers env gives remotely: 125 bad cwd, 127 no such command

@@ -20,7 +20,9 @@ user) give:
 Per assistant turn the loss span runs from after ``H`` (and ``P`` where present) to ``E``,
 inclusive: reasoning the template renders (Qwen3: turns after the last user query) with its
 tags, the content, tool calls. Reasoning the template drops (earlier turns) is not in the text
-and is not trained on. A token that spans the start of a turn's span (Qwen's ``ĊĊ`` when a
+and is not trained on; nor is an inline ``<think>...</think>`` that the template cuts from
+``content`` without reading ``reasoning_content`` (DeepSeek-R1's): the reply after it, as
+rendered, is the turn's content. A token that spans the start of a turn's span (Qwen's ``ĊĊ`` when a
 reply starts with a newline right after the header's newline) is under loss: it is the
 token the target generates first.
 
@@ -153,19 +155,23 @@ class ChatMasker:
             start += len(self.prompt_tail)
         content = (m.get("content") or "").strip()
         end_piece = start
+        eot = text.find(self.end_of_turn, start)
+        if content and not 0 <= text.find(content, start) < (eot if eot >= 0 else len(text)) \
+                and "</think>" in content:
+            # a template that drops an inline <think>...</think> (DeepSeek-R1's do, without
+            # reading reasoning_content): what it renders verbatim is the reply after it
+            content = content.partition("</think>")[2].strip()
+            if not content and not m.get("tool_calls"):
+                return start, self._end(text, start, k)
         if content:
             j = text.find(content, start)
-            if j < 0 or 0 <= text.find(self.end_of_turn, start) < j:
+            if j < 0 or 0 <= eot < j:
                 raise Unmaskable(f"message {k} (assistant): the template does not render its "
                                  "content verbatim")
             end_piece = j + len(content)
         elif not m.get("tool_calls"):
             raise Unmaskable(f"message {k} (assistant) is empty")
-        e = text.find(self.end_of_turn, end_piece)
-        nxt = text.find(self.header, end_piece)  # a header inside the reply is the reply's text
-        if e < 0 or (0 <= nxt < e):
-            raise Unmaskable(f"message {k} (assistant): no end-of-turn {self.end_of_turn!r} "
-                             "after its content")
+        e = self._end(text, end_piece, k) - len(self.end_of_turn)
         for call in m.get("tool_calls") or []:
             fn = call.get("function", call) if isinstance(call, dict) else {}
             name = fn.get("name") if isinstance(fn, dict) else None
@@ -173,6 +179,16 @@ class ChatMasker:
                 raise Unmaskable(f"message {k} (assistant): tool call {name!r} is not rendered "
                                  "in its turn")
         return start, e + len(self.end_of_turn)
+
+    def _end(self, text: str, end_piece: int, k: int) -> int:
+        """Where assistant message ``k``'s turn ends: after the end-of-turn that follows its
+        content (which ends at ``end_piece``)."""
+        e = text.find(self.end_of_turn, end_piece)
+        nxt = text.find(self.header, end_piece)  # a header inside the reply is the reply's text
+        if e < 0 or (0 <= nxt < e):
+            raise Unmaskable(f"message {k} (assistant): no end-of-turn {self.end_of_turn!r} "
+                             "after its content")
+        return e + len(self.end_of_turn)
 
     def mask(self, conv: Conversation) -> tuple[list[int], list[int]]:
         """Token ids of the rendered conversation and its 0/1 loss mask."""

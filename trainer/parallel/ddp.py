@@ -308,10 +308,26 @@ class DdpLayout(LayoutBase):
         return _probe
 
     def close(self) -> None:
+        """Tear down the process group this layout made. The DDP wrapper goes first (its
+        reducer and comm hooks hold the group); on a normal end every rank then meets at a
+        barrier, so no rank destroys the group while a peer's gloo threads still use it
+        (torch aborts with ``terminate called without an active exception``). While an
+        exception propagates (a peer may be gone) there is no barrier."""
+        import gc
+        import sys
+        from datetime import timedelta
+
         import torch.distributed as dist
 
         self.gate.unseal()
         if self._own_pg and dist.is_initialized():
+            self.ddp = None
+            gc.collect()
+            if sys.exc_info()[0] is None and self.world > 1:
+                try:
+                    dist.monitored_barrier(group=self._ctl, timeout=timedelta(seconds=60))
+                except RuntimeError:   # a peer that ended otherwise: tear down all the same
+                    pass
             dist.destroy_process_group()
 
 

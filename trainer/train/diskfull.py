@@ -116,7 +116,8 @@ def error(root: str, step: int, partial: str, exc: BaseException) -> DiskFullErr
     except OSError:
         free = "unknown"
     what = "over quota" if isinstance(exc, OSError) and exc.errno == errno.EDQUOT else "full"
-    needs = human_bytes(need) if exact else f"more than {human_bytes(need)}"
+    needs = (human_bytes(need) if exact else f"more than {human_bytes(need)}" if need else
+             f"more than the {free} free")
     return DiskFullError(
         f"disk full: the filesystem at {mount} is {what} ({free} free); checkpoint step_{step} "
         f"in {root} needs {needs}",
