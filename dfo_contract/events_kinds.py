@@ -93,7 +93,10 @@ class ConfigEdited(EventBase):
     changed: dict[str, Any]
 
     def describe(self) -> str:
-        what = ", ".join(f"{k} {v[0]!r} -> {v[1]!r}" for k, v in sorted(self.changed.items())[:4])
+        def change(v) -> str:
+            return f"{v[0]!r} -> {v[1]!r}" if isinstance(v, (list, tuple)) and len(v) == 2 \
+                else repr(v)
+        what = ", ".join(f"{k} {change(v)}" for k, v in sorted(self.changed.items())[:4])
         more = f" and {len(self.changed) - 4} more" if len(self.changed) > 4 else ""
         return (f"config.yaml was edited after launch ({what or 'formatting only'}{more}); "
                 "this run keeps the config it was launched with (to train with the edit: "

@@ -98,17 +98,11 @@ def test_warmup_and_ramp_schedule():
                            "--train.selector_warmup_ratio", "0.6", "--train.selector_ramp_ratio", "0.6"])
 
 
-def test_a_run_ramps_the_weight_and_alpha_zero_freezes_the_selector(env):
+def test_alpha_zero_freezes_the_selector_in_a_real_run(env):
     from trainer.train import checkpoints
     from trainer.train.loop import train
     from trainer.train.step import build_models
 
-    run = env["dir"] / "ramp"
-    cfg = tiny_config(env["target"], env["data"], str(run), **{
-        **D2, "train.max_steps": 6, "train.selector_warmup_ratio": 0.5,
-        "train.selector_ramp_ratio": 0.5, "checkpoint.every": 0})
-    assert train(cfg, out=io.StringIO()) == 0
-    assert len((run / "metrics.jsonl").read_text().splitlines()) >= 6
     frozen = env["dir"] / "frozen"
     cfg0 = tiny_config(env["target"], env["data"], str(frozen), **{
         **D2, "train.max_steps": 3, "train.selector_loss_alpha": 0, "checkpoint.every": 0})

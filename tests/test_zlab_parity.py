@@ -30,7 +30,7 @@ zlab = pytest.importorskip("dflash.model", reason="z-lab's dflash 0.1.0 (tests/e
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 BASE = {"model.drafter_layers": 2, "model.target_layer_ids": "[1,2]", "train.lr": 1e-2,
-        "train.max_steps": 120, "checkpoint.every": 0, "data.num_anchors": 16}
+        "train.max_steps": 80, "checkpoint.every": 0, "data.num_anchors": 16}
 D2 = {"model.method": "dflash2", "model.selector_rank": 8, "model.selector_top_k": 4}
 #: name -> (config overrides, engines the export is held to)
 PATTERNS = {
@@ -48,7 +48,7 @@ PATTERNS = {
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     """A tiny target taught stride sequences and data it generated: drafters trained on it
-    for 120 steps accept several tokens a block, so the decoding comparison has something
+    for 80 steps accept several tokens a block, so the decoding comparison has something
     to compare."""
     from trainer.model.tinylm import regenerate, teach
 
