@@ -1,4 +1,4 @@
-"""The trainer's model build, the old way against the new, side by side in one run.
+"""The trainer's model build at a baseline commit against this checkout's, side by side in one run.
 
     python3 bench/bench_target_load.py [--device cpu] [--repeats 3] [--baseline-ref REF]
                                        [--hidden 1024 --layers 16 --vocab 32000 --taps 2,5,8]

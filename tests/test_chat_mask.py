@@ -46,7 +46,7 @@ def runs(tok, ids, mask) -> list[str]:
 
 def test_template_has_no_generation_markers(tok, masker):
     assert "{% generation" not in tok.chat_template and "generation %}" not in tok.chat_template
-    assert "add_generation_prompt" in tok.chat_template  # as in Qwen3's: the old code keyed on it
+    assert "add_generation_prompt" in tok.chat_template  # as in Qwen3's template
     assert masker.header == "<|im_start|>assistant\n"
     assert masker.prompt_tail == ""  # thinking on: the generation prompt is the header alone
     assert ChatMasker(tok, template_kwargs={"enable_thinking": False}).prompt_tail == ET

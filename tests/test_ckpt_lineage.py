@@ -66,7 +66,7 @@ def test_newest_of_run_never_takes_another_runs_newer_checkpoint(tmp_path):
     fake_ckpt(tmp_path / "step_262", 262, run="old-run")
     fake_ckpt(tmp_path / "step_20", 20, run="new-run")
     fake_ckpt(tmp_path / "step_10", 10, run="new-run")
-    assert cm.newest_valid(root)[0].name == "step_262"  # what the supervisor used to take
+    assert cm.newest_valid(root)[0].name == "step_262"  # the newest of any run
     best, skipped = cm.newest_of_run(root, "new-run")
     assert best.name == "step_20" and best.run == "new-run" and skipped == []
     assert cm.newest_of_run(root, "third-run") == (None, [])

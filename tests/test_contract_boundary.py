@@ -1,9 +1,8 @@
 """Only dfo_contract builds or takes apart ``spec.json``, ``events.jsonl`` records and
 follow wire records.
 
-An AST scan of orchestrator/ and trainer/ for the ways code used to do it by hand (each
-rule below has a self-test on such code; every rule found something before the
-contract existed):
+An AST scan of orchestrator/ and trainer/ for code that does it by hand (each rule below
+has a self-test on such code):
 
 - ``emit``: the supervisor emits typed events: ``emit(SomeEvent(...))``, one argument,
   never ``emit("kind", **fields)``;

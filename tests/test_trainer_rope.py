@@ -60,7 +60,7 @@ def test_cos_sin_equal_transformers(kind, span):
 
 
 def test_yarn_scaling_is_applied_and_differs_from_plain_theta():
-    """The old drafter (theta only) was off by up to ~1.9 with YaRN and never scaled."""
+    """A drafter with RoPE from theta alone is off by up to ~1.9 with YaRN: it never scales."""
     cfg = _config(ROPE_TYPES["yarn"])
     pos = torch.arange(200).unsqueeze(0)
     rope = DrafterRope(cfg, head_dim=HEAD_DIM)

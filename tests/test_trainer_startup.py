@@ -2,7 +2,7 @@
 
 - ``load_target`` builds the decoder layers up to the last tapped one only (a later layer's
   weights are never read): its features equal those of the whole model loaded then cut
-  (the old way) bit for bit, and the target still reports (and checks taps against) its
+  bit for bit, and the target still reports (and checks taps against) its
   full layer count.
 - ``build_drafter`` creates the drafter's parameters on the meta device first: its weights
   and buffers equal ``Drafter(...)`` + ``init_weights(seed)`` bit for bit, DFlash2 included.
