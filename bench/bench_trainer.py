@@ -17,6 +17,7 @@ more ran in 562 s, docs/benchmarks.md 2026-12-04):
   dflash-compiled   DFlash drafter, ``--compile.target true``
   dflash2-eager     DFlash2 drafter, target eager
   dflash2-compiled  DFlash2 drafter, ``--compile.target true``
+  dflash-fp8        DFlash drafter, the target compiled with fp8 weights (``--model.target_fp8``)
 and any number of ``--variant LABEL='--section.key value ...'`` (trainer flags added to the
 common ones), run after the presets.
 
@@ -51,6 +52,8 @@ PRESETS = {
     "dflash-compiled": ["--model.method", "dflash", "--compile.target", "true"],
     "dflash2-eager": ["--model.method", "dflash2", "--compile.target", "false"],
     "dflash2-compiled": ["--model.method", "dflash2", "--compile.target", "true"],
+    "dflash-fp8": ["--model.method", "dflash", "--compile.target", "true",
+                   "--model.target_fp8", "true"],
 }
 MASK_ID = 3  # synth leaves ids below 4 unused
 

@@ -239,3 +239,22 @@ def test_speculative_decoding_with_an_exported_dflash2_is_lossless(env, tmp_path
         spec = spec_eval.speculative(target, dr, prompt, 30, "cpu")
         assert spec.tokens == base.tokens
         assert all(1 <= a <= 8 for a in spec.accept_lengths)
+
+
+@pytest.mark.parametrize("vocab", [151936, 151936 + 77, 4096])
+def test_two_stage_topk_is_torch_topk(vocab):
+    """The selector's candidates (``objective2.topk_ids``): torch.topk's values and, with no
+    equal values, its indices; a vocabulary that is not a multiple of the segment; a small one
+    (one stage); a row of equal values keeps torch.topk's values."""
+    from trainer.train.objective2 import topk_ids
+
+    g = torch.Generator().manual_seed(vocab)
+    x = torch.randn(24, vocab, generator=g)
+    ref = x.topk(16, dim=-1)
+    got = topk_ids(x, 16)
+    assert torch.equal(got, ref.indices)
+    x[3] = 1.0
+    x[5, -1] = 50.0                                 # the largest in the short last segment
+    got = topk_ids(x, 16)
+    assert torch.equal(x.gather(1, got), x.topk(16, dim=-1).values)
+    assert int(got[5, 0]) == vocab - 1 and len(set(got[3].tolist())) == 16

@@ -42,6 +42,9 @@ class ModelConfig:
     gamma: float | None = None                # loss decay; None: 7 (B=16), 5 (B=10), 4 (B=8)
     ce_chunk: int = 2048                      # rows per chunk of the LM-head cross-entropy
     dtype: str = "auto"                       # autocast dtype: auto = bf16 on GPU, fp32 on CPU
+    target_fp8: bool = False                  # the frozen target's decoder-layer linears in fp8
+    #                                           (e4m3, rowwise scales; opt-in: it changes the
+    #                                           features the drafter learns from)
     init_seed: int | None = None              # drafter init seed; None: train.seed
     init_from: str = ""                       # an exported DFlash/DFlash2 drafter dir: its weights,
     #                                           taps, block size, mask token (and DFlash2 settings)

@@ -169,8 +169,14 @@ def bench_method(a, method: str, dev, target, tcfg, batch, feats, t_targets, pea
         if a.budget_s and time.perf_counter() - t_plan > a.budget_s:
             out["variants"][name] = {"skipped": f"--budget-s {a.budget_s:.0f} spent"}
             continue
+        prof = None
+        if a.profile:
+            import os
+
+            os.makedirs(a.profile, exist_ok=True)
+            prof = os.path.join(a.profile, f"{method}-{name.replace(':', '-')}.txt")
         v = out["variants"][name] = measure(a, cfg, dev, target, drafter, opt, tcfg, spec, peak,
-                                            batch, feats, t_target, dfl, opts)
+                                            batch, feats, t_target, dfl, opts, profile_to=prof)
         if t_target_c and "drafter_step_ms" in v and "settings" not in v:
             e2e_c = t_target_c + (v["drafter_step_ms"] + v["optimizer_ms"]) / 1e3
             v["tokens_per_s_target_compiled"] = round(a.micro_batch * a.seq_len / e2e_c, 1)
@@ -304,6 +310,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-s", type=float, default=0.0,
                     help="skip the variants/candidates that would start after this many seconds")
     ap.add_argument("--json", default=None, help="also write the report to this file")
+    ap.add_argument("--profile", default=None, metavar="DIR",
+                    help="also profile two steps of each variant: a kernel table per method and "
+                         "variant in DIR (METHOD-VARIANT.txt)")
     ap.add_argument("--compare-mask", action="store_true",
                     help="also time torch's uncompiled create_block_mask against the analytic build")
     ap.add_argument("--check", action="store_true",

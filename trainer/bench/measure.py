@@ -67,9 +67,30 @@ def reset_compiled() -> None:
     torch._dynamo.reset()
 
 
+def profile_table(fn, dev, path: str, steps: int = 2, rows: int = 45) -> None:
+    """``fn`` run ``steps`` times under torch's profiler; the kernels by device time, a table
+    in ``path`` (where the step's time goes: matmuls, flex attention, fused pointwise)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        for _ in range(steps):
+            fn()
+        sync(dev)
+    avg = prof.key_averages()
+    key = "self_cuda_time_total" if dev.type == "cuda" else "self_cpu_time_total"
+    try:
+        text = avg.table(sort_by=key, row_limit=rows, max_name_column_width=90)
+    except (AttributeError, KeyError, ValueError):
+        key = key.replace("cuda", "device")
+        text = avg.table(sort_by=key, row_limit=rows, max_name_column_width=90)
+    atomic_write_text(path, f"{steps} steps, sorted by {key}\n{text}\n")
+
+
 def measure(a, cfg, dev, target, drafter, opt, tcfg, spec, peak, batch, feats, t_target, dfl,
-            opts: dict) -> dict:
-    """Time one variant (optionally changed by a candidate's settings) on this process's models."""
+            opts: dict, profile_to: str | None = None) -> dict:
+    """Time one variant (optionally changed by a candidate's settings) on this process's models;
+    ``profile_to``: also write its kernel table there (``profile_table``)."""
     from ..model import attention
     from ..train import step as S
 
@@ -122,6 +143,8 @@ def measure(a, cfg, dev, target, drafter, opt, tcfg, spec, peak, batch, feats, t
             sync(dev)
             first_s = time.perf_counter() - tc
             t_step = timeit(lambda: (drafter_step(), None), dev, a.iters)
+            if profile_to:
+                profile_table(drafter_step, dev, profile_to)
         t_opt = timeit(lambda: opt.step(), dev, a.iters)
         pattern = layer_pattern(cfg.model)
         t_mask = timeit(lambda: attention.build_masks(backend, batch.anchors, batch.anchor_valid,

@@ -9,7 +9,8 @@ Variants (``--variants``): ``eager`` (how the trainer runs it: transformers' Qwe
 sdpa, torch picking the kernel), ``eager-flash`` / ``eager-cudnn`` / ``eager-efficient``
 (one sdpa kernel forced), and ``compiled`` / ``compiled-flash`` / ``compiled-cudnn``
 (``Target.compile_layers``: each decoder layer's forward through ``torch.compile``, one
-graph shared by all layers; the tap hooks stay outside it). Each variant's features are
+graph shared by all layers; the tap hooks stay outside it), and ``eager-fp8`` /
+``compiled-fp8`` (``model.target_fp8``: the layers' linears with fp8 weights). Each variant's features are
 compared with eager's (relative L2 difference). MFU = model FLOPs (``flops.target_flops``)
 / time / peak. One JSON line (``--json``) and a table.
 """
@@ -28,14 +29,14 @@ from .flops import H200_BF16_PEAK_TFLOPS, target_flops
 from .shapes import TARGETS, target_config
 
 VARIANTS = ("eager", "eager-flash", "eager-cudnn", "eager-efficient", "compiled",
-            "compiled-flash", "compiled-cudnn")
+            "compiled-flash", "compiled-cudnn", "eager-fp8", "compiled-fp8")
 
 
 def _kernel(name: str):
     """The sdpa kernel a variant forces (a context manager), or none."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    kind = name.split("-", 1)[1] if "-" in name else None
+    kind = name.split("-", 1)[1] if "-" in name and not name.endswith("-fp8") else None
     backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
                 "efficient": SDPBackend.EFFICIENT_ATTENTION}
     return sdpa_kernel([backends[kind]]) if kind else contextlib.nullcontext()
@@ -84,6 +85,8 @@ def run(a) -> dict:
         report.setdefault("tap_ids", target.tap_ids)
         try:
             t0 = time.perf_counter()
+            if name.endswith("-fp8"):
+                target.to_fp8()
             if name.startswith("compiled"):
                 target.compile_layers()
             with _kernel(name), torch.no_grad():

@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .drafter import Attend, Drafter, DrafterLayer, DrafterSpec, SharedHead
@@ -86,7 +87,7 @@ class GroupedDynamicConv(nn.Module):
                 + delta.reshape(b, n, bs, self.taps, g).unsqueeze(-1))
         out = coef[:, :, :, 0] * xs
         for tap in range(1, self.taps):
-            shifted = torch.cat([xs.new_zeros(b, n, tap, g, self.group_size), xs[:, :, :bs - tap]], 2)
+            shifted = F.pad(xs[:, :, :bs - tap], (0, 0, 0, 0, tap, 0))   # zeros before the block
             out = out + coef[:, :, :, tap] * shifted
         return out.reshape(b, t, h)
 

@@ -102,6 +102,7 @@ class Target:
         self.model.model.layers = nn.ModuleList(list(layers)[: last + 1])
         self._local = threading.local()  # captured states per calling thread (threads layout)
         self.compiled_layers = ""  # compile_layers' registry name once compiled
+        self.fp8_linears = 0       # to_fp8: the decoder-layer linears holding fp8 weights
         for i in self.tap_ids:
             self.model.model.layers[i].register_forward_hook(self._hook(i))
         for p in self.model.parameters():
@@ -137,6 +138,16 @@ class Target:
     @property
     def layers_run(self) -> int:
         return max(self.tap_ids) + 1
+
+    def to_fp8(self) -> int:
+        """The kept decoder layers' linears with fp8 weights and rowwise scales
+        (``trainer.model.fp8``); before ``compile_layers`` and the first forward. Idempotent;
+        returns how many linears hold fp8 weights."""
+        if not self.fp8_linears:
+            from .fp8 import convert_linears
+
+            self.fp8_linears = sum(convert_linears(layer) for layer in self.model.model.layers)
+        return self.fp8_linears
 
     def compile_layers(self, mode: str = "default", *, dynamic: bool = False) -> str:
         """Compile the kept decoder layers' forward (regional compile): one function, the

@@ -42,8 +42,8 @@ class ThreadsLayout(LayoutBase):
                         num_drafter_layers=cfg.model.drafter_layers,
                         tap_ids=cfg.model.target_layer_ids)
             for d in self.target_devices]
-        for t in self.targets:  # compile.target: every target's layers (warmed below)
-            S.compile_target(cfg, t)
+        for t in self.targets:  # fp8, compile.target: every target's layers (warmed below)
+            S.prepare_target(cfg, t)
         self.drafters = []
         for r, d in enumerate(self.drafter_devices):
             _, dr = S.build_models(cfg, d, target=self.targets[r % len(self.targets)])

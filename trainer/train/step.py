@@ -90,7 +90,7 @@ def build_models(cfg: TrainerConfig, device, *, target_device=None,
         target = load_target(cfg.model.target_path, device=tdev, dtype=compute_dtype(cfg, tdev),
                              num_drafter_layers=cfg.model.drafter_layers,
                              tap_ids=cfg.model.target_layer_ids)
-    compile_target(cfg, target)
+    prepare_target(cfg, target)
     mask_id = mask_token_id(cfg, target)
     embed, head = target.embed_tokens, target.lm_head
     if target.device != device:
@@ -122,12 +122,22 @@ def build_models(cfg: TrainerConfig, device, *, target_device=None,
     return target, drafter
 
 
-def compile_target(cfg: TrainerConfig, target: Target) -> None:
-    """``compile.target`` (independent of ``compile.enabled``, the drafter step's switch):
+def prepare_target(cfg: TrainerConfig, target: Target) -> None:
+    """The target's run settings, before its first forward. Idempotent.
+
+    ``model.target_fp8``: its decoder layers' linears hold fp8 weights (``Target.to_fp8``).
+    ``compile.target`` (independent of ``compile.enabled``, the drafter step's switch):
     compile the target's decoder layers (``Target.compile_layers``, default mode: the
-    drafter's ``compile.mode`` is not applied to the target). Idempotent.
-    The layers compile on their first forward, which the layouts run in the gate's warm-up;
-    with ``compile.target_dynamic`` one graph serves every sequence bucket."""
+    drafter's ``compile.mode`` is not applied to the target). The layers compile on their
+    first forward, which the layouts run in the gate's warm-up; with
+    ``compile.target_dynamic`` one graph serves every sequence bucket."""
+    if cfg.model.target_fp8:
+        dev = target.device
+        if dev.type == "cuda" and torch.cuda.get_device_capability(dev) < (8, 9):
+            raise TrainerConfigError(
+                f"config: --model.target_fp8: {torch.cuda.get_device_name(dev)} has no FP8 matrix "
+                "units (compute capability 8.9 or newer: Ada, Hopper, Blackwell); set it to false")
+        target.to_fp8()
     if cfg.compile.target:
         target.compile_layers(dynamic=cfg.compile.target_dynamic)
 
