@@ -8,6 +8,7 @@ import pytest
 
 from orchestrator.ops.launch_facts import (FactsRequest, facts_argv, parse_facts, parse_record,
                                            record_bytes)
+from orchestrator.ops.init_from import INIT_FROM_SCRIPT
 
 S = "a" * 64
 
@@ -53,9 +54,10 @@ def test_record_round_trip_and_argv_carries_values_as_parameters():
         record_bytes("", "1", {}, "", "now")
     argv = facts_argv(FactsRequest(root="/r o'ot", run_lock="/r/locks/run.lock",
                                    env_dir="/r/envs/e", python_spec="3.11", wheel="/w.whl",
-                                   check=True, paths=["/a b"], ckpt_dirs=["/r/checkpoints/x"]))
+                                   check=True, paths=["/a b"], ckpt_dirs=["/r/checkpoints/x"],
+                                   init_from="/d r'el"))
     assert argv[0:2] == ["bash", "-c"]
     i = argv.index("check")
-    assert argv[i:i + 3] == ["check", "1", "/a b"]
+    assert argv[i:i + 5] == ["check", INIT_FROM_SCRIPT, "/d r'el", "1", "/a b"]
     assert argv[-2:] == ["--ckpt", "/r/checkpoints/x"]
     assert "/r o'ot" in argv and not any("/r o'ot" in a for a in argv[:7])

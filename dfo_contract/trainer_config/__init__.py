@@ -2,10 +2,13 @@
 
 ``schema``  the dataclass tree, its choices and derived values (pure)
 ``parse``   YAML loading, flag overrides, coercion, ``split_args``, ``validate``
+``layers``  the draft layers' attention pattern; ``methods``: DFlash2's fields
+``drafter_dir``  ``model.init_from``: the settings a run takes from a drafter's config.json
 
 Torch-free: the orchestrator imports this package to validate and render run configs.
 """
 
+from .drafter_dir import effective_config
 from .parse import (apply_overrides, config_from_dict, field_types, load_config, parse_overrides, split_args,
                     validate)
 from .schema import (ATTENTION_BACKENDS, COMPILE_MODES, DATA_FORMATS, DTYPES, LAYOUTS, METHODS, SCHEDULES,
@@ -16,6 +19,6 @@ __all__ = [
     "ATTENTION_BACKENDS", "COMPILE_MODES", "DATA_FORMATS", "DTYPES", "LAYOUTS", "METHODS", "SCHEDULES",
     "CheckpointConfig", "CompileConfig", "DataConfig", "FaultConfig", "ModelConfig",
     "ParallelConfig", "RunConfig", "TrainConfig", "TrainerConfig", "apply_overrides",
-    "config_from_dict",
+    "config_from_dict", "effective_config",
     "default_gamma", "field_types", "load_config", "parse_overrides", "split_args", "validate",
 ]

@@ -18,6 +18,9 @@ Config: ``model.layer_types`` (one entry per draft layer; unset: every layer
 ``model.is_causal`` (false: every layer bidirectional within the block; true: every layer
 causal; null: sliding layers causal and full ones bidirectional, the rule engines apply to
 a config without ``is_causal``).
+
+``served_pattern`` reads an export's fields back as one engine serves them (z-lab's class for
+``model.init_from``, ``trainer_config.drafter_dir``); ``Unservable`` names what none serves.
 """
 
 from __future__ import annotations
@@ -97,3 +100,31 @@ def validate_window(model_cfg, err) -> None:
     if any(la.window for la in layer_pattern(m)) and m.sliding_window < m.block_size:
         raise err("model.sliding_window", f"must be 0 or >= model.block_size ({m.block_size}), "
                                           f"got {m.sliding_window}")
+
+
+class Unservable(ValueError):
+    """Attention fields no engine serves as a drafter dfo trains, or a trained pattern that
+    some engine would serve differently (``trainer.evaluate.served.check_served``)."""
+
+
+def served_pattern(conf: dict, engine: str = "z-lab") -> tuple[LayerAttention, ...]:
+    """Each draft layer's attention as ``engine`` serves a config.json object ``conf``;
+    ``Unservable`` for fields no engine serves as a drafter dfo trains."""
+    n = int(conf["num_hidden_layers"])
+    types = list(conf.get("layer_types") or [FULL] * n)
+    if len(types) != n:
+        raise Unservable(f"layer_types has {len(types)} entries for {n} layers")
+    bad = [t for t in types if t not in (FULL, SLIDING)]
+    if bad:
+        raise Unservable(f"layer type {bad[0]!r} is not one dfo trains")
+    w = int(conf.get("sliding_window") or 0)
+    if SLIDING in types and not w:
+        raise Unservable("sliding_attention layers without a sliding_window")
+    is_causal = conf.get("is_causal")
+    if is_causal is None and engine == "vllm":
+        is_causal = (conf.get("dflash_config") or {}).get("causal")
+    if is_causal is None and engine == "llama.cpp":
+        is_causal = False
+    return tuple(LayerAttention(window=w if t == SLIDING else 0,
+                                causal=causal_of(t, None if is_causal is None else bool(is_causal)))
+                 for t in types)

@@ -47,8 +47,9 @@ class ModelConfig:
     #                                           features the drafter learns from)
     init_seed: int | None = None              # drafter init seed; None: train.seed
     init_from: str = ""                       # an exported DFlash/DFlash2 drafter dir: its weights,
-    #                                           taps, block size, mask token (and DFlash2 settings)
-    #                                           start the run ("" = off)
+    #                                           taps, block size, mask token, attention (and DFlash2
+    #                                           settings: drafter_dir.effective_config) start the
+    #                                           run ("" = off)
     method: str = "dflash"                    # dflash | dflash2 (conv + top-k path selector, docs/trainer.md)
     # the draft layers' attention (trainer_config.layers): per layer full_attention |
     # sliding_attention (null: every layer full for dflash, sliding for dflash2 unless the

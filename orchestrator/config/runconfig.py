@@ -6,6 +6,7 @@ directory and from an installed wheel."""
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Sequence
@@ -38,15 +39,24 @@ def load_config(path: str | os.PathLike | None,
     """The trainer config as a nested dict (defaults + file + overrides, validated by
     ``dfo_contract.trainer_config``, which imports no torch) and the file's bytes to ship.
     ``path`` None means the built-in defaults."""
-    _, full, text = load_layers(path, overrides)
-    return full, text
+    layers = load_layers(path, overrides)
+    return layers.full, layers.data
+
+
+@dataclass(frozen=True)
+class RunLayers:
+    """A run config from one read of its file."""
+    base: dict                  # the file over the defaults (nested): spec.json's config.base
+    full: dict                  # that with the overrides, validated: the config in force
+    data: bytes                 # the file's bytes, shipped as the run's config.yaml
+    explicit: frozenset[str]    # the keys the file or an override sets (the trainer's
+    #                             explicit_keys: model.init_from lets a drafter fill the others)
 
 
 def load_layers(path: str | os.PathLike | None,
-                overrides: Sequence[tuple[str, str]] = ()) -> tuple[dict, dict, bytes]:
-    """(the file over the defaults, that with ``overrides`` and validated, the file's bytes),
-    from one read of the file: the nested dicts spec.json's ``config.base`` and the
-    config in force come from."""
+                overrides: Sequence[tuple[str, str]] = ()) -> RunLayers:
+    """The run config at ``path`` (None: the built-in defaults) with ``overrides``, from one
+    read of the file."""
     text = b""
     if path is not None:
         try:
@@ -57,7 +67,8 @@ def load_layers(path: str | os.PathLike | None,
         cfg = tcfg.load_config(str(path) if path is not None else None, [], validate_now=False)
         base = cfg.to_dict()
         full = tcfg.apply_overrides(cfg, list(overrides)).to_dict()
+        explicit = frozenset(cfg.explicit_keys)
     except (TrainerError, ValueError, TypeError) as e:  # the trainer's validation: one line
         line = str(e).strip().splitlines()[0] if str(e).strip() else repr(e)
         raise ConfigError(line if line.startswith("config:") else f"trainer config: {line}") from None
-    return base, full, text
+    return RunLayers(base=base, full=full, data=text, explicit=explicit)

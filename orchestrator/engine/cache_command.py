@@ -89,9 +89,10 @@ def warm_cache(mgr: CacheManager, req: WarmCacheRequest,
         key = _key_without_config(mgr, req)
         cfg_bytes = b""
     else:
-        from .demo import load_run_config
+        from .demo import load_run_layers
 
-        cfg, cfg_bytes = load_run_config(req.config_path, mgr.layout, overrides)
+        layers = load_run_layers(req.config_path, mgr.layout, overrides)
+        cfg, cfg_bytes = layers.full, layers.data
         comp = cfg.get("compile") or {}
         if not (comp.get("enabled", True) or comp.get("target")) and not moving:
             which = f"--config {req.config_path}" if req.config_path else \
@@ -100,7 +101,7 @@ def warm_cache(mgr: CacheManager, req: WarmCacheRequest,
                               hint="pass the --config you launch with, or --set "
                                    "compile.enabled=true (and launch with it too)")
         stage("key", f"computing the cache key on {host}")
-        key = mgr.key(cfg)
+        key = mgr.key(cfg, explicit=layers.explicit, source=req.config_path)
     if req.pull_dest is not None:
         tar, man = mgr.pull(key.key, Path(req.pull_dest))
         return _done(_pulled(host, key.key, tar, man), key.components, t0)

@@ -31,6 +31,7 @@ from dfo_contract.fsio import atomic_write_bytes, sha256_file
 from ..errors import CacheError, ConfigError, DeployError, DfoError, NotFoundError, RemoteCommandError
 from ..ops import cache_key as ck
 from ..ops import snapshot as sn
+from ..ops.init_from import effective_full, init_from_path, init_from_probe
 from ..ops.provenance import Trust, adoption_record, check_trust
 from ..remote.cache_tool import scan_tar
 from ..ops.layout import RemoteLayout
@@ -132,7 +133,23 @@ class CacheManager(WarmMixin):
         r = self._tool("hashfile", posixpath.join(str(target), "config.json"))
         return None if r.get("missing") else r["sha256"]
 
-    def key(self, config: Mapping[str, Any]) -> ck.CacheKey:
+    def run_config(self, config: Mapping[str, Any], *, explicit: frozenset[str] = frozenset(),
+                   source: str | None = None) -> dict[str, Any]:
+        """``config`` as the trainer runs it: with ``model.init_from``, the settings of that
+        drafter directory on the host (its config.json, read by ``ops.init_from``'s probe);
+        ``explicit``: the keys the file or an override set; ``source``: the config file."""
+        path = init_from_path(config)
+        if not path:
+            return dict(config)
+        probe = init_from_probe(path)
+        r = self.t.run(list(probe.argv), timeout=self.timeout or probe.timeout)
+        r.check(f"reading {path}/config.json on {self.host}")
+        return effective_full(config, explicit, probe.parse(r), host=self.host, config=source)
+
+    def key(self, config: Mapping[str, Any], *, explicit: frozenset[str] = frozenset(),
+            source: str | None = None) -> ck.CacheKey:
+        """The cache key of ``config`` (the trainer's config in force: ``run_config``)."""
+        config = self.run_config(config, explicit=explicit, source=source)
         return ck.compute_key(self.fingerprint(), config, trainer_source=self.trainer_source(),
                               target_config=self.target_config_hash(config))
 

@@ -21,7 +21,7 @@ import yaml
 
 from dfo_contract.fsio import atomic_write_text
 
-from ..config.runconfig import default_config_path, load_layers
+from ..config.runconfig import RunLayers, default_config_path, load_layers
 from ..ops.layout import RemoteLayout
 from ..transport.base import Transport
 
@@ -102,15 +102,7 @@ def default_config_file(layout: RemoteLayout) -> Iterator[Path]:
         yield dest
 
 
-def load_run_config(path: str | None, layout: RemoteLayout,
-                    overrides=()) -> tuple[dict, bytes]:
-    """``load_config(path, overrides)``; no path: the host's default run config."""
-    _, full, data = load_run_layers(path, layout, overrides)
-    return full, data
-
-
-def load_run_layers(path: str | None, layout: RemoteLayout,
-                    overrides=()) -> tuple[dict, dict, bytes]:
+def load_run_layers(path: str | None, layout: RemoteLayout, overrides=()) -> RunLayers:
     """``runconfig.load_layers(path, overrides)``; no path: the host's default run config."""
     if path:
         return load_layers(path, overrides)

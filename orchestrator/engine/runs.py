@@ -74,10 +74,10 @@ class RunOps(RunQueries):
         from .demo import DEFAULT_RUN_NAME, load_run_layers
 
         sets = parse_sets(o.sets)
-        base, full, data = load_run_layers(o.config, self.layout,
-                                           [(k, render_value(v)) for k, v in sets.items()])
+        layers = load_run_layers(o.config, self.layout,
+                                 [(k, render_value(v)) for k, v in sets.items()])
         name = Path(o.config).stem if o.config else DEFAULT_RUN_NAME
-        return lr.bundled_config(o, name, sets, base, full, data)
+        return lr.bundled_config(o, name, sets, layers)
 
     def prepare(self, o: LaunchOptions) -> lr.LaunchInputs:
         """Everything checked that can be without the host (before anything touches it)."""

@@ -13,7 +13,8 @@ component at a time (``torch.version.cuda: snapshot 12.8, env 13.0``):
   combined here with :func:`source_hash`);
 * ``target.config``: a hash of the target model's ``config.json`` (its shapes);
 * ``config.<section>.<field>``: the trainer config fields that change what is compiled
-  (model shapes and attention backend, shape buckets, micro batch, devices, compile).
+  (model shapes and attention backend, shape buckets, micro batch, devices, compile), of
+  the config the trainer runs: with ``model.init_from``, the drafter directory's settings.
 
 Nothing here touches the network or imports torch.
 """
@@ -54,8 +55,10 @@ FINGERPRINT_NAMES: dict[str, str] = {
 FINGERPRINT_EXCLUDED = frozenset({"dfo", "errors", "gpu_smoke"})  # gpu_smoke: a health check
 
 #: trainer config sections/fields that change what torch.compile produces. A section name
-#: alone means every field of it, except path-like fields (``*path``, ``*dir``) whose value
-#: is where things live, not what is compiled.
+#: alone means every field of it, except path-like fields (``*path``, ``*dir``,
+#: ``model.init_from``) whose value is where things live, not what is compiled: the config
+#: given here is the one in force, with the settings an init_from drafter gives
+#: (``ops.init_from``), so that drafter's block size, layers and attention are in the key.
 COMPILE_SECTIONS: tuple[str, ...] = ("model", "compile")
 COMPILE_FIELDS: tuple[str, ...] = (
     "data.max_seq_len",
@@ -70,7 +73,7 @@ COMPILE_FIELDS: tuple[str, ...] = (
 #: gate's dynamo settings are not part of torch's cache keys and the trainer applies the same
 #: cache settings gate on or off (trainer.compile.settings.apply_cache_settings), so a snapshot
 #: warmed with the gate serves a gate-off launch and its compile_gate retry alike.
-_NOT_COMPILED = re.compile(r"(path|dir|spec|seed)$|^(gate|gate_timeout|log.*)$")
+_NOT_COMPILED = re.compile(r"(path|dir|spec|seed)$|^(gate|gate_timeout|log.*|init_from)$")
 
 
 def render(value: Any) -> str:

@@ -7,7 +7,8 @@ python reads (``orchestrator.remote.launch_facts``: the env fingerprint, the tra
 hash and the target's ``config.json`` hash (the cache key's inputs), the live cache names,
 the checkpoints by manifest, a foreign trainer's resume glob) and, for the env check, the
 env's stamp, its recorded verification, deploy's state probe and the env probe itself when
-the record no longer holds. A :class:`FactsRequest` says what to ask.
+the record no longer holds; with ``model.init_from``, that directory's config.json
+(``ops.init_from``: the trainer's settings from it). A :class:`FactsRequest` says what to ask.
 
 The env probe imports torch (and on a GPU host compiles a flex_attention smoke test): 5-35 s.
 Its answer only changes when the env or the host's GPUs change, so a passed verification
@@ -34,6 +35,7 @@ from dfo_contract.checkpoints import CkptInfo
 from .cache_key import source_hash
 from .deploy_plan import STATE_SCRIPT, RemoteState, parse_state
 from .fingerprint import PROBE_SCRIPT
+from .init_from import INIT_FROM_SCRIPT
 from .probes import LAUNCH_PROBE_SCRIPT, parse_launch_probe
 from .scripts import script_text
 
@@ -70,6 +72,7 @@ class FactsRequest:
     glob: str | None = None             # a foreign trainer's resume glob
     caches: str = ""                    # the cache root: which keys have a live cache
     promote: bool = True                # False: promote no checkpoint (a dry run)
+    init_from: str = ""                 # model.init_from: that directory's config.json
 
 
 @dataclass
@@ -89,6 +92,8 @@ class LaunchFacts:
     state: RemoteState | None = None
     probe_text: str | None = None            # the env probe's output (the record did not hold)
     complete: bool = False       # the script ran to its end
+    #: the init_from script's answer (``ops.init_from.parse_reply``); None: not asked
+    init_from: str | None = None
     #: set by the env check: the verification record a launch writes (path, bytes)
     record: tuple[str, bytes] | None = None
 
@@ -138,6 +143,7 @@ def facts_argv(req: FactsRequest) -> list[str]:
     return ["bash", "-c", LAUNCH_FACTS_SCRIPT, "dfo-launch-facts", LAUNCH_PROBE_SCRIPT,
             STATE_SCRIPT, PROBE_SCRIPT if req.check else "", req.root, req.run_lock,
             req.env_dir, req.python_spec, req.wheel, "check" if req.check else "nocheck",
+            INIT_FROM_SCRIPT if req.init_from else "", req.init_from,
             str(len(req.paths)), *req.paths, str(len(req.commands)), *req.commands, *py]
 
 
@@ -160,6 +166,8 @@ def parse_facts(output: str) -> LaunchFacts:
                     complete="end" in s)
     if "facts" in s:
         f.py, f.py_error = _py_facts(s["facts"])
+    if "init_from" in s:
+        f.init_from = "\n".join(s["init_from"])
     if "stamp" in s:
         f.checked = True
         kv = dict(ln.split("\t", 1) for ln in s["stamp"] if "\t" in ln)

@@ -28,6 +28,7 @@ from ..errors import ConfigError, DeployError, LockHeldError, RemoteCommandError
 from . import byo
 from . import cache_key as ck
 from .devices import check_devices
+from .init_from import effective_full, init_from_path, parse_reply
 from .launch_argv import attempt_env, ddp_nproc, start_argv, trainer_argv
 from .launch_facts import FactsRequest, LaunchFacts, checkpoint_listing
 from .launch_inputs import ResumeArg, resolve_resume, skipped_by_latest, skipped_warning
@@ -92,7 +93,8 @@ def facts_request(o: LaunchOptions, inp: LaunchInputs, host) -> FactsRequest:
     target = _target_config(tr) if tr.compiled else None
     return FactsRequest(**base, paths=tuple(v for _, v in config_paths(tr.full)),
                         ckpt_dirs=tuple(dirs), source=tr.compiled,
-                        hashes=(target,) if target else (), caches=lay.cache if tr.compiled else "")
+                        hashes=(target,) if target else (), caches=lay.cache if tr.compiled else "",
+                        init_from=init_from_path(tr.full))
 
 
 # --- the plan -------------------------------------------------------------------------------
@@ -162,9 +164,21 @@ def _listing(facts: LaunchFacts, ck_dir: str):
         raise RemoteCommandError(f"listing checkpoints in {ck_dir}: {e}") from None
 
 
-def _cache_key(cfg: BundledConfig, facts: LaunchFacts, host: str,
+def run_config(cfg: BundledConfig, facts: LaunchFacts, host: str) -> dict[str, Any]:
+    """The config the trainer runs: ``cfg.full`` with the settings of its ``model.init_from``
+    drafter directory (config.json as the facts brought it); ConfigError for a directory
+    that is missing or that the trainer would refuse."""
+    path = init_from_path(cfg.full)
+    if not path:
+        return dict(cfg.full)
+    reply = None if facts.init_from is None else parse_reply(path, facts.init_from)
+    return effective_full(cfg.full, cfg.explicit, reply, host=host, config=cfg.source)
+
+
+def _cache_key(cfg: BundledConfig, full: Mapping[str, Any], facts: LaunchFacts, host: str,
                warnings: list[str]) -> str | None:
-    """The compile-cache key (None: nothing is compiled, or its inputs are unknown)."""
+    """The compile-cache key of ``full`` (the config in force, ``run_config``) (None:
+    nothing is compiled, or its inputs are unknown)."""
     if not cfg.compiled:
         return None  # nothing is compiled: no cache to advise about
     fp, src = facts.fingerprint, facts.source_hash
@@ -175,7 +189,7 @@ def _cache_key(cfg: BundledConfig, facts: LaunchFacts, host: str,
         warnings.append(f"compile-cache key unknown ({why}): run `dfo warm-cache`")
         return None
     target = _target_config(cfg)
-    key = ck.compute_key(fp, cfg.full, trainer_source=src,
+    key = ck.compute_key(fp, full, trainer_source=src,
                          target_config=facts.file_hash(target) if target else None).key
     if key not in facts.caches:
         warnings.append(f"no warm compile cache for key {key} on {host}: "
@@ -281,7 +295,7 @@ def _bundled(o: LaunchOptions, inp: LaunchInputs, facts: LaunchFacts, host,
     raise_missing(host.name, config_paths(tr.full), facts.missing, tr.source)
     check_devices(tr.flat, facts.fingerprint, host=host.name, source=tr.source)
     cfg_path, ck_dir = posixpath.join(run_dir, "config.yaml"), lay.checkpoints(inp.run_name)
-    key = _cache_key(tr, facts, host.name, warnings)
+    key = _cache_key(tr, run_config(tr, facts, host.name), facts, host.name, warnings)
     aside = None
     if resume_path is ...:
         resume_path = None

@@ -68,6 +68,8 @@ class BundledConfig:
     sets: Mapping[str, Any]     # --set, parsed
     full: Mapping[str, Any]     # nested, with --set, validated by the trainer's rules
     data: bytes                 # the file, shipped as the run's config.yaml
+    #: the keys the file or --set gives (a ``model.init_from`` drafter fills the others)
+    explicit: frozenset[str] = frozenset()
 
     @property
     def flat(self) -> dict[str, Any]:
@@ -130,8 +132,8 @@ def prepare(o: LaunchOptions, trainer: TrainerInput, host, now: float) -> Launch
 
 
 def bundled_config(o: LaunchOptions, name: str, sets: Mapping[str, Any],
-                   base: Mapping[str, Any], full: Mapping[str, Any], data: bytes) -> BundledConfig:
-    """The run config as ``config.runconfig.load_layers`` loaded it with ``sets`` (``o``'s
-    ``--set``, parsed)."""
-    return BundledConfig(source=o.config, name=name, base=flatten(base), sets=dict(sets),
-                         full=full, data=data)
+                   layers) -> BundledConfig:
+    """The run config as ``config.runconfig.load_layers`` loaded it (``layers``: its
+    ``RunLayers``) with ``sets`` (``o``'s ``--set``, parsed)."""
+    return BundledConfig(source=o.config, name=name, base=flatten(layers.base), sets=dict(sets),
+                         full=layers.full, data=layers.data, explicit=layers.explicit)

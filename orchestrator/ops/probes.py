@@ -11,8 +11,9 @@ argv elements of constant Python modules, never inside a script.
 Every remote fact is one: the host check's probes here and its GPU probes (``ops/gpu.py``:
 driver, device nodes, nvidia-smi query/-q/apps, /dev/shm, memlock), the launch probe and the supervisor
 query (here), the deploy's state probe (``deploy_plan.state_probe``), the env probe
-(``fingerprint.env_probe``), the cache tool (``snapshot.tool_probe``) and the source hash
-(``cache_key.source_hash_probe``).
+(``fingerprint.env_probe``), the cache tool (``snapshot.tool_probe``), the source hash
+(``cache_key.source_hash_probe``) and a ``model.init_from`` drafter's config.json
+(``init_from.init_from_probe``).
 """
 
 from __future__ import annotations

@@ -16,7 +16,10 @@ holds the module's names (``layers.N.attention_conv.base_kernel``,
 
 from __future__ import annotations
 
-ARCH = "DFlash2DraftModel"
+from dfo_contract.trainer_config.drafter_dir import DFLASH2_ARCH as ARCH
+from dfo_contract.trainer_config.drafter_dir import dflash2_fields, is_dflash2
+
+__all__ = ["ARCH", "build_exported", "dflash2_config", "is_dflash2", "spec_from_export"]
 
 
 def dflash2_config(conf: dict, model_cfg) -> dict:
@@ -35,22 +38,11 @@ def dflash2_config(conf: dict, model_cfg) -> dict:
     return c
 
 
-def is_dflash2(conf: dict) -> bool:
-    return list(conf.get("architectures") or []) == [ARCH]
-
-
 def spec_from_export(conf: dict):
     """The ``DFlash2Spec`` of an exported config.json object."""
     from ..model.dflash2 import DFlash2Spec
 
-    dc = conf["dflash_config"]
-    return DFlash2Spec(block_size=int(dc.get("block_size", conf["block_size"])),
-                       conv_kernel_size=int(dc["conv_kernel_size"]),
-                       conv_group_size=int(dc["conv_group_size"]),
-                       selector_rank=int(dc["selector_rank"]),
-                       selector_top_k=int(dc["selector_top_k"]),
-                       final_logit_softcapping=float(dc.get("final_logit_softcapping") or 0.0),
-                       output_multiplier=float(dc.get("output_multiplier", 1.0)))
+    return DFlash2Spec(**dflash2_fields(conf))
 
 
 def build_exported(conf: dict, spec, shared):

@@ -12,20 +12,19 @@ for each):
   apply the legacy rule (sliding layers causal, full layers bidirectional); llama.cpp runs
   every draft layer bidirectionally.
 
-``export_fields`` writes the fields for a trained pattern; ``served_pattern`` reads them back
-as one engine does; ``check_served`` refuses a pattern some engine would serve differently
+``export_fields`` writes the fields for a trained pattern; ``served_pattern``
+(``dfo_contract.trainer_config.layers``, where ``model.init_from`` reads them too) reads them
+back as one engine does; ``check_served`` refuses a pattern some engine would serve differently
 from how it was trained, naming the engine and the layer.
 """
 
 from __future__ import annotations
 
-from dfo_contract.trainer_config.layers import FULL, SLIDING, LayerAttention, causal_of
+from dfo_contract.trainer_config.layers import LayerAttention, Unservable, served_pattern
 
 ENGINES = ("z-lab", "vllm", "sglang", "llama.cpp")
-
-
-class Unservable(ValueError):
-    """A trained pattern that some engine would serve differently."""
+__all__ = ["ENGINES", "Unservable", "check_served", "export_fields", "parse_engines",
+           "served_pattern"]
 
 
 def export_fields(pattern: tuple[LayerAttention, ...]) -> dict:
@@ -42,29 +41,6 @@ def export_fields(pattern: tuple[LayerAttention, ...]) -> dict:
     if len(causal) == 1:
         out["is_causal"] = causal.pop()
     return out
-
-
-def served_pattern(conf: dict, engine: str = "z-lab") -> tuple[LayerAttention, ...]:
-    """Each draft layer's attention as ``engine`` serves a config.json object ``conf``;
-    ``Unservable`` for fields no engine serves as a drafter dfo trains."""
-    n = int(conf["num_hidden_layers"])
-    types = list(conf.get("layer_types") or [FULL] * n)
-    if len(types) != n:
-        raise Unservable(f"layer_types has {len(types)} entries for {n} layers")
-    bad = [t for t in types if t not in (FULL, SLIDING)]
-    if bad:
-        raise Unservable(f"layer type {bad[0]!r} is not one dfo trains")
-    w = int(conf.get("sliding_window") or 0)
-    if SLIDING in types and not w:
-        raise Unservable("sliding_attention layers without a sliding_window")
-    is_causal = conf.get("is_causal")
-    if is_causal is None and engine == "vllm":
-        is_causal = (conf.get("dflash_config") or {}).get("causal")
-    if is_causal is None and engine == "llama.cpp":
-        is_causal = False
-    return tuple(LayerAttention(window=w if t == SLIDING else 0,
-                                causal=causal_of(t, None if is_causal is None else bool(is_causal)))
-                 for t in types)
 
 
 def parse_engines(text: str) -> tuple[str, ...]:

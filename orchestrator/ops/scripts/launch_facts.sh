@@ -4,16 +4,23 @@
 # what the deployed env's python reads (orchestrator.remote.launch_facts: cache-key inputs,
 # checkpoints by manifest, a resume glob), and with "check": the env's stamp, its recorded
 # verification while that still holds, deploy's state probe (whose `uv pip freeze` is left
-# out while the recorded verification holds) and, when it does not hold, the env probe.
+# out while the recorded verification holds) and, when it does not hold, the env probe; with
+# a model.init_from directory, that directory's config.json (ops/scripts/init_from.sh).
 # $1 launch-probe script, $2 state script, $3 env-probe source, $4 root, $5 run.lock,
-# $6 target env dir, $7 python spec, $8 wheel path, $9 "check" or "nocheck", $10 N,
+# $6 target env dir, $7 python spec, $8 wheel path, $9 "check" or "nocheck", $10 the
+# init_from script, $11 the init_from directory ("": none), $12 N,
 # then N paths the config names, then M and M commands (a foreign trainer's argv[0]: a path,
 # or a name looked up on PATH with the deployed env's bin first, as the supervisor runs it),
 # then the arguments of orchestrator.remote.launch_facts.
-lp=$1; st=$2; probe=$3; root=$4; lock=$5; env=$6; py=$7; wheel=$8; check=$9; n=${10}
-shift 10
+lp=$1; st=$2; probe=$3; root=$4; lock=$5; env=$6; py=$7; wheel=$8; check=$9; ifs=${10}
+ifd=${11}; n=${12}
+shift 12
 echo "@section launch"
 sh -c "$lp" dfo-probe "$root" "$lock"
+if [ -n "$ifd" ]; then
+  echo "@section init_from"
+  sh -c "$ifs" dfo-init-from "$ifd"
+fi
 echo "@section missing"
 i=0
 while [ "$i" -lt "$n" ]; do

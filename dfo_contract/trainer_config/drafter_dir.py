@@ -1,0 +1,212 @@
+"""``model.init_from``: the settings a run takes from a released drafter's ``config.json``
+(pure, torch-free). The trainer (``trainer.train.init_from``) and ``dfo launch`` /
+``dfo warm-cache`` (``orchestrator.ops.init_from``, from the directory's config.json read on
+the host) run this same code, so the config dfo validates and keys the compile cache by is
+the one the trainer runs.
+
+``drafter_json(text, path)``    config.json's text as an object (one-line errors)
+``read_drafter(conf, path)``    what the drafter declares (:class:`DrafterConfig`), refusing
+                                what dfo cannot train (biases, attention sinks, a separate
+                                mask embedding, an input embedding scale other than 1, a layer
+                                type other than full or sliding)
+``effective_config(cfg, conf)`` ``cfg`` with the drafter's settings (in place), validated
+
+The settings taken: drafter layers, tapped target layers, block size and mask token; for
+DFlash2 the ``dflash_config`` fields (conv kernel/group size, selector rank/top-k, logit
+cap, output multiplier); for both methods the layers' attention as z-lab's class serves it:
+``layer_types``, ``sliding_window`` (when a layer slides) and ``is_causal`` (absent: sliding
+layers causal, full ones bidirectional). A setting the config file or a flag gives that
+differs from the drafter's is a one-line error naming the flag; an unset one takes the
+drafter's value. The method is never taken: a DFlash2 drafter (``architectures``
+``["DFlash2DraftModel"]``) needs ``model.method: dflash2`` and a DFlash one ``dflash``.
+Every problem is one ``TrainerConfigError`` line naming the flag.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..exitcodes import TrainerConfigError
+from .layers import LayerAttention, Unservable, served_pattern
+from .parse import validate
+from .schema import TrainerConfig
+
+FLAG = "--model.init_from"
+NAMES = {"dflash": "DFlash", "dflash2": "DFlash2"}
+DFLASH2_ARCH = "DFlash2DraftModel"
+#: the DFlash2 fields of ``dflash_config`` (the names of ``model.*`` and of ``DFlash2Spec``)
+DFLASH2_FIELDS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k",
+                  "final_logit_softcapping", "output_multiplier")
+
+
+def _bad(path: str, why: str, flag: str) -> TrainerConfigError:
+    return TrainerConfigError(f"config: {flag}: {path}: {why}")
+
+
+@dataclass(frozen=True)
+class DrafterConfig:
+    """What a drafter directory's config.json declares."""
+    path: str
+    method: str                                # dflash | dflash2
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+    num_target_layers: int | None
+    target_layer_ids: tuple[int, ...] | None   # None: the default formula
+    block_size: int | None
+    mask_token_id: int | None
+    attention: tuple[LayerAttention, ...]      # each layer's attention as z-lab's class serves it
+    is_causal: bool | None                     # config.json's is_causal (None: absent)
+    dflash2: tuple[tuple[str, Any], ...] = ()  # DFLASH2_FIELDS' values (dflash2 only)
+
+
+def _opt_int(v):
+    return None if v is None else int(v)
+
+
+def is_dflash2(conf: dict) -> bool:
+    return list(conf.get("architectures") or []) == [DFLASH2_ARCH]
+
+
+def dflash2_fields(conf: dict) -> dict[str, Any]:
+    """``block_size`` and the DFLASH2_FIELDS of a DFlash2 export's config.json object
+    (KeyError, TypeError, ValueError for a missing or malformed field)."""
+    dc = conf["dflash_config"]
+    return {"block_size": int(dc["block_size"] if "block_size" in dc else conf["block_size"]),
+            "conv_kernel_size": int(dc["conv_kernel_size"]),
+            "conv_group_size": int(dc["conv_group_size"]),
+            "selector_rank": int(dc["selector_rank"]),
+            "selector_top_k": int(dc["selector_top_k"]),
+            "final_logit_softcapping": float(dc.get("final_logit_softcapping") or 0.0),
+            "output_multiplier": float(dc.get("output_multiplier", 1.0))}
+
+
+def drafter_json(text: str | bytes | None, path: str, *, flag: str = FLAG,
+                 unreadable: str = "") -> dict:
+    """The object of a drafter directory's config.json; ``text`` None: the directory has
+    none; ``unreadable``: why it could not be read."""
+    if text is None:
+        raise _bad(path, "no config.json (give an exported DFlash drafter directory)", flag)
+    if unreadable:
+        raise _bad(path, f"config.json is not readable ({unreadable})", flag)
+    try:
+        conf = json.loads(text)
+    except ValueError as e:
+        raise _bad(path, f"config.json is not readable JSON ({e})", flag) from None
+    require_dflash(conf, path, flag=flag)
+    return conf
+
+
+def require_dflash(conf: Any, path: str, *, flag: str = FLAG) -> None:
+    if not isinstance(conf, dict) or not isinstance(conf.get("dflash_config"), dict):
+        raise _bad(path, "config.json has no dflash_config: not a DFlash drafter", flag)
+
+
+def _unsupported(conf: dict) -> str | None:
+    """What config.json declares that this trainer's drafter has no part for, or None (the
+    weights' names are the trainer's to check: it reads them)."""
+    dc = conf.get("dflash_config") or {}
+    scale = conf.get("input_embedding_scale", dc.get("input_embedding_scale"))
+    if scale is not None and float(scale) != 1.0:
+        return f"input_embedding_scale {scale}"
+    for key in ("attention_sinks", "use_attention_sinks", "num_sink_tokens", "use_sinks"):
+        if conf.get(key) or dc.get(key):
+            return f"attention sinks ({key}: {conf.get(key, dc.get(key))})"
+    if dc.get("mask_embedding") or conf.get("mask_embedding"):
+        return "a separate mask embedding (mask_embedding)"
+    return None
+
+
+def read_drafter(conf: dict, path: str, *, flag: str = FLAG) -> DrafterConfig:
+    """``conf`` (a config.json object) as a :class:`DrafterConfig`; a one-line
+    ``TrainerConfigError`` naming ``flag`` for a drafter dfo cannot train."""
+    require_dflash(conf, path, flag=flag)
+    dc = conf["dflash_config"]
+    if conf.get("attention_bias") or conf.get("mlp_bias"):
+        raise _bad(path, "the drafter has bias weights (attention_bias/mlp_bias); this "
+                         "trainer's drafter has none", flag)
+    try:
+        unsupported = _unsupported(conf)
+    except (TypeError, ValueError) as e:
+        raise _bad(path, f"config.json has a malformed field ({e})", flag) from None
+    if unsupported:
+        raise _bad(path, f"{unsupported}: dfo cannot train that; give a drafter without it", flag)
+    try:
+        attention = served_pattern(conf, "z-lab")
+    except Unservable as e:
+        raise _bad(path, f"{e}", flag) from None
+    except (KeyError, TypeError, ValueError) as e:
+        raise _bad(path, f"config.json has a malformed attention field ({e})", flag) from None
+    method = "dflash2" if is_dflash2(conf) else "dflash"
+    try:
+        taps = dc.get("target_layer_ids")
+        d = DrafterConfig(
+            path=path, method=method, num_layers=int(conf["num_hidden_layers"]),
+            hidden_size=int(conf["hidden_size"]), vocab_size=int(conf["vocab_size"]),
+            num_target_layers=_opt_int(dc.get("num_target_layers", conf.get("num_target_layers"))),
+            target_layer_ids=None if taps is None else tuple(int(i) for i in taps),
+            block_size=_opt_int(dc.get("block_size", conf.get("block_size"))),
+            mask_token_id=_opt_int(dc.get("mask_token_id")), attention=attention,
+            is_causal=conf.get("is_causal"))
+    except KeyError as e:
+        raise _bad(path, f"config.json lacks {e}", flag) from None
+    except (TypeError, ValueError) as e:
+        raise _bad(path, f"config.json has a malformed DFlash field ({e})", flag) from None
+    if method != "dflash2":
+        return d
+    try:
+        d2 = dflash2_fields(conf)
+    except KeyError as e:
+        raise _bad(path, f"config.json's DFlash2 dflash_config lacks {e}", flag) from None
+    except (TypeError, ValueError) as e:
+        raise _bad(path, f"config.json has a malformed DFlash2 field ({e})", flag) from None
+    return replace(d, dflash2=tuple((n, d2[n]) for n in DFLASH2_FIELDS))
+
+
+def check_method(cfg: TrainerConfig, method: str, path: str) -> None:
+    """``model.method`` must be the drafter's: one line naming the flag otherwise."""
+    have = cfg.model.method
+    if method == have:
+        return
+    other = "a DFlash2" if have == "dflash2" else "a DFlash"
+    raise TrainerConfigError(
+        f"config: --model.method: {have} cannot start from {FLAG} {path}, a "
+        f"{NAMES[method]} drafter; set --model.method {method} or give {other} drafter")
+
+
+def settings(d: DrafterConfig) -> list[tuple[str, Any]]:
+    """``(model field, value)`` the drafter gives a run (None: it leaves the field to the
+    config, except ``is_causal``, whose None is a value: sliding causal, full bidirectional)."""
+    window = max((la.window for la in d.attention), default=0)
+    taps = list(d.target_layer_ids) if d.target_layer_ids is not None else None
+    out: list[tuple[str, Any]] = [("drafter_layers", d.num_layers), ("target_layer_ids", taps),
+                                  ("block_size", d.block_size), ("mask_token_id", d.mask_token_id)]
+    out += list(d.dflash2)
+    out.append(("layer_types", [la.kind for la in d.attention]))
+    if window:
+        out.append(("sliding_window", window))
+    return out + [("is_causal", d.is_causal)]
+
+
+def effective_config(cfg: TrainerConfig, conf: dict) -> TrainerConfig:
+    """``cfg`` with the settings of the drafter named by ``cfg.model.init_from``, whose
+    config.json object is ``conf`` (in place), validated; ``cfg`` as is without init_from.
+    Which keys the file or a flag set is ``cfg.explicit_keys``."""
+    path = cfg.model.init_from
+    if not path:
+        return cfg
+    d = read_drafter(conf, path)
+    check_method(cfg, d.method, path)
+    explicit = getattr(cfg, "explicit_keys", set())
+    for name, val in settings(d):
+        if val is None and name != "is_causal":
+            continue
+        cur = getattr(cfg.model, name)
+        if f"model.{name}" in explicit and (cur is not None or name == "is_causal") and cur != val:
+            raise TrainerConfigError(
+                f"config: --model.{name}: {cur} conflicts with the drafter's {val} in {FLAG} "
+                f"{path}; drop --model.{name} or set it to {val}")
+        setattr(cfg.model, name, val)
+    return validate(cfg)
