@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"target taught to loss {res['target_loss']}; {a.steps} steps, block 8, "
           f"{a.layers} drafter layer(s), seed {a.seed}")
     names = [n for n, _ in variants]
-    print("accept_len (and training loss) per step; DFlash2 bidirectional / causal within the block")
+    print("accept_len (and training loss) per step")
     print(f"{'step':>6} " + " ".join(f"{n:>22}" for n in names))
     for s in sorted(res[names[0]]["accept_len"]):
         cells = [f"{res[n]['accept_len'].get(s, float('nan')):>8.3f} ({res[n]['loss'].get(s, float('nan')):.4f})"
