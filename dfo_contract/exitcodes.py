@@ -40,10 +40,12 @@ TABLE: dict[int, str] = {
 }
 
 
-class TrainerError(Exception):
-    """Base of the errors the trainer raises on purpose; ``str()`` is one line."""
+class OneLineError(Exception):
+    """An error raised on purpose: ``str()`` is one line, what is wrong and (``hint``) how to
+    fix it. The base of the trainer's ``TrainerError`` and of dfo's ``DfoError``; each
+    subclass carries its table's ``exit_code``."""
 
-    exit_code = FATAL
+    exit_code = 1
 
     def __init__(self, message: str, *, hint: str | None = None):
         self.message = message
@@ -52,6 +54,12 @@ class TrainerError(Exception):
 
     def __str__(self) -> str:
         return f"{self.message} ({self.hint})" if self.hint else self.message
+
+
+class TrainerError(OneLineError):
+    """Base of the errors the trainer raises on purpose; ``str()`` is one line."""
+
+    exit_code = FATAL
 
 
 class TrainerConfigError(TrainerError):

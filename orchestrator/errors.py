@@ -29,21 +29,13 @@ code  class                   meaning
 
 from __future__ import annotations
 
+from dfo_contract.exitcodes import OneLineError
 
-class DfoError(Exception):
-    """Base of every error dfo raises on purpose."""
+
+class DfoError(OneLineError):
+    """Base of every error dfo raises on purpose (one line: what is wrong; how to fix it)."""
 
     exit_code = 1
-
-    def __init__(self, message: str, *, hint: str | None = None):
-        self.message = message
-        self.hint = hint
-        super().__init__(message)
-
-    def __str__(self) -> str:  # one line: what is wrong; how to fix it
-        if self.hint:
-            return f"{self.message} ({self.hint})"
-        return self.message
 
 
 class ConfigError(DfoError):

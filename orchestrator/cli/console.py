@@ -21,6 +21,7 @@ from typing import Callable
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
 #: the width of a non-terminal console: wide enough that nothing is ever cut
 PIPE_WIDTH = 4096
@@ -60,6 +61,21 @@ def stamp(clock: Callable[[], float] = time.time) -> str:
 def note(message: str) -> None:
     """A ``dfo: ...`` note for people, on stderr (what engine calls ``say``)."""
     click.echo(f"dfo: {message}", err=True)
+
+
+def print_launch(warnings, *, dry_run: bool, launched: str, title: str, rows) -> None:
+    """A launch's answer: its warnings on stderr, then ``launched`` (one line) when it started,
+    or for ``--dry-run`` the plan: ``title`` and its ``rows`` (lines, already escaped)."""
+    err = console(stderr=True)
+    for w in warnings:
+        err.print(f"[yellow]warning:[/] {escape(w)}")
+    c = console()
+    if not dry_run:
+        c.print(launched)
+        return
+    c.print(title)
+    for row in rows:
+        c.print(row)
 
 
 def minutes_seconds(seconds: float) -> str:

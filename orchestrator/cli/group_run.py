@@ -11,7 +11,7 @@ import click
 from rich.markup import escape
 
 from ..errors import EXIT_INTERRUPTED, DfoError, RunFailed
-from .console import Activity, console, note
+from .console import Activity, console, note, print_launch
 from .log_lines import LinePrinter, skipped_note
 from .params import host_or_group
 
@@ -51,27 +51,21 @@ def launch_group(app, group_name, host_name, opts, *, as_json: bool, follow: boo
 
 
 def print_group_plan(gp, dry_run: bool) -> None:
-    c = console()
-    err = console(stderr=True)
-    for w in gp.warnings:
-        err.print(f"[yellow]warning:[/] {escape(w)}")
     hosts = ", ".join(n.host for n in gp.nodes)
-    if not dry_run:
-        c.print(f"[green]launched[/] {escape(gp.run_id)} on group {escape(gp.group)} "
-                f"({escape(hosts)}); follow with: dfo logs -f --group {escape(gp.group)}")
-        return
-    c.print(f"[bold]plan[/] run {escape(gp.run_id)} on group {escape(gp.group)} "
-            f"({len(gp.nodes)} nodes, layout ddp)")
-    c.print(f"  resume       {escape(gp.head.plan.resume_path or 'from scratch')} (on the head)")
+    rows = [f"  resume       {escape(gp.head.plan.resume_path or 'from scratch')} (on the head)"]
     for n in gp.nodes:
         p = n.plan
-        c.print(f"  node {n.index} {escape(n.host)}{' (head)' if n.index == 0 else ''}: "
-                f"{n.group.nproc} process(es), {p.mode}")
-        c.print(f"    run dir    {escape(p.run_dir)}")
-        c.print(f"    start      {escape(shlex.join(p.start_argv))}")
-        c.print(f"    attempt 1  {escape(shlex.join(n.attempt_argv))}")
-        for k, v in sorted(n.group.env.items()):
-            c.print(f"    env        {escape(k)}={escape(v)}")
+        rows += [f"  node {n.index} {escape(n.host)}{' (head)' if n.index == 0 else ''}: "
+                 f"{n.group.nproc} process(es), {p.mode}",
+                 f"    run dir    {escape(p.run_dir)}",
+                 f"    start      {escape(shlex.join(p.start_argv))}",
+                 f"    attempt 1  {escape(shlex.join(n.attempt_argv))}",
+                 *(f"    env        {escape(k)}={escape(v)}" for k, v in sorted(n.group.env.items()))]
+    print_launch(gp.warnings, dry_run=dry_run, rows=rows,
+                 launched=f"[green]launched[/] {escape(gp.run_id)} on group {escape(gp.group)} "
+                          f"({escape(hosts)}); follow with: dfo logs -f --group {escape(gp.group)}",
+                 title=f"[bold]plan[/] run {escape(gp.run_id)} on group {escape(gp.group)} "
+                       f"({len(gp.nodes)} nodes, layout ddp)")
 
 
 def follow_group_logs(gr, run_id, *, follow, raw, attempt, since, from_attempt) -> int:

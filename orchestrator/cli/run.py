@@ -11,7 +11,7 @@ import click
 from rich.markup import escape
 
 from ..errors import EXIT_INTERRUPTED, ConfigError, NotFoundError, RunFailed
-from .console import Activity, console, note
+from .console import Activity, console, note, print_launch
 from .group_run import GROUP_OPTION, follow_group_logs, group_runs, launch_group
 from .log_lines import LinePrinter, skipped_note
 from .params import FAULT_SPEC, NON_NEGATIVE
@@ -140,30 +140,24 @@ def launch(app, host_name, group_name, resume, config, run_name, sets, replace, 
 
 
 def _print_plan(plan, dry_run: bool) -> None:
-    c = console()
-    err = console(stderr=True)
-    for w in plan.warnings:
-        err.print(f"[yellow]warning:[/] {escape(w)}")
-    if not dry_run:
-        c.print(f"[green]launched[/] {escape(plan.run_id)} on {escape(plan.host)} "
-                f"({plan.mode}); follow with: dfo logs -f --run {escape(plan.run_id)}")
-        return
-    c.print(f"[bold]plan[/] run {escape(plan.run_id)} on {escape(plan.host)} ({plan.mode})")
-    c.print(f"  run dir      {escape(plan.run_dir)}")
-    c.print(f"  resume       {escape(plan.resume_path or 'from scratch')}")
-    c.print(f"  start        {escape(shlex.join(plan.start_argv))}")
-    c.print(f"  attempt 1    {escape(shlex.join(plan.first_attempt_argv))}")
-    c.print("  env")
-    for k, v in sorted(plan.env.items()):
-        c.print(f"    {escape(k)}={escape(v)}")
     from ..ops.fallback import describe
 
     b = plan.spec.budget
-    c.print("  fallback ladders (class: steps; restart budget)")
-    for cls, steps in describe(plan.shown_ladders):
-        c.print(f"    {cls:<15} {escape(steps)}; {b.per_class.get(cls, '-')}")
-    c.print(f"  budget total {b.total}, backoff {b.initial}s x{b.factor} "
-            f"cap {b.cap}s (scale {b.scale}), reset after {b.healthy_reset}s healthy")
+    rows = [f"  run dir      {escape(plan.run_dir)}",
+            f"  resume       {escape(plan.resume_path or 'from scratch')}",
+            f"  start        {escape(shlex.join(plan.start_argv))}",
+            f"  attempt 1    {escape(shlex.join(plan.first_attempt_argv))}",
+            "  env",
+            *(f"    {escape(k)}={escape(v)}" for k, v in sorted(plan.env.items())),
+            "  fallback ladders (class: steps; restart budget)",
+            *(f"    {cls:<15} {escape(steps)}; {b.per_class.get(cls, '-')}"
+              for cls, steps in describe(plan.shown_ladders)),
+            f"  budget total {b.total}, backoff {b.initial}s x{b.factor} "
+            f"cap {b.cap}s (scale {b.scale}), reset after {b.healthy_reset}s healthy"]
+    print_launch(plan.warnings, dry_run=dry_run, rows=rows,
+                 launched=f"[green]launched[/] {escape(plan.run_id)} on {escape(plan.host)} "
+                          f"({plan.mode}); follow with: dfo logs -f --run {escape(plan.run_id)}",
+                 title=f"[bold]plan[/] run {escape(plan.run_id)} on {escape(plan.host)} ({plan.mode})")
 
 
 # --- logs ------------------------------------------------------------------------------------

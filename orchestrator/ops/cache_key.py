@@ -30,6 +30,7 @@ from dfo_contract.fsio import sha256_bytes
 from dfo_contract.markers import last_json_line
 
 from .probes import Probe, text
+from .values import render
 from .scripts import remote_source
 
 KEY_FORMAT = 1
@@ -74,19 +75,6 @@ COMPILE_FIELDS: tuple[str, ...] = (
 #: cache settings gate on or off (trainer.compile.settings.apply_cache_settings), so a snapshot
 #: warmed with the gate serves a gate-off launch and its compile_gate retry alike.
 _NOT_COMPILED = re.compile(r"(path|dir|spec|seed)$|^(gate|gate_timeout|log.*|init_from)$")
-
-
-def render(value: Any) -> str:
-    """One short, stable string for a component value (what people read in a diff)."""
-    if value is None:
-        return "none"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(render(v) for v in value) + "]"
-    if isinstance(value, Mapping):
-        return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
-    return str(value)
 
 
 def render_devices(devices: Iterable[Mapping[str, Any]] | None) -> str:

@@ -24,6 +24,7 @@ from typing import Any, Mapping, Sequence
 from ..errors import DeployError
 from .probes import Probe, text
 from .scripts import remote_source
+from .values import render
 
 PROBE_MARK = "@dfo-probe "
 
@@ -112,20 +113,8 @@ class Mismatch:
         return EXPECT_FIELDS.get(self.field, self.field)
 
     def __str__(self) -> str:
-        s = f"{self.label}: expected {_show(self.expected)}, got {_show(self.got)}"
+        s = f"{self.label}: expected {render(self.expected, spaced=True)}, got {render(self.got, spaced=True)}"
         return f"{s} ({self.note})" if self.note else s
-
-
-def _show(v: Any) -> str:
-    if v is None:
-        return "none"
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, dict):
-        return ", ".join(f"{k} {val}" for k, val in v.items())
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_show(x) for x in v) + "]"
-    return str(v)
 
 
 def _version_prefix_match(expected: str, got: str) -> bool:
