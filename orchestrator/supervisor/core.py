@@ -267,6 +267,7 @@ class Supervisor:
             emit(events.Classified(attempt=n, cls=diag.cls, reason=diag.reason,
                                    evidence=ev, also=list(diag.also)))
             diag, ending = self.role.settle(n, out, diag)   # a group: one root cause
+            att.cls, att.reason = diag.cls, diag.reason     # the run's history: its cause
             if ending is not None:
                 return self.final(*ending)
             if diag.cls == "done":
@@ -291,7 +292,8 @@ class Supervisor:
                 reason = f"{diag.cls}: fallback ladder spent ({choice.spent})"
                 emit(events.GiveUp(cls=diag.cls, reason=reason, evidence=ev))
                 return self.final("failed", reason, evidence=ev)
-            cleared = self.scrub_cache(n + 1, out, diag)
+            # a node of the group whose cache the restart clears changes the next attempt too
+            cleared = self.scrub_cache(n + 1, out, diag) or bool(out.caches_cleared)
             why = cannot_do_better(state.attempts[-2] if len(state.attempts) > 1 else None,
                                    att, restart_changes_config=bool(choice.changed) or cleared)
             if why:
@@ -421,15 +423,25 @@ class Supervisor:
             detail="the run's cache seeded from the host's live cache (empty if none)"
             if p.returncode == 0 else f"seeding failed, starting cold: {' '.join(tail)}"))
 
+    def cache_fault(self, out: Outcome, diag) -> str | None:
+        """The line saying the attempt died at start-up loading a shared object from the
+        run's compile cache (``ops.cache_check``), or None."""
+        cache = os.path.join(self.run_dir, "cache")
+        if out.reached_train or not os.path.isdir(cache):
+            return None
+        lines = [e.text for e in diag.evidence] + [t for _, t in getattr(out.scan, "tail", [])]
+        return cache_import_error(lines, cache)
+
     def scrub_cache(self, n: int, out: Outcome, diag) -> bool:
         """Before attempt ``n``: the run's cache without what the failed attempt left that
         cannot be loaded (empty files, cut-short shared objects); cleared when the attempt
-        died at start-up loading a shared object from it. True when it was cleared."""
+        died at start-up loading a shared object from it (:meth:`cache_fault`). True when it
+        was cleared. The solo run and the head call it in the loop, a group's member before
+        it runs the restart the head decided."""
         cache = os.path.join(self.run_dir, "cache")
         if not os.path.isdir(cache):
             return False
-        lines = [e.text for e in diag.evidence] + [t for _, t in getattr(out.scan, "tail", [])]
-        hit = None if out.reached_train else cache_import_error(lines, cache)
+        hit = self.cache_fault(out, diag)
         if hit:
             cache_scrub.clear(cache)
             self.record.emit(events.CacheRestore(

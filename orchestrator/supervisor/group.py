@@ -24,9 +24,9 @@ from dfo_contract.runlimits import Thresholds
 from dfo_contract.runspec import Group, RunSpec
 
 from ..ops.classify import NODE_LOST, PEER_ABORT, Diagnosis, classify
-from ..ops.group_decide import (GroupDecision, NodeEnd, head_lost_reason, head_restarted_reason,
-                                lost_end, node_lost_reason, peer_step, root_cause,
-                                run_healthy_s, run_reached_train)
+from ..ops.group_decide import (GroupDecision, NodeEnd, caches_cleared, head_lost_reason,
+                                head_restarted_reason, lost_end, node_lost_reason, peer_step,
+                                root_cause, run_healthy_s, run_reached_train)
 from ..ops.launch_argv import Rendezvous, group_env
 from ..ops.watchdog import Watchdog
 from . import procs
@@ -172,7 +172,8 @@ class GroupRole:
         mine = c.abort(n, f"node {self.gs.host}: attempt {n} ended ({how})")
         out.origin = out.origin or (mine and out.peer_abort is None)
 
-    def node_end(self, n: int, out: Outcome, diag: Diagnosis) -> NodeEnd:
+    def node_end(self, n: int, out: Outcome, diag: Diagnosis, *,
+                 cache_fault: str | None = None) -> NodeEnd:
         gs = self.gs
         if out.lost and gs.is_head:
             cls, reason = "crash", "stopped: a node was lost"
@@ -184,7 +185,8 @@ class GroupRole:
                        exit_code=out.exit_code, reached_train=out.reached_train,
                        healthy_s=round(out.healthy_s, 3),
                        permanent=diag.permanent and cls == diag.cls, origin=bool(out.origin),
-                       evidence=tuple(e.to_json() for e in diag.evidence))
+                       evidence=tuple(e.to_json() for e in diag.evidence),
+                       cache_fault=cache_fault)
 
 
 class GroupHead(GroupRole):
@@ -252,6 +254,7 @@ class GroupHead(GroupRole):
             time.sleep(STORE_POLL_S)
         root = root_cause(list(ends.values()))
         self.cause = root.to_json()
+        out.caches_cleared = caches_cleared([e for e in ends.values() if e.node != gs.node])
         out.healthy_s = run_healthy_s(list(ends.values()))
         out.reached_train = run_reached_train(list(ends.values()))
         if root.node == 0 and root.cls == diag.cls:
@@ -335,7 +338,7 @@ class GroupMember(GroupRole):
                             collapse=out.collapse,
                             frozen=out.frozen)
             att = state.attempts[-1]
-            end = self.node_end(n, out, diag)
+            end = self.node_end(n, out, diag, cache_fault=driver.cache_fault(out, diag))
             att.cls, att.reason = end.cls, end.reason
             emit(events.Classified(attempt=n, cls=end.cls, reason=end.reason,
                                    evidence=list(end.evidence), also=list(diag.also)))
@@ -360,6 +363,7 @@ class GroupMember(GroupRole):
                 return driver.final(*step.final)
             state.status = "backoff"
             self.record.save()
+            driver.scrub_cache(n + 1, out, diag)   # as the head's loop does before a restart
             if step.restore_cache:
                 driver.restore_cache(n + 1)
 

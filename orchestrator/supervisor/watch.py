@@ -65,6 +65,9 @@ class Outcome:
     abort_set: bool = False
     kill_at: float | None = None
     store_next: float = 0.0
+    #: the head of a group: the nodes whose compile cache the restart clears
+    #: (``ops.group_decide.caches_cleared``)
+    caches_cleared: tuple[str, ...] = ()
 
 
 class StandbyView(Protocol):
