@@ -124,6 +124,8 @@ class GroupRole:
             self.sync_stop()
         if out.stopped or self.stop.reason:
             return
+        if out.lost is None:
+            self._share_stopped(n, out, dog, now)
         if out.peer_abort is None and out.lost is None:
             if dog.term_at is not None or dog.hang:
                 if not out.abort_set:
@@ -148,6 +150,23 @@ class GroupRole:
                             c.abort(n, why)
                         self._terminate(proc, out, now)
         self._kill_due(proc, out, now)
+
+    def _share_stopped(self, n: int, out: Outcome, dog: Watchdog, now: float) -> None:
+        """A member tells the store when its stopped processes change; the head reads its
+        peers' into its watchdog, so a hang that comes due while a peer's process is stopped
+        is that peer's freeze (``frozen``, naming it), not the head's ``compile_hang``."""
+        c, gs = self._c(), self.gs
+        if not gs.is_head:
+            if dog.stopped_pids != out.stopped_told:
+                c.set_stopped(n, dog.stopped_pids)
+                out.stopped_told = dog.stopped_pids
+            return
+        for k in range(1, gs.nnodes):
+            pids = c.stopped(n, k)
+            if pids:
+                dog.stopped_elsewhere(now, gs.nodes[k], pids)
+                return
+        dog.stopped_elsewhere(now, None)
 
     def _terminate(self, proc: subprocess.Popen, out: Outcome, now: float) -> None:
         procs.signal_all([proc.pid], signal.SIGTERM)
@@ -253,7 +272,11 @@ class GroupHead(GroupRole):
                                          silent_s=round(s, 1), reason=ends[k].reason))
             time.sleep(STORE_POLL_S)
         root = root_cause(list(ends.values()))
-        self.cause = root.to_json()
+        # the head judged a freeze on a peer (its stopped processes): the cause is there
+        cause = (dataclasses.replace(root, node=gs.nodes.index(out.frozen_on),
+                                     host=out.frozen_on)
+                 if root.node == gs.node and root.cls == "frozen" and out.frozen_on else root)
+        self.cause = cause.to_json()
         out.caches_cleared = caches_cleared([e for e in ends.values() if e.node != gs.node])
         out.healthy_s = run_healthy_s(list(ends.values()))
         out.reached_train = run_reached_train(list(ends.values()))
