@@ -2,7 +2,8 @@
 mn0), with real parts: `dfo deploy --group pair` (real uv, offline from the wheelhouse) into
 both containers once per module, then `dfo hosts check/launch/logs/status/stop --group pair`
 through the CLI: real supervisors, real torchrun + gloo over mn0, a fault on node 1 only, a
-trainer on lab-b stopped with kill -STOP, a stopped container. Figures (wall seconds) are printed with -s and kept in FIGURES."""
+trainer on lab-b stopped with kill -STOP, a stopped container. Figures (wall seconds) are
+printed with -s and kept in FIGURES."""
 
 from __future__ import annotations
 
