@@ -11,8 +11,10 @@ from dfo_contract import events as ev
 from orchestrator.ops.classify import GROUP_CLASSES, NODE_LOST, PEER_ABORT
 from orchestrator.ops.fallback import validate_ladders
 from orchestrator.errors import ConfigError
-from orchestrator.ops.group_decide import (GroupDecision, Heartbeats, NodeEnd, lost_end,
-                                           peer_step, root_cause, run_healthy_s)
+from orchestrator.ops.budget import cannot_do_better
+from orchestrator.ops.group_decide import (GroupDecision, Heartbeats, NodeEnd, caches_cleared,
+                                           lost_end, peer_step, root_cause, run_healthy_s)
+from orchestrator.ops.runstate import Attempt
 from orchestrator.ops.launch_argv import Rendezvous, group_env, trainer_argv
 
 
@@ -54,6 +56,44 @@ def test_node_end_round_trip_and_run_health():
                 healthy_s=3.5, permanent=False, origin=True, evidence=({"line": 1},))
     assert NodeEnd.from_json(e.to_json()) == e
     assert run_healthy_s([end(0, "crash", healthy=40.0), end(1, "oom", healthy=0.0)]) == 40.0
+
+
+def test_a_nodes_cache_fault_travels_in_its_end_and_counts_as_a_change():
+    line = "ImportError: /r/runs/x/cache/inductor/ab/main.so: file too short"
+    e = NodeEnd(node=1, host="lab-b", cls="crash", reason="the trainer raised ImportError",
+                exit_code=1, cache_fault=line)
+    assert NodeEnd.from_json(e.to_json()) == e
+    assert NodeEnd.from_json({**e.to_json(), "cache_fault": None}).cache_fault is None
+    assert caches_cleared([end(0, PEER_ABORT), e]) == ("lab-b",)
+    assert caches_cleared([end(0, PEER_ABORT), end(1, "crash")]) == ()
+
+
+def _group_attempt(n: int, ends: list[NodeEnd]) -> Attempt:
+    """Attempt n as the head records it: the run's cause (the root of every node's end)."""
+    root = root_cause(ends)
+    return Attempt(n=n, started_at=float(n), cls=root.cls, reason=f"node {root.host}: "
+                   f"{root.reason}", reached_train=False,
+                   checkpointed=False)
+
+
+def test_a_peer_failing_the_same_way_at_start_up_twice_stops_the_group():
+    # the head's own ends differ (a gloo reset, then a peer's abort); the run's cause is the
+    # same start-up crash on lab-b both times: a third attempt cannot do better
+    peer = NodeEnd(node=1, host="lab-b", cls="crash", reason="the trainer raised ValueError: x",
+                   origin=True)
+    a1 = _group_attempt(1, [end(0, "crash"), peer])
+    a2 = _group_attempt(2, [end(0, PEER_ABORT), peer])
+    why = cannot_do_better(a1, a2, restart_changes_config=False)
+    assert why and why.startswith("attempts 1 and 2 failed the same way before their first "
+                                  "training step")
+    # unless the restart clears lab-b's compile cache (its part died loading from it)
+    faulty = [end(0, PEER_ABORT), NodeEnd(**{**peer.__dict__, "cache_fault": "ImportError"})]
+    assert cannot_do_better(a1, _group_attempt(2, faulty),
+                            restart_changes_config=bool(caches_cleared(faulty))) is None
+    # another cause the second time: restart as the budget allows
+    other = NodeEnd(node=1, host="lab-b", cls="oom", reason="OutOfMemoryError", origin=True)
+    assert cannot_do_better(a1, _group_attempt(2, [end(0, PEER_ABORT), other]),
+                            restart_changes_config=False) is None
 
 
 def test_heartbeats_lost_by_the_observers_clock():

@@ -2,7 +2,8 @@
 mn0), with real parts: `dfo deploy --group pair` (real uv, offline from the wheelhouse) into
 both containers once per module, then `dfo hosts check/launch/logs/status/stop --group pair`
 through the CLI: real supervisors, real torchrun + gloo over mn0, a fault on node 1 only, a
-stopped container. Figures (wall seconds) are printed with -s and kept in FIGURES."""
+trainer on lab-b stopped with kill -STOP, a stopped container. Figures (wall seconds) are
+printed with -s and kept in FIGURES."""
 
 from __future__ import annotations
 
@@ -206,6 +207,42 @@ def test_stop_group_stops_both_with_one_checkpoint_on_the_head(pair, capsys):
     assert rc == 0 and d["run_id"] == rid, err
     assert [n["run"]["status"] for n in d["nodes"]] == ["stopped", "stopped"]
     assert len(ckpts(ts[0], "mns")) == 1 and not ckpts(ts[1], "mns")
+
+
+def test_a_stopped_trainer_on_lab_b_is_frozen_there_and_the_group_restarts(pair, capsys):
+    # kill -STOP of lab-b's trainer: the head's ranks wait idle on it and its hang_s comes
+    # due first; lab-b reports its stopped processes, so the head's judgement is lab-b's
+    # freeze (no fallback: the same config again), not the head's compile_hang
+    info, hosts, ts, base = pair
+    cfg = config(base, "mnz", train={"max_steps": 14}, checkpoint={"every": 4})
+    rc, out, err = dfo(capsys, hosts, "launch", "--group", info.group, "--config", str(cfg),
+                       "--json", *fast_flags(hang_s=10))
+    assert rc == 0, err
+    rid = json.loads(out.strip().splitlines()[-1])["run_id"]   # after a deploy's FIGURE
+    try:
+        wait_for(lambda: (state_of(ts[0], rid).get("last_step") or 0) >= 2, 300, "steps")
+        torchrun = state_of(ts[1], rid)["trainer_pids"][0]
+        r = ts[1].run(["sh", "-c", f"w=$(ps -o pid= --ppid {torchrun}); kill -STOP $w; "
+                       "echo $w"], timeout=60, check=True)
+        workers = r.out.split()
+        assert workers, r.err
+        wait_for(lambda: state_of(ts[0], rid)["status"] in ("done", "failed", "stopped"), 600,
+                 "the head's end")
+    finally:
+        dfo(capsys, hosts, "stop", "--group", info.group)
+    sts = [state_of(t, rid) for t in ts]
+    assert [s["status"] for s in sts] == ["done", "done"], [s.get("reason") for s in sts]
+    evs = [events_of(t, rid) for t in ts]
+    cause = [e for e in evs[0] if e.kind == "group_decision"][0].cause
+    assert (cause["class"], cause["node"], cause["host"]) == ("frozen", 1, "lab-b"), cause
+    assert cause["reason"].startswith("node lab-b: process") and all(
+        w in cause["reason"] for w in workers), cause["reason"]
+    assert not [e for ev in evs for e in ev if e.kind == "classified" and
+                e.cls == "compile_hang"]
+    assert [f.step for f in evs[0] if f.kind == "fallback"] == [None]   # the same config
+    starts = [[e for e in ev if e.kind == "attempt_start"] for ev in evs]
+    assert [len(s) for s in starts] == [2, 2]
+    assert starts[0][1].overrides == starts[1][1].overrides == starts[0][0].overrides
 
 
 def test_stopped_container_is_node_lost_then_up_restarts_it(pair, capsys):

@@ -282,6 +282,41 @@ def test_a_hang_due_while_a_process_is_stopped_is_frozen_not_compile_hang():
     for s in range(0, 13):
         w.activity(float(s), 1.0, 0, stopped=(42,) if s >= 1 else ())
     acts = w.tick(12.0)
-    assert kinds(acts) == ["Warn", "Kill"] and w.frozen
+    assert kinds(acts) == ["Warn", "Kill"] and w.frozen and w.frozen_on is None
     d = classify([], signal=9, hang=w.hang, frozen=w.frozen)
     assert (d.cls, d.reason, d.permanent) == ("frozen", w.frozen, False)
+
+
+def test_a_hang_due_while_a_peers_process_is_stopped_is_that_peers_freeze():
+    # a group's head: its ranks wait idle on a peer whose trainer is stopped; the peer's
+    # report of its stopped pids makes the hang that comes due ``frozen`` on that node
+    from orchestrator.ops.classify import classify
+
+    t = Thresholds(**{**T.__dict__, "hang_s": 10.0, "frozen_s": 60.0})
+    w = Watchdog(t, now=0.0)
+    for s in range(0, 13):
+        w.activity(float(s), 1.0, 0)
+        if s >= 2:
+            w.stopped_elsewhere(float(s), "lab-b", (4242,))
+    acts = w.tick(12.0)
+    assert kinds(acts) == ["Warn", "Kill"] and w.frozen     # no stacks: nothing to ask
+    assert w.frozen.startswith("node lab-b: process 4242 of the attempt stopped (state T")
+    assert w.frozen_on == "lab-b"
+    assert "for 10s" in w.frozen
+    d = classify([], signal=9, hang=w.hang, frozen=w.frozen)
+    assert (d.cls, d.reason, d.permanent) == ("frozen", w.frozen, False)
+    # the peer's report alone judges nothing here (frozen_s is the peer's own check) ...
+    w2 = Watchdog(t, now=0.0)
+    w2.stopped_elsewhere(1.0, "lab-b", (4242,))
+    w2.feed('@dfo {"kind": "heartbeat", "phase": "train"}', 8.0)
+    assert w2.tick(9.0) == [] and w2.frozen is None
+    # ... a peer that is running again is no cause, and frozen_s=0 turns the rule off
+    for th, clear in ((t, True), (Thresholds(**{**t.__dict__, "frozen_s": 0.0}), False)):
+        w3 = Watchdog(th, now=0.0)
+        for s in range(0, 13):
+            w3.activity(float(s), 1.0, 0)
+        w3.stopped_elsewhere(3.0, "lab-b", (4242,))
+        if clear:
+            w3.stopped_elsewhere(5.0, None)
+        w3.tick(12.0)
+        assert w3.frozen is None and w3.hang and "process tree idle" in w3.hang

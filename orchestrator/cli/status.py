@@ -217,6 +217,9 @@ def status(app, host_name, run_id, wide, watch_, interval, as_json, group_name):
     for r in runs:
         if r.get("state_damaged"):
             click.echo(f"dfo: warning: run {r.get('run_id')}: {r['state_damaged']}", err=True)
+        if r.get("notice"):
+            click.echo(f"dfo: run {r.get('run_id')} {r.get('status')}: {r.get('reason')}",
+                       err=True)
     return 0
 
 

@@ -47,6 +47,12 @@ def key_end(attempt: int, node: int) -> str:
     return f"end/{attempt}/{node}"
 
 
+def key_stopped(attempt: int, node: int) -> str:
+    """JSON a node sets when the stopped processes (state T) of its part of attempt N change:
+    ``{"pids": [...]}`` (empty: none now). The head reads its peers' before it judges a hang."""
+    return f"stopped/{attempt}/{node}"
+
+
 def key_decision(attempt: int) -> str:
     """JSON the head sets after attempt N: restart (with what) or final (status, reason)."""
     return f"decision/{attempt}"

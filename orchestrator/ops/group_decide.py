@@ -33,12 +33,16 @@ class NodeEnd:
     #: this node set ``key_abort(N)`` first: its end is where the attempt went wrong
     origin: bool = False
     evidence: tuple[dict, ...] = ()
+    #: the line of its output saying its part died at start-up loading a shared object from
+    #: its run's compile cache (``ops.cache_check``): a restart clears that node's cache
+    cache_fault: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"node": self.node, "host": self.host, "class": self.cls, "reason": self.reason,
                 "exit_code": self.exit_code, "reached_train": self.reached_train,
                 "healthy_s": self.healthy_s, "permanent": self.permanent,
-                "origin": self.origin, "evidence": list(self.evidence)}
+                "origin": self.origin, "evidence": list(self.evidence),
+                "cache_fault": self.cache_fault}
 
     def event(self, attempt: int) -> events.NodeEnd:
         """This end as the ``node_end`` event of attempt ``attempt``."""
@@ -56,7 +60,8 @@ class NodeEnd:
                    reached_train=bool(d.get("reached_train")),
                    healthy_s=float(d.get("healthy_s") or 0.0),
                    permanent=bool(d.get("permanent")), origin=bool(d.get("origin")),
-                   evidence=tuple(d.get("evidence") or ()))
+                   evidence=tuple(d.get("evidence") or ()),
+                   cache_fault=None if d.get("cache_fault") is None else str(d["cache_fault"]))
 
 
 def lost_end(node: int, host: str, silent_s: float, group: str) -> NodeEnd:
@@ -112,6 +117,13 @@ def root_cause(ends: Sequence[NodeEnd]) -> NodeEnd:
                        exit_code=best.exit_code, reached_train=best.reached_train,
                        healthy_s=best.healthy_s, origin=best.origin)
     return best
+
+
+def caches_cleared(ends: Sequence[NodeEnd]) -> tuple[str, ...]:
+    """The nodes whose run's compile cache a restart clears (their part died at start-up
+    loading a shared object from it): the next attempt does not meet the same cache, so the
+    restart changes something even with the same config (``budget.cannot_do_better``)."""
+    return tuple(e.host for e in ends if e.cache_fault)
 
 
 def run_healthy_s(ends: Sequence[NodeEnd]) -> float:

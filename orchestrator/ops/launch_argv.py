@@ -92,9 +92,10 @@ def group_env(node: int, extra: Mapping[str, str]) -> dict[str, str]:
 
 #: setsid mode: detach fully (own session, fds away from the SSH channel) and restart the
 #: supervisor if it dies abnormally (it re-reads state.json and reaps orphans). Constant;
-#: the supervisor's exit status when its run directory was deleted under it: the run is over
-#: and a restart could only fail (neither systemd nor the setsid script restarts it)
-RUN_DIR_GONE_EXIT = 3
+#: the supervisor's exit status when its run directory was deleted under it or is read-only:
+#: the run is over and a restart could only fail (neither systemd nor the setsid script
+#: restarts it)
+RUN_DIR_UNUSABLE_EXIT = 3
 
 #: values come as positional parameters: $1 = log file, $2.. = the supervisor argv.
 SETSID_SCRIPT = r'''log=$1; shift
@@ -104,7 +105,7 @@ while :; do
   "$@"
   rc=$?
   [ "$rc" -eq 0 ] && exit 0
-  [ "$rc" -eq 3 ] && { echo "dfo: supervisor exited 3: its run directory is gone; not restarted"; exit 3; }
+  [ "$rc" -eq 3 ] && { echo "dfo: supervisor exited 3: its run directory is gone or read-only; not restarted"; exit 3; }
   n=$((n+1))
   [ "$n" -ge 5 ] && { echo "dfo: supervisor exited $rc; giving up after $n restarts"; exit "$rc"; }
   echo "dfo: supervisor exited $rc; restarting it ($n/5)"
@@ -128,7 +129,7 @@ def start_argv(python: str, run_dir: str, run_id: str, *, systemd: bool,
     if systemd:
         return ["systemd-run", f"--unit={unit_name(run_id)}", "--collect", "--quiet",
                 "--property=Restart=on-failure", "--property=RestartSec=2",
-                f"--property=RestartPreventExitStatus={RUN_DIR_GONE_EXIT}",
+                f"--property=RestartPreventExitStatus={RUN_DIR_UNUSABLE_EXIT}",
                 f"--property=TimeoutStopSec={int(stop_timeout_s) + 30}",
                 f"--property=StandardOutput=append:{log}",
                 f"--property=StandardError=append:{log}",

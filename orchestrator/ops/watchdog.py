@@ -151,6 +151,11 @@ class Watchdog:
         self.frozen: str | None = None
         self.stopped_pids: tuple[int, ...] = ()
         self.stopped_since: float | None = None
+        #: processes of the attempt stopped on another node of a group (its host, its pids,
+        #: since when by this clock): a hang due meanwhile is that node's freeze
+        self.elsewhere: tuple[str, tuple[int, ...], float] | None = None
+        #: the node whose stopped processes made this attempt ``frozen`` (None: this one's)
+        self.frozen_on: str | None = None
         self.collapse: str | None = None     # (kept for Outcome; a collapse no longer kills)
         self.low: str | None = None          # throughput low without dense evidence (now)
         self.low_episodes = 0
@@ -225,6 +230,18 @@ class Watchdog:
         while len(self.samples) > 2 and self.samples[1][0] <= now - window:
             del self.samples[0]
 
+    def stopped_elsewhere(self, now: float, host: str | None, pids: tuple[int, ...] = ()) -> None:
+        """What another node of the group reports of its part of the attempt: ``pids`` stopped
+        there now (none: ``host`` None or no pids). A peer's processes are that node's to
+        judge after ``frozen_s``; here they only make a hang that comes due meanwhile
+        ``frozen`` on that node, not this node's hang."""
+        if not host or not pids:
+            self.elsewhere = None
+        elif self.elsewhere is None or self.elsewhere[0] != host:
+            self.elsewhere = (host, tuple(pids), now)
+        else:
+            self.elsewhere = (host, tuple(pids), self.elsewhere[2])
+
     def _activity_in(self, now: float, window: float) -> tuple[float, int] | None:
         """(CPU seconds, bytes) the tree used in the last ``window`` seconds; None when the
         samples do not cover that long yet."""
@@ -279,19 +296,24 @@ class Watchdog:
         return acts
 
     def _frozen(self, now: float, silent: float, limit: float) -> list[Action]:
-        """A process of the tree stopped for ``frozen_s`` (or a hang is due meanwhile)."""
-        if self.stopped_since is None:
-            return []
-        held = now - self.stopped_since
-        frozen_s = float(self.t.frozen_s)
+        """A process of the tree stopped for ``frozen_s`` (or a hang is due meanwhile); or,
+        a hang due while another node reports its processes stopped, that node's."""
         hang_due = silent > limit or (self.t.hang_s > 0 and silent > self.t.hang_s)
-        if not ((frozen_s > 0 and held >= frozen_s and silent >= frozen_s) or hang_due):
+        frozen_s = float(self.t.frozen_s)
+        if self.stopped_since is not None:
+            where, stopped, held = "", self.stopped_pids, now - self.stopped_since
+            if not ((frozen_s > 0 and held >= frozen_s and silent >= frozen_s) or hang_due):
+                return []
+        elif self.elsewhere is not None and hang_due and frozen_s > 0:
+            host, stopped, since = self.elsewhere
+            where, held, self.frozen_on = f"node {host}: ", now - since, host
+        else:
             return []
-        pids = ", ".join(str(p) for p in self.stopped_pids)
-        what = "process" if len(self.stopped_pids) == 1 else "processes"
-        self.frozen = (f"{what} {pids} of the attempt stopped (state T: SIGSTOP, job control or "
-                       f"a debugger) for {held:.0f}s, no progress for {silent:.0f}s: frozen from "
-                       "outside, not a compile or a hang of its own; killed")
+        pids = ", ".join(str(p) for p in stopped)
+        what = "process" if len(stopped) == 1 else "processes"
+        self.frozen = (f"{where}{what} {pids} of the attempt stopped (state T: SIGSTOP, job "
+                       f"control or a debugger) for {held:.0f}s, no progress for {silent:.0f}s: "
+                       "frozen from outside, not a compile or a hang of its own; killed")
         self.hang = self.frozen
         self.kill_at = now
         return [Warn(self.frozen), Kill(self.frozen)]

@@ -148,6 +148,15 @@ class Coordinator:
         d = self._get(g.key_end(n, k))
         return NodeEnd.from_json(d) if d else None
 
+    def set_stopped(self, n: int, pids: tuple[int, ...]) -> None:
+        """This node's stopped processes of attempt N, now."""
+        self._set(g.key_stopped(n, self.gs.node), {"pids": list(pids)})
+
+    def stopped(self, n: int, k: int) -> tuple[int, ...]:
+        """Node k's stopped processes of attempt N, as it last said (none: nothing said)."""
+        d = self._get(g.key_stopped(n, k))
+        return tuple(int(p) for p in (d or {}).get("pids") or ())
+
     def set_decision(self, n: int, dec: GroupDecision) -> None:
         self._set(g.key_decision(n), dec.to_json())
 

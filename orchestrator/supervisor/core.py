@@ -15,6 +15,7 @@ from the run's spec:
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -30,7 +31,7 @@ from ..ops import runstate as rs
 from ..ops.budget import BudgetState, cannot_do_better, on_failure, restart_delay
 from ..ops.cache_check import cache_import_error
 from ..ops.classify import classify
-from ..ops.launch_argv import RUN_DIR_GONE_EXIT
+from ..ops.launch_argv import RUN_DIR_UNUSABLE_EXIT
 from ..ops.runstate import Attempt, RunState
 from . import cache_scrub, procs, runfiles
 from .group import role_for
@@ -97,6 +98,20 @@ class Supervisor:
         signal.signal(signal.SIGTERM, self._on_term)
         signal.signal(signal.SIGINT, self._on_term)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        try:
+            return self._run()
+        except (runfiles.RunDirGone, FileNotFoundError) as e:
+            if os.path.isdir(self.run_dir):
+                raise
+            return self._run_dir_gone(e)
+        except OSError as e:
+            if e.errno != errno.EROFS:
+                raise
+            return self._run_dir_read_only(e)
+        finally:
+            self._release()
+
+    def _run(self) -> int:
         try:   # never write into a run another live supervisor owns
             self.owner_fd = runfiles.own_run(self.run_dir)
         except runfiles.NotOwner as e:
@@ -131,29 +146,82 @@ class Supervisor:
         self.seed_cache()
         self.state.status = "running"
         self.record.save()
-        try:
-            self.role.open()
-            return self.role.run(self)
-        except (runfiles.RunDirGone, FileNotFoundError) as e:
-            if os.path.isdir(self.run_dir):
-                raise
-            return self._run_dir_gone(e)
-        finally:
-            self._release()
+        self.role.open()
+        return self.role.run(self)
 
     def _run_dir_gone(self, e: Exception) -> int:
         """The run's directory was deleted under the live run: nothing can be recorded there.
         Stop what runs for it, say so where it can still be read (stderr: the journal under
         systemd; the system log) and exit non-zero, never restarted."""
+        left = self._kill_run(signal.SIGKILL)
+        self._say(f"dfo-supervisor: run {self.spec.identity.run_id}: the run directory "
+                  f"{self.run_dir} was deleted while the run was live; the run ends (its "
+                  f"trainer was killed; {len(left)} process(es)); its checkpoints in "
+                  f"{self._checkpoints()} are kept")
+        return RUN_DIR_UNUSABLE_EXIT
+
+    def _run_dir_read_only(self, e: OSError) -> int:
+        """A write of the supervisor's hit a read-only filesystem (EROFS): state.json and
+        events.jsonl cannot say anything more, so the run ends here, once, instead of a
+        supervisor that fails and is restarted until the directory is writable again. The
+        trainer is stopped (SIGTERM: it may still save a checkpoint elsewhere), run.lock is
+        given back, and the reason is left where ``dfo status`` and ``dfo logs -f`` read it
+        (a :class:`runfiles.Notice`), on stderr and in the system log; the exit status is
+        one that is not restarted."""
+        left = self._kill_run(signal.SIGTERM)
+        self._release()
+        where = os.path.abspath(e.filename) if isinstance(e.filename, str) else self.run_dir
+        inside = where == self.run_dir or where.startswith(self.run_dir + os.sep)
+        what = (f"the run directory {self.run_dir} is read-only" if inside
+                else f"{where} is on a read-only filesystem")
+        if self.state.final:    # it ended; only its final word could not be written
+            status = str(self.state.status)
+            reason = f"{self.state.reason} ({what}: state.json could not record the end)"
+        else:
+            status = "failed"
+            reason = (f"{what} (EROFS writing {where}): the supervisor cannot record the run, "
+                      f"so the run ends (its trainer was stopped; {len(left)} process(es)); its "
+                      f"checkpoints in {self._checkpoints()} are kept; make it writable "
+                      "(remount it read-write), then dfo launch --resume latest")
+        path = runfiles.write_notice(runfiles.Notice(
+            run_id=self.spec.identity.run_id, run_dir=self.run_dir,
+            pid=self._recorded_pid(), status=status, reason=reason, t=time.time()))
+        self._say(f"dfo-supervisor: run {self.spec.identity.run_id}: {reason}"
+                  + (f" (recorded in {path})" if path else ""))
+        return RUN_DIR_UNUSABLE_EXIT
+
+    def _recorded_pid(self) -> int:
+        """The supervisor pid state.json names (this one's once it saved; its dead
+        predecessor's when this one could not even start on the directory)."""
+        if self.state.pid:
+            return int(self.state.pid)
+        try:
+            return int(runfiles.read_state_or_events(self.run_dir)[0].pid or os.getpid())
+        except (OSError, ValueError):
+            return os.getpid()
+
+    def _kill_run(self, sig: int) -> list[int]:
+        """Every process of the run (found by DFO_RUN_DIR) gets ``sig``, SIGKILL after
+        ``kill_grace_s`` when it was not that; the pids found."""
         left = procs.processes_of_run(self.run_dir)
         if left:
-            procs.signal_all(left, signal.SIGKILL)
-            procs.wait_gone(left, 5)
-        line = (f"dfo-supervisor: run {self.spec.identity.run_id}: the run directory "
-                f"{self.run_dir} was deleted while the run was live; the run ends (its "
-                f"trainer was killed; {len(left)} process(es)); its checkpoints in "
-                f"{self.spec.resume.checkpoint_dir or 'checkpoint.dir'} are kept")
-        print(line, file=sys.stderr, flush=True)
+            procs.signal_all(left, sig)
+            if not procs.wait_gone(left, self.t.kill_grace_s if sig != signal.SIGKILL else 5):
+                procs.signal_all(left, signal.SIGKILL)
+                procs.wait_gone(left, 5)
+        return left
+
+    def _checkpoints(self) -> str:
+        return self.spec.resume.checkpoint_dir or "checkpoint.dir"
+
+    @staticmethod
+    def _say(line: str) -> None:
+        """One line where a run that cannot write its own files is still heard: stderr (the
+        journal under systemd) and the system log."""
+        try:
+            print(line, file=sys.stderr, flush=True)
+        except OSError:
+            pass
         try:
             import syslog
 
@@ -161,16 +229,11 @@ class Supervisor:
             syslog.syslog(syslog.LOG_ERR, line)
         except OSError:
             pass
-        return RUN_DIR_GONE_EXIT
 
     def _recover_after_restart(self) -> None:
         """A previous supervisor died: no trainer of this run may run unwatched."""
-        orphans = procs.processes_of_run(self.run_dir)
+        orphans = self._kill_run(signal.SIGTERM)
         if orphans:
-            procs.signal_all(orphans, signal.SIGTERM)
-            if not procs.wait_gone(orphans, self.t.kill_grace_s):
-                procs.signal_all(orphans, signal.SIGKILL)
-                procs.wait_gone(orphans, 5)
             self.record.emit(events.OrphansReaped(pids=orphans))
         self.state.standby_pid = None      # reaped above with the rest of the run
         att = self.state.current
@@ -204,6 +267,7 @@ class Supervisor:
             emit(events.Classified(attempt=n, cls=diag.cls, reason=diag.reason,
                                    evidence=ev, also=list(diag.also)))
             diag, ending = self.role.settle(n, out, diag)   # a group: one root cause
+            att.cls, att.reason = diag.cls, diag.reason     # the run's history: its cause
             if ending is not None:
                 return self.final(*ending)
             if diag.cls == "done":
@@ -228,7 +292,8 @@ class Supervisor:
                 reason = f"{diag.cls}: fallback ladder spent ({choice.spent})"
                 emit(events.GiveUp(cls=diag.cls, reason=reason, evidence=ev))
                 return self.final("failed", reason, evidence=ev)
-            cleared = self.scrub_cache(n + 1, out, diag)
+            # a node of the group whose cache the restart clears changes the next attempt too
+            cleared = self.scrub_cache(n + 1, out, diag) or bool(out.caches_cleared)
             why = cannot_do_better(state.attempts[-2] if len(state.attempts) > 1 else None,
                                    att, restart_changes_config=bool(choice.changed) or cleared)
             if why:
@@ -358,15 +423,25 @@ class Supervisor:
             detail="the run's cache seeded from the host's live cache (empty if none)"
             if p.returncode == 0 else f"seeding failed, starting cold: {' '.join(tail)}"))
 
+    def cache_fault(self, out: Outcome, diag) -> str | None:
+        """The line saying the attempt died at start-up loading a shared object from the
+        run's compile cache (``ops.cache_check``), or None."""
+        cache = os.path.join(self.run_dir, "cache")
+        if out.reached_train or not os.path.isdir(cache):
+            return None
+        lines = [e.text for e in diag.evidence] + [t for _, t in getattr(out.scan, "tail", [])]
+        return cache_import_error(lines, cache)
+
     def scrub_cache(self, n: int, out: Outcome, diag) -> bool:
         """Before attempt ``n``: the run's cache without what the failed attempt left that
         cannot be loaded (empty files, cut-short shared objects); cleared when the attempt
-        died at start-up loading a shared object from it. True when it was cleared."""
+        died at start-up loading a shared object from it (:meth:`cache_fault`). True when it
+        was cleared. The solo run and the head call it in the loop, a group's member before
+        it runs the restart the head decided."""
         cache = os.path.join(self.run_dir, "cache")
         if not os.path.isdir(cache):
             return False
-        lines = [e.text for e in diag.evidence] + [t for _, t in getattr(out.scan, "tail", [])]
-        hit = None if out.reached_train else cache_import_error(lines, cache)
+        hit = self.cache_fault(out, diag)
         if hit:
             cache_scrub.clear(cache)
             self.record.emit(events.CacheRestore(

@@ -31,7 +31,7 @@ from dfo_contract import wire
 from ..ops import runstate as rs
 from .lines import read_lines
 from .query import never_started
-from .runfiles import read_state_or_events
+from .runfiles import read_notice, read_state_or_events
 
 #: seconds between keepalives while nothing else is sent (a closed pipe shows on a write)
 KEEPALIVE_S = 2.0
@@ -153,10 +153,14 @@ def _main(argv: list[str] | None = None) -> int:
             _send(wire.End(wire.NEVER_STARTED))
             _flush()
             return 0
+        gone = status in rs.LIVE and bool(pid) and not supervisor_alive(a.run_dir, pid)
+        note = read_notice(a.run_dir, pid) if gone else None
+        if note is not None:   # it ended where state.json could not say (read-only)
+            status = note[0].status
         final = status in rs.FINAL
         lost = False
         if a.follow and not final and status is not None:
-            if pid and not supervisor_alive(a.run_dir, pid):
+            if gone:
                 dead_since = dead_since or time.monotonic()
                 lost = time.monotonic() - dead_since > a.lost_after
             else:

@@ -24,9 +24,9 @@ from dfo_contract.runlimits import Thresholds
 from dfo_contract.runspec import Group, RunSpec
 
 from ..ops.classify import NODE_LOST, PEER_ABORT, Diagnosis, classify
-from ..ops.group_decide import (GroupDecision, NodeEnd, head_lost_reason, head_restarted_reason,
-                                lost_end, node_lost_reason, peer_step, root_cause,
-                                run_healthy_s, run_reached_train)
+from ..ops.group_decide import (GroupDecision, NodeEnd, caches_cleared, head_lost_reason,
+                                head_restarted_reason, lost_end, node_lost_reason, peer_step,
+                                root_cause, run_healthy_s, run_reached_train)
 from ..ops.launch_argv import Rendezvous, group_env
 from ..ops.watchdog import Watchdog
 from . import procs
@@ -124,6 +124,8 @@ class GroupRole:
             self.sync_stop()
         if out.stopped or self.stop.reason:
             return
+        if out.lost is None:
+            self._share_stopped(n, out, dog, now)
         if out.peer_abort is None and out.lost is None:
             if dog.term_at is not None or dog.hang:
                 if not out.abort_set:
@@ -149,6 +151,23 @@ class GroupRole:
                         self._terminate(proc, out, now)
         self._kill_due(proc, out, now)
 
+    def _share_stopped(self, n: int, out: Outcome, dog: Watchdog, now: float) -> None:
+        """A member tells the store when its stopped processes change; the head reads its
+        peers' into its watchdog, so a hang that comes due while a peer's process is stopped
+        is that peer's freeze (``frozen``, naming it), not the head's ``compile_hang``."""
+        c, gs = self._c(), self.gs
+        if not gs.is_head:
+            if dog.stopped_pids != out.stopped_told:
+                c.set_stopped(n, dog.stopped_pids)
+                out.stopped_told = dog.stopped_pids
+            return
+        for k in range(1, gs.nnodes):
+            pids = c.stopped(n, k)
+            if pids:
+                dog.stopped_elsewhere(now, gs.nodes[k], pids)
+                return
+        dog.stopped_elsewhere(now, None)
+
     def _terminate(self, proc: subprocess.Popen, out: Outcome, now: float) -> None:
         procs.signal_all([proc.pid], signal.SIGTERM)
         out.kill_at = now + self.kill_grace_s
@@ -172,7 +191,8 @@ class GroupRole:
         mine = c.abort(n, f"node {self.gs.host}: attempt {n} ended ({how})")
         out.origin = out.origin or (mine and out.peer_abort is None)
 
-    def node_end(self, n: int, out: Outcome, diag: Diagnosis) -> NodeEnd:
+    def node_end(self, n: int, out: Outcome, diag: Diagnosis, *,
+                 cache_fault: str | None = None) -> NodeEnd:
         gs = self.gs
         if out.lost and gs.is_head:
             cls, reason = "crash", "stopped: a node was lost"
@@ -184,7 +204,8 @@ class GroupRole:
                        exit_code=out.exit_code, reached_train=out.reached_train,
                        healthy_s=round(out.healthy_s, 3),
                        permanent=diag.permanent and cls == diag.cls, origin=bool(out.origin),
-                       evidence=tuple(e.to_json() for e in diag.evidence))
+                       evidence=tuple(e.to_json() for e in diag.evidence),
+                       cache_fault=cache_fault)
 
 
 class GroupHead(GroupRole):
@@ -251,7 +272,12 @@ class GroupHead(GroupRole):
                                          silent_s=round(s, 1), reason=ends[k].reason))
             time.sleep(STORE_POLL_S)
         root = root_cause(list(ends.values()))
-        self.cause = root.to_json()
+        # the head judged a freeze on a peer (its stopped processes): the cause is there
+        cause = (dataclasses.replace(root, node=gs.nodes.index(out.frozen_on),
+                                     host=out.frozen_on)
+                 if root.node == gs.node and root.cls == "frozen" and out.frozen_on else root)
+        self.cause = cause.to_json()
+        out.caches_cleared = caches_cleared([e for e in ends.values() if e.node != gs.node])
         out.healthy_s = run_healthy_s(list(ends.values()))
         out.reached_train = run_reached_train(list(ends.values()))
         if root.node == 0 and root.cls == diag.cls:
@@ -335,7 +361,7 @@ class GroupMember(GroupRole):
                             collapse=out.collapse,
                             frozen=out.frozen)
             att = state.attempts[-1]
-            end = self.node_end(n, out, diag)
+            end = self.node_end(n, out, diag, cache_fault=driver.cache_fault(out, diag))
             att.cls, att.reason = end.cls, end.reason
             emit(events.Classified(attempt=n, cls=end.cls, reason=end.reason,
                                    evidence=list(end.evidence), also=list(diag.also)))
@@ -360,6 +386,7 @@ class GroupMember(GroupRole):
                 return driver.final(*step.final)
             state.status = "backoff"
             self.record.save()
+            driver.scrub_cache(n + 1, out, diag)   # as the head's loop does before a restart
             if step.restore_cache:
                 driver.restore_cache(n + 1)
 

@@ -20,7 +20,7 @@ from dfo_contract.procs import supervisor_alive
 
 from ..ops import runstate as rs
 from . import procs
-from .runfiles import read_state_or_events
+from .runfiles import read_notice, read_state_or_events
 
 
 #: the processes that only read a run (a launch in progress or a supervisor is anything else)
@@ -84,7 +84,12 @@ def run_info(run_dir: str) -> dict | None:
     st["run_dir"] = run_dir
     shown = st.get("status")
     if shown in rs.LIVE and not live:
-        shown = "lost"
+        note = read_notice(run_dir, st.get("pid"))
+        if note is None:
+            shown = "lost"
+        else:   # its supervisor said how it ended where it could (the directory is read-only)
+            shown = st["status"] = note[0].status
+            st["reason"], st["ended_at"], st["notice"] = note[0].reason, note[0].t, note[1]
     st["shown_status"] = shown
     if damage:
         st["state_damaged"] = damage

@@ -8,8 +8,12 @@ never sees half a record followed by another writer's bytes.
 
 from __future__ import annotations
 
+import errno
 import fcntl
+import hashlib
+import json
 import os
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from dfo_contract.errors import ContractError
@@ -22,8 +26,9 @@ from ..ops.runstate import RunState
 if TYPE_CHECKING:
     from dfo_contract.events import EventBase
 
-__all__ = ["NotOwner", "OWNER_LOCK", "RunDirGone", "check_run_dir", "append_event", "own_run", "read_spec", "read_state",
-           "read_state_or_events", "write_json_atomic", "write_state"]
+__all__ = ["NotOwner", "Notice", "OWNER_LOCK", "RunDirGone", "check_run_dir", "append_event",
+           "notice_paths", "own_run", "read_notice", "read_spec", "read_state",
+           "read_state_or_events", "write_json_atomic", "write_notice", "write_state"]
 
 #: held (flock) by the one supervisor that owns the run, for its whole life
 OWNER_LOCK = "supervisor.lock"
@@ -50,7 +55,14 @@ def own_run(run_dir: str) -> int:
     its predecessor died takes it over; a second one while the owner lives gets NotOwner
     and must not write ``state.json`` or ``events.jsonl``. The fd is close-on-exec, so no
     trainer inherits the ownership."""
-    fd = os.open(os.path.join(run_dir, OWNER_LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    path = os.path.join(run_dir, OWNER_LOCK)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        read_only = None
+    except OSError as e:   # a read-only run directory: whose it is, then the error
+        if e.errno != errno.EROFS:
+            raise
+        fd, read_only = os.open(path, os.O_RDONLY | os.O_CLOEXEC), e
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -59,9 +71,74 @@ def own_run(run_dir: str) -> int:
         raise NotOwner(f"{run_dir} is owned by another live supervisor"
                        + (f" (pid {holder})" if holder else "")
                        + "; this one writes nothing there and exits") from None
+    if read_only is not None:
+        os.close(fd)
+        raise read_only
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
+
+
+@dataclass(frozen=True)
+class Notice:
+    """How a run ended that its run directory could not record (it is read-only): left by
+    its supervisor where it can write (:func:`notice_paths`), read by ``dfo status`` and
+    ``dfo logs -f`` in place of the state.json that still says the run is live."""
+    run_id: str
+    run_dir: str
+    #: the supervisor that left it (state.json's ``pid``): a notice counts for that run only
+    pid: int
+    status: str
+    reason: str
+    t: float
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: Any) -> "Notice":
+        if not isinstance(d, dict):
+            raise ValueError("a notice is a JSON object")
+        return cls(run_id=str(d["run_id"]), run_dir=str(d["run_dir"]), pid=int(d["pid"]),
+                   status=str(d["status"]), reason=str(d["reason"]), t=float(d["t"]))
+
+
+def notice_paths(run_dir: str) -> tuple[str, ...]:
+    """Where a run's :class:`Notice` may lie, in the order it is written and read: beside
+    the run directory (``runs/.<run-id>.notice.json``), else under ``/tmp`` (another
+    filesystem on most hosts), keyed by the run directory's path."""
+    run_dir = os.path.abspath(run_dir).rstrip("/")
+    parent, name = os.path.split(run_dir)
+    key = hashlib.sha256(run_dir.encode()).hexdigest()[:16]
+    return (os.path.join(parent, f".{name}.notice.json"),
+            os.path.join("/tmp", f"dfo-notices-{os.getuid()}", f"{name}-{key}.json"))
+
+
+def write_notice(notice: Notice) -> str | None:
+    """Leave ``notice`` at the first of its places that takes it; that path (None: none
+    could be written)."""
+    for path in notice_paths(notice.run_dir):
+        try:
+            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+            write_json_atomic(path, notice.to_json())
+            return path
+        except OSError:
+            continue
+    return None
+
+
+def read_notice(run_dir: str, pid: Any) -> tuple[Notice, str] | None:
+    """The notice the supervisor ``pid`` left for ``run_dir``, and where it lies (None:
+    there is none; one of another supervisor of the same directory does not count)."""
+    for path in notice_paths(run_dir):
+        try:
+            with open(path) as f:
+                n = Notice.from_json(json.load(f))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if n.run_dir.rstrip("/") == os.path.abspath(run_dir).rstrip("/") and n.pid == pid:
+            return n, path
+    return None
 
 
 def write_json_atomic(path: str, obj: Any) -> None:

@@ -37,6 +37,8 @@ class Outcome:
     signal: int | None = None
     hang: str | None = None
     frozen: str | None = None
+    #: the node of the group whose stopped processes ``frozen`` names (None: this node's)
+    frozen_on: str | None = None
     collapse: str | None = None
     stopped: bool = False
     reached_train: bool = False
@@ -65,6 +67,11 @@ class Outcome:
     abort_set: bool = False
     kill_at: float | None = None
     store_next: float = 0.0
+    #: this node's stopped processes as last told to the group's store
+    stopped_told: tuple[int, ...] = ()
+    #: the head of a group: the nodes whose compile cache the restart clears
+    #: (``ops.group_decide.caches_cleared``)
+    caches_cleared: tuple[str, ...] = ()
 
 
 class StandbyView(Protocol):
@@ -159,7 +166,7 @@ class AttemptWatch:
         i.after(n, out)
         end = time.monotonic()
         out.hang, out.collapse, out.reached_train = dog.hang, dog.collapse, dog.reached_train
-        out.frozen = dog.frozen
+        out.frozen, out.frozen_on = dog.frozen, dog.frozen_on
         out.duration_s = end - t0
         out.healthy_s = dog.healthy_s(end)
         return out
