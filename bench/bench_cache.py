@@ -46,6 +46,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
 
 from orchestrator.config.runconfig import load_config  # noqa: E402
 from orchestrator.engine.compile_cache import CacheManager  # noqa: E402
@@ -75,22 +76,22 @@ def make_config(work: Path, device: str) -> Path:
     if device == "cuda":
         targs = ["--hidden", "512", "--layers", "6", "--heads", "8", "--kv-heads", "4",
                  "--head-dim", "64", "--intermediate", "1024", "--vocab", "4096"]
-        body = ("model: {target_path: %s, drafter_layers: 2, block_size: 16, attention: flex}\n"
-                "data: {path: %s/unused.jsonl, max_seq_len: 1024, num_anchors: 32,\n"
-                "       seq_buckets: [512, 1024], anchor_buckets: [32]}\n"
-                "parallel: {layout: single, target_devices: ['cuda:0'], drafter_devices: ['cuda:0']}\n"
-                "compile: {enabled: true}\n")
+        sets = {"model.drafter_layers": 2, "model.block_size": 16, "model.attention": "flex",
+                "data.max_seq_len": 1024, "data.num_anchors": 32, "data.seq_buckets": [512, 1024],
+                "data.anchor_buckets": [32], "parallel.layout": "single",
+                "parallel.target_devices": ["cuda:0"], "parallel.drafter_devices": ["cuda:0"]}
     else:
         targs = []
-        body = ("model: {target_path: %s, drafter_layers: 1, block_size: 4}\n"
-                "data: {path: %s/unused.jsonl, max_seq_len: 64, num_anchors: 8,\n"
-                "       seq_buckets: [32, 64], anchor_buckets: [8]}\n"
-                "parallel: {target_devices: [cpu], drafter_devices: [cpu]}\n"
-                "compile: {enabled: true}\n")
+        sets = {"model.drafter_layers": 1, "model.block_size": 4, "data.max_seq_len": 64,
+                "data.num_anchors": 8, "data.seq_buckets": [32, 64], "data.anchor_buckets": [8],
+                "parallel.target_devices": ["cpu"], "parallel.drafter_devices": ["cpu"]}
     subprocess.run([sys.executable, "-m", "trainer.model.target", "--out", str(target), *targs],
                    check=True, capture_output=True, timeout=300, cwd=str(REPO))
     cfg = work / f"bench-{device}.yaml"
-    cfg.write_text(body % (target, work))
+    from run_config import run_config_yaml
+
+    cfg.write_text(run_config_yaml({**sets, "model.target_path": str(target),
+                                    "data.path": f"{work}/unused.jsonl", "compile.enabled": True}))
     return cfg
 
 

@@ -29,48 +29,23 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from dfo_contract.markers import iter_markers  # noqa: E402
 
-GPU_CONFIG = """\
-model:
-  target_path: {target}
-  drafter_layers: 2
-  block_size: 16
-  attention: sdpa
-  mask_token_id: 3
-data:
-  path: {data}
-  max_seq_len: 1024
-  num_anchors: 32
-train:
-  max_steps: {steps}
-  micro_batch: 4
-  grad_accum: 1
-  log_every: 1
-  heartbeat_s: 5
-checkpoint:
-  every: 100000
-  keep: 1
-compile:
-  enabled: false
-  gate: false
-parallel:
-  layout: ddp
-  target_devices: [cuda:0]
-  drafter_devices: [cuda:0]
-"""
+#: the GPU run: a 2-layer drafter, sdpa, eager, the ddp layout on one GPU per node
+GPU_SETTINGS = {"model.drafter_layers": 2, "model.block_size": 16, "model.attention": "sdpa",
+                "model.mask_token_id": 3, "data.max_seq_len": 1024, "data.num_anchors": 32,
+                "train.micro_batch": 4, "train.grad_accum": 1, "train.log_every": 1,
+                "train.heartbeat_s": 5, "checkpoint.every": 100000, "checkpoint.keep": 1,
+                "compile.enabled": False, "compile.gate": False, "parallel.layout": "ddp",
+                "parallel.target_devices": ["cuda:0"], "parallel.drafter_devices": ["cuda:0"]}
 
 
 def config_text(target: str, data: str, steps: int, cpu: bool) -> str:
-    if not cpu:
-        return GPU_CONFIG.format(target=target, data=data, steps=steps)
-    import yaml
+    from run_config import run_config_yaml
 
-    cfg = yaml.safe_load((REPO / "orchestrator" / "config" / "defaults" / "tiny-cpu.yaml").read_text())
-    cfg["model"]["target_path"], cfg["data"]["path"] = target, data
-    cfg["train"].update({"max_steps": steps, "log_every": 1, "heartbeat_s": 1.0})
-    cfg["checkpoint"].update({"every": 100000})
-    cfg["parallel"]["layout"] = "ddp"
-    cfg.pop("run", None)
-    return yaml.safe_dump(cfg)
+    common = {"model.target_path": target, "data.path": data, "train.max_steps": steps}
+    if not cpu:
+        return run_config_yaml({**GPU_SETTINGS, **common})
+    return run_config_yaml({**common, "train.log_every": 1, "train.heartbeat_s": 1.0,
+                            "checkpoint.every": 100000, "parallel.layout": "ddp"}, base="tiny-cpu")
 
 
 def root_for(out: Path, name: str) -> Path:

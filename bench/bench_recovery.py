@@ -32,40 +32,20 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
 
 from dfo_contract.markers import iter_markers  # noqa: E402
 
-GPU_CONFIG = """\
-model:
-  target_path: {target}
-  drafter_layers: 2
-  block_size: 16
-  attention: flex
-  mask_token_id: 3                  # the tiny target's unused row (trainer.model.target)
-data:
-  path: {data}
-  max_seq_len: 1024
-  num_anchors: 32
-train:
-  max_steps: {steps}
-  micro_batch: 2
-  grad_accum: 1
-  log_every: 1
-  heartbeat_s: 5
-checkpoint:
-  every: 10
-  keep: 3
-compile:
-  enabled: true
-  gate: false
-parallel:
-  layout: threads
-  target_devices: {targets}
-  drafter_devices: {drafters}
-"""
+#: the GPU run: a 2-layer drafter on flex attention, the threads layout (targets, drafters)
+GPU_SETTINGS = {"model.drafter_layers": 2, "model.block_size": 16, "model.attention": "flex",
+                "model.mask_token_id": 3,       # the tiny target's unused row (trainer.model.target)
+                "data.max_seq_len": 1024, "data.num_anchors": 32, "train.micro_batch": 2,
+                "train.grad_accum": 1, "train.log_every": 1, "train.heartbeat_s": 5,
+                "checkpoint.every": 10, "checkpoint.keep": 3, "compile.enabled": True,
+                "compile.gate": False, "parallel.layout": "threads"}
 # --gpus 2: the same threads layout across two GPUs (targets and drafters on both)
-GPU_DEVICES = {1: ("[cuda:0]", "[cuda:0, cuda:0, cuda:0]"),
-               2: ("[cuda:0, cuda:1]", "[cuda:0, cuda:1, cuda:1]")}
+GPU_DEVICES = {1: (["cuda:0"], ["cuda:0", "cuda:0", "cuda:0"]),
+               2: (["cuda:0", "cuda:1"], ["cuda:0", "cuda:1", "cuda:1"])}
 
 
 def make_assets(out: Path, cpu: bool) -> tuple[str, str]:
@@ -88,19 +68,17 @@ def make_assets(out: Path, cpu: bool) -> tuple[str, str]:
 
 
 def config_text(out: Path, target: str, data: str, steps: int, cpu: bool, gpus: int = 1) -> str:
+    from run_config import run_config_yaml
+
+    common = {"model.target_path": target, "data.path": data, "train.max_steps": steps}
     if not cpu:
         targets, drafters = GPU_DEVICES[gpus]
-        return GPU_CONFIG.format(target=target, data=data, steps=steps, targets=targets,
-                                 drafters=drafters)
-    import yaml
-
-    cfg = yaml.safe_load((REPO / "orchestrator" / "config" / "defaults" / "tiny-cpu.yaml").read_text())
-    cfg["model"]["target_path"], cfg["data"]["path"] = target, data
-    cfg["train"].update({"max_steps": steps, "log_every": 1, "heartbeat_s": 1.0})
-    cfg["checkpoint"].update({"every": 4})
-    cfg["compile"] = {"enabled": True, "gate": False}   # the cache path, as on the GPU
-    cfg.pop("run", None)
-    return yaml.safe_dump(cfg)
+        return run_config_yaml({**GPU_SETTINGS, **common, "parallel.target_devices": targets,
+                                "parallel.drafter_devices": drafters})
+    return run_config_yaml({**common, "train.log_every": 1, "train.heartbeat_s": 1.0,
+                            "checkpoint.every": 4,
+                            "compile.enabled": True, "compile.gate": False},  # the cache path, as on the GPU
+                           base="tiny-cpu")
 
 
 def markers(log: Path) -> list[dict]:
