@@ -15,6 +15,7 @@ waits until the supervisor has taken run.lock. Ctrl-C during a launch ends in
 from __future__ import annotations
 
 import logging
+import math
 import posixpath
 import time
 from pathlib import Path
@@ -230,12 +231,11 @@ class RunOps(RunQueries):
 
     def _wait_lock_taken(self, run_id: str, until: float) -> None:
         """Until the supervisor of ``run_id`` holds run.lock (it is "running" a moment
-        later), by the launch probe (a shell, no Python: cheap to repeat), or ``until``."""
-        while time.monotonic() < until:
-            p = self.probe()
-            if p.get("lock") == "held" and p.get("lock_owner") == run_id:
-                return
-            time.sleep(0.05)
+        later), or ``until``: one launch probe that waits inside the container."""
+        secs = math.ceil(until - time.monotonic())
+        if secs > 0:
+            p = launch_probe(self.layout.root, self.layout.run_lock, owner=run_id, wait_s=secs)
+            self.t.run(list(p.argv), timeout=60 + secs).check(f"probing {self.host.name}")
 
     def _lost_the_lock(self, run_id: str, info: Mapping[str, Any]) -> None:
         """A supervisor that ends ``failed`` at once while run.lock is held by another run

@@ -239,8 +239,11 @@ def parse_list_dir(out: Output) -> list[DirEntry] | None:
 LAUNCH_PROBE_SCRIPT = script_text("launch_probe.sh")
 
 
-def launch_probe(root: str, lock: str) -> Probe[dict[str, str]]:
-    return Probe("launch", ("sh", "-c", LAUNCH_PROBE_SCRIPT, "dfo-probe", root, lock),
+def launch_probe(root: str, lock: str, *, owner: str = "", wait_s: int = 0) -> Probe[dict[str, str]]:
+    """The launch probe; with ``owner``, it first waits up to ``wait_s`` seconds inside the
+    container for that run's supervisor to hold run.lock (one round trip, not a poll)."""
+    extra = (owner, str(int(wait_s))) if owner else ()
+    return Probe("launch", ("sh", "-c", LAUNCH_PROBE_SCRIPT, "dfo-probe", root, lock, *extra),
                  lambda out: parse_launch_probe(text(out.stdout)))
 
 
