@@ -107,13 +107,11 @@ def worker(a) -> int:
     import torch
     import torch.distributed as dist
 
-    from trainer import runtime
     from trainer.data.stream import SkippedBatch
-    from trainer.train import step as S
+    from trainer.core import step as S
     from trainer.parallel.ddp import DdpLayout, my_indices
     from trainer.model.target import target_from_config, tiny_qwen3_config
 
-    runtime.refresh_env()
     cpu = a.cpu_smoke or not torch.cuda.is_available()
     cfg = make_cfg(a, cpu)
     sh = a.shape

@@ -7,7 +7,7 @@ attention its export declares.
 
     python3 bench/bench_dflash2.py [--steps 400] [--layers 1] [--seed 0] [--out DIR]
 
-Builds a tiny Qwen3 target, teaches it the stride sequences (``trainer.model.tinylm teach``),
+Builds a tiny Qwen3 target, teaches it the stride sequences (``trainer.data.tinylm teach``),
 regenerates training and held-out data with it (greedy), then trains a DFlash and a DFlash2
 drafter with the same data, seed, steps, block size (8) and optimizer settings, evaluating
 both on the same held-out blocks every ``--steps/4`` steps. The acceptance length is the
@@ -69,8 +69,8 @@ def served_accept(cfg, step: int) -> float:
     """The acceptance length of the run's final drafter with the target in full precision."""
     from dfo_contract import checkpoints as manifests
     from trainer.evaluate import accept
-    from trainer.train import checkpoints
-    from trainer.train import step as S
+    from trainer.core import checkpoints
+    from trainer.core import step as S
 
     cfg.model.target_fp8 = False
     target, drafter = S.build_models(cfg, "cpu")
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     from tests.helpers.trainer import make_target
-    from trainer.model.tinylm import regenerate, teach
+    from trainer.data.tinylm import regenerate, teach
 
     res = {"steps": a.steps, "drafter_layers": a.layers, "seed": a.seed, "block_size": 8,
            "torch": torch.__version__, "dflash2_fields": DFLASH2}

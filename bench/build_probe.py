@@ -60,7 +60,7 @@ if mode == "parts":
 else:
     from dfo_contract.trainer_config import load_config
     cfg = load_config(sys.argv[5], [])
-    from trainer.train import step
+    from trainer.core import step
     a = time.perf_counter()
     th = None
     if mode == "overlap":

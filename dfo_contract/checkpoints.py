@@ -17,7 +17,7 @@ deleted (``promote_orphans``).
 
     python -m dfo_contract.checkpoints list DIR [--json] [--no-hash] [--no-promote]
 
-lists the ``step_N`` dirs newest first, valid or why not (``python -m trainer.train.checkpoints
+lists the ``step_N`` dirs newest first, valid or why not (``python -m trainer.core.checkpoints
 list`` is the same command). The orchestrator runs it remotely with ``--json``.
 """
 

@@ -1,7 +1,7 @@
 """Names of the environment variables the supervisor sets for an attempt.
 
 The supervisor writes them (``orchestrator.ops.launch_plan.attempt_env``); the trainer
-reads them in one place (``trainer.runtime``). Nobody else spells these names.
+reads them in one place (``trainer.env``). Nobody else spells these names.
 """
 
 ATTEMPT = "DFO_ATTEMPT"          # 1-based attempt number

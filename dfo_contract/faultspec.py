@@ -1,6 +1,6 @@
 """The fault-injection spec, torch-free: ``KIND[=ARG]@STEP[#ATTEMPT]`` items, comma-separated.
 
-The trainer injects the faults (``trainer.train.faults``); ``dfo launch --fault`` and the
+The trainer injects the faults (``trainer.telemetry.faults``); ``dfo launch --fault`` and the
 trainer's config validate the spec with this parser before anything starts.
 See docs/contracts.md, "Fault injection".
 """

@@ -35,10 +35,10 @@ def test_accept_column_in_the_wide_table():
 
 
 def test_prune_keeps_the_best_checkpoint(tmp_path):
-    import torch  # noqa: F401  (trainer.train.checkpoints needs torch)
+    import torch  # noqa: F401  (trainer.core.checkpoints needs torch)
 
     from dfo_contract import checkpoints as cm
-    from trainer.train import checkpoints
+    from trainer.core import checkpoints
     from trainer.evaluate.accept import write_best
 
     ck = tmp_path / "ck"

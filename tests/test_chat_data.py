@@ -196,7 +196,7 @@ def fake_target(tmp_path, model_type, vocab):
 
 def test_family_mask_token_default(tmp_path, caplog):
     from dfo_contract.trainer_config import TrainerConfig
-    from trainer.train.step import mask_token_id
+    from trainer.core.step import mask_token_id
 
     cfg = TrainerConfig()
     with caplog.at_level(logging.WARNING, logger="dfo"):

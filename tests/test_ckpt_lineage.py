@@ -13,8 +13,8 @@ import pytest
 from dfo_contract import checkpoints as cm
 from dfo_contract import fsio
 from orchestrator.ops.launch_argv import attempt_env
-from trainer.train import checkpoints as tc
-from trainer.runtime import read_env
+from trainer.core import checkpoints as tc
+from trainer.env import read_env
 
 
 def dead_pid() -> int:

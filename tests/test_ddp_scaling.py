@@ -218,8 +218,7 @@ def test_no_sync_holds_across_accumulation(monkeypatch, compiled):
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
     from dfo_contract.trainer_config import TrainerConfig
-    from trainer import runtime
-    from trainer.train import step as S
+    from trainer.core import step as S
     from trainer.parallel.ddp import DdpLayout
     from trainer.model.target import target_from_config, tiny_qwen3_config
 
@@ -227,7 +226,6 @@ def test_no_sync_holds_across_accumulation(monkeypatch, compiled):
                  "MASTER_PORT": str(_free_port()), "GLOO_SOCKET_IFNAME": "lo"}.items():
         monkeypatch.setenv(k, v)
     monkeypatch.delenv("DFO_NODE_RANK", raising=False)
-    runtime.refresh_env()
     cfg = TrainerConfig()
     cfg.parallel.layout, cfg.parallel.drafter_devices = "ddp", ["cpu"]
     cfg.model.drafter_layers, cfg.model.block_size, cfg.model.mask_token_id = 1, 8, 3
@@ -262,7 +260,6 @@ def test_no_sync_holds_across_accumulation(monkeypatch, compiled):
         assert per_step[1] and per_step[3] == per_step[1]
     finally:
         lay.close()
-        runtime.refresh_env()
     assert not dist.is_initialized()
 
 

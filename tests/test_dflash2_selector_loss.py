@@ -14,7 +14,7 @@ from dfo_contract.exitcodes import TrainerConfigError
 from dfo_contract.trainer_config import load_config
 from tests.helpers.trainer import make_synth, make_target, tiny_config
 from trainer.model import attention, blocks
-from trainer.train import objective, objective2
+from trainer.core import objective, objective2
 
 D2 = {"model.method": "dflash2", "model.drafter_layers": 1, "model.target_layer_ids": "[1,2]",
       "model.selector_rank": 8, "model.selector_top_k": 4, "model.sliding_window": 24}
@@ -30,7 +30,7 @@ def env(tmp_path_factory):
 
 
 def _setup(env, **kw):
-    from trainer.train.step import build_models, dummy_batch
+    from trainer.core.step import build_models, dummy_batch
 
     cfg = tiny_config(env["target"], env["data"], str(env["dir"] / "m"), **{**D2, **kw})
     target, dr = build_models(cfg, "cpu")
@@ -99,9 +99,9 @@ def test_warmup_and_ramp_schedule():
 
 
 def test_alpha_zero_freezes_the_selector_in_a_real_run(env):
-    from trainer.train import checkpoints
+    from trainer.core import checkpoints
     from trainer.train.loop import train
-    from trainer.train.step import build_models
+    from trainer.core.step import build_models
 
     frozen = env["dir"] / "frozen"
     cfg0 = tiny_config(env["target"], env["data"], str(frozen), **{

@@ -112,7 +112,7 @@ def test_a_first_checkpoint_that_wrote_nothing_names_the_free_space_not_zero_byt
         tmp_path, tmpfs):  # noqa: F811
     import errno
 
-    from trainer.train import diskfull
+    from trainer.core import diskfull
 
     fs = tmpfs(64 << 10)
     root = fs / "ck"

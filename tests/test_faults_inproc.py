@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from trainer.train import faults  # noqa: E402
+from trainer.telemetry import faults  # noqa: E402
 from trainer.compile.gate import CompileGate, WarmupTask  # noqa: E402
 
 
@@ -67,7 +67,7 @@ def test_nan_effect_poisons_the_loss_and_its_gradient():
 
 
 class FakeClock:
-    """``time`` for trainer.train.faults: perf_counter reads it, sleep and work advance it."""
+    """``time`` for trainer.telemetry.faults: perf_counter reads it, sleep and work advance it."""
 
     def __init__(self) -> None:
         self.now = 1000.0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainer.train.faults import Fault, FaultSpecError, parse_spec, resolve_spec
+from trainer.telemetry.faults import Fault, FaultSpecError, parse_spec, resolve_spec
 
 
 def test_empty_is_no_faults():

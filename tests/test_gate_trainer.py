@@ -44,7 +44,8 @@ def test_threads_three_drafters_gate_on_five_runs_no_error(tiny, tmp_path, induc
 
 def test_recompile_after_warmup_is_a_clear_error_naming_the_shape(tiny, tmp_path,
                                                                   inductor_cache, monkeypatch):
-    from trainer.train import metrics, step as S
+    from trainer.telemetry import metrics
+    from trainer.core import step as S
     from trainer.parallel.threads import ThreadsLayout
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", inductor_cache)

@@ -12,6 +12,10 @@ package ``__init__`` that re-exports its modules would otherwise be a circle wit
 ``trainer/`` and ``dfo_contract/`` must have no circle at all. ``orchestrator/`` may keep
 only the circles of ``KNOWN_ORCHESTRATOR_CYCLES``; that list must shrink: an entry whose
 circle is gone fails the test until it is removed, and a new circle fails it at once.
+
+The trainer's parts point one way: ``TRAINER_ORDER`` lists its packages and top-level
+modules lowest first, and a module may import only from its own part or one listed before
+it. A part missing from the list fails the test, so a new package is placed on purpose.
 """
 
 from __future__ import annotations
@@ -23,6 +27,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 ROOTS = ("dfo_contract", "trainer", "orchestrator", "tests")
 STRICT = ("dfo_contract", "trainer")
+
+#: the trainer's parts (``trainer/<part>/`` or ``trainer/<part>.py``), lowest first: a module
+#: imports only from its own part or from one before it (docs/architecture.md)
+TRAINER_ORDER = ("env", "model", "compile", "data", "telemetry", "core", "parallel", "evaluate",
+                 "train", "bench", "preload", "__main__")
 
 #: circles the orchestrator still has (each a set of modules); being removed, never added to
 KNOWN_ORCHESTRATOR_CYCLES: list[frozenset[str]] = [
@@ -187,10 +196,61 @@ def test_orchestrator_has_no_new_import_circle_and_the_known_list_shrinks():
 
 def test_the_tree_is_read_whole():
     g = _whole_tree()
-    for m in ("trainer.__main__", "trainer.runtime", "dfo_contract.fsio", "orchestrator.cli",
+    for m in ("trainer.__main__", "trainer.env", "dfo_contract.fsio", "orchestrator.cli",
               "tests.helpers.trainer"):
         assert m in g
     assert len([m for m in g if m.startswith("trainer.")]) > 40
+
+
+def part_of(mod: str, root: str = "trainer") -> str | None:
+    """The part of ``root`` that module ``mod`` belongs to (None: ``root``'s ``__init__``)."""
+    parts = mod.split(".")
+    return parts[1] if parts[0] == root and len(parts) > 1 else None
+
+
+def upward_arrows(graph: dict[str, set[str]], order, root: str = "trainer") -> list[str]:
+    """Every import from a part of ``root`` to a part listed after it in ``order``, and every
+    part that ``order`` does not list, as readable lines."""
+    rank = {p: i for i, p in enumerate(order)}
+    bad = []
+    for m in sorted(graph):
+        src = part_of(m, root)
+        if m.split(".")[0] != root or src is None:
+            continue
+        if src not in rank:
+            bad.append(f"{m}: part {src!r} is not in the order {order}")
+            continue
+        for t in sorted(graph[m]):
+            dst = part_of(t, root)
+            if dst is not None and dst != src and dst in rank and rank[dst] > rank[src]:
+                bad.append(f"{m} -> {t}  ({src} imports {dst}, which is above it)")
+    return bad
+
+
+def part_graph(graph: dict[str, set[str]], root: str = "trainer") -> dict[str, set[str]]:
+    """The graph between ``root``'s parts (a part's own imports dropped)."""
+    out: dict[str, set[str]] = {}
+    for m, ts in graph.items():
+        src = part_of(m, root)
+        if m.split(".")[0] != root or src is None:
+            continue
+        out.setdefault(src, set())
+        for t in ts:
+            dst = part_of(t, root)
+            if t.split(".")[0] == root and dst is not None and dst != src:
+                out[src].add(dst)
+                out.setdefault(dst, set())
+    return out
+
+
+def test_trainer_parts_point_one_way():
+    g = _whole_tree()
+    bad = upward_arrows(g, TRAINER_ORDER)
+    assert not bad, "upward imports between the trainer's parts:\n" + "\n".join(bad)
+    pg = part_graph(g)
+    circles = [describe(pg, c) for c in strongly_connected(pg)]
+    assert not circles, "circles between the trainer's parts:\n" + "\n".join(circles)
+    assert set(pg) == set(TRAINER_ORDER), f"parts listed but absent: {set(TRAINER_ORDER) - set(pg)}"
 
 
 # --------------------------------------------------------------------------- the graph itself
@@ -242,3 +302,24 @@ def test_two_module_cycle_and_no_false_cycle(tmp_path: Path):
     g2 = _tree(tmp_path / "t2", {"pkg/__init__.py": "", "pkg/a.py": "from . import b\n",
                                  "pkg/b.py": "x = 1\n"})
     assert strongly_connected(g2) == []
+
+
+def test_upward_arrow_and_unlisted_part_are_named(tmp_path: Path):
+    g = _tree(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/low/__init__.py": "",
+        "pkg/low/a.py": "def f():\n    from ..high.b import x\n",
+        "pkg/high/__init__.py": "",
+        "pkg/high/b.py": "from ..low import a\nfrom . import c\nx = 1\n",
+        "pkg/high/c.py": "",
+        "pkg/top.py": "from pkg.high import b\n",
+        "pkg/stray/__init__.py": "from pkg.low import a\n",
+    })
+    bad = upward_arrows(g, ("low", "high", "top"), root="pkg")
+    assert bad == ["pkg.low.a -> pkg.high.b  (low imports high, which is above it)",
+                   "pkg.stray: part 'stray' is not in the order ('low', 'high', 'top')"]
+    assert upward_arrows(g, ("low", "high", "stray", "top"), root="pkg") == bad[:1]
+    pg = part_graph(g, root="pkg")
+    assert pg["low"] == {"high"} and pg["high"] == {"low"} and pg["top"] == {"high"}
+    (comp,) = strongly_connected(pg)
+    assert comp == {"low", "high"}

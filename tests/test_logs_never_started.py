@@ -171,7 +171,7 @@ def test_env_error_is_only_for_dfo_modules_in_the_env():
     e = env_error([py, "-m", "orchestrator.supervisor.query"], 1, err)
     assert isinstance(e, DeployError) and e.exit_code == 7
     assert "No module named 'orchestrator'" in str(e) and "run `dfo deploy`" in str(e)
-    assert env_error([py, "-m", "trainer.train.checkpoints"], 127, "") is not None
+    assert env_error([py, "-m", "trainer.core.checkpoints"], 127, "") is not None
     assert env_error(["/usr/bin/python3", "-m", "orchestrator.x"], 1, err) is None
     assert env_error([py, "-m", "orchestrator.x"], 0, err) is None
     assert env_error([py, "-m", "orchestrator.x"], 1, "ValueError: bad") is None

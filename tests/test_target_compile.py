@@ -77,16 +77,17 @@ def test_config_errors_name_the_flag(tiny, tmp_path):
     with pytest.raises(TrainerConfigError) as ei:
         tiny_config(target, data, str(tmp_path), **{"compile.target": "maybe"})
     assert str(ei.value) == "config: --compile.target: expected true or false, got 'maybe'"
+    from trainer.compile.target import compile_layers
     from trainer.model.target import load_target
 
     t = load_target(target, device="cpu", dtype=torch.float32, num_drafter_layers=1)
     with pytest.raises(ValueError, match="CUDA graphs, which overwrite the tapped layer outputs"):
-        t.compile_layers("reduce-overhead")
+        compile_layers(t, "reduce-overhead")
     assert t.compiled_layers == ""
 
 
 def test_recompile_limit_counts_the_target_variants(tiny, tmp_path):
-    from trainer.train import step as S
+    from trainer.core import step as S
 
     target, data, _ = tiny
     cfg = tiny_config(target, data, str(tmp_path), **ON, **{

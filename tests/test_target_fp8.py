@@ -53,7 +53,7 @@ def test_training_with_an_fp8_target(tiny, tmp_path):
     """The decoder layers' linears hold fp8 weights (the embedding and the shared LM head do
     not), the features stay close to the full-precision target's, and a run trains with it."""
     from trainer.model.fp8 import Fp8Linear
-    from trainer.train import step as S
+    from trainer.core import step as S
     from trainer.train.loop import train
 
     target, data, _ = tiny

@@ -1,4 +1,4 @@
-"""trainer.train.tbevents: event files written by hand, read back by TensorBoard's own reader."""
+"""trainer.telemetry.tbevents: event files written by hand, read back by TensorBoard's own reader."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import struct
 
 import pytest
 
-from trainer.train import tbevents
+from trainer.telemetry import tbevents
 
 ea = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.train.tbevents import ScalarWriter
+from trainer.telemetry.tbevents import ScalarWriter
 
 REPO = Path(__file__).resolve().parents[1]
 DFO = [sys.executable, "-c", "import sys; from orchestrator.cli import main; sys.exit(main(sys.argv[1:]))"]

@@ -10,7 +10,7 @@ import torch
 
 from tests.helpers.trainer import make_synth, make_target, markers, tiny_config
 from trainer.model import blocks
-from trainer.train import objective
+from trainer.core import objective
 from trainer.evaluate.accept import block_accept_lengths, read_best
 
 B = 8

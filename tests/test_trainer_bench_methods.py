@@ -65,7 +65,7 @@ def test_matmul_flops_match_torch_flop_counter_on_a_real_step():
     from dfo_contract.trainer_config import TrainerConfig
     from trainer.bench.methods import step_flops
     from trainer.model.target import target_from_config, tiny_qwen3_config
-    from trainer.train import step as S
+    from trainer.core import step as S
 
     target = target_from_config(tiny_qwen3_config(hidden=64, layers=4, vocab=128),
                                 device=torch.device("cpu"), dtype=torch.float32,

@@ -14,7 +14,7 @@ from tests.helpers.trainer import make_synth, make_target, tiny_config
 from dfo_contract.exitcodes import TrainerConfigError
 from dfo_contract.trainer_config import load_config
 from trainer.model import attention, blocks
-from trainer.train import objective, objective2
+from trainer.core import objective, objective2
 
 D2 = {"model.method": "dflash2", "model.drafter_layers": 2, "model.target_layer_ids": "[1,2]",
       "model.selector_rank": 8, "model.selector_top_k": 4, "model.sliding_window": 24}
@@ -43,14 +43,14 @@ def _losses(run_dir) -> dict[int, float]:
 
 
 def _models(env, **kw):
-    from trainer.train.step import build_models
+    from trainer.core.step import build_models
 
     return build_models(tiny_config(env["target"], env["data"], str(env["dir"] / "m"),
                                     **{**D2, **kw}), "cpu")
 
 
 def _batch(seed=0, s=48, n=4, b=2):
-    from trainer.train.step import dummy_batch
+    from trainer.core.step import dummy_batch
 
     cfg = load_config(None, ["--data.path", "x", "--model.block_size", "8"])
     return dummy_batch(cfg, s, n, b, "cpu", seed=seed)
@@ -181,7 +181,7 @@ def test_export_round_trip(env, tmp_path):
     from safetensors import safe_open
 
     from trainer.evaluate.export import export, load_exported, verify_export
-    from trainer.train import checkpoints
+    from trainer.core import checkpoints
 
     ck = env["dir"] / "full" / "checkpoints" / "step_30"
     if not ck.is_dir():
@@ -246,7 +246,7 @@ def test_two_stage_topk_is_torch_topk(vocab):
     """The selector's candidates (``objective2.topk_ids``): torch.topk's values and, with no
     equal values, its indices; a vocabulary that is not a multiple of the segment; a small one
     (one stage); a row of equal values keeps torch.topk's values."""
-    from trainer.train.objective2 import topk_ids
+    from trainer.core.objective2 import topk_ids
 
     g = torch.Generator().manual_seed(vocab)
     x = torch.randn(24, vocab, generator=g)

@@ -19,8 +19,8 @@ def trained(tmp_path_factory):
 
 
 def _checkpoint_drafter(trained):
-    from trainer.train import checkpoints
-    from trainer.train.step import build_models
+    from trainer.core import checkpoints
+    from trainer.core.step import build_models
 
     target, drafter = build_models(trained["cfg"], "cpu")
     checkpoints.load(trained["ckpt"], drafter=drafter, restore_rng=False)
@@ -29,7 +29,7 @@ def _checkpoint_drafter(trained):
 
 def _logits(drafter, target, seed=0):
     from trainer.model import attention, blocks
-    from trainer.train.step import dummy_batch
+    from trainer.core.step import dummy_batch
 
     b = dummy_batch(trained_cfg(drafter), 64, 8, 2, "cpu", seed=seed)
     feats = target.features(b.input_ids)

@@ -99,8 +99,8 @@ def _inputs(target, b=2, s=24, blk=8, seed=0):
 def test_trust_remote_code_loads_every_weight_and_matches(trained, tmp_path):
     from transformers import AutoModel
 
-    from trainer.train import checkpoints
-    from trainer.train.step import build_models
+    from trainer.core import checkpoints
+    from trainer.core.step import build_models
 
     out = tmp_path / "fp32"
     export(trained["ckpt"], str(out), dtype="fp32")
@@ -152,7 +152,7 @@ def _all_visible(b, tq, kv):
 def test_load_exported_reads_the_new_config(trained, tmp_path):
     out = tmp_path / "x"
     export(trained["ckpt"], str(out), dtype="fp32")
-    from trainer.train.step import build_models
+    from trainer.core.step import build_models
 
     target, _ = build_models(trained["cfg"], "cpu")
     d = load_exported(str(out), embed_tokens=target.embed_tokens, lm_head=target.lm_head)

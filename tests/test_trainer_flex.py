@@ -8,10 +8,9 @@ import pytest
 import torch
 
 from tests.helpers.trainer import make_synth, make_target, tiny_config
-from trainer import runtime
 from trainer.compile import registry as C
 from trainer.model import attention, blocks
-from trainer.train import step
+from trainer.core import step
 from dfo_contract.exitcodes import TrainerConfigError
 
 B = 8
@@ -56,7 +55,8 @@ def test_compiled_flex_forward_equals_sdpa():
     v = torch.randn(2, 2, s + 16 * B, 16, generator=g)
     with torch.no_grad():
         ref = attention.attend("sdpa", q, k, v, attention.build_mask("sdpa", anchors, valid, s, B))
-        out = attention.attend("flex", q, k, v, attention.build_mask("flex", anchors, valid, s, B))
+        out = attention.attend("flex", q, k, v, attention.build_mask("flex", anchors, valid, s, B),
+                               flex=C.flex_attention)
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
     assert (out[0, :, -3 * B:] == 0).all()  # invalid blocks: zeros, not NaN
     assert "flex_attention" in C.names()
@@ -89,7 +89,7 @@ def test_flex_on_cpu_for_training_is_refused_and_flex_eager_warns(tmp_path):
     anchors, valid, s = _case(s=64, n=4, invalid=1)
     q = torch.randn(2, 2, 4 * B, 8)
     k = torch.randn(2, 2, s + 4 * B, 8)
-    runtime.get().attention.warned_eager = False
+    attention.STATE.warned_eager = False
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         out = attention.attend("flex-eager", q, k, k, attention.build_mask("flex-eager", anchors, valid, s, B))

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from dfo_contract.exitcodes import TrainerConfigError
 from tests.helpers.trainer import make_target, run_trainer, tiny_config, tiny_overrides, trained_checkpoint
 from trainer.evaluate.export import export
-from trainer.train import init_from
+from trainer.core import init_from
 
 
 @pytest.fixture(scope="module")
@@ -47,9 +47,9 @@ def _plain_cfg(released, tmp_path, **extra):
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_export_init_from_export_is_bit_for_bit(released, tmp_path, dtype):
-    from trainer.train import checkpoints
+    from trainer.core import checkpoints
     from trainer.train.loop import Schedule
-    from trainer.train.step import build_models
+    from trainer.core.step import build_models
 
     cfg = _plain_cfg(released, tmp_path, **{"model.init_from": released[dtype]})
     init_from.resolve(cfg)
@@ -124,7 +124,7 @@ def test_conflicting_settings_name_the_flag(released, tmp_path, flag, value, wan
 
 
 def test_refuses_a_drafter_of_another_target(released, tmp_path):
-    from trainer.train.step import build_models
+    from trainer.core.step import build_models
 
     other = make_target(str(tmp_path / "t5"), layers=5)
     cfg = _plain_cfg(released, tmp_path, **{"model.init_from": released["fp32"],

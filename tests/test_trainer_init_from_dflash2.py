@@ -18,7 +18,7 @@ from dfo_contract.trainer_config import load_config
 from tests.helpers.trainer import make_synth, make_target, run_trainer, tiny_overrides
 from trainer.evaluate.export import export, load_exported
 from trainer.model import attention, blocks
-from trainer.train import init_from
+from trainer.core import init_from
 
 D2 = {"model.method": "dflash2", "model.drafter_layers": 2, "model.target_layer_ids": "[1,2]",
       "model.selector_rank": 8, "model.selector_top_k": 4, "model.sliding_window": 24}
@@ -58,7 +58,7 @@ def _cfg(released, tmp_path, **extra):
 
 
 def _hidden(drafter, target, seed=3):
-    from trainer.train.step import dummy_batch
+    from trainer.core.step import dummy_batch
 
     b = dummy_batch(load_config(None, ["--data.path", "x", "--model.block_size", "8"]), 48, 4, 2,
                     "cpu", seed=seed)
@@ -72,7 +72,7 @@ def _hidden(drafter, target, seed=3):
 
 def test_init_from_a_dflash2_export_is_bit_for_bit(released, tmp_path):
     from trainer.train.loop import train
-    from trainer.train.step import build_models
+    from trainer.core.step import build_models
 
     cfg = _cfg(released, tmp_path)
     init_from.resolve(cfg)
@@ -132,7 +132,7 @@ def test_conflicting_dflash2_settings_name_the_flag(released, tmp_path, flag, va
 
 def test_weights_of_another_shape_are_one_line(released, tmp_path):
     """config.json says conv groups of 32, the weights were made with 16: refused by shape."""
-    from trainer.train.step import build_models
+    from trainer.core.step import build_models
 
     bad = tmp_path / "bad"
     shutil.copytree(released["x2"], bad)

@@ -16,7 +16,7 @@ from tests.helpers.trainer import (PY, REPO, make_synth, make_target, markers, r
 from dfo_contract import checkpoints as cm
 from dfo_contract.exitcodes import CheckpointError
 from trainer.train.loop import train
-from trainer.train.metrics import STEP_FIELDS
+from trainer.telemetry.metrics import STEP_FIELDS
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +142,7 @@ def test_corrupt_and_torn_checkpoints_are_skipped(env, caplog):
     with pytest.raises(CheckpointError, match="torn"):
         cm.resolve("/elsewhere", os.path.join(root, "step_3"))
     # the CLI list is torch-free and reports the reasons
-    code = ("import sys, json, io, contextlib; from trainer.train.checkpoints import main; "
+    code = ("import sys, json, io, contextlib; from trainer.core.checkpoints import main; "
             "buf = io.StringIO(); ctx = contextlib.redirect_stdout(buf); ctx.__enter__(); "
             f"main(['list', {root!r}, '--json']); ctx.__exit__(None, None, None); "
             "assert 'torch' not in sys.modules; print(buf.getvalue())")
@@ -236,10 +236,10 @@ def test_startup_breakdown_marker_counts_from_the_supervisors_spawn(env, monkeyp
 
 
 def test_startup_without_spawn_time_counts_from_process_start(monkeypatch):
-    from trainer import runtime
-    from trainer.train import metrics
+    from trainer.env import process_start_t
+    from trainer.telemetry import metrics
 
-    t = runtime.process_start_t()
+    t = process_start_t()
     assert t is not None and 0 < time.time() - t < 24 * 3600
     s = metrics.Startup(None)
     s.mark("layout")

@@ -12,7 +12,7 @@ import pytest
 
 from tests.helpers.trainer import REPO, markers
 from dfo_contract import exitcodes
-from trainer.train.metrics import Emitter, Heartbeat
+from trainer.telemetry.metrics import Emitter, Heartbeat
 
 
 def test_heartbeat_beats_while_working_and_not_while_idle():
@@ -113,8 +113,8 @@ def test_bench_flop_formula_matches_prototype_figure():
 
 
 def test_target_forward_bench_compiled_layers_match_eager(tmp_path):
-    """``Target.compile_layers`` (regional compile, tap hooks outside the graph) gives the
-    eager features; the bench reports both side by side."""
+    """``trainer.compile.target.compile_layers`` (regional compile, tap hooks outside the
+    graph) gives the eager features; the bench reports both side by side."""
     import json
 
     from trainer.bench import target_forward

@@ -39,7 +39,7 @@ def test_choose_main_is_local_rank_0_of_node_0():
 
 
 def test_node_rank_is_read_from_the_environment():
-    from trainer.runtime import read_env
+    from trainer.env import read_env
 
     assert read_env({}).node_rank is None and read_env({}).claims_main
     assert not read_env({"RANK": "1", "WORLD_SIZE": "2"}).claims_main

@@ -9,7 +9,7 @@ import torch
 
 from tests.helpers.trainer import make_synth, make_target, tiny_config
 from trainer.model import attention, blocks
-from trainer.train import objective, step
+from trainer.core import objective, step
 from dfo_contract.exitcodes import TrainerConfigError
 from trainer.model.target import tapped_layer_ids
 

@@ -81,7 +81,7 @@ def test_speculative_accepts_a_perfect_draft(tiny_target, monkeypatch):
 def test_whole_path_small_scale(tmp_path):
     from trainer.evaluate.export import export
     from trainer.train.loop import train
-    from trainer.model.tinylm import regenerate, teach
+    from trainer.data.tinylm import regenerate, teach
 
     target = make_target(str(tmp_path / "target"))
     loss = teach(target, steps=250, seq_len=40)

@@ -50,7 +50,7 @@ def env(tmp_path_factory):
     """A tiny target taught stride sequences and data it generated: drafters trained on it
     for 80 steps accept several tokens a block, so the decoding comparison has something
     to compare."""
-    from trainer.model.tinylm import regenerate, teach
+    from trainer.data.tinylm import regenerate, teach
 
     d = tmp_path_factory.mktemp("zlab")
     target = make_target(str(d / "target"))
@@ -134,8 +134,8 @@ def test_zlab_class_serves_the_export_as_dfo_trained_and_decodes_it(env, name, t
     from dfo_contract.trainer_config.layers import layer_pattern
     from trainer.evaluate import spec_eval
     from trainer.evaluate.export import load_exported
-    from trainer.train import checkpoints
-    from trainer.train.step import build_models
+    from trainer.core import checkpoints
+    from trainer.core.step import build_models
 
     extra, engines = PATTERNS[name]
     cfg, ckpt = _train(env, name, extra)
@@ -221,7 +221,7 @@ def _shipped_module_serves_the_pattern(out, model, dr, zm):
 def test_released_style_drafters_fine_tune_with_their_own_pattern(env, released, tmp_path):
     """A released-style directory (its config.json says only layer_types and a window) goes
     through init_from -> 3 steps -> export and z-lab's class serves it as trained."""
-    from trainer.evaluate.dflash_dir import read_dflash_dir
+    from trainer.model.dflash_dir import read_dflash_dir
     from trainer.evaluate.export import load_exported
 
     n = len(released["layer_types"])

@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return train(cfg, resume=opts.get("--resume"))
         if cmd == "warmup":
-            from .compile import warmup
+            from .train import warmup
 
             return warmup.main(rest)
         if cmd == "export":

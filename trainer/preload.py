@@ -4,8 +4,8 @@ The supervisor's standby interpreter (orchestrator.supervisor.shim ``--standby``
 :func:`preload` while the current attempt trains, so that the next attempt starts with
 torch, the loop, the layouts, the compile stack and the target's transformers modeling
 module already in ``sys.modules``. Nothing here runs the trainer, touches a device or reads
-the environment into trainer state (``trainer.train.loop.train`` calls ``runtime.refresh_env``
-first, so the attempt's own environment is what counts). Never imports ``orchestrator``.
+the environment into trainer state (``trainer.train.loop.train`` reads
+the environment when it starts, so the attempt's own environment is what counts). Never imports ``orchestrator``.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def target_modeling_module(target_path: str | None) -> str | None:
 def modules_for(*, target_path: str | None, compile: bool, layout: str) -> list[str]:
     """The modules to import, in order (torch first)."""
     mods = ["torch", "trainer.train.loop", "trainer.data.datasets", "trainer.data.stream",
-            "trainer.model.target", "trainer.train.step", "trainer.compile.gate",
+            "trainer.model.target", "trainer.core.step", "trainer.compile.gate",
             "trainer.parallel.single"]
     if layout == "threads":
         mods.append("trainer.parallel.threads")

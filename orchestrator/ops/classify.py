@@ -64,7 +64,7 @@ def _r(cls: str, name: str, rx: str, *, live: bool = True) -> Rule:
 
 
 RULES: tuple[Rule, ...] = (
-    # the trainer's own line for a checkpoint that did not fit (trainer.train.diskfull): it
+    # the trainer's own line for a checkpoint that did not fit (trainer.core.diskfull): it
     # names the filesystem, what is free and what the checkpoint needs
     _r("disk_full", "trainer-disk-full", r"\bdisk full: the filesystem at ", live=False),
     # ENOSPC / EDQUOT anywhere else (a metrics file, a log, a compile cache); not acted on

@@ -40,6 +40,7 @@ import torch
 
 from dfo_contract.markers import format_marker
 
+from ..compile.target import compile_layers
 from .flops import H200_BF16_PEAK_TFLOPS, target_flops
 from .measure import CANDIDATES, candidate, measure, write_json
 from .methods import METHODS, apply_method, parse_methods, ratio_markdown, ratios, step_flops
@@ -70,7 +71,7 @@ def make_cfg(a):
 
 def run(a) -> dict:
     from ..model import attention
-    from ..train import step as S
+    from ..core import step as S
     from ..model.target import target_from_config, tiny_qwen3_config
 
     dev = torch.device("cuda:0" if torch.cuda.is_available() and not a.cpu else "cpu")
@@ -117,7 +118,7 @@ def run(a) -> dict:
     t_target_c = None
     if a.target_compile:   # the same target, its decoder layers compiled (side by side)
         t0 = time.perf_counter()
-        target.compile_layers()
+        compile_layers(target)
         for _ in range(2):
             S.target_features(target, batch, cfg)
         warm = time.perf_counter() - t0
@@ -141,7 +142,7 @@ def bench_method(a, method: str, dev, target, tcfg, batch, feats, t_targets, pea
                  report: dict) -> None:
     """Build ``method``'s drafter on ``target`` and measure every variant and candidate with
     it; the results go into ``report["methods"][method]`` (the JSON is rewritten after each)."""
-    from ..train import step as S
+    from ..core import step as S
 
     t_target, t_target_c = t_targets
     cfg = make_cfg(a)
@@ -200,7 +201,7 @@ def check_agreement(device: str = "cuda:0", *, seq_len: int = 512, anchors: int 
     Needs a device where compiled flex has a backward (CUDA). Returns the differences and
     the reference magnitudes; ``ok`` when they agree within bf16/fp32 tolerance.
     """
-    from ..train import step as S
+    from ..core import step as S
     from dfo_contract.trainer_config import TrainerConfig
     from ..model.target import target_from_config, tiny_qwen3_config
 
@@ -287,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="the target's shape (random weights; default qwen3-4b)")
     ap.add_argument("--target-compile", action="store_true",
                     help="also time the target's forward with its decoder layers compiled "
-                         "(Target.compile_layers) and report end to end with it")
+                         "(trainer.compile.target) and report end to end with it")
     ap.add_argument("--seq-len", type=int, default=None)
     ap.add_argument("--anchors", type=int, default=None)
     ap.add_argument("--block-size", type=int, default=None)

@@ -58,12 +58,9 @@ def candidate(name: str) -> dict:
 
 def reset_compiled() -> None:
     """Forget every compiled function (a candidate compiles its own)."""
-    from .. import runtime
+    from ..compile import registry
 
-    st = runtime.get().compile
-    with st.lock:
-        st.compiled.clear()
-        st.probes.clear()
+    registry.forget_compiled()
     torch._dynamo.reset()
 
 
@@ -92,7 +89,7 @@ def measure(a, cfg, dev, target, drafter, opt, tcfg, spec, peak, batch, feats, t
     """Time one variant (optionally changed by a candidate's settings) on this process's models;
     ``profile_to``: also write its kernel table there (``profile_table``)."""
     from ..model import attention
-    from ..train import step as S
+    from ..core import step as S
 
     name = opts["variant"]
     backend = "flex" if name.startswith("flex") else "sdpa"

@@ -8,7 +8,7 @@ against its decoder layers compiled, under each causal-attention kernel sdpa off
 Variants (``--variants``): ``eager`` (how the trainer runs it: transformers' Qwen3 with
 sdpa, torch picking the kernel), ``eager-flash`` / ``eager-cudnn`` / ``eager-efficient``
 (one sdpa kernel forced), and ``compiled`` / ``compiled-flash`` / ``compiled-cudnn``
-(``Target.compile_layers``: each decoder layer's forward through ``torch.compile``, one
+(``trainer.compile.target.compile_layers``: each decoder layer's forward through ``torch.compile``, one
 graph shared by all layers; the tap hooks stay outside it), and ``eager-fp8`` /
 ``compiled-fp8`` (``model.target_fp8``: the layers' linears with fp8 weights). Each variant's features are
 compared with eager's (relative L2 difference). MFU = model FLOPs (``flops.target_flops``)
@@ -25,6 +25,7 @@ import time
 
 import torch
 
+from ..compile.target import compile_layers
 from .flops import H200_BF16_PEAK_TFLOPS, target_flops
 from .shapes import TARGETS, target_config
 
@@ -88,7 +89,7 @@ def run(a) -> dict:
             if name.endswith("-fp8"):
                 target.to_fp8()
             if name.startswith("compiled"):
-                target.compile_layers()
+                compile_layers(target)
             with _kernel(name), torch.no_grad():
                 for _ in range(a.warmup):
                     out = target.features(ids)

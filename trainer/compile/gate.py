@@ -36,7 +36,6 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable, Iterator
 
-from .. import runtime
 from . import registry
 from .settings import apply_cache_settings
 
@@ -223,7 +222,7 @@ class CompileGate:
         """Run every task sequentially in this thread; record time and cache counters each.
 
         ``heartbeat``: a context manager active during the warm-up (the trainer passes
-        ``trainer.train.metrics.Heartbeat``, which beats only while the process makes progress).
+        ``trainer.telemetry.metrics.Heartbeat``, which beats only while the process makes progress).
         """
         if self.sealed:
             raise RuntimeError("compile gate: warm-up after seal (warm up before workers start)")
@@ -366,13 +365,16 @@ def _describe_shapes(args) -> str:
 
 # --------------------------------------------------------------------- process-wide gate
 
+_INSTALLED: list[CompileGate] = []  # the process's gate (install), at most one
+
+
 def install(gate: CompileGate) -> CompileGate:
-    """Make ``gate`` the process's gate (``runtime.get().gate``) and route the calls of
+    """Make ``gate`` the process's gate (``current()``) and route the calls of
     trainer.compile.registry through it."""
-    runtime.get().gate = gate
+    _INSTALLED[:] = [gate]
     registry.set_call_guard(gate.guard if gate.enabled else None)
     return gate
 
 
 def current() -> CompileGate | None:
-    return runtime.get().gate
+    return _INSTALLED[0] if _INSTALLED else None

@@ -15,21 +15,37 @@ The guard hook: ``set_call_guard(ctx_factory)`` makes every call into compiled c
 inside ``ctx_factory(what)`` (a context manager; ``what`` names the callee). The compile
 gate (trainer.compile.gate) installs its process-wide lock this way. ``None`` removes it.
 
-The registry, probes and guard are the process's ``trainer.runtime.get().compile``. Every
-compiling thread gets the cache settings first (trainer.compile.settings).
+The registry, probes and guard are this module's ``CompileState``: one per process, as
+torch.compile's own caches are. Every compiling thread gets the cache settings first
+(trainer.compile.settings).
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
+from dataclasses import dataclass, field
 from typing import Callable, ContextManager
 
-from .. import runtime
 from .settings import apply_cache_settings
 
 
-def _state() -> runtime.CompileState:
-    return runtime.get().compile
+@dataclass
+class CompileState:
+    """Functions compiled so far, fx_race probes, the call guard, flex's kernel options."""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    compiled: dict[str, Callable] = field(default_factory=dict)
+    probes: dict[str, Callable[[], object]] = field(default_factory=dict)
+    guard_factory: Callable[[str], ContextManager] | None = None
+    #: flex attention's ``kernel_options`` (``compile.flex_block``/``flex_stages``); None: torch's
+    flex_kernel_options: dict[str, int] | None = None
+
+
+_STATE = CompileState()
+
+
+def _state() -> CompileState:
+    return _STATE
 
 
 def set_call_guard(ctx_factory: Callable[[str], ContextManager] | None) -> None:
@@ -119,6 +135,14 @@ def flex_attention(q, k, v, block_mask, *, enable_gqa: bool = False, scale: floa
     kw = {"kernel_options": dict(opts)} if opts else {}
     with guard("flex_attention"):
         return fn(q, k, v, block_mask=block_mask, enable_gqa=enable_gqa, scale=scale, **kw)
+
+
+def forget_compiled() -> None:
+    """Forget every function compiled so far and its probes (a bench candidate compiles its own)."""
+    st = _state()
+    with st.lock:
+        st.compiled.clear()
+        st.probes.clear()
 
 
 def names() -> list[str]:

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import torch
 
+from ..compile import registry
 from ..model import attention
 from ..model.blocks import block_input_ids, block_positions
-from ..train import objective
+from ..core import objective
 
 
 def block_accept_lengths(pred: torch.Tensor, labels: torch.Tensor, counted: torch.Tensor) -> torch.Tensor:
@@ -37,7 +38,8 @@ def batch_accept(drafter, features: torch.Tensor, batch, *, block_size: int, gam
                                                        b.anchor_valid, block_size, gamma)
     masks = attention.build_masks(backend, b.anchors, b.anchor_valid, b.input_ids.shape[1],
                                   block_size, drafter.spec.pattern)
-    hidden = drafter(features, ids, pos, attention.layer_attends(backend, masks))  # [b, N*B, H]
+    attends = attention.layer_attends(backend, masks, flex=registry.flex_attention)
+    hidden = drafter(features, ids, pos, attends)  # [b, N*B, H]
     if getattr(drafter, "method", "dflash") == "dflash2":    # the selector's served draft
         path = drafter.greedy_path(hidden.view(*labels.shape, -1), labels[..., 0])
         pred = torch.cat([labels[..., :1], path], dim=-1)
@@ -100,7 +102,7 @@ class HeldOut:
         self.ds.close()
 
     def run(self, drafter, target, cfg) -> dict:
-        from ..train import step as S
+        from ..core import step as S
 
         dev = next(iter(drafter.trainable_parameters())).device
 

@@ -81,7 +81,7 @@ def export(ckpt: str, out: str, *, dtype: str = "bf16", target_path: str | None 
     tcfg = AutoConfig.from_pretrained(tpath, local_files_only=True)
     from ..model.drafter import DrafterSpec
     from ..model.target import tapped_layer_ids
-    from ..train.step import _tokenizer_mask_id
+    from ..core.step import _tokenizer_mask_id
 
     n_target = int(tcfg.num_hidden_layers)
     taps = tapped_layer_ids(n_target, cfg.model.drafter_layers, cfg.model.target_layer_ids)
@@ -167,7 +167,7 @@ def verify_export(d: str) -> tuple[bool, str]:
 def load_exported(d: str, *, embed_tokens, lm_head, device="cpu"):
     """The drafter rebuilt from an exported directory alone (+ the target's embed/head)."""
     from ..model.drafter import Drafter, DrafterSpec, SharedHead
-    from .dflash_dir import hf_config, load_weights, read_dflash_dir
+    from ..model.dflash_dir import hf_config, load_weights, read_dflash_dir
 
     dd = read_dflash_dir(d, flag="export")
     if dd.target_layer_ids is None or dd.block_size is None or dd.mask_token_id is None:

@@ -178,9 +178,9 @@ def load_pair(path: str, *, target_path: str | None, device, dtype=None):
         drafter = load_exported(path, embed_tokens=model.get_input_embeddings(),
                                 lm_head=model.get_output_embeddings(), device=device)
     else:
-        from ..train import checkpoints
+        from ..core import checkpoints
         from ..model.drafter import Drafter, DrafterSpec, SharedHead
-        from ..train.step import mask_token_id
+        from ..core.step import mask_token_id
         from ..model.target import Target
 
         taps = tapped_layer_ids(len(model.model.layers), cfg.model.drafter_layers,

@@ -3,32 +3,42 @@
 All three implement the DFlash visibility of ``trainer.model.blocks.visibility_mask``, one
 mask per draft-layer pattern (``build_masks``):
 
-- ``flex``: ``flex_attention`` compiled once per process (trainer.compile.registry) with a BlockMask
-  built analytically here (``flex_block_mask``; no compile, no vmap over Q x KV).
+- ``flex``: compiled ``flex_attention`` with a BlockMask built analytically here
+  (``flex_block_mask``; no compile, no vmap over Q x KV). Outside a compiled region the
+  caller passes the compiled function in (``flex=``; trainer.compile.registry.flex_attention
+  compiles it once per process): this module compiles nothing.
 - ``sdpa``: ``scaled_dot_product_attention`` with a dense boolean mask; rows that see
   nothing (invalid blocks) give zeros, never NaN (forward or backward). No compile.
 - ``flex-eager``: uncompiled flex_attention, which materializes the full score matrix
   (6-10x slower, 15-25x the memory on an H200). Only as an explicit debug choice; warns.
 
 ``build_mask(backend, ...)`` returns the backend's mask object; ``attend(backend, q, k, v,
-mask)`` runs attention. Both are cheap to call inside or outside a compiled region.
+mask, flex=...)`` runs attention. Both are cheap to call inside or outside a compiled region.
 """
 
 from __future__ import annotations
 
 import logging
 import warnings
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from ..compile import registry
-from .. import runtime
 from .blocks import visibility_mask
 
 log = logging.getLogger("dfo")
 FLEX_BLOCK = 128
 BACKENDS = ("flex", "sdpa", "flex-eager")
+
+
+@dataclass
+class AttentionState:
+    """The flex-eager warning is given once per process."""
+    warned_eager: bool = False
+
+
+STATE = AttentionState()
 
 
 def _mask_mod_for(anchors: torch.Tensor, valid: torch.Tensor, seq_len: int, block_size: int,
@@ -156,9 +166,10 @@ def build_masks(backend: str, anchors: torch.Tensor, valid: torch.Tensor, seq_le
     return tuple(made[la] for la in pattern)
 
 
-def layer_attends(backend: str, masks) -> list:
-    """The per-layer ``attend(q, k, v)`` callables the drafter's forward takes."""
-    return [lambda q, k, v, m=m: attend(backend, q, k, v, m) for m in masks]
+def layer_attends(backend: str, masks, flex=None) -> list:
+    """The per-layer ``attend(q, k, v)`` callables the drafter's forward takes (``flex``: as
+    for ``attend``)."""
+    return [lambda q, k, v, m=m: attend(backend, q, k, v, m, flex=flex) for m in masks]
 
 
 def _sdpa(q, k, v, mask: SdpaMask):
@@ -171,8 +182,8 @@ def _sdpa(q, k, v, mask: SdpaMask):
 
 
 def warn_flex_eager() -> None:
-    """Once per process (``runtime.get().attention.warned_eager``)."""
-    st = runtime.get().attention
+    """Once per process (``STATE.warned_eager``)."""
+    st = STATE
     if not st.warned_eager:
         st.warned_eager = True
         msg = ("model.attention=flex-eager: uncompiled flex_attention materializes the full "
@@ -181,8 +192,12 @@ def warn_flex_eager() -> None:
         log.warning(msg)
 
 
-def attend(backend: str, q, k, v, mask):
-    """Attention of block queries q [b,h,Tq,d] over k/v [b,hkv,KV,d] -> [b,h,Tq,d]."""
+def attend(backend: str, q, k, v, mask, *, flex=None):
+    """Attention of block queries q [b,h,Tq,d] over k/v [b,hkv,KV,d] -> [b,h,Tq,d].
+
+    ``flex``: for the ``flex`` backend outside a compiled region, the compiled
+    ``flex(q, k, v, block_mask, *, enable_gqa)`` to call
+    (trainer.compile.registry.flex_attention); never the dense eager path."""
     gqa = k.shape[1] != q.shape[1]
     if backend == "sdpa":
         return _sdpa(q, k, v, mask)
@@ -191,7 +206,10 @@ def attend(backend: str, q, k, v, mask):
             from torch.nn.attention.flex_attention import flex_attention as _flex
 
             return _flex(q, k, v, block_mask=mask, enable_gqa=gqa)
-        return registry.flex_attention(q, k, v, mask, enable_gqa=gqa)
+        if flex is None:
+            raise ValueError("attention backend 'flex' outside a compiled region needs the "
+                             "compiled flex_attention (flex=trainer.compile.registry.flex_attention)")
+        return flex(q, k, v, mask, enable_gqa=gqa)
     if backend == "flex-eager":
         warn_flex_eager()
         from torch.nn.attention.flex_attention import flex_attention as _flex

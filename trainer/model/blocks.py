@@ -12,7 +12,7 @@ Tq = N*B block tokens; KV = S + Tq (context | blocks).
   own block (bidirectional), nothing else. Invalid blocks see nothing. Sliding-window
   and causal layers see less: see ``visibility_mask``.
 
-What the blocks are trained to predict, and the loss, are trainer.train.objective's.
+What the blocks are trained to predict, and the loss, are trainer.core.objective's.
 """
 
 from __future__ import annotations

@@ -101,7 +101,7 @@ class Target:
         layers = self._layers()
         self.model.model.layers = nn.ModuleList(list(layers)[: last + 1])
         self._local = threading.local()  # captured states per calling thread (threads layout)
-        self.compiled_layers = ""  # compile_layers' registry name once compiled
+        self.compiled_layers = ""  # the registry name once compiled (trainer.compile.target)
         self.fp8_linears = 0       # to_fp8: the decoder-layer linears holding fp8 weights
         for i in self.tap_ids:
             self.model.model.layers[i].register_forward_hook(self._hook(i))
@@ -141,7 +141,7 @@ class Target:
 
     def to_fp8(self) -> int:
         """The kept decoder layers' linears with fp8 weights and rowwise scales
-        (``trainer.model.fp8``); before ``compile_layers`` and the first forward. Idempotent;
+        (``trainer.model.fp8``); before compiling the layers and the first forward. Idempotent;
         returns how many linears hold fp8 weights."""
         if not self.fp8_linears:
             from .fp8 import convert_linears
@@ -149,59 +149,25 @@ class Target:
             self.fp8_linears = sum(convert_linears(layer) for layer in self.model.model.layers)
         return self.fp8_linears
 
-    def compile_layers(self, mode: str = "default", *, dynamic: bool = False) -> str:
-        """Compile the kept decoder layers' forward (regional compile): one function, the
-        layer class's ``forward``, compiled once per process through trainer.compile.registry
-        (so every call runs inside the compile gate's guard: its lock once sealed, the cache
-        settings in the calling thread) and called with each layer as its first argument, so
-        one graph serves every layer of a device and shape. The tap hooks run outside it, in
-        ``Module.__call__``. ``dynamic``: compiled with dynamic shapes, so one graph serves
-        every sequence length too. Idempotent; returns the registry name (``target_layer[...]``).
-        No CUDA-graph modes: every layer replays the same graph, which would overwrite the
-        tapped outputs the hooks hold.
-
-        Inside ``with target.eager():`` the layers run their eager forward (evaluation, whose
-        shapes the gate did not warm)."""
-        if mode in ("reduce-overhead", "max-autotune"):  # CUDA graphs
-            raise ValueError(f"Target.compile_layers: mode {mode!r} uses CUDA graphs, which "
-                             "overwrite the tapped layer outputs; use default or "
-                             "max-autotune-no-cudagraphs")
-        from ..compile import registry
-
-        layers = list(self.model.model.layers)
-        cls = type(layers[0])
-        tag, opts = registry.variant(cls.__name__, mode, dynamic)
-        name = f"target_layer[{tag.replace('[', ', ').rstrip(']')}]"
-        if self.compiled_layers == name:
-            return name
-        fn = cls.forward
-        for layer in layers:
-            layer.forward = self._compiled_forward(layer, name, fn, opts)
-        self.compiled_layers = name
-        return name
-
-    def _compiled_forward(self, layer: nn.Module, name: str, fn, opts: dict):
-        from ..compile import registry
-
-        eager = fn.__get__(layer, type(layer))
-
-        def forward(*args, **kwargs):
-            if getattr(self._local, "eager", False):
-                return eager(*args, **kwargs)
-            c = registry.compiled(name, fn, **opts)
-            with registry.guard(name):
-                return c(layer, *args, **kwargs)
-        return forward
+    @property
+    def layers(self) -> list[nn.Module]:
+        """The kept decoder layers (``trainer.compile.target.compile_layers`` wraps their
+        ``forward`` from outside)."""
+        return list(self.model.model.layers)
 
     @contextlib.contextmanager
     def eager(self) -> Iterator[None]:
         """Run the decoder layers eagerly in this thread for the duration (no-op uncompiled)."""
-        before = getattr(self._local, "eager", False)
+        before = self.runs_eager()
         self._local.eager = True
         try:
             yield
         finally:
             self._local.eager = before
+
+    def runs_eager(self) -> bool:
+        """Whether this thread is inside ``with target.eager():`` (compiled layers honour it)."""
+        return getattr(self._local, "eager", False)
 
     @torch.no_grad()
     def features(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,9 @@ LAYOUTS = ("single", "threads", "ddp")
 __all__ = ["LAYOUTS", "Layout", "LayoutBase", "make_layout"]
 
 
-def make_layout(cfg) -> Layout:
+def make_layout(cfg, env=None) -> Layout:
+    """The layout ``parallel.layout`` names; ``env``: the process's ``trainer.env.Env`` (ddp
+    reads torchrun's ranks from it; None: read now)."""
     layout = cfg.parallel.layout
     if layout == "single":
         from .single import SingleLayout
@@ -31,6 +33,6 @@ def make_layout(cfg) -> Layout:
     if layout == "ddp":
         from .ddp import DdpLayout
 
-        return DdpLayout(cfg)
+        return DdpLayout(cfg, env=env)
     raise TrainerConfigError(f"config: --parallel.layout: {layout!r} is not a layout "
                              f"(expected one of {', '.join(LAYOUTS)})")

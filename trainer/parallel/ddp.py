@@ -37,8 +37,8 @@ import contextlib
 import logging
 import os
 
-from .. import runtime
-from ..train import step as S
+from ..env import Env, read_env
+from ..core import step as S
 from dfo_contract.envvars import NODE_RANK
 from dfo_contract.exitcodes import TrainerConfigError
 from ..compile.gate import CompileGate, WarmupTask, default_dynamo_settings, describe, install
@@ -100,13 +100,14 @@ def choose_main(ranks: list[tuple[int | None, int]]) -> int:
 class DdpLayout(LayoutBase):
     name = "ddp"
 
-    def __init__(self, cfg, *, build_target=None):
-        """``build_target(device) -> Target``: a target built in memory (bench/bench_ddp.py);
-        None loads ``model.target_path`` as training does."""
+    def __init__(self, cfg, *, env: Env | None = None, build_target=None):
+        """``env``: the process's environment (torchrun's ranks, ``DFO_NODE_RANK``; None: read
+        now). ``build_target(device) -> Target``: a target built in memory
+        (bench/bench_ddp.py); None loads ``model.target_path`` as training does."""
         import torch
         import torch.distributed as dist
 
-        env = runtime.get().env
+        env = env or read_env()
         if not env.under_torchrun:
             raise TrainerConfigError(
                 "config: --parallel.layout: ddp must be started by torchrun, e.g. torchrun "
@@ -181,7 +182,7 @@ class DdpLayout(LayoutBase):
     def _warmup(self, emitter, heartbeat_s: float) -> list[dict]:
         if not (self.uses_compiled and self.gate.enabled):
             return []
-        from ..train import metrics
+        from ..telemetry import metrics
 
         emitter.set_phase("warmup")
         cfg, dev, dr = self.cfg, self.device, self.drafter

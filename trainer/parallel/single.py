@@ -8,7 +8,8 @@ import time
 import torch
 
 from ..compile import gate, registry
-from ..train import metrics, step as S
+from ..core import step as S
+from ..telemetry import metrics
 from .base import LayoutBase
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 
-from ..train import step as S
+from ..core import step as S
 from ..compile.gate import CompileGate, WarmupTask, default_dynamo_settings, describe, install
 from ..model.target import load_target
 from . import replicas
@@ -78,7 +78,7 @@ class ThreadsLayout(LayoutBase):
         replicas.broadcast_params(self.drafters)  # e.g. after a resume loaded replica 0
         if not (self.uses_compiled and self.gate.enabled):
             return []
-        from ..train import metrics
+        from ..telemetry import metrics
 
         emitter.set_phase("warmup")
         tasks = []

@@ -32,7 +32,7 @@ POLL_S = 0.5
 
 @dataclass
 class StepFns:
-    """The per-micro-batch work, supplied by the trainer (trainer.train.step)."""
+    """The per-micro-batch work, supplied by the trainer (trainer.core.step)."""
     target_features: Callable[[Any, Any], Any]           # (target, batch) -> features (no_grad)
     drafter_loss: Callable[[Any, Any, Any], tuple]       # (drafter, features, batch) -> (loss, metrics)
     to_device: Callable[[Any, str], Any]                 # (batch, device) -> batch

@@ -1,5 +1,5 @@
-"""Training: the loop, one step's building blocks, the objective, checkpoints, metrics and
-TensorBoard events, fault injection.
+"""The entry points of a run: the training loop (``loop``, ``python -m trainer train``) and
+the compile warm-up (``warmup``, ``python -m trainer warmup``).
 
 Importing the package imports none of its modules (and no torch).
 """

@@ -21,9 +21,10 @@ from dfo_contract.exitcodes import DONE, INTERRUPTED, NonFiniteLoss, TrainerErro
 from dfo_contract.trainer_config import TrainerConfig
 
 from ..evaluate import accept
-from .. import runtime
-from . import checkpoints, faults, init_from, metrics, objective
-from .objective2 import selector_alpha_at
+from ..env import process_start_t, read_env
+from ..core import checkpoints, init_from, objective
+from ..core.objective2 import selector_alpha_at
+from ..telemetry import faults, metrics
 from ..compile import registry
 from ..compile import settings as compile_settings
 from ..compile.precompile import save_precompile_entries, verify_precompile_entries
@@ -102,7 +103,7 @@ def open_data(cfg: TrainerConfig, vocab_size: int, mask_id: int | None) -> Jsonl
 
 
 def _read_resume(ckdir: str, spec: str, device) -> dict | TrainerError:
-    """The main rank's resume state: the checkpoint (trainer.train.checkpoints.read) and the best
+    """The main rank's resume state: the checkpoint (trainer.core.checkpoints.read) and the best
     pointer; a TrainerError is returned (to be shared and raised on every rank)."""
     try:
         st = checkpoints.read(manifests.resolve(ckdir, spec), device=device)
@@ -118,8 +119,8 @@ def train(cfg: TrainerConfig, resume: str | None = None, *, out=None) -> int:
     """Run training to ``train.max_steps``. Returns an exit code (0 done, 6 interrupted);
     raises TrainerError subclasses (config/data/checkpoint) and anything fatal."""
     init_from.resolve(cfg)  # a released drafter's taps, block size, mask token (in place)
-    env = runtime.refresh_env()
-    started = metrics.Startup(env.spawn_t or runtime.process_start_t())
+    env = read_env()  # this attempt's environment, read once and passed down
+    started = metrics.Startup(env.spawn_t or process_start_t())
     attempt = env.attempt
     sig = _Signals().install()
     # multi-node: only the head's writer may create the run dir (others learn it at make_layout)
@@ -136,7 +137,7 @@ def train(cfg: TrainerConfig, resume: str | None = None, *, out=None) -> int:
         if precompile:  # dynamo's precompile cache, as `trainer warmup` uses it
             compile_settings.configure(precompile=True)
             verify_precompile_entries()
-        layout = make_layout(cfg)
+        layout = make_layout(cfg, env)
         started.mark("layout")
         em.enabled = layout.is_main
         drafter = layout.drafter
@@ -244,7 +245,7 @@ def train(cfg: TrainerConfig, resume: str | None = None, *, out=None) -> int:
                     em.marker("best", step=at, accept_len=al)
             return best
 
-        fault_spec = faults.resolve_spec(cfg.fault.spec)
+        fault_spec = faults.resolve_spec(cfg.fault.spec, env)
         pending: list[dict] = []
         tokens = samples = 0
         t_log = time.perf_counter()

@@ -8,7 +8,7 @@ re-saving an existing ``step_N`` swaps the two atomically (``renameat2(RENAME_EX
 so there is no moment with neither. The manifest records the run and attempt (lineage), and
 ``prune`` given a run id deletes only that run's checkpoints.
 
-``python -m trainer.train.checkpoints list DIR [--json] [--no-hash]`` is
+``python -m trainer.core.checkpoints list DIR [--json] [--no-hash]`` is
 ``python -m dfo_contract.checkpoints list`` (torch-free; the manifests live there).
 """
 
@@ -54,7 +54,7 @@ def save(root: str, step: int, *, drafter, optimizer, scheduler, data_state: dic
          run_id: str | None = None, attempt: int | None = None) -> str:
     """Write ``root/step_<step>`` atomically; prune to the newest ``keep`` (of run ``run_id``
     when given). The manifest records ``run_id``/``attempt``. Returns its path. A save that
-    runs out of space removes what it wrote and raises ``DiskFullError`` (trainer.train.diskfull)."""
+    runs out of space removes what it wrote and raises ``DiskFullError`` (trainer.core.diskfull)."""
     from safetensors.torch import save_file
 
     os.makedirs(root, exist_ok=True)
@@ -175,7 +175,7 @@ def load(path: str, *, drafter, optimizer=None, scheduler=None, restore_rng: boo
 
 def main(argv: list[str] | None = None) -> int:
     """``list DIR [--json] [--no-hash]``: dfo_contract.checkpoints' command under this name."""
-    return cm.main(argv, prog="python -m trainer.train.checkpoints")
+    return cm.main(argv, prog="python -m trainer.core.checkpoints")
 
 
 if __name__ == "__main__":

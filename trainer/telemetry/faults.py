@@ -23,9 +23,9 @@ Spec (``DFO_FAULT`` or ``--fault.spec``; the flag wins): comma-separated
 ``nan``       the loss of that step becomes NaN (``Effects.nan``; the loop applies it).
 
 The parser is ``dfo_contract.faultspec`` (torch-free; the config validates the spec with it);
-torch is imported only when a fault fires. The state (hang's silence, slow's throttle) is the
-process's ``trainer.runtime.get().faults``; ``$DFO_FAULT`` and ``$DFO_ATTEMPT`` are read by
-``trainer.runtime``.
+torch is imported only when a fault fires. The state (hang's silence, slow's throttle) is this
+module's ``FaultState``, one per process; ``$DFO_FAULT`` and ``$DFO_ATTEMPT`` come from the
+caller's ``trainer.env.Env`` (read by ``trainer.env.read_env`` when none is given).
 """
 
 from __future__ import annotations
@@ -42,9 +42,9 @@ from dfo_contract import faultspec
 from dfo_contract.faultspec import (ENV_VAR, FX_RACE_TEXT, KINDS, Fault, FaultSpecError,  # noqa: F401
                                      parse_spec)
 
-from .. import runtime
+from ..env import Env, read_env
 
-# --------------------------------------------------------------------------- runtime state
+# --------------------------------------------------------------------------- process state
 
 @dataclass
 class Effects:
@@ -57,13 +57,27 @@ class Effects:
         return loss * float("nan") if self.nan else loss
 
 
-def _state() -> runtime.FaultState:
-    return runtime.get().faults
+@dataclass
+class FaultState:
+    """Hang's silence, slow's throttle, parsed specs."""
+    silenced: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    slow_fraction: float | None = None
+    slow_last: float | None = None
+    parsed: dict[str, list] = field(default_factory=dict)
 
 
-def resolve_spec(flag_value: str | None) -> str | None:
-    """The active spec text: the ``--fault.spec`` flag if set, else ``$DFO_FAULT``."""
-    return faultspec.resolve_spec(flag_value, runtime.read_env().fault)
+_STATE = FaultState()
+
+
+def _state() -> FaultState:
+    return _STATE
+
+
+def resolve_spec(flag_value: str | None, env: Env | None = None) -> str | None:
+    """The active spec text: the ``--fault.spec`` flag if set, else ``$DFO_FAULT`` (``env``'s;
+    None: read now)."""
+    return faultspec.resolve_spec(flag_value, (env or read_env()).fault)
 
 
 def silenced() -> bool:
@@ -95,7 +109,7 @@ def maybe_inject(step: int, *, attempt: int | None = None, spec=None,
     """Call once per optimizer step, before the step's work, from the loop's main thread.
 
     ``spec``: a spec string or parsed faults (None: nothing fires). ``attempt`` defaults
-    to ``$DFO_ATTEMPT`` (``runtime.get().env.attempt``). ``compiled_call``: a zero-argument callable that enters a
+    to ``$DFO_ATTEMPT`` (read now). ``compiled_call``: a zero-argument callable that enters a
     torch.compile'd function (used by ``fx_race``; a tiny eager-backend compiled function
     is used when it is None). Returns the effects the loop must apply to this step.
     """
@@ -105,7 +119,7 @@ def maybe_inject(step: int, *, attempt: int | None = None, spec=None,
     if not faults:
         return effects
     if attempt is None:
-        attempt = runtime.get().env.attempt
+        attempt = read_env().attempt
     for f in faults:
         if not f.matches(step, attempt):
             continue

@@ -1,7 +1,7 @@
 """A tiny target that has learned something, and data it generated (CPU, seconds).
 
-    python -m trainer.model.tinylm teach --target DIR [--steps 300]        # train DIR's weights in place
-    python -m trainer.model.tinylm regen --target DIR --out FILE [--num 128] [--new 48]
+    python -m trainer.data.tinylm teach --target DIR [--steps 300]        # train DIR's weights in place
+    python -m trainer.data.tinylm regen --target DIR --out FILE [--num 128] [--new 48]
 
 ``teach``: trains a tiny target (``python -m trainer.model.target``) on the synthetic stride
 sequences of ``trainer.data.synth.synth_samples`` (``x[t+1] = x[t] + stride``, stride 1..3 per
@@ -29,8 +29,8 @@ def teach(target_dir: str, *, steps: int = 300, seq_len: int = 40, batch: int = 
     from transformers import AutoModelForCausalLM
 
     from dfo_contract.fsio import fsync_dir
-    from ..data.synth import synth_samples
-    from .hf_load import quiet_transformers
+    from .synth import synth_samples
+    from ..model.hf_load import quiet_transformers
 
     quiet_transformers()
 
@@ -64,7 +64,7 @@ def regenerate(target_dir: str, out: str, *, num: int = 128, prompt_len: int = 4
     from transformers import AutoModelForCausalLM
 
     from dfo_contract.fsio import atomic_write_text
-    from .hf_load import quiet_transformers
+    from ..model.hf_load import quiet_transformers
 
     quiet_transformers()
     model = AutoModelForCausalLM.from_pretrained(target_dir, local_files_only=True,
@@ -90,7 +90,7 @@ def regenerate(target_dir: str, out: str, *, num: int = 128, prompt_len: int = 4
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m trainer.model.tinylm")
+    ap = argparse.ArgumentParser(prog="python -m trainer.data.tinylm")
     sub = ap.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("teach")
     t.add_argument("--target", required=True)

@@ -1,6 +1,6 @@
 """The DFlash2 training objective: the DFlash loss on the served unary logits + the selector loss.
 
-Labels, weights and the anchor geometry are ``trainer.train.objective``'s (slot k predicts
+Labels, weights and the anchor geometry are ``trainer.core.objective``'s (slot k predicts
 ``x[anchor+k]``, weight ``exp(-(k-1)/gamma) * loss_mask``, slot 0 unweighted).
 
 - **Unary loss.** ``sum(w * CE(u)) / sum(w)`` with ``u = cap * tanh(lm_head(h) * m / cap)``

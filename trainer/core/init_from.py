@@ -2,7 +2,7 @@
 DFlash2 (the layout SGLang and vLLM load, which dfo's DFlash2 export writes).
 
 ``resolve(cfg)`` runs before anything is built: it reads the directory
-(``evaluate.dflash_dir``: config.json, the weights' files and names) and takes the drafter's
+(``model.dflash_dir``: config.json, the weights' files and names) and takes the drafter's
 settings with ``dfo_contract.trainer_config.drafter_dir.effective_config``, the function
 ``dfo launch`` and ``dfo warm-cache`` apply to the same config.json to validate the run and
 key its compile cache: the drafter layers, tapped target layers, block size and mask token,
@@ -30,7 +30,7 @@ from dfo_contract.exitcodes import TrainerConfigError
 from dfo_contract.trainer_config import TrainerConfig
 from dfo_contract.trainer_config.drafter_dir import FLAG, check_method, effective_config
 
-from ..evaluate.dflash_dir import load_weights, read_dflash_dir
+from ..model.dflash_dir import load_weights, read_dflash_dir
 
 
 def resolve(cfg: TrainerConfig) -> TrainerConfig:

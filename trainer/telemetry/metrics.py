@@ -3,7 +3,7 @@
 - ``Emitter.marker(kind, **fields)`` prints ``@dfo {"kind": ..., ..., "t": ...}`` on stdout
   (flushed); the supervisor parses only these lines.
 - ``Emitter.step(record)`` appends the step object to ``<run.dir>/metrics.jsonl``, writes
-  its numeric fields to a TensorBoard event file beside it (``trainer.train.tbevents``), prints
+  its numeric fields to a TensorBoard event file beside it (``trainer.telemetry.tbevents``), prints
   it as a marker and as one readable line. ``Emitter.eval(record)`` does the same for a
   held-out evaluation (``phase: eval``, ``accept_len``, ``best_accept_len``).
 - ``Heartbeat``: a thread printing ``{"kind": "heartbeat", "phase": ..., "step": ...}`` at

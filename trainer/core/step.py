@@ -127,7 +127,7 @@ def prepare_target(cfg: TrainerConfig, target: Target) -> None:
 
     ``model.target_fp8``: its decoder layers' linears hold fp8 weights (``Target.to_fp8``).
     ``compile.target`` (independent of ``compile.enabled``, the drafter step's switch):
-    compile the target's decoder layers (``Target.compile_layers``, default mode: the
+    compile the target's decoder layers (``trainer.compile.target.compile_layers``, default mode: the
     drafter's ``compile.mode`` is not applied to the target). The layers compile on their
     first forward, which the layouts run in the gate's warm-up; with
     ``compile.target_dynamic`` one graph serves every sequence bucket."""
@@ -139,7 +139,9 @@ def prepare_target(cfg: TrainerConfig, target: Target) -> None:
                 "units (compute capability 8.9 or newer: Ada, Hopper, Blackwell); set it to false")
         target.to_fp8()
     if cfg.compile.target:
-        target.compile_layers(dynamic=cfg.compile.target_dynamic)
+        from ..compile.target import compile_layers
+
+        compile_layers(target, dynamic=cfg.compile.target_dynamic)
 
 
 def uses_compiled(cfg: TrainerConfig, drafters) -> bool:
@@ -219,7 +221,8 @@ def target_features(target: Target, batch: Batch, cfg: TrainerConfig) -> torch.T
 
 def _drafter_forward_loss(drafter: Drafter, features, block_ids, block_pos, masks, labels, weights,
                           counted, backend: str, chunk: int):
-    hidden = drafter(features, block_ids, block_pos, attention.layer_attends(backend, masks))
+    attends = attention.layer_attends(backend, masks, flex=registry.flex_attention)
+    hidden = drafter(features, block_ids, block_pos, attends)
     return objective.weighted_ce(hidden, drafter.shared.lm_head.weight, labels, weights, counted,
                                  chunk=chunk)
 
@@ -229,7 +232,8 @@ def _dflash2_forward_loss(drafter, features, block_ids, block_pos, masks, labels
                           selector: bool):
     from . import objective2
 
-    hidden = drafter(features, block_ids, block_pos, attention.layer_attends(backend, masks))
+    attends = attention.layer_attends(backend, masks, flex=registry.flex_attention)
+    hidden = drafter(features, block_ids, block_pos, attends)
     return objective2.dflash2_loss(drafter, hidden, labels, weights, counted,
                                    alpha=drafter.selector_alpha if selector else None, chunk=chunk,
                                    gold_insert=gold_insert, stop_gradient=stop_gradient)

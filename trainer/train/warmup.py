@@ -81,8 +81,8 @@ def warm_devices(cfg) -> list[str]:
 
 def make_task(cfg, device: str, shape: tuple[int, int], target, drafter, *, what=None):
     """A WarmupTask running the real drafter step (target forward, drafter fwd+bwd) once."""
-    from ..train import step
-    from .gate import WarmupTask
+    from ..core import step
+    from ..compile.gate import WarmupTask
 
     seq_len, anchors = shape
 
@@ -148,14 +148,14 @@ def run_warmup(cfg, *, load_cache: str | None = None, save_cache: str | None = N
     """Warm every device x bucket of ``cfg``; return the report (also printed as lines)."""
     import torch
 
-    from ..train import step
-    from ..train import metrics
-    from .gate import BypassReasons, CompileGate, counters_delta, counters_snapshot, default_dynamo_settings, \
+    from ..core import step
+    from ..telemetry import metrics
+    from ..compile.gate import BypassReasons, CompileGate, counters_delta, counters_snapshot, default_dynamo_settings, \
         describe, install
 
-    from . import settings as compile_settings
-    from .precompile import save_precompile_entries, verify_precompile_entries
-    from .registry import configure_kernels
+    from ..compile import settings as compile_settings
+    from ..compile.precompile import save_precompile_entries, verify_precompile_entries
+    from ..compile.registry import configure_kernels
 
     report: dict[str, Any] = {"torch": torch.__version__, "layout": cfg.parallel.layout,
                               "attention": cfg.model.attention,
@@ -272,14 +272,14 @@ def main(argv: list[str] | None = None) -> int:
         from dfo_contract.trainer_config import load_config
 
         cfg = load_config(own["--config"], rest)
-        from ..train.init_from import resolve
+        from ..core.init_from import resolve
 
         resolve(cfg)  # model.init_from: the released drafter's taps, block size, mask token
         report = run_warmup(cfg, load_cache=own["--load-mega-cache"],
                             save_cache=own["--save-mega-cache"])
         if own["--report"]:
             _write_file(own["--report"], (json.dumps(report, indent=2) + "\n").encode())
-        from .gate import describe_phases
+        from ..compile.gate import describe_phases
 
         t = report["totals"]
         print(f"warmup: done in {report['seconds']:.1f} s, {len(report['records'])} "
@@ -291,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
               f"compile phases (all shapes): {describe_phases(report['phases'])}"
               + "".join(f"\nwarmup: autograd cache bypassed: {w}"
                         for w in report["autograd_bypass_reasons"]), flush=True)
-        from ..train.metrics import Emitter
+        from ..telemetry.metrics import Emitter
 
         Emitter(None).marker("done", step=0)
         return DONE

@@ -1,28 +1,21 @@
-"""The trainer process's state in one object, and the one reader of its environment.
+"""The trainer's environment, read in one place.
 
-Two things live here and nowhere else:
+``read_env()`` reads every environment variable the trainer consults -- the supervisor's
+(names in ``dfo_contract.envvars``: ``DFO_ATTEMPT``, ``DFO_RUN_DIR``, ``DFO_RUN_ID``,
+``DFO_CACHE_KEY``, ``DFO_CACHE_DIR``, ``DFO_FAULT``, ``DFO_NODE_RANK``, ``DFO_SPAWN_T``) and
+torchrun's (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``) -- into a frozen ``Env``. The entry
+points (``trainer.train.loop.train``, ``trainer.train.warmup.main``) read it when they start
+and pass it down: the layouts take it (``trainer.parallel.make_layout(cfg, env)``), fault
+injection is given the attempt.
 
-- ``read_env()``: every environment variable the trainer consults -- the supervisor's
-  (names in ``dfo_contract.envvars``: ``DFO_ATTEMPT``, ``DFO_RUN_DIR``, ``DFO_RUN_ID``,
-  ``DFO_CACHE_KEY``, ``DFO_CACHE_DIR``, ``DFO_FAULT``, ``DFO_NODE_RANK``) and torchrun's (``RANK``,
-  ``WORLD_SIZE``, ``LOCAL_RANK``) -- is read by this function into a frozen ``Env``.
-- ``get()``: the process's ``Runtime``, created on first use, holding the process-wide
-  state: the compile registry and call guard (``trainer.compile.registry``), the installed
-  compile gate (``trainer.compile.gate``), the fault-injection state
-  (``trainer.train.faults``) and the attention backend's warn-once flag
-  (``trainer.model.attention``).
-
-Entry points (``trainer.train.loop.train``, ``trainer.compile.warmup.main``) call
-``refresh_env()`` first, so an in-process caller that changed the environment (tests) is seen.
 Torch-free, and below every other module of the trainer: it imports none of them.
 """
 
 from __future__ import annotations
 
 import os
-import threading
-from dataclasses import dataclass, field
-from typing import Any, Callable, ContextManager, Mapping
+from dataclasses import dataclass
+from typing import Mapping
 
 from dfo_contract import envvars
 from dfo_contract.faultspec import parse_attempt
@@ -119,64 +112,3 @@ def _node_rank(v: str | None) -> int | None:
         raise TrainerConfigError(f"env: {envvars.NODE_RANK}={v!r} is not a node index "
                                  "(0 for the head node, 1.. for the others)")
     return n
-
-
-@dataclass
-class CompileState:
-    """``trainer.compile.registry``: functions compiled so far, fx_race probes, the call guard."""
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    compiled: dict[str, Callable] = field(default_factory=dict)
-    probes: dict[str, Callable[[], object]] = field(default_factory=dict)
-    guard_factory: Callable[[str], ContextManager] | None = None
-    #: flex attention's ``kernel_options`` (``compile.flex_block``/``flex_stages``); None: torch's
-    flex_kernel_options: dict[str, int] | None = None
-
-
-@dataclass
-class FaultState:
-    """``trainer.train.faults``: hang's silence, slow's throttle, parsed specs."""
-    silenced: threading.Event = field(default_factory=threading.Event)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    slow_fraction: float | None = None
-    slow_last: float | None = None
-    parsed: dict[str, list[Any]] = field(default_factory=dict)
-
-
-@dataclass
-class AttentionState:
-    """``trainer.model.attention``: the flex-eager warning is given once per process."""
-    warned_eager: bool = False
-
-
-@dataclass
-class Runtime:
-    env: Env = field(default_factory=read_env)
-    compile: CompileState = field(default_factory=CompileState)
-    faults: FaultState = field(default_factory=FaultState)
-    attention: AttentionState = field(default_factory=AttentionState)
-    # the installed trainer.compile.gate.CompileGate (gate.install); typed Any because this
-    # module is below every other (it imports none of the trainer's modules)
-    gate: Any = None
-
-
-_RUNTIME: Runtime | None = None
-_CREATE = threading.Lock()
-
-
-def get() -> Runtime:
-    """The process's Runtime (created here, once)."""
-    global _RUNTIME
-    rt = _RUNTIME
-    if rt is None:
-        with _CREATE:
-            if _RUNTIME is None:
-                _RUNTIME = Runtime()
-            rt = _RUNTIME
-    return rt
-
-
-def refresh_env() -> Env:
-    """Re-read the environment into the Runtime (entry points call this first)."""
-    rt = get()
-    rt.env = read_env()
-    return rt.env
