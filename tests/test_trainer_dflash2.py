@@ -243,10 +243,10 @@ def test_speculative_decoding_with_an_exported_dflash2_is_lossless(env, tmp_path
 
 @pytest.mark.parametrize("vocab", [151936, 151936 + 77, 4096])
 def test_two_stage_topk_is_torch_topk(vocab):
-    """The selector's candidates (``objective2.topk_ids``): torch.topk's values and, with no
+    """The selector's candidates (``objective.topk_ids``): torch.topk's values and, with no
     equal values, its indices; a vocabulary that is not a multiple of the segment; a small one
     (one stage); a row of equal values keeps torch.topk's values."""
-    from trainer.core.objective2 import topk_ids
+    from trainer.core.objective import topk_ids
 
     g = torch.Generator().manual_seed(vocab)
     x = torch.randn(24, vocab, generator=g)

@@ -46,50 +46,91 @@ def labels_and_weights(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors
 
 # --------------------------------------------------------------------------- loss
 
-class ChunkedLinearCE(torch.autograd.Function):
+def topk_ids(x: torch.Tensor, k: int, segment: int = 128) -> torch.Tensor:
+    """[T, k]: the indices of the k largest entries of each row of ``x`` [T, V], largest first.
+
+    Two stages instead of one radix select over the whole row: each row's maximum per
+    segment of ``segment`` columns (one fused pass), the k segments with the largest maxima,
+    then the top k among those k * ``segment`` columns. Exact: a column larger than the
+    k-th chosen segment's maximum lies in a chosen segment, and the chosen maxima are k
+    columns at least that large. (Among equal values the index may differ from
+    ``torch.topk``'s.)"""
+    t, v = x.shape
+    if k <= 0 or v <= 4 * k * segment:
+        return x.topk(k, dim=-1).indices
+    whole = v // segment * segment
+    seg_max = x[:, :whole].reshape(t, whole // segment, segment).amax(-1)
+    if whole < v:
+        seg_max = torch.cat([seg_max, x[:, whole:].amax(-1, keepdim=True)], dim=-1)
+    seg = seg_max.topk(k, dim=-1).indices                                  # [T, k]
+    cols = (seg.unsqueeze(-1) * segment
+            + torch.arange(segment, device=x.device)).reshape(t, k * segment)
+    inside = cols < v                                     # the short last segment's overhang
+    vals = x.gather(1, cols.clamp(max=v - 1))
+    vals = torch.where(inside, vals, torch.full_like(vals, float("-inf")))
+    return cols.gather(1, vals.topk(k, dim=-1).indices)
+
+
+class ChunkedHeadCE(torch.autograd.Function):
     """Weighted CE over a frozen LM head, chunked over rows; logits never fully materialized.
 
-    forward(h [T,H], W [V,H], labels [T], w [T], chunk) -> (sum_t w_t*CE_t, correct [T])
-    The gradient w.r.t. h is computed chunk by chunk during forward (W is frozen, so no
-    gradient for it) and scaled by the incoming gradient in backward.
+    forward(h [T,H], W [V,H], labels [T], w [T], chunk, cap=0, mult=1, k=0)
+    -> (sum_t w_t*CE_t, correct [T] (argmax == label), top [T, k] (the k best ids; [T, 0]
+    for k = 0)). The scores are the logits ``h W^T``, or with ``cap`` > 0 the soft-capped
+    ``cap * tanh(h W^T * mult / cap)`` (DFlash2's unary logits). The gradient w.r.t. h is
+    computed chunk by chunk during forward (W is frozen, so no gradient for it) and scaled
+    by the incoming gradient in backward.
     """
 
     @staticmethod
-    def forward(ctx, h, weight, labels, w, chunk: int):
+    def forward(ctx, h, weight, labels, w, chunk: int, cap: float = 0.0, mult: float = 1.0,
+                k: int = 0):
         t = h.shape[0]
         need_grad = h.requires_grad
         loss = torch.zeros((), dtype=torch.float32, device=h.device)
         correct = torch.empty(t, dtype=torch.bool, device=h.device)
+        top = torch.empty(t, k, dtype=torch.long, device=h.device)
         grad_h = torch.empty_like(h) if need_grad else None
         vocab = torch.arange(weight.shape[0], device=h.device)
         with torch.autocast(device_type=h.device.type, enabled=False):
             for s in range(0, t, chunk):
                 e = min(t, s + chunk)
-                hc = h[s:e].to(weight.dtype)
                 # logits stay in the head's dtype; every use upcasts on the fly (compiled, the
                 # reductions and the gradient below are fused passes over the bf16 logits)
-                logits = hc @ weight.t()                                   # [c, V]
+                logits = h[s:e].to(weight.dtype) @ weight.t()                # [c, V]
                 lf = logits.float()
+                if cap > 0:
+                    th = torch.tanh(lf * (mult / cap))
+                    u = th * cap
+                else:
+                    u = lf
                 lab = labels[s:e]
-                lse = torch.logsumexp(lf, dim=-1)
-                tgt = lf.gather(1, lab.unsqueeze(1)).squeeze(1)
+                lse = torch.logsumexp(u, dim=-1)
+                tgt = u.gather(1, lab.unsqueeze(1)).squeeze(1)
                 wc = w[s:e].float()
                 loss = loss + ((lse - tgt) * wc).sum()
-                correct[s:e] = lf.argmax(dim=-1) == lab
+                correct[s:e] = u.argmax(dim=-1) == lab
+                if k:
+                    # the scores rise with the logits (mult > 0): the same top k from the
+                    # head's own output, without an fp32 copy of the chunk's scores
+                    top[s:e] = topk_ids(logits if cap <= 0 or mult > 0 else u, k)
                 if need_grad:
-                    # d(w*CE)/dlogits = w * (softmax - onehot): one pointwise expression, no scatter
+                    # d(w*CE)/dscores = w * (softmax - onehot): one pointwise expression, no
+                    # scatter; the soft cap's derivative folded in
                     onehot = (vocab.unsqueeze(0) == lab.unsqueeze(1)).float()
-                    g = (torch.exp(lf - lse.unsqueeze(1)) - onehot) * wc.unsqueeze(1)
+                    g = (torch.exp(u - lse.unsqueeze(1)) - onehot) * wc.unsqueeze(1)
+                    if cap > 0:
+                        g = g * (1.0 - th * th) * mult
                     grad_h[s:e] = (g.to(weight.dtype) @ weight).to(h.dtype)
-        ctx.mark_non_differentiable(correct)
+        ctx.mark_non_differentiable(correct, top)
         if need_grad:
             ctx.save_for_backward(grad_h)
-        return loss, correct
+        return loss, correct, top
 
     @staticmethod
-    def backward(ctx, grad_loss, grad_correct):
+    def backward(ctx, grad_loss, grad_correct, grad_top):
         (grad_h,) = ctx.saved_tensors
-        return grad_h * grad_loss.to(grad_h.dtype), None, None, None, None
+        return grad_h * grad_loss.to(grad_h.dtype), None, None, None, None, None, None, None
 
 
 def weighted_ce(hidden: torch.Tensor, lm_head_weight: torch.Tensor, labels: torch.Tensor,
@@ -107,7 +148,7 @@ def weighted_ce(hidden: torch.Tensor, lm_head_weight: torch.Tensor, labels: torc
     cnt = counted[:, :, 1:]
     denom = w.sum()
     wn = w / denom.clamp(min=1e-12)
-    loss, correct = ChunkedLinearCE.apply(h, lm_head_weight, lab, wn, chunk)
+    loss, correct, _ = ChunkedHeadCE.apply(h, lm_head_weight, lab, wn, chunk)
     corr = (correct.view(b, n, bs - 1) & cnt).float()
     metrics = {
         "loss": loss.detach(),

@@ -31,74 +31,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-
-def topk_ids(x: torch.Tensor, k: int, segment: int = 128) -> torch.Tensor:
-    """[T, k]: the indices of the k largest entries of each row of ``x`` [T, V], largest first.
-
-    Two stages instead of one radix select over the whole row: each row's maximum per
-    segment of ``segment`` columns (one fused pass), the k segments with the largest maxima,
-    then the top k among those k * ``segment`` columns. Exact: a column larger than the
-    k-th chosen segment's maximum lies in a chosen segment, and the chosen maxima are k
-    columns at least that large. (Among equal values the index may differ from
-    ``torch.topk``'s.)"""
-    t, v = x.shape
-    if k <= 0 or v <= 4 * k * segment:
-        return x.topk(k, dim=-1).indices
-    whole = v // segment * segment
-    seg_max = x[:, :whole].reshape(t, whole // segment, segment).amax(-1)
-    if whole < v:
-        seg_max = torch.cat([seg_max, x[:, whole:].amax(-1, keepdim=True)], dim=-1)
-    seg = seg_max.topk(k, dim=-1).indices                                  # [T, k]
-    cols = (seg.unsqueeze(-1) * segment
-            + torch.arange(segment, device=x.device)).reshape(t, k * segment)
-    inside = cols < v                                     # the short last segment's overhang
-    vals = x.gather(1, cols.clamp(max=v - 1))
-    vals = torch.where(inside, vals, torch.full_like(vals, float("-inf")))
-    return cols.gather(1, vals.topk(k, dim=-1).indices)
-
-
-class ChunkedCappedCE(torch.autograd.Function):
-    """forward(h [T,H], W [V,H], labels [T], w [T], chunk, mult, cap, k)
-    -> (sum_t w_t * CE(u_t), top-k ids [T,k] of u).
-
-    ``u = cap * tanh(h W^T * mult / cap)``; the gradient w.r.t. h is computed chunk by chunk
-    in forward (W is frozen) and scaled by the incoming gradient in backward."""
-
-    @staticmethod
-    def forward(ctx, h, weight, labels, w, chunk: int, mult: float, cap: float, k: int):
-        t = h.shape[0]
-        need_grad = h.requires_grad
-        loss = torch.zeros((), dtype=torch.float32, device=h.device)
-        top = torch.empty(t, k, dtype=torch.long, device=h.device)
-        grad_h = torch.empty_like(h) if need_grad else None
-        vocab = torch.arange(weight.shape[0], device=h.device)
-        with torch.autocast(device_type=h.device.type, enabled=False):
-            for s in range(0, t, chunk):
-                e = min(t, s + chunk)
-                logits = h[s:e].to(weight.dtype) @ weight.t()
-                th = torch.tanh(logits.float() * (mult / cap))
-                u = th * cap
-                lab = labels[s:e]
-                lse = torch.logsumexp(u, dim=-1)
-                wc = w[s:e].float()
-                loss = loss + ((lse - u.gather(1, lab.unsqueeze(1)).squeeze(1)) * wc).sum()
-                # u rises with the logits (mult > 0): the same top k from the head's own
-                # output, without an fp32 copy of the chunk's logits
-                top[s:e] = topk_ids(logits if mult > 0 else u, k)
-                if need_grad:
-                    onehot = (vocab.unsqueeze(0) == lab.unsqueeze(1)).float()
-                    g = (torch.exp(u - lse.unsqueeze(1)) - onehot) * wc.unsqueeze(1)
-                    g = g * (1.0 - th * th) * mult
-                    grad_h[s:e] = (g.to(weight.dtype) @ weight).to(h.dtype)
-        ctx.mark_non_differentiable(top)
-        if need_grad:
-            ctx.save_for_backward(grad_h)
-        return loss, top
-
-    @staticmethod
-    def backward(ctx, grad_loss, grad_top):
-        (grad_h,) = ctx.saved_tensors
-        return grad_h * grad_loss.to(grad_h.dtype), None, None, None, None, None, None, None
+from .objective import ChunkedHeadCE
 
 
 def training_candidates(top: torch.Tensor, gold: torch.Tensor):
@@ -161,9 +94,9 @@ def dflash2_loss(drafter, hidden: torch.Tensor, labels: torch.Tensor, weights: t
     cnt = counted[:, :, 1:]
     denom = w.sum()
     wn = w / denom.clamp(min=1e-12)
-    unary, top = ChunkedCappedCE.apply(h, drafter.shared.lm_head.weight, gold, wn, chunk,
-                                       float(d2.output_multiplier),
-                                       float(d2.final_logit_softcapping), int(d2.selector_top_k))
+    unary, _, top = ChunkedHeadCE.apply(h, drafter.shared.lm_head.weight, gold, wn, chunk,
+                                        float(d2.final_logit_softcapping),
+                                        float(d2.output_multiplier), int(d2.selector_top_k))
     cand, where, contains, has_term = selector_labels(top, gold, gold_insert)
     if alpha is None:
         loss = unary
