@@ -234,7 +234,7 @@ def test_released_style_drafters_fine_tune_with_their_own_pattern(env, released,
     conf.pop("is_causal", None)                  # as released: the legacy rule decides
     (rel / "config.json").write_text(json.dumps(conf))
     src = read_dflash_dir(str(rel), flag="--model.init_from")
-    assert [(la.window, la.causal) for la in src.attention] == \
+    assert [(la.window, la.causal) for la in src.drafter.attention] == \
         [(12, True) if t == "sliding_attention" else (0, False) for t in released["layer_types"]]
     cfg, tuned = _train(env, name + "-tuned", {"model.init_from": str(rel), "model.drafter_layers": n},
                         steps=3)
@@ -245,7 +245,7 @@ def test_released_style_drafters_fine_tune_with_their_own_pattern(env, released,
     zm = _zlab_model(out_conf, tmp_path / "out")
     dr = load_exported(str(tmp_path / "out"), embed_tokens=model.get_input_embeddings(),
                        lm_head=model.get_output_embeddings()).eval()
-    assert dr.spec.pattern == src.attention
+    assert dr.spec.pattern == src.drafter.attention
     for prompt in PROMPTS:
         ctx, block, pos = _inputs(model, dr, prompt, len(prompt) - 1)
         torch.testing.assert_close(_dfo_forward(dr, dr.spec.pattern, ctx, block, pos),

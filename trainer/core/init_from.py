@@ -46,11 +46,12 @@ def load_into(cfg: TrainerConfig, target, drafter) -> None:
     """Check the drafter directory fits ``target``; load its weights into ``drafter``."""
     path = cfg.model.init_from
     dd = read_dflash_dir(path, flag=FLAG)
-    check_method(cfg, dd.method, path)
+    d = dd.drafter
+    check_method(cfg, d.method, path)
     have = {"hidden size": int(target.config.hidden_size), "vocabulary": int(target.vocab_size),
             "layer count": int(target.num_layers_total)}
-    want = {"hidden size": dd.hidden_size, "vocabulary": dd.vocab_size,
-            "layer count": dd.num_target_layers}
+    want = {"hidden size": d.hidden_size, "vocabulary": d.vocab_size,
+            "layer count": d.num_target_layers}
     for what, v in want.items():
         if v is not None and v != have[what]:
             raise TrainerConfigError(

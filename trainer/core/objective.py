@@ -149,14 +149,16 @@ def weighted_ce(hidden: torch.Tensor, lm_head_weight: torch.Tensor, labels: torc
     denom = w.sum()
     wn = w / denom.clamp(min=1e-12)
     loss, correct, _ = ChunkedHeadCE.apply(h, lm_head_weight, lab, wn, chunk)
-    corr = (correct.view(b, n, bs - 1) & cnt).float()
-    metrics = {
-        "loss": loss.detach(),
-        "correct_per_pos": corr.sum(dim=(0, 1)),
-        "count_per_pos": cnt.float().sum(dim=(0, 1)),
-        "weight_sum": denom.detach(),
-    }
-    return loss, metrics
+    return loss, step_metrics(loss, correct.view(b, n, bs - 1), cnt, denom)
+
+
+def step_metrics(loss: torch.Tensor, correct: torch.Tensor, counted: torch.Tensor,
+                 weight_sum: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The metric tensors of one micro-batch (no ``.item()``): ``correct``/``counted``
+    [b, N, B-1] per slot 1..B-1."""
+    corr = (correct & counted).float()
+    return {"loss": loss.detach(), "correct_per_pos": corr.sum(dim=(0, 1)),
+            "count_per_pos": counted.float().sum(dim=(0, 1)), "weight_sum": weight_sum.detach()}
 
 
 def reference_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:

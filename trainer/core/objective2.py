@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .objective import ChunkedHeadCE
+from .objective import ChunkedHeadCE, step_metrics
 
 
 def training_candidates(top: torch.Tensor, gold: torch.Tensor):
@@ -109,14 +109,7 @@ def dflash2_loss(drafter, hidden: torch.Tensor, labels: torch.Tensor, weights: t
     with torch.no_grad():
         pick = cand.gather(1, scores.argmax(-1, keepdim=True)).squeeze(1)
         correct = (pick == gold) & contains
-        corr = (correct.view(b, n, bs - 1) & cnt).float()
-    metrics = {
-        "loss": loss.detach(),
-        "correct_per_pos": corr.sum(dim=(0, 1)),
-        "count_per_pos": cnt.float().sum(dim=(0, 1)),
-        "weight_sum": denom.detach(),
-    }
-    return loss, metrics
+    return loss, step_metrics(loss, correct.view(b, n, bs - 1), cnt, denom)
 
 
 def reference_dflash2_loss(drafter, hidden, labels, weights, *, alpha: float,

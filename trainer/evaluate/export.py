@@ -170,12 +170,13 @@ def load_exported(d: str, *, embed_tokens, lm_head, device="cpu"):
     from ..model.dflash_dir import hf_config, load_weights, read_dflash_dir
 
     dd = read_dflash_dir(d, flag="export")
-    if dd.target_layer_ids is None or dd.block_size is None or dd.mask_token_id is None:
+    dc = dd.drafter
+    if dc.target_layer_ids is None or dc.block_size is None or dc.mask_token_id is None:
         raise TrainerConfigError(f"config: export: {d}: dflash_config needs target_layer_ids, "
                                  "mask_token_id and block_size")
-    spec = DrafterSpec.from_target_config(hf_config(dd), num_layers=dd.num_layers,
-                                          num_taps=len(dd.target_layer_ids),
-                                          attention=dd.attention)
+    spec = DrafterSpec.from_target_config(hf_config(dd), num_layers=dc.num_layers,
+                                          num_taps=len(dc.target_layer_ids),
+                                          attention=dc.attention)
     from .export_dflash2 import build_exported, is_dflash2
 
     if is_dflash2(dd.config):
@@ -184,9 +185,9 @@ def load_exported(d: str, *, embed_tokens, lm_head, device="cpu"):
         drafter = Drafter(spec, SharedHead(embed_tokens, lm_head))
     drafter.load_trainable_state_dict({k: v.float() for k, v in load_weights(dd).items()})
     drafter.to(device)
-    drafter.mask_token_id = dd.mask_token_id
-    drafter.block_size = dd.block_size
-    drafter.target_layer_ids = list(dd.target_layer_ids)
+    drafter.mask_token_id = dc.mask_token_id
+    drafter.block_size = dc.block_size
+    drafter.target_layer_ids = list(dc.target_layer_ids)
     drafter.attn_backend = "sdpa"
     return drafter  # fp32 weights; the caller casts
 

@@ -10,7 +10,7 @@ the same file: it checks the drafter is one this trainer's architecture can hold
 no attention sinks, no separate mask embedding, an input embedding scale of 1, layer types
 full or sliding, and reads its layers' attention as z-lab's class serves it), checks the
 weights' names for sinks and a mask embedding, and returns what the trainer needs in a
-``DFlashDir`` (``method`` is ``dflash2`` when ``architectures`` is
+``DFlashDir`` (its ``drafter.method`` is ``dflash2`` when ``architectures`` is
 ``["DFlash2DraftModel"]``); ``load_weights`` reads the tensors.
 Every problem is one ``TrainerConfigError`` line naming the flag that pointed here.
 """
@@ -22,25 +22,16 @@ import os
 from dataclasses import dataclass, field
 
 from dfo_contract.exitcodes import TrainerConfigError
-from dfo_contract.trainer_config.drafter_dir import drafter_json, read_drafter
-from dfo_contract.trainer_config.layers import LayerAttention
+from dfo_contract.trainer_config.drafter_dir import DrafterConfig, drafter_json, read_drafter
 
 
 @dataclass(frozen=True)
 class DFlashDir:
-    path: str
-    num_layers: int
-    hidden_size: int
-    vocab_size: int
-    num_target_layers: int | None
-    target_layer_ids: tuple[int, ...] | None   # None: the default formula
-    block_size: int | None
-    mask_token_id: int | None
+    """A drafter directory: what its config.json declares (``drafter``: the settings, shared
+    with the orchestrator), that object itself, and its weight files."""
+    drafter: DrafterConfig
     weight_files: tuple[str, ...]
     config: dict = field(compare=False, repr=False)
-    version: int = 1
-    method: str = "dflash"                     # dflash2: architectures ["DFlash2DraftModel"]
-    attention: tuple[LayerAttention, ...] = ()  # each layer's attention as served
 
 
 def read_dflash_dir(path: str, *, flag: str) -> DFlashDir:
@@ -61,11 +52,7 @@ def read_dflash_dir(path: str, *, flag: str) -> DFlashDir:
     if unsupported:
         raise TrainerConfigError(f"config: {flag}: {path}: {unsupported}: dfo cannot train "
                                  "that; give a drafter without it")
-    return DFlashDir(path=path, num_layers=d.num_layers, hidden_size=d.hidden_size,
-                     vocab_size=d.vocab_size, num_target_layers=d.num_target_layers,
-                     target_layer_ids=d.target_layer_ids, block_size=d.block_size,
-                     mask_token_id=d.mask_token_id, weight_files=files, config=conf,
-                     method=d.method, attention=d.attention)
+    return DFlashDir(drafter=d, weight_files=files, config=conf)
 
 
 def _weight_names(files) -> list[str]:
