@@ -19,10 +19,10 @@ PAT = r"step (?P<step>\d+) .*tok/s (?P<tok_s>[\d.]+)"
 
 def test_step_pattern():
     p = byo.compile_step_pattern(PAT)
-    assert byo.match_step(p, "step 12 loss 2.1 tok/s 345.5") == \
-        {"kind": "step", "step": 12, "tokens_per_s": 345.5}
+    m = byo.match_step(p, "step 12 loss 2.1 tok/s 345.5")
+    assert (type(m).__name__, m.step, m.tokens_per_s) == ("StepMarker", 12, 345.5)
     assert byo.match_step(p, "loading") is None
-    assert byo.match_step(byo.compile_step_pattern(r"it (?P<step>\d+)"), "it 3")["step"] == 3
+    assert byo.match_step(byo.compile_step_pattern(r"it (?P<step>\d+)"), "it 3").step == 3
     with pytest.raises(ConfigError, match="named group 'step'"):
         byo.compile_step_pattern(r"step \d+")
     with pytest.raises(ConfigError, match="not a regular expression"):

@@ -1,5 +1,5 @@
-"""Only dfo_contract builds or takes apart ``spec.json``, ``events.jsonl`` records and
-follow wire records.
+"""Only dfo_contract builds or takes apart ``spec.json``, ``events.jsonl`` records, the
+trainer's ``@dfo`` markers and follow wire records.
 
 An AST scan of orchestrator/ and trainer/ for code that does it by hand (each rule below
 has a self-test on such code):
@@ -10,7 +10,7 @@ has a self-test on such code):
   (``event("final", status=...)``), no ``("kind", {fields})`` pair;
 - ``kind-dict``: no dict literal carries ``"kind": "<event kind>"``;
 - ``kind-test``: no ``x.get("kind")`` / ``x["kind"]`` (or a name bound to one) is compared
-  with an event kind (trainer markers share ``checkpoint`` and ``eval``: not counted);
+  with an event or trainer-marker kind (markers are typed too: ``trainer_markers``);
 - ``events-json``: no function that names the events file parses JSON itself;
 - ``wire``: the follower and its reader touch no wire key (``"f"``, ``"o"``, ``"l"``,
   ``"end"``, ``"eof"``, ``"k"``, ``"error"``) in a dict literal, subscript, ``.get`` or ``in``;
@@ -30,14 +30,16 @@ from pathlib import Path
 import pytest
 
 from dfo_contract.events import REGISTRY
+from dfo_contract.trainer_markers import KINDS as MARKER_TYPES
 from orchestrator.ops import runstate
 
 REPO = Path(__file__).resolve().parents[1]
 SCANNED = ("orchestrator", "trainer")
 
-#: kinds of trainer ``@dfo`` markers (docs/contracts.md), which share a name with events
-MARKER_KINDS = {"phase", "heartbeat", "step", "checkpoint", "startup", "done", "eval"}
-EVENT_ONLY = set(REGISTRY) - MARKER_KINDS
+#: kinds of the trainer's ``@dfo`` markers (dfo_contract.trainer_markers), typed as events are
+MARKER_KINDS = set(MARKER_TYPES)
+EVENT_ONLY = set(REGISTRY) - MARKER_KINDS       # names no other call or dict uses
+RECORD_KINDS = set(REGISTRY) | MARKER_KINDS
 WIRE_KEYS = {"f", "o", "l", "end", "eof", "k", "error"}
 OLD_API = {"event", "event_line", "describe_event", "read_events", "EVENT_KINDS", "clean",
            "dumps"}
@@ -176,8 +178,8 @@ def violations(source: str, path: str) -> list[str]:
             if isinstance(c, ast.Compare):
                 sides = [c.left, *c.comparators]
                 if any(_is_kind_access(s, kind_names) for s in sides) and \
-                        any(_consts(s) & EVENT_ONLY for s in sides):
-                    flag("kind-test", c, "compares a dict's 'kind' with an event kind")
+                        any(_consts(s) & RECORD_KINDS for s in sides):
+                    flag("kind-test", c, "compares a dict's 'kind' with an event or marker kind")
         if fn is tree:
             continue
         if _names_spec_file(body):
@@ -284,10 +286,20 @@ def test_each_rule_finds_hand_built_records(rule):
     assert any(f": {rule}: " in v for v in found), found
 
 
-def test_marker_kinds_and_typed_events_are_not_flagged():
+def test_a_marker_kind_test_is_flagged():
     src = textwrap.dedent('''
-        def feed(rec, e):
+        def feed(rec):
             if rec.get("kind") == "checkpoint" or rec.get("kind") in ("step", "eval"):
+                pass
+    ''')
+    found = [v.split(": ")[1] for v in violations(src, "orchestrator/ops/x.py")]
+    assert found and set(found) == {"kind-test"}, found
+
+
+def test_typed_events_and_markers_are_not_flagged():
+    src = textwrap.dedent('''
+        def feed(m, e):
+            if isinstance(m, StepMarker) and m.KIND == "step":
                 pass
             sup.emit(events.Final(status="done", reason="r", last_checkpoint=None))
             if isinstance(e, events.Final) and e.kind == "final":

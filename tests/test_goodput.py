@@ -105,12 +105,15 @@ def test_a_live_run_counts_to_now_and_an_empty_one_is_zero():
 
 
 def test_the_attempt_clock_reads_the_trainer_markers():
+    from dfo_contract.trainer_markers import from_record
+
     c = AttemptClock()
-    c.feed({"kind": "phase", "phase": "compile", "t": 5.0}, 99.0)
-    c.feed({"kind": "startup", "step": 20, "total_s": 9.0, "phases": {"warm-up": 4.0},
-            "t": 10.0}, 99.0)
-    c.feed({"kind": "step", "step": 30, "t": 20.0}, 99.0)
-    c.feed({"kind": "step", "step": 40}, 31.0)      # a foreign trainer's line: read time
+    for rec, now in (({"kind": "phase", "phase": "compile", "t": 5.0}, 99.0),
+                     ({"kind": "startup", "step": 20, "total_s": 9.0,
+                       "phases": {"warm-up": 4.0}, "t": 10.0}, 99.0),
+                     ({"kind": "step", "step": 30, "t": 20.0}, 99.0),
+                     ({"kind": "step", "step": 40}, 31.0)):  # a foreign trainer's line: read time
+        c.feed(from_record(rec), now)
     f = c.fields()
     assert f == {"loop_t": 10.0, "warmup_s": 4.0, "from_step": 20, "first_step": 30,
                  "first_step_t": 20.0, "last_step": 40, "last_step_t": 31.0}

@@ -63,7 +63,10 @@ class LinePrinter:
             return
         from dfo_contract.events import Checkpoint
 
-        from ..ops.classify import match_line, parse_marker
+        from dfo_contract.trainer_markers import (CheckpointMarker, DoneMarker, HeartbeatMarker,
+                                                  StepMarker, read_marker)
+
+        from ..ops.classify import match_line
 
         if ln.event is not None:
             e = ln.event
@@ -75,29 +78,27 @@ class LinePrinter:
                 self._out(f"           [red]│ {escape(text)}[/]")
             return
         tag = f"[dim]a{ln.attempt}│[/] "
-        rec = parse_marker(ln.text)
-        if rec is not None:
+        m = read_marker(ln.text)
+        if m is not None:
             # the trainer prints its own human line for each step; markers stay quiet
-            if rec.get("kind") == "checkpoint":
-                if self._checkpoint_once(ln.attempt, rec.get("step")):
-                    self._out(f"{tag}[green]checkpoint step {rec.get('step')}[/]")
-            elif rec.get("kind") == "done":
-                self._out(f"{tag}[green]done at step {rec.get('step')}[/]")
-            elif rec.get("kind") == "heartbeat" and not self.c.is_terminal:
+            if isinstance(m, CheckpointMarker):
+                if self._checkpoint_once(ln.attempt, m.step):
+                    self._out(f"{tag}[green]checkpoint step {m.step}[/]")
+            elif isinstance(m, DoneMarker):
+                self._out(f"{tag}[green]done at step {m.step}[/]")
+            elif isinstance(m, HeartbeatMarker) and not self.c.is_terminal:
                 # in a pipe, a quiet stretch (compiling, warm-up) still shows it is alive
                 now = time.monotonic()
                 if now - self.quiet_since >= progress_every():
-                    self._out(f"{stamp()} a{ln.attempt}│ alive: {rec.get('phase')}"
-                                 + (f" step {rec.get('step')}" if rec.get("step") is not None else ""),
+                    self._out(f"{stamp()} a{ln.attempt}│ alive: {m.phase}"
+                                 + (f" step {m.step}" if m.step is not None else ""),
                                  markup=False)
                     self.quiet_since = now
                 return
-            elif rec.get("kind") == "step":
-                loss = rec.get("loss")
-                if isinstance(loss, float) and loss != loss:
-                    self._out(f"{tag}[bold red]step {rec.get('step')} loss NaN[/]")
+            elif isinstance(m, StepMarker) and m.loss_is_nan:
+                self._out(f"{tag}[bold red]step {m.step} loss NaN[/]")
             return
-        rule = match_line(ln.text)
+        rule = match_line(ln.text, marker=m)
         if rule is not None:
             self._out(f"{tag}[bold red]{escape(ln.text)}[/]  [red]← {rule.cls}[/]")
         else:

@@ -19,11 +19,12 @@ from typing import Any
 from dfo_contract import events as ev
 from dfo_contract.errors import ContractError
 from dfo_contract.runspec import RunSpec
+from dfo_contract.trainer_markers import DoneMarker, HeartbeatMarker, TrainerMarker, read_marker
 
 from ..config.runconfig import load_config
 from ..errors import ConfigError
 from ..ops import runstate as rs
-from ..ops.classify import classify, parse_marker
+from ..ops.classify import classify
 from ..ops.launch_inputs import flatten
 from ..ops.verdict import Ladders, Verdict, choose, position_before
 
@@ -74,13 +75,13 @@ class Diagnosis:
         return out
 
 
-def last_marker_kind(lines: list[str]) -> str | None:
-    """The kind of the last ``@dfo`` marker in a log (``done``, ``step``, ...), or None.
+def last_marker(lines: list[str]) -> TrainerMarker | None:
+    """The last ``@dfo`` marker of a log (``DoneMarker``, ``StepMarker``, ...), or None.
     Heartbeats are skipped: they may follow the final marker while the process exits."""
     for ln in reversed(lines):
-        rec = parse_marker(ln)
-        if rec is not None and rec.get("kind") != "heartbeat":
-            return rec.get("kind")
+        m = read_marker(ln)
+        if m is not None and not isinstance(m, HeartbeatMarker):
+            return m
     return None
 
 
@@ -95,7 +96,7 @@ def diagnose(logfile: str | Path, *, exit_code: int | None = None,
     except OSError as e:
         raise ConfigError(f"{logfile}: cannot read: {e.strerror or e}") from None
     lines = text.splitlines()
-    if exit_code is None and last_marker_kind(lines) == "done":
+    if exit_code is None and isinstance(last_marker(lines), DoneMarker):
         exit_code = 0  # the trainer said it finished: no exit code needed to know that
     d = classify(lines, exit_code=exit_code)
     run = None if (config or run_file) else _run_of(Path(logfile))

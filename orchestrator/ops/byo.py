@@ -24,6 +24,8 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from dfo_contract.trainer_markers import StepMarker
+
 from ..errors import ConfigError
 from .fallback import FAILURE_CLASSES, TRANSIENT
 
@@ -47,8 +49,9 @@ def compile_step_pattern(rx: str | None, *, source: str = "--step-pattern") -> r
     return pat
 
 
-def match_step(pat: re.Pattern | None, line: str) -> dict | None:
-    """A step record (``{"kind": "step", "step": N, "tokens_per_s": F}``) or None."""
+def match_step(pat: re.Pattern | None, line: str) -> StepMarker | None:
+    """The step a line of your own trainer's output reports (``step``, and ``tokens_per_s``
+    when the pattern has a ``tok_s`` group), or None."""
     if pat is None:
         return None
     m = pat.search(line)
@@ -58,13 +61,13 @@ def match_step(pat: re.Pattern | None, line: str) -> dict | None:
         step = int(m.group("step"))
     except (TypeError, ValueError):
         return None
-    rec: dict[str, Any] = {"kind": "step", "step": step, "tokens_per_s": None}
+    tps = None
     if "tok_s" in pat.groupindex and m.group("tok_s"):
         try:
-            rec["tokens_per_s"] = float(m.group("tok_s"))
+            tps = float(m.group("tok_s"))
         except ValueError:
             pass
-    return rec
+    return StepMarker(step=step, tokens_per_s=tps, phase=None)
 
 
 # --- ladder steps -----------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from typing import Iterable, Sequence
 
 from dfo_contract import exitcodes
 from dfo_contract.markers import PREFIX as MARKER
-from dfo_contract.markers import parse_marker
+from dfo_contract.trainer_markers import StepMarker, TrainerMarker, read_marker
 
 CLASSES = ("fx_trace_race", "compile_hang", "dense_fallback", "compile_resources",
            "compile_workers", "compile_error", "oom", "warmup_collective", "nccl_timeout",
@@ -179,11 +179,12 @@ class LineScan:
     after_exc: int = 0
     _in_tb: bool = False
 
-    def feed(self, line: str) -> Rule | None:
-        """Scan one line; return the first rule it matched (or None)."""
+    def feed(self, line: str, *, marker: TrainerMarker | None = None) -> Rule | None:
+        """Scan one line (``marker``: the line's marker, when the caller parsed it already);
+        return the first rule it matched (or None)."""
         self.n += 1
         text = line.rstrip("\r\n")
-        rule = match_line(text)
+        rule = match_line(text, marker=marker)
         if rule is not None:
             lst = self.hits.setdefault(rule.cls, [])
             if len(lst) < self.max_per_class:
@@ -214,10 +215,12 @@ def _clip(text: str, n: int = 400) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
-def match_line(text: str) -> Rule | None:
-    """The first rule matching one line of output, or None."""
+def match_line(text: str, *, marker: TrainerMarker | None = None) -> Rule | None:
+    """The first rule matching one line of output (``marker``: the line's parsed marker, if
+    the caller has it), or None."""
     if text.startswith(MARKER):
-        return _match_marker(text)
+        m = marker if marker is not None else read_marker(text)
+        return _NAN_MARKER if isinstance(m, StepMarker) and m.loss_is_nan else None
     for rule in RULES:
         if rule.pattern.search(text):
             return rule
@@ -225,15 +228,6 @@ def match_line(text: str) -> Rule | None:
 
 
 _NAN_MARKER = Rule("nan_loss", "nan-loss-marker", re.compile(r"$^"), True)
-
-
-def _match_marker(text: str) -> Rule | None:
-    rec = parse_marker(text)
-    if rec and rec.get("kind") == "step":
-        loss = rec.get("loss")
-        if isinstance(loss, float) and not math.isfinite(loss):
-            return _NAN_MARKER
-    return None
 
 
 def classify(lines: Iterable[str] | LineScan, *, exit_code: int | None = None,
@@ -382,8 +376,8 @@ def _scan_all(lines: Iterable[str]) -> LineScan:
 class TailScan(LineScan):
     tail: list[tuple[int, str]] = field(default_factory=list)
 
-    def feed(self, line: str) -> Rule | None:
-        r = super().feed(line)
+    def feed(self, line: str, *, marker: TrainerMarker | None = None) -> Rule | None:
+        r = super().feed(line, marker=marker)
         text = line.rstrip("\r\n")
         if text.strip() and not text.startswith(MARKER):
             self.tail.append((self.n, _clip(text)))

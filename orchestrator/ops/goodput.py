@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from dfo_contract import events as ev
+from dfo_contract.trainer_markers import StartupMarker, StepMarker, TrainerMarker
 
 #: the format of ``Goodput.to_json`` (``dfo status --json``'s ``time``)
 VERSION = 1
@@ -235,24 +236,17 @@ class AttemptClock:
         self.first: tuple[int, float] | None = None
         self.last: tuple[int, float] | None = None
 
-    def feed(self, rec: dict, now: float) -> None:
-        t = rec.get("t")
-        t = float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else now
-        kind = rec.get("kind")
-        if kind == "startup":
-            phases = rec.get("phases") if isinstance(rec.get("phases"), dict) else {}
-            warm = phases.get("warm-up", 0.0)
+    def feed(self, m: TrainerMarker, now: float) -> None:
+        t = m.t if m.t is not None else now
+        if isinstance(m, StartupMarker):
             self.loop_t = t
-            self.warmup_s = float(warm) if isinstance(warm, (int, float)) else 0.0
-            step = rec.get("step")
-            if isinstance(step, int) and not isinstance(step, bool):
-                self.from_step = step
-        elif kind == "step":
-            step = rec.get("step")
-            if isinstance(step, int) and not isinstance(step, bool):
-                if self.first is None:
-                    self.first = (step, t)
-                self.last = (step, t)
+            self.warmup_s = m.phase_s("warm-up")
+            if m.step is not None:
+                self.from_step = m.step
+        elif isinstance(m, StepMarker) and m.step is not None:
+            if self.first is None:
+                self.first = (m.step, t)
+            self.last = (m.step, t)
 
     def fields(self) -> dict[str, Any]:
         f, la = self.first, self.last

@@ -36,7 +36,7 @@ import re
 from dataclasses import dataclass
 from typing import Union
 
-from dfo_contract.markers import parse_marker
+from dfo_contract.trainer_markers import CheckpointMarker, EvalMarker, StepMarker, read_marker
 from dfo_contract.runlimits import Thresholds  # noqa: F401  (the watchdog's limits: spec.json's)
 
 from .byo import match_step
@@ -169,20 +169,19 @@ class Watchdog:
     def feed(self, line: str, now: float) -> list[Action]:
         """One complete line of the attempt's output."""
         acts: list[Action] = []
-        rule = self.scan.feed(line)
-        rec = parse_marker(line)
-        if rec is None and self.step_pattern is not None:
-            rec = match_step(self.step_pattern, line)
-        if rec is not None:
+        m = read_marker(line)               # each line parsed once, here
+        rule = self.scan.feed(line, marker=m)
+        if m is None and self.step_pattern is not None:
+            m = match_step(self.step_pattern, line)
+        if m is not None:
             self.last_progress = now
-            self.clock.feed(rec, now + self._to_wall)
-            kind = rec.get("kind")
-            if kind == "step":
-                acts += self._on_step(rec, now)
-            elif kind == "checkpoint":
-                acts.append(Checkpoint(rec.get("step"), rec.get("path")))
-            elif kind == "eval":
-                acts.append(Eval(rec.get("step"), rec.get("accept_len"), rec.get("best_accept_len")))
+            self.clock.feed(m, now + self._to_wall)
+            if isinstance(m, StepMarker):
+                acts += self._on_step(m, now)
+            elif isinstance(m, CheckpointMarker):
+                acts.append(Checkpoint(m.step, m.path))
+            elif isinstance(m, EvalMarker):
+                acts.append(Eval(m.step, m.accept_len, m.best_accept_len))
         if rule is not None and rule.live and self.term_at is None and self.kill_at is None:
             if rule.cls == "dense_fallback" and self.dense_expected:
                 return acts
@@ -191,11 +190,11 @@ class Watchdog:
             self.term_at = now + grace
         return acts
 
-    def _on_step(self, rec: dict, now: float) -> list[Action]:
+    def _on_step(self, m: StepMarker, now: float) -> list[Action]:
         if self.first_step_at is None:
             self.first_step_at = now
         self.reached_train = True
-        tps = rec.get("tokens_per_s")
+        tps = m.tokens_per_s
         why = self.monitor.observe(tps)
         acts: list[Action] = []
         # dense-path lines are acted on when they are printed (a live rule); a collapse
@@ -207,7 +206,7 @@ class Watchdog:
         elif self.low is not None and self.monitor.low_steps == 0:
             acts.append(ThroughputOk(f"{tps:.0f} tok/s, baseline {self.monitor.baseline:.0f}"))
             self.low = None
-        acts.append(Step(rec.get("step"), tps, self.monitor.baseline))
+        acts.append(Step(m.step, tps, self.monitor.baseline))
         return acts
 
     def activity(self, now: float, cpu_s: float, io_bytes: int = 0,

@@ -35,7 +35,7 @@ import threading
 import time
 
 from dfo_contract import envvars
-from dfo_contract.markers import parse_marker
+from dfo_contract.trainer_markers import StepMarker, read_marker
 
 CONFIG = """\
 model:
@@ -70,7 +70,7 @@ parallel:
 def _run(argv, *, env, log_path, budget_s) -> dict:
     """Run argv with a wall-clock budget; on timeout dump stacks (SIGABRT) then kill."""
     t0 = time.time()
-    steps: list[dict] = []
+    steps: list[StepMarker] = []
     first_step: list[float] = []
     with open(log_path, "w") as log:
         p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
@@ -80,12 +80,11 @@ def _run(argv, *, env, log_path, budget_s) -> dict:
             for line in p.stdout:
                 log.write(line)
                 log.flush()
-                rec = parse_marker(line)
-                if rec is not None:
-                    if rec.get("kind") == "step":
-                        steps.append(rec)
-                        if not first_step:
-                            first_step.append(time.time() - t0)
+                m = read_marker(line)
+                if isinstance(m, StepMarker):
+                    steps.append(m)
+                    if not first_step:
+                        first_step.append(time.time() - t0)
 
         th = threading.Thread(target=reader, daemon=True)
         th.start()
@@ -102,7 +101,7 @@ def _run(argv, *, env, log_path, budget_s) -> dict:
                 p.wait()
         th.join(timeout=10)
     text = open(log_path, errors="replace").read()
-    tps = [s.get("tokens_per_s", 0) for s in steps[1:]]  # skip the first (compile) step
+    tps = [s.tokens_per_s or 0 for s in steps[1:]]  # skip the first (compile) step
     return {
         "rc": p.returncode, "timed_out": timed_out, "seconds": round(time.time() - t0, 1),
         "first_step_s": round(first_step[0], 1) if first_step else None,

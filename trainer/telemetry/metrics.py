@@ -1,7 +1,8 @@
 """Metrics and progress output: ``@dfo {json}`` markers, metrics.jsonl, heartbeats.
 
-- ``Emitter.marker(kind, **fields)`` prints ``@dfo {"kind": ..., ..., "t": ...}`` on stdout
-  (flushed); the supervisor parses only these lines.
+- ``Emitter.emit(marker)`` prints a typed marker (``dfo_contract.trainer_markers``) as one
+  ``@dfo {"kind": ..., "v": 1, ..., "t": ...}`` line on stdout (flushed); the supervisor
+  parses only these lines.
 - ``Emitter.step(record)`` appends the step object to ``<run.dir>/metrics.jsonl``, writes
   its numeric fields to a TensorBoard event file beside it (``trainer.telemetry.tbevents``), prints
   it as a marker and as one readable line. ``Emitter.eval(record)`` does the same for a
@@ -26,7 +27,8 @@ import threading
 import time
 
 from dfo_contract.fsio import append_jsonl
-from dfo_contract.markers import format_marker
+from dfo_contract.trainer_markers import (EvalMarker, HeartbeatMarker, PhaseMarker, StepMarker,
+                                          TrainerMarker)
 from dfo_contract.procs import proc_stat
 
 from .faults import silenced as _silenced
@@ -70,14 +72,12 @@ class Emitter:
             out.write(line)
             out.flush()
 
-    def marker(self, kind: str, **fields) -> dict:
-        rec = {"kind": kind, **fields, "t": time.time()}
-        self._write(format_marker(rec))
-        return rec
+    def emit(self, marker: TrainerMarker) -> None:
+        self._write(marker.line())
 
     def set_phase(self, phase: str) -> None:
         self.phase = phase
-        self.marker("phase", phase=phase)
+        self.emit(PhaseMarker(phase=phase))
 
     def step(self, rec: dict) -> None:
         rec = {k: _finite(rec.get(k)) for k in STEP_FIELDS} | {
@@ -87,7 +87,7 @@ class Emitter:
                 append_jsonl(self.metrics_path, rec)
             if self._tb is not None:
                 self._tensorboard(rec)
-        self.marker("step", **rec)
+        self.emit(StepMarker.from_record(rec))
         self.print(f"step {rec['step']:>6}  loss {_fmt(rec['loss'])}  acc {_fmt(rec['acc'])}  "
                    f"tau {_fmt(rec['tau'], 2)}  lr {rec['lr']:.3g}  "
                    f"{_fmt(rec['tokens_per_s'], 0)} tok/s  {_fmt(rec['samples_per_s'], 2)} samples/s")
@@ -109,7 +109,7 @@ class Emitter:
             if self._tb is not None:
                 self._tensorboard({"step": rec["step"], **{
                     f"eval/{k}": v for k, v in rec.items() if k not in ("step", "attempt", "phase")}})
-        self.marker("eval", **rec)
+        self.emit(EvalMarker.from_record(rec))
         self.print(f"eval {rec['step']:>6}  accept_len {_fmt(rec.get('accept_len'), 3)}  "
                    f"best {_fmt(rec.get('best_accept_len'), 3)}  ({rec.get('eval_blocks')} blocks)")
 
@@ -182,7 +182,7 @@ class Heartbeat:
             # >= 10% of one core since the last beat: working (a deadlock or sleep uses ~0)
             if cpu - last_cpu >= 0.1 * self.every_s or prog != last_prog:
                 self.beats += 1
-                self.em.marker("heartbeat", phase=self.em.phase, step=self.step)
+                self.em.emit(HeartbeatMarker(phase=self.em.phase, step=self.step))
             last_cpu, last_prog = cpu, prog
             self.windows += 1
 

@@ -19,6 +19,7 @@ import torch
 from dfo_contract import checkpoints as manifests
 from dfo_contract.exitcodes import DONE, INTERRUPTED, NonFiniteLoss, TrainerError
 from dfo_contract.trainer_config import TrainerConfig
+from dfo_contract.trainer_markers import BestMarker, CheckpointMarker, DoneMarker, StartupMarker
 
 from ..evaluate import accept
 from ..env import process_start_t, read_env
@@ -191,7 +192,7 @@ def train(cfg: TrainerConfig, resume: str | None = None, *, out=None) -> int:
         if warmed:
             started.mark("warm-up")
         em.print(started.line())
-        em.marker("startup", step=step, **started.fields())
+        em.emit(StartupMarker.from_record({"step": step, **started.fields()}))
         precompile_pending = precompile  # saved once everything compiled: after warm-up or step 1
         if precompile and warmed:
             save_precompile_entries()
@@ -208,7 +209,7 @@ def train(cfg: TrainerConfig, resume: str | None = None, *, out=None) -> int:
             existing = os.path.join(ckdir, f"step_{at}")
             if (at == step_saved[0] and extra is None
                     and manifests.verify(existing, check_hashes=False)[0]):
-                em.marker("checkpoint", step=at, path=os.path.abspath(existing))
+                em.emit(CheckpointMarker(step=at, path=os.path.abspath(existing)))
                 return existing  # this exact state is already saved (e.g. SIGTERM right after)
             em.set_phase("checkpoint")
             p = checkpoints.save(ckdir, at, drafter=drafter, optimizer=opt, scheduler=sched,
@@ -216,7 +217,7 @@ def train(cfg: TrainerConfig, resume: str | None = None, *, out=None) -> int:
                                  keep=cfg.checkpoint.keep, run_id=env.run_id, attempt=attempt,
                                  extra=extra)
             step_saved[0] = at
-            em.marker("checkpoint", step=at, path=os.path.abspath(p))
+            em.emit(CheckpointMarker(step=at, path=os.path.abspath(p)))
             em.set_phase("train")
             return p
 
@@ -242,7 +243,7 @@ def train(cfg: TrainerConfig, resume: str | None = None, *, out=None) -> int:
                 save(at, extra={"accept_len": al})
                 if layout.is_main:
                     accept.write_best(ckdir, at, al)
-                    em.marker("best", step=at, accept_len=al)
+                    em.emit(BestMarker(step=at, accept_len=al))
             return best
 
         fault_spec = faults.resolve_spec(cfg.fault.spec, env)
@@ -309,7 +310,7 @@ def train(cfg: TrainerConfig, resume: str | None = None, *, out=None) -> int:
                 save(step)
         if cfg.checkpoint.save_final:
             save(step)
-        em.marker("done", step=step)
+        em.emit(DoneMarker(step=step))
         return DONE
     finally:
         hb.stop()

@@ -35,6 +35,7 @@ from typing import Any
 
 from dfo_contract.exitcodes import CONFIG_ERROR, DONE, TrainerConfigError, exit_code_for
 from dfo_contract.fsio import atomic_write_bytes
+from dfo_contract.trainer_markers import DoneMarker
 
 USAGE = ("usage: python -m trainer warmup --config FILE.yaml [--SECTION.FIELD VALUE ...] "
          "[--report FILE.json] [--save-mega-cache FILE] [--load-mega-cache FILE]")
@@ -293,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
                         for w in report["autograd_bypass_reasons"]), flush=True)
         from ..telemetry.metrics import Emitter
 
-        Emitter(None).marker("done", step=0)
+        Emitter(None).emit(DoneMarker(step=0))
         return DONE
     except TrainerConfigError as e:
         print(f"trainer: error: {e}", file=sys.stderr, flush=True)
