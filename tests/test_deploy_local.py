@@ -243,7 +243,7 @@ def _current_is_good(root: Path, hosts: Path, name: str, wheel) -> None:
     t = LocalTransport("local")
     d = Deployer(t, host, wheel=wheel)
     out = t.run(facts_argv(FactsRequest(root=host.layout.root, run_lock=host.layout.run_lock,
-                                        check=True, env_dir=d._local_facts()[2],
+                                        check=True, env_dir=d.local_facts()[2],
                                         python_spec=d.python_spec(), wheel=d.wheel_remote())),
                 timeout=600)
     rep, _ = d.launch_check(parse_facts(out.out))

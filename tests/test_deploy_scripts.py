@@ -142,7 +142,7 @@ def test_switch_refuses_while_a_run_holds_run_lock(root):
         r = sh(dp.SWITCH_SCRIPT, str(root / "envs"), "cpu-a", "", str(runlock))
         assert r.returncode == dp.EXIT_BUSY
         owner = r.stdout.split("\t", 1)[1].strip()
-        assert dp.describe_run_lock(dp._b64(owner)) == "run r-42 (pid 7)"
+        assert dp.describe_run_lock(dp.decode_b64(owner)) == "run r-42 (pid 7)"
         assert not (root / "envs/current").exists()
     finally:
         os.killpg(holder.pid, signal.SIGKILL)   # flock and its sleep

@@ -54,7 +54,7 @@ def test_a_retry_after_a_full_disk_counts_dfos_own_leftovers(tmp_path, tmpfs):  
         return Deployer(LocalTransport("local"), host, profile=prof)
 
     d = deployer(40)
-    lock, _, env_dir = d._local_facts()
+    lock, _, env_dir = d.local_facts()
     target = env_dir.rsplit("/", 1)[1]
     # what a deploy that ran out of space leaves: its half-built env, a .trash dir of an
     # interrupted removal, uv's cache with what it had fetched (a file of it hardlinked into
@@ -75,9 +75,9 @@ def test_a_retry_after_a_full_disk_counts_dfos_own_leftovers(tmp_path, tmpfs):  
     assert plan.clean == [target]
     # df alone refuses (what the retry met before): 4 MB free < 40 MB
     assert dp.check_disk(state.df_kb, 40, host="local", root=str(root)) is not None
-    d._check_space(state, plan.clean)    # 4 + 32 removed first + 8 reused >= 40
+    d.envs.check_space(state, plan.clean)    # 4 + 32 removed first + 8 reused >= 40
     with pytest.raises(DeployError) as ei:
-        deployer(80)._check_space(state, plan.clean)
+        deployer(80).envs.check_space(state, plan.clean)
     msg = str(ei.value)
     assert re.match(rf"disk full on local: {re.escape(str(root))} has [34] MB free \+ 32 MB in "
                     rf"half-built envs dfo removes first \({re.escape(target)}, "

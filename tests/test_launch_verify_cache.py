@@ -103,9 +103,9 @@ def env(tmp_path, monkeypatch, project_wheel):
     (site / "zz_outer.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     os.symlink(env_dir.name, root / "envs" / "current")
     d = Deployer(t, host, wheel=wheel)
-    probe = d._probe(str(env_dir))
+    probe = d.probe_env(str(env_dir))
     assert probe.get("trainer_import") is True, probe
-    d._mark_complete(str(env_dir), build_fingerprint(probe, profile="t", lock_hash=lock_hash(lock)),
+    d.mark_complete(str(env_dir), build_fingerprint(probe, profile="t", lock_hash=lock_hash(lock)),
                      lock_hash(lock))
     hosts = tmp_path / "hosts.yaml"
     hosts.write_text(yaml.safe_dump({"default": "local", "hosts": {"local": {
@@ -118,7 +118,7 @@ def launch_check(t, host):
     launch writes it (with the run's files)."""
     d = Deployer(t, host)
     out = t.run(facts_argv(FactsRequest(root=host.layout.root, run_lock=host.layout.run_lock,
-                                        check=True, env_dir=d._local_facts()[2],
+                                        check=True, env_dir=d.local_facts()[2],
                                         python_spec=d.python_spec(), wheel=d.wheel_remote())),
                 timeout=300)
     rep, record = d.launch_check(parse_facts(out.out))

@@ -16,7 +16,7 @@ import ipaddress
 import re
 import yaml
 
-from .hostconfig import GroupConfig, HostConfig, _did_you_mean
+from .hostconfig import GroupConfig, HostConfig, did_you_mean
 from .yaml_nodes import NodeReader
 
 _GROUP_KEYS = ("hosts", "head_addr", "port", "gpus", "ifname")
@@ -93,7 +93,7 @@ def _group(p: NodeReader, name: str, knode: yaml.Node, node: yaml.Node,
     for i, item in enumerate(hnode.value):
         h = p.string(item, f"{w}.hosts[{i}]")
         if h not in hosts:
-            raise p.err(item, f"{w}.hosts[{i}]", f"unknown host {h!r}{_did_you_mean(h, hosts)}; "
+            raise p.err(item, f"{w}.hosts[{i}]", f"unknown host {h!r}{did_you_mean(h, hosts)}; "
                                                  f"hosts: {', '.join(hosts)}")
         if h in members:
             raise p.err(item, f"{w}.hosts[{i}]", f"host {h!r} is listed twice (it is "
@@ -142,7 +142,7 @@ def _gpus(p: NodeReader, node: yaml.Node, where: str, members: list[str]) -> dic
     out: dict[str, tuple[str, ...]] = {}
     for h, (knode, vnode) in m.items():
         if h not in members:
-            raise p.err(knode, f"{where}.{h}", f"{h!r} is not in this group{_did_you_mean(h, members)}; "
+            raise p.err(knode, f"{where}.{h}", f"{h!r} is not in this group{did_you_mean(h, members)}; "
                                                f"members: {', '.join(members)}")
         devs = p.string_list(vnode, f"{where}.{h}")
         if not devs:

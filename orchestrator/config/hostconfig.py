@@ -19,7 +19,7 @@ TRANSPORTS = ("local", "ssh", "proxmox")
 FAILURE_CLASSES = tuple(c for c in CLASSES if c != "done")
 
 
-def _did_you_mean(word: str, choices) -> str:
+def did_you_mean(word: str, choices) -> str:
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
@@ -103,7 +103,7 @@ class Inventory:
         if not self.groups:
             raise ConfigError(f"no groups in {where}: add `groups: {{{name}: {{hosts: [A, B], "
                               f"head_addr: ADDR}}}}` (see docs/multinode.md)")
-        raise ConfigError(f"unknown group {name!r} in {where}{_did_you_mean(name, self.groups)}; "
+        raise ConfigError(f"unknown group {name!r} in {where}{did_you_mean(name, self.groups)}; "
                           f"known groups: {', '.join(sorted(self.groups))}")
 
     def get(self, name: str | None) -> HostConfig:
@@ -113,6 +113,6 @@ class Inventory:
         if name in self.hosts:
             return self.hosts[name]
         where = str(self.path) if self.path else "the embedded default inventory"
-        hint = _did_you_mean(name, self.hosts)
+        hint = did_you_mean(name, self.hosts)
         known = ", ".join(sorted(self.hosts))
         raise ConfigError(f"unknown host {name!r} in {where}{hint}; known hosts: {known}")

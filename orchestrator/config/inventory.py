@@ -21,7 +21,7 @@ from pathlib import Path
 from ..errors import ConfigError
 from ..transport.settings import SSHSettings
 from .hostconfig import FAILURE_CLASSES, TRANSPORTS, GpuLayout, HostConfig, Inventory
-from .inventory_parser import _Parser
+from .inventory_parser import InventoryParser
 from .sshconfig import parse_ssh_spec, resolve_jumps, ssh_config_lookup
 
 __all__ = ["SSHSettings", "FAILURE_CLASSES", "TRANSPORTS", "GpuLayout", "HostConfig", "Inventory",
@@ -79,4 +79,4 @@ def load_inventory(path: str | None = None, *, ssh_config: str | None = None) ->
 def parse_inventory(text: str, filename: str, *, path: Path | None = None,
                     ssh_config: str | None = None) -> Inventory:
     """Validate hosts.yaml text; ``filename`` is used in messages."""
-    return _Parser(text, filename, ssh_config).parse(path)
+    return InventoryParser(text, filename, ssh_config).parse(path)

@@ -11,7 +11,7 @@ import yaml
 
 from ..errors import ConfigError
 from ..transport.settings import SSHSettings
-from .hostconfig import FAILURE_CLASSES, TRANSPORTS, GpuLayout, HostConfig, Inventory, _did_you_mean
+from .hostconfig import FAILURE_CLASSES, TRANSPORTS, GpuLayout, HostConfig, Inventory, did_you_mean
 from .groups_parser import parse_groups
 from .sshconfig import SSH_SPEC_RE, resolve_jumps, ssh_config_lookup
 from .yaml_nodes import NodeReader
@@ -32,7 +32,7 @@ _GPU_KEYS = ("target", "drafter")
 _TOP_KEYS = ("default", "hosts", "groups")
 
 
-class _Parser(NodeReader):
+class InventoryParser(NodeReader):
     def __init__(self, text: str, filename: str, ssh_config: str | None):
         super().__init__(text, filename)
         self.ssh_config_path = ssh_config
@@ -60,7 +60,7 @@ class _Parser(NodeReader):
             dk, dv = top["default"]
             default = self.string(dv, "default")
             if default not in hosts:
-                raise self.err(dv, "default", f"unknown host {default!r}{_did_you_mean(default, hosts)}; "
+                raise self.err(dv, "default", f"unknown host {default!r}{did_you_mean(default, hosts)}; "
                                               f"hosts: {', '.join(hosts)}")
         else:
             default = next(iter(hosts))
@@ -77,7 +77,7 @@ class _Parser(NodeReader):
         transport = self.string(tnode, f"{w}.transport")
         if transport not in TRANSPORTS:
             raise self.err(tnode, f"{w}.transport", f"expected one of {', '.join(TRANSPORTS)}, "
-                                                    f"got {transport!r}{_did_you_mean(transport, TRANSPORTS)}")
+                                                    f"got {transport!r}{did_you_mean(transport, TRANSPORTS)}")
 
         # ssh / vmid by transport
         ssh = None

@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 
 from ..errors import ConfigError
-from .hostconfig import _did_you_mean
+from .hostconfig import did_you_mean
 
 
 class NodeReader:
@@ -72,7 +72,7 @@ class NodeReader:
                 first = out[key][0].start_mark.line + 1
                 raise self.err(knode, path, f"duplicate key (first defined at line {first}; remove one)")
             if allowed is not None and key not in allowed:
-                raise self.err(knode, path, f"unknown key{_did_you_mean(key, allowed)}; "
+                raise self.err(knode, path, f"unknown key{did_you_mean(key, allowed)}; "
                                             f"valid keys: {', '.join(allowed)}")
             out[key] = (knode, vnode)
         return out

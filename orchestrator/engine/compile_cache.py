@@ -24,7 +24,7 @@ import posixpath
 import secrets
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from dfo_contract.fsio import atomic_write_bytes, sha256_file
 
@@ -36,17 +36,27 @@ from ..ops.provenance import Trust, adoption_record, check_trust
 from ..remote.cache_tool import scan_tar
 from ..ops.layout import RemoteLayout
 from ..transport.base import Transport
-from .cache_warmup import Event, WarmMixin, _noop
+from .cache_warmup import CacheWarmup, WarmResult
 
 log = logging.getLogger("dfo")
 
 __all__ = ["CacheManager", "local_snapshot_files"]
 
 
+#: progress of a cache command: (kind, data), e.g. ("stage", {"stage": "verify", ...})
+Event = Callable[[str, Mapping[str, Any]], None]
+
+
+def _noop(kind: str, data: Mapping[str, Any]) -> None:
+    pass
+
+
 # --------------------------------------------------------------------------- the manager
 
-class CacheManager(WarmMixin):
-    """Compile-cache operations on one host (through its transport)."""
+class CacheManager:
+    """Compile-cache operations on one host (through its transport). The warm-up into a
+    new generation is its ``warmup`` (``CacheWarmup``); ``warm`` and ``adopt`` here are
+    that object's."""
 
     def __init__(self, transport: Transport, layout: RemoteLayout, *, host: str | None = None,
                  events: Event = _noop, timeout: float | None = None,
@@ -58,6 +68,15 @@ class CacheManager(WarmMixin):
         self.timeout = timeout
         self.trusted_sources = tuple(trusted_sources)
         self._machine: str | None = None
+        self.warmup = CacheWarmup(self)
+
+    def warm(self, key: ck.CacheKey, config_bytes: bytes, overrides: Sequence[tuple[str, str]],
+             *, measure: bool = True, fresh: bool = False) -> WarmResult:
+        return self.warmup.warm(key, config_bytes, overrides, measure=measure, fresh=fresh)
+
+    def adopt(self, cache_dir: str, key: ck.CacheKey, *,
+              warmup: Mapping[str, Any] | None = None) -> dict:
+        return self.warmup.adopt(cache_dir, key, warmup=warmup)
 
     @property
     def machine(self) -> str | None:
@@ -77,10 +96,12 @@ class CacheManager(WarmMixin):
     def python(self) -> str:
         return self.layout.current_python
 
-    def _run(self, argv: Sequence[str], what: str, **kw) -> str:
+    def run(self, argv: Sequence[str], what: str, **kw) -> str:
+        """Run ``argv`` on the host; its output (RemoteCommandError naming ``what``)."""
         return self.t.run(list(argv), check=False, timeout=self.timeout, **kw).check(what).out
 
-    def _tool(self, op: str, *args: str) -> dict[str, Any]:
+    def tool(self, op: str, *args: str) -> dict[str, Any]:
+        """The env's cache helper ``op`` (``orchestrator.remote.cache_tool``): its JSON."""
         r = self.t.run(sn.tool_argv(self.python, op, *args), timeout=self.timeout)
         if not r.ok:
             r.check(f"cache helper {op}")
@@ -92,11 +113,12 @@ class CacheManager(WarmMixin):
     def _exists_file(self, path: str) -> bool:
         return self.t.run(["test", "-f", path], timeout=self.timeout).ok
 
-    def _rm(self, *paths: str) -> None:
+    def rm(self, *paths: str) -> None:
         if paths:
             self.t.run(["rm", "-rf", "--", *paths], timeout=self.timeout)
 
-    def _stamp(self) -> str:
+    def stamp(self) -> str:
+        """A new generation's name suffix: the time and a random tag."""
         return f"{int(time.time())}-{secrets.token_hex(3)}"
 
     # -- the key -----------------------------------------------------------------------------
@@ -130,7 +152,7 @@ class CacheManager(WarmMixin):
         target = (config.get("model") or {}).get("target_path")
         if not target:
             return None
-        r = self._tool("hashfile", posixpath.join(str(target), "config.json"))
+        r = self.tool("hashfile", posixpath.join(str(target), "config.json"))
         return None if r.get("missing") else r["sha256"]
 
     def run_config(self, config: Mapping[str, Any], *, explicit: frozenset[str] = frozenset(),
@@ -154,23 +176,23 @@ class CacheManager(WarmMixin):
                               target_config=self.target_config_hash(config))
 
     # -- live cache --------------------------------------------------------------------------
-    def _live_target(self, p: sn.CachePaths) -> str | None:
+    def live_target(self, p: sn.CachePaths) -> str | None:
         r = self.t.run(["readlink", "-f", "--", p.live], timeout=self.timeout)
         if not r.ok or not self._exists_dir(p.live):
             return None
         return r.out.strip() or None
 
-    def _switch(self, p: sn.CachePaths, gen: str, stamp: str) -> None:
+    def switch(self, p: sn.CachePaths, gen: str, stamp: str) -> None:
         """Make ``gen`` the live cache of the key: one rename of a symlink."""
-        old = self._live_target(p)
+        old = self.live_target(p)
         if old is None and self._exists_dir(p.live):  # a plain directory from elsewhere
             old = p.live + f".old-{stamp}"
-            self._run(["mv", "-T", "--", p.live, old], "moving the old cache aside")
+            self.run(["mv", "-T", "--", p.live, old], "moving the old cache aside")
         tmp = p.link_tmp(stamp)
-        self._run(["ln", "-sfn", "--", gen, tmp], "linking the new cache")
-        self._run(["mv", "-Tf", "--", tmp, p.live], "switching the live cache")
+        self.run(["ln", "-sfn", "--", gen, tmp], "linking the new cache")
+        self.run(["mv", "-Tf", "--", tmp, p.live], "switching the live cache")
         if old and old != gen:
-            self._rm(old)
+            self.rm(old)
         self.touch_used(p)
 
     def touch_used(self, p: sn.CachePaths) -> None:
@@ -202,21 +224,21 @@ class CacheManager(WarmMixin):
                  source: str) -> None:
         sn.check_key(m, key.key, key.components, source)
         self.events("stage", {"stage": "verify", "what": source})
-        sn.check_tar(m, self._tool("hashfile", tar), source)
-        stamp = self._stamp()
+        sn.check_tar(m, self.tool("hashfile", tar), source)
+        stamp = self.stamp()
         gen = p.gen(stamp)
         self.events("stage", {"stage": "unpack", "what": gen})
         try:
-            self._run(["mkdir", "-p", "--", gen], "creating the cache dir")
+            self.run(["mkdir", "-p", "--", gen], "creating the cache dir")
             # the helper checks every member (regular files and dirs only), then extracts
             # without following links or writing outside ``gen``, then hashes
-            got = self._tool("unpack", tar, gen)
+            got = self.tool("unpack", tar, gen)
             sn.check_members(got.get("refused"), source)
             sn.check_files(m, got.get("files") or {}, source, other=got.get("other") or ())
         except BaseException:
-            self._rm(gen)
+            self.rm(gen)
             raise
-        self._switch(p, gen, stamp)
+        self.switch(p, gen, stamp)
 
     def push(self, local_tar: Path, key: ck.CacheKey, *, restore: bool = True,
              trust_foreign: bool = False) -> dict[str, Any]:
@@ -232,29 +254,29 @@ class CacheManager(WarmMixin):
         how = check_trust(m, self.trust(trust_foreign), source)
         m = adoption_record(m, self.trust(trust_foreign), how, time.time())
         p = sn.paths(self.layout, key.key)
-        stamp = self._stamp()
+        stamp = self.stamp()
         tmp = p.tar_tmp(stamp)
         self.events("stage", {"stage": "upload", "what": source, "bytes": local_tar.stat().st_size})
-        self._run(["mkdir", "-p", "--", self.layout.snapshots], "creating the snapshot store")
+        self.run(["mkdir", "-p", "--", self.layout.snapshots], "creating the snapshot store")
         try:
             self.t.put(local_tar, tmp, mode=0o644)
             if restore:
                 self._restore(p, m, tmp, key, source)
         except BaseException:
-            self._rm(tmp)
+            self.rm(tmp)
             raise
-        self._store(p, tmp, m)
+        self.store(p, tmp, m)
         return m
 
-    def _store(self, p: sn.CachePaths, tmp: str, m: Mapping[str, Any]) -> None:
+    def store(self, p: sn.CachePaths, tmp: str, m: Mapping[str, Any]) -> None:
         """Commit the verified tar at ``tmp`` into the store: the old manifest goes first
         (from then on no snapshot exists for the key), the tar takes its name with one
         rename, and the new manifest comes last."""
         try:
-            self._rm(p.manifest)
-            self._run(["mv", "-f", "--", tmp, p.tar], "storing the snapshot")
+            self.rm(p.manifest)
+            self.run(["mv", "-f", "--", tmp, p.tar], "storing the snapshot")
         except BaseException:
-            self._rm(tmp)
+            self.rm(tmp)
             raise
         self.t.put(sn.manifest_bytes(m), p.manifest, mode=0o644)
 
@@ -320,11 +342,11 @@ class CacheManager(WarmMixin):
             p = sn.paths(self.layout, key)
             target = (raw.get("live") or {}).get(key, {}).get("target")
             # the manifest first: from then on the snapshot does not exist
-            self._rm(p.manifest)
-            self._rm(p.tar, p.live, p.used, *([target] if target else []))
+            self.rm(p.manifest)
+            self.rm(p.tar, p.live, p.used, *([target] if target else []))
         # leftovers of interrupted warm-ups/restores (never live)
         stale = [posixpath.join(self.layout.cache, s) for s in raw.get("stale") or []]
-        self._rm(*stale)
+        self.rm(*stale)
         return doomed
 
 

@@ -32,6 +32,7 @@ from ..errors import DeployError, DfoError, LockHeldError, RemoteCommandError, V
 from ..ops import deploy_plan as dp
 from ..ops.fingerprint import (Mismatch, build_fingerprint, compare, fingerprint_changes,
                               fingerprint_json, parse_probe, probe_argv)
+from ..ops.launch_facts import LaunchFacts
 from ..ops.uv import describe_sources, local_find_links, translate_uv_error
 from ..ops.uv_progress import UvProgress, human_bytes, parse_du_k
 from .deploy_check import DeployChecks
@@ -53,7 +54,12 @@ def local_uv() -> tuple[str, str]:
     return path, out.stdout.strip().splitlines()[0] if out.stdout.strip() else ""
 
 
-class Deployer(DeployChecks, EnvSwitch):
+class Deployer:
+    """``dfo deploy`` on one host. It holds ``envs`` (``EnvSwitch``: the switch of
+    envs/current, half-built envs, free space) and ``checks`` (``DeployChecks``: ``--check``,
+    ``--rollback``, launch's check, the dfo-wheel switch); ``check``, ``launch_check``,
+    ``switch_dfo_wheel`` and ``rollback`` here are that object's."""
+
     def __init__(self, transport, host, *, profile: Profile | str | None = None,
                  on_event: EventFn | None = None, environ: dict[str, str] | None = None,
                  wheel: ProjectWheel | None = None, find_links: tuple[str, ...] = ()):
@@ -69,6 +75,23 @@ class Deployer(DeployChecks, EnvSwitch):
         self.env_bytes: int | None = None  # measured after an install
         self.lease = DeployLease(transport, self.layout, host.name,
                                  say=lambda msg: self.clock.emit("connect", "line", None, msg))
+        self.envs = EnvSwitch(transport, self.layout, host.name, clock=self.clock,
+                              lease=self.lease, run=self.run,
+                              min_free_mb=self.profile.min_free_mb)
+        self.checks = DeployChecks(self, self.envs)
+
+    # ------------------------------------------------------------------ checks (DeployChecks)
+    def check(self) -> DeployReport:
+        return self.checks.check()
+
+    def launch_check(self, facts: LaunchFacts) -> tuple[DeployReport, tuple[str, bytes] | None]:
+        return self.checks.launch_check(facts)
+
+    def switch_dfo_wheel(self, state: dp.RemoteState) -> str:
+        return self.checks.switch_dfo_wheel(state)
+
+    def rollback(self) -> DeployReport:
+        return self.checks.rollback()
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -85,8 +108,10 @@ class Deployer(DeployChecks, EnvSwitch):
             env["UV_CACHE_DIR"] = self.uv_cache
         return env
 
-    def _run(self, argv: list[str], *, timeout: float | None = SMALL_TIMEOUT, what: str,
+    def run(self, argv: list[str], *, timeout: float | None = SMALL_TIMEOUT, what: str,
              locked: bool = True, env: dict[str, str] | None = None) -> str:
+        """Run ``argv`` on the host (under the deploy lease unless ``locked`` is off); its
+        output, or the error a deploy says (lost lease, run.lock held, uv's own)."""
         if locked:
             argv = self.lease.locked(argv)
         r = self.t.run(argv, env=env or self._env(), timeout=timeout)
@@ -131,7 +156,8 @@ class Deployer(DeployChecks, EnvSwitch):
                                   unserved_hint=self.profile.sources.unserved_hint)
 
     # ------------------------------------------------------------------ local facts
-    def _local_facts(self):
+    def local_facts(self):
+        """(the profile's lock, its bytes, the env dir it deploys to)."""
         lock, lock_bytes = self.profile.load_lock()
         env_dir = self.layout.env_dir(self.profile.name, lock.sha256)
         return lock, lock_bytes, env_dir
@@ -221,7 +247,7 @@ class Deployer(DeployChecks, EnvSwitch):
             self._stream("install", argv, what="installing the lock")
         argv = [uv, "pip", "install", "--no-deps", "--no-index", "--offline", "--python", py,
                 "--reinstall-package", "dfo", self.wheel_remote()]
-        self._run(argv, timeout=SMALL_TIMEOUT * 3, what="installing the dfo wheel")
+        self.run(argv, timeout=SMALL_TIMEOUT * 3, what="installing the dfo wheel")
         self.env_bytes = self._env_size(env_dir)
         if self.env_bytes is not None:
             detail = f"{detail}; env is {human_bytes(self.env_bytes)}"
@@ -231,22 +257,22 @@ class Deployer(DeployChecks, EnvSwitch):
         """The env's size on disk (``du -sk``; files hardlinked from the uv cache count
         here once). None when du cannot say."""
         try:
-            return parse_du_k(self._run(["du", "-sk", "--", env_dir], what="measuring the env",
+            return parse_du_k(self.run(["du", "-sk", "--", env_dir], what="measuring the env",
                                         locked=False))
         except DfoError:
             return None
 
-    def _probe(self, env_dir: str) -> dict[str, Any]:
+    def probe_env(self, env_dir: str) -> dict[str, Any]:
         py = posixpath.join(env_dir, "bin", "python")
         r = self.t.run(probe_argv(py), timeout=PROBE_TIMEOUT,
                        env={"PYTHONDONTWRITEBYTECODE": "1", "CUDA_MODULE_LOADING": "LAZY"})
         return parse_probe(r.out + "\n" + r.err)
 
-    def _verify(self, env_dir: str, lock_sha: str, *, profile: Profile | None = None,
+    def verify(self, env_dir: str, lock_sha: str, *, profile: Profile | None = None,
                 recorded: dict[str, Any] | None = None, keep: str = "") -> dict[str, Any]:
         prof = profile or self.profile
         t = self.clock.begin("verify", posixpath.basename(env_dir))
-        probe = self._probe(env_dir)
+        probe = self.probe_env(env_dir)
         mism: list[Mismatch] = compare(probe, prof.expect)
         if recorded is None and probe.get("dfo") != self.wheel().version:
             mism.append(Mismatch("dfo", self.wheel().version, probe.get("dfo")))
@@ -262,7 +288,7 @@ class Deployer(DeployChecks, EnvSwitch):
         self.clock.end("verify", t, f"torch {fp.get('torch')}, transformers {fp.get('transformers')}")
         return fp
 
-    def _mark_complete(self, env_dir: str, fp: dict[str, Any], lock_sha: str) -> None:
+    def mark_complete(self, env_dir: str, fp: dict[str, Any], lock_sha: str) -> None:
         w = self.wheel()
         self.t.put(fingerprint_json(fp), posixpath.join(env_dir, dp.FINGERPRINT_FILE), mode=0o644)
         marker = {"profile": self.profile.name, "lock_hash": lock_sha, "dfo": __version__,
@@ -275,7 +301,7 @@ class Deployer(DeployChecks, EnvSwitch):
     # ------------------------------------------------------------------ commands
     def deploy(self, *, force: bool = False) -> DeployReport:
         self.clock.restart()
-        lock, lock_bytes, env_dir = self._local_facts()
+        lock, lock_bytes, env_dir = self.local_facts()
         target = posixpath.basename(env_dir)
         uv_path, uv_version = local_uv()
         self.wheel()
@@ -290,11 +316,11 @@ class Deployer(DeployChecks, EnvSwitch):
             for s in plan.steps[1:]:
                 self.clock.skip(s.stage, s.reason)
             report.message = f"{plan.target} is current and matches its lock: nothing to do"
-            if plan.clean and self._clean_alone(state, plan.clean):
+            if plan.clean and self.envs.clean_alone(state, plan.clean):
                 report.message += f"; removed the half-built {', '.join(plan.clean)}"
-            return self._finish(report, state.current_fingerprint)
+            return self.finish(report, state.current_fingerprint)
 
-        self._guard_run_lock(state)
+        self.envs.guard_run_lock(state)
         if plan.runs("create venv"):
             if not state.python:
                 raise DeployError(
@@ -302,7 +328,7 @@ class Deployer(DeployChecks, EnvSwitch):
                     f"(profile {self.profile.name} needs it)",
                     hint=f"install python{self.python_spec()} there, or set `python:` in "
                          f"hosts.yaml to an interpreter path; envs/current is untouched")
-            self._check_space(state, plan.clean)
+            self.envs.check_space(state, plan.clean)
         self.lease.acquire(state)
         try:
             return self._execute(plan, state, lock, lock_bytes, uv_path, uv_version, report)
@@ -326,14 +352,14 @@ class Deployer(DeployChecks, EnvSwitch):
         else:
             self.clock.skip("push wheel", steps["push wheel"].reason)
         if plan.clean:
-            self._clean(plan.clean)
+            self.envs.clean(plan.clean)
         if plan.runs("install") and not plan.runs("create venv"):
             # re-syncing an env that is not current: not a good env until verified again
-            self._run(["rm", "-f", "--", posixpath.join(env_dir, dp.COMPLETE_MARKER)],
+            self.run(["rm", "-f", "--", posixpath.join(env_dir, dp.COMPLETE_MARKER)],
                       what="re-syncing the env")
         if steps["create venv"].run:
             t = self.clock.begin("create venv", self.python_spec())
-            self._run([self.layout.uv, "venv", "--quiet", "--python", state.python,
+            self.run([self.layout.uv, "venv", "--quiet", "--python", state.python,
                        "--no-project", env_dir], what="creating the venv", timeout=300)
             self.clock.end("create venv", t, f"{target} from {state.python}")
         else:
@@ -346,10 +372,10 @@ class Deployer(DeployChecks, EnvSwitch):
                           detail=steps["install"].reason)
         else:
             self.clock.skip("install", steps["install"].reason)
-        fp = self._verify(env_dir, lock.sha256, keep=state.current_name or "none")
-        self._mark_complete(env_dir, fp, lock.sha256)
+        fp = self.verify(env_dir, lock.sha256, keep=state.current_name or "none")
+        self.mark_complete(env_dir, fp, lock.sha256)
         if steps["switch"].run:
-            self._switch(target, plan.new_previous, plan.retire)
+            self.envs.switch(target, plan.new_previous, plan.retire)
         else:
             self.clock.skip("switch", steps["switch"].reason)
         report.message = {
@@ -361,9 +387,9 @@ class Deployer(DeployChecks, EnvSwitch):
                       f"(previous: {plan.new_previous})",
             "reverify": f"re-verified {target}",
         }.get(plan.action, plan.action)
-        return self._finish(report, fp)
+        return self.finish(report, fp)
 
-    def _finish(self, report: DeployReport, fp: dict[str, Any] | None) -> DeployReport:
+    def finish(self, report: DeployReport, fp: dict[str, Any] | None) -> DeployReport:
         report.fingerprint = fp
         report.env_bytes = self.env_bytes
         report.stages = self.clock.results(dp.STAGES)

@@ -1,6 +1,8 @@
 """``dfo deploy --check`` and ``--rollback``: compare envs/current with its lock and
-fingerprint, or switch back to envs/previous after verifying it (a mixin of ``Deployer``:
-uses its clock, lease, probes and switch)."""
+fingerprint, or switch back to envs/previous after verifying it. ``DeployChecks`` is held by
+``Deployer`` and given it (its public steps: the stage clock, the lease, ``local_facts``,
+``probe_state``, ``probe_env``, ``verify``, ``mark_complete``, ``run``, ``finish``) and its
+``EnvSwitch``."""
 
 from __future__ import annotations
 
@@ -30,17 +32,22 @@ def _shown(state: dp.RemoteState, target: str) -> str:
 
 
 class DeployChecks:
+    def __init__(self, deployer, envs):
+        self.deployer = deployer
+        self.envs = envs
+
     def check(self) -> DeployReport:
         """Compare envs/current with the lock and its fingerprint (no change made)."""
-        self.clock.restart()
-        lock, _, env_dir = self._local_facts()
+        self.deployer.clock.restart()
+        lock, _, env_dir = self.deployer.local_facts()
         target = posixpath.basename(env_dir)
-        t = self.clock.begin("connect")
-        state = self.probe_state(env_dir)
-        self.clock.end("connect", t, f"current {state.current_name or 'none'}")
-        report = DeployReport(self.host.name, self.profile.name, _shown(state, target), "check")
+        t = self.deployer.clock.begin("connect")
+        state = self.deployer.probe_state(env_dir)
+        self.deployer.clock.end("connect", t, f"current {state.current_name or 'none'}")
+        report = DeployReport(self.deployer.host.name, self.deployer.profile.name,
+                              _shown(state, target), "check")
         lines = self._drift_lines(state, lock, target,
-                                  lambda: self._timed_probe(self.layout.current_env))
+                                  lambda: self._timed_probe(self.deployer.layout.current_env))
         report.fingerprint = state.current_fingerprint or None
         seen: set[str] = set()
         report.drift = [x for x in lines if not (x in seen or seen.add(x))]
@@ -48,14 +55,14 @@ class DeployChecks:
         report.dfo_only = self._dfo_only(state, lock, report.drift)
         report.message = ("envs/current matches its lock and fingerprint" if report.ok else
                           f"{len(report.drift)} difference(s) from the lock")
-        return self._finish(report, report.fingerprint)
+        return self.deployer.finish(report, report.fingerprint)
 
     def _timed_probe(self, env_dir: str) -> dict[str, Any]:
-        tv = self.clock.begin("verify", "probe envs/current")
+        tv = self.deployer.clock.begin("verify", "probe envs/current")
         try:
-            return self._probe(env_dir)
+            return self.deployer.probe_env(env_dir)
         finally:
-            self.clock.end("verify", tv, "probe of envs/current")
+            self.deployer.clock.end("verify", tv, "probe of envs/current")
 
     def _drift_lines(self, state: dp.RemoteState, lock, target: str,
                      probe: Callable[[], dict[str, Any]]) -> list[str]:
@@ -74,7 +81,7 @@ class DeployChecks:
         if state.current_freeze is None:
             lines.append(f"{state.current_name}: cannot list its packages (no python or uv)")
         else:
-            lines += dp.current_drift(state, lock, self.wheel_remote()).lines()
+            lines += dp.current_drift(state, lock, self.deployer.wheel_remote()).lines()
         recorded = state.current_fingerprint
         if not recorded:
             lines.append(f"{state.current_name} has no fingerprint.json")
@@ -85,7 +92,7 @@ class DeployChecks:
                 lines.append(f"probe failed: {e}")
             else:
                 lines += [str(i) for i in fingerprint_drift(fingerprint_changes(recorded, now))]
-                lines += [str(m) for m in compare(now, self.profile.expect)]
+                lines += [str(m) for m in compare(now, self.deployer.profile.expect)]
         return lines
 
     def launch_check(self, facts: LaunchFacts) -> tuple[DeployReport, tuple[str, bytes] | None]:
@@ -94,17 +101,18 @@ class DeployChecks:
         round trip ran (its stamp changed, or a file under its site-packages did). Returns
         the report and, when a fresh probe passed, the record to write for the next launch
         (path, bytes): launch writes it with the run's files; a dry run writes nothing."""
-        self.clock.restart()
-        lock, _, env_dir = self._local_facts()
+        self.deployer.clock.restart()
+        lock, _, env_dir = self.deployer.local_facts()
         target = posixpath.basename(env_dir)
         state = facts.state
         if state is None or not state.complete_output:
-            raise RemoteCommandError(f"the state probe on {self.host.name} did not finish",
+            raise RemoteCommandError(f"the state probe on {self.deployer.host.name} did not finish",
                                      hint="the target needs bash and coreutils")
         rec = facts.verified
         if rec is not None:
             state.current_freeze = rec.freeze
-        report = DeployReport(self.host.name, self.profile.name, _shown(state, target), "check")
+        report = DeployReport(self.deployer.host.name, self.deployer.profile.name,
+                              _shown(state, target), "check")
         probed: dict[str, Any] = {}
 
         def probe() -> dict[str, Any]:
@@ -126,12 +134,12 @@ class DeployChecks:
         report.message = ("envs/current matches its lock and fingerprint"
                           + (" (recorded verification)" if report.cached else "")
                           if report.ok else f"{len(report.drift)} difference(s) from the lock")
-        return self._finish(report, report.fingerprint), record
+        return self.deployer.finish(report, report.fingerprint), record
 
     def _dfo_only(self, state: dp.RemoteState, lock, drift: list[str]) -> str | None:
         """When the only difference is dfo's own wheel (another dfo deployed its wheel into
         envs/current): what is installed instead; else None."""
-        proj = [i for i in dp.current_drift(state, lock, self.wheel_remote()).items
+        proj = [i for i in dp.current_drift(state, lock, self.deployer.wheel_remote()).items
                 if i.kind == "project"]
         own = {str(i) for i in proj}
         version_line = EXPECT_FIELDS["dfo"] + ":"
@@ -145,22 +153,24 @@ class DeployChecks:
         earlier deploy from this dfo left it under wheels/<hash>/) and only dfo's own wheel
         differs: the lock's packages stay as they are. Verified and re-marked like a deploy;
         refused while a run holds run.lock (its next attempt would load another dfo)."""
-        lock, _, _ = self._local_facts()
-        self._guard_run_lock(state)
-        env_dir = posixpath.join(self.layout.envs, state.current_name)
+        lock, _, _ = self.deployer.local_facts()
+        self.envs.guard_run_lock(state)
+        env_dir = posixpath.join(self.deployer.layout.envs, state.current_name)
         py = posixpath.join(env_dir, "bin", "python")
-        self.lease.acquire(state)
+        self.deployer.lease.acquire(state)
         try:
-            self._run(["rm", "-f", "--", posixpath.join(env_dir, dp.COMPLETE_MARKER),
-                       posixpath.join(env_dir, VERIFIED_FILE)], what="switching the dfo wheel")
-            self._run([self.layout.uv, "pip", "install", "--no-deps", "--no-index", "--offline",
-                       "--python", py, "--reinstall-package", "dfo", self.wheel_remote()],
-                      timeout=300, what="switching the dfo wheel")
-            fp = self._verify(env_dir, lock.sha256, keep=state.current_name)
-            self._mark_complete(env_dir, fp, lock.sha256)
+            self.deployer.run(["rm", "-f", "--", posixpath.join(env_dir, dp.COMPLETE_MARKER),
+                               posixpath.join(env_dir, VERIFIED_FILE)],
+                              what="switching the dfo wheel")
+            self.deployer.run([self.deployer.layout.uv, "pip", "install", "--no-deps",
+                               "--no-index", "--offline", "--python", py,
+                               "--reinstall-package", "dfo", self.deployer.wheel_remote()],
+                              timeout=300, what="switching the dfo wheel")
+            fp = self.deployer.verify(env_dir, lock.sha256, keep=state.current_name)
+            self.deployer.mark_complete(env_dir, fp, lock.sha256)
         finally:
-            self.lease.release()
-        return posixpath.basename(self.wheel_remote())
+            self.deployer.lease.release()
+        return posixpath.basename(self.deployer.wheel_remote())
 
     def _verified_record(self, facts: LaunchFacts, probe: dict[str, Any],
                          freeze: str) -> tuple[str, bytes] | None:
@@ -170,23 +180,23 @@ class DeployChecks:
         except ValueError as e:   # not recorded: the next launch probes
             log.debug("no verification record: %s", e)
             return None
-        return posixpath.join(self.layout.current_env, VERIFIED_FILE), data
+        return posixpath.join(self.deployer.layout.current_env, VERIFIED_FILE), data
 
     def rollback(self) -> DeployReport:
         """Switch envs/current back to envs/previous, after verifying it."""
-        self.clock.restart()
-        t = self.clock.begin("connect")
-        state = self.probe_state(posixpath.join(self.layout.envs, "-"), "-")
-        self.clock.end("connect", t, f"current {state.current_name or 'none'}, "
+        self.deployer.clock.restart()
+        t = self.deployer.clock.begin("connect")
+        state = self.deployer.probe_state(posixpath.join(self.deployer.layout.envs, "-"), "-")
+        self.deployer.clock.end("connect", t, f"current {state.current_name or 'none'}, "
                                 f"previous {state.previous_name or 'none'}")
         plan = dp.rollback_plan(state)
-        self._guard_run_lock(state)
-        prev_dir = posixpath.join(self.layout.envs, plan.target)
-        report = DeployReport(self.host.name, "?", plan.target, "rollback")
-        self.lease.acquire(state)
+        self.envs.guard_run_lock(state)
+        prev_dir = posixpath.join(self.deployer.layout.envs, plan.target)
+        report = DeployReport(self.deployer.host.name, "?", plan.target, "rollback")
+        self.deployer.lease.acquire(state)
         try:
             try:
-                recorded = json.loads(self.t.get(posixpath.join(prev_dir, dp.FINGERPRINT_FILE)))
+                recorded = json.loads(self.deployer.t.get(posixpath.join(prev_dir, dp.FINGERPRINT_FILE)))
                 if not isinstance(recorded, dict):
                     raise ValueError("not a JSON object")
             except (NotFoundError, RemoteCommandError, ValueError) as e:
@@ -194,14 +204,15 @@ class DeployChecks:
                                   hint="deploy again to build a good env") from None
             report.profile = str(recorded.get("profile") or "?")
             for s in ("push uv", "push wheel", "create venv", "install"):
-                self.clock.skip(s, "not needed")
+                self.deployer.clock.skip(s, "not needed")
             prof = Profile(name=report.profile, directory=Path("."), python="", lock_file=Path("."),
-                           lock_sha256=None, sources=self.profile.sources, expect={})
-            fp = self._verify(prev_dir, str(recorded.get("lock_hash") or ""), profile=prof,
-                              recorded=recorded, keep=state.current_name or "none")
+                           lock_sha256=None, sources=self.deployer.profile.sources, expect={})
+            fp = self.deployer.verify(prev_dir, str(recorded.get("lock_hash") or ""),
+                                      profile=prof, recorded=recorded,
+                                      keep=state.current_name or "none")
             fp = recorded  # unchanged: the probe matched what was recorded
-            self._switch(plan.target, plan.new_previous)
+            self.envs.switch(plan.target, plan.new_previous)
         finally:
-            self.lease.release()
+            self.deployer.lease.release()
         report.message = f"rolled back: envs/current -> {plan.target} (previous: {plan.new_previous})"
-        return self._finish(report, fp)
+        return self.deployer.finish(report, fp)

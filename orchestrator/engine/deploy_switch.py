@@ -1,11 +1,15 @@
-"""The changes ``dfo deploy`` makes to ``<root>/envs/`` itself (a mixin of ``Deployer``: uses
-its clock, lease and transport): the atomic switch of ``envs/current`` under run.lock, which
-also retires older generations of the env, and the removal of half-built envs; the free
-space a new env needs, counting what dfo removes first or reuses (``ops.deploy_space``)."""
+"""The changes ``dfo deploy`` makes to ``<root>/envs/`` itself (``EnvSwitch``, held by
+``Deployer``): the atomic switch of ``envs/current`` under run.lock, which also retires
+older generations of the env, and the removal of half-built envs; the free space a new env
+needs, counting what dfo removes first or reuses (``ops.deploy_space``). It is given the
+transport, the layout, the host's name, the deploy's stage clock and lease, the free space
+the profile asks for, and ``run``: the deploy's runner of a locked command
+(``Deployer.run``: lost lease and run.lock errors said as a deploy says them)."""
 
 from __future__ import annotations
 
 import posixpath
+from typing import Callable
 
 from ..errors import DeployError, LockHeldError
 from ..ops import deploy_plan as dp
@@ -16,7 +20,17 @@ SWITCH_TIMEOUT = 600.0
 
 
 class EnvSwitch:
-    def _switch(self, new: str, new_previous: str, retire: list[str] | None = None) -> None:
+    def __init__(self, transport, layout, host_name: str, *, clock, lease,
+                 run: Callable[..., str], min_free_mb: int):
+        self.t = transport
+        self.layout = layout
+        self.host_name = host_name
+        self.clock = clock
+        self.lease = lease
+        self.run = run
+        self.min_free_mb = min_free_mb
+
+    def switch(self, new: str, new_previous: str, retire: list[str] | None = None) -> None:
         t = self.clock.begin("switch", new)
         argv = self.lease.locked(dp.script_argv(dp.SWITCH_SCRIPT, self.layout.envs, new, new_previous,
                                                 self.layout.run_lock, *(retire or []),
@@ -27,7 +41,7 @@ class EnvSwitch:
                           if ln.startswith("@runlock\t")), None)
             if owner is not None:
                 self.clock.end("switch", t, "refused: run.lock held", status="failed")
-                raise dp.run_lock_error(self.host.name, self.layout.root, dp._b64(owner))
+                raise dp.run_lock_error(self.host_name, self.layout.root, dp.decode_b64(owner))
         if "@switched" not in r.out:
             self.clock.end("switch", t, "failed", status="failed")
             r.check("switching envs/current")
@@ -35,31 +49,31 @@ class EnvSwitch:
         self.clock.end("switch", t, f"envs/current -> {new}"
                        + (f"; removed {', '.join(gone)}" if gone else ""))
 
-    def _guard_run_lock(self, state: dp.RemoteState) -> None:
+    def guard_run_lock(self, state: dp.RemoteState) -> None:
         if state.run_lock_held:
-            raise dp.run_lock_error(self.host.name, self.layout.root, state.run_lock_owner)
+            raise dp.run_lock_error(self.host_name, self.layout.root, state.run_lock_owner)
 
-    def _check_space(self, state: dp.RemoteState, clean: list[str]) -> None:
+    def check_space(self, state: dp.RemoteState, clean: list[str]) -> None:
         """DeployError when the target has no room for the new env. ``df`` first; only when
         that looks short, what dfo's own leftovers hold (half-built envs, removed before the
         build: ``clean``; uv's cache, reused) is measured and counted too."""
-        need, root = self.profile.min_free_mb, self.layout.root
-        if dp.check_disk(state.df_kb, need, host=self.host.name, root=root) is None:
+        need, root = self.min_free_mb, self.layout.root
+        if dp.check_disk(state.df_kb, need, host=self.host_name, root=root) is None:
             return
         r = self.t.run(dp.script_argv(ds.RECLAIM_SCRIPT, root, *clean, name="dfo-reclaim"),
                        timeout=600)
         found = ds.parse_reclaim(r)
         msg = ds.check_space(state.df_kb, need, found if found.complete_output
-                             else ds.Reclaimable(), host=self.host.name, root=root)
+                             else ds.Reclaimable(), host=self.host_name, root=root)
         if msg:
             raise DeployError(msg, hint="free space on the target; envs/current is untouched")
 
-    def _clean(self, names: list[str]) -> None:
+    def clean(self, names: list[str]) -> None:
         paths = [posixpath.join(self.layout.envs, n) for n in names]
-        self._run(dp.script_argv(dp.CLEAN_SCRIPT, *paths, name="dfo-clean"),
-                  what="removing half-built envs")
+        self.run(dp.script_argv(dp.CLEAN_SCRIPT, *paths, name="dfo-clean"),
+                 what="removing half-built envs")
 
-    def _clean_alone(self, state: dp.RemoteState, names: list[str]) -> bool:
+    def clean_alone(self, state: dp.RemoteState, names: list[str]) -> bool:
         """A no-op deploy removes half-built envs under the lease; while another deploy
         holds it, the env may be that deploy's: left alone."""
         try:
@@ -67,7 +81,7 @@ class EnvSwitch:
         except LockHeldError:
             return False
         try:
-            self._clean(names)
+            self.clean(names)
         finally:
             self.lease.release()
         return True

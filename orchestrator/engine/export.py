@@ -130,7 +130,7 @@ class ExportOps:
             raise ConfigError(f"--to {dest} exists and is not a dfo export",
                               hint="give a new or empty directory")
         run_id = self.runs.current_run(run)
-        info = self.runs._one(run_id)
+        info = self.runs.one(run_id)
         name = info.get("run_name") or run_id
         ck_dir = self.layout.checkpoints(name)
         ckpt = self._checkpoint(ck_dir, run_id, st)

@@ -170,7 +170,7 @@ class GroupRuns:
             first = self.each(start, self.hosts[:1])          # the head's run dir first
             outs = first if not first[0].ok else first + self.each(start, self.hosts[1:])
             self.raise_failed(outs, f"run {gp.run_id} did not start")
-            waits = self.each(lambda h: self.ops(h.name)._wait_started(gp.run_id, o.start_timeout))
+            waits = self.each(lambda h: self.ops(h.name).wait_started(gp.run_id, o.start_timeout))
             self.raise_failed(waits, f"run {gp.run_id} did not start")
         except DfoError:
             if started:
@@ -188,7 +188,7 @@ class GroupRuns:
         runs (a supervisor still starting has no stop handler yet)."""
         ops = self.ops(name)
         try:
-            ops._wait_started(run_id, start_timeout)
+            ops.wait_started(run_id, start_timeout)
         except DfoError:
             pass
         ops.stop(run_id, timeout=stop_s)

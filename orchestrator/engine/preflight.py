@@ -37,7 +37,7 @@ def launch_facts(ops, o: LaunchOptions, inp: LaunchInputs, *, switched: bool = F
     req = lp.facts_request(o, inp, ops.host)
     dep = Deployer(ops.t, ops.host) if o.env_check else None
     if dep is not None:
-        req = dataclasses.replace(req, check=True, env_dir=dep._local_facts()[2],
+        req = dataclasses.replace(req, check=True, env_dir=dep.local_facts()[2],
                                   python_spec=dep.python_spec(), wheel=dep.wheel_remote())
     r = ops.t.run(facts_argv(req), timeout=CHECK_TIMEOUT if dep else PLAIN_TIMEOUT)
     facts = parse_facts(r.out)

@@ -1,7 +1,7 @@
 """Reading and stopping runs on a host: ``dfo status``, ``dfo stop``, and which run a
-command means (``--run``, else the live run, else the newest). A mixin of ``RunOps``: it
-uses the transport ``self.t``, the env's ``self.python``, ``self.layout``, ``self.host``
-and ``self.deploy_with``.
+command means (``--run``, else the live run, else the newest). ``RunQueries`` is given the
+host's transport, its layout (the env's python, the root), its name and what a missing
+env's hint tells to run; ``RunOps`` holds one.
 """
 
 from __future__ import annotations
@@ -15,13 +15,24 @@ from ..ops.probes import json_reply
 
 
 class RunQueries:
+    def __init__(self, transport, layout, host_name: str, *, deploy_with: str):
+        self.t = transport
+        self.layout = layout
+        self.host_name = host_name
+        #: what a missing env's hint tells to run (a group member: ``--group NAME``)
+        self.deploy_with = deploy_with
+
+    @property
+    def python(self) -> str:
+        return self.layout.current_python
+
     def query(self, run: str | None = None) -> dict:
         argv = [self.python, "-m", "orchestrator.supervisor.query", "--root", self.layout.root]
         if run:
             argv += ["--run", run]
         r = self.t.run(argv, timeout=60)
         if not r.ok and r.exit_code in (126, 127):
-            raise DeployError(f"no deployed env on {self.host.name} ({self.python} missing)",
+            raise DeployError(f"no deployed env on {self.host_name} ({self.python} missing)",
                               hint=f"run `dfo deploy {self.deploy_with}` first")
         r.check("reading run state")
         return json_reply(r.out, "reading run state")
@@ -39,7 +50,7 @@ class RunQueries:
         q = self.query()
         runs = q["runs"]
         if not runs:
-            raise NotFoundError(f"no runs on {self.host.name}", hint="start one with `dfo launch`")
+            raise NotFoundError(f"no runs on {self.host_name}", hint="start one with `dfo launch`")
         owner = q.get("lock_owner")
         live = [r for r in runs if r.get("live")]
         if owner and any(r["run_id"] == owner for r in live):
@@ -57,13 +68,13 @@ class RunQueries:
         if not res.get("stopped"):
             runs = self.status(run_id)
             if not runs:
-                raise NotFoundError(f"no run {run_id} on {self.host.name}")
+                raise NotFoundError(f"no run {run_id} on {self.host_name}")
             return {**runs[0], "nothing_to_stop": True}   # no live supervisor: nothing sent
         if not wait:
-            return self._one(run_id)
+            return self.one(run_id)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            info = self._one(run_id)
+            info = self.one(run_id)
             if info.get("status") in rs.FINAL or not info.get("live"):
                 return info
             time.sleep(0.5)
@@ -71,10 +82,11 @@ class RunQueries:
                         hint="see its supervisor.log; the supervisor kills the trainer after "
                              "stop_timeout_s")
 
-    def _one(self, run_id: str) -> dict:
+    def one(self, run_id: str) -> dict:
+        """The status of run ``run_id`` (NotFoundError when it has none)."""
         runs = self.status(run_id)
         if not runs:
-            raise NotFoundError(f"no run {run_id} on {self.host.name} (its directory is gone)")
+            raise NotFoundError(f"no run {run_id} on {self.host_name} (its directory is gone)")
         return runs[0]
 
 

@@ -40,7 +40,11 @@ LaunchOptions = lr.LaunchOptions   # what ``dfo launch`` was asked (pure data, o
 log = logging.getLogger("dfo")
 
 
-class RunOps(RunQueries):
+class RunOps:
+    """launch, status and stop of runs on one host. Reading and stopping runs is its
+    ``queries`` (``RunQueries``); ``status``, ``current_run``, ``stop``, ``query`` and
+    ``one`` here are that object's."""
+
     def __init__(self, transport, host, *, say: Callable[[str], None] | None = None,
                  clock: Callable[[], float] = time.time, deploy_with: str | None = None):
         self.t = transport
@@ -50,11 +54,29 @@ class RunOps(RunQueries):
         self.layout = host.layout
         self.say = say or (lambda msg: log.info("%s", msg))
         self.clock = clock
+        self.queries = RunQueries(transport, self.layout, host.name,
+                                  deploy_with=self.deploy_with)
         self._launching: str | None = None   # the run id a launch allocated (for messages)
 
     @property
     def python(self) -> str:
         return self.layout.current_python
+
+    # --- reading and stopping runs (RunQueries) ------------------------------------------------
+    def query(self, run: str | None = None) -> dict:
+        return self.queries.query(run)
+
+    def status(self, run: str | None = None) -> list[dict]:
+        return self.queries.status(run)
+
+    def current_run(self, run: str | None = None) -> str:
+        return self.queries.current_run(run)
+
+    def one(self, run_id: str) -> dict:
+        return self.queries.one(run_id)
+
+    def stop(self, run: str | None = None, *, timeout: float = 180.0, wait: bool = True) -> dict:
+        return self.queries.stop(run, timeout=timeout, wait=wait)
 
     # --- probes ----------------------------------------------------------------------------
     def probe(self) -> dict[str, str]:
@@ -177,7 +199,7 @@ class RunOps(RunQueries):
         if plan.move_aside:
             self.say(f"earlier checkpoints moved to {plan.move_aside}")
         if wait:
-            self._wait_started(plan.run_id, o.start_timeout)
+            self.wait_started(plan.run_id, o.start_timeout)
         return plan
 
     def _step_error(self, plan: lp.LaunchPlan, steps: list, reply: Mapping[str, Any]) -> DfoError:
@@ -209,7 +231,9 @@ class RunOps(RunQueries):
                                     hint="see `dfo status`; stop it with `dfo stop`")
             time.sleep(0.3)
 
-    def _wait_started(self, run_id: str, timeout: float) -> dict:
+    def wait_started(self, run_id: str, timeout: float) -> dict:
+        """Until the supervisor of ``run_id`` runs (or ended); RunFailed when it does not
+        within ``timeout``."""
         deadline = time.monotonic() + timeout
         last = None
         while time.monotonic() < deadline:

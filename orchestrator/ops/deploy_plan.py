@@ -74,7 +74,7 @@ def locked_argv(lock: str, owner: str, token: str, argv: list[str]) -> list[str]
 # --------------------------------------------------------------------------- state
 
 
-def _b64(v: str) -> str:
+def decode_b64(v: str) -> str:
     try:
         return base64.b64decode(v.encode(), validate=False).decode("utf-8", "replace")
     except (ValueError, TypeError):
@@ -145,11 +145,11 @@ def parse_state(output: str) -> RemoteState:
         elif key == "target":
             s.target = val.strip()
         elif key == "current_marker":
-            s.current_marker = _json(_b64(val))
+            s.current_marker = _json(decode_b64(val))
         elif key == "current_fingerprint":
-            s.current_fingerprint = _json(_b64(val))
+            s.current_fingerprint = _json(decode_b64(val))
         elif key == "current_freeze":
-            s.current_freeze = _b64(val)
+            s.current_freeze = decode_b64(val)
         elif key == "python":
             s.python = val.strip()
         elif key == "df_kb":
@@ -159,9 +159,9 @@ def parse_state(output: str) -> RemoteState:
         elif key == "run_lock":
             s.run_lock_held = val.strip() == "held"
         elif key == "run_lock_owner":
-            s.run_lock_owner = _b64(val)
+            s.run_lock_owner = decode_b64(val)
         elif key == "deploy_owner":
-            s.deploy_owner = _b64(val).strip()
+            s.deploy_owner = decode_b64(val).strip()
         elif key == "deploy_owner_age":
             s.deploy_owner_age = int(val) if val.strip().lstrip("-").isdigit() else None
         elif key == "env":
