@@ -416,12 +416,9 @@ class Supervisor:
         argv = list(self.spec.cache.restore_argv or ())
         if not argv or os.path.isdir(os.path.join(self.run_dir, "cache")):
             return
-        p = subprocess.run(argv, capture_output=True, text=True)
-        tail = (p.stderr or p.stdout).strip().splitlines()[-1:] if p.returncode else []
-        self.record.emit(events.CacheRestore(
-            attempt=int(self.state.attempt) + 1, ok=p.returncode == 0,
-            detail="the run's cache seeded from the host's live cache (empty if none)"
-            if p.returncode == 0 else f"seeding failed, starting cold: {' '.join(tail)}"))
+        self._fill_cache(int(self.state.attempt) + 1, argv,
+                         "the run's cache seeded from the host's live cache (empty if none)",
+                         "seeding failed, starting cold")
 
     def cache_fault(self, out: Outcome, diag) -> str | None:
         """The line saying the attempt died at start-up loading a shared object from the
@@ -468,13 +465,17 @@ class Supervisor:
                 attempt=n, ok=False,
                 detail="no cache to restore from; continuing with the run's cache as it is"))
             return
+        self._fill_cache(n, argv, "the run's cache kept (what the failed attempt built) and "
+                         "topped up from the host's live cache", "restore failed")
+
+    def _fill_cache(self, n: int, argv: list[str], done: str, failed: str) -> None:
+        """Run the cache tool's restore ``argv`` for attempt ``n``; its outcome is an event
+        (``done``, or ``failed`` with the tool's last line)."""
         p = subprocess.run(argv, capture_output=True, text=True)
         tail = (p.stderr or p.stdout).strip().splitlines()[-1:] if p.returncode else []
         self.record.emit(events.CacheRestore(
             attempt=n, ok=p.returncode == 0,
-            detail="the run's cache kept (what the failed attempt built) and topped up "
-            "from the host's live cache"
-            if p.returncode == 0 else f"restore failed: {' '.join(tail)}"))
+            detail=done if p.returncode == 0 else f"{failed}: {' '.join(tail)}"))
 
 
 def done_reason(last_step: int | None, foreign: bool) -> str:

@@ -4,7 +4,6 @@ and ``events.jsonl``, written only through :class:`RunRecord`), the stop request
 
 from __future__ import annotations
 
-import fcntl
 import os
 import time
 
@@ -75,20 +74,10 @@ class RunLock:
         """None once held; else who holds it (its content, or "another run")."""
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        end = time.monotonic() + self.grace_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() < end:
-                    time.sleep(self.RETRY_S)
-                    continue
-                owner = os.pread(fd, 200, 0).decode("utf-8", "replace").strip()
-                os.close(fd)
-                return owner or "another run"
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (self.run_id + "\n").encode(), 0)
+        holder = runfiles.lock_with_owner(fd, self.run_id, wait_s=self.grace_s,
+                                          retry_s=self.RETRY_S)
+        if holder is not None:
+            return holder or "another run"
         self.fd = fd
         return None
 

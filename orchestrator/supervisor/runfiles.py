@@ -13,6 +13,7 @@ import fcntl
 import hashlib
 import json
 import os
+import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +50,30 @@ def check_run_dir(run_dir: str) -> None:
         raise RunDirGone(f"the run directory {run_dir} was deleted while the run was live")
 
 
+def lock_with_owner(fd: int, owner: str | None, *, wait_s: float = 0.0,
+                    retry_s: float = 0.01) -> str | None:
+    """An exclusive ``flock`` on ``fd``, tried for up to ``wait_s``: None once held, and the
+    file then holds ``owner`` (None: left as it is); else the holder's record (the file's
+    content, "" when it has none), with ``fd`` closed. The one lock-and-record step of
+    run.lock and supervisor.lock."""
+    end = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() < end:
+                time.sleep(retry_s)
+                continue
+            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip()
+            os.close(fd)
+            return holder
+    if owner is not None:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (owner + "\n").encode(), 0)
+    return None
+
+
 def own_run(run_dir: str) -> int:
     """Take the run's ownership: an exclusive ``flock`` on ``<run_dir>/supervisor.lock``,
     kept until the returned fd is closed (the process exits). A supervisor restarted after
@@ -63,19 +88,14 @@ def own_run(run_dir: str) -> int:
         if e.errno != errno.EROFS:
             raise
         fd, read_only = os.open(path, os.O_RDONLY | os.O_CLOEXEC), e
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 40, 0).decode("ascii", "replace").strip()
-        os.close(fd)
+    holder = lock_with_owner(fd, None if read_only is not None else str(os.getpid()))
+    if holder is not None:
         raise NotOwner(f"{run_dir} is owned by another live supervisor"
-                       + (f" (pid {holder})" if holder else "")
-                       + "; this one writes nothing there and exits") from None
+                       + (f" (pid {holder[:40]})" if holder else "")
+                       + "; this one writes nothing there and exits")
     if read_only is not None:
         os.close(fd)
         raise read_only
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
 
 
