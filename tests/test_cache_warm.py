@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from dfo_contract.trainer_markers import HeartbeatMarker
+
 from orchestrator.config.runconfig import load_config
 from orchestrator.engine.compile_cache import CacheManager
 from orchestrator.ops.warmup import parse_report, warmup_argv
@@ -58,7 +60,7 @@ def test_warm_wipe_restore_then_the_next_warmup_hits(tmp_path, tiny):
     make_env(root)
     events = []
     mgr = CacheManager(LocalTransport(), RemoteLayout(str(root)), host="local",
-                       events=lambda k, d: events.append((k, dict(d))))
+                       events=lambda k, d: events.append((k, d)))
     cfg, text = load_config(tiny / "cfg.yaml")
     key = mgr.key(cfg)
     res = mgr.warm(key, text, [], measure=True)
@@ -66,7 +68,7 @@ def test_warm_wipe_restore_then_the_next_warmup_hits(tmp_path, tiny):
     assert res.counters["fxgraph_cache_miss"] > 0 and res.counters["fxgraph_cache_hit"] == 0
     assert res.warm_counters["fxgraph_cache_hit"] > 0 and res.warm_counters["fxgraph_cache_miss"] == 0
     assert res.records and res.records[0]["device"] == "cpu" and res.records[0]["shape"] == [32, 4]
-    assert any(k == "heartbeat" for k, _ in events)
+    assert any(k == "marker" and isinstance(d, HeartbeatMarker) for k, d in events)
     p = sn.paths(mgr.layout, key.key)
     m = sn.parse_manifest(Path(p.manifest).read_bytes(), "m")
     assert m["key"] == key.key and m["tar"]["size"] == Path(p.tar).stat().st_size

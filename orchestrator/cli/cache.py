@@ -168,14 +168,18 @@ class _Ui:
         self.act.update(self.desc)
 
     def event(self, kind: str, data) -> None:
+        """``stage``: a step of the command ({"stage", "what"}); ``marker``: a trainer marker
+        of the warm-up (``dfo_contract.trainer_markers``)."""
+        from dfo_contract.trainer_markers import HeartbeatMarker, PhaseMarker
+
         if kind == "stage":
             self.stage(data.get("stage", "?"), str(data.get("what", "")))
-        elif kind == "heartbeat":
+        elif isinstance(data, HeartbeatMarker):
             self.beats += 1
             if not self.act.plain:  # in a pipe the steady lines already say it is alive
                 self.act.update(f"{self.desc} (alive, {self.beats} heartbeats)")
-        elif kind == "phase":
-            self.act.update(f"{self.desc} [{data.get('phase')}]")
+        elif isinstance(data, PhaseMarker):
+            self.act.update(f"{self.desc} [{data.phase}]")
 
 
 def _print_result(res, components, as_json: bool) -> None:

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from dfo_contract.markers import parse_marker
+from dfo_contract.trainer_markers import read_marker
 
 from .. import __version__
 from ..errors import ConfigError, LockHeldError, RemoteCommandError
@@ -141,9 +141,9 @@ class CacheWarmup:
         tail: list[str] = []
 
         def on_line(line: str) -> None:
-            ev = parse_marker(line)
-            if ev is not None:
-                self.cache.events(str(ev.get("kind", "event")), ev)
+            m = read_marker(line)
+            if m is not None:
+                self.cache.events("marker", m)      # a typed trainer marker
                 return
             tail.append(line)
             del tail[:-30]

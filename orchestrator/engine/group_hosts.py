@@ -82,6 +82,8 @@ def warm_cache_group(hosts: Sequence[HostConfig], transport_for: TransportFor, r
                      timeout: float | None = None, progress: Progress = _quiet) -> list[HostOutcome]:
     """``dfo warm-cache`` (restore this env's snapshot, else warm up) on every member."""
     from .cache_command import warm_cache
+    from dfo_contract.trainer_markers import PhaseMarker
+
     from .compile_cache import CacheManager
 
     req.validate()
@@ -90,8 +92,8 @@ def warm_cache_group(hosts: Sequence[HostConfig], transport_for: TransportFor, r
         def events(kind: str, data) -> None:
             if kind == "stage":
                 progress(h.name, f"{data.get('stage', '?')}: {data.get('what', '')}")
-            elif kind == "phase":
-                progress(h.name, f"warmup [{data.get('phase')}]")
+            elif isinstance(data, PhaseMarker):
+                progress(h.name, f"warmup [{data.phase}]")
 
         mgr = CacheManager(transport_for(h), h.layout, host=h.name, events=events, timeout=timeout,
                            trusted_sources=h.cache_trusted_sources)
