@@ -303,7 +303,7 @@ class PeerAbort(EventBase):
 
 @_frozen
 class NodeEnd(EventBase):
-    """One node's own judgement of its part of an attempt (ops.group_decide.NodeEnd)."""
+    """One node's own judgement of its part of an attempt (``group_store.NodeOutcome``)."""
     kind: ClassVar[str] = "node_end"
     attempt: int
     node: int
@@ -338,7 +338,7 @@ class NodeLost(EventBase):
 @_frozen
 class GroupDecision(EventBase):
     """The head's decision on an attempt; a peer's record of it also carries the rest of
-    the decision (``ops.group_decide.GroupDecision``: overrides, fallback, restart, ...)."""
+    the decision (``group_store.GroupVerdict``: overrides, fallback, restart, ...)."""
     kind: ClassVar[str] = "group_decision"
     attempt: int
     node: int

@@ -12,14 +12,16 @@ from orchestrator.ops.classify import GROUP_CLASSES, NODE_LOST, PEER_ABORT
 from orchestrator.ops.fallback import validate_ladders
 from orchestrator.errors import ConfigError
 from orchestrator.ops.budget import cannot_do_better
-from orchestrator.ops.group_decide import (GroupDecision, Heartbeats, NodeEnd, caches_cleared,
-                                           lost_end, peer_step, root_cause, run_healthy_s)
+from dfo_contract.errors import ContractError
+from dfo_contract.group_store import GroupVerdict, NodeOutcome
+from orchestrator.ops.group_decide import (Heartbeats, caches_cleared, lost_end, peer_step,
+                                           root_cause, run_healthy_s)
 from orchestrator.ops.runstate import Attempt
 from orchestrator.ops.launch_argv import Rendezvous, group_env, trainer_argv
 
 
 def end(node, cls, *, origin=False, healthy=0.0, host=None):
-    return NodeEnd(node=node, host=host or f"gpu{node + 1}", cls=cls, reason=f"{cls} here",
+    return NodeOutcome(node=node, host=host or f"gpu{node + 1}", cls=cls, reason=f"{cls} here",
                    origin=origin, healthy_s=healthy)
 
 
@@ -52,23 +54,23 @@ def test_all_peer_abort_is_a_crash():
 
 
 def test_node_end_round_trip_and_run_health():
-    e = NodeEnd(node=1, host="b", cls="oom", reason="r", exit_code=1, reached_train=True,
+    e = NodeOutcome(node=1, host="b", cls="oom", reason="r", exit_code=1, reached_train=True,
                 healthy_s=3.5, permanent=False, origin=True, evidence=({"line": 1},))
-    assert NodeEnd.from_json(e.to_json()) == e
+    assert NodeOutcome.from_text(e.to_text()) == e
     assert run_healthy_s([end(0, "crash", healthy=40.0), end(1, "oom", healthy=0.0)]) == 40.0
 
 
 def test_a_nodes_cache_fault_travels_in_its_end_and_counts_as_a_change():
     line = "ImportError: /r/runs/x/cache/inductor/ab/main.so: file too short"
-    e = NodeEnd(node=1, host="lab-b", cls="crash", reason="the trainer raised ImportError",
+    e = NodeOutcome(node=1, host="lab-b", cls="crash", reason="the trainer raised ImportError",
                 exit_code=1, cache_fault=line)
-    assert NodeEnd.from_json(e.to_json()) == e
-    assert NodeEnd.from_json({**e.to_json(), "cache_fault": None}).cache_fault is None
+    assert NodeOutcome.from_text(e.to_text()) == e
+    assert NodeOutcome.from_json({**e.to_json(), "cache_fault": None}).cache_fault is None
     assert caches_cleared([end(0, PEER_ABORT), e]) == ("lab-b",)
     assert caches_cleared([end(0, PEER_ABORT), end(1, "crash")]) == ()
 
 
-def _group_attempt(n: int, ends: list[NodeEnd]) -> Attempt:
+def _group_attempt(n: int, ends: list[NodeOutcome]) -> Attempt:
     """Attempt n as the head records it: the run's cause (the root of every node's end)."""
     root = root_cause(ends)
     return Attempt(n=n, started_at=float(n), cls=root.cls, reason=f"node {root.host}: "
@@ -79,7 +81,7 @@ def _group_attempt(n: int, ends: list[NodeEnd]) -> Attempt:
 def test_a_peer_failing_the_same_way_at_start_up_twice_stops_the_group():
     # the head's own ends differ (a gloo reset, then a peer's abort); the run's cause is the
     # same start-up crash on lab-b both times: a third attempt cannot do better
-    peer = NodeEnd(node=1, host="lab-b", cls="crash", reason="the trainer raised ValueError: x",
+    peer = NodeOutcome(node=1, host="lab-b", cls="crash", reason="the trainer raised ValueError: x",
                    origin=True)
     a1 = _group_attempt(1, [end(0, "crash"), peer])
     a2 = _group_attempt(2, [end(0, PEER_ABORT), peer])
@@ -87,11 +89,11 @@ def test_a_peer_failing_the_same_way_at_start_up_twice_stops_the_group():
     assert why and why.startswith("attempts 1 and 2 failed the same way before their first "
                                   "training step")
     # unless the restart clears lab-b's compile cache (its part died loading from it)
-    faulty = [end(0, PEER_ABORT), NodeEnd(**{**peer.__dict__, "cache_fault": "ImportError"})]
+    faulty = [end(0, PEER_ABORT), NodeOutcome(**{**peer.__dict__, "cache_fault": "ImportError"})]
     assert cannot_do_better(a1, _group_attempt(2, faulty),
                             restart_changes_config=bool(caches_cleared(faulty))) is None
     # another cause the second time: restart as the budget allows
-    other = NodeEnd(node=1, host="lab-b", cls="oom", reason="OutOfMemoryError", origin=True)
+    other = NodeOutcome(node=1, host="lab-b", cls="oom", reason="OutOfMemoryError", origin=True)
     assert cannot_do_better(a1, _group_attempt(2, [end(0, PEER_ABORT), other]),
                             restart_changes_config=False) is None
 
@@ -112,24 +114,26 @@ def test_decision_round_trip_and_the_peer_mirrors_it():
     fb = {"attempt": 1, "class": "fx_trace_race", "step": "compile_gate",
           "changed": {"compile.gate": True}, "overrides": {"compile.gate": True},
           "restore_cache": True}
-    dec = GroupDecision(action="restart", cause=end(1, "fx_trace_race").to_json(),
-                        overrides={"compile.gate": True}, fallback=fb,
-                        restart={"attempt": 2, "delay_s": 0.1, "reason": "restart 1/5"},
-                        last_checkpoint={"step": 4, "path": "/h/ck/step_4"}, last_step=5)
-    assert GroupDecision.from_json(dec.to_json()) == dec
+    dec = GroupVerdict(action="restart", cause=end(1, "fx_trace_race"),
+                       overrides={"compile.gate": True}, fallback=fb,
+                       restart={"attempt": 2, "delay_s": 0.1, "reason": "restart 1/5"},
+                       last_checkpoint={"step": 4, "path": "/h/ck/step_4"}, last_step=5)
+    assert GroupVerdict.from_text(dec.to_text()) == dec
     st = peer_step(dec, 1, node=1, host="gpu2")
     assert [e.kind for e in st.events] == ["group_decision", "fallback", "restart"]
     assert st.restore_cache and st.events[1].attempt == 1 and st.events[2].attempt == 2
     assert st.final is None and st.overrides == {"compile.gate": True}
     assert st.fallback == {"class": "fx_trace_race", "step": "compile_gate",
                            "changed": {"compile.gate": True}, "attempt": 1}
-    fin = GroupDecision(action="final", cause={}, status="failed", reason="node gpu2 lost")
+    fin = GroupVerdict(action="final", status="failed", reason="node gpu2 lost")
     st = peer_step(fin, 3, node=1, host="gpu2")
     assert st.final == ("failed", "node gpu2 lost") and len(st.events) == 1
     for e in peer_step(dec, 1, node=1, host="gpu2").events:
         assert e.describe() and ev.decode(ev.encode_line(e)) == e
     with pytest.raises(ValueError):
-        GroupDecision.from_json({"action": "maybe"})
+        GroupVerdict.from_text('{"action": "maybe"}')
+    with pytest.raises(ContractError):
+        GroupVerdict.from_text('{"v": 2, "action": "final"}')
 
 
 def test_group_classes_have_no_ladder_or_budget():

@@ -336,18 +336,18 @@ def _coords(node_lost_s: float = 3.0):
 
 
 def test_coordinator_abort_is_first_come_and_stop_reaches_the_other_node():
-    from orchestrator.ops.group_decide import GroupDecision, NodeEnd
+    from dfo_contract.group_store import AttemptPlan, GroupVerdict, NodeOutcome
 
     head, peer = _coords()
     try:
         assert peer.abort(1, "node gpu2: fx") is True
         assert head.abort(1, "node gpu1: crash") is False
-        assert head.aborted(1)["node"] == 1 and head.aborted(2) is None
-        head.set_plan(1, {"overrides": {}, "resume": None, "rdzv_id": "r1-a1"})
-        assert peer.plan(1)["rdzv_id"] == "r1-a1" and peer.plan(2) is None
-        peer.set_end(1, NodeEnd(node=1, host="gpu2", cls="oom", reason="r"))
+        assert head.aborted(1).node == 1 and head.aborted(2) is None
+        head.set_plan(1, AttemptPlan(overrides={}, resume=None, rdzv_id="r1-a1"))
+        assert peer.plan(1).rdzv_id == "r1-a1" and peer.plan(2) is None
+        peer.set_end(1, NodeOutcome(node=1, host="gpu2", cls="oom", reason="r"))
         assert head.end(1, 1).cls == "oom" and head.end(1, 0) is None
-        head.set_decision(1, GroupDecision(action="final", cause={}, status="done"))
+        head.set_decision(1, GroupVerdict(action="final", status="done"))
         assert peer.decision(1).status == "done"
         assert head.stop_requested() is None
         peer.request_stop("SIGTERM to the supervisor (dfo stop)")

@@ -1,20 +1,23 @@
 """This node's connection to a multi-node run's coordination store: a
 ``torch.distributed.TCPStore`` the head's supervisor hosts on ``head_addr:coord_port``
 (a client on the other nodes, every key under the run's prefix through a ``PrefixStore``),
-and the heartbeat thread (docs/recovery.md "One run over several nodes"; key names:
-``orchestrator.ops.group``; the decisions: ``orchestrator.ops.group_decide``)."""
+and the heartbeat thread (docs/recovery.md "One run over several nodes"; key names and
+messages: ``dfo_contract.group_store``; the decisions: ``orchestrator.ops.group_decide``)."""
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
+
+from dfo_contract import group_store as gk
+from dfo_contract.group_store import (AttemptAbort, AttemptPlan, GroupVerdict, NodeOutcome,
+                                      StoppedPids, StopRequest)
 
 from ..ops import group as g
-from ..ops.group_decide import GroupDecision, Heartbeats, NodeEnd
+from ..ops.group_decide import Heartbeats
 
 log = logging.getLogger("dfo")
 
@@ -23,10 +26,7 @@ CONNECT_S = 120.0       # a peer keeps dialling the head's store this long
 OP_TIMEOUT_S = 10.0     # one store operation
 STORE_POLL_S = 0.25     # how often a watch loop reads the store
 
-
-def key_left(node: int) -> str:
-    """Set by a peer's supervisor as it exits: the head keeps the store up until then."""
-    return f"left/{node}"
+M = TypeVar("M")
 
 
 class Coordinator:
@@ -60,7 +60,7 @@ class Coordinator:
             self._base = dist.TCPStore(self.gs.head_addr, self.gs.coord_port, is_master=False,
                                        timeout=timedelta(seconds=CONNECT_S))
             self._base.set_timeout(timedelta(seconds=OP_TIMEOUT_S))
-        self.store = dist.PrefixStore(g.key_prefix(self.run_id), self._base)
+        self.store = dist.PrefixStore(gk.key_prefix(self.run_id), self._base)
         self.hb = Heartbeats(lost_s=self.gs.node_lost_s, start=time.monotonic())
         threading.Thread(target=self._beat, name="dfo-heartbeat", daemon=True).start()
 
@@ -70,13 +70,13 @@ class Coordinator:
         decision."""
         if self.store is not None and not self.gs.is_head:
             if not self.lost(time.monotonic()):   # a lost head's store would only time out
-                self._op(lambda: self.store.set(key_left(self.gs.node), "1"))
+                self._op(lambda: self.store.set(gk.key_left(self.gs.node), "1"))
         elif self.store is not None:
             peers = set(range(1, self.gs.nnodes))
             deadline = time.monotonic() + max(30.0, 2 * self.gs.node_lost_s)
             while peers and time.monotonic() < deadline:
                 peers -= {k for k in peers
-                          if self._op(lambda k=k: self.store.check([key_left(k)]))}
+                          if self._op(lambda k=k: self.store.check([gk.key_left(k)]))}
                 peers -= {k for k, _ in self.lost(time.monotonic())}
                 time.sleep(STORE_POLL_S)
         self._stop.set()
@@ -110,69 +110,66 @@ class Coordinator:
     def _beat(self) -> None:
         watch = ([k for k in range(self.gs.nnodes) if k != 0] if self.gs.is_head else [0])
         while not self._stop.is_set():
-            self._op(lambda: self.store.add(g.key_heartbeat(self.gs.node), 1))
+            self._op(lambda: self.store.add(gk.key_heartbeat(self.gs.node), 1))
             for k in watch:
-                v = self._op(lambda k=k: self.store.add(g.key_heartbeat(k), 0))
+                v = self._op(lambda k=k: self.store.add(gk.key_heartbeat(k), 0))
                 with self._hb_lock:
                     self.hb.observe(k, v, time.monotonic())
             self._stop.wait(HEARTBEAT_S)
 
-    # --- keys ---------------------------------------------------------------------------------
-    def _get(self, key: str) -> Any:
+    # --- messages (dfo_contract.group_store) ------------------------------------------------
+    def _get(self, key: str, parse: Callable[[bytes], M]) -> M | None:
         raw = self._op(lambda: self.store.get(key) if self.store.check([key]) else None)
-        return json.loads(raw) if raw else None
+        return parse(raw) if raw else None
 
-    def _set(self, key: str, obj: Any) -> None:
-        data = json.dumps(obj)
-        self._op(lambda: self.store.set(key, data))
+    def _set(self, key: str, text: str) -> None:
+        self._op(lambda: self.store.set(key, text))
 
-    def set_plan(self, n: int, plan: dict) -> None:
-        self._set(g.key_plan(n), plan)
+    def set_plan(self, n: int, plan: AttemptPlan) -> None:
+        self._set(gk.key_plan(n), plan.to_text())
 
-    def plan(self, n: int) -> dict | None:
-        return self._get(g.key_plan(n))
+    def plan(self, n: int) -> AttemptPlan | None:
+        return self._get(gk.key_plan(n), AttemptPlan.from_text)
 
     def abort(self, n: int, reason: str) -> bool:
         """Set ``key_abort(n)`` unless set; True when this node's was the first."""
-        mine = json.dumps({"node": self.gs.node, "host": self.gs.host, "reason": reason})
-        got = self._op(lambda: self.store.compare_set(g.key_abort(n), "", mine))
+        mine = AttemptAbort(node=self.gs.node, host=self.gs.host, reason=reason).to_text()
+        got = self._op(lambda: self.store.compare_set(gk.key_abort(n), "", mine))
         return got is not None and got.decode() == mine
 
-    def aborted(self, n: int) -> dict | None:
-        return self._get(g.key_abort(n))
+    def aborted(self, n: int) -> AttemptAbort | None:
+        return self._get(gk.key_abort(n), AttemptAbort.from_text)
 
-    def set_end(self, n: int, end: NodeEnd) -> None:
-        self._set(g.key_end(n, end.node), end.to_json())
+    def set_end(self, n: int, end: NodeOutcome) -> None:
+        self._set(gk.key_end(n, end.node), end.to_text())
 
-    def end(self, n: int, k: int) -> NodeEnd | None:
-        d = self._get(g.key_end(n, k))
-        return NodeEnd.from_json(d) if d else None
+    def end(self, n: int, k: int) -> NodeOutcome | None:
+        return self._get(gk.key_end(n, k), NodeOutcome.from_text)
 
     def set_stopped(self, n: int, pids: tuple[int, ...]) -> None:
         """This node's stopped processes of attempt N, now."""
-        self._set(g.key_stopped(n, self.gs.node), {"pids": list(pids)})
+        self._set(gk.key_stopped(n, self.gs.node), StoppedPids(tuple(pids)).to_text())
 
     def stopped(self, n: int, k: int) -> tuple[int, ...]:
         """Node k's stopped processes of attempt N, as it last said (none: nothing said)."""
-        d = self._get(g.key_stopped(n, k))
-        return tuple(int(p) for p in (d or {}).get("pids") or ())
+        got = self._get(gk.key_stopped(n, k), StoppedPids.from_text)
+        return got.pids if got is not None else ()
 
-    def set_decision(self, n: int, dec: GroupDecision) -> None:
-        self._set(g.key_decision(n), dec.to_json())
+    def set_decision(self, n: int, dec: GroupVerdict) -> None:
+        self._set(gk.key_decision(n), dec.to_text())
 
-    def decision(self, n: int) -> GroupDecision | None:
-        d = self._get(g.key_decision(n))
-        return GroupDecision.from_json(d) if d else None
+    def decision(self, n: int) -> GroupVerdict | None:
+        return self._get(gk.key_decision(n), GroupVerdict.from_text)
 
     def request_stop(self, reason: str) -> None:
         if not self.stop_sent:
-            self._set(g.KEY_STOP, {"node": self.gs.node, "host": self.gs.host,
-                                   "reason": reason})
+            self._set(gk.KEY_STOP, StopRequest(node=self.gs.node, host=self.gs.host,
+                                               reason=reason).to_text())
             self.stop_sent = True
 
     def stop_requested(self) -> str | None:
-        d = self._get(g.KEY_STOP)
-        return f"{d.get('reason')} (on node {d.get('host')})" if d else None
+        got = self._get(gk.KEY_STOP, StopRequest.from_text)
+        return got.describe() if got is not None else None
 
     # --- liveness -------------------------------------------------------------------------------
     def lost(self, now: float) -> list[tuple[int, float]]:

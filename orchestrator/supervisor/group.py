@@ -1,8 +1,9 @@
 """One run across several nodes: this node's role (``supervisor.role``). The supervisors
 coordinate through a ``torch.distributed.TCPStore`` the head's supervisor hosts on
-``head_addr:coord_port`` (``supervisor.coordinator``; keys: ``ops.group``; decisions:
-``ops.group_decide``). torchrun's c10d store lives only as long as one attempt's torchrun;
-this one lives as long as the head's supervisor (the user's laptop is not involved).
+``head_addr:coord_port`` (``supervisor.coordinator``; keys and messages:
+``dfo_contract.group_store``; decisions: ``ops.group_decide``). torchrun's c10d store
+lives only as long as one attempt's torchrun; this one lives as long as the head's
+supervisor (the user's laptop is not involved).
 
 :class:`GroupHead` runs the supervisor's ordinary attempt loop (budget, fallback and
 checkpoint choice happen once, there) and its hooks publish the plan of each attempt,
@@ -20,13 +21,14 @@ import time
 from typing import Any, Callable
 
 from dfo_contract import events
+from dfo_contract.group_store import AttemptPlan, GroupVerdict, NodeOutcome
 from dfo_contract.runlimits import Thresholds
 from dfo_contract.runspec import Group, RunSpec
 
 from ..ops.classify import NODE_LOST, PEER_ABORT, Diagnosis, classify
-from ..ops.group_decide import (GroupDecision, NodeEnd, caches_cleared, head_lost_reason,
-                                head_restarted_reason, lost_end, node_lost_reason, peer_step,
-                                root_cause, run_healthy_s, run_reached_train)
+from ..ops.group_decide import (caches_cleared, head_lost_reason, head_restarted_reason,
+                                lost_end, node_lost_reason, peer_step, root_cause,
+                                run_healthy_s, run_reached_train)
 from ..ops.launch_argv import Rendezvous, group_env
 from ..ops.watchdog import Watchdog
 from . import procs
@@ -133,8 +135,8 @@ class GroupRole:
                     out.origin = c.abort(n, f"node {gs.host}: {dog.hang or 'a fatal line'}")
             else:
                 r = c.aborted(n)
-                if r and int(r.get("node", -1)) != gs.node:
-                    out.peer_abort = f"node {r.get('host')} aborted attempt {n}: {r.get('reason')}"
+                if r is not None and r.node != gs.node:
+                    out.peer_abort = f"node {r.host} aborted attempt {n}: {r.reason}"
                     self.record.emit(events.PeerAbort(attempt=n, node=gs.node, host=gs.host,
                                                       reason=out.peer_abort))
                     self._terminate(proc, out, now)
@@ -192,7 +194,7 @@ class GroupRole:
         out.origin = out.origin or (mine and out.peer_abort is None)
 
     def node_end(self, n: int, out: Outcome, diag: Diagnosis, *,
-                 cache_fault: str | None = None) -> NodeEnd:
+                 cache_fault: str | None = None) -> NodeOutcome:
         gs = self.gs
         if out.lost and gs.is_head:
             cls, reason = "crash", "stopped: a node was lost"
@@ -200,12 +202,13 @@ class GroupRole:
             cls, reason = PEER_ABORT, out.peer_abort
         else:
             cls, reason = diag.cls, diag.reason
-        return NodeEnd(node=gs.node, host=gs.host, cls=cls, reason=reason,
-                       exit_code=out.exit_code, reached_train=out.reached_train,
-                       healthy_s=round(out.healthy_s, 3),
-                       permanent=diag.permanent and cls == diag.cls, origin=bool(out.origin),
-                       evidence=tuple(e.to_json() for e in diag.evidence),
-                       cache_fault=cache_fault)
+        return NodeOutcome(node=gs.node, host=gs.host, cls=cls, reason=reason,
+                           exit_code=out.exit_code, reached_train=out.reached_train,
+                           healthy_s=round(out.healthy_s, 3),
+                           permanent=diag.permanent and cls == diag.cls,
+                           origin=bool(out.origin),
+                           evidence=tuple(e.to_json() for e in diag.evidence),
+                           cache_fault=cache_fault)
 
 
 class GroupHead(GroupRole):
@@ -214,7 +217,7 @@ class GroupHead(GroupRole):
     def __init__(self, *a: Any, **kw: Any):
         super().__init__(*a, **kw)
         #: the root cause of the last attempt (ops.group_decide.root_cause), for its decision
-        self.cause: dict | None = None
+        self.cause: NodeOutcome | None = None
         #: the last attempt whose decision was published (0: none)
         self.decided = 0
 
@@ -227,9 +230,9 @@ class GroupHead(GroupRole):
     def place(self, n: int, find_resume: Callable[[], str | None]) -> Placement:
         """What every node runs as attempt N: published as the attempt's plan."""
         at = self._placement(n, find_resume())
-        self._c().set_plan(n, {"overrides": dict(self.record.state.overrides),
-                               "resume": at.resume,
-                               "rdzv_id": self.gs.rdzv_id(self.run_id, n)})
+        self._c().set_plan(n, AttemptPlan(overrides=dict(self.record.state.overrides),
+                                          resume=at.resume,
+                                          rdzv_id=self.gs.rdzv_id(self.run_id, n)))
         return at
 
     def settle(self, n: int, out: Outcome, diag: Diagnosis) -> tuple[Diagnosis, Ending | None]:
@@ -276,7 +279,7 @@ class GroupHead(GroupRole):
         cause = (dataclasses.replace(root, node=gs.nodes.index(out.frozen_on),
                                      host=out.frozen_on)
                  if root.node == gs.node and root.cls == "frozen" and out.frozen_on else root)
-        self.cause = cause.to_json()
+        self.cause = cause
         out.caches_cleared = caches_cleared([e for e in ends.values() if e.node != gs.node])
         out.healthy_s = run_healthy_s(list(ends.values()))
         out.reached_train = run_reached_train(list(ends.values()))
@@ -289,16 +292,16 @@ class GroupHead(GroupRole):
                restart: events.Restart | None = None) -> None:
         """Publish the run's decision on attempt N (and record it here too)."""
         gs, state = self.gs, self.record.state
-        dec = GroupDecision(action=action, cause=dict(self.cause or {}), status=status,
-                            reason=reason, overrides=dict(state.overrides),
-                            fallback=fallback.body() if fallback else None,
-                            restart=restart.body() if restart else None,
-                            last_checkpoint=state.last_checkpoint, last_step=state.last_step)
+        dec = GroupVerdict(action=action, cause=self.cause, status=status,
+                           reason=reason, overrides=dict(state.overrides),
+                           fallback=fallback.body() if fallback else None,
+                           restart=restart.body() if restart else None,
+                           last_checkpoint=state.last_checkpoint, last_step=state.last_step)
         self._c().set_decision(n, dec)
         self.decided = n
         self.record.emit(events.GroupDecision(attempt=n, node=gs.node, host=gs.host,
                                               action=dec.action, status=dec.status,
-                                              reason=dec.reason, cause=dec.cause))
+                                              reason=dec.reason, cause=dec.cause_json()))
 
     def on_restart(self, n: int, fallback: Any, restart: Any) -> None:
         self.decide(n, "restart", fallback=fallback, restart=restart)
@@ -322,7 +325,7 @@ class GroupMember(GroupRole):
     def __init__(self, *a: Any, **kw: Any):
         super().__init__(*a, **kw)
         #: the head's plan for the attempt under way
-        self.plan: dict | None = None
+        self.plan: AttemptPlan | None = None
 
     def thresholds(self, t: Thresholds) -> Thresholds:
         # a peer judges only its own process (exit, fatal lines, OOM, a stopped process:
@@ -334,7 +337,7 @@ class GroupMember(GroupRole):
 
     def place(self, n: int, find_resume: Callable[[], str | None]) -> Placement:
         return self._placement(n, find_resume() if self.plan is None
-                               else self.plan.get("resume"))
+                               else self.plan.resume)
 
     def run(self, driver: Driver) -> int:
         gs, c, state, emit = self.gs, self._c(), self.record.state, self.record.emit
@@ -345,12 +348,12 @@ class GroupMember(GroupRole):
             plan = self._wait_for(lambda: c.plan(n) or c.decision(n))
             if plan is None:
                 return self._gone(driver)
-            if isinstance(plan, GroupDecision):     # the head ended the run between attempts
+            if isinstance(plan, GroupVerdict):     # the head ended the run between attempts
                 step = peer_step(plan, n, node=gs.node, host=gs.host)
                 for event in step.events:
                     emit(event)
                 return driver.final(*(step.final or ("stopped", plan.reason)))
-            state.overrides = dict(plan.get("overrides") or {})
+            state.overrides = dict(plan.overrides)
             self.plan = plan
             state.status = "running"
             out = driver.run_attempt(n)

@@ -1,0 +1,281 @@
+"""The group store of a multi-node run: its key names and the messages the node
+supervisors leave under them (docs/contracts.md, "Group store messages").
+
+The head's supervisor hosts a ``torch.distributed.TCPStore`` on ``head_addr:coord_port``
+(``orchestrator.supervisor.coordinator``); every key lives under :func:`key_prefix`. Each
+message is a frozen dataclass written as one JSON object ``{"v": VERSION, <fields>}``
+(:meth:`to_text`) and read back once on another node (:meth:`from_text`, ContractError when
+it is not one this version reads). The heartbeat counters (``store.add``) and the ``left``
+flag are plain values, not messages.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from . import events
+from .errors import ContractError, VersionError
+
+#: the format version of every message this dfo writes; a reader refuses any other
+VERSION = 1
+
+
+# --- key names (all under the run's prefix) --------------------------------------------------
+
+def key_prefix(run_id: str) -> str:
+    return f"dfo/{run_id}/"
+
+
+def key_heartbeat(node: int) -> str:
+    """A counter each node's supervisor increments (``store.add``) every second; the head
+    watches it change by its own clock (node clocks may differ)."""
+    return f"hb/{node}"
+
+
+def key_plan(attempt: int) -> str:
+    """:class:`AttemptPlan` the head sets before attempt N."""
+    return f"plan/{attempt}"
+
+
+def key_abort(attempt: int) -> str:
+    """:class:`AttemptAbort`, set by the first node whose attempt N ended or was judged
+    failed (``compare_set``): the others stop theirs."""
+    return f"abort/{attempt}"
+
+
+def key_end(attempt: int, node: int) -> str:
+    """:class:`NodeOutcome` each node sets when its part of attempt N ended."""
+    return f"end/{attempt}/{node}"
+
+
+def key_stopped(attempt: int, node: int) -> str:
+    """:class:`StoppedPids` a node sets when the stopped processes (state T) of its part of
+    attempt N change. The head reads its peers' before it judges a hang."""
+    return f"stopped/{attempt}/{node}"
+
+
+def key_decision(attempt: int) -> str:
+    """:class:`GroupVerdict` the head sets after attempt N."""
+    return f"decision/{attempt}"
+
+
+def key_left(node: int) -> str:
+    """Set (``"1"``) by a peer's supervisor as it exits: the head keeps the store up until
+    then."""
+    return f"left/{node}"
+
+
+#: :class:`StopRequest`, set by any node that got ``dfo stop``: every node stops
+KEY_STOP = "stop"
+
+
+# --- reading ---------------------------------------------------------------------------------
+
+def _fields(d: Any, what: str) -> Mapping[str, Any]:
+    """``d`` as a message of this version (absent ``v``: one nested in another message)."""
+    if not isinstance(d, Mapping):
+        raise ContractError(f"a group store {what} is not a JSON object")
+    v = d.get("v", VERSION)
+    if v != VERSION:
+        raise VersionError(f"a group store {what} of format version {v!r}: this dfo reads "
+                           f"version {VERSION}")
+    return d
+
+
+def _load(raw: str | bytes, what: str) -> Mapping[str, Any]:
+    try:
+        return _fields(json.loads(raw), what)
+    except json.JSONDecodeError as e:
+        raise ContractError(f"a group store {what} is not JSON: {e}") from None
+
+
+def _dump(d: Mapping[str, Any]) -> str:
+    return json.dumps({"v": VERSION, **d}, sort_keys=True)
+
+
+def _opt_int(v: Any) -> int | None:
+    return None if v is None else int(v)
+
+
+def _opt_dict(v: Any) -> dict[str, Any] | None:
+    return None if v is None else dict(v)
+
+
+# --- messages --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class AttemptPlan:
+    """``key_plan(N)``: what every node runs as attempt N (the head's overrides, the
+    checkpoint it resumes (a path on the head) and the torchrun rendezvous id)."""
+    overrides: dict[str, Any]
+    resume: str | None
+    rdzv_id: str
+
+    def to_text(self) -> str:
+        return _dump({"overrides": dict(self.overrides), "resume": self.resume,
+                      "rdzv_id": self.rdzv_id})
+
+    @classmethod
+    def from_text(cls, raw: str | bytes) -> "AttemptPlan":
+        d = _load(raw, "plan")
+        r = d.get("resume")
+        return cls(overrides=dict(d.get("overrides") or {}),
+                   resume=None if r is None else str(r), rdzv_id=str(d.get("rdzv_id") or ""))
+
+
+@dataclass(frozen=True)
+class AttemptAbort:
+    """``key_abort(N)``: the node that stopped attempt N first, and why."""
+    node: int
+    host: str
+    reason: str
+
+    def to_text(self) -> str:
+        return _dump({"node": self.node, "host": self.host, "reason": self.reason})
+
+    @classmethod
+    def from_text(cls, raw: str | bytes) -> "AttemptAbort":
+        d = _load(raw, "abort")
+        return cls(node=int(d.get("node", -1)), host=str(d.get("host") or ""),
+                   reason=str(d.get("reason") or ""))
+
+
+@dataclass(frozen=True)
+class NodeOutcome:
+    """``key_end(N, node)``: one node's own classification of its part of attempt N (its
+    record in events.jsonl is the ``node_end`` event, :meth:`event`)."""
+    node: int
+    host: str
+    cls: str
+    reason: str
+    exit_code: int | None = None
+    reached_train: bool = False
+    healthy_s: float = 0.0
+    permanent: bool = False
+    #: this node set ``key_abort(N)`` first: its end is where the attempt went wrong
+    origin: bool = False
+    evidence: tuple[dict, ...] = ()
+    #: the line of its output saying its part died at start-up loading a shared object from
+    #: its run's compile cache (``ops.cache_check``): a restart clears that node's cache
+    cache_fault: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The fields (JSON names; ``class`` for ``cls``), without ``v``: also the
+        ``cause`` of a :class:`GroupVerdict` and of its ``group_decision`` event."""
+        return {"node": self.node, "host": self.host, "class": self.cls, "reason": self.reason,
+                "exit_code": self.exit_code, "reached_train": self.reached_train,
+                "healthy_s": self.healthy_s, "permanent": self.permanent,
+                "origin": self.origin, "evidence": list(self.evidence),
+                "cache_fault": self.cache_fault}
+
+    def to_text(self) -> str:
+        return _dump(self.to_json())
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "NodeOutcome":
+        d = _fields(d, "node outcome")
+        try:
+            return cls(node=int(d["node"]), host=str(d.get("host", "")), cls=str(d["class"]),
+                       reason=str(d.get("reason", "")), exit_code=_opt_int(d.get("exit_code")),
+                       reached_train=bool(d.get("reached_train")),
+                       healthy_s=float(d.get("healthy_s") or 0.0),
+                       permanent=bool(d.get("permanent")), origin=bool(d.get("origin")),
+                       evidence=tuple(d.get("evidence") or ()),
+                       cache_fault=None if d.get("cache_fault") is None
+                       else str(d["cache_fault"]))
+        except KeyError as e:
+            raise ContractError(f"a group store node outcome lacks its {e.args[0]!r}") from None
+
+    @classmethod
+    def from_text(cls, raw: str | bytes) -> "NodeOutcome":
+        return cls.from_json(_load(raw, "node outcome"))
+
+    def event(self, attempt: int) -> events.NodeEnd:
+        """This outcome as the ``node_end`` event of attempt ``attempt``."""
+        return events.NodeEnd(attempt=attempt, node=self.node, host=self.host, cls=self.cls,
+                              reason=self.reason, exit_code=self.exit_code,
+                              reached_train=self.reached_train, healthy_s=self.healthy_s,
+                              permanent=self.permanent, origin=self.origin,
+                              evidence=list(self.evidence))
+
+
+@dataclass(frozen=True)
+class StoppedPids:
+    """``key_stopped(N, node)``: the node's stopped processes of attempt N, now (empty:
+    none)."""
+    pids: tuple[int, ...] = ()
+
+    def to_text(self) -> str:
+        return _dump({"pids": list(self.pids)})
+
+    @classmethod
+    def from_text(cls, raw: str | bytes) -> "StoppedPids":
+        return cls(tuple(int(p) for p in _load(raw, "stopped list").get("pids") or ()))
+
+
+@dataclass(frozen=True)
+class GroupVerdict:
+    """``key_decision(N)``: the head's word on attempt N for every node (its record in
+    events.jsonl is the ``group_decision`` event).
+
+    ``action``: ``restart`` (with ``overrides``; ``fallback`` and ``restart`` hold the
+    ``fallback`` and ``restart`` events' bodies) or ``final`` (``status``, ``reason``).
+    ``cause``: the root cause among the nodes' outcomes (None: none was judged)."""
+    action: str
+    cause: NodeOutcome | None = None
+    status: str = ""
+    reason: str = ""
+    overrides: dict[str, Any] = field(default_factory=dict)
+    fallback: dict[str, Any] | None = None
+    restart: dict[str, Any] | None = None
+    last_checkpoint: dict[str, Any] | None = None
+    last_step: Any = None
+
+    def __post_init__(self) -> None:
+        if self.action not in ("restart", "final"):
+            raise ContractError(f"unknown group decision {self.action!r}")
+
+    def cause_json(self) -> dict[str, Any]:
+        """The cause as the ``group_decision`` event carries it ({}: none)."""
+        return self.cause.to_json() if self.cause is not None else {}
+
+    def to_text(self) -> str:
+        return _dump({"action": self.action, "cause": self.cause_json(),
+                      "status": self.status, "reason": self.reason,
+                      "overrides": dict(self.overrides), "fallback": self.fallback,
+                      "restart": self.restart, "last_checkpoint": self.last_checkpoint,
+                      "last_step": self.last_step})
+
+    @classmethod
+    def from_text(cls, raw: str | bytes) -> "GroupVerdict":
+        d = _load(raw, "decision")
+        cause = d.get("cause")
+        return cls(action=str(d.get("action")),
+                   cause=NodeOutcome.from_json(cause) if cause else None,
+                   status=str(d.get("status") or ""), reason=str(d.get("reason") or ""),
+                   overrides=dict(d.get("overrides") or {}),
+                   fallback=_opt_dict(d.get("fallback")), restart=_opt_dict(d.get("restart")),
+                   last_checkpoint=_opt_dict(d.get("last_checkpoint")),
+                   last_step=d.get("last_step"))
+
+
+@dataclass(frozen=True)
+class StopRequest:
+    """``KEY_STOP``: a node got ``dfo stop`` (or its supervisor a SIGTERM)."""
+    node: int
+    host: str
+    reason: str
+
+    def to_text(self) -> str:
+        return _dump({"node": self.node, "host": self.host, "reason": self.reason})
+
+    @classmethod
+    def from_text(cls, raw: str | bytes) -> "StopRequest":
+        d = _load(raw, "stop request")
+        return cls(node=int(d.get("node", -1)), host=str(d.get("host") or ""),
+                   reason=str(d.get("reason") or ""))
+
+    def describe(self) -> str:
+        return f"{self.reason} (on node {self.host})"
