@@ -16,7 +16,7 @@ import pytest
 from rich.console import Console
 
 from orchestrator.ops.run_identity import make_run_id
-from dfo_contract.fsio import parse_jsonl
+from dfo_contract.metrics_record import parse_metrics
 from orchestrator.ops.sparkline import current_step, metrics_tail, sparkline
 
 REPO = Path(__file__).resolve().parents[1]
@@ -122,7 +122,7 @@ def test_sparkline_and_current_step():
     assert current_step(True, -1, 7) == 7
     lines = ['{"step": 90, "tokens_per_s": 10.0}', '{"step": 100, "tokens_per_s": 12}',
              'torn {"step', '[1]', '{"step": 110, "tokens_per_s": NaN}']
-    assert metrics_tail(parse_jsonl("\n".join(lines)).records) == (110, [10.0, 12.0])
+    assert metrics_tail(parse_metrics("\n".join(lines))) == (110, [10.0, 12.0])
 
 
 def test_status_step_is_current_and_has_the_trend(tmp_path):

@@ -8,6 +8,7 @@ import struct
 import pytest
 
 from dfo_contract import events as ev
+from dfo_contract.metrics_record import parse_metrics
 from orchestrator.ops import curves as cv
 
 # --- pure -----------------------------------------------------------------------------------
@@ -47,15 +48,15 @@ EVENTS = "\n".join(ev.encode_line(e).decode().rstrip("\n") for e in [
 
 
 def test_series_split_per_attempt_and_skip_missing():
-    recs = cv.read_metrics(METRICS)
-    assert [r["step"] for r in recs] == [1, 2, 3, 3, 4, 5]
+    recs = parse_metrics(METRICS)
+    assert [r.step for r in recs] == [1, 2, 3, 3, 4, 5]
     s = cv.series(recs, "loss")
     assert [(x.attempt, x.steps, x.values) for x in s] == [
         (1, (1, 2), (3.0, 2.5)), (2, (3, 4), (2.4, 2.2)), (3, (5,), (2.0,))]
 
 
 def test_boundaries_at_resume_step_with_fallback_labels():
-    b = cv.boundaries(ev.read_events(EVENTS), cv.read_metrics(METRICS))
+    b = cv.boundaries(ev.read_events(EVENTS), parse_metrics(METRICS))
     assert b == [
         cv.Boundary(2, 2, "attempt 2: oom -> halve_micro_batch (train.micro_batch=4)"),
         cv.Boundary(3, 5, "attempt 3: crash -> same config"),
@@ -66,7 +67,7 @@ def test_boundary_of_an_attempt_that_logged_nothing():
     more = EVENTS + "\n" + ev.encode_line(ev.AttemptStart(
         attempt=4, resume=None, overrides={}, argv=["trainer"], pid=13,
         log="attempt-4.log")).decode()
-    b = cv.boundaries(ev.read_events(more), cv.read_metrics(METRICS))
+    b = cv.boundaries(ev.read_events(more), parse_metrics(METRICS))
     assert b[-1] == cv.Boundary(4, None, "attempt 4")
 
 

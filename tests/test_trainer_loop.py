@@ -16,7 +16,10 @@ from tests.helpers.trainer import (PY, REPO, make_synth, make_target, markers, r
 from dfo_contract import checkpoints as cm
 from dfo_contract.exitcodes import CheckpointError
 from trainer.train.loop import train
-from trainer.telemetry.metrics import STEP_FIELDS
+from dfo_contract.metrics_record import TRAIN_FIELDS
+
+#: every key of a training step's metrics.jsonl record
+STEP_FIELDS = ("step", *TRAIN_FIELDS, "phase", "attempt")
 
 
 @pytest.fixture(scope="module")

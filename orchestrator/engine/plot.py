@@ -11,6 +11,7 @@ import logging
 import os
 
 from dfo_contract.errors import ContractError
+from dfo_contract.metrics_record import METRICS_FILE
 
 from ..errors import ConfigError, ContractMismatch, NotFoundError
 from ..ops import curves as cv
@@ -32,7 +33,7 @@ def fetch_curves(ops, run: str | None) -> cv.Curves:
         raise NotFoundError(f"no run {run_id} on {ops.host.name}",
                             hint="see `dfo status` for run ids") from None
     try:
-        metrics = ops.t.get(f"{run_dir}/metrics.jsonl").decode("utf-8", "replace")
+        metrics = ops.t.get(f"{run_dir}/{METRICS_FILE}").decode("utf-8", "replace")
     except NotFoundError:
         metrics = ""
     try:
@@ -40,7 +41,7 @@ def fetch_curves(ops, run: str | None) -> cv.Curves:
     except ContractError as e:
         raise ContractMismatch(f"run {run_id}: {rs.EVENTS_FILE}: {e}") from None
     if c.empty:
-        raise NotFoundError(f"run {run_id} has logged no step yet ({run_dir}/metrics.jsonl)",
+        raise NotFoundError(f"run {run_id} has logged no step yet ({run_dir}/{METRICS_FILE})",
                             hint="plot again after its first log step (train.log_every)")
     return c
 

@@ -11,13 +11,12 @@
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 from dfo_contract import events as ev
-from dfo_contract.fsio import parse_jsonl
+from dfo_contract.metrics_record import MetricsRecord, parse_metrics
 
 #: (panel title, fields drawn there, field prefixes that join it)
 PANELS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
@@ -56,31 +55,19 @@ class Curves:
         return not any(s.steps for _, ss in self.panels for s in ss)
 
 
-def read_metrics(data: bytes | str) -> list[dict]:
-    """The step records of metrics.jsonl (torn or foreign lines skipped)."""
-    return [rec for rec in parse_jsonl(data).records if isinstance(rec.get("step"), int)]
+def _attempt(rec: MetricsRecord) -> int:
+    return rec.attempt if rec.attempt is not None else 1
 
 
-def _num(v: Any) -> float | None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return None
-    return float(v) if math.isfinite(v) else None
-
-
-def _attempt(rec: Mapping[str, Any]) -> int:
-    a = rec.get("attempt")
-    return a if isinstance(a, int) and not isinstance(a, bool) else 1
-
-
-def series(records: Sequence[Mapping[str, Any]], name: str) -> list[Series]:
+def series(records: Sequence[MetricsRecord], name: str) -> list[Series]:
     """``name`` per attempt, in the order attempts appear; points without a number left out."""
     by: dict[int, tuple[list[int], list[float]]] = {}
     for r in records:
-        v = _num(r.get(name))
+        v = r.value(name)
         if v is None:
             continue
         steps, values = by.setdefault(_attempt(r), ([], []))
-        steps.append(r["step"])
+        steps.append(r.step)
         values.append(v)
     return [Series(name, a, tuple(s), tuple(v)) for a, (s, v) in by.items()]
 
@@ -106,11 +93,11 @@ def resumed_step(resume: Any) -> int | None:
 
 
 def boundaries(events: Sequence[ev.Event],
-               records: Sequence[Mapping[str, Any]]) -> list[Boundary]:
+               records: Sequence[MetricsRecord]) -> list[Boundary]:
     """Each attempt after the first: where it starts and what changed for it."""
     first_step: dict[int, int] = {}
     for r in records:
-        first_step.setdefault(_attempt(r), r["step"])
+        first_step.setdefault(_attempt(r), r.step)
     fallbacks = {e.attempt: e for e in events if isinstance(e, ev.Fallback)}
     starts: dict[int, ev.AttemptStart] = {}
     for e in events:
@@ -138,11 +125,11 @@ def final_status(events: Sequence[ev.Event]) -> str | None:
 
 def curves(run_id: str, metrics_text: str, events_text: str) -> Curves:
     """ContractError when events_text holds a record this dfo cannot read (a newer one)."""
-    records = read_metrics(metrics_text)
+    records = parse_metrics(metrics_text)
     events = ev.read_events(events_text)
     fields_seen: list[str] = []
     for r in records:
-        for k in r:
+        for k in r.names():
             if k not in fields_seen:
                 fields_seen.append(k)
     out = Curves(run_id, final_status(events))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from typing import Iterable
 
+from dfo_contract.metrics_record import MetricsRecord
+
 BARS = "▁▂▃▄▅▆▇█"
 
 
@@ -30,16 +32,14 @@ def current_step(*steps: object) -> int | None:
     return max(got) if got else None
 
 
-def metrics_tail(records: Iterable[dict], keep: int = 16) -> tuple[int | None, list[float]]:
-    """From the last records of metrics.jsonl (``dfo_contract.fsio.read_jsonl``): the step
+def metrics_tail(records: Iterable[MetricsRecord],
+                 keep: int = 16) -> tuple[int | None, list[float]]:
+    """From the last records of metrics.jsonl (``dfo_contract.metrics_record``): the step
     of the newest one and the last ``keep`` tokens_per_s values."""
     step = None
     tps: list[float] = []
     for rec in records:
-        s = rec.get("step")
-        if isinstance(s, int) and not isinstance(s, bool):
-            step = s
-        v = rec.get("tokens_per_s")
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-            tps.append(float(v))
+        step = rec.step
+        if rec.tokens_per_s is not None:
+            tps.append(rec.tokens_per_s)
     return step, tps[-keep:]

@@ -105,10 +105,13 @@ def run_info(run_dir: str) -> dict | None:
 def _add_metrics(st: dict, run_dir: str, tail_bytes: int = 16384) -> None:
     """``recent_tokens_per_s`` (for the sparkline) and ``last_step`` made current from the
     tail of metrics.jsonl and the newest checkpoint (state.json's step lags between logs)."""
+    from dfo_contract.metrics_record import METRICS_FILE, metrics_records
+
     from ..ops.sparkline import current_step, metrics_tail
 
     try:
-        records = read_jsonl(os.path.join(run_dir, "metrics.jsonl"), tail_bytes=tail_bytes).records
+        records = metrics_records(read_jsonl(os.path.join(run_dir, METRICS_FILE),
+                                             tail_bytes=tail_bytes).records)
     except OSError:
         records = []
     step, tps = metrics_tail(records)

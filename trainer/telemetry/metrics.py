@@ -3,10 +3,11 @@
 - ``Emitter.emit(marker)`` prints a typed marker (``dfo_contract.trainer_markers``) as one
   ``@dfo {"kind": ..., "v": 1, ..., "t": ...}`` line on stdout (flushed); the supervisor
   parses only these lines.
-- ``Emitter.step(record)`` appends the step object to ``<run.dir>/metrics.jsonl``, writes
-  its numeric fields to a TensorBoard event file beside it (``trainer.telemetry.tbevents``), prints
-  it as a marker and as one readable line. ``Emitter.eval(record)`` does the same for a
-  held-out evaluation (``phase: eval``, ``accept_len``, ``best_accept_len``).
+- ``Emitter.step(measured)`` appends the step's ``dfo_contract.metrics_record.MetricsRecord``
+  to ``<run.dir>/metrics.jsonl``, writes its numeric fields to a TensorBoard event file
+  beside it (``trainer.telemetry.tbevents``), prints it as a marker and as one readable
+  line. ``Emitter.eval(measured)`` does the same for a held-out evaluation (``phase: eval``,
+  ``accept_len``, ``best_accept_len``).
 - ``Heartbeat``: a thread printing ``{"kind": "heartbeat", "phase": ..., "step": ...}`` at
   least every ``every_s`` (<= 10) seconds while the process is doing work: when its CPU
   time advanced by >= 10% of one core, or a step finished, since the last beat. A
@@ -19,27 +20,20 @@ Metric tensors stay on the device; ``.item()``/``.tolist()`` happen only at log 
 
 from __future__ import annotations
 
-import math
 import os
 import resource
 import sys
 import threading
 import time
+from typing import Any, Mapping
 
 from dfo_contract.fsio import append_jsonl
-from dfo_contract.trainer_markers import (EvalMarker, HeartbeatMarker, PhaseMarker, StepMarker,
-                                          TrainerMarker)
+from dfo_contract.metrics_record import METRICS_FILE, MetricsRecord
+from dfo_contract.trainer_markers import HeartbeatMarker, PhaseMarker, TrainerMarker
 from dfo_contract.procs import proc_stat
 
 from .faults import silenced as _silenced
 from .tbevents import ScalarWriter
-
-STEP_FIELDS = ("step", "loss", "acc", "tau", "lr", "tokens_per_s", "samples_per_s",
-               "peak_mem_bytes", "phase", "attempt")
-
-
-def _finite(x):
-    return x if not isinstance(x, float) or math.isfinite(x) else None
 
 
 class Emitter:
@@ -50,7 +44,7 @@ class Emitter:
         self.enabled = enabled
         self._lock = threading.Lock()
         self.phase = "init"
-        self.metrics_path = os.path.join(run_dir, "metrics.jsonl") if run_dir else None
+        self.metrics_path = os.path.join(run_dir, METRICS_FILE) if run_dir else None
         if self.metrics_path and enabled:
             os.makedirs(run_dir, exist_ok=True)
         self._tb = ScalarWriter(run_dir) if self.metrics_path and enabled else None
@@ -79,43 +73,43 @@ class Emitter:
         self.phase = phase
         self.emit(PhaseMarker(phase=phase))
 
-    def step(self, rec: dict) -> None:
-        rec = {k: _finite(rec.get(k)) for k in STEP_FIELDS} | {
-            k: _finite(v) for k, v in rec.items() if k not in STEP_FIELDS}
+    def _record(self, rec: MetricsRecord) -> None:
+        """``rec`` into metrics.jsonl and the TensorBoard events, and as its marker."""
         if self.metrics_path and self.enabled:
             with self._lock:
-                append_jsonl(self.metrics_path, rec)
+                append_jsonl(self.metrics_path, rec.to_json())
             if self._tb is not None:
-                self._tensorboard(rec)
-        self.emit(StepMarker.from_record(rec))
-        self.print(f"step {rec['step']:>6}  loss {_fmt(rec['loss'])}  acc {_fmt(rec['acc'])}  "
-                   f"tau {_fmt(rec['tau'], 2)}  lr {rec['lr']:.3g}  "
-                   f"{_fmt(rec['tokens_per_s'], 0)} tok/s  {_fmt(rec['samples_per_s'], 2)} samples/s")
+                prefix = "eval/" if rec.phase == "eval" else ""
+                self._tensorboard(rec.step, {f"{prefix}{k}": v
+                                             for k, v in rec.scalars().items()})
+        self.emit(rec.marker())
 
-    def _tensorboard(self, rec: dict) -> None:
+    def step(self, measured: Mapping[str, Any] | MetricsRecord) -> None:
+        """One log step's metrics (``MetricsRecord`` fields; ``phase: train``)."""
+        rec = measured if isinstance(measured, MetricsRecord) else MetricsRecord.of(measured)
+        self._record(rec)
+        self.print(f"step {rec.step:>6}  loss {_fmt(rec.loss)}  acc {_fmt(rec.acc)}  "
+                   f"tau {_fmt(rec.tau, 2)}  lr {_fmt(rec.lr, 3, 'g')}  "
+                   f"{_fmt(rec.tokens_per_s, 0)} tok/s  {_fmt(rec.samples_per_s, 2)} samples/s")
+
+    def _tensorboard(self, step: int, values: Mapping[str, Any]) -> None:
         try:
-            self._tb.write(rec["step"], rec)
+            self._tb.write(step, values)
         except OSError as e:  # pictures must never stop training
             self._tb = None
             self.print(f"tensorboard events disabled: {e}")
 
-    def eval(self, rec: dict) -> None:
-        """A held-out evaluation (``accept_len``: measured acceptance length): one object in
+    def eval(self, measured: Mapping[str, Any]) -> None:
+        """A held-out evaluation (``accept_len``: measured acceptance length): one record in
         metrics.jsonl with ``"phase": "eval"``, an ``eval`` marker and one readable line."""
-        rec = {k: _finite(v) for k, v in rec.items()} | {"phase": "eval", "attempt": self.attempt}
-        if self.metrics_path and self.enabled:
-            with self._lock:
-                append_jsonl(self.metrics_path, rec)
-            if self._tb is not None:
-                self._tensorboard({"step": rec["step"], **{
-                    f"eval/{k}": v for k, v in rec.items() if k not in ("step", "attempt", "phase")}})
-        self.emit(EvalMarker.from_record(rec))
-        self.print(f"eval {rec['step']:>6}  accept_len {_fmt(rec.get('accept_len'), 3)}  "
-                   f"best {_fmt(rec.get('best_accept_len'), 3)}  ({rec.get('eval_blocks')} blocks)")
+        rec = MetricsRecord.of(measured, phase="eval", attempt=self.attempt)
+        self._record(rec)
+        self.print(f"eval {rec.step:>6}  accept_len {_fmt(rec.accept_len, 3)}  "
+                   f"best {_fmt(rec.best_accept_len, 3)}  ({rec.eval_blocks} blocks)")
 
 
-def _fmt(x, nd: int = 4) -> str:
-    return "nan" if x is None else f"{x:.{nd}f}"
+def _fmt(x, nd: int = 4, how: str = "f") -> str:
+    return "nan" if x is None or x != x else f"{x:.{nd}{how}}"
 
 
 def peak_mem_bytes(device) -> int:
