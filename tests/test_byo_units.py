@@ -11,7 +11,7 @@ from orchestrator.cli import main
 from orchestrator.config.byo_runfile import parse_run_file
 from orchestrator.errors import ConfigError
 from orchestrator.ops import byo
-from orchestrator.ops.watchdog import Step, Thresholds, Watchdog
+from orchestrator.ops.watchdog import AttemptWatchdog, StepProgress, Thresholds
 from tests.supervisor_env import hosts_yaml, make_root
 
 PAT = r"step (?P<step>\d+) .*tok/s (?P<tok_s>[\d.]+)"
@@ -117,13 +117,13 @@ T = Thresholds(warmup_s=900, train_s=300, live_grace_s=5, kill_grace_s=3, stop_t
 
 
 def test_watchdog_reads_steps_from_the_pattern():
-    w = Watchdog(T, now=0.0, step_pattern=byo.compile_step_pattern(PAT))
-    assert w.feed("step 3 loss 1.0 tok/s 512.0", 1.0) == [Step(3, 512.0, None)]
+    w = AttemptWatchdog(T, now=0.0, step_pattern=byo.compile_step_pattern(PAT))
+    assert w.feed("step 3 loss 1.0 tok/s 512.0", 1.0) == [StepProgress(3, 512.0, None)]
     assert w.reached_train and w.feed("epoch 1", 2.0) == []
 
 
 def test_a_foreign_trainer_busy_and_silent_is_never_killed_idle_is():
-    w = Watchdog(T, now=0.0, cpu_is_progress=True)
+    w = AttemptWatchdog(T, now=0.0, cpu_is_progress=True)
     cpu = 0.0
     for t in range(1, 3000):               # silent, one core busy: CPU time is progress
         cpu += 1.0

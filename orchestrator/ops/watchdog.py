@@ -1,7 +1,8 @@
 """The attempt watchdog: pure decisions about one running trainer attempt.
 
-The supervisor reads the attempt's output, feeds each complete line with :meth:`Watchdog.feed`,
-calls :meth:`Watchdog.tick` once per poll (and :meth:`Watchdog.stop` when ``dfo stop`` asked),
+The supervisor reads the attempt's output, feeds each complete line with
+:meth:`AttemptWatchdog.feed`, calls :meth:`AttemptWatchdog.tick` once per poll (and
+:meth:`AttemptWatchdog.stop` when ``dfo stop`` asked),
 and executes the actions it gets back, in order. The watchdog itself never reads a file,
 sends a signal or looks at a clock: time comes in as ``now`` (monotonic seconds).
 
@@ -14,11 +15,11 @@ What it decides:
 - a throughput collapse (:class:`~orchestrator.ops.classify.ThroughputMonitor`) is *not*
   dense attention by itself (flex's dense-path lines are acted on when printed, above):
   the watchdog only reports it
-  (:class:`ThroughputLow`, later :class:`ThroughputOk`): the supervisor looks at the host
+  (:class:`ThroughputDrop`, later :class:`ThroughputBack`): the supervisor looks at the host
   (``ops.host_load``) and records what it saw, the config stays and nothing is restarted;
 - a hang, two ways: no ``@dfo`` marker (heartbeat, step, phase) for ``hang_s`` (60) while
   the attempt's whole process tree used under 10% of one core and did no I/O in that time
-  (the supervisor feeds :meth:`Watchdog.activity`; a compile that makes progress burns CPU
+  (the supervisor feeds :meth:`AttemptWatchdog.activity`; a compile that makes progress burns CPU
   and the trainer's heartbeat goes on); or no marker at all for ``warmup_s`` (before the
   first step) or ``train_s`` (after it), busy or not. Either: dump the stacks, then kill;
 - a frozen attempt: a process of its tree stopped (``/proc/PID/stat`` state T or t: SIGSTOP,
@@ -49,28 +50,17 @@ KILL_REPEAT_S = 2.0
 
 # --- actions (what the supervisor must do, in order) ---------------------------------------
 
+# A ``CheckpointMarker`` is itself the action "record it" (state.json's last_checkpoint and
+# a ``checkpoint`` event); an ``EvalMarker`` (bundled trainer) likewise: the measured
+# acceptance length on held-out data and the best so far (state.json's accept_len /
+# best_accept_len and an ``eval`` event).
+
 @dataclass(frozen=True)
-class Step:
+class StepProgress:
     """A step marker: record progress (state.json's last_step / tokens_per_s / baseline)."""
     step: object
     tokens_per_s: object
     baseline: float | None
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """A checkpoint marker: record it (state.json's last_checkpoint) and emit an event."""
-    step: object
-    path: object
-
-
-@dataclass(frozen=True)
-class Eval:
-    """An ``eval`` marker (bundled trainer): the measured acceptance length on held-out
-    data and the best so far (state.json's accept_len / best_accept_len)."""
-    step: object
-    accept_len: object
-    best_accept_len: object
 
 
 @dataclass(frozen=True)
@@ -98,19 +88,22 @@ class Kill:
 
 
 @dataclass(frozen=True)
-class ThroughputLow:
+class ThroughputDrop:
     """tokens/s collapsed with no dense-attention evidence: find out why (host load, other
-    GPU processes) and record it; no restart, no config change."""
+    GPU processes) and record it (a ``throughput_low`` event); no restart, no config
+    change."""
     reason: str
 
 
 @dataclass(frozen=True)
-class ThroughputOk:
-    """tokens/s is back above the collapse fraction after a :class:`ThroughputLow`."""
+class ThroughputBack:
+    """tokens/s is back above the collapse fraction after a :class:`ThroughputDrop` (a
+    ``throughput_ok`` event)."""
     reason: str
 
 
-Action = Union[Step, Checkpoint, Warn, Terminate, DumpStacks, Kill, ThroughputLow, ThroughputOk]
+Action = Union[StepProgress, CheckpointMarker, EvalMarker, Warn, Terminate, DumpStacks, Kill,
+               ThroughputDrop, ThroughputBack]
 
 #: a silent attempt whose tree used less CPU than this fraction of one core over ``hang_s``
 IDLE_CPU_FRACTION = 0.1
@@ -118,7 +111,7 @@ IDLE_CPU_FRACTION = 0.1
 IDLE_IO_BYTES = 1 << 20
 
 
-class Watchdog:
+class AttemptWatchdog:
     """One attempt's watchdog. ``now`` is when the attempt started (monotonic seconds);
     ``baseline`` a healthy tokens/s already measured for this config (else it is learned);
     ``dense_expected``: the run asked for uncompiled flex, so the dense warning is no fault."""
@@ -178,10 +171,8 @@ class Watchdog:
             self.clock.feed(m, now + self._to_wall)
             if isinstance(m, StepMarker):
                 acts += self._on_step(m, now)
-            elif isinstance(m, CheckpointMarker):
-                acts.append(Checkpoint(m.step, m.path))
-            elif isinstance(m, EvalMarker):
-                acts.append(Eval(m.step, m.accept_len, m.best_accept_len))
+            elif isinstance(m, (CheckpointMarker, EvalMarker)):
+                acts.append(m)
         if rule is not None and rule.live and self.term_at is None and self.kill_at is None:
             if rule.cls == "dense_fallback" and self.dense_expected:
                 return acts
@@ -202,11 +193,11 @@ class Watchdog:
         if why and self.low is None and self.term_at is None:
             self.low = why
             self.low_episodes += 1
-            acts.append(ThroughputLow(why))
+            acts.append(ThroughputDrop(why))
         elif self.low is not None and self.monitor.low_steps == 0:
-            acts.append(ThroughputOk(f"{tps:.0f} tok/s, baseline {self.monitor.baseline:.0f}"))
+            acts.append(ThroughputBack(f"{tps:.0f} tok/s, baseline {self.monitor.baseline:.0f}"))
             self.low = None
-        acts.append(Step(m.step, tps, self.monitor.baseline))
+        acts.append(StepProgress(m.step, tps, self.monitor.baseline))
         return acts
 
     def activity(self, now: float, cpu_s: float, io_bytes: int = 0,

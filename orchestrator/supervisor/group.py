@@ -30,7 +30,7 @@ from ..ops.group_decide import (caches_cleared, head_lost_reason, head_restarted
                                 lost_end, node_lost_reason, peer_step, root_cause,
                                 run_healthy_s, run_reached_train)
 from ..ops.launch_argv import Rendezvous, group_env
-from ..ops.watchdog import Watchdog
+from ..ops.watchdog import AttemptWatchdog
 from . import procs
 from .hostprobe import local_addr
 from .coordinator import STORE_POLL_S, Coordinator
@@ -114,7 +114,7 @@ class GroupRole:
                           is_host=gs.is_head, local_addr=local_addr(gs.head_addr, gs.port))
         return Placement(resume, rdzv, group_env(gs.node, gs.env), gs.nproc)
 
-    def tick(self, n: int, proc: subprocess.Popen, out: Outcome, dog: Watchdog,
+    def tick(self, n: int, proc: subprocess.Popen, out: Outcome, dog: AttemptWatchdog,
              now: float) -> None:
         """Once per watch poll: stop, a peer's abort, this node's own failure, a lost node."""
         c, gs = self._c(), self.gs
@@ -153,7 +153,8 @@ class GroupRole:
                         self._terminate(proc, out, now)
         self._kill_due(proc, out, now)
 
-    def _share_stopped(self, n: int, out: Outcome, dog: Watchdog, now: float) -> None:
+    def _share_stopped(self, n: int, out: Outcome, dog: AttemptWatchdog,
+                       now: float) -> None:
         """A member tells the store when its stopped processes change; the head reads its
         peers' into its watchdog, so a hang that comes due while a peer's process is stopped
         is that peer's freeze (``frozen``, naming it), not the head's ``compile_hang``."""

@@ -20,7 +20,7 @@ from ..ops.classify import Diagnosis
 from ..ops.launch_argv import Rendezvous
 
 if TYPE_CHECKING:   # the watch's types: supervisor.watch imports nothing of the roles
-    from ..ops.watchdog import Watchdog
+    from ..ops.watchdog import AttemptWatchdog
     from .watch import Outcome
 
 #: how the run ends: (status, reason) for ``Driver.final``
@@ -64,7 +64,7 @@ class Role(Protocol):
     def place(self, n: int, find_resume: Callable[[], str | None]) -> Placement:
         """This node's part of attempt N; ``find_resume`` is the source's checkpoint."""
 
-    def tick(self, n: int, proc: subprocess.Popen, out: "Outcome", dog: "Watchdog",
+    def tick(self, n: int, proc: subprocess.Popen, out: "Outcome", dog: "AttemptWatchdog",
              now: float) -> None:
         """Once per poll of the watch."""
 
@@ -108,7 +108,7 @@ class Solo:
     def place(self, n: int, find_resume: Callable[[], str | None]) -> Placement:
         return Placement(find_resume())
 
-    def tick(self, n: int, proc: subprocess.Popen, out: "Outcome", dog: "Watchdog",
+    def tick(self, n: int, proc: subprocess.Popen, out: "Outcome", dog: "AttemptWatchdog",
              now: float) -> None:
         pass
 

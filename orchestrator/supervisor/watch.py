@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping, Protocol
 
 from dfo_contract import events
 from dfo_contract.runlimits import Thresholds
+from dfo_contract.trainer_markers import CheckpointMarker, EvalMarker
 
 from ..ops import watchdog as wd
 from ..ops.byo import compile_step_pattern
@@ -96,7 +97,7 @@ class WatchInputs:
     cpu_is_progress: bool                # the source's trainer prints no heartbeats
     standby: StandbyView
     #: the role's hooks: once per poll (n, proc, out, dog, now); once the tree is gone
-    tick: Callable[[int, subprocess.Popen, "Outcome", wd.Watchdog, float], None]
+    tick: Callable[[int, subprocess.Popen, "Outcome", wd.AttemptWatchdog, float], None]
     after: Callable[[int, "Outcome"], None]
 
 
@@ -111,7 +112,7 @@ class AttemptWatch:
         i, state, sb = self.i, self.i.record.state, self.i.standby
         t0 = time.monotonic()
         base = state.baseline_tokens_per_s
-        dog = wd.Watchdog(i.thresholds, now=t0,
+        dog = wd.AttemptWatchdog(i.thresholds, now=t0,
                           baseline=base if state.baseline_overrides == state.overrides
                           else None,
                           dense_expected=str(i.config().get("model.attention", ""))
@@ -171,7 +172,7 @@ class AttemptWatch:
         out.healthy_s = dog.healthy_s(end)
         return out
 
-    def _sample(self, pid: int, out: Outcome, dog: wd.Watchdog, now: float) -> None:
+    def _sample(self, pid: int, out: Outcome, dog: wd.AttemptWatchdog, now: float) -> None:
         """The tree's CPU/I-O for the hang check; the host's load for a throughput drop."""
         tree = procs.descendants(pid) or [pid]
         out.pids_seen.update(tree)
@@ -216,26 +217,26 @@ class AttemptWatch:
         rec = self.i.record
         st = rec.state
         for a in actions:
-            if isinstance(a, wd.Step):
+            if isinstance(a, wd.StepProgress):
                 st.last_step, st.tokens_per_s = a.step, a.tokens_per_s
                 if a.baseline and not st.baseline_tokens_per_s:
                     st.baseline_tokens_per_s = a.baseline
                     st.baseline_overrides = dict(st.overrides)
                 rec.save()
-            elif isinstance(a, wd.Checkpoint):
+            elif isinstance(a, CheckpointMarker):
                 st.last_checkpoint = {"step": a.step, "path": a.path}
                 rec.emit(events.Checkpoint(attempt=n, step=a.step, path=a.path))
                 rec.save()
-            elif isinstance(a, wd.Eval):
+            elif isinstance(a, EvalMarker):
                 st.accept_len, st.best_accept_len = a.accept_len, a.best_accept_len
                 rec.emit(events.Eval(attempt=n, step=a.step, accept_len=a.accept_len,
                                      best_accept_len=a.best_accept_len))
                 rec.save()
             elif isinstance(a, wd.Warn):
                 rec.emit(events.Watchdog(attempt=n, reason=a.reason))
-            elif isinstance(a, wd.ThroughputLow):
+            elif isinstance(a, wd.ThroughputDrop):
                 self._throughput_low(proc.pid, out, a.reason)
-            elif isinstance(a, wd.ThroughputOk):
+            elif isinstance(a, wd.ThroughputBack):
                 if out.low_pending is not None:   # recovered before the window was full
                     self._judge_low(n, proc.pid, out)
                 st.throughput_low = None
