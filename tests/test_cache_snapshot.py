@@ -112,8 +112,8 @@ def test_plan_warm():
 
 
 def test_plan_prune_keeps_the_newest_by_last_use():
-    es = [sn.Entry("a", created=1.0, last_used=50.0), sn.Entry("b", created=10.0),
-          sn.Entry("c", created=5.0, last_used=None), sn.Entry("d", created=2.0, last_used=40.0)]
+    es = [sn.CacheEntry("a", created=1.0, last_used=50.0), sn.CacheEntry("b", created=10.0),
+          sn.CacheEntry("c", created=5.0, last_used=None), sn.CacheEntry("d", created=2.0, last_used=40.0)]
     assert sn.plan_prune(es, 2) == ["b", "c"]
     assert sn.plan_prune(es, 0) == ["a", "d", "b", "c"]
     assert sn.plan_prune(es, 10) == []

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-from orchestrator.ops.host_load import (AFTER_S, CpuTimes, GpuApp, HostSample, judge, judge_drop,
-                                        parse_gpu_apps, parse_loadavg, parse_proc_stat, settled,
+from orchestrator.ops.gpu import GpuApp, parse_apps_csv
+from orchestrator.ops.host_load import (AFTER_S, CpuTimes, HostSample, judge, judge_drop,
+                                        parse_loadavg, parse_proc_stat, settled,
                                         window_after, window_before)
+
+
+def app(pid, name, used_mib=None, gpu=""):
+    return GpuApp(gpu_uuid=gpu, pid=pid, used_mib=used_mib, name=name)
 
 STAT = """cpu  1000 10 500 8000 100 5 5 0 0 0
 cpu0 500 5 250 4000 50 2 2 0 0 0
@@ -26,10 +31,10 @@ def test_parsers():
     assert parse_proc_stat("garbage")[1] == 0
     assert parse_loadavg("3.52 2.10 1.00 4/300 1234\n") == 3.52
     assert parse_loadavg("") is None
-    apps = parse_gpu_apps("1234, python3, 40213, GPU-aaa\n5678, [Not Found], 512, GPU-aaa\n"
+    apps = parse_apps_csv("GPU-aaa, 1234, 40213, python3\nGPU-aaa, 5678, 512, [Not Found]\n"
                           "No running processes found\n")
-    assert apps == [GpuApp(1234, "python3", 40213.0, "GPU-aaa"),
-                    GpuApp(5678, "[Not Found]", 512.0, "GPU-aaa")]
+    assert apps == [app(1234, "python3", 40213.0, "GPU-aaa"),
+                    app(5678, "[Not Found]", 512.0, "GPU-aaa")]
 
 
 def test_a_cpu_hog_next_to_the_run_is_host_busy():
@@ -56,18 +61,18 @@ def test_the_run_itself_busy_is_not_the_host():
 
 
 def test_another_process_on_the_gpu_is_gpu_shared():
-    apps = [GpuApp(100, "python", 30000.0), GpuApp(200, "other-train", 50000.0)]
+    apps = [app(100, "python", 30000.0), app(200, "other-train", 50000.0)]
     f = judge(sample(0.0), sample(10.0, user=1000, idle=3000, tree=10.0), gpu_apps=apps,
               our_pids={100, 101})
     assert f.cause == "gpu_shared" and "200 other-train" in f.summary
     assert [a["ours"] for a in f.seen["gpu_apps"]] == [True, False]
     # container pid namespace: none of ours listed; one app is probably ours, two are shared
-    assert judge(None, None, gpu_apps=[GpuApp(9, "python")], our_pids={100}).cause == "unknown"
+    assert judge(None, None, gpu_apps=[app(9, "python")], our_pids={100}).cause == "unknown"
     assert judge(None, None, gpu_apps=apps, our_pids={5}).cause == "gpu_shared"
 
 
 def test_both_causes_are_recorded_gpu_first():
-    apps = [GpuApp(100, "python"), GpuApp(200, "x")]
+    apps = [app(100, "python"), app(200, "x")]
     f = judge(sample(0.0), sample(10.0, user=3000, idle=1000, tree=10.0), gpu_apps=apps,
               our_pids={100})
     assert f.cause == "gpu_shared" and f.causes == ("gpu_shared", "host_busy")

@@ -57,7 +57,7 @@ def _ready(**kw):
     d = dict(pid=1, python=PY, env={"PATH": "/bin", "DFO_ATTEMPT": "2"}, started_at=0.0,
              ready=True)
     d.update(kw)
-    return sb.Standby(**d)
+    return sb.StandbyProcess(**d)
 
 
 def test_decide_uses_only_a_ready_matching_standby():
@@ -323,14 +323,14 @@ def test_standby_starts_with_the_attempt_only_on_a_host_with_enough_cpus():
 
 
 def test_a_standby_slows_the_attempt_only_while_it_imports():
-    s = sb.Standby(pid=1, python=PY, env={}, started_at=1000.0)
+    s = sb.StandbyProcess(pid=1, python=PY, env={}, started_at=1000.0)
     assert sb.importing(s, 1010.0)                   # the throughput monitor pauses
     s.ready = True
     assert not sb.importing(s, 1010.0)
-    dead = sb.Standby(pid=1, python=PY, env={}, started_at=1000.0, alive=False)
+    dead = sb.StandbyProcess(pid=1, python=PY, env={}, started_at=1000.0, alive=False)
     assert not sb.importing(dead, 1010.0) and not sb.importing(None, 1010.0)
     # an import stuck far longer than any real one uses no CPU: collapse detection resumes
-    assert not sb.importing(sb.Standby(pid=1, python=PY, env={}, started_at=1000.0),
+    assert not sb.importing(sb.StandbyProcess(pid=1, python=PY, env={}, started_at=1000.0),
                             1000.0 + sb.IMPORT_PAUSE_MAX_S)
 
 
@@ -348,7 +348,7 @@ def test_a_standby_of_an_env_deploy_replaced_is_not_used(tmp_path):
     started = _env_dir(py)
     assert started == str((tmp_path / "gen-a" / "bin").resolve())
     env = {"PATH": "/bin"}
-    standby = sb.Standby(pid=1, python=py, env=env, started_at=0.0, ready=True, env_dir=started)
+    standby = sb.StandbyProcess(pid=1, python=py, env=env, started_at=0.0, ready=True, env_dir=started)
     argv = [py, *ARGV[1:]]
     assert sb.decide(standby, python=py, env=env, argv=argv, why_not=None,
                      env_dir=_env_dir(py)).use

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from orchestrator.supervisor.lines import Line, read_lines
+from orchestrator.supervisor.lines import CompleteLine, read_lines
 
 
 def test_only_complete_lines_until_final(tmp_path):
@@ -10,14 +10,14 @@ def test_only_complete_lines_until_final(tmp_path):
     assert read_lines(p, 0) == ([], 0)                       # not there yet
     p.write_bytes(b"one\n\ntw")
     lines, off = read_lines(p, 0)
-    assert lines == [Line("one", 4), Line("", 5)] and off == 5
+    assert lines == [CompleteLine("one", 4), CompleteLine("", 5)] and off == 5
     with open(p, "ab") as f:
         f.write(b"o\nthr")
     lines, off = read_lines(p, off)
-    assert lines == [Line("two", 9)] and off == 9
+    assert lines == [CompleteLine("two", 9)] and off == 9
     assert read_lines(p, off) == ([], 9)
     lines, off = read_lines(p, off, final=True)              # the writer is gone
-    assert lines == [Line("thr", 12)] and off == 12
+    assert lines == [CompleteLine("thr", 12)] and off == 12
 
 
 def test_a_utf8_character_split_across_writes_is_never_cut(tmp_path):
@@ -27,7 +27,7 @@ def test_a_utf8_character_split_across_writes_is_never_cut(tmp_path):
     assert read_lines(p, 0) == ([], 0)
     p.write_bytes(data)
     lines, off = read_lines(p, 0)
-    assert lines == [Line("ünïcödé", len(data))] and off == len(data)
+    assert lines == [CompleteLine("ünïcödé", len(data))] and off == len(data)
 
 
 def test_offsets_resume_exactly(tmp_path):

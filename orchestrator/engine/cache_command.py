@@ -49,7 +49,7 @@ class WarmCacheOutcome:
 
     result: WarmResult | None = None
     components: Mapping[str, Any] = field(default_factory=dict)
-    entries: list[sn.Entry] | None = None
+    entries: list[sn.CacheEntry] | None = None
     removed: list[str] | None = None
 
 
@@ -153,7 +153,7 @@ def _key_without_config(mgr: CacheManager, req: WarmCacheRequest):
                        components=comps)
 
 
-def status_problems(host: str, entries: Sequence[sn.Entry]) -> CacheError | None:
+def status_problems(host: str, entries: Sequence[sn.CacheEntry]) -> CacheError | None:
     """``--status`` found stored snapshots that fail verification: one line naming them."""
     bad = [e for e in entries if e.problem]
     if not bad:

@@ -325,7 +325,7 @@ class CacheManager:
         return best
 
     # -- status / prune ------------------------------------------------------------------------
-    def status(self, *, verify: bool = False) -> tuple[list[sn.Entry], dict[str, Any]]:
+    def status(self, *, verify: bool = False) -> tuple[list[sn.CacheEntry], dict[str, Any]]:
         """The host's keys; ``verify`` also checks every stored snapshot (manifest, tar
         size and sha256, members) and sets each entry's ``problem``."""
         python = self.python if self._exists_file(self.python) else "python3"

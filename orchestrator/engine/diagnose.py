@@ -54,7 +54,7 @@ class RunView:
 
 
 @dataclass
-class Diagnosis:
+class DiagnoseReport:
     diagnosis: Any                 # ops.classify's result for the log: cls, reason, evidence
     fallback: Verdict | None       # ops.verdict's choice; None: the run finished, or unknown
     cls: str = ""                  # the class the fallback answers (the supervisor's, given a run)
@@ -86,7 +86,8 @@ def last_marker(lines: list[str]) -> TrainerMarker | None:
 
 
 def diagnose(logfile: str | Path, *, exit_code: int | None = None,
-             config: str | Path | None = None, run_file: str | Path | None = None) -> Diagnosis:
+             config: str | Path | None = None,
+             run_file: str | Path | None = None) -> DiagnoseReport:
     """The class of the failure in ``logfile``, its evidence lines, and the fallback dfo
     chooses for it: the run's own answer when the log lies in its run directory, else the
     default ladder's first step over ``config`` (else the trainer's defaults); with
@@ -125,7 +126,7 @@ def diagnose(logfile: str | Path, *, exit_code: int | None = None,
         assumed = (f"the default ladders over {where} (compile.gate={gate}, parallel.layout="
                    f"{base.get('parallel.layout')}), from the start; the log is not in a run "
                    "directory: the run's own config may differ")
-    out = Diagnosis(d, None, d.cls, assumed=assumed)
+    out = DiagnoseReport(d, None, d.cls, assumed=assumed)
     if d.cls == "done":
         return out
     if exit_code is None and not d.evidence and d.cls == "crash":
@@ -157,7 +158,7 @@ def _spec(path: Path) -> RunSpec:
     return RunSpec.from_json(json.loads(path.read_text()))
 
 
-def _in_run(d, spec: RunSpec, evs: list[ev.Event], n: int, run_id: str) -> Diagnosis:
+def _in_run(d, spec: RunSpec, evs: list[ev.Event], n: int, run_id: str) -> DiagnoseReport:
     view = RunView(run_id, n)
     started: dict[int, dict] = {}
     classes: dict[int, str] = {}
@@ -177,7 +178,7 @@ def _in_run(d, spec: RunSpec, evs: list[ev.Event], n: int, run_id: str) -> Diagn
                 and classes.get(n) == e.cls:
             view.gave_up = e.reason
     cls = view.cls or d.cls
-    out = Diagnosis(d, None, cls, run=view)
+    out = DiagnoseReport(d, None, cls, run=view)
     if cls == "done":
         return out
     if view.cls is None and not d.evidence and d.cls == "crash":

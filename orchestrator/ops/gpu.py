@@ -28,8 +28,11 @@ _QUERY_FIELDS = "index,name,uuid,memory.total,memory.used,driver_version,pci.bus
                 "utilization.gpu,compute_cap"
 _QUERY_SCRIPT = ('command -v nvidia-smi >/dev/null 2>&1 || exit 127; '
                  f'exec nvidia-smi --query-gpu={_QUERY_FIELDS} --format=csv,noheader,nounits')
+#: nvidia-smi's arguments that list the compute processes on the GPUs (:func:`parse_apps_csv`)
+APPS_QUERY = ("--query-compute-apps=gpu_uuid,pid,used_memory,process_name",
+              "--format=csv,noheader,nounits")
 _APPS_SCRIPT = ('command -v nvidia-smi >/dev/null 2>&1 || exit 127; exec nvidia-smi '
-                '--query-compute-apps=gpu_uuid,pid,used_memory,process_name --format=csv,noheader,nounits')
+                + " ".join(APPS_QUERY))
 _SMI_Q_SCRIPT = 'command -v nvidia-smi >/dev/null 2>&1 || exit 127; exec nvidia-smi -q'
 #: the kernel module's version, then the user-space libraries' (one "lib PATH" a line)
 _DRIVER_SCRIPT = r"""
@@ -81,6 +84,7 @@ class GpuQuery:
 
 @dataclass(frozen=True)
 class GpuApp:
+    """One compute process on a GPU, as ``nvidia-smi`` lists it (``APPS_QUERY``)."""
     gpu_uuid: str
     pid: int | None
     used_mib: int | None
@@ -189,13 +193,18 @@ def parse_apps(out: Output) -> tuple[GpuApp, ...] | None:
     """Compute processes on the GPUs (None when nvidia-smi could not say)."""
     if out.exit_code != 0:
         return None
+    return tuple(parse_apps_csv(text(out.stdout)))
+
+
+def parse_apps_csv(csv_text: str) -> list[GpuApp]:
+    """The output of ``nvidia-smi`` with ``APPS_QUERY`` -> apps (other lines skipped)."""
     apps = []
-    for line in text(out.stdout).splitlines():
+    for line in csv_text.splitlines():
         parts = [p.strip() for p in line.split(",", 3)]
         if len(parts) == 4:
             apps.append(GpuApp(gpu_uuid=parts[0], pid=_int(parts[1]), used_mib=_int(parts[2]),
                                name=parts[3]))
-    return tuple(apps)
+    return apps
 
 
 def smi_probe() -> Probe[SmiSummary]:

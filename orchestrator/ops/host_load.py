@@ -27,6 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
+from .gpu import GpuApp
+
 #: the hypervisor stole at least this fraction of all CPU time in the window
 STEAL_FRACTION = 0.05
 #: processes outside the run kept at least this many cores busy (or a quarter of them)
@@ -83,30 +85,6 @@ def parse_loadavg(text: str) -> float | None:
         return float(text.split()[0])
     except (IndexError, ValueError):
         return None
-
-
-@dataclass(frozen=True)
-class GpuApp:
-    pid: int
-    name: str
-    used_mib: float | None = None
-    gpu: str = ""
-
-
-def parse_gpu_apps(csv_text: str) -> list[GpuApp]:
-    """``nvidia-smi --query-compute-apps=pid,process_name,used_memory,gpu_uuid
-    --format=csv,noheader,nounits`` -> apps (lines that do not parse are skipped)."""
-    out = []
-    for ln in csv_text.splitlines():
-        parts = [p.strip() for p in ln.split(",")]
-        if len(parts) < 2 or not parts[0].isdigit():
-            continue
-        try:
-            mib = float(parts[2]) if len(parts) > 2 else None
-        except ValueError:
-            mib = None
-        out.append(GpuApp(int(parts[0]), parts[1], mib, parts[3] if len(parts) > 3 else ""))
-    return out
 
 
 @dataclass(frozen=True)
@@ -170,10 +148,11 @@ def judge(old: HostSample | None, new: HostSample | None, *,
         seen["gpu_apps"] = "unknown (no nvidia-smi)"
     else:
         ours = set(our_pids)
-        mine = [a for a in gpu_apps if a.pid in ours]
-        foreign = [a for a in gpu_apps if a.pid not in ours]
+        apps = [a for a in gpu_apps if a.pid is not None]
+        mine = [a for a in apps if a.pid in ours]
+        foreign = [a for a in apps if a.pid not in ours]
         seen["gpu_apps"] = [{"pid": a.pid, "name": a.name, "used_mib": a.used_mib,
-                             "ours": a.pid in ours} for a in gpu_apps]
+                             "ours": a.pid in ours} for a in apps]
         # in a container nvidia-smi may show host pids: none of ours match then, and only
         # more than one app is evidence that someone else is there
         if foreign and (mine or len(foreign) > 1):

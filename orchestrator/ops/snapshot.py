@@ -327,7 +327,7 @@ def plan_warm(*, from_file: bool, store_has_key: bool, rewarm: bool = False) -> 
 
 
 @dataclass(frozen=True)
-class Entry:
+class CacheEntry:
     """One key on a host, as ``dfo warm-cache --status`` shows it."""
 
     key: str
@@ -343,7 +343,7 @@ class Entry:
         return max(x for x in (self.last_used, self.created, 0.0) if x is not None)
 
 
-def entries_from_status(status: Mapping[str, Any]) -> list[Entry]:
+def entries_from_status(status: Mapping[str, Any]) -> list[CacheEntry]:
     """Turn the remote ``status`` op's JSON into entries, newest use first."""
     live = status.get("live") or {}
     snaps = status.get("snapshots") or {}
@@ -355,7 +355,7 @@ def entries_from_status(status: Mapping[str, Any]) -> list[Entry]:
         if last is None:
             last = max((x for x in (l.get("mtime"), s.get("mtime")) if x is not None), default=None)
         prov = s.get("provenance") if isinstance(s.get("provenance"), dict) else {}
-        out.append(Entry(key=key, live_size=l.get("size") if l else None,
+        out.append(CacheEntry(key=key, live_size=l.get("size") if l else None,
                          snapshot_size=s.get("tar_size") if s else None,
                          created=s.get("created") if isinstance(s.get("created"), (int, float)) else None,
                          last_used=last, built_by=builder({"provenance": prov}) if s else None,
@@ -364,7 +364,7 @@ def entries_from_status(status: Mapping[str, Any]) -> list[Entry]:
     return out
 
 
-def plan_prune(entries: Iterable[Entry], keep: int) -> list[str]:
+def plan_prune(entries: Iterable[CacheEntry], keep: int) -> list[str]:
     """Keys to delete so that the newest ``keep`` (by last use) remain."""
     if keep < 0:
         raise CacheError(f"--prune {keep}: expected a count >= 0")

@@ -95,7 +95,7 @@ def standby_argv(python: str, ready_fd: int, preload: Preload) -> list[str]:
 
 
 @dataclass
-class Standby:
+class StandbyProcess:
     """The supervisor's view of its standby (pid, what it was started with, readiness)."""
     pid: int
     python: str
@@ -107,7 +107,7 @@ class Standby:
     env_dir: str | None = None      # the venv's bin dir, symlinks resolved, when it started
 
 
-def importing(sb: Standby | None, now: float, max_s: float = IMPORT_PAUSE_MAX_S) -> bool:
+def importing(sb: StandbyProcess | None, now: float, max_s: float = IMPORT_PAUSE_MAX_S) -> bool:
     """Whether the standby is still importing and so competes with the attempt for CPU
     (``now``: wall seconds, like ``started_at``): the attempt's throughput meanwhile is
     neither its healthy baseline nor a collapse. On a 2-core host its imports slowed the
@@ -131,7 +131,7 @@ def start_with_attempt(cpus: int | None, early_cpus: float) -> bool:
     return early_cpus > 0 and (cpus or 0) >= early_cpus
 
 
-def decide(sb: Standby | None, *, python: str, env: Mapping[str, str], argv: Sequence[str],
+def decide(sb: StandbyProcess | None, *, python: str, env: Mapping[str, str], argv: Sequence[str],
            why_not: str | None, env_dir: str | None = None) -> Use:
     """Whether the standby serves this attempt; the reason when it does not (None standby:
     reason "none"). A standby that died or is still importing is not waited for.

@@ -35,7 +35,7 @@ from . import procs
 from .hostprobe import local_addr
 from .coordinator import STORE_POLL_S, Coordinator
 from .record import RunRecord, Stop
-from .role import Driver, Ending, Placement, Role, Solo
+from .role import Driver, Ending, Placement, Role, SoloRole
 from .watch import Outcome
 
 
@@ -421,6 +421,6 @@ def role_for(spec: RunSpec, run_dir: str, record: RunRecord, stop: Stop) -> Role
     """This node's role, from the spec's ``role``: solo, the group's head or a member."""
     gs = spec.group
     if gs is None:
-        return Solo()
+        return SoloRole()
     cls = GroupHead if gs.is_head else GroupMember
     return cls(gs, spec.identity.run_id, run_dir, spec.thresholds.kill_grace_s, record, stop)

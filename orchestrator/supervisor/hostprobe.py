@@ -18,7 +18,8 @@ from typing import Iterable
 
 from dfo_contract.procs import proc_stat
 
-from ..ops.host_load import GpuApp, HostSample, parse_gpu_apps, parse_loadavg, parse_proc_stat
+from ..ops.gpu import APPS_QUERY, GpuApp, parse_apps_csv
+from ..ops.host_load import HostSample, parse_loadavg, parse_proc_stat
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -87,14 +88,13 @@ def gpu_apps(timeout: float = 10.0) -> list[GpuApp] | None:
     if not exe:
         return None
     try:
-        p = subprocess.run([exe, "--query-compute-apps=pid,process_name,used_memory,gpu_uuid",
-                            "--format=csv,noheader,nounits"], capture_output=True, text=True,
+        p = subprocess.run([exe, *APPS_QUERY], capture_output=True, text=True,
                            timeout=timeout)
     except (OSError, subprocess.TimeoutExpired):
         return None
     if p.returncode != 0:
         return None
-    return parse_gpu_apps(p.stdout)
+    return parse_apps_csv(p.stdout)
 
 
 def local_addr(head_addr: str, port: int) -> str | None:

@@ -13,13 +13,13 @@ import os
 from typing import NamedTuple
 
 
-class Line(NamedTuple):
+class CompleteLine(NamedTuple):
     text: str   # without its newline; invalid UTF-8 becomes U+FFFD
     end: int    # byte offset just after the line (and its newline): where to resume
 
 
 def read_lines(path: str | os.PathLike, offset: int = 0, *, final: bool = False,
-               cr: bool = False, max_chars: int | None = None) -> tuple[list[Line], int]:
+               cr: bool = False, max_chars: int | None = None) -> tuple[list[CompleteLine], int]:
     """The complete lines of ``path`` from byte ``offset`` on, and the new offset.
 
     A missing or unreadable file reads as empty (the writer has not created it yet).
@@ -40,7 +40,7 @@ def read_lines(path: str | os.PathLike, offset: int = 0, *, final: bool = False,
     else:
         cut = data.rfind(b"\n") + 1
     body = data if final else data[:cut]
-    out: list[Line] = []
+    out: list[CompleteLine] = []
     pos = offset
     start = 0
     while start < len(body):
@@ -55,8 +55,8 @@ def read_lines(path: str | os.PathLike, offset: int = 0, *, final: bool = False,
             and nl >= 0 and body[nl:nl + 1] == b"\n" else stop
         pos += end - start
         if not (cr and stop == start and body[stop:stop + 1] == b"\r"):   # not a bare \r
-            out.append(Line(_cap(body[start:text_stop].decode("utf-8", "replace"), max_chars),
-                            pos))
+            text = body[start:text_stop].decode("utf-8", "replace")
+            out.append(CompleteLine(_cap(text, max_chars), pos))
         start = end
     return out, offset + len(body)
 

@@ -1,5 +1,5 @@
 """This node's part in its run (spec ``role``), chosen once when the supervisor starts:
-:class:`Solo` (a run on one host: every hook does nothing), or one node of a run over
+:class:`SoloRole` (a run on one host: every hook does nothing), or one node of a run over
 several nodes (``supervisor.group``: ``GroupHead``, ``GroupMember``).
 
 The supervisor calls the role's hooks at fixed points of its attempt loop and its watch;
@@ -92,7 +92,7 @@ class Role(Protocol):
         cannot go on (None: it goes on with a new attempt)."""
 
 
-class Solo:
+class SoloRole:
     """A run on one host."""
     multinode = False
 

@@ -52,7 +52,7 @@ class Keeper:
     def __init__(self, inputs: KeeperInputs):
         self.i = inputs
         self.proc: subprocess.Popen | None = None
-        self.info: ops.Standby | None = None
+        self.info: ops.StandbyProcess | None = None
         self._ready_fd: int | None = None
         self._buf = b""
         self._for: int | None = None     # the attempt the last standby was started for
@@ -103,7 +103,7 @@ class Keeper:
         finally:
             os.close(w)
         self._ready_fd, self._buf = r, b""
-        self.info = ops.Standby(pid=self.proc.pid, python=python, env=env,
+        self.info = ops.StandbyProcess(pid=self.proc.pid, python=python, env=env,
                                 started_at=time.time(), env_dir=_env_dir(python))
         i.record_pid(self.proc.pid)
         i.emit(events.StandbyStart(attempt=n + 1, pid=self.proc.pid))
