@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import torch
 
-from ..compile import registry
 from ..model import attention
 from ..model.blocks import block_input_ids, block_positions
 from ..core import objective
@@ -28,8 +27,9 @@ def block_accept_lengths(pred: torch.Tensor, labels: torch.Tensor, counted: torc
 
 @torch.no_grad()
 def batch_accept(drafter, features: torch.Tensor, batch, *, block_size: int, gamma: float,
-                 backend: str = "sdpa", chunk: int = 2048):
-    """(sum of accept lengths, number of valid blocks with a label) for one batch."""
+                 backend: str = "sdpa", chunk: int = 2048, flex=None):
+    """(sum of accept lengths, number of valid blocks with a label) for one batch. ``flex``:
+    trainer.model.attention's ``flex=`` for ``backend`` (``Runtime.flex``)."""
     dev = features.device
     b = batch.to(dev)
     ids = block_input_ids(b.input_ids, b.anchors, b.anchor_valid, block_size, drafter.mask_token_id)
@@ -38,7 +38,7 @@ def batch_accept(drafter, features: torch.Tensor, batch, *, block_size: int, gam
                                                        b.anchor_valid, block_size, gamma)
     masks = attention.build_masks(backend, b.anchors, b.anchor_valid, b.input_ids.shape[1],
                                   block_size, drafter.spec.pattern)
-    attends = attention.layer_attends(backend, masks, flex=registry.flex_attention)
+    attends = attention.layer_attends(backend, masks, flex=flex)
     hidden = drafter(features, ids, pos, attends)  # [b, N*B, H]
     if getattr(drafter, "method", "dflash") == "dflash2":    # the selector's served draft
         path = drafter.greedy_path(hidden.view(*labels.shape, -1), labels[..., 0])
@@ -58,7 +58,7 @@ def batch_accept(drafter, features: torch.Tensor, batch, *, block_size: int, gam
 
 
 def evaluate(drafter, target, batches, *, block_size: int, gamma: float, features_fn,
-             backend: str = "sdpa") -> dict:
+             backend: str = "sdpa", flex=None) -> dict:
     """Mean acceptance length over ``batches`` (held-out data): ``{"accept_len", "blocks"}``."""
     was = drafter.training
     drafter.eval()
@@ -67,7 +67,7 @@ def evaluate(drafter, target, batches, *, block_size: int, gamma: float, feature
         for batch in batches:
             feats = features_fn(batch)
             s, k = batch_accept(drafter, feats, batch, block_size=block_size, gamma=gamma,
-                                backend=backend)
+                                backend=backend, flex=flex)
             total, n = total + s, n + k
     finally:
         drafter.train(was)

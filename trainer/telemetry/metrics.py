@@ -25,13 +25,13 @@ import resource
 import sys
 import threading
 import time
+from typing import Callable
 
 from dfo_contract.fsio import append_jsonl
 from dfo_contract.trainer_markers import (EvalMarker, HeartbeatMarker, PhaseMarker, StepMarker,
                                           TrainerMarker)
 from dfo_contract.procs import proc_stat
 
-from .faults import silenced as _silenced
 from .tbevents import ScalarWriter
 
 STEP_FIELDS = ("step", "loss", "acc", "tau", "lr", "tokens_per_s", "samples_per_s",
@@ -43,8 +43,12 @@ def _finite(x):
 
 
 class Emitter:
-    def __init__(self, run_dir: str | None, *, attempt: int = 1, out=None, enabled: bool = True):
+    def __init__(self, run_dir: str | None, *, attempt: int = 1, out=None, enabled: bool = True,
+                 silenced: Callable[[], bool] | None = None):
+        """``silenced``: true once nothing more may be printed (fault injection's ``hang``:
+        trainer.telemetry.faults.Faults.silenced); None: never."""
         self.run_dir = run_dir
+        self._silenced = silenced
         self.attempt = attempt
         self._out = out
         self.enabled = enabled
@@ -63,7 +67,7 @@ class Emitter:
         self._write(text + "\n")
 
     def _write(self, line: str) -> None:
-        if not self.enabled or _silenced():
+        if not self.enabled or (self._silenced is not None and self._silenced()):
             return
         with self._lock:
             # one write per line: ranks of a ddp run share the pipe, and a line written in
