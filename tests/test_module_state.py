@@ -40,7 +40,6 @@ MUTATING_METHODS = frozenset({"append", "extend", "insert", "pop", "popitem", "r
 KNOWN_STATE: dict[tuple[str, str], str] = {
     ("trainer/data/pool.py", "_W"):
         "a data worker process's masker, set by the multiprocessing pool's initializer",
-    ("trainer/data/tokenizer.py", "_LOADED"): "tokenizers loaded by this process, by directory",
 }
 
 

@@ -10,6 +10,8 @@ the layouts, the step functions and the fault hook take it as an argument:
   throttle);
 - ``eager_flex``: the ``flex-eager`` backend's uncompiled flex_attention, which warns once
   (``trainer.model.attention.EagerFlex``);
+- ``tokenizers``: the target tokenizers loaded so far, by directory
+  (``trainer.data.tokenizer.Tokenizers``);
 - ``env``: the ``trainer.env.Env`` it was built with.
 
 No module of the trainer keeps process state of its own (tests/test_module_state.py).
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..compile.registry import CompileRegistry
+from ..data.tokenizer import Tokenizers
 from ..env import Env, read_env
 from ..model.attention import EagerFlex
 from ..telemetry.faults import Faults
@@ -33,6 +36,7 @@ class Runtime:
     compile: CompileRegistry = field(default_factory=CompileRegistry)
     faults: Faults = field(default_factory=Faults)
     eager_flex: EagerFlex = field(default_factory=EagerFlex)
+    tokenizers: Tokenizers = field(default_factory=Tokenizers)
 
     @classmethod
     def create(cls, env: Env | None = None) -> "Runtime":

@@ -97,7 +97,7 @@ def build_models(cfg: TrainerConfig, device, *, target_device=None,
                              num_drafter_layers=cfg.model.drafter_layers,
                              tap_ids=cfg.model.target_layer_ids)
     prepare_target(cfg, target, rt)
-    mask_id = mask_token_id(cfg, target)
+    mask_id = mask_token_id(cfg, target, rt.tokenizers if rt is not None else None)
     embed, head = target.embed_tokens, target.lm_head
     if target.device != device:
         embed, head = copy.deepcopy(embed).to(device), copy.deepcopy(head).to(device)
@@ -178,15 +178,19 @@ def warmup_what(cfg: TrainerConfig, what: str) -> str:
     return f"{what} + target layers" if cfg.compile.target else what
 
 
-def mask_token_id(cfg: TrainerConfig, target: Target) -> int:
-    """``model.mask_token_id``, else the target tokenizer's mask token; must be < vocab."""
+def mask_token_id(cfg: TrainerConfig, target: Target, tokenizers=None) -> int:
+    """``model.mask_token_id``, else the target tokenizer's mask token; must be < vocab.
+    ``tokenizers``: the process's (trainer.data.tokenizer.Tokenizers; None: loaded now)."""
+    from ..data.tokenizer import tokenizer_loader
+
+    load = tokenizer_loader(tokenizers)
     mid = cfg.model.mask_token_id
     if mid is None:
-        mid = _tokenizer_mask_id(target.path)
+        mid = _tokenizer_mask_id(target.path, load)
     if mid is None:
         from ..model.family import family_mask_token_id
 
-        tok_len = _tokenizer_len(target.path)
+        tok_len = _tokenizer_len(target.path, load)
         fam = family_mask_token_id(target.path, target.vocab_size, tok_len)
         if fam is not None:
             mid, note = fam
@@ -200,18 +204,16 @@ def mask_token_id(cfg: TrainerConfig, target: Target) -> int:
     return int(mid)
 
 
-def _tokenizer_len(path: str) -> int | None:
+def _tokenizer_len(path: str, load) -> int | None:
     import os
 
     if not path or not os.path.isfile(os.path.join(path, "tokenizer_config.json")):
         return None
-    from ..data.tokenizer import load_tokenizer
-
-    tok = load_tokenizer(path)
+    tok = load(path)
     return len(tok) if tok is not None else None
 
 
-def _tokenizer_mask_id(path: str) -> int | None:
+def _tokenizer_mask_id(path: str, load) -> int | None:
     import json
     import os
 
@@ -225,9 +227,7 @@ def _tokenizer_mask_id(path: str) -> int | None:
             return int(v)
     cfg_path = os.path.join(path, "tokenizer_config.json")
     if os.path.isfile(cfg_path):
-        from ..data.tokenizer import load_tokenizer
-
-        tok = load_tokenizer(path)
+        tok = load(path)
         if tok is not None and tok.mask_token_id is not None:
             return int(tok.mask_token_id)
     return None

@@ -80,13 +80,14 @@ class HeldOut:
     """The first ``eval.max_samples`` samples of ``data.eval_path``, as fixed batches (same
     anchors every evaluation: a pure function of the seed), scored by ``evaluate``."""
 
-    def __init__(self, cfg, *, vocab_size: int, mask_token_id: int | None):
+    def __init__(self, cfg, *, vocab_size: int, mask_token_id: int | None, tokenizers=None):
+        """``tokenizers``: the process's (trainer.data.tokenizer.Tokenizers; None: loaded now)."""
         from ..data.collate import collate
         from ..data.datasets import JsonlDataset
-        from ..data.tokenizer import load_tokenizer
+        from ..data.tokenizer import tokenizer_loader
 
         d = cfg.data
-        tok = load_tokenizer(cfg.model.target_path) if d.format in ("auto", "chat") else None
+        tok = tokenizer_loader(tokenizers)(cfg.model.target_path) if d.format in ("auto", "chat") else None
         self.ds = JsonlDataset(d.eval_path, vocab_size=vocab_size, block_size=cfg.model.block_size,
                                max_seq_len=d.max_seq_len, min_loss_tokens=cfg.min_loss_tokens(),
                                fmt=d.format, tokenizer=tok, mask_token_id=mask_token_id)

@@ -25,7 +25,6 @@ from ..core import init_from
 from ..core.runtime import Runtime
 from ..data.datasets import JsonlDataset, open_dataset
 from ..data.stream import BatchStream
-from ..data.tokenizer import load_tokenizer
 from ..env import process_start_t
 from ..evaluate import accept
 from ..parallel import make_layout
@@ -61,17 +60,17 @@ class _Signals:
             signal.signal(s, h)
 
 
-def open_data(cfg: TrainerConfig, vocab_size: int, mask_id: int | None) -> JsonlDataset:
-    tok = load_tokenizer(cfg.model.target_path) if cfg.data.format in ("auto", "chat") else None
+def open_data(cfg: TrainerConfig, rt: Runtime, vocab_size: int, mask_id: int | None) -> JsonlDataset:
+    tok = rt.tokenizers.load(cfg.model.target_path) if cfg.data.format in ("auto", "chat") else None
     return open_dataset(cfg.data.path, vocab_size=vocab_size, block_size=cfg.model.block_size,
                         max_seq_len=cfg.data.max_seq_len, min_loss_tokens=cfg.min_loss_tokens(),
                         fmt=cfg.data.format, tokenizer=tok, mask_token_id=mask_id)
 
 
-def open_stream(cfg: TrainerConfig, layout, em: metrics.Emitter) -> BatchStream:
+def open_stream(cfg: TrainerConfig, rt: Runtime, layout, em: metrics.Emitter) -> BatchStream:
     """The training data as bucketed batches; its scan report printed."""
     drafter = layout.drafter
-    ds = open_data(cfg, layout.target.vocab_size, drafter.mask_token_id)
+    ds = open_data(cfg, rt, layout.target.vocab_size, drafter.mask_token_id)
     r = ds.report
     em.print(r.describe(cfg.min_loss_tokens()))
     if r.mask_token_hits:
@@ -83,7 +82,8 @@ def open_stream(cfg: TrainerConfig, layout, em: metrics.Emitter) -> BatchStream:
                        shuffle=cfg.data.shuffle)
 
 
-def open_held_out(cfg: TrainerConfig, layout, em: metrics.Emitter) -> accept.HeldOut | None:
+def open_held_out(cfg: TrainerConfig, rt: Runtime, layout,
+                  em: metrics.Emitter) -> accept.HeldOut | None:
     """The held-out data ``eval.every`` measures acceptance length on (None: no evaluation)."""
     if not cfg.eval.every:
         return None
@@ -91,7 +91,7 @@ def open_held_out(cfg: TrainerConfig, layout, em: metrics.Emitter) -> accept.Hel
         raise TrainerConfigError("config: --eval.every: needs --data.eval_path (held-out "
                                  "data in the training data's format)")
     held = accept.HeldOut(cfg, vocab_size=layout.target.vocab_size,
-                          mask_token_id=layout.drafter.mask_token_id)
+                          mask_token_id=layout.drafter.mask_token_id, tokenizers=rt.tokenizers)
     em.print(f"eval: {cfg.data.eval_path}: {len(held.batches)} batches every "
              f"{cfg.eval.every} steps (measured acceptance length)")
     return held
@@ -144,9 +144,9 @@ def train(cfg: TrainerConfig, resume: str | None = None, *, out=None,
         started.mark("layout")
         em.enabled = layout.is_main
         describe_target_compile(cfg, layout, em)
-        stream = open_stream(cfg, layout, em)
+        stream = open_stream(cfg, rt, layout, em)
         started.mark("data")
-        run = TrainingRun(cfg, rt, layout, em, stream, open_held_out(cfg, layout, em))
+        run = TrainingRun(cfg, rt, layout, em, stream, open_held_out(cfg, rt, layout, em))
         if resume:
             run.resume(resume)
             started.mark("resume")
