@@ -181,16 +181,13 @@ def warmup_what(cfg: TrainerConfig, what: str) -> str:
 def mask_token_id(cfg: TrainerConfig, target: Target, tokenizers=None) -> int:
     """``model.mask_token_id``, else the target tokenizer's mask token; must be < vocab.
     ``tokenizers``: the process's (trainer.data.tokenizer.Tokenizers; None: loaded now)."""
-    from ..data.tokenizer import tokenizer_loader
-
-    load = tokenizer_loader(tokenizers)
     mid = cfg.model.mask_token_id
     if mid is None:
-        mid = _tokenizer_mask_id(target.path, load)
+        mid = tokenizer_mask_id(target.path, tokenizers)
     if mid is None:
         from ..model.family import family_mask_token_id
 
-        tok_len = _tokenizer_len(target.path, load)
+        tok_len = _tokenizer_len(target.path, tokenizers)
         fam = family_mask_token_id(target.path, target.vocab_size, tok_len)
         if fam is not None:
             mid, note = fam
@@ -204,16 +201,20 @@ def mask_token_id(cfg: TrainerConfig, target: Target, tokenizers=None) -> int:
     return int(mid)
 
 
-def _tokenizer_len(path: str, load) -> int | None:
+def _tokenizer_len(path: str, tokenizers) -> int | None:
     import os
 
     if not path or not os.path.isfile(os.path.join(path, "tokenizer_config.json")):
         return None
-    tok = load(path)
+    from ..data.tokenizer import tokenizer_loader
+
+    tok = tokenizer_loader(tokenizers)(path)
     return len(tok) if tok is not None else None
 
 
-def _tokenizer_mask_id(path: str, load) -> int | None:
+def tokenizer_mask_id(path: str, tokenizers=None) -> int | None:
+    """The mask token id a target directory names (``dfo_target.json``, else its tokenizer's);
+    None when it names none. ``tokenizers``: as for ``mask_token_id``."""
     import json
     import os
 
@@ -227,7 +228,9 @@ def _tokenizer_mask_id(path: str, load) -> int | None:
             return int(v)
     cfg_path = os.path.join(path, "tokenizer_config.json")
     if os.path.isfile(cfg_path):
-        tok = load(path)
+        from ..data.tokenizer import tokenizer_loader
+
+        tok = tokenizer_loader(tokenizers)(path)
         if tok is not None and tok.mask_token_id is not None:
             return int(tok.mask_token_id)
     return None
