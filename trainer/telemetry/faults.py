@@ -13,7 +13,7 @@ Spec (``DFO_FAULT`` or ``--fault.spec``; the flag wins): comma-separated
               (torch <= 2.13 keeps the tracing flag process-global). It bypasses the
               compile gate on purpose.
 ``hang``      the process stays alive, makes no progress and prints nothing more: heartbeats
-              stop too (``silenced()`` turns true and stdout/stderr writes block); SIGTERM
+              stop too (``Faults.silenced()`` turns true and stdout/stderr writes block); SIGTERM
               and SIGINT are ignored (like a native deadlock), only SIGKILL ends it.
 ``oom``       raises ``torch.OutOfMemoryError``.
 ``exit=N``    exits at once with code N (0..255); ``sigkill`` kills itself with SIGKILL.
