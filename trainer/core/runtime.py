@@ -1,7 +1,7 @@
 """The trainer process's state, built once by the entry point and passed down.
 
 ``Runtime.create(env)`` is called by each entry point (``trainer.train.loop.train``,
-``trainer.train.precompile_run.main``, the bench's mains) after ``trainer.env.read_env``;
+``trainer.train.compile_only.main``, the bench's runs) after ``trainer.env.read_env``;
 the layouts, the step functions and the fault hook take it as an argument:
 
 - ``compile``: the ``trainer.compile.registry.CompileRegistry`` (every function compiled in

@@ -172,16 +172,12 @@ def _sdpa(q, k, v, mask: SdpaMask):
     return torch.where(mask.row_any, out, torch.zeros_like(out))
 
 
-def warn_flex_eager() -> None:
-    msg = ("model.attention=flex-eager: uncompiled flex_attention materializes the full "
-           "score matrix (6-10x slower, 15-25x the memory); use it only to debug")
-    warnings.warn(msg, stacklevel=3)
-    log.warning(msg)
-
-
 class EagerFlex:
     """Uncompiled flex_attention, the ``flex-eager`` backend's ``flex``: warns on its first
     call (one instance per process gives the warning once)."""
+
+    WARNING = ("model.attention=flex-eager: uncompiled flex_attention materializes the full "
+               "score matrix (6-10x slower, 15-25x the memory); use it only to debug")
 
     def __init__(self):
         self.warned = False
@@ -189,7 +185,8 @@ class EagerFlex:
     def __call__(self, q, k, v, block_mask, *, enable_gqa: bool = False):
         if not self.warned:
             self.warned = True
-            warn_flex_eager()
+            warnings.warn(self.WARNING, stacklevel=3)
+            log.warning(self.WARNING)
         from torch.nn.attention.flex_attention import flex_attention as _flex
 
         return _flex(q, k, v, block_mask=block_mask, enable_gqa=enable_gqa)
