@@ -1,8 +1,9 @@
 """The trainer process's state, built once by the entry point and passed down.
 
-``Runtime.create(env)`` is called by each entry point (``trainer.train.loop.train``,
-``trainer.train.compile_only.main``, the bench's runs) after ``trainer.env.read_env``;
-the layouts, the step functions and the fault hook take it as an argument:
+``Runtime.create()`` (which reads the environment: ``trainer.env.read_env``) is called once
+by each entry point (``trainer.train.loop.train``, ``trainer.train.compile_only.main``, the
+bench's runs); the layouts, the step functions and the fault hook take the runtime as an
+argument:
 
 - ``compile``: the ``trainer.compile.registry.CompileRegistry`` (every function compiled in
   this process, the call guard the compile gate installs, flex's kernel options);
