@@ -11,7 +11,7 @@ from orchestrator.engine.compile_cache import local_snapshot_files
 from orchestrator.ops.warmup import parse_report, warmup_argv, warmup_env, warmup_error_line
 from orchestrator.errors import CacheError, ConfigError, NotFoundError
 
-REPORT = {  # the shape trainer/train/warmup.py writes
+REPORT = {  # the shape trainer/train/compile_only.py writes
     "torch": "2.13.0+cpu", "devices": ["cpu"], "buckets": [[32, 4], [64, 4]],
     "records": [
         {"device": "cpu", "shape": [32, 4], "what": "drafter step", "seconds": 20.5,

@@ -1,9 +1,9 @@
 """AOT-autograd caches the drafter step's kind of graph (no ``autograd_cache_bypass`` on
 any start). Real torch on CPU: a function with an ``autocast(enabled=False)`` region
 and a custom ``autograd.Function`` (what RoPE and the chunked CE put into the drafter
-step), compiled through ``trainer.compile.registry`` in a worker thread, in two fresh processes
-sharing one cache dir: the first misses (and stores), the second HITS; neither bypasses.
-Without ``trainer.compile.settings.apply_cache_settings`` both bypass."""
+step), compiled through a ``trainer.compile.registry.CompileRegistry`` in a worker thread, in
+two fresh processes sharing one cache dir: the first misses (and stores), the second HITS; neither bypasses.
+Without ``trainer.compile.settings.CacheSettings.apply`` both bypass."""
 
 from __future__ import annotations
 
@@ -21,11 +21,12 @@ pytestmark = pytest.mark.timeout(600)
 
 SCRIPT = r'''
 import json, threading, torch
-from trainer.compile import registry as C
+from trainer.compile.registry import CompileRegistry
 from trainer.compile.gate import BypassReasons, counters_snapshot
 
 ''' + TOY_STEP_SRC + r'''
 
+C = CompileRegistry()
 out = {}
 def run():  # a worker thread, as in the threads layout (config is per-thread on torch >= 2.12)
     x = torch.randn(8, 16)

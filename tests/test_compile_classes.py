@@ -254,7 +254,8 @@ def test_compiled_flex_runs_with_the_fallbacks_kernel_options_on_cpu(tmp_path):
         import torch._inductor.config as icfg
         from torch.nn.attention.flex_attention import create_block_mask
         from dfo_contract.trainer_config import TrainerConfig
-        from trainer.compile import registry
+        from trainer.compile.registry import CompileRegistry
+        registry = CompileRegistry()
         cfg = TrainerConfig()
         cfg.compile.flex_block, cfg.compile.flex_stages, cfg.compile.threads = 32, 1, 1
         registry.configure_kernels(cfg)
@@ -264,7 +265,7 @@ def test_compiled_flex_runs_with_the_fallbacks_kernel_options_on_cpu(tmp_path):
         ref = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
         print(json.dumps({"close": bool(torch.allclose(out, ref, atol=1e-4)),
                           "threads": icfg.compile_threads,
-                          "opts": registry._state().flex_kernel_options}))
+                          "opts": registry.flex_kernel_options}))
     """)
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        env={**__import__("os").environ,

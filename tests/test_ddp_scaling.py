@@ -251,7 +251,8 @@ def test_no_sync_holds_across_accumulation(monkeypatch, compiled):
             got = [p.grad.clone() for p in lay.parameters()]
             lay.drafter.zero_grad(set_to_none=True)
             for b in batches:  # the same accumulation without DDP: the mean gradient
-                loss, _ = S.drafter_loss(lay.drafter, S.target_features(lay.target, b, cfg), b, cfg)
+                loss, _ = S.drafter_loss(lay.drafter, S.target_features(lay.target, b, cfg), b, cfg,
+                                         lay.rt)
                 (loss / accum).backward()
             want = [p.grad.clone() for p in lay.parameters()]
             lay.drafter.zero_grad(set_to_none=True)

@@ -14,7 +14,7 @@ from dfo_contract.exitcodes import TrainerConfigError
 from dfo_contract.trainer_config import load_config
 from tests.helpers.trainer import make_synth, make_target, tiny_config
 from trainer.model import attention, blocks
-from trainer.core import objective, objective2
+from trainer.core import objective, objective_dflash2
 
 D2 = {"model.method": "dflash2", "model.drafter_layers": 1, "model.target_layer_ids": "[1,2]",
       "model.selector_rank": 8, "model.selector_top_k": 4, "model.sliding_window": 24}
@@ -48,7 +48,7 @@ def _setup(env, **kw):
 def _loss(dr, inputs, lw, **kw):
     feats, ids, pos, masks = inputs
     h = dr(feats, ids, pos, attention.layer_attends("sdpa", masks))
-    return objective2.dflash2_loss(dr, h, *lw, chunk=5, **kw)[0], h
+    return objective_dflash2.dflash2_loss(dr, h, *lw, chunk=5, **kw)[0], h
 
 
 def test_a_gold_token_outside_the_top_k_has_no_selector_term(env):
@@ -57,14 +57,14 @@ def test_a_gold_token_outside_the_top_k_has_no_selector_term(env):
     with torch.no_grad():
         for insert in (False, True):
             h = dr(*inputs[:3], attention.layer_attends("sdpa", inputs[3]))
-            ours = objective2.dflash2_loss(dr, h, *lw, alpha=0.7, chunk=5, gold_insert=insert)[0]
-            ref = objective2.reference_dflash2_loss(dr, h, labels, weights, alpha=0.7, gold_insert=insert)
+            ours = objective_dflash2.dflash2_loss(dr, h, *lw, alpha=0.7, chunk=5, gold_insert=insert)[0]
+            ref = objective_dflash2.reference_dflash2_loss(dr, h, labels, weights, alpha=0.7, gold_insert=insert)
             torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-6)
         # top-k 4 of a 128-token vocabulary on an untrained drafter misses most gold tokens:
         # the two rules differ
         h = dr(*inputs[:3], attention.layer_attends("sdpa", inputs[3]))
-        a = objective2.dflash2_loss(dr, h, *lw, alpha=1.0, chunk=5)[0]
-        b = objective2.dflash2_loss(dr, h, *lw, alpha=1.0, chunk=5, gold_insert=True)[0]
+        a = objective_dflash2.dflash2_loss(dr, h, *lw, alpha=1.0, chunk=5)[0]
+        b = objective_dflash2.dflash2_loss(dr, h, *lw, alpha=1.0, chunk=5, gold_insert=True)[0]
         assert float(b) > float(a) + 1e-3
 
 
@@ -89,10 +89,10 @@ def test_warmup_and_ramp_schedule():
     t = load_config(None, ["--data.path", "x", "--model.method", "dflash2", "--model.block_size", "8",
                            "--train.selector_loss_alpha", "2", "--train.selector_warmup_ratio", "0.1",
                            "--train.selector_ramp_ratio", "0.2"]).train
-    got = [objective2.selector_alpha_at(t, s, 100) for s in (0, 9, 10, 19, 29, 30, 99)]
+    got = [objective_dflash2.selector_alpha_at(t, s, 100) for s in (0, 9, 10, 19, 29, 30, 99)]
     assert got == [0.0, 0.0, 0.1, 1.0, 2.0, 2.0, 2.0]
     t.selector_warmup_ratio = t.selector_ramp_ratio = 0.0
-    assert objective2.selector_alpha_at(t, 0, 100) == 2.0
+    assert objective_dflash2.selector_alpha_at(t, 0, 100) == 2.0
     with pytest.raises(TrainerConfigError, match="--train.selector_ramp_ratio: warm-up 0.6 \\+ ramp 0.6"):
         load_config(None, ["--data.path", "x", "--model.method", "dflash2", "--model.block_size", "8",
                            "--train.selector_warmup_ratio", "0.6", "--train.selector_ramp_ratio", "0.6"])

@@ -35,7 +35,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory):
-    from trainer.evaluate.export import export
+    from trainer.evaluate.export_dir import export
     from trainer.train.loop import train
 
     d = tmp_path_factory.mktemp("names")

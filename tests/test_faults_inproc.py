@@ -15,13 +15,17 @@ from trainer.compile.gate import CompileGate, WarmupTask  # noqa: E402
 
 @pytest.fixture(autouse=True)
 def _clean():
-    faults.reset_state()
     yield
-    faults.reset_state()
     torch.compiler.set_stance("default")
 
 
-def test_fx_race_is_torchs_own_error_even_past_a_sealed_gate():
+@pytest.fixture
+def inj() -> faults.Faults:
+    """A process's fault injection state, fresh for each test."""
+    return faults.Faults()
+
+
+def test_fx_race_is_torchs_own_error_even_past_a_sealed_gate(inj):
     fn = torch.compile(lambda x: torch.cos(x) * 3, backend="eager", dynamic=False)
     x = torch.randn(4)
     gate = CompileGate(True, {"fail_on_recompile_limit_hit": True})
@@ -29,7 +33,7 @@ def test_fx_race_is_torchs_own_error_even_past_a_sealed_gate():
     gate.seal()
     for _ in range(3):  # reliably, not by luck
         with pytest.raises(RuntimeError) as ei:
-            faults.maybe_inject(2, attempt=1, spec="fx_race@2",
+            inj.maybe_inject(2, attempt=1, spec="fx_race@2",
                                 compiled_call=lambda: gate.call(fn, x))
         assert faults.FX_RACE_TEXT in str(ei.value)
         tb = ei.traceback
@@ -48,22 +52,22 @@ def test_fx_race_without_compiled_code_uses_a_tiny_compiled_function():
         faults.raise_fx_race(None)
 
 
-def test_nothing_fires_on_other_steps_or_attempts():
-    assert faults.maybe_inject(1, attempt=1, spec="oom@2").fired == []
-    assert faults.maybe_inject(2, attempt=2, spec="oom@2").fired == []
-    assert faults.maybe_inject(2, attempt=1, spec=None).fired == []
+def test_nothing_fires_on_other_steps_or_attempts(inj):
+    assert inj.maybe_inject(1, attempt=1, spec="oom@2").fired == []
+    assert inj.maybe_inject(2, attempt=2, spec="oom@2").fired == []
+    assert inj.maybe_inject(2, attempt=1, spec=None).fired == []
     with pytest.raises(torch.OutOfMemoryError, match="fault injection oom@2"):
-        faults.maybe_inject(2, attempt=1, spec="oom@2")
+        inj.maybe_inject(2, attempt=1, spec="oom@2")
 
 
-def test_nan_effect_poisons_the_loss_and_its_gradient():
-    eff = faults.maybe_inject(3, attempt=1, spec="nan@3")
+def test_nan_effect_poisons_the_loss_and_its_gradient(inj):
+    eff = inj.maybe_inject(3, attempt=1, spec="nan@3")
     assert eff.nan and eff.fired == ["nan@3#1"]
     w = torch.ones(2, requires_grad=True)
     loss = eff.apply_to_loss((w * 2).sum())
     loss.backward()
     assert torch.isnan(loss) and torch.isnan(w.grad).all()
-    assert faults.maybe_inject(4, attempt=1, spec="nan@3").apply_to_loss(torch.tensor(1.0)) == 1.0
+    assert inj.maybe_inject(4, attempt=1, spec="nan@3").apply_to_loss(torch.tensor(1.0)) == 1.0
 
 
 class FakeClock:
@@ -81,18 +85,18 @@ class FakeClock:
         self.now += s
 
 
-def test_slow_stretches_each_step_to_one_over_f(capsys, monkeypatch):
+def test_slow_stretches_each_step_to_one_over_f(capsys, monkeypatch, inj):
     clock = FakeClock()
     monkeypatch.setattr(faults, "time", clock)
-    faults.maybe_inject(1, attempt=1, spec="slow=0.5@1")
+    inj.maybe_inject(1, attempt=1, spec="slow=0.5@1")
     assert "materializes the full scores matrix" in capsys.readouterr().err
     assert clock.slept == []                    # the throttle starts with the next step
     t0 = clock.now
     clock.now += 0.1                            # a step's work
-    faults.maybe_inject(2, attempt=1, spec="slow=0.5@1")
+    inj.maybe_inject(2, attempt=1, spec="slow=0.5@1")
     took = clock.now - t0
     assert 0.19 <= took < 0.5  # work 0.1 s + throttle 0.1 s: half the throughput
     assert clock.slept == [pytest.approx(0.1)]
     clock.now += 0.3                            # a longer step is stretched as much
-    faults.maybe_inject(3, attempt=1, spec="slow=0.5@1")
+    inj.maybe_inject(3, attempt=1, spec="slow=0.5@1")
     assert clock.slept[1] == pytest.approx(0.3)

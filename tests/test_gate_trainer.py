@@ -66,7 +66,7 @@ def test_recompile_after_warmup_is_a_clear_error_naming_the_shape(tiny, tmp_path
         # past the shape check, torch itself refuses to compile and the gate names it
         feats = S.target_features(layout.target, bad, cfg)
         with pytest.raises(RecompileAfterWarmup) as ei:
-            S.drafter_loss(layout.drafter, feats, bad, cfg)
+            S.drafter_loss(layout.drafter, feats, bad, cfg, layout.rt)
         msg = str(ei.value)
         assert "drafter_step needed a compile after warm-up" in msg
         assert "size mismatch" in msg and "actual 160" in msg  # torch's guard, 96+8*8 keys

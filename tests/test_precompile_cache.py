@@ -1,8 +1,8 @@
 """``compile.precompile``: dynamo's precompile cache across processes (real torch, CPU).
 
 A toy step (matmul, autocast-off region, custom autograd.Function: what the drafter step
-holds) compiled through ``trainer.compile.registry`` in a worker thread, in fresh processes sharing
-one TORCHINDUCTOR_CACHE_DIR: the first traces and saves a checksummed entry; the second
+holds) compiled through a ``trainer.compile.registry.CompileRegistry`` in a worker thread, in
+fresh processes sharing one TORCHINDUCTOR_CACHE_DIR: the first traces and saves a checksummed entry; the second
 LOADS it (dynamo_cache_hit, no dynamo tracing at all: no ``compile_attempt_0`` time); a
 truncated entry, or one without its checksum file (half-written), is removed before
 anything compiles and never loaded (dynamo_cache_miss, a fresh trace, the same result)."""
@@ -21,12 +21,14 @@ from tests.helpers.trainer import REPO
 
 SCRIPT = r'''
 import json, sys, threading, torch
-from trainer.compile import precompile, registry as C, settings
+from trainer.compile import precompile
+from trainer.compile.registry import CompileRegistry
 from trainer.compile.gate import compile_times_snapshot, counters_snapshot
 
 ''' + TOY_STEP_SRC + r'''
 
-settings.configure(precompile=True)
+C = CompileRegistry()
+C.cache.configure(precompile=True)
 chk = precompile.verify_precompile_entries()
 out = {"kept": chk.kept, "dropped": chk.dropped}
 def run():  # a worker thread (dynamo config is per-thread on torch >= 2.12)

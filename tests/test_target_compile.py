@@ -27,11 +27,11 @@ def tiny(tmp_path_factory):
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def _run(cfg) -> tuple[dict[int, float], list[dict], str]:
+def _run(cfg, rt=None) -> tuple[dict[int, float], list[dict], str]:
     from trainer.train.loop import train
 
     out = io.StringIO()
-    assert train(cfg, out=out) == 0
+    assert train(cfg, out=out, rt=rt) == 0
     with open(os.path.join(cfg.run.dir, "metrics.jsonl")) as f:
         recs = [json.loads(line) for line in f]
     losses = {r["step"]: r["loss"] for r in recs if "loss" in r and r.get("phase") == "train"}
@@ -44,7 +44,7 @@ def test_training_with_the_target_compiled_matches_eager_target(tiny, tmp_path):
     one drafter (threads layout), so the second target is warmed by its own unit, and it
     evaluates a held-out set whose last batch is shorter than the warmed one (eval runs the
     target eagerly: the sealed gate would refuse that shape)."""
-    from trainer.compile import registry
+    from trainer.core.runtime import Runtime
 
     target, data, _ = tiny
     common = {"train.max_steps": 3, "train.micro_batch": 4, "checkpoint.save_final": "false"}
@@ -56,11 +56,12 @@ def test_training_with_the_target_compiled_matches_eager_target(tiny, tmp_path):
     cfg = tiny_config(target, data, str(tmp_path / "on"), **common, **ON, **{
         "parallel.layout": "threads", "parallel.target_devices": "[cpu,cpu]",
         "data.eval_path": data, "eval.every": 3, "eval.max_samples": 3})
-    got, evals, out = _run(cfg)
+    rt = Runtime.create()
+    got, evals, out = _run(cfg, rt)
     assert sorted(got) == [1, 2, 3]
     for s in ref:
         assert got[s] == pytest.approx(ref[s], rel=1e-4, abs=1e-5), (s, got, ref)
-    assert "target_layer[Qwen3DecoderLayer]" in registry.names()
+    assert "target_layer[Qwen3DecoderLayer]" in rt.compile.names()
     lines = out.splitlines()
     assert any(ln.startswith("compile: target: 3 decoder layers compiled as "
                              "target_layer[Qwen3DecoderLayer]") for ln in lines), out
@@ -77,12 +78,13 @@ def test_config_errors_name_the_flag(tiny, tmp_path):
     with pytest.raises(TrainerConfigError) as ei:
         tiny_config(target, data, str(tmp_path), **{"compile.target": "maybe"})
     assert str(ei.value) == "config: --compile.target: expected true or false, got 'maybe'"
+    from trainer.compile.registry import CompileRegistry
     from trainer.compile.target import compile_layers
     from trainer.model.target import load_target
 
     t = load_target(target, device="cpu", dtype=torch.float32, num_drafter_layers=1)
     with pytest.raises(ValueError, match="CUDA graphs, which overwrite the tapped layer outputs"):
-        compile_layers(t, "reduce-overhead")
+        compile_layers(CompileRegistry(), t, "reduce-overhead")
     assert t.compiled_layers == ""
 
 
@@ -144,18 +146,19 @@ def test_target_dynamic_compiles_the_layers_once_for_every_bucket(tiny, tmp_path
     """``compile.target_dynamic``: one dynamic-shape layer graph serves both sequence buckets
     (the second bucket's warm-up builds and loads nothing), and training gives the eager
     target's losses."""
-    from trainer.compile import registry
+    from trainer.core.runtime import Runtime
 
     target, data, _ = tiny
     common = {"train.max_steps": 2, "train.micro_batch": 4, "checkpoint.save_final": "false",
               "data.seq_buckets": "[32,64]"}
     ref, _, _ = _run(tiny_config(target, data, str(tmp_path / "ref"), **common))
+    rt = Runtime.create()
     got, _, out = _run(tiny_config(target, data, str(tmp_path / "dyn"), **common, **ON,
-                                   **{"compile.target_dynamic": "true"}))
+                                   **{"compile.target_dynamic": "true"}), rt)
     assert sorted(got) == sorted(ref) == [1, 2]
     for s in ref:
         assert got[s] == pytest.approx(ref[s], rel=1e-4, abs=1e-5), (s, got, ref)
-    assert "target_layer[Qwen3DecoderLayer, dynamic]" in registry.names()
+    assert "target_layer[Qwen3DecoderLayer, dynamic]" in rt.compile.names()
     lines = out.splitlines()
     assert any(ln.startswith("compile: target: 3 decoder layers compiled as target_layer[Qwen3"
                              "DecoderLayer, dynamic] (one graph per device,") for ln in lines), out

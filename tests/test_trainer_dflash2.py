@@ -14,7 +14,7 @@ from tests.helpers.trainer import make_synth, make_target, tiny_config
 from dfo_contract.exitcodes import TrainerConfigError
 from dfo_contract.trainer_config import load_config
 from trainer.model import attention, blocks
-from trainer.core import objective, objective2
+from trainer.core import objective, objective_dflash2
 
 D2 = {"model.method": "dflash2", "model.drafter_layers": 2, "model.target_layer_ids": "[1,2]",
       "model.selector_rank": 8, "model.selector_top_k": 4, "model.sliding_window": 24}
@@ -138,7 +138,7 @@ def test_flex_forward_matches_sdpa_with_a_window(env):
 
 def test_gold_token_replaces_the_weakest_candidate():
     top = torch.tensor([[5, 2, 9], [5, 2, 9]])
-    cand, where, contains = objective2.training_candidates(top, torch.tensor([2, 7]))
+    cand, where, contains = objective_dflash2.training_candidates(top, torch.tensor([2, 7]))
     assert cand.tolist() == [[5, 2, 9], [5, 2, 7]]
     assert where.tolist() == [1, 2] and contains.tolist() == [True, False]
 
@@ -153,8 +153,8 @@ def test_chunked_loss_and_gradient_match_the_reference(env):
                                                             b.anchor_valid, 8, 4.0)
     h = _hidden(dr, target, b, 24).detach()
     h1, h2 = h.clone().requires_grad_(True), h.clone().requires_grad_(True)
-    loss, m = objective2.dflash2_loss(dr, h1, labels, weights, counted, alpha=0.5, chunk=7)
-    ref = objective2.reference_dflash2_loss(dr, h2, labels, weights, alpha=0.5)
+    loss, m = objective_dflash2.dflash2_loss(dr, h1, labels, weights, counted, alpha=0.5, chunk=7)
+    ref = objective_dflash2.reference_dflash2_loss(dr, h2, labels, weights, alpha=0.5)
     torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-6)
     loss.backward()
     ref.backward()
@@ -180,7 +180,7 @@ def test_tiny_run_trains_and_resumes_exactly(env):
 def test_export_round_trip(env, tmp_path):
     from safetensors import safe_open
 
-    from trainer.evaluate.export import export, load_exported, verify_export
+    from trainer.evaluate.export_dir import export, load_exported, verify_export
     from trainer.core import checkpoints
 
     ck = env["dir"] / "full" / "checkpoints" / "step_30"
@@ -222,7 +222,7 @@ def test_speculative_decoding_with_an_exported_dflash2_is_lossless(env, tmp_path
     from transformers import AutoModelForCausalLM
 
     from trainer.evaluate import spec_eval
-    from trainer.evaluate.export import export, load_exported
+    from trainer.evaluate.export_dir import export, load_exported
 
     ck = env["dir"] / "full" / "checkpoints" / "step_30"
     if not ck.is_dir():

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.helpers.trainer import PY, REPO, trained_checkpoint
-from trainer.evaluate.export import export, load_exported, verify_export
+from trainer.evaluate.export_dir import export, load_exported, verify_export
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.helpers.trainer import trained_checkpoint
-from trainer.evaluate.export import export, load_exported
+from trainer.evaluate.export_dir import export, load_exported
 from trainer.evaluate.export_config import rope_fields
 
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from tests.helpers.trainer import make_synth, make_target, tiny_config
-from trainer.compile import registry as C
+from trainer.compile.registry import CompileRegistry
+from trainer.core.runtime import Runtime
 from trainer.model import attention, blocks
 from trainer.core import step
 from dfo_contract.exitcodes import TrainerConfigError
@@ -48,6 +49,7 @@ def test_analytic_block_mask_equals_create_block_mask(s, n):
 
 
 def test_compiled_flex_forward_equals_sdpa():
+    C = CompileRegistry()
     anchors, valid, s = _case(s=120, n=16)
     g = torch.Generator().manual_seed(1)
     q = torch.randn(2, 4, 16 * B, 16, generator=g)
@@ -66,15 +68,16 @@ def test_drafter_forward_flex_equals_sdpa(tmp_path):
     target = make_target(str(tmp_path / "target"))
     data = make_synth(str(tmp_path / "d.jsonl"), num=4)
     cfg = tiny_config(target, data, str(tmp_path / "run"))
-    tgt, drafter = step.build_models(cfg, "cpu")
+    rt = Runtime.create()
+    tgt, drafter = step.build_models(cfg, "cpu", rt=rt)
     batch = step.dummy_batch(cfg, 64, 8, 2, "cpu", seed=4)
     batch.anchor_valid[1, -2:] = False
     feats = step.target_features(tgt, batch, cfg)
     with torch.no_grad():
         drafter.attn_backend = "sdpa"
-        l_sdpa, m_sdpa = step.drafter_loss(drafter, feats, batch, cfg)
+        l_sdpa, m_sdpa = step.drafter_loss(drafter, feats, batch, cfg, rt)
         drafter.attn_backend = "flex"
-        l_flex, m_flex = step.drafter_loss(drafter, feats, batch, cfg)
+        l_flex, m_flex = step.drafter_loss(drafter, feats, batch, cfg, rt)
     torch.testing.assert_close(l_flex, l_sdpa, rtol=1e-4, atol=1e-5)
     assert torch.equal(m_flex["count_per_pos"], m_sdpa["count_per_pos"])
 
@@ -89,19 +92,27 @@ def test_flex_on_cpu_for_training_is_refused_and_flex_eager_warns(tmp_path):
     anchors, valid, s = _case(s=64, n=4, invalid=1)
     q = torch.randn(2, 2, 4 * B, 8)
     k = torch.randn(2, 2, s + 4 * B, 8)
-    attention.STATE.warned_eager = False
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         out = attention.attend("flex-eager", q, k, k, attention.build_mask("flex-eager", anchors, valid, s, B))
     assert any("flex-eager" in str(w.message) for w in caught)
     ref = attention.attend("sdpa", q, k, k, attention.build_mask("sdpa", anchors, valid, s, B))
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+    once = attention.EagerFlex()  # the process's (Runtime.eager_flex): warns on its first call only
+    m = attention.build_mask("flex-eager", anchors, valid, s, B)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            torch.testing.assert_close(attention.attend("flex-eager", q, k, k, m, flex=once), ref,
+                                       rtol=1e-4, atol=1e-5)
+    assert sum("flex-eager" in str(w.message) for w in caught) == 1
 
 
 def test_call_guard_wraps_compiled_calls():
     import contextlib
 
     seen = []
+    C = CompileRegistry()
 
     @contextlib.contextmanager
     def guard(what):

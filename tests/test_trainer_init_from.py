@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from dfo_contract.exitcodes import TrainerConfigError
 from tests.helpers.trainer import make_target, run_trainer, tiny_config, tiny_overrides, trained_checkpoint
-from trainer.evaluate.export import export
+from trainer.evaluate.export_dir import export
 from trainer.core import init_from
 
 
@@ -48,7 +48,7 @@ def _plain_cfg(released, tmp_path, **extra):
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_export_init_from_export_is_bit_for_bit(released, tmp_path, dtype):
     from trainer.core import checkpoints
-    from trainer.train.loop import Schedule
+    from trainer.train.run import Schedule
     from trainer.core.step import build_models
 
     cfg = _plain_cfg(released, tmp_path, **{"model.init_from": released[dtype]})

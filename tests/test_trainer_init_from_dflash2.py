@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from dfo_contract.exitcodes import TrainerConfigError
 from dfo_contract.trainer_config import load_config
 from tests.helpers.trainer import make_synth, make_target, run_trainer, tiny_overrides
-from trainer.evaluate.export import export, load_exported
+from trainer.evaluate.export_dir import export, load_exported
 from trainer.model import attention, blocks
 from trainer.core import init_from
 

@@ -79,7 +79,7 @@ def test_speculative_accepts_a_perfect_draft(tiny_target, monkeypatch):
 
 @pytest.mark.slow
 def test_whole_path_small_scale(tmp_path):
-    from trainer.evaluate.export import export
+    from trainer.evaluate.export_dir import export
     from trainer.train.loop import train
     from trainer.data.tinylm import regenerate, teach
 

@@ -6,8 +6,9 @@
   full layer count.
 - ``build_drafter`` creates the drafter's parameters on the meta device first: its weights
   and buffers equal ``Drafter(...)`` + ``init_weights(seed)`` bit for bit, DFlash2 included.
-- ``load_tokenizer`` loads a directory's tokenizer once per process (the mask token, the
-  vocabulary length and the data all ask for it), again when a file of it changed.
+- ``Tokenizers.load`` (the process's, held by its Runtime) loads a directory's tokenizer once
+  (the mask token, the vocabulary length and the data all ask for it), again when a file of
+  it changed.
 """
 
 from __future__ import annotations
@@ -122,8 +123,9 @@ def test_tokenizer_is_loaded_once_per_directory_until_it_changes(target_dir, tmp
     import os
     import shutil
 
-    from trainer.data.tokenizer import load_tokenizer
+    from trainer.data.tokenizer import Tokenizers
 
+    load_tokenizer = Tokenizers().load
     copy = str(tmp_path / "t")
     shutil.copytree(target_dir, copy)
     first = load_tokenizer(copy)

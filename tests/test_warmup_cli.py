@@ -13,7 +13,7 @@ pytest.importorskip("torch")
 from tests.helpers.trainer import PY, REPO, make_synth, make_target, markers, \
     run_trainer, tiny_overrides  # noqa: E402
 from dfo_contract.exitcodes import TrainerConfigError  # noqa: E402
-from trainer.train.warmup import parse_args, warm_devices  # noqa: E402
+from trainer.train.compile_only import parse_args, warm_devices  # noqa: E402
 
 
 def test_parse_args_splits_own_flags_from_overrides():

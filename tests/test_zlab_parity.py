@@ -72,7 +72,7 @@ def _train(env, name, extra, resume=None, steps=None):
 
 
 def _export(ckpt, out, engines="all"):
-    from trainer.evaluate.export import export
+    from trainer.evaluate.export_dir import export
 
     export(str(ckpt), str(out), dtype="fp32", engines=engines)
     return json.loads((out / "config.json").read_text())
@@ -133,7 +133,7 @@ PROMPTS = ([5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22],
 def test_zlab_class_serves_the_export_as_dfo_trained_and_decodes_it(env, name, tmp_path, monkeypatch):
     from dfo_contract.trainer_config.layers import layer_pattern
     from trainer.evaluate import spec_eval
-    from trainer.evaluate.export import load_exported
+    from trainer.evaluate.export_dir import load_exported
     from trainer.core import checkpoints
     from trainer.core.step import build_models
 
@@ -222,7 +222,7 @@ def test_released_style_drafters_fine_tune_with_their_own_pattern(env, released,
     """A released-style directory (its config.json says only layer_types and a window) goes
     through init_from -> 3 steps -> export and z-lab's class serves it as trained."""
     from trainer.model.dflash_dir import read_dflash_dir
-    from trainer.evaluate.export import load_exported
+    from trainer.evaluate.export_dir import load_exported
 
     n = len(released["layer_types"])
     name = f"released{n}"

@@ -59,13 +59,13 @@ def main(argv: list[str] | None = None) -> int:
 
             return train(cfg, resume=opts.get("--resume"))
         if cmd == "warmup":
-            from .train import warmup
+            from .train import compile_only
 
-            return warmup.main(rest)
+            return compile_only.main(rest)
         if cmd == "export":
-            from .evaluate import export
+            from .evaluate import export_dir
 
-            return export.main(rest)
+            return export_dir.main(rest)
         if cmd == "eval":
             from .evaluate import spec_eval
 

@@ -4,9 +4,9 @@
 (names in ``dfo_contract.envvars``: ``DFO_ATTEMPT``, ``DFO_RUN_DIR``, ``DFO_RUN_ID``,
 ``DFO_CACHE_KEY``, ``DFO_CACHE_DIR``, ``DFO_FAULT``, ``DFO_NODE_RANK``, ``DFO_SPAWN_T``) and
 torchrun's (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``) -- into a frozen ``Env``. The entry
-points (``trainer.train.loop.train``, ``trainer.train.warmup.main``) read it when they start
-and pass it down: the layouts take it (``trainer.parallel.make_layout(cfg, env)``), fault
-injection is given the attempt.
+points (``trainer.train.loop.train``, ``trainer.train.compile_only.main``) read it when they
+start, into the process's ``trainer.core.runtime.Runtime``, and pass that down: the layouts
+take it (``trainer.parallel.make_layout(cfg, rt)``), fault injection is given the attempt.
 
 Torch-free, and below every other module of the trainer: it imports none of them.
 """

@@ -72,7 +72,7 @@ COMPILE_FIELDS: tuple[str, ...] = (
 )
 #: fields of COMPILE_SECTIONS that never change compiled code. ``compile.gate`` is one: the
 #: gate's dynamo settings are not part of torch's cache keys and the trainer applies the same
-#: cache settings gate on or off (trainer.compile.settings.apply_cache_settings), so a snapshot
+#: cache settings gate on or off (trainer.compile.settings.CacheSettings.apply), so a snapshot
 #: warmed with the gate serves a gate-off launch and its compile_gate retry alike.
 _NOT_COMPILED = re.compile(r"(path|dir|spec|seed)$|^(gate|gate_timeout|log.*|init_from)$")
 

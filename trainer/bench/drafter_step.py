@@ -41,6 +41,7 @@ import torch
 from dfo_contract.markers import format_marker
 
 from ..compile.target import compile_layers
+from ..core.runtime import Runtime
 from .flops import H200_BF16_PEAK_TFLOPS, target_flops
 from .measure import CANDIDATES, candidate, measure, write_json
 from .methods import METHODS, apply_method, parse_methods, ratio_markdown, ratios, step_flops
@@ -75,6 +76,7 @@ def run(a) -> dict:
     from ..model.target import target_from_config, tiny_qwen3_config
 
     dev = torch.device("cuda:0" if torch.cuda.is_available() and not a.cpu else "cpu")
+    rt = Runtime.create()
     cfg = make_cfg(a)
     dtype = S.compute_dtype(cfg, dev)
     tcfg = tiny_qwen3_config(hidden=64, layers=4, vocab=128) if a.quick else target_config(a.target)
@@ -118,7 +120,7 @@ def run(a) -> dict:
     t_target_c = None
     if a.target_compile:   # the same target, its decoder layers compiled (side by side)
         t0 = time.perf_counter()
-        compile_layers(target)
+        compile_layers(rt.compile, target)
         for _ in range(2):
             S.target_features(target, batch, cfg)
         warm = time.perf_counter() - t0
@@ -129,7 +131,7 @@ def run(a) -> dict:
             "speedup": round(t_target / t_target_c, 3)}
     t_plan = time.perf_counter()
     for method in a.methods:
-        bench_method(a, method, dev, target, tcfg, batch, feats, (t_target, t_target_c), peak,
+        bench_method(a, rt, method, dev, target, tcfg, batch, feats, (t_target, t_target_c), peak,
                      t_plan, report)
     first = report["methods"][a.methods[0]]   # the one-method report's keys: the first method's
     report["variants"] = first["variants"]
@@ -138,7 +140,7 @@ def run(a) -> dict:
     return report
 
 
-def bench_method(a, method: str, dev, target, tcfg, batch, feats, t_targets, peak, t_plan,
+def bench_method(a, rt: Runtime, method: str, dev, target, tcfg, batch, feats, t_targets, peak, t_plan,
                  report: dict) -> None:
     """Build ``method``'s drafter on ``target`` and measure every variant and candidate with
     it; the results go into ``report["methods"][method]`` (the JSON is rewritten after each)."""
@@ -150,7 +152,7 @@ def bench_method(a, method: str, dev, target, tcfg, batch, feats, t_targets, pea
     cfg.model.attention = "sdpa"
     cfg.compile.enabled = False
     t0 = time.perf_counter()
-    _, drafter = S.build_models(cfg, dev, target=target)
+    _, drafter = S.build_models(cfg, dev, target=target, rt=rt)
     spec = drafter.spec
     dfl, pairs = step_flops(cfg, spec, batch, a.seq_len)
     out = report["methods"][method] = {"setup_s": round(time.perf_counter() - t0, 2),
@@ -177,7 +179,8 @@ def bench_method(a, method: str, dev, target, tcfg, batch, feats, t_targets, pea
             os.makedirs(a.profile, exist_ok=True)
             prof = os.path.join(a.profile, f"{method}-{name.replace(':', '-')}.txt")
         v = out["variants"][name] = measure(a, cfg, dev, target, drafter, opt, tcfg, spec, peak,
-                                            batch, feats, t_target, dfl, opts, profile_to=prof)
+                                            batch, feats, t_target, dfl, opts, rt=rt,
+                                            profile_to=prof)
         if t_target_c and "drafter_step_ms" in v and "settings" not in v:
             e2e_c = t_target_c + (v["drafter_step_ms"] + v["optimizer_ms"]) / 1e3
             v["tokens_per_s_target_compiled"] = round(a.micro_batch * a.seq_len / e2e_c, 1)
@@ -214,7 +217,8 @@ def check_agreement(device: str = "cuda:0", *, seq_len: int = 512, anchors: int 
                              intermediate=2 * hidden)
     target = target_from_config(tcfg, device=dev, dtype=S.compute_dtype(cfg, dev),
                                 num_drafter_layers=layers, tap_ids=list(range(layers)), seed=seed)
-    _, drafter = S.build_models(cfg, dev, target=target)
+    rt = Runtime.create()
+    _, drafter = S.build_models(cfg, dev, target=target, rt=rt)
     batch = S.dummy_batch(cfg, seq_len, anchors, 2, dev, seed=seed)
     batch.anchor_valid[1, -3:] = False
     feats = S.target_features(target, batch, cfg)
@@ -222,7 +226,7 @@ def check_agreement(device: str = "cuda:0", *, seq_len: int = 512, anchors: int 
     for backend in ("sdpa", flex_backend):
         drafter.attn_backend = backend
         drafter.zero_grad(set_to_none=True)
-        loss, _ = S.drafter_loss(drafter, feats, batch, cfg)
+        loss, _ = S.drafter_loss(drafter, feats, batch, cfg, rt)
         loss.backward()
         out[backend] = (loss.detach().float(), {n: p.grad.detach().float().clone()
                                                 for n, p in drafter.named_parameters() if p.grad is not None})

@@ -56,11 +56,9 @@ def candidate(name: str) -> dict:
     return out
 
 
-def reset_compiled() -> None:
-    """Forget every compiled function (a candidate compiles its own)."""
-    from ..compile import registry
-
-    registry.forget_compiled()
+def reset_compiled(rt) -> None:
+    """Forget every function compiled through ``rt`` (a candidate compiles its own)."""
+    rt.compile.forget()
     torch._dynamo.reset()
 
 
@@ -85,9 +83,9 @@ def profile_table(fn, dev, path: str, steps: int = 2, rows: int = 45) -> None:
 
 
 def measure(a, cfg, dev, target, drafter, opt, tcfg, spec, peak, batch, feats, t_target, dfl,
-            opts: dict, profile_to: str | None = None) -> dict:
-    """Time one variant (optionally changed by a candidate's settings) on this process's models;
-    ``profile_to``: also write its kernel table there (``profile_table``)."""
+            opts: dict, *, rt, profile_to: str | None = None) -> dict:
+    """Time one variant (optionally changed by a candidate's settings) on this process's models
+    (``rt``: its trainer.core.runtime.Runtime); ``profile_to``: also write its kernel table there (``profile_table``)."""
     from ..model import attention
     from ..core import step as S
 
@@ -107,7 +105,7 @@ def measure(a, cfg, dev, target, drafter, opt, tcfg, spec, peak, batch, feats, t
     cfg.train.micro_batch = mb
     extra = {k: v for k, v in opts.items() if k != "variant"}
     if extra:
-        reset_compiled()
+        reset_compiled(rt)
     if mb != a.micro_batch:
         batch = S.dummy_batch(cfg, a.seq_len, a.anchors, mb, dev, seed=0)
         feats = S.target_features(target, batch, cfg)
@@ -122,7 +120,7 @@ def measure(a, cfg, dev, target, drafter, opt, tcfg, spec, peak, batch, feats, t
     def drafter_step():
         if cudagraphs:
             torch.compiler.cudagraph_mark_step_begin()
-        loss, _ = S.drafter_loss(drafter, feats, batch, cfg)
+        loss, _ = S.drafter_loss(drafter, feats, batch, cfg, rt)
         loss.backward()
         return loss
 
@@ -161,7 +159,7 @@ def measure(a, cfg, dev, target, drafter, opt, tcfg, spec, peak, batch, feats, t
         cfg.train.micro_batch, cfg.model.ce_chunk, cfg.compile.mode = (a.micro_batch, a.ce_chunk,
                                                                        a.compile_mode)
         if extra:
-            reset_compiled()
+            reset_compiled(rt)
     e2e = t_target + t_step + t_opt
     out = {
         "warmup_s": round(first_s, 2),

@@ -13,8 +13,8 @@ thread's make_fx sets it) or deadlocked on a cold cache. With the gate on:
    process-global stance, torch >= 2.6), so any compile after warm-up -- a new shape, a new
    device -- raises ``RecompileAfterWarmup`` naming the shape instead of racing.
 3. **Lock** (``CompileGate.guard``): a process-wide re-entrant lock around every call into
-   compiled code (trainer.compile.registry's call guard, and each backward through compiled
-   graphs).
+   compiled code (the process's ``CompileRegistry.install_gate`` makes it the registry's call
+   guard; each backward through compiled graphs takes it too).
 4. **Settings in every thread** (``CompileGate.thread_setup``): since torch 2.12,
    ``torch._dynamo.config`` / ``torch._inductor.config`` writes are per-thread (ContextVar;
    a new thread starts from the defaults), so the settings below are applied in each thread
@@ -36,8 +36,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable, Iterator
 
-from . import registry
-from .settings import apply_cache_settings
+from .settings import CacheSettings
 
 RECOMPILE_TEXT = "Detected recompile when torch.compile stance is 'fail_on_recompile'"
 COUNTER_KEYS = {  # (counters section, key) -> report name
@@ -191,10 +190,16 @@ class WarmupRecord:
 
 
 class CompileGate:
-    """One per process. See the module docstring for what ``enabled`` buys."""
+    """One per process, made by the layout and installed on the process's compile registry
+    (trainer.compile.registry.CompileRegistry.install_gate). See the module docstring for
+    what ``enabled`` buys."""
 
-    def __init__(self, enabled: bool = True, settings: dict[str, object] | None = None):
+    def __init__(self, enabled: bool = True, settings: dict[str, object] | None = None, *,
+                 cache: CacheSettings | None = None):
+        """``settings``: dynamo's (``default_dynamo_settings``); ``cache``: the process's
+        compile cache settings (its registry's ``cache``; None: the defaults)."""
         self.enabled = enabled
+        self.cache = cache if cache is not None else CacheSettings()
         self.settings = dict(settings or {})
         self._lock = threading.RLock()
         self.sealed = False
@@ -208,11 +213,11 @@ class CompileGate:
         """Call first in every thread that runs compiled code (incl. the warm-up thread).
 
         Gate off keeps the race's pattern for dynamo (torch's defaults). The compile
-        CACHE settings (``trainer.compile.settings.apply_cache_settings``) are applied in both
+        CACHE settings (``trainer.compile.settings.CacheSettings.apply``) are applied in both
         modes: they are part of the cache keys, so a gate-on retry hits what a gate-off attempt
         built.
         """
-        apply_cache_settings()
+        self.cache.apply()
         if self.enabled:
             apply_dynamo_settings(self.settings)
 
@@ -361,20 +366,3 @@ def _describe_shapes(args) -> str:
         if s is not None:
             out.append(tuple(int(x) for x in s))
     return ", ".join(str(s) for s in out) if out else "unknown"
-
-
-# --------------------------------------------------------------------- process-wide gate
-
-_INSTALLED: list[CompileGate] = []  # the process's gate (install), at most one
-
-
-def install(gate: CompileGate) -> CompileGate:
-    """Make ``gate`` the process's gate (``current()``) and route the calls of
-    trainer.compile.registry through it."""
-    _INSTALLED[:] = [gate]
-    registry.set_call_guard(gate.guard if gate.enabled else None)
-    return gate
-
-
-def current() -> CompileGate | None:
-    return _INSTALLED[0] if _INSTALLED else None

@@ -20,8 +20,6 @@ from dataclasses import dataclass, field
 
 from dfo_contract.fsio import atomic_write_text, sha256_file
 
-from .settings import precompile_on
-
 log = logging.getLogger("dfo")
 
 PRECOMPILE_ENTRY = "entry"
@@ -82,9 +80,8 @@ def save_precompile_entries() -> dict[str, object]:
     """Write this process's precompile entries (torch's atomic write), then their checksums.
 
     Call after the warm-up ran every compiled function (and after
-    ``torch.compiler.save_cache_artifacts``, which rewrites the same entries)."""
-    if not precompile_on():
-        return {"saved": [], "why": "compile.precompile is off"}
+    ``torch.compiler.save_cache_artifacts``, which rewrites the same entries); only with
+    ``compile.precompile`` on (``CacheSettings.configure``)."""
     from torch._dynamo.package import DynamoCache
     from torch._dynamo.precompile_context import PrecompileContext
 

@@ -1,6 +1,6 @@
 """The compile cache settings, applied in every thread that compiles (trainer.compile.registry).
 
-``cache_settings()``, applied by ``apply_cache_settings()`` in every thread that compiles,
+``CacheSettings.values()``, applied by ``CacheSettings.apply()`` in every thread that compiles,
 once per thread, gate on or off alike -- they are part of the FX-graph and AOT-autograd
 cache keys, so every process and thread of every attempt must use the same: the drafter
 step's joint graph holds ``torch.autocast(enabled=False)`` regions (RoPE, the chunked CE)
@@ -11,8 +11,9 @@ joint graph on every start even when every inductor graph hits. Both are pure he
 (autocast's arguments are constants in the graph; the Function's forward and backward are
 traced into it), so they are marked cacheable.
 
-``configure(precompile)`` applies the compile section's process-wide switch
-(``compile.precompile``: dynamo's precompile cache, trainer.compile.precompile).
+``CacheSettings.configure(precompile)`` applies the compile section's process-wide switch
+(``compile.precompile``: dynamo's precompile cache, trainer.compile.precompile). The process's
+``CacheSettings`` is its compile registry's ``cache``.
 """
 
 from __future__ import annotations
@@ -25,58 +26,57 @@ CACHEABLE_FUNCTIONS = ("torch.amp.autocast_mode._enter_autocast",
                        "torch.amp.autocast_mode._exit_autocast",
                        "torch.ops.higher_order.wrap_with_autocast",
                        "torch.ops.higher_order.wrap_with_set_grad_enabled")
-_tl = threading.local()
-#: ``compile.precompile`` for this process (set by ``configure``, read by every compiling thread)
-_precompile = {"on": False}
 
 
-def cache_settings() -> dict[str, object]:
-    """What ``apply_cache_settings`` sets (for reports): config name -> value."""
-    import torch
+class CacheSettings:
+    """The compile cache settings of one process (its trainer.compile.registry.CompileRegistry
+    holds them): ``compile.precompile`` and which threads have applied them."""
 
-    return {**({"torch._dynamo.config.caching_precompile": True} if _precompile["on"] else {}),
-            "torch._functorch.config.autograd_cache_allow_custom_autograd_functions": True,
-            "torch._inductor.config.unsafe_marked_cacheable_functions":
-                {f: torch.__version__ for f in CACHEABLE_FUNCTIONS}}
+    def __init__(self):
+        #: ``compile.precompile`` (``configure``), read by every compiling thread
+        self.precompile = False
+        self._applied = threading.local()
 
+    def values(self) -> dict[str, object]:
+        """What ``apply`` sets (for reports): config name -> value."""
+        import torch
 
-def apply_cache_settings(force: bool = False) -> None:
-    """Make the drafter step's joint graph cacheable by AOT-autograd, in the CALLING thread.
+        return {**({"torch._dynamo.config.caching_precompile": True} if self.precompile else {}),
+                "torch._functorch.config.autograd_cache_allow_custom_autograd_functions": True,
+                "torch._inductor.config.unsafe_marked_cacheable_functions":
+                    {f: torch.__version__ for f in CACHEABLE_FUNCTIONS}}
 
-    Once per thread (config writes are per-thread on torch >= 2.12); a no-op where torch
-    lacks the settings. Called by ``compiled``/``guard`` (so every compiling thread has it)
-    and by the gate's ``thread_setup`` in both gate modes.
-    """
-    if getattr(_tl, "cache_settings", False) and not force:
-        return
-    import torch
-    import torch._functorch.config as fcfg
-    import torch._inductor.config as icfg
+    def apply(self, force: bool = False) -> None:
+        """Make the drafter step's joint graph cacheable by AOT-autograd, in the CALLING thread.
 
-    if hasattr(fcfg, "autograd_cache_allow_custom_autograd_functions"):
-        fcfg.autograd_cache_allow_custom_autograd_functions = True
-    if _precompile["on"]:
-        import torch._dynamo.config as dcfg
+        Once per thread (config writes are per-thread on torch >= 2.12); a no-op where torch
+        lacks the settings. Called by the registry's ``compiled``/``guard`` (so every
+        compiling thread has it) and by the gate's ``thread_setup`` in both gate modes.
+        """
+        if getattr(self._applied, "done", False) and not force:
+            return
+        import torch
+        import torch._functorch.config as fcfg
+        import torch._inductor.config as icfg
 
-        if hasattr(dcfg, "caching_precompile"):
-            dcfg.caching_precompile = True
-    if hasattr(icfg, "unsafe_marked_cacheable_functions"):
-        marked = dict(icfg.unsafe_marked_cacheable_functions or {})
-        want = {f: torch.__version__ for f in CACHEABLE_FUNCTIONS}
-        if any(marked.get(k) != v for k, v in want.items()):
-            marked.update(want)
-            icfg.unsafe_marked_cacheable_functions = marked
-    _tl.cache_settings = True
+        if hasattr(fcfg, "autograd_cache_allow_custom_autograd_functions"):
+            fcfg.autograd_cache_allow_custom_autograd_functions = True
+        if self.precompile:
+            import torch._dynamo.config as dcfg
 
+            if hasattr(dcfg, "caching_precompile"):
+                dcfg.caching_precompile = True
+        if hasattr(icfg, "unsafe_marked_cacheable_functions"):
+            marked = dict(icfg.unsafe_marked_cacheable_functions or {})
+            want = {f: torch.__version__ for f in CACHEABLE_FUNCTIONS}
+            if any(marked.get(k) != v for k, v in want.items()):
+                marked.update(want)
+                icfg.unsafe_marked_cacheable_functions = marked
+        self._applied.done = True
 
-def configure(precompile: bool) -> None:
-    """Apply the compile section's process-wide switches (``compile.precompile``) before
-    anything is compiled; the calling thread gets them at once, other threads on their first
-    compile (``apply_cache_settings``)."""
-    _precompile["on"] = bool(precompile)
-    apply_cache_settings(force=True)
-
-
-def precompile_on() -> bool:
-    """Whether ``compile.precompile`` is on in this process (``configure``)."""
-    return _precompile["on"]
+    def configure(self, precompile: bool) -> None:
+        """Apply the compile section's process-wide switches (``compile.precompile``) before
+        anything is compiled; the calling thread gets them at once, other threads on their
+        first compile (``apply``)."""
+        self.precompile = bool(precompile)
+        self.apply(force=True)

@@ -3,15 +3,20 @@
 Layouts (single here; threads/ddp in trainer/parallel/) and the compile gate's warm-up use
 exactly these functions:
 
-    build_models(cfg, device) -> (Target, Drafter)
+    build_models(cfg, device, rt=rt) -> (Target, Drafter)
     target_features(target, batch, cfg) -> Tensor            # no_grad, [b, S, k*H]
-    drafter_loss(drafter, features, batch, cfg) -> (loss, metrics)
+    drafter_loss(drafter, features, batch, cfg, rt=rt) -> (loss, metrics)
     dummy_batch(cfg, seq_len, num_anchors, batch_size, device) -> Batch
     shape_buckets(cfg) -> [(seq_len, num_anchors), ...]
 
 Every batch (``trainer.data.batch.Batch``) is padded into one of ``shape_buckets(cfg)`` by
 ``trainer.data.collate``, so the set of shapes compiled code sees is finite and known before
 training starts. Imports go one way: step -> data (tokenizer), data -> batch, never back.
+
+``rt`` is the process's ``trainer.core.runtime.Runtime``: what compiles (the drafter step with
+``compile.enabled``, the target's layers with ``compile.target``, flex attention) goes through
+its compile registry. Without one (None) a step compiles nothing: a config that needs a
+compile says so with a ValueError.
 """
 
 from __future__ import annotations
@@ -25,12 +30,13 @@ from dfo_contract.exitcodes import TrainerConfigError
 from dfo_contract.trainer_config import TrainerConfig
 from dfo_contract.trainer_config.layers import layer_pattern
 
-from ..compile import registry
+from ..compile.registry import variant
 from ..data.batch import Batch
 from ..model import attention, blocks
 from ..model.drafter import Drafter, DrafterSpec, SharedHead, build_drafter
 from ..model.target import Target, load_target
 from . import objective
+from .runtime import Runtime
 
 log = logging.getLogger("dfo")
 
@@ -76,7 +82,7 @@ def autocast(cfg: TrainerConfig, device: torch.device):
 # --------------------------------------------------------------------------- models
 
 def build_models(cfg: TrainerConfig, device, *, target_device=None,
-                 target: Target | None = None) -> tuple[Target, Drafter]:
+                 target: Target | None = None, rt: Runtime | None = None) -> tuple[Target, Drafter]:
     """Load the frozen target and build the drafter (sharing its embedding and LM head).
 
     ``device``: the drafter's device; ``target_device`` defaults to it. When they differ,
@@ -90,8 +96,8 @@ def build_models(cfg: TrainerConfig, device, *, target_device=None,
         target = load_target(cfg.model.target_path, device=tdev, dtype=compute_dtype(cfg, tdev),
                              num_drafter_layers=cfg.model.drafter_layers,
                              tap_ids=cfg.model.target_layer_ids)
-    prepare_target(cfg, target)
-    mask_id = mask_token_id(cfg, target)
+    prepare_target(cfg, target, rt)
+    mask_id = mask_token_id(cfg, target, rt.tokenizers if rt is not None else None)
     embed, head = target.embed_tokens, target.lm_head
     if target.device != device:
         embed, head = copy.deepcopy(embed).to(device), copy.deepcopy(head).to(device)
@@ -122,7 +128,7 @@ def build_models(cfg: TrainerConfig, device, *, target_device=None,
     return target, drafter
 
 
-def prepare_target(cfg: TrainerConfig, target: Target) -> None:
+def prepare_target(cfg: TrainerConfig, target: Target, rt: Runtime | None = None) -> None:
     """The target's run settings, before its first forward. Idempotent.
 
     ``model.target_fp8``: its decoder layers' linears hold fp8 weights (``Target.to_fp8``).
@@ -141,7 +147,23 @@ def prepare_target(cfg: TrainerConfig, target: Target) -> None:
     if cfg.compile.target:
         from ..compile.target import compile_layers
 
-        compile_layers(target, dynamic=cfg.compile.target_dynamic)
+        compile_layers(_registry(rt, "compile.target"), target, dynamic=cfg.compile.target_dynamic)
+
+
+def _registry(rt: Runtime | None, what: str):
+    """``rt``'s compile registry; ``what`` needs one (a ValueError without a runtime)."""
+    if rt is None:
+        raise ValueError(f"{what} compiles: pass the process's Runtime (rt=)")
+    return rt.compile
+
+
+def _flex(rt: Runtime | None, backend: str):
+    """The ``flex=`` of trainer.model.attention for ``backend`` (``Runtime.flex``)."""
+    if rt is None:
+        if backend == "flex":
+            _registry(rt, "model.attention=flex")
+        return None
+    return rt.flex(backend)
 
 
 def uses_compiled(cfg: TrainerConfig, drafters) -> bool:
@@ -156,15 +178,16 @@ def warmup_what(cfg: TrainerConfig, what: str) -> str:
     return f"{what} + target layers" if cfg.compile.target else what
 
 
-def mask_token_id(cfg: TrainerConfig, target: Target) -> int:
-    """``model.mask_token_id``, else the target tokenizer's mask token; must be < vocab."""
+def mask_token_id(cfg: TrainerConfig, target: Target, tokenizers=None) -> int:
+    """``model.mask_token_id``, else the target tokenizer's mask token; must be < vocab.
+    ``tokenizers``: the process's (trainer.data.tokenizer.Tokenizers; None: loaded now)."""
     mid = cfg.model.mask_token_id
     if mid is None:
-        mid = _tokenizer_mask_id(target.path)
+        mid = tokenizer_mask_id(target.path, tokenizers)
     if mid is None:
         from ..model.family import family_mask_token_id
 
-        tok_len = _tokenizer_len(target.path)
+        tok_len = _tokenizer_len(target.path, tokenizers)
         fam = family_mask_token_id(target.path, target.vocab_size, tok_len)
         if fam is not None:
             mid, note = fam
@@ -178,18 +201,20 @@ def mask_token_id(cfg: TrainerConfig, target: Target) -> int:
     return int(mid)
 
 
-def _tokenizer_len(path: str) -> int | None:
+def _tokenizer_len(path: str, tokenizers) -> int | None:
     import os
 
     if not path or not os.path.isfile(os.path.join(path, "tokenizer_config.json")):
         return None
-    from ..data.tokenizer import load_tokenizer
+    from ..data.tokenizer import tokenizer_loader
 
-    tok = load_tokenizer(path)
+    tok = tokenizer_loader(tokenizers)(path)
     return len(tok) if tok is not None else None
 
 
-def _tokenizer_mask_id(path: str) -> int | None:
+def tokenizer_mask_id(path: str, tokenizers=None) -> int | None:
+    """The mask token id a target directory names (``dfo_target.json``, else its tokenizer's);
+    None when it names none. ``tokenizers``: as for ``mask_token_id``."""
     import json
     import os
 
@@ -203,9 +228,9 @@ def _tokenizer_mask_id(path: str) -> int | None:
             return int(v)
     cfg_path = os.path.join(path, "tokenizer_config.json")
     if os.path.isfile(cfg_path):
-        from ..data.tokenizer import load_tokenizer
+        from ..data.tokenizer import tokenizer_loader
 
-        tok = load_tokenizer(path)
+        tok = tokenizer_loader(tokenizers)(path)
         if tok is not None and tok.mask_token_id is not None:
             return int(tok.mask_token_id)
     return None
@@ -220,26 +245,27 @@ def target_features(target: Target, batch: Batch, cfg: TrainerConfig) -> torch.T
 
 
 def _drafter_forward_loss(drafter: Drafter, features, block_ids, block_pos, masks, labels, weights,
-                          counted, backend: str, chunk: int):
-    attends = attention.layer_attends(backend, masks, flex=registry.flex_attention)
+                          counted, backend: str, flex, chunk: int):
+    attends = attention.layer_attends(backend, masks, flex=flex)
     hidden = drafter(features, block_ids, block_pos, attends)
     return objective.weighted_ce(hidden, drafter.shared.lm_head.weight, labels, weights, counted,
                                  chunk=chunk)
 
 
 def _dflash2_forward_loss(drafter, features, block_ids, block_pos, masks, labels, weights, counted,
-                          backend: str, chunk: int, gold_insert: bool, stop_gradient: bool,
+                          backend: str, flex, chunk: int, gold_insert: bool, stop_gradient: bool,
                           selector: bool):
-    from . import objective2
+    from . import objective_dflash2
 
-    attends = attention.layer_attends(backend, masks, flex=registry.flex_attention)
+    attends = attention.layer_attends(backend, masks, flex=flex)
     hidden = drafter(features, block_ids, block_pos, attends)
-    return objective2.dflash2_loss(drafter, hidden, labels, weights, counted,
+    return objective_dflash2.dflash2_loss(drafter, hidden, labels, weights, counted,
                                    alpha=drafter.selector_alpha if selector else None, chunk=chunk,
                                    gold_insert=gold_insert, stop_gradient=stop_gradient)
 
 
-def drafter_loss(drafter: Drafter, features: torch.Tensor, batch: Batch, cfg: TrainerConfig):
+def drafter_loss(drafter: Drafter, features: torch.Tensor, batch: Batch, cfg: TrainerConfig,
+                 rt: Runtime | None = None):
     """Loss and metric tensors (``loss``, ``correct_per_pos``, ``count_per_pos``, ``weight_sum``).
 
     No ``.item()``: nothing here synchronizes with the device. With ``compile.enabled`` the
@@ -256,7 +282,10 @@ def drafter_loss(drafter: Drafter, features: torch.Tensor, batch: Batch, cfg: Tr
     labels, weights, counted = objective.labels_and_weights(b.input_ids, b.loss_mask, b.anchors,
                                                             b.anchor_valid, bs, cfg.gamma())
     masks = attention.build_masks(backend, b.anchors, b.anchor_valid, s_len, bs, drafter.spec.pattern)
-    args = (drafter, features, ids, pos, masks, labels, weights, counted, backend, cfg.model.ce_chunk)
+    # compiled, flex_attention is inductor's inside the step: no callable crosses into it
+    flex = None if cfg.compile.enabled and backend == "flex" else _flex(rt, backend)
+    args = (drafter, features, ids, pos, masks, labels, weights, counted, backend, flex,
+            cfg.model.ce_chunk)
     step_fn, base = _drafter_forward_loss, "drafter_step"
     if cfg.model.method == "dflash2":
         t = cfg.train
@@ -264,7 +293,8 @@ def drafter_loss(drafter: Drafter, features: torch.Tensor, batch: Batch, cfg: Tr
         step_fn, base = _dflash2_forward_loss, "dflash2_step"
     with autocast(cfg, dev):
         if cfg.compile.enabled:
-            name, opts = registry.variant(base, cfg.compile.mode)
+            registry = _registry(rt, "compile.enabled")
+            name, opts = variant(base, cfg.compile.mode)
             fn = registry.compiled(name, step_fn, **opts)
             with registry.guard(name):
                 return fn(*args)

@@ -1,7 +1,7 @@
 """The target's tokenizer, and the chat masker built on it (trainer.data.chat).
 
 ``load_tokenizer`` is the one place a target directory's tokenizer is loaded (transformers
-is imported only then); ``load_masker`` and ``tokenize_chat`` give one-line ``DataError``s.
+is imported only then; ``Tokenizers`` keeps a process's, by directory); ``load_masker`` and ``tokenize_chat`` give one-line ``DataError``s.
 """
 
 from __future__ import annotations
@@ -23,30 +23,53 @@ def tokenize_chat(tokenizer, messages: list[dict], where: str = "data") -> tuple
         raise DataError(f"{where}: cannot mask the conversation: {e}") from None
 
 
-#: tokenizers loaded by this process: {(realpath, the directory's file signature): tokenizer}
-_LOADED: dict[tuple, object] = {}
 _WEIGHTS = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 
 
 def load_tokenizer(path: str):
-    """The tokenizer in a target directory, or None when it has none.
-
-    Loaded once per process and directory (a large vocabulary takes seconds, and a training
-    start asks for it for the mask token, the vocabulary length, the data and the held-out
-    data): callers share it and only read it. A file of the directory changed on disk
-    (name, size or mtime; weights aside) loads it anew.
+    """The tokenizer in a target directory, or None when it has none (loaded now; a process
+    shares one through its ``Tokenizers``).
 
     The class ``tokenizer_config.json`` names is loaded directly when transformers has it
     (``AutoTokenizer``'s own choice: the ``...Fast`` variant first); that skips the import of
     the model configuration code, and of torch with it, which costs seconds per process.
     Anything else (no class named, remote code) goes through ``AutoTokenizer``."""
-    if not any(os.path.isfile(os.path.join(path, f)) for f in ("tokenizer.json", "tokenizer_config.json")):
+    if not _has_tokenizer(path):
         return None
-    key = _signature(path)
-    tok = _LOADED.get(key)
-    if tok is None:
-        tok = _LOADED[key] = _load(path)
-    return tok
+    return _load(path)
+
+
+class Tokenizers:
+    """The tokenizers a process loaded, by directory (trainer.core.runtime.Runtime holds one).
+
+    A large vocabulary takes seconds to load, and a training start asks for it for the mask
+    token, the vocabulary length, the data and the held-out data: callers share one and only
+    read it. A file of the directory changed on disk (name, size or mtime; weights aside)
+    loads it anew."""
+
+    def __init__(self):
+        #: {(realpath, the directory's file signature): tokenizer}
+        self._loaded: dict[tuple, object] = {}
+
+    def load(self, path: str):
+        """``load_tokenizer(path)``, once per directory and signature."""
+        if not _has_tokenizer(path):
+            return None
+        key = _signature(path)
+        tok = self._loaded.get(key)
+        if tok is None:
+            tok = self._loaded[key] = _load(path)
+        return tok
+
+
+def tokenizer_loader(tokenizers: Tokenizers | None):
+    """``tokenizers.load`` (a process's, shared), or ``load_tokenizer`` (loaded on each call)
+    without one."""
+    return tokenizers.load if tokenizers is not None else load_tokenizer
+
+
+def _has_tokenizer(path: str) -> bool:
+    return any(os.path.isfile(os.path.join(path, f)) for f in ("tokenizer.json", "tokenizer_config.json"))
 
 
 def _signature(path: str) -> tuple:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import torch
 
-from ..compile import registry
 from ..model import attention
 from ..model.blocks import block_input_ids, block_positions
 from ..core import objective
@@ -28,8 +27,9 @@ def block_accept_lengths(pred: torch.Tensor, labels: torch.Tensor, counted: torc
 
 @torch.no_grad()
 def batch_accept(drafter, features: torch.Tensor, batch, *, block_size: int, gamma: float,
-                 backend: str = "sdpa", chunk: int = 2048):
-    """(sum of accept lengths, number of valid blocks with a label) for one batch."""
+                 backend: str = "sdpa", chunk: int = 2048, flex=None):
+    """(sum of accept lengths, number of valid blocks with a label) for one batch. ``flex``:
+    trainer.model.attention's ``flex=`` for ``backend`` (``Runtime.flex``)."""
     dev = features.device
     b = batch.to(dev)
     ids = block_input_ids(b.input_ids, b.anchors, b.anchor_valid, block_size, drafter.mask_token_id)
@@ -38,7 +38,7 @@ def batch_accept(drafter, features: torch.Tensor, batch, *, block_size: int, gam
                                                        b.anchor_valid, block_size, gamma)
     masks = attention.build_masks(backend, b.anchors, b.anchor_valid, b.input_ids.shape[1],
                                   block_size, drafter.spec.pattern)
-    attends = attention.layer_attends(backend, masks, flex=registry.flex_attention)
+    attends = attention.layer_attends(backend, masks, flex=flex)
     hidden = drafter(features, ids, pos, attends)  # [b, N*B, H]
     if getattr(drafter, "method", "dflash") == "dflash2":    # the selector's served draft
         path = drafter.greedy_path(hidden.view(*labels.shape, -1), labels[..., 0])
@@ -58,7 +58,7 @@ def batch_accept(drafter, features: torch.Tensor, batch, *, block_size: int, gam
 
 
 def evaluate(drafter, target, batches, *, block_size: int, gamma: float, features_fn,
-             backend: str = "sdpa") -> dict:
+             backend: str = "sdpa", flex=None) -> dict:
     """Mean acceptance length over ``batches`` (held-out data): ``{"accept_len", "blocks"}``."""
     was = drafter.training
     drafter.eval()
@@ -67,7 +67,7 @@ def evaluate(drafter, target, batches, *, block_size: int, gamma: float, feature
         for batch in batches:
             feats = features_fn(batch)
             s, k = batch_accept(drafter, feats, batch, block_size=block_size, gamma=gamma,
-                                backend=backend)
+                                backend=backend, flex=flex)
             total, n = total + s, n + k
     finally:
         drafter.train(was)
@@ -80,13 +80,14 @@ class HeldOut:
     """The first ``eval.max_samples`` samples of ``data.eval_path``, as fixed batches (same
     anchors every evaluation: a pure function of the seed), scored by ``evaluate``."""
 
-    def __init__(self, cfg, *, vocab_size: int, mask_token_id: int | None):
+    def __init__(self, cfg, *, vocab_size: int, mask_token_id: int | None, tokenizers=None):
+        """``tokenizers``: the process's (trainer.data.tokenizer.Tokenizers; None: loaded now)."""
         from ..data.collate import collate
         from ..data.datasets import JsonlDataset
-        from ..data.tokenizer import load_tokenizer
+        from ..data.tokenizer import tokenizer_loader
 
         d = cfg.data
-        tok = load_tokenizer(cfg.model.target_path) if d.format in ("auto", "chat") else None
+        tok = tokenizer_loader(tokenizers)(cfg.model.target_path) if d.format in ("auto", "chat") else None
         self.ds = JsonlDataset(d.eval_path, vocab_size=vocab_size, block_size=cfg.model.block_size,
                                max_seq_len=d.max_seq_len, min_loss_tokens=cfg.min_loss_tokens(),
                                fmt=d.format, tokenizer=tok, mask_token_id=mask_token_id)

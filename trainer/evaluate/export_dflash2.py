@@ -1,4 +1,4 @@
-"""The DFlash2 parts of a servable export (``trainer.evaluate.export`` calls these).
+"""The DFlash2 parts of a servable export (``trainer.evaluate.export_dir`` calls these).
 
 ``config.json`` of a DFlash2 export is the DFlash one (the target's Qwen3 fields,
 ``num_hidden_layers``, ``num_target_layers``, ``block_size``) with

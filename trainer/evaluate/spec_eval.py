@@ -163,7 +163,7 @@ def load_pair(path: str, *, target_path: str | None, device, dtype=None):
             raise TrainerConfigError("config: --target: required with an exported drafter "
                                      "(the target model directory)")
     else:
-        from .export import _checkpoint_config
+        from .export_dir import _checkpoint_config
 
         cfg, _ = _checkpoint_config(path)
         target_path = target_path or cfg.model.target_path
@@ -173,7 +173,7 @@ def load_pair(path: str, *, target_path: str | None, device, dtype=None):
         dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     model = from_pretrained(target_path, dtype).to(device).eval()
     if exported:
-        from .export import load_exported
+        from .export_dir import load_exported
 
         drafter = load_exported(path, embed_tokens=model.get_input_embeddings(),
                                 lm_head=model.get_output_embeddings(), device=device)

@@ -5,12 +5,13 @@ mask per draft-layer pattern (``build_masks``):
 
 - ``flex``: compiled ``flex_attention`` with a BlockMask built analytically here
   (``flex_block_mask``; no compile, no vmap over Q x KV). Outside a compiled region the
-  caller passes the compiled function in (``flex=``; trainer.compile.registry.flex_attention
-  compiles it once per process): this module compiles nothing.
+  caller passes the compiled function in (``flex=``; the process's
+  trainer.compile.registry.CompileRegistry compiles it once): this module compiles nothing.
 - ``sdpa``: ``scaled_dot_product_attention`` with a dense boolean mask; rows that see
   nothing (invalid blocks) give zeros, never NaN (forward or backward). No compile.
 - ``flex-eager``: uncompiled flex_attention, which materializes the full score matrix
-  (6-10x slower, 15-25x the memory on an H200). Only as an explicit debug choice; warns.
+  (6-10x slower, 15-25x the memory on an H200). Only as an explicit debug choice; warns
+  (``EagerFlex``: once per instance; the process holds one, trainer.core.runtime.Runtime).
 
 ``build_mask(backend, ...)`` returns the backend's mask object; ``attend(backend, q, k, v,
 mask, flex=...)`` runs attention. Both are cheap to call inside or outside a compiled region.
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import warnings
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -30,15 +30,6 @@ from .blocks import visibility_mask
 log = logging.getLogger("dfo")
 FLEX_BLOCK = 128
 BACKENDS = ("flex", "sdpa", "flex-eager")
-
-
-@dataclass
-class AttentionState:
-    """The flex-eager warning is given once per process."""
-    warned_eager: bool = False
-
-
-STATE = AttentionState()
 
 
 def _mask_mod_for(anchors: torch.Tensor, valid: torch.Tensor, seq_len: int, block_size: int,
@@ -181,15 +172,24 @@ def _sdpa(q, k, v, mask: SdpaMask):
     return torch.where(mask.row_any, out, torch.zeros_like(out))
 
 
-def warn_flex_eager() -> None:
-    """Once per process (``STATE.warned_eager``)."""
-    st = STATE
-    if not st.warned_eager:
-        st.warned_eager = True
-        msg = ("model.attention=flex-eager: uncompiled flex_attention materializes the full "
+class EagerFlex:
+    """Uncompiled flex_attention, the ``flex-eager`` backend's ``flex``: warns on its first
+    call (one instance per process gives the warning once)."""
+
+    WARNING = ("model.attention=flex-eager: uncompiled flex_attention materializes the full "
                "score matrix (6-10x slower, 15-25x the memory); use it only to debug")
-        warnings.warn(msg, stacklevel=2)
-        log.warning(msg)
+
+    def __init__(self):
+        self.warned = False
+
+    def __call__(self, q, k, v, block_mask, *, enable_gqa: bool = False):
+        if not self.warned:
+            self.warned = True
+            warnings.warn(self.WARNING, stacklevel=3)
+            log.warning(self.WARNING)
+        from torch.nn.attention.flex_attention import flex_attention as _flex
+
+        return _flex(q, k, v, block_mask=block_mask, enable_gqa=enable_gqa)
 
 
 def attend(backend: str, q, k, v, mask, *, flex=None):
@@ -197,7 +197,8 @@ def attend(backend: str, q, k, v, mask, *, flex=None):
 
     ``flex``: for the ``flex`` backend outside a compiled region, the compiled
     ``flex(q, k, v, block_mask, *, enable_gqa)`` to call
-    (trainer.compile.registry.flex_attention); never the dense eager path."""
+    (trainer.compile.registry.CompileRegistry.flex_attention); never the dense eager path.
+    For ``flex-eager``, the process's ``EagerFlex`` (None: one for this call, which warns)."""
     gqa = k.shape[1] != q.shape[1]
     if backend == "sdpa":
         return _sdpa(q, k, v, mask)
@@ -208,11 +209,8 @@ def attend(backend: str, q, k, v, mask, *, flex=None):
             return _flex(q, k, v, block_mask=mask, enable_gqa=gqa)
         if flex is None:
             raise ValueError("attention backend 'flex' outside a compiled region needs the "
-                             "compiled flex_attention (flex=trainer.compile.registry.flex_attention)")
+                             "compiled flex_attention (flex=CompileRegistry.flex_attention)")
         return flex(q, k, v, mask, enable_gqa=gqa)
     if backend == "flex-eager":
-        warn_flex_eager()
-        from torch.nn.attention.flex_attention import flex_attention as _flex
-
-        return _flex(q, k, v, block_mask=mask, enable_gqa=gqa)
+        return (flex if flex is not None else EagerFlex())(q, k, v, mask, enable_gqa=gqa)
     raise ValueError(f"unknown attention backend {backend!r} (expected one of {BACKENDS})")

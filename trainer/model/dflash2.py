@@ -142,7 +142,7 @@ class DFlash2Drafter(Drafter):
         self.layers = nn.ModuleList(DFlash2Layer(spec, d2) for _ in range(spec.num_layers))
         self.candidate_selector = CandidateSelector(spec.hidden, spec.vocab, d2.selector_rank,
                                                     d2.selector_top_k)
-        # the selector loss weight of this step (trainer.core.objective2.selector_alpha_at):
+        # the selector loss weight of this step (trainer.core.objective_dflash2.selector_alpha_at):
         # a tensor, so a changing weight never recompiles the step
         self.register_buffer("selector_alpha", torch.ones(()), persistent=False)
 

@@ -37,11 +37,11 @@ import contextlib
 import logging
 import os
 
-from ..env import Env, read_env
 from ..core import step as S
 from dfo_contract.envvars import NODE_RANK
 from dfo_contract.exitcodes import TrainerConfigError
-from ..compile.gate import CompileGate, WarmupTask, default_dynamo_settings, describe, install
+from ..compile.gate import CompileGate, WarmupTask, default_dynamo_settings, describe
+from ..core.runtime import Runtime
 from .base import LayoutBase
 
 log = logging.getLogger("dfo")
@@ -53,13 +53,14 @@ def _step_module_cls():
     class _StepModule(torch.nn.Module):
         """What DDP wraps: forward = the drafter step's loss (features, batch) -> (loss, metrics)."""
 
-        def __init__(self, drafter, cfg):
+        def __init__(self, drafter, cfg, rt):
             super().__init__()
             self.drafter = drafter
             self.cfg = cfg
+            self.rt = rt
 
         def forward(self, features, batch):
-            return S.drafter_loss(self.drafter, features, batch, self.cfg)
+            return S.drafter_loss(self.drafter, features, batch, self.cfg, self.rt)
     return _StepModule
 
 
@@ -100,14 +101,16 @@ def choose_main(ranks: list[tuple[int | None, int]]) -> int:
 class DdpLayout(LayoutBase):
     name = "ddp"
 
-    def __init__(self, cfg, *, env: Env | None = None, build_target=None):
-        """``env``: the process's environment (torchrun's ranks, ``DFO_NODE_RANK``; None: read
-        now). ``build_target(device) -> Target``: a target built in memory
-        (bench/bench_ddp.py); None loads ``model.target_path`` as training does."""
+    def __init__(self, cfg, rt: Runtime | None = None, *, build_target=None):
+        """``rt``: the process's runtime, whose ``env`` gives torchrun's ranks and
+        ``DFO_NODE_RANK`` (None: one of its own, the environment read now).
+        ``build_target(device) -> Target``: a target built in memory (bench/bench_ddp.py);
+        None loads ``model.target_path`` as training does."""
         import torch
         import torch.distributed as dist
 
-        env = env or read_env()
+        self.rt = rt = rt if rt is not None else Runtime.create()
+        env = rt.env
         if not env.under_torchrun:
             raise TrainerConfigError(
                 "config: --parallel.layout: ddp must be started by torchrun, e.g. torchrun "
@@ -137,12 +140,13 @@ class DdpLayout(LayoutBase):
         self.is_main = self.rank == self.main_rank
         self.data_parallel = self.world
         self.target, self.drafter = S.build_models(
-            cfg, self.device, target=build_target(self.device) if build_target else None)
+            cfg, self.device, target=build_target(self.device) if build_target else None, rt=rt)
         self.uses_compiled = S.uses_compiled(cfg, [self.drafter])
-        self.gate = install(CompileGate(enabled=cfg.compile.gate, settings=default_dynamo_settings(
-            S.compile_variants(cfg, 1, 1))))
+        self.gate = rt.compile.install_gate(CompileGate(
+            enabled=cfg.compile.gate, settings=default_dynamo_settings(S.compile_variants(cfg, 1, 1)),
+            cache=rt.compile.cache))
         self.gate.thread_setup()
-        self.module = _step_module_cls()(self.drafter, cfg)
+        self.module = _step_module_cls()(self.drafter, cfg, rt)
         self.ddp = self.wrap(cfg.parallel.ddp_bucket_mb, cfg.parallel.ddp_grad_dtype)
 
     def wrap(self, bucket_mb: int, grad_dtype: str):
@@ -191,7 +195,7 @@ class DdpLayout(LayoutBase):
             def run():
                 b = S.dummy_batch(cfg, shape[0], shape[1], cfg.train.micro_batch, dev)
                 feats = S.target_features(self.target, b, cfg)
-                loss, _ = S.drafter_loss(dr, feats, b, cfg)
+                loss, _ = S.drafter_loss(dr, feats, b, cfg, self.rt)
                 loss.backward()
                 dr.zero_grad(set_to_none=True)
             return WarmupTask(device=str(dev), shape=tuple(shape), run=run,
@@ -304,9 +308,7 @@ class DdpLayout(LayoutBase):
         return bool(flag.item())
 
     def compiled_call(self):
-        from .threads import _probe
-
-        return _probe
+        return self.rt.compile.run_probe
 
     def close(self) -> None:
         """Tear down the process group this layout made. The DDP wrapper goes first (its

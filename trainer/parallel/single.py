@@ -7,8 +7,9 @@ import time
 
 import torch
 
-from ..compile import gate, registry
+from ..compile import gate
 from ..core import step as S
+from ..core.runtime import Runtime
 from ..telemetry import metrics
 from .base import LayoutBase
 
@@ -18,11 +19,14 @@ class SingleLayout(LayoutBase):
 
     name = "single"
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, rt: Runtime | None = None):
+        """``rt``: the process's runtime (None: one of its own)."""
         self.cfg = cfg
+        self.rt = rt if rt is not None else Runtime.create()
         self.device = S.resolve_device(cfg.parallel.drafter_devices[0])
         tdev = S.resolve_device(cfg.parallel.target_devices[0])
-        self.target, self.drafter = S.build_models(cfg, self.device, target_device=tdev)
+        self.target, self.drafter = S.build_models(cfg, self.device, target_device=tdev,
+                                                       rt=self.rt)
         self.uses_compiled = S.uses_compiled(cfg, [self.drafter])
         self._gate: gate.CompileGate | None = None
         # parallel.overlap_target: the target's forwards run on this stream (one CUDA device)
@@ -58,7 +62,7 @@ class SingleLayout(LayoutBase):
             feats = self._ready(nxt)
             if i + 1 < n:
                 nxt = self._features(batches[i + 1])
-            loss, m = S.drafter_loss(self.drafter, feats, b, self.cfg)
+            loss, m = S.drafter_loss(self.drafter, feats, b, self.cfg, self.rt)
             if loss_hook is not None:
                 loss = loss_hook(loss)
                 m["loss"] = loss.detach()
@@ -81,7 +85,7 @@ class SingleLayout(LayoutBase):
             def run():
                 b = S.dummy_batch(self.cfg, shape[0], shape[1], mb, self.device)
                 feats = S.target_features(self.target, b, self.cfg)
-                loss, _ = S.drafter_loss(self.drafter, feats, b, self.cfg)
+                loss, _ = S.drafter_loss(self.drafter, feats, b, self.cfg, self.rt)
                 loss.backward()
                 self.drafter.zero_grad(set_to_none=True)
             return run
@@ -89,7 +93,8 @@ class SingleLayout(LayoutBase):
         emitter.set_phase("warmup")
         if self.cfg.compile.gate:
             limits = gate.default_dynamo_settings(S.compile_variants(self.cfg, 1, 1))
-            g = gate.install(gate.CompileGate(enabled=True, settings=limits))
+            g = self.rt.compile.install_gate(gate.CompileGate(enabled=True, settings=limits,
+                                                              cache=self.rt.compile.cache))
             self._gate = g
             what = S.warmup_what(self.cfg, "drafter step")
             tasks = [gate.WarmupTask(device=str(self.device), shape=tuple(s), run=run_bucket(s),
@@ -107,7 +112,7 @@ class SingleLayout(LayoutBase):
         return recs
 
     def compiled_call(self):
-        return registry.probe_call(str(self.device))
+        return self.rt.compile.probe_call(str(self.device))
 
     def close(self) -> None:
         if self._gate is not None:  # back to the default compile stance (in-process callers)

@@ -18,7 +18,8 @@ from __future__ import annotations
 import logging
 
 from ..core import step as S
-from ..compile.gate import CompileGate, WarmupTask, default_dynamo_settings, describe, install
+from ..compile.gate import CompileGate, WarmupTask, default_dynamo_settings, describe
+from ..core.runtime import Runtime
 from ..model.target import load_target
 from . import replicas
 from .base import LayoutBase
@@ -30,8 +31,10 @@ log = logging.getLogger("dfo")
 class ThreadsLayout(LayoutBase):
     name = "threads"
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, rt: Runtime | None = None):
+        """``rt``: the process's runtime (None: one of its own)."""
         self.cfg = cfg
+        self.rt = rt = rt if rt is not None else Runtime.create()
         p = cfg.parallel
         self.target_devices = [S.resolve_device(d) for d in p.target_devices]
         self.drafter_devices = [S.resolve_device(d) for d in p.drafter_devices]
@@ -43,21 +46,22 @@ class ThreadsLayout(LayoutBase):
                         tap_ids=cfg.model.target_layer_ids)
             for d in self.target_devices]
         for t in self.targets:  # fp8, compile.target: every target's layers (warmed below)
-            S.prepare_target(cfg, t)
+            S.prepare_target(cfg, t, rt)
         self.drafters = []
         for r, d in enumerate(self.drafter_devices):
-            _, dr = S.build_models(cfg, d, target=self.targets[r % len(self.targets)])
+            _, dr = S.build_models(cfg, d, target=self.targets[r % len(self.targets)], rt=rt)
             self.drafters.append(dr)
         replicas.broadcast_params(self.drafters)
         self.target, self.drafter, self.device = self.targets[0], self.drafters[0], \
             self.drafter_devices[0]
         self.uses_compiled = S.uses_compiled(cfg, self.drafters)
         n_variants = S.compile_variants(cfg, len(self.drafters), len(self.targets))
-        self.gate = install(CompileGate(enabled=cfg.compile.gate,
-                                        settings=default_dynamo_settings(n_variants)))
+        self.gate = rt.compile.install_gate(CompileGate(
+            enabled=cfg.compile.gate, settings=default_dynamo_settings(n_variants),
+            cache=rt.compile.cache))
         self.gate.thread_setup()
         fns = StepFns(target_features=lambda t, b: S.target_features(t, b, cfg),
-                      drafter_loss=lambda d, f, b: S.drafter_loss(d, f, b, cfg),
+                      drafter_loss=lambda d, f, b: S.drafter_loss(d, f, b, cfg, rt),
                       to_device=lambda b, dev: b.to(dev, non_blocking=True))
         self.engine = ThreadedEngine(
             targets=[(str(d), t) for d, t in zip(self.target_devices, self.targets)],
@@ -100,7 +104,7 @@ class ThreadsLayout(LayoutBase):
         def run():
             b = S.dummy_batch(cfg, shape[0], shape[1], cfg.train.micro_batch, dev)
             feats = S.target_features(tgt, b, cfg).to(dev)
-            loss, _ = S.drafter_loss(dr, feats, b, cfg)
+            loss, _ = S.drafter_loss(dr, feats, b, cfg, self.rt)
             loss.backward()
             dr.zero_grad(set_to_none=True)
         return WarmupTask(device=str(dev), shape=shape, run=run,
@@ -143,18 +147,9 @@ class ThreadsLayout(LayoutBase):
         replicas.check_equal(self.drafters)
 
     def compiled_call(self):
-        return _probe
+        return self.rt.compile.run_probe
 
     def close(self) -> None:
         self.engine.stop()
         self.gate.unseal()
 
-
-def _probe():
-    """Enter compiled code already built in this process (fault injection's fx_race)."""
-    from ..compile.registry import probe_call
-
-    call = probe_call()
-    if call is None:
-        raise RuntimeError("no compiled flex_attention in this process")
-    return call()

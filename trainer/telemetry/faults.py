@@ -13,7 +13,7 @@ Spec (``DFO_FAULT`` or ``--fault.spec``; the flag wins): comma-separated
               (torch <= 2.13 keeps the tracing flag process-global). It bypasses the
               compile gate on purpose.
 ``hang``      the process stays alive, makes no progress and prints nothing more: heartbeats
-              stop too (``silenced()`` turns true and stdout/stderr writes block); SIGTERM
+              stop too (``Faults.silenced()`` turns true and stdout/stderr writes block); SIGTERM
               and SIGINT are ignored (like a native deadlock), only SIGKILL ends it.
 ``oom``       raises ``torch.OutOfMemoryError``.
 ``exit=N``    exits at once with code N (0..255); ``sigkill`` kills itself with SIGKILL.
@@ -23,9 +23,10 @@ Spec (``DFO_FAULT`` or ``--fault.spec``; the flag wins): comma-separated
 ``nan``       the loss of that step becomes NaN (``Effects.nan``; the loop applies it).
 
 The parser is ``dfo_contract.faultspec`` (torch-free; the config validates the spec with it);
-torch is imported only when a fault fires. The state (hang's silence, slow's throttle) is this
-module's ``FaultState``, one per process; ``$DFO_FAULT`` and ``$DFO_ATTEMPT`` come from the
-caller's ``trainer.env.Env`` (read by ``trainer.env.read_env`` when none is given).
+torch is imported only when a fault fires. The state (hang's silence, slow's throttle) is a
+``Faults`` object, one per process (trainer.core.runtime.Runtime holds it); ``$DFO_FAULT`` and
+``$DFO_ATTEMPT`` come from the caller's ``trainer.env.Env`` (read by ``trainer.env.read_env``
+when none is given).
 """
 
 from __future__ import annotations
@@ -44,7 +45,6 @@ from dfo_contract.faultspec import (ENV_VAR, FX_RACE_TEXT, KINDS, Fault, FaultSp
 
 from ..env import Env, read_env
 
-# --------------------------------------------------------------------------- process state
 
 @dataclass
 class Effects:
@@ -57,92 +57,109 @@ class Effects:
         return loss * float("nan") if self.nan else loss
 
 
-@dataclass
-class FaultState:
-    """Hang's silence, slow's throttle, parsed specs."""
-    silenced: threading.Event = field(default_factory=threading.Event)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    slow_fraction: float | None = None
-    slow_last: float | None = None
-    parsed: dict[str, list] = field(default_factory=dict)
+class Faults:
+    """Fault injection's state in one process: hang's silence, slow's throttle, parsed specs."""
 
+    def __init__(self):
+        self._silenced = threading.Event()
+        self._lock = threading.Lock()
+        self._slow_fraction: float | None = None
+        self._slow_last: float | None = None
+        self._parsed: dict[str, list[Fault]] = {}
 
-_STATE = FaultState()
+    def silenced(self) -> bool:
+        """True once the ``hang`` fault fired: heartbeat emitters must print nothing more."""
+        return self._silenced.is_set()
 
+    def _faults_of(self, spec) -> list[Fault]:
+        if not spec:
+            return []
+        if isinstance(spec, str):
+            if spec not in self._parsed:
+                self._parsed[spec] = parse_spec(spec)
+            return self._parsed[spec]
+        return list(spec)
 
-def _state() -> FaultState:
-    return _STATE
+    def maybe_inject(self, step: int, *, attempt: int | None = None, spec=None,
+                     compiled_call: Callable[[], object] | None = None) -> Effects:
+        """Call once per optimizer step, before the step's work, from the loop's main thread.
+
+        ``spec``: a spec string or parsed faults (None: nothing fires). ``attempt`` defaults
+        to ``$DFO_ATTEMPT`` (read now). ``compiled_call``: a zero-argument callable that enters
+        a torch.compile'd function (used by ``fx_race``; a tiny eager-backend compiled function
+        is used when it is None). Returns the effects the loop must apply to this step.
+        """
+        faults = self._faults_of(spec)
+        effects = Effects()
+        self._throttle()
+        if not faults:
+            return effects
+        if attempt is None:
+            attempt = read_env().attempt
+        for f in faults:
+            if not f.matches(step, attempt):
+                continue
+            effects.fired.append(str(f))
+            _announce(f, step, attempt)
+            if f.kind == "nan":
+                effects.nan = True
+            elif f.kind == "slow":
+                self.start_slow(float(f.arg))
+            elif f.kind == "exit":
+                _flush()
+                os._exit(int(f.arg))
+            elif f.kind == "sigkill":
+                _flush()
+                os.kill(os.getpid(), signal.SIGKILL)
+                time.sleep(60)  # SIGKILL is asynchronous on some kernels; never return
+            elif f.kind == "oom":
+                raise_oom(step)
+            elif f.kind == "hang":
+                self.hang()
+            elif f.kind == "fx_race":
+                raise_fx_race(compiled_call)
+        return effects
+
+    def hang(self) -> None:
+        """Never returns: no progress, no output from any Python thread (heartbeats included).
+
+        SIGTERM and SIGINT are ignored, as by a process deadlocked in native code: only SIGKILL
+        ends it (faulthandler's stack-dump signals still work).
+        """
+        _flush()
+        self._silenced.set()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                signal.signal(sig, signal.SIG_IGN)
+            except ValueError:  # not the main thread: handlers stay as they are
+                pass
+        sys.stdout = _BlockingStream(sys.stdout)
+        sys.stderr = _BlockingStream(sys.stderr)
+        while True:  # alive and silent
+            time.sleep(3600)
+
+    def start_slow(self, fraction: float) -> None:
+        """From now on stretch each step to 1/fraction of its time; print flex's dense warning."""
+        print_dense_flex_warning()
+        with self._lock:
+            self._slow_fraction = fraction
+            self._slow_last = time.perf_counter()
+
+    def _throttle(self) -> None:
+        with self._lock:
+            frac, last = self._slow_fraction, self._slow_last
+        if frac is None:
+            return
+        worked = time.perf_counter() - last
+        time.sleep(max(0.0, worked * (1.0 / frac - 1.0)))
+        with self._lock:
+            self._slow_last = time.perf_counter()
 
 
 def resolve_spec(flag_value: str | None, env: Env | None = None) -> str | None:
     """The active spec text: the ``--fault.spec`` flag if set, else ``$DFO_FAULT`` (``env``'s;
     None: read now)."""
     return faultspec.resolve_spec(flag_value, (env or read_env()).fault)
-
-
-def silenced() -> bool:
-    """True once the ``hang`` fault fired: heartbeat emitters must print nothing more."""
-    return _state().silenced.is_set()
-
-
-def reset_state() -> None:
-    """Forget slow-down state (tests only; a process injects at most once per run)."""
-    st = _state()
-    with st.lock:
-        st.slow_fraction = st.slow_last = None
-    st.silenced.clear()
-
-
-def _faults_of(spec) -> list[Fault]:
-    if not spec:
-        return []
-    if isinstance(spec, str):
-        cache = _state().parsed
-        if spec not in cache:
-            cache[spec] = parse_spec(spec)
-        return cache[spec]
-    return list(spec)
-
-
-def maybe_inject(step: int, *, attempt: int | None = None, spec=None,
-                 compiled_call: Callable[[], object] | None = None) -> Effects:
-    """Call once per optimizer step, before the step's work, from the loop's main thread.
-
-    ``spec``: a spec string or parsed faults (None: nothing fires). ``attempt`` defaults
-    to ``$DFO_ATTEMPT`` (read now). ``compiled_call``: a zero-argument callable that enters a
-    torch.compile'd function (used by ``fx_race``; a tiny eager-backend compiled function
-    is used when it is None). Returns the effects the loop must apply to this step.
-    """
-    faults = _faults_of(spec)
-    effects = Effects()
-    _throttle()
-    if not faults:
-        return effects
-    if attempt is None:
-        attempt = read_env().attempt
-    for f in faults:
-        if not f.matches(step, attempt):
-            continue
-        effects.fired.append(str(f))
-        _announce(f, step, attempt)
-        if f.kind == "nan":
-            effects.nan = True
-        elif f.kind == "slow":
-            start_slow(float(f.arg))
-        elif f.kind == "exit":
-            _flush()
-            os._exit(int(f.arg))
-        elif f.kind == "sigkill":
-            _flush()
-            os.kill(os.getpid(), signal.SIGKILL)
-            time.sleep(60)  # SIGKILL is asynchronous on some kernels; never return
-        elif f.kind == "oom":
-            raise_oom(step)
-        elif f.kind == "hang":
-            hang()
-        elif f.kind == "fx_race":
-            raise_fx_race(compiled_call)
-    return effects
 
 
 def _announce(f: Fault, step: int, attempt: int) -> None:
@@ -182,45 +199,6 @@ class _BlockingStream:
     def __getattr__(self, name):
         return getattr(self._inner, name)
 
-
-def hang() -> None:
-    """Never returns: no progress, no output from any Python thread (heartbeats included).
-
-    SIGTERM and SIGINT are ignored, as by a process deadlocked in native code: only SIGKILL
-    ends it (faulthandler's stack-dump signals still work).
-    """
-    _flush()
-    _state().silenced.set()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        try:
-            signal.signal(sig, signal.SIG_IGN)
-        except ValueError:  # not the main thread: handlers stay as they are
-            pass
-    sys.stdout = _BlockingStream(sys.stdout)
-    sys.stderr = _BlockingStream(sys.stderr)
-    while True:  # alive and silent
-        time.sleep(3600)
-
-
-def start_slow(fraction: float) -> None:
-    """From now on stretch each step to 1/fraction of its time; print flex's dense warning."""
-    print_dense_flex_warning()
-    st = _state()
-    with st.lock:
-        st.slow_fraction = fraction
-        st.slow_last = time.perf_counter()
-
-
-def _throttle() -> None:
-    st = _state()
-    with st.lock:
-        frac, last = st.slow_fraction, st.slow_last
-    if frac is None:
-        return
-    worked = time.perf_counter() - last
-    time.sleep(max(0.0, worked * (1.0 / frac - 1.0)))
-    with st.lock:
-        st.slow_last = time.perf_counter()
 
 
 def print_dense_flex_warning() -> None:

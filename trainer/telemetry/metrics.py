@@ -25,20 +25,23 @@ import resource
 import sys
 import threading
 import time
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from dfo_contract.fsio import append_jsonl
 from dfo_contract.metrics_record import METRICS_FILE, MetricsRecord
 from dfo_contract.trainer_markers import HeartbeatMarker, PhaseMarker, TrainerMarker
 from dfo_contract.procs import proc_stat
 
-from .faults import silenced as _silenced
 from .tbevents import ScalarWriter
 
 
 class Emitter:
-    def __init__(self, run_dir: str | None, *, attempt: int = 1, out=None, enabled: bool = True):
+    def __init__(self, run_dir: str | None, *, attempt: int = 1, out=None, enabled: bool = True,
+                 silenced: Callable[[], bool] | None = None):
+        """``silenced``: true once nothing more may be printed (fault injection's ``hang``:
+        trainer.telemetry.faults.Faults.silenced); None: never."""
         self.run_dir = run_dir
+        self._silenced = silenced
         self.attempt = attempt
         self._out = out
         self.enabled = enabled
@@ -57,7 +60,7 @@ class Emitter:
         self._write(text + "\n")
 
     def _write(self, line: str) -> None:
-        if not self.enabled or _silenced():
+        if not self.enabled or (self._silenced is not None and self._silenced()):
             return
         with self._lock:
             # one write per line: ranks of a ddp run share the pipe, and a line written in

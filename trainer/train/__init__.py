@@ -1,5 +1,6 @@
-"""The entry points of a run: the training loop (``loop``, ``python -m trainer train``) and
-the compile warm-up (``warmup``, ``python -m trainer warmup``).
+"""The entry points of a run: training (``loop``, ``python -m trainer train``, which runs a
+``run.TrainingRun``) and the compile warm-up without training (``compile_only``,
+``python -m trainer warmup``).
 
 Importing the package imports none of its modules (and no torch).
 """

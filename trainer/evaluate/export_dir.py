@@ -81,13 +81,13 @@ def export(ckpt: str, out: str, *, dtype: str = "bf16", target_path: str | None 
     tcfg = AutoConfig.from_pretrained(tpath, local_files_only=True)
     from ..model.drafter import DrafterSpec
     from ..model.target import tapped_layer_ids
-    from ..core.step import _tokenizer_mask_id
+    from ..core.step import tokenizer_mask_id
 
     n_target = int(tcfg.num_hidden_layers)
     taps = tapped_layer_ids(n_target, cfg.model.drafter_layers, cfg.model.target_layer_ids)
     mask_id = cfg.model.mask_token_id
     if mask_id is None:
-        mask_id = _tokenizer_mask_id(tpath)
+        mask_id = tokenizer_mask_id(tpath)
     if mask_id is None:
         raise TrainerConfigError("config: --model.mask_token_id: the checkpoint's config and the "
                                  "target's tokenizer name no mask token")

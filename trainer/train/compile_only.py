@@ -10,7 +10,8 @@ backward on a dummy batch of that shape, and record the time and the compile-cac
 ``autograd_cache_hit/miss``). Heartbeats (``@dfo {"kind": "heartbeat", ...}``) are printed at
 least every ``train.heartbeat_s`` seconds meanwhile.
 
-What gets compiled is what the training step compiles (trainer.compile.registry): the drafter step
+What gets compiled is what the training step compiles (the process's compile registry,
+trainer.core.runtime.Runtime): the drafter step
 (layers + loss) when ``compile.enabled``, flex_attention when the attention backend is
 ``flex``, and the target's decoder layers when ``compile.target`` (on the drafter devices
 here: the on-disk cache serves target devices of the same kind). On CPU (torch 2.13) compiled flex has no backward, so the trainer's ``auto`` backend
@@ -80,8 +81,9 @@ def warm_devices(cfg) -> list[str]:
     return out
 
 
-def make_task(cfg, device: str, shape: tuple[int, int], target, drafter, *, what=None):
-    """A WarmupTask running the real drafter step (target forward, drafter fwd+bwd) once."""
+def make_task(cfg, rt, device: str, shape: tuple[int, int], target, drafter, *, what=None):
+    """A WarmupTask running the real drafter step (target forward, drafter fwd+bwd) once,
+    compiled through ``rt`` (the process's trainer.core.runtime.Runtime)."""
     from ..core import step
     from ..compile.gate import WarmupTask
 
@@ -91,7 +93,7 @@ def make_task(cfg, device: str, shape: tuple[int, int], target, drafter, *, what
         batch = step.dummy_batch(cfg, seq_len, anchors, cfg.train.micro_batch, device)
         feats = step.target_features(target, batch, cfg)
         if drafter is not None:
-            loss, _ = step.drafter_loss(drafter, feats, batch, cfg)
+            loss, _ = step.drafter_loss(drafter, feats, batch, cfg, rt)
             loss.backward()
             drafter.zero_grad(set_to_none=True)
 
@@ -144,30 +146,32 @@ def _cache_info(info) -> dict:
     return {"repr": repr(info)[:200]}
 
 
-def run_warmup(cfg, *, load_cache: str | None = None, save_cache: str | None = None,
+def run_warmup(cfg, rt=None, *, load_cache: str | None = None, save_cache: str | None = None,
                preload_imports: bool = True) -> dict:
-    """Warm every device x bucket of ``cfg``; return the report (also printed as lines)."""
+    """Warm every device x bucket of ``cfg``; return the report (also printed as lines).
+    ``rt``: the process's trainer.core.runtime.Runtime (None: made now)."""
     import torch
+
+    from ..core.runtime import Runtime
 
     from ..core import step
     from ..telemetry import metrics
-    from ..compile.gate import BypassReasons, CompileGate, counters_delta, counters_snapshot, default_dynamo_settings, \
-        describe, install
+    from ..compile.gate import (BypassReasons, CompileGate, counters_delta, counters_snapshot,
+                                default_dynamo_settings, describe)
 
-    from ..compile import settings as compile_settings
     from ..compile.precompile import save_precompile_entries, verify_precompile_entries
-    from ..compile.registry import configure_kernels
 
+    rt = rt if rt is not None else Runtime.create()
     report: dict[str, Any] = {"torch": torch.__version__, "layout": cfg.parallel.layout,
                               "attention": cfg.model.attention,
                               "compile_enabled": cfg.compile.enabled,
                               "precompile": cfg.compile.precompile,
                               "compile_target": cfg.compile.target}
-    configure_kernels(cfg)
+    rt.compile.configure_kernels(cfg)
     if load_cache:
         report["mega_cache_load"] = load_mega_cache(load_cache)
     if cfg.compile.precompile:
-        compile_settings.configure(precompile=True)
+        rt.compile.cache.configure(precompile=True)
         chk = verify_precompile_entries()
         report["precompile_check"] = {"dir": chk.dir, "kept": chk.kept, "dropped": chk.dropped}
     preload = _Preload.start() if preload_imports else None
@@ -175,7 +179,8 @@ def run_warmup(cfg, *, load_cache: str | None = None, save_cache: str | None = N
     buckets = [tuple(s) for s in step.shape_buckets(cfg)]
     report["devices"], report["buckets"] = devs, [list(b) for b in buckets]
     n_variants = step.compile_variants(cfg, len(devs), len(devs))
-    gate = install(CompileGate(True, default_dynamo_settings(n_variants)))
+    gate = rt.compile.install_gate(CompileGate(True, default_dynamo_settings(n_variants),
+                                               cache=rt.compile.cache))
     total0 = counters_snapshot()
     t0 = time.perf_counter()
 
@@ -190,10 +195,10 @@ def run_warmup(cfg, *, load_cache: str | None = None, save_cache: str | None = N
         tasks = []
         for dev in devs:
             tb = time.perf_counter()
-            target, drafter = step.build_models(cfg, torch.device(dev))
+            target, drafter = step.build_models(cfg, torch.device(dev), rt=rt)
             _sync_dev(dev)
             build_s[dev] = round(time.perf_counter() - tb, 3)
-            tasks += [make_task(cfg, dev, b, target, drafter) for b in buckets]
+            tasks += [make_task(cfg, rt, dev, b, target, drafter) for b in buckets]
             hb.progress()
         if preload is not None:
             report["preload_wait_s"] = preload.join()
@@ -276,7 +281,9 @@ def main(argv: list[str] | None = None) -> int:
         from ..core.init_from import resolve
 
         resolve(cfg)  # model.init_from: the released drafter's taps, block size, mask token
-        report = run_warmup(cfg, load_cache=own["--load-mega-cache"],
+        from ..core.runtime import Runtime
+
+        report = run_warmup(cfg, Runtime.create(), load_cache=own["--load-mega-cache"],
                             save_cache=own["--save-mega-cache"])
         if own["--report"]:
             _write_file(own["--report"], (json.dumps(report, indent=2) + "\n").encode())
