@@ -25,7 +25,6 @@ import time
 from dfo_contract import envvars, events
 from dfo_contract.errors import ContractError
 from dfo_contract.runspec import Bundled, RunSpec
-from dfo_contract.trainer_config import TrainerConfig
 
 from ..ops import goodput, oom
 from ..ops import runstate as rs
@@ -61,8 +60,8 @@ class Supervisor:
         #: the standby interpreter for the next attempt (supervisor.standby)
         self.standby = Keeper(KeeperInputs(
             run_dir=self.run_dir, python=spec.identity.python, spec=spec.standby,
-            thresholds=self.t, config=self.trainer_config, bundled=self.bundled,
-            attempt_env=self.source.attempt_env,
+            thresholds=self.t, config=lambda: self.source.config(self.state.overrides),
+            bundled=self.bundled, attempt_env=self.source.attempt_env,
             emit=self.record.emit, save=self.record.save, record_pid=self._standby_pid,
             byo=self.source.foreign, group=self.role.multinode))
         self.watch = AttemptWatch(WatchInputs(
@@ -76,10 +75,6 @@ class Supervisor:
     @property
     def state(self) -> RunState:
         return self.record.state
-
-    def trainer_config(self) -> TrainerConfig | None:
-        """The bundled trainer's typed config in force (the base with the run's overrides)."""
-        return self.source.config(self.state.overrides)
 
     def bundled(self) -> Bundled | None:
         """The bundled trainer's layout, processes and dense-path expectation in force."""
