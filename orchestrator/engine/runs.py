@@ -38,6 +38,23 @@ LaunchOptions = li.LaunchOptions   # what ``dfo launch`` was asked (pure data, o
 log = logging.getLogger("dfo")
 
 
+def load_trainer(o: LaunchOptions, layout) -> li.TrainerInput:
+    """The run config (one parse, ``--set`` applied once: ``demo.load_run_layers``; without
+    ``--config`` the default of the host of ``layout``), or a foreign trainer's run file:
+    local files only."""
+    if o.own:
+        from ..config.byo_runfile import read_run_file
+        from ..ops.launch_own import own_config
+
+        rf, data = read_run_file(o.run_file) if o.run_file else ({}, None)
+        return own_config(o, rf, data)
+    from .demo import DEFAULT_RUN_NAME, load_run_layers
+
+    layers = load_run_layers(o.config, layout, li.parse_sets(o.sets))
+    name = Path(o.config).stem if o.config else DEFAULT_RUN_NAME
+    return li.BundledConfig(source=o.config, name=name, layers=layers)
+
+
 class RunOps:
     """launch, status and stop of runs on one host. Reading and stopping runs is its
     ``queries`` (``RunQueries``); ``status``, ``current_run``, ``stop``, ``query`` and
@@ -84,24 +101,11 @@ class RunOps:
         return p.parse(r)
 
     # --- plan -------------------------------------------------------------------------------
-    def load(self, o: LaunchOptions) -> li.TrainerInput:
-        """The run config (one parse, ``--set`` applied once: ``demo.load_run_layers``), or a
-        foreign trainer's run file: local files only."""
-        if o.own:
-            from ..config.byo_runfile import read_run_file
-            from ..ops.launch_own import own_config
-
-            rf, data = read_run_file(o.run_file) if o.run_file else ({}, None)
-            return own_config(o, rf, data)
-        from .demo import DEFAULT_RUN_NAME, load_run_layers
-
-        layers = load_run_layers(o.config, self.layout, li.parse_sets(o.sets))
-        name = Path(o.config).stem if o.config else DEFAULT_RUN_NAME
-        return li.BundledConfig(source=o.config, name=name, layers=layers)
-
-    def prepare(self, o: LaunchOptions) -> li.LaunchInputs:
-        """Everything checked that can be without the host (before anything touches it)."""
-        return li.prepare(o, self.load(o), self.host, self.clock())
+    def prepare(self, o: LaunchOptions, trainer: li.TrainerInput | None = None
+                ) -> li.LaunchInputs:
+        """Everything checked that can be without the host (before anything touches it);
+        ``trainer``: ``o``'s trainer input, already loaded (a group's ``--config``)."""
+        return li.prepare(o, trainer or load_trainer(o, self.layout), self.host, self.clock())
 
     def facts(self, o: LaunchOptions, inp: li.LaunchInputs):
         """The host's facts: ONE round trip (engine.preflight)."""
