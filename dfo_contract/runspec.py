@@ -12,8 +12,9 @@ so the supervisor never re-reads hosts.yaml and never looks a key up by its name
 - ``resume``: the checkpoint dir and the checkpoint attempt 1 resumes from (None: scratch)
 - ``cache``: the compile-cache key and the run's cache env, the argv that re-seeds it
 - ``standby``: the pre-started interpreter of the next attempt (on/off, its extra env)
-- ``trainer``: :class:`Bundled` (``python -m trainer train``) or :class:`Own` (a foreign
-  command: its argv, directory, step pattern, env, resume rule and fallback steps)
+- ``trainer``: :class:`Bundled` (``python -m trainer train``: its layout, process count and
+  dense-path expectation, from the typed config) or :class:`Own` (a foreign command: its
+  argv, directory, step pattern, env, resume rule and fallback steps)
 - ``role``: :class:`Solo`, or :class:`Group` (one node of a run over several nodes)
 
 A spec of another ``version`` is refused with one :class:`ContractError` line.
@@ -31,7 +32,7 @@ from .runlimits import Budget, Thresholds, as_mapping, as_number
 __all__ = ["SPEC_VERSION", "Budget", "Bundled", "Cache", "Config", "Group", "Identity", "Own",
            "ResumeRule", "Resume", "RunSpec", "Solo", "Standby", "Thresholds", "NODE_LOST_S"]
 
-SPEC_VERSION = 2
+SPEC_VERSION = 3
 #: seconds without a heartbeat before the head of a group declares a node lost
 NODE_LOST_S = 20.0
 
@@ -51,6 +52,13 @@ def _int(d: Mapping[str, Any], key: str, where: str) -> int:
     v = d.get(key)
     if isinstance(v, bool) or not isinstance(v, int):
         raise ContractError(f"{where}.{key}: expected an integer, got {v!r}")
+    return v
+
+
+def _bool(d: Mapping[str, Any], key: str, where: str) -> bool:
+    v = d.get(key)
+    if not isinstance(v, bool):
+        raise ContractError(f"{where}.{key}: expected true or false, got {v!r}")
     return v
 
 
@@ -148,13 +156,31 @@ class Standby(_Json):
 
 @dataclass(frozen=True, kw_only=True)
 class Bundled(_Json):
-    """``python -m trainer train`` (with ``DFO_FAULT`` when ``fault`` is given)."""
+    """``python -m trainer train`` (with ``DFO_FAULT`` when ``fault`` is given), and what
+    the supervisor needs of its config, computed from the typed config (:meth:`of`):
+    the parallel ``layout``, the processes of one attempt (``nproc``: ddp's one per distinct
+    CUDA device, else 1) and whether flex's dense path is asked for (``dense_expected``:
+    ``model.attention`` flex-eager, uncompiled flex on purpose)."""
     fault: str | None = None
+    layout: str = "single"
+    nproc: int = 1
+    dense_expected: bool = False
     kind = "bundled"
 
     @classmethod
+    def of(cls, cfg: Any, fault: str | None = None) -> "Bundled":
+        """The part of ``cfg`` (a ``dfo_contract.trainer_config.TrainerConfig``)."""
+        p = cfg.parallel
+        cuda = {d for d in p.drafter_devices if isinstance(d, str) and d.startswith("cuda")}
+        return cls(fault=fault, layout=p.layout,
+                   nproc=max(1, len(cuda)) if p.layout == "ddp" else 1,
+                   dense_expected=cfg.model.attention == "flex-eager")
+
+    @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "Bundled":
-        return cls(fault=_str(d, "fault", "trainer", optional=True))
+        return cls(fault=_str(d, "fault", "trainer", optional=True),
+                   layout=_str(d, "layout", "trainer"), nproc=_int(d, "nproc", "trainer"),
+                   dense_expected=_bool(d, "dense_expected", "trainer"))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -175,7 +175,7 @@ def test_the_bundled_attempt_runs_with_one_compile_thread_once_the_step_applied(
     env = src.launch(1, state, Solo()).env
     assert env.get("TORCHINDUCTOR_COMPILE_THREADS") == \
         __import__("os").environ.get("TORCHINDUCTOR_COMPILE_THREADS")
-    state.overrides = STEPS["compile_threads_one"](src.config({}), {})
+    state.overrides = STEPS["compile_threads_one"](spec.config.merged({}), {})
     launch = src.launch(2, state, Solo())
     assert launch.env["TORCHINDUCTOR_COMPILE_THREADS"] == "1"
     assert any(a.startswith("--compile.threads") for a in launch.argv)

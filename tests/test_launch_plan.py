@@ -8,8 +8,9 @@ import pytest
 
 from orchestrator.errors import ConfigError, NotFoundError
 from orchestrator.ops.launch_argv import SETSID_SCRIPT, attempt_env, start_argv, trainer_argv
-from orchestrator.ops.launch_inputs import (parse_checkpoint_listing, parse_resume, parse_sets,
-                                            resolve_resume)
+from dfo_contract import trainer_config as tcfg
+from orchestrator.ops.launch_facts import parse_checkpoint_listing, resolve_resume
+from orchestrator.ops.launch_inputs import parse_resume, parse_sets
 from orchestrator.ops.probes import launch_probe, parse_launch_probe as parse_probe
 
 
@@ -64,8 +65,10 @@ def test_resolve_resume():
 
 
 def test_parse_sets():
-    assert parse_sets(["train.micro_batch=4", "compile.gate=false",
-                       "parallel.drafter_devices=[cuda:0,cuda:1]", "model.attention=sdpa"]) == {
+    sets = parse_sets(["train.micro_batch=4", "compile.gate=false",
+                       "parallel.drafter_devices=[cuda:0,cuda:1]", "model.attention=sdpa"])
+    typed = tcfg.flat(tcfg.apply_overrides(tcfg.TrainerConfig(), sets, validate_now=False))
+    assert {k: typed[k] for k, _ in sets} == {
         "train.micro_batch": 4, "compile.gate": False,
         "parallel.drafter_devices": ["cuda:0", "cuda:1"], "model.attention": "sdpa"}
     for bad in ["train", "train.micro_batch", "Train.x=1", "a.b.c=1", "run.dir=/x"]:

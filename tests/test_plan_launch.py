@@ -1,4 +1,4 @@
-"""The one launch planner (ops.launch_request.prepare, ops.launch_plan.facts_request and
+"""The one launch planner (ops.launch_inputs.prepare, ops.launch_plan.facts_request and
 plan_launch), pure: the host's facts are given as the facts probe would have answered them.
 Bundled and foreign trainers, alone and as a group's nodes."""
 
@@ -13,8 +13,9 @@ from orchestrator.config.hostconfig import HostConfig
 from orchestrator.errors import ConfigError, LockHeldError, NotFoundError
 from orchestrator.ops import cache_key as ck
 from orchestrator.ops import launch_plan as lp
-from orchestrator.ops import launch_request as lr
-from orchestrator.ops.launch_inputs import flatten
+from dfo_contract import trainer_config as tcfg
+from orchestrator.config.runconfig import with_overrides
+from orchestrator.ops import launch_inputs as lr
 from orchestrator.ops.launch_facts import LaunchFacts
 from orchestrator.ops.launch_own import own_config
 
@@ -43,9 +44,8 @@ def facts(*, lock="free", owner="", ckpts=(), missing=(), caches=(), systemd="1"
 
 
 def inputs(o, full=FULL, sets=None):
-    cfg = lr.BundledConfig(source="/c/r.yaml", name="r", base=flatten(full),
-                           sets=sets or {}, full=full, data=b"model: {}\n")
-    return lr.prepare(o, cfg, HOST, NOW)
+    layers = with_overrides(tcfg.config_from_dict(full), b"model: {}\n", sets or [])
+    return lr.prepare(o, lr.BundledConfig(source="/c/r.yaml", name="r", layers=layers), HOST, NOW)
 
 
 def plan(o=None, f=None, **kw):
@@ -63,7 +63,7 @@ def test_a_bundled_plan_is_one_runspec_with_its_host_steps():
     assert s.config.base["train.micro_batch"] == 8 and s.trainer.fault == "oom@3"
     assert s.thresholds.train_s == 8.0 and s.thresholds.warmup_s == 900.0
     assert s.resume.checkpoint_dir == "/root/dfo/checkpoints/r" and s.resume.path is None
-    key = ck.compute_key(FP, FULL, trainer_source=ck.source_hash(SRC),
+    key = ck.compute_key(FP, tcfg.config_from_dict(FULL).to_dict(), trainer_source=ck.source_hash(SRC),
                          target_config="c" * 64).key
     assert s.cache.key == key and s.cache.env["DFO_CACHE_KEY"] == key
     assert s.cache.restore_argv == tuple(p.seed_argvs[-1])

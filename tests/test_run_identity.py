@@ -24,7 +24,7 @@ from orchestrator.engine.runs import LaunchOptions, RunOps
 from orchestrator.errors import ConnectError, LockHeldError
 from dfo_contract.checkpoints import CkptInfo
 from dfo_contract.runspec import Config, Identity, Resume, RunSpec
-from orchestrator.ops import launch_inputs as li
+from orchestrator.ops import launch_facts as li
 from orchestrator.ops import launch_plan as lp
 from orchestrator.ops import run_identity as ri
 from orchestrator.ops.launch_steps import STEPS_MODULE

@@ -43,7 +43,8 @@ def _roundtrip(spec: RunSpec) -> RunSpec:
 def test_bundled_own_and_group_specs_survive_json():
     b = _bundled()
     assert _roundtrip(b) == b and b.to_json()["version"] == SPEC_VERSION
-    assert b.to_json()["trainer"] == {"kind": "bundled", "fault": "oom@3"}
+    assert b.to_json()["trainer"] == {"kind": "bundled", "fault": "oom@3", "layout": "single",
+                                      "nproc": 1, "dense_expected": False}
     assert b.to_json()["role"] == {"kind": "solo"} and isinstance(_roundtrip(b).role, Solo)
     own = RunSpec(identity=ID, config=Config(path="/r/run-file.yaml"),
                   resume=Resume(checkpoint_dir="/r/runs/x"),

@@ -77,10 +77,12 @@ def test_decide_uses_only_a_ready_matching_standby():
 
 
 def test_preload_request_ready_and_argv_round_trip():
-    p = sb.preload_for({"model.target_path": "/t", "compile.enabled": "false",
-                        "parallel.layout": "threads"})
+    from dfo_contract import trainer_config as tcfg
+
+    p = sb.preload_for(tcfg.set_values(tcfg.TrainerConfig(), {
+        "model.target_path": "/t", "compile.enabled": False, "parallel.layout": "threads"}))
     assert p == sb.Preload("/t", False, "threads")
-    assert sb.preload_for({}) == sb.Preload(None, True, "single")
+    assert sb.preload_for(tcfg.TrainerConfig()) == sb.Preload(None, True, "single")
     argv = sb.standby_argv(PY, 7, p)
     assert argv[:5] == [PY, "-m", "orchestrator.supervisor.shim", "--standby", "--ready-fd"]
     assert sb.Preload.from_json(json.loads(argv[argv.index("--preload") + 1])) == p
@@ -183,6 +185,7 @@ def _inputs(**kw):
     return KeeperInputs(run_dir=run_dir, python=spec.identity.python, spec=spec.standby,
                         thresholds=spec.thresholds,
                         config=lambda: source.config(record.state.overrides),
+                        bundled=lambda: source.bundled(record.state.overrides),
                         attempt_env=source.attempt_env, emit=record.emit, save=record.save,
                         record_pid=lambda pid: setattr(record.state, "standby_pid", pid),
                         byo=source.foreign, group=role.multinode)

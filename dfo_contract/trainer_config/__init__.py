@@ -2,6 +2,7 @@
 
 ``schema``  the dataclass tree, its choices and derived values (pure)
 ``parse``   YAML loading, flag overrides, coercion, ``split_args``, ``validate``
+``flat``    the config as flat ``SECTION.FIELD`` values, and the YAML of its explicit keys
 ``layers``  the draft layers' attention pattern; ``methods``: DFlash2's fields
 ``drafter_dir``  ``model.init_from``: the settings a run takes from a drafter's config.json
 
@@ -9,8 +10,9 @@ Torch-free: the orchestrator imports this package to validate and render run con
 """
 
 from .drafter_dir import effective_config
-from .parse import (apply_overrides, config_from_dict, field_types, load_config, parse_overrides, split_args,
-                    validate)
+from .flat import clear, copied, explicit_yaml, flat, from_flat
+from .parse import (apply_overrides, config_from_dict, field_types, load_config, load_text, parse_overrides,
+                    set_values, split_args, validate)
 from .schema import (ATTENTION_BACKENDS, COMPILE_MODES, DATA_FORMATS, DTYPES, LAYOUTS, METHODS, SCHEDULES,
                      CheckpointConfig, CompileConfig, DataConfig, FaultConfig, ModelConfig,
                      ParallelConfig, RunConfig, TrainConfig, TrainerConfig, default_gamma)
@@ -19,6 +21,7 @@ __all__ = [
     "ATTENTION_BACKENDS", "COMPILE_MODES", "DATA_FORMATS", "DTYPES", "LAYOUTS", "METHODS", "SCHEDULES",
     "CheckpointConfig", "CompileConfig", "DataConfig", "FaultConfig", "ModelConfig",
     "ParallelConfig", "RunConfig", "TrainConfig", "TrainerConfig", "apply_overrides",
-    "config_from_dict", "effective_config",
-    "default_gamma", "field_types", "load_config", "parse_overrides", "split_args", "validate",
+    "clear", "config_from_dict", "copied", "effective_config", "explicit_yaml", "flat", "from_flat",
+    "default_gamma", "field_types", "load_config", "load_text", "parse_overrides", "set_values",
+    "split_args", "validate",
 ]

@@ -186,17 +186,26 @@ def load_config(path: str | None = None, overrides: list[str] | list[tuple[str, 
     if path:
         try:
             with open(path, encoding="utf-8") as f:
-                data = yaml.safe_load(f)
+                text = f.read()
         except FileNotFoundError:
             raise TrainerConfigError(f"config: --config: file {path} does not exist") from None
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            where = f"{path}:{mark.line + 1}" if mark else path
-            raise TrainerConfigError(f"config: {where}: invalid YAML ({getattr(e, 'problem', e)})") \
-                from None
-        for key, value in _flatten_yaml(data, path).items():
-            _set(cfg, key, value, from_text=False, where=f"{path}: ")
+        cfg = load_text(text, path)
     return apply_overrides(cfg, overrides, validate_now=validate_now)
+
+
+def load_text(text: str, path: str) -> TrainerConfig:
+    """The defaults <- the YAML ``text`` of the file ``path`` (one parse; not validated)."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else path
+        raise TrainerConfigError(f"config: {where}: invalid YAML ({getattr(e, 'problem', e)})") \
+            from None
+    cfg = TrainerConfig()
+    for key, value in _flatten_yaml(data, path).items():
+        _set(cfg, key, value, from_text=False, where=f"{path}: ")
+    return cfg
 
 
 def apply_overrides(cfg: TrainerConfig, overrides: list[str] | list[tuple[str, str]] = (),
@@ -214,8 +223,13 @@ def apply_overrides(cfg: TrainerConfig, overrides: list[str] | list[tuple[str, s
 
 def config_from_dict(data: dict) -> TrainerConfig:
     """Rebuild a config from ``to_dict()`` output (e.g. a checkpoint's config.yaml)."""
-    cfg = TrainerConfig()
-    for key, value in _flatten_yaml(data, "<dict>").items():
+    return set_values(TrainerConfig(), _flatten_yaml(data, "<dict>"))
+
+
+def set_values(cfg: TrainerConfig, values: dict[str, Any]) -> TrainerConfig:
+    """``cfg`` with the flat ``SECTION.FIELD`` ``values`` (typed, as YAML loads them) set in
+    place, each an explicit key."""
+    for key, value in values.items():
         _set(cfg, key, value, from_text=False, where="")
     return cfg
 

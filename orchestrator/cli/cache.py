@@ -9,7 +9,6 @@ import click
 
 from .params import POSITIVE_SECONDS, group_option, host_or_group
 
-from ..errors import ConfigError
 
 # the one command ------------------------------------------------------------------------------
 
@@ -50,8 +49,9 @@ def warm_cache(app, host_name, config_path, sets, from_file, pull_dest, key_name
     otherwise runs `python -m trainer warmup` on the host and saves a snapshot."""
     from ..engine.cache_command import WarmCacheRequest, status_problems, warm_cache as run
     from ..engine.compile_cache import CacheManager
+    from ..ops.launch_inputs import parse_sets
 
-    req = WarmCacheRequest(config_path=config_path, overrides=[_parse_set(s) for s in sets],
+    req = WarmCacheRequest(config_path=config_path, overrides=parse_sets(sets),
                            from_file=from_file, pull_dest=pull_dest, key_name=key_name,
                            push_file=push_file, show_status=show_status, prune_keep=prune_keep,
                            rewarm=rewarm, check=not no_check, trust_foreign=trust_foreign)
@@ -118,11 +118,6 @@ def _warm_group(app, group_name, req, timeout, as_json) -> int:
     return code
 
 
-def _parse_set(s: str) -> tuple[str, str]:
-    k, sep, v = s.partition("=")
-    if not sep or "." not in k:
-        raise ConfigError(f"--set {s!r}: expected SECTION.FIELD=VALUE, e.g. --set model.attention=sdpa")
-    return k.strip(), v
 
 
 # output ---------------------------------------------------------------------------------------

@@ -93,8 +93,8 @@ def warm_cache(mgr: CacheManager, req: WarmCacheRequest,
 
         layers = load_run_layers(req.config_path, mgr.layout, overrides)
         cfg, cfg_bytes = layers.full, layers.data
-        comp = cfg.get("compile") or {}
-        if not (comp.get("enabled", True) or comp.get("target")) and not moving:
+        comp = layers.config.compile
+        if not (comp.enabled or comp.target) and not moving:
             which = f"--config {req.config_path}" if req.config_path else \
                 "the default config (the demo's)"
             raise ConfigError(f"warm-cache: nothing to warm: {which} has compile.enabled false",

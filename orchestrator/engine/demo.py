@@ -12,16 +12,12 @@ from __future__ import annotations
 
 import logging
 import posixpath
-import tempfile
-from contextlib import contextmanager
-from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Callable, Sequence
 
-import yaml
+from dfo_contract import trainer_config as tcfg
+from dfo_contract.trainer_config import TrainerConfig
 
-from dfo_contract.fsio import atomic_write_text
-
-from ..config.runconfig import RunLayers, default_config_path, load_layers
+from ..config.runconfig import RunLayers, default_config_path, read_config_file, with_overrides
 from ..ops.layout import RemoteLayout
 from ..transport.base import Transport
 
@@ -50,31 +46,22 @@ def demo_paths(layout: RemoteLayout) -> dict[str, str]:
             "eval": posixpath.join(base, "regen-heldout.jsonl")}
 
 
-def demo_config(base: Mapping[str, Any], layout: RemoteLayout) -> dict[str, Any]:
-    """The demo's run config (the default run config, ``default_run_config``): the tiny CPU
-    config with its paths on the host's root.
+def demo_config(cfg: TrainerConfig, layout: RemoteLayout) -> TrainerConfig:
+    """The demo's run config (the default run config, ``default_run_config``): ``cfg`` (the
+    tiny CPU config) with its paths on the host's root, in place.
 
     The run directory and checkpoint directory are set by ``dfo launch``.
     """
-    cfg = {k: dict(v) if isinstance(v, Mapping) else v for k, v in base.items()}
     p = demo_paths(layout)
-    cfg.setdefault("model", {})["target_path"] = p["target"]
-    cfg.setdefault("data", {})["path"] = p["data"]
-    cfg["data"]["eval_path"] = p["eval"]
-    cfg.setdefault("eval", {})["every"] = 40          # measured acceptance length
-    cfg.pop("run", None)
-    train = cfg.setdefault("train", {})
-    train["max_steps"] = 200
-    train["log_every"] = 10
+    tcfg.clear(cfg, "run.dir")
     # the threaded lazy-compile race's pattern (docs/recovery.md): torch.compile on, the
     # compile gate off. The supervisor's first fallback for the FX error turns the gate on.
-    comp = cfg.setdefault("compile", {})
-    comp["enabled"] = True
-    comp["gate"] = False
-    ck = cfg.setdefault("checkpoint", {})
-    ck["every"] = 20
-    ck["keep"] = 3
-    return cfg
+    return tcfg.set_values(cfg, {
+        "model.target_path": p["target"], "data.path": p["data"], "data.eval_path": p["eval"],
+        "eval.every": 40,           # measured acceptance length
+        "train.max_steps": 200, "train.log_every": 10,
+        "compile.enabled": True, "compile.gate": False,
+        "checkpoint.every": 20, "checkpoint.keep": 3})
 
 
 #: the run name ``dfo launch`` uses without ``--config`` and ``--run-name``: the demo's own
@@ -82,32 +69,26 @@ def demo_config(base: Mapping[str, Any], layout: RemoteLayout) -> dict[str, Any]
 DEFAULT_RUN_NAME = "demo"
 
 
-def default_run_config(layout: RemoteLayout) -> dict[str, Any]:
+def default_run_config(layout: RemoteLayout) -> tuple[TrainerConfig, bytes]:
     """The run config ``dfo launch`` and ``dfo warm-cache`` use without ``--config``: the
     demo's own (``demo_config`` over the shipped tiny CPU config: compile on, its target,
     data and held-out data where ``dfo demo`` puts them on this host, ``<root>/demo/``), so
-    the default works right after the demo, from any directory, and resumes its checkpoints."""
-    return demo_config(yaml.safe_load(default_config_path().read_text()), layout)
+    the default works right after the demo, from any directory, and resumes its checkpoints.
+    The typed config (one parse of the shipped file) and the file shipped for it: the YAML
+    of its explicit keys."""
+    cfg, _ = read_config_file(default_config_path())
+    cfg = demo_config(cfg, layout)
+    head = (f"# the demo's run config on this host ({default_config_path().name} with the "
+            "demo's settings and paths)\n")
+    return cfg, (head + tcfg.explicit_yaml(cfg)).encode()
 
 
-@contextmanager
-def default_config_file(layout: RemoteLayout) -> Iterator[Path]:
-    """``default_run_config`` as a local file, for as long as the ``with`` lasts (its
-    directory is removed after)."""
-    with tempfile.TemporaryDirectory(prefix="dfo-default-") as d:
-        dest = Path(d) / f"{DEFAULT_RUN_NAME}.yaml"
-        atomic_write_text(dest, f"# the demo's run config on this host ({default_config_path().name} "
-                          "with the demo's settings and paths)\n"
-                          + yaml.safe_dump(default_run_config(layout), sort_keys=False))
-        yield dest
-
-
-def load_run_layers(path: str | None, layout: RemoteLayout, overrides=()) -> RunLayers:
-    """``runconfig.load_layers(path, overrides)``; no path: the host's default run config."""
-    if path:
-        return load_layers(path, overrides)
-    with default_config_file(layout) as p:
-        return load_layers(p, overrides)
+def load_run_layers(path: str | None, layout: RemoteLayout,
+                    overrides: Sequence[tuple[str, str]] = ()) -> RunLayers:
+    """The run config at ``path`` (no path: the host's default run config,
+    ``default_run_config``) with ``overrides`` (``--set``), each applied once."""
+    cfg, data = read_config_file(path) if path else default_run_config(layout)
+    return with_overrides(cfg, data, overrides)
 
 
 def run_events(t: Transport, layout: RemoteLayout, run_id: str) -> list:

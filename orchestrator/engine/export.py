@@ -26,7 +26,7 @@ from dfo_contract.checkpoints import CkptInfo
 from dfo_contract.fsio import human_bytes, replace_dir, sha256_file
 
 from ..errors import ConfigError, NotFoundError, RemoteCommandError, VerifyError
-from ..ops.launch_inputs import parse_checkpoint_listing
+from ..ops.launch_facts import parse_checkpoint_listing
 from ..ops.probes import json_reply
 from .runs import RunOps
 

@@ -28,7 +28,7 @@ from ..ops.group import GroupSpec
 from ..ops.launch_inputs import check_run_name
 from ..ops.run_identity import make_run_id
 from .group import HostOutcome, for_each_host, worst_exit
-from .runs import LaunchOptions, RunOps
+from .runs import LaunchOptions, RunOps, load_trainer
 
 log = logging.getLogger("dfo")
 
@@ -121,11 +121,14 @@ class GroupRuns:
         base = dataclasses.replace(o, sets=tuple(gl.group_sets(o.sets)), run_name=run_name,
                                    run_id=o.run_id or make_run_id(run_name, now))
 
+        # --config is parsed once for every node (the default config is each host's own)
+        shared = load_trainer(base, self.hosts[0].layout) if o.config else None
+
         def facts(h):   # each member: its checks, its facts (one round trip)
             opts = base if self.index(h.name) == 0 else \
                 dataclasses.replace(base, resume=None, new_lineage=False)
             ops = self.ops(h.name)
-            inp = ops.prepare(opts)
+            inp = ops.prepare(opts, shared)
             return opts, inp, ops.facts(opts, inp)
 
         outs = self.each(facts)

@@ -10,7 +10,7 @@ import logging
 
 from ..errors import DeployError, DriftError, RemoteCommandError
 from ..ops import launch_plan as lp
-from ..ops.launch_request import LaunchInputs, LaunchOptions
+from ..ops.launch_inputs import LaunchInputs, LaunchOptions
 from ..ops.launch_facts import LaunchFacts, facts_argv, parse_facts
 
 log = logging.getLogger("dfo")

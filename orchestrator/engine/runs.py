@@ -2,7 +2,7 @@
 
 ``RunOps(transport, host).plan(opts)`` loads the run config (or a foreign trainer's run
 file) and checks everything given before anything touches the host
-(``ops.launch_request.prepare``), then asks the host ONE command for every fact the plan needs
+(``ops.launch_inputs.prepare``), then asks the host ONE command for every fact the plan needs
 (``engine.preflight``: env deployed and ``dfo deploy --check``-clean, run.lock, the
 config's paths, the cache key's inputs, the checkpoints by manifest, a resume glob) and
 plans (``ops.launch_plan.plan_launch``). ``launch(opts)`` then writes the run dir
@@ -23,21 +23,36 @@ from typing import Any, Callable, Mapping
 
 from ..errors import (ConnectError, DfoError, HostKeyError, Interrupted, LockHeldError,
                       RemoteCommandError, RunFailed)
+from ..ops import launch_inputs as li
 from ..ops import launch_plan as lp
-from ..ops import launch_request as lr
 from ..ops import launch_steps as ls
 from ..ops import runstate as rs
-from ..ops.launch_argv import render_value
-from ..ops.launch_inputs import parse_sets
 from ..ops.probes import launch_probe
 from ..ops.run_identity import cut_off_error
 from ..transport.base import Result
 from .preflight import launch_facts
 from .run_query import RunQueries
 
-LaunchOptions = lr.LaunchOptions   # what ``dfo launch`` was asked (pure data, ops.launch_request)
+LaunchOptions = li.LaunchOptions   # what ``dfo launch`` was asked (pure data, ops.launch_inputs)
 
 log = logging.getLogger("dfo")
+
+
+def load_trainer(o: LaunchOptions, layout) -> li.TrainerInput:
+    """The run config (one parse, ``--set`` applied once: ``demo.load_run_layers``; without
+    ``--config`` the default of the host of ``layout``), or a foreign trainer's run file:
+    local files only."""
+    if o.own:
+        from ..config.byo_runfile import read_run_file
+        from ..ops.launch_own import own_config
+
+        rf, data = read_run_file(o.run_file) if o.run_file else ({}, None)
+        return own_config(o, rf, data)
+    from .demo import DEFAULT_RUN_NAME, load_run_layers
+
+    layers = load_run_layers(o.config, layout, li.parse_sets(o.sets))
+    name = Path(o.config).stem if o.config else DEFAULT_RUN_NAME
+    return li.BundledConfig(source=o.config, name=name, layers=layers)
 
 
 class RunOps:
@@ -86,27 +101,13 @@ class RunOps:
         return p.parse(r)
 
     # --- plan -------------------------------------------------------------------------------
-    def load(self, o: LaunchOptions) -> lr.TrainerInput:
-        """The run config (one read), or a foreign trainer's run file: local files only."""
-        if o.own:
-            from ..config.byo_runfile import read_run_file
-            from ..ops.launch_own import own_config
+    def prepare(self, o: LaunchOptions, trainer: li.TrainerInput | None = None
+                ) -> li.LaunchInputs:
+        """Everything checked that can be without the host (before anything touches it);
+        ``trainer``: ``o``'s trainer input, already loaded (a group's ``--config``)."""
+        return li.prepare(o, trainer or load_trainer(o, self.layout), self.host, self.clock())
 
-            rf, data = read_run_file(o.run_file) if o.run_file else ({}, None)
-            return own_config(o, rf, data)
-        from .demo import DEFAULT_RUN_NAME, load_run_layers
-
-        sets = parse_sets(o.sets)
-        layers = load_run_layers(o.config, self.layout,
-                                 [(k, render_value(v)) for k, v in sets.items()])
-        name = Path(o.config).stem if o.config else DEFAULT_RUN_NAME
-        return lr.bundled_config(o, name, sets, layers)
-
-    def prepare(self, o: LaunchOptions) -> lr.LaunchInputs:
-        """Everything checked that can be without the host (before anything touches it)."""
-        return lr.prepare(o, self.load(o), self.host, self.clock())
-
-    def facts(self, o: LaunchOptions, inp: lr.LaunchInputs):
+    def facts(self, o: LaunchOptions, inp: li.LaunchInputs):
         """The host's facts: ONE round trip (engine.preflight)."""
         return launch_facts(self, o, inp)
 

@@ -15,7 +15,6 @@ from ..errors import (ConfigError, ConnectError, ContainerError, CacheError, Dep
                       RunFailed)
 from .group import GroupSpec
 from .launch_argv import trainer_argv
-from .launch_inputs import parse_sets
 
 def node_devices(group, host) -> tuple[str, ...]:
     """The devices of ``host``'s node: the group's ``gpus`` for it, else its drafter devices."""
@@ -66,11 +65,11 @@ def group_specs(group, hosts: Sequence[Any]) -> list[GroupSpec]:
 
 def group_sets(sets: Sequence[str]) -> list[str]:
     """``--set`` items with ``parallel.layout=ddp`` forced; another layout is a ConfigError."""
-    parsed = parse_sets(sets)
-    want = parsed.get("parallel.layout")
-    if want is not None and str(want) != "ddp":
-        raise ConfigError(f"--set parallel.layout={want}: a group run is always the ddp layout",
-                          hint="drop that --set; each node runs one process per device")
+    layout = [s.split("=", 1) for s in sets if s.split("=", 1)[0].strip() == "parallel.layout"]
+    for _, want in (kv for kv in layout if len(kv) == 2):
+        if want.strip().strip("'\"") != "ddp":
+            raise ConfigError(f"--set parallel.layout={want}: a group run is always the ddp "
+                              "layout", hint="drop that --set; each node runs one process per device")
     return [s for s in sets if not s.split("=", 1)[0].strip() == "parallel.layout"] + \
         ["parallel.layout=ddp"]
 

@@ -32,13 +32,6 @@ def override_flags(overrides: Mapping[str, Any]) -> list[str]:
 
 # --- the attempt's trainer argv ------------------------------------------------------------
 
-def ddp_nproc(cfg: Mapping[str, Any]) -> int:
-    """Processes for layout ddp: one per distinct CUDA device named in the config (1 on CPU)."""
-    devs = [d for d in list(cfg.get("parallel.drafter_devices") or [])
-            if isinstance(d, str) and d.startswith("cuda")]
-    return max(1, len(set(devs)))
-
-
 @dataclass(frozen=True)
 class Rendezvous:
     """One node's attempt of a multi-node run: torchrun's c10d rendezvous, hosted by the

@@ -8,7 +8,8 @@ hash and the target's ``config.json`` hash (the cache key's inputs), the live ca
 the checkpoints by manifest, a foreign trainer's resume glob) and, for the env check, the
 env's stamp, its recorded verification, deploy's state probe and the env probe itself when
 the record no longer holds; with ``model.init_from``, that directory's config.json
-(``ops.init_from``: the trainer's settings from it). A :class:`FactsRequest` says what to ask.
+(``ops.init_from``: the trainer's settings from it). A :class:`FactsRequest` says what to ask;
+:func:`resolve_resume` finds the checkpoint a ``--resume`` names in the answer's listing.
 
 The env probe imports torch (and on a GPU host compiles a flex_attention smoke test): 5-35 s.
 Its answer only changes when the env or the host's GPUs change, so a passed verification
@@ -27,15 +28,18 @@ only when everything passed. Record format: line 1 ``STAMP AT``, line 2 JSON
 from __future__ import annotations
 
 import json
+import posixpath
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from dfo_contract.checkpoints import CkptInfo
 
+from ..errors import NotFoundError
 from .cache_key import source_hash
 from .deploy_plan import STATE_SCRIPT, RemoteState, parse_state
 from .fingerprint import PROBE_SCRIPT
 from .init_from import INIT_FROM_SCRIPT
+from .launch_inputs import ResumeArg
 from .probes import LAUNCH_PROBE_SCRIPT, parse_launch_probe
 from .scripts import script_text
 
@@ -210,6 +214,62 @@ def checkpoint_listing(facts: LaunchFacts, ckpt_dir: str) -> list[CkptInfo]:
     return sorted((CkptInfo.from_json(e) for e in entries if isinstance(e, dict)),
                   key=lambda c: c.step)
 
+
+# --- what a --resume names in the listing -----------------------------------------------
+
+def parse_checkpoint_listing(obj: Any) -> list[CkptInfo]:
+    """``python -m dfo_contract.checkpoints list DIR --json`` output (JSON-decoded: the
+    ``{"checkpoints": [...]}`` object or the list), oldest first."""
+    if isinstance(obj, Mapping):
+        obj = obj.get("checkpoints", [])
+    out = [CkptInfo.from_json(e) for e in obj or [] if isinstance(e, Mapping)]
+    return sorted(out, key=lambda c: c.step)
+
+
+def skipped_by_latest(listing: Sequence[CkptInfo]) -> list[CkptInfo]:
+    """The torn/incomplete checkpoints newer than the newest valid one: what ``--resume
+    latest`` passes over (each is named in a warning)."""
+    valid = [c.step for c in listing if c.valid]
+    floor = max(valid) if valid else -1
+    return [c for c in listing if not c.valid and c.step > floor]
+
+
+def skipped_warning(c: CkptInfo) -> str:
+    return (f"--resume latest: skipping checkpoint {c.name} "
+            f"({c.reason or 'incomplete or torn: its manifest does not verify'})")
+
+
+def _valid_names(listing: Sequence[CkptInfo]) -> str:
+    return ", ".join(c.name for c in listing if c.valid) or "none"
+
+
+def resolve_resume(resume: ResumeArg, listing: Sequence[CkptInfo], ckpt_dir: str) -> str:
+    """The checkpoint path a ``--resume`` names in ``listing`` (the checkpoints of
+    ``ckpt_dir``; for a path, of its parent); NotFoundError lists the valid ones."""
+    valid = [c for c in listing if c.valid]
+    have = _valid_names(listing)
+    if resume.kind == "latest":
+        if not valid:
+            raise NotFoundError(f"--resume latest: no valid checkpoint in {ckpt_dir}",
+                                hint="launch without --resume to start from scratch")
+        return valid[-1].path or posixpath.join(ckpt_dir, valid[-1].name)
+    name = posixpath.basename(resume.value.rstrip("/"))
+    for c in listing:
+        if c.name == name or (resume.kind == "path" and c.path.rstrip("/") == resume.value):
+            if c.valid:
+                return resume.value if resume.kind == "path" else \
+                    (c.path or posixpath.join(ckpt_dir, c.name))
+            raise NotFoundError(f"--resume {resume.value}: checkpoint is incomplete or corrupt"
+                                f" ({c.reason or 'manifest does not verify'})",
+                                hint=f"valid checkpoints in {ckpt_dir}: {have}")
+    if resume.kind == "path":
+        raise NotFoundError(f"--resume {resume.value}: not a checkpoint",
+                            hint=f"valid in that dir: {have}")
+    raise NotFoundError(f"--resume {resume.value}: no such checkpoint in {ckpt_dir}",
+                        hint=f"valid checkpoints: {have}")
+
+
+# --- the env check's record ----------------------------------------------------------------
 
 def parse_record(text: str, *, stamp: str) -> VerifiedRecord | None:
     """The record, or None when it is torn, of another stamp, or not what we wrote."""

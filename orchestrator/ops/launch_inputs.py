@@ -1,7 +1,10 @@
-"""What a user gives ``dfo launch``, checked before anything touches a host (pure):
-``--resume`` text, ``--run-name``, ``--set``; and which checkpoint a ``--resume`` names in a
-listing of the host's checkpoints (``dfo_contract.checkpoints.CkptInfo``, read from the
-manifests by the launch facts probe).
+"""What ``dfo launch`` was asked, checked before the host is asked anything (pure): the
+options (:class:`LaunchOptions`), the trainer's input (:class:`BundledConfig`: the run config
+as ``engine.demo.load_run_layers`` parsed it once, with ``--set`` applied once, a typed
+``TrainerConfig``; ``launch_own.OwnConfig``: a foreign trainer's run file and flags) and
+:func:`prepare`, which checks them (``--resume`` text, ``--run-name``, ladders, budget,
+thresholds, ``--fault``) and names the run -> :class:`LaunchInputs` (``ops.launch_plan``
+plans from it, with the host's facts: ``ops.launch_facts``).
 
 Nothing a user types reaches a shell: ``--resume`` is a checkpoint name, ``latest`` or a
 path under the host's root made of plain characters.
@@ -11,12 +14,20 @@ from __future__ import annotations
 
 import posixpath
 import re
-from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence, Union
 
-from dfo_contract.checkpoints import STEP_RE, CkptInfo
+from dfo_contract.checkpoints import STEP_RE
+from dfo_contract.runspec import Budget, Thresholds
+from dfo_contract.trainer_config import TrainerConfig
 
-from ..errors import ConfigError, NotFoundError
+from ..config.runconfig import RunLayers
+from ..errors import ConfigError
+from .budget import BudgetPolicy
+from .fallback import merge_ladders, validate_ladders
+from .launch_own import OwnConfig
+from .run_identity import make_run_id
+from .thresholds import thresholds as check_thresholds
 
 RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,47}")
 SAFE_PATH = re.compile(r"/[A-Za-z0-9._/@+=-]*")
@@ -26,6 +37,110 @@ RESUME_MAX = 4096
 
 #: keys launch owns; --set may not change them
 RESERVED_KEYS = frozenset({"run.dir", "checkpoint.dir", "fault.spec"})
+
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchOptions:
+    config: str | None = None
+    resume: str | None = None
+    run_name: str | None = None
+    sets: Sequence[str] = ()
+    replace: bool = False
+    dry_run: bool = False
+    fault: str | None = None
+    fault_node: int | None = None  # --group: the one node that gets the fault (None: all)
+    backoff_scale: float = 1.0
+    thresholds: Mapping[str, float] = field(default_factory=dict)
+    budget: Mapping[str, Any] = field(default_factory=dict)
+    fallbacks: Mapping[str, Any] | None = None
+    env_check: bool = True
+    start_timeout: float = 60.0
+    new_lineage: bool = False     # move an earlier run's checkpoints aside, start over
+    #: a foreign trainer (``dfo launch -- CMD ARGS...``, ops.launch_own)
+    command: Sequence[str] = ()
+    run_file: str | None = None
+    step_pattern: str | None = None
+    resume_glob: str | None = None
+    resume_order: str = "step"
+    resume_args: Sequence[str] | str = ()   # a str is split into words (no shell)
+    ladder: Sequence[str] = ()    # --ladder CLASS=KIND:VALUE, in order
+    run_id: str | None = None     # given (engine.group_runs: one id on every node), else made
+    #: the standby interpreter (supervisor.standby; --no-standby turns it off), and extra
+    #: env given to the standby only (a test facility: a differing import-time key makes
+    #: every standby be discarded)
+    standby: bool = True
+    standby_env: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def own(self) -> bool:
+        """A foreign trainer (``-- CMD``, a run file, or its flags)."""
+        return bool(self.command or self.run_file or self.resume_glob or self.ladder)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BundledConfig:
+    """The bundled trainer's run config as launch loaded it: ``layers`` (one parse of the
+    file, ``--set`` applied once); everything after reads ``config``, the typed config."""
+    source: str | None          # --config (None: the host's default run config)
+    name: str                   # the file's stem: the default run name
+    layers: RunLayers
+
+    @property
+    def config(self) -> TrainerConfig:
+        """The config in force (the file over the defaults, with ``--set``), validated."""
+        return self.layers.config
+
+
+TrainerInput = Union[BundledConfig, OwnConfig]
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchInputs:
+    """Everything launch checked before it touched the host."""
+    run_name: str
+    run_id: str
+    run_dir: str
+    now: float                    # when launch was asked (the run id's time)
+    resume: ResumeArg | None      # the bundled trainer's --resume (a foreign one: the text)
+    thresholds: Thresholds
+    budget: Budget
+    ladders: Mapping[str, list[str]]
+    trainer: TrainerInput
+
+
+def prepare(o: LaunchOptions, trainer: TrainerInput, host, now: float) -> LaunchInputs:
+    """Check ``o`` and ``trainer`` for ``host`` (a HostConfig); name the run."""
+    lay = host.layout
+    resume = None if isinstance(trainer, OwnConfig) else parse_resume(o.resume, lay.root)
+    if resume is not None and o.new_lineage:
+        raise ConfigError("--new-lineage starts over; it cannot be combined with --resume",
+                          hint="drop one of the two")
+    if o.run_name is None:   # a foreign trainer's name is made valid from its command
+        run_name = check_run_name(trainer.name, derived_from=(
+            f"the config file's name ({o.config})" if o.config else "the default config"))
+    else:
+        run_name = check_run_name(o.run_name)
+    if isinstance(trainer, OwnConfig):
+        thr, ladders = check_thresholds(trainer.thresholds), {}
+    else:
+        thr = check_thresholds(o.thresholds)
+        ladders = merge_ladders(
+            validate_ladders(dict(host.fallbacks) or None,
+                             source=f"{host.source or 'hosts.yaml'}: hosts.{host.name}.fallbacks"),
+            validate_ladders(o.fallbacks, source="--fallbacks"))
+        if o.fault:
+            from dfo_contract.faultspec import FaultSpecError, parse_spec
+
+            try:
+                parse_spec(o.fault, source="--fault")
+            except FaultSpecError as e:   # the trainer's error, as dfo's (exit 2, one line)
+                raise ConfigError(str(e).removeprefix("config: ")) from None
+    policy = BudgetPolicy.from_json({**dict(o.budget), "scale": o.backoff_scale})
+    run_id = o.run_id or make_run_id(run_name, now)
+    return LaunchInputs(run_name=run_name, run_id=run_id, run_dir=lay.run_dir(run_id), now=now,
+                        resume=resume, thresholds=thr, budget=policy, ladders=ladders,
+                        trainer=trainer)
 
 
 # --- --resume --------------------------------------------------------------------------
@@ -60,58 +175,6 @@ def parse_resume(value: str | None, root: str) -> ResumeArg | None:
     raise ConfigError(f"--resume: {value!r} is not a checkpoint name", hint=how)
 
 
-def parse_checkpoint_listing(obj: Any) -> list[CkptInfo]:
-    """``python -m dfo_contract.checkpoints list DIR --json`` output (JSON-decoded: the
-    ``{"checkpoints": [...]}`` object or the list), oldest first."""
-    if isinstance(obj, Mapping):
-        obj = obj.get("checkpoints", [])
-    out = [CkptInfo.from_json(e) for e in obj or [] if isinstance(e, Mapping)]
-    return sorted(out, key=lambda c: c.step)
-
-
-def skipped_by_latest(listing: Sequence[CkptInfo]) -> list[CkptInfo]:
-    """The torn/incomplete checkpoints newer than the newest valid one: what ``--resume
-    latest`` passes over (each is named in a warning)."""
-    valid = [c.step for c in listing if c.valid]
-    floor = max(valid) if valid else -1
-    return [c for c in listing if not c.valid and c.step > floor]
-
-
-def skipped_warning(c: CkptInfo) -> str:
-    return (f"--resume latest: skipping checkpoint {c.name} "
-            f"({c.reason or 'incomplete or torn: its manifest does not verify'})")
-
-
-def _valid_names(listing: Sequence[CkptInfo]) -> str:
-    return ", ".join(c.name for c in listing if c.valid) or "none"
-
-
-def resolve_resume(resume: ResumeArg, listing: Sequence[CkptInfo], ckpt_dir: str) -> str:
-    """The checkpoint path a ``--resume`` names in ``listing`` (the checkpoints of
-    ``ckpt_dir``; for a path, of its parent); NotFoundError lists the valid ones."""
-    valid = [c for c in listing if c.valid]
-    have = _valid_names(listing)
-    if resume.kind == "latest":
-        if not valid:
-            raise NotFoundError(f"--resume latest: no valid checkpoint in {ckpt_dir}",
-                                hint="launch without --resume to start from scratch")
-        return valid[-1].path or posixpath.join(ckpt_dir, valid[-1].name)
-    name = posixpath.basename(resume.value.rstrip("/"))
-    for c in listing:
-        if c.name == name or (resume.kind == "path" and c.path.rstrip("/") == resume.value):
-            if c.valid:
-                return resume.value if resume.kind == "path" else \
-                    (c.path or posixpath.join(ckpt_dir, c.name))
-            raise NotFoundError(f"--resume {resume.value}: checkpoint is incomplete or corrupt"
-                                f" ({c.reason or 'manifest does not verify'})",
-                                hint=f"valid checkpoints in {ckpt_dir}: {have}")
-    if resume.kind == "path":
-        raise NotFoundError(f"--resume {resume.value}: not a checkpoint",
-                            hint=f"valid in that dir: {have}")
-    raise NotFoundError(f"--resume {resume.value}: no such checkpoint in {ckpt_dir}",
-                        hint=f"valid checkpoints: {have}")
-
-
 # --- run names and --set --------------------------------------------------------------
 
 def check_run_name(name: str, *, derived_from: str | None = None) -> str:
@@ -128,11 +191,10 @@ def check_run_name(name: str, *, derived_from: str | None = None) -> str:
     return name
 
 
-def parse_sets(items: Sequence[str]) -> dict[str, Any]:
-    """``--set train.micro_batch=4`` -> {"train.micro_batch": 4} (values read as YAML)."""
-    import yaml
-
-    out: dict[str, Any] = {}
+def parse_sets(items: Sequence[str]) -> list[tuple[str, str]]:
+    """``--set train.micro_batch=4`` -> [("train.micro_batch", "4")]: checked keys, the
+    values as typed (``runconfig.with_overrides`` coerces them by the trainer's rules)."""
+    out: list[tuple[str, str]] = []
     for item in items:
         if "=" not in item:
             raise ConfigError(f"--set {item!r}: expected KEY=VALUE",
@@ -145,10 +207,7 @@ def parse_sets(items: Sequence[str]) -> dict[str, Any]:
         if k in RESERVED_KEYS:
             raise ConfigError(f"--set {k}: set by dfo launch itself",
                               hint="use --run-name / --fault instead")
-        try:
-            out[k] = yaml.safe_load(v) if v.strip() else ""
-        except yaml.YAMLError:
-            out[k] = v
+        out.append((k, v))
     return out
 
 

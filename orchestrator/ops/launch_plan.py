@@ -2,8 +2,10 @@
 
 The engine (``engine/runs.py``, ``engine/group_runs.py``) does three things in order:
 
-1. ``launch_request.prepare(options, trainer, host, now)``: every check of what was given,
-   before the host is asked anything, and the run's name and id -> ``LaunchInputs``;
+1. ``launch_inputs.prepare(options, trainer, host, now)``: every check of what was given,
+   before the host is asked anything, and the run's name and id -> ``LaunchInputs`` (the
+   bundled trainer's run config parsed once, ``--set`` applied once: a typed
+   ``TrainerConfig`` that everything here reads);
 2. ONE remote round trip for the facts (``facts_request`` says what to ask; the answer is
    ``ops.launch_facts.LaunchFacts``; the env check uses the same answer);
 3. ``plan_launch(options, inputs, facts)`` (here) -> :class:`LaunchPlan`: the ``RunSpec``
@@ -21,35 +23,36 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from dfo_contract import trainer_config as tcfg
 from dfo_contract.runspec import (Budget, Bundled, Cache, Config, Group, Identity, Resume,
                                   RunSpec, Solo, Standby)
+from dfo_contract.trainer_config import TrainerConfig
 
 from ..errors import ConfigError, DeployError, LockHeldError, RemoteCommandError
 from . import byo
 from . import cache_key as ck
 from .devices import check_devices
-from .init_from import effective_full, init_from_path, parse_reply
-from .launch_argv import attempt_env, ddp_nproc, start_argv, trainer_argv
-from .launch_facts import FactsRequest, LaunchFacts, checkpoint_listing
-from .launch_inputs import ResumeArg, resolve_resume, skipped_by_latest, skipped_warning
+from .init_from import effective_full, parse_reply
+from .launch_argv import attempt_env, start_argv, trainer_argv
+from .launch_facts import (FactsRequest, LaunchFacts, checkpoint_listing, resolve_resume,
+                           skipped_by_latest, skipped_warning)
+from .launch_inputs import BundledConfig, LaunchInputs, LaunchOptions, ResumeArg
 from .launch_own import OwnConfig, resolve_resume as own_resume, resume_glob, shown_ladders
-from .launch_request import BundledConfig, LaunchInputs, LaunchOptions
 from .snapshot import cache_env, seed_run_cache_argvs
 
 
 # --- what to ask the host -------------------------------------------------------------------
 
-def config_paths(cfg: Mapping[str, Any]) -> list[tuple[str, str]]:
+def config_paths(cfg: TrainerConfig) -> list[tuple[str, str]]:
     """(config key, path) of the paths a run needs on the host."""
-    keys = [("model.target_path", (cfg.get("model") or {}).get("target_path")),
-            ("data.path", (cfg.get("data") or {}).get("path")),
-            ("data.eval_path", (cfg.get("data") or {}).get("eval_path"))]
+    keys = [("model.target_path", cfg.model.target_path), ("data.path", cfg.data.path),
+            ("data.eval_path", cfg.data.eval_path)]
     return [(k, v) for k, v in keys if isinstance(v, str) and v]
 
 
-def _target_config(cfg: BundledConfig) -> str | None:
-    target = (cfg.full.get("model") or {}).get("target_path")
-    return posixpath.join(str(target), "config.json") if target else None
+def _target_config(cfg: TrainerConfig) -> str | None:
+    target = cfg.model.target_path
+    return posixpath.join(target, "config.json") if target else None
 
 
 def own_cwd(inp: LaunchInputs) -> str:
@@ -90,11 +93,13 @@ def facts_request(o: LaunchOptions, inp: LaunchInputs, host) -> FactsRequest:
     dirs = [lay.checkpoints(inp.run_name)]
     if inp.resume is not None and inp.resume.kind == "path":
         dirs.append(posixpath.dirname(inp.resume.value.rstrip("/")))
-    target = _target_config(tr) if tr.compiled else None
-    return FactsRequest(**base, paths=tuple(v for _, v in config_paths(tr.full)),
-                        ckpt_dirs=tuple(dirs), source=tr.compiled,
-                        hashes=(target,) if target else (), caches=lay.cache if tr.compiled else "",
-                        init_from=init_from_path(tr.full))
+    cfg = tr.config
+    compiled = cfg.compile.enabled
+    target = _target_config(cfg) if compiled else None
+    return FactsRequest(**base, paths=tuple(v for _, v in config_paths(cfg)),
+                        ckpt_dirs=tuple(dirs), source=compiled,
+                        hashes=(target,) if target else (), caches=lay.cache if compiled else "",
+                        init_from=cfg.model.init_from)
 
 
 # --- the plan -------------------------------------------------------------------------------
@@ -165,21 +170,21 @@ def _listing(facts: LaunchFacts, ck_dir: str):
 
 
 def run_config(cfg: BundledConfig, facts: LaunchFacts, host: str) -> dict[str, Any]:
-    """The config the trainer runs: ``cfg.full`` with the settings of its ``model.init_from``
-    drafter directory (config.json as the facts brought it); ConfigError for a directory
-    that is missing or that the trainer would refuse."""
-    path = init_from_path(cfg.full)
+    """The config the trainer runs (nested): ``cfg.config`` with the settings of its
+    ``model.init_from`` drafter directory (config.json as the facts brought it); ConfigError
+    for a directory that is missing or that the trainer would refuse."""
+    layers, path = cfg.layers, cfg.config.model.init_from
     if not path:
-        return dict(cfg.full)
+        return layers.full
     reply = None if facts.init_from is None else parse_reply(path, facts.init_from)
-    return effective_full(cfg.full, cfg.explicit, reply, host=host, config=cfg.source)
+    return effective_full(layers.full, layers.explicit, reply, host=host, config=cfg.source)
 
 
 def _cache_key(cfg: BundledConfig, full: Mapping[str, Any], facts: LaunchFacts, host: str,
                warnings: list[str]) -> str | None:
     """The compile-cache key of ``full`` (the config in force, ``run_config``) (None:
     nothing is compiled, or its inputs are unknown)."""
-    if not cfg.compiled:
+    if not cfg.config.compile.enabled:
         return None  # nothing is compiled: no cache to advise about
     fp, src = facts.fingerprint, facts.source_hash
     why = ("no deployed env fingerprint (fingerprint.json missing)" if fp is None else
@@ -188,7 +193,7 @@ def _cache_key(cfg: BundledConfig, full: Mapping[str, Any], facts: LaunchFacts, 
     if why:
         warnings.append(f"compile-cache key unknown ({why}): run `dfo warm-cache`")
         return None
-    target = _target_config(cfg)
+    target = _target_config(cfg.config)
     key = ck.compute_key(fp, full, trainer_source=src,
                          target_config=facts.file_hash(target) if target else None).key
     if key not in facts.caches:
@@ -224,6 +229,7 @@ class _Part:
     env: dict[str, str]
     first: list[str]
     shown: dict[str, list[str]]
+    data: bytes                     # the config file shipped with the run
     seed: list[list[str]] = field(default_factory=list)
     aside: str | None = None
 
@@ -262,7 +268,7 @@ def plan_launch(o: LaunchOptions, inp: LaunchInputs, facts: LaunchFacts, *, host
                       start_argv=start_argv(python, inp.run_dir, inp.run_id, systemd=systemd,
                                             stop_timeout_s=inp.thresholds.stop_timeout_s),
                       first_attempt_argv=part.first, env=part.env, shown_ladders=part.shown,
-                      warnings=warnings, seed_argvs=part.seed, config_bytes=inp.trainer.data,
+                      warnings=warnings, seed_argvs=part.seed, config_bytes=part.data,
                       lock_owner=facts.launch.get("lock_owner") if held else None,
                       move_aside=part.aside, record=None if o.dry_run else facts.record)
 
@@ -280,7 +286,7 @@ def _own(o: LaunchOptions, inp: LaunchInputs, facts: LaunchFacts, resume_path: A
             o.resume, tr, own_cwd(inp), found, facts.missing)
     return _Part(config=Config(path=posixpath.join(inp.run_dir, "run-file.yaml")),
                  cache=Cache(), trainer=tr.trainer(), ck_dir=inp.run_dir,
-                 resume_path=resume_path,
+                 resume_path=resume_path, data=tr.data,
                  env=attempt_env(tr.env, attempt=1, run_dir=inp.run_dir, fault=None,
                                  run_id=inp.run_id),
                  first=byo.attempt_argv(tr.command, byo.Changes(), resume_path=resume_path,
@@ -292,8 +298,9 @@ def _bundled(o: LaunchOptions, inp: LaunchInputs, facts: LaunchFacts, host,
              role: Solo | Group, resume_path: Any, warnings: list[str]) -> _Part:
     tr, lay, run_dir = inp.trainer, host.layout, inp.run_dir
     assert isinstance(tr, BundledConfig)
-    raise_missing(host.name, config_paths(tr.full), facts.missing, tr.source)
-    check_devices(tr.flat, facts.fingerprint, host=host.name, source=tr.source)
+    cfg = tr.config
+    raise_missing(host.name, config_paths(cfg), facts.missing, tr.source)
+    check_devices(tcfg.flat(cfg), facts.fingerprint, host=host.name, source=tr.source)
     cfg_path, ck_dir = posixpath.join(run_dir, "config.yaml"), lay.checkpoints(inp.run_name)
     key = _cache_key(tr, run_config(tr, facts, host.name), facts, host.name, warnings)
     aside = None
@@ -308,20 +315,20 @@ def _bundled(o: LaunchOptions, inp: LaunchInputs, facts: LaunchFacts, host,
     seed = seed_run_cache_argvs(lay, key or "cold", run_dir)
     fault = o.fault if o.fault_node is None or not isinstance(role, Group) \
         or role.node == o.fault_node else None
+    sets, bundled = tr.layers.sets, Bundled.of(cfg, fault)
     if isinstance(role, Group):
         from .group_launch import node_attempt_argv
 
-        first = node_attempt_argv(lay.current_python, cfg_path, tr.sets, run_dir=run_dir,
+        first = node_attempt_argv(lay.current_python, cfg_path, sets, run_dir=run_dir,
                                   checkpoint_dir=ck_dir, resume=resume_path, spec=role,
                                   run_id=inp.run_id)
     else:
-        flat = tr.flat
-        first = trainer_argv(lay.current_python, cfg_path, tr.sets, run_dir=run_dir,
+        first = trainer_argv(lay.current_python, cfg_path, sets, run_dir=run_dir,
                              checkpoint_dir=ck_dir, resume=resume_path,
-                             layout=flat.get("parallel.layout"), nproc=ddp_nproc(flat))
-    return _Part(config=Config(path=cfg_path, base=dict(tr.base), overrides=dict(tr.sets)),
+                             layout=bundled.layout, nproc=bundled.nproc)
+    return _Part(config=Config(path=cfg_path, base=dict(tr.layers.base), overrides=dict(sets)),
                  cache=Cache(key=key, env=cache_vars, restore_argv=tuple(seed[-1])),
-                 trainer=Bundled(fault=fault), ck_dir=ck_dir, resume_path=resume_path,
+                 trainer=bundled, ck_dir=ck_dir, resume_path=resume_path, data=tr.layers.data,
                  env=attempt_env(cache_vars, attempt=1, run_dir=run_dir, fault=fault,
                                  run_id=inp.run_id),
                  first=first, shown={k: list(v) for k, v in inp.ladders.items()},

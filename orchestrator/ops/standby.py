@@ -12,6 +12,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from dfo_contract.trainer_config import TrainerConfig
+
 #: environment variables read at import time (by python, torch, triton, CUDA, the BLAS
 #: libraries, transformers): the standby's start env and the attempt's must agree on them
 IMPORT_ENV_PREFIXES = ("TORCH", "PYTORCH", "TORCHINDUCTOR", "CUDA", "NCCL", "TRITON", "PYTHON",
@@ -73,20 +75,11 @@ class Preload:
                        str(d.get("layout") or "single"))
 
 
-def _truthy(v: Any, default: bool) -> bool:
-    if v is None:
-        return default
-    if isinstance(v, str):
-        return v.strip().lower() in ("1", "true", "yes", "on")
-    return bool(v)
-
-
-def preload_for(config: Mapping[str, Any]) -> Preload:
-    """The preload of a run config in force (flat ``section.field`` keys)."""
-    return Preload(target_path=config.get("model.target_path") or None,
-                   compile=_truthy(config.get("compile.enabled"), True)
-                   or _truthy(config.get("compile.target"), False),
-                   layout=str(config.get("parallel.layout") or "single"))
+def preload_for(config: TrainerConfig) -> Preload:
+    """The preload of the typed run config in force."""
+    return Preload(target_path=config.model.target_path or None,
+                   compile=config.compile.enabled or config.compile.target,
+                   layout=config.parallel.layout)
 
 
 def standby_argv(python: str, ready_fd: int, preload: Preload) -> list[str]:

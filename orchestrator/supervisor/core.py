@@ -24,7 +24,7 @@ import time
 
 from dfo_contract import envvars, events
 from dfo_contract.errors import ContractError
-from dfo_contract.runspec import RunSpec
+from dfo_contract.runspec import Bundled, RunSpec
 
 from ..ops import goodput, oom
 from ..ops import runstate as rs
@@ -60,13 +60,14 @@ class Supervisor:
         #: the standby interpreter for the next attempt (supervisor.standby)
         self.standby = Keeper(KeeperInputs(
             run_dir=self.run_dir, python=spec.identity.python, spec=spec.standby,
-            thresholds=self.t, config=self.config, attempt_env=self.source.attempt_env,
+            thresholds=self.t, config=lambda: self.source.config(self.state.overrides),
+            bundled=self.bundled, attempt_env=self.source.attempt_env,
             emit=self.record.emit, save=self.record.save, record_pid=self._standby_pid,
             byo=self.source.foreign, group=self.role.multinode))
         self.watch = AttemptWatch(WatchInputs(
             run_dir=self.run_dir, python=spec.identity.python,
             thresholds=self.role.thresholds(self.t), record=self.record, stop=self.stop,
-            config=self.config, step_pattern=self.source.step_pattern,
+            bundled=self.bundled, step_pattern=self.source.step_pattern,
             cpu_is_progress=self.source.cpu_is_progress, standby=self.standby,
             tick=self.role.tick, after=self.role.after_watch))
 
@@ -75,9 +76,9 @@ class Supervisor:
     def state(self) -> RunState:
         return self.record.state
 
-    def config(self) -> dict:
-        """The flat config in force (the base with the run's overrides)."""
-        return self.source.config(self.state.overrides)
+    def bundled(self) -> Bundled | None:
+        """The bundled trainer's layout, processes and dense-path expectation in force."""
+        return self.source.bundled(self.state.overrides)
 
     def _standby_pid(self, pid: int | None) -> None:
         self.state.standby_pid = pid

@@ -1,7 +1,10 @@
 """Where an attempt comes from: the run's trainer (spec ``trainer``), chosen once by
 :func:`source_for`.
 
-- :class:`BundledSource`: ``python -m trainer train`` through the shim; it resumes the
+- :class:`BundledSource`: ``python -m trainer train`` through the shim; it reads the
+  attempt's layout, process count and dense-path expectation from spec.json's ``trainer``
+  (``Bundled``, computed by launch from the typed config), or, once a fallback changed the
+  overrides, from the typed config in force (``config``); it resumes the
   newest verified checkpoint of this run, takes its part of a multi-node run from the role
   (``role.Placement``). Every attempt trains with the config the run was launched with:
   ``config.yaml`` as it was when the first attempt started is kept beside it
@@ -26,10 +29,12 @@ from typing import Any, Callable, Mapping, Protocol
 
 from dfo_contract import events
 from dfo_contract.checkpoints import newest_of_run
+from dfo_contract import trainer_config as tcfg
 from dfo_contract.runspec import Bundled, Own, RunSpec
+from dfo_contract.trainer_config import TrainerConfig
 
 from ..ops import byo as byo_ops
-from ..ops.launch_argv import attempt_env, ddp_nproc, trainer_argv
+from ..ops.launch_argv import attempt_env, trainer_argv
 from ..ops.launch_inputs import flatten
 from ..ops.runstate import RunState
 from ..ops.verdict import Ladders, Verdict, choose
@@ -58,7 +63,8 @@ class AttemptSource(Protocol):
     #: CPU time of the process tree counts as progress (a trainer without heartbeats)
     cpu_is_progress: bool
 
-    def config(self, overrides: Mapping[str, Any]) -> dict[str, Any]: ...
+    def config(self, overrides: Mapping[str, Any]) -> TrainerConfig | None: ...
+    def bundled(self, overrides: Mapping[str, Any]) -> Bundled | None: ...
     def attempt_env(self, n: int) -> dict[str, str]: ...
     def launch(self, n: int, state: RunState, role: Role) -> Launch: ...
     def run_first(self, n: int, launch: Launch, log_path: str, timeout: float) -> None: ...
@@ -78,8 +84,13 @@ class _Source:
         self.run_dir = run_dir
         self.emit = emit
 
-    def config(self, overrides: Mapping[str, Any]) -> dict[str, Any]:
-        return self.spec.config.merged(overrides)
+    def config(self, overrides: Mapping[str, Any]) -> TrainerConfig | None:
+        """The bundled trainer's typed config in force (None: a foreign command)."""
+        return None
+
+    def bundled(self, overrides: Mapping[str, Any]) -> Bundled | None:
+        """The bundled trainer's part in force (None: a foreign command)."""
+        return None
 
     def attempt_env(self, n: int) -> dict[str, str]:
         env = dict(os.environ)
@@ -100,7 +111,19 @@ class _Source:
 class BundledSource(_Source):
     def __init__(self, spec: RunSpec, trainer: Bundled, run_dir: str, emit: Emit):
         super().__init__(spec, run_dir, emit)
+        self.trainer = trainer
         self.fault = trainer.fault
+
+    def config(self, overrides: Mapping[str, Any]) -> TrainerConfig:
+        """The typed config in force: spec.json's base with ``overrides``."""
+        return tcfg.from_flat(self.spec.config.merged(overrides))
+
+    def bundled(self, overrides: Mapping[str, Any]) -> Bundled:
+        """spec.json's ``trainer`` with attempt 1's overrides; with others (a fallback's),
+        the same part of the config they make."""
+        if dict(overrides) == dict(self.spec.config.overrides):
+            return self.trainer
+        return Bundled.of(self.config(overrides), self.fault)
 
     def resume_target(self, state: RunState) -> str | None:
         """Once this run has saved a checkpoint: the newest one whose manifest verifies and
@@ -135,16 +158,17 @@ class BundledSource(_Source):
 
     def launch(self, n: int, state: RunState, role: Role) -> Launch:
         spec = self.spec
-        cfg = self.config(state.overrides)
+        part = self.bundled(state.overrides)
+        threads = self.config(state.overrides).compile.threads
         at = role.place(n, lambda: self.resume_target(state))
         env = self.attempt_env(n)
         env.update(at.env)
-        if cfg.get("compile.threads"):   # the compile_workers ladder's step, as torch reads it
-            env["TORCHINDUCTOR_COMPILE_THREADS"] = str(cfg["compile.threads"])
+        if threads:   # the compile_workers ladder's step, as torch reads it
+            env["TORCHINDUCTOR_COMPILE_THREADS"] = str(threads)
         argv = trainer_argv(spec.identity.python, self.launched_config(n), state.overrides,
                             run_dir=self.run_dir, checkpoint_dir=spec.resume.checkpoint_dir,
-                            resume=at.resume, layout=cfg.get("parallel.layout"),
-                            nproc=at.nproc if at.nproc is not None else ddp_nproc(cfg),
+                            resume=at.resume, layout=part.layout,
+                            nproc=at.nproc if at.nproc is not None else part.nproc,
                             rdzv=at.rdzv)
         return Launch(argv, env, self.run_dir, at.resume)
 

@@ -24,7 +24,8 @@ from typing import Any, Callable, Mapping
 
 from dfo_contract import events
 from dfo_contract.runlimits import Thresholds
-from dfo_contract.runspec import Standby as StandbySpec
+from dfo_contract.runspec import Bundled, Standby as StandbySpec
+from dfo_contract.trainer_config import TrainerConfig
 
 from ..ops import standby as ops
 from ..ops.runstate import attempt_log_name
@@ -39,7 +40,8 @@ class KeeperInputs:
     python: str                                   # the deployed env's interpreter
     spec: StandbySpec                             # on/off, the env given to the standby only
     thresholds: Thresholds                        # standby_wait_s, standby_early_cpus
-    config: Callable[[], Mapping[str, Any]]       # the flat config in force
+    config: Callable[[], TrainerConfig | None]    # the typed config in force (bundled trainer)
+    bundled: Callable[[], Bundled | None]         # its layout in force (spec.json's trainer)
     attempt_env: Callable[[int], dict[str, str]]  # attempt n's env (the source's)
     emit: Callable[[events.Event], Any]
     save: Callable[[], None]                      # write state.json
@@ -82,8 +84,8 @@ class Keeper:
             return
         self._for = n + 1                # one try per attempt, even when it cannot start
         i = self.i
-        cfg = i.config()
-        if str(cfg.get("parallel.layout") or "single") not in ops.LAYOUTS:
+        cfg, part = i.config(), i.bundled()
+        if cfg is None or part is None or part.layout not in ops.LAYOUTS:
             return
         env = i.attempt_env(n + 1)
         env.update(i.spec.env)
@@ -152,7 +154,7 @@ class Keeper:
             time.sleep(0.1)
             self.poll()
         why_not = ops.ineligible(argv, byo=i.byo, group=i.group,
-                                 layout=i.config().get("parallel.layout"))
+                                 layout=None if (part := i.bundled()) is None else part.layout)
         python = i.python
         d = ops.decide(self.info, python=python, env=env, argv=argv,
                        why_not=why_not, env_dir=_env_dir(python))

@@ -10,10 +10,11 @@ import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Protocol
+from typing import Callable, Protocol
 
 from dfo_contract import events
 from dfo_contract.runlimits import Thresholds
+from dfo_contract.runspec import Bundled
 from dfo_contract.trainer_markers import CheckpointMarker, EvalMarker
 
 from ..ops import watchdog as wd
@@ -92,7 +93,7 @@ class WatchInputs:
     thresholds: Thresholds               # this node's (the role's)
     record: RunRecord                    # state.json and events.jsonl
     stop: Stop
-    config: Callable[[], Mapping[str, Any]]   # the flat config in force
+    bundled: Callable[[], Bundled | None]     # the bundled trainer's part in force
     step_pattern: str | None             # the source's step lines (None: @dfo markers)
     cpu_is_progress: bool                # the source's trainer prints no heartbeats
     standby: StandbyView
@@ -112,11 +113,11 @@ class AttemptWatch:
         i, state, sb = self.i, self.i.record.state, self.i.standby
         t0 = time.monotonic()
         base = state.baseline_tokens_per_s
+        part = i.bundled()   # dense_expected: uncompiled flex on purpose
         dog = wd.AttemptWatchdog(i.thresholds, now=t0,
                           baseline=base if state.baseline_overrides == state.overrides
                           else None,
-                          dense_expected=str(i.config().get("model.attention", ""))
-                          == "flex-eager",   # uncompiled flex on purpose
+                          dense_expected=part is not None and part.dense_expected,
                           step_pattern=compile_step_pattern(i.step_pattern),
                           cpu_is_progress=i.cpu_is_progress, wall=time.time())
         out = Outcome(scan=dog.scan, clock=dog.clock)
