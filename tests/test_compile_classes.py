@@ -162,7 +162,7 @@ def test_a_foreign_command_gets_one_compile_thread_through_its_env():
 def test_the_bundled_attempt_runs_with_one_compile_thread_once_the_step_applied(tmp_path):
     from dfo_contract.runspec import Bundled, Config, Identity, Resume, RunSpec
     from orchestrator.ops.runstate import RunState
-    from orchestrator.supervisor.role import Solo
+    from orchestrator.supervisor.role import SoloRole
     from orchestrator.supervisor.source import BundledSource
 
     root = str(tmp_path)
@@ -172,11 +172,11 @@ def test_the_bundled_attempt_runs_with_one_compile_thread_once_the_step_applied(
                    resume=Resume(checkpoint_dir=root))
     src = BundledSource(spec, Bundled(), root, emit=lambda e: e)
     state = RunState.new("r", "r", now=0.0)
-    env = src.launch(1, state, Solo()).env
+    env = src.launch(1, state, SoloRole()).env
     assert env.get("TORCHINDUCTOR_COMPILE_THREADS") == \
         __import__("os").environ.get("TORCHINDUCTOR_COMPILE_THREADS")
     state.overrides = STEPS["compile_threads_one"](spec.config.merged({}), {})
-    launch = src.launch(2, state, Solo())
+    launch = src.launch(2, state, SoloRole())
     assert launch.env["TORCHINDUCTOR_COMPILE_THREADS"] == "1"
     assert any(a.startswith("--compile.threads") for a in launch.argv)
 
