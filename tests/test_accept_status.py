@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from orchestrator.cli.status import row_values, status_table
-from orchestrator.ops.runstate import RunState
+from dfo_contract.runstate import RunState
 
 
 def _run(**kw) -> dict:

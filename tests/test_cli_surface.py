@@ -129,7 +129,7 @@ def test_status_step_is_current_and_has_the_trend(tmp_path):
     """state.json says step 100; metrics.jsonl and the newest checkpoint are at 110."""
     from orchestrator.supervisor.query import run_info
     from orchestrator.supervisor.runfiles import write_state
-    from orchestrator.ops.runstate import RunState
+    from dfo_contract.runstate import RunState
 
     rd = tmp_path / "r1"
     rd.mkdir()

@@ -140,7 +140,7 @@ def test_a_line_that_is_not_utf8_is_skipped_and_the_run_keeps_its_goodput(tmp_pa
     import json
 
     from dfo_contract.fsio import atomic_write_json
-    from orchestrator.ops import runstate as rs
+    from dfo_contract import runstate as rs
     from orchestrator.supervisor.query import run_info
 
     lines = FIX.read_bytes().splitlines(keepends=True)

@@ -14,7 +14,7 @@ from orchestrator.errors import ConfigError
 from orchestrator.ops.budget import cannot_do_better
 from orchestrator.ops.group_decide import (GroupDecision, Heartbeats, NodeEnd, caches_cleared,
                                            lost_end, peer_step, root_cause, run_healthy_s)
-from orchestrator.ops.runstate import Attempt
+from dfo_contract.runstate import Attempt
 from orchestrator.ops.launch_argv import Rendezvous, group_env, trainer_argv
 
 

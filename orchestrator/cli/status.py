@@ -11,7 +11,8 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from ..ops import runstate as rs
+from dfo_contract import runstate as rs
+
 from ..ops.sparkline import sparkline
 from .console import console, minutes_seconds, stamp
 from .group_run import GROUP_OPTION, group_status, group_stop

@@ -9,8 +9,9 @@ from __future__ import annotations
 import re
 import time
 
+from dfo_contract import runstate as rs
+
 from ..errors import ConfigError, DeployError, NotFoundError, RunFailed
-from ..ops import runstate as rs
 from ..ops.probes import json_reply
 
 

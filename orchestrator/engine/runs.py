@@ -21,12 +21,13 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from dfo_contract import runstate as rs
+
 from ..errors import (ConnectError, DfoError, HostKeyError, Interrupted, LockHeldError,
                       RemoteCommandError, RunFailed)
 from ..ops import launch_plan as lp
 from ..ops import launch_request as lr
 from ..ops import launch_steps as ls
-from ..ops import runstate as rs
 from ..ops.launch_argv import render_value
 from ..ops.launch_inputs import parse_sets
 from ..ops.probes import launch_probe

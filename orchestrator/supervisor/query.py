@@ -15,10 +15,10 @@ import signal
 import sys
 import time
 
+from dfo_contract import runstate as rs
 from dfo_contract.fsio import read_jsonl
 from dfo_contract.procs import supervisor_alive
 
-from ..ops import runstate as rs
 from . import procs
 from .runfiles import read_notice, read_state_or_events
 

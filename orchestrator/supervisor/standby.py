@@ -25,9 +25,9 @@ from typing import Any, Callable, Mapping
 from dfo_contract import events
 from dfo_contract.runlimits import Thresholds
 from dfo_contract.runspec import Standby as StandbySpec
+from dfo_contract.runstate import attempt_log_name
 
 from ..ops import standby as ops
-from ..ops.runstate import attempt_log_name
 from . import procs
 
 LOG_NAME = "standby.log"
