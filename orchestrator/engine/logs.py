@@ -163,4 +163,4 @@ def current_attempt(ops, run_id: str) -> int:
         runs = ops.status(run_id)
     except DfoError:
         return 1
-    return int(runs[0].get("attempt") or 1) if runs else 1
+    return int(runs[0].state.attempt or 1) if runs else 1
