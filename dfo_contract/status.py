@@ -93,7 +93,8 @@ class RunStatus:
     def from_json(cls, obj: Any) -> "RunStatus":
         obj = _object(obj, "a run's status")
         state = RunState.from_json({k: v for k, v in obj.items() if k not in cls.KEYS})
-        recent = obj.get("recent_tokens_per_s") or []
+        recent = obj.get("recent_tokens_per_s")
+        recent = [] if recent is None else recent
         if not isinstance(recent, list):
             raise ValueError("'recent_tokens_per_s' is not a list")
         try:   # the time account only adds a figure: one that cannot be read is none
@@ -129,7 +130,8 @@ class QueryReply:
     @classmethod
     def from_json(cls, obj: Any) -> "QueryReply":
         obj = _object(obj, "the run query's reply")
-        runs = obj.get("runs") or []
+        runs = obj.get("runs")
+        runs = [] if runs is None else runs
         if not isinstance(runs, list):
             raise ValueError("the run query's 'runs' is not a list")
         return cls(runs=tuple(RunStatus.from_json(r) for r in runs),
