@@ -124,8 +124,7 @@ def main(argv=None) -> int:
                                     backoff_scale=0.1, thresholds=th, env_check=False))
     print(f"launched {plan.run_id} ({plan.mode}); run dir {plan.run_dir}", flush=True)
     while time.time() - t0 < a.total_s:
-        info = ops.status(plan.run_id)[0]
-        if info["status"] in ("done", "failed", "stopped"):
+        if ops.status(plan.run_id)[0].state.final:
             break
         time.sleep(2)
     else:

@@ -85,11 +85,10 @@ def measure(run_dir: Path, skip: int) -> dict:
             "launch_to_first_step_s": round(first, 1) if first is not None else None}
 
 
-def wait_final(ops, run_id: str, deadline: float) -> dict:
-    info: dict = {}
+def wait_final(ops, run_id: str, deadline: float):
     while time.time() < deadline:
         info = ops.status(run_id)[0]
-        if info["status"] in ("done", "failed", "stopped"):
+        if info.state.final:
             return info
         time.sleep(2)
     print(f"time budget spent: stopping {run_id}", flush=True)
@@ -145,7 +144,7 @@ def main(argv=None) -> int:
     time.sleep(3)
     _, outs = gr.status(gp.run_id)
     res["two_nodes"] = {"head": measure(Path(gp.nodes[0].plan.run_dir), a.skip),
-                        "nodes": [{"host": o.host, "status": (o.value or {}).get("status"),
+                        "nodes": [{"host": o.host, "status": o.value.state.status if o.ok else None,
                                    "error": o.error} for o in outs]}
     one_t = res["one_node"]["median_tokens_per_s"]
     two_t = res["two_nodes"]["head"]["median_tokens_per_s"]

@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from dfo_contract.procs import proc_stat  # noqa: E402
-from orchestrator.ops import runstate as rs  # noqa: E402
+from dfo_contract import runstate as rs  # noqa: E402
 from orchestrator.supervisor import runfiles  # noqa: E402
 
 

@@ -192,10 +192,8 @@ def main(argv=None) -> int:
     plan = ops.launch(LaunchOptions(config=str(cfg), run_name="recovery", new_lineage=True, fault=a.inject,
                                     backoff_scale=1.0, thresholds=th, env_check=False))
     print(f"launched {plan.run_id} ({plan.mode}); run dir {plan.run_dir}", flush=True)
-    info = {}
     while time.time() - t0 < a.total_s:
-        info = ops.status(plan.run_id)[0]
-        if info["status"] in ("done", "failed", "stopped"):
+        if ops.status(plan.run_id)[0].state.final:
             break
         time.sleep(2)
     else:

@@ -54,7 +54,7 @@ def one(out: Path, name: str, standby: bool, a) -> dict:
                                     env_check=False, standby=standby))
     print(f"{name}: launched {plan.run_id}", flush=True)
     while time.time() - t0 < a.total_s:
-        if ops.status(plan.run_id)[0]["status"] in ("done", "failed", "stopped"):
+        if ops.status(plan.run_id)[0].state.final:
             break
         time.sleep(2)
     else:

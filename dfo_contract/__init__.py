@@ -14,6 +14,9 @@ everything they must agree on lives here:
 ``envvars``         the names of the environment variables the supervisor sets
 ``runspec``         spec.json: the versioned RunSpec launch hands the supervisor (``runlimits``:
                     its Thresholds and Budget)
+``runstate``        a run directory's file names and ``state.json`` (RunState, Attempt)
+``status``          what ``dfo status``/``dfo stop`` read from a host (RunStatus, QueryReply,
+                    StopReply); ``goodput``: a run's time account (Goodput)
 ``events``          ``events.jsonl``'s typed records (kinds: ``events_kinds``; rules: ``event_base``)
 ``wire``            the records ``dfo logs`` reads from the host's follower
 ``errors``          ContractError (VersionError, NotARecord): a record a reader cannot trust

@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from dfo_contract import events  # noqa: E402
 from dfo_contract.procs import SUPERVISOR_MODULE  # noqa: E402
-from orchestrator.ops import runstate as rs  # noqa: E402
+from dfo_contract import runstate as rs  # noqa: E402
 from orchestrator.supervisor import runfiles  # noqa: E402
 
 

@@ -61,16 +61,17 @@ FAST = {"warmup_s": 300, "train_s": 60, "live_grace_s": 5, "kill_grace_s": 3,
 
 
 def wait_final(ops, run_id: str, timeout: float = 240) -> dict:
+    """The ended run as ``dfo status --json`` shows it (``RunStatus.to_json``)."""
     deadline = time.monotonic() + timeout
-    info = {}
+    info = None
     while time.monotonic() < deadline:
         runs = ops.status(run_id)
-        info = runs[0] if runs else {}
-        if info.get("status") in ("done", "failed", "stopped"):
-            return info
+        info = runs[0] if runs else None
+        if info is not None and info.state.final:
+            return info.to_json()
         time.sleep(0.5)
-    raise AssertionError(f"run {run_id} did not end within {timeout}s: {info.get('status')} "
-                         f"{info.get('last_event')}")
+    raise AssertionError(f"run {run_id} did not end within {timeout}s: "
+                         f"{info and info.state.status} {info and info.state.last_event}")
 
 
 def wait_for(pred, timeout: float = 120, what: str = "condition", poll: float = 0.3):

@@ -6,15 +6,22 @@ from __future__ import annotations
 import json
 
 from orchestrator.cli.status import row_values, status_table
-from orchestrator.ops.runstate import RunState
+from dfo_contract.goodput import Goodput
+from dfo_contract.runstate import RunState
+from dfo_contract.status import RunStatus
 
 
-def _run(**kw) -> dict:
+def _run(**kw) -> RunStatus:
     st = RunState.new("demo-20261201-000000-abcdef", "demo", now=0.0)
     st.status, st.last_step, st.tokens_per_s = "running", 120, 900.0
     for k, v in kw.items():
         setattr(st, k, v)
-    return RunState.from_json(json.loads(json.dumps(st.to_json()))).to_json()
+    return _with(st.to_json())
+
+
+def _with(obj: dict, **keys) -> RunStatus:
+    """The run as the host's query replies it: state.json's keys and ``keys`` beside them."""
+    return RunStatus.from_json(json.loads(json.dumps({**obj, **keys})))
 
 
 def test_accept_cell_shows_the_latest_and_the_best():
@@ -57,9 +64,11 @@ def test_prune_keeps_the_best_checkpoint(tmp_path):
 def test_goodput_cell_is_the_share_of_time_spent_training():
     assert row_values(_run())["goodput"].plain == "-"
     # the query adds the run's time account beside its state (supervisor/query.py)
-    assert row_values(dict(_run(), time={"version": 1, "goodput": 0.4637}))["goodput"].plain == "46%"
-    assert row_values(dict(_run(), time={"goodput": "x"}))["goodput"].plain == "-"   # hand-edited
-    assert row_values(dict(_run(), time=None))["goodput"].plain == "-"
+    share = Goodput(wall_s=100.0, train_s=46.37, lost_s=(), live=True).to_json()
+    assert share["goodput"] == 0.4637
+    assert row_values(_with(_run().to_json(), time=share))["goodput"].plain == "46%"
+    assert row_values(_with(_run().to_json(), time={"goodput": "x"}))["goodput"].plain == "-"   # hand-edited
+    assert row_values(_with(_run().to_json(), time=None))["goodput"].plain == "-"
 
 
 def test_a_terminal_leaves_out_an_optional_column_without_a_value():
@@ -70,8 +79,9 @@ def test_a_terminal_leaves_out_an_optional_column_without_a_value():
     cols = columns_for(200, cells=rows)
     assert "accept" not in cols and "goodput" not in cols and "trend" not in cols
     assert cols[:3] == ["run", "state", "step"] and "checkpoint" not in cols
-    rows = [{c: v.plain for c, v in row_values(dict(_run(accept_len=3.1),
-                                                    time={"goodput": 0.5})).items()}]
+    half = Goodput(wall_s=10.0, train_s=5.0, lost_s=(), live=True).to_json()
+    rows = [{c: v.plain for c, v in row_values(_with(_run(accept_len=3.1).to_json(),
+                                                     time=half)).items()}]
     cols = columns_for(200, cells=rows)
     assert "accept" in cols and "goodput" in cols
     assert columns_for(60, wide=True, cells=rows) == list(COLUMNS)   # --wide: every column

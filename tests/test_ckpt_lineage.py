@@ -84,7 +84,7 @@ def test_newest_of_run_skips_own_torn_checkpoint_and_reports_it(tmp_path):
 
 
 def test_supervisor_resume_target_own_run_else_named_resume_else_scratch(tmp_path):
-    from orchestrator.ops.runstate import RunState
+    from dfo_contract.runstate import RunState
     from orchestrator.supervisor.source import BundledSource
 
     from dfo_contract.runspec import Bundled, Config, Identity, Resume, RunSpec

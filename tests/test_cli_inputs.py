@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from dfo_contract.status import RunStatus
 from orchestrator.cli.status import status_table
 from orchestrator.config.inventory import parse_inventory
 from orchestrator.config.profiles import PROFILES_DIR, load_profile
@@ -40,7 +41,8 @@ def test_status_table_shows_hostile_state_as_text():
             {"run_id": "ok", "status": "running", "started_at": 100.0, "now": 160.0,
              "tokens_per_s": float("nan"), "last_step": 7}]
     buf = io.StringIO()
-    Console(file=buf, width=200, highlight=False).print(status_table("h", runs))
+    Console(file=buf, width=200, highlight=False).print(
+        status_table("h", [RunStatus.from_json(r) for r in runs]))
     out = buf.getvalue()
     assert "[/x]" in out and "r[bold]1" in out and "[/red]" in out and "[/compile_gate]" in out
     assert "step_110" in out and "1m00s" in out

@@ -129,7 +129,7 @@ def test_status_step_is_current_and_has_the_trend(tmp_path):
     """state.json says step 100; metrics.jsonl and the newest checkpoint are at 110."""
     from orchestrator.supervisor.query import run_info
     from orchestrator.supervisor.runfiles import write_state
-    from orchestrator.ops.runstate import RunState
+    from dfo_contract.runstate import RunState
 
     rd = tmp_path / "r1"
     rd.mkdir()
@@ -140,7 +140,7 @@ def test_status_step_is_current_and_has_the_trend(tmp_path):
     (rd / "metrics.jsonl").write_text("".join(f'{{"step": {s}, "tokens_per_s": {s / 2}}}\n'
                                               for s in range(10, 111, 10)))
     info = run_info(str(rd))
-    assert info["last_step"] == 110 and info["recent_tokens_per_s"][-1] == 55.0
+    assert info.state.last_step == 110 and info.recent_tokens_per_s[-1] == 55.0
     from orchestrator.cli.status import status_table
 
     buf = io.StringIO()
@@ -208,7 +208,9 @@ def test_console_in_a_pipe_never_cuts(tmp_path):
              "last_event": f"checkpoint step 110 at {path}"}]
     code = ("import json,sys; from orchestrator.cli.console import console; "
             "from orchestrator.cli.status import status_table; "
-            "console().print(status_table('h', json.loads(sys.argv[1])))")
+            "from dfo_contract.status import RunStatus; "
+            "console().print(status_table('h', [RunStatus.from_json(r) "
+            "for r in json.loads(sys.argv[1])]))")
     import json
 
     r = subprocess.run([sys.executable, "-c", code, json.dumps(runs)], capture_output=True,

@@ -161,7 +161,7 @@ def test_a_foreign_command_gets_one_compile_thread_through_its_env():
 
 def test_the_bundled_attempt_runs_with_one_compile_thread_once_the_step_applied(tmp_path):
     from dfo_contract.runspec import Bundled, Config, Identity, Resume, RunSpec
-    from orchestrator.ops.runstate import RunState
+    from dfo_contract.runstate import RunState
     from orchestrator.supervisor.role import SoloRole
     from orchestrator.supervisor.source import BundledSource
 

@@ -31,7 +31,7 @@ import pytest
 
 from dfo_contract.events import REGISTRY
 from dfo_contract.trainer_markers import KINDS as MARKER_TYPES
-from orchestrator.ops import runstate
+from dfo_contract import runstate
 
 REPO = Path(__file__).resolve().parents[1]
 SCANNED = ("orchestrator", "trainer")
@@ -114,13 +114,13 @@ def _runstate_aliases(tree: ast.AST) -> tuple[set[str], set[str]]:
         if isinstance(n, ast.ImportFrom):
             mod = n.module or ""
             for a in n.names:
-                if a.name == "runstate" and mod.endswith("ops"):
+                if a.name == "runstate" and mod.endswith(("ops", "dfo_contract")):
                     mods.add(a.asname or a.name)
                 elif mod.endswith("runstate"):
                     names.add(a.name)
         elif isinstance(n, ast.Import):
             for a in n.names:
-                if a.name.endswith("ops.runstate"):
+                if a.name.endswith(("ops.runstate", "dfo_contract.runstate")):
                     mods.add(a.asname or a.name)
     return mods, names
 
@@ -272,8 +272,8 @@ BEFORE = {
             return spec
     '''),
     "old-api": ('orchestrator/cli/x.py', '''
-        from ..ops import runstate as rs
-        from ..ops.runstate import describe_event
+        from dfo_contract import runstate as rs
+        from dfo_contract.runstate import describe_event
         line = rs.describe_event(e)
     '''),
 }

@@ -12,7 +12,7 @@ import pytest
 
 from dfo_contract.fsio import atomic_write_json, sha256_file
 from orchestrator.cli import main
-from orchestrator.ops import runstate as rs
+from dfo_contract import runstate as rs
 from tests.helpers.tmpfs import fill, tmpfs  # noqa: F401
 from tests.helpers.trainer import make_synth, make_target, tiny_config
 from tests.supervisor_env import hosts_yaml, make_root

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from dfo_contract import events as ev
-from orchestrator.ops.goodput import CAUSES, AttemptClock, account, last_run, seconds_text
+from dfo_contract.goodput import CAUSES, seconds_text
+from orchestrator.ops.goodput import AttemptClock, account, last_run
 
 FIX = Path(__file__).parent / "fixtures" / "events" / "recorded.jsonl"
 
@@ -140,7 +141,7 @@ def test_a_line_that_is_not_utf8_is_skipped_and_the_run_keeps_its_goodput(tmp_pa
     import json
 
     from dfo_contract.fsio import atomic_write_json
-    from orchestrator.ops import runstate as rs
+    from dfo_contract import runstate as rs
     from orchestrator.supervisor.query import run_info
 
     lines = FIX.read_bytes().splitlines(keepends=True)
@@ -155,5 +156,5 @@ def test_a_line_that_is_not_utf8_is_skipped_and_the_run_keeps_its_goodput(tmp_pa
     want = account(_runs()[0])
     assert account(ev.read_events_file(str(run_dir / rs.EVENTS_FILE))) == want
     info = run_info(str(run_dir))
-    assert info["time"] is not None and info["time"]["goodput"] == pytest.approx(want.goodput)
-    json.dumps(info)
+    assert info.time is not None and info.time.goodput == pytest.approx(want.goodput)
+    json.dumps(info.to_json())

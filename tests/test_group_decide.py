@@ -16,7 +16,7 @@ from dfo_contract.errors import ContractError
 from dfo_contract.group_store import GroupVerdict, NodeOutcome
 from orchestrator.ops.group_decide import (Heartbeats, caches_cleared, lost_end, peer_step,
                                            root_cause, run_healthy_s)
-from orchestrator.ops.runstate import Attempt
+from dfo_contract.runstate import Attempt
 from orchestrator.ops.launch_argv import Rendezvous, group_env, trainer_argv
 
 

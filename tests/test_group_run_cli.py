@@ -100,7 +100,7 @@ def test_env_missing_on_node_1_exit_7(tmp_path, capsys, tiny_assets):  # noqa: F
     assert rc == 7 and err.count("\n") == 1
     assert "node 1 (b): no deployed env on b" in err and "dfo deploy --group pair" in err
     # status --group on the undeployed member names the group's deploy, not --host
-    from orchestrator.ops import runstate as rs
+    from dfo_contract import runstate as rs
     from orchestrator.supervisor import runfiles
 
     rid = "c-20261201-000000-abcdef"   # a finished run on the head

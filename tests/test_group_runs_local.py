@@ -154,7 +154,7 @@ def test_a_node_that_fails_to_start_stops_the_started_ones(tmp_path, tiny_assets
         gr.launch(fast(cfg, run_id=run_id))
     assert f"run {run_id} did not start: node 1 (b): run directory" in str(ei.value)
     info = gr.ops("a").status(run_id)[0]
-    assert info["status"] in ("stopped", "failed", "done")
+    assert info.state.status in ("stopped", "failed", "done")
 
 
 @pytest.mark.slow
@@ -171,7 +171,7 @@ def test_launch_status_logs_stop_on_two_local_nodes(tmp_path, tiny_assets):  # n
         for r in roots:
             spec = json.loads((r / "runs" / rid / "spec.json").read_text())
             assert spec["role"]["nodes"] == ["a", "b"] and spec["identity"]["run_id"] == rid
-        wait_for(lambda: ((gr.status(rid)[1][0].value or {}).get("last_step") or 0) >= 2,
+        wait_for(lambda: (gr.status(rid)[1][0].value.state.last_step or 0) >= 2,
                  240, "steps (the main rank, on the head)")
         got, outs = gr.status()
         assert got == rid and [o.host for o in outs] == ["a", "b"] and all(o.ok for o in outs)
@@ -184,8 +184,8 @@ def test_launch_status_logs_stop_on_two_local_nodes(tmp_path, tiny_assets):  # n
     finally:
         got, outs = gr.stop(rid, timeout=120)
     assert got == rid and all(o.ok for o in outs), [o.error for o in outs]
-    assert [o.value["status"] for o in outs] == ["stopped", "stopped"]
-    assert (outs[0].value.get("last_checkpoint") or {}).get("step") is not None
+    assert [o.value.run.state.status for o in outs] == ["stopped", "stopped"]
+    assert (outs[0].value.run.state.last_checkpoint or {}).get("step") is not None
 
 
 def test_a_member_without_a_fingerprint_differs_from_a_head_with_one(tmp_path, tiny_assets):  # noqa: F811

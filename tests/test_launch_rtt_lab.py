@@ -85,7 +85,7 @@ def test_launch_is_at_most_three_round_trips_before_the_supervisor_starts(ct):
             # the env check came from the same round trip (probed, or its record)
             assert t.run(["test", "-f", record], timeout=60).ok
             runs = ops.status(plan.run_id)
-            assert runs and runs[0]["live"] and runs[0]["status"] in ("running", "backoff")
+            assert runs and runs[0].live and runs[0].state.status in ("running", "backoff")
         finally:
             ops.stop(plan.run_id, timeout=180)
             ctr.close()

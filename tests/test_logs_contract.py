@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from dfo_contract import events as ev
-from orchestrator.ops.runstate import RunState
+from dfo_contract.runstate import RunState
 from tests.supervisor_env import REPO, hosts_yaml, make_root
 
 CLI = "import sys; from orchestrator.cli import main; sys.exit(main(sys.argv[1:]))"

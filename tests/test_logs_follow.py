@@ -176,7 +176,7 @@ def test_a_reconnect_names_what_was_lost_not_the_errors_hint(root):
 
 def _start(n: int):
     from dfo_contract import events as ev
-    from orchestrator.ops import runstate as rs
+    from dfo_contract import runstate as rs
 
     return ev.AttemptStart(attempt=n, resume=None, overrides={}, argv=["trainer"], pid=1,
                            log=rs.attempt_log_name(n))
@@ -185,7 +185,7 @@ def _start(n: int):
 @pytest.fixture
 def live(root):
     from dfo_contract.procs import SUPERVISOR_MODULE
-    from orchestrator.ops import runstate as rs
+    from dfo_contract import runstate as rs
     from orchestrator.supervisor import runfiles
 
     run_dir = root / "runs" / "w"

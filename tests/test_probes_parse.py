@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from dfo_contract.status import QueryReply, StopReply
 from orchestrator.errors import RemoteCommandError
 from orchestrator.config.inventory import parse_inventory
 from orchestrator.ops import gpu, probes
@@ -166,13 +167,15 @@ def test_query_and_stop_replies():
     assert q.argv[-2:] == ("--run", "r1") and f"/r/{UNI}" in q.argv
     reply = {"runs": [{"run_id": "r1", "run_dir": f"/r/{UNI}/runs/r1"}], "lock_owner": None}
     out = "WARNING: a warning from the env {not json}\n" + json.dumps(reply) + "\n\n"
-    assert q.parse_output(out) == reply
-    assert q.parse_output(json.dumps(reply, ensure_ascii=False)) == reply
+    assert q.parse_output(out) == QueryReply.from_json(reply)
+    assert q.parse_output(json.dumps(reply, ensure_ascii=False)) == QueryReply.from_json(reply)
+    assert q.parse_output(out).runs[0].run_dir == f"/r/{UNI}/runs/r1"
     with pytest.raises(RemoteCommandError, match="not JSON"):
         q.parse_output("Traceback (most recent call last):\n  ...\n")
     with pytest.raises(RemoteCommandError, match="stopping the run"):
         probes.stop_probe("py", "/r", "r1").parse_output("[1, 2]\n")  # JSON, but not an object
-    assert probes.stop_probe("py", "/r", "r1").parse_output('{"stopped": true}') == {"stopped": True}
+    assert probes.stop_probe("py", "/r", "r1").parse_output('{"stopped": true}') == \
+        StopReply(stopped=True)
 
 
 def test_state_probe_recorded_awkward():

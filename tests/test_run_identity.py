@@ -267,7 +267,7 @@ def test_cut_off_launch_names_the_run_and_how_to_check(env, tiny_assets):  # noq
         assert "may already be going" in msg
         # ... and it is
         real = RunOps(open_transport(host), host)
-        wait_for(lambda: (real.status(run_id) or [{}])[0].get("live"), 120, "the run to start")
+        wait_for(lambda: any(r.live for r in real.status(run_id)), 120, "the run to start")
     finally:
         RunOps(open_transport(host), host).stop(run_id, timeout=120)
 

@@ -171,7 +171,7 @@ def _inputs(**kw):
     """The Keeper's inputs as the supervisor builds them for this spec: its attempt source
     says whether the trainer is a foreign command, its role whether it is one node of
     several."""
-    from orchestrator.ops.runstate import RunState
+    from dfo_contract.runstate import RunState
     from orchestrator.supervisor.group import role_for
     from orchestrator.supervisor.record import RunRecord, Stop
     from orchestrator.supervisor.source import source_for

@@ -55,9 +55,9 @@ def test_status_and_logs_of_a_finished_run_with_a_damaged_state_file(tmp_path, t
     for damaged in (good[: len(good) // 2], b"", b"not json\n", b"[1, 2]\n"):
         state.write_bytes(damaged)
         info = ops.status(plan.run_id)[0]
-        assert (info["status"], info["shown_status"], info["attempt"]) == ("done", "done", 1)
-        assert info["state_damaged"].startswith("state.json is damaged (")
-        assert info["state_damaged"].endswith("rebuilt from events.jsonl")
+        assert (info.state.status, info.shown_status, info.state.attempt) == ("done", "done", 1)
+        assert info.state_damaged.startswith("state.json is damaged (")
+        assert info.state_damaged.endswith("rebuilt from events.jsonl")
         r = subprocess.run([*DFO, "--hosts", str(hosts), "status", "--run", plan.run_id],
                            capture_output=True, text=True, timeout=120, cwd=REPO)
         assert r.returncode == 0 and "done" in r.stdout and "starting" not in r.stdout, r
@@ -66,7 +66,7 @@ def test_status_and_logs_of_a_finished_run_with_a_damaged_state_file(tmp_path, t
                                                      "state.json is damaged ("), r.stderr
         r = subprocess.run([*DFO, "--hosts", str(hosts), "status", "--run", plan.run_id, "--json"],
                            capture_output=True, text=True, timeout=120, cwd=REPO)
-        assert json.loads(r.stdout)["runs"][0]["state_damaged"] == info["state_damaged"]
+        assert json.loads(r.stdout)["runs"][0]["state_damaged"] == info.state_damaged
         # logs -f ends: the events say the run is over
         r = subprocess.run([*DFO, "--hosts", str(hosts), "logs", "-f", "--run", plan.run_id],
                            capture_output=True, text=True, timeout=120, cwd=REPO)

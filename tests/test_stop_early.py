@@ -12,7 +12,7 @@ import pytest
 from dfo_contract import events as ev
 from orchestrator.engine.runs import LaunchOptions, RunOps
 from orchestrator.ops.budget import cannot_do_better
-from orchestrator.ops.runstate import Attempt
+from dfo_contract.runstate import Attempt
 from orchestrator.transport.local import LocalTransport
 from tests.supervisor_env import FAST, events, local_host, make_root, wait_final
 

@@ -72,9 +72,10 @@ def evs(t, host, run_id):
 
 
 def wait(ops, run_id, pred, timeout=240, what="condition"):
+    """The run as ``dfo status --json`` shows it once ``pred`` holds for that."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        info = ops.status(run_id)[0]
+        info = ops.status(run_id)[0].to_json()
         if pred(info):
             return info
         time.sleep(1)
@@ -122,7 +123,7 @@ def test_kill9_supervisor_second_launch_and_stop_in_the_container(ct):
              (i.get("last_step") or 0) > (i.get("last_checkpoint") or {}).get("step", 0), 120,
              "the new attempt to train")
     finally:
-        info = ops.stop(run_id, timeout=120)
+        info = ops.stop(run_id, timeout=120).to_json()
     assert info["status"] == "stopped"
     assert info["last_checkpoint"], "the trainer saved a checkpoint on SIGTERM"
     r = t.run(["systemctl", "is-active", f"dfo-{run_id}"])

@@ -120,26 +120,26 @@ def test_a_read_only_run_directory_ends_the_run_once_and_status_says_why(
         step_pattern=r"step (?P<step>\d+) loss \S+ tok/s (?P<tok_s>[\d.]+)",
         thresholds=dict(FAST), env_check=False)).run_id
     run_dir = root / "runs" / run_id
-    wait_for(lambda: (ops.status(run_id)[0].get("last_step") or 0) >= 2, 120, "steps")
-    pid = ops.status(run_id)[0]["pid"]
+    wait_for(lambda: (ops.status(run_id)[0].state.last_step or 0) >= 2, 120, "steps")
+    pid = ops.status(run_id)[0].state.pid
     read_only(run_dir)       # the next state.json the supervisor writes meets EROFS
 
     def ended():
         info = ops.status(run_id)[0]
-        return info if info.get("status") != "running" else None
+        return info if info.state.status != "running" else None
     info = wait_for(ended, 120, "the run to end")
-    assert info["status"] == info["shown_status"] == "failed" and not info["live"], info
-    assert info["reason"].startswith(f"the run directory {run_dir} is read-only (EROFS "
-                                     f"writing {run_dir}/"), info["reason"]
-    assert info["reason"].endswith("then dfo launch --resume latest")
-    assert info["notice"] == notice_paths(str(run_dir))[0]
+    assert info.state.status == info.shown_status == "failed" and not info.live, info
+    assert info.state.reason.startswith(f"the run directory {run_dir} is read-only (EROFS "
+                                        f"writing {run_dir}/"), info.state.reason
+    assert info.state.reason.endswith("then dfo launch --resume latest")
+    assert info.notice == notice_paths(str(run_dir))[0]
     # nothing could be written in the directory: its state.json still names the supervisor
     assert json.loads((run_dir / "state.json").read_text())["pid"] == pid
     wait_for(lambda: not processes_of_run(str(run_dir)), 60, "the run's processes to go")
     # once, not a supervisor restarted into the same error
     log = (run_dir / "supervisor.log").read_text()
     assert "Traceback" not in log and log.count("is read-only") == 1, log
-    if info.get("mode") == "setsid":     # under systemd: RestartPreventExitStatus
+    if info.state.mode == "setsid":     # under systemd: RestartPreventExitStatus
         assert "run directory is gone or read-only; not restarted" in log
     # a supervisor started again on the read-only directory (systemd's Restart=, by hand)
     # ends at once the same way, and the run still reads as failed
@@ -147,7 +147,7 @@ def test_a_read_only_run_directory_ends_the_run_once_and_status_says_why(
                        text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert p.returncode == RUN_DIR_UNUSABLE_EXIT and "Traceback" not in p.stderr, p.stderr
     assert f"the run directory {run_dir} is read-only" in p.stderr
-    assert ops.status(run_id)[0]["status"] == "failed"
+    assert ops.status(run_id)[0].state.status == "failed"
     hosts = hosts_yaml(tmp_path / "hosts.yaml", root)
     assert main(["--hosts", str(hosts), "status", "--run", run_id]) == 0
     err = capsys.readouterr().err

@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from dfo_contract import events as ev
-from orchestrator.ops import runstate as rs
+from dfo_contract import runstate as rs
 from orchestrator.supervisor import runfiles
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.ops.runstate import Attempt, RunState
+from dfo_contract.runstate import Attempt, RunState
 from orchestrator.supervisor.runfiles import write_state
 from tests.supervisor_env import hosts_yaml, make_root, supervisor_stand_in
 

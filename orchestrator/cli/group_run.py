@@ -10,6 +10,8 @@ import time
 import click
 from rich.markup import escape
 
+from dfo_contract.status import RunStatus
+
 from ..errors import EXIT_INTERRUPTED, DfoError, RunFailed
 from .console import Activity, console, note, print_launch
 from .log_lines import LinePrinter, skipped_note
@@ -93,12 +95,13 @@ def follow_group_logs(gr, run_id, *, follow, raw, attempt, since, from_attempt) 
     if follow:
         for o in outs:
             if o.value in ("failed", "lost"):
-                info = {}
+                runs = []
                 try:
-                    info = (gr.ops(o.host).status(run_id) or [{}])[0]
+                    runs = gr.ops(o.host).status(run_id)
                 except DfoError:
                     pass       # the status only adds the reason to the message
-                why = info.get("reason") if o.value == "failed" else "its supervisor is gone (lost)"
+                why = (runs[0].state.reason if runs else None) if o.value == "failed" \
+                    else "its supervisor is gone (lost)"
                 raise RunFailed(f"run {run_id} {o.value} on node {gr.index(o.host)} "
                                 f"({o.host}): {why}",
                                 hint=f"see `dfo logs --group {gr.group.name}` and docs/multinode.md")
@@ -112,12 +115,12 @@ def follow_group_logs(gr, run_id, *, follow, raw, attempt, since, from_attempt) 
 def status_lines(group: str, run_id: str, rows: list[dict], width: int = 80) -> list[str]:
     """``dfo status --group``: a title and one row per node (node, host, state, attempt,
     step, last event), no line longer than ``width``; the last event is cut to fit."""
-    hw = max([4] + [len(str(r["host"])) for r in rows])
+    hw = max([4] + [len(str(row["host"])) for row in rows])
     head = f"{'node':>4}  {'host':<{hw}}  {'state':<9} {'attempt':>7} {'step':>7}  last event"
     out = [f"run {run_id} on group {group}"[:width], head[:width]]
-    for r in rows:
-        line = (f"{r['node']:>4}  {str(r['host']):<{hw}}  {str(r['state']):<9} "
-                f"{str(r['attempt']):>7} {str(r['step']):>7}  {r['last_event']}")
+    for row in rows:
+        line = (f"{row['node']:>4}  {str(row['host']):<{hw}}  {str(row['state']):<9} "
+                f"{str(row['attempt']):>7} {str(row['step']):>7}  {row['last_event']}")
         out.append(line if len(line) <= width else line[:width - 1] + "…")
     return out
 
@@ -126,12 +129,11 @@ def _row(index: int, outcome) -> dict:
     if not outcome.ok:
         return {"node": index, "host": outcome.host, "state": "error", "attempt": "-",
                 "step": "-", "last_event": outcome.error}
-    r = outcome.value or {}
-    step = r.get("last_step")
-    return {"node": index, "host": outcome.host,
-            "state": str(r.get("shown_status") or r.get("status") or "?"),
-            "attempt": str(r.get("attempt") or 0), "step": "-" if step is None else str(step),
-            "last_event": str(r.get("last_event") or "-")}
+    r: RunStatus = outcome.value
+    step = r.state.last_step
+    return {"node": index, "host": outcome.host, "state": r.shown_status or "?",
+            "attempt": str(r.state.attempt or 0), "step": "-" if step is None else str(step),
+            "last_event": str(r.state.last_event or "-")}
 
 
 def group_status(app, group_name, host_name, run_id, as_json: bool) -> int:
@@ -141,7 +143,8 @@ def group_status(app, group_name, host_name, run_id, as_json: bool) -> int:
     rid, outs = gr.status(run_id)
     if as_json:
         click.echo(json.dumps({"group": group_name, "run_id": rid, "nodes": [
-            {"node": i, "host": o.host, "ok": o.ok, "error": o.error, "run": o.value}
+            {"node": i, "host": o.host, "ok": o.ok, "error": o.error,
+             "run": o.value.to_json() if o.ok else None}
             for i, o in enumerate(outs)]}, default=str))
     else:
         rows = [_row(i, o) for i, o in enumerate(outs)]
@@ -159,17 +162,16 @@ def group_stop(app, group_name, host_name, run_id, timeout: float, as_json: bool
 
     gr = group_runs(app, group_name, host_name)
     rid, outs = gr.stop(run_id, timeout=timeout)
-    head = outs[0].value if outs[0].ok else {}
-    ck = (head or {}).get("last_checkpoint") or {}
+    ck = (outs[0].value.run.state.last_checkpoint or {}) if outs[0].ok else {}
     if as_json:
         click.echo(json.dumps({"group": group_name, "run_id": rid,
                                "checkpoint": ck or None, "nodes": [
                                    {"node": i, "host": o.host, "ok": o.ok, "error": o.error,
-                                    "run": o.value} for i, o in enumerate(outs)]}, default=str))
+                                    "run": o.value.to_json() if o.ok else None}
+                                   for i, o in enumerate(outs)]}, default=str))
     else:
-        states = ", ".join(
-            f"{o.host} {(o.value or {}).get('shown_status') or (o.value or {}).get('status')}"
-            if o.ok else f"{o.host} error" for o in outs)
+        states = ", ".join(f"{o.host} {o.value.run.shown_status}" if o.ok else f"{o.host} error"
+                           for o in outs)
         click.echo(f"run {rid}: {states}"
                    + (f"; checkpoint step_{ck['step']} on {outs[0].host}"
                       if ck.get("step") is not None else "; no checkpoint"))

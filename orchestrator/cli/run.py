@@ -180,8 +180,8 @@ def _follow(ops, run_id, *, follow, raw, attempt, since, from_attempt) -> int:
         raise click.exceptions.Exit(EXIT_INTERRUPTED)
     if follow:
         if status == "failed":
-            info = (ops.status(run_id) or [{}])[0]
-            raise RunFailed(f"run {run_id} failed: {info.get('reason')}",
+            runs = ops.status(run_id)
+            raise RunFailed(f"run {run_id} failed: {runs[0].state.reason if runs else None}",
                             hint="see `dfo logs --run " + run_id + "` and docs/recovery.md")
         if status == "lost":
             raise RunFailed(f"run {run_id}: its supervisor is gone (lost)",
@@ -217,7 +217,7 @@ def logs(app, host_name, follow, run_id, attempt, since, raw, group_name):
     runs = ops.status(rid)
     require_run(ops, rid, runs)
     if attempt is not None:
-        have = [a.get("n") for a in runs[0].get("attempts") or [] if isinstance(a, dict)]
+        have = [a.n for a in runs[0].state.attempts]
         if attempt not in have:
             raise NotFoundError(f"run {rid} has no attempt {attempt}",
                                 hint=("attempts: " + ", ".join(str(n) for n in have)) if have

@@ -3,6 +3,8 @@ answer for an unknown ``--run`` (shared by launch, logs, status, stop, plot, ten
 
 from __future__ import annotations
 
+from dfo_contract.status import RunStatus
+
 from ..errors import NotFoundError
 from .console import note
 
@@ -16,10 +18,10 @@ def run_ops(app, host_name, say=None):
                   say=say or note)
 
 
-def require_run(ops, run_id: str | None, runs: list[dict]) -> None:
+def require_run(ops, run_id: str | None, runs: list[RunStatus]) -> None:
     """An unknown ``--run`` is exit 11, naming the runs that exist."""
     if run_id and not runs:
-        have = sorted(str(r.get("run_id")) for r in ops.status(None))
+        have = sorted(str(r.run_id) for r in ops.status(None))
         raise NotFoundError(f"no run {run_id} on {ops.host.name}",
                             hint=("runs: " + ", ".join(have[-10:])) if have
                             else "there are no runs; start one with `dfo launch`")

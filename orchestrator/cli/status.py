@@ -11,7 +11,9 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from ..ops import runstate as rs
+from dfo_contract import runstate as rs
+from dfo_contract.status import LOST, RunStatus
+
 from ..ops.sparkline import sparkline
 from .console import console, minutes_seconds, stamp
 from .group_run import GROUP_OPTION, group_status, group_stop
@@ -71,44 +73,44 @@ def _age(seconds: float | None) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else minutes_seconds(s)
 
 
-def _accept(r: dict) -> str:
+def _accept(r: RunStatus) -> str:
     """The measured acceptance length (eval markers): ``3.91`` or ``3.91 (best 4.13)``."""
-    a, b = _finite(r.get("accept_len")), _finite(r.get("best_accept_len"))
+    a, b = _finite(r.state.accept_len), _finite(r.state.best_accept_len)
     if a is None:
         return "-"
     return f"{a:.2f}" if b is None or abs(b - a) < 5e-3 else f"{a:.2f} (best {b:.2f})"
 
 
-def _goodput(r: dict) -> str:
+def _goodput(r: RunStatus) -> str:
     """The share of the run's time spent training (ops.goodput), ``87%``; ``-`` unknown."""
-    t = r.get("time") if isinstance(r.get("time"), dict) else {}
-    g = _finite(t.get("goodput"))
+    g = None if r.time is None else _finite(r.time.goodput)
     return "-" if g is None else f"{g * 100:.0f}%"
 
 
-def row_values(r: dict, sep: str = ", ") -> dict[str, Text]:
+def row_values(r: RunStatus, sep: str = ", ") -> dict[str, Text]:
     """One run's cells, all as Text (values from state.json are text, never markup)."""
-    st = str(r.get("shown_status") or r.get("status") or "?")
-    fb = sep.join(str(f.get("step")) for f in r.get("fallbacks") or [] if isinstance(f, dict)) or "-"
-    ck = r.get("last_checkpoint") if isinstance(r.get("last_checkpoint"), dict) else {}
-    end = _finite(r.get("ended_at")) or _finite(r.get("now")) or time.time()
-    tps = _finite(r.get("tokens_per_s"))
-    started = _finite(r.get("started_at"))
-    recent = r.get("recent_tokens_per_s") if isinstance(r.get("recent_tokens_per_s"), list) else []
+    s = r.state
+    st = r.shown_status or "?"
+    fbs = s.fallbacks if isinstance(s.fallbacks, list) else []
+    fb = sep.join(str(f.get("step")) for f in fbs if isinstance(f, dict)) or "-"
+    ck = s.last_checkpoint if isinstance(s.last_checkpoint, dict) else {}
+    end = _finite(s.ended_at) or _finite(r.now) or time.time()
+    tps = _finite(s.tokens_per_s)
+    started = _finite(s.started_at)
     return {
-        "run": Text(str(r.get("run_id"))), "state": Text(st, style=_STYLE.get(st, "")),
-        "step": Text(str(r.get("last_step") if r.get("last_step") is not None else "-")),
+        "run": Text(str(r.run_id)), "state": Text(st, style=_STYLE.get(st, "")),
+        "step": Text(str(s.last_step if s.last_step is not None else "-")),
         "tok/s": Text("-" if tps is None else f"{tps:.0f}"),
-        "trend": Text(sparkline(recent, 8) or "-", style="cyan"),
+        "trend": Text(sparkline(list(r.recent_tokens_per_s), 8) or "-", style="cyan"),
         "accept": Text(_accept(r)), "goodput": Text(_goodput(r)),
-        "fallback": Text(fb), "attempt": Text(str(r.get("attempt") or 0)),
+        "fallback": Text(fb), "attempt": Text(str(s.attempt or 0)),
         "checkpoint": Text(f"step_{ck['step']}" if ck.get("step") is not None else "-"),
-        "last event": Text(str(r.get("last_event") or "-")),
+        "last event": Text(str(s.last_event or "-")),
         "uptime": Text("-" if started is None else _age(end - started)),
     }
 
 
-def status_table(host: str, runs: list[dict], *, width: int | None = None,
+def status_table(host: str, runs: list[RunStatus], *, width: int | None = None,
                  wide: bool = False) -> Table:
     """The rich table of ``dfo status``: at ``width`` the columns that fit (run id, state,
     step, tok/s and fallback always; fallback folds rather than cut)."""
@@ -132,14 +134,14 @@ def status_table(host: str, runs: list[dict], *, width: int | None = None,
     return t
 
 
-def _change_line(r: dict) -> str:
+def _change_line(r: RunStatus) -> str:
     v = row_values(r)
     return " ".join(f"{c}={v[c].plain}" for c in ("run", "state", "attempt", "step", "tok/s", "accept", "fallback",
                                                   "checkpoint"))
 
 
-def _final(r: dict) -> bool:
-    return str(r.get("shown_status") or r.get("status")) in rs.FINAL + ("lost",)
+def _final(r: RunStatus) -> bool:
+    return r.shown_status in rs.FINAL + (LOST,)
 
 
 def watch(ops, run_id: str, *, interval: float, wide: bool) -> int:
@@ -203,7 +205,8 @@ def status(app, host_name, run_id, wide, watch_, interval, as_json, group_name):
     runs = ops.status(run_id)
     require_run(ops, run_id, runs)
     if as_json:
-        click.echo(json.dumps({"host": ops.host.name, "runs": runs}, default=str))
+        click.echo(json.dumps({"host": ops.host.name, "runs": [r.to_json() for r in runs]},
+                              default=str))
         return 0
     con = console(unlimited=wide)
     if not runs:
@@ -215,11 +218,10 @@ def status(app, host_name, run_id, wide, watch_, interval, as_json, group_name):
     else:
         con.print(status_table(ops.host.name, runs, width=con.width))
     for r in runs:
-        if r.get("state_damaged"):
-            click.echo(f"dfo: warning: run {r.get('run_id')}: {r['state_damaged']}", err=True)
-        if r.get("notice"):
-            click.echo(f"dfo: run {r.get('run_id')} {r.get('status')}: {r.get('reason')}",
-                       err=True)
+        if r.state_damaged:
+            click.echo(f"dfo: warning: run {r.run_id}: {r.state_damaged}", err=True)
+        if r.notice:
+            click.echo(f"dfo: run {r.run_id} {r.state.status}: {r.state.reason}", err=True)
     return 0
 
 
@@ -240,16 +242,17 @@ def stop(app, host_name, run_id, timeout, as_json, group_name):
     ops = run_ops(app, host_name)
     if run_id:
         require_run(ops, run_id, ops.status(run_id))
-    info = ops.stop(run_id, timeout=timeout)
+    out = ops.stop(run_id, timeout=timeout)
     if as_json:
-        click.echo(json.dumps(info, default=str))
+        click.echo(json.dumps(out.to_json(), default=str))
         return 0
-    if info.get("nothing_to_stop"):
-        click.echo(f"nothing to stop on {ops.host.name}: run {info['run_id']} is "
-                   f"{info.get('shown_status') or info.get('status')}, not live")
+    info = out.run
+    if out.nothing_to_stop:
+        click.echo(f"nothing to stop on {ops.host.name}: run {info.run_id} is "
+                   f"{info.shown_status}, not live")
         return 0
-    ck = info.get("last_checkpoint") or {}
-    click.echo(f"run {info['run_id']}: {info.get('shown_status') or info.get('status')}"
+    ck = info.state.last_checkpoint if isinstance(info.state.last_checkpoint, dict) else {}
+    click.echo(f"run {info.run_id}: {info.shown_status}"
                + (f", last checkpoint step_{ck['step']}" if ck.get("step") is not None else ""))
     return 0
 

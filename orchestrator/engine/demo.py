@@ -95,10 +95,10 @@ def run_events(t: Transport, layout: RemoteLayout, run_id: str) -> list:
     """The run's events (``events.jsonl``), decoded; a newer writer's version raises
     ``ContractMismatch`` (one line)."""
     from dfo_contract.errors import ContractError
+    from dfo_contract import runstate as rs
     from dfo_contract.events import read_events
 
     from ..errors import ContractMismatch
-    from ..ops import runstate as rs
 
     try:
         return read_events(t.get(posixpath.join(layout.run_dir(run_id), rs.EVENTS_FILE)).decode(

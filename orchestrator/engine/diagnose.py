@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from dfo_contract import events as ev
+from dfo_contract import runstate as rs
 from dfo_contract.errors import ContractError
 from dfo_contract.runspec import RunSpec
 from dfo_contract.trainer_markers import DoneMarker, HeartbeatMarker, TrainerMarker, read_marker
 
 from ..config.runconfig import load_config
 from ..errors import ConfigError
-from ..ops import runstate as rs
 from ..ops.classify import classify
 from ..ops.launch_inputs import flatten
 from ..ops.verdict import Ladders, Verdict, choose, position_before

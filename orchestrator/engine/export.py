@@ -131,7 +131,7 @@ class ExportOps:
                               hint="give a new or empty directory")
         run_id = self.runs.current_run(run)
         info = self.runs.one(run_id)
-        name = info.get("run_name") or run_id
+        name = info.state.run_name or run_id
         ck_dir = self.layout.checkpoints(name)
         ckpt = self._checkpoint(ck_dir, run_id, st)
         remote = posixpath.join(self.layout.root, "exports", name, posixpath.basename(ckpt))

@@ -14,12 +14,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from dfo_contract import events, wire
+from dfo_contract import events, runstate as rs, wire
 from dfo_contract.errors import ContractError, VersionError
 
 from ..errors import (ConnectError, ContractMismatch, DfoError, HostKeyError, NotFoundError,
                       RemoteCommandError, RunFailed)
-from ..ops import runstate as rs
 from ..transport.base import env_error
 
 log = logging.getLogger("dfo")
@@ -164,4 +163,4 @@ def current_attempt(ops, run_id: str) -> int:
         runs = ops.status(run_id)
     except DfoError:
         return 1
-    return int(runs[0].get("attempt") or 1) if runs else 1
+    return int(runs[0].state.attempt or 1) if runs else 1

@@ -10,12 +10,12 @@ from __future__ import annotations
 import logging
 import os
 
+from dfo_contract import runstate as rs
 from dfo_contract.errors import ContractError
 from dfo_contract.metrics_record import METRICS_FILE
 
 from ..errors import ConfigError, ContractMismatch, NotFoundError
 from ..ops import curves as cv
-from ..ops import runstate as rs
 
 log = logging.getLogger("dfo")
 

@@ -8,10 +8,28 @@ from __future__ import annotations
 
 import re
 import time
+from dataclasses import dataclass
+
+from dfo_contract.status import QueryReply, RunStatus
 
 from ..errors import ConfigError, DeployError, NotFoundError, RunFailed
-from ..ops import runstate as rs
-from ..ops.probes import json_reply
+from ..ops.probes import query_probe, stop_probe
+
+
+@dataclass(frozen=True)
+class StopOutcome:
+    """What ``dfo stop`` did to one run: the run as it is afterwards, and
+    ``nothing_to_stop`` when it had no live supervisor (nothing was sent). Its JSON is the
+    run's (``RunStatus.to_json``) with ``"nothing_to_stop": true`` in that case."""
+
+    run: RunStatus
+    nothing_to_stop: bool = False
+
+    def to_json(self) -> dict:
+        out = self.run.to_json()
+        if self.nothing_to_stop:
+            out["nothing_to_stop"] = True
+        return out
 
 
 class RunQueries:
@@ -26,21 +44,19 @@ class RunQueries:
     def python(self) -> str:
         return self.layout.current_python
 
-    def query(self, run: str | None = None) -> dict:
-        argv = [self.python, "-m", "orchestrator.supervisor.query", "--root", self.layout.root]
-        if run:
-            argv += ["--run", run]
-        r = self.t.run(argv, timeout=60)
+    def query(self, run: str | None = None) -> QueryReply:
+        p = query_probe(self.python, self.layout.root, run)
+        r = self.t.run(list(p.argv), timeout=60)
         if not r.ok and r.exit_code in (126, 127):
             raise DeployError(f"no deployed env on {self.host_name} ({self.python} missing)",
                               hint=f"run `dfo deploy {self.deploy_with}` first")
         r.check("reading run state")
-        return json_reply(r.out, "reading run state")
+        return p.parse(r)
 
-    def status(self, run: str | None = None) -> list[dict]:
+    def status(self, run: str | None = None) -> list[RunStatus]:
         if run is not None:
             _check_run_id(run)
-        return self.query(run)["runs"]
+        return list(self.query(run).runs)
 
     def current_run(self, run: str | None = None) -> str:
         """``run`` or the live run (run.lock owner), else the newest run."""
@@ -48,41 +64,37 @@ class RunQueries:
             _check_run_id(run)
             return run
         q = self.query()
-        runs = q["runs"]
-        if not runs:
+        if not q.runs:
             raise NotFoundError(f"no runs on {self.host_name}", hint="start one with `dfo launch`")
-        owner = q.get("lock_owner")
-        live = [r for r in runs if r.get("live")]
-        if owner and any(r["run_id"] == owner for r in live):
-            return owner
-        if live:
-            return max(live, key=lambda r: r.get("started_at") or 0)["run_id"]
-        return max(runs, key=lambda r: r.get("started_at") or 0)["run_id"]
+        live = [r for r in q.runs if r.live]
+        if q.lock_owner and any(r.run_id == q.lock_owner for r in live):
+            return q.lock_owner
+        return max(live or q.runs, key=lambda r: r.state.started_at or 0).run_id
 
-    def stop(self, run: str | None = None, *, timeout: float = 180.0, wait: bool = True) -> dict:
+    def stop(self, run: str | None = None, *, timeout: float = 180.0,
+             wait: bool = True) -> StopOutcome:
         run_id = self.current_run(run)
-        r = self.t.run([self.python, "-m", "orchestrator.supervisor.query", "--root",
-                        self.layout.root, "--stop", run_id], timeout=60)
+        p = stop_probe(self.python, self.layout.root, run_id)
+        r = self.t.run(list(p.argv), timeout=60)
         r.check("stopping the run")
-        res = json_reply(r.out, "stopping the run")
-        if not res.get("stopped"):
+        if not p.parse(r).stopped:
             runs = self.status(run_id)
             if not runs:
                 raise NotFoundError(f"no run {run_id} on {self.host_name}")
-            return {**runs[0], "nothing_to_stop": True}   # no live supervisor: nothing sent
+            return StopOutcome(runs[0], nothing_to_stop=True)   # no live supervisor: nothing sent
         if not wait:
-            return self.one(run_id)
+            return StopOutcome(self.one(run_id))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             info = self.one(run_id)
-            if info.get("status") in rs.FINAL or not info.get("live"):
-                return info
+            if info.state.final or not info.live:
+                return StopOutcome(info)
             time.sleep(0.5)
         raise RunFailed(f"run {run_id} did not stop within {timeout:.0f}s",
                         hint="see its supervisor.log; the supervisor kills the trainer after "
                              "stop_timeout_s")
 
-    def one(self, run_id: str) -> dict:
+    def one(self, run_id: str) -> RunStatus:
         """The status of run ``run_id`` (NotFoundError when it has none)."""
         runs = self.status(run_id)
         if not runs:

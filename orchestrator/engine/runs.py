@@ -21,17 +21,19 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from dfo_contract import runstate as rs
+from dfo_contract.status import NEVER_STARTED, QueryReply, RunStatus
+
 from ..errors import (ConnectError, DfoError, HostKeyError, Interrupted, LockHeldError,
                       RemoteCommandError, RunFailed)
 from ..ops import launch_inputs as li
 from ..ops import launch_plan as lp
 from ..ops import launch_steps as ls
-from ..ops import runstate as rs
 from ..ops.probes import launch_probe
 from ..ops.run_identity import cut_off_error
 from ..transport.base import Result
 from .preflight import launch_facts
-from .run_query import RunQueries
+from .run_query import RunQueries, StopOutcome
 
 LaunchOptions = li.LaunchOptions   # what ``dfo launch`` was asked (pure data, ops.launch_inputs)
 
@@ -78,19 +80,20 @@ class RunOps:
         return self.layout.current_python
 
     # --- reading and stopping runs (RunQueries) ------------------------------------------------
-    def query(self, run: str | None = None) -> dict:
+    def query(self, run: str | None = None) -> QueryReply:
         return self.queries.query(run)
 
-    def status(self, run: str | None = None) -> list[dict]:
+    def status(self, run: str | None = None) -> list[RunStatus]:
         return self.queries.status(run)
 
     def current_run(self, run: str | None = None) -> str:
         return self.queries.current_run(run)
 
-    def one(self, run_id: str) -> dict:
+    def one(self, run_id: str) -> RunStatus:
         return self.queries.one(run_id)
 
-    def stop(self, run: str | None = None, *, timeout: float = 180.0, wait: bool = True) -> dict:
+    def stop(self, run: str | None = None, *, timeout: float = 180.0,
+             wait: bool = True) -> StopOutcome:
         return self.queries.stop(run, timeout=timeout, wait=wait)
 
     # --- probes ----------------------------------------------------------------------------
@@ -143,18 +146,18 @@ class RunOps:
         if info is None:
             return Interrupted(f"run {run_id} was not started on {where} (nothing of it is "
                                "there)")
-        shown = str(info.get("shown_status") or info.get("status"))
-        if shown == "never_started":
+        shown = info.shown_status
+        if shown == NEVER_STARTED:
             return Interrupted(f"run {run_id} did not start on {where}",
                                hint=f"remove {self.layout.run_dir(run_id)} (nothing of it ran)")
-        if not info.get("pid") and shown not in rs.FINAL:
+        if not info.state.pid and shown not in rs.FINAL:
             return Interrupted(f"run {run_id} may have started on {where} (its supervisor has "
                                "not reported yet)", hint=f"check with {look}")
         return Interrupted(f"run {run_id} started on {where} and goes on ({shown})",
                            hint=f"follow it with `dfo logs -f --host {where} --run {run_id}`; "
                            f"stop it with `dfo stop --host {where} --run {run_id}`")
 
-    def _settled(self, run_id: str, timeout: float = 60.0) -> dict | None:
+    def _settled(self, run_id: str, timeout: float = 60.0) -> RunStatus | None:
         """``run_id`` as the host shows it once its launch steps are over: its supervisor
         has written its state, the run ended or never started; what is there at
         ``timeout`` (None: nothing of it)."""
@@ -162,9 +165,8 @@ class RunOps:
         while True:
             runs = self.status(run_id)
             info = runs[0] if runs else None
-            shown = str((info or {}).get("shown_status"))
-            if info is not None and (info.get("pid") or shown in rs.FINAL
-                                     or shown == "never_started"):
+            if info is not None and (info.state.pid or info.shown_status in rs.FINAL
+                                     or info.shown_status == NEVER_STARTED):
                 return info
             if time.monotonic() > deadline:
                 return info
@@ -232,7 +234,7 @@ class RunOps:
                                     hint="see `dfo status`; stop it with `dfo stop`")
             time.sleep(0.3)
 
-    def wait_started(self, run_id: str, timeout: float) -> dict:
+    def wait_started(self, run_id: str, timeout: float) -> RunStatus:
         """Until the supervisor of ``run_id`` runs (or ended); RunFailed when it does not
         within ``timeout``."""
         deadline = time.monotonic() + timeout
@@ -242,11 +244,11 @@ class RunOps:
             runs = self.status(run_id)
             if runs:
                 last = runs[0]
-                st = last.get("status")
+                st = last.state.status
                 if st == "failed":
                     self._lost_the_lock(run_id, last)
-                    raise RunFailed(f"run {run_id} failed at start: {last.get('reason')}")
-                if st in rs.FINAL or (st in rs.LIVE and st != "starting" and last.get("live")):
+                    raise RunFailed(f"run {run_id} failed at start: {last.state.reason}")
+                if st in rs.FINAL or (st in rs.LIVE and st != "starting" and last.live):
                     return last
             time.sleep(0.3)
         log_tail = self._tail(posixpath.join(self.layout.run_dir(run_id), rs.SUPERVISOR_LOG))
@@ -262,14 +264,14 @@ class RunOps:
             p = launch_probe(self.layout.root, self.layout.run_lock, owner=run_id, wait_s=secs)
             self.t.run(list(p.argv), timeout=60 + secs).check(f"probing {self.host.name}")
 
-    def _lost_the_lock(self, run_id: str, info: Mapping[str, Any]) -> None:
+    def _lost_the_lock(self, run_id: str, info: RunStatus) -> None:
         """A supervisor that ends ``failed`` at once while run.lock is held by another run
         lost the race for it (two launches at the same moment): that is exit 9, not 10."""
         probe = self.probe()
         owner = probe.get("lock_owner")
         if probe.get("lock") == "held" and owner and owner != run_id:
             raise LockHeldError(f"run {owner} is live on {self.host.name} (run.lock held); "
-                                f"run {run_id} did not start ({info.get('reason')})",
+                                f"run {run_id} did not start ({info.state.reason})",
                                 hint=f"stop it with `dfo stop --run {owner}` or launch --replace")
 
     def _tail(self, path: str) -> str:

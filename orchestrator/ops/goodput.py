@@ -1,8 +1,9 @@
 """Where a run's wall time went: goodput and the time lost per cause, from its events alone.
 
 ``account(events, now=None)`` is the one place this is computed (``dfo status --json``'s
-``time``, the ``final`` event's ``goodput``/``lost_s``, the demo's recap). Pure: it reads the
-records of one ``events.jsonl`` and nothing else.
+``time``, the ``final`` event's ``goodput``/``lost_s``, the demo's recap); what it gives is the
+record ``dfo_contract.goodput.Goodput``. Pure: it reads the records of one ``events.jsonl``
+and nothing else.
 
 The run's wall time runs from its (first) ``supervisor_start`` to its ``final`` (a live run:
 to ``now``). Training time is the time spent in training steps that count; the rest is lost,
@@ -31,60 +32,11 @@ attempt with no checkpoint counts whole as ``redone`` (if it trained) or ``start
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 from dfo_contract import events as ev
+from dfo_contract.goodput import CAUSES, Goodput
 from dfo_contract.trainer_markers import StartupMarker, StepMarker, TrainerMarker
-
-#: the format of ``Goodput.to_json`` (``dfo status --json``'s ``time``)
-VERSION = 1
-
-#: the causes of lost time, in the order they are shown
-CAUSES = ("startup", "compile", "detection", "restart", "redone", "other")
-
-
-@dataclass(frozen=True)
-class Goodput:
-    wall_s: float
-    train_s: float
-    lost_s: tuple[tuple[str, float], ...]   # (cause, seconds) in CAUSES order
-    live: bool                               # the run has not ended (wall time up to now)
-    version: int = VERSION
-
-    @property
-    def goodput(self) -> float | None:
-        """The share of the wall time spent in training steps (None: no wall time yet)."""
-        return round(self.train_s / self.wall_s, 4) if self.wall_s > 0 else None
-
-    @property
-    def lost_total_s(self) -> float:
-        return round(sum(s for _, s in self.lost_s), 3)
-
-    def lost(self, cause: str) -> float:
-        return dict(self.lost_s).get(cause, 0.0)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"version": self.version, "wall_s": self.wall_s, "train_s": self.train_s,
-                "goodput": self.goodput, "lost_s": dict(self.lost_s),
-                "lost_total_s": self.lost_total_s, "live": self.live}
-
-    def summary(self) -> str:
-        """One line: ``goodput 71% (train 1m30s of 2m07s); lost: startup 12s, ...``."""
-        g = self.goodput
-        parts = ", ".join(f"{c} {seconds_text(s)}" for c, s in self.lost_s if s >= 0.5)
-        head = (f"goodput {g:.0%} (training {seconds_text(self.train_s)} of "
-                f"{seconds_text(self.wall_s)})" if g is not None else "goodput n/a")
-        return head + (f"; lost: {parts}" if parts else "")
-
-
-def seconds_text(s: float) -> str:
-    """A duration for a person: ``8.4 s`` under a minute, else ``4m07s``."""
-    if s < 59.95:
-        return f"{s:.1f} s"
-    n = int(round(s))
-    return f"{n // 60}m{n % 60:02d}s"
-
 
 def last_run(evs: Sequence[ev.Event]) -> list[ev.Event]:
     """The records of the newest run in ``evs`` (from its first ``supervisor_start`` that is

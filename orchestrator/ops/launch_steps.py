@@ -15,10 +15,10 @@ import json
 import posixpath
 from typing import Any
 
+from dfo_contract import runstate as rs
 from dfo_contract.markers import last_json_line
 from dfo_contract.runspec import RunSpec
 
-from . import runstate as rs
 from .run_identity import run_dir_argvs
 
 STEPS_MODULE = "orchestrator.remote.run_steps"

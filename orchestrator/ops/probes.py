@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Generic, Mapping, Protocol, TypeVar
 
 from dfo_contract.markers import last_json_line
+from dfo_contract.status import QueryReply, StopReply
 
 from ..errors import DfoError, RemoteCommandError
 from .scripts import script_text
@@ -262,16 +263,29 @@ def parse_launch_probe(output: str) -> dict[str, str]:
 QUERY_MODULE = "orchestrator.supervisor.query"
 
 
-def query_probe(python: str, root: str, run: str | None = None) -> Probe[dict[str, Any]]:
-    """``{"runs": [...], "lock_owner": ...}`` from the deployed env's query module."""
+def query_probe(python: str, root: str, run: str | None = None) -> Probe[QueryReply]:
+    """The runs on the host (only ``run`` when given) and run.lock's owner: the deployed
+    env's query module."""
     argv = (python, "-m", QUERY_MODULE, "--root", root, *(("--run", run) if run else ()))
-    return Probe("query", argv, lambda out: json_reply(text(out.stdout), "reading run state"))
+    return Probe("query", argv, lambda out: typed_reply(QueryReply, text(out.stdout),
+                                                        "reading run state"))
 
 
-def stop_probe(python: str, root: str, run_id: str) -> Probe[dict[str, Any]]:
-    """Ask the run's supervisor to stop; ``{"stopped": bool, ...}``."""
+def stop_probe(python: str, root: str, run_id: str) -> Probe[StopReply]:
+    """Ask the run's supervisor to stop."""
     return Probe("stop", (python, "-m", QUERY_MODULE, "--root", root, "--stop", run_id),
-                 lambda out: json_reply(text(out.stdout), "stopping the run"))
+                 lambda out: typed_reply(StopReply, text(out.stdout), "stopping the run"))
+
+
+def typed_reply(cls: type[T], output: str, what: str) -> T:
+    """``cls.from_json`` of the remote helper's reply (``json_reply``); RemoteCommandError
+    when it is JSON but not such a reply."""
+    try:
+        return cls.from_json(json_reply(output, what))
+    except ValueError as e:
+        raise RemoteCommandError(f"{what}: the remote helper's reply is not one dfo reads "
+                                 f"({e})", hint="deploy again: the host's env may be of "
+                                 "another dfo version") from None
 
 
 # --------------------------------------------------------------------------- the host check

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from dfo_contract import events as ev
+from dfo_contract.goodput import Goodput, seconds_text
 
-from .goodput import Goodput, account, last_run, seconds_text
+from .goodput import account, last_run
 
 VERSION = 1
 

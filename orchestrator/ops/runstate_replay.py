@@ -11,8 +11,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from dfo_contract import events as ev
-
-from .runstate import Attempt, RunState
+from dfo_contract.runstate import Attempt, RunState
 
 
 def state_from_events(run_id: str, evs: Iterable[ev.Event]) -> RunState:

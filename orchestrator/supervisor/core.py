@@ -1,5 +1,5 @@
 """The supervisor: runs the trainer as attempts, watches them, classifies failures, applies
-fallbacks, and keeps ``state.json`` and ``events.jsonl`` (see orchestrator.ops.runstate).
+fallbacks, and keeps ``state.json`` and ``events.jsonl`` (see dfo_contract.runstate).
 
 Decisions come from the pure modules (watchdog, classify, fallback, budget); the
 :class:`Supervisor` composes the parts that do the process work, each chosen or built once
@@ -23,16 +23,16 @@ import sys
 import time
 
 from dfo_contract import envvars, events
+from dfo_contract import runstate as rs
 from dfo_contract.errors import ContractError
 from dfo_contract.runspec import Bundled, RunSpec
+from dfo_contract.runstate import Attempt, RunState
 
 from ..ops import goodput, oom
-from ..ops import runstate as rs
 from ..ops.budget import BudgetState, cannot_do_better, on_failure, restart_delay
 from ..ops.cache_check import cache_import_error
 from ..ops.classify import classify
 from ..ops.launch_argv import RUN_DIR_UNUSABLE_EXIT
-from ..ops.runstate import Attempt, RunState
 from . import cache_scrub, procs, runfiles
 from .group import role_for
 from .record import RunLock, RunRecord, Stop

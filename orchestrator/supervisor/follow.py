@@ -25,10 +25,10 @@ import os
 import sys
 import time
 
-from dfo_contract.procs import supervisor_alive
+from dfo_contract import runstate as rs
 from dfo_contract import wire
+from dfo_contract.procs import supervisor_alive
 
-from ..ops import runstate as rs
 from .lines import read_lines
 from .query import never_started
 from .runfiles import read_notice, read_state_or_events

@@ -1,9 +1,10 @@
 """Runs on a host, for ``dfo status`` and ``dfo stop``: ``python -m orchestrator.supervisor.query``.
 
-``--root R [--run ID]`` prints ``{"runs": [...], "lock_owner": ...}``: each run's state.json
+``--root R [--run ID]`` prints a ``dfo_contract.status.QueryReply``: each run's state.json
 plus ``live`` (its supervisor process exists and is this run's) and ``shown_status``
 (``lost`` when state.json says live but the supervisor is gone).
-``--stop ID`` sends SIGTERM to that run's supervisor (after checking the pid is really it).
+``--stop ID`` sends SIGTERM to that run's supervisor (after checking the pid is really it)
+and prints a ``StopReply``.
 """
 
 from __future__ import annotations
@@ -15,10 +16,13 @@ import signal
 import sys
 import time
 
+from dfo_contract import runstate as rs
 from dfo_contract.fsio import read_jsonl
+from dfo_contract.goodput import Goodput
 from dfo_contract.procs import supervisor_alive
+from dfo_contract.runstate import RunState
+from dfo_contract.status import LOST, NEVER_STARTED, QueryReply, RunStatus, StopReply
 
-from ..ops import runstate as rs
 from . import procs
 from .runfiles import read_notice, read_state_or_events
 
@@ -66,45 +70,40 @@ def never_started(run_dir: str, quiet_s: float = 15.0, *, now: float | None = No
     return quiet and not _someone_works_on(run_dir)
 
 
-def run_info(run_dir: str) -> dict | None:
+def run_info(run_dir: str) -> RunStatus | None:
+    """The run in ``run_dir`` as ``dfo status`` shows it (None: not a run's directory)."""
     damage = None
     try:
         state, damage = read_state_or_events(run_dir)
-        st = state.to_json()
     except (OSError, ValueError):
-        if os.path.exists(os.path.join(run_dir, rs.SPEC_FILE)):
-            rid = os.path.basename(run_dir)
-            shown = "never_started" if never_started(run_dir) else "starting"
-            return {"run_id": rid, "status": "starting", "shown_status": shown,
-                    "live": False, "run_dir": run_dir, "attempts": [], "attempt": 0,
-                    "started_at": os.path.getmtime(os.path.join(run_dir, rs.SPEC_FILE))}
+        spec = os.path.join(run_dir, rs.SPEC_FILE)
+        if os.path.exists(spec):
+            state = RunState(run_id=os.path.basename(run_dir),
+                             started_at=os.path.getmtime(spec))
+            shown = NEVER_STARTED if never_started(run_dir) else state.status
+            return RunStatus(state=state, shown_status=shown, run_dir=run_dir)
         return None
-    live = supervisor_alive(run_dir, st.get("pid"))
-    st["live"] = live
-    st["run_dir"] = run_dir
-    shown = st.get("status")
+    live = supervisor_alive(run_dir, state.pid)
+    state.extra.pop("attempts_argv", None)
+    shown, notice = state.status, None
     if shown in rs.LIVE and not live:
-        note = read_notice(run_dir, st.get("pid"))
+        note = read_notice(run_dir, state.pid)
         if note is None:
-            shown = "lost"
+            shown = LOST
         else:   # its supervisor said how it ended where it could (the directory is read-only)
-            shown = st["status"] = note[0].status
-            st["reason"], st["ended_at"], st["notice"] = note[0].reason, note[0].t, note[1]
-    st["shown_status"] = shown
-    if damage:
-        st["state_damaged"] = damage
-    st["now"] = time.time()
-    _add_metrics(st, run_dir)
-    st["time"] = _time(run_dir, st["now"])
-    st.pop("attempts_argv", None)
-    for a in st.get("attempts", []):
-        a.pop("argv", None)
-    return st
+            shown = state.status = note[0].status
+            state.reason, state.ended_at, notice = note[0].reason, note[0].t, note[1]
+    now = time.time()
+    recent = _current_metrics(state, run_dir)
+    return RunStatus(state=state, shown_status=shown, live=live, run_dir=run_dir,
+                     state_damaged=damage or None, notice=notice, now=now,
+                     recent_tokens_per_s=tuple(recent), time=_time(run_dir, now))
 
 
-def _add_metrics(st: dict, run_dir: str, tail_bytes: int = 16384) -> None:
-    """``recent_tokens_per_s`` (for the sparkline) and ``last_step`` made current from the
-    tail of metrics.jsonl and the newest checkpoint (state.json's step lags between logs)."""
+def _current_metrics(state: RunState, run_dir: str, tail_bytes: int = 16384) -> list[float]:
+    """The recent tokens/s of the tail of metrics.jsonl (for the sparkline); ``state``'s
+    ``last_step`` made current from that tail and the newest checkpoint (state.json's step
+    lags between logs), and its ``last_checkpoint`` where it lies now."""
     from dfo_contract.metrics_record import METRICS_FILE, metrics_records
 
     from ..ops.sparkline import current_step, metrics_tail
@@ -115,19 +114,19 @@ def _add_metrics(st: dict, run_dir: str, tail_bytes: int = 16384) -> None:
     except OSError:
         records = []
     step, tps = metrics_tail(records)
-    ck = st.get("last_checkpoint") if isinstance(st.get("last_checkpoint"), dict) else {}
-    if ck.get("path") and st.get("run_id"):
+    ck = state.last_checkpoint if isinstance(state.last_checkpoint, dict) else {}
+    if ck.get("path") and state.run_id:
         # a later --new-lineage moves the run's checkpoints aside: say where they are now
         from dfo_contract.checkpoints import moved_checkpoint
 
-        now_at = moved_checkpoint(str(ck["path"]), str(st["run_id"]))
+        now_at = moved_checkpoint(str(ck["path"]), str(state.run_id))
         if now_at is not None and now_at != ck["path"]:
-            ck = st["last_checkpoint"] = {**ck, "path": now_at}
-    st["recent_tokens_per_s"] = tps
-    st["last_step"] = current_step(st.get("last_step"), step, ck.get("step"))
+            ck = state.last_checkpoint = {**ck, "path": now_at}
+    state.last_step = current_step(state.last_step, step, ck.get("step"))
+    return tps
 
 
-def _time(run_dir: str, now: float) -> dict | None:
+def _time(run_dir: str, now: float) -> Goodput | None:
     """Goodput and the time lost per cause (ops.goodput), from the run's events; None when
     they cannot be read."""
     from dfo_contract.errors import ContractError
@@ -136,10 +135,36 @@ def _time(run_dir: str, now: float) -> dict | None:
     from ..ops.goodput import account
 
     try:
-        return account(read_events_file(os.path.join(run_dir, rs.EVENTS_FILE)),
-                       now=now).to_json()
+        return account(read_events_file(os.path.join(run_dir, rs.EVENTS_FILE)), now=now)
     except (OSError, ValueError, ContractError):
         return None
+
+
+def stop(run_dir: str) -> StopReply:
+    """SIGTERM to the supervisor of the run in ``run_dir`` when it is live."""
+    info = run_info(run_dir)
+    if info is None:
+        return StopReply(stopped=False, why="no such run")
+    if not info.live:
+        return StopReply(stopped=False, why=f"not live ({info.shown_status})",
+                         status=info.shown_status)
+    pid = int(info.state.pid)
+    os.kill(pid, signal.SIGTERM)
+    return StopReply(stopped=True, pid=pid)
+
+
+def query(root: str, run: str | None = None) -> QueryReply:
+    """The runs under ``root`` (only ``run`` when given) and run.lock's owner."""
+    runs_dir = os.path.join(root, "runs")
+    names = [run] if run else (sorted(os.listdir(runs_dir)) if os.path.isdir(runs_dir) else [])
+    runs = [info for nm in names if (info := run_info(os.path.join(runs_dir, nm))) is not None]
+    owner = None
+    try:
+        with open(os.path.join(root, "locks", "run.lock")) as f:
+            owner = f.read(200).strip() or None
+    except OSError:
+        pass
+    return QueryReply(runs=tuple(runs), lock_owner=owner)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,34 +173,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--run", default=None)
     ap.add_argument("--stop", default=None)
     a = ap.parse_args(argv)
-    runs_dir = os.path.join(a.root, "runs")
     if a.stop:
-        rd = os.path.join(runs_dir, a.stop)
-        info = run_info(rd)
-        if info is None:
-            print(json.dumps({"stopped": False, "why": "no such run"}))
-            return 0
-        if not info["live"]:
-            print(json.dumps({"stopped": False, "why": f"not live ({info['shown_status']})",
-                              "status": info["shown_status"]}))
-            return 0
-        os.kill(int(info["pid"]), signal.SIGTERM)
-        print(json.dumps({"stopped": True, "pid": info["pid"]}))
-        return 0
-    names = [a.run] if a.run else (sorted(os.listdir(runs_dir)) if os.path.isdir(runs_dir) else [])
-    runs = []
-    for nm in names:
-        info = run_info(os.path.join(runs_dir, nm))
-        if info is not None:
-            runs.append(info)
-    lock = os.path.join(a.root, "locks", "run.lock")
-    owner = None
-    try:
-        with open(lock) as f:
-            owner = f.read(200).strip() or None
-    except OSError:
-        pass
-    print(json.dumps({"runs": runs, "lock_owner": owner}, default=str))
+        reply = stop(os.path.join(a.root, "runs", a.stop))
+    else:
+        reply = query(a.root, a.run)
+    print(json.dumps(reply.to_json(), default=str))
     return 0
 
 

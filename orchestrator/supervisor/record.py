@@ -8,9 +8,9 @@ import os
 import time
 
 from dfo_contract import events
+from dfo_contract import runstate as rs
+from dfo_contract.runstate import RunState
 
-from ..ops import runstate as rs
-from ..ops.runstate import RunState
 from . import runfiles
 
 

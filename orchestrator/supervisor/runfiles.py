@@ -1,4 +1,4 @@
-"""A run directory's files on disk (formats and names: orchestrator.ops.runstate; the
+"""A run directory's files on disk (formats and names: dfo_contract.runstate; the
 events' records: dfo_contract.events).
 
 ``state.json`` is replaced atomically (dfo_contract.fsio); each ``events.jsonl`` record is
@@ -17,12 +17,11 @@ import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from dfo_contract import runstate as rs
 from dfo_contract.errors import ContractError
 from dfo_contract.fsio import atomic_write_json, json_safe, read_json
 from dfo_contract.runspec import RunSpec
-
-from ..ops import runstate as rs
-from ..ops.runstate import RunState
+from dfo_contract.runstate import RunState
 
 if TYPE_CHECKING:
     from dfo_contract.events import EventBase

@@ -31,12 +31,12 @@ from dfo_contract import events
 from dfo_contract.checkpoints import newest_of_run
 from dfo_contract import trainer_config as tcfg
 from dfo_contract.runspec import Bundled, Own, RunSpec
+from dfo_contract.runstate import RunState
 from dfo_contract.trainer_config import TrainerConfig
 
 from ..ops import byo as byo_ops
 from ..ops.launch_argv import attempt_env, trainer_argv
 from ..ops.launch_inputs import flatten
-from ..ops.runstate import RunState
 from ..ops.verdict import Ladders, Verdict, choose
 from . import byo as byo_sup
 from .role import Role

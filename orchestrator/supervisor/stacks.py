@@ -6,9 +6,9 @@ import os
 import signal
 import time
 
+from dfo_contract import runstate as rs
 from dfo_contract.fsio import atomic_write_text
 
-from ..ops import runstate as rs
 from . import procs
 
 #: how long the trainer's faulthandler gets to print its stacks after SIGUSR1

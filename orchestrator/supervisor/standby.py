@@ -25,10 +25,10 @@ from typing import Any, Callable, Mapping
 from dfo_contract import events
 from dfo_contract.runlimits import Thresholds
 from dfo_contract.runspec import Bundled, Standby as StandbySpec
+from dfo_contract.runstate import attempt_log_name
 from dfo_contract.trainer_config import TrainerConfig
 
 from ..ops import standby as ops
-from ..ops.runstate import attempt_log_name
 from . import procs
 
 LOG_NAME = "standby.log"

@@ -1,6 +1,7 @@
 """A run's files: the ``state.json`` schema (:class:`RunState`) and the files' names.
 
-``events.jsonl`` records are typed events: ``dfo_contract.events``.
+``events.jsonl`` records are typed events: ``dfo_contract.events``; what ``dfo status``
+reads of a run (this state and what the host adds) is ``dfo_contract.status``.
 
 Pure: formats and names only; reading and writing them is orchestrator.supervisor.runfiles.
 
