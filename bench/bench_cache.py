@@ -50,10 +50,10 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from orchestrator.config.runconfig import load_config  # noqa: E402
 from orchestrator.engine.compile_cache import CacheManager  # noqa: E402
-from orchestrator.ops.warmup import parse_report, warmup_argv  # noqa: E402
+from orchestrator.ops.trainer_warmup import parse_report, warmup_argv  # noqa: E402
 from orchestrator.ops import snapshot as sn  # noqa: E402
 from orchestrator.ops.fingerprint import PROBE_SCRIPT, build_fingerprint, parse_probe  # noqa: E402
-from orchestrator.ops.layout import RemoteLayout  # noqa: E402
+from orchestrator.ops.host_tree import HostTree  # noqa: E402
 from orchestrator.transport.local import LocalTransport  # noqa: E402
 
 
@@ -175,7 +175,7 @@ def main() -> int:
             if kind == "line" and str(ev.get("line", "")).startswith("warmup: "):
                 lines.append(ev["line"])
 
-        mgr = CacheManager(LocalTransport(), RemoteLayout(str(root)), host="bench", timeout=left(),
+        mgr = CacheManager(LocalTransport(), HostTree(str(root)), host="bench", timeout=left(),
                            events=on_event)
         setups = {}
         for flavour, extra in (("", []), ("+precompile", [("compile.precompile", "true")])):
@@ -197,8 +197,8 @@ def main() -> int:
                 return restored(mgr, key, root, cfg_path, overrides, name, left)
             seeded = bool(flavour) and a.precompile_cold == "seeded"
             if seeded:  # cold's live cache as this key's live cache (inductor/triton hit)
-                src = os.path.realpath(sn.paths(mgr.layout, key0.key).live)
-                p = sn.paths(mgr.layout, key.key)
+                src = os.path.realpath(sn.paths(mgr.tree, key0.key).live)
+                p = sn.paths(mgr.tree, key.key)
                 gen = p.gen("seed")
                 shutil.copytree(src, gen, symlinks=True)
                 os.symlink(os.path.relpath(gen, os.path.dirname(p.live)), p.live)
@@ -272,7 +272,7 @@ def _cold_extras(lines: list[str]) -> dict:
 def restored(mgr, key, root: Path, cfg_path: Path, overrides, name: str, left) -> dict:
     """Wipe the key's live cache, restore its verified snapshot, run the warm-up in a fresh
     process on a run copy."""
-    p = sn.paths(mgr.layout, key.key)
+    p = sn.paths(mgr.tree, key.key)
     shutil.rmtree(os.path.realpath(p.live))
     os.unlink(p.live)
     t0 = time.monotonic()
@@ -280,13 +280,13 @@ def restored(mgr, key, root: Path, cfg_path: Path, overrides, name: str, left) -
     restore_s = time.monotonic() - t0
     run = root / "runs" / name.replace("+", "-")
     t0 = time.monotonic()
-    for argv in sn.seed_run_cache_argvs(mgr.layout, key.key, str(run)):
+    for argv in sn.seed_run_cache_argvs(mgr.tree, key.key, str(run)):
         subprocess.run(argv, check=True, timeout=left())
     seed_s = time.monotonic() - t0
     report = run / "report.json"
     t0 = time.monotonic()
     r = subprocess.run(warmup_argv(str(root / "envs/current/bin/python"), str(cfg_path), overrides, str(report)),
-                       env=dict(os.environ, **sn.cache_env(mgr.layout, key.key, str(run))),
+                       env=dict(os.environ, **sn.cache_env(mgr.tree, key.key, str(run))),
                        capture_output=True, text=True, timeout=left())
     wall = time.monotonic() - t0
     if r.returncode != 0:

@@ -52,7 +52,7 @@ def root_for(out: Path, name: str) -> Path:
     root = out / name
     (root / "envs").mkdir(parents=True, exist_ok=True)
     cur = root / "envs" / "current"
-    if not cur.exists():   # "the deployed env": this interpreter's (as bench_byo.py does)
+    if not cur.exists():   # "the deployed env": this interpreter's (as bench_own.py does)
         if os.path.exists(os.path.join(sys.prefix, "bin", "python")):
             os.symlink(sys.prefix, cur)
         else:              # a system python3 without a `python` name
@@ -85,15 +85,15 @@ def measure(run_dir: Path, skip: int) -> dict:
             "launch_to_first_step_s": round(first, 1) if first is not None else None}
 
 
-def wait_final(ops, run_id: str, deadline: float):
+def wait_final(run_ops, run_id: str, deadline: float):
     while time.time() < deadline:
-        info = ops.status(run_id)[0]
+        info = run_ops.status(run_id)[0]
         if info.state.final:
             return info
         time.sleep(2)
     print(f"time budget spent: stopping {run_id}", flush=True)
-    ops.stop(run_id, timeout=90)
-    return ops.status(run_id)[0]
+    run_ops.stop(run_id, timeout=90)
+    return run_ops.status(run_id)[0]
 
 
 def main(argv=None) -> int:
@@ -140,7 +140,7 @@ def main(argv=None) -> int:
     gp = gr.launch(LaunchOptions(config=str(cfg), run_name="two", new_lineage=True,
                                  env_check=False, thresholds=th, backoff_scale=0.1))
     print(f"two nodes: {gp.run_id}", flush=True)
-    wait_final(gr.ops("a"), gp.run_id, deadline)
+    wait_final(gr.run_ops("a"), gp.run_id, deadline)
     time.sleep(3)
     _, outs = gr.status(gp.run_id)
     res["two_nodes"] = {"head": measure(Path(gp.nodes[0].plan.run_dir), a.skip),

@@ -9,9 +9,9 @@ supervisor holds run.lock and runs), then the run is stopped. "before" launches 
 delete ``<env>/.dfo-verified`` so the launch probes the env, as the first launch after a
 deploy does; "after" launches find the record. The two kinds alternate, so load hits both alike.
 
-    python bench/bench_launch.py [--n 5] [--root ROOT] [--old-checkout DIR] [--json OUT]
+    python bench/bench_launch.py [--n 5] [--root ROOT] [--baseline-checkout DIR] [--json OUT]
 
-``--old-checkout DIR`` adds a third kind, "old": the CLI of another checkout (e.g. a
+``--baseline-checkout DIR`` adds a third kind, "baseline": the CLI of another checkout (e.g. a
 commit from before the recorded verification) launching against the same env, with this
 checkout's dfo wheel pinned (``DFO_PROJECT_WHEEL``) so its env check passes.
 
@@ -86,7 +86,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=5, help="launches of each kind")
     ap.add_argument("--root", default=None, help="a root with a deployed env (default: deploy one)")
-    ap.add_argument("--old-checkout", default=None, help="also launch with this checkout's CLI")
+    ap.add_argument("--baseline-checkout", default=None, help="also launch with this checkout's CLI")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     tmp = tempfile.TemporaryDirectory(prefix="dfo-bench-launch-")
@@ -104,15 +104,15 @@ def main() -> int:
     hosts.write_text(yaml.safe_dump({"default": "local", "hosts": {"local": {
         "transport": "local", "root": str(root)}}}))
     cfg = assets(base / "assets")
-    ops = RunOps(t, host)
-    record = Path(host.layout.current_env) / VERIFIED_FILE
-    kinds = ["before", "after"] + (["old"] if a.old_checkout else [])
+    run_ops = RunOps(t, host)
+    record = Path(host.tree.current_env) / VERIFIED_FILE
+    kinds = ["before", "after"] + (["baseline"] if a.baseline_checkout else [])
     times: dict[str, list[float]] = {k: [] for k in kinds}
     wheel = str(Deployer(t, host).wheel().path)
     stamp = time.strftime("%H%M%S")
     # one launch to make the record (and warm the page cache for both kinds)
     dt, rid = launch_once(hosts, cfg, f"warm{stamp}")
-    ops.stop(rid, timeout=120)
+    run_ops.stop(rid, timeout=120)
     out["first_launch_s"] = round(dt, 3)
     for i in range(a.n):
         for kind in kinds:
@@ -120,22 +120,22 @@ def main() -> int:
                 record.unlink(missing_ok=True)
             elif kind == "after" and not record.is_file():
                 raise SystemExit("the launch before did not record the verification")
-            if kind == "old":
-                dt, rid = launch_once(hosts, cfg, f"o{stamp}{i}", Path(a.old_checkout), wheel)
+            if kind == "baseline":
+                dt, rid = launch_once(hosts, cfg, f"o{stamp}{i}", Path(a.baseline_checkout), wheel)
             else:
                 dt, rid = launch_once(hosts, cfg, f"{kind[0]}{stamp}{i}")
             times[kind].append(round(dt, 3))
             print(f"{kind:6s} {i}: {dt:.3f} s  ({rid})", flush=True)
-            ops.stop(rid, timeout=120)
+            run_ops.stop(rid, timeout=120)
     out["seconds"] = times
     out["median_before_s"] = statistics.median(times["before"])
     out["median_after_s"] = statistics.median(times["after"])
     out["ratio_after_to_before"] = round(out["median_after_s"] / out["median_before_s"], 3)
-    if "old" in times:
-        out["median_old_s"] = statistics.median(times["old"])
-        out["ratio_after_to_old"] = round(out["median_after_s"] / out["median_old_s"], 3)
-        print(f"median old checkout {out['median_old_s']:.3f} s, ratio after/old "
-              f"{out['ratio_after_to_old']}", flush=True)
+    if "baseline" in times:
+        out["median_baseline_s"] = statistics.median(times["baseline"])
+        out["ratio_after_to_baseline"] = round(out["median_after_s"] / out["median_baseline_s"], 3)
+        print(f"median baseline checkout {out['median_baseline_s']:.3f} s, ratio after/baseline "
+              f"{out['ratio_after_to_baseline']}", flush=True)
     out["load_end"] = os.getloadavg()
     print(f"median before {out['median_before_s']:.3f} s, after {out['median_after_s']:.3f} s, "
           f"ratio {out['ratio_after_to_before']}", flush=True)

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """`dfo launch` on the lab's proxmox transport (sshd "node" + `pct exec` into LXC container
 200, tests/lab): how many remote round trips it makes before the supervisor starts, and how
-long it takes, for this checkout and (``--old-checkout DIR``) another side by side.
+long it takes, for this checkout and (``--baseline-checkout DIR``) another side by side.
 
-    python bench/bench_launch_rtt.py [--n 3] [--old-checkout DIR] [--compile] [--json OUT]
+    python bench/bench_launch_rtt.py [--n 3] [--baseline-checkout DIR] [--compile] [--json OUT]
 
 Each checkout gets its own root in the container with an env that ``dfo deploy`` of that
 checkout built (offline, from the lab's wheelhouse), and the tiny CPU config's assets
@@ -11,8 +11,8 @@ checkout built (offline, from the lab's wheelhouse), and the tiny CPU config's a
 inputs too). Each launch is ``bench/launch_rtt_driver.py`` run with that checkout on
 PYTHONPATH: the real ``RunOps.launch`` (env check on, as a user runs it) through a transport
 that counts its calls (``run``/``stream``/``put``/``get``) and the SSH channels under them;
-the run is stopped after. An earlier commit as the old checkout: ``git worktree add
-/tmp/dfo-old <commit>``, or ``git archive <commit> | tar -x -C /tmp/dfo-old``.
+the run is stopped after. An earlier commit as the baseline checkout: ``git worktree add
+/tmp/dfo-baseline <commit>``, or ``git archive <commit> | tar -x -C /tmp/dfo-baseline``.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def launch(code: Path, hosts: Path, cfg: Path, name: str, env: dict, dry: bool =
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=3, help="launches of each checkout")
-    ap.add_argument("--old-checkout", default=None, help="also measure this checkout")
+    ap.add_argument("--baseline-checkout", default=None, help="also measure this checkout")
     ap.add_argument("--root", default="/root/dfo-bench-rtt")
     ap.add_argument("--compile", action="store_true", help="compile.enabled: true")
     ap.add_argument("--json", default=None)
@@ -116,9 +116,9 @@ def main() -> int:
     try:
         info = lab.up(container=True, lease=LEASE)
         fill_wheelhouse(Path(info.wheelhouse_host_dir))
-        kinds = [("new", REPO, a.root)]
-        if a.old_checkout:
-            kinds.append(("old", Path(a.old_checkout).resolve(), a.root + "-old"))
+        kinds = [("this", REPO, a.root)]
+        if a.baseline_checkout:
+            kinds.append(("baseline", Path(a.baseline_checkout).resolve(), a.root + "-baseline"))
         setups = {}
         for kind, code, root in kinds:
             env = {"DFO_CACHE_DIR": str(work / f"cache-{kind}")}

@@ -185,20 +185,20 @@ def main(argv=None) -> int:
     from orchestrator.transport.local import LocalTransport
 
     host = HostConfig(name="local", transport="local", root=str(root), source="bench")
-    ops = RunOps(LocalTransport("local"), host, say=print)
+    run_ops = RunOps(LocalTransport("local"), host, say=print)
     th = {"warmup_s": a.warmup_s, "train_s": a.train_s, "live_grace_s": 5, "kill_grace_s": 10,
           "stop_timeout_s": 60}
     t0 = time.time()
-    plan = ops.launch(LaunchOptions(config=str(cfg), run_name="recovery", new_lineage=True, fault=a.inject,
+    plan = run_ops.launch(LaunchOptions(config=str(cfg), run_name="recovery", new_lineage=True, fault=a.inject,
                                     backoff_scale=1.0, thresholds=th, env_check=False))
     print(f"launched {plan.run_id} ({plan.mode}); run dir {plan.run_dir}", flush=True)
     while time.time() - t0 < a.total_s:
-        if ops.status(plan.run_id)[0].state.final:
+        if run_ops.status(plan.run_id)[0].state.final:
             break
         time.sleep(2)
     else:
         print("time budget spent: stopping the run", flush=True)
-        ops.stop(plan.run_id, timeout=a.stop_timeout)
+        run_ops.stop(plan.run_id, timeout=a.stop_timeout)
     res = analyse(Path(plan.run_dir))
     res["wall_s"] = round(time.time() - t0, 1)
     (out / "summary.json").write_text(json.dumps(res, indent=2))

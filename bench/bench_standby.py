@@ -45,20 +45,20 @@ def one(out: Path, name: str, standby: bool, a) -> dict:
     cfg = d / "recovery.yaml"
     cfg.write_text(br.config_text(d, target, data, a.steps, a.cpu_smoke))
     host = HostConfig(name="local", transport="local", root=str(root), source="bench")
-    ops = RunOps(LocalTransport("local"), host, say=print)
+    run_ops = RunOps(LocalTransport("local"), host, say=print)
     th = {"warmup_s": a.warmup_s, "train_s": a.train_s, "live_grace_s": 5, "kill_grace_s": 10,
           "stop_timeout_s": 60, "standby_wait_s": a.standby_wait_s}
     t0 = time.time()
-    plan = ops.launch(LaunchOptions(config=str(cfg), run_name="standby", new_lineage=True,
+    plan = run_ops.launch(LaunchOptions(config=str(cfg), run_name="standby", new_lineage=True,
                                     fault=a.inject, backoff_scale=1.0, thresholds=th,
                                     env_check=False, standby=standby))
     print(f"{name}: launched {plan.run_id}", flush=True)
     while time.time() - t0 < a.total_s:
-        if ops.status(plan.run_id)[0].state.final:
+        if run_ops.status(plan.run_id)[0].state.final:
             break
         time.sleep(2)
     else:
-        ops.stop(plan.run_id, timeout=60)
+        run_ops.stop(plan.run_id, timeout=60)
     run_dir = Path(plan.run_dir)
     res = br.analyse(run_dir)
     evs = [json.loads(ln) for ln in (run_dir / "events.jsonl").read_text().splitlines() if ln]

@@ -8,17 +8,17 @@ Writes a random Qwen3 target (bf16 safetensors; the tiny tokenizer, whose mask t
 trainer finds through the tokenizer, or with ``--qwen3-tokenizer`` Qwen3's own from the
 shared fixtures, vocabulary 151936, no mask token) to a temp dir, then, in a
 fresh process per figure (each pays its own first reads; the imports are timed apart), with
-old and new alternated ``--repeats`` times:
+baseline and current alternated ``--repeats`` times:
 
-- target, old: ``from_pretrained`` of every layer, then the layers after the last tap
+- target, baseline: ``from_pretrained`` of every layer, then the layers after the last tap
   dropped and ``.to(device)`` (what ``load_target`` did);
-- target, new: ``trainer.model.target.load_target`` (only the layers up to the last tap are
+- target, current: ``trainer.model.target.load_target`` (only the layers up to the last tap are
   built and read; straight onto the device when ``accelerate`` is installed);
-- drafter, old: ``Drafter(...)`` on the CPU, ``init_weights(seed)``, ``.to(device)``;
-- drafter, new: ``trainer.model.drafter.build_drafter`` (meta device, then created on the
+- drafter, baseline: ``Drafter(...)`` on the CPU, ``init_weights(seed)``, ``.to(device)``;
+- drafter, current: ``trainer.model.drafter.build_drafter`` (meta device, then created on the
   device with the same values).
 
-Prints the medians (and minima: a loaded machine adds noise), the ratios new/old and each
+Prints the medians (and minima: a loaded machine adds noise), the ratios current/baseline and each
 child's peak RSS. With ``--startup`` (the
 default) it also runs ``python -m trainer train`` for one step on that target (compile off),
 ``--repeats`` times, and prints the medians of the trainer's own ``startup`` phases;
@@ -62,7 +62,7 @@ if dev.startswith("cuda"):
     torch.empty(1, device=dev); sync()
 if kind == "target":
     a = time.perf_counter()
-    if mode == "old":
+    if mode == "baseline":
         t = Target(from_pretrained(path, dtype), ids, path)
         t.model.to(dev)
     else:
@@ -79,7 +79,7 @@ else:
     head = nn.Linear(tcfg.hidden_size, tcfg.vocab_size, bias=False, device=dev)
     make = lambda: Drafter(spec, SharedHead(emb, head))
     a = time.perf_counter()
-    if mode == "old":
+    if mode == "baseline":
         d = make(); d.init_weights(0); d.to(dev)
     else:
         d = build_drafter(make, device=dev, seed=0).to(dev)
@@ -196,23 +196,23 @@ def main(argv=None) -> int:
         res: dict = {"target_mb": round(mb, 1), "device": a.device, "taps": a.taps,
                      "tokenizer": "qwen3" if a.qwen3_tokenizer else "tiny"}
         for kind in ("target", "drafter"):
-            runs: dict[str, list[dict]] = {"old": [], "new": []}
+            runs: dict[str, list[dict]] = {"baseline": [], "current": []}
             for _ in range(a.repeats):
-                for mode in ("old", "new"):
+                for mode in ("baseline", "current"):
                     runs[mode].append(child(REPO, kind, mode, target, a.device, a.taps))
             med = {m: statistics.median(r["seconds"] for r in rs) for m, rs in runs.items()}
             low = {m: min(r["seconds"] for r in rs) for m, rs in runs.items()}
             rss = {m: max(r["maxrss_mb"] for r in rs) for m, rs in runs.items()}
-            ratio = med["new"] / med["old"]
-            extra = (f"layers built {runs['old'][0]['layers_built']} -> {runs['new'][0]['layers_built']} "
-                     f"of {runs['new'][0]['num_layers_total']}" if kind == "target"
-                     else f"{runs['new'][0]['params'] / 1e6:.1f} M params")
-            print(f"{kind} build: old {med['old']:.3f} s, new {med['new']:.3f} s, new/old "
-                  f"{ratio:.3f} (median of {a.repeats}; minima {low['old']:.3f} -> "
-                  f"{low['new']:.3f} s; peak RSS {rss['old']:.0f} -> "
-                  f"{rss['new']:.0f} MB; {extra})")
-            res[kind] = {"old_s": round(med["old"], 3), "new_s": round(med["new"], 3),
-                         "old_min_s": round(low["old"], 3), "new_min_s": round(low["new"], 3),
+            ratio = med["current"] / med["baseline"]
+            extra = (f"layers built {runs['baseline'][0]['layers_built']} -> {runs['current'][0]['layers_built']} "
+                     f"of {runs['current'][0]['num_layers_total']}" if kind == "target"
+                     else f"{runs['current'][0]['params'] / 1e6:.1f} M params")
+            print(f"{kind} build: baseline {med['baseline']:.3f} s, current {med['current']:.3f} s, current/baseline "
+                  f"{ratio:.3f} (median of {a.repeats}; minima {low['baseline']:.3f} -> "
+                  f"{low['current']:.3f} s; peak RSS {rss['baseline']:.0f} -> "
+                  f"{rss['current']:.0f} MB; {extra})")
+            res[kind] = {"baseline_s": round(med["baseline"], 3), "current_s": round(med["current"], 3),
+                         "baseline_min_s": round(low["baseline"], 3), "current_min_s": round(low["current"], 3),
                          "ratio": round(ratio, 3), "maxrss_mb": rss,
                          "all": {m: [round(r["seconds"], 3) for r in rs] for m, rs in runs.items()}}
         if a.startup:
@@ -220,9 +220,9 @@ def main(argv=None) -> int:
 
             data = write_synth(os.path.join(work, "synth.jsonl"), num=8, seq_len=64,
                                vocab=a.vocab, seed=0)
-            trees = {"new": REPO}
+            trees = {"current": REPO}
             if a.baseline_ref:
-                trees = {"old": baseline_tree(a.baseline_ref, tempfile.mkdtemp(dir=work)), "new": REPO}
+                trees = {"baseline": baseline_tree(a.baseline_ref, tempfile.mkdtemp(dir=work)), "current": REPO}
             got: dict[str, list[dict]] = {n: [] for n in trees}
             for i in range(a.repeats):
                 for name, tree in trees.items():
@@ -239,10 +239,10 @@ def main(argv=None) -> int:
                 print(f"trainer startup ({name}, median of {a.repeats}): {s['total_s']:.2f} s to the "
                       "loop, " + ", ".join(f"{k} {v:.2f} s" for k, v in s["phases"].items())
                       + f"; process wall {s['wall_s']:.2f} s")
-            if "old" in res["startup"]:
-                r = res["startup"]["new"]["total_s"] / res["startup"]["old"]["total_s"]
+            if "baseline" in res["startup"]:
+                r = res["startup"]["current"]["total_s"] / res["startup"]["baseline"]["total_s"]
                 res["startup"]["ratio"] = round(r, 3)
-                print(f"trainer startup new/old: {r:.3f}")
+                print(f"trainer startup current/baseline: {r:.3f}")
         print("BENCH " + json.dumps(res))
         if a.json:
             Path(a.json).write_text(json.dumps(res, indent=1))

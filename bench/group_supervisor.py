@@ -33,7 +33,7 @@ from orchestrator.ops.thresholds import thresholds as thresholds_of  # noqa: E40
 from orchestrator.ops.budget import BudgetPolicy  # noqa: E402
 from orchestrator.ops.fallback import merge_ladders  # noqa: E402
 from orchestrator.ops.group import GroupSpec  # noqa: E402
-from orchestrator.ops.layout import RemoteLayout  # noqa: E402
+from orchestrator.ops.host_tree import HostTree  # noqa: E402
 
 HOSTS = ("node0", "node1")
 FAST = {"warmup_s": 300, "train_s": 60, "live_grace_s": 2, "kill_grace_s": 5,
@@ -52,8 +52,8 @@ def run_group(work: str, name: str, cfg: dict, device: str, faults, timeout: flo
     dirs, procs = [], []
     for k, host in enumerate(HOSTS):
         root = os.path.join(work, name, host)
-        lay = RemoteLayout(root)
-        run_dir = lay.run_dir(run_id)
+        tree = HostTree(root)
+        run_dir = tree.run_dir(run_id)
         os.makedirs(run_dir)
         with open(os.path.join(run_dir, "config.yaml"), "w") as f:
             yaml.safe_dump(cfg, f)
@@ -64,9 +64,9 @@ def run_group(work: str, name: str, cfg: dict, device: str, faults, timeout: flo
                        coord_port=coord, nproc=1, env=env, node_lost_s=20.0)
         spec = RunSpec(
             identity=Identity(run_id=run_id, run_name=name, host=host, root=root,
-                              python=sys.executable, lock=lay.run_lock),
+                              python=sys.executable, lock=tree.run_lock),
             config=Config(path=os.path.join(run_dir, "config.yaml"), base=flatten(cfg)),
-            resume=Resume(checkpoint_dir=lay.checkpoints(name)),
+            resume=Resume(checkpoint_dir=tree.checkpoints(name)),
             thresholds=thresholds_of(FAST), budget=BudgetPolicy(scale=0.01),
             ladders={k: tuple(v) for k, v in merge_ladders().items()},
             trainer=Bundled(fault=faults[k]), role=gs)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What `dfo launch` no longer pays on every launch on a GPU host: the env probe
+"""What `dfo launch` does not run on every launch on a GPU host: the env probe
 (`orchestrator/remote/env_probe.py`: imports torch, transformers, trainer and compiles the
 flex_attention smoke test on cuda:0), timed N times with the machine's python3, against
 the shell stamp that replaces it (`orchestrator/ops/scripts/launch_facts.sh`'s walk of

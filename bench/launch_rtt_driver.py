@@ -43,9 +43,9 @@ def main() -> int:
 
     host = load_inventory(a.hosts).get(a.host)
     t = counting_transport()(open_transport(host))
-    ops = RunOps(t, host)
+    run_ops = RunOps(t, host)
     t0 = time.perf_counter()
-    plan = ops.launch(LaunchOptions(config=a.config, run_name=a.run_name, dry_run=a.dry_run,
+    plan = run_ops.launch(LaunchOptions(config=a.config, run_name=a.run_name, dry_run=a.dry_run,
                                     backoff_scale=0.01, start_timeout=180))
     t_end = time.perf_counter()
     n_launch = len(t.calls)
@@ -55,7 +55,7 @@ def main() -> int:
            "s_to_start": None if t.t_start is None else round(t.t_start - t0, 3),
            "s_total": round(t_end - t0, 3), "calls": t.calls}
     if a.stop and not a.dry_run:
-        ops.stop(plan.run_id, timeout=180)
+        run_ops.stop(plan.run_id, timeout=180)
     t.close()
     print(json.dumps(out), flush=True)
     return 0

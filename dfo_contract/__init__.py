@@ -17,7 +17,7 @@ everything they must agree on lives here:
 ``runstate``        a run directory's file names and ``state.json`` (RunState, Attempt)
 ``status``          what ``dfo status``/``dfo stop`` read from a host (RunStatus, QueryReply,
                     StopReply); ``goodput``: a run's time account (Goodput)
-``events``          ``events.jsonl``'s typed records (kinds: ``events_kinds``; rules: ``event_base``)
+``events``          ``events.jsonl``'s typed records (kinds: ``events.kinds``; rules: ``events.base``)
 ``wire``            the records ``dfo logs`` reads from the host's follower
 ``errors``          ContractError (VersionError, NotARecord): a record a reader cannot trust
 """

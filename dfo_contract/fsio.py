@@ -168,7 +168,7 @@ def replace_dir(tmp: str | os.PathLike, final: str | os.PathLike, *,
 @dataclass
 class JsonLines:
     """The JSON objects of a JSON-lines text, in order; ``skipped`` counts the lines that are
-    not one (torn by a crash or a concurrent append, invalid bytes, foreign text). Blank
+    not one (torn by a crash or a concurrent append, invalid bytes, text that is no record). Blank
     lines are neither."""
 
     records: list[dict] = field(default_factory=list)

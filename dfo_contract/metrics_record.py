@@ -5,7 +5,7 @@
 One JSON object per line, appended in one ``write(2)`` (``fsio.append_jsonl``):
 ``{"v": 1, "step": ..., <the phase's fields>, "phase": ..., "attempt": ..., <extra>}``;
 non-finite numbers are written as null. A reader parses each line once into a
-:class:`MetricsRecord`; a line without an integer ``step`` (torn, foreign) or of another
+:class:`MetricsRecord`; a line without an integer ``step`` (torn, or not a record) or of another
 version is skipped, and a record without ``v`` reads as version 1.
 """
 
@@ -153,5 +153,5 @@ def metrics_records(objs: Iterable[Mapping[str, Any]]) -> list[MetricsRecord]:
 
 
 def parse_metrics(data: bytes | str) -> list[MetricsRecord]:
-    """The records of metrics.jsonl's text (torn or foreign lines skipped)."""
+    """The records of metrics.jsonl's text (torn lines and lines that are not records skipped)."""
     return metrics_records(parse_jsonl(data).records)

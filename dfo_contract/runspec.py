@@ -13,7 +13,7 @@ so the supervisor never re-reads hosts.yaml and never looks a key up by its name
 - ``cache``: the compile-cache key and the run's cache env, the argv that re-seeds it
 - ``standby``: the pre-started interpreter of the next attempt (on/off, its extra env)
 - ``trainer``: :class:`Bundled` (``python -m trainer train``: its layout, process count and
-  dense-path expectation, from the typed config) or :class:`Own` (a foreign command: its
+  dense-path expectation, from the typed config) or :class:`Own` (an own command: its
   argv, directory, step pattern, env, resume rule and fallback steps)
 - ``role``: :class:`Solo`, or :class:`Group` (one node of a run over several nodes)
 
@@ -121,7 +121,7 @@ class Config(_Json):
 
 @dataclass(frozen=True, kw_only=True)
 class Resume(_Json):
-    checkpoint_dir: str           # where the trainer saves (a foreign trainer: the run dir)
+    checkpoint_dir: str           # where the trainer saves (your own trainer: the run dir)
     path: str | None = None       # what attempt 1 resumes from, checked by launch
 
     @classmethod
@@ -185,7 +185,7 @@ class Bundled(_Json):
 
 @dataclass(frozen=True, kw_only=True)
 class ResumeRule(_Json):
-    """Where a foreign trainer's checkpoints are and how it is told to resume one."""
+    """Where your own trainer's checkpoints are and how it is told to resume one."""
     glob: str
     order: str = "step"                                 # "step" | "mtime"
     args: tuple[str, ...] = ("--resume", "{path}")
@@ -199,13 +199,13 @@ class ResumeRule(_Json):
 
 @dataclass(frozen=True, kw_only=True)
 class Own(_Json):
-    """A foreign command (``dfo launch -- CMD ARGS...``); an argv, never a shell line."""
+    """An own command (``dfo launch -- CMD ARGS...``); an argv, never a shell line."""
     command: tuple[str, ...]
     cwd: str | None = None                      # None: the run dir
     step_pattern: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     resume: ResumeRule | None = None
-    #: failure class -> ladder steps (``orchestrator.ops.byo``: {"drop_arg": ...}, ...)
+    #: failure class -> ladder steps (``orchestrator.ops.own_trainer``: {"drop_arg": ...}, ...)
     fallbacks: Mapping[str, tuple[Mapping[str, Any], ...]] = field(default_factory=dict)
     kind = "own"
 

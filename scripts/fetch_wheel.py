@@ -4,7 +4,7 @@
 
 scripts/test.sh uses it for torch's +cpu wheel, which PyPI does not serve. The file is
 written under a temporary name and renamed only once its hash matches, so the cache never
-holds a partial or foreign file. Exit 0 with the path on stdout; exit 2 with one line
+holds a partial or unrelated file. Exit 0 with the path on stdout; exit 2 with one line
 naming the URL and the cause on stderr. Standard library only (it runs before any venv).
 """
 

@@ -60,12 +60,12 @@ FAST = {"warmup_s": 300, "train_s": 60, "live_grace_s": 5, "kill_grace_s": 3,
         "stop_timeout_s": 120, "poll_s": 0.1}
 
 
-def wait_final(ops, run_id: str, timeout: float = 240) -> dict:
+def wait_final(run_ops, run_id: str, timeout: float = 240) -> dict:
     """The ended run as ``dfo status --json`` shows it (``RunStatus.to_json``)."""
     deadline = time.monotonic() + timeout
     info = None
     while time.monotonic() < deadline:
-        runs = ops.status(run_id)
+        runs = run_ops.status(run_id)
         info = runs[0] if runs else None
         if info is not None and info.state.final:
             return info.to_json()

@@ -73,7 +73,7 @@ def cache_lab(request, lab, lab_wheelhouse, project_wheel, tmp_path_factory) -> 
     t.run(["rm", "-rf", host.root], timeout=120, check=True)
     Deployer(t, host, wheel=project_wheel).deploy()
     target = posixpath.join(host.root, "target")
-    t.run([host.layout.current_python, "-m", "trainer.model.target", "--out", target], timeout=600, check=True)
+    t.run([host.tree.current_python, "-m", "trainer.model.target", "--out", target], timeout=600, check=True)
     cfg = base / "tiny-cpu-cache.yaml"
     cfg.write_text(f"model: {{target_path: {target}, drafter_layers: 1, block_size: 4}}\n"
                    f"data: {{path: {host.root}/unused.jsonl, max_seq_len: 32, num_anchors: 4}}\n"
@@ -86,20 +86,20 @@ def cache_lab(request, lab, lab_wheelhouse, project_wheel, tmp_path_factory) -> 
 
 def next_warmup_counters(lab: CacheLab, key: str, run: str) -> dict:
     """The trainer's warm-up in the container, in a run that got its own copy of the cache."""
-    lay = lab.host.layout
-    for argv in sn.seed_run_cache_argvs(lay, key, run):
+    tree = lab.host.tree
+    for argv in sn.seed_run_cache_argvs(tree, key, run):
         lab.t.run(argv, timeout=300, check=True)
     cfg = posixpath.join(run, "config.yaml")
     lab.t.put(lab.cfg.read_bytes(), cfg)
     report = posixpath.join(run, "report.json")
-    r = lab.t.run([lay.current_python, "-m", "trainer", "warmup", "--config", cfg, "--report", report],
-                  env=sn.cache_env(lay, key, run), timeout=900)
+    r = lab.t.run([tree.current_python, "-m", "trainer", "warmup", "--config", cfg, "--report", report],
+                  env=sn.cache_env(tree, key, run), timeout=900)
     assert r.ok, (r.out + r.err)[-3000:]
     return json.loads(lab.t.get(report))["totals"]
 
 
 def live_target(lab: CacheLab, key: str) -> str:
-    return rsh(lab.t, 'readlink "$1" || true', sn.paths(lab.host.layout, key).live).strip()
+    return rsh(lab.t, 'readlink "$1" || true', sn.paths(lab.host.tree, key).live).strip()
 
 
 def test_lab_warm_wipe_restore_hits_then_pull_push(cache_lab: CacheLab):
@@ -114,7 +114,7 @@ def test_lab_warm_wipe_restore_hits_then_pull_push(cache_lab: CacheLab):
     assert out["components"]["torch.__version__"].endswith("+cpu")
 
     # wipe the live cache in the container; warm-cache restores the stored snapshot
-    p = sn.paths(lab.host.layout, key)
+    p = sn.paths(lab.host.tree, key)
     rsh(lab.t, 'rm -rf "$(readlink -f "$1")" "$1"', p.live)
     r = dfo(lab, "--config", str(lab.cfg), "--json")
     assert r.returncode == 0, r.stderr
@@ -127,7 +127,7 @@ def test_lab_warm_wipe_restore_hits_then_pull_push(cache_lab: CacheLab):
     assert r.returncode == 0, r.stderr
     tar = Path(json.loads(r.stdout)["tar"])
     assert tar.is_file() and tar.with_name(f"{key}.manifest.json").is_file()
-    lab.t.run(["rm", "-rf", lab.host.layout.cache], timeout=120, check=True)
+    lab.t.run(["rm", "-rf", lab.host.tree.cache], timeout=120, check=True)
     r = dfo(lab, "--config", str(lab.cfg), "--push", str(tar), "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["action"] == "pushed"
@@ -165,7 +165,7 @@ def test_lab_mismatch_and_corruption_refused_live_untouched(cache_lab: CacheLab)
     assert live_target(lab, key) == before
 
     # the store's own tar damaged in the container: restore refuses it
-    p = sn.paths(lab.host.layout, key)
+    p = sn.paths(lab.host.tree, key)
     rsh(lab.t, 'rm -rf "$(readlink -f "$1")" "$1"; truncate -s 1000 "$2"', p.live, p.tar)
     r = dfo(lab, "--config", str(lab.cfg))
     assert r.returncode == 8 and "truncated" in r.stderr, r.stderr
@@ -175,7 +175,7 @@ def test_lab_mismatch_and_corruption_refused_live_untouched(cache_lab: CacheLab)
     before = live_target(lab, key)
 
     # the env changes under the snapshot (another torch build): refused, component named
-    fp_path = posixpath.join(lab.host.layout.current_env, "fingerprint.json")
+    fp_path = posixpath.join(lab.host.tree.current_env, "fingerprint.json")
     orig = lab.t.get(fp_path)
     fp = json.loads(orig)
     fp["torch"], fp["torch_cuda"] = "2.13.0+cu130", "13.0"
@@ -226,17 +226,17 @@ def test_lab_container_snapshot_mechanics(container_env, tmp_path):
     for f in sorted(local.rglob("*")):
         if f.is_file():
             t.put(f, posixpath.join(src, str(f.relative_to(local))))
-    mgr = CacheManager(t, host.layout, host="lab", timeout=300)
+    mgr = CacheManager(t, host.tree, host="lab", timeout=300)
     key = mgr.key(CFG)
     assert key.components["python"].startswith("3.11") and key.components["gpu"] == "cpu"
     m = mgr.adopt(src, key)
-    p = sn.paths(host.layout, key.key)
+    p = sn.paths(host.tree, key.key)
     assert m["sizes"]["inductor"] > 0
     assert mgr.tool("hashdir", p.live)["files"] == m["files"]
 
     # pull to this machine, wipe everything of the cache in the container, push back
     tar, man = mgr.pull(key.key, tmp_path / "pulled")
-    t.run(["rm", "-rf", host.layout.cache], timeout=60, check=True)
+    t.run(["rm", "-rf", host.tree.cache], timeout=60, check=True)
     mgr.push(tar, key)
     assert mgr.tool("hashdir", p.live)["files"] == m["files"]
     live = rsh(t, 'readlink "$1"', p.live).strip()
@@ -262,7 +262,7 @@ def test_lab_container_snapshot_mechanics(container_env, tmp_path):
     assert mgr.tool("hashdir", p.live)["files"] == m["files"]
 
     # another torch build under the snapshot: refused, naming the components
-    fp_path = posixpath.join(host.layout.current_env, "fingerprint.json")
+    fp_path = posixpath.join(host.tree.current_env, "fingerprint.json")
     orig = t.get(fp_path)
     fp = json.loads(orig)
     fp["torch"], fp["torch_cuda"] = "2.13.0+cu130", "13.0"
@@ -277,7 +277,7 @@ def test_lab_container_snapshot_mechanics(container_env, tmp_path):
 
     # a run's own copy inside the container; writing to it leaves the live cache alone
     run = posixpath.join(MECH_ROOT, "runs", "r1")
-    for argv in sn.seed_run_cache_argvs(host.layout, key.key, run):
+    for argv in sn.seed_run_cache_argvs(host.tree, key.key, run):
         t.run(argv, timeout=120, check=True)
     rsh(t, 'for f in $(find "$1/cache/inductor" -type f | head -3); do echo poison >> "$f"; done', run)
     assert mgr.tool("hashdir", p.live)["files"] == m["files"]
@@ -308,7 +308,7 @@ def test_lab_container_snapshot_mechanics(container_env, tmp_path):
     eman.write_bytes(man.read_bytes())
     elsewhere = posixpath.join(MECH_ROOT, "elsewhere")
     _with_symlink(etar, eman, elsewhere)
-    t.run(["mkdir", "-p", host.layout.snapshots], timeout=60, check=True)
+    t.run(["mkdir", "-p", host.tree.snapshots], timeout=60, check=True)
     t.put(etar, p.tar)
     t.put(eman, p.manifest)
     with pytest.raises(CacheError, match=f"inductor/xx is a symlink \\(to {elsewhere}\\)"):

@@ -20,7 +20,7 @@ from orchestrator.config.runconfig import load_config
 from orchestrator.engine.compile_cache import CacheManager
 from orchestrator.errors import CacheError, DeployError
 from orchestrator.ops import snapshot as sn
-from orchestrator.ops.layout import RemoteLayout
+from orchestrator.ops.host_tree import HostTree
 from orchestrator.transport.local import LocalTransport
 
 from tests.helpers.cache_env import CFG, compile_into, make_env
@@ -40,7 +40,7 @@ def host(tmp_path):
     root = tmp_path / "root"
     make_env(root)
     t = LocalTransport()
-    return root, CacheManager(t, RemoteLayout(str(root)), host="local")
+    return root, CacheManager(t, HostTree(str(root)), host="local")
 
 
 def test_key_comes_from_the_deployed_env(host):
@@ -54,7 +54,7 @@ def test_key_comes_from_the_deployed_env(host):
 
 
 def test_no_env_is_a_deploy_error(tmp_path):
-    mgr = CacheManager(LocalTransport(), RemoteLayout(str(tmp_path / "empty")))
+    mgr = CacheManager(LocalTransport(), HostTree(str(tmp_path / "empty")))
     with pytest.raises(DeployError, match="dfo deploy"):
         mgr.key(CFG)
 
@@ -64,7 +64,7 @@ def test_adopt_wipe_restore_then_a_run_copy_hits(host, cold_cache, tmp_path):
     src, _ = cold_cache
     key = mgr.key(CFG)
     m = mgr.adopt(str(src), key)
-    p = sn.paths(mgr.layout, key.key)
+    p = sn.paths(mgr.tree, key.key)
     assert Path(p.manifest).is_file() and Path(p.tar).stat().st_size == m["tar"]["size"]
     assert m["sizes"]["inductor"] > 0
     assert Path(p.live).is_symlink()
@@ -75,9 +75,9 @@ def test_adopt_wipe_restore_then_a_run_copy_hits(host, cold_cache, tmp_path):
     assert Path(p.live, "inductor").is_dir()
     # a run works on its own copy, at another path, and gets cache hits
     run = tmp_path / "runs" / "r1"
-    for argv in sn.seed_run_cache_argvs(mgr.layout, key.key, str(run)):
+    for argv in sn.seed_run_cache_argvs(mgr.tree, key.key, str(run)):
         subprocess.run(argv, check=True)
-    env = sn.cache_env(mgr.layout, key.key, str(run))
+    env = sn.cache_env(mgr.tree, key.key, str(run))
     assert env["TORCHINDUCTOR_CACHE_DIR"] == str(run / "cache" / "inductor")
     warm = compile_into(run / "cache")
     assert warm["fxgraph_cache_hit"] > 0 and warm["fxgraph_cache_miss"] == 0
@@ -90,7 +90,7 @@ def test_key_mismatch_is_refused_naming_the_component(host, cold_cache):
     root, mgr = host
     key = mgr.key(CFG)
     mgr.adopt(str(cold_cache[0]), key)
-    p = sn.paths(mgr.layout, key.key)
+    p = sn.paths(mgr.tree, key.key)
     live_before = os.readlink(p.live)
     # the env changes under the snapshot: another torch build
     make_env(root, torch="2.13.0+cu130", torch_cuda="13.0")
@@ -110,7 +110,7 @@ def test_corrupt_snapshot_is_refused_and_live_cache_untouched(host, cold_cache, 
     root, mgr = host
     key = mgr.key(CFG)
     m = mgr.adopt(str(cold_cache[0]), key)
-    p = sn.paths(mgr.layout, key.key)
+    p = sn.paths(mgr.tree, key.key)
     copy = tmp_path / "pulled"
     tar, man = mgr.pull(key.key, copy)
     live_target = os.readlink(p.live)
@@ -146,7 +146,7 @@ def test_store_corruption_is_refused_on_restore(host, cold_cache):
     root, mgr = host
     key = mgr.key(CFG)
     mgr.adopt(str(cold_cache[0]), key)
-    p = sn.paths(mgr.layout, key.key)
+    p = sn.paths(mgr.tree, key.key)
     live_target = os.readlink(p.live)
     with open(p.tar, "r+b") as f:
         f.truncate(1000)
@@ -164,16 +164,16 @@ def test_pull_push_between_two_roots_restores_hits(host, cold_cache, tmp_path):
     # a second, freshly built host root with the same env
     root2 = tmp_path / "root2"
     make_env(root2)
-    mgr2 = CacheManager(LocalTransport(), RemoteLayout(str(root2)), host="second")
+    mgr2 = CacheManager(LocalTransport(), HostTree(str(root2)), host="second")
     key2 = mgr2.key(CFG)
     assert key2.key == key.key
     with pytest.raises(CacheError, match="was built on local"):  # another host built it
         mgr2.push(tar, key2)
-    mgr2.push(tar, key2, trust_foreign=True)
-    p2 = sn.paths(mgr2.layout, key2.key)
+    mgr2.push(tar, key2, trust_other_hosts=True)
+    p2 = sn.paths(mgr2.tree, key2.key)
     assert Path(p2.manifest).is_file()
     run = tmp_path / "runs2" / "r"
-    for argv in sn.seed_run_cache_argvs(mgr2.layout, key2.key, str(run)):
+    for argv in sn.seed_run_cache_argvs(mgr2.tree, key2.key, str(run)):
         subprocess.run(argv, check=True)
     warm = compile_into(run / "cache")
     assert warm["fxgraph_cache_hit"] > 0 and warm["fxgraph_cache_miss"] == 0
@@ -188,7 +188,7 @@ def test_status_and_prune(host, cold_cache, tmp_path):
         k = mgr.key(cfg)
         mgr.adopt(str(cold_cache[0]), k)
         keys.append(k.key)
-        os.utime(sn.paths(mgr.layout, k.key).used, (1e9 + len(keys), 1e9 + len(keys)))
+        os.utime(sn.paths(mgr.tree, k.key).used, (1e9 + len(keys), 1e9 + len(keys)))
     entries, _ = mgr.status()
     assert [e.key for e in entries] == keys[::-1]
     assert all(e.snapshot_size and e.live_size for e in entries)
@@ -197,7 +197,7 @@ def test_status_and_prune(host, cold_cache, tmp_path):
     entries, raw = mgr.status()
     assert [e.key for e in entries] == [keys[2]]
     assert raw["stale"] == []
-    assert not Path(sn.paths(mgr.layout, keys[0]).tar).exists()
+    assert not Path(sn.paths(mgr.tree, keys[0]).tar).exists()
 
 
 def test_load_config_uses_the_trainer_validation(tmp_path):
@@ -223,7 +223,7 @@ def test_cli_pull_by_key_and_status_json(host, cold_cache, tmp_path, capsys):
     assert main(["--hosts", str(hosts), "warm-cache", "--pull", str(tmp_path / "dl"), "--key", key.key,
                  "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert Path(out["tar"]).read_bytes() == Path(sn.paths(mgr.layout, key.key).tar).read_bytes()
+    assert Path(out["tar"]).read_bytes() == Path(sn.paths(mgr.tree, key.key).tar).read_bytes()
     assert main(["--hosts", str(hosts), "warm-cache", "--status", "--json"]) == 0
     st = json.loads(capsys.readouterr().out)
     assert st["keys"][0]["key"] == key.key and st["removed"] is None

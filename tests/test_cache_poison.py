@@ -76,11 +76,11 @@ TRAINER = textwrap.dedent("""
 """)
 
 
-def _launch(ops, cmd, name, tmp):
+def _launch(run_ops, cmd, name, tmp):
     rf = tmp / f"{name}.yaml"
     rf.write_text('step_pattern: "step (?P<step>\\\\d+) loss \\\\S+ tok/s (?P<tok_s>[\\\\d.]+)"\n')
     try:
-        return ops.launch(LaunchOptions(command=cmd, run_file=str(rf), run_name=name,
+        return run_ops.launch(LaunchOptions(command=cmd, run_file=str(rf), run_name=name,
                                         backoff_scale=0.01, thresholds=dict(FAST),
                                         env_check=False)).run_id
     except RunFailed as e:
@@ -99,11 +99,11 @@ def setup(tmp_path):
     (200, "the run's cache cleared"),          # cut short but ELF: cleared after the import
 ])
 def test_a_compile_killed_mid_write_does_not_poison_the_restart(setup, cut, expect):
-    root, ops, tmp = setup
+    root, run_ops, tmp = setup
     script = tmp / "trainer.py"
     script.write_text(TRAINER)
-    run_id = _launch(ops, [sys.executable, str(script), str(cut)], f"poison{cut}", tmp)
-    info = wait_final(ops, run_id, timeout=180)
+    run_id = _launch(run_ops, [sys.executable, str(script), str(cut)], f"poison{cut}", tmp)
+    info = wait_final(run_ops, run_id, timeout=180)
     evs = events(root, run_id)
     notes = [e.detail for e in evs if e.kind == "cache_restore"]
     assert info["status"] == "done", (info.get("reason"), notes)

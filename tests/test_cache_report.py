@@ -8,7 +8,7 @@ import pytest
 
 from orchestrator.engine.cache_warmup import WarmResult
 from orchestrator.engine.compile_cache import local_snapshot_files
-from orchestrator.ops.warmup import parse_report, warmup_argv, warmup_env, warmup_error_line
+from orchestrator.ops.trainer_warmup import parse_report, warmup_argv, warmup_env, warmup_error_line
 from orchestrator.errors import CacheError, ConfigError, NotFoundError
 
 REPORT = {  # the shape trainer/train/compile_only.py writes

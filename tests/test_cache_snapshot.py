@@ -16,7 +16,7 @@ import pytest
 
 from orchestrator.errors import CacheError
 from orchestrator.ops import snapshot as sn
-from orchestrator.ops.layout import RemoteLayout
+from orchestrator.ops.host_tree import HostTree
 
 H = hashlib.sha256(b"x").hexdigest()
 FILES = {"inductor/fxgraph/ab/c": {"sha256": H, "size": 10},
@@ -122,18 +122,18 @@ def test_plan_prune_keeps_the_newest_by_last_use():
 
 
 def test_paths_and_cache_env_are_per_run_copies():
-    lay = RemoteLayout("/r")
-    p = sn.paths(lay, "cpu-0123")
+    tree = HostTree("/r")
+    p = sn.paths(tree, "cpu-0123")
     assert p.live == "/r/cache/cpu-0123"
     assert p.tar == "/r/cache/snapshots/cpu-0123.tar"
     assert p.manifest == "/r/cache/snapshots/cpu-0123.manifest.json"
-    env = sn.cache_env(lay, "cpu-0123", "/r/runs/r1")
+    env = sn.cache_env(tree, "cpu-0123", "/r/runs/r1")
     assert env["TORCHINDUCTOR_CACHE_DIR"] == "/r/runs/r1/cache/inductor"
     assert env["TRITON_CACHE_DIR"] == "/r/runs/r1/cache/triton"
     assert not env["TORCHINDUCTOR_CACHE_DIR"].startswith(p.live)
     for bad in ("../x", ".hidden", "a/b", ""):
         with pytest.raises(CacheError):
-            sn.paths(lay, bad)
+            sn.paths(tree, bad)
 
 
 def _run_tool(*args):
@@ -182,13 +182,13 @@ def test_tool_status_and_entries(tmp_path: Path):
 
 
 def test_seed_run_cache_copies_and_never_links(tmp_path: Path):
-    lay = RemoteLayout(str(tmp_path))
+    tree = HostTree(str(tmp_path))
     gen = tmp_path / "cache" / ".gens" / "k-1"
     (gen / "inductor").mkdir(parents=True)
     (gen / "inductor" / "f").write_bytes(b"orig")
     os.symlink(gen, tmp_path / "cache" / "k")
     run = tmp_path / "runs" / "r1"
-    for argv in sn.seed_run_cache_argvs(lay, "k", str(run)):
+    for argv in sn.seed_run_cache_argvs(tree, "k", str(run)):
         subprocess.run(argv, check=True)
     f = run / "cache" / "inductor" / "f"
     assert f.read_bytes() == b"orig"
@@ -198,7 +198,7 @@ def test_seed_run_cache_copies_and_never_links(tmp_path: Path):
     assert (tmp_path / "cache" / ".used" / "k").exists()
     # a key with no live cache: the run starts with empty dirs
     run2 = tmp_path / "runs" / "r2"
-    for argv in sn.seed_run_cache_argvs(lay, "other", str(run2)):
+    for argv in sn.seed_run_cache_argvs(tree, "other", str(run2)):
         subprocess.run(argv, check=True)
     assert (run2 / "cache" / "inductor").is_dir() and not any((run2 / "cache" / "inductor").iterdir())
 
@@ -207,14 +207,14 @@ def test_reseed_on_restart_keeps_the_runs_entries_and_drops_partial_writes(tmp_p
     """The supervisor re-seeds a run's cache before a compile_gate retry: what the failed
     attempt completed stays (the retry hits it), its half-written temporaries go, and the
     live cache is laid over it (live entries win)."""
-    lay = RemoteLayout(str(tmp_path))
+    tree = HostTree(str(tmp_path))
     gen = tmp_path / "cache" / ".gens" / "k-1"
     (gen / "inductor" / "fxgraph").mkdir(parents=True)
     (gen / "inductor" / "fxgraph" / "live").write_bytes(b"live")
     (gen / "inductor" / "fxgraph" / "both").write_bytes(b"from live")
     os.symlink(gen, tmp_path / "cache" / "k")
     run = tmp_path / "runs" / "r1"
-    argvs = sn.seed_run_cache_argvs(lay, "k", str(run))
+    argvs = sn.seed_run_cache_argvs(tree, "k", str(run))
     for argv in argvs:
         subprocess.run(argv, check=True)
     fx = run / "cache" / "inductor" / "fxgraph"
@@ -231,7 +231,7 @@ def test_reseed_on_restart_keeps_the_runs_entries_and_drops_partial_writes(tmp_p
     assert not (run / ".cache.tmp").exists()
     # no live cache at all: the run's own entries are still kept
     run2 = tmp_path / "runs" / "r2"
-    argvs2 = sn.seed_run_cache_argvs(lay, "other", str(run2))
+    argvs2 = sn.seed_run_cache_argvs(tree, "other", str(run2))
     for argv in argvs2:
         subprocess.run(argv, check=True)
     (run2 / "cache" / "inductor" / "e").write_bytes(b"mine")

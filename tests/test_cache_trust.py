@@ -1,6 +1,6 @@
 """Snapshots you can trust: only regular files and directories in a snapshot
 (at creation, push, restore and --status), provenance in the manifest, and adopting a
-snapshot another host built only as an explicit act (--trust-foreign or hosts.yaml's
+snapshot another host built only as an explicit act (--trust-other-hosts or hosts.yaml's
 cache.trusted_sources).
 
 Pure parts are tested directly; the rest runs through the ``local`` transport on a
@@ -23,7 +23,7 @@ from orchestrator.engine.compile_cache import CacheManager, _hash_local
 from orchestrator.errors import CacheError
 from orchestrator.ops import provenance as pv
 from orchestrator.ops import snapshot as sn
-from orchestrator.ops.layout import RemoteLayout
+from orchestrator.ops.host_tree import HostTree
 from orchestrator.remote import cache_tool
 from orchestrator.transport.local import LocalTransport
 
@@ -119,7 +119,7 @@ def test_trust_rules():
     m = {"provenance": dict(PROV)}
     here = pv.Trust(host="gpu1", machine="gpu1-ct")
     assert pv.check_trust(m, here, "s") == "built here"
-    # same inventory name, another machine (someone else's `local`): foreign
+    # same inventory name, another machine (someone else's `local`): not trusted
     with pytest.raises(CacheError):
         pv.check_trust(m, pv.Trust(host="gpu1", machine="laptop"), "s")
     other = pv.Trust(host="pve", machine="ct200")
@@ -127,12 +127,12 @@ def test_trust_rules():
         pv.check_trust(m, other, "snap.tar")
     msg = str(e.value)
     assert "snap.tar was built on gpu1 (machine gpu1-ct), not on pve" in msg
-    assert "--trust-foreign" in msg and "hosts.pve.cache.trusted_sources" in msg
+    assert "--trust-other-hosts" in msg and "hosts.pve.cache.trusted_sources" in msg
     assert "\n" not in msg and e.value.exit_code == 8
     assert pv.check_trust(m, pv.Trust(host="pve", trusted_sources=("gpu1",)), "s") == "trusted source gpu1"
     assert pv.check_trust(m, pv.Trust(host="pve", trusted_sources=("gpu1-ct",)), "s") == "trusted source gpu1"
-    assert pv.check_trust(m, pv.Trust(host="pve", trust_foreign=True), "s") == "--trust-foreign"
-    # no provenance (an older dfo): foreign
+    assert pv.check_trust(m, pv.Trust(host="pve", trust_other_hosts=True), "s") == "--trust-other-hosts"
+    # no provenance (a dfo that records none): not trusted
     with pytest.raises(CacheError, match="records no builder"):
         pv.check_trust({}, other, "s")
     # an incoming "adopted" is never believed; a stored one is
@@ -140,9 +140,9 @@ def test_trust_rules():
     with pytest.raises(CacheError):
         pv.check_trust(forged, other, "s")
     assert pv.check_trust(forged, other, "s", stored=True) == "adopted here"
-    rec = pv.adoption_record(forged, pv.Trust(host="pve", machine="ct200", trust_foreign=True),
-                             "--trust-foreign", 0.0)
-    assert rec["adopted"]["from"] == "gpu1 (machine gpu1-ct)" and rec["adopted"]["how"] == "--trust-foreign"
+    rec = pv.adoption_record(forged, pv.Trust(host="pve", machine="ct200", trust_other_hosts=True),
+                             "--trust-other-hosts", 0.0)
+    assert rec["adopted"]["from"] == "gpu1 (machine gpu1-ct)" and rec["adopted"]["how"] == "--trust-other-hosts"
     assert "adopted" not in pv.adoption_record(m, here, "built here", 0.0)
 
 
@@ -191,7 +191,7 @@ def _fake_cache(d: Path) -> Path:
 def host(tmp_path):
     root = tmp_path / "root"
     make_env(root)
-    mgr = CacheManager(LocalTransport(), RemoteLayout(str(root)), host="a")
+    mgr = CacheManager(LocalTransport(), HostTree(str(root)), host="a")
     key = mgr.key(CFG)
     m = mgr.adopt(str(_fake_cache(tmp_path / "made")), key)
     return root, mgr, key, m
@@ -200,7 +200,7 @@ def host(tmp_path):
 def _second(tmp_path, name="b", **kw) -> CacheManager:
     root2 = tmp_path / "root2"
     make_env(root2)
-    return CacheManager(LocalTransport(), RemoteLayout(str(root2)), host=name, **kw)
+    return CacheManager(LocalTransport(), HostTree(str(root2)), host=name, **kw)
 
 
 def _with_symlink(tar: Path, man: Path, target: str) -> None:
@@ -226,7 +226,7 @@ def test_provenance_is_recorded(host):
 
 def test_push_with_a_symlink_outside_is_refused(host, tmp_path):
     root, mgr, key, m = host
-    p = sn.paths(mgr.layout, key.key)
+    p = sn.paths(mgr.tree, key.key)
     live = os.readlink(p.live)
     tar, man = mgr.pull(key.key, tmp_path / "dl")
     elsewhere = tmp_path / "elsewhere"
@@ -241,7 +241,7 @@ def test_push_with_a_symlink_outside_is_refused(host, tmp_path):
 
 def test_store_with_a_symlink_is_refused_on_restore_and_flagged_by_status(host, tmp_path, capsys):
     root, mgr, key, m = host
-    p = sn.paths(mgr.layout, key.key)
+    p = sn.paths(mgr.tree, key.key)
     live = os.readlink(p.live)
     _with_symlink(Path(p.tar), Path(p.manifest), str(tmp_path / "elsewhere"))
     with pytest.raises(CacheError, match="inductor/xx is a symlink"):
@@ -256,13 +256,13 @@ def test_a_cache_dir_with_a_symlink_is_not_snapshotted(host, tmp_path):
     root, mgr, key, m = host
     src = _fake_cache(tmp_path / "made2")
     (src / "inductor" / "xx").symlink_to(tmp_path)
-    before = Path(sn.paths(mgr.layout, key.key).manifest).read_bytes()
+    before = Path(sn.paths(mgr.tree, key.key).manifest).read_bytes()
     with pytest.raises(CacheError, match="cannot snapshot .*inductor/xx is a symlink or special file"):
         mgr.adopt(str(src), key)
-    assert Path(sn.paths(mgr.layout, key.key).manifest).read_bytes() == before
+    assert Path(sn.paths(mgr.tree, key.key).manifest).read_bytes() == before
 
 
-def test_foreign_snapshot_needs_an_explicit_adoption(host, tmp_path):
+def test_another_hosts_snapshot_needs_an_explicit_adoption(host, tmp_path):
     root, mgr, key, m = host
     tar, man = mgr.pull(key.key, tmp_path / "dl")
     b = _second(tmp_path)
@@ -271,28 +271,28 @@ def test_foreign_snapshot_needs_an_explicit_adoption(host, tmp_path):
     with pytest.raises(CacheError) as e:
         b.push(tar, kb)
     msg = str(e.value)
-    assert f"was built on a (machine {socket.gethostname()}), not on b" in msg and "--trust-foreign" in msg
-    assert not Path(sn.paths(b.layout, kb.key).tar).exists()
-    stored = b.push(tar, kb, trust_foreign=True)
-    assert stored["adopted"]["host"] == "b" and stored["adopted"]["how"] == "--trust-foreign"
-    on_disk = json.loads(Path(sn.paths(b.layout, kb.key).manifest).read_text())
+    assert f"was built on a (machine {socket.gethostname()}), not on b" in msg and "--trust-other-hosts" in msg
+    assert not Path(sn.paths(b.tree, kb.key).tar).exists()
+    stored = b.push(tar, kb, trust_other_hosts=True)
+    assert stored["adopted"]["host"] == "b" and stored["adopted"]["how"] == "--trust-other-hosts"
+    on_disk = json.loads(Path(sn.paths(b.tree, kb.key).manifest).read_text())
     assert on_disk["adopted"]["from"].startswith("a") and on_disk["provenance"]["host"] == "a"
     # adopted once: the store's copy restores without the flag
     b.restore_from_store(kb)
-    # a foreign snapshot copied into the store by hand (not adopted) is refused
-    Path(sn.paths(b.layout, kb.key).manifest).write_bytes(man.read_bytes())
+    # another host's snapshot copied into the store by hand (not adopted) is refused
+    Path(sn.paths(b.tree, kb.key).manifest).write_bytes(man.read_bytes())
     with pytest.raises(CacheError, match="was built on a .*not on b"):
         b.restore_from_store(kb)
-    b.restore_from_store(kb, trust_foreign=True)
+    b.restore_from_store(kb, trust_other_hosts=True)
     # a trusted source needs no flag
-    c = CacheManager(b.t, b.layout, host="b", trusted_sources=("a",))
+    c = CacheManager(b.transport, b.tree, host="b", trusted_sources=("a",))
     assert c.push(tar, kb)["adopted"]["how"] == "trusted source a"
 
 
 @pytest.mark.parametrize("damage", ["sha256", "truncated", "manifest", "member", "no tar"])
 def test_status_flags_a_corrupt_stored_snapshot(host, tmp_path, damage):
     root, mgr, key, m = host
-    p = sn.paths(mgr.layout, key.key)
+    p = sn.paths(mgr.tree, key.key)
     entries, _ = mgr.status(verify=True)
     assert entries[0].problem is None and entries[0].built_by.startswith("a")
     tar, man = Path(p.tar), Path(p.manifest)
@@ -336,8 +336,8 @@ def test_cli_status_exits_8_naming_the_bad_snapshot_and_push_needs_trust(host, t
     b = _second(tmp_path)
     hosts = tmp_path / "hosts.yaml"
     hosts.write_text(f"default: a\nhosts:\n  a: {{transport: local, root: {root}}}\n"
-                     f"  b: {{transport: local, root: {b.layout.root}}}\n"
-                     f"  c: {{transport: local, root: {b.layout.root}, cache: {{trusted_sources: [a]}}}}\n")
+                     f"  b: {{transport: local, root: {b.tree.root}}}\n"
+                     f"  c: {{transport: local, root: {b.tree.root}, cache: {{trusted_sources: [a]}}}}\n")
     capsys.readouterr()
     assert main(["--hosts", str(hosts), "warm-cache", "--status"]) == 0
     out = capsys.readouterr().out
@@ -347,15 +347,15 @@ def test_cli_status_exits_8_naming_the_bad_snapshot_and_push_needs_trust(host, t
     assert main(["--hosts", str(hosts), "warm-cache", "--host", "b", "--config", str(cfg),
                  "--push", str(tar)]) == 8
     err = capsys.readouterr().err
-    assert "was built on a" in err and "--trust-foreign" in err and len(err.strip().splitlines()) == 1
+    assert "was built on a" in err and "--trust-other-hosts" in err and len(err.strip().splitlines()) == 1
     assert main(["--hosts", str(hosts), "warm-cache", "--host", "c", "--config", str(cfg),
                  "--push", str(tar), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["action"] == "pushed"
     assert main(["--hosts", str(hosts), "warm-cache", "--host", "b", "--config", str(cfg),
-                 "--push", str(tar), "--trust-foreign", "--json"]) == 0
+                 "--push", str(tar), "--trust-other-hosts", "--json"]) == 0
     capsys.readouterr()
     # a damaged store: --status shows it and exits 8 with one line naming it
-    p = sn.paths(mgr.layout, key.key)
+    p = sn.paths(mgr.tree, key.key)
     with open(p.tar, "r+b") as f:
         f.truncate(2048)
     assert main(["--hosts", str(hosts), "warm-cache", "--status"]) == 8

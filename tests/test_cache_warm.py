@@ -18,9 +18,9 @@ from dfo_contract.trainer_markers import HeartbeatMarker
 
 from orchestrator.config.runconfig import load_config
 from orchestrator.engine.compile_cache import CacheManager
-from orchestrator.ops.warmup import parse_report, warmup_argv
+from orchestrator.ops.trainer_warmup import parse_report, warmup_argv
 from orchestrator.ops import snapshot as sn
-from orchestrator.ops.layout import RemoteLayout
+from orchestrator.ops.host_tree import HostTree
 from orchestrator.transport.local import LocalTransport
 from tests.helpers.cache_env import make_env
 
@@ -43,10 +43,10 @@ def tiny(tmp_path_factory) -> Path:
 
 def run_warmup(root: Path, key: str, run_dir: Path, cfg: Path) -> dict:
     """The trainer's next warm-up in a run that got its own copy of the live cache."""
-    lay = RemoteLayout(str(root))
-    for argv in sn.seed_run_cache_argvs(lay, key, str(run_dir)):
+    tree = HostTree(str(root))
+    for argv in sn.seed_run_cache_argvs(tree, key, str(run_dir)):
         subprocess.run(argv, check=True)
-    env = dict(os.environ, **sn.cache_env(lay, key, str(run_dir)))
+    env = dict(os.environ, **sn.cache_env(tree, key, str(run_dir)))
     report = run_dir / "report.json"
     r = subprocess.run(warmup_argv(str(root / "envs/current/bin/python"), str(cfg), [], str(report)),
                        env=env, capture_output=True, text=True, timeout=600)
@@ -59,7 +59,7 @@ def test_warm_wipe_restore_then_the_next_warmup_hits(tmp_path, tiny):
     root = tmp_path / "root"
     make_env(root)
     events = []
-    mgr = CacheManager(LocalTransport(), RemoteLayout(str(root)), host="local",
+    mgr = CacheManager(LocalTransport(), HostTree(str(root)), host="local",
                        events=lambda k, d: events.append((k, d)))
     cfg, text = load_config(tiny / "cfg.yaml")
     key = mgr.key(cfg)
@@ -69,7 +69,7 @@ def test_warm_wipe_restore_then_the_next_warmup_hits(tmp_path, tiny):
     assert res.warm_counters["fxgraph_cache_hit"] > 0 and res.warm_counters["fxgraph_cache_miss"] == 0
     assert res.records and res.records[0]["device"] == "cpu" and res.records[0]["shape"] == [32, 4]
     assert any(k == "marker" and isinstance(d, HeartbeatMarker) for k, d in events)
-    p = sn.paths(mgr.layout, key.key)
+    p = sn.paths(mgr.tree, key.key)
     m = sn.parse_manifest(Path(p.manifest).read_bytes(), "m")
     assert m["key"] == key.key and m["tar"]["size"] == Path(p.tar).stat().st_size
     assert any(f.startswith("inductor/fxgraph/") for f in m["files"])
@@ -132,8 +132,8 @@ def test_cli_warm_restore_status_pull_push(tmp_path, tiny):
     tar = Path(json.loads(r.stdout)["tar"])
     assert tar.is_file()
     r = _dfo("warm-cache", "--host", "b", "--config", cfg, "--push", str(tar), hosts=hosts, cwd=tmp_path)
-    assert r.returncode == 8 and "was built on a" in r.stderr and "--trust-foreign" in r.stderr
-    r = _dfo("warm-cache", "--host", "b", "--config", cfg, "--push", str(tar), "--trust-foreign", "--json",
+    assert r.returncode == 8 and "was built on a" in r.stderr and "--trust-other-hosts" in r.stderr
+    r = _dfo("warm-cache", "--host", "b", "--config", cfg, "--push", str(tar), "--trust-other-hosts", "--json",
              hosts=hosts, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["action"] == "pushed"

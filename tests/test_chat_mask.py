@@ -1,7 +1,7 @@
 """trainer.data.chat: loss on exactly the tokens the target generates, for a Qwen3-like template.
 
 The template (tests/fixtures/chat/qwen3_like.jinja, written for these tests) reproduces the
-behaviours of Qwen3's template that broke the old masking: no {% generation %} markers,
+behaviours of Qwen3's template that a masking must handle: no {% generation %} markers,
 reasoning dropped from turns before the last user query, an empty think block on the last
 assistant turn, tool calls as <tool_call> JSON, tool results as user turns.
 """

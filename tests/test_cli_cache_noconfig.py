@@ -12,7 +12,7 @@ import pytest
 from orchestrator.cli import main
 from orchestrator.engine.compile_cache import CacheManager
 from orchestrator.ops import snapshot as sn
-from orchestrator.ops.layout import RemoteLayout
+from orchestrator.ops.host_tree import HostTree
 from orchestrator.transport.local import LocalTransport
 from tests.helpers.cache_env import CFG, compile_into, make_env
 
@@ -32,7 +32,7 @@ def hosts_file(path: Path, root: Path) -> Path:
 def test_pull_and_from_without_config(cold_cache, tmp_path, capsys):
     root = tmp_path / "root"
     make_env(root)
-    mgr = CacheManager(LocalTransport(), RemoteLayout(str(root)), host="h")
+    mgr = CacheManager(LocalTransport(), HostTree(str(root)), host="h")
     key = mgr.key(CFG)
     mgr.adopt(str(cold_cache), key)
     hosts = hosts_file(tmp_path / "hosts.yaml", root)
@@ -48,7 +48,7 @@ def test_pull_and_from_without_config(cold_cache, tmp_path, capsys):
         capsys.readouterr().err
     res = json.loads(capsys.readouterr().out)
     assert res["action"] == "restored" and res["key"] == key.key
-    assert Path(sn.paths(RemoteLayout(str(root2)), key.key).live).is_dir()
+    assert Path(sn.paths(HostTree(str(root2)), key.key).live).is_dir()
     # two snapshots on the host: --pull without --key or --config asks which
     other = json.loads(json.dumps(CFG))
     other["model"]["attention"] = "flex"

@@ -115,9 +115,9 @@ def test_a_bad_fault_spec_through_the_engine_is_a_config_error(tmp_path):
     from orchestrator.transport.local import LocalTransport
     from tests.supervisor_env import local_host, make_root
 
-    ops = RunOps(LocalTransport("local"), local_host(make_root(tmp_path)))
+    run_ops = RunOps(LocalTransport("local"), local_host(make_root(tmp_path)))
     with pytest.raises(ConfigError, match=r"^--fault: 'hang@x': step must be a non-negative"):
-        ops.launch(LaunchOptions(run_name="t", fault="hang@x", dry_run=True, env_check=False))
+        run_ops.launch(LaunchOptions(run_name="t", fault="hang@x", dry_run=True, env_check=False))
 
 
 def test_a_config_file_name_that_is_no_run_name_says_where_the_name_came_from(tmp_path):

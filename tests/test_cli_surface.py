@@ -79,7 +79,7 @@ def test_docgen_picks_up_every_command_and_option():
     out = render(g, "{{SUMMARY}}\n{{REFERENCE}}")
     assert "| `dfo frobnicate` | Frobnicate the run. | - |" in out
     assert "| `--level INTEGER` | How hard. (default: 3) |" in out
-    # options the old hand-written table missed are there
+    # options a hand-written table would miss are there
     for opt in ("--run-name", "--fault", "--backoff-scale", "--threshold", "--budget", "--fallbacks",
                 "--no-env-check", "--timeout", "--wide", "--watch"):
         assert f"`{opt}" in out, opt

@@ -151,11 +151,11 @@ def test_compile_threads_and_warmup_sync_steps():
         "parallel.warmup_sync_s": 1800}
 
 
-def test_a_foreign_command_gets_one_compile_thread_through_its_env():
-    c = choose(Ladders(foreign=True), "compile_workers", 0, {})
+def test_an_own_command_gets_one_compile_thread_through_its_env():
+    c = choose(Ladders(own=True), "compile_workers", 0, {})
     assert c.changed == {"env.TORCHINDUCTOR_COMPILE_THREADS": "1"} and not c.exhausted
     # its own ladder for the class wins
-    own = Ladders(foreign=True, own={"compile_workers": ({"env": {"X": "1"}},)})
+    own = Ladders(own=True, own_steps={"compile_workers": ({"env": {"X": "1"}},)})
     assert choose(own, "compile_workers", 0, {}).changed == {"env.X": "1"}
 
 

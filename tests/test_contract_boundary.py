@@ -14,9 +14,11 @@ has a self-test on such code):
 - ``events-json``: no function that names the events file parses JSON itself;
 - ``wire``: the follower and its reader touch no wire key (``"f"``, ``"o"``, ``"l"``,
   ``"end"``, ``"eof"``, ``"k"``, ``"error"``) in a dict literal, subscript, ``.get`` or ``in``;
-- ``old-api``: nothing uses runstate's former event helpers;
+- ``runstate-events``: nothing imports or calls event helpers on runstate (events live in
+  ``dfo_contract.events``);
 - ``spec-index``: nothing named ``spec`` (or ``x.spec``) is indexed with a key of the
-  spec.json dict that came before ``RunSpec`` (``spec["python"]``, ``spec.get("byo")``);
+  untyped spec.json dict (``spec["python"]``, ``spec.get("byo")``): spec.json is read only
+  into ``RunSpec``;
 - ``spec-json``: a function that names spec.json reads it only into
   ``RunSpec.from_json`` and writes no dict literal to it (``RunSpec.to_json`` does).
 """
@@ -41,10 +43,10 @@ MARKER_KINDS = set(MARKER_TYPES)
 EVENT_ONLY = set(REGISTRY) - MARKER_KINDS       # names no other call or dict uses
 RECORD_KINDS = set(REGISTRY) | MARKER_KINDS
 WIRE_KEYS = {"f", "o", "l", "end", "eof", "k", "error"}
-OLD_API = {"event", "event_line", "describe_event", "read_events", "EVENT_KINDS", "clean",
+RUNSTATE_EVENT_API = {"event", "event_line", "describe_event", "read_events", "EVENT_KINDS", "clean",
            "dumps"}
 FOLLOWER = "orchestrator.supervisor.follow"
-#: the keys of the spec.json dict that came before RunSpec
+#: keys of an untyped spec.json dict (spec.json is read only into RunSpec)
 SPEC_KEYS = {"run_id", "run_name", "python", "resume", "byo", "group", "coord", "thresholds",
              "checkpoint_dir", "config_path", "base_config", "overrides", "fault", "ladders",
              "budget", "lock", "restore_cache_argv", "root", "env", "host", "version"}
@@ -135,12 +137,12 @@ def violations(source: str, path: str) -> list[str]:
     in_supervisor = "/supervisor/" in f"/{path}"
     wire_side = path.endswith("supervisor/follow.py") or FOLLOWER in source
     rs_mods, rs_names = _runstate_aliases(tree)
-    for name in sorted(rs_names & OLD_API):
-        flag("old-api", tree, f"imports runstate.{name}")
+    for name in sorted(rs_names & RUNSTATE_EVENT_API):
+        flag("runstate-events", tree, f"imports runstate.{name}")
     for n in ast.walk(tree):
         if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and \
-                n.value.id in rs_mods and n.attr in OLD_API:
-            flag("old-api", n, f"{n.value.id}.{n.attr}")
+                n.value.id in rs_mods and n.attr in RUNSTATE_EVENT_API:
+            flag("runstate-events", n, f"{n.value.id}.{n.attr}")
         if isinstance(n, ast.Call):
             f = n.func
             fname = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
@@ -220,8 +222,8 @@ def test_no_module_outside_the_contract_builds_or_indexes_event_or_wire_records(
     assert not found, "\n".join(found)
 
 
-def test_runstate_keeps_none_of_the_former_event_helpers():
-    assert not OLD_API & set(vars(runstate))
+def test_runstate_has_no_event_helpers():
+    assert not RUNSTATE_EVENT_API & set(vars(runstate))
 
 
 # --- the rules find what they are for ---------------------------------------------------------
@@ -271,7 +273,7 @@ BEFORE = {
             spec = read_json(os.path.join(run_dir, rs.SPEC_FILE))
             return spec
     '''),
-    "old-api": ('orchestrator/cli/x.py', '''
+    "runstate-events": ('orchestrator/cli/x.py', '''
         from dfo_contract import runstate as rs
         from dfo_contract.runstate import describe_event
         line = rs.describe_event(e)

@@ -1,7 +1,8 @@
-"""dfo_contract.events: every kind round-trips, old files read, newer versions are refused.
+"""dfo_contract.events: every kind round-trips, files
+without ``v`` read, newer versions are refused.
 
 The recorded sample (tests/fixtures/events/recorded.jsonl) is real ``events.jsonl`` text
-from supervised runs (GPU recovery, a foreign trainer, the standby interpreter), written
+from supervised runs (GPU recovery, your own trainer, the standby interpreter), written
 before records carried ``v``; synthetic.jsonl covers the remaining kinds in the same
 format. ``*.described.txt`` is each record's line as ``dfo logs`` / ``dfo status`` showed
 it then: the typed events must describe themselves identically.
@@ -21,7 +22,7 @@ from hypothesis import strategies as st
 
 from dfo_contract import events as ev
 from dfo_contract.errors import ContractError, NotARecord, VersionError
-from dfo_contract.event_base import json_name
+from dfo_contract.events.base import json_name
 
 FIXTURES = Path(__file__).parent / "fixtures" / "events"
 SAMPLES = ("recorded", "synthetic")
@@ -110,7 +111,7 @@ def test_non_finite_floats_are_strict_json_and_read_back():
     assert ev.decode(ev.encode_line(d)).duration_s == float("inf")
 
 
-# --- old files ---------------------------------------------------------------------------------
+# --- files without v ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", SAMPLES)
 def test_records_written_before_versions_describe_as_they_did(name):

@@ -19,7 +19,7 @@ def test_parse_jsonl_skips_and_counts_what_is_not_an_object():
             b'{"step": 2, "name": "\xc3\xbc"}\r\n'
             b'{"step": \xff\xfe}\n'                 # invalid bytes
             b'[1, 2]\n'                             # JSON, not an object
-            b'Traceback (most recent call last):\n'  # foreign text
+            b'Traceback (most recent call last):\n'  # text that is no record
             b'{"step": 3, "loss": 0.')              # torn: the writer was cut off
     got = fsio.parse_jsonl(data)
     assert got.records == [{"step": 1}, {"step": 2, "name": "ü"}]

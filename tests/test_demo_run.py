@@ -22,7 +22,7 @@ import pytest
 
 from dfo_contract import events as ev
 from orchestrator.engine.demo import DEFAULT_RUN_NAME, demo_paths
-from orchestrator.ops.layout import RemoteLayout
+from orchestrator.ops.host_tree import HostTree
 from orchestrator.ops.recap import recap
 from tests.supervisor_env import hosts_yaml, make_root
 from tests.test_tmux_cli import REPO, Tmux
@@ -52,7 +52,7 @@ def demo_run(tmp_path_factory, tiny_assets):  # noqa: F811
     """A finished demo-like run: `dfo launch -f` on the defaults with the demo's fault."""
     base = tmp_path_factory.mktemp("demo-run")
     root = make_root(base)
-    p = demo_paths(RemoteLayout(str(root)))   # where `dfo demo` puts its assets
+    p = demo_paths(HostTree(str(root)))   # where `dfo demo` puts its assets
     shutil.copytree(tiny_assets / "target", p["target"])
     shutil.copy(tiny_assets / "synth.jsonl", p["data"])
     shutil.copy(tiny_assets / "synth.jsonl", p["eval"])

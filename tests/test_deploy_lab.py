@@ -25,7 +25,7 @@ from orchestrator.engine.deploy import Deployer
 from orchestrator.errors import DeployError, VerifyError
 from orchestrator.config.inventory import HostConfig, load_inventory
 from orchestrator.ops.fingerprint import FINGERPRINT_FIELDS
-from orchestrator.ops.layout import env_generation
+from orchestrator.ops.host_tree import env_generation
 from orchestrator.ops.lockfile import lock_hash
 from orchestrator.config.profiles import PROFILES_DIR
 from orchestrator.engine.wheel import ProjectWheel

@@ -242,7 +242,7 @@ def _current_is_good(root: Path, hosts: Path, name: str, wheel) -> None:
     host = load_inventory(str(hosts)).get("local")
     t = LocalTransport("local")
     d = Deployer(t, host, wheel=wheel)
-    out = t.run(facts_argv(FactsRequest(root=host.layout.root, run_lock=host.layout.run_lock,
+    out = t.run(facts_argv(FactsRequest(root=host.tree.root, run_lock=host.tree.run_lock,
                                         check=True, env_dir=d.local_facts()[2],
                                         python_spec=d.python_spec(), wheel=d.wheel_remote())),
                 timeout=600)

@@ -133,7 +133,7 @@ def test_plan_reuses_complete_env_that_is_not_current():
 
 
 def test_env_generation_names():
-    from orchestrator.ops.layout import env_generation, generation_name
+    from orchestrator.ops.host_tree import env_generation, generation_name
 
     assert env_generation(TARGET) == (TARGET, 1) and generation_name(TARGET, 1) == TARGET
     assert env_generation(f"{TARGET}.3") == (TARGET, 3) and generation_name(TARGET, 3) == f"{TARGET}.3"

@@ -60,11 +60,11 @@ def test_a_checkpoint_that_does_not_fit_is_exit_7_and_keeps_the_complete_ones(tm
 def test_the_supervisor_stops_at_once_on_a_full_disk(tmp_path, tmpfs, tiny_assets):  # noqa: F811
     root = make_root(tmp_path)
     fs = tmpfs(64 << 10, root / "checkpoints")   # not even one checkpoint fits
-    ops = RunOps(LocalTransport("local"), local_host(root))
+    run_ops = RunOps(LocalTransport("local"), local_host(root))
     cfg = write_config(tmp_path / "c.yaml", tiny_assets)
-    plan = ops.launch(LaunchOptions(config=str(cfg), run_name="t", backoff_scale=0.01,
+    plan = run_ops.launch(LaunchOptions(config=str(cfg), run_name="t", backoff_scale=0.01,
                                     thresholds=dict(FAST), env_check=False))
-    info = wait_final(ops, plan.run_id)
+    info = wait_final(run_ops, plan.run_id)
     evs = events(root, plan.run_id)
     assert info["status"] == "failed"
     starts = [e for e in evs if e.kind == "attempt_start"]
@@ -94,11 +94,11 @@ def test_the_supervisor_stops_at_once_on_a_read_only_checkpoint_dir(tmp_path, re
                                                                     tiny_assets):  # noqa: F811
     root = make_root(tmp_path)
     ck = read_only(root / "checkpoints" / "t")   # the run name's checkpoint directory
-    ops = RunOps(LocalTransport("local"), local_host(root))
+    run_ops = RunOps(LocalTransport("local"), local_host(root))
     cfg = write_config(tmp_path / "c.yaml", tiny_assets)
-    plan = ops.launch(LaunchOptions(config=str(cfg), run_name="t", backoff_scale=0.01,
+    plan = run_ops.launch(LaunchOptions(config=str(cfg), run_name="t", backoff_scale=0.01,
                                     thresholds=dict(FAST), env_check=False))
-    info = wait_final(ops, plan.run_id)
+    info = wait_final(run_ops, plan.run_id)
     evs = events(root, plan.run_id)
     assert info["status"] == "failed"
     starts = [e for e in evs if e.kind == "attempt_start"]

@@ -11,7 +11,7 @@ import sys
 
 from dfo_contract import events as ev
 from orchestrator.engine.logs import LogFollower
-from orchestrator.ops.layout import RemoteLayout
+from orchestrator.ops.host_tree import HostTree
 from orchestrator.transport.local import LocalTransport
 from tests.supervisor_env import REPO, hosts_yaml, make_root
 
@@ -41,7 +41,7 @@ def test_follower_skips_and_counts_lines_that_are_not_events(tmp_path):
     root = make_root(tmp_path)
     _finished_run_with_garbage(root, "g-1")
     got, skipped = [], []
-    f = LogFollower(LocalTransport("local"), RemoteLayout(str(root)), "g-1", on_line=got.append,
+    f = LogFollower(LocalTransport("local"), HostTree(str(root)), "g-1", on_line=got.append,
                     follow=True, on_skipped=skipped.append)
     assert f.run() == "done"
     assert skipped == [3]

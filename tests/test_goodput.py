@@ -113,7 +113,7 @@ def test_the_attempt_clock_reads_the_trainer_markers():
                      ({"kind": "startup", "step": 20, "total_s": 9.0,
                        "phases": {"warm-up": 4.0}, "t": 10.0}, 99.0),
                      ({"kind": "step", "step": 30, "t": 20.0}, 99.0),
-                     ({"kind": "step", "step": 40}, 31.0)):  # a foreign trainer's line: read time
+                     ({"kind": "step", "step": 40}, 31.0)):  # your own trainer's line: read time
         c.feed(from_record(rec), now)
     f = c.fields()
     assert f == {"loop_t": 10.0, "warmup_s": 4.0, "from_step": 20, "first_step": 30,

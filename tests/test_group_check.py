@@ -73,7 +73,7 @@ def test_judge_reach():
     assert r[3].message == "cannot reach 10.0.0.1:29400 from gpu4: ssh: connection refused"
 
 
-def test_judge_reach_port_taken_and_foreign_address():
+def test_judge_reach_port_taken_and_an_address_not_of_the_host():
     listen = [{"event": "bind", "port": 29400, "ok": False, "errno": "EADDRINUSE",
                "error": "Address already in use"},
               {"event": "bind", "port": 29401, "ok": True}, {"event": "listening"}]

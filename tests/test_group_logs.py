@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 from orchestrator.engine.group_logs import follow_group
-from orchestrator.ops.layout import RemoteLayout
+from orchestrator.ops.host_tree import HostTree
 from orchestrator.transport.local import LocalTransport
 from tests.test_logs_follow import REPO, KillingTransport, expected_lines
 
@@ -35,8 +35,8 @@ def test_merged_follow_reconnects_per_node_and_ends_when_all_are_final(tmp_path)
                                  *([str(hold)] if n == "b" else [])], stdout=subprocess.PIPE)
                for n, r in roots.items()]
     killer = KillingTransport(kill_after=15, times=2, release=hold)
-    nodes = [("a", LocalTransport("local"), RemoteLayout(str(roots["a"]))),
-             ("b", killer, RemoteLayout(str(roots["b"])))]
+    nodes = [("a", LocalTransport("local"), HostTree(str(roots["a"]))),
+             ("b", killer, HostTree(str(roots["b"])))]
     got: list[tuple[str, str, str]] = []
     reconnects: list[str] = []
     outs = follow_group(nodes, "w", on_line=lambda h, ln: got.append((h, ln.file, ln.text)),
@@ -58,8 +58,8 @@ def test_a_node_without_the_run_does_not_hide_the_other(tmp_path):
     assert w.returncode == 0
     (b / "runs" / "w").rmdir()
     got: list[str] = []
-    outs = follow_group([("a", LocalTransport("local"), RemoteLayout(str(a))),
-                         ("b", LocalTransport("local"), RemoteLayout(str(b)))], "w",
+    outs = follow_group([("a", LocalTransport("local"), HostTree(str(a))),
+                         ("b", LocalTransport("local"), HostTree(str(b)))], "w",
                         on_line=lambda h, ln: got.append(h))
     assert outs[0].ok and outs[0].value == "done" and set(got) == {"a"}
     assert not outs[1].ok and outs[1].exit_code == 11 and "run w" in outs[1].error

@@ -153,7 +153,7 @@ def test_a_node_that_fails_to_start_stops_the_started_ones(tmp_path, tiny_assets
     with pytest.raises(LockHeldError) as ei:
         gr.launch(fast(cfg, run_id=run_id))
     assert f"run {run_id} did not start: node 1 (b): run directory" in str(ei.value)
-    info = gr.ops("a").status(run_id)[0]
+    info = gr.run_ops("a").status(run_id)[0]
     assert info.state.status in ("stopped", "failed", "done")
 
 
@@ -176,7 +176,7 @@ def test_launch_status_logs_stop_on_two_local_nodes(tmp_path, tiny_assets):  # n
         got, outs = gr.status()
         assert got == rid and [o.host for o in outs] == ["a", "b"] and all(o.ok for o in outs)
         lines: list[tuple[str, str]] = []
-        res = follow_group([(h.name, gr.ops(h.name).t, gr.ops(h.name).layout)
+        res = follow_group([(h.name, gr.run_ops(h.name).transport, gr.run_ops(h.name).tree)
                             for h in gr.hosts], rid,
                            on_line=lambda host, ln: lines.append((host, ln.file)))
         assert all(o.ok for o in res)

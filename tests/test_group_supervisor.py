@@ -24,7 +24,7 @@ from dfo_contract.runspec import Bundled, Config, Identity, Resume, RunSpec
 from orchestrator.ops.launch_argv import supervisor_argv
 from orchestrator.ops.launch_inputs import flatten
 from orchestrator.ops.thresholds import thresholds as thresholds_of
-from orchestrator.ops.layout import RemoteLayout
+from orchestrator.ops.host_tree import HostTree
 from orchestrator.ops.run_identity import make_run_id
 
 from tests.supervisor_env import FAST, REPO, make_root, wait_for, write_config  # noqa: F401
@@ -56,17 +56,17 @@ class Group:
         th = thresholds if isinstance(thresholds, tuple) else (thresholds, thresholds)
         for k, host in enumerate(HOSTS):
             root = make_root(tmp / host)
-            lay = RemoteLayout(str(root))
-            run_dir = Path(lay.run_dir(self.run_id))
+            tree = HostTree(str(root))
+            run_dir = Path(tree.run_dir(self.run_id))
             run_dir.mkdir(parents=True)
             (run_dir / "config.yaml").write_text(cfg.read_text())
-            ck = lay.checkpoints(name)
+            ck = tree.checkpoints(name)
             gs = GroupSpec(name="pair", nodes=HOSTS, node=k, head_addr="127.0.0.1", port=port,
                            coord_port=coord, nproc=1, env={"GLOO_SOCKET_IFNAME": "lo"},
                            node_lost_s=node_lost_s)
             spec = RunSpec(
                 identity=Identity(run_id=self.run_id, run_name=name, host=host, root=str(root),
-                                  python=sys.executable, lock=lay.run_lock),
+                                  python=sys.executable, lock=tree.run_lock),
                 config=Config(path=str(run_dir / "config.yaml"), base=base),
                 resume=Resume(checkpoint_dir=ck),
                 thresholds=thresholds_of({**FAST, **(th[k] or {})}),
@@ -114,7 +114,7 @@ class Group:
 
         wait_for(lambda: self.state(k).get("status") in ("done", "failed", "stopped"), timeout,
                  f"node {k}'s final state", poll=0.02)
-        fd = os.open(RemoteLayout(str(self.roots[k])).run_lock, os.O_RDWR)
+        fd = os.open(HostTree(str(self.roots[k])).run_lock, os.O_RDWR)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return True

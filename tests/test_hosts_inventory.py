@@ -87,7 +87,7 @@ def test_full_proxmox_host(tmp_path):
     assert h.transport == "proxmox" and h.vmid == 200 and h.root == "/root/dfo"
     assert h.ssh.host == "192.0.2.10" and h.ssh.user == "root" and h.ssh.port == 22
     assert h.gpus.target == ("cuda:0", "cuda:1") and h.gpus.drafter == ("cuda:2",)
-    assert h.layout.run_dir("r1") == "/root/dfo/runs/r1"
+    assert h.tree.run_dir("r1") == "/root/dfo/runs/r1"
     assert h.source == f"{p}:3"
     assert h.describe() == "root@192.0.2.10 ct 200"
 

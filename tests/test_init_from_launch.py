@@ -18,7 +18,7 @@ from orchestrator.config.hostconfig import HostConfig
 from orchestrator.config.runconfig import load_layers
 from orchestrator.engine.compile_cache import CacheManager
 from orchestrator.engine.runs import LaunchOptions, RunOps
-from orchestrator.ops.layout import RemoteLayout
+from orchestrator.ops.host_tree import HostTree
 from orchestrator.transport.local import LocalTransport
 from tests.helpers.rtt import CountingTransport
 
@@ -92,7 +92,7 @@ def test_the_cache_key_follows_the_drafter_directory_not_only_the_config_file(ho
     k16 = launch_key(capsys, hosts, cfg)
     assert k16 != k8
     # dfo warm-cache keys the same config the same way (its own probe of the directory)
-    mgr = CacheManager(LocalTransport(), RemoteLayout(str(tmp / "root")), host="local")
+    mgr = CacheManager(LocalTransport(), HostTree(str(tmp / "root")), host="local")
     layers = load_layers(cfg)
     k = mgr.key(layers.full, explicit=layers.explicit, source=str(cfg))
     assert k.key == k16 and k.components["config.model.block_size"] == "16"
@@ -109,11 +109,11 @@ def test_the_drafter_directory_is_read_in_launchs_one_round_trip(host):
     tmp, cfg, _ = host
     drafter(tmp / "d8")
     t = CountingTransport(LocalTransport())
-    ops = RunOps(t, HostConfig(name="local", transport="local", root=str(tmp / "root"),
+    run_ops = RunOps(t, HostConfig(name="local", transport="local", root=str(tmp / "root"),
                                source="test"))
-    plan = ops.plan(LaunchOptions(config=str(cfg), dry_run=True, env_check=False))
+    plan = run_ops.plan(LaunchOptions(config=str(cfg), dry_run=True, env_check=False))
     assert len(t.calls) == 1, t.calls
-    mgr = CacheManager(LocalTransport(), RemoteLayout(str(tmp / "root")), host="local")
+    mgr = CacheManager(LocalTransport(), HostTree(str(tmp / "root")), host="local")
     layers = load_layers(cfg)
     key = mgr.key(layers.full, explicit=layers.explicit)
     assert plan.spec.cache.key == key.key and key.components["config.model.block_size"] == "8"

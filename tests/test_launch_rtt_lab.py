@@ -43,7 +43,7 @@ def ct(lab, tmp_path_factory):
     Deployer(t, host, wheel=wheel).deploy()
     old = os.environ.get("DFO_PROJECT_WHEEL")   # launch's env check: the deployed wheel
     os.environ["DFO_PROJECT_WHEEL"] = str(wheel.path)
-    py = host.layout.current_python
+    py = host.tree.current_python
     assets = posixpath.join(ROOT, "assets")
     t.run([py, "-m", "trainer.model.target", "--out", f"{assets}/target"], timeout=300, check=True)
     t.run([py, "-m", "trainer.data", "synth", "--out", f"{assets}/synth.jsonl", "--num", "256",
@@ -66,37 +66,37 @@ def ct(lab, tmp_path_factory):
 def counted_launch(host, cfg, name, **kw):
     """A launch on a fresh connection (as `dfo launch` opens one), counted."""
     t = CountingTransport(open_transport(host))
-    ops = RunOps(t, host)
-    plan = ops.launch(LaunchOptions(config=str(cfg), run_name=name, backoff_scale=0.01,
+    run_ops = RunOps(t, host)
+    plan = run_ops.launch(LaunchOptions(config=str(cfg), run_name=name, backoff_scale=0.01,
                                     thresholds=dict(FAST), start_timeout=180, **kw))
-    return ops, t, plan
+    return run_ops, t, plan
 
 
 def test_launch_is_at_most_three_round_trips_before_the_supervisor_starts(ct):
     t, host, cfg = ct
-    record = posixpath.join(host.layout.current_env, VERIFIED_FILE)
+    record = posixpath.join(host.tree.current_env, VERIFIED_FILE)
     t.run(["rm", "-f", record], timeout=60, check=True)   # as right after a deploy
     for i in range(2):      # the env probe runs in the facts round trip, then its record holds
-        ops, ctr, plan = counted_launch(host, cfg, f"rtt{i}")
+        run_ops, ctr, plan = counted_launch(host, cfg, f"rtt{i}")
         try:
             trips = ctr.calls[:ctr.start_call or 0]
             assert ctr.start_call is not None and ctr.start_call <= MAX_ROUND_TRIPS, ctr.calls
             assert [c["kind"] for c in trips] == ["run"] * len(trips)
             # the env check came from the same round trip (probed, or its record)
             assert t.run(["test", "-f", record], timeout=60).ok
-            runs = ops.status(plan.run_id)
+            runs = run_ops.status(plan.run_id)
             assert runs and runs[0].live and runs[0].state.status in ("running", "backoff")
         finally:
-            ops.stop(plan.run_id, timeout=180)
+            run_ops.stop(plan.run_id, timeout=180)
             ctr.close()
 
 
 def test_a_dry_run_is_one_round_trip_and_writes_nothing(ct):
     t, host, cfg = ct
-    record = posixpath.join(host.layout.current_env, VERIFIED_FILE)
+    record = posixpath.join(host.tree.current_env, VERIFIED_FILE)
     t.run(["rm", "-f", record], timeout=60, check=True)
     before = t.run(["ls", "-A", ROOT], timeout=60, check=True).out
-    ops, ctr, plan = counted_launch(host, cfg, "rttdry", dry_run=True)
+    run_ops, ctr, plan = counted_launch(host, cfg, "rttdry", dry_run=True)
     assert len(ctr.calls) == 1 and ctr.start_call is None, ctr.calls
     assert not t.run(["test", "-e", record], timeout=60).ok
     assert not t.run(["test", "-e", plan.run_dir], timeout=60).ok

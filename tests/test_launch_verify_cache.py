@@ -83,7 +83,7 @@ def env(tmp_path, monkeypatch, project_wheel):
     # the same wheel all through, even if the checkout changes while the test runs
     monkeypatch.setenv("DFO_PROJECT_WHEEL", str(project_wheel.path))
     wheel = build_wheel()
-    env_dir = Path(Deployer(t, host).layout.env_dir("t", lock_hash(lock)))
+    env_dir = Path(Deployer(t, host).tree.env_dir("t", lock_hash(lock)))
     remote_wheel = Path(Deployer(t, host, wheel=wheel).wheel_remote())
     remote_wheel.parent.mkdir(parents=True)
     shutil.copy(wheel.path, remote_wheel)
@@ -117,7 +117,7 @@ def launch_check(t, host):
     """launch's env check from its one round trip; the record it returns is written as a
     launch writes it (with the run's files)."""
     d = Deployer(t, host)
-    out = t.run(facts_argv(FactsRequest(root=host.layout.root, run_lock=host.layout.run_lock,
+    out = t.run(facts_argv(FactsRequest(root=host.tree.root, run_lock=host.tree.run_lock,
                                         check=True, env_dir=d.local_facts()[2],
                                         python_spec=d.python_spec(), wheel=d.wheel_remote())),
                 timeout=300)
@@ -134,7 +134,7 @@ def dry_launch(hosts, cfg, capsys):
 
 def test_recorded_verification_is_used_until_the_env_changes(env, tmp_path, capsys):
     t, host, hosts, site = env
-    cur = Path(host.layout.current_env)
+    cur = Path(host.tree.current_env)
     rep = launch_check(t, host)
     assert rep.ok and not rep.cached, rep.drift          # nothing recorded yet: probed
     assert (cur / VERIFIED_FILE).is_file()
@@ -209,7 +209,7 @@ def test_the_record_of_another_env_state_is_not_used(env):
     """A record whose stamp is not the env's (copied from elsewhere, or hand-written) is
     ignored: launch probes."""
     t, host, _, _ = env
-    cur = Path(host.layout.current_env)
+    cur = Path(host.tree.current_env)
     assert launch_check(t, host).ok
     text = (cur / VERIFIED_FILE).read_text().splitlines()
     stamp, at = text[0].split()

@@ -18,7 +18,7 @@ import pytest
 
 from orchestrator.engine.logs import LogFollower
 from orchestrator.ops.timespec import parse_since
-from orchestrator.ops.layout import RemoteLayout
+from orchestrator.ops.host_tree import HostTree
 from orchestrator.transport.local import LocalTransport
 
 REPO = Path(__file__).resolve().parents[1]
@@ -81,7 +81,7 @@ def follow_while_writing(root: Path, transport, n=60, delay=0.002, hold: Path | 
                                str(run_dir), str(n), str(delay),
                                *([str(hold)] if hold else [])], stdout=subprocess.PIPE)
     reconnects = []
-    f = LogFollower(transport, RemoteLayout(str(root)), "w", on_line=got.append, follow=True,
+    f = LogFollower(transport, HostTree(str(root)), "w", on_line=got.append, follow=True,
                     poll=0.05, sleep=lambda s: None,
                     on_reconnect=lambda k, why: reconnects.append(why), **kw)
     status = f.run()
@@ -124,7 +124,7 @@ def test_killed_follower_loses_and_repeats_nothing(root):
 def test_not_following_stops_at_eof_and_attempt_filter(root):
     run_dir, _, _, _ = follow_while_writing(root, LocalTransport("local"), n=10, delay=0)
     got = []
-    st = LogFollower(LocalTransport("local"), RemoteLayout(str(root)), "w", on_line=got.append,
+    st = LogFollower(LocalTransport("local"), HostTree(str(root)), "w", on_line=got.append,
                      attempt=2).run()
     assert st == "done"
     assert [ln.text for ln in got] == expected_lines(run_dir, "attempt-2.log")
@@ -134,7 +134,7 @@ def test_unknown_run_is_a_clear_error(root):
     from orchestrator.errors import NotFoundError
 
     with pytest.raises(NotFoundError, match="no run directory"):
-        LogFollower(LocalTransport("local"), RemoteLayout(str(root)), "nope",
+        LogFollower(LocalTransport("local"), HostTree(str(root)), "nope",
                     on_line=lambda ln: None).run()
 
 
@@ -212,7 +212,7 @@ def _follow_in_thread(root, on_line):
 
     def go():
         try:
-            out["status"] = LogFollower(LocalTransport("local"), RemoteLayout(str(root)), "w",
+            out["status"] = LogFollower(LocalTransport("local"), HostTree(str(root)), "w",
                                         on_line=on_line, follow=True, poll=0.05,
                                         sleep=lambda s: None, max_retries=0).run()
         except Exception as e:  # noqa: BLE001 - handed to the test

@@ -30,9 +30,9 @@ def node(lab, lab_hosts_factory, tmp_path):
 
 def test_logs_follow_survives_killed_sshd_session(node, tiny_assets, tmp_path):  # noqa: F811
     root, host, t, lab = node
-    ops = RunOps(t, host)
+    run_ops = RunOps(t, host)
     cfg = write_config(tmp_path / "c.yaml", tiny_assets, train={"max_steps": 24})
-    plan = ops.launch(LaunchOptions(config=str(cfg), run_name="drop", fault="fx_race@9",
+    plan = run_ops.launch(LaunchOptions(config=str(cfg), run_name="drop", fault="fx_race@9",
                                     backoff_scale=0.01, thresholds=FAST, env_check=False))
     got = []
     kills = []
@@ -47,7 +47,7 @@ def test_logs_follow_survives_killed_sshd_session(node, tiny_assets, tmp_path): 
                 os.kill(p, signal.SIGKILL)
             kills.append(pids)
 
-    f = LogFollower(t, host.layout, plan.run_id, on_line=on_line, follow=True,
+    f = LogFollower(t, host.tree, plan.run_id, on_line=on_line, follow=True,
                     on_reconnect=lambda n, why: reconnects.append(why))
     status = f.run()
     assert status == "done"
@@ -56,7 +56,7 @@ def test_logs_follow_survives_killed_sshd_session(node, tiny_assets, tmp_path): 
     t2 = open_transport(host)
     try:
         for name in {ln.file for ln in got}:
-            remote = t2.get(f"{host.layout.run_dir(plan.run_id)}/{name}").decode("utf-8", "replace")
+            remote = t2.get(f"{host.tree.run_dir(plan.run_id)}/{name}").decode("utf-8", "replace")
             assert remote.endswith("\n")
             mine = [ln.text for ln in got if ln.file == name]
             assert mine == remote[:-1].split("\n"), name
@@ -107,7 +107,7 @@ def test_logs_follow_stops_at_once_on_a_changed_host_key(sshd_only, tmp_path):
         swapped.append(1)
 
     reconnects = []
-    f = LogFollower(t, host.layout, "live-1", on_line=on_line, follow=True, max_retries=3,
+    f = LogFollower(t, host.tree, "live-1", on_line=on_line, follow=True, max_retries=3,
                     sleep=lambda s: None, on_reconnect=lambda n, why: reconnects.append(why))
     # a run that looks live (its supervisor a stand-in): the follower never ends by itself
     sup = live_looking_run(root / "runs" / "live-1")
@@ -163,7 +163,7 @@ def test_remote_follower_does_not_outlive_its_connection(sshd_only, tmp_path):
 
     def follow():
         try:
-            t.stream(LogFollower(t, host.layout, "live-1", on_line=None, follow=True).argv(),
+            t.stream(LogFollower(t, host.tree, "live-1", on_line=None, follow=True).argv(),
                      lambda ln: first.set())
         except DfoError:
             pass   # the connection we kill below

@@ -21,7 +21,7 @@ from orchestrator.config.runconfig import default_config_path
 from orchestrator.engine.demo import demo_paths
 from orchestrator.ops import launch_plan as lp
 from orchestrator.ops.launch_steps import spec_bytes
-from orchestrator.ops.layout import RemoteLayout
+from orchestrator.ops.host_tree import HostTree
 from tests.supervisor_env import hosts_yaml, make_root
 
 REPO = Path(__file__).resolve().parent.parent
@@ -99,7 +99,7 @@ def test_a_config_file_is_parsed_once_and_its_typed_config_reaches_spec_json(lau
 
 
 def test_the_default_config_is_parsed_once_and_never_goes_through_a_file(launch, monkeypatch):
-    p = demo_paths(RemoteLayout(str(launch.root)))
+    p = demo_paths(HostTree(str(launch.root)))
     Path(p["target"]).mkdir(parents=True)
     Path(p["data"]).write_text("{}\n")
     Path(p["eval"]).write_text("{}\n")

@@ -1,7 +1,7 @@
 """The kernel's OOM killer as evidence: cgroup v2 ``memory.events``, cgroup v1
 ``memory.oom_control``/``memory.failcnt``, and the kernel's own log naming the attempt's pid.
 Parsers on recorded files; a real OOM kill in a real cgroup v1 memory controller where this
-machine has one (root); and the real supervisor classing a foreign command the kernel killed
+machine has one (root); and the real supervisor classing an own command the kernel killed
 as ``oom``."""
 
 from __future__ import annotations
@@ -139,14 +139,14 @@ def test_the_supervisor_classes_a_kernel_oom_kill_of_its_attempt_as_oom(memcg, t
     from tests.supervisor_env import FAST, events, local_host, make_root, wait_final
 
     root = make_root(tmp_path)
-    ops = RunOps(LocalTransport("local"), local_host(root))
+    run_ops = RunOps(LocalTransport("local"), local_host(root))
     cmd = ["sh", "-c", f"echo $$ > {memcg}/cgroup.procs; exec {sys.executable} -c \"{HOG}\""]
     try:
-        run_id = ops.launch(LaunchOptions(command=cmd, run_name="hog", backoff_scale=0.01,
+        run_id = run_ops.launch(LaunchOptions(command=cmd, run_name="hog", backoff_scale=0.01,
                                           thresholds=dict(FAST), env_check=False)).run_id
     except RunFailed as e:   # it may end before launch has finished watching its start
         run_id = re.search(r"run (\S+) failed at start", str(e)).group(1)
-    info = wait_final(ops, run_id, timeout=240)
+    info = wait_final(run_ops, run_id, timeout=240)
     cl = [e for e in events(root, run_id) if e.kind == "classified"]
     assert cl and cl[0].cls == "oom", (cl, info.get("reason"))
     assert "Memory cgroup out of memory: Killed process" in cl[0].reason

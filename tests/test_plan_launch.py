@@ -1,6 +1,6 @@
 """The one launch planner (ops.launch_inputs.prepare, ops.launch_plan.facts_request and
 plan_launch), pure: the host's facts are given as the facts probe would have answered them.
-Bundled and foreign trainers, alone and as a group's nodes."""
+Bundled and own trainers, alone and as a group's nodes."""
 
 from __future__ import annotations
 
@@ -139,7 +139,7 @@ def test_group_nodes_head_resolves_others_take_its_checkpoint_and_the_fault_node
          role=gs[1], resume_path=None)
 
 
-def test_a_foreign_trainer_resumes_from_its_glob_or_an_existing_path():
+def test_an_own_trainer_resumes_from_its_glob_or_an_existing_path():
     o = lr.LaunchOptions(command=("python", "train.py", "--x"), resume="latest",
                          resume_glob="ck/step_*", thresholds={"hang_s": 0})
     cfg = own_config(o, {}, None)

@@ -111,14 +111,14 @@ def test_plot_of_a_real_run_with_a_fallback(tmp_path, tiny_assets, capsys, monke
                                       write_config)
 
     root = make_root(tmp_path)
-    ops = RunOps(LocalTransport("local"), local_host(root))
+    run_ops = RunOps(LocalTransport("local"), local_host(root))
     cfg = write_config(tmp_path / "c.yaml", tiny_assets)
-    plan = ops.launch(LaunchOptions(config=str(cfg), run_name="t", fault="fx_race@6",
+    plan = run_ops.launch(LaunchOptions(config=str(cfg), run_name="t", fault="fx_race@6",
                                     backoff_scale=0.01, thresholds=dict(FAST), env_check=False))
-    assert wait_final(ops, plan.run_id)["status"] == "done"
+    assert wait_final(run_ops, plan.run_id)["status"] == "done"
     hosts = hosts_yaml(tmp_path / "hosts.yaml", root)
 
-    c = pl.fetch_curves(ops, plan.run_id)
+    c = pl.fetch_curves(run_ops, plan.run_id)
     assert [b.attempt for b in c.boundaries] == [2]
     assert c.boundaries[0].label.startswith("attempt 2: fx_trace_race -> layout_ddp")
     assert c.boundaries[0].step == 4

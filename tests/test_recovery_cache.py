@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.ops import snapshot as sn
-from orchestrator.ops.layout import RemoteLayout
+from orchestrator.ops.host_tree import HostTree
 from tests.helpers.trainer import make_synth, make_target, run_trainer, tiny_overrides
 
 pytestmark = pytest.mark.timeout(900)
@@ -35,12 +35,12 @@ def _warm_lines(out: str) -> list[tuple[int, ...]]:
 def test_retry_after_fault_hits_what_attempt_1_compiled(tmp_path: Path):
     target = make_target(str(tmp_path / "target"))
     data = make_synth(str(tmp_path / "data.jsonl"))
-    lay = RemoteLayout(str(tmp_path / "root"))
+    tree = HostTree(str(tmp_path / "root"))
     run_dir = tmp_path / "root" / "runs" / "r1"
-    seed = sn.seed_run_cache_argvs(lay, "k", str(run_dir))   # no live cache: a cold run
+    seed = sn.seed_run_cache_argvs(tree, "k", str(run_dir))   # no live cache: a cold run
     for argv in seed:
         subprocess.run(argv, check=True)
-    env = dict(sn.cache_env(lay, "k", str(run_dir)), DFO_RUN_DIR=str(run_dir))
+    env = dict(sn.cache_env(tree, "k", str(run_dir)), DFO_RUN_DIR=str(run_dir))
     args = ["train", *tiny_overrides(target, data, str(run_dir / "out"),
                                      **{"compile.enabled": "true", "train.max_steps": 4,
                                         "checkpoint.every": 100})]

@@ -83,7 +83,7 @@ def test_run_dir_is_created_exclusively():
     parents, mine = ri.run_dir_argvs("/r/runs/a-1", "/r/locks", "/r/checkpoints/a")
     assert parents == ["mkdir", "-p", "--", "/r/runs", "/r/locks", "/r/checkpoints/a"]
     assert mine == ["mkdir", "--", "/r/runs/a-1"]   # no -p: fails when it exists
-    # a foreign trainer's checkpoints inside its run dir: made after the exclusive mkdir
+    # your own trainer's checkpoints inside its run dir: made after the exclusive mkdir
     # (made before it, the exclusive mkdir of a fresh run failed: seen on the H200)
     argvs = ri.run_dir_argvs("/r/runs/b-1", "/r/locks", "/r/runs/b-1", "/r/runs/b-1/ck")
     assert argvs == [["mkdir", "-p", "--", "/r/runs", "/r/locks"], ["mkdir", "--", "/r/runs/b-1"],
@@ -170,9 +170,9 @@ def test_simultaneous_launches_get_their_own_runs(env, tiny_assets):  # noqa: F8
         return same_second
 
     def one(i):
-        ops = RunOps(open_transport(host), host, clock=clock)
+        run_ops = RunOps(open_transport(host), host, clock=clock)
         try:
-            results[i] = ops.launch(LaunchOptions(
+            results[i] = run_ops.launch(LaunchOptions(
                 config=str(cfg), run_name="twin", backoff_scale=0.01, thresholds=FAST,
                 env_check=False, start_timeout=180))
         except Exception as e:  # noqa: BLE001 - inspected below
@@ -185,7 +185,7 @@ def test_simultaneous_launches_get_their_own_runs(env, tiny_assets):  # noqa: F8
         t.join(400)
     won = [r for r in results.values() if isinstance(r, lp.LaunchPlan)]
     lost = [r for r in results.values() if not isinstance(r, lp.LaunchPlan)]
-    ops = RunOps(open_transport(host), host)
+    run_ops = RunOps(open_transport(host), host)
     try:
         assert len(won) == 1 and len(lost) == 1, results
         assert isinstance(lost[0], LockHeldError) and lost[0].exit_code == 9, lost[0]
@@ -202,7 +202,7 @@ def test_simultaneous_launches_get_their_own_runs(env, tiny_assets):  # noqa: F8
         assert len(starts) == 1
     finally:
         for r in won:
-            ops.stop(r.run_id, timeout=120)
+            run_ops.stop(r.run_id, timeout=120)
 
 
 @pytest.mark.slow
@@ -255,9 +255,9 @@ def test_cut_off_launch_names_the_run_and_how_to_check(env, tiny_assets):  # noq
     root, hosts, tmp = env
     cfg = write_config(tmp / "c.yaml", tiny_assets, train={"max_steps": 2000})
     host = local_host(root)
-    ops = RunOps(_DropsAfterStart(open_transport(host)), host)
+    run_ops = RunOps(_DropsAfterStart(open_transport(host)), host)
     with pytest.raises(ConnectError) as ei:
-        ops.launch(LaunchOptions(config=str(cfg), run_name="cut", backoff_scale=0.01,
+        run_ops.launch(LaunchOptions(config=str(cfg), run_name="cut", backoff_scale=0.01,
                                  thresholds=FAST, env_check=False))
     run_id = next(p.name for p in (root / "runs").iterdir())
     msg = str(ei.value)

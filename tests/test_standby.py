@@ -43,14 +43,14 @@ def test_import_env_keys_and_differences():
 
 
 def test_only_the_bundled_trainer_in_one_process_is_eligible():
-    assert sb.ineligible(ARGV, byo=False, group=False, layout="threads") is None
-    assert sb.ineligible(ARGV, byo=False, group=False, layout=None) is None
-    assert "ddp" in sb.ineligible(ARGV, byo=False, group=False, layout="ddp")
-    assert "own trainer" in sb.ineligible(ARGV, byo=True, group=False, layout="single")
-    assert "multi-node" in sb.ineligible(ARGV, byo=False, group=True, layout="single")
+    assert sb.ineligible(ARGV, own=False, group=False, layout="threads") is None
+    assert sb.ineligible(ARGV, own=False, group=False, layout=None) is None
+    assert "ddp" in sb.ineligible(ARGV, own=False, group=False, layout="ddp")
+    assert "own trainer" in sb.ineligible(ARGV, own=True, group=False, layout="single")
+    assert "multi-node" in sb.ineligible(ARGV, own=False, group=True, layout="single")
     torchrun = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
                 "-m", "orchestrator.supervisor.shim", "trainer", "train"]
-    assert "shim" in sb.ineligible(torchrun, byo=False, group=False, layout="single")
+    assert "shim" in sb.ineligible(torchrun, own=False, group=False, layout="single")
 
 
 def _ready(**kw):
@@ -150,8 +150,8 @@ def test_no_standby_reaches_the_spec(tmp_path, capsys, tiny_assets):  # noqa: F8
     assert got == [True, False]
 
 
-def _spec(standby: bool = True, byo: dict | None = None, group: bool = False):
-    """A RunSpec with the fields the Keeper reads (standby on/off, a foreign command, one
+def _spec(standby: bool = True, own: dict | None = None, group: bool = False):
+    """A RunSpec with the fields the Keeper reads (standby on/off, an own command, one
     node of a group)."""
     from dfo_contract.runspec import (Bundled, Config, Group, Identity, Own, Resume, RunSpec,
                                       Solo, Standby)
@@ -163,13 +163,13 @@ def _spec(standby: bool = True, byo: dict | None = None, group: bool = False):
                    config=Config(path="/r/runs/r-1/config.yaml"),
                    resume=Resume(checkpoint_dir="/r/checkpoints/r"),
                    standby=Standby(enabled=standby),
-                   trainer=Own(command=tuple(byo["command"])) if byo else Bundled(),
+                   trainer=Own(command=tuple(own["command"])) if own else Bundled(),
                    role=role)
 
 
 def _inputs(**kw):
     """The Keeper's inputs as the supervisor builds them for this spec: its attempt source
-    says whether the trainer is a foreign command, its role whether it is one node of
+    says whether the trainer is an own command, its role whether it is one node of
     several."""
     from dfo_contract.runstate import RunState
     from orchestrator.supervisor.group import role_for
@@ -188,15 +188,15 @@ def _inputs(**kw):
                         bundled=lambda: source.bundled(record.state.overrides),
                         attempt_env=source.attempt_env, emit=record.emit, save=record.save,
                         record_pid=lambda pid: setattr(record.state, "standby_pid", pid),
-                        byo=source.foreign, group=role.multinode)
+                        own=source.own, group=role.multinode)
 
 
-def test_keeper_is_off_for_no_standby_byo_and_groups():
+def test_keeper_is_off_for_no_standby_own_and_groups():
     from orchestrator.supervisor.standby import Keeper
 
     assert Keeper(_inputs()).enabled() and Keeper(_inputs(standby=True)).enabled()
     assert not Keeper(_inputs(standby=False)).enabled()
-    assert not Keeper(_inputs(byo={"command": ["x"]})).enabled()
+    assert not Keeper(_inputs(own={"command": ["x"]})).enabled()
     assert not Keeper(_inputs(group=True)).enabled()
 
 
@@ -255,7 +255,7 @@ def _launch(tmp_path, assets, thresholds=(), **kw):
     from orchestrator.transport.local import LocalTransport
 
     root = make_root(tmp_path)
-    ops = RunOps(LocalTransport("local"), local_host(root))
+    run_ops = RunOps(LocalTransport("local"), local_host(root))
     cfg = write_config(tmp_path / "c.yaml", assets, train={"max_steps": 10})
     sets = ("compile.enabled=true", "compile.gate=false", "parallel.layout=threads",
             "parallel.drafter_devices=[cpu,cpu]")
@@ -263,8 +263,8 @@ def _launch(tmp_path, assets, thresholds=(), **kw):
                       sets=sets, thresholds=dict(FAST, warmup_s=300, standby_wait_s=300,
                                                  **dict(thresholds)),
                       env_check=False, **kw)
-    plan = ops.launch(o)
-    info = wait_final(ops, plan.run_id, timeout=600)
+    plan = run_ops.launch(o)
+    info = wait_final(run_ops, plan.run_id, timeout=600)
     return root, plan.run_id, info, events(root, plan.run_id)
 
 

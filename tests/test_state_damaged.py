@@ -44,17 +44,17 @@ def test_the_events_tell_the_state():
 @pytest.mark.slow
 def test_status_and_logs_of_a_finished_run_with_a_damaged_state_file(tmp_path, tiny_assets):  # noqa: F811
     root = make_root(tmp_path)
-    ops = RunOps(LocalTransport("local"), local_host(root))
+    run_ops = RunOps(LocalTransport("local"), local_host(root))
     cfg = write_config(tmp_path / "c.yaml", tiny_assets, train={"max_steps": 4})
-    plan = ops.launch(LaunchOptions(config=str(cfg), run_name="t", backoff_scale=0.01,
+    plan = run_ops.launch(LaunchOptions(config=str(cfg), run_name="t", backoff_scale=0.01,
                                     thresholds=dict(FAST), env_check=False))
-    assert wait_final(ops, plan.run_id)["status"] == "done"
+    assert wait_final(run_ops, plan.run_id)["status"] == "done"
     state = root / "runs" / plan.run_id / "state.json"
     good = state.read_bytes()
     hosts = hosts_yaml(tmp_path / "hosts.yaml", root)
     for damaged in (good[: len(good) // 2], b"", b"not json\n", b"[1, 2]\n"):
         state.write_bytes(damaged)
-        info = ops.status(plan.run_id)[0]
+        info = run_ops.status(plan.run_id)[0]
         assert (info.state.status, info.shown_status, info.state.attempt) == ("done", "done", 1)
         assert info.state_damaged.startswith("state.json is damaged (")
         assert info.state_damaged.endswith("rebuilt from events.jsonl")

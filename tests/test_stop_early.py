@@ -1,6 +1,6 @@
 """The supervisor stops when another attempt cannot do better: the same error before the
 first training step, twice, with the same config and nothing trained or saved in between
-(the pure rule, and a real foreign command under the real supervisor); a finished command
+(the pure rule, and a real own command under the real supervisor); a finished command
 that reports no steps, and an attempt that ended with no exit status, read as such."""
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def test_attempt_end_without_an_exit_status_says_so():
 
 
 @pytest.fixture
-def ops(tmp_path):
+def run_ops(tmp_path):
     root = make_root(tmp_path)
     return root, RunOps(LocalTransport("local"), local_host(root))
 
@@ -70,8 +70,8 @@ def _launch(ops_, cmd, name):
 
 
 @pytest.mark.slow
-def test_a_script_that_fails_at_once_stops_after_its_second_attempt(ops):
-    root, o = ops
+def test_a_script_that_fails_at_once_stops_after_its_second_attempt(run_ops):
+    root, o = run_ops
     run_id = _launch(o, [sys.executable, "-c", "raise ValueError('lr must be > 0, got -1')"],
                      "bad")
     info = wait_final(o, run_id, timeout=180)
@@ -85,8 +85,8 @@ def test_a_script_that_fails_at_once_stops_after_its_second_attempt(ops):
 
 
 @pytest.mark.slow
-def test_a_command_without_step_lines_finishes_without_a_step_none(ops):
-    root, o = ops
+def test_a_command_without_step_lines_finishes_without_a_step_none(run_ops):
+    root, o = run_ops
     run_id = _launch(o, [sys.executable, "-c", "print('trained')"], "quiet")
     info = wait_final(o, run_id, timeout=180)
     assert info["status"] == "done"

@@ -29,14 +29,14 @@ pytestmark = pytest.mark.slow
 @pytest.fixture
 def setup(tmp_path, tiny_assets):  # noqa: F811
     root = make_root(tmp_path)
-    ops = RunOps(LocalTransport("local"), local_host(root))
-    return root, ops, tmp_path
+    run_ops = RunOps(LocalTransport("local"), local_host(root))
+    return root, run_ops, tmp_path
 
 
-def launch(ops, cfg, *, fault=None, name="t", **kw):
+def launch(run_ops, cfg, *, fault=None, name="t", **kw):
     o = LaunchOptions(config=str(cfg), run_name=name, fault=fault, backoff_scale=0.01,
                       thresholds=dict(FAST, **kw.pop("thresholds", {})), env_check=False, **kw)
-    return ops.launch(o)
+    return run_ops.launch(o)
 
 
 def kinds(evs, kind):
@@ -99,10 +99,10 @@ def hog_until_slow(root, run_id, hogs: list, cores: int, baseline: float) -> flo
 
 
 def test_a_cpu_hog_is_host_busy_not_dense_attention(setup, tiny_assets):  # noqa: F811
-    root, ops, tmp = setup
+    root, run_ops, tmp = setup
     cfg = write_config(tmp / "c.yaml", tiny_assets, train={"max_steps": 100000},
                        checkpoint={"every": 50})
-    plan = launch(ops, cfg, thresholds={"train_s": 120, "collapse_steps": 12,
+    plan = launch(run_ops, cfg, thresholds={"train_s": 120, "collapse_steps": 12,
                                         "baseline_steps": 3, "skip_steps": 2})
     hogs: list[subprocess.Popen] = []
     try:
@@ -129,8 +129,8 @@ def test_a_cpu_hog_is_host_busy_not_dense_attention(setup, tiny_assets):  # noqa
             h.kill()
         for h in hogs:
             h.wait()
-        ops.stop(plan.run_id)   # also when an assertion failed: never leave the run going
-    info = wait_final(ops, plan.run_id)
+        run_ops.stop(plan.run_id)   # also when an assertion failed: never leave the run going
+    info = wait_final(run_ops, plan.run_id)
     evs = events(root, plan.run_id)
     assert low.cause == "host_busy", low
     seen = low.seen     # what the host showed: other processes' cores, or the load
@@ -147,11 +147,11 @@ def test_a_cpu_hog_is_host_busy_not_dense_attention(setup, tiny_assets):  # noqa
 
 
 def test_a_hang_is_acted_on_within_hang_s_of_the_last_heartbeat(setup, tiny_assets):  # noqa: F811
-    root, ops, tmp = setup
+    root, run_ops, tmp = setup
     cfg = write_config(tmp / "c.yaml", tiny_assets)
     # train_s 300 (the default): acting only after train_s would wait 5 minutes
-    plan = launch(ops, cfg, fault="hang@5", thresholds={"train_s": 300, "hang_s": 10})
-    info = wait_final(ops, plan.run_id, timeout=280)
+    plan = launch(run_ops, cfg, fault="hang@5", thresholds={"train_s": 300, "hang_s": 10})
+    info = wait_final(run_ops, plan.run_id, timeout=280)
     evs = events(root, plan.run_id)
     assert info["status"] == "done", info.get("reason")
     wd = [e for e in kinds(evs, "watchdog") if "without progress" in e.reason]
@@ -170,14 +170,14 @@ def test_a_stopped_trainer_is_frozen_not_a_compile_hang(setup, tiny_assets):  # 
     """SIGSTOP to attempt 1's trainer (as soon as it started, so it cannot finish first):
     ``frozen`` (its state T read from /proc), not ``compile_hang``; the same config again
     (no compile step in a run that does not compile), and the run ends done."""
-    root, ops, tmp = setup
+    root, run_ops, tmp = setup
     cfg = write_config(tmp / "c.yaml", tiny_assets)
-    plan = launch(ops, cfg, thresholds={"hang_s": 10, "frozen_s": 3})
+    plan = launch(run_ops, cfg, thresholds={"hang_s": 10, "frozen_s": 3})
     starts = wait_for(lambda: kinds(events(root, plan.run_id), "attempt_start"), 120,
                       "attempt 1 to start")
     pid = starts[0].pid
     os.kill(pid, signal.SIGSTOP)
-    info = wait_final(ops, plan.run_id, timeout=280)
+    info = wait_final(run_ops, plan.run_id, timeout=280)
     evs = events(root, plan.run_id)
     cls = kinds(evs, "classified")
     assert cls[0].cls == "frozen", [(c.cls, c.reason) for c in cls]

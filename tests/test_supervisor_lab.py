@@ -42,7 +42,7 @@ def ct(lab, lab_wheelhouse, project_wheel, tmp_path_factory):
 
     old = os.environ.get("DFO_PROJECT_WHEEL")
     os.environ["DFO_PROJECT_WHEEL"] = str(wheel.path)
-    py = host.layout.current_python
+    py = host.tree.current_python
     assets = posixpath.join(ROOT, "assets")
     t.run([py, "-m", "trainer.model.target", "--out", f"{assets}/target"], timeout=300, check=True)
     t.run([py, "-m", "trainer.data", "synth", "--out", f"{assets}/synth.jsonl", "--num", "256",
@@ -68,14 +68,14 @@ def ct(lab, lab_wheelhouse, project_wheel, tmp_path_factory):
 
 
 def evs(t, host, run_id):
-    return events.read_events(t.get(f"{host.layout.run_dir(run_id)}/events.jsonl").decode())
+    return events.read_events(t.get(f"{host.tree.run_dir(run_id)}/events.jsonl").decode())
 
 
-def wait(ops, run_id, pred, timeout=240, what="condition"):
+def wait(run_ops, run_id, pred, timeout=240, what="condition"):
     """The run as ``dfo status --json`` shows it once ``pred`` holds for that."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        info = ops.status(run_id)[0].to_json()
+        info = run_ops.status(run_id)[0].to_json()
         if pred(info):
             return info
         time.sleep(1)
@@ -83,11 +83,11 @@ def wait(ops, run_id, pred, timeout=240, what="condition"):
 
 
 def test_fx_recovery_in_the_container_under_systemd(ct):
-    ops, t, host, config = ct
-    plan = ops.launch(LaunchOptions(config=str(config("fx")), run_name="fx", fault="fx_race@6",
+    run_ops, t, host, config = ct
+    plan = run_ops.launch(LaunchOptions(config=str(config("fx")), run_name="fx", fault="fx_race@6",
                                     backoff_scale=0.01, thresholds=FAST))   # env --check on
     assert plan.mode == "systemd" and plan.start_argv[0] == "systemd-run"
-    info = wait(ops, plan.run_id, lambda i: i["status"] in ("done", "failed", "stopped"),
+    info = wait(run_ops, plan.run_id, lambda i: i["status"] in ("done", "failed", "stopped"),
                 what="the run to end")
     assert info["status"] == "done", info.get("reason")
     assert info["mode"] == "systemd"
@@ -101,29 +101,29 @@ def test_fx_recovery_in_the_container_under_systemd(ct):
 
 
 def test_kill9_supervisor_second_launch_and_stop_in_the_container(ct):
-    ops, t, host, config = ct
+    run_ops, t, host, config = ct
     cfg = config("long", max_steps=2000)
-    plan = ops.launch(LaunchOptions(config=str(cfg), run_name="long", backoff_scale=0.01,
+    plan = run_ops.launch(LaunchOptions(config=str(cfg), run_name="long", backoff_scale=0.01,
                                     thresholds=FAST, env_check=False))
     run_id = plan.run_id
     try:
-        info = wait(ops, run_id, lambda i: (i.get("last_step") or 0) >= 5, what="step 5")
+        info = wait(run_ops, run_id, lambda i: (i.get("last_step") or 0) >= 5, what="step 5")
         with pytest.raises(LockHeldError, match=f"run {run_id} is live"):
-            ops.plan(LaunchOptions(config=str(cfg), env_check=False))
+            run_ops.plan(LaunchOptions(config=str(cfg), env_check=False))
         sup, trainer = info["pid"], info["trainer_pids"][0]
         t.run(["kill", "-9", str(sup)], check=True)
-        wait(ops, run_id, lambda i: i.get("live") and i["pid"] != sup and i["attempt"] >= 2,
+        wait(run_ops, run_id, lambda i: i.get("live") and i["pid"] != sup and i["attempt"] >= 2,
              60, "systemd to restart the supervisor")
         r = t.run(["sh", "-c", 'kill -0 "$1" 2>/dev/null && echo alive || echo gone', "x",
                    str(trainer)])
         assert r.out.strip() == "gone", "the old trainer must not run unwatched"
         e = evs(t, host, run_id)
         assert [x for x in e if x.kind == "supervisor_start"][-1].resumed is True
-        wait(ops, run_id, lambda i: i["attempts"][-1].get("resume") and
+        wait(run_ops, run_id, lambda i: i["attempts"][-1].get("resume") and
              (i.get("last_step") or 0) > (i.get("last_checkpoint") or {}).get("step", 0), 120,
              "the new attempt to train")
     finally:
-        info = ops.stop(run_id, timeout=120).to_json()
+        info = run_ops.stop(run_id, timeout=120).to_json()
     assert info["status"] == "stopped"
     assert info["last_checkpoint"], "the trainer saved a checkpoint on SIGTERM"
     r = t.run(["systemctl", "is-active", f"dfo-{run_id}"])
@@ -139,8 +139,8 @@ def test_logs_follow_through_pct_survives_killed_sshd_session(ct, lab):
     from orchestrator.engine.logs import LogFollower
     from tests.lab_sockets import client_port, sshd_pids_serving
 
-    ops, t, host, config = ct
-    plan = ops.launch(LaunchOptions(config=str(config("drop", max_steps=20)), run_name="drop",
+    run_ops, t, host, config = ct
+    plan = run_ops.launch(LaunchOptions(config=str(config("drop", max_steps=20)), run_name="drop",
                                     fault="oom@7", backoff_scale=0.01, thresholds=FAST,
                                     env_check=False))
     got, kills, reconnects = [], [], []
@@ -154,10 +154,10 @@ def test_logs_follow_through_pct_survives_killed_sshd_session(ct, lab):
                 os.kill(p, signal.SIGKILL)
             kills.append(pids)
 
-    status = LogFollower(t, host.layout, plan.run_id, on_line=on_line, follow=True,
+    status = LogFollower(t, host.tree, plan.run_id, on_line=on_line, follow=True,
                          on_reconnect=lambda n, why: reconnects.append(why)).run()
     assert status == "done" and len(kills) == 2 and len(reconnects) >= 2
     for name in {ln.file for ln in got}:
-        remote = t.get(f"{host.layout.run_dir(plan.run_id)}/{name}").decode("utf-8", "replace")
+        remote = t.get(f"{host.tree.run_dir(plan.run_id)}/{name}").decode("utf-8", "replace")
         assert [ln.text for ln in got if ln.file == name] == remote[:-1].split("\n"), name
     assert {"attempt-1.log", "attempt-2.log"} <= {ln.file for ln in got}

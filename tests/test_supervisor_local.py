@@ -22,14 +22,14 @@ pytestmark = pytest.mark.slow
 @pytest.fixture
 def setup(tmp_path, tiny_assets):  # noqa: F811
     root = make_root(tmp_path)
-    ops = RunOps(LocalTransport("local"), local_host(root))
-    return root, ops, tmp_path
+    run_ops = RunOps(LocalTransport("local"), local_host(root))
+    return root, run_ops, tmp_path
 
 
-def launch(ops, cfg, *, fault=None, name="t", **kw):
+def launch(run_ops, cfg, *, fault=None, name="t", **kw):
     o = LaunchOptions(config=str(cfg), run_name=name, fault=fault, backoff_scale=0.01,
                       thresholds=dict(FAST, **kw.pop("thresholds", {})), env_check=False, **kw)
-    return ops.launch(o)
+    return run_ops.launch(o)
 
 
 def kinds(evs, kind):
@@ -39,10 +39,10 @@ def kinds(evs, kind):
 def test_fx_error_is_classified_falls_back_and_resumes(setup, tiny_assets):  # noqa: F811
     # the tiny config does not compile: the ladder's compile_gate could not change the run,
     # so its first step that does is layout_ddp
-    root, ops, tmp = setup
+    root, run_ops, tmp = setup
     cfg = write_config(tmp / "c.yaml", tiny_assets)
-    plan = launch(ops, cfg, fault="fx_race@6")
-    info = wait_final(ops, plan.run_id)
+    plan = launch(run_ops, cfg, fault="fx_race@6")
+    info = wait_final(run_ops, plan.run_id)
     evs = events(root, plan.run_id)
     assert info["status"] == "done", info.get("reason")
     cl = kinds(evs, "classified")
@@ -69,10 +69,10 @@ def test_fx_error_is_classified_falls_back_and_resumes(setup, tiny_assets):  # n
 
 
 def test_hang_is_detected_stacks_saved_and_restarted(setup, tiny_assets):  # noqa: F811
-    root, ops, tmp = setup
+    root, run_ops, tmp = setup
     cfg = write_config(tmp / "c.yaml", tiny_assets)
-    plan = launch(ops, cfg, fault="hang@5", thresholds={"train_s": 6})
-    info = wait_final(ops, plan.run_id)
+    plan = launch(run_ops, cfg, fault="hang@5", thresholds={"train_s": 6})
+    info = wait_final(run_ops, plan.run_id)
     evs = events(root, plan.run_id)
     assert info["status"] == "done", info.get("reason")
     wd = [e for e in kinds(evs, "watchdog") if "without progress" in e.reason]
@@ -95,14 +95,14 @@ def test_eval_markers_reach_the_state_and_events(setup, tiny_assets):  # noqa: F
     event kind crashed on the first one: seen in the demo)."""
     import yaml
 
-    root, ops, tmp = setup
+    root, run_ops, tmp = setup
     cfg = write_config(tmp / "c.yaml", tiny_assets)
     c = yaml.safe_load(cfg.read_text())
     c["data"]["eval_path"] = str(tiny_assets / "synth.jsonl")
     c.setdefault("eval", {}).update({"every": 4, "max_samples": 4})
     cfg.write_text(yaml.safe_dump(c))
-    plan = launch(ops, cfg)
-    info = wait_final(ops, plan.run_id)
+    plan = launch(run_ops, cfg)
+    info = wait_final(run_ops, plan.run_id)
     assert info["status"] == "done", info.get("reason")
     assert len(info["attempts"]) == 1
     evals = kinds(events(root, plan.run_id), "eval")
@@ -112,10 +112,10 @@ def test_eval_markers_reach_the_state_and_events(setup, tiny_assets):  # noqa: F
 
 
 def test_oom_halves_micro_batch(setup, tiny_assets):  # noqa: F811
-    root, ops, tmp = setup
+    root, run_ops, tmp = setup
     cfg = write_config(tmp / "c.yaml", tiny_assets)
-    plan = launch(ops, cfg, fault="oom@3")
-    info = wait_final(ops, plan.run_id)
+    plan = launch(run_ops, cfg, fault="oom@3")
+    info = wait_final(run_ops, plan.run_id)
     evs = events(root, plan.run_id)
     assert info["status"] == "done", info.get("reason")
     assert kinds(evs, "classified")[0].cls == "oom"
@@ -127,10 +127,10 @@ def test_oom_halves_micro_batch(setup, tiny_assets):  # noqa: F811
 
 
 def test_dense_warning_is_acted_on_live_with_a_checkpoint(setup, tiny_assets):  # noqa: F811
-    root, ops, tmp = setup
+    root, run_ops, tmp = setup
     cfg = write_config(tmp / "c.yaml", tiny_assets, train={"max_steps": 14})
-    plan = launch(ops, cfg, fault="slow=0.5@6")
-    info = wait_final(ops, plan.run_id)
+    plan = launch(run_ops, cfg, fault="slow=0.5@6")
+    info = wait_final(run_ops, plan.run_id)
     evs = events(root, plan.run_id)
     assert info["status"] == "done", info.get("reason")
     wd = kinds(evs, "watchdog")
@@ -148,10 +148,10 @@ def test_dense_warning_is_acted_on_live_with_a_checkpoint(setup, tiny_assets):  
 
 
 def test_nan_loss_restarts_from_the_checkpoint(setup, tiny_assets):  # noqa: F811
-    root, ops, tmp = setup
+    root, run_ops, tmp = setup
     cfg = write_config(tmp / "c.yaml", tiny_assets)
-    plan = launch(ops, cfg, fault="nan@6")
-    info = wait_final(ops, plan.run_id)
+    plan = launch(run_ops, cfg, fault="nan@6")
+    info = wait_final(run_ops, plan.run_id)
     evs = events(root, plan.run_id)
     assert info["status"] == "done", info.get("reason")
     assert kinds(evs, "classified")[0].cls == "nan_loss"
@@ -161,10 +161,10 @@ def test_nan_loss_restarts_from_the_checkpoint(setup, tiny_assets):  # noqa: F81
 
 
 def test_permanent_error_fails_at_once(setup, tiny_assets):  # noqa: F811
-    root, ops, tmp = setup
+    root, run_ops, tmp = setup
     cfg = write_config(tmp / "c.yaml", tiny_assets)
-    plan = launch(ops, cfg, fault="exit=3@1#*")
-    info = wait_final(ops, plan.run_id)
+    plan = launch(run_ops, cfg, fault="exit=3@1#*")
+    info = wait_final(run_ops, plan.run_id)
     assert info["status"] == "failed" and info["attempt"] == 1
     assert "data error (exit 3)" in info["reason"] and "restarting cannot help" in info["reason"]
 
@@ -176,9 +176,9 @@ def test_a_config_edited_mid_run_is_named_and_not_taken(setup, tiny_assets):  # 
 
     import yaml
 
-    root, ops, tmp = setup
+    root, run_ops, tmp = setup
     cfg = write_config(tmp / "c.yaml", tiny_assets)
-    plan = launch(ops, cfg, fault="hang@5", thresholds={"train_s": 20})
+    plan = launch(run_ops, cfg, fault="hang@5", thresholds={"train_s": 20})
     run = root / "runs" / plan.run_id
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:   # attempt 1 is hung at step 5 once step 4 is logged
@@ -191,7 +191,7 @@ def test_a_config_edited_mid_run_is_named_and_not_taken(setup, tiny_assets):  # 
     old_lr = conf["train"]["lr"]
     conf["train"]["lr"] = old_lr * 5
     (run / "config.yaml").write_text(yaml.safe_dump(conf))
-    info = wait_final(ops, plan.run_id)
+    info = wait_final(run_ops, plan.run_id)
     evs = events(root, plan.run_id)
     assert info["status"] == "done", info.get("reason")
     edited = kinds(evs, "config_edited")

@@ -23,7 +23,7 @@ from orchestrator.ops.budget import BudgetPolicy
 from orchestrator.ops.fallback import merge_ladders
 from orchestrator.ops.launch_argv import RUN_DIR_UNUSABLE_EXIT, SETSID_SCRIPT, supervisor_argv
 from orchestrator.ops.launch_inputs import flatten
-from orchestrator.ops.layout import RemoteLayout
+from orchestrator.ops.host_tree import HostTree
 from orchestrator.ops.run_identity import make_run_id
 from orchestrator.ops.thresholds import thresholds as thresholds_of
 from orchestrator.supervisor.procs import processes_of_run
@@ -49,19 +49,19 @@ def test_setsid_script_does_not_restart_a_supervisor_whose_run_dir_is_gone(tmp_p
 @pytest.mark.slow
 def test_deleting_a_live_runs_directory_ends_it_non_zero(tmp_path, tiny_assets):  # noqa: F811
     root = make_root(tmp_path)
-    lay = RemoteLayout(str(root))
+    tree = HostTree(str(root))
     run_id = make_run_id("gone", time.time())
-    run_dir = lay.run_dir(run_id)
+    run_dir = tree.run_dir(run_id)
     os.makedirs(run_dir)
     cfg = write_config(tmp_path / "c.yaml", tiny_assets, train={"max_steps": 100000},
                        checkpoint={"every": 100000})
     (tmp_path / "run.yaml").write_text(cfg.read_text())
     spec = RunSpec(
         identity=Identity(run_id=run_id, run_name="gone", host="local", root=str(root),
-                          python=sys.executable, lock=lay.run_lock),
+                          python=sys.executable, lock=tree.run_lock),
         config=Config(path=str(tmp_path / "run.yaml"),
                       base=flatten(yaml.safe_load(cfg.read_text()))),
-        resume=Resume(checkpoint_dir=lay.checkpoints("gone")),
+        resume=Resume(checkpoint_dir=tree.checkpoints("gone")),
         thresholds=thresholds_of(dict(FAST)), budget=BudgetPolicy(scale=0.01),
         ladders={k: tuple(v) for k, v in merge_ladders().items()}, trainer=Bundled())
     with open(os.path.join(run_dir, "spec.json"), "w") as f:
@@ -96,7 +96,7 @@ def test_deleting_a_live_runs_directory_ends_it_non_zero(tmp_path, tiny_assets):
             "run was live; the run ends") in text, text
     assert "Traceback" not in text
     assert processes_of_run(run_dir) == []
-    fd = os.open(lay.run_lock, os.O_RDWR)
+    fd = os.open(tree.run_lock, os.O_RDWR)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)   # given back
     finally:
@@ -112,20 +112,20 @@ def test_a_read_only_run_directory_ends_the_run_once_and_status_says_why(
         tmp_path, read_only, capsys, monkeypatch):  # noqa: F811
     monkeypatch.delenv("DFO_HOSTS", raising=False)
     root = make_root(tmp_path)
-    ops = RunOps(LocalTransport("local"), local_host(root))
+    run_ops = RunOps(LocalTransport("local"), local_host(root))
     script = tmp_path / "steps.py"
     script.write_text(STEPS)
-    run_id = ops.launch(LaunchOptions(
+    run_id = run_ops.launch(LaunchOptions(
         command=[sys.executable, str(script)], run_name="ro", backoff_scale=0.01,
         step_pattern=r"step (?P<step>\d+) loss \S+ tok/s (?P<tok_s>[\d.]+)",
         thresholds=dict(FAST), env_check=False)).run_id
     run_dir = root / "runs" / run_id
-    wait_for(lambda: (ops.status(run_id)[0].state.last_step or 0) >= 2, 120, "steps")
-    pid = ops.status(run_id)[0].state.pid
+    wait_for(lambda: (run_ops.status(run_id)[0].state.last_step or 0) >= 2, 120, "steps")
+    pid = run_ops.status(run_id)[0].state.pid
     read_only(run_dir)       # the next state.json the supervisor writes meets EROFS
 
     def ended():
-        info = ops.status(run_id)[0]
+        info = run_ops.status(run_id)[0]
         return info if info.state.status != "running" else None
     info = wait_for(ended, 120, "the run to end")
     assert info.state.status == info.shown_status == "failed" and not info.live, info
@@ -147,7 +147,7 @@ def test_a_read_only_run_directory_ends_the_run_once_and_status_says_why(
                        text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert p.returncode == RUN_DIR_UNUSABLE_EXIT and "Traceback" not in p.stderr, p.stderr
     assert f"the run directory {run_dir} is read-only" in p.stderr
-    assert ops.status(run_id)[0].state.status == "failed"
+    assert run_ops.status(run_id)[0].state.status == "failed"
     hosts = hosts_yaml(tmp_path / "hosts.yaml", root)
     assert main(["--hosts", str(hosts), "status", "--run", run_id]) == 0
     err = capsys.readouterr().err

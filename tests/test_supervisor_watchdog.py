@@ -201,7 +201,7 @@ def test_heartbeats_stop_and_the_tree_idles_killed_within_hang_s():
 
 def test_silent_but_busy_is_left_alone_until_the_phase_threshold():
     """No heartbeat (e.g. a native compile holding the GIL) but the tree burns CPU: not stuck
-    by hang_s; the old warmup_s/train_s bound still applies."""
+    by hang_s; the warmup_s/train_s bound applies too."""
     w = AttemptWatchdog(H, now=0.0)
     acts, t = run_clock(w, 2000, cpu_per_s=1.0)
     assert kinds(acts) == ["Warn", "DumpStacks", "Kill"] and 900 < t <= 902

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from orchestrator.engine.demo import demo_paths
-from orchestrator.ops.layout import RemoteLayout
+from orchestrator.ops.host_tree import HostTree
 from tests.supervisor_env import hosts_yaml, make_root  # noqa: F401
 from tests.test_tmux_cli import REPO, Tmux
 
@@ -29,7 +29,7 @@ ARGS = ["launch", "--no-env-check", "-f", "--backoff-scale", "0.01", "--set", "t
 @pytest.fixture
 def demo_host(tmp_path, tiny_assets):  # noqa: F811
     root = make_root(tmp_path)
-    p = demo_paths(RemoteLayout(str(root)))   # where `dfo demo` puts its assets
+    p = demo_paths(HostTree(str(root)))   # where `dfo demo` puts its assets
     shutil.copytree(tiny_assets / "target", p["target"])
     shutil.copy(tiny_assets / "synth.jsonl", p["data"])
     shutil.copy(tiny_assets / "synth.jsonl", p["eval"])

@@ -82,17 +82,17 @@ def test_two_dfos_share_one_host(wheelhouse, tmp_path, monkeypatch):  # noqa: F8
     assert "dfo-0.1.1-" in freeze_dfo(root)
     envs_before = sorted(p.name for p in (root / "envs").iterdir())
 
-    ops = RunOps(t, host)
+    run_ops = RunOps(t, host)
     cmd = [sys.executable, "-c", "print('step 1 loss 0 tok/s 1')"]
 
     def launch(**kw):
-        return ops.launch(LaunchOptions(command=cmd, run_name="two", backoff_scale=0.01,
+        return run_ops.launch(LaunchOptions(command=cmd, run_name="two", backoff_scale=0.01,
                                         thresholds=dict(FAST), env_check=True, **kw))
 
     # dfo A launches: its wheel is on the host from its deploy: switched in, no redeploy
     monkeypatch.setenv("DFO_PROJECT_WHEEL", str(a.path))
     plan = launch()
-    assert wait_final(ops, plan.run_id, timeout=300)["status"] == "done"
+    assert wait_final(run_ops, plan.run_id, timeout=300)["status"] == "done"
     assert "dfo-0.1.0-" in freeze_dfo(root)
     assert sorted(p.name for p in (root / "envs").iterdir()) == envs_before
     assert Deployer(t, host, wheel=a, environ=env).check().ok

@@ -54,7 +54,7 @@ def _key_access(n: ast.AST) -> tuple[ast.AST, str] | None:
 
 def _name(n: ast.AST) -> str | None:
     """The name a receiver goes by: ``info``, ``x.value`` -> value, ``runs[0]`` -> runs,
-    ``(o.value or {})`` -> value, ``ops.status(r)[0]`` -> status."""
+    ``(o.value or {})`` -> value, ``run_ops.status(r)[0]`` -> status."""
     while True:
         if isinstance(n, ast.BoolOp):
             n = n.values[0]
@@ -107,25 +107,25 @@ def test_orchestrator_reads_status_records_by_attribute():
 
 def test_the_rule_finds_string_keyed_reads():
     src = textwrap.dedent('''
-        def show(ops, run_id):
-            info = ops.one(run_id)
+        def show(run_ops, run_id):
+            info = run_ops.one(run_id)
             if info["shown_status"] == "lost":
                 pass
-            for r in ops.status(None):
+            for r in run_ops.status(None):
                 ck = r.get("last_checkpoint") or {}
-            q = ops.query()
-            return q["lock_owner"], (o.value or {}).get("status"), ops.status(run_id)[0]["pid"]
+            q = run_ops.query()
+            return q["lock_owner"], (o.value or {}).get("status"), run_ops.status(run_id)[0]["pid"]
     ''')
     found = violations(src, "orchestrator/cli/x.py")
     assert sorted(v.split("status-key: ")[1] for v in found) == sorted([
         "info['shown_status']", "r.get('last_checkpoint')", "q['lock_owner']",
-        "(o.value or {}).get('status')", "ops.status(run_id)[0]['pid']"]), found
+        "(o.value or {}).get('status')", "run_ops.status(run_id)[0]['pid']"]), found
 
 
 def test_the_rule_leaves_other_dicts_and_attribute_reads_alone():
     src = textwrap.dedent('''
-        def show(ops, run_id, probe, launch):
-            info = ops.one(run_id)
+        def show(run_ops, run_id, probe, launch):
+            info = run_ops.one(run_id)
             shown, ck = info.shown_status, info.state.last_checkpoint or {}
             owner = probe.get("lock_owner") or launch["status"]
             return shown, ck.get("step"), row["attempt"]

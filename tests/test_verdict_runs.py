@@ -1,5 +1,5 @@
 """One answer everywhere: the supervisor's fallback choice and `dfo diagnose` on the same
-attempt log agree (real supervisor runs on the local transport), and a foreign command
+attempt log agree (real supervisor runs on the local transport), and an own command
 whose race class has no ladder restarts unchanged from its newest checkpoint."""
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ from tests.supervisor_env import FAST, events, local_host, make_root, wait_final
 
 pytestmark = pytest.mark.slow
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "byo"
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "own"
 PATTERN = r"step (?P<step>\d+) loss \S+ tok/s (?P<tok_s>[\d.]+)"
 
 
 @pytest.fixture
 def setup(tmp_path):
     root = make_root(tmp_path)
-    ops = RunOps(LocalTransport("local"), local_host(root))
-    return root, ops, tmp_path
+    run_ops = RunOps(LocalTransport("local"), local_host(root))
+    return root, run_ops, tmp_path
 
 
 def kinds(evs, kind):
@@ -41,12 +41,12 @@ def diagnose_json(capsys, *args) -> dict:
 
 def test_diagnose_of_a_run_log_names_the_step_the_supervisor_applied(setup, tiny_assets,
                                                                       capsys):
-    root, ops, tmp = setup
+    root, run_ops, tmp = setup
     cfg = write_config(tmp / "c.yaml", tiny_assets)   # the tiny config: compile off
-    plan = ops.launch(LaunchOptions(config=str(cfg), run_name="t", fault="fx_race@6",
+    plan = run_ops.launch(LaunchOptions(config=str(cfg), run_name="t", fault="fx_race@6",
                                     backoff_scale=0.01, thresholds=dict(FAST),
                                     env_check=False))
-    info = wait_final(ops, plan.run_id)
+    info = wait_final(run_ops, plan.run_id)
     assert info["status"] == "done", info.get("reason")
     applied = kinds(events(root, plan.run_id), "fallback")[0]
     # compile_gate could not change a run that does not compile: the ladder's next step
@@ -67,18 +67,18 @@ def test_diagnose_of_a_run_log_names_the_step_the_supervisor_applied(setup, tiny
     assert d3["fallback"]["step"] == applied.step   # the same config, the same answer
 
 
-def test_a_foreign_deadlock_restarts_unchanged_and_diagnose_reports_the_hang(setup, capsys):
-    root, ops, tmp = setup
+def test_an_own_deadlock_restarts_unchanged_and_diagnose_reports_the_hang(setup, capsys):
+    root, run_ops, tmp = setup
     ck = tmp / "ck"
-    rf = tmp / "byo.yaml"
+    rf = tmp / "own.yaml"
     rf.write_text(f"resume: {{glob: '{ck}/step_*'}}\n")
     cmd = ["python", str(FIXTURES / "stall_train.py"), "--workers", "2", "--steps", "6",
            "--stall-at", "3", "--ckpt", str(ck), "--cold-cache", str(tmp / "warm")]
-    plan = ops.launch(LaunchOptions(command=cmd, run_file=str(rf), run_name="stall",
+    plan = run_ops.launch(LaunchOptions(command=cmd, run_file=str(rf), run_name="stall",
                                     step_pattern=PATTERN, backoff_scale=0.01,
                                     thresholds=dict(FAST, train_s=300, hang_s=5),
                                     env_check=False))
-    info = wait_final(ops, plan.run_id, timeout=300)
+    info = wait_final(run_ops, plan.run_id, timeout=300)
     evs = events(root, plan.run_id)
     assert info["status"] == "done", info.get("reason")
     assert [c.cls for c in kinds(evs, "classified")] == ["compile_hang", "done"]
@@ -110,18 +110,18 @@ def test_a_foreign_deadlock_restarts_unchanged_and_diagnose_reports_the_hang(set
         next(ln for ln in out.splitlines() if ln.startswith("fallback: depends on how it ended"))]
 
 
-def test_a_foreign_fx_race_without_a_ladder_retries_within_its_budget(setup):
-    root, ops, tmp = setup
+def test_an_own_fx_race_without_a_ladder_retries_within_its_budget(setup):
+    root, run_ops, tmp = setup
     ck = tmp / "ck"
-    rf = tmp / "byo.yaml"
+    rf = tmp / "own.yaml"
     rf.write_text(f"step_pattern: '{PATTERN}'\nresume: {{glob: '{ck}/step_*', "
                   "args: [--resume, '{path}']}\n")
     cmd = ["python", str(FIXTURES / "fxrace_train.py"), "--threads", "3", "--steps", "6",
            "--race-at", "3", "--ckpt", str(ck), "--cold-cache", str(tmp / "warm")]
-    plan = ops.launch(LaunchOptions(command=cmd, run_file=str(rf), run_name="fx",
+    plan = run_ops.launch(LaunchOptions(command=cmd, run_file=str(rf), run_name="fx",
                                     backoff_scale=0.01, thresholds=dict(FAST),
                                     env_check=False))
-    info = wait_final(ops, plan.run_id, timeout=400)
+    info = wait_final(run_ops, plan.run_id, timeout=400)
     evs = events(root, plan.run_id)
     assert info["status"] == "done", info.get("reason")
     assert [c.cls for c in kinds(evs, "classified")] == ["fx_trace_race", "done"]

@@ -26,8 +26,8 @@ def test_position_is_replayed_from_the_earlier_fallbacks():
     assert pos == 2 and c.step == "layout_ddp"  # past target_compile_off (skipped) and compile_gate
 
 
-def test_a_foreign_race_class_without_a_ladder_restarts_unchanged():
-    own = Ladders(foreign=True, own={"oom": ({"set_arg": {"--batch": "1"}},)})
+def test_an_own_race_class_without_a_ladder_restarts_unchanged():
+    own = Ladders(own=True, own_steps={"oom": ({"set_arg": {"--batch": "1"}},)})
     for cls in ("fx_trace_race", "compile_hang"):
         c = choose(own, cls, 0, {})
         assert not c.exhausted and c.step is None and c.note == RETRY_NOTE

@@ -32,7 +32,7 @@ from .params import POSITIVE_SECONDS, group_option, host_or_group
 @click.option("--status", "show_status", is_flag=True, help="List the host's cache keys, sizes, last use.")
 @click.option("--prune", "prune_keep", type=click.IntRange(min=0), default=None, metavar="K",
               help="Delete all but the newest K keys (live cache and snapshot).")
-@click.option("--trust-foreign", "trust_foreign", is_flag=True,
+@click.option("--trust-other-hosts", "trust_other_hosts", is_flag=True,
               help="Take a snapshot another host built (it carries compiled code torch runs).")
 @click.option("--rewarm", is_flag=True, help="Run the warm-up even when a snapshot exists.")
 @click.option("--no-check", "no_check", is_flag=True,
@@ -42,7 +42,7 @@ from .params import POSITIVE_SECONDS, group_option, host_or_group
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (for scripts).")
 @click.pass_obj
 def warm_cache(app, host_name, config_path, sets, from_file, pull_dest, key_name, push_file, show_status,
-               prune_keep, trust_foreign, rewarm, no_check, timeout, group_name, as_json):
+               prune_keep, trust_other_hosts, rewarm, no_check, timeout, group_name, as_json):
     """Warm, snapshot, verify and restore the compile cache for the deployed env.
 
     Restores a snapshot for this env's key if one exists (host store or --from),
@@ -54,14 +54,14 @@ def warm_cache(app, host_name, config_path, sets, from_file, pull_dest, key_name
     req = WarmCacheRequest(config_path=config_path, overrides=parse_sets(sets),
                            from_file=from_file, pull_dest=pull_dest, key_name=key_name,
                            push_file=push_file, show_status=show_status, prune_keep=prune_keep,
-                           rewarm=rewarm, check=not no_check, trust_foreign=trust_foreign)
+                           rewarm=rewarm, check=not no_check, trust_other_hosts=trust_other_hosts)
     req.validate()
     host_or_group(host_name, group_name)
     if group_name is not None:
         return _warm_group(app, group_name, req, timeout, as_json)
     host = app.host(host_name)
     ui = _Ui(as_json)
-    mgr = CacheManager(app.transport(host.name), host.layout, host=host.name, events=ui.event,
+    mgr = CacheManager(app.transport(host.name), host.tree, host=host.name, events=ui.event,
                        timeout=timeout, trusted_sources=host.cache_trusted_sources)
     if show_status or prune_keep is not None:
         out = run(mgr, req)

@@ -64,7 +64,7 @@ def demo(ctx: click.Context, host_name: str | None, fault: str | None, no_fault:
             act.line(f"dfo: {escape(m)}")
             act.update(m.split(" (")[0])
 
-        ensure_assets(app.transport(host.name), host.layout, say=say)
+        ensure_assets(app.transport(host.name), host.tree, say=say)
     took(2, "demo assets", t0)
 
     t0 = step(3, "dfo warm-cache", EXPECT["warm-cache"])   # the default run config is the demo's
@@ -90,11 +90,11 @@ def print_recap(app, host_name: str, total_s: float) -> None:
     the run's events) and the commands to try next."""
     from ..engine.demo import run_events
     from ..ops.recap import recap
-    from .run_ops import run_ops
+    from .run_ops import open_run_ops
 
-    ops = run_ops(app, host_name)
-    run_id = ops.current_run()
-    rec = recap(run_events(ops.t, ops.layout, run_id))
+    run_ops = open_run_ops(app, host_name)
+    run_id = run_ops.current_run()
+    rec = recap(run_events(run_ops.transport, run_ops.tree, run_id))
     out = console()
     if out.is_terminal:
         out.rule(f"[bold]what happened[/bold] in {escape(run_id)}")

@@ -34,8 +34,8 @@ def export(ctx: click.Context, host_name, run, step, to, dtype, engines, as_json
             pct = 100.0 * done / total if total else 100.0
             click.echo(f"dfo: {name} verified ({done}/{total} bytes, {pct:.0f}%)", err=True)
 
-    ops = ExportOps(app.transport(host_name), app.host(host_name), say=say)
-    res = ops.export(to, run=run, step=step, dtype=dtype, progress=progress, engines=engines)
+    export_ops = ExportOps(app.transport(host_name), app.host(host_name), say=say)
+    res = export_ops.export(to, run=run, step=step, dtype=dtype, progress=progress, engines=engines)
     if as_json:
         click.echo(json.dumps(res.to_json()))
     else:

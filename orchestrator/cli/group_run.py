@@ -77,7 +77,7 @@ def follow_group_logs(gr, run_id, *, follow, raw, attempt, since, from_attempt) 
     err = console(stderr=True)
     width = max(len(h.name) for h in gr.hosts)
     printers = {h.name: LinePrinter(raw, prefix=f"{h.name:<{width}} | ") for h in gr.hosts}
-    nodes = [(h.name, gr.ops(h.name).t, gr.ops(h.name).layout) for h in gr.hosts]
+    nodes = [(h.name, gr.run_ops(h.name).transport, gr.run_ops(h.name).tree) for h in gr.hosts]
     try:
         outs = follow_group(
             nodes, run_id, on_line=lambda host, ln: printers[host](ln), follow=follow,
@@ -97,7 +97,7 @@ def follow_group_logs(gr, run_id, *, follow, raw, attempt, since, from_attempt) 
             if o.value in ("failed", "lost"):
                 runs = []
                 try:
-                    runs = gr.ops(o.host).status(run_id)
+                    runs = gr.run_ops(o.host).status(run_id)
                 except DfoError:
                     pass       # the status only adds the reason to the message
                 why = (runs[0].state.reason if runs else None) if o.value == "failed" \

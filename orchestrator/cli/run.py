@@ -15,7 +15,7 @@ from .console import Activity, console, note, print_launch
 from .group_run import GROUP_OPTION, follow_group_logs, group_runs, launch_group
 from .log_lines import LinePrinter, skipped_note
 from .params import FAULT_SPEC, NON_NEGATIVE
-from .run_ops import require_run, run_ops
+from .run_ops import open_run_ops, require_run
 
 
 def _kv(items, what: str, conv=float) -> dict:
@@ -88,7 +88,7 @@ def launch(app, host_name, group_name, resume, config, run_name, sets, replace, 
     """Start a supervised training run on a host, detached (it outlives this command).
 
     With `-- CMD ARGS...` it supervises your own training command instead of the bundled
-    trainer (docs/byo-trainer.md)."""
+    trainer (docs/own-trainer.md)."""
     from ..engine.runs import LaunchOptions
 
     if fault_node is not None and (group_name is None or fault is None):
@@ -122,11 +122,11 @@ def launch(app, host_name, group_name, resume, config, run_name, sets, replace, 
         return launch_group(app, group_name, host_name, opts, as_json=as_json,
                              follow=follow)
     with Activity("launch", enabled=not as_json) as act:
-        ops = run_ops(app, host_name, say=lambda m: act.line(f"dfo: {escape(m)}"))
+        run_ops = open_run_ops(app, host_name, say=lambda m: act.line(f"dfo: {escape(m)}"))
         act.update("checking the host, the env and the config" + ("" if dry_run else
                                                                    "; then starting the run"))
-        plan = ops.launch(opts)
-    ops.say = note
+        plan = run_ops.launch(opts)
+    run_ops.say = note
     if as_json:
         d = plan.to_json()
         d["started"] = not dry_run
@@ -134,7 +134,7 @@ def launch(app, host_name, group_name, resume, config, run_name, sets, replace, 
     else:
         _print_plan(plan, dry_run)
     if follow and not dry_run:
-        return _follow(ops, plan.run_id, follow=True, raw=False, attempt=None, since=None,
+        return _follow(run_ops, plan.run_id, follow=True, raw=False, attempt=None, since=None,
                        from_attempt=1)
     return 0
 
@@ -162,12 +162,12 @@ def _print_plan(plan, dry_run: bool) -> None:
 
 # --- logs ------------------------------------------------------------------------------------
 
-def _follow(ops, run_id, *, follow, raw, attempt, since, from_attempt) -> int:
+def _follow(run_ops, run_id, *, follow, raw, attempt, since, from_attempt) -> int:
     from ..engine.logs import LogFollower
     from ..ops.timespec import parse_since
 
     err = console(stderr=True)
-    f = LogFollower(ops.t, ops.layout, run_id, on_line=LinePrinter(raw), follow=follow,
+    f = LogFollower(run_ops.transport, run_ops.tree, run_id, on_line=LinePrinter(raw), follow=follow,
                     attempt=attempt, from_attempt=from_attempt,
                     since=parse_since(since, time.time()),
                     on_reconnect=lambda n, why: err.print(
@@ -180,7 +180,7 @@ def _follow(ops, run_id, *, follow, raw, attempt, since, from_attempt) -> int:
         raise click.exceptions.Exit(EXIT_INTERRUPTED)
     if follow:
         if status == "failed":
-            runs = ops.status(run_id)
+            runs = run_ops.status(run_id)
             raise RunFailed(f"run {run_id} failed: {runs[0].state.reason if runs else None}",
                             hint="see `dfo logs --run " + run_id + "` and docs/recovery.md")
         if status == "lost":
@@ -209,21 +209,21 @@ def logs(app, host_name, follow, run_id, attempt, since, raw, group_name):
         gr = group_runs(app, group_name, host_name)
         rid = gr.resolve_run(run_id)
         start = 1 if follow and attempt is None and since is None else \
-            current_attempt(gr.ops(gr.group.head), rid)
+            current_attempt(gr.run_ops(gr.group.head), rid)
         return follow_group_logs(gr, rid, follow=follow, raw=raw, attempt=attempt, since=since,
                              from_attempt=start)
-    ops = run_ops(app, host_name)
-    rid = ops.current_run(run_id)
-    runs = ops.status(rid)
-    require_run(ops, rid, runs)
+    run_ops = open_run_ops(app, host_name)
+    rid = run_ops.current_run(run_id)
+    runs = run_ops.status(rid)
+    require_run(run_ops, rid, runs)
     if attempt is not None:
         have = [a.n for a in runs[0].state.attempts]
         if attempt not in have:
             raise NotFoundError(f"run {rid} has no attempt {attempt}",
                                 hint=("attempts: " + ", ".join(str(n) for n in have)) if have
                                 else "it has not started an attempt yet")
-    start = 1 if follow and attempt is None and since is None else current_attempt(ops, rid)
-    return _follow(ops, rid, follow=follow, raw=raw, attempt=attempt, since=since,
+    start = 1 if follow and attempt is None and since is None else current_attempt(run_ops, rid)
+    return _follow(run_ops, rid, follow=follow, raw=raw, attempt=attempt, since=since,
                    from_attempt=start)
 
 

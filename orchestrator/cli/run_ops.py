@@ -9,7 +9,7 @@ from ..errors import NotFoundError
 from .console import note
 
 
-def run_ops(app, host_name, say=None):
+def open_run_ops(app, host_name, say=None):
     """The ``RunOps`` of ``--host NAME`` (default: the default host); ``say`` prints notes."""
     from ..engine.runs import RunOps
 
@@ -18,10 +18,10 @@ def run_ops(app, host_name, say=None):
                   say=say or note)
 
 
-def require_run(ops, run_id: str | None, runs: list[RunStatus]) -> None:
+def require_run(run_ops, run_id: str | None, runs: list[RunStatus]) -> None:
     """An unknown ``--run`` is exit 11, naming the runs that exist."""
     if run_id and not runs:
-        have = sorted(str(r.run_id) for r in ops.status(None))
-        raise NotFoundError(f"no run {run_id} on {ops.host.name}",
+        have = sorted(str(r.run_id) for r in run_ops.status(None))
+        raise NotFoundError(f"no run {run_id} on {run_ops.host.name}",
                             hint=("runs: " + ", ".join(have[-10:])) if have
                             else "there are no runs; start one with `dfo launch`")

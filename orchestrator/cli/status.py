@@ -18,7 +18,7 @@ from ..ops.sparkline import sparkline
 from .console import console, minutes_seconds, stamp
 from .group_run import GROUP_OPTION, group_status, group_stop
 from .params import POSITIVE_SECONDS
-from .run_ops import require_run, run_ops
+from .run_ops import open_run_ops, require_run
 
 #: every column, in display order
 COLUMNS = ("run", "state", "step", "tok/s", "trend", "accept", "goodput", "fallback", "attempt",
@@ -144,16 +144,16 @@ def _final(r: RunStatus) -> bool:
     return r.shown_status in rs.FINAL + (LOST,)
 
 
-def watch(ops, run_id: str, *, interval: float, wide: bool) -> int:
+def watch(run_ops, run_id: str, *, interval: float, wide: bool) -> int:
     """Refresh the run's row in place (rich Live) until it ends; not a terminal: one line per
     change. Returns 0 (Ctrl-C: 130, the run goes on)."""
     con = console()
-    host = ops.host.name
+    host = run_ops.host.name
     if not con.is_terminal:
         last = None
         while True:
-            runs = ops.status(run_id)
-            require_run(ops, run_id, runs)
+            runs = run_ops.status(run_id)
+            require_run(run_ops, run_id, runs)
             line = _change_line(runs[0])
             if line != last:
                 con.print(f"{stamp()} {line}", markup=False)
@@ -163,13 +163,13 @@ def watch(ops, run_id: str, *, interval: float, wide: bool) -> int:
             time.sleep(interval)
     from rich.live import Live
 
-    runs = ops.status(run_id)
-    require_run(ops, run_id, runs)
+    runs = run_ops.status(run_id)
+    require_run(run_ops, run_id, runs)
     with Live(status_table(host, runs, width=con.width, wide=wide), console=con,
               auto_refresh=False) as live:
         while not _final(runs[0]):
             time.sleep(interval)
-            runs = ops.status(run_id) or runs
+            runs = run_ops.status(run_id) or runs
             live.update(status_table(host, runs, width=con.width, wide=wide), refresh=True)
     return 0
 
@@ -197,26 +197,26 @@ def status(app, host_name, run_id, wide, watch_, interval, as_json, group_name):
         if watch_:
             raise click.UsageError("--watch and --group cannot be combined")
         return group_status(app, group_name, host_name, run_id, as_json)
-    ops = run_ops(app, host_name)
+    run_ops = open_run_ops(app, host_name)
     if watch_:
         if as_json:
             raise click.UsageError("--watch and --json cannot be combined")
-        return watch(ops, ops.current_run(run_id), interval=interval, wide=wide)
-    runs = ops.status(run_id)
-    require_run(ops, run_id, runs)
+        return watch(run_ops, run_ops.current_run(run_id), interval=interval, wide=wide)
+    runs = run_ops.status(run_id)
+    require_run(run_ops, run_id, runs)
     if as_json:
-        click.echo(json.dumps({"host": ops.host.name, "runs": [r.to_json() for r in runs]},
+        click.echo(json.dumps({"host": run_ops.host.name, "runs": [r.to_json() for r in runs]},
                               default=str))
         return 0
     con = console(unlimited=wide)
     if not runs:
-        con.print(f"no runs on {ops.host.name} (start one with `dfo launch`)", markup=False)
+        con.print(f"no runs on {run_ops.host.name} (start one with `dfo launch`)", markup=False)
         return 0
     if wide or not con.is_terminal:
         # every column at its natural width: a terminal wraps the long lines, nothing is cut
-        con.print(status_table(ops.host.name, runs, wide=True))
+        con.print(status_table(run_ops.host.name, runs, wide=True))
     else:
-        con.print(status_table(ops.host.name, runs, width=con.width))
+        con.print(status_table(run_ops.host.name, runs, width=con.width))
     for r in runs:
         if r.state_damaged:
             click.echo(f"dfo: warning: run {r.run_id}: {r.state_damaged}", err=True)
@@ -239,16 +239,16 @@ def stop(app, host_name, run_id, timeout, as_json, group_name):
     With --group: every node at once; the head writes the one checkpoint."""
     if group_name is not None:
         return group_stop(app, group_name, host_name, run_id, timeout, as_json)
-    ops = run_ops(app, host_name)
+    run_ops = open_run_ops(app, host_name)
     if run_id:
-        require_run(ops, run_id, ops.status(run_id))
-    out = ops.stop(run_id, timeout=timeout)
+        require_run(run_ops, run_id, run_ops.status(run_id))
+    out = run_ops.stop(run_id, timeout=timeout)
     if as_json:
         click.echo(json.dumps(out.to_json(), default=str))
         return 0
     info = out.run
     if out.nothing_to_stop:
-        click.echo(f"nothing to stop on {ops.host.name}: run {info.run_id} is "
+        click.echo(f"nothing to stop on {run_ops.host.name}: run {info.run_id} is "
                    f"{info.shown_status}, not live")
         return 0
     ck = info.state.last_checkpoint if isinstance(info.state.last_checkpoint, dict) else {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from .run_ops import run_ops
+from .run_ops import open_run_ops
 
 
 @click.command()
@@ -19,7 +19,7 @@ def plot(app, host_name, run, out):
     boundaries and the fallback applied at each."""
     from ..engine import plot as pl
 
-    c = pl.fetch_curves(run_ops(app, host_name), run)
+    c = pl.fetch_curves(open_run_ops(app, host_name), run)
     path = pl.render(c, out or pl.default_path(c.run_id))
     click.echo(path)
     return 0
@@ -38,7 +38,7 @@ def tensorboard(app, host_name, run, port, python):
     loopback (over the SSH connection). Ctrl-C stops it."""
     from ..engine import tensorboard as tbe
 
-    tb = tbe.TensorBoard(run_ops(app, host_name), run, port=port, python=python)
+    tb = tbe.TensorBoard(open_run_ops(app, host_name), run, port=port, python=python)
     url = tb.start()
     click.echo(f"TensorBoard for {tb.run_id}: {url}  (Ctrl-C stops it)")
     try:

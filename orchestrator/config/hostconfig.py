@@ -9,7 +9,7 @@ from typing import Mapping
 
 from ..errors import ConfigError
 from ..ops.classify import CLASSES
-from ..ops.layout import RemoteLayout
+from ..ops.host_tree import HostTree
 from ..transport.settings import SSHSettings
 
 TRANSPORTS = ("local", "ssh", "proxmox")
@@ -44,13 +44,13 @@ class HostConfig:
     python: str | None = None
     fallbacks: Mapping[str, tuple[str, ...]] = field(default_factory=dict, hash=False)
     #: ``cache.trusted_sources``: hosts whose compile-cache snapshots this host takes
-    #: without ``--trust-foreign`` (a snapshot carries code torch runs)
+    #: without ``--trust-other-hosts`` (a snapshot carries code torch runs)
     cache_trusted_sources: tuple[str, ...] = ()
     source: str = ""
 
     @property
-    def layout(self) -> RemoteLayout:
-        return RemoteLayout(self.root)
+    def tree(self) -> HostTree:
+        return HostTree(self.root)
 
     def describe(self) -> str:
         """Where this host's commands run, for people: ``local``, ``root@pve``, ``root@pve ct 200``."""

@@ -172,7 +172,7 @@ class InventoryParser(NodeReader):
 
     def cache(self, node: yaml.Node, where: str) -> tuple[str, ...]:
         """``cache: {trusted_sources: [gpu1, ...]}``: hosts (inventory names or machine
-        names) whose snapshots this host takes without --trust-foreign."""
+        names) whose snapshots this host takes without --trust-other-hosts."""
         m = self.mapping(node, where, _CACHE_KEYS)
         if "trusted_sources" not in m:
             return ()

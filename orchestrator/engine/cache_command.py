@@ -30,7 +30,7 @@ class WarmCacheRequest:
     prune_keep: int | None = None
     rewarm: bool = False
     check: bool = True
-    trust_foreign: bool = False   # take a snapshot another host built (it carries code)
+    trust_other_hosts: bool = False   # take a snapshot another host built (it carries code)
 
     def validate(self) -> None:
         modes = [m for m, on in (("--from", self.from_file), ("--pull", self.pull_dest is not None),
@@ -91,7 +91,7 @@ def warm_cache(mgr: CacheManager, req: WarmCacheRequest,
     else:
         from .demo import load_run_layers
 
-        layers = load_run_layers(req.config_path, mgr.layout, overrides)
+        layers = load_run_layers(req.config_path, mgr.tree, overrides)
         cfg, cfg_bytes = layers.full, layers.data
         comp = layers.config.compile
         if not (comp.enabled or comp.target) and not moving:
@@ -107,15 +107,15 @@ def warm_cache(mgr: CacheManager, req: WarmCacheRequest,
         return _done(_pulled(host, key.key, tar, man), key.components, t0)
     if req.push_file or req.from_file:
         src = req.push_file or req.from_file
-        m = mgr.push(Path(src), key, trust_foreign=req.trust_foreign)
+        m = mgr.push(Path(src), key, trust_other_hosts=req.trust_other_hosts)
         res = restored_result(host, key.key, "pushed" if req.push_file else "restored", str(src), m)
         return _done(res, key.components, t0)
-    p = sn.paths(mgr.layout, key.key)
+    p = sn.paths(mgr.tree, key.key)
     plan = sn.plan_warm(from_file=False, store_has_key=mgr.read_manifest_remote(p) is not None,
                         rewarm=req.rewarm)
     if plan.action == "restore":
         stage("restore", plan.reason)
-        m = mgr.restore_from_store(key, trust_foreign=req.trust_foreign)
+        m = mgr.restore_from_store(key, trust_other_hosts=req.trust_other_hosts)
         return _done(restored_result(host, key.key, "restored", f"{host}:{p.tar}", m),
                      key.components, t0)
     stage("warmup", plan.reason)

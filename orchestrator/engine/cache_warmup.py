@@ -19,7 +19,7 @@ from ..errors import ConfigError, LockHeldError, RemoteCommandError
 from ..ops import cache_key as ck
 from ..ops import snapshot as sn
 from ..ops.provenance import build_provenance
-from ..ops.warmup import LOCK_CONFLICT, parse_report, warmup_argv, warmup_env, warmup_error_line
+from ..ops.trainer_warmup import LOCK_CONFLICT, parse_report, warmup_argv, warmup_env, warmup_error_line
 
 log = logging.getLogger("dfo")
 
@@ -66,16 +66,16 @@ class CacheWarmup:
         """Run the trainer's warm-up into a new generation of the key's cache (seeded from
         the live one unless ``fresh``), switch it live, then (``measure``) run the warm-up
         again on a throwaway copy to record the warm figures, and save a snapshot."""
-        p = sn.paths(self.cache.layout, key.key)
+        p = sn.paths(self.cache.tree, key.key)
         stamp = self.cache.stamp()
         gen = p.gen(stamp)
-        work = posixpath.join(self.cache.layout.cache, ".work", f"{key.key}-{stamp}")
+        work = posixpath.join(self.cache.tree.cache, ".work", f"{key.key}-{stamp}")
         cfg_path = posixpath.join(work, "config.yaml")
         self.cache.run(["mkdir", "-p", "--", work, posixpath.join(gen, "mega")],
                        "creating the cache dirs")
         try:
             # no file: the trainer's defaults plus the overrides (an empty YAML mapping)
-            self.cache.t.put(config_bytes or b"{}\n", cfg_path, mode=0o644)
+            self.cache.transport.put(config_bytes or b"{}\n", cfg_path, mode=0o644)
             live = None if fresh else self.cache.live_target(p)
             if live:
                 self.cache.run(["cp", "-a", "--", live + "/.", gen], "copying the live cache")
@@ -114,7 +114,7 @@ class CacheWarmup:
         """Take an existing cache dir on the host (``inductor/``, ``triton/``, ``mega/``
         inside), made in this env for this key, as a new generation: copy it, snapshot
         it, make it live. The source dir is not changed."""
-        p = sn.paths(self.cache.layout, key.key)
+        p = sn.paths(self.cache.tree, key.key)
         stamp = self.cache.stamp()
         gen = p.gen(stamp)
         self.cache.run(["mkdir", "-p", "--", gen], "creating the cache dir")
@@ -134,8 +134,8 @@ class CacheWarmup:
                 report: str, *, save_mega: str | None = None) -> tuple[list[dict], dict[str, int], float]:
         env = warmup_env(cache_dir)
         # one warm-up at a time per host (flock exits LOCK_CONFLICT at once when another holds it)
-        lock = posixpath.join(self.cache.layout.locks, "cache.lock")
-        self.cache.run(["mkdir", "-p", "--", self.cache.layout.locks], "creating the locks dir")
+        lock = posixpath.join(self.cache.tree.locks, "cache.lock")
+        self.cache.run(["mkdir", "-p", "--", self.cache.tree.locks], "creating the locks dir")
         argv = ["flock", "-n", "-E", str(LOCK_CONFLICT), lock,
                 *warmup_argv(self.cache.python, cfg_path, overrides, report, save_mega=save_mega)]
         tail: list[str] = []
@@ -150,7 +150,7 @@ class CacheWarmup:
             log.debug("warmup: %s", line)
             self.cache.events("line", {"line": line})
 
-        r = self.cache.t.stream(argv, on_line, env=env, cwd=self.cache.layout.root,
+        r = self.cache.transport.stream(argv, on_line, env=env, cwd=self.cache.tree.root,
                                 timeout=self.cache.timeout)
         if r.exit_code == LOCK_CONFLICT:
             raise LockHeldError(f"another warm-up holds {lock} on {self.cache.host}",
@@ -164,11 +164,11 @@ class CacheWarmup:
             if "InvalidCxxCompiler" in last or "C++ compiler" in last:
                 hint = "inductor on CPU needs a C++ compiler on the host: install g++ there"
             raise RemoteCommandError(msg, hint=hint, exit_status=r.exit_code, stderr="\n".join(tail))
-        return parse_report(self.cache.t.get(report))
+        return parse_report(self.cache.transport.get(report))
 
     def _save(self, p: sn.CachePaths, gen: str, key: ck.CacheKey, stamp: str, res: WarmResult) -> dict:
         """Snapshot ``gen``: tar under a temporary name, rename; manifest written last."""
-        self.cache.run(["mkdir", "-p", "--", self.cache.layout.snapshots], "creating the snapshot store")
+        self.cache.run(["mkdir", "-p", "--", self.cache.tree.snapshots], "creating the snapshot store")
         for sub in ("inductor", "triton", "mega"):
             self.cache.run(["mkdir", "-p", "--", posixpath.join(gen, sub)], "creating the cache dirs")
         listing = self.cache.tool("hashdir", gen)

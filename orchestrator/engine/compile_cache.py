@@ -34,7 +34,7 @@ from ..ops import snapshot as sn
 from ..ops.init_from import effective_full, init_from_path, init_from_probe
 from ..ops.provenance import Trust, adoption_record, check_trust
 from ..remote.cache_tool import scan_tar
-from ..ops.layout import RemoteLayout
+from ..ops.host_tree import HostTree
 from ..transport.base import Transport
 from .cache_warmup import CacheWarmup, WarmResult
 
@@ -58,11 +58,11 @@ class CacheManager:
     new generation is its ``warmup`` (``CacheWarmup``); ``warm`` and ``adopt`` here are
     that object's."""
 
-    def __init__(self, transport: Transport, layout: RemoteLayout, *, host: str | None = None,
+    def __init__(self, transport: Transport, tree: HostTree, *, host: str | None = None,
                  events: Event = _noop, timeout: float | None = None,
                  trusted_sources: Sequence[str] = ()):
-        self.t = transport
-        self.layout = layout
+        self.transport = transport
+        self.tree = tree
         self.host = host or transport.name
         self.events = events
         self.timeout = timeout
@@ -83,39 +83,39 @@ class CacheManager:
         """The host machine's own name (``socket.gethostname()`` there), asked once."""
         if self._machine is None:
             python = self.python if self._exists_file(self.python) else "python3"
-            r = self.t.run(sn.tool_argv(python, "hostname"), timeout=self.timeout)
+            r = self.transport.run(sn.tool_argv(python, "hostname"), timeout=self.timeout)
             self._machine = sn.parse_tool(r.out, "cache helper hostname").get("hostname") if r.ok else ""
         return self._machine or None
 
-    def trust(self, trust_foreign: bool = False) -> Trust:
+    def trust(self, trust_other_hosts: bool = False) -> Trust:
         return Trust(host=self.host, machine=self.machine, trusted_sources=self.trusted_sources,
-                     trust_foreign=trust_foreign)
+                     trust_other_hosts=trust_other_hosts)
 
     # -- small remote helpers ----------------------------------------------------------------
     @property
     def python(self) -> str:
-        return self.layout.current_python
+        return self.tree.current_python
 
     def run(self, argv: Sequence[str], what: str, **kw) -> str:
         """Run ``argv`` on the host; its output (RemoteCommandError naming ``what``)."""
-        return self.t.run(list(argv), check=False, timeout=self.timeout, **kw).check(what).out
+        return self.transport.run(list(argv), check=False, timeout=self.timeout, **kw).check(what).out
 
     def tool(self, op: str, *args: str) -> dict[str, Any]:
         """The env's cache helper ``op`` (``orchestrator.remote.cache_tool``): its JSON."""
-        r = self.t.run(sn.tool_argv(self.python, op, *args), timeout=self.timeout)
+        r = self.transport.run(sn.tool_argv(self.python, op, *args), timeout=self.timeout)
         if not r.ok:
             r.check(f"cache helper {op}")
         return sn.parse_tool(r.out, f"cache helper {op}")
 
     def _exists_dir(self, path: str) -> bool:
-        return self.t.run(["test", "-d", path], timeout=self.timeout).ok
+        return self.transport.run(["test", "-d", path], timeout=self.timeout).ok
 
     def _exists_file(self, path: str) -> bool:
-        return self.t.run(["test", "-f", path], timeout=self.timeout).ok
+        return self.transport.run(["test", "-f", path], timeout=self.timeout).ok
 
     def rm(self, *paths: str) -> None:
         if paths:
-            self.t.run(["rm", "-rf", "--", *paths], timeout=self.timeout)
+            self.transport.run(["rm", "-rf", "--", *paths], timeout=self.timeout)
 
     def stamp(self) -> str:
         """A new generation's name suffix: the time and a random tag."""
@@ -123,9 +123,9 @@ class CacheManager:
 
     # -- the key -----------------------------------------------------------------------------
     def fingerprint(self) -> dict[str, Any]:
-        path = posixpath.join(self.layout.current_env, "fingerprint.json")
+        path = posixpath.join(self.tree.current_env, "fingerprint.json")
         try:
-            data = self.t.get(path)
+            data = self.transport.get(path)
         except (NotFoundError, RemoteCommandError):
             raise DeployError(f"no deployed env on {self.host} ({path} missing)",
                               hint="run `dfo deploy` first") from None
@@ -139,7 +139,7 @@ class CacheManager:
 
     def trainer_source(self) -> str:
         probe = ck.source_hash_probe(self.python, timeout=self.timeout or 600.0)
-        r = self.t.run(list(probe.argv), timeout=probe.timeout)
+        r = self.transport.run(list(probe.argv), timeout=probe.timeout)
         if r.exit_code not in (0, 3):  # 3: a package is missing (parse says None)
             r.check("hashing the trainer source")
         combined = probe.parse(r)
@@ -164,7 +164,7 @@ class CacheManager:
         if not path:
             return dict(config)
         probe = init_from_probe(path)
-        r = self.t.run(list(probe.argv), timeout=self.timeout or probe.timeout)
+        r = self.transport.run(list(probe.argv), timeout=self.timeout or probe.timeout)
         r.check(f"reading {path}/config.json on {self.host}")
         return effective_full(config, explicit, probe.parse(r), host=self.host, config=source)
 
@@ -177,7 +177,7 @@ class CacheManager:
 
     # -- live cache --------------------------------------------------------------------------
     def live_target(self, p: sn.CachePaths) -> str | None:
-        r = self.t.run(["readlink", "-f", "--", p.live], timeout=self.timeout)
+        r = self.transport.run(["readlink", "-f", "--", p.live], timeout=self.timeout)
         if not r.ok or not self._exists_dir(p.live):
             return None
         return r.out.strip() or None
@@ -196,27 +196,27 @@ class CacheManager:
         self.touch_used(p)
 
     def touch_used(self, p: sn.CachePaths) -> None:
-        self.t.run(["mkdir", "-p", "--", posixpath.dirname(p.used)], timeout=self.timeout)
-        self.t.run(["touch", "--", p.used], timeout=self.timeout)
+        self.transport.run(["mkdir", "-p", "--", posixpath.dirname(p.used)], timeout=self.timeout)
+        self.transport.run(["touch", "--", p.used], timeout=self.timeout)
 
     # -- restore -----------------------------------------------------------------------------
     def read_manifest_remote(self, p: sn.CachePaths) -> dict[str, Any] | None:
         if not self._exists_file(p.manifest):
             return None
-        return sn.parse_manifest(self.t.get(p.manifest), f"{self.host}:{p.manifest}")
+        return sn.parse_manifest(self.transport.get(p.manifest), f"{self.host}:{p.manifest}")
 
-    def restore_from_store(self, key: ck.CacheKey, *, trust_foreign: bool = False) -> dict[str, Any]:
+    def restore_from_store(self, key: ck.CacheKey, *, trust_other_hosts: bool = False) -> dict[str, Any]:
         """Verify the host store's snapshot for ``key`` and make it the live cache. A
-        snapshot neither built nor explicitly adopted here needs ``trust_foreign`` (or its
+        snapshot neither built nor explicitly adopted here needs ``trust_other_hosts`` (or its
         builder in ``trusted_sources``)."""
-        p = sn.paths(self.layout, key.key)
+        p = sn.paths(self.tree, key.key)
         m = self.read_manifest_remote(p)
         if m is None:
             raise NotFoundError(f"no snapshot for key {key.key} on {self.host}",
                                 hint="warm one with `dfo warm-cache`")
         source = f"{self.host}:{p.tar}"
         sn.check_key(m, key.key, key.components, source)
-        check_trust(m, self.trust(trust_foreign), source, stored=True)
+        check_trust(m, self.trust(trust_other_hosts), source, stored=True)
         self._restore(p, m, p.tar, key, source)
         return m
 
@@ -241,7 +241,7 @@ class CacheManager:
         self.switch(p, gen, stamp)
 
     def push(self, local_tar: Path, key: ck.CacheKey, *, restore: bool = True,
-             trust_foreign: bool = False) -> dict[str, Any]:
+             trust_other_hosts: bool = False) -> dict[str, Any]:
         """Verify a local snapshot (manifest beside it: key, tar checksum, members, and who
         built it), upload it into the host's store (temporary name, then rename; manifest
         last, recording an explicit adoption) and restore it."""
@@ -251,15 +251,15 @@ class CacheManager:
         sn.check_key(m, key.key, key.components, source)
         sn.check_tar(m, _hash_local(local_tar), source)
         sn.check_members(scan_tar(str(local_tar)).get("refused"), source)
-        how = check_trust(m, self.trust(trust_foreign), source)
-        m = adoption_record(m, self.trust(trust_foreign), how, time.time())
-        p = sn.paths(self.layout, key.key)
+        how = check_trust(m, self.trust(trust_other_hosts), source)
+        m = adoption_record(m, self.trust(trust_other_hosts), how, time.time())
+        p = sn.paths(self.tree, key.key)
         stamp = self.stamp()
         tmp = p.tar_tmp(stamp)
         self.events("stage", {"stage": "upload", "what": source, "bytes": local_tar.stat().st_size})
-        self.run(["mkdir", "-p", "--", self.layout.snapshots], "creating the snapshot store")
+        self.run(["mkdir", "-p", "--", self.tree.snapshots], "creating the snapshot store")
         try:
-            self.t.put(local_tar, tmp, mode=0o644)
+            self.transport.put(local_tar, tmp, mode=0o644)
             if restore:
                 self._restore(p, m, tmp, key, source)
         except BaseException:
@@ -278,11 +278,11 @@ class CacheManager:
         except BaseException:
             self.rm(tmp)
             raise
-        self.t.put(sn.manifest_bytes(m), p.manifest, mode=0o644)
+        self.transport.put(sn.manifest_bytes(m), p.manifest, mode=0o644)
 
     def pull(self, key: str, dest: Path) -> tuple[Path, Path]:
         """Copy the host's snapshot for ``key`` (verified) to ``dest`` (a dir or a .tar path)."""
-        p = sn.paths(self.layout, key)
+        p = sn.paths(self.tree, key)
         m = self.read_manifest_remote(p)
         if m is None:
             raise NotFoundError(f"no snapshot for key {key} on {self.host}",
@@ -292,7 +292,7 @@ class CacheManager:
         self.events("stage", {"stage": "download", "what": f"{self.host}:{p.tar}"})
         part = tar_path.with_name(f".{tar_path.name}.dfo-pull")
         try:
-            self.t.get_file(p.tar, part)
+            self.transport.get_file(p.tar, part)
             sn.check_tar(m, _hash_local(part), f"{self.host}:{p.tar}")
             sn.check_members(scan_tar(str(part)).get("refused"), f"{self.host}:{p.tar}")
             part.replace(tar_path)  # only a verified tar takes the name
@@ -316,7 +316,7 @@ class CacheManager:
             if other == key.key:
                 continue
             try:
-                m = sn.parse_manifest(self.t.get(sn.paths(self.layout, other).manifest), other)
+                m = sn.parse_manifest(self.transport.get(sn.paths(self.tree, other).manifest), other)
             except DfoError:
                 continue
             diffs = ck.diff_components(m["components"], key.components)
@@ -329,7 +329,7 @@ class CacheManager:
         """The host's keys; ``verify`` also checks every stored snapshot (manifest, tar
         size and sha256, members) and sets each entry's ``problem``."""
         python = self.python if self._exists_file(self.python) else "python3"
-        r = self.t.run(sn.tool_argv(python, "status", self.layout.cache, *(["verify"] if verify else [])),
+        r = self.transport.run(sn.tool_argv(python, "status", self.tree.cache, *(["verify"] if verify else [])),
                        timeout=self.timeout)
         r.check("cache status")
         raw = sn.parse_tool(r.out, "cache status")
@@ -339,13 +339,13 @@ class CacheManager:
         entries, raw = self.status()
         doomed = sn.plan_prune(entries, keep)
         for key in doomed:
-            p = sn.paths(self.layout, key)
+            p = sn.paths(self.tree, key)
             target = (raw.get("live") or {}).get(key, {}).get("target")
             # the manifest first: from then on the snapshot does not exist
             self.rm(p.manifest)
             self.rm(p.tar, p.live, p.used, *([target] if target else []))
         # leftovers of interrupted warm-ups/restores (never live)
-        stale = [posixpath.join(self.layout.cache, s) for s in raw.get("stale") or []]
+        stale = [posixpath.join(self.tree.cache, s) for s in raw.get("stale") or []]
         self.rm(*stale)
         return doomed
 

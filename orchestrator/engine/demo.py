@@ -18,7 +18,7 @@ from dfo_contract import trainer_config as tcfg
 from dfo_contract.trainer_config import TrainerConfig
 
 from ..config.runconfig import RunLayers, default_config_path, read_config_file, with_overrides
-from ..ops.layout import RemoteLayout
+from ..ops.host_tree import HostTree
 from ..transport.base import Transport
 
 log = logging.getLogger("dfo")
@@ -39,20 +39,20 @@ EXPECT = {
 }
 
 
-def demo_paths(layout: RemoteLayout) -> dict[str, str]:
-    base = posixpath.join(layout.root, "demo")
+def demo_paths(tree: HostTree) -> dict[str, str]:
+    base = posixpath.join(tree.root, "demo")
     return {"dir": base, "target": posixpath.join(base, "target-taught"),
             "data": posixpath.join(base, "regen.jsonl"),
             "eval": posixpath.join(base, "regen-heldout.jsonl")}
 
 
-def demo_config(cfg: TrainerConfig, layout: RemoteLayout) -> TrainerConfig:
+def demo_config(cfg: TrainerConfig, tree: HostTree) -> TrainerConfig:
     """The demo's run config (the default run config, ``default_run_config``): ``cfg`` (the
     tiny CPU config) with its paths on the host's root, in place.
 
     The run directory and checkpoint directory are set by ``dfo launch``.
     """
-    p = demo_paths(layout)
+    p = demo_paths(tree)
     tcfg.clear(cfg, "run.dir")
     # the threaded lazy-compile race's pattern (docs/recovery.md): torch.compile on, the
     # compile gate off. The supervisor's first fallback for the FX error turns the gate on.
@@ -69,7 +69,7 @@ def demo_config(cfg: TrainerConfig, layout: RemoteLayout) -> TrainerConfig:
 DEFAULT_RUN_NAME = "demo"
 
 
-def default_run_config(layout: RemoteLayout) -> tuple[TrainerConfig, bytes]:
+def default_run_config(tree: HostTree) -> tuple[TrainerConfig, bytes]:
     """The run config ``dfo launch`` and ``dfo warm-cache`` use without ``--config``: the
     demo's own (``demo_config`` over the shipped tiny CPU config: compile on, its target,
     data and held-out data where ``dfo demo`` puts them on this host, ``<root>/demo/``), so
@@ -77,21 +77,21 @@ def default_run_config(layout: RemoteLayout) -> tuple[TrainerConfig, bytes]:
     The typed config (one parse of the shipped file) and the file shipped for it: the YAML
     of its explicit keys."""
     cfg, _ = read_config_file(default_config_path())
-    cfg = demo_config(cfg, layout)
+    cfg = demo_config(cfg, tree)
     head = (f"# the demo's run config on this host ({default_config_path().name} with the "
             "demo's settings and paths)\n")
     return cfg, (head + tcfg.explicit_yaml(cfg)).encode()
 
 
-def load_run_layers(path: str | None, layout: RemoteLayout,
+def load_run_layers(path: str | None, tree: HostTree,
                     overrides: Sequence[tuple[str, str]] = ()) -> RunLayers:
     """The run config at ``path`` (no path: the host's default run config,
     ``default_run_config``) with ``overrides`` (``--set``), each applied once."""
-    cfg, data = read_config_file(path) if path else default_run_config(layout)
+    cfg, data = read_config_file(path) if path else default_run_config(tree)
     return with_overrides(cfg, data, overrides)
 
 
-def run_events(t: Transport, layout: RemoteLayout, run_id: str) -> list:
+def run_events(t: Transport, tree: HostTree, run_id: str) -> list:
     """The run's events (``events.jsonl``), decoded; a newer writer's version raises
     ``ContractMismatch`` (one line)."""
     from dfo_contract.errors import ContractError
@@ -101,17 +101,17 @@ def run_events(t: Transport, layout: RemoteLayout, run_id: str) -> list:
     from ..errors import ContractMismatch
 
     try:
-        return read_events(t.get(posixpath.join(layout.run_dir(run_id), rs.EVENTS_FILE)).decode(
+        return read_events(t.get(posixpath.join(tree.run_dir(run_id), rs.EVENTS_FILE)).decode(
             "utf-8", "replace"))
     except ContractError as e:
         raise ContractMismatch(f"run {run_id}: events.jsonl: {e}") from None
 
 
-def ensure_assets(t: Transport, layout: RemoteLayout, *,
+def ensure_assets(t: Transport, tree: HostTree, *,
                   say: Callable[[str], None] = lambda m: None) -> dict[str, str]:
     """Make the taught tiny target and its generated data on the host, unless already there."""
-    p = demo_paths(layout)
-    py = layout.current_python
+    p = demo_paths(tree)
+    py = tree.current_python
     taught = posixpath.join(p["target"], "dfo_taught")
     if not t.run(["test", "-e", taught], timeout=30).ok:
         say(f"making a tiny Qwen3 target in {p['target']} and teaching it stride sequences "

@@ -63,19 +63,19 @@ class Deployer:
     def __init__(self, transport, host, *, profile: Profile | str | None = None,
                  on_event: EventFn | None = None, environ: dict[str, str] | None = None,
                  wheel: ProjectWheel | None = None, find_links: tuple[str, ...] = ()):
-        self.t = transport
+        self.transport = transport
         self.find_links = tuple(find_links)  # `dfo deploy --find-links`: dirs or URLs uv reads
         self.host = host
-        self.layout = host.layout
+        self.tree = host.tree
         prof = profile if profile is not None else host.profile
         self.profile = prof if isinstance(prof, Profile) else load_profile(prof)
         self.environ = dict(os.environ if environ is None else environ)
         self._wheel = wheel
         self.clock = StageClock(on_event)
         self.env_bytes: int | None = None  # measured after an install
-        self.lease = DeployLease(transport, self.layout, host.name,
+        self.lease = DeployLease(transport, self.tree, host.name,
                                  say=lambda msg: self.clock.emit("connect", "line", None, msg))
-        self.envs = EnvSwitch(transport, self.layout, host.name, clock=self.clock,
+        self.envs = EnvSwitch(transport, self.tree, host.name, clock=self.clock,
                               lease=self.lease, run=self.run,
                               min_free_mb=self.profile.min_free_mb)
         self.checks = DeployChecks(self, self.envs)
@@ -98,9 +98,9 @@ class Deployer:
     def uv_cache(self) -> str | None:
         """uv's cache on the target: ``<root>/uv-cache`` (beside the envs, so uv can hardlink
         from it); on the ``local`` transport, uv's own default (your usual cache)."""
-        if self.t.is_local:
+        if self.transport.is_local:
             return None
-        return posixpath.join(self.layout.root, "uv-cache")
+        return posixpath.join(self.tree.root, "uv-cache")
 
     def _env(self) -> dict[str, str]:
         env = {"UV_PYTHON_DOWNLOADS": "never", "UV_NO_PROGRESS": "1"}
@@ -114,7 +114,7 @@ class Deployer:
         output, or the error a deploy says (lost lease, run.lock held, uv's own)."""
         if locked:
             argv = self.lease.locked(argv)
-        r = self.t.run(argv, env=env or self._env(), timeout=timeout)
+        r = self.transport.run(argv, env=env or self._env(), timeout=timeout)
         if r.exit_code != 0:
             if r.exit_code == dp.EXIT_BUSY and "deploy" in r.err:
                 raise LockHeldError(f"lost the deploy lock on {self.host.name} while {what}: "
@@ -122,10 +122,10 @@ class Deployer:
                                     hint="another deploy took over; run dfo deploy again")
             if r.exit_code == dp.EXIT_BUSY and not r.err.strip():
                 try:
-                    owner = self.t.get(self.layout.run_lock).decode("utf-8", "replace")
+                    owner = self.transport.get(self.tree.run_lock).decode("utf-8", "replace")
                 except Exception:  # noqa: BLE001
                     owner = ""
-                raise dp.run_lock_error(self.host.name, self.layout.root, owner)
+                raise dp.run_lock_error(self.host.name, self.tree.root, owner)
             raise self._uv_error(r.err or r.out, what)
         return r.out
 
@@ -142,7 +142,7 @@ class Deployer:
             if summary or line.strip():
                 self.clock.emit(stage, "line", None, (summary or line.strip())[:160])
 
-        r = self.t.stream(argv, on_line, env=self._env(), timeout=None)
+        r = self.transport.stream(argv, on_line, env=self._env(), timeout=None)
         if r.exit_code != 0:
             text = "\n".join(tail)
             if r.exit_code == dp.EXIT_BUSY and "deploy" in text:
@@ -151,7 +151,7 @@ class Deployer:
             raise self._uv_error(text, what)
 
     def _uv_error(self, text: str, what: str):
-        return translate_uv_error(text, host=self.host.name, root=self.layout.root, what=what,
+        return translate_uv_error(text, host=self.host.name, root=self.tree.root, what=what,
                                   sources=describe_sources(self._source_args()),
                                   unserved_hint=self.profile.sources.unserved_hint)
 
@@ -159,7 +159,7 @@ class Deployer:
     def local_facts(self):
         """(the profile's lock, its bytes, the env dir it deploys to)."""
         lock, lock_bytes = self.profile.load_lock()
-        env_dir = self.layout.env_dir(self.profile.name, lock.sha256)
+        env_dir = self.tree.env_dir(self.profile.name, lock.sha256)
         return lock, lock_bytes, env_dir
 
     def wheel(self) -> ProjectWheel:
@@ -169,16 +169,16 @@ class Deployer:
 
     def wheel_remote(self) -> str:
         w = self.wheel()
-        return posixpath.join(self.layout.wheels, w.short, w.filename)
+        return posixpath.join(self.tree.wheels, w.short, w.filename)
 
     def python_spec(self) -> str:
         return self.host.python or self.profile.python
 
     # ------------------------------------------------------------------ remote steps
     def probe_state(self, env_dir: str, wheel_remote: str | None = None) -> dp.RemoteState:
-        argv = dp.script_argv(dp.STATE_SCRIPT, self.layout.root, env_dir, self.python_spec(),
+        argv = dp.script_argv(dp.STATE_SCRIPT, self.tree.root, env_dir, self.python_spec(),
                               wheel_remote or self.wheel_remote(), name="dfo-state")
-        r = self.t.run(argv, timeout=SMALL_TIMEOUT)
+        r = self.transport.run(argv, timeout=SMALL_TIMEOUT)
         state = dp.parse_state(r.out)
         if not state.complete_output:
             raise RemoteCommandError(
@@ -192,10 +192,10 @@ class Deployer:
 
     def _push_uv(self, path: str, version: str) -> None:
         t = self.clock.begin("push uv", version)
-        self.t.put(Path(path), self.layout.uv, mode=0o755)
-        out = self.t.run([self.layout.uv, "--version"], timeout=60)
+        self.transport.put(Path(path), self.tree.uv, mode=0o755)
+        out = self.transport.run([self.tree.uv, "--version"], timeout=60)
         if not dp.uv_matches(out.out.strip(), version):
-            raise DeployError(f"uv pushed to {self.layout.uv} on {self.host.name} does not run: "
+            raise DeployError(f"uv pushed to {self.tree.uv} on {self.host.name} does not run: "
                               f"{(out.err or out.out).strip()[:200]}",
                               hint="the target must be linux x86_64 with glibc")
         self.clock.end("push uv", t, version)
@@ -203,7 +203,7 @@ class Deployer:
     def _push_wheel(self, remote: str) -> None:
         w = self.wheel()
         t = self.clock.begin("push wheel", w.filename)
-        self.t.put(w.path, remote, mode=0o644)
+        self.transport.put(w.path, remote, mode=0o644)
         self.clock.end("push wheel", t, f"{w.filename} ({w.short})")
 
     def _source_args(self) -> list[str]:
@@ -215,7 +215,7 @@ class Deployer:
         s = self.profile.sources
         links = list(dict.fromkeys([*s.find_links, *self.find_links,
                                     *([self.host.wheelhouse] if self.host.wheelhouse else [])]))
-        if self.t.is_local and s.env_find_links:
+        if self.transport.is_local and s.env_find_links:
             links += [x for x in local_find_links(self.environ) if x not in links]
         args: list[str] = []
         for fl in links:
@@ -236,10 +236,10 @@ class Deployer:
                  detail: str) -> None:
         t = self.clock.begin("install", detail)
         py = posixpath.join(env_dir, "bin", "python")
-        uv = self.layout.uv
+        uv = self.tree.uv
         if sync:
             lock_remote = posixpath.join(env_dir, "requirements.lock")
-            self.t.put(lock_bytes, lock_remote, mode=0o644)
+            self.transport.put(lock_bytes, lock_remote, mode=0o644)
             argv = [uv, "pip", "sync", "--require-hashes", "--python", py, *self._source_args()]
             if reinstall:
                 argv.append("--reinstall")
@@ -264,7 +264,7 @@ class Deployer:
 
     def probe_env(self, env_dir: str) -> dict[str, Any]:
         py = posixpath.join(env_dir, "bin", "python")
-        r = self.t.run(probe_argv(py), timeout=PROBE_TIMEOUT,
+        r = self.transport.run(probe_argv(py), timeout=PROBE_TIMEOUT,
                        env={"PYTHONDONTWRITEBYTECODE": "1", "CUDA_MODULE_LOADING": "LAZY"})
         return parse_probe(r.out + "\n" + r.err)
 
@@ -290,12 +290,12 @@ class Deployer:
 
     def mark_complete(self, env_dir: str, fp: dict[str, Any], lock_sha: str) -> None:
         w = self.wheel()
-        self.t.put(fingerprint_json(fp), posixpath.join(env_dir, dp.FINGERPRINT_FILE), mode=0o644)
+        self.transport.put(fingerprint_json(fp), posixpath.join(env_dir, dp.FINGERPRINT_FILE), mode=0o644)
         marker = {"profile": self.profile.name, "lock_hash": lock_sha, "dfo": __version__,
                   "wheel": self.wheel_remote(), "wheel_sha256": w.sha256,
                   "source_digest": w.digest,
                   "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
-        self.t.put(json.dumps(marker).encode() + b"\n",
+        self.transport.put(json.dumps(marker).encode() + b"\n",
                    posixpath.join(env_dir, dp.COMPLETE_MARKER), mode=0o644)
 
     # ------------------------------------------------------------------ commands
@@ -341,7 +341,7 @@ class Deployer:
         envs/current changes only at the switch (a reverify rewrites its fingerprint once
         the probe passed), so a failure before it leaves envs/current as it was."""
         target = plan.target
-        env_dir = posixpath.join(self.layout.envs, target)
+        env_dir = posixpath.join(self.tree.envs, target)
         steps = {s.stage: s for s in plan.steps}
         if steps["push uv"].run:
             self._push_uv(uv_path, uv_version)
@@ -359,7 +359,7 @@ class Deployer:
                       what="re-syncing the env")
         if steps["create venv"].run:
             t = self.clock.begin("create venv", self.python_spec())
-            self.run([self.layout.uv, "venv", "--quiet", "--python", state.python,
+            self.run([self.tree.uv, "venv", "--quiet", "--python", state.python,
                        "--no-project", env_dir], what="creating the venv", timeout=300)
             self.clock.end("create venv", t, f"{target} from {state.python}")
         else:

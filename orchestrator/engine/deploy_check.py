@@ -19,7 +19,7 @@ from ..ops import deploy_plan as dp
 from ..ops.drift import fingerprint_drift
 from ..ops.fingerprint import EXPECT_FIELDS, compare, fingerprint_changes, parse_probe
 from ..ops.launch_facts import VERIFIED_FILE, LaunchFacts, record_bytes
-from ..ops.layout import env_generation
+from ..ops.host_tree import env_generation
 from .stages import DeployReport
 
 log = logging.getLogger("dfo")
@@ -47,7 +47,7 @@ class DeployChecks:
         report = DeployReport(self.deployer.host.name, self.deployer.profile.name,
                               _shown(state, target), "check")
         lines = self._drift_lines(state, lock, target,
-                                  lambda: self._timed_probe(self.deployer.layout.current_env))
+                                  lambda: self._timed_probe(self.deployer.tree.current_env))
         report.fingerprint = state.current_fingerprint or None
         seen: set[str] = set()
         report.drift = [x for x in lines if not (x in seen or seen.add(x))]
@@ -155,14 +155,14 @@ class DeployChecks:
         refused while a run holds run.lock (its next attempt would load another dfo)."""
         lock, _, _ = self.deployer.local_facts()
         self.envs.guard_run_lock(state)
-        env_dir = posixpath.join(self.deployer.layout.envs, state.current_name)
+        env_dir = posixpath.join(self.deployer.tree.envs, state.current_name)
         py = posixpath.join(env_dir, "bin", "python")
         self.deployer.lease.acquire(state)
         try:
             self.deployer.run(["rm", "-f", "--", posixpath.join(env_dir, dp.COMPLETE_MARKER),
                                posixpath.join(env_dir, VERIFIED_FILE)],
                               what="switching the dfo wheel")
-            self.deployer.run([self.deployer.layout.uv, "pip", "install", "--no-deps",
+            self.deployer.run([self.deployer.tree.uv, "pip", "install", "--no-deps",
                                "--no-index", "--offline", "--python", py,
                                "--reinstall-package", "dfo", self.deployer.wheel_remote()],
                               timeout=300, what="switching the dfo wheel")
@@ -180,23 +180,23 @@ class DeployChecks:
         except ValueError as e:   # not recorded: the next launch probes
             log.debug("no verification record: %s", e)
             return None
-        return posixpath.join(self.deployer.layout.current_env, VERIFIED_FILE), data
+        return posixpath.join(self.deployer.tree.current_env, VERIFIED_FILE), data
 
     def rollback(self) -> DeployReport:
         """Switch envs/current back to envs/previous, after verifying it."""
         self.deployer.clock.restart()
         t = self.deployer.clock.begin("connect")
-        state = self.deployer.probe_state(posixpath.join(self.deployer.layout.envs, "-"), "-")
+        state = self.deployer.probe_state(posixpath.join(self.deployer.tree.envs, "-"), "-")
         self.deployer.clock.end("connect", t, f"current {state.current_name or 'none'}, "
                                 f"previous {state.previous_name or 'none'}")
         plan = dp.rollback_plan(state)
         self.envs.guard_run_lock(state)
-        prev_dir = posixpath.join(self.deployer.layout.envs, plan.target)
+        prev_dir = posixpath.join(self.deployer.tree.envs, plan.target)
         report = DeployReport(self.deployer.host.name, "?", plan.target, "rollback")
         self.deployer.lease.acquire(state)
         try:
             try:
-                recorded = json.loads(self.deployer.t.get(posixpath.join(prev_dir, dp.FINGERPRINT_FILE)))
+                recorded = json.loads(self.deployer.transport.get(posixpath.join(prev_dir, dp.FINGERPRINT_FILE)))
                 if not isinstance(recorded, dict):
                     raise ValueError("not a JSON object")
             except (NotFoundError, RemoteCommandError, ValueError) as e:

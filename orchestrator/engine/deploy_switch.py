@@ -2,7 +2,7 @@
 ``Deployer``): the atomic switch of ``envs/current`` under run.lock, which also retires
 older generations of the env, and the removal of half-built envs; the free space a new env
 needs, counting what dfo removes first or reuses (``ops.deploy_space``). It is given the
-transport, the layout, the host's name, the deploy's stage clock and lease, the free space
+transport, the tree, the host's name, the deploy's stage clock and lease, the free space
 the profile asks for, and ``run``: the deploy's runner of a locked command
 (``Deployer.run``: lost lease and run.lock errors said as a deploy says them)."""
 
@@ -20,10 +20,10 @@ SWITCH_TIMEOUT = 600.0
 
 
 class EnvSwitch:
-    def __init__(self, transport, layout, host_name: str, *, clock, lease,
+    def __init__(self, transport, tree, host_name: str, *, clock, lease,
                  run: Callable[..., str], min_free_mb: int):
-        self.t = transport
-        self.layout = layout
+        self.transport = transport
+        self.tree = tree
         self.host_name = host_name
         self.clock = clock
         self.lease = lease
@@ -32,16 +32,16 @@ class EnvSwitch:
 
     def switch(self, new: str, new_previous: str, retire: list[str] | None = None) -> None:
         t = self.clock.begin("switch", new)
-        argv = self.lease.locked(dp.script_argv(dp.SWITCH_SCRIPT, self.layout.envs, new, new_previous,
-                                                self.layout.run_lock, *(retire or []),
+        argv = self.lease.locked(dp.script_argv(dp.SWITCH_SCRIPT, self.tree.envs, new, new_previous,
+                                                self.tree.run_lock, *(retire or []),
                                                 name="dfo-switch"))
-        r = self.t.run(argv, timeout=SWITCH_TIMEOUT)
+        r = self.transport.run(argv, timeout=SWITCH_TIMEOUT)
         if r.exit_code == dp.EXIT_BUSY:
             owner = next((ln.split("\t", 1)[1] for ln in r.out.splitlines()
                           if ln.startswith("@runlock\t")), None)
             if owner is not None:
                 self.clock.end("switch", t, "refused: run.lock held", status="failed")
-                raise dp.run_lock_error(self.host_name, self.layout.root, dp.decode_b64(owner))
+                raise dp.run_lock_error(self.host_name, self.tree.root, dp.decode_b64(owner))
         if "@switched" not in r.out:
             self.clock.end("switch", t, "failed", status="failed")
             r.check("switching envs/current")
@@ -51,16 +51,16 @@ class EnvSwitch:
 
     def guard_run_lock(self, state: dp.RemoteState) -> None:
         if state.run_lock_held:
-            raise dp.run_lock_error(self.host_name, self.layout.root, state.run_lock_owner)
+            raise dp.run_lock_error(self.host_name, self.tree.root, state.run_lock_owner)
 
     def check_space(self, state: dp.RemoteState, clean: list[str]) -> None:
         """DeployError when the target has no room for the new env. ``df`` first; only when
         that looks short, what dfo's own leftovers hold (half-built envs, removed before the
         build: ``clean``; uv's cache, reused) is measured and counted too."""
-        need, root = self.min_free_mb, self.layout.root
+        need, root = self.min_free_mb, self.tree.root
         if dp.check_disk(state.df_kb, need, host=self.host_name, root=root) is None:
             return
-        r = self.t.run(dp.script_argv(ds.RECLAIM_SCRIPT, root, *clean, name="dfo-reclaim"),
+        r = self.transport.run(dp.script_argv(ds.RECLAIM_SCRIPT, root, *clean, name="dfo-reclaim"),
                        timeout=600)
         found = ds.parse_reclaim(r)
         msg = ds.check_space(state.df_kb, need, found if found.complete_output
@@ -69,7 +69,7 @@ class EnvSwitch:
             raise DeployError(msg, hint="free space on the target; envs/current is untouched")
 
     def clean(self, names: list[str]) -> None:
-        paths = [posixpath.join(self.layout.envs, n) for n in names]
+        paths = [posixpath.join(self.tree.envs, n) for n in names]
         self.run(dp.script_argv(dp.CLEAN_SCRIPT, *paths, name="dfo-clean"),
                  what="removing half-built envs")
 

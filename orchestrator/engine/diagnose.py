@@ -91,7 +91,7 @@ def diagnose(logfile: str | Path, *, exit_code: int | None = None,
     """The class of the failure in ``logfile``, its evidence lines, and the fallback dfo
     chooses for it: the run's own answer when the log lies in its run directory, else the
     default ladder's first step over ``config`` (else the trainer's defaults); with
-    ``run_file`` (a foreign trainer's, docs/byo-trainer.md) the first step of its ladder."""
+    ``run_file`` (your own trainer's, docs/own-trainer.md) the first step of its ladder."""
     try:
         text = Path(logfile).read_text(errors="replace")
     except OSError as e:
@@ -104,10 +104,10 @@ def diagnose(logfile: str | Path, *, exit_code: int | None = None,
     if run is not None:
         return _in_run(d, *run)
     if run_file:
-        from ..config.byo_runfile import read_run_file
+        from ..config.own_runfile import read_run_file
 
         fb = read_run_file(str(run_file))[0].get("fallbacks") or {}
-        ladders = Ladders(foreign=True, own={k: tuple(v) for k, v in fb.items()})
+        ladders = Ladders(own=True, own_steps={k: tuple(v) for k, v in fb.items()})
         assumed = f"the ladders of {run_file} from the start (no earlier fallback)"
     else:
         if config:

@@ -60,9 +60,9 @@ def parse_step(step: str | None) -> str:
 
 class ExportOps:
     def __init__(self, transport, host, *, say: Callable[[str], None] | None = None):
-        self.t = transport
+        self.transport = transport
         self.host = host
-        self.layout = host.layout
+        self.tree = host.tree
         self.runs = RunOps(transport, host, say=say)
         self.say = say or (lambda m: log.info("%s", m))
 
@@ -72,7 +72,7 @@ class ExportOps:
         checkpoints there, their weights hashed against their manifests (an export is where
         a checkpoint is used: it is verified here); the runs whose checkpoints ``ck_dir``
         holds)."""
-        r = self.t.run([self.runs.python, "-m", "dfo_contract.checkpoints", "list", ck_dir,
+        r = self.transport.run([self.runs.python, "-m", "dfo_contract.checkpoints", "list", ck_dir,
                         "--json", "--no-promote", "--run", run_id], timeout=600)
         if not r.ok:
             if "does not exist" in r.err or "No such file" in r.err or r.exit_code == 4:
@@ -101,7 +101,7 @@ class ExportOps:
                 log.warning("checkpoint %s skipped: %s", c.path, c.reason or "does not verify")
         if step == "best":
             try:
-                best = json.loads(self.t.get(posixpath.join(where, "best")).decode())
+                best = json.loads(self.transport.get(posixpath.join(where, "best")).decode())
             except NotFoundError:
                 raise NotFoundError(f"no best checkpoint recorded in {where}",
                                     hint="train with --set eval.every=N and data.eval_path, "
@@ -132,11 +132,11 @@ class ExportOps:
         run_id = self.runs.current_run(run)
         info = self.runs.one(run_id)
         name = info.state.run_name or run_id
-        ck_dir = self.layout.checkpoints(name)
+        ck_dir = self.tree.checkpoints(name)
         ckpt = self._checkpoint(ck_dir, run_id, st)
-        remote = posixpath.join(self.layout.root, "exports", name, posixpath.basename(ckpt))
+        remote = posixpath.join(self.tree.root, "exports", name, posixpath.basename(ckpt))
         self.say(f"exporting {ckpt} on {self.host.name}")
-        r = self.t.run([self.runs.python, "-m", "trainer", "export", ckpt, "--out", remote,
+        r = self.transport.run([self.runs.python, "-m", "trainer", "export", ckpt, "--out", remote,
                         "--dtype", dtype, "--engines", engines], timeout=1800)
         if not r.ok:
             last = (r.err.strip().splitlines() or ["(no output)"])[-1]
@@ -157,7 +157,7 @@ class ExportOps:
         try:
             for fname in [*sorted(files), "dfo_export.json"]:
                 local = tmp / fname
-                self.t.get_file(posixpath.join(remote, fname), local)
+                self.transport.get_file(posixpath.join(remote, fname), local)
                 if fname in files:
                     got = sha256_file(local)
                     if got != files[fname]["sha256"]:

@@ -95,7 +95,7 @@ def warm_cache_group(hosts: Sequence[HostConfig], transport_for: TransportFor, r
             elif isinstance(data, PhaseMarker):
                 progress(h.name, f"warmup [{data.phase}]")
 
-        mgr = CacheManager(transport_for(h), h.layout, host=h.name, events=events, timeout=timeout,
+        mgr = CacheManager(transport_for(h), h.tree, host=h.name, events=events, timeout=timeout,
                            trusted_sources=h.cache_trusted_sources)
         return warm_cache(mgr, req, stage=lambda name, what: progress(h.name, f"{name}: {what}"))
 
@@ -151,7 +151,7 @@ def read_fingerprint(t: Transport, host: HostConfig) -> dict[str, Any] | None:
     """``envs/current/fingerprint.json`` of ``host`` (None: no env deployed there)."""
     import json
 
-    path = posixpath.join(host.layout.current_env, FINGERPRINT_FILE)
+    path = posixpath.join(host.tree.current_env, FINGERPRINT_FILE)
     try:
         data = json.loads(t.get(path))
     except (NotFoundError, RemoteCommandError, ValueError):

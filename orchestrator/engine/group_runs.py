@@ -79,7 +79,7 @@ class GroupRuns:
         self.specs = gl.group_specs(group, self.hosts)
         self._ops: dict[str, RunOps] = {}
 
-    def ops(self, name: str) -> RunOps:
+    def run_ops(self, name: str) -> RunOps:
         """The RunOps of member ``name`` (its transport is opened on first use, in the
         calling thread, so one unreachable member does not stop the others)."""
         if name not in self._ops:
@@ -122,14 +122,14 @@ class GroupRuns:
                                    run_id=o.run_id or make_run_id(run_name, now))
 
         # --config is parsed once for every node (the default config is each host's own)
-        shared = load_trainer(base, self.hosts[0].layout) if o.config else None
+        shared = load_trainer(base, self.hosts[0].tree) if o.config else None
 
         def facts(h):   # each member: its checks, its facts (one round trip)
             opts = base if self.index(h.name) == 0 else \
                 dataclasses.replace(base, resume=None, new_lineage=False)
-            ops = self.ops(h.name)
-            inp = ops.prepare(opts, shared)
-            return opts, inp, ops.facts(opts, inp)
+            run_ops = self.run_ops(h.name)
+            inp = run_ops.prepare(opts, shared)
+            return opts, inp, run_ops.facts(opts, inp)
 
         outs = self.each(facts)
         self.raise_failed(outs, f"cannot launch on group {self.group.name}")
@@ -166,14 +166,14 @@ class GroupRuns:
 
         def start(h):
             n = gp.nodes[self.index(h.name)]
-            self.ops(h.name).start_planned(n.plan, o, wait=False)
+            self.run_ops(h.name).start_planned(n.plan, o, wait=False)
             started.append(h)
 
         try:
             first = self.each(start, self.hosts[:1])          # the head's run dir first
             outs = first if not first[0].ok else first + self.each(start, self.hosts[1:])
             self.raise_failed(outs, f"run {gp.run_id} did not start")
-            waits = self.each(lambda h: self.ops(h.name).wait_started(gp.run_id, o.start_timeout))
+            waits = self.each(lambda h: self.run_ops(h.name).wait_started(gp.run_id, o.start_timeout))
             self.raise_failed(waits, f"run {gp.run_id} did not start")
         except DfoError:
             if started:
@@ -189,23 +189,23 @@ class GroupRuns:
     def _stop_started(self, name: str, run_id: str, start_timeout: float, stop_s: float) -> None:
         """Stop a node's supervisor that was started for a group that did not start: once it
         runs (a supervisor still starting has no stop handler yet)."""
-        ops = self.ops(name)
+        run_ops = self.run_ops(name)
         try:
-            ops.wait_started(run_id, start_timeout)
+            run_ops.wait_started(run_id, start_timeout)
         except DfoError:
             pass
-        ops.stop(run_id, timeout=stop_s)
+        run_ops.stop(run_id, timeout=stop_s)
 
     # --- status / stop ---------------------------------------------------------------------
     def resolve_run(self, run: str | None) -> str:
         """``run``, else the head's live run, else its newest."""
-        return self.ops(self.group.head).current_run(run)
+        return self.run_ops(self.group.head).current_run(run)
 
     def status(self, run: str | None = None) -> tuple[str, list[HostOutcome]]:
         run_id = self.resolve_run(run)
 
         def one(h):
-            runs = self.ops(h.name).status(run_id)
+            runs = self.run_ops(h.name).status(run_id)
             if not runs:
                 raise NotFoundError(f"no run {run_id} on {h.name}")
             return runs[0]
@@ -215,7 +215,7 @@ class GroupRuns:
     def stop(self, run: str | None = None, *, timeout: float = 300.0
              ) -> tuple[str, list[HostOutcome]]:
         run_id = self.resolve_run(run)
-        return run_id, self.each(lambda h: self.ops(h.name).stop(run_id, timeout=timeout))
+        return run_id, self.each(lambda h: self.run_ops(h.name).stop(run_id, timeout=timeout))
 
 
 def exit_code(outcomes: Sequence[HostOutcome]) -> int:

@@ -20,7 +20,7 @@ from dfo_contract.procs import alive, process_start, same_process
 
 from ..errors import DeployError, LockHeldError, RemoteCommandError
 from ..ops import deploy_plan as dp
-from ..ops.layout import RemoteLayout
+from ..ops.host_tree import HostTree
 
 log = logging.getLogger("dfo")
 
@@ -28,10 +28,10 @@ TAKEOVER_WAIT_S = 900  # wait this long for a killed deploy's orphaned command t
 
 
 class DeployLease:
-    def __init__(self, transport, layout: RemoteLayout, host_name: str,
+    def __init__(self, transport, tree: HostTree, host_name: str,
                  say: Callable[[str], None] = lambda msg: None):
-        self.t = transport
-        self.layout = layout
+        self.transport = transport
+        self.tree = tree
         self.host_name = host_name
         self.say = say
         self.token = uuid.uuid4().hex
@@ -39,11 +39,11 @@ class DeployLease:
 
     @property
     def owner_file(self) -> str:
-        return posixpath.join(self.layout.locks, "deploy.owner")
+        return posixpath.join(self.tree.locks, "deploy.owner")
 
     def locked(self, argv: list[str]) -> list[str]:
         """``argv`` run under the deploy lock, only while this lease owns it."""
-        return dp.locked_argv(self.layout.deploy_lock, self.owner_file, self.token, argv)
+        return dp.locked_argv(self.tree.deploy_lock, self.owner_file, self.token, argv)
 
     def acquire(self, state: dp.RemoteState) -> None:
         takeover, wait = "", 10
@@ -59,17 +59,17 @@ class DeployLease:
             else:
                 raise LockHeldError(
                     f"{dp.describe_lease(state.deploy_owner)} holds "
-                    f"{self.layout.deploy_lock} on {self.host_name}",
+                    f"{self.tree.deploy_lock} on {self.host_name}",
                     hint=f"wait for it to finish; a killed deploy's lock frees itself after "
                          f"{dp.LEASE_STALE_S} s")
         info = json.dumps({"user": getpass.getuser(), "machine": socket.gethostname(),
                            "pid": os.getpid(), "pid_start": process_start(os.getpid()),
                            "started": _dt.datetime.now().isoformat(timespec="seconds")},
                           separators=(",", ":"))
-        argv = dp.script_argv(dp.LEASE_SCRIPT, self.layout.deploy_lock, self.owner_file,
+        argv = dp.script_argv(dp.LEASE_SCRIPT, self.tree.deploy_lock, self.owner_file,
                               self.token, info, str(dp.LEASE_STALE_S), takeover or "-",
                               str(wait), name="dfo-lease")
-        r = self.t.run(argv, timeout=wait + 60)
+        r = self.transport.run(argv, timeout=wait + 60)
         if "@acquired" in r.out:
             self.held = True
             return
@@ -77,15 +77,15 @@ class DeployLease:
                      if ln.startswith(("@held\t", "@busy\t"))), "")
         if "@unwritable" in r.out:
             why = (r.err.strip().splitlines() or ["cannot be written"])[-1].rsplit(": ", 1)[-1]
-            raise DeployError(f"cannot write {self.layout.deploy_lock} on {self.host_name}: "
+            raise DeployError(f"cannot write {self.tree.deploy_lock} on {self.host_name}: "
                               f"{why}",
                               hint=f"deploy into a writable root (hosts.yaml `root:`, now "
-                                   f"{self.layout.root})")
+                                   f"{self.tree.root})")
         if r.exit_code == dp.EXIT_BUSY:
             who = dp.describe_lease(held) if held else "another deploy"
-            raise LockHeldError(f"{who} holds {self.layout.deploy_lock} on {self.host_name}",
+            raise LockHeldError(f"{who} holds {self.tree.deploy_lock} on {self.host_name}",
                                 hint="wait for it to finish, then deploy again")
-        raise RemoteCommandError(f"cannot take {self.layout.deploy_lock} on {self.host_name}: "
+        raise RemoteCommandError(f"cannot take {self.tree.deploy_lock} on {self.host_name}: "
                                  f"{(r.err.strip().splitlines() or ['no output'])[-1]}")
 
     def release(self) -> None:
@@ -93,7 +93,7 @@ class DeployLease:
             return
         self.held = False
         try:
-            self.t.run(dp.script_argv(dp.RELEASE_SCRIPT, self.layout.deploy_lock, self.owner_file,
+            self.transport.run(dp.script_argv(dp.RELEASE_SCRIPT, self.tree.deploy_lock, self.owner_file,
                                       self.token, name="dfo-release"), timeout=30)
         except Exception:  # noqa: BLE001 - the lease goes stale by itself
             log.debug("releasing the deploy lease failed", exc_info=True)

@@ -34,14 +34,14 @@ class LogLine:
 
 
 class LogFollower:
-    def __init__(self, transport, layout, run_id: str, *, on_line: Callable[[LogLine], None],
+    def __init__(self, transport, tree, run_id: str, *, on_line: Callable[[LogLine], None],
                  follow: bool = False, attempt: int | None = None, from_attempt: int = 1,
                  since: float | None = None, max_retries: int = 20,
                  on_reconnect: Callable[[int, str], None] | None = None,
                  on_skipped: Callable[[int], None] | None = None,
                  sleep: Callable[[float], None] = time.sleep, poll: float = 0.25):
-        self.t = transport
-        self.layout = layout
+        self.transport = transport
+        self.tree = tree
         self.run_id = run_id
         self.on_line = on_line
         self.follow = follow
@@ -59,8 +59,8 @@ class LogFollower:
         self.reconnects = 0
 
     def argv(self) -> list[str]:
-        a = [self.layout.current_python, "-m", "orchestrator.supervisor.follow",
-             "--run-dir", self.layout.run_dir(self.run_id),
+        a = [self.tree.current_python, "-m", "orchestrator.supervisor.follow",
+             "--run-dir", self.tree.run_dir(self.run_id),
              "--offsets", wire.encode_offsets(self.offsets),
              "--from-attempt", str(self.from_attempt), "--poll", str(self.poll)]
         if self.attempt is not None:
@@ -107,7 +107,7 @@ class LogFollower:
             why = ""
             argv = self.argv()
             try:
-                res = self.t.stream(argv, handle)
+                res = self.transport.stream(argv, handle)
                 env = env_error(argv, res.exit_code, "\n".join(stray))
                 if env is not None:   # the env lacks dfo: no reconnect can help
                     raise env
@@ -123,7 +123,7 @@ class LogFollower:
                                     hint="see `dfo status` for run ids")
             end, eof = box.get(wire.End), box.get(wire.Eof)
             if end is not None and end.status == wire.NEVER_STARTED:
-                rd = self.layout.run_dir(self.run_id)
+                rd = self.tree.run_dir(self.run_id)
                 raise RunFailed(f"run {self.run_id} never started: its launch was cut off before "
                                 "the supervisor started (no state.json, nothing runs)",
                                 hint=f"remove {rd} (nothing of it ran) and `dfo launch` again")
@@ -133,7 +133,7 @@ class LogFollower:
                 return eof.status
             failures = 0 if progressed[0] else failures + 1
             if failures > self.max_retries:
-                raise ConnectError(f"lost the connection to {self.t.name} and could not "
+                raise ConnectError(f"lost the connection to {self.transport.name} and could not "
                                    f"resume following ({why})",
                                    hint="run `dfo logs -f` again; the run is unaffected")
             self.reconnects += 1
@@ -158,9 +158,9 @@ class LogFollower:
         self.on_line(LogLine(name, off, text, att, ev))
 
 
-def current_attempt(ops, run_id: str) -> int:
+def current_attempt(run_ops, run_id: str) -> int:
     try:
-        runs = ops.status(run_id)
+        runs = run_ops.status(run_id)
     except DfoError:
         return 1
     return int(runs[0].state.attempt or 1) if runs else 1

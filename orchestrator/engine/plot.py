@@ -23,17 +23,17 @@ WIDTH_PX, HEIGHT_PX, DPI = 1200, 900, 100
 MAX_NOTES = 8  # attempt notes under the plot; more are summarized
 
 
-def fetch_curves(ops, run: str | None) -> cv.Curves:
+def fetch_curves(run_ops, run: str | None) -> cv.Curves:
     """The curves of ``run`` (default: the live run, else the newest) on ``ops``'s host."""
-    run_id = ops.current_run(run)
-    run_dir = ops.layout.run_dir(run_id)
+    run_id = run_ops.current_run(run)
+    run_dir = run_ops.tree.run_dir(run_id)
     try:
-        events = ops.t.get(f"{run_dir}/{rs.EVENTS_FILE}").decode("utf-8", "replace")
+        events = run_ops.transport.get(f"{run_dir}/{rs.EVENTS_FILE}").decode("utf-8", "replace")
     except NotFoundError:
-        raise NotFoundError(f"no run {run_id} on {ops.host.name}",
+        raise NotFoundError(f"no run {run_id} on {run_ops.host.name}",
                             hint="see `dfo status` for run ids") from None
     try:
-        metrics = ops.t.get(f"{run_dir}/{METRICS_FILE}").decode("utf-8", "replace")
+        metrics = run_ops.transport.get(f"{run_dir}/{METRICS_FILE}").decode("utf-8", "replace")
     except NotFoundError:
         metrics = ""
     try:

@@ -26,26 +26,26 @@ def require_env(facts: LaunchFacts, host: str, python: str, deploy_with: str) ->
                           hint=f"run `dfo deploy {deploy_with}` first")
 
 
-def launch_facts(ops, o: LaunchOptions, inp: LaunchInputs, *, switched: bool = False) -> LaunchFacts:
+def launch_facts(run_ops, o: LaunchOptions, inp: LaunchInputs, *, switched: bool = False) -> LaunchFacts:
     """Reachable, env deployed and ``deploy --check``-clean (the env probe only when its
-    recorded verification no longer holds), and everything the planner needs: ONE command.
+    recorded verification does not hold), and everything the planner needs: ONE command.
     When only dfo's own wheel differs (another dfo deployed its wheel since) and this dfo's
     wheel is still on the host, it is switched back in (``Deployer.switch_dfo_wheel``) and
     the facts asked once more: no redeploy."""
     from .deploy import Deployer  # deploy imports much; launch only needs it here
 
-    req = lp.facts_request(o, inp, ops.host)
-    dep = Deployer(ops.t, ops.host) if o.env_check else None
+    req = lp.facts_request(o, inp, run_ops.host)
+    dep = Deployer(run_ops.transport, run_ops.host) if o.env_check else None
     if dep is not None:
         req = dataclasses.replace(req, check=True, env_dir=dep.local_facts()[2],
                                   python_spec=dep.python_spec(), wheel=dep.wheel_remote())
-    r = ops.t.run(facts_argv(req), timeout=CHECK_TIMEOUT if dep else PLAIN_TIMEOUT)
+    r = run_ops.transport.run(facts_argv(req), timeout=CHECK_TIMEOUT if dep else PLAIN_TIMEOUT)
     facts = parse_facts(r.out)
     if not facts.complete:
-        r.check(f"probing {ops.host.name}")
-        raise RemoteCommandError(f"probing {ops.host.name}: the probe did not finish",
+        r.check(f"probing {run_ops.host.name}")
+        raise RemoteCommandError(f"probing {run_ops.host.name}: the probe did not finish",
                                  hint="the host needs bash and coreutils")
-    require_env(facts, ops.host.name, ops.python, ops.deploy_with)
+    require_env(facts, run_ops.host.name, run_ops.python, run_ops.deploy_with)
     if dep is not None:
         rep, facts.record = dep.launch_check(facts)
         if not rep.ok and rep.dfo_only and facts.state is not None:
@@ -54,26 +54,26 @@ def launch_facts(ops, o: LaunchOptions, inp: LaunchInputs, *, switched: bool = F
                     and not facts.state.run_lock_held:
                 log.warning("%s: envs/current has another dfo's wheel (%s); switching it to "
                             "this dfo's (%s), kept on the host from an earlier deploy",
-                            ops.host.name, rep.dfo_only, mine.filename)
+                            run_ops.host.name, rep.dfo_only, mine.filename)
                 dep.switch_dfo_wheel(facts.state)
-                return launch_facts(ops, o, inp, switched=True)
+                return launch_facts(run_ops, o, inp, switched=True)
             if facts.state.wheel_present and o.dry_run:
                 log.warning("%s: envs/current has another dfo's wheel (%s); a launch switches "
-                            "it to this dfo's (%s)", ops.host.name, rep.dfo_only, mine.filename)
+                            "it to this dfo's (%s)", run_ops.host.name, rep.dfo_only, mine.filename)
                 return facts
-            fix = (f"run `dfo deploy {ops.deploy_with}` with this dfo (it keeps each dfo's wheel "
+            fix = (f"run `dfo deploy {run_ops.deploy_with}` with this dfo (it keeps each dfo's wheel "
                    "on the host: later launches from either dfo switch without a redeploy)")
             if facts.state.wheel_present:
                 fix = ("a live run holds the env: stop it (`dfo stop`), then launch again (this "
                        "dfo's wheel, already on the host, is switched in then)")
             raise DriftError(
-                f"{ops.host.name}: envs/current has another dfo's wheel ({rep.dfo_only}), not "
+                f"{run_ops.host.name}: envs/current has another dfo's wheel ({rep.dfo_only}), not "
                 f"this dfo's ({mine.filename}, sha256 {mine.short}); only dfo's own version "
                 "differs, the lock's packages match", hint=fix)
         if not rep.ok:
             first = rep.drift[0] if rep.drift else ""
-            raise DriftError(f"{ops.host.name}: envs/current differs from its lock "
+            raise DriftError(f"{run_ops.host.name}: envs/current differs from its lock "
                              f"({len(rep.drift)} difference(s), first: {first})",
                              hint="run `dfo deploy` to repair it")
-        log.info("env check on %s: %s", ops.host.name, rep.message)
+        log.info("env check on %s: %s", run_ops.host.name, rep.message)
     return facts

@@ -1,6 +1,6 @@
 """Reading and stopping runs on a host: ``dfo status``, ``dfo stop``, and which run a
 command means (``--run``, else the live run, else the newest). ``RunQueries`` is given the
-host's transport, its layout (the env's python, the root), its name and what a missing
+host's transport, its tree (the env's python, the root), its name and what a missing
 env's hint tells to run; ``RunOps`` holds one.
 """
 
@@ -33,20 +33,20 @@ class StopOutcome:
 
 
 class RunQueries:
-    def __init__(self, transport, layout, host_name: str, *, deploy_with: str):
-        self.t = transport
-        self.layout = layout
+    def __init__(self, transport, tree, host_name: str, *, deploy_with: str):
+        self.transport = transport
+        self.tree = tree
         self.host_name = host_name
         #: what a missing env's hint tells to run (a group member: ``--group NAME``)
         self.deploy_with = deploy_with
 
     @property
     def python(self) -> str:
-        return self.layout.current_python
+        return self.tree.current_python
 
     def query(self, run: str | None = None) -> QueryReply:
-        p = query_probe(self.python, self.layout.root, run)
-        r = self.t.run(list(p.argv), timeout=60)
+        p = query_probe(self.python, self.tree.root, run)
+        r = self.transport.run(list(p.argv), timeout=60)
         if not r.ok and r.exit_code in (126, 127):
             raise DeployError(f"no deployed env on {self.host_name} ({self.python} missing)",
                               hint=f"run `dfo deploy {self.deploy_with}` first")
@@ -74,8 +74,8 @@ class RunQueries:
     def stop(self, run: str | None = None, *, timeout: float = 180.0,
              wait: bool = True) -> StopOutcome:
         run_id = self.current_run(run)
-        p = stop_probe(self.python, self.layout.root, run_id)
-        r = self.t.run(list(p.argv), timeout=60)
+        p = stop_probe(self.python, self.tree.root, run_id)
+        r = self.transport.run(list(p.argv), timeout=60)
         r.check("stopping the run")
         if not p.parse(r).stopped:
             runs = self.status(run_id)

@@ -1,6 +1,6 @@
 """launch / status / stop through a Transport. Decisions come from ops.launch_plan (pure).
 
-``RunOps(transport, host).plan(opts)`` loads the run config (or a foreign trainer's run
+``RunOps(transport, host).plan(opts)`` loads the run config (or your own trainer's run
 file) and checks everything given before anything touches the host
 (``ops.launch_inputs.prepare``), then asks the host ONE command for every fact the plan needs
 (``engine.preflight``: env deployed and ``dfo deploy --check``-clean, run.lock, the
@@ -40,19 +40,19 @@ LaunchOptions = li.LaunchOptions   # what ``dfo launch`` was asked (pure data, o
 log = logging.getLogger("dfo")
 
 
-def load_trainer(o: LaunchOptions, layout) -> li.TrainerInput:
+def load_trainer(o: LaunchOptions, tree) -> li.TrainerInput:
     """The run config (one parse, ``--set`` applied once: ``demo.load_run_layers``; without
-    ``--config`` the default of the host of ``layout``), or a foreign trainer's run file:
+    ``--config`` the default of the host of ``tree``), or your own trainer's run file:
     local files only."""
     if o.own:
-        from ..config.byo_runfile import read_run_file
+        from ..config.own_runfile import read_run_file
         from ..ops.launch_own import own_config
 
         rf, data = read_run_file(o.run_file) if o.run_file else ({}, None)
         return own_config(o, rf, data)
     from .demo import DEFAULT_RUN_NAME, load_run_layers
 
-    layers = load_run_layers(o.config, layout, li.parse_sets(o.sets))
+    layers = load_run_layers(o.config, tree, li.parse_sets(o.sets))
     name = Path(o.config).stem if o.config else DEFAULT_RUN_NAME
     return li.BundledConfig(source=o.config, name=name, layers=layers)
 
@@ -64,20 +64,20 @@ class RunOps:
 
     def __init__(self, transport, host, *, say: Callable[[str], None] | None = None,
                  clock: Callable[[], float] = time.time, deploy_with: str | None = None):
-        self.t = transport
+        self.transport = transport
         self.host = host
         #: what a missing env's hint tells to run (a group member: ``--group NAME``)
         self.deploy_with = deploy_with or f"--host {host.name}"
-        self.layout = host.layout
+        self.tree = host.tree
         self.say = say or (lambda msg: log.info("%s", msg))
         self.clock = clock
-        self.queries = RunQueries(transport, self.layout, host.name,
+        self.queries = RunQueries(transport, self.tree, host.name,
                                   deploy_with=self.deploy_with)
         self._launching: str | None = None   # the run id a launch allocated (for messages)
 
     @property
     def python(self) -> str:
-        return self.layout.current_python
+        return self.tree.current_python
 
     # --- reading and stopping runs (RunQueries) ------------------------------------------------
     def query(self, run: str | None = None) -> QueryReply:
@@ -98,8 +98,8 @@ class RunOps:
 
     # --- probes ----------------------------------------------------------------------------
     def probe(self) -> dict[str, str]:
-        p = launch_probe(self.layout.root, self.layout.run_lock)
-        r = self.t.run(list(p.argv), timeout=60)
+        p = launch_probe(self.tree.root, self.tree.run_lock)
+        r = self.transport.run(list(p.argv), timeout=60)
         r.check(f"probing {self.host.name}")
         return p.parse(r)
 
@@ -108,7 +108,7 @@ class RunOps:
                 ) -> li.LaunchInputs:
         """Everything checked that can be without the host (before anything touches it);
         ``trainer``: ``o``'s trainer input, already loaded (a group's ``--config``)."""
-        return li.prepare(o, trainer or load_trainer(o, self.layout), self.host, self.clock())
+        return li.prepare(o, trainer or load_trainer(o, self.tree), self.host, self.clock())
 
     def facts(self, o: LaunchOptions, inp: li.LaunchInputs):
         """The host's facts: ONE round trip (engine.preflight)."""
@@ -149,7 +149,7 @@ class RunOps:
         shown = info.shown_status
         if shown == NEVER_STARTED:
             return Interrupted(f"run {run_id} did not start on {where}",
-                               hint=f"remove {self.layout.run_dir(run_id)} (nothing of it ran)")
+                               hint=f"remove {self.tree.run_dir(run_id)} (nothing of it ran)")
         if not info.state.pid and shown not in rs.FINAL:
             return Interrupted(f"run {run_id} may have started on {where} (its supervisor has "
                                "not reported yet)", hint=f"check with {look}")
@@ -189,8 +189,8 @@ class RunOps:
         (``ops.launch_steps``); with ``wait``, wait until it took run.lock
         (engine.group_runs starts every node, then waits)."""
         self._launching = plan.run_id
-        steps = ls.launch_steps(plan, self.layout.locks)
-        r = self.t.run(ls.steps_argv(self.python), stdin=ls.steps_stdin(steps),
+        steps = ls.launch_steps(plan, self.tree.locks)
+        r = self.transport.run(ls.steps_argv(self.python), stdin=ls.steps_stdin(steps),
                        timeout=ls.steps_timeout(steps))
         reply = ls.parse_reply(r.out)
         if reply is None:
@@ -251,18 +251,18 @@ class RunOps:
                 if st in rs.FINAL or (st in rs.LIVE and st != "starting" and last.live):
                     return last
             time.sleep(0.3)
-        log_tail = self._tail(posixpath.join(self.layout.run_dir(run_id), rs.SUPERVISOR_LOG))
+        log_tail = self._tail(posixpath.join(self.tree.run_dir(run_id), rs.SUPERVISOR_LOG))
         raise RunFailed(f"the supervisor of {run_id} did not start within {timeout:.0f}s"
                         + (f": {log_tail}" if log_tail else ""),
-                        hint=f"see {self.layout.run_dir(run_id)}/supervisor.log")
+                        hint=f"see {self.tree.run_dir(run_id)}/supervisor.log")
 
     def _wait_lock_taken(self, run_id: str, until: float) -> None:
         """Until the supervisor of ``run_id`` holds run.lock (it is "running" a moment
         later), or ``until``: one launch probe that waits inside the container."""
         secs = math.ceil(until - time.monotonic())
         if secs > 0:
-            p = launch_probe(self.layout.root, self.layout.run_lock, owner=run_id, wait_s=secs)
-            self.t.run(list(p.argv), timeout=60 + secs).check(f"probing {self.host.name}")
+            p = launch_probe(self.tree.root, self.tree.run_lock, owner=run_id, wait_s=secs)
+            self.transport.run(list(p.argv), timeout=60 + secs).check(f"probing {self.host.name}")
 
     def _lost_the_lock(self, run_id: str, info: RunStatus) -> None:
         """A supervisor that ends ``failed`` at once while run.lock is held by another run
@@ -276,7 +276,7 @@ class RunOps:
 
     def _tail(self, path: str) -> str:
         try:
-            text = self.t.get(path).decode("utf-8", "replace")
+            text = self.transport.get(path).decode("utf-8", "replace")
         except DfoError:
             return ""
         lines = [ln for ln in text.strip().splitlines() if ln.strip()]

@@ -34,12 +34,12 @@ class TensorBoard:
     """Start with ``start()``; ``url`` then answers; ``wait()`` blocks until TensorBoard
     exits; ``close()`` stops it and the forward."""
 
-    def __init__(self, ops, run: str | None, *, port: int | None = None, python: str | None = None):
-        self.ops = ops
-        self.t = ops.t
-        self.run_id = ops.current_run(run)
-        self.logdir = ops.layout.run_dir(self.run_id)
-        self.python = python or ops.layout.current_python
+    def __init__(self, run_ops, run: str | None, *, port: int | None = None, python: str | None = None):
+        self.run_ops = run_ops
+        self.transport = run_ops.transport
+        self.run_id = run_ops.current_run(run)
+        self.logdir = run_ops.tree.run_dir(self.run_id)
+        self.python = python or run_ops.tree.current_python
         self.port = port
         self.remote_port: int | None = None
         self.pipe: fw.Pipe | None = None
@@ -58,13 +58,13 @@ class TensorBoard:
         return DEFAULT_PORT if fw.port_free(DEFAULT_PORT) else 0
 
     def start(self) -> str:
-        if self.t.is_local:
+        if self.transport.is_local:
             want = self._local_port()
             if self.port is not None:
                 fw.listen(want).close()  # busy: one clear error now, not TensorBoard's
         else:
             want = 0
-        self.pipe = fw.open_pipe(self.t, serve_argv(self.python, "serve", self.logdir, str(want)))
+        self.pipe = fw.open_pipe(self.transport, serve_argv(self.python, "serve", self.logdir, str(want)))
         try:
             reply = self._first_reply()
         except BaseException:  # Ctrl-C while TensorBoard starts: stop it too
@@ -75,15 +75,15 @@ class TensorBoard:
             raise self._error(reply)
         self.remote_port = int(reply["port"])
         threading.Thread(target=self._watch, daemon=True, name="dfo-tensorboard").start()
-        if not self.t.is_local:
+        if not self.transport.is_local:
             try:
                 self.forward = fw.LocalForward(
-                    self.t, self.remote_port, port=self._local_port(),
+                    self.transport, self.remote_port, port=self._local_port(),
                     relay_argv=lambda p: serve_argv(self.python, "relay", str(p)))
             except BaseException:
                 self.close()
                 raise
-        log.info("tensorboard for %s: %s on %s port %s", self.run_id, self.url, self.t.name,
+        log.info("tensorboard for %s: %s on %s port %s", self.run_id, self.url, self.transport.name,
                  self.remote_port)
         return self.url
 
@@ -112,7 +112,7 @@ class TensorBoard:
 
     def _error(self, reply: dict):
         err, detail = reply.get("error"), reply.get("detail") or ""
-        host = self.ops.host.name
+        host = self.run_ops.host.name
         if err == "no-tensorboard":
             return DeployError(
                 f"tensorboard is not installed in {detail or self.python} on {host}",
@@ -162,10 +162,10 @@ def run_until_interrupted(tb: TensorBoard, poll: float = 0.5) -> dict | None:
         while not tb.wait(poll):
             pass
         if tb.exit_info is None:
-            raise ConnectError(f"lost the connection to {tb.t.name}; tensorboard stopped with it",
+            raise ConnectError(f"lost the connection to {tb.transport.name}; tensorboard stopped with it",
                                hint="run `dfo tensorboard` again")
         if tb.exit_info.get("exit") not in (0, None):
-            raise RemoteCommandError(f"tensorboard on {tb.t.name} exited {tb.exit_info['exit']}: "
+            raise RemoteCommandError(f"tensorboard on {tb.transport.name} exited {tb.exit_info['exit']}: "
                                      f"{tb.exit_info.get('detail') or 'no output'}",
                                      hint="run `dfo tensorboard` again")
         return tb.exit_info

@@ -134,7 +134,7 @@ def cannot_do_better(prev, cur, *, restart_changes_config: bool) -> str | None:
 
 
 def _set_only(overrides) -> dict:
-    """The overrides that set something (a foreign command's empty ``env``/``drop`` lists are
+    """The overrides that set something (an own command's empty ``env``/``drop`` lists are
     the same config as none)."""
     return {k: v for k, v in dict(overrides or {}).items() if v not in ({}, [], None)}
 

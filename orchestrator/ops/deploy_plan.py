@@ -21,7 +21,7 @@ probe passed and ``fingerprint.json`` was written. A directory without it (a dep
 short by a dropped SSH link, Ctrl-C or kill -9) is never taken for a good env: the
 next deploy removes it and builds again. The env envs/current points to is never changed
 in place: a repair or update builds the next generation (``<profile>-<lockhash12>.N``,
-``layout.env_generation``) beside it and switches to it.
+``host_tree.env_generation``) beside it and switches to it.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from typing import Any
 from ..errors import LockHeldError
 from .drift import Drift, Installed, diff, parse_freeze
 from .fingerprint import Mismatch, compare
-from .layout import env_generation, generation_name
+from .host_tree import env_generation, generation_name
 from .lockfile import Lock
 from .probes import Output, Probe, text
 from .scripts import script_text

@@ -24,7 +24,7 @@ per cause:
 The figures per attempt come from the optional timing fields of ``attempt_end``
 (``loop_t``, ``warmup_s``, ``from_step``, ``first_step``/``first_step_t``,
 ``last_step``/``last_step_t``). Attempts recorded without them (events written before the
-fields existed, a foreign trainer without markers) are estimated from their checkpoint
+fields existed, your own trainer without markers) are estimated from their checkpoint
 events: the time to the first checkpoint less its steps counts as start-up, and a failed
 attempt with no checkpoint counts whole as ``redone`` (if it trained) or ``startup``.
 """
@@ -178,7 +178,7 @@ def _step_of(resume: str | None) -> int | None:
 class AttemptClock:
     """What an attempt's ``attempt_end`` says about its time, gathered from the trainer's
     markers as the supervisor reads them (``feed`` each parsed marker; ``fields()`` for the
-    event). A marker without a number ``t`` (a foreign trainer's step line) counts at
+    event). A marker without a number ``t`` (your own trainer's step line) counts at
     ``now``, the epoch seconds it was read."""
 
     def __init__(self) -> None:

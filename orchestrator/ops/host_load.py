@@ -150,15 +150,15 @@ def judge(old: HostSample | None, new: HostSample | None, *,
         ours = set(our_pids)
         apps = [a for a in gpu_apps if a.pid is not None]
         mine = [a for a in apps if a.pid in ours]
-        foreign = [a for a in apps if a.pid not in ours]
+        others = [a for a in apps if a.pid not in ours]
         seen["gpu_apps"] = [{"pid": a.pid, "name": a.name, "used_mib": a.used_mib,
                              "ours": a.pid in ours} for a in apps]
         # in a container nvidia-smi may show host pids: none of ours match then, and only
         # more than one app is evidence that someone else is there
-        if foreign and (mine or len(foreign) > 1):
+        if others and (mine or len(others) > 1):
             causes.insert(0, "gpu_shared")
-            why.insert(0, f"{len(foreign)} other process(es) on the GPUs: "
-                          + ", ".join(f"{a.pid} {a.name}" for a in foreign[:4]))
+            why.insert(0, f"{len(others)} other process(es) on the GPUs: "
+                          + ", ".join(f"{a.pid} {a.name}" for a in others[:4]))
     cause = causes[0] if causes else "unknown"
     summary = "; ".join(why) if why else "nothing on the host explains it"
     return Finding(cause, tuple(causes), seen, summary)

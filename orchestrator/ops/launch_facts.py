@@ -5,9 +5,9 @@ The one command answers, in ``@section`` blocks: the launch probe (init system, 
 run.lock held and by whom), which of the config's paths are missing, what the deployed env's
 python reads (``orchestrator.remote.launch_facts``: the env fingerprint, the trainer source
 hash and the target's ``config.json`` hash (the cache key's inputs), the live cache names,
-the checkpoints by manifest, a foreign trainer's resume glob) and, for the env check, the
+the checkpoints by manifest, your own trainer's resume glob) and, for the env check, the
 env's stamp, its recorded verification, deploy's state probe and the env probe itself when
-the record no longer holds; with ``model.init_from``, that directory's config.json
+the record does not hold; with ``model.init_from``, that directory's config.json
 (``ops.init_from``: the trainer's settings from it). A :class:`FactsRequest` says what to ask;
 :func:`resolve_resume` finds the checkpoint a ``--resume`` names in the answer's listing.
 
@@ -68,12 +68,12 @@ class FactsRequest:
     python_spec: str = ""
     wheel: str = ""
     paths: Sequence[str] = ()           # must exist on the host (the config's paths)
-    commands: Sequence[str] = ()        # must run on the host (a foreign trainer's argv[0])
+    commands: Sequence[str] = ()        # must run on the host (your own trainer's argv[0])
     ckpt_dirs: Sequence[str] = ()       # checkpoint dirs, listed by manifest
     fingerprint: str = ""               # the env's fingerprint.json
     source: bool = False                # the trainer's source hash (a cache-key input)
     hashes: Sequence[str] = ()          # files to sha256 (the target's config.json)
-    glob: str | None = None             # a foreign trainer's resume glob
+    glob: str | None = None             # your own trainer's resume glob
     caches: str = ""                    # the cache root: which keys have a live cache
     promote: bool = True                # False: promote no checkpoint (a dry run)
     init_from: str = ""                 # model.init_from: that directory's config.json

@@ -1,7 +1,7 @@
 """What ``dfo launch`` was asked, checked before the host is asked anything (pure): the
 options (:class:`LaunchOptions`), the trainer's input (:class:`BundledConfig`: the run config
 as ``engine.demo.load_run_layers`` parsed it once, with ``--set`` applied once, a typed
-``TrainerConfig``; ``launch_own.OwnConfig``: a foreign trainer's run file and flags) and
+``TrainerConfig``; ``launch_own.OwnConfig``: your own trainer's run file and flags) and
 :func:`prepare`, which checks them (``--resume`` text, ``--run-name``, ladders, budget,
 thresholds, ``--fault``) and names the run -> :class:`LaunchInputs` (``ops.launch_plan``
 plans from it, with the host's facts: ``ops.launch_facts``).
@@ -57,7 +57,7 @@ class LaunchOptions:
     env_check: bool = True
     start_timeout: float = 60.0
     new_lineage: bool = False     # move an earlier run's checkpoints aside, start over
-    #: a foreign trainer (``dfo launch -- CMD ARGS...``, ops.launch_own)
+    #: your own trainer (``dfo launch -- CMD ARGS...``, ops.launch_own)
     command: Sequence[str] = ()
     run_file: str | None = None
     step_pattern: str | None = None
@@ -74,7 +74,7 @@ class LaunchOptions:
 
     @property
     def own(self) -> bool:
-        """A foreign trainer (``-- CMD``, a run file, or its flags)."""
+        """Your own trainer (``-- CMD``, a run file, or its flags)."""
         return bool(self.command or self.run_file or self.resume_glob or self.ladder)
 
 
@@ -102,7 +102,7 @@ class LaunchInputs:
     run_id: str
     run_dir: str
     now: float                    # when launch was asked (the run id's time)
-    resume: ResumeArg | None      # the bundled trainer's --resume (a foreign one: the text)
+    resume: ResumeArg | None      # the bundled trainer's --resume (your own trainer's: the text)
     thresholds: Thresholds
     budget: Budget
     ladders: Mapping[str, list[str]]
@@ -111,12 +111,12 @@ class LaunchInputs:
 
 def prepare(o: LaunchOptions, trainer: TrainerInput, host, now: float) -> LaunchInputs:
     """Check ``o`` and ``trainer`` for ``host`` (a HostConfig); name the run."""
-    lay = host.layout
-    resume = None if isinstance(trainer, OwnConfig) else parse_resume(o.resume, lay.root)
+    tree = host.tree
+    resume = None if isinstance(trainer, OwnConfig) else parse_resume(o.resume, tree.root)
     if resume is not None and o.new_lineage:
         raise ConfigError("--new-lineage starts over; it cannot be combined with --resume",
                           hint="drop one of the two")
-    if o.run_name is None:   # a foreign trainer's name is made valid from its command
+    if o.run_name is None:   # your own trainer's name is made valid from its command
         run_name = check_run_name(trainer.name, derived_from=(
             f"the config file's name ({o.config})" if o.config else "the default config"))
     else:
@@ -138,7 +138,7 @@ def prepare(o: LaunchOptions, trainer: TrainerInput, host, now: float) -> Launch
                 raise ConfigError(str(e).removeprefix("config: ")) from None
     policy = BudgetPolicy.from_json({**dict(o.budget), "scale": o.backoff_scale})
     run_id = o.run_id or make_run_id(run_name, now)
-    return LaunchInputs(run_name=run_name, run_id=run_id, run_dir=lay.run_dir(run_id), now=now,
+    return LaunchInputs(run_name=run_name, run_id=run_id, run_dir=tree.run_dir(run_id), now=now,
                         resume=resume, thresholds=thr, budget=policy, ladders=ladders,
                         trainer=trainer)
 

@@ -1,5 +1,5 @@
-"""Planning ``dfo launch [--run-file F] [--step-pattern RX] -- CMD ARGS...`` (pure): a
-foreign trainer under the same supervisor (run dir, events, logs, status, stop, budgets).
+"""Planning ``dfo launch [--run-file F] [--step-pattern RX] -- CMD ARGS...`` (pure): your
+own trainer under the same supervisor (run dir, events, logs, status, stop, budgets).
 
 The command stays an argv list from the CLI to ``subprocess.Popen`` in the supervisor
 (spec.json's ``trainer`` carries it as a JSON list): nothing in it reaches a shell.
@@ -18,12 +18,12 @@ from typing import Any, Mapping, Sequence
 from dfo_contract.runspec import Own, ResumeRule
 
 from ..errors import ConfigError, NotFoundError
-from . import byo
+from . import own_trainer
 
 
 @dataclass(frozen=True, kw_only=True)
 class OwnConfig:
-    """A foreign trainer as launch was given it (run file and flags, checked)."""
+    """Your own trainer as launch was given it (run file and flags, checked)."""
     command: tuple[str, ...]
     cwd: str | None = None
     step_pattern: str | None = None
@@ -32,7 +32,7 @@ class OwnConfig:
     fallbacks: Mapping[str, tuple[Mapping[str, Any], ...]] = field(default_factory=dict)
     thresholds: Mapping[str, Any] = field(default_factory=dict)   # the run file's, then flags
     data: bytes = b"{}\n"          # the run file, shipped as the run's run-file.yaml
-    name: str = "byo"              # the default run name (from the script's name)
+    name: str = "own"              # the default run name (from the script's name)
 
     def trainer(self) -> Own:
         return Own(command=self.command, cwd=self.cwd, step_pattern=self.step_pattern,
@@ -53,7 +53,7 @@ def own_config(o, rf: Mapping[str, Any], data: bytes | None) -> OwnConfig:
         raise ConfigError("--config/--set/--fault are for the bundled trainer, not for -- CMD",
                           hint="pass your trainer's own arguments after `--`")
     pattern = o.step_pattern if o.step_pattern is not None else rf.get("step_pattern")
-    byo.compile_step_pattern(pattern)
+    own_trainer.compile_step_pattern(pattern)
     stem = PurePath(command[1] if len(command) > 1 and not command[1].startswith("-")
                     else command[0]).stem
     name = "".join(c if c.isalnum() or c in "_.-" else "-" for c in stem)[:48].lstrip("-._")
@@ -65,10 +65,10 @@ def own_config(o, rf: Mapping[str, Any], data: bytes | None) -> OwnConfig:
                 args = shlex.split(args)
             except ValueError as e:
                 raise ConfigError(f"--resume-args {args!r}: {e}") from None
-        resume = byo.check_resume({"glob": o.resume_glob, "order": o.resume_order,
+        resume = own_trainer.check_resume({"glob": o.resume_glob, "order": o.resume_order,
                                    "args": list(args)}, "--resume-glob")
     ladders = dict(rf.get("fallbacks") or {})
-    ladders.update(byo.ladders_from_flags(o.ladder))   # a flag's class replaces the file's
+    ladders.update(own_trainer.ladders_from_flags(o.ladder))   # a flag's class replaces the file's
     if o.resume is not None and not resume:
         raise ConfigError("--resume with -- CMD needs `resume:` in the run file",
                           hint="resume: {glob: 'ckpt/step_*', args: [--resume, '{path}']}")
@@ -81,7 +81,7 @@ def own_config(o, rf: Mapping[str, Any], data: bytes | None) -> OwnConfig:
                          args=tuple(resume.get("args", ("--resume", "{path}")))),
                      fallbacks={c: tuple(s) for c, s in ladders.items()},
                      thresholds={**(rf.get("thresholds") or {}), **dict(o.thresholds)},
-                     data=data if data is not None else b"{}\n", name=name or "byo")
+                     data=data if data is not None else b"{}\n", name=name or "own")
 
 
 def resume_glob(cfg: OwnConfig, cwd: str) -> str | None:
@@ -98,7 +98,7 @@ def resolve_resume(value: str, cfg: OwnConfig, cwd: str, found: Sequence[tuple[s
     ``--resume PATH``: PATH, unless the host says it is ``missing``."""
     if value == "latest":
         assert cfg.resume is not None      # own_config refuses --resume without a rule
-        best = byo.newest_checkpoint(list(found), cfg.resume.order)
+        best = own_trainer.newest_checkpoint(list(found), cfg.resume.order)
         if not best:
             raise NotFoundError(f"--resume latest: nothing matches {resume_glob(cfg, cwd)}",
                                 hint="launch without --resume to start from scratch")
@@ -109,4 +109,4 @@ def resolve_resume(value: str, cfg: OwnConfig, cwd: str, found: Sequence[tuple[s
 
 
 def shown_ladders(cfg: OwnConfig) -> dict[str, list[str]]:
-    return {c: [byo.describe_step(x) for x in steps] for c, steps in cfg.fallbacks.items()}
+    return {c: [own_trainer.describe_step(x) for x in steps] for c, steps in cfg.fallbacks.items()}

@@ -11,7 +11,7 @@ The engine (``engine/runs.py``, ``engine/group_runs.py``) does three things in o
 3. ``plan_launch(options, inputs, facts)`` (here) -> :class:`LaunchPlan`: the ``RunSpec``
    (spec.json) and what launch does on the host (``ops.launch_steps``).
 
-The bundled trainer and a foreign command (``trainer``: :class:`BundledConfig` |
+The bundled trainer and an own command (``trainer``: :class:`BundledConfig` |
 ``launch_own.OwnConfig``), alone or as one node of a group (``role``: ``Solo`` | ``Group``),
 go through the same functions.
 """
@@ -29,7 +29,7 @@ from dfo_contract.runspec import (Budget, Bundled, Cache, Config, Group, Identit
 from dfo_contract.trainer_config import TrainerConfig
 
 from ..errors import ConfigError, DeployError, LockHeldError, RemoteCommandError
-from . import byo
+from . import own_trainer
 from . import cache_key as ck
 from .devices import check_devices
 from .init_from import effective_full, parse_reply
@@ -61,7 +61,7 @@ def own_cwd(inp: LaunchInputs) -> str:
 
 
 def own_command(cmd: str, cwd: str) -> str:
-    """A foreign trainer's argv[0] as the host resolves it: a name stays a name (PATH); a
+    """Your own trainer's argv[0] as the host resolves it: a name stays a name (PATH); a
     relative path is relative to the command's working directory."""
     return cmd if "/" not in cmd else posixpath.normpath(posixpath.join(cwd, cmd))
 
@@ -81,16 +81,16 @@ def raise_missing_command(host: str, command: str, missing: Sequence[str], cwd: 
 
 def facts_request(o: LaunchOptions, inp: LaunchInputs, host) -> FactsRequest:
     """What the one pre-launch round trip asks (the env check's fields are the engine's)."""
-    lay = host.layout
-    base = dict(root=lay.root, run_lock=lay.run_lock, promote=not o.dry_run,
-                fingerprint=posixpath.join(lay.current_env, "fingerprint.json"))
+    tree = host.tree
+    base = dict(root=tree.root, run_lock=tree.run_lock, promote=not o.dry_run,
+                fingerprint=posixpath.join(tree.current_env, "fingerprint.json"))
     tr = inp.trainer
     if isinstance(tr, OwnConfig):
         latest = o.resume == "latest"
         return FactsRequest(**base, paths=(o.resume,) if o.resume and not latest else (),
                             commands=(own_command(tr.command[0], own_cwd(inp)),),
                             glob=resume_glob(tr, own_cwd(inp)) if latest else None)
-    dirs = [lay.checkpoints(inp.run_name)]
+    dirs = [tree.checkpoints(inp.run_name)]
     if inp.resume is not None and inp.resume.kind == "path":
         dirs.append(posixpath.dirname(inp.resume.value.rstrip("/")))
     cfg = tr.config
@@ -98,7 +98,7 @@ def facts_request(o: LaunchOptions, inp: LaunchInputs, host) -> FactsRequest:
     target = _target_config(cfg) if compiled else None
     return FactsRequest(**base, paths=tuple(v for _, v in config_paths(cfg)),
                         ckpt_dirs=tuple(dirs), source=compiled,
-                        hashes=(target,) if target else (), caches=lay.cache if compiled else "",
+                        hashes=(target,) if target else (), caches=tree.cache if compiled else "",
                         init_from=cfg.model.init_from)
 
 
@@ -241,7 +241,7 @@ def plan_launch(o: LaunchOptions, inp: LaunchInputs, facts: LaunchFacts, *, host
     ``resume_path`` (unless ``...``): what attempt 1 resumes, already resolved (a group's
     other nodes take the head's: they resolve nothing and guard no checkpoints)."""
     role = role or Solo()
-    lay = host.layout
+    tree = host.tree
     if facts.launch.get("lock") == "held" and not o.replace:
         owner = facts.launch.get("lock_owner") or "another run"
         raise LockHeldError(f"run {owner} is live on {host.name} (run.lock held)",
@@ -249,10 +249,10 @@ def plan_launch(o: LaunchOptions, inp: LaunchInputs, facts: LaunchFacts, *, host
     warnings = [] if o.env_check else ["env check skipped (--no-env-check)"]
     part = (_own(o, inp, facts, resume_path, host.name) if isinstance(inp.trainer, OwnConfig) else
             _bundled(o, inp, facts, host, role, resume_path, warnings))
-    python = lay.current_python
+    python = tree.current_python
     spec = RunSpec(
         identity=Identity(run_id=inp.run_id, run_name=inp.run_name, host=host.name,
-                          root=lay.root, python=python, lock=lay.run_lock),
+                          root=tree.root, python=python, lock=tree.run_lock),
         config=part.config, resume=Resume(checkpoint_dir=part.ck_dir, path=part.resume_path),
         thresholds=inp.thresholds, budget=Budget.from_json(inp.budget.to_json()),
         ladders={k: tuple(v) for k, v in inp.ladders.items()}, cache=part.cache,
@@ -289,19 +289,19 @@ def _own(o: LaunchOptions, inp: LaunchInputs, facts: LaunchFacts, resume_path: A
                  resume_path=resume_path, data=tr.data,
                  env=attempt_env(tr.env, attempt=1, run_dir=inp.run_dir, fault=None,
                                  run_id=inp.run_id),
-                 first=byo.attempt_argv(tr.command, byo.Changes(), resume_path=resume_path,
+                 first=own_trainer.attempt_argv(tr.command, own_trainer.Changes(), resume_path=resume_path,
                                         resume_args=tr.resume.args if tr.resume else ()),
                  shown=shown_ladders(tr))
 
 
 def _bundled(o: LaunchOptions, inp: LaunchInputs, facts: LaunchFacts, host,
              role: Solo | Group, resume_path: Any, warnings: list[str]) -> _Part:
-    tr, lay, run_dir = inp.trainer, host.layout, inp.run_dir
+    tr, tree, run_dir = inp.trainer, host.tree, inp.run_dir
     assert isinstance(tr, BundledConfig)
     cfg = tr.config
     raise_missing(host.name, config_paths(cfg), facts.missing, tr.source)
     check_devices(tcfg.flat(cfg), facts.fingerprint, host=host.name, source=tr.source)
-    cfg_path, ck_dir = posixpath.join(run_dir, "config.yaml"), lay.checkpoints(inp.run_name)
+    cfg_path, ck_dir = posixpath.join(run_dir, "config.yaml"), tree.checkpoints(inp.run_name)
     key = _cache_key(tr, run_config(tr, facts, host.name), facts, host.name, warnings)
     aside = None
     if resume_path is ...:
@@ -311,19 +311,19 @@ def _bundled(o: LaunchOptions, inp: LaunchInputs, facts: LaunchFacts, host,
             warnings.extend(skipped)
         elif not (isinstance(role, Group) and not role.is_head):
             aside = _lineage(facts, ck_dir, inp.run_name, inp.now, o.new_lineage)
-    cache_vars = cache_env(lay, key or "cold", run_dir)
-    seed = seed_run_cache_argvs(lay, key or "cold", run_dir)
+    cache_vars = cache_env(tree, key or "cold", run_dir)
+    seed = seed_run_cache_argvs(tree, key or "cold", run_dir)
     fault = o.fault if o.fault_node is None or not isinstance(role, Group) \
         or role.node == o.fault_node else None
     sets, bundled = tr.layers.sets, Bundled.of(cfg, fault)
     if isinstance(role, Group):
         from .group_launch import node_attempt_argv
 
-        first = node_attempt_argv(lay.current_python, cfg_path, sets, run_dir=run_dir,
+        first = node_attempt_argv(tree.current_python, cfg_path, sets, run_dir=run_dir,
                                   checkpoint_dir=ck_dir, resume=resume_path, spec=role,
                                   run_id=inp.run_id)
     else:
-        first = trainer_argv(lay.current_python, cfg_path, sets, run_dir=run_dir,
+        first = trainer_argv(tree.current_python, cfg_path, sets, run_dir=run_dir,
                              checkpoint_dir=ck_dir, resume=resume_path,
                              layout=bundled.layout, nproc=bundled.nproc)
     return _Part(config=Config(path=cfg_path, base=dict(tr.layers.base), overrides=dict(sets)),

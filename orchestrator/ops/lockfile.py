@@ -3,7 +3,7 @@
 A lock is a requirements file where every requirement is ``name==version`` followed
 by one or more ``--hash=sha256:<hex>`` options (continued with ``\\``), and comments.
 The lock hash, the identity of an environment, is the sha256 of the file's bytes
-(``RemoteLayout.env_dir`` uses its first 12 hex digits).
+(``HostTree.env_dir`` uses its first 12 hex digits).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 A snapshot carries ``.so`` files and Python that torch loads and runs: adopting one that
 another machine built means running that machine's code. Its manifest records who built
 it (``provenance``); a host takes a snapshot it did not build only when told so
-(``--trust-foreign``, or ``cache.trusted_sources`` in hosts.yaml), and then records the
+(``--trust-other-hosts``, or ``cache.trusted_sources`` in hosts.yaml), and then records the
 adoption in its own store copy (``adopted``). The record is not a signature: it stops an
 accident, not someone who can edit the manifest and the host's store.
 """
@@ -32,12 +32,12 @@ def build_provenance(*, host: str, machine: str | None, fingerprint: Mapping[str
 @dataclass(frozen=True)
 class Trust:
     """Whom this host takes snapshots from: itself always; the hosts named in hosts.yaml's
-    ``cache.trusted_sources``; anyone with ``--trust-foreign``."""
+    ``cache.trusted_sources``; anyone with ``--trust-other-hosts``."""
 
     host: str
     machine: str | None = None
     trusted_sources: tuple[str, ...] = ()
-    trust_foreign: bool = False
+    trust_other_hosts: bool = False
 
 
 def builder(manifest: Mapping[str, Any]) -> str | None:
@@ -59,7 +59,7 @@ def _own(rec: Mapping[str, Any] | None, trust: Trust) -> bool:
 
 def trust_reason(manifest: Mapping[str, Any], trust: Trust, *, stored: bool = False) -> str | None:
     """Why ``trust`` accepts this snapshot (``built here``, ``adopted here``, ``trusted
-    source gpu1``, ``--trust-foreign``); None: it does not. ``stored``: the manifest is the
+    source gpu1``, ``--trust-other-hosts``); None: it does not. ``stored``: the manifest is the
     host's own store copy, where an earlier explicit adoption (``adopted``) counts."""
     prov = manifest.get("provenance") or {}
     if _own(prov, trust):
@@ -69,8 +69,8 @@ def trust_reason(manifest: Mapping[str, Any], trust: Trust, *, stored: bool = Fa
     if prov.get("host") and (prov.get("host") in trust.trusted_sources
                              or (prov.get("machine") and prov.get("machine") in trust.trusted_sources)):
         return f"trusted source {prov.get('host')}"
-    if trust.trust_foreign:
-        return "--trust-foreign"
+    if trust.trust_other_hosts:
+        return "--trust-other-hosts"
     return None
 
 
@@ -86,7 +86,7 @@ def check_trust(manifest: Mapping[str, Any], trust: Trust, source: str, *, store
     cfg = f", or list {src} in hosts.{trust.host}.cache.trusted_sources in hosts.yaml" if src else ""
     raise CacheError(f"snapshot {source} {built}, not on {trust.host}; it carries compiled code "
                      f"(.so) that torch loads, so using it means running that host's code",
-                     hint=f"if you trust it, adopt it with --trust-foreign{cfg}")
+                     hint=f"if you trust it, adopt it with --trust-other-hosts{cfg}")
 
 
 def adoption_record(manifest: Mapping[str, Any], trust: Trust, how: str, now: float) -> dict[str, Any]:

@@ -27,7 +27,7 @@ def make_run_id(run_name: str, now: float, suffix: str | None = None) -> str:
 def run_dir_argvs(run_dir: str, *parents: str) -> list[list[str]]:
     """Create the parents (``mkdir -p``), then the run directory itself EXCLUSIVELY (plain
     ``mkdir``: it fails when the directory exists, so no two launches ever share one), then
-    any of ``parents`` that lie inside the run directory (a foreign trainer's checkpoints
+    any of ``parents`` that lie inside the run directory (your own trainer's checkpoints
     may live there): ``[parents, mine]`` or ``[parents, mine, inside]``."""
     top = run_dir.rstrip("/")
     inside = [p for p in parents if p.rstrip("/") == top or p.startswith(top + "/")]

@@ -43,7 +43,7 @@ from dfo_contract.markers import last_json_line
 from ..errors import CacheError
 from .cache_key import diff_components, explain_diff
 from .provenance import builder
-from .layout import RemoteLayout
+from .host_tree import HostTree
 from .probes import Probe, text
 from .scripts import remote_source, script_text
 
@@ -69,44 +69,44 @@ def check_key_name(key: str) -> str:
 class CachePaths:
     """Where one key's cache lives on the host."""
 
-    layout: RemoteLayout
+    tree: HostTree
     key: str
 
     @property
     def live(self) -> str:
-        return posixpath.join(self.layout.cache, self.key)
+        return posixpath.join(self.tree.cache, self.key)
 
     @property
     def gens(self) -> str:
-        return posixpath.join(self.layout.cache, ".gens")
+        return posixpath.join(self.tree.cache, ".gens")
 
     def gen(self, stamp: str) -> str:
         return posixpath.join(self.gens, f"{self.key}-{stamp}")
 
     def link_tmp(self, stamp: str) -> str:
-        return posixpath.join(self.layout.cache, f".{self.key}.lnk-{stamp}")
+        return posixpath.join(self.tree.cache, f".{self.key}.lnk-{stamp}")
 
     @property
     def used(self) -> str:
-        return posixpath.join(self.layout.cache, ".used", self.key)
+        return posixpath.join(self.tree.cache, ".used", self.key)
 
     @property
     def tar(self) -> str:
-        return posixpath.join(self.layout.snapshots, f"{self.key}.tar")
+        return posixpath.join(self.tree.snapshots, f"{self.key}.tar")
 
     @property
     def manifest(self) -> str:
-        return posixpath.join(self.layout.snapshots, f"{self.key}.manifest.json")
+        return posixpath.join(self.tree.snapshots, f"{self.key}.manifest.json")
 
     def tar_tmp(self, stamp: str) -> str:
-        return posixpath.join(self.layout.snapshots, f".{self.key}.tar.tmp-{stamp}")
+        return posixpath.join(self.tree.snapshots, f".{self.key}.tar.tmp-{stamp}")
 
 
-def paths(layout: RemoteLayout, key: str) -> CachePaths:
-    return CachePaths(layout, check_key_name(key))
+def paths(tree: HostTree, key: str) -> CachePaths:
+    return CachePaths(tree, check_key_name(key))
 
 
-def cache_env(layout: RemoteLayout, key: str, run_dir: str) -> dict[str, str]:
+def cache_env(tree: HostTree, key: str, run_dir: str) -> dict[str, str]:
     """The cache env vars for one run: its *own copy* under ``<run_dir>/cache/``
     (seeded from the live cache of ``key`` by :func:`seed_run_cache_argvs`), never
     the shared live cache itself."""
@@ -117,7 +117,7 @@ def cache_env(layout: RemoteLayout, key: str, run_dir: str) -> dict[str, str]:
             "DFO_CACHE_KEY": key}
 
 
-def seed_run_cache_argvs(layout: RemoteLayout, key: str, run_dir: str) -> list[list[str]]:
+def seed_run_cache_argvs(tree: HostTree, key: str, run_dir: str) -> list[list[str]]:
     """argvs (run in order, on the host) that give ``run_dir`` its own copy of the live
     cache: copy to ``<run_dir>/.cache.tmp``, rename to ``<run_dir>/cache``, stamp last use.
     A full copy (``cp -a``), not hard links: torch and triton do not all write by
@@ -125,7 +125,7 @@ def seed_run_cache_argvs(layout: RemoteLayout, key: str, run_dir: str) -> list[l
     When the key has no live cache the run starts cold with empty dirs.
     Uses a constant ``sh -c`` script (``scripts/seed_run_cache.sh``) with the paths as
     positional parameters."""
-    p = paths(layout, key)
+    p = paths(tree, key)
     return [["mkdir", "-p", run_dir], ["sh", "-c", SEED_SCRIPT, "dfo-seed-cache", p.live, run_dir, p.used]]
 
 

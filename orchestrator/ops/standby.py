@@ -46,9 +46,9 @@ def env_differences(start: Mapping[str, str], attempt: Mapping[str, str]) -> lis
     return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
 
 
-def ineligible(argv: Sequence[str], *, byo: bool, group: bool, layout: str | None) -> str | None:
+def ineligible(argv: Sequence[str], *, own: bool, group: bool, layout: str | None) -> str | None:
     """Why an attempt with this argv cannot be served by a standby (None: it can)."""
-    if byo:
+    if own:
         return "your own trainer command (only the bundled trainer is preloaded)"
     if group:
         return "a multi-node run (torchrun)"

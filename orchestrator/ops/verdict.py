@@ -7,7 +7,7 @@ trainer kind, its ladders and its base config: :meth:`Ladders.from_spec` for a r
 class's ladder position and the overrides in force).
 
 - the bundled trainer: ``ops.fallback.next_config`` over ``spec.ladders``;
-- a foreign command (``dfo launch -- CMD``): ``ops.byo.next_step`` over the run file's
+- an own command (``dfo launch -- CMD``): ``ops.own_trainer.next_step`` over the run file's
   ``fallbacks``. For the classes of the threaded lazy-compile race (``fx_trace_race``,
   ``compile_hang``) a spent (or absent) ladder restarts the command unchanged from its newest
   checkpoint instead of giving up: the class's budget bounds the retries.
@@ -18,17 +18,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from . import byo
+from . import own_trainer
 from .fallback import DEFAULT_LADDERS, next_config
 
 VERSION = 1
 
-#: a foreign command's classes that restart unchanged once their ladder is spent
-FOREIGN_RETRY = frozenset({"fx_trace_race", "compile_hang"})
+#: an own command's classes that restart unchanged once their ladder is spent
+OWN_RETRY = frozenset({"fx_trace_race", "compile_hang"})
 RETRY_NOTE = "restart unchanged: a cold-cache race often clears on retry"
-#: a foreign command's step for a class its run file has no ladder for: what any torch
+#: an own command's step for a class its run file has no ladder for: what any torch
 #: program honours without knowing dfo
-FOREIGN_DEFAULT: dict[str, tuple[dict, ...]] = {
+OWN_DEFAULT: dict[str, tuple[dict, ...]] = {
     "compile_workers": ({"env": {"TORCHINDUCTOR_COMPILE_THREADS": "1"}},),
 }
 
@@ -58,14 +58,14 @@ class Verdict:
 
 @dataclass(frozen=True)
 class Ladders:
-    """What a choice depends on besides the run's state. ``foreign``: ``own`` holds the run
+    """What a choice depends on besides the run's state. ``own``: ``own_steps`` holds the run
     file's ladders (class -> steps); else ``bundled`` (class -> step names) and ``base`` (the
     run config without overrides, flat dotted keys)."""
 
-    foreign: bool = False
+    own: bool = False
     bundled: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     base: Mapping[str, Any] = field(default_factory=dict)
-    own: Mapping[str, tuple[Mapping[str, Any], ...]] = field(default_factory=dict)
+    own_steps: Mapping[str, tuple[Mapping[str, Any], ...]] = field(default_factory=dict)
     version: int = VERSION
 
     @classmethod
@@ -75,7 +75,7 @@ class Ladders:
 
         tr = spec.trainer
         if isinstance(tr, Own):
-            return cls(foreign=True, own=dict(tr.fallbacks))
+            return cls(own=True, own_steps=dict(tr.fallbacks))
         base = dict(spec.config.base)
         if spec.group is not None:   # every node of a group runs ddp, whatever the config says
             base["parallel.layout"] = "ddp"
@@ -89,15 +89,15 @@ class Ladders:
 
 def choose(ladders: Ladders, cls: str, position: int, overrides: Mapping[str, Any]) -> Verdict:
     """The supervisor's choice after an attempt of class ``cls`` failed."""
-    if not ladders.foreign:
+    if not ladders.own:
         c = next_config(cls, list(ladders.bundled.get(cls, ())), position,
                         dict(ladders.base), dict(overrides))
         return Verdict(cls, c.step, dict(c.overrides), c.position, dict(c.changed),
                        c.restore_cache, c.exhausted, c.spent)
-    steps = list(ladders.own.get(cls) or FOREIGN_DEFAULT.get(cls, ()))
-    c = byo.next_step(cls, steps, position, byo.Changes.from_json(overrides))
-    spent = " -> ".join(byo.describe_step(s) for s in steps) or "empty"
-    if c.exhausted and cls in FOREIGN_RETRY:
+    steps = list(ladders.own_steps.get(cls) or OWN_DEFAULT.get(cls, ()))
+    c = own_trainer.next_step(cls, steps, position, own_trainer.Changes.from_json(overrides))
+    spent = " -> ".join(own_trainer.describe_step(s) for s in steps) or "empty"
+    if c.exhausted and cls in OWN_RETRY:
         return Verdict(cls, None, c.changes.to_json(), c.position, {}, spent=spent,
                        note=RETRY_NOTE)
     return Verdict(cls, c.step, c.changes.to_json(), c.position, dict(c.changed), False,

@@ -40,7 +40,7 @@ from typing import Union
 from dfo_contract.trainer_markers import CheckpointMarker, EvalMarker, StepMarker, read_marker
 from dfo_contract.runlimits import Thresholds  # noqa: F401  (the watchdog's limits: spec.json's)
 
-from .byo import match_step
+from .own_trainer import match_step
 from .goodput import AttemptClock
 from .classify import LineScan, TailScan, ThroughputMonitor
 
@@ -119,13 +119,13 @@ class AttemptWatchdog:
     def __init__(self, thresholds: Thresholds, *, now: float, baseline: float | None = None,
                  dense_expected: bool = False, step_pattern: re.Pattern | None = None,
                  cpu_is_progress: bool = False, wall: float | None = None):
-        self.t = thresholds
+        self.thresholds = thresholds
         #: epoch seconds minus monotonic ones (``wall``: the epoch seconds at ``now``), for
         #: the attempt's clock of step reports that carry no time of their own
         self._to_wall = (wall if wall is not None else now) - now
         self.clock = AttemptClock()
         self.dense_expected = dense_expected
-        #: a foreign trainer (``dfo launch -- CMD``): lines matching this are steps, and
+        #: your own trainer (``dfo launch -- CMD``): lines matching this are steps, and
         #: the process tree's CPU time advancing is progress (it prints no heartbeats)
         self.step_pattern = step_pattern
         self.cpu_is_progress = cpu_is_progress
@@ -149,7 +149,7 @@ class AttemptWatchdog:
         self.elsewhere: tuple[str, tuple[int, ...], float] | None = None
         #: the node whose stopped processes made this attempt ``frozen`` (None: this one's)
         self.frozen_on: str | None = None
-        self.collapse: str | None = None     # (kept for Outcome; a collapse no longer kills)
+        self.collapse: str | None = None     # (reported in Outcome; a collapse does not kill)
         self.low: str | None = None          # throughput low without dense evidence (now)
         self.low_episodes = 0
         #: (t, cpu seconds, io bytes) of the process tree, oldest first (see activity)
@@ -176,7 +176,7 @@ class AttemptWatchdog:
         if rule is not None and rule.live and self.term_at is None and self.kill_at is None:
             if rule.cls == "dense_fallback" and self.dense_expected:
                 return acts
-            grace = 0.0 if rule.cls == "dense_fallback" else self.t.live_grace_s
+            grace = 0.0 if rule.cls == "dense_fallback" else self.thresholds.live_grace_s
             acts.append(Warn(f"{rule.cls} seen in the output ({rule.name})"))
             self.term_at = now + grace
         return acts
@@ -216,7 +216,7 @@ class AttemptWatchdog:
             if now > t0 and cpu_s - c0 >= IDLE_CPU_FRACTION * (now - t0):
                 self.last_progress = now
         self.samples.append((now, float(cpu_s), int(io_bytes)))
-        window = self.t.hang_s
+        window = self.thresholds.hang_s
         while len(self.samples) > 2 and self.samples[1][0] <= now - window:
             del self.samples[0]
 
@@ -251,7 +251,7 @@ class AttemptWatchdog:
         if self.stopping:
             return []
         self.stopping = True
-        self.kill_at = now + self.t.stop_timeout_s
+        self.kill_at = now + self.thresholds.stop_timeout_s
         return [Terminate("stop requested")]
 
     def tick(self, now: float) -> list[Action]:
@@ -259,9 +259,9 @@ class AttemptWatchdog:
         acts: list[Action] = []
         if self.term_at is not None and now >= self.term_at and self.kill_at is None:
             slow = self.collapse is not None or "dense_fallback" in self.scan.hits
-            self.kill_at = now + (self.t.stop_timeout_s if slow else self.t.kill_grace_s)
+            self.kill_at = now + (self.thresholds.stop_timeout_s if slow else self.thresholds.kill_grace_s)
             acts.append(Terminate("a fatal line or a throughput collapse"))
-        limit = self.t.train_s if self.reached_train else self.t.warmup_s
+        limit = self.thresholds.train_s if self.reached_train else self.thresholds.warmup_s
         silent = now - self.last_progress
         phase = "training" if self.reached_train else "warm-up/compile"
         if self.kill_at is None and self.term_at is None:
@@ -269,13 +269,13 @@ class AttemptWatchdog:
         if self.kill_at is None and self.term_at is None:
             if silent > limit:
                 self.hang = f"{silent:.0f}s without progress during {phase} (threshold {limit:g}s)"
-            elif self.t.hang_s > 0 and silent > self.t.hang_s:
-                used = self._activity_in(now, self.t.hang_s)
-                if used is not None and used[0] < IDLE_CPU_FRACTION * self.t.hang_s \
+            elif self.thresholds.hang_s > 0 and silent > self.thresholds.hang_s:
+                used = self._activity_in(now, self.thresholds.hang_s)
+                if used is not None and used[0] < IDLE_CPU_FRACTION * self.thresholds.hang_s \
                         and used[1] < IDLE_IO_BYTES:
                     self.hang = (f"{silent:.0f}s without progress during {phase}, the process "
                                  f"tree idle ({used[0]:.1f} CPU-s, {used[1]} bytes of I/O in the "
-                                 f"last {self.t.hang_s:g}s; threshold hang_s {self.t.hang_s:g}s)")
+                                 f"last {self.thresholds.hang_s:g}s; threshold hang_s {self.thresholds.hang_s:g}s)")
             if self.hang:
                 acts += [Warn(self.hang), DumpStacks(self.hang), Kill(self.hang)]
                 self.kill_at = now
@@ -288,8 +288,8 @@ class AttemptWatchdog:
     def _frozen(self, now: float, silent: float, limit: float) -> list[Action]:
         """A process of the tree stopped for ``frozen_s`` (or a hang is due meanwhile); or,
         a hang due while another node reports its processes stopped, that node's."""
-        hang_due = silent > limit or (self.t.hang_s > 0 and silent > self.t.hang_s)
-        frozen_s = float(self.t.frozen_s)
+        hang_due = silent > limit or (self.thresholds.hang_s > 0 and silent > self.thresholds.hang_s)
+        frozen_s = float(self.thresholds.frozen_s)
         if self.stopped_since is not None:
             where, stopped, held = "", self.stopped_pids, now - self.stopped_since
             if not ((frozen_s > 0 and held >= frozen_s and silent >= frozen_s) or hang_due):

@@ -11,7 +11,7 @@ it never writes (with ``--no-promote``, not even a dead writer's checkpoint is p
 - ``hashes``: ``{file: sha256 or null}`` (the target model's ``config.json``)
 - ``checkpoints``: ``{dir: [CkptInfo...]}`` by manifest: names, steps, sizes and lineage,
   no weights re-hashed (the trainer verifies the one it resumes, hashes included)
-- ``glob``: ``[[path, mtime], ...]`` matches of a foreign trainer's resume glob
+- ``glob``: ``[[path, mtime], ...]`` matches of your own trainer's resume glob
 - ``caches``: the names of the live compile caches (``cache/<key>``)
 
 A part that fails answers ``{"error": ...}`` in its place; the others still answer.

@@ -47,7 +47,7 @@ class Supervisor:
         self.run_dir = os.path.abspath(run_dir)
         self.spec: RunSpec = runfiles.read_spec(self.run_dir)
         spec = self.spec
-        self.t = spec.thresholds
+        self.thresholds = spec.thresholds
         self.policy = spec.budget
         self.stop = Stop()
         self.record = RunRecord(self.run_dir, RunState.new(spec.identity.run_id,
@@ -60,13 +60,13 @@ class Supervisor:
         #: the standby interpreter for the next attempt (supervisor.standby)
         self.standby = Keeper(KeeperInputs(
             run_dir=self.run_dir, python=spec.identity.python, spec=spec.standby,
-            thresholds=self.t, config=lambda: self.source.config(self.state.overrides),
+            thresholds=self.thresholds, config=lambda: self.source.config(self.state.overrides),
             bundled=self.bundled, attempt_env=self.source.attempt_env,
             emit=self.record.emit, save=self.record.save, record_pid=self._standby_pid,
-            byo=self.source.foreign, group=self.role.multinode))
+            own=self.source.own, group=self.role.multinode))
         self.watch = AttemptWatch(WatchInputs(
             run_dir=self.run_dir, python=spec.identity.python,
-            thresholds=self.role.thresholds(self.t), record=self.record, stop=self.stop,
+            thresholds=self.role.thresholds(self.thresholds), record=self.record, stop=self.stop,
             bundled=self.bundled, step_pattern=self.source.step_pattern,
             cpu_is_progress=self.source.cpu_is_progress, standby=self.standby,
             tick=self.role.tick, after=self.role.after_watch))
@@ -207,7 +207,7 @@ class Supervisor:
         left = procs.processes_of_run(self.run_dir)
         if left:
             procs.signal_all(left, sig)
-            if not procs.wait_gone(left, self.t.kill_grace_s if sig != signal.SIGKILL else 5):
+            if not procs.wait_gone(left, self.thresholds.kill_grace_s if sig != signal.SIGKILL else 5):
                 procs.signal_all(left, signal.SIGKILL)
                 procs.wait_gone(left, 5)
         return left
@@ -272,7 +272,7 @@ class Supervisor:
             if ending is not None:
                 return self.final(*ending)
             if diag.cls == "done":
-                return self.final("done", done_reason(state.last_step, self.source.foreign))
+                return self.final("done", done_reason(state.last_step, self.source.own))
             if out.stopped or self.stop.reason:
                 return self.final("stopped", self.stop.reason or "stopped")
             bstate = BudgetState.from_json(state.budget)
@@ -368,7 +368,7 @@ class Supervisor:
         att = Attempt(n=n, started_at=time.time(), resume=launch.resume,
                       overrides=dict(state.overrides), argv=argv, log=log_name)
         state.attempts.append(att)
-        self.source.run_first(n, launch, log_path, timeout=self.t.warmup_s)
+        self.source.run_first(n, launch, log_path, timeout=self.thresholds.warmup_s)
         oom_before = procs.oom_counters()
         ckpt_before = state.last_checkpoint
         klog = procs.KernelLog()
@@ -479,11 +479,11 @@ class Supervisor:
             detail=done if p.returncode == 0 else f"{failed}: {' '.join(tail)}"))
 
 
-def done_reason(last_step: int | None, foreign: bool) -> str:
+def done_reason(last_step: int | None, own: bool) -> str:
     """The final reason of a run that finished."""
     if last_step is not None:
         return f"reached max_steps at step {last_step}"
-    return ("the command exited 0 (it reported no steps)" if foreign
+    return ("the command exited 0 (it reported no steps)" if own
             else "the trainer exited 0 (it reported no steps)")
 
 

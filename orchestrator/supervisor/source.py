@@ -10,7 +10,7 @@
   ``config.yaml`` as it was when the first attempt started is kept beside it
   (``config.launched.yaml``), and an attempt that finds ``config.yaml`` edited since says so
   (a ``config_edited`` event naming each changed setting) and keeps the launch config.
-- :class:`OwnSource`: a foreign command (``dfo launch -- CMD ARGS...``); it resumes what the
+- :class:`OwnSource`: an own command (``dfo launch -- CMD ARGS...``); it resumes what the
   run file's glob finds, runs a ladder step's ``run_first`` commands before the attempt and
   falls back over the run file's ladders.
 
@@ -34,11 +34,11 @@ from dfo_contract.runspec import Bundled, Own, RunSpec
 from dfo_contract.runstate import RunState
 from dfo_contract.trainer_config import TrainerConfig
 
-from ..ops import byo as byo_ops
+from ..ops import own_trainer
 from ..ops.launch_argv import attempt_env, trainer_argv
 from ..ops.launch_inputs import flatten
 from ..ops.verdict import Ladders, Verdict, choose
-from . import byo as byo_sup
+from . import own_attempt
 from .role import Role
 
 Emit = Callable[[events.Event], Any]
@@ -47,7 +47,7 @@ Emit = Callable[[events.Event], Any]
 @dataclass(frozen=True)
 class Launch:
     """One attempt's process: its argv, env and directory, the checkpoint it resumes, and
-    the commands to run before it (a foreign trainer's ``run_first``)."""
+    the commands to run before it (your own trainer's ``run_first``)."""
     argv: list[str]
     env: dict[str, str]
     cwd: str
@@ -56,8 +56,8 @@ class Launch:
 
 
 class AttemptSource(Protocol):
-    #: a foreign command (never preloaded by a standby)
-    foreign: bool
+    #: an own command (never preloaded by a standby)
+    own: bool
     #: the watchdog's step-line pattern (None: the trainer's ``@dfo`` markers)
     step_pattern: str | None
     #: CPU time of the process tree counts as progress (a trainer without heartbeats)
@@ -74,7 +74,7 @@ class AttemptSource(Protocol):
 
 class _Source:
     """What both sources share: the spec, the run dir and the attempt's base env."""
-    foreign = False
+    own = False
     step_pattern: str | None = None
     cpu_is_progress = False
     fault: str | None = None
@@ -85,11 +85,11 @@ class _Source:
         self.emit = emit
 
     def config(self, overrides: Mapping[str, Any]) -> TrainerConfig | None:
-        """The bundled trainer's typed config in force (None: a foreign command)."""
+        """The bundled trainer's typed config in force (None: an own command)."""
         return None
 
     def bundled(self, overrides: Mapping[str, Any]) -> Bundled | None:
-        """The bundled trainer's part in force (None: a foreign command)."""
+        """The bundled trainer's part in force (None: an own command)."""
         return None
 
     def attempt_env(self, n: int) -> dict[str, str]:
@@ -103,7 +103,7 @@ class _Source:
 
     def run_first(self, n: int, launch: Launch, log_path: str, timeout: float) -> None:
         if launch.first:
-            ok, why = byo_sup.run_first(launch.first, launch.env, launch.cwd, log_path,
+            ok, why = own_attempt.run_first(launch.first, launch.env, launch.cwd, log_path,
                                         timeout=timeout)
             self.emit(events.RunFirst(attempt=n, commands=launch.first, ok=ok, detail=why))
 
@@ -174,22 +174,22 @@ class BundledSource(_Source):
 
 
 class OwnSource(_Source):
-    foreign = True
+    own = True
     cpu_is_progress = True
 
     def __init__(self, spec: RunSpec, own: Own, run_dir: str, emit: Emit):
         super().__init__(spec, run_dir, emit)
-        self.own = own
+        self.own_spec = own
         self.step_pattern = own.step_pattern
 
     def launch(self, n: int, state: RunState, role: Role) -> Launch:
-        own = self.own
-        changes = byo_ops.Changes.from_json(state.overrides)
-        resume = byo_sup.resume_target(own, self.run_dir,
+        own = self.own_spec
+        changes = own_trainer.Changes.from_json(state.overrides)
+        resume = own_attempt.resume_target(own, self.run_dir,
                                        since=float(state.started_at or 0) - 1.0) \
             or self.spec.resume.path
-        env = byo_sup.env(own, self.spec.identity.python, changes, self.attempt_env(n))
-        return Launch(byo_sup.argv(own, changes, resume), env, byo_sup.cwd(own, self.run_dir),
+        env = own_attempt.env(own, self.spec.identity.python, changes, self.attempt_env(n))
+        return Launch(own_attempt.argv(own, changes, resume), env, own_attempt.cwd(own, self.run_dir),
                       resume, list(changes.first))
 
 

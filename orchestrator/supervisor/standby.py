@@ -28,7 +28,7 @@ from dfo_contract.runspec import Bundled, Standby as StandbySpec
 from dfo_contract.runstate import attempt_log_name
 from dfo_contract.trainer_config import TrainerConfig
 
-from ..ops import standby as ops
+from ..ops import standby as standby_ops
 from . import procs
 
 LOG_NAME = "standby.log"
@@ -46,7 +46,7 @@ class KeeperInputs:
     emit: Callable[[events.Event], Any]
     save: Callable[[], None]                      # write state.json
     record_pid: Callable[[int | None], None]      # state.json's standby_pid
-    byo: bool = False     # the source is a foreign command (only the bundled trainer preloads)
+    own: bool = False     # the source is an own command (only the bundled trainer preloads)
     group: bool = False   # the role is one node of several (torchrun)
 
 
@@ -54,7 +54,7 @@ class Keeper:
     def __init__(self, inputs: KeeperInputs):
         self.i = inputs
         self.proc: subprocess.Popen | None = None
-        self.info: ops.StandbyProcess | None = None
+        self.info: standby_ops.StandbyProcess | None = None
         self._ready_fd: int | None = None
         self._buf = b""
         self._for: int | None = None     # the attempt the last standby was started for
@@ -62,7 +62,7 @@ class Keeper:
     # --- what the supervisor asks -----------------------------------------------------------
     def enabled(self) -> bool:
         i = self.i
-        return i.spec.enabled and not i.byo and not i.group
+        return i.spec.enabled and not i.own and not i.group
 
     def pids(self) -> list[int]:
         """The standby and its children (never killed as an attempt's leftovers)."""
@@ -76,7 +76,7 @@ class Keeper:
             cpus = len(os.sched_getaffinity(0))  # an LXC cpuset limits this, not os.cpu_count()
         except (AttributeError, OSError):
             cpus = os.cpu_count()
-        return ops.start_with_attempt(cpus, float(self.i.thresholds.standby_early_cpus))
+        return standby_ops.start_with_attempt(cpus, float(self.i.thresholds.standby_early_cpus))
 
     def on_train(self, n: int) -> None:
         """Attempt n reached training: start the standby for attempt n+1 (once)."""
@@ -85,7 +85,7 @@ class Keeper:
         self._for = n + 1                # one try per attempt, even when it cannot start
         i = self.i
         cfg, part = i.config(), i.bundled()
-        if cfg is None or part is None or part.layout not in ops.LAYOUTS:
+        if cfg is None or part is None or part.layout not in standby_ops.LAYOUTS:
             return
         env = i.attempt_env(n + 1)
         env.update(i.spec.env)
@@ -95,7 +95,8 @@ class Keeper:
         try:
             with open(os.path.join(i.run_dir, LOG_NAME), "ab") as logf:
                 self.proc = subprocess.Popen(
-                    ops.standby_argv(python, w, ops.preload_for(cfg)), stdin=subprocess.PIPE,
+                    standby_ops.standby_argv(python, w, standby_ops.preload_for(cfg)),
+                    stdin=subprocess.PIPE,
                     stdout=logf, stderr=logf, env=env, cwd=i.run_dir,
                     start_new_session=True, preexec_fn=procs.set_pdeathsig, pass_fds=(w,))
         except OSError as e:
@@ -105,7 +106,7 @@ class Keeper:
         finally:
             os.close(w)
         self._ready_fd, self._buf = r, b""
-        self.info = ops.StandbyProcess(pid=self.proc.pid, python=python, env=env,
+        self.info = standby_ops.StandbyProcess(pid=self.proc.pid, python=python, env=env,
                                 started_at=time.time(), env_dir=_env_dir(python))
         i.record_pid(self.proc.pid)
         i.emit(events.StandbyStart(attempt=n + 1, pid=self.proc.pid))
@@ -113,7 +114,7 @@ class Keeper:
 
     def importing(self) -> bool:
         """A standby is alive and still importing (ops.standby.importing)."""
-        return ops.importing(self.info, time.time())
+        return standby_ops.importing(self.info, time.time())
 
     def poll(self) -> None:
         """Read the ready line when it came; notice a standby that died."""
@@ -130,9 +131,9 @@ class Keeper:
                 os.close(self._ready_fd)
                 self._ready_fd = None
                 try:
-                    rd = ops.Ready.from_line(self._buf.split(b"\n", 1)[0])
+                    rd = standby_ops.Ready.from_line(self._buf.split(b"\n", 1)[0])
                 except (ValueError, KeyError) as e:
-                    rd = ops.Ready(0.0, error=f"unreadable ready line: {e}")
+                    rd = standby_ops.Ready(0.0, error=f"unreadable ready line: {e}")
                 self.info.ready, self.info.import_s = True, rd.import_s
                 self.i.emit(events.StandbyReady(pid=self.proc.pid, import_s=rd.import_s,
                                                 modules=len(rd.modules), niced=rd.niced,
@@ -153,16 +154,16 @@ class Keeper:
         while wait > 0 and not self.info.ready and self.info.alive and time.monotonic() < end:
             time.sleep(0.1)
             self.poll()
-        why_not = ops.ineligible(argv, byo=i.byo, group=i.group,
+        why_not = standby_ops.ineligible(argv, own=i.own, group=i.group,
                                  layout=None if (part := i.bundled()) is None else part.layout)
         python = i.python
-        d = ops.decide(self.info, python=python, env=env, argv=argv,
+        d = standby_ops.decide(self.info, python=python, env=env, argv=argv,
                        why_not=why_not, env_dir=_env_dir(python))
         if not d.use:
             self.discard(d.reason, attempt=n)
             return None
         proc, info = self.proc, self.info
-        req = ops.Request(list(argv), dict(env), cwd, log_path)
+        req = standby_ops.Request(list(argv), dict(env), cwd, log_path)
         try:
             assert proc.stdin is not None
             proc.stdin.write(req.to_line())

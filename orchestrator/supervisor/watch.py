@@ -18,7 +18,7 @@ from dfo_contract.runspec import Bundled
 from dfo_contract.trainer_markers import CheckpointMarker, EvalMarker
 
 from ..ops import watchdog as wd
-from ..ops.byo import compile_step_pattern
+from ..ops.own_trainer import compile_step_pattern
 from ..ops.classify import LineScan, TailScan
 from ..ops.goodput import AttemptClock
 from ..ops.host_load import HostSample, judge_drop, settled

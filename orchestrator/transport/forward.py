@@ -180,7 +180,7 @@ class LocalForward:
 
     def __init__(self, t: Transport, remote_port: int, *, relay_argv: Callable[[int], list[str]],
                  port: int = 0):
-        self.t = t
+        self.transport = t
         self.remote_port = remote_port
         self.relay_argv = relay_argv
         self.direct = t.kind == "ssh"
@@ -194,17 +194,17 @@ class LocalForward:
     def _upstream(self) -> Pipe:
         if self.direct:
             try:
-                chan = self.t.conn.transport().open_channel(
+                chan = self.transport.conn.transport().open_channel(
                     "direct-tcpip", ("127.0.0.1", self.remote_port), ("127.0.0.1", 0),
-                    timeout=self.t.conn.settings.connect_timeout)
+                    timeout=self.transport.conn.settings.connect_timeout)
                 return _ChannelPipe(chan)
             except ConnectError:
                 raise
             except Exception as e:  # noqa: BLE001 - e.g. AllowTcpForwarding no
                 log.info("port forwarding refused by %s (%s); relaying through a process",
-                         self.t.name, e)
+                         self.transport.name, e)
                 self.direct = False
-        return open_pipe(self.t, self.relay_argv(self.remote_port))
+        return open_pipe(self.transport, self.relay_argv(self.remote_port))
 
     def _accept(self) -> None:
         while not self._closed:
@@ -219,7 +219,7 @@ class LocalForward:
         try:
             up = self._upstream()
         except Exception as e:  # noqa: BLE001
-            log.warning("forward to %s:%d failed: %s", self.t.name, self.remote_port, e)
+            log.warning("forward to %s:%d failed: %s", self.transport.name, self.remote_port, e)
             client.close()
             return
         self.connections += 1

@@ -14,7 +14,7 @@ two lanes"); ``scripts/test.sh`` runs ``-n 2 --dist loadgroup``.
   its turn: once a solo test waits, no new test starts until it has run.
 
 The lanes are made by our own scheduler (``pytest_xdist_make_scheduler``): xdist's
-``loadgroup`` reads ``xdist_group`` marks through node ids that pytest 9.2 no longer lets a
+``loadgroup`` reads ``xdist_group`` marks through node ids that pytest 9.2 does not let a
 plugin change, so it would silently spread a group over both workers. The workers see the
 marks; the controller only sees node ids: each worker writes ``{node id: lane}`` for its
 ``lab`` tests into a directory the controller made (``$DFO_TEST_LANES_DIR``), and the

@@ -9,7 +9,7 @@
 # $1 launch-probe script, $2 state script, $3 env-probe source, $4 root, $5 run.lock,
 # $6 target env dir, $7 python spec, $8 wheel path, $9 "check" or "nocheck", $10 the
 # init_from script, $11 the init_from directory ("": none), $12 N,
-# then N paths the config names, then M and M commands (a foreign trainer's argv[0]: a path,
+# then N paths the config names, then M and M commands (your own trainer's argv[0]: a path,
 # or a name looked up on PATH with the deployed env's bin first, as the supervisor runs it),
 # then the arguments of orchestrator.remote.launch_facts.
 lp=$1; st=$2; probe=$3; root=$4; lock=$5; env=$6; py=$7; wheel=$8; check=$9; ifs=${10}

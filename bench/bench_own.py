@@ -1,9 +1,9 @@
-"""Supervise your own trainer on a GPU: ``dfo launch -- CMD`` around a foreign script
-(bench/byo_flex_threads.py: several threads each lazily compiling flex_attention fwd+bwd
+"""Supervise your own trainer on a GPU: ``dfo launch -- CMD`` around your own script
+(bench/own_flex_threads.py: several threads each lazily compiling flex_attention fwd+bwd
 for new shapes on a cold cache) and record how failures were detected and recovered.
 
-    python bench/bench_byo.py --out $OUT/byo [--threads 4] [--total-s 500]
-    python bench/bench_byo.py --out /tmp/byo_cpu --cpu-smoke        # plumbing check on CPU
+    python bench/bench_own.py --out $OUT/own [--threads 4] [--total-s 500]
+    python bench/bench_own.py --out /tmp/own_cpu --cpu-smoke        # plumbing check on CPU
 
 The supervisor sees only the script's output (a --step-pattern) and its process tree's
 CPU time; the run file's ladder, per failure class: run the script's own single-threaded
@@ -85,7 +85,7 @@ def analyse(run_dir: Path) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="/tmp/dfo_byo")
+    ap.add_argument("--out", default="/tmp/dfo_own")
     ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--total-s", type=float, default=500.0, help="give up after (< 10 min)")
@@ -105,8 +105,8 @@ def main(argv=None) -> int:
             os.symlink(sys.executable, cur / "bin" / "python")
     cache = out / f"cache-{int(time.time())}"          # cold
     device = "cpu" if a.cpu_smoke else "cuda"
-    script = str(REPO / "bench" / "byo_flex_threads.py")
-    rf = out / "byo.yaml"
+    script = str(REPO / "bench" / "own_flex_threads.py")
+    rf = out / "own.yaml"
     rf.write_text(run_file(out, script, a.threads, device, cache))
 
     from orchestrator.config.inventory import HostConfig
@@ -114,22 +114,22 @@ def main(argv=None) -> int:
     from orchestrator.transport.local import LocalTransport
 
     host = HostConfig(name="local", transport="local", root=str(root), source="bench")
-    ops = RunOps(LocalTransport("local"), host, say=print)
+    run_ops = RunOps(LocalTransport("local"), host, say=print)
     th = {"warmup_s": 300, "train_s": 120, "hang_s": a.hang_s, "live_grace_s": 5,
           "kill_grace_s": 10, "stop_timeout_s": 30}
     cmd = ["python", script, "--threads", str(a.threads), "--steps", str(a.steps),
            "--device", device, "--ckpt", str(out / "ckpt")]
     t0 = time.time()
-    plan = ops.launch(LaunchOptions(command=cmd, run_file=str(rf), run_name="byo-flex",
+    plan = run_ops.launch(LaunchOptions(command=cmd, run_file=str(rf), run_name="own-flex",
                                     backoff_scale=0.1, thresholds=th, env_check=False))
     print(f"launched {plan.run_id} ({plan.mode}); run dir {plan.run_dir}", flush=True)
     while time.time() - t0 < a.total_s:
-        if ops.status(plan.run_id)[0].state.final:
+        if run_ops.status(plan.run_id)[0].state.final:
             break
         time.sleep(2)
     else:
         print("time budget spent: stopping the run", flush=True)
-        ops.stop(plan.run_id, timeout=60)
+        run_ops.stop(plan.run_id, timeout=60)
     res = analyse(Path(plan.run_dir))
     res["wall_s"] = round(time.time() - t0, 1)
     (out / "summary.json").write_text(json.dumps(res, indent=2))

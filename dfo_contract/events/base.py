@@ -1,4 +1,4 @@
-"""The machinery of ``events.jsonl`` records (the kinds are ``events_kinds``; the public
+"""The machinery of ``events.jsonl`` records (the kinds are ``events.kinds``; the public
 API is ``events``): a frozen ``kw_only`` dataclass per kind, its JSON form and the rules a
 reader applies to a record (docs/contracts.md, "Events").
 
@@ -16,8 +16,8 @@ import typing
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar, Mapping
 
-from .errors import ContractError, VersionError
-from .fsio import json_safe
+from ..errors import ContractError, VersionError
+from ..fsio import json_safe
 
 #: the format version of every record this dfo writes; a reader refuses any other
 VERSION = 1

@@ -1,13 +1,13 @@
 """Every kind of ``events.jsonl`` record, one frozen ``kw_only`` dataclass each, with its
 ``describe()`` line (the public API is ``dfo_contract.events``; the field rules are
-``event_base``). Required fields have no default; ``opt()`` fields may be absent."""
+``events.base``). Required fields have no default; ``opt()`` fields may be absent."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from .event_base import EventBase, opt, req
+from .base import EventBase, opt, req
 
 _frozen = dataclass(frozen=True, kw_only=True)
 
@@ -151,7 +151,7 @@ class CacheRestore(EventBase):
 
 @_frozen
 class RunFirst(EventBase):
-    """A foreign trainer's ladder ran its ``run_first`` commands before the attempt."""
+    """Your own trainer's ladder ran its ``run_first`` commands before the attempt."""
     kind: ClassVar[str] = "run_first"
     attempt: int
     commands: list[list[str]]
@@ -216,7 +216,7 @@ class Fallback(EventBase):
     changed: dict[str, Any]
     overrides: dict[str, Any]
     restore_cache: bool
-    #: why the config stays the same (a foreign command's race class: restart unchanged)
+    #: why the config stays the same (an own command's race class: restart unchanged)
     note: str | None = opt()
 
     def describe(self) -> str:

@@ -1,4 +1,4 @@
-"""The remote root's directory layout (one directory per host, ``root:`` in hosts.yaml).
+"""The remote root's directory tree (one directory per host, ``root:`` in hosts.yaml).
 
 ::
 
@@ -40,7 +40,7 @@ def generation_name(base: str, gen: int) -> str:
 
 
 @dataclass(frozen=True)
-class RemoteLayout:
+class HostTree:
     root: str
 
     def _j(self, *parts: str) -> str:

@@ -1,4 +1,4 @@
-"""`dfo launch -- CMD ARGS...`: foreign training scripts (tests/fixtures/byo) under the real
+"""`dfo launch -- CMD ARGS...`: own training scripts (tests/fixtures/own) under the real
 supervisor on the local transport. Each is classified from its own output or silence, the
 run file's ladder is applied in order, and the run ends done."""
 
@@ -19,46 +19,46 @@ from tests.supervisor_env import FAST, events, local_host, make_root, wait_final
 
 pytestmark = pytest.mark.slow
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "byo"
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "own"
 PATTERN = r"step (?P<step>\d+) loss \S+ tok/s (?P<tok_s>[\d.]+)"
 
 
 @pytest.fixture
 def setup(tmp_path):
     root = make_root(tmp_path)
-    ops = RunOps(LocalTransport("local"), local_host(root))
-    return root, ops, tmp_path
+    run_ops = RunOps(LocalTransport("local"), local_host(root))
+    return root, run_ops, tmp_path
 
 
 def kinds(evs, kind):
     return [e for e in evs if e.kind == kind]
 
 
-def test_fx_race_of_a_foreign_script_is_classified_and_its_ladder_applied(setup, capsys):
-    root, ops, tmp = setup
+def test_fx_race_of_an_own_script_is_classified_and_its_ladder_applied(setup, capsys):
+    root, run_ops, tmp = setup
     ck = tmp / "ck"
-    rf = tmp / "byo.yaml"
+    rf = tmp / "own.yaml"
     rf.write_text(f"""\
 step_pattern: '{PATTERN}'
 resume: {{glob: 'ck/step_*', order: step, args: [--resume, '{{path}}']}}
 cwd: {tmp}
 fallbacks:
   fx_trace_race:
-    - env: {{BYO_NOTE: tried-env}}
+    - env: {{OWN_NOTE: tried-env}}
     - drop_arg: --threads
 """)
     cmd = ["python", str(FIXTURES / "fxrace_train.py"), "--threads", "3", "--steps", "10",
            "--race-at", "5", "--ckpt", str(ck)]
-    plan = ops.launch(LaunchOptions(command=cmd, run_file=str(rf), run_name="fx",
+    plan = run_ops.launch(LaunchOptions(command=cmd, run_file=str(rf), run_name="fx",
                                     backoff_scale=0.01, thresholds=dict(FAST), env_check=False))
-    info = wait_final(ops, plan.run_id, timeout=400)
+    info = wait_final(run_ops, plan.run_id, timeout=400)
     evs = events(root, plan.run_id)
     assert info["status"] == "done", info.get("reason")
     cl = kinds(evs, "classified")
     assert [c.cls for c in cl] == ["fx_trace_race", "fx_trace_race", "done"]
     assert any("Detected that you are using FX" in t for t in cl[0].evidence_texts())
     fb = kinds(evs, "fallback")
-    assert [f.step for f in fb] == ["env BYO_NOTE=tried-env", "drop --threads"]
+    assert [f.step for f in fb] == ["env OWN_NOTE=tried-env", "drop --threads"]
     assert fb[1].changed == {"arg --threads": "dropped"}
     starts = kinds(evs, "attempt_start")
     assert starts[0].argv[0] == "python" and "--threads" in starts[0].argv
@@ -67,23 +67,23 @@ fallbacks:
     assert starts[1].resume == str(ck / "step_4")
     assert starts[2].argv[-2:] == ["--resume", str(ck / "step_4")]
     assert info["last_step"] == 10 and info["tokens_per_s"]
-    assert info["overrides"]["env"] == {"BYO_NOTE": "tried-env"}
+    assert info["overrides"]["env"] == {"OWN_NOTE": "tried-env"}
     assert info["overrides"]["drop"] == ["--threads"]
-    assert [f["step"] for f in info["fallbacks"]] == ["env BYO_NOTE=tried-env", "drop --threads"]
-    # dfo diagnose on the foreign script's own log, with and without its run file
+    assert [f["step"] for f in info["fallbacks"]] == ["env OWN_NOTE=tried-env", "drop --threads"]
+    # dfo diagnose on the script's log, with and without its run file
     log1 = root / "runs" / plan.run_id / "attempt-1.log"
     rc = main(["diagnose", str(log1), "--run-file", str(rf), "--json"])
     d = json.loads(capsys.readouterr().out)
     assert rc == 0 and d["class"] == "fx_trace_race"
-    assert d["fallback"]["step"] == "env BYO_NOTE=tried-env"
+    assert d["fallback"]["step"] == "env OWN_NOTE=tried-env"
     assert main(["diagnose", str(log1)]) == 0
     assert capsys.readouterr().out.startswith("fx_trace_race: ")
 
 
-def test_a_foreign_script_that_deadlocks_is_found_by_its_silence(setup):
-    root, ops, tmp = setup
+def test_an_own_script_that_deadlocks_is_found_by_its_silence(setup):
+    root, run_ops, tmp = setup
     ck = tmp / "ck"
-    rf = tmp / "byo.yaml"
+    rf = tmp / "own.yaml"
     rf.write_text(f"""\
 resume: {{glob: '{ck}/step_*'}}
 fallbacks:
@@ -93,11 +93,11 @@ fallbacks:
 """)
     cmd = ["python", str(FIXTURES / "stall_train.py"), "--workers", "2", "--steps", "8",
            "--stall-at", "3", "--ckpt", str(ck)]
-    plan = ops.launch(LaunchOptions(command=cmd, run_file=str(rf), run_name="stall",
+    plan = run_ops.launch(LaunchOptions(command=cmd, run_file=str(rf), run_name="stall",
                                     step_pattern=PATTERN, backoff_scale=0.01,
                                     thresholds=dict(FAST, train_s=300, hang_s=5),
                                     env_check=False))
-    info = wait_final(ops, plan.run_id, timeout=300)
+    info = wait_final(run_ops, plan.run_id, timeout=300)
     evs = events(root, plan.run_id)
     assert info["status"] == "done", info.get("reason")
     cl = kinds(evs, "classified")
@@ -119,14 +119,14 @@ fallbacks:
 
 
 def test_the_command_never_meets_a_shell(setup):
-    root, ops, tmp = setup
+    root, run_ops, tmp = setup
     out = tmp / "out.txt"
     evil = "$(touch pwned); `touch pwned2` | ; && 'x\" \\n"
     code = "import sys; open(sys.argv[2], 'w').write(sys.argv[1]); print('step 1 loss 0 tok/s 1')"
-    plan = ops.launch(LaunchOptions(command=[sys.executable, "-c", code, evil, str(out)],
+    plan = run_ops.launch(LaunchOptions(command=[sys.executable, "-c", code, evil, str(out)],
                                     run_name="quote", backoff_scale=0.01, thresholds=dict(FAST),
                                     env_check=False))
-    info = wait_final(ops, plan.run_id, timeout=120)
+    info = wait_final(run_ops, plan.run_id, timeout=120)
     assert info["status"] == "done", info.get("reason")
     assert out.read_text() == evil
     run_dir = root / "runs" / plan.run_id
@@ -134,22 +134,22 @@ def test_the_command_never_meets_a_shell(setup):
 
 
 def test_resume_latest_is_checked_before_the_start_and_passed_with_the_template(setup):
-    root, ops, tmp = setup
+    root, run_ops, tmp = setup
     ck = tmp / "ck"
-    rf = tmp / "byo.yaml"
+    rf = tmp / "own.yaml"
     rf.write_text(f"resume: {{glob: '{ck}/step_*', args: ['--resume={{path}}']}}\n")
     cmd = ["python", str(FIXTURES / "stall_train.py"), "--steps", "6", "--ckpt", str(ck)]
     o = dict(command=cmd, run_file=str(rf), backoff_scale=0.01, thresholds=dict(FAST),
              env_check=False, resume="latest")
     with pytest.raises(NotFoundError, match="nothing matches"):
-        ops.launch(LaunchOptions(run_name="r0", **o))
+        run_ops.launch(LaunchOptions(run_name="r0", **o))
     ck.mkdir()
     for n in (2, 10, 4):
         (ck / f"step_{n}").write_text(str(n))
-    plan = ops.launch(LaunchOptions(run_name="r1", **o))
+    plan = run_ops.launch(LaunchOptions(run_name="r1", **o))
     assert plan.resume_path == str(ck / "step_10")
     assert plan.first_attempt_argv[-1] == f"--resume={ck}/step_10"
-    info = wait_final(ops, plan.run_id, timeout=120)
+    info = wait_final(run_ops, plan.run_id, timeout=120)
     assert info["status"] == "done" and info["attempts"][0]["resume"] == str(ck / "step_10")
     log = (root / "runs" / plan.run_id / "attempt-1.log").read_text()
     assert "at step 10" in log

@@ -1,6 +1,6 @@
-"""A foreign trainer's attempt (``dfo launch -- CMD ARGS...``): its argv, env, directory,
+"""Your own trainer's attempt (``dfo launch -- CMD ARGS...``): its argv, env, directory,
 the checkpoint to resume and the ladder's ``run_first`` commands. Decisions are in
-``ops.byo``; this module only looks at files and runs the commands."""
+``ops.own_trainer``; this module only looks at files and runs the commands."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ from typing import Mapping
 
 from dfo_contract.runspec import Own
 
-from ..ops import byo
+from ..ops import own_trainer
 
 
 def cwd(own: Own, run_dir: str) -> str:
     return own.cwd or run_dir
 
 
-def env(own: Own, python: str, changes: byo.Changes, base: Mapping[str, str]) -> dict:
+def env(own: Own, python: str, changes: own_trainer.Changes, base: Mapping[str, str]) -> dict:
     """The deployed env's bin (``python``'s) first on PATH, the run file's env, then the
     ladder's."""
     e = dict(base)
@@ -48,11 +48,11 @@ def resume_target(own: Own, run_dir: str, since: float = 0.0) -> str | None:
             continue
         if mtime >= since:
             found.append((p, mtime))
-    return byo.newest_checkpoint(found, r.order)
+    return own_trainer.newest_checkpoint(found, r.order)
 
 
-def argv(own: Own, changes: byo.Changes, resume: str | None) -> list[str]:
-    return byo.attempt_argv(own.command, changes, resume_path=resume,
+def argv(own: Own, changes: own_trainer.Changes, resume: str | None) -> list[str]:
+    return own_trainer.attempt_argv(own.command, changes, resume_path=resume,
                             resume_args=own.resume.args if own.resume else ())
 
 

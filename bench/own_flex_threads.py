@@ -1,9 +1,9 @@
-"""A foreign trainer (not dfo's): several threads each lazily compiling flex_attention
+"""Your own trainer (not dfo's): several threads each lazily compiling flex_attention
 forward and backward for new shapes, the threaded lazy-compile race's pattern
-(docs/recovery.md). For bench_byo.py.
+(docs/recovery.md). For bench_own.py.
 
-    python bench/byo_flex_threads.py --threads 4 --steps 40 --ckpt DIR [--resume DIR/step_N]
-    python bench/byo_flex_threads.py --warm-only --threads 1 ...   # single-threaded warm-up
+    python bench/own_flex_threads.py --threads 4 --steps 40 --ckpt DIR [--resume DIR/step_N]
+    python bench/own_flex_threads.py --warm-only --threads 1 ...   # single-threaded warm-up
 
 Each step, every thread runs torch.compile(flex_attention) forward+backward on its own
 sequence length (a new shape for most steps, so compiles happen lazily, concurrently, on

@@ -1,4 +1,4 @@
-"""The run file of a foreign trainer (``dfo launch --run-file byo.yaml -- CMD ...``).
+"""The run file of your own trainer (``dfo launch --run-file own.yaml -- CMD ...``).
 
 ```yaml
 command: [python, train.py, --threads, "4"]   # or after `--` on the command line
@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 
 from ..errors import ConfigError
-from ..ops import byo
+from ..ops import own_trainer
 
 KEYS = ("command", "cwd", "step_pattern", "env", "resume", "fallbacks", "thresholds")
 
@@ -93,14 +93,14 @@ def _check(key: str, node: yaml.Node, path: str) -> Any:
     if key == "step_pattern":
         if not isinstance(val, str):
             raise ConfigError("step_pattern: expected a regular expression (quote it)")
-        byo.compile_step_pattern(val, source="step_pattern")
+        own_trainer.compile_step_pattern(val, source="step_pattern")
         return val
     if key == "env":
         if not isinstance(val, dict):
             raise ConfigError("env: expected a mapping NAME: VALUE")
-        return byo.check_step({"env": val}, "env")["env"]
+        return own_trainer.check_step({"env": val}, "env")["env"]
     if key == "resume":
-        return byo.check_resume(val)
+        return own_trainer.check_resume(val)
     if key == "thresholds":
         if not isinstance(val, dict) or not all(
                 isinstance(v, (int, float)) and not isinstance(v, bool) for v in val.values()):
@@ -112,7 +112,7 @@ def _check(key: str, node: yaml.Node, path: str) -> Any:
     ladders: dict[str, list] = {}
     for cnode, lnode in node.value:
         try:
-            byo.check_ladders({cnode.value: []})
+            own_trainer.check_ladders({cnode.value: []})
         except ConfigError as e:
             raise _at(path, cnode, e) from None
         if not isinstance(lnode, yaml.SequenceNode):
@@ -121,7 +121,7 @@ def _check(key: str, node: yaml.Node, path: str) -> Any:
         steps = []
         for i, snode in enumerate(lnode.value):
             try:
-                steps.append(byo.check_step(_plain(snode), f"fallbacks.{cnode.value}[{i}]"))
+                steps.append(own_trainer.check_step(_plain(snode), f"fallbacks.{cnode.value}[{i}]"))
             except ConfigError as e:
                 raise _at(path, snode, e) from None
         ladders[cnode.value] = steps

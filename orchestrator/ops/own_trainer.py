@@ -1,7 +1,7 @@
 """Supervise your own trainer (``dfo launch -- CMD ARGS...``): pure planning. No I/O.
 
-A foreign command gets the same supervisor as the bundled trainer; what dfo cannot know
-about it the user says (a run file, see ``orchestrator.config.byo_runfile``, or flags):
+An own command gets the same supervisor as the bundled trainer; what dfo cannot know
+about it the user says (a run file, see ``orchestrator.config.own_runfile``, or flags):
 
 - ``step_pattern``: a regex with a named group ``step`` (and optionally ``tok_s``): a
   matching output line is a training step (progress, tokens/s);
@@ -187,7 +187,7 @@ def describe_step(step: Mapping[str, Any]) -> str:
 
 
 @dataclass(frozen=True)
-class ByoChoice:
+class OwnChoice:
     cls: str
     step: str | None         # described, or None (same command again)
     changes: Changes
@@ -197,16 +197,16 @@ class ByoChoice:
 
 
 def next_step(cls: str, ladder: Sequence[Mapping[str, Any]], position: int,
-              changes: Changes) -> ByoChoice:
+              changes: Changes) -> OwnChoice:
     """The first step at or after ``position`` that changes something; a spent ladder
     restarts unchanged for transient classes, else gives up."""
     pos = position
     while pos < len(ladder):
         got = apply_step(changes, ladder[pos])
         if got is not None:
-            return ByoChoice(cls, describe_step(ladder[pos]), got[0], pos + 1, got[1])
+            return OwnChoice(cls, describe_step(ladder[pos]), got[0], pos + 1, got[1])
         pos += 1
-    return ByoChoice(cls, None, changes, pos, {}, exhausted=cls not in TRANSIENT)
+    return OwnChoice(cls, None, changes, pos, {}, exhausted=cls not in TRANSIENT)
 
 
 # --- the attempt's argv -----------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Supervising a foreign command: the pure parts (ops.byo, the run file, the watchdog's
+"""Supervising an own command: the pure parts (run_ops.own, the run file, the watchdog's
 step pattern and CPU progress) and the CLI's `dfo launch -- CMD` plan. No processes run."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import json
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.config.byo_runfile import parse_run_file
+from orchestrator.config.own_runfile import parse_run_file
 from orchestrator.errors import ConfigError
-from orchestrator.ops import byo
+from orchestrator.ops import own_trainer
 from orchestrator.ops.watchdog import AttemptWatchdog, StepProgress, Thresholds
 from tests.supervisor_env import hosts_yaml, make_root
 
@@ -18,43 +18,43 @@ PAT = r"step (?P<step>\d+) .*tok/s (?P<tok_s>[\d.]+)"
 
 
 def test_step_pattern():
-    p = byo.compile_step_pattern(PAT)
-    m = byo.match_step(p, "step 12 loss 2.1 tok/s 345.5")
+    p = own_trainer.compile_step_pattern(PAT)
+    m = own_trainer.match_step(p, "step 12 loss 2.1 tok/s 345.5")
     assert (type(m).__name__, m.step, m.tokens_per_s) == ("StepMarker", 12, 345.5)
-    assert byo.match_step(p, "loading") is None
-    assert byo.match_step(byo.compile_step_pattern(r"it (?P<step>\d+)"), "it 3").step == 3
+    assert own_trainer.match_step(p, "loading") is None
+    assert own_trainer.match_step(own_trainer.compile_step_pattern(r"it (?P<step>\d+)"), "it 3").step == 3
     with pytest.raises(ConfigError, match="named group 'step'"):
-        byo.compile_step_pattern(r"step \d+")
+        own_trainer.compile_step_pattern(r"step \d+")
     with pytest.raises(ConfigError, match="not a regular expression"):
-        byo.compile_step_pattern(r"step (")
+        own_trainer.compile_step_pattern(r"step (")
 
 
 def test_argv_changes_keep_a_list():
     cmd = ["python", "train.py", "--threads", "4", "--lr=0.1", "--compile", "--out", "x"]
-    ch = byo.Changes(drop=["--threads", "--lr", "--compile"], set_args={"--out": "y; rm -rf /"})
-    assert byo.attempt_argv(cmd, ch, resume_path="/c/step_4",
+    ch = own_trainer.Changes(drop=["--threads", "--lr", "--compile"], set_args={"--out": "y; rm -rf /"})
+    assert own_trainer.attempt_argv(cmd, ch, resume_path="/c/step_4",
                             resume_args=["--resume", "{path}"]) == \
         ["python", "train.py", "--out", "y; rm -rf /", "--resume", "/c/step_4"]
-    assert byo.attempt_argv(cmd, byo.Changes()) == cmd
-    assert byo.attempt_argv(["t"], byo.Changes(), resume_path="/p",
+    assert own_trainer.attempt_argv(cmd, own_trainer.Changes()) == cmd
+    assert own_trainer.attempt_argv(["t"], own_trainer.Changes(), resume_path="/p",
                             resume_args=["--ckpt={path}"]) == ["t", "--ckpt=/p"]
 
 
 def test_ladder_applies_in_order_and_skips_what_changes_nothing():
-    ladder = byo.check_ladders({"fx_trace_race": [
+    ladder = own_trainer.check_ladders({"fx_trace_race": [
         {"env": {"A": 1}}, {"env": {"A": "1"}}, {"drop_arg": "--threads"},
         {"run_first": ["python", "warm.py"]}]})["fx_trace_race"]
-    c = byo.next_step("fx_trace_race", ladder, 0, byo.Changes())
+    c = own_trainer.next_step("fx_trace_race", ladder, 0, own_trainer.Changes())
     assert c.step == "env A=1" and c.changed == {"env.A": "1"} and c.position == 1
-    c = byo.next_step("fx_trace_race", ladder, c.position, c.changes)   # env A=1 again: skipped
+    c = own_trainer.next_step("fx_trace_race", ladder, c.position, c.changes)   # env A=1 again: skipped
     assert c.step == "drop --threads" and c.position == 3
-    c = byo.next_step("fx_trace_race", ladder, c.position, c.changes)
+    c = own_trainer.next_step("fx_trace_race", ladder, c.position, c.changes)
     assert c.step == "run first: python warm.py" and c.changes.first == [["python", "warm.py"]]
-    c = byo.next_step("fx_trace_race", ladder, c.position, c.changes)
+    c = own_trainer.next_step("fx_trace_race", ladder, c.position, c.changes)
     assert c.exhausted and c.step is None
-    t = byo.next_step("crash", [], 0, byo.Changes(env={"B": "2"}))
+    t = own_trainer.next_step("crash", [], 0, own_trainer.Changes(env={"B": "2"}))
     assert not t.exhausted and t.step is None and t.changes.env == {"B": "2"}
-    assert byo.Changes.from_json(c.changes.to_json()) == c.changes
+    assert own_trainer.Changes.from_json(c.changes.to_json()) == c.changes
 
 
 @pytest.mark.parametrize("step,msg", [
@@ -67,15 +67,15 @@ def test_ladder_applies_in_order_and_skips_what_changes_nothing():
 ])
 def test_bad_steps(step, msg):
     with pytest.raises(ConfigError, match=msg):
-        byo.check_step(step, "fallbacks.oom[0]")
+        own_trainer.check_step(step, "fallbacks.oom[0]")
 
 
 def test_newest_checkpoint_orders():
     found = [("/c/step_9", 30.0), ("/c/step_10", 20.0), ("/c/step_2", 40.0)]
-    assert byo.newest_checkpoint(found, "step") == "/c/step_10"
-    assert byo.newest_checkpoint(found, "mtime") == "/c/step_2"
-    assert byo.newest_checkpoint(found, "name") == "/c/step_9"
-    assert byo.newest_checkpoint([], "step") is None
+    assert own_trainer.newest_checkpoint(found, "step") == "/c/step_10"
+    assert own_trainer.newest_checkpoint(found, "mtime") == "/c/step_2"
+    assert own_trainer.newest_checkpoint(found, "name") == "/c/step_9"
+    assert own_trainer.newest_checkpoint([], "step") is None
 
 
 RUN_FILE = """\
@@ -91,7 +91,7 @@ thresholds: {hang_s: 30}
 
 
 def test_run_file_ok():
-    rf = parse_run_file(RUN_FILE, "byo.yaml")
+    rf = parse_run_file(RUN_FILE, "own.yaml")
     assert rf["command"] == ["python", "train.py", "--threads", "4"]
     assert rf["resume"] == {"glob": "ckpt/step_*", "order": "mtime", "args": ["--resume", "{path}"]}
     assert rf["fallbacks"]["fx_trace_race"][1] == {"drop_arg": "--threads"}
@@ -99,16 +99,16 @@ def test_run_file_ok():
 
 
 @pytest.mark.parametrize("edit,where", [
-    (("thresholds: {hang_s: 30}", "threshold: {hang_s: 30}"), "byo.yaml:8: unknown key 'threshold'"),
-    (("    - drop_arg: --threads", "    - drop: --threads"), "byo.yaml:7: fallbacks.fx_trace_race[1]: unknown fallback step 'drop'"),
-    (("  fx_trace_race:", "  fx_race:"), "byo.yaml:5: fallbacks: unknown failure class 'fx_race'"),
-    (("'step (?P<step>\\d+)'", "'step (\\d+)'"), "byo.yaml:2: step_pattern: needs a named group"),
-    (("order: mtime", "order: newest"), "byo.yaml:3: resume.order"),
-    (("command: [python, train.py, --threads, 4]", "command: [python, train.py"), "byo.yaml:2: not valid YAML"),
+    (("thresholds: {hang_s: 30}", "threshold: {hang_s: 30}"), "own.yaml:8: unknown key 'threshold'"),
+    (("    - drop_arg: --threads", "    - drop: --threads"), "own.yaml:7: fallbacks.fx_trace_race[1]: unknown fallback step 'drop'"),
+    (("  fx_trace_race:", "  fx_race:"), "own.yaml:5: fallbacks: unknown failure class 'fx_race'"),
+    (("'step (?P<step>\\d+)'", "'step (\\d+)'"), "own.yaml:2: step_pattern: needs a named group"),
+    (("order: mtime", "order: newest"), "own.yaml:3: resume.order"),
+    (("command: [python, train.py, --threads, 4]", "command: [python, train.py"), "own.yaml:2: not valid YAML"),
 ])
 def test_run_file_errors_name_file_and_line(edit, where):
     with pytest.raises(ConfigError) as e:
-        parse_run_file(RUN_FILE.replace(*edit), "byo.yaml")
+        parse_run_file(RUN_FILE.replace(*edit), "own.yaml")
     assert str(e.value).startswith(where) and "\n" not in str(e.value)
 
 
@@ -117,12 +117,12 @@ T = Thresholds(warmup_s=900, train_s=300, live_grace_s=5, kill_grace_s=3, stop_t
 
 
 def test_watchdog_reads_steps_from_the_pattern():
-    w = AttemptWatchdog(T, now=0.0, step_pattern=byo.compile_step_pattern(PAT))
+    w = AttemptWatchdog(T, now=0.0, step_pattern=own_trainer.compile_step_pattern(PAT))
     assert w.feed("step 3 loss 1.0 tok/s 512.0", 1.0) == [StepProgress(3, 512.0, None)]
     assert w.reached_train and w.feed("epoch 1", 2.0) == []
 
 
-def test_a_foreign_trainer_busy_and_silent_is_never_killed_idle_is():
+def test_an_own_trainer_busy_and_silent_is_never_killed_idle_is():
     w = AttemptWatchdog(T, now=0.0, cpu_is_progress=True)
     cpu = 0.0
     for t in range(1, 3000):               # silent, one core busy: CPU time is progress
@@ -144,7 +144,7 @@ def hosts(tmp_path):
 
 
 def test_cli_dry_run_plans_the_command_as_given(hosts, capsys, tmp_path):
-    rf = tmp_path / "byo.yaml"
+    rf = tmp_path / "own.yaml"
     rf.write_text("fallbacks:\n  oom:\n    - set_arg: {--batch: 4}\n")
     rc = main(["--hosts", str(hosts), "launch", "--dry-run", "--json", "--no-env-check",
                "--run-file", str(rf), "--step-pattern", PAT, "--run-name", "mine", "--",
@@ -156,7 +156,7 @@ def test_cli_dry_run_plans_the_command_as_given(hosts, capsys, tmp_path):
     assert out["ladders"] == {"oom": ["set --batch 4"]} and out["run_id"].startswith("mine-")
 
 
-def test_cli_a_foreign_trainer_gets_the_env_check(hosts, capsys):
+def test_cli_an_own_trainer_gets_the_env_check(hosts, capsys):
     """`dfo launch -- CMD` checks the deployed env against its lock like the bundled trainer
     (this root's envs/current is a venv dfo did not deploy: exit 7, one line)."""
     rc = main(["--hosts", str(hosts), "launch", "--dry-run", "--json", "--", "python",
@@ -167,7 +167,7 @@ def test_cli_a_foreign_trainer_gets_the_env_check(hosts, capsys):
 
 
 def test_cli_bad_run_file_is_one_line_exit_2(hosts, capsys, tmp_path):
-    rf = tmp_path / "byo.yaml"
+    rf = tmp_path / "own.yaml"
     rf.write_text("command: [python, t.py]\nfallbacks:\n  oom:\n    - halve: batch\n")
     rc = main(["--hosts", str(hosts), "launch", "--dry-run", "--run-file", str(rf)])
     err = capsys.readouterr().err.strip()
@@ -182,7 +182,7 @@ def test_cli_a_stray_config_file_is_not_a_command(hosts, capsys):
 
 
 def test_ladder_flags():
-    assert byo.ladders_from_flags([
+    assert own_trainer.ladders_from_flags([
         "fx_trace_race=run_first:python warm.py --threads '1 2'",
         "fx_trace_race=drop_arg:--threads",
         "oom=set_arg:--batch-size=2", "compile_hang=env:TORCHINDUCTOR_COMPILE_THREADS=1"]) == {
@@ -194,7 +194,7 @@ def test_ladder_flags():
                      ("oom=set_arg:--b", "NAME=VALUE"), ("oom=halve:x", "unknown fallback step"),
                      ("oom=run_first:python 'x", "quotation")):
         with pytest.raises(ConfigError, match=msg):
-            byo.parse_ladder_flag(bad)
+            own_trainer.parse_ladder_flag(bad)
 
 
 def test_cli_flags_give_resume_and_ladder_without_a_run_file(hosts, capsys):
@@ -213,12 +213,12 @@ def test_resume_flags_reach_the_spec(tmp_path):
     from orchestrator.transport.local import LocalTransport
     from tests.supervisor_env import local_host
 
-    ops = RunOps(LocalTransport("local"), local_host(make_root(tmp_path)))
-    plan = ops.plan(LaunchOptions(command=["python", "t.py"], resume_glob="ck/ep_*",
+    run_ops = RunOps(LocalTransport("local"), local_host(make_root(tmp_path)))
+    plan = run_ops.plan(LaunchOptions(command=["python", "t.py"], resume_glob="ck/ep_*",
                                   resume_order="mtime", resume_args="--from {path} --strict",
                                   env_check=False))
     assert plan.spec.to_json()["trainer"]["resume"] == {"glob": "ck/ep_*", "order": "mtime",
                                                         "args": ["--from", "{path}", "--strict"]}
     with pytest.raises(ConfigError, match="with \\{path\\} in one"):
-        ops.plan(LaunchOptions(command=["python", "t.py"], resume_glob="ck/*",
+        run_ops.plan(LaunchOptions(command=["python", "t.py"], resume_glob="ck/*",
                                resume_args="--from", env_check=False))

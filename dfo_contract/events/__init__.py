@@ -22,9 +22,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Union
 
-from .errors import ContractError, NotARecord, VersionError
-from .event_base import VERSION, EventBase, check_version
-from .events_kinds import (KINDS, AttemptEnd, AttemptStart, CacheRestore, Checkpoint,
+from ..errors import ContractError, NotARecord, VersionError
+from .base import VERSION, EventBase, check_version
+from .kinds import (KINDS, AttemptEnd, AttemptStart, CacheRestore, Checkpoint,
                            Classified, ConfigEdited, Eval, Fallback, Final, GiveUp, GroupDecision,
                            GroupStart, NodeEnd, NodeLost, OrphansReaped, PeerAbort, Restart,
                            RunFirst, Stacks, StandbyDiscarded, StandbyReady, StandbyStart,
