@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, ClassVar, Mapping, Self
 
 from . import events
 from .errors import ContractError, VersionError
@@ -126,20 +126,28 @@ class AttemptPlan:
 
 
 @dataclass(frozen=True)
-class AttemptAbort:
-    """``key_abort(N)``: the node that stopped attempt N first, and why."""
+class NodeReason:
+    """A node and what it says: the shape :class:`AttemptAbort` and :class:`StopRequest`
+    share."""
     node: int
     host: str
     reason: str
+    WHAT: ClassVar[str] = "node message"
 
     def to_text(self) -> str:
         return _dump({"node": self.node, "host": self.host, "reason": self.reason})
 
     @classmethod
-    def from_text(cls, raw: str | bytes) -> "AttemptAbort":
-        d = _load(raw, "abort")
+    def from_text(cls, raw: str | bytes) -> Self:
+        d = _load(raw, cls.WHAT)
         return cls(node=int(d.get("node", -1)), host=str(d.get("host") or ""),
                    reason=str(d.get("reason") or ""))
+
+
+@dataclass(frozen=True)
+class AttemptAbort(NodeReason):
+    """``key_abort(N)``: the node that stopped attempt N first, and why."""
+    WHAT: ClassVar[str] = "abort"
 
 
 @dataclass(frozen=True)
@@ -262,20 +270,9 @@ class GroupVerdict:
 
 
 @dataclass(frozen=True)
-class StopRequest:
+class StopRequest(NodeReason):
     """``KEY_STOP``: a node got ``dfo stop`` (or its supervisor a SIGTERM)."""
-    node: int
-    host: str
-    reason: str
-
-    def to_text(self) -> str:
-        return _dump({"node": self.node, "host": self.host, "reason": self.reason})
-
-    @classmethod
-    def from_text(cls, raw: str | bytes) -> "StopRequest":
-        d = _load(raw, "stop request")
-        return cls(node=int(d.get("node", -1)), host=str(d.get("host") or ""),
-                   reason=str(d.get("reason") or ""))
+    WHAT: ClassVar[str] = "stop request"
 
     def describe(self) -> str:
         return f"{self.reason} (on node {self.host})"

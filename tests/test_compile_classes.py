@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.ops.classify import PERMANENT_CLASSES, classify, match_line
+from orchestrator.ops.classify import classify, match_line
+from orchestrator.ops.classify_rules import PERMANENT_CLASSES
 from orchestrator.ops.fallback import DEFAULT_LADDERS, STEPS, TRANSIENT, next_config
 from orchestrator.ops.verdict import Ladders, choose
 

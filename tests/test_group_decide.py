@@ -8,7 +8,7 @@ import pytest
 
 from orchestrator.config.hostconfig import FAILURE_CLASSES
 from dfo_contract import events as ev
-from orchestrator.ops.classify import GROUP_CLASSES, NODE_LOST, PEER_ABORT
+from orchestrator.ops.classify_rules import GROUP_CLASSES, NODE_LOST, PEER_ABORT
 from orchestrator.ops.fallback import validate_ladders
 from orchestrator.errors import ConfigError
 from orchestrator.ops.budget import cannot_do_better

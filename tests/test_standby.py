@@ -172,7 +172,7 @@ def _inputs(**kw):
     says whether the trainer is an own command, its role whether it is one node of
     several."""
     from dfo_contract.runstate import RunState
-    from orchestrator.supervisor.group import role_for
+    from orchestrator.supervisor.core import role_for
     from orchestrator.supervisor.record import RunRecord, Stop
     from orchestrator.supervisor.source import source_for
     from orchestrator.supervisor.standby import KeeperInputs

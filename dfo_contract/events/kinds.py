@@ -1,6 +1,7 @@
 """Every kind of ``events.jsonl`` record, one frozen ``kw_only`` dataclass each, with its
 ``describe()`` line (the public API is ``dfo_contract.events``; the field rules are
-``events.base``). Required fields have no default; ``opt()`` fields may be absent."""
+``events.base``; a group run's kinds are ``events.group_kinds``). Required fields have no
+default; ``opt()`` fields may be absent."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from .base import EventBase, opt, req
+from .group_kinds import GroupDecision, GroupStart, NodeEnd, NodeLost, PeerAbort
 
 _frozen = dataclass(frozen=True, kw_only=True)
 
@@ -270,95 +272,6 @@ class Final(EventBase):
 
     def describe(self) -> str:
         return f"run {self.status}: {self.reason}"
-
-
-# --- one run over several nodes (spec ``group``); each names the node and its host -----------
-
-@_frozen
-class GroupStart(EventBase):
-    kind: ClassVar[str] = "group_start"
-    node: int
-    host: str
-    nodes: list[str]
-    head_addr: str
-    coord_port: int
-
-    def describe(self) -> str:
-        return (f"node {self.node} ({self.host}) of {len(self.nodes or [])}, "
-                f"coordinating through {self.head_addr}:{self.coord_port}")
-
-
-@_frozen
-class PeerAbort(EventBase):
-    """Another node's attempt failed; this node stopped its own."""
-    kind: ClassVar[str] = "peer_abort"
-    attempt: int
-    node: int
-    host: str
-    reason: str
-
-    def describe(self) -> str:
-        return f"attempt {self.attempt} stopped: {self.reason}"
-
-
-@_frozen
-class NodeEnd(EventBase):
-    """One node's own judgement of its part of an attempt (``group_store.NodeOutcome``)."""
-    kind: ClassVar[str] = "node_end"
-    attempt: int
-    node: int
-    host: str
-    cls: str = req(json="class")
-    reason: str
-    exit_code: int | None
-    reached_train: bool
-    healthy_s: float
-    permanent: bool
-    origin: bool               # this node aborted the attempt first
-    evidence: list[dict[str, Any]]
-
-    def describe(self) -> str:
-        return f"node {self.node} ({self.host}) attempt {self.attempt}: {self.cls}: " \
-            f"{self.reason}"
-
-
-@_frozen
-class NodeLost(EventBase):
-    kind: ClassVar[str] = "node_lost"
-    attempt: int
-    node: int
-    host: str
-    silent_s: float
-    reason: str
-
-    def describe(self) -> str:
-        return str(self.reason or f"node {self.host} lost")
-
-
-@_frozen
-class GroupDecision(EventBase):
-    """The head's decision on an attempt; a peer's record of it also carries the rest of
-    the decision (``group_store.GroupVerdict``: overrides, fallback, restart, ...)."""
-    kind: ClassVar[str] = "group_decision"
-    attempt: int
-    node: int
-    host: str
-    action: str                # restart | final
-    status: str
-    reason: str
-    cause: dict[str, Any]      # the root cause: a node_end's fields (class, host, ...)
-    overrides: dict[str, Any] | None = opt()
-    fallback: dict[str, Any] | None = opt()
-    restart: dict[str, Any] | None = opt()
-    last_checkpoint: dict[str, Any] | None = opt()
-    last_step: Any = opt()      # the newest step marker's ``step``
-
-    def describe(self) -> str:
-        cause = self.cause or {}
-        what = ("restart" if self.action == "restart"
-                else f"final {self.status}: {self.reason}")
-        return f"head's decision on attempt {self.attempt}: {what} (cause " \
-            f"{cause.get('class')} on {cause.get('host')})"
 
 
 # --- the standby interpreter (supervisor.standby) ------------------------------------------

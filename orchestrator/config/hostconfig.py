@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Mapping
 
 from ..errors import ConfigError
-from ..ops.classify import CLASSES
+from ..ops.classify_rules import CLASSES
 from ..ops.host_tree import HostTree
 from ..transport.settings import SSHSettings
 

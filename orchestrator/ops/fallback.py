@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from ..errors import ConfigError
-from .classify import CLASSES
+from .classify_rules import CLASSES
 
 Config = Mapping[str, Any]
 Overrides = dict[str, Any]
@@ -168,14 +168,14 @@ DEFAULT_LADDERS: dict[str, list[str]] = {
     "nan_loss": ["same", "halve_lr*"],
     "nccl_timeout": [],
     "frozen": [],         # transient: nothing in the config stopped the process
-    "disk_full": [],      # permanent (ops.classify.PERMANENT_CLASSES): no restart
+    "disk_full": [],      # permanent (ops.classify_rules.PERMANENT_CLASSES): no restart
     # deterministic compile failures: each has its cure, and no restart unchanged
     "compile_resources": ["flex_smaller_blocks*", "attention_sdpa"],
     "compile_workers": ["compile_threads_one"],
     "warmup_collective": ["warmup_sync"],
     # any other failed compile: the target's compile first (the drafter's stays)
     "compile_error": ["target_compile_off"],
-    "read_only": [],      # permanent (ops.classify.PERMANENT_CLASSES): no restart
+    "read_only": [],      # permanent (ops.classify_rules.PERMANENT_CLASSES): no restart
     "crash": [],          # nothing says the config caused it: the same config again
 }
 

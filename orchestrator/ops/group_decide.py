@@ -18,7 +18,7 @@ from typing import Any, Sequence
 from dfo_contract import events
 from dfo_contract.group_store import GroupVerdict, NodeOutcome
 
-from .classify import NODE_LOST, PEER_ABORT, PRIORITY
+from .classify_rules import NODE_LOST, PEER_ABORT, PRIORITY
 
 
 def lost_end(node: int, host: str, silent_s: float, group: str) -> NodeOutcome:
@@ -46,7 +46,7 @@ def head_restarted_reason(group: str, attempt: int) -> str:
 
 def _rank(e: NodeOutcome) -> tuple:
     """Lower is a better root cause: a node lost; then a real class over ``peer_abort``;
-    then the most specific class (classify.PRIORITY: a secondary 'crash' of a node whose
+    then the most specific class (classify_rules.PRIORITY: a secondary 'crash' of a node whose
     peer died loses to the peer's FX error); then the node that aborted first; then the
     lowest node index."""
     order = {c: i for i, c in enumerate(PRIORITY)}

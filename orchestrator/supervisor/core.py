@@ -30,13 +30,13 @@ from dfo_contract.runstate import Attempt, RunState
 
 from ..ops import goodput, oom
 from ..ops.budget import BudgetState, cannot_do_better, on_failure, restart_delay
-from ..ops.cache_check import cache_import_error
 from ..ops.classify import classify
-from ..ops.launch_argv import RUN_DIR_UNUSABLE_EXIT
-from . import cache_scrub, procs, runfiles
-from .group import role_for
+from . import procs, run_dir_end, runfiles
+from .group import GroupHead
+from .group_member import GroupMember
 from .record import RunLock, RunRecord, Stop
-from .role import Role
+from .role import Role, SoloRole
+from .run_cache import RunCache
 from .source import AttemptSource, source_for
 from .standby import Keeper, KeeperInputs
 from .watch import AttemptWatch, Outcome, WatchInputs
@@ -55,6 +55,8 @@ class Supervisor:
                                                            now=time.time()))
         self.lock = RunLock(spec.identity.lock, spec.identity.run_id)
         self.owner_fd: int | None = None
+        #: the run's own compile cache (seeded, scrubbed, restored)
+        self.cache = RunCache(self.run_dir, spec.cache.restore_argv, self.record.emit)
         self.source: AttemptSource = source_for(spec, self.run_dir, self.record.emit)
         self.role: Role = role_for(spec, self.run_dir, self.record, self.stop)
         #: the standby interpreter for the next attempt (supervisor.standby)
@@ -144,92 +146,25 @@ class Supervisor:
             if cannot:   # a group's head: its peers' store is gone with its predecessor
                 self.record.emit(events.GiveUp(cls="crash", reason=cannot, evidence=[]))
                 return self.final("failed", cannot)
-        self.seed_cache()
+        self.cache.seed(int(self.state.attempt) + 1)
         self.state.status = "running"
         self.record.save()
         self.role.open()
         return self.role.run(self)
 
     def _run_dir_gone(self, e: Exception) -> int:
-        """The run's directory was deleted under the live run: nothing can be recorded there.
-        Stop what runs for it, say so where it can still be read (stderr: the journal under
-        systemd; the system log) and exit non-zero, never restarted."""
-        left = self._kill_run(signal.SIGKILL)
-        self._say(f"dfo-supervisor: run {self.spec.identity.run_id}: the run directory "
-                  f"{self.run_dir} was deleted while the run was live; the run ends (its "
-                  f"trainer was killed; {len(left)} process(es)); its checkpoints in "
-                  f"{self._checkpoints()} are kept")
-        return RUN_DIR_UNUSABLE_EXIT
+        return run_dir_end.gone(self._ending())
 
     def _run_dir_read_only(self, e: OSError) -> int:
-        """A write of the supervisor's hit a read-only filesystem (EROFS): state.json and
-        events.jsonl cannot say anything more, so the run ends here, once, instead of a
-        supervisor that fails and is restarted until the directory is writable again. The
-        trainer is stopped (SIGTERM: it may still save a checkpoint elsewhere), run.lock is
-        given back, and the reason is left where ``dfo status`` and ``dfo logs -f`` read it
-        (a :class:`runfiles.Notice`), on stderr and in the system log; the exit status is
-        one that is not restarted."""
-        left = self._kill_run(signal.SIGTERM)
-        self._release()
-        where = os.path.abspath(e.filename) if isinstance(e.filename, str) else self.run_dir
-        inside = where == self.run_dir or where.startswith(self.run_dir + os.sep)
-        what = (f"the run directory {self.run_dir} is read-only" if inside
-                else f"{where} is on a read-only filesystem")
-        if self.state.final:    # it ended; only its final word could not be written
-            status = str(self.state.status)
-            reason = f"{self.state.reason} ({what}: state.json could not record the end)"
-        else:
-            status = "failed"
-            reason = (f"{what} (EROFS writing {where}): the supervisor cannot record the run, "
-                      f"so the run ends (its trainer was stopped; {len(left)} process(es)); its "
-                      f"checkpoints in {self._checkpoints()} are kept; make it writable "
-                      "(remount it read-write), then dfo launch --resume latest")
-        path = runfiles.write_notice(runfiles.Notice(
-            run_id=self.spec.identity.run_id, run_dir=self.run_dir,
-            pid=self._recorded_pid(), status=status, reason=reason, t=time.time()))
-        self._say(f"dfo-supervisor: run {self.spec.identity.run_id}: {reason}"
-                  + (f" (recorded in {path})" if path else ""))
-        return RUN_DIR_UNUSABLE_EXIT
+        return run_dir_end.read_only(self._ending(), e, self.state, self._release)
 
-    def _recorded_pid(self) -> int:
-        """The supervisor pid state.json names (this one's once it saved; its dead
-        predecessor's when this one could not even start on the directory)."""
-        if self.state.pid:
-            return int(self.state.pid)
-        try:
-            return int(runfiles.read_state_or_events(self.run_dir)[0].pid or os.getpid())
-        except (OSError, ValueError):
-            return os.getpid()
+    def _ending(self) -> run_dir_end.Ending:
+        return run_dir_end.Ending(run_id=self.spec.identity.run_id, run_dir=self.run_dir,
+                                  checkpoints=self.spec.resume.checkpoint_dir,
+                                  kill_grace_s=self.thresholds.kill_grace_s)
 
     def _kill_run(self, sig: int) -> list[int]:
-        """Every process of the run (found by DFO_RUN_DIR) gets ``sig``, SIGKILL after
-        ``kill_grace_s`` when it was not that; the pids found."""
-        left = procs.processes_of_run(self.run_dir)
-        if left:
-            procs.signal_all(left, sig)
-            if not procs.wait_gone(left, self.thresholds.kill_grace_s if sig != signal.SIGKILL else 5):
-                procs.signal_all(left, signal.SIGKILL)
-                procs.wait_gone(left, 5)
-        return left
-
-    def _checkpoints(self) -> str:
-        return self.spec.resume.checkpoint_dir or "checkpoint.dir"
-
-    @staticmethod
-    def _say(line: str) -> None:
-        """One line where a run that cannot write its own files is still heard: stderr (the
-        journal under systemd) and the system log."""
-        try:
-            print(line, file=sys.stderr, flush=True)
-        except OSError:
-            pass
-        try:
-            import syslog
-
-            syslog.openlog("dfo-supervisor")
-            syslog.syslog(syslog.LOG_ERR, line)
-        except OSError:
-            pass
+        return run_dir_end.kill_run(self.run_dir, sig, self.thresholds.kill_grace_s)
 
     def _recover_after_restart(self) -> None:
         """A previous supervisor died: no trainer of this run may run unwatched."""
@@ -255,7 +190,7 @@ class Supervisor:
                 return self.final("stopped", self.stop.reason)
             n = int(state.attempt) + 1
             if restore_cache:
-                self.restore_cache(n)
+                self.cache.restore(n)
             out = self.run_attempt(n)
             if out.stopped:
                 return self.final("stopped", self.stop.reason or "stopped")
@@ -294,7 +229,7 @@ class Supervisor:
                 emit(events.GiveUp(cls=diag.cls, reason=reason, evidence=ev))
                 return self.final("failed", reason, evidence=ev)
             # a node of the group whose cache the restart clears changes the next attempt too
-            cleared = self.scrub_cache(n + 1, out, diag) or bool(out.caches_cleared)
+            cleared = self.cache.scrub(n + 1, out, diag) or bool(out.caches_cleared)
             why = cannot_do_better(state.attempts[-2] if len(state.attempts) > 1 else None,
                                    att, restart_changes_config=bool(choice.changed) or cleared)
             if why:
@@ -410,73 +345,14 @@ class Supervisor:
         self.record.save()
         return out
 
-    def seed_cache(self) -> None:
-        """The run's own copy of the host's live compile cache, made here (once this
-        supervisor owns the run), never by the launch: a launch cut off before the start
-        leaves no copy behind."""
-        argv = list(self.spec.cache.restore_argv or ())
-        if not argv or os.path.isdir(os.path.join(self.run_dir, "cache")):
-            return
-        self._fill_cache(int(self.state.attempt) + 1, argv,
-                         "the run's cache seeded from the host's live cache (empty if none)",
-                         "seeding failed, starting cold")
 
-    def cache_fault(self, out: Outcome, diag) -> str | None:
-        """The line saying the attempt died at start-up loading a shared object from the
-        run's compile cache (``ops.cache_check``), or None."""
-        cache = os.path.join(self.run_dir, "cache")
-        if out.reached_train or not os.path.isdir(cache):
-            return None
-        lines = [e.text for e in diag.evidence] + [t for _, t in getattr(out.scan, "tail", [])]
-        return cache_import_error(lines, cache)
-
-    def scrub_cache(self, n: int, out: Outcome, diag) -> bool:
-        """Before attempt ``n``: the run's cache without what the failed attempt left that
-        cannot be loaded (empty files, cut-short shared objects); cleared when the attempt
-        died at start-up loading a shared object from it (:meth:`cache_fault`). True when it
-        was cleared. The solo run and the head call it in the loop, a group's member before
-        it runs the restart the head decided."""
-        cache = os.path.join(self.run_dir, "cache")
-        if not os.path.isdir(cache):
-            return False
-        hit = self.cache_fault(out, diag)
-        if hit:
-            cache_scrub.clear(cache)
-            self.record.emit(events.CacheRestore(
-                attempt=n, ok=True,
-                detail=f"the run's cache cleared: attempt {n - 1} died at start-up loading a "
-                f"shared object from it ({hit}); attempt {n} starts with a clean cache"))
-            if self.spec.cache.restore_argv:
-                self.restore_cache(n)
-            return True
-        dropped = cache_scrub.scrub(cache)
-        if dropped:
-            shown = ", ".join(f"{p} ({why})" for p, why in dropped[:5])
-            more = f" and {len(dropped) - 5} more" if len(dropped) > 5 else ""
-            self.record.emit(events.CacheRestore(
-                attempt=n, ok=True,
-                detail=f"dropped {len(dropped)} file(s) the failed attempt left in the run's "
-                f"cache that cannot be loaded: {shown}{more}"))
-        return False
-
-    def restore_cache(self, n: int) -> None:
-        argv = list(self.spec.cache.restore_argv or ())
-        if not argv:
-            self.record.emit(events.CacheRestore(
-                attempt=n, ok=False,
-                detail="no cache to restore from; continuing with the run's cache as it is"))
-            return
-        self._fill_cache(n, argv, "the run's cache kept (what the failed attempt built) and "
-                         "topped up from the host's live cache", "restore failed")
-
-    def _fill_cache(self, n: int, argv: list[str], done: str, failed: str) -> None:
-        """Run the cache tool's restore ``argv`` for attempt ``n``; its outcome is an event
-        (``done``, or ``failed`` with the tool's last line)."""
-        p = subprocess.run(argv, capture_output=True, text=True)
-        tail = (p.stderr or p.stdout).strip().splitlines()[-1:] if p.returncode else []
-        self.record.emit(events.CacheRestore(
-            attempt=n, ok=p.returncode == 0,
-            detail=done if p.returncode == 0 else f"{failed}: {' '.join(tail)}"))
+def role_for(spec: RunSpec, run_dir: str, record: RunRecord, stop: Stop) -> Role:
+    """This node's role, from the spec's ``role``: solo, the group's head or a member."""
+    gs = spec.group
+    if gs is None:
+        return SoloRole()
+    cls = GroupHead if gs.is_head else GroupMember
+    return cls(gs, spec.identity.run_id, run_dir, spec.thresholds.kill_grace_s, record, stop)
 
 
 def done_reason(last_step: int | None, own: bool) -> str:

@@ -7,7 +7,7 @@ supervisor (the user's laptop is not involved).
 
 :class:`GroupHead` runs the supervisor's ordinary attempt loop (budget, fallback and
 checkpoint choice happen once, there) and its hooks publish the plan of each attempt,
-gather every node's end into one root cause and publish the decision. :class:`GroupMember`
+gather every node's end into one root cause and publish the decision. ``supervisor.group_member``'s :class:`GroupMember`
 (a peer) runs its own loop: it waits for the head's plan, runs its part, reports its end
 and mirrors the decision.
 """
@@ -23,19 +23,19 @@ from typing import Any, Callable
 from dfo_contract import events
 from dfo_contract.group_store import AttemptPlan, GroupVerdict, NodeOutcome
 from dfo_contract.runlimits import Thresholds
-from dfo_contract.runspec import Group, RunSpec
+from dfo_contract.runspec import Group
 
-from ..ops.classify import NODE_LOST, PEER_ABORT, Diagnosis, classify
-from ..ops.group_decide import (caches_cleared, head_lost_reason, head_restarted_reason,
-                                lost_end, node_lost_reason, peer_step, root_cause,
-                                run_healthy_s, run_reached_train)
+from ..ops.classify import Diagnosis
+from ..ops.classify_rules import NODE_LOST, PEER_ABORT
+from ..ops.group_decide import (caches_cleared, head_restarted_reason, lost_end,
+                                node_lost_reason, root_cause, run_healthy_s, run_reached_train)
 from ..ops.launch_argv import Rendezvous, group_env
 from ..ops.watchdog import AttemptWatchdog
 from . import procs
 from .hostprobe import local_addr
 from .coordinator import STORE_POLL_S, Coordinator
 from .record import RunRecord, Stop
-from .role import Driver, Ending, Placement, Role, SoloRole
+from .role import Driver, Ending, Placement
 from .watch import Outcome
 
 
@@ -317,110 +317,3 @@ class GroupHead(GroupRole):
             n = int(self.record.state.attempt)
             self.decide(n + 1 if self.decided >= n else n, "final", status=status,
                         reason=reason)
-
-
-class GroupMember(GroupRole):
-    """A peer node: attempt N when the head's plan says so, its own end, the head's
-    decision. The main rank (its markers) runs on the head: the head judges hangs."""
-
-    def __init__(self, *a: Any, **kw: Any):
-        super().__init__(*a, **kw)
-        #: the head's plan for the attempt under way
-        self.plan: AttemptPlan | None = None
-
-    def thresholds(self, t: Thresholds) -> Thresholds:
-        # a peer judges only its own process (exit, fatal lines, OOM, a stopped process:
-        # frozen_s stays, so the run names the node where it happened)
-        return dataclasses.replace(t, warmup_s=1e12, train_s=1e12, hang_s=0.0)
-
-    def lost_reason(self, lost: list[tuple[int, float]]) -> str:
-        return head_lost_reason(self.gs.nodes[0], lost[0][1])
-
-    def place(self, n: int, find_resume: Callable[[], str | None]) -> Placement:
-        return self._placement(n, find_resume() if self.plan is None
-                               else self.plan.resume)
-
-    def run(self, driver: Driver) -> int:
-        gs, c, state, emit = self.gs, self._c(), self.record.state, self.record.emit
-        while True:
-            if self.stop.reason:
-                return driver.final("stopped", self.stop.reason)
-            n = int(state.attempt) + 1
-            plan = self._wait_for(lambda: c.plan(n) or c.decision(n))
-            if plan is None:
-                return self._gone(driver)
-            if isinstance(plan, GroupVerdict):     # the head ended the run between attempts
-                step = peer_step(plan, n, node=gs.node, host=gs.host)
-                for event in step.events:
-                    emit(event)
-                return driver.final(*(step.final or ("stopped", plan.reason)))
-            state.overrides = dict(plan.overrides)
-            self.plan = plan
-            state.status = "running"
-            out = driver.run_attempt(n)
-            if out.stopped:
-                return driver.final("stopped", self.stop.reason or "stopped")
-            diag = classify(out.scan, exit_code=out.exit_code, signal=out.signal,
-                            hang=out.hang, oom_killed=out.oom_killed, oom_reason=out.oom_reason,
-                            collapse=out.collapse,
-                            frozen=out.frozen)
-            att = state.attempts[-1]
-            end = self.node_end(n, out, diag, cache_fault=driver.cache_fault(out, diag))
-            att.cls, att.reason = end.cls, end.reason
-            emit(events.Classified(attempt=n, cls=end.cls, reason=end.reason,
-                                   evidence=list(end.evidence), also=list(diag.also)))
-            if out.lost:
-                return driver.final("failed", self.lost_reason(out.lost))
-            c.set_end(n, end)
-            emit(end.event(n))
-            dec = self._wait_for(lambda: c.decision(n))
-            if dec is None:
-                return self._gone(driver)
-            step = peer_step(dec, n, node=gs.node, host=gs.host)
-            for event in step.events:
-                emit(event)
-            state.overrides = step.overrides
-            if dec.last_checkpoint:
-                state.last_checkpoint = dec.last_checkpoint
-            if dec.last_step is not None:
-                state.last_step = dec.last_step
-            if step.fallback:
-                state.fallbacks.append(step.fallback)
-            if step.final:
-                return driver.final(*step.final)
-            state.status = "backoff"
-            self.record.save()
-            driver.scrub_cache(n + 1, out, diag)   # as the head's loop does before a restart
-            if step.restore_cache:
-                driver.restore_cache(n + 1)
-
-    def _wait_for(self, get: Callable[[], Any]) -> Any:
-        """Poll ``get`` until it answers; None when a stop came or the head went silent
-        (``lost`` says so)."""
-        c = self._c()
-        while True:
-            self.sync_stop()
-            if self.stop.reason:
-                return None
-            v = get()
-            if v is not None:
-                return v
-            lost = c.lost(time.monotonic())
-            if lost:
-                self.lost = lost
-                return None
-            time.sleep(STORE_POLL_S)
-
-    def _gone(self, driver: Driver) -> int:
-        if self.lost and not self.stop.reason:
-            return driver.final("failed", self.lost_reason(self.lost))
-        return driver.final("stopped", self.stop.reason or "stopped")
-
-
-def role_for(spec: RunSpec, run_dir: str, record: RunRecord, stop: Stop) -> Role:
-    """This node's role, from the spec's ``role``: solo, the group's head or a member."""
-    gs = spec.group
-    if gs is None:
-        return SoloRole()
-    cls = GroupHead if gs.is_head else GroupMember
-    return cls(gs, spec.identity.run_id, run_dir, spec.thresholds.kill_grace_s, record, stop)

@@ -21,6 +21,7 @@ from ..ops.launch_argv import Rendezvous
 
 if TYPE_CHECKING:   # the watch's types: supervisor.watch imports nothing of the roles
     from ..ops.watchdog import AttemptWatchdog
+    from .run_cache import RunCache
     from .watch import Outcome
 
 #: how the run ends: (status, reason) for ``Driver.final``
@@ -42,9 +43,9 @@ class Driver(Protocol):
 
     def loop(self) -> int: ...
     def run_attempt(self, n: int) -> "Outcome": ...
-    def restore_cache(self, n: int) -> None: ...
-    def cache_fault(self, out: "Outcome", diag: Diagnosis) -> str | None: ...
-    def scrub_cache(self, n: int, out: "Outcome", diag: Diagnosis) -> bool: ...
+    #: the run's own compile cache
+    cache: "RunCache"
+
     def final(self, status: str, reason: str, evidence: list | None = None) -> int: ...
 
 
