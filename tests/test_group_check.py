@@ -9,6 +9,7 @@ import sys
 import threading
 
 from orchestrator.ops import group_check as gc
+from tests.lab.procs import free_port_pair
 
 FP = {"profile": "cpu", "lock_hash": "a" * 64, "dfo": "0.1.0", "python": "3.11.7",
       "torch": "2.11.0+cu130", "torch_git": "abc", "torch_cuda": "13.0", "triton": "3.5.0",
@@ -90,15 +91,9 @@ def test_judge_reach_port_taken_and_an_address_not_of_the_host():
     assert r == [gc.Reach("gpu1", False, "cannot start a listener on gpu1: ssh: timed out", "head")]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_port_probe_for_real_over_loopback():
     """The listener and the connector as dfo runs them (python -c SOURCE, argv only)."""
-    port = _free_port()
+    port = free_port_pair()
     ports = [port]
     lst = subprocess.Popen(gc.listen_argv(sys.executable, "127.0.0.1", ports, expected=2, seconds=60),
                            stdout=subprocess.PIPE, text=True)
@@ -137,7 +132,7 @@ def test_port_probe_taken_port_and_stop():
         hold.bind(("127.0.0.1", 0))
         hold.listen()
         taken = hold.getsockname()[1]
-        free = _free_port()
+        free = free_port_pair()
         lst = subprocess.Popen(gc.listen_argv(sys.executable, "127.0.0.1", [taken, free], expected=5,
                                               seconds=120), stdout=subprocess.PIPE, text=True)
         first = [lst.stdout.readline() for _ in range(3)]

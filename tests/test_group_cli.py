@@ -11,6 +11,7 @@ import socket
 import pytest
 
 from orchestrator.cli import main
+from tests.lab.procs import free_port_pair
 
 FP = {"profile": "cpu", "lock_hash": "a" * 64, "dfo": "0.1.0", "python": "3.11.7",
       "torch": "2.13.0+cpu", "torch_cuda": None, "transformers": "5.17.0"}
@@ -24,14 +25,8 @@ def _isolated(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def hosts_file(tmp_path, *, head_addr="127.0.0.1", port=None, members="[n1, n2]") -> str:
-    port = port or _free_port()
+    port = port or free_port_pair()
     p = tmp_path / "hosts.yaml"
     p.write_text(f"""\
 hosts:

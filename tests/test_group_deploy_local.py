@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 
 import pytest
 
 from orchestrator.cli import main
+from tests.lab.procs import free_port_pair
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -23,9 +23,7 @@ def test_deploy_group_then_check_group(cpu_wheelhouse, project_wheel, tmp_path, 
     monkeypatch.setenv("DFO_PROJECT_WHEEL", str(project_wheel.path))  # dfo's wheel, built once per run
     monkeypatch.delenv("DFO_HOSTS", raising=False)
     monkeypatch.chdir(tmp_path)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port_pair()
     hf = tmp_path / "hosts.yaml"
     hf.write_text(f"""\
 hosts:

@@ -7,11 +7,11 @@ head's listener really ran through ``pct exec``; the node's env is compared with
 from __future__ import annotations
 
 import json
-import socket
 
 import pytest
 
 from orchestrator.cli import main
+from tests.lab.procs import free_port_pair
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(600)]
 
@@ -23,9 +23,7 @@ def test_check_group_container_head_unreachable_from_node(lab, tmp_path, monkeyp
     monkeypatch.delenv("DFO_HOSTS", raising=False)
     if lab.vmid is None:
         pytest.skip("the lab has no container")
-    with socket.socket() as s:  # free on this machine's loopback: the node's connection is refused
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port_pair()  # free on this machine's loopback: the node's connection is refused
     node_root = tmp_path / "node-root"
     env = node_root / "envs" / "cpu-x"
     env.mkdir(parents=True)
@@ -54,9 +52,7 @@ def test_check_group_ssh_head_reached_by_local_member(sshd_only, tmp_path, monke
     same env on both."""
     monkeypatch.delenv("DFO_HOSTS", raising=False)
     lab = sshd_only
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port_pair()
     roots = {}
     for name in ("node-root", "here-root"):
         root = tmp_path / name

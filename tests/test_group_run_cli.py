@@ -10,7 +10,8 @@ import pytest
 
 from orchestrator.cli import main
 from tests.supervisor_env import write_config  # noqa: F401,F811
-from tests.test_group_runs_local import env_root, free_port
+from tests.lab.procs import free_port_pair
+from tests.test_group_runs_local import env_root
 
 
 def dfo(capsys, hosts, *args):
@@ -34,7 +35,7 @@ groups:
   pair:
     hosts: [a, b]
     head_addr: 127.0.0.1
-    port: {free_port()}
+    port: {free_port_pair()}
     ifname: lo
 """)
     return p, roots

@@ -9,7 +9,6 @@ import fcntl
 import json
 import os
 import shutil
-import socket
 import sys
 
 import pytest
@@ -20,12 +19,7 @@ from orchestrator.engine.runs import LaunchOptions
 from orchestrator.errors import ConfigError, DeployError, LockHeldError
 from orchestrator.transport import open_transport
 from tests.supervisor_env import VENV, write_config  # noqa: F401,F811
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.lab.procs import free_port_pair
 
 
 def env_root(base, name, fingerprint=None, env=True):
@@ -49,7 +43,7 @@ def pair(tmp_path, fps=(None, None), envs=(True, True)):
     roots = [env_root(tmp_path, n, fp, env) for n, fp, env in zip(("a", "b"), fps, envs)]
     hosts = [HostConfig(name=n, transport="local", root=str(r), source="test")
              for n, r in zip(("a", "b"), roots)]
-    g = GroupConfig(name="pair", hosts=("a", "b"), head_addr="127.0.0.1", port=free_port(),
+    g = GroupConfig(name="pair", hosts=("a", "b"), head_addr="127.0.0.1", port=free_port_pair(),
                     ifname="lo")
     by = {h.name: h for h in hosts}
     return GroupRuns(g, hosts, lambda n: open_transport(by[n])), roots

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,16 +27,11 @@ from orchestrator.ops.host_tree import HostTree
 from orchestrator.ops.run_identity import make_run_id
 
 from tests.supervisor_env import FAST, REPO, make_root, wait_for, write_config  # noqa: F401
+from tests.lab.procs import free_port_pair
 
 pytestmark = pytest.mark.slow
 
 HOSTS = ("gpu1", "gpu2")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Group:
@@ -48,7 +42,7 @@ class Group:
                  node_lost_s: float = 8.0, thresholds=None, budget=None, **train):
         self.run_id = make_run_id(name, time.time())
         tmp.mkdir(parents=True, exist_ok=True)
-        port, coord = _free_port(), _free_port()
+        port, coord = free_port_pair(), free_port_pair()
         cfg = write_config(tmp / "c.yaml", assets, **train)
         base = flatten(__import__("yaml").safe_load(cfg.read_text()))
         self.roots, self.dirs, self.ckdirs, self.procs = [], [], [], []
@@ -326,7 +320,7 @@ def procs_of(run_dir: Path) -> list[int]:
 def _coords(node_lost_s: float = 3.0):
     from orchestrator.supervisor.coordinator import Coordinator
 
-    port = _free_port()
+    port = free_port_pair()
     gs = [GroupSpec(name="pair", nodes=HOSTS, node=k, head_addr="127.0.0.1", port=port - 1,
                     coord_port=port, nproc=1, node_lost_s=node_lost_s) for k in (0, 1)]
     head, peer = Coordinator(gs[0], "r1"), Coordinator(gs[1], "r1")

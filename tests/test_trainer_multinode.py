@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 
 import pytest
@@ -20,6 +19,7 @@ pytest.importorskip("torch")
 from dfo_contract.exitcodes import TrainerConfigError  # noqa: E402
 from tests.helpers.trainer import PY, REPO, make_synth, make_target, markers, \
     tiny_overrides  # noqa: E402
+from tests.lab.procs import free_port_pair  # noqa: E402
 
 STEPS = 4
 # node 1 sorts first in the rendezvous (127.0.0.1 < 127.0.0.2): it gets global rank 0
@@ -57,16 +57,10 @@ def tiny(tmp_path_factory):
     return make_target(str(d / "target")), make_synth(str(d / "data.jsonl"), num=48)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _two_nodes(tiny, root, run_id: str, *extra: str) -> dict[int, subprocess.CompletedProcess]:
     """Run both nodes to the end; node n's run dir (and checkpoint dir) is ``root/nN``."""
     target, data = tiny
-    port = _free_port()
+    port = free_port_pair()
     procs = {}
     for node in (0, 1):
         env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",

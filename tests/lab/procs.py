@@ -8,6 +8,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import random
 import signal
 import socket
 import time
@@ -81,6 +82,29 @@ def free_port(preferred: int | None = None) -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def free_port_pair() -> int:
+    """A port P with P and P + 1 both free on 127.0.0.1 (a group's coordination port and the
+    one after it), below the kernel's ephemeral range: no outgoing connection of another
+    test is given P + 1 between this check and the group's bind."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        low = int(f.read().split()[0])
+    pick = random.Random()
+    for _ in range(500):
+        p = pick.randrange(10000, max(10002, low - 2))
+        if all(_bindable(q) for q in (p, p + 1)):
+            return p
+    raise RuntimeError(f"no two free consecutive ports in 10000..{low}")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
 
 
 def wait_banner(port: int, timeout: float = 10.0) -> bool:
