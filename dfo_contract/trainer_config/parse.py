@@ -294,6 +294,16 @@ def validate(cfg: TrainerConfig) -> TrainerConfig:
                                           f"data.num_anchors ({d.num_anchors})")
     if d.min_loss_tokens is not None:
         _positive(d.min_loss_tokens, "data.min_loss_tokens")
+    if d.pack_tokens is not None:
+        _positive(d.pack_tokens, "data.pack_tokens")
+        if d.pack_tokens < d.max_seq_len:
+            raise _err("data.pack_tokens", f"{d.pack_tokens} < data.max_seq_len "
+                                           f"({d.max_seq_len}): a row must hold the longest sample")
+    if d.pack_anchors is not None:
+        _positive(d.pack_anchors, "data.pack_anchors")
+        if d.pack_anchors < d.num_anchors:
+            raise _err("data.pack_anchors", f"{d.pack_anchors} < data.num_anchors "
+                                            f"({d.num_anchors}): a row must hold a sample's anchors")
 
     _positive(t.max_steps, "train.max_steps")
     if t.schedule_steps is not None:

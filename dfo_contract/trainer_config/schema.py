@@ -78,6 +78,12 @@ class DataConfig:
     shuffle: bool = True
     min_loss_tokens: int | None = None        # None: 2 * block_size
     eval_path: str = ""                       # held-out data for eval.* ("" = no eval)
+    # packed rows (trainer.data.pack): whole samples laid end to end in rows of pack_tokens
+    # tokens and pack_anchors anchors, each attending only inside itself; one shape for every
+    # micro-batch (one compile), no padding but each row's tail
+    pack: bool = False
+    pack_tokens: int | None = None            # tokens per row; None: the largest seq bucket
+    pack_anchors: int | None = None           # anchors per row; None: the largest anchor bucket
 
 
 @dataclass(kw_only=True)
@@ -184,10 +190,24 @@ class TrainerConfig:
         return self.model.gamma if self.model.gamma is not None else default_gamma(self.model.block_size)
 
     def seq_buckets(self) -> list[int]:
+        """The sequence lengths a micro-batch can have: one, the row length, when packed."""
+        if self.data.pack:
+            return [self.pack_row()[0]]
         return sorted(set(self.data.seq_buckets or [self.data.max_seq_len]))
 
     def anchor_buckets(self) -> list[int]:
+        """The anchor counts a micro-batch can have: one, the row's, when packed."""
+        if self.data.pack:
+            return [self.pack_row()[1]]
         return sorted(set(self.data.anchor_buckets or [self.data.num_anchors]))
+
+    def pack_row(self) -> tuple[int, int]:
+        """(tokens, anchors) of a packed row: ``data.pack_tokens``/``pack_anchors``, else the
+        largest sequence and anchor bucket (the largest shape a bucketed batch has)."""
+        d = self.data
+        tokens = d.pack_tokens or max(d.seq_buckets or [d.max_seq_len])
+        anchors = d.pack_anchors or max(d.anchor_buckets or [d.num_anchors])
+        return int(tokens), int(anchors)
 
     def min_loss_tokens(self) -> int:
         m = self.data.min_loss_tokens

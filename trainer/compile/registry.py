@@ -56,6 +56,10 @@ class CompileRegistry:
     options: one per process (trainer.core.runtime.Runtime holds it), as torch.compile's own
     caches are."""
 
+    #: torch.compile's code generator. Dynamo traces, guards and recompiles the same whatever
+    #: generates the code, so a test counting compiles may set ``aot_eager`` (no inductor codegen)
+    backend: str = "inductor"
+
     def __init__(self):
         self._lock = threading.Lock()
         self._compiled: dict[str, Callable] = {}
@@ -93,7 +97,7 @@ class CompileRegistry:
                 import torch
 
                 options.setdefault("dynamic", False)
-                c = torch.compile(fn, **options)
+                c = torch.compile(fn, backend=self.backend, **options)
                 self._compiled[name] = c
             return c
 

@@ -25,11 +25,13 @@ def position_decay(block_size: int, gamma: float, device=None) -> torch.Tensor:
 
 
 def labels_and_weights(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: torch.Tensor,
-                       valid: torch.Tensor, block_size: int, gamma: float):
+                       valid: torch.Tensor, block_size: int, gamma: float,
+                       doc_hi: torch.Tensor | None = None):
     """labels [b,N,B] (x[anchor+k]), weights [b,N,B] (float), counted [b,N,B] (bool).
 
     ``counted`` marks the positions that count for loss and accuracy: valid block, k >= 1,
-    loss_mask at the label.
+    loss_mask at the label, the label inside the row (``doc_hi`` [b, N], packed rows: inside
+    the anchor's own sample).
     """
     b, s = input_ids.shape
     k = torch.arange(block_size, device=input_ids.device).view(1, 1, -1)
@@ -38,7 +40,8 @@ def labels_and_weights(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors
     flat = idx.view(b, -1)
     labels = torch.gather(input_ids, 1, flat).view_as(idx)
     lm = torch.gather(loss_mask.bool(), 1, flat).view_as(idx)
-    inside = raw < s           # a tail block past the padded row: no loss (clamped index)
+    # a tail block past the padded row (packed: past its sample): no loss (clamped index)
+    inside = raw < (s if doc_hi is None else doc_hi.unsqueeze(-1))
     counted = lm & inside & valid.unsqueeze(-1) & (k >= 1)
     weights = position_decay(block_size, gamma, input_ids.device).view(1, 1, -1) * counted.float()
     return labels, weights, counted

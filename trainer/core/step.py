@@ -240,25 +240,27 @@ def tokenizer_mask_id(path: str, tokenizers=None) -> int | None:
 
 def target_features(target: Target, batch: Batch, cfg: TrainerConfig) -> torch.Tensor:
     """[b, S, k*H]: the tapped target states (no_grad), before the drafter's fc."""
+    pos = batch.position_ids
     with torch.no_grad(), autocast(cfg, target.device):
-        return target.features(batch.input_ids.to(target.device))
+        return target.features(batch.input_ids.to(target.device),
+                               None if pos is None else pos.to(target.device))
 
 
-def _drafter_forward_loss(drafter: Drafter, features, block_ids, block_pos, masks, labels, weights,
-                          counted, backend: str, flex, chunk: int):
+def _drafter_forward_loss(drafter: Drafter, features, block_ids, block_pos, ctx_pos, masks, labels,
+                          weights, counted, backend: str, flex, chunk: int):
     attends = attention.layer_attends(backend, masks, flex=flex)
-    hidden = drafter(features, block_ids, block_pos, attends)
+    hidden = drafter(features, block_ids, block_pos, attends, ctx_pos)
     return objective.weighted_ce(hidden, drafter.shared.lm_head.weight, labels, weights, counted,
                                  chunk=chunk)
 
 
-def _dflash2_forward_loss(drafter, features, block_ids, block_pos, masks, labels, weights, counted,
-                          backend: str, flex, chunk: int, gold_insert: bool, stop_gradient: bool,
-                          selector: bool):
+def _dflash2_forward_loss(drafter, features, block_ids, block_pos, ctx_pos, masks, labels, weights,
+                          counted, backend: str, flex, chunk: int, gold_insert: bool,
+                          stop_gradient: bool, selector: bool):
     from . import objective_dflash2
 
     attends = attention.layer_attends(backend, masks, flex=flex)
-    hidden = drafter(features, block_ids, block_pos, attends)
+    hidden = drafter(features, block_ids, block_pos, attends, ctx_pos)
     return objective_dflash2.dflash2_loss(drafter, hidden, labels, weights, counted,
                                    alpha=drafter.selector_alpha if selector else None, chunk=chunk,
                                    gold_insert=gold_insert, stop_gradient=stop_gradient)
@@ -278,14 +280,16 @@ def drafter_loss(drafter: Drafter, features: torch.Tensor, batch: Batch, cfg: Tr
     s_len = b.input_ids.shape[1]
     backend = getattr(drafter, "attn_backend", "sdpa")
     ids = blocks.block_input_ids(b.input_ids, b.anchors, b.anchor_valid, bs, drafter.mask_token_id)
-    pos = blocks.block_positions(b.anchors, bs)
+    pos = blocks.block_positions(b.anchors, bs, b.position_ids)
     labels, weights, counted = objective.labels_and_weights(b.input_ids, b.loss_mask, b.anchors,
-                                                            b.anchor_valid, bs, cfg.gamma())
-    masks = attention.build_masks(backend, b.anchors, b.anchor_valid, s_len, bs, drafter.spec.pattern)
+                                                            b.anchor_valid, bs, cfg.gamma(),
+                                                            b.doc_hi)
+    masks = attention.build_masks(backend, b.anchors, b.anchor_valid, s_len, bs,
+                                  drafter.spec.pattern, b.doc_lo)
     # compiled, flex_attention is inductor's inside the step: no callable crosses into it
     flex = None if cfg.compile.enabled and backend == "flex" else _flex(rt, backend)
-    args = (drafter, features, ids, pos, masks, labels, weights, counted, backend, flex,
-            cfg.model.ce_chunk)
+    args = (drafter, features, ids, pos, b.position_ids, masks, labels, weights, counted, backend,
+            flex, cfg.model.ce_chunk)
     step_fn, base = _drafter_forward_loss, "drafter_step"
     if cfg.model.method == "dflash2":
         t = cfg.train
@@ -318,9 +322,21 @@ def compile_variants(cfg: TrainerConfig, drafter_devices: int, target_devices: i
 
 def dummy_batch(cfg: TrainerConfig, seq_len: int, num_anchors: int, batch_size: int, device,
                 *, seed: int = 0) -> Batch:
-    """A full batch of one shape bucket (random tokens, all anchors valid where possible)."""
+    """A full batch of one shape bucket (random tokens, all anchors valid where possible);
+    with ``data.pack``, rows of two packed samples each (the packed batch's fields, as the
+    training stream's)."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     bs = cfg.model.block_size
+    if cfg.data.pack:
+        from ..data.formats import Sample
+        from ..data.pack import RowShape, pack_rows
+
+        half = seq_len // 2
+        rows = [[Sample(torch.randint(4, 100, (n,), generator=g).tolist(), [1] * n)
+                 for n in (half, seq_len - half)] for _ in range(batch_size)]
+        return pack_rows(rows, shape=RowShape(seq_len, num_anchors), block_size=bs,
+                         num_anchors=max(1, num_anchors // 2), seed=seed,
+                         micro_index=0).to(device)
     ids = torch.randint(4, 100, (batch_size, seq_len), generator=g)
     lm = torch.ones(batch_size, seq_len, dtype=torch.bool)
     lens = torch.full((batch_size,), seq_len, dtype=torch.long)

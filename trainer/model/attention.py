@@ -33,9 +33,11 @@ BACKENDS = ("flex", "sdpa", "flex-eager")
 
 
 def _mask_mod_for(anchors: torch.Tensor, valid: torch.Tensor, seq_len: int, block_size: int,
-                  window: int = 0, causal: bool = False):
+                  window: int = 0, causal: bool = False, ctx_lo: torch.Tensor | None = None):
     n = anchors.shape[1]
     anch = torch.where(valid, anchors, torch.zeros_like(anchors))
+    if ctx_lo is not None:
+        return _packed_mask_mod(anch, valid, ctx_lo, n, seq_len, block_size, window, causal)
 
     def dflash_mask_mod(b, h, q_idx, kv_idx):
         blk = q_idx // block_size
@@ -61,14 +63,37 @@ def _mask_mod_for(anchors: torch.Tensor, valid: torch.Tensor, seq_len: int, bloc
     return layer_mask_mod if (window > 0 or causal) else dflash_mask_mod
 
 
+def _packed_mask_mod(anch, valid, ctx_lo, n: int, seq_len: int, block_size: int, window: int,
+                     causal: bool):
+    """The mask_mod of a packed row: a block's context starts at its sample's first token."""
+    lo_of = torch.where(valid, ctx_lo, torch.zeros_like(ctx_lo))
+
+    def packed_mask_mod(b, h, q_idx, kv_idx):
+        blk, off = q_idx // block_size, q_idx % block_size
+        safe = blk.clamp(max=n - 1)
+        a = anch[b, safe]
+        ok = valid[b, safe] & (blk < n)
+        ctx = (kv_idx < a) & (kv_idx >= lo_of[b, safe])
+        if window > 0:
+            ctx = ctx & (kv_idx >= a + off - (window - 1))
+        own = (kv_idx >= seq_len) & ((kv_idx - seq_len) // block_size == blk)
+        if causal:
+            own = own & ((kv_idx - seq_len) % block_size <= off)
+        return ok & (ctx | own)
+    return packed_mask_mod
+
+
 def flex_block_mask(anchors: torch.Tensor, valid: torch.Tensor, seq_len: int, block_size: int,
-                    *, block: int = FLEX_BLOCK, window: int = 0, causal: bool = False):
+                    *, block: int = FLEX_BLOCK, window: int = 0, causal: bool = False,
+                    ctx_lo: torch.Tensor | None = None):
     """The DFlash BlockMask, from interval arithmetic (exact; no dense Q x KV materialization).
 
     Each query row sees two intervals: context [0, anchor) and its own block
     [S + n*B, S + (n+1)*B) (with ``window``: context [anchor+k-(window-1), anchor) for
-    slot k; ``causal``: [S + n*B, S + n*B + k + 1) of its block). Counting the visible keys of every (row, KV tile) gives which
-    tiles are empty, partial or full; partial tiles use the mask_mod.
+    slot k; ``causal``: [S + n*B, S + n*B + k + 1) of its block; ``ctx_lo`` [b, N], packed
+    rows: the context starts no earlier than its sample's first token). Counting the visible
+    keys of every (row, KV tile) gives which tiles are empty, partial or full; partial tiles
+    use the mask_mod.
     """
     from torch.nn.attention.flex_attention import BlockMask
 
@@ -85,9 +110,11 @@ def flex_block_mask(anchors: torch.Tensor, valid: torch.Tensor, seq_len: int, bl
     kb_hi = (kb_lo + block).clamp(max=kv)
     width = (kb_hi - kb_lo).view(1, 1, -1)
     off = rows % block_size
-    ctx_lo = (a + off.view(1, -1) - (window - 1)).clamp(min=0) if window > 0 else torch.zeros_like(a)
+    lo = (a + off.view(1, -1) - (window - 1)).clamp(min=0) if window > 0 else torch.zeros_like(a)
+    if ctx_lo is not None:
+        lo = torch.maximum(lo, torch.where(ok, ctx_lo[:, blk], torch.zeros_like(lo)))
     ctx_cnt = (torch.minimum(a.unsqueeze(-1), kb_hi.view(1, 1, -1))
-               - torch.maximum(ctx_lo.unsqueeze(-1), kb_lo.view(1, 1, -1))).clamp(min=0)
+               - torch.maximum(lo.unsqueeze(-1), kb_lo.view(1, 1, -1))).clamp(min=0)
     own_lo = (seq_len + blk * block_size).view(1, -1, 1)
     own_hi = own_lo + ((off + 1).view(1, -1, 1) if causal else block_size)
     own_cnt = (torch.minimum(own_hi, kb_hi.view(1, 1, -1)) - torch.maximum(own_lo, kb_lo.view(1, 1, -1))
@@ -106,7 +133,7 @@ def flex_block_mask(anchors: torch.Tensor, valid: torch.Tensor, seq_len: int, bl
 
     kv_num, kv_idx = ordered(partial)
     full_num, full_idx = ordered(full)
-    mask_mod = _mask_mod_for(anchors, valid, seq_len, block_size, window, causal)
+    mask_mod = _mask_mod_for(anchors, valid, seq_len, block_size, window, causal, ctx_lo)
     try:
         return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=block,
                                         mask_mod=mask_mod, seq_lengths=(tq, kv))
@@ -116,12 +143,13 @@ def flex_block_mask(anchors: torch.Tensor, valid: torch.Tensor, seq_len: int, bl
 
 
 def reference_block_mask(anchors, valid, seq_len, block_size, *, block: int = FLEX_BLOCK,
-                         window: int = 0, causal: bool = False):
+                         window: int = 0, causal: bool = False, ctx_lo=None):
     """The same BlockMask through torch's (uncompiled) create_block_mask; tests/bench only."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     b, n = anchors.shape
-    return create_block_mask(_mask_mod_for(anchors, valid, seq_len, block_size, window, causal), b, None,
+    return create_block_mask(_mask_mod_for(anchors, valid, seq_len, block_size, window, causal,
+                                           ctx_lo), b, None,
                              n * block_size, seq_len + n * block_size, device=anchors.device,
                              BLOCK_SIZE=block)
 
@@ -136,24 +164,29 @@ class SdpaMask:
 
 
 def build_mask(backend: str, anchors: torch.Tensor, valid: torch.Tensor, seq_len: int,
-               block_size: int, window: int = 0, causal: bool = False):
+               block_size: int, window: int = 0, causal: bool = False,
+               ctx_lo: torch.Tensor | None = None):
     """The mask object ``attend`` needs for ``backend``, for one layer's pattern (``window``
-    > 0: a sliding layer; ``causal``: causal within the block)."""
+    > 0: a sliding layer; ``causal``: causal within the block; ``ctx_lo`` [b, N], packed
+    rows: each block's sample's first token)."""
     if backend == "sdpa":
-        return SdpaMask(visibility_mask(anchors, valid, seq_len, block_size, window, causal))
+        return SdpaMask(visibility_mask(anchors, valid, seq_len, block_size, window, causal,
+                                        ctx_lo))
     if backend in ("flex", "flex-eager"):
-        return flex_block_mask(anchors, valid, seq_len, block_size, window=window, causal=causal)
+        return flex_block_mask(anchors, valid, seq_len, block_size, window=window, causal=causal,
+                               ctx_lo=ctx_lo)
     raise ValueError(f"unknown attention backend {backend!r} (expected one of {BACKENDS})")
 
 
 def build_masks(backend: str, anchors: torch.Tensor, valid: torch.Tensor, seq_len: int,
-                block_size: int, pattern) -> tuple:
+                block_size: int, pattern, ctx_lo: torch.Tensor | None = None) -> tuple:
     """One mask per draft layer of ``pattern`` (``LayerAttention``s); layers of one pattern
     share one mask object, so a uniform drafter builds one mask."""
     made: dict = {}
     for la in pattern:
         if la not in made:
-            made[la] = build_mask(backend, anchors, valid, seq_len, block_size, la.window, la.causal)
+            made[la] = build_mask(backend, anchors, valid, seq_len, block_size, la.window,
+                                  la.causal, ctx_lo)
     return tuple(made[la] for la in pattern)
 
 

@@ -75,21 +75,26 @@ def block_input_ids(input_ids: torch.Tensor, anchors: torch.Tensor, valid: torch
     return ids.view(b, n * block_size)
 
 
-def block_positions(anchors: torch.Tensor, block_size: int) -> torch.Tensor:
-    """[b, N*B]: absolute RoPE positions anchor+k of block slot k."""
+def block_positions(anchors: torch.Tensor, block_size: int,
+                    position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """[b, N*B]: RoPE positions anchor+k of block slot k; with ``position_ids`` [b, S] (packed
+    rows: each sample's own positions) the anchor's position in its sample, plus k."""
     b, n = anchors.shape
     k = torch.arange(block_size, device=anchors.device).view(1, 1, -1)
-    return (anchors.unsqueeze(-1) + k).view(b, n * block_size)
+    start = anchors if position_ids is None else torch.gather(position_ids, 1, anchors)
+    return (start.unsqueeze(-1) + k).view(b, n * block_size)
 
 
 def visibility_mask(anchors: torch.Tensor, valid: torch.Tensor, seq_len: int,
-                    block_size: int, window: int = 0, causal: bool = False) -> torch.Tensor:
+                    block_size: int, window: int = 0, causal: bool = False,
+                    ctx_lo: torch.Tensor | None = None) -> torch.Tensor:
     """Bool [b, N*B, S+N*B]: which keys each block query sees (True = visible).
 
     One draft layer's pattern (``dfo_contract.trainer_config.layers``): ``window`` > 0
     (a sliding layer) limits slot k (position p = anchor+k) to context
     ``p-(window-1) <= j < anchor``; ``causal`` limits its own block to the slots ``<= k``
-    (else the whole block, as a symmetric window of at least a block shows it)."""
+    (else the whole block, as a symmetric window of at least a block shows it).
+    ``ctx_lo`` [b, N] (packed rows): block n's context starts at its sample's first token."""
     b, n = anchors.shape
     tq = n * block_size
     q_idx = torch.arange(tq, device=anchors.device)
@@ -103,6 +108,8 @@ def visibility_mask(anchors: torch.Tensor, valid: torch.Tensor, seq_len: int,
     if window > 0:
         lo = (a + q_off.view(1, -1) - (window - 1)).unsqueeze(-1)
         ctx = ctx & (kv.view(1, 1, -1) >= lo)
+    if ctx_lo is not None:
+        ctx = ctx & (kv.view(1, 1, -1) >= ctx_lo[:, q_blk].unsqueeze(-1))
     if causal:
         own = own & (((kv - seq_len) % block_size).view(1, 1, -1) <= q_off.view(1, -1, 1))
     return (ctx | own) & ok.unsqueeze(-1)

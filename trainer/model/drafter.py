@@ -232,17 +232,20 @@ class Drafter(nn.Module):
         return self.shared.embed_tokens(ids)
 
     def forward(self, features: torch.Tensor, block_ids: torch.Tensor,
-                block_positions: torch.Tensor, attend: Attend | Sequence[Attend]) -> torch.Tensor:
+                block_positions: torch.Tensor, attend: Attend | Sequence[Attend],
+                ctx_positions: torch.Tensor | None = None) -> torch.Tensor:
         """features [b, S, k*H] (tapped target states), block_ids/positions [b, Tq];
         ``attend``: one callable for every layer, or one per layer (``spec.pattern``'s masks:
-        ``trainer.model.attention.layer_attends``)."""
+        ``trainer.model.attention.layer_attends``); ``ctx_positions`` [b, S]: the context's
+        RoPE positions (packed rows: each sample's own; None: 0..S-1)."""
         attends = [attend] * len(self.layers) if callable(attend) else list(attend)
         if len(attends) != len(self.layers):
             raise ValueError(f"{len(attends)} attention callables for {len(self.layers)} layers")
         b, s, _ = features.shape
         ctx = self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
         x = self.embed(block_ids).to(ctx.dtype)
-        ctx_pos = torch.arange(s, device=features.device).unsqueeze(0).expand(b, s)
+        ctx_pos = (torch.arange(s, device=features.device).unsqueeze(0).expand(b, s)
+                   if ctx_positions is None else ctx_positions)
         # one cos/sin for [context | block] positions (one dynamic-RoPE update per forward);
         # the block's queries take the block part
         cos_k, sin_k = self.rope(torch.cat([ctx_pos, block_positions], dim=1))

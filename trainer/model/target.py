@@ -170,12 +170,17 @@ class Target:
         return getattr(self._local, "eager", False)
 
     @torch.no_grad()
-    def features(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """[b, S, k*H]: the outputs of the tapped layers (hidden_states[id+1]), concatenated."""
+    def features(self, input_ids: torch.Tensor,
+                 position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """[b, S, k*H]: the outputs of the tapped layers (hidden_states[id+1]), concatenated.
+
+        ``position_ids`` [b, S] (packed rows): positions that restart at each sample's first
+        token; transformers then attends block-diagonally causal, each sample inside itself
+        (its packed-sequence masks: ``masking_utils.find_packed_sequence_indices``)."""
         cap: dict[int, torch.Tensor] = {}
         self._local.captured = cap
         try:
-            self.model.model(input_ids=input_ids, use_cache=False)
+            self.model.model(input_ids=input_ids, position_ids=position_ids, use_cache=False)
             return torch.cat([cap[i] for i in self.tap_ids], dim=-1)
         finally:
             self._local.captured = None

@@ -24,7 +24,7 @@ from ..compile.precompile import save_precompile_entries, verify_precompile_entr
 from ..core import init_from
 from ..core.runtime import Runtime
 from ..data.datasets import JsonlDataset, open_dataset
-from ..data.stream import BatchStream
+from ..data.stream import BatchStream, PackedStream, stream_for
 from ..env import process_start_t
 from ..evaluate import accept
 from ..parallel import make_layout
@@ -67,8 +67,9 @@ def open_data(cfg: TrainerConfig, rt: Runtime, vocab_size: int, mask_id: int | N
                         fmt=cfg.data.format, tokenizer=tok, mask_token_id=mask_id)
 
 
-def open_stream(cfg: TrainerConfig, rt: Runtime, layout, em: metrics.Emitter) -> BatchStream:
-    """The training data as bucketed batches; its scan report printed."""
+def open_stream(cfg: TrainerConfig, rt: Runtime, layout,
+                em: metrics.Emitter) -> BatchStream | PackedStream:
+    """The training data as bucketed batches or packed rows; its scan report printed."""
     drafter = layout.drafter
     ds = open_data(cfg, rt, layout.target.vocab_size, drafter.mask_token_id)
     r = ds.report
@@ -76,10 +77,7 @@ def open_stream(cfg: TrainerConfig, rt: Runtime, layout, em: metrics.Emitter) ->
     if r.mask_token_hits:
         log.warning("data: %d samples contain the mask token id %d; pick an unused id "
                     "(--model.mask_token_id)", r.mask_token_hits, drafter.mask_token_id)
-    return BatchStream(ds, micro_batch=cfg.train.micro_batch, block_size=cfg.model.block_size,
-                       num_anchors=cfg.data.num_anchors, seq_buckets=cfg.seq_buckets(),
-                       anchor_buckets=cfg.anchor_buckets(), seed=cfg.train.seed,
-                       shuffle=cfg.data.shuffle)
+    return stream_for(ds, cfg)
 
 
 def open_held_out(cfg: TrainerConfig, rt: Runtime, layout,
