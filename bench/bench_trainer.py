@@ -18,12 +18,25 @@ more ran in 562 s, docs/benchmarks.md 2026-12-04):
   dflash2-eager     DFlash2 drafter, target eager
   dflash2-compiled  DFlash2 drafter, ``--compile.target true``
   dflash-fp8        DFlash drafter, the target compiled with fp8 weights (``--model.target_fp8``)
+  dflash-packed     DFlash drafter, target compiled, packed rows (``--data.pack``: rows of
+                    ``--pack-tokens`` tokens and ``--pack-anchors`` anchors, ``--pack-micro-batch``
+                    rows a micro-batch)
+  dflash2-packed    the same with the DFlash2 drafter
 and any number of ``--variant LABEL='--section.key value ...'`` (trainer flags added to the
 common ones), run after the presets.
 
   python3 bench/bench_trainer.py --out /tmp/bt                           # on one GPU
   python3 bench/bench_trainer.py --variants dflash-compiled --variant 'x=--compile.target true ...'
   python3 bench/bench_trainer.py --cpu-smoke --out /tmp/bt               # tiny target on the CPU
+  python3 bench/bench_trainer.py --lengths bench/results/qwen3-chat-lengths.json \
+      --variants dflash-compiled,dflash-packed                            # realistic lengths
+
+``--lengths FILE`` (``bench/chat_lengths.py`` writes one: Qwen3's template and tokenizer over
+generated multi-turn chats) makes the data with exactly those sample lengths and loss masks
+(the tokens are synth's learnable sequences) instead of uniform 1536-3072-token samples. Each
+variant's padding is counted by replaying its data stream over the micro-batches it trains
+(no model): the pad fraction (pad tokens over all tokens in its micro-batches) and the anchor
+slots used; with the trainer's steady real tokens/s they are in the table.
 
 Files in ``--out``: ``trainer_bench.json`` (every figure, rewritten after each variant) and
 ``<label>.log`` per variant (the trainer's stdout and stderr).
@@ -54,7 +67,62 @@ PRESETS = {
     "dflash2-compiled": ["--model.method", "dflash2", "--compile.target", "true"],
     "dflash-fp8": ["--model.method", "dflash", "--compile.target", "true",
                    "--model.target_fp8", "true"],
+    "dflash-packed": ["--model.method", "dflash", "--compile.target", "true", "PACK"],
+    "dflash2-packed": ["--model.method", "dflash2", "--compile.target", "true", "PACK"],
 }
+
+
+def pack_flags(a) -> list[str]:
+    return ["--data.pack", "true", "--data.pack_tokens", str(a.pack_tokens),
+            "--data.pack_anchors", str(a.pack_anchors), "--train.micro_batch",
+            str(a.pack_micro_batch)]
+
+
+def write_lengths_data(src: Path, out: Path, vocab: int, seed: int = 0) -> dict:
+    """Learnable synthetic tokens with the sample lengths and loss masks of ``src``."""
+    import random
+
+    spec = json.loads(src.read_text())
+    rng = random.Random(f"dfo-bench-lengths:{seed}")
+    span = vocab - 4
+    with open(out, "w") as f:
+        for n, spans in spec["samples"]:
+            stride, x, ids = rng.randint(1, 3), rng.randrange(span), []
+            for _ in range(n):
+                ids.append(4 + x)
+                x = rng.randrange(span) if rng.random() < 0.03 else (x + stride) % span
+            mask = [0] * n
+            for lo, hi in spans:
+                mask[lo:hi] = [1] * (hi - lo)
+            f.write(json.dumps({"input_ids": ids, "loss_mask": mask}, separators=(",", ":")) + "\n")
+    return {"source": spec.get("source"), "quantiles": spec.get("quantiles"),
+            "samples": len(spec["samples"])}
+
+
+def padding(args: list[str], micro_batches: int) -> dict:
+    """Replay the data stream of a variant's trainer flags over ``micro_batches`` micro-batches
+    (no model): pad tokens over all tokens, anchor slots used, samples."""
+    from dfo_contract.trainer_config import load_config
+    from trainer.data.datasets import open_dataset
+    from trainer.data.stream import stream_for
+
+    cfg = load_config(None, args)
+    vocab = json.loads(Path(cfg.model.target_path, "config.json").read_text())["vocab_size"]
+    ds = open_dataset(cfg.data.path, vocab_size=vocab, block_size=cfg.model.block_size,
+                      max_seq_len=cfg.data.max_seq_len, min_loss_tokens=cfg.min_loss_tokens(),
+                      fmt="tokens", tokenizer=None, mask_token_id=MASK_ID)
+    st = stream_for(ds, cfg)
+    total = real = slots = used = samples = 0
+    for _ in range(micro_batches):
+        b = st.next()
+        total += b.input_ids.numel()
+        real += b.num_tokens
+        slots += b.anchor_valid.numel()
+        used += int(b.anchor_valid.sum())
+        samples += b.num_samples
+    return {"pad_fraction": round(1 - real / total, 4), "anchor_slots_used": round(used / slots, 4),
+            "tokens_per_micro": round(total / micro_batches), "samples_per_micro":
+            round(samples / micro_batches, 2)}
 MASK_ID = 3  # synth leaves ids below 4 unused
 
 
@@ -172,17 +240,20 @@ def run_variant(a, label: str, flags: list[str], base: list[str], work: Path, ca
 
 def table(results: list[dict]) -> str:
     base = results[0]["samples_per_s"] if results and results[0]["samples_per_s"] else None
-    rows = ["| variant | samples/s | vs first | tokens/s | peak GiB | to first step s | warm-up s | steps | rc |",
-            "|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| variant | samples/s | vs first | real tokens/s | pad | anchors used | peak GiB | "
+            "to first step s | warm-up s | steps | rc |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         sps = r["samples_per_s"]
         warm = (r["startup"] or {}).get("phases", {}).get("warm-up")
 
         def f(x, p=2):
             return "-" if x is None else f"{x:.{p}f}"
+        pad = r.get("padding") or {}
         rows.append(f"| {r['label']} | {f(sps)} | {f(sps / base if sps and base else None)}x | "
-                    f"{f(r['tokens_per_s'], 0)} | {f(r['peak_mem_gib'], 1)} | {f(r['to_first_step_s'], 1)} | "
-                    f"{f(warm, 1)} | {r['steps']} | {r['rc']} |")
+                    f"{f(r['tokens_per_s'], 0)} | {f(pad.get('pad_fraction'), 3)} | "
+                    f"{f(pad.get('anchor_slots_used'), 3)} | {f(r['peak_mem_gib'], 1)} | "
+                    f"{f(r['to_first_step_s'], 1)} | {f(warm, 1)} | {r['steps']} | {r['rc']} |")
     return "\n".join(rows)
 
 
@@ -206,17 +277,25 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-s", type=float, default=570, help="all variants together")
     ap.add_argument("--cap-s", type=float, default=300, help="one variant at most")
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny target on the CPU (checks the script)")
+    ap.add_argument("--lengths", default="", help="sample lengths and loss masks (bench/chat_lengths.py)")
+    ap.add_argument("--pack-tokens", type=int, default=0, help="packed variants: tokens a row "
+                    "(0: --seq-len)")
+    ap.add_argument("--pack-anchors", type=int, default=0, help="packed variants: anchors a row "
+                    "(0: --anchors x --micro-batch)")
+    ap.add_argument("--pack-micro-batch", type=int, default=1, help="packed variants: rows a micro-batch")
     a = ap.parse_args(argv)
     if a.cpu_smoke and a.seq_len == 3072:
         a.seq_len, a.seq_buckets, a.anchors, a.block_size = 64, "32,64", 8, 4
         a.micro_batch, a.grad_accum, a.samples = 2, 1, 64
         a.steps, a.steady_from = min(a.steps, 6), min(a.steady_from, 3)
+    a.pack_tokens = a.pack_tokens or a.seq_len
+    a.pack_anchors = a.pack_anchors or a.anchors * a.micro_batch
     t_start = time.time()
     variants = []
     for name in filter(None, a.variants.split(",")):
         if name not in PRESETS:
             ap.error(f"--variants: unknown {name!r} (known: {', '.join(PRESETS)})")
-        variants.append((name, PRESETS[name]))
+        variants.append((name, [f for p in PRESETS[name] for f in (pack_flags(a) if p == "PACK" else [p])]))
     for v in a.variant:
         label, _, flags = v.partition("=")
         variants.append((label, shlex.split(flags)))
@@ -236,10 +315,13 @@ def main(argv=None) -> int:
             info["target_build_s"] = round(make_target(target, cpu=a.cpu_smoke), 1)
         vocab = json.loads((target / "config.json").read_text())["vocab_size"]
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "trainer.data", "synth", "--out", str(data), "--num",
-                        str(a.samples), "--seq-len", str(a.seq_len), "--vocab", str(vocab)],
-                       check=True, cwd=REPO, timeout=600,
-                       env=dict(os.environ, PYTHONPATH=str(REPO)))
+        if a.lengths:
+            info["lengths"] = write_lengths_data(Path(a.lengths), data, vocab)
+        else:
+            subprocess.run([sys.executable, "-m", "trainer.data", "synth", "--out", str(data), "--num",
+                            str(a.samples), "--seq-len", str(a.seq_len), "--vocab", str(vocab)],
+                           check=True, cwd=REPO, timeout=600,
+                           env=dict(os.environ, PYTHONPATH=str(REPO)))
         info["data_s"] = round(time.perf_counter() - t0, 1)
         print(f"target {info.get('target_build_s', 'reused')} s, data {info['data_s']} s", flush=True)
         base = common_args(a, target, data)
@@ -249,7 +331,11 @@ def main(argv=None) -> int:
             if left < 60:
                 print(f"== {label}: skipped ({left:.0f} s left)", flush=True)
                 continue
-            results.append(run_variant(a, label, flags, base, work, min(a.cap_s, left)))
+            res = run_variant(a, label, flags, base, work, min(a.cap_s, left))
+            res["padding"] = padding([*base, "--run.dir", str(work / "pad"), *flags],
+                                     a.steps * a.grad_accum)
+            print(f"   padding: {res['padding']}", flush=True)
+            results.append(res)
             Path(a.out, "trainer_bench.json").write_text(json.dumps(
                 {"info": info, "args": vars(a), "results": results}, indent=1))
         print(table(results))

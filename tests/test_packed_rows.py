@@ -287,11 +287,15 @@ def test_compiles_once_for_every_length_when_packed(env, tmp_path, monkeypatch, 
     from trainer.train.loop import train
 
     data = tmp_path / "var.jsonl"
-    data.write_text("".join(json.dumps(s) + "\n" for s in synth_samples(40, 96, 128, 0, min_len=20)))
+    # a row holding one sample that fills it (no boundary in it) is in the stream too
+    full = {"input_ids": list(range(4, 100)), "loss_mask": [0] * 10 + [1] * 86}
+    data.write_text("".join(json.dumps(s) + "\n"
+                            for s in [full, *synth_samples(40, 96, 128, 0, min_len=20), full]))
     monkeypatch.setattr(CompileRegistry, "backend", "aot_eager")
     kw = {"compile.enabled": "true", "compile.gate": "true", "compile.target": "true",
           "data.max_seq_len": 96, "train.micro_batch": 2, "train.max_steps": 8}
-    kw.update({"data.pack": "true", "data.pack_tokens": 192, "data.pack_anchors": 16} if packed
+    kw.update({"data.pack": "true", "data.pack_tokens": 96, "data.pack_anchors": 16,
+               "train.micro_batch": 1, "data.shuffle": "false"} if packed
               else {"data.seq_buckets": "[32,64,96]"})
     cfg = tiny_config(env["target"], str(data), str(tmp_path / "run"), **kw)
     torch._dynamo.reset()

@@ -175,15 +175,29 @@ class Target:
         """[b, S, k*H]: the outputs of the tapped layers (hidden_states[id+1]), concatenated.
 
         ``position_ids`` [b, S] (packed rows): positions that restart at each sample's first
-        token; transformers then attends block-diagonally causal, each sample inside itself
-        (its packed-sequence masks: ``masking_utils.find_packed_sequence_indices``)."""
+        token; each sample then attends causally inside itself (``packed_causal_mask``)."""
         cap: dict[int, torch.Tensor] = {}
         self._local.captured = cap
+        mask = None if position_ids is None else packed_causal_mask(position_ids)
         try:
-            self.model.model(input_ids=input_ids, position_ids=position_ids, use_cache=False)
+            self.model.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
+                             use_cache=False)
             return torch.cat([cap[i] for i in self.tap_ids], dim=-1)
         finally:
             self._local.captured = None
+
+
+def packed_causal_mask(position_ids: torch.Tensor) -> torch.Tensor:
+    """Bool [b, 1, S, S]: query i sees key j when both lie in one sample (a sample starts
+    where its position is 0) and j <= i. transformers takes a 4D mask as it is, so every
+    packed micro-batch gives the decoder layers the same kind of input, whether a row holds
+    one sample or many (its own packed-sequence detection leaves the mask out when no row
+    has a second sample, which would be another compiled graph)."""
+    doc = (position_ids == 0).cumsum(-1)
+    s = position_ids.shape[-1]
+    idx = torch.arange(s, device=position_ids.device)
+    causal = idx.view(1, -1) <= idx.view(-1, 1)
+    return ((doc.unsqueeze(-1) == doc.unsqueeze(-2)) & causal).unsqueeze(1)
 
 
 def load_target(path: str, *, device, dtype: torch.dtype, num_drafter_layers: int,
