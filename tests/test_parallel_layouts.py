@@ -45,15 +45,22 @@ def test_pure_rank_helpers():
     assert rank_device(cfg, 3, cuda_available=True) == "cuda:3"
 
 
-def test_threads_and_ddp_match_single(tiny, tmp_path):
-    single = run_trainer(_args(tiny, tmp_path / "single", **{"train.grad_accum": 2}))
+PACKED = {"data.pack": "true", "data.pack_tokens": 128, "data.pack_anchors": 16}
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["bucketed", "packed"])
+def test_threads_and_ddp_match_single(tiny, tmp_path, packed):
+    """Each layout builds its own micro-batches of the one stream (ddp: a rank packs and
+    builds only its own, planning the others'), so the loss curves agree."""
+    extra = PACKED if packed else {}
+    single = run_trainer(_args(tiny, tmp_path / "single", **{"train.grad_accum": 2, **extra}))
     assert single.returncode == 0, single.stderr[-2000:]
     want = _losses(single.stdout)
     assert len(want) == STEPS and want[-1] < want[0]
 
     threads = run_trainer(_args(tiny, tmp_path / "threads", **{
         "parallel.layout": "threads", "parallel.target_devices": "[cpu,cpu]",
-        "parallel.drafter_devices": "[cpu,cpu]"}))
+        "parallel.drafter_devices": "[cpu,cpu]", **extra}))
     assert threads.returncode == 0, threads.stderr[-2000:]
     assert _losses(threads.stdout) == pytest.approx(want, rel=1e-5, abs=1e-6)
 
@@ -63,7 +70,7 @@ def test_threads_and_ddp_match_single(tiny, tmp_path):
     ddp = subprocess.run(
         [PY, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
          "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0",
-         "-m", "trainer", *_args(tiny, run_dir, **{"parallel.layout": "ddp"})],
+         "-m", "trainer", *_args(tiny, run_dir, **{"parallel.layout": "ddp", **extra})],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     assert _losses(ddp.stdout) == pytest.approx(want, rel=1e-5, abs=1e-6)
