@@ -26,7 +26,8 @@ VERSION = 1
 TRAIN_FIELDS = ("loss", "acc", "tau", "lr", "tokens_per_s", "samples_per_s", "peak_mem_bytes")
 #: the numeric fields of a held-out evaluation's record (``phase: eval``)
 EVAL_FIELDS = ("accept_len", "best_accept_len", "eval_blocks", "eval_s")
-_NAMED = {"v", "step", "phase", "attempt", "acc_per_pos", *TRAIN_FIELDS, *EVAL_FIELDS}
+_NAMED = {"v", "step", "phase", "attempt", "acc_per_pos", "eval_target", *TRAIN_FIELDS,
+          *EVAL_FIELDS}
 
 
 def _int(v: Any) -> int | None:
@@ -64,6 +65,9 @@ class MetricsRecord:
     best_accept_len: float | None = None
     eval_blocks: int | None = None
     eval_s: float | None = None
+    #: an evaluation's target: ``served`` (full precision, as the engines serve it) or
+    #: ``fp8`` (the training target's fp8 layers, ``model.target_fp8``); None: the one target
+    eval_target: str | None = None
     extra: tuple[tuple[str, float | None], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
@@ -76,6 +80,8 @@ class MetricsRecord:
         out["attempt"] = self.attempt
         if self.acc_per_pos:
             out["acc_per_pos"] = [_safe(a) for a in self.acc_per_pos]
+        if self.eval_target is not None:
+            out["eval_target"] = self.eval_target
         other = TRAIN_FIELDS if self.phase == "eval" else EVAL_FIELDS
         out.update((n, _safe(getattr(self, n))) for n in other if getattr(self, n) is not None)
         out.update((n, _safe(v)) for n, v in self.extra)
@@ -100,6 +106,8 @@ class MetricsRecord:
                    accept_len=_num(d.get("accept_len")),
                    best_accept_len=_num(d.get("best_accept_len")),
                    eval_blocks=_int(d.get("eval_blocks")), eval_s=_num(d.get("eval_s")),
+                   eval_target=d.get("eval_target") if isinstance(d.get("eval_target"), str)
+                   else None,
                    extra=tuple((k, _num(v)) for k, v in d.items()
                                if k not in _NAMED and _num(v) is not None))
 
@@ -126,9 +134,10 @@ class MetricsRecord:
 
     def scalars(self) -> dict[str, Any]:
         """The numbers a scalar writer (TensorBoard) takes: every numeric field and
-        ``acc_per_pos``, without ``v``, ``step``, ``phase`` and ``attempt``."""
+        ``acc_per_pos``, without ``v``, ``step``, ``phase``, ``attempt`` and ``eval_target``."""
         d = self.to_json()
-        return {k: v for k, v in d.items() if k not in ("v", "step", "phase", "attempt")}
+        return {k: v for k, v in d.items()
+                if k not in ("v", "step", "phase", "attempt", "eval_target")}
 
     def marker(self) -> StepMarker | EvalMarker:
         """The ``@dfo`` marker the trainer prints for this record."""
@@ -136,7 +145,8 @@ class MetricsRecord:
             return EvalMarker(step=self.step, accept_len=self.accept_len,
                               best_accept_len=self.best_accept_len,
                               eval_blocks=self.eval_blocks, eval_s=self.eval_s,
-                              phase=self.phase, attempt=self.attempt)
+                              eval_target=self.eval_target, phase=self.phase,
+                              attempt=self.attempt)
         return StepMarker(step=self.step, loss=self.loss, acc=self.acc, tau=self.tau,
                           lr=self.lr, tokens_per_s=self.tokens_per_s,
                           samples_per_s=self.samples_per_s,

@@ -113,6 +113,7 @@ class EvalMarker(_Marker):
     best_accept_len: float | None = None
     eval_blocks: int | None = None
     eval_s: float | None = None
+    eval_target: str | None = None   # served | fp8 (metrics_record.MetricsRecord.eval_target)
     phase: str | None = "eval"
     attempt: int | None = None
 
@@ -122,6 +123,7 @@ class EvalMarker(_Marker):
                    accept_len=_num(rec.get("accept_len")),
                    best_accept_len=_num(rec.get("best_accept_len")),
                    eval_blocks=_int(rec.get("eval_blocks")), eval_s=_num(rec.get("eval_s")),
+                   eval_target=_str(rec.get("eval_target")),
                    phase=_str(rec.get("phase")), attempt=_int(rec.get("attempt")))
 
 

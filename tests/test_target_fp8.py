@@ -89,3 +89,53 @@ def test_target_fp8_is_a_checked_flag_and_part_of_the_cache_key(tiny, tmp_path):
         "model.target_fp8": v}).to_dict(), trainer_source="s") for v in ("false", "true")]
     assert ck.diff_components(keys[0].components, keys[1].components) == [
         ("config.model.target_fp8", "false", "true")]
+
+
+def test_fp8_training_evaluates_on_the_served_target_and_its_export_says_fp8(tiny, tmp_path):
+    """With model.target_fp8 the held-out evaluation runs on the full-precision target by
+    default (eval.target served: the fp8 layers compute with their kept weights, so the
+    features are the unconverted target's exactly) and says so; eval.target train keeps the
+    fp8 layers. The export records that the drafter learned from fp8 features."""
+    from trainer.core import step as S
+    from trainer.evaluate.export_dir import MANIFEST, export
+    from trainer.train.loop import train
+
+    target, data, _ = tiny
+    kw = {"model.target_fp8": "true", "train.max_steps": 2, "eval.every": 2,
+          "data.eval_path": data, "eval.max_samples": 8}
+    ref_cfg = tiny_config(target, data, str(tmp_path / "ref"))
+    cfg = tiny_config(target, data, str(tmp_path / "served"), **kw)
+    t_ref, _ = S.build_models(ref_cfg, "cpu")
+    t8, _ = S.build_models(cfg, "cpu")
+    batch = S.dummy_batch(cfg, 32, 4, 2, "cpu")
+    f_ref = S.target_features(t_ref, batch, ref_cfg)
+    with t8.served() as ran:
+        assert ran == "served"
+        assert torch.equal(S.target_features(t8, batch, cfg), f_ref)
+    assert not torch.equal(S.target_features(t8, batch, cfg), f_ref)   # fp8 again after
+
+    def evals(run_dir):
+        with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+            return [r for r in map(json.loads, f) if r.get("phase") == "eval"]
+    out = io.StringIO()
+    assert train(cfg, out=out) == 0
+    assert [r["eval_target"] for r in evals(cfg.run.dir)] == ["served"]
+    assert "full-precision target as served" in out.getvalue()
+    trained = tiny_config(target, data, str(tmp_path / "train"), **kw, **{"eval.target": "train"})
+    assert train(trained, out=io.StringIO()) == 0
+    assert [r["eval_target"] for r in evals(trained.run.dir)] == ["fp8"]
+    with pytest.raises(TrainerConfigError, match="eval.target"):
+        tiny_config(target, data, str(tmp_path), **{"eval.target": "bf16"})
+
+    ckpt = os.path.join(cfg.run.dir, "checkpoints", "step_2")
+    man = export(ckpt, str(tmp_path / "exp"), dtype="fp32")
+    assert man["target_precision"] == "fp8"
+    with open(tmp_path / "exp" / MANIFEST) as f:
+        assert json.load(f)["target_precision"] == "fp8"
+    assert "Trained on fp8 target features" in (tmp_path / "exp" / "README.md").read_text()
+    full = tiny_config(target, data, str(tmp_path / "full"), **{"train.max_steps": 2})
+    assert train(full, out=io.StringIO()) == 0
+    plain = export(os.path.join(full.run.dir, "checkpoints", "step_2"), str(tmp_path / "exp2"),
+                   dtype="fp32")
+    assert plain["target_precision"] == "full"
+    assert "Trained on fp8" not in (tmp_path / "exp2" / "README.md").read_text()

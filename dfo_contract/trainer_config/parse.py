@@ -21,7 +21,7 @@ from ..faultspec import parse_spec
 from .layers import validate_layers, validate_window
 from .methods import validate_method
 from .schema import (ATTENTION_BACKENDS, COMPILE_MODES, DATA_FORMATS, DDP_GRAD_DTYPES, DTYPES,
-                     LAYOUTS, SCHEDULES, TrainerConfig)
+                     EVAL_TARGETS, LAYOUTS, SCHEDULES, TrainerConfig)
 
 
 # --------------------------------------------------------------------------- loading
@@ -318,6 +318,7 @@ def validate(cfg: TrainerConfig) -> TrainerConfig:
     if not 0 <= t.min_lr_ratio <= 1:
         raise _err("train.min_lr_ratio", f"expected a number in [0, 1], got {t.min_lr_ratio}")
     _choice(t.schedule, "train.schedule", SCHEDULES)
+    _choice(cfg.eval.target, "eval.target", EVAL_TARGETS)
     if t.weight_decay < 0:
         raise _err("train.weight_decay", f"expected a number >= 0, got {t.weight_decay}")
     for name in ("beta1", "beta2"):

@@ -20,6 +20,7 @@ DATA_FORMATS = ("auto", "tokens", "chat")
 DDP_GRAD_DTYPES = ("fp32", "bf16")
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead")
 METHODS = ("dflash", "dflash2")
+EVAL_TARGETS = ("served", "train")
 
 
 def default_gamma(block_size: int) -> float:
@@ -114,6 +115,9 @@ class TrainConfig:
 @dataclass(kw_only=True)
 class EvalConfig:
     every: int = 0                            # measured acceptance length every N steps (0: off)
+    # with model.target_fp8: the target evaluation runs on: served (full precision, as the
+    # engines serve it; keeps a host-memory copy of the fp8 layers' weights) | train (fp8)
+    target: str = "served"
     max_samples: int = 64                     # held-out samples per evaluation (first N of eval_path)
     num_anchors: int | None = None            # blocks per sample; None: data.num_anchors
 
@@ -193,6 +197,10 @@ class TrainerConfig:
         """The sequence lengths a micro-batch can have: one, the row length, when packed."""
         if self.data.pack:
             return [self.pack_row()[0]]
+        return self.eval_seq_buckets()
+
+    def eval_seq_buckets(self) -> list[int]:
+        """The sequence buckets held-out evaluation pads to: bucketed even when training packs."""
         return sorted(set(self.data.seq_buckets or [self.data.max_seq_len]))
 
     def anchor_buckets(self) -> list[int]:

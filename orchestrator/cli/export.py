@@ -41,6 +41,9 @@ def export(ctx: click.Context, host_name, run, step, to, dtype, engines, as_json
     else:
         al = f", measured acceptance length {res.accept_len:.3f}" if res.accept_len else ""
         click.echo(f"exported step {res.step} of {res.run_id} to {res.local_dir}{al}")
+        if res.target_precision == "fp8":
+            click.echo("trained on the fp8 target's features (model.target_fp8); engines serve "
+                       "it on the full-precision target")
     return 0
 
 

@@ -44,11 +44,12 @@ class ExportResult:
     step: int
     accept_len: float | None
     files: dict              # name -> {"sha256", "size"}
+    target_precision: str = "full"   # the target the features came from: full | fp8
 
     def to_json(self) -> dict:
         return {"run_id": self.run_id, "checkpoint": self.checkpoint, "remote_dir": self.remote_dir,
                 "local_dir": self.local_dir, "step": self.step, "accept_len": self.accept_len,
-                "files": self.files}
+                "target_precision": self.target_precision, "files": self.files}
 
 
 def parse_step(step: str | None) -> str:
@@ -176,5 +177,6 @@ class ExportOps:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         return ExportResult(run_id=run_id, checkpoint=ckpt, remote_dir=remote, local_dir=str(dest),
-                            step=int(man["step"]), accept_len=man.get("accept_len"), files=files)
+                            step=int(man["step"]), accept_len=man.get("accept_len"), files=files,
+                            target_precision=str(man.get("target_precision") or "full"))
 

@@ -143,7 +143,7 @@ def prepare_target(cfg: TrainerConfig, target: Target, rt: Runtime | None = None
             raise TrainerConfigError(
                 f"config: --model.target_fp8: {torch.cuda.get_device_name(dev)} has no FP8 matrix "
                 "units (compute capability 8.9 or newer: Ada, Hopper, Blackwell); set it to false")
-        target.to_fp8()
+        target.to_fp8(keep_full=bool(cfg.eval.every) and cfg.eval.target == "served")
     if cfg.compile.target:
         from ..compile.target import compile_layers
 

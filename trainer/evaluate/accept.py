@@ -10,6 +10,8 @@ over valid blocks of held-out data is the ``accept_len`` training metric
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from ..model import attention
@@ -98,7 +100,7 @@ class HeldOut:
         for i, s in enumerate(range(0, n, mb)):
             samples = [self.ds.get(j) for j in range(s, min(n, s + mb))]
             self.batches.append(collate(samples, block_size=cfg.model.block_size, num_anchors=na,
-                                        seq_buckets=cfg.seq_buckets(), anchor_buckets=[na],
+                                        seq_buckets=cfg.eval_seq_buckets(), anchor_buckets=[na],
                                         seed=cfg.train.seed + 7777, micro_index=i))
         self.ds.close()
 
@@ -111,10 +113,15 @@ class HeldOut:
             return S.target_features(target, batch, cfg).to(dev)
 
         # the target's compiled layers (compile.target) were warmed for the training shapes
-        # only; a held-out batch may be shorter (its last), so they run eagerly here
-        with S.autocast(cfg, dev), target.eager():
-            return evaluate(drafter, target, self.batches, block_size=cfg.model.block_size,
-                            gamma=cfg.gamma(), features_fn=feats)
+        # only; a held-out batch may be shorter (its last), so they run eagerly here. With
+        # model.target_fp8 and eval.target served, on the full-precision weights
+        fp8 = cfg.model.target_fp8 and cfg.eval.target == "served"
+        with S.autocast(cfg, dev), target.eager(), \
+                (target.served() if fp8 else contextlib.nullcontext(None)) as ran:
+            ev = evaluate(drafter, target, self.batches, block_size=cfg.model.block_size,
+                          gamma=cfg.gamma(), features_fn=feats)
+        ev["target"] = ran or ("fp8" if cfg.model.target_fp8 else None)
+        return ev
 
 
 def write_best(ckdir: str, step: int, accept_len: float) -> str:

@@ -37,6 +37,10 @@ from .export_config import DTYPES, MODULE_FILE, MODULE_SOURCE, drafter_config, r
 from .served import Unservable, check_served, export_fields, parse_engines
 
 MANIFEST = "dfo_export.json"
+FP8_NOTE = ("\n## Trained on fp8 target features\n\nThis drafter learned from the target's "
+            "features with the target's decoder-layer linears in fp8 (`model.target_fp8`: e4m3 "
+            "weights, rowwise scales). Engines serve it on the full-precision target; "
+            "`dfo_export.json` says `\"target_precision\": \"fp8\"`.\n")
 
 
 def _checkpoint_config(ckpt: str):
@@ -127,11 +131,14 @@ def export(ckpt: str, out: str, *, dtype: str = "bf16", target_path: str | None 
         json.dump(conf, f, indent=2, sort_keys=True)
     if cfg.model.method != "dflash2":   # the trust_remote_code module is DFlash's
         shutil.copyfile(MODULE_SOURCE, os.path.join(tmp, MODULE_FILE))
+    precision = "fp8" if cfg.model.target_fp8 else "full"
     with open(os.path.join(tmp, "README.md"), "w") as f:
         f.write(readme(target=tpath, data=cfg.data.path, steps=int(data.get("step", 0)),
                        accept_len=data.get("accept_len"), block_size=cfg.model.block_size,
                        layers=cfg.model.drafter_layers, tap_ids=taps, source=os.path.abspath(ckpt),
                        init_from=cfg.model.init_from, method=cfg.model.method))
+        if precision == "fp8":
+            f.write(FP8_NOTE)
     files = {}
     for name in sorted(os.listdir(tmp)):
         p = os.path.join(tmp, name)
@@ -140,7 +147,7 @@ def export(ckpt: str, out: str, *, dtype: str = "bf16", target_path: str | None 
         files[name] = {"sha256": sha256_file(p), "size": os.path.getsize(p)}
     man = {"format": "dfo-dflash-export-1", "source": os.path.abspath(ckpt),
            "step": int(data.get("step", 0)), "accept_len": data.get("accept_len"),
-           "dtype": dtype, "files": files}
+           "dtype": dtype, "target_precision": precision, "files": files}
     with open(os.path.join(tmp, MANIFEST), "w") as f:
         json.dump(man, f, indent=1, sort_keys=True)
     fsync_dir(tmp)
@@ -204,5 +211,6 @@ def main(argv: list[str]) -> int:
     a = ap.parse_args(argv)
     man = export(a.checkpoint, a.out, dtype=a.dtype, target_path=a.target, engines=a.engines)
     print(json.dumps({"kind": "export", "out": os.path.abspath(a.out), "step": man["step"],
-                      "accept_len": man["accept_len"], "files": man["files"]}))
+                      "accept_len": man["accept_len"],
+                      "target_precision": man["target_precision"], "files": man["files"]}))
     return 0

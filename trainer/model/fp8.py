@@ -31,9 +31,13 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class Fp8Linear(nn.Module):
-    """A frozen ``nn.Linear`` (no bias) with fp8 weights and rowwise scales."""
+    """A frozen ``nn.Linear`` (no bias) with fp8 weights and rowwise scales.
 
-    def __init__(self, linear: nn.Linear):
+    ``keep_full``: also keep the original weight, in host memory (pinned where CUDA is), so
+    that ``served = True`` runs the full-precision product (evaluation on the target the
+    engines serve); it is not a buffer, so neither ``.to()`` nor a state dict carries it."""
+
+    def __init__(self, linear: nn.Linear, keep_full: bool = False):
         super().__init__()
         if linear.bias is not None:
             raise ValueError("Fp8Linear: a linear layer with a bias is not converted")
@@ -43,8 +47,15 @@ class Fp8Linear(nn.Module):
         wq, ws = quantize_rows(w)                                      # [N, K], [N, 1]
         self.register_buffer("weight_fp8", wq)
         self.register_buffer("weight_scale", ws.t().contiguous())      # [1, N]
+        self.full: torch.Tensor | None = None
+        if keep_full:
+            full = w.to("cpu", copy=True)
+            self.full = full.pin_memory() if torch.cuda.is_available() else full
+        self.served = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.served and self.full is not None:
+            return nn.functional.linear(x, self.full.to(x.device, non_blocking=True))
         shape = x.shape
         xq, xs = quantize_rows(x.reshape(-1, shape[-1]))
         y = torch._scaled_mm(xq, self.weight_fp8.t(), scale_a=xs, scale_b=self.weight_scale,
@@ -55,14 +66,15 @@ class Fp8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, fp8 e4m3 rowwise"
 
 
-def convert_linears(module: nn.Module) -> int:
-    """Replace every bias-free ``nn.Linear`` under ``module`` by an ``Fp8Linear`` (in place);
-    returns how many were converted. Idempotent (an ``Fp8Linear`` is left alone)."""
+def convert_linears(module: nn.Module, keep_full: bool = False) -> int:
+    """Replace every bias-free ``nn.Linear`` under ``module`` by an ``Fp8Linear`` (in place;
+    ``keep_full``: as ``Fp8Linear``'s); returns how many were converted. Idempotent (an
+    ``Fp8Linear`` is left alone)."""
     n = 0
     for name, child in list(module.named_children()):
         if isinstance(child, nn.Linear) and child.bias is None:
-            setattr(module, name, Fp8Linear(child))
+            setattr(module, name, Fp8Linear(child, keep_full))
             n += 1
         elif not isinstance(child, Fp8Linear):
-            n += convert_linears(child)
+            n += convert_linears(child, keep_full)
     return n

@@ -139,15 +139,38 @@ class Target:
     def layers_run(self) -> int:
         return max(self.tap_ids) + 1
 
-    def to_fp8(self) -> int:
+    def to_fp8(self, keep_full: bool = False) -> int:
         """The kept decoder layers' linears with fp8 weights and rowwise scales
         (``trainer.model.fp8``); before compiling the layers and the first forward. Idempotent;
-        returns how many linears hold fp8 weights."""
+        returns how many linears hold fp8 weights. ``keep_full``: keep the full-precision
+        weights in host memory, for ``served()``."""
         if not self.fp8_linears:
             from .fp8 import convert_linears
 
-            self.fp8_linears = sum(convert_linears(layer) for layer in self.model.model.layers)
+            self.fp8_linears = sum(convert_linears(layer, keep_full)
+                                   for layer in self.model.model.layers)
         return self.fp8_linears
+
+    @contextlib.contextmanager
+    def served(self) -> Iterator[str]:
+        """Run the target as the engines serve it for the duration: fp8 layers holding their
+        full-precision weights compute with those. Yields what runs: ``served`` (full
+        precision) or ``fp8`` (no full-precision copy was kept). Use it with ``eager()``:
+        compiled layers were traced with the fp8 product."""
+        from .fp8 import Fp8Linear
+
+        lins = [m for layer in self.model.model.layers for m in layer.modules()
+                if isinstance(m, Fp8Linear)]
+        if any(m.full is None for m in lins):
+            yield "fp8"
+            return
+        for m in lins:
+            m.served = True
+        try:
+            yield "served"
+        finally:
+            for m in lins:
+                m.served = False
 
     @property
     def layers(self) -> list[nn.Module]:

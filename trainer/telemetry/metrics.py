@@ -107,8 +107,10 @@ class Emitter:
         metrics.jsonl with ``"phase": "eval"``, an ``eval`` marker and one readable line."""
         rec = MetricsRecord.of(measured, phase="eval", attempt=self.attempt)
         self._record(rec)
+        on = {"served": ", full-precision target as served",
+              "fp8": ", fp8 target as trained"}.get(rec.eval_target or "", "")
         self.print(f"eval {rec.step:>6}  accept_len {_fmt(rec.accept_len, 3)}  "
-                   f"best {_fmt(rec.best_accept_len, 3)}  ({rec.eval_blocks} blocks)")
+                   f"best {_fmt(rec.best_accept_len, 3)}  ({rec.eval_blocks} blocks{on})")
 
 
 def _fmt(x, nd: int = 4, how: str = "f") -> str:

@@ -140,7 +140,7 @@ class TrainingRun:
         if improved:
             self.best = al
         em.eval({"step": at, "accept_len": al, "eval_blocks": ev["blocks"],
-                 "eval_s": round(time.perf_counter() - t0, 3),
+                 "eval_s": round(time.perf_counter() - t0, 3), "eval_target": ev["target"],
                  "best_accept_len": None if self.best == float("-inf") else self.best})
         em.set_phase("train")
         if improved:
