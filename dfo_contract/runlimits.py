@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Iterable, Mapping
+from typing import Any, ClassVar, Iterable, Mapping, Self
 
 from .errors import ContractError
 
@@ -77,7 +77,7 @@ class Thresholds:
         return fields_of(cls)
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any] | None, where: str = "thresholds") -> "Thresholds":
+    def from_json(cls, d: Mapping[str, Any] | None, where: str = "thresholds") -> Self:
         d = as_mapping(d, where)
         known = cls.names()
         out: dict[str, Any] = {}
@@ -131,7 +131,7 @@ class Budget:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None, where: str = "budget", *,
-                  classes: Iterable[str] | None = None) -> "Budget":
+                  classes: Iterable[str] | None = None) -> Self:
         """Defaults <- ``d`` (``per_class`` merges into the default table; unknown keys are
         ignored). ``classes``: the failure classes a ``per_class`` key must be one of."""
         d = dict(as_mapping(d, where))
