@@ -30,7 +30,7 @@ import os
 import re
 import sys
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Mapping
 
 from .exitcodes import CheckpointError
 from .fsio import atomic_write_bytes, sha256_file
@@ -58,7 +58,7 @@ class CkptInfo:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, d: dict) -> "CkptInfo":
+    def from_json(cls, d: Mapping[str, Any]) -> "CkptInfo":
         """One entry of ``list --json`` (``to_json``); the step from the name when absent."""
         path = str(d.get("path") or "")
         name = str(d.get("name") or os.path.basename(path.rstrip("/")))

@@ -111,6 +111,8 @@ def flex_smaller_blocks(cfg: Config, ov: Overrides) -> Overrides | None:
     if not smaller:
         return None
     new = _set(ov, cfg, "compile.flex_block", smaller[0])
+    if new is None:  # already that block
+        return None
     return _set(new, {**cfg, **new}, "compile.flex_stages", 1) or new
 
 
