@@ -129,9 +129,10 @@ class TensorBoard:
                                   hint="run it again with -vv to see more")
 
     def _watch(self) -> None:
+        pipe = self.pipe  # close() drops it; this thread reads on until EOF
         try:
-            while True:
-                line = self.pipe.readline()
+            while pipe is not None:
+                line = pipe.readline()
                 if not line:
                     break
                 rec = json_object(line)
