@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shlex
 import time
+from typing import Any
 
 import click
 
@@ -95,8 +96,8 @@ def launch(app, host_name, group_name, resume, config, run_name, sets, replace, 
         raise ConfigError("--fault-node needs --group and --fault",
                           hint="give --group NAME --fault SPEC, or drop --fault-node")
 
-    budget: dict = {}
-    per: dict = {}
+    budget: dict[str, Any] = {}
+    per: dict[str, int] = {}
     for k, v in _kv(budgets, "--budget", int).items():
         if k in ("total", "startup_limit"):
             budget[k] = v
