@@ -12,7 +12,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 import yaml
 
 from dfo_contract import events as ev

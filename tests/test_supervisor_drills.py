@@ -67,7 +67,7 @@ def steps_after(root, run_id, step: int) -> list[dict]:
 
 def step_s(marks: list[dict]) -> float:
     """The median time between these step markers (the run's measured step time)."""
-    gaps = sorted(b["t"] - a["t"] for a, b in zip(marks, marks[1:]))
+    gaps = sorted(b["t"] - a["t"] for a, b in zip(marks, marks[1:], strict=False))
     return gaps[len(gaps) // 2] if gaps else 1.0
 
 
@@ -87,7 +87,7 @@ def hog_until_slow(root, run_id, hogs: list, cores: int, baseline: float) -> flo
                  for _ in range(n - len(hogs))]
         at = marks[-1]["step"]
         # the first step after ``at`` may have started before the hogs: the next two
-        def two_under_hogs():
+        def two_under_hogs(at=at):
             got = steps_after(root, run_id, at)
             return got[1:3] if len(got) >= 3 else None
 

@@ -178,7 +178,7 @@ def _follow(run_ops, run_id, *, follow, raw, attempt, since, from_attempt) -> in
         status = f.run()
     except KeyboardInterrupt:
         err.print(f"dfo: detached; run {escape(run_id)} goes on (dfo logs -f --run {escape(run_id)})")
-        raise click.exceptions.Exit(EXIT_INTERRUPTED)
+        raise click.exceptions.Exit(EXIT_INTERRUPTED) from None
     if follow:
         if status == "failed":
             runs = run_ops.status(run_id)

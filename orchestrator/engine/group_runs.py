@@ -137,7 +137,7 @@ class GroupRuns:
         got = [x.value for x in outs if x.value is not None]  # raise_failed: each has its facts
         nodes, warnings, bad = [], [], []
         head_resume = None       # the head resolves --resume; the others take its path
-        for i, ((opts, inp, f), gs) in enumerate(zip(got, self.specs)):
+        for i, ((opts, inp, f), gs) in enumerate(zip(got, self.specs, strict=True)):
             try:
                 p = lp.plan_launch(opts, inp, f, host=self.hosts[i], role=gs,
                                    resume_path=... if i == 0 else head_resume)

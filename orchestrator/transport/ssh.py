@@ -118,7 +118,7 @@ class Connection:
                 log.info("connection to %s was lost; reconnecting", self.name)
                 self._close()
             via = None
-            for i, hop in enumerate(jump_hops(self.settings)):
+            for hop in jump_hops(self.settings):
                 via = connect_client(hop, f"{self.name} (jump host {hop.host})", via,
                                      trust_as=self.name)
                 self._clients.append(via)
