@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Iterable, Mapping, Self
 
 from .errors import ContractError
+from .failure_classes import TABLES
 
 
 def fields_of(cls) -> tuple[str, ...]:
@@ -96,24 +97,8 @@ class Thresholds:
         return dataclasses.asdict(self)
 
 
-#: restarts allowed per failure class before the run ends failed
-DEFAULT_PER_CLASS: dict[str, int] = {
-    "fx_trace_race": 5,
-    "compile_hang": 5,
-    "dense_fallback": 5,
-    "oom": 6,
-    "nccl_timeout": 5,
-    "nan_loss": 3,
-    "frozen": 3,      # transient: someone stopped the process; the same config again
-    "disk_full": 0,   # permanent: the run stops at once
-    "read_only": 0,   # permanent: the run stops at once
-    # deterministic: each restart applies a ladder step, never the same config again
-    "compile_resources": 4,
-    "compile_workers": 1,
-    "warmup_collective": 1,
-    "compile_error": 3,
-    "crash": 3,
-}
+#: restarts allowed per failure class before the run ends failed (each class's row's ``budget``)
+DEFAULT_PER_CLASS: dict[str, int] = dict(TABLES.budgets)
 
 
 @dataclass(frozen=True, kw_only=True)

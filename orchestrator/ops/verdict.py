@@ -18,19 +18,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
+from dfo_contract.failure_classes import TABLES
+
 from . import own_trainer
 from .fallback import DEFAULT_LADDERS, next_config
 
 VERSION = 1
 
 #: an own command's classes that restart unchanged once their ladder is spent
-OWN_RETRY = frozenset({"fx_trace_race", "compile_hang"})
+OWN_RETRY = TABLES.own_retry
 RETRY_NOTE = "restart unchanged: a cold-cache race often clears on retry"
 #: an own command's step for a class its run file has no ladder for: what any torch
 #: program honours without knowing dfo
-OWN_DEFAULT: dict[str, tuple[dict, ...]] = {
-    "compile_workers": ({"env": {"TORCHINDUCTOR_COMPILE_THREADS": "1"}},),
-}
+OWN_DEFAULT = TABLES.own_ladders
 
 
 @dataclass(frozen=True)
