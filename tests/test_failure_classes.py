@@ -83,3 +83,9 @@ def test_every_default_ladder_step_is_a_fallback_step():
     for row in TABLE:
         for step in row.ladder:
             assert step.rstrip("*") in fallback.STEPS, (row.name, step)
+
+
+def test_every_evidence_rule_gives_a_class_of_the_table():
+    assert classify_rules.RULES
+    for rule in classify_rules.RULES:
+        assert rule.cls in TABLES.failure_classes, rule.name
