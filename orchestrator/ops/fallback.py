@@ -11,8 +11,9 @@ changes the config (``halve_micro_batch*`` halves down to 1). A class is *transi
 its ladder spent, it may still restart with the same config (until its budget is spent);
 otherwise a spent ladder ends the run ``failed``.
 
-Ladders come from the defaults (each class's row in ``dfo_contract.failure_classes``), then hosts.yaml ``fallbacks:``, then the run's
-``--fallbacks`` (each replacing whole classes), and are validated by :func:`validate_ladders`.
+Ladders come from the defaults (each class's row in ``dfo_contract.failure_classes``), then
+hosts.yaml ``fallbacks:``, then the run's ``--fallbacks`` (each replacing whole classes), and
+are validated by :func:`validate_ladders`.
 """
 
 from __future__ import annotations
