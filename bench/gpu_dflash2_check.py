@@ -63,7 +63,7 @@ def main() -> int:
                "sdpa_eager": run(target, data, os.path.join(tmp, "sdpa"), a.steps, a.window,
                                  "sdpa", False)}
     f, s = res["flex_compiled"]["loss"], res["sdpa_eager"]["loss"]
-    res["max_loss_diff"] = max(abs(x - y) for x, y in zip(f, s))
+    res["max_loss_diff"] = max(abs(x - y) for x, y in zip(f, s, strict=True))
     print(json.dumps(res["gpu"]), res["torch"])
     for i in range(0, len(f), max(1, len(f) // 8)):
         print(f"step {i + 1:>3}: flex+compile {f[i]:.4f}  sdpa {s[i]:.4f}")

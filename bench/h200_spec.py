@@ -106,7 +106,7 @@ def bench_spec(tapped, drafter, vocab, quick, device, n_prompts=4, n_new=None):
         _sync()
         spec = speculative(tapped, drafter, p, n_new, device)
         _sync()
-        first = next((k for k, (a, b) in enumerate(zip(base.tokens, spec.tokens)) if a != b), None)
+        first = next((k for k, (a, b) in enumerate(zip(base.tokens, spec.tokens, strict=False)) if a != b), None)
         rows.append({"lossless": base.tokens == spec.tokens, "first_mismatch": first,
                      "mean_accept_len": sum(spec.accept_lengths) / len(spec.accept_lengths),
                      "target_only_s": round(base.seconds, 4), "spec_s": round(spec.seconds, 4),

@@ -30,6 +30,7 @@ import os
 import re
 import sys
 from dataclasses import asdict, dataclass
+from typing import Any, Mapping
 
 from .exitcodes import CheckpointError
 from .fsio import atomic_write_bytes, sha256_file
@@ -57,7 +58,7 @@ class CkptInfo:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, d: dict) -> "CkptInfo":
+    def from_json(cls, d: Mapping[str, Any]) -> "CkptInfo":
         """One entry of ``list --json`` (``to_json``); the step from the name when absent."""
         path = str(d.get("path") or "")
         name = str(d.get("name") or os.path.basename(path.rstrip("/")))
@@ -162,7 +163,7 @@ def list_checkpoints(root: str, *, check_hashes: bool = True,
 def newest_of_run(root: str, run_id: str) -> tuple[CkptInfo | None, list[CkptInfo]]:
     """(newest valid checkpoint written by run ``run_id`` or None, the newer invalid ones of
     this run or of unknown run that were skipped). Other runs' checkpoints are never chosen."""
-    skipped = []
+    skipped: list[CkptInfo] = []
     for c in list_checkpoints(root):
         if c.valid and c.run == run_id:
             return c, skipped
@@ -220,7 +221,7 @@ def moved_checkpoint(path: str, run_id: str) -> str | None:
 
 def newest_valid(root: str) -> tuple[CkptInfo | None, list[CkptInfo]]:
     """(newest valid checkpoint or None, the newer invalid ones that were skipped)."""
-    skipped = []
+    skipped: list[CkptInfo] = []
     for c in list_checkpoints(root):
         if c.valid:
             return c, skipped
@@ -292,7 +293,7 @@ def promote_orphans(root: str) -> list[str]:
 def stale_tmp_dirs(root: str) -> list[str]:
     """``.step_N.tmp-<pid>`` / ``.step_N.old-<pid>`` dirs whose writer process is gone and
     that are safe to delete: never a complete one with no ``step_N`` beside it (promote it)."""
-    out = []
+    out: list[str] = []
     if not os.path.isdir(root):
         return out
     for step, _kind, path in _dead_orphans(root):
@@ -326,7 +327,7 @@ def main(argv: list[str] | None = None, *, prog: str = "python -m dfo_contract.c
         infos = [c for c in infos if c.run in (a.run, None)]
     if a.json:
         best = next((c for c in infos if c.valid), None)
-        obj = {"dir": d, "latest": best.name if best else None,
+        obj: dict[str, Any] = {"dir": d, "latest": best.name if best else None,
                "checkpoints": [c.to_json() for c in infos]}
         if a.run:
             obj["runs_in_dir"] = sorted(r for r in _runs_in(a.dir) if r)

@@ -11,9 +11,10 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Iterable, Mapping
+from typing import Any, ClassVar, Iterable, Mapping, Self
 
 from .errors import ContractError
+from .failure_classes import TABLES
 
 
 def fields_of(cls) -> tuple[str, ...]:
@@ -77,7 +78,7 @@ class Thresholds:
         return fields_of(cls)
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any] | None, where: str = "thresholds") -> "Thresholds":
+    def from_json(cls, d: Mapping[str, Any] | None, where: str = "thresholds") -> Self:
         d = as_mapping(d, where)
         known = cls.names()
         out: dict[str, Any] = {}
@@ -96,24 +97,8 @@ class Thresholds:
         return dataclasses.asdict(self)
 
 
-#: restarts allowed per failure class before the run ends failed
-DEFAULT_PER_CLASS: dict[str, int] = {
-    "fx_trace_race": 5,
-    "compile_hang": 5,
-    "dense_fallback": 5,
-    "oom": 6,
-    "nccl_timeout": 5,
-    "nan_loss": 3,
-    "frozen": 3,      # transient: someone stopped the process; the same config again
-    "disk_full": 0,   # permanent: the run stops at once
-    "read_only": 0,   # permanent: the run stops at once
-    # deterministic: each restart applies a ladder step, never the same config again
-    "compile_resources": 4,
-    "compile_workers": 1,
-    "warmup_collective": 1,
-    "compile_error": 3,
-    "crash": 3,
-}
+#: restarts allowed per failure class before the run ends failed (each class's row's ``budget``)
+DEFAULT_PER_CLASS: dict[str, int] = dict(TABLES.budgets)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -131,7 +116,7 @@ class Budget:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None, where: str = "budget", *,
-                  classes: Iterable[str] | None = None) -> "Budget":
+                  classes: Iterable[str] | None = None) -> Self:
         """Defaults <- ``d`` (``per_class`` merges into the default table; unknown keys are
         ignored). ``classes``: the failure classes a ``per_class`` key must be one of."""
         d = dict(as_mapping(d, where))

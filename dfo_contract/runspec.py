@@ -281,7 +281,8 @@ _ROLES: dict[str, Any] = {"solo": Solo, "group": Group}
 def _plain(x: Any) -> Any:
     """A section as JSON: tuples as lists, nested dataclasses as dicts, ``kind`` first."""
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        out: dict[str, Any] = {"kind": x.kind} if hasattr(type(x), "kind") else {}
+        kind = getattr(type(x), "kind", None)  # a tagged section's class attribute
+        out: dict[str, Any] = {"kind": kind} if kind is not None else {}
         out.update({f.name: _plain(getattr(x, f.name)) for f in dataclasses.fields(x)})
         return out
     if isinstance(x, Mapping):
@@ -294,7 +295,7 @@ def _plain(x: Any) -> Any:
 def _tagged(d: Mapping[str, Any], key: str, table: Mapping[str, Any]) -> Any:
     sec = _section(d, key)
     kind = sec.get("kind")
-    if kind not in table:
+    if not isinstance(kind, str) or kind not in table:
         raise ContractError(f"{key}.kind: expected one of {', '.join(table)}, got {kind!r}")
     return table[kind].from_json(sec)
 

@@ -210,7 +210,10 @@ class OtherMarker(_Marker):
 TrainerMarker = (StepMarker | CheckpointMarker | EvalMarker | BestMarker | HeartbeatMarker
                  | PhaseMarker | StartupMarker | DoneMarker | OtherMarker)
 
-KINDS: dict[str, type] = {c.KIND: c for c in (StepMarker, CheckpointMarker, EvalMarker, BestMarker,
+_KnownMarker = (type[StepMarker] | type[CheckpointMarker] | type[EvalMarker] | type[BestMarker]
+                | type[HeartbeatMarker] | type[PhaseMarker] | type[StartupMarker] | type[DoneMarker])
+
+KINDS: dict[str, _KnownMarker] = {c.KIND: c for c in (StepMarker, CheckpointMarker, EvalMarker, BestMarker,
                                                HeartbeatMarker, PhaseMarker, StartupMarker,
                                                DoneMarker)}
 

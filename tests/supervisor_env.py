@@ -12,7 +12,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 import yaml
 
 from dfo_contract import events as ev
@@ -45,6 +44,30 @@ def local_host(root: Path, name: str = "local"):
     from orchestrator.config.inventory import HostConfig
 
     return HostConfig(name=name, transport="local", root=str(root), source="test")
+
+
+def local_run_ops(base: Path):
+    """(host root under ``base``, the local transport's RunOps on it, ``base``)."""
+    from orchestrator.engine.runs import RunOps
+    from orchestrator.transport.local import LocalTransport
+
+    root = make_root(base)
+    return root, RunOps(LocalTransport("local"), local_host(root)), base
+
+
+def launch(run_ops, cfg, *, fault=None, name="t", **kw):
+    """Launch the bundled trainer on ``cfg`` with the FAST thresholds (``thresholds=``
+    adds to them) and a fast backoff, without the env check."""
+    from orchestrator.engine.runs import LaunchOptions
+
+    o = LaunchOptions(config=str(cfg), run_name=name, fault=fault, backoff_scale=0.01,
+                      thresholds=dict(FAST, **kw.pop("thresholds", {})), env_check=False, **kw)
+    return run_ops.launch(o)
+
+
+def kinds(evs, kind: str) -> list:
+    """The events of one kind."""
+    return [e for e in evs if e.kind == kind]
 
 
 def hosts_yaml(path: Path, root: Path) -> Path:

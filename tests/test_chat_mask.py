@@ -33,7 +33,7 @@ ET = "<think>\n\n</think>\n\n"  # the empty think block the template renders on 
 def runs(tok, ids, mask) -> list[str]:
     """The decoded text of each maximal run of loss tokens."""
     out, cur = [], []
-    for t, m in zip(ids, mask):
+    for t, m in zip(ids, mask, strict=True):
         if m:
             cur.append(t)
         elif cur:
@@ -96,7 +96,7 @@ def test_tool_calls_under_loss_tool_results_not(tok):
     got = runs(tok, ids, mask)
     assert got == ['<tool_call>\n{"name": "weather", "arguments": {"city": "Oslo"}}\n</tool_call><|im_end|>',
                    ET + "Sunny and 20C.<|im_end|>"]
-    off = tok.decode([t for t, m in zip(ids, mask) if not m])
+    off = tok.decode([t for t, m in zip(ids, mask, strict=True) if not m])
     assert "sunny, 20C" in off and "weather" in off  # the tool schema is prompt
 
 

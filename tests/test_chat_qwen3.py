@@ -70,7 +70,7 @@ def masker(tokdir, name, thinking="on"):
 
 def runs(t, ids, mask) -> list[str]:
     out, cur = [], []
-    for i, m in zip(ids, mask):
+    for i, m in zip(ids, mask, strict=True):
         if m:
             cur.append(i)
         elif cur:
@@ -84,7 +84,7 @@ def test_every_template_and_mode_masks_all_13_exactly(tokdir, name, thinking):
     m = masker(tokdir, name, thinking)
     assert m.header == "<|im_start|>assistant\n" and m.end_of_turn == E
     got = [runs(m.tok, *m.mask(conversation_from_record(r))) for r in qwen3.records()]
-    for k, (g, want) in enumerate(zip(got, EXPECTED[name, thinking]), start=1):
+    for k, (g, want) in enumerate(zip(got, EXPECTED[name, thinking], strict=True), start=1):
         assert g == want, f"record {k}"
 
 
@@ -94,14 +94,14 @@ def test_hybrid_default_loss_has_no_prompt_text(tokdir):
         conv = conversation_from_record(rec)
         ids, mask = m.mask(conv)
         loss = "".join(runs(m.tok, ids, mask))
-        prompt = m.tok.decode([i for i, b in zip(ids, mask) if not b])
+        prompt = m.tok.decode([i for i, b in zip(ids, mask, strict=True) if not b])
         for msg in conv.messages:
             if msg["role"] != "assistant":
                 assert msg["content"].strip() not in loss, (k, msg)
                 assert msg["content"].strip() in prompt, (k, msg)  # rendered: no turn dropped
         for header in ("<|im_start|>user", "<|im_start|>system", "<|im_start|>assistant"):
             assert loss.count(header) == (k == 10 and header.endswith("assistant"))
-        assert sum(t == 151645 for t, b in zip(ids, mask) if b) == len(EXPECTED["hybrid", "on"][k - 1])
+        assert sum(t == 151645 for t, b in zip(ids, mask, strict=True) if b) == len(EXPECTED["hybrid", "on"][k - 1])
 
 
 @pytest.mark.parametrize("name,opens", [("hybrid", "<think>\n"), ("thinking-2507", "")])

@@ -42,10 +42,10 @@ def test_regenerate_rewrites_every_assistant_turn(tmp_path, target):
     assert (n, skipped) == (6, 0)
     got = rows(out)
     assert [r["index"] for r in got] == list(range(6)) and [r["line"] for r in got] == list(range(1, 7))
-    for r, rec in zip(got, recs):
+    for r, rec in zip(got, recs, strict=True):
         src_msgs = rec.get("messages") or [{"role": "user", "content": "sg"}, {"role": "assistant"}]
         assert [m["role"] for m in r["messages"]] == [m["role"] for m in src_msgs]
-        for m, s in zip(r["messages"], src_msgs):
+        for m, s in zip(r["messages"], src_msgs, strict=True):
             if m["role"] == "user":
                 assert m["content"] == s["content"]
             else:

@@ -99,7 +99,7 @@ def _pairs(a: ast.Assign):
         if isinstance(t, ast.Name):
             yield t, a.value
         elif isinstance(t, ast.Tuple) and isinstance(a.value, ast.Tuple):
-            yield from ((x, v) for x, v in zip(t.elts, a.value.elts) if isinstance(x, ast.Name))
+            yield from ((x, v) for x, v in zip(t.elts, a.value.elts, strict=False) if isinstance(x, ast.Name))
 
 
 def _functions(tree: ast.AST):
@@ -157,7 +157,7 @@ def violations(source: str, path: str) -> list[str]:
             flag("kind-call", n, f"({_const(n.elts[0])!r}, {{...}})")
         if isinstance(n, ast.Dict):
             keys = [_const(k) if k is not None else None for k in n.keys]
-            for k, v in zip(keys, n.values):
+            for k, v in zip(keys, n.values, strict=True):
                 if k == "kind" and _const(v) in EVENT_ONLY:
                     flag("kind-dict", n, f'{{"kind": {_const(v)!r}, ...}}')
             if wire_side and set(keys) & WIRE_KEYS:

@@ -100,7 +100,7 @@ def test_resume_mid_run_gives_each_rank_the_same_batches(data):
     st = json.loads(json.dumps(a.state_dict()))
     b = BatchStream(ds, **KW)
     b.load_state_dict(st)
-    for x, y in zip(a.take(n, keep=mine), b.take(n, keep=mine)):
+    for x, y in zip(a.take(n, keep=mine), b.take(n, keep=mine), strict=True):
         assert type(x) is type(y)
         assert _same(x, y) if not isinstance(x, SkippedBatch) else x == y
 
@@ -118,7 +118,7 @@ def test_packed_metrics_round_trip():
     flat = pack_metrics(local)
     assert flat.dim() == 1 and flat.dtype == torch.float32 and flat.numel() == 3 * (1 + 2 * 7 + 1)
     back = unpack_metrics(flat, local)
-    for m, b in zip(local, back):
+    for m, b in zip(local, back, strict=True):
         assert sorted(m) == sorted(b)
         for k in m:
             assert b[k].dtype == m[k].dtype and b[k].shape == m[k].shape and b[k].equal(m[k])
@@ -256,7 +256,7 @@ def test_no_sync_holds_across_accumulation(monkeypatch, compiled):
                 (loss / accum).backward()
             want = [p.grad.clone() for p in lay.parameters()]
             lay.drafter.zero_grad(set_to_none=True)
-            for g, w in zip(got, want):
+            for g, w in zip(got, want, strict=True):
                 torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-7)
         assert per_step[1] and per_step[3] == per_step[1]
     finally:

@@ -27,7 +27,7 @@ def _tree_bytes(p: Path) -> int:
     return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
 
 
-def test_a_checkpoint_that_does_not_fit_is_exit_7_and_keeps_the_complete_ones(tmp_path, tmpfs):
+def test_a_checkpoint_that_does_not_fit_is_exit_7_and_keeps_the_complete_ones(tmp_path, tmpfs):  # noqa: F811
     target = make_target(str(tmp_path / "target"))
     data = make_synth(str(tmp_path / "d.jsonl"), num=64)
     fs = tmpfs(64 << 20)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.config.hostconfig import FAILURE_CLASSES
+from dfo_contract.failure_classes import FAILURE_CLASSES
 from dfo_contract import events as ev
 from orchestrator.ops.classify_rules import GROUP_CLASSES, NODE_LOST, PEER_ABORT
 from orchestrator.ops.fallback import validate_ladders

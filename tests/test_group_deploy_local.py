@@ -37,7 +37,7 @@ groups:
     assert rc == 0, cap.err
     js = json.loads(cap.out)
     assert js["ok"] and [h["host"] for h in js["hosts"]] == ["n1", "n2"]
-    for h, root in zip(js["hosts"], ("r1", "r2")):
+    for h, root in zip(js["hosts"], ("r1", "r2"), strict=True):
         assert h["result"]["action"] == "create", h
         assert h["result"]["fingerprint"]["torch"].endswith("+cpu")
         assert (tmp_path / root / "envs/current/.dfo-complete").is_file()

@@ -21,7 +21,7 @@ def dfo(capsys, hosts, *args):
 
 
 def group_yaml(tmp_path, envs=(True, True)):
-    roots = [env_root(tmp_path, n, None, e) for n, e in zip(("a", "b"), envs)]
+    roots = [env_root(tmp_path, n, None, e) for n, e in zip(("a", "b"), envs, strict=True)]
     p = tmp_path / "hosts.yaml"
     p.write_text(f"""default: a
 hosts:

@@ -40,9 +40,9 @@ def env_root(base, name, fingerprint=None, env=True):
 
 
 def pair(tmp_path, fps=(None, None), envs=(True, True)):
-    roots = [env_root(tmp_path, n, fp, env) for n, fp, env in zip(("a", "b"), fps, envs)]
+    roots = [env_root(tmp_path, n, fp, env) for n, fp, env in zip(("a", "b"), fps, envs, strict=True)]
     hosts = [HostConfig(name=n, transport="local", root=str(r), source="test")
-             for n, r in zip(("a", "b"), roots)]
+             for n, r in zip(("a", "b"), roots, strict=True)]
     g = GroupConfig(name="pair", hosts=("a", "b"), head_addr="127.0.0.1", port=free_port_pair(),
                     ifname="lo")
     by = {h.name: h for h in hosts}

@@ -65,7 +65,7 @@ def _mn0(t) -> list[str]:
 @pytest.mark.lab
 def test_both_containers_up_each_with_its_address(lab_pair: PairInfo, tmp_path):
     for t, addr, name in zip(_transports(lab_pair, tmp_path), lab_pair.addresses,
-                             ("dfo-lab-202", "dfo-lab-203")):
+                             ("dfo-lab-202", "dfo-lab-203"), strict=True):
         assert _mn0(t) == [f"{addr}/24"]
         names = t.run(["python3", "-c", "import socket; print(socket.gethostname(), "
                        "sorted(n for _, n in socket.if_nameindex()))"], timeout=60, check=True).out

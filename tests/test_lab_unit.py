@@ -9,7 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 from orchestrator.config.inventory import parse_inventory
 from tests.lab import LabInfo

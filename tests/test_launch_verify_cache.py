@@ -28,9 +28,7 @@ import yaml
 from orchestrator.cli import main
 from orchestrator.config.inventory import HostConfig
 from orchestrator.engine.deploy import Deployer
-from orchestrator.engine.runs import LaunchOptions, RunOps
 from orchestrator.engine.wheel import build as build_wheel
-from orchestrator.errors import DriftError
 from orchestrator.ops.fingerprint import build_fingerprint
 from orchestrator.ops.launch_facts import VERIFIED_FILE, FactsRequest, facts_argv, parse_facts
 from orchestrator.ops.lockfile import lock_hash

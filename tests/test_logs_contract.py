@@ -54,7 +54,7 @@ def test_a_run_written_before_versions_reads_as_it_did(env):
     # each line as dfo showed it then; a checkpoint once per (attempt, step), as always
     seen, want = set(), []
     evs = ev.read_events((FIXTURES / "recorded.jsonl").read_text())
-    for e, text in zip(evs, (FIXTURES / "recorded.described.txt").read_text().splitlines()):
+    for e, text in zip(evs, (FIXTURES / "recorded.described.txt").read_text().splitlines(), strict=True):
         if isinstance(e, ev.Checkpoint):
             if (e.attempt, e.step) in seen:
                 continue

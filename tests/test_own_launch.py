@@ -11,11 +11,10 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.engine.runs import LaunchOptions, RunOps
+from orchestrator.engine.runs import LaunchOptions
 from orchestrator.errors import NotFoundError
-from orchestrator.transport.local import LocalTransport
 
-from tests.supervisor_env import FAST, events, local_host, make_root, wait_final
+from tests.supervisor_env import FAST, events, kinds, local_run_ops, wait_final
 
 pytestmark = pytest.mark.slow
 
@@ -25,13 +24,7 @@ PATTERN = r"step (?P<step>\d+) loss \S+ tok/s (?P<tok_s>[\d.]+)"
 
 @pytest.fixture
 def setup(tmp_path):
-    root = make_root(tmp_path)
-    run_ops = RunOps(LocalTransport("local"), local_host(root))
-    return root, run_ops, tmp_path
-
-
-def kinds(evs, kind):
-    return [e for e in evs if e.kind == kind]
+    return local_run_ops(tmp_path)
 
 
 def test_fx_race_of_an_own_script_is_classified_and_its_ladder_applied(setup, capsys):

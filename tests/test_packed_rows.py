@@ -71,7 +71,7 @@ def _bucketed(docs: list[Sample], per_doc: list[torch.Tensor]) -> Batch:
     lm = torch.zeros(len(docs), s, dtype=torch.bool)
     anchors = torch.zeros(len(docs), n, dtype=torch.long)
     valid = torch.zeros(len(docs), n, dtype=torch.bool)
-    for i, (d, a) in enumerate(zip(docs, per_doc)):
+    for i, (d, a) in enumerate(zip(docs, per_doc, strict=True)):
         ids[i, :len(d.input_ids)] = torch.tensor(d.input_ids)
         lm[i, :len(d.loss_mask)] = torch.tensor(d.loss_mask).bool()
         anchors[i, :a.numel()] = a

@@ -76,7 +76,7 @@ def test_threads_average_equals_one_big_batch(n_targets, n_drafters, grad_accum)
     replicas.average_grads(drafters)
     want = _sequential_grads(batches, grad_accum)
     for d in drafters:
-        for g, w in zip((p.grad for p in d.parameters()), want):
+        for g, w in zip((p.grad for p in d.parameters()), want, strict=True):
             torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
     replicas.check_equal(drafters)
 

@@ -218,10 +218,10 @@ def test_two_cli_launches_of_one_run_name(env, tiny_assets):  # noqa: F811
                            cwd=str(REPO), env=penv) for _ in range(2)]
     outs = [p.communicate(timeout=400) for p in ps]
     rcs = [p.returncode for p in ps]
-    winners = [json.loads(o)["run_id"] for (o, _), rc in zip(outs, rcs) if rc == 0]
+    winners = [json.loads(o)["run_id"] for (o, _), rc in zip(outs, rcs, strict=True) if rc == 0]
     try:
         assert sorted(rcs) == [0, 9], outs
-        loser_err = next(e for (_, e), rc in zip(outs, rcs) if rc == 9)
+        loser_err = next(e for (_, e), rc in zip(outs, rcs, strict=True) if rc == 9)
         assert f"run {winners[0]} is live" in loser_err and loser_err.count("\n") == 1
         assert not [e for e in events(root, winners[0]) if e.kind == "final"]
     finally:

@@ -16,8 +16,8 @@ import pytest
 from orchestrator.ops import standby as sb
 from dfo_contract import events as ev
 
-from tests.supervisor_env import (FAST, events, local_host, make_root,  # noqa: F401
-                                  wait_final, write_config)
+from tests.supervisor_env import (FAST, events, kinds, local_host, make_root, wait_final,
+                                  write_config)
 
 REPO = Path(__file__).resolve().parents[1]
 PY = "/env/bin/python"
@@ -268,10 +268,6 @@ def _launch(tmp_path, assets, thresholds=(), **kw):
     return root, plan.run_id, info, events(root, plan.run_id)
 
 
-def _kinds(evs, kind):
-    return [e for e in evs if e.kind == kind]
-
-
 @pytest.mark.slow
 def test_attempt_two_runs_in_the_standby(tmp_path, tiny_assets):  # noqa: F811
     # standby_early_cpus 1: started with attempt 1, as on a GPU node (the 2-core default
@@ -283,20 +279,20 @@ def test_attempt_two_runs_in_the_standby(tmp_path, tiny_assets):  # noqa: F811
 
     log1 = (root / "runs" / run_id / "attempt-1.log").read_text().splitlines()
     first_step = next(m["t"] for m in iter_markers(log1) if m["kind"] == "step")
-    assert _kinds(evs, "standby_start")[0].t < first_step
-    assert _kinds(evs, "classified")[0].cls == "fx_trace_race"
-    ready = _kinds(evs, "standby_ready")
+    assert kinds(evs, "standby_start")[0].t < first_step
+    assert kinds(evs, "classified")[0].cls == "fx_trace_race"
+    ready = kinds(evs, "standby_ready")
     assert ready and ready[0].error is None and ready[0].import_s > 0
-    used = _kinds(evs, "standby_used")
+    used = kinds(evs, "standby_used")
     assert [u.attempt for u in used] == [2]
-    starts = _kinds(evs, "attempt_start")
+    starts = kinds(evs, "attempt_start")
     assert starts[1].pid == used[0].pid == ready[0].pid
     assert "--compile.gate=true" in starts[1].argv
     # attempt 2 (the standby) wrote its output into its own log and finished the run
     log2 = (root / "runs" / run_id / "attempt-2.log").read_text()
     assert '"kind": "done"' in log2
     # attempt 2 trained, so a standby for attempt 3 was started; the end of the run killed it
-    assert _kinds(evs, "standby_discarded")[-1].reason.startswith("the run ended")
+    assert kinds(evs, "standby_discarded")[-1].reason.startswith("the run ended")
     state = json.loads((root / "runs" / run_id / "state.json").read_text())
     assert state["standby_pid"] is None
 
@@ -310,11 +306,11 @@ def test_a_differing_import_time_env_key_discards_the_standby(tmp_path, tiny_ass
     from dfo_contract.markers import iter_markers
 
     train_t = next(m["t"] for m in iter_markers(log1) if m.get("phase") == "train")
-    assert _kinds(evs, "standby_start")[0].t >= train_t  # 2 cores: after training began
-    assert not _kinds(evs, "standby_used")
-    d = _kinds(evs, "standby_discarded")
+    assert kinds(evs, "standby_start")[0].t >= train_t  # 2 cores: after training began
+    assert not kinds(evs, "standby_used")
+    d = kinds(evs, "standby_discarded")
     assert d[0].attempt == 2 and d[0].reason == "env differs: OMP_NUM_THREADS"
-    starts = _kinds(evs, "attempt_start")
+    starts = kinds(evs, "attempt_start")
     assert len(starts) == 2 and starts[1].pid != d[0].pid
 
 

@@ -17,30 +17,16 @@ import sys
 import pytest
 
 from dfo_contract.markers import iter_markers
-from orchestrator.engine.runs import LaunchOptions, RunOps
-from orchestrator.transport.local import LocalTransport
 
-from tests.supervisor_env import (FAST, events, local_host, make_root,  # noqa: F401
-                                  wait_final, wait_for, write_config)
+from tests.supervisor_env import (events, kinds, launch, local_run_ops, wait_final, wait_for,
+                                  write_config)
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
 def setup(tmp_path, tiny_assets):  # noqa: F811
-    root = make_root(tmp_path)
-    run_ops = RunOps(LocalTransport("local"), local_host(root))
-    return root, run_ops, tmp_path
-
-
-def launch(run_ops, cfg, *, fault=None, name="t", **kw):
-    o = LaunchOptions(config=str(cfg), run_name=name, fault=fault, backoff_scale=0.01,
-                      thresholds=dict(FAST, **kw.pop("thresholds", {})), env_check=False, **kw)
-    return run_ops.launch(o)
-
-
-def kinds(evs, kind):
-    return [e for e in evs if e.kind == kind]
+    return local_run_ops(tmp_path)
 
 
 def state(root, run_id) -> dict:
@@ -67,7 +53,7 @@ def steps_after(root, run_id, step: int) -> list[dict]:
 
 def step_s(marks: list[dict]) -> float:
     """The median time between these step markers (the run's measured step time)."""
-    gaps = sorted(b["t"] - a["t"] for a, b in zip(marks, marks[1:]))
+    gaps = sorted(b["t"] - a["t"] for a, b in zip(marks, marks[1:], strict=False))
     return gaps[len(gaps) // 2] if gaps else 1.0
 
 
@@ -87,7 +73,7 @@ def hog_until_slow(root, run_id, hogs: list, cores: int, baseline: float) -> flo
                  for _ in range(n - len(hogs))]
         at = marks[-1]["step"]
         # the first step after ``at`` may have started before the hogs: the next two
-        def two_under_hogs():
+        def two_under_hogs(at=at):
             got = steps_after(root, run_id, at)
             return got[1:3] if len(got) >= 3 else None
 

@@ -10,30 +10,14 @@ import json
 
 import pytest
 
-from orchestrator.engine.runs import LaunchOptions, RunOps
-from orchestrator.transport.local import LocalTransport
-
-from tests.supervisor_env import (FAST, events, local_host, make_root,  # noqa: F401
-                             wait_final, write_config)
+from tests.supervisor_env import events, kinds, launch, local_run_ops, wait_final, write_config
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
 def setup(tmp_path, tiny_assets):  # noqa: F811
-    root = make_root(tmp_path)
-    run_ops = RunOps(LocalTransport("local"), local_host(root))
-    return root, run_ops, tmp_path
-
-
-def launch(run_ops, cfg, *, fault=None, name="t", **kw):
-    o = LaunchOptions(config=str(cfg), run_name=name, fault=fault, backoff_scale=0.01,
-                      thresholds=dict(FAST, **kw.pop("thresholds", {})), env_check=False, **kw)
-    return run_ops.launch(o)
-
-
-def kinds(evs, kind):
-    return [e for e in evs if e.kind == kind]
+    return local_run_ops(tmp_path)
 
 
 def test_fx_error_is_classified_falls_back_and_resumes(setup, tiny_assets):  # noqa: F811

@@ -107,8 +107,8 @@ def test_chat_loss_only_on_assistant_turns(tmp_path, tok):
             {"role": "user", "content": "more"}, {"role": "assistant", "content": "6 7 8 9 10 11"}]
     ids, mask = tokenize_chat(tok, msgs)
     assert len(ids) == len(mask)
-    on = tok.decode([t for t, m in zip(ids, mask) if m])
-    off = tok.decode([t for t, m in zip(ids, mask) if not m])
+    on = tok.decode([t for t, m in zip(ids, mask, strict=True) if m])
+    off = tok.decode([t for t, m in zip(ids, mask, strict=True) if not m])
     assert "4 and then 5" in on and "6 7 8 9 10 11" in on
     assert "add one" in off and "more" in off and "add one" not in on
     p = _write(tmp_path, [{"messages": msgs}, {"messages": msgs[:2]}])

@@ -132,7 +132,7 @@ def test_flex_forward_matches_sdpa_with_a_window(env):
         for backend in ("sdpa", "flex-eager"):
             mask = attention.build_mask(backend, b.anchors, b.anchor_valid, 64, 8, 24)
             out[backend] = dr(feats, ids, pos,
-                              lambda q, k, v: attention.attend(backend, q, k, v, mask))
+                              lambda q, k, v, backend=backend, mask=mask: attention.attend(backend, q, k, v, mask))
     torch.testing.assert_close(out["flex-eager"], out["sdpa"], rtol=1e-4, atol=1e-4)
 
 

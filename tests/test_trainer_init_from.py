@@ -39,7 +39,7 @@ def _plain_cfg(released, tmp_path, **extra):
     args = tiny_overrides(released["target"], released["data"], str(tmp_path / "run"), **extra)
     drop = {"--model.drafter_layers", "--model.block_size"}
     keep = []
-    for k, v in zip(args[::2], args[1::2]):
+    for k, v in zip(args[::2], args[1::2], strict=True):
         if k not in drop:
             keep += [k, v]
     return load_config(None, keep)

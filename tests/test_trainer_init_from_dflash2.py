@@ -51,7 +51,7 @@ def _cfg(released, tmp_path, **extra):
                           **{"model.init_from": released["x2"], "model.method": "dflash2", **extra})
     drop = {"--model.drafter_layers", "--model.block_size"} - {f"--{k}" for k in extra}
     keep = []
-    for k, v in zip(args[::2], args[1::2]):
+    for k, v in zip(args[::2], args[1::2], strict=True):
         if k not in drop:
             keep += [k, v]
     return load_config(None, keep)

@@ -10,11 +10,10 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.engine.runs import LaunchOptions, RunOps
+from orchestrator.engine.runs import LaunchOptions
 from orchestrator.ops.verdict import RETRY_NOTE
-from orchestrator.transport.local import LocalTransport
 
-from tests.supervisor_env import FAST, events, local_host, make_root, wait_final, write_config
+from tests.supervisor_env import FAST, events, kinds, local_run_ops, wait_final, write_config
 
 pytestmark = pytest.mark.slow
 
@@ -24,13 +23,7 @@ PATTERN = r"step (?P<step>\d+) loss \S+ tok/s (?P<tok_s>[\d.]+)"
 
 @pytest.fixture
 def setup(tmp_path):
-    root = make_root(tmp_path)
-    run_ops = RunOps(LocalTransport("local"), local_host(root))
-    return root, run_ops, tmp_path
-
-
-def kinds(evs, kind):
-    return [e for e in evs if e.kind == kind]
+    return local_run_ops(tmp_path)
 
 
 def diagnose_json(capsys, *args) -> dict:

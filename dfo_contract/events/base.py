@@ -14,7 +14,7 @@ import time
 import types
 import typing
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar, Mapping, Self
 
 from ..errors import ContractError, VersionError
 from ..fsio import json_safe
@@ -81,7 +81,7 @@ class EventBase:
         return {"v": VERSION, "t": json_safe(self.t), "kind": self.kind, **self.body()}
 
     @classmethod
-    def from_body(cls, body: Mapping[str, Any], **defaults: Any) -> "EventBase":
+    def from_body(cls, body: Mapping[str, Any], **defaults: Any) -> Self:
         """An event from its fields (JSON names); ``defaults`` (attribute names) fill the
         ones ``body`` lacks. ContractError when a field is missing or mistyped."""
         if not isinstance(body, Mapping):

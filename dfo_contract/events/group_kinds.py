@@ -8,12 +8,10 @@ from typing import Any, ClassVar
 
 from .base import EventBase, opt, req
 
-_frozen = dataclass(frozen=True, kw_only=True)
-
 
 # --- one run over several nodes (spec ``group``); each names the node and its host -----------
 
-@_frozen
+@dataclass(frozen=True, kw_only=True)
 class GroupStart(EventBase):
     kind: ClassVar[str] = "group_start"
     node: int
@@ -27,7 +25,7 @@ class GroupStart(EventBase):
                 f"coordinating through {self.head_addr}:{self.coord_port}")
 
 
-@_frozen
+@dataclass(frozen=True, kw_only=True)
 class PeerAbort(EventBase):
     """Another node's attempt failed; this node stopped its own."""
     kind: ClassVar[str] = "peer_abort"
@@ -40,7 +38,7 @@ class PeerAbort(EventBase):
         return f"attempt {self.attempt} stopped: {self.reason}"
 
 
-@_frozen
+@dataclass(frozen=True, kw_only=True)
 class NodeEnd(EventBase):
     """One node's own judgement of its part of an attempt (``group_store.NodeOutcome``)."""
     kind: ClassVar[str] = "node_end"
@@ -61,7 +59,7 @@ class NodeEnd(EventBase):
             f"{self.reason}"
 
 
-@_frozen
+@dataclass(frozen=True, kw_only=True)
 class NodeLost(EventBase):
     kind: ClassVar[str] = "node_lost"
     attempt: int
@@ -74,7 +72,7 @@ class NodeLost(EventBase):
         return str(self.reason or f"node {self.host} lost")
 
 
-@_frozen
+@dataclass(frozen=True, kw_only=True)
 class GroupDecision(EventBase):
     """The head's decision on an attempt; a peer's record of it also carries the rest of
     the decision (``group_store.GroupVerdict``: overrides, fallback, restart, ...)."""

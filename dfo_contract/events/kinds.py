@@ -11,12 +11,10 @@ from typing import Any, ClassVar
 from .base import EventBase, opt, req
 from .group_kinds import GroupDecision, GroupStart, NodeEnd, NodeLost, PeerAbort
 
-_frozen = dataclass(frozen=True, kw_only=True)
-
 
 # --- one run's supervisor -------------------------------------------------------------------
 
-@_frozen
+@dataclass(frozen=True, kw_only=True)
 class SupervisorStart(EventBase):
     kind: ClassVar[str] = "supervisor_start"
     pid: int
@@ -28,7 +26,7 @@ class SupervisorStart(EventBase):
             (" - resumed after supervisor restart" if self.resumed else "")
 
 
-@_frozen
+@dataclass(frozen=True, kw_only=True)
 class OrphansReaped(EventBase):
     kind: ClassVar[str] = "orphans_reaped"
     pids: list[int]
@@ -37,7 +35,7 @@ class OrphansReaped(EventBase):
         return f"reaped orphaned trainer processes {self.pids}"
 
 
-@_frozen
+@dataclass(frozen=True, kw_only=True)
 class AttemptStart(EventBase):
     kind: ClassVar[str] = "attempt_start"
     attempt: int
@@ -52,7 +50,7 @@ class AttemptStart(EventBase):
         return f"attempt {self.attempt} started" + (f", resuming {r}" if r else ", from scratch")
 
 
-@_frozen
+@dataclass(frozen=True, kw_only=True)
 class Checkpoint(EventBase):
     kind: ClassVar[str] = "checkpoint"
     attempt: int
@@ -64,7 +62,7 @@ class Checkpoint(EventBase):
         return f"checkpoint step {self.step}"
 
 
-@_frozen
+@dataclass(frozen=True, kw_only=True)
 class Eval(EventBase):
     kind: ClassVar[str] = "eval"
     attempt: int
@@ -77,7 +75,7 @@ class Eval(EventBase):
         return f"eval at step {self.step}: acceptance length {self.accept_len}"
 
 
-@_frozen
+@dataclass(frozen=True, kw_only=True)
 class Watchdog(EventBase):
     kind: ClassVar[str] = "watchdog"
     attempt: int
@@ -87,7 +85,7 @@ class Watchdog(EventBase):
         return f"watchdog: {self.reason}"
 
 
-@_frozen
+@dataclass(frozen=True, kw_only=True)
 class ConfigEdited(EventBase):
     kind: ClassVar[str] = "config_edited"
     attempt: int
@@ -105,7 +103,7 @@ class ConfigEdited(EventBase):
                 "dfo launch --resume latest with that config)")
 
 
-@_frozen
+@dataclass(frozen=True, kw_only=True)
 class ThroughputLow(EventBase):
     kind: ClassVar[str] = "throughput_low"
     attempt: int
@@ -120,7 +118,7 @@ class ThroughputLow(EventBase):
                 f"config unchanged")
 
 
-@_frozen
+@dataclass(frozen=True, kw_only=True)
 class ThroughputOk(EventBase):
     kind: ClassVar[str] = "throughput_ok"
     attempt: int
@@ -130,7 +128,7 @@ class ThroughputOk(EventBase):
         return f"throughput back: {self.reason}"
 
 
-@_frozen
+@dataclass(frozen=True, kw_only=True)
 class Stacks(EventBase):
     kind: ClassVar[str] = "stacks"
     attempt: int
@@ -140,7 +138,7 @@ class Stacks(EventBase):
         return f"stacks saved: {', '.join(self.files or []) or 'none'}"
 
 
-@_frozen
+@dataclass(frozen=True, kw_only=True)
 class CacheRestore(EventBase):
     kind: ClassVar[str] = "cache_restore"
     attempt: int
@@ -151,7 +149,7 @@ class CacheRestore(EventBase):
         return f"compile cache: {self.detail}"
 
 
-@_frozen
+@dataclass(frozen=True, kw_only=True)
 class RunFirst(EventBase):
     """Your own trainer's ladder ran its ``run_first`` commands before the attempt."""
     kind: ClassVar[str] = "run_first"
@@ -165,7 +163,7 @@ class RunFirst(EventBase):
                 + ("" if self.ok else f" (failed: {self.detail})"))
 
 
-@_frozen
+@dataclass(frozen=True, kw_only=True)
 class AttemptEnd(EventBase):
     kind: ClassVar[str] = "attempt_end"
     attempt: int
@@ -196,7 +194,7 @@ class AttemptEnd(EventBase):
         return f"attempt {self.attempt} ended: {how} after {self.duration_s:.0f}s"
 
 
-@_frozen
+@dataclass(frozen=True, kw_only=True)
 class Classified(EventBase):
     kind: ClassVar[str] = "classified"
     attempt: int
@@ -209,7 +207,7 @@ class Classified(EventBase):
         return f"attempt {self.attempt} classified {self.cls}: {self.reason}"
 
 
-@_frozen
+@dataclass(frozen=True, kw_only=True)
 class Fallback(EventBase):
     kind: ClassVar[str] = "fallback"
     attempt: int
@@ -227,7 +225,7 @@ class Fallback(EventBase):
             (f" ({ch})" if ch else "")
 
 
-@_frozen
+@dataclass(frozen=True, kw_only=True)
 class Restart(EventBase):
     kind: ClassVar[str] = "restart"
     attempt: int               # the attempt that starts next
@@ -238,7 +236,7 @@ class Restart(EventBase):
         return f"restart as attempt {self.attempt} in {self.delay_s:.1f}s: {self.reason}"
 
 
-@_frozen
+@dataclass(frozen=True, kw_only=True)
 class GiveUp(EventBase):
     kind: ClassVar[str] = "give_up"
     cls: str = req(json="class")
@@ -249,7 +247,7 @@ class GiveUp(EventBase):
         return f"giving up on {self.cls}: {self.reason}"
 
 
-@_frozen
+@dataclass(frozen=True, kw_only=True)
 class Stopping(EventBase):
     kind: ClassVar[str] = "stopping"
     attempt: int
@@ -259,7 +257,7 @@ class Stopping(EventBase):
         return f"stopping: {self.reason}"
 
 
-@_frozen
+@dataclass(frozen=True, kw_only=True)
 class Final(EventBase):
     kind: ClassVar[str] = "final"
     status: str                # done | failed | stopped
@@ -276,7 +274,7 @@ class Final(EventBase):
 
 # --- the standby interpreter (supervisor.standby) ------------------------------------------
 
-@_frozen
+@dataclass(frozen=True, kw_only=True)
 class StandbyStart(EventBase):
     kind: ClassVar[str] = "standby_start"
     attempt: int               # the attempt it is for
@@ -286,7 +284,7 @@ class StandbyStart(EventBase):
         return f"standby interpreter for attempt {self.attempt} started (pid {self.pid})"
 
 
-@_frozen
+@dataclass(frozen=True, kw_only=True)
 class StandbyReady(EventBase):
     kind: ClassVar[str] = "standby_ready"
     pid: int
@@ -300,7 +298,7 @@ class StandbyReady(EventBase):
         return f"standby interpreter ready after {float(self.import_s or 0):.1f}s{err}"
 
 
-@_frozen
+@dataclass(frozen=True, kw_only=True)
 class StandbyUsed(EventBase):
     kind: ClassVar[str] = "standby_used"
     attempt: int
@@ -313,7 +311,7 @@ class StandbyUsed(EventBase):
         return f"attempt {self.attempt} runs in the standby interpreter (pid {self.pid})"
 
 
-@_frozen
+@dataclass(frozen=True, kw_only=True)
 class StandbyDiscarded(EventBase):
     kind: ClassVar[str] = "standby_discarded"
     attempt: int | None        # None: discarded when the run ended

@@ -199,7 +199,7 @@ def effective_config(cfg: TrainerConfig, conf: dict) -> TrainerConfig:
         return cfg
     d = read_drafter(conf, path)
     check_method(cfg, d.method, path)
-    explicit = getattr(cfg, "explicit_keys", set())
+    explicit: set[str] = getattr(cfg, "explicit_keys", set())
     for name, val in settings(d):
         if val is None and name != "is_causal":
             continue

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import types
 import typing
-from typing import Any
+from typing import Any, Sequence
 
 import yaml
 
@@ -179,7 +179,7 @@ def parse_overrides(args: list[str]) -> list[tuple[str, str]]:
     return out
 
 
-def load_config(path: str | None = None, overrides: list[str] | list[tuple[str, str]] = (),
+def load_config(path: str | None = None, overrides: Sequence[str] | Sequence[tuple[str, str]] = (),
                 *, validate_now: bool = True) -> TrainerConfig:
     """Defaults <- YAML file <- ``--section.field value`` overrides; then validate."""
     cfg = TrainerConfig()
@@ -208,12 +208,12 @@ def load_text(text: str, path: str) -> TrainerConfig:
     return cfg
 
 
-def apply_overrides(cfg: TrainerConfig, overrides: list[str] | list[tuple[str, str]] = (),
+def apply_overrides(cfg: TrainerConfig, overrides: Sequence[str] | Sequence[tuple[str, str]] = (),
                     *, validate_now: bool = True) -> TrainerConfig:
     """``cfg`` with ``--section.field value`` overrides (flag args or (key, text) pairs) set
     in place; then validate."""
-    pairs = overrides if overrides and isinstance(next(iter(overrides)), tuple) \
-        else parse_overrides(list(overrides))
+    texts = [o for o in overrides if isinstance(o, str)]
+    pairs = parse_overrides(texts) if texts else [o for o in overrides if isinstance(o, tuple)]
     for key, text in pairs:
         _set(cfg, key, text, from_text=True, where="")
     if validate_now:

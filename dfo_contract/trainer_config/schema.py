@@ -185,7 +185,7 @@ class TrainerConfig:
     run: RunConfig = field(default_factory=RunConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         # the keys a file or flag set (``parse._set``); not a field, so never serialized
         self.explicit_keys: set[str] = set()
 

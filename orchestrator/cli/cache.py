@@ -66,7 +66,7 @@ def warm_cache(app, host_name, config_path, sets, from_file, pull_dest, key_name
     if show_status or prune_keep is not None:
         out = run(mgr, req)
         _print_status(host.name, out.entries, out.removed, as_json)
-        bad = status_problems(host.name, out.entries)
+        bad = status_problems(host.name, out.entries or [])
         if bad is not None:
             raise bad
         return 0
@@ -122,9 +122,10 @@ def _warm_group(app, group_name, req, timeout, as_json) -> int:
 
 # output ---------------------------------------------------------------------------------------
 
-def _size(n: int | None) -> str:
-    if n is None:
+def _size(size: int | None) -> str:
+    if size is None:
         return "-"
+    n = float(size)
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"

@@ -17,11 +17,15 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import click
 from rich.console import Console
 from rich.markup import escape
+
+if TYPE_CHECKING:
+    from rich.live import Live
+    from rich.status import Status
 
 #: the width of a non-terminal console: wide enough that nothing is ever cut
 PIPE_WIDTH = 4096
@@ -132,7 +136,7 @@ class Activity(_Progress):
                  every: float | None = None):
         super().__init__(label, con=con, enabled=enabled, every=every)
         self.text = ""
-        self._status = None
+        self._status: Status | None = None
         self._last = 0.0
         self._last_upd = 0.0
 
@@ -228,7 +232,7 @@ class HostRows(_Progress):
         self.state = {h: "run" for h in self.hosts}   # run | ok | fail
         self.t_end: dict[str, float] = {}
         self._last = {h: 0.0 for h in self.hosts}     # last plain line per host
-        self._live = None
+        self._live: Live | None = None
         self._spin: dict = {}
 
     def __enter__(self) -> "HostRows":

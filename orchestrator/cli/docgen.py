@@ -108,7 +108,9 @@ def _section(ctx: click.Context, cmd: click.Command) -> str:
 
 def render(root: click.Group | None = None, template: str | None = None) -> str:
     if root is None:
-        from . import cli as root
+        from . import cli
+
+        root = cli
     text = template if template is not None else TEMPLATE.read_text()
     return text.replace("{{SUMMARY}}", summary(root)).replace("{{REFERENCE}}", reference(root))
 

@@ -90,7 +90,7 @@ def follow_group_logs(gr, run_id, *, follow, raw, attempt, since, from_attempt) 
     except KeyboardInterrupt:
         err.print(f"dfo: detached; run {escape(run_id)} goes on "
                   f"(dfo logs -f --group {escape(gr.group.name)})")
-        raise click.exceptions.Exit(EXIT_INTERRUPTED)
+        raise click.exceptions.Exit(EXIT_INTERRUPTED) from None
     gr.raise_failed(outs, f"following run {run_id}")
     if follow:
         for o in outs:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shlex
 import time
+from typing import Any
 
 import click
 
@@ -95,8 +96,8 @@ def launch(app, host_name, group_name, resume, config, run_name, sets, replace, 
         raise ConfigError("--fault-node needs --group and --fault",
                           hint="give --group NAME --fault SPEC, or drop --fault-node")
 
-    budget: dict = {}
-    per: dict = {}
+    budget: dict[str, Any] = {}
+    per: dict[str, int] = {}
     for k, v in _kv(budgets, "--budget", int).items():
         if k in ("total", "startup_limit"):
             budget[k] = v
@@ -177,7 +178,7 @@ def _follow(run_ops, run_id, *, follow, raw, attempt, since, from_attempt) -> in
         status = f.run()
     except KeyboardInterrupt:
         err.print(f"dfo: detached; run {escape(run_id)} goes on (dfo logs -f --run {escape(run_id)})")
-        raise click.exceptions.Exit(EXIT_INTERRUPTED)
+        raise click.exceptions.Exit(EXIT_INTERRUPTED) from None
     if follow:
         if status == "failed":
             runs = run_ops.status(run_id)

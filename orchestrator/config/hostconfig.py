@@ -8,15 +8,10 @@ from pathlib import Path
 from typing import Mapping
 
 from ..errors import ConfigError
-from ..ops.classify_rules import CLASSES
 from ..ops.host_tree import HostTree
 from ..transport.settings import SSHSettings
 
 TRANSPORTS = ("local", "ssh", "proxmox")
-
-#: Failure classes a host may give a fallback ladder for (the classifier's names, used
-#: everywhere: events log, ``dfo status``, ``dfo diagnose``, docs). ``done`` has no ladder.
-FAILURE_CLASSES = tuple(c for c in CLASSES if c != "done")
 
 
 def did_you_mean(word: str, choices) -> str:

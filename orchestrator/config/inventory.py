@@ -18,9 +18,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from dfo_contract.failure_classes import FAILURE_CLASSES
+
 from ..errors import ConfigError
 from ..transport.settings import SSHSettings
-from .hostconfig import FAILURE_CLASSES, TRANSPORTS, GpuLayout, HostConfig, Inventory
+from .hostconfig import TRANSPORTS, GpuLayout, HostConfig, Inventory
 from .inventory_parser import InventoryParser
 from .sshconfig import parse_ssh_spec, resolve_jumps, ssh_config_lookup
 

@@ -9,9 +9,11 @@ from typing import Any
 
 import yaml
 
+from dfo_contract.failure_classes import FAILURE_CLASSES
+
 from ..errors import ConfigError
 from ..transport.settings import SSHSettings
-from .hostconfig import FAILURE_CLASSES, TRANSPORTS, GpuLayout, HostConfig, Inventory, did_you_mean
+from .hostconfig import TRANSPORTS, GpuLayout, HostConfig, Inventory, did_you_mean
 from .groups_parser import parse_groups
 from .sshconfig import SSH_SPEC_RE, resolve_jumps, ssh_config_lookup
 from .yaml_nodes import NodeReader

@@ -105,8 +105,8 @@ def warm_cache(mgr: CacheManager, req: WarmCacheRequest,
     if req.pull_dest is not None:
         tar, man = mgr.pull(key.key, Path(req.pull_dest))
         return _done(_pulled(host, key.key, tar, man), key.components, t0)
-    if req.push_file or req.from_file:
-        src = req.push_file or req.from_file
+    src = req.push_file or req.from_file
+    if src:
         m = mgr.push(Path(src), key, trust_other_hosts=req.trust_other_hosts)
         res = restored_result(host, key.key, "pushed" if req.push_file else "restored", str(src), m)
         return _done(res, key.components, t0)
@@ -142,7 +142,9 @@ def _key_without_config(mgr: CacheManager, req: WarmCacheRequest):
                                 hint="warm one with `dfo warm-cache --config F`")
         raise ConfigError(f"warm-cache --pull: {len(snaps)} snapshots on {mgr.host}: "
                           + ", ".join(snaps), hint="name one with --key K, or pass --config F")
-    tar, man = local_snapshot_files(Path(req.push_file or req.from_file))
+    src = req.push_file or req.from_file
+    assert src, "called for --pull, --push or --from only"
+    tar, man = local_snapshot_files(Path(src))
     m = sn.parse_manifest(man.read_bytes(), str(man))
     fp = mgr.fingerprint()
     comps = dict(m["components"])

@@ -83,7 +83,8 @@ class CacheWarmup:
             records, counters, cold_s = self._warmup(gen, cfg_path, overrides,
                                                      posixpath.join(work, "report-cold.json"),
                                                      save_mega=posixpath.join(gen, sn.MEGA_FILE))
-            warm_s, warm_counters = None, {}
+            warm_s: float | None = None
+            warm_counters: dict[str, int] = {}
             if measure:
                 check = p.gen(stamp + "-check")
                 try:

@@ -49,8 +49,7 @@ class DeployChecks:
         lines = self._drift_lines(state, lock, target,
                                   lambda: self._timed_probe(self.deployer.tree.current_env))
         report.fingerprint = state.current_fingerprint or None
-        seen: set[str] = set()
-        report.drift = [x for x in lines if not (x in seen or seen.add(x))]
+        report.drift = list(dict.fromkeys(lines))  # each line once, in order
         report.ok = not report.drift
         report.dfo_only = self._dfo_only(state, lock, report.drift)
         report.message = ("envs/current matches its lock and fingerprint" if report.ok else
@@ -122,8 +121,7 @@ class DeployChecks:
             return probed
 
         lines = self._drift_lines(state, lock, target, probe)
-        seen: set[str] = set()
-        report.drift = [x for x in lines if not (x in seen or seen.add(x))]
+        report.drift = list(dict.fromkeys(lines))  # each line once, in order
         report.ok = not report.drift
         report.dfo_only = self._dfo_only(state, lock, report.drift)
         report.cached = rec is not None

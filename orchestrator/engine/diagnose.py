@@ -19,6 +19,7 @@ from typing import Any
 from dfo_contract import events as ev
 from dfo_contract import runstate as rs
 from dfo_contract.errors import ContractError
+from dfo_contract.failure_classes import TABLES
 from dfo_contract.runspec import RunSpec
 from dfo_contract.trainer_markers import DoneMarker, HeartbeatMarker, TrainerMarker, read_marker
 
@@ -29,7 +30,7 @@ from ..ops.launch_inputs import flatten
 from ..ops.verdict import Ladders, Verdict, choose, position_before
 
 #: classes only a ddp run shows (a log alone is assumed to be ddp's)
-COLLECTIVE_CLASSES = frozenset({"warmup_collective", "nccl_timeout"})
+COLLECTIVE_CLASSES = TABLES.collective
 
 #: what a log alone cannot tell: how an attempt ended that printed no failure and no exit
 UNKNOWABLE = ("the log ends without an exit status or a failure line: from the log alone a "

@@ -180,10 +180,10 @@ def check_group(group: GroupConfig, hosts: Sequence[HostConfig], transport_for: 
 
     res = GroupCheck(group=group, members=for_each_host(hosts, one))
     for o in res.members:
-        if o.ok and o.value.check.exit_code:
+        if o.ok and o.value is not None and o.value.check.exit_code:
             o.error = o.value.check.error or (o.value.check.problems or ["check failed"])[0]
             o.exit_code = o.value.check.exit_code
-    facts = {o.host: o.value for o in res.members if o.ok}
+    facts = {o.host: o.value for o in res.members if o.ok and o.value is not None}
     names = [h.name for h in hosts]
     res.env = gc.env_differences(group.name, names, {h: f.fingerprint for h, f in facts.items()})
     res.env += gc.profile_differences(
@@ -208,6 +208,7 @@ def probe_reach(group: GroupConfig, head: HostConfig, transport_for: TransportFo
     sends it ``stop`` once all have tried, or after ``listen_s``."""
     ports = [group.port, group.coord_port]
     addr = group.head_addr
+    python = {name: f.python for name, f in facts.items() if f.python}  # head and peers have one
     lines: list[str] = []
     ready = threading.Event()
     failure: list[str] = []
@@ -219,7 +220,7 @@ def probe_reach(group: GroupConfig, head: HostConfig, transport_for: TransportFo
 
     def listener() -> None:
         try:
-            argv = gc.listen_argv(facts[head.name].python, addr, ports, len(peers), listen_s)
+            argv = gc.listen_argv(python[head.name], addr, ports, len(peers), listen_s)
             r = transport_for(head).stream(argv, on_line, timeout=listen_s + 60)
             if r.exit_code != 0 and not ready.is_set():
                 failure.append(f"the listener exited {r.exit_code}: "
@@ -242,7 +243,7 @@ def probe_reach(group: GroupConfig, head: HostConfig, transport_for: TransportFo
 
     def connect(h: HostConfig) -> list[dict[str, Any]]:
         progress(h.name, f"connecting to {addr}:{ports[0]},{ports[1]}")
-        r = transport_for(h).run(gc.connect_argv(facts[h.name].python, addr, bound or ports, h.name),
+        r = transport_for(h).run(gc.connect_argv(python[h.name], addr, bound or ports, h.name),
                                  timeout=gc.CONNECT_TIMEOUT_S * len(ports) + 60)
         recs = gc.parse_port_lines(r.out.splitlines())
         if not recs:
@@ -254,7 +255,7 @@ def probe_reach(group: GroupConfig, head: HostConfig, transport_for: TransportFo
     members: dict[str, Any] = {o.host: (o.value if o.ok else o.error) for o in outs}
     if th.is_alive():  # some peer did not get through: the head itself ends its listener
         try:  # (a second channel on the head's connection: ssh.Connection is thread-safe)
-            transport_for(head).run(gc.connect_argv(facts[head.name].python, addr, bound[:1],
+            transport_for(head).run(gc.connect_argv(python[head.name], addr, bound[:1],
                                                     "stop"), timeout=60)
         except DfoError as e:
             log.debug("stopping the listener on %s: %s", head.name, e)

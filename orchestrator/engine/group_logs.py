@@ -29,7 +29,7 @@ def follow_group(nodes: Sequence[tuple[str, Any, Any]], run_id: str, *,
     """Follow ``run_id`` on every ``(host name, transport, layout)``; one outcome per node in
     order, its value the run's status when its follower ended."""
     lock = threading.Lock()
-    outcomes = [HostOutcome(host=name) for name, _, _ in nodes]
+    outcomes: list[HostOutcome[str]] = [HostOutcome(host=name) for name, _, _ in nodes]
 
     def one(i: int, name: str, t: Any, layout: Any) -> None:
         def deliver(ln: LogLine) -> None:

@@ -118,8 +118,9 @@ class GroupRuns:
         stem = Path(o.config).stem if o.config else DEFAULT_RUN_NAME
         run_name = check_run_name(stem if o.run_name is None else o.run_name)
         now = self.clock()
+        run_id = o.run_id or make_run_id(run_name, now)
         base = dataclasses.replace(o, sets=tuple(gl.group_sets(o.sets)), run_name=run_name,
-                                   run_id=o.run_id or make_run_id(run_name, now))
+                                   run_id=run_id)
 
         # --config is parsed once for every node (the default config is each host's own)
         shared = load_trainer(base, self.hosts[0].tree) if o.config else None
@@ -133,10 +134,10 @@ class GroupRuns:
 
         outs = self.each(facts)
         self.raise_failed(outs, f"cannot launch on group {self.group.name}")
-        got = [x.value for x in outs]
+        got = [x.value for x in outs if x.value is not None]  # raise_failed: each has its facts
         nodes, warnings, bad = [], [], []
         head_resume = None       # the head resolves --resume; the others take its path
-        for i, ((opts, inp, f), gs) in enumerate(zip(got, self.specs)):
+        for i, ((opts, inp, f), gs) in enumerate(zip(got, self.specs, strict=True)):
             try:
                 p = lp.plan_launch(opts, inp, f, host=self.hosts[i], role=gs,
                                    resume_path=... if i == 0 else head_resume)
@@ -149,13 +150,13 @@ class GroupRuns:
             warnings += [f"{p.host}: {w}" for w in p.warnings]
         if bad:
             raise gl.nodes_error(bad, f"cannot launch on group {self.group.name}")
-        fps = {x.host: x.value[2].fingerprint for x in outs}
+        fps = {x.host: x.value[2].fingerprint for x in outs if x.value is not None}
         if o.env_check or any(fp is not None for fp in fps.values()):
             # --no-env-check on envs dfo did not deploy (no fingerprint.json): nothing to compare
             diffs = gc.env_differences(self.group.name, list(self.group.hosts), fps)
             if diffs:
                 raise DeployError(str(diffs[0]))
-        return GroupPlan(self.group.name, base.run_id, nodes, warnings)
+        return GroupPlan(self.group.name, run_id, nodes, warnings)
 
     def launch(self, o: LaunchOptions) -> GroupPlan:
         gp = self.plan(o)

@@ -53,7 +53,8 @@ def gpu_facts(t: Transport) -> gpu.GpuFacts:
     f.query = run_probe(t, gpu.query_probe())
     if f.query.present:
         f.smi = run_probe(t, gpu.smi_probe())
-        f.apps = run_probe(t, gpu.apps_probe()) or ()
+        apps = run_probe(t, gpu.apps_probe())
+        f.apps = apps or ()
     f.shm = run_probe(t, gpu.shm_probe())
     f.memlock_known, f.memlock_kib = run_probe(t, gpu.memlock_probe())
     return f

@@ -62,12 +62,12 @@ class DeployLease:
                     f"{self.tree.deploy_lock} on {self.host_name}",
                     hint=f"wait for it to finish; a killed deploy's lock frees itself after "
                          f"{dp.LEASE_STALE_S} s")
-        info = json.dumps({"user": getpass.getuser(), "machine": socket.gethostname(),
+        holder = json.dumps({"user": getpass.getuser(), "machine": socket.gethostname(),
                            "pid": os.getpid(), "pid_start": process_start(os.getpid()),
                            "started": _dt.datetime.now().isoformat(timespec="seconds")},
                           separators=(",", ":"))
         argv = dp.script_argv(dp.LEASE_SCRIPT, self.tree.deploy_lock, self.owner_file,
-                              self.token, info, str(dp.LEASE_STALE_S), takeover or "-",
+                              self.token, holder, str(dp.LEASE_STALE_S), takeover or "-",
                               str(wait), name="dfo-lease")
         r = self.transport.run(argv, timeout=wait + 60)
         if "@acquired" in r.out:

@@ -87,22 +87,23 @@ class LogFollower:
             progressed = [False]
             stray: list[str] = []   # lines that are not the follower's (e.g. a traceback)
 
+            # handle() reads this round's box/progressed/stray (B023: the stream ends in it)
             def handle(raw: str) -> None:
                 try:
                     rec = wire.decode(raw)
                 except VersionError as e:
                     raise ContractMismatch(f"run {self.run_id}: {e}") from None
                 if rec is None:
-                    stray[:] = (stray + [raw])[-20:]
+                    stray[:] = (stray + [raw])[-20:]  # noqa: B023
                     return  # a torn line from a dropped connection, or stray stderr
                 if isinstance(rec, wire.Line):
                     if rec.offset <= self.offsets.get(rec.file, 0) and not rec.restart:
                         return  # never repeat a line (but a file that shrank starts over)
                     self.offsets[rec.file] = rec.offset
-                    progressed[0] = True
+                    progressed[0] = True  # noqa: B023
                     self._deliver(rec.file, rec.offset, rec.text)
                 elif isinstance(rec, (wire.End, wire.Eof, wire.Error)):
-                    box[type(rec)] = rec
+                    box[type(rec)] = rec  # noqa: B023
 
             why = ""
             argv = self.argv()

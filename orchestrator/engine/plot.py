@@ -65,7 +65,7 @@ def render(c: cv.Curves, out: str) -> str:
     fig = Figure(figsize=(WIDTH_PX / DPI, HEIGHT_PX / DPI), dpi=DPI)
     axes = fig.subplots(len(c.panels), 1, sharex=True)
     colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
-    for ax, (title, series) in zip(axes, c.panels):
+    for ax, (title, series) in zip(axes, c.panels, strict=True):
         names = list(dict.fromkeys(s.name for s in series))
         for s in series:
             color = colors[names.index(s.name) % len(colors)]

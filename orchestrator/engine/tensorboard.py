@@ -89,10 +89,12 @@ class TensorBoard:
 
     def _first_reply(self) -> dict:
         box: dict = {}
+        pipe = self.pipe
+        assert pipe is not None, "start() opens the pipe first"
 
         def read():
             while True:
-                line = self.pipe.readline()
+                line = pipe.readline()
                 if not line:
                     box["eof"] = True
                     return
@@ -129,9 +131,10 @@ class TensorBoard:
                                   hint="run it again with -vv to see more")
 
     def _watch(self) -> None:
+        pipe = self.pipe  # close() drops it; this thread reads on until EOF
         try:
-            while True:
-                line = self.pipe.readline()
+            while pipe is not None:
+                line = pipe.readline()
                 if not line:
                     break
                 rec = json_object(line)
@@ -155,7 +158,7 @@ class TensorBoard:
             self.pipe = None
 
 
-def run_until_interrupted(tb: TensorBoard, poll: float = 0.5) -> dict | None:
+def run_until_interrupted(tb: TensorBoard, poll: float = 0.5) -> dict:
     """Block until TensorBoard exits by itself (returns its exit record) or Ctrl-C
     (KeyboardInterrupt propagates after stopping it)."""
     try:

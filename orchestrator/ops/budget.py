@@ -19,7 +19,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Self
 
 from dfo_contract.errors import ContractError
 from dfo_contract.runlimits import Budget
@@ -34,7 +34,7 @@ class BudgetPolicy(Budget):
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None, where: str = "budget", *,
-                  classes=FAILURE_CLASSES) -> "BudgetPolicy":
+                  classes=FAILURE_CLASSES) -> Self:
         try:
             return super().from_json(d, where, classes=classes)
         except ContractError as e:

@@ -1,5 +1,6 @@
-"""The classifier's table: the failure classes, their order when several have evidence,
-and the rules (regexes tried on each output line) that give a line its class.
+"""The classifier's table: the rules (regexes tried on each output line) that give a line
+its class, and the failure classes and their order when several have evidence (derived from
+``dfo_contract.failure_classes``, where each class is one row).
 
 Pure data; :mod:`orchestrator.ops.classify` applies it.
 """
@@ -10,18 +11,15 @@ import re
 from dataclasses import dataclass
 
 from dfo_contract import exitcodes
+from dfo_contract.failure_classes import TABLES
 
-CLASSES = ("fx_trace_race", "compile_hang", "dense_fallback", "compile_resources",
-           "compile_workers", "compile_error", "oom", "warmup_collective", "nccl_timeout",
-           "nan_loss", "frozen", "disk_full", "read_only", "crash", "done")
+CLASSES = TABLES.classes
 
 #: when several classes have evidence, the first in this order wins
-PRIORITY = ("disk_full", "read_only", "fx_trace_race", "oom", "compile_resources",
-            "compile_workers", "warmup_collective", "nccl_timeout", "nan_loss", "frozen",
-            "compile_hang", "dense_fallback", "compile_error", "crash")
+PRIORITY = TABLES.priority
 
 #: classes that no restart can help: the run stops at once and the reason says what to fix
-PERMANENT_CLASSES = frozenset({"disk_full", "read_only"})
+PERMANENT_CLASSES = TABLES.permanent
 
 #: classes only a multi-node run's node ends carry (``ops.group_decide``); not in CLASSES, so
 #: no ladder or budget names them: ``node_lost`` gives up at once (the fix is in the reason),

@@ -11,8 +11,9 @@ changes the config (``halve_micro_batch*`` halves down to 1). A class is *transi
 its ladder spent, it may still restart with the same config (until its budget is spent);
 otherwise a spent ladder ends the run ``failed``.
 
-Ladders come from the defaults here, then hosts.yaml ``fallbacks:``, then the run's
-``--fallbacks`` (each replacing whole classes), and are validated by :func:`validate_ladders`.
+Ladders come from the defaults (each class's row in ``dfo_contract.failure_classes``), then
+hosts.yaml ``fallbacks:``, then the run's ``--fallbacks`` (each replacing whole classes), and
+are validated by :func:`validate_ladders`.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+from dfo_contract.failure_classes import FAILURE_CLASSES, TABLES
+
 from ..errors import ConfigError
-from .classify_rules import CLASSES
 
 Config = Mapping[str, Any]
 Overrides = dict[str, Any]
@@ -111,6 +113,8 @@ def flex_smaller_blocks(cfg: Config, ov: Overrides) -> Overrides | None:
     if not smaller:
         return None
     new = _set(ov, cfg, "compile.flex_block", smaller[0])
+    if new is None:  # already that block
+        return None
     return _set(new, {**cfg, **new}, "compile.flex_stages", 1) or new
 
 
@@ -157,32 +161,11 @@ STEPS: dict[str, StepFn] = {
 #: steps after which the supervisor restores the compile cache from its snapshot
 RESTORES_CACHE = frozenset({"compile_gate"})
 
-COMPILE_LADDER = ["target_compile_off", "compile_gate", "layout_ddp", "one_drafter_device",
-                  "attention_sdpa"]
-
-DEFAULT_LADDERS: dict[str, list[str]] = {
-    "fx_trace_race": list(COMPILE_LADDER),
-    "compile_hang": list(COMPILE_LADDER),
-    "dense_fallback": list(COMPILE_LADDER),
-    "oom": ["halve_micro_batch*", "halve_anchors*"],
-    "nan_loss": ["same", "halve_lr*"],
-    "nccl_timeout": [],
-    "frozen": [],         # transient: nothing in the config stopped the process
-    "disk_full": [],      # permanent (ops.classify_rules.PERMANENT_CLASSES): no restart
-    # deterministic compile failures: each has its cure, and no restart unchanged
-    "compile_resources": ["flex_smaller_blocks*", "attention_sdpa"],
-    "compile_workers": ["compile_threads_one"],
-    "warmup_collective": ["warmup_sync"],
-    # any other failed compile: the target's compile first (the drafter's stays)
-    "compile_error": ["target_compile_off"],
-    "read_only": [],      # permanent (ops.classify_rules.PERMANENT_CLASSES): no restart
-    "crash": [],          # nothing says the config caused it: the same config again
-}
+#: each failure class's default ladder (its row's ``ladder``)
+DEFAULT_LADDERS: dict[str, list[str]] = {c: list(steps) for c, steps in TABLES.ladders.items()}
 
 #: classes that restart with the same config once their ladder is spent
-TRANSIENT = frozenset({"nccl_timeout", "frozen", "crash", "compile_error"})
-
-FAILURE_CLASSES = tuple(c for c in CLASSES if c != "done")
+TRANSIENT = TABLES.transient
 
 
 def validate_ladders(raw: Any, *, source: str = "fallbacks") -> dict[str, list[str]]:

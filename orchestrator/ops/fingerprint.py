@@ -168,7 +168,7 @@ def compare(fp: Mapping[str, Any], expect: Mapping[str, Any]) -> list[Mismatch]:
         if field in ("device_names", "device_capability"):
             # every device must match (a list expectation: each device in order)
             if isinstance(exp, (list, tuple)):
-                ok = len(exp) == len(got) and all(matches(e, g) for e, g in zip(exp, got))
+                ok = len(exp) == len(got) and all(matches(e, g) for e, g in zip(exp, got, strict=True))
             else:
                 ok = bool(got) and all(matches(exp, g) for g in got)
             if not ok:

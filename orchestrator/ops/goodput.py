@@ -102,7 +102,7 @@ def _attempt(s: ev.AttemptStart, end: ev.AttemptEnd | None, e_t: float, failed: 
     first, last = _steps(end, ckpts)
     if first is None or last is None:
         trained = bool(end and end.reached_train) or bool(ckpts)
-        if loop_t is not None and not trained:
+        if end is not None and loop_t is not None and not trained:
             out["startup"] = max(0.0, min(loop_t, e_t) - s.t - (end.warmup_s or 0.0))
             out["compile"] = span - out["startup"]
         elif failed and trained and resumed_at is not None:

@@ -170,7 +170,7 @@ def parse_query(out: Output) -> GpuQuery:
         return GpuQuery(present=False)
     if out.exit_code != 0:
         return GpuQuery(present=True, error=_first_line(out, f"nvidia-smi exited {out.exit_code}"))
-    gpus = []
+    gpus: list[GpuInfo] = []
     for line in text(out.stdout).splitlines():
         if not line.strip():
             continue

@@ -125,18 +125,18 @@ def judge(old: HostSample | None, new: HostSample | None, *,
         if ticks > 0:
             steal = (new.cpu.steal - old.cpu.steal) / ticks
             busy_cores = (ticks - (new.cpu.idle_all - old.cpu.idle_all)) / ticks * ncpu
-            ours = max(0.0, (new.tree_cpu_s - old.tree_cpu_s) / dt)
-            others = max(0.0, busy_cores - ours)
+            run_cores = max(0.0, (new.tree_cpu_s - old.tree_cpu_s) / dt)
+            other_cores = max(0.0, busy_cores - run_cores)
             seen.update({"window_s": round(dt, 1), "cores": ncpu,
                          "steal_fraction": round(steal, 3), "busy_cores": round(busy_cores, 2),
-                         "run_cores": round(ours, 2), "other_cores": round(others, 2)})
+                         "run_cores": round(run_cores, 2), "other_cores": round(other_cores, 2)})
             if steal >= STEAL_FRACTION:
                 causes.append("host_busy")
                 why.append(f"the hypervisor stole {steal:.0%} of the CPU time")
-            if others >= max(OTHERS_CORES, 0.25 * ncpu):
+            if other_cores >= max(OTHERS_CORES, 0.25 * ncpu):
                 if "host_busy" not in causes:
                     causes.append("host_busy")
-                why.append(f"other processes kept {others:.1f} of {ncpu} cores busy")
+                why.append(f"other processes kept {other_cores:.1f} of {ncpu} cores busy")
         if new.load1 is not None:
             seen["load1"] = new.load1
             if new.load1 > ncpu and "host_busy" not in causes:

@@ -147,13 +147,17 @@ class LaunchPlan:
                 "standby": self.spec.standby.enabled}
 
 
+#: what an error names as the run config when no --config was given
+DEFAULT_CONFIG = "the default config (the demo's)"
+
+
 def raise_missing(host: str, keys: Sequence[tuple[str, str]], missing: Sequence[str],
                   config: str | None) -> None:
     """A launch that cannot train is refused here rather than failing in attempt 1."""
     gone = set(missing)
     for k, v in keys:
         if v in gone:
-            where = config or "the default config (the demo's)"
+            where = config or DEFAULT_CONFIG
             fix = (f"run `dfo demo --host {host}` to make the demo's assets, or pass --config"
                    if not config else f"fix {k} in {config} or pass --set {k}=PATH")
             raise ConfigError(f"{k} of {where}: {v} does not exist on {host}", hint=fix)
@@ -187,10 +191,9 @@ def _cache_key(cfg: BundledConfig, full: Mapping[str, Any], facts: LaunchFacts, 
     if not cfg.config.compile.enabled:
         return None  # nothing is compiled: no cache to advise about
     fp, src = facts.fingerprint, facts.source_hash
-    why = ("no deployed env fingerprint (fingerprint.json missing)" if fp is None else
-           "the env has no trainer or dfo_contract package (or an older dfo wheel)"
-           if src is None else "")
-    if why:
+    if fp is None or src is None:
+        why = ("no deployed env fingerprint (fingerprint.json missing)" if fp is None else
+               "the env has no trainer or dfo_contract package (or an older dfo wheel)")
         warnings.append(f"compile-cache key unknown ({why}): run `dfo warm-cache`")
         return None
     target = _target_config(cfg.config)
@@ -300,7 +303,7 @@ def _bundled(o: LaunchOptions, inp: LaunchInputs, facts: LaunchFacts, host,
     assert isinstance(tr, BundledConfig)
     cfg = tr.config
     raise_missing(host.name, config_paths(cfg), facts.missing, tr.source)
-    check_devices(tcfg.flat(cfg), facts.fingerprint, host=host.name, source=tr.source)
+    check_devices(tcfg.flat(cfg), facts.fingerprint, host=host.name, source=tr.source or DEFAULT_CONFIG)
     cfg_path, ck_dir = posixpath.join(run_dir, "config.yaml"), tree.checkpoints(inp.run_name)
     key = _cache_key(tr, run_config(tr, facts, host.name), facts, host.name, warnings)
     aside = None

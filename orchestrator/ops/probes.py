@@ -29,12 +29,17 @@ from ..errors import DfoError, RemoteCommandError
 from .scripts import script_text
 
 T = TypeVar("T")
+#: the remote helper's typed replies (``typed_reply``)
+HelperReply = TypeVar("HelperReply", QueryReply, StopReply)
 
 
 class Output(Protocol):
-    exit_code: int
-    stdout: bytes
-    stderr: bytes
+    @property
+    def exit_code(self) -> int: ...
+    @property
+    def stdout(self) -> bytes: ...
+    @property
+    def stderr(self) -> bytes: ...
 
 
 @dataclass(frozen=True)
@@ -277,7 +282,7 @@ def stop_probe(python: str, root: str, run_id: str) -> Probe[StopReply]:
                  lambda out: typed_reply(StopReply, text(out.stdout), "stopping the run"))
 
 
-def typed_reply(cls: type[T], output: str, what: str) -> T:
+def typed_reply(cls: type[HelperReply], output: str, what: str) -> HelperReply:
     """``cls.from_json`` of the remote helper's reply (``json_reply``); RemoteCommandError
     when it is JSON but not such a reply."""
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import posixpath
-from typing import Sequence
+from typing import Any, Sequence
 
 from ..errors import CacheError
 
@@ -33,7 +33,7 @@ def parse_report(data: bytes | str) -> tuple[list[dict], dict[str, int], float]:
                 break
     if recs is None:
         raise CacheError("the trainer's warm-up report has no records")
-    records = []
+    records: list[dict[str, Any]] = []
     totals: dict[str, int] = {}
     for r in recs:
         if not isinstance(r, dict):

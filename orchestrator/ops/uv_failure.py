@@ -50,10 +50,11 @@ def classify_uv_failure(text: str) -> UvFailure:
     flat = " ".join(ln.strip() for ln in lines)
     m = _INSPECT.search(flat)
     q = _QUERY.search(flat)
-    if m or q:
-        path = (q.group("path") if q else m.group("path"))
+    hit = q or m
+    if hit:
+        path = hit.group("path")
         return UvFailure("interpreter_broken",
-                         cause=(q.group(0) if q else m.group(0)),
+                         cause=hit.group(0),
                          interpreter=path, origin=m.group("origin") if m else "",
                          exit_code=int(q.group("code")) if q else None,
                          said=_stderr_first(lines))

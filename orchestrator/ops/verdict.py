@@ -18,19 +18,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
+from dfo_contract.failure_classes import TABLES
+
 from . import own_trainer
 from .fallback import DEFAULT_LADDERS, next_config
 
 VERSION = 1
 
 #: an own command's classes that restart unchanged once their ladder is spent
-OWN_RETRY = frozenset({"fx_trace_race", "compile_hang"})
+OWN_RETRY = TABLES.own_retry
 RETRY_NOTE = "restart unchanged: a cold-cache race often clears on retry"
 #: an own command's step for a class its run file has no ladder for: what any torch
 #: program honours without knowing dfo
-OWN_DEFAULT: dict[str, tuple[dict, ...]] = {
-    "compile_workers": ({"env": {"TORCHINDUCTOR_COMPILE_THREADS": "1"}},),
-}
+OWN_DEFAULT = TABLES.own_ladders
 
 
 @dataclass(frozen=True)
@@ -95,13 +95,13 @@ def choose(ladders: Ladders, cls: str, position: int, overrides: Mapping[str, An
         return Verdict(cls, c.step, dict(c.overrides), c.position, dict(c.changed),
                        c.restore_cache, c.exhausted, c.spent)
     steps = list(ladders.own_steps.get(cls) or OWN_DEFAULT.get(cls, ()))
-    c = own_trainer.next_step(cls, steps, position, own_trainer.Changes.from_json(overrides))
+    o = own_trainer.next_step(cls, steps, position, own_trainer.Changes.from_json(overrides))
     spent = " -> ".join(own_trainer.describe_step(s) for s in steps) or "empty"
-    if c.exhausted and cls in OWN_RETRY:
-        return Verdict(cls, None, c.changes.to_json(), c.position, {}, spent=spent,
+    if o.exhausted and cls in OWN_RETRY:
+        return Verdict(cls, None, o.changes.to_json(), o.position, {}, spent=spent,
                        note=RETRY_NOTE)
-    return Verdict(cls, c.step, c.changes.to_json(), c.position, dict(c.changed), False,
-                   c.exhausted, spent)
+    return Verdict(cls, o.step, o.changes.to_json(), o.position, dict(o.changed), False,
+                   o.exhausted, spent)
 
 
 def position_before(ladders: Ladders, cls: str,

@@ -58,8 +58,8 @@ KILL_REPEAT_S = 2.0
 @dataclass(frozen=True)
 class StepProgress:
     """A step marker: record progress (state.json's last_step / tokens_per_s / baseline)."""
-    step: object
-    tokens_per_s: object
+    step: int | None
+    tokens_per_s: float | None
     baseline: float | None
 
 

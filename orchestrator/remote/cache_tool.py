@@ -90,8 +90,8 @@ def member_problem(m: tarfile.TarInfo) -> "str | None":
     return None
 
 
-def _members(tf: tarfile.TarFile) -> "tuple[list, str | None]":
-    out = []
+def _members(tf: tarfile.TarFile) -> "tuple[list[tarfile.TarInfo], str | None]":
+    out: "list[tarfile.TarInfo]" = []
     for m in tf:
         why = member_problem(m)
         if why:
@@ -152,6 +152,8 @@ def _extract(path: str, base: str) -> dict:
             if m.isdir():
                 continue
             src = tf.extractfile(m)
+            if src is None:  # member_problem lets only directories and regular files through
+                return {"refused": "member %s is not a regular file" % m.name}
             try:
                 fd = os.open(target, flags, 0o755 if m.mode & 0o111 else 0o644)
             except FileExistsError:

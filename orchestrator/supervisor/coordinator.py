@@ -6,6 +6,7 @@ messages: ``dfo_contract.group_store``; the decisions: ``orchestrator.ops.group_
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -76,7 +77,7 @@ class Coordinator:
             deadline = time.monotonic() + max(30.0, 2 * self.gs.node_lost_s)
             while peers and time.monotonic() < deadline:
                 peers -= {k for k in peers
-                          if self._op(lambda k=k: self.store.check([gk.key_left(k)]))}
+                          if self._op(functools.partial(self.store.check, [gk.key_left(k)]))}
                 peers -= {k for k, _ in self.lost(time.monotonic())}
                 time.sleep(STORE_POLL_S)
         self._stop.set()
@@ -112,7 +113,7 @@ class Coordinator:
         while not self._stop.is_set():
             self._op(lambda: self.store.add(gk.key_heartbeat(self.gs.node), 1))
             for k in watch:
-                v = self._op(lambda k=k: self.store.add(gk.key_heartbeat(k), 0))
+                v = self._op(functools.partial(self.store.add, gk.key_heartbeat(k), 0))
                 with self._hb_lock:
                     self.hb.observe(k, v, time.monotonic())
             self._stop.wait(HEARTBEAT_S)

@@ -46,7 +46,7 @@ class GroupMember(GroupRole):
             if self.stop.reason:
                 return driver.final("stopped", self.stop.reason)
             n = int(state.attempt) + 1
-            plan = self._wait_for(lambda: c.plan(n) or c.decision(n))
+            plan = self._wait_for(lambda: c.plan(n) or c.decision(n))  # noqa: B023 - waited for here
             if plan is None:
                 return self._gone(driver)
             if isinstance(plan, GroupVerdict):     # the head ended the run between attempts
@@ -73,7 +73,7 @@ class GroupMember(GroupRole):
                 return driver.final("failed", self.lost_reason(out.lost))
             c.set_end(n, end)
             emit(end.event(n))
-            dec = self._wait_for(lambda: c.decision(n))
+            dec = self._wait_for(lambda: c.decision(n))  # noqa: B023 - waited for here
             if dec is None:
                 return self._gone(driver)
             step = peer_step(dec, n, node=gs.node, host=gs.host)

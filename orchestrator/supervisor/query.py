@@ -145,10 +145,10 @@ def stop(run_dir: str) -> StopReply:
     info = run_info(run_dir)
     if info is None:
         return StopReply(stopped=False, why="no such run")
-    if not info.live:
+    pid = info.state.pid
+    if not info.live or pid is None:
         return StopReply(stopped=False, why=f"not live ({info.shown_status})",
                          status=info.shown_status)
-    pid = int(info.state.pid)
     os.kill(pid, signal.SIGTERM)
     return StopReply(stopped=True, pid=pid)
 
@@ -173,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--run", default=None)
     ap.add_argument("--stop", default=None)
     a = ap.parse_args(argv)
+    reply: QueryReply | StopReply
     if a.stop:
         reply = stop(os.path.join(a.root, "runs", a.stop))
     else:

@@ -72,6 +72,7 @@ class Keeper:
 
     def early(self) -> bool:
         """Start the standby with the attempt (ops.standby.start_with_attempt)."""
+        cpus: int | None
         try:
             cpus = len(os.sched_getaffinity(0))  # an LXC cpuset limits this, not os.cpu_count()
         except (AttributeError, OSError):

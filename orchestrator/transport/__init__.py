@@ -44,5 +44,5 @@ def open_transport(host) -> Transport:
 
 def run_probe(t: Transport, probe: "Probe[T]") -> T:
     """Run a probe's argv on ``t`` and parse what came back."""
-    kw = {"env": dict(probe.env)} if probe.env else {}
-    return probe.parse(t.run(list(probe.argv), timeout=probe.timeout, **kw))
+    env = dict(probe.env) if probe.env else None
+    return probe.parse(t.run(list(probe.argv), timeout=probe.timeout, env=env))

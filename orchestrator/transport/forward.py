@@ -18,15 +18,18 @@ things, built on the same connection:
 
 from __future__ import annotations
 
+import io
 import logging
 import socket
 import subprocess
 import threading
-from typing import Callable, Sequence
+from typing import IO, Callable, Sequence
 
 from ..errors import ConfigError, ConnectError
 from ..ops import command as cmd
 from .base import Transport
+from .proxmox import ProxmoxTransport
+from .ssh import SSHTransport
 
 log = logging.getLogger("dfo")
 
@@ -37,7 +40,10 @@ class Pipe:
     """A running process: ``send``/``recv`` bytes, ``shutdown_write`` (EOF), ``close``."""
 
     def send(self, data: bytes) -> None: ...
-    def recv(self, n: int = _CHUNK) -> bytes: ...
+
+    def recv(self, n: int = _CHUNK) -> bytes:
+        raise NotImplementedError
+
     def shutdown_write(self) -> None: ...
     def close(self) -> None: ...
 
@@ -58,17 +64,21 @@ class _ProcPipe(Pipe):
     def __init__(self, argv: Sequence[str]):
         self.proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, start_new_session=True)
+        # both are pipes; stdout buffered (bufsize -1), so it has read1
+        assert self.proc.stdin is not None and isinstance(self.proc.stdout, io.BufferedReader)
+        self.stdin: IO[bytes] = self.proc.stdin
+        self.stdout = self.proc.stdout
 
     def send(self, data: bytes) -> None:
-        self.proc.stdin.write(data)
-        self.proc.stdin.flush()
+        self.stdin.write(data)
+        self.stdin.flush()
 
     def recv(self, n: int = _CHUNK) -> bytes:
-        return self.proc.stdout.read1(n)
+        return self.stdout.read1(n)
 
     def shutdown_write(self) -> None:
         try:
-            self.proc.stdin.close()
+            self.stdin.close()
         except OSError:
             pass
 
@@ -79,7 +89,7 @@ class _ProcPipe(Pipe):
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-        self.proc.stdout.close()
+        self.stdout.close()
 
 
 class _ChannelPipe(Pipe):
@@ -145,7 +155,10 @@ def open_pipe(t: Transport, argv: Sequence[str]) -> Pipe:
     argv = cmd.check_argv(argv)
     if t.is_local:
         return _ProcPipe(argv)
-    if hasattr(t, "ensure_running"):
+    if not isinstance(t, SSHTransport):
+        raise ConnectError(f"cannot start {argv[0]} on {t.name}: the {t.kind} transport opens no "
+                           "channel", hint="use an ssh or proxmox host")
+    if isinstance(t, ProxmoxTransport):
         t.ensure_running()
     conn = t.conn
     try:
@@ -192,11 +205,12 @@ class LocalForward:
         self._th.start()
 
     def _upstream(self) -> Pipe:
-        if self.direct:
+        t = self.transport
+        if self.direct and isinstance(t, SSHTransport):
             try:
-                chan = self.transport.conn.transport().open_channel(
+                chan = t.conn.transport().open_channel(
                     "direct-tcpip", ("127.0.0.1", self.remote_port), ("127.0.0.1", 0),
-                    timeout=self.transport.conn.settings.connect_timeout)
+                    timeout=t.conn.settings.connect_timeout)
                 return _ChannelPipe(chan)
             except ConnectError:
                 raise

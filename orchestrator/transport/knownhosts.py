@@ -117,11 +117,9 @@ def add(path: str, name: str, key: paramiko.PKey, *, replace: bool = False) -> N
         old_lines[-1] += "\n"
     lines = []
     for line in old_lines:
-        if replace:
-            line = _without_name(line, name)
-            if line is None:
-                continue
-        lines.append(line)
+        kept = _without_name(line, name) if replace else line
+        if kept is not None:
+            lines.append(kept)
     lines.append(f"{name} {key.get_name()} {key.get_base64()}\n")
     atomic_write_bytes(path, "".join(lines).encode("utf-8", "surrogateescape"), mode=mode)
 

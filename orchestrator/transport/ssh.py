@@ -118,7 +118,7 @@ class Connection:
                 log.info("connection to %s was lost; reconnecting", self.name)
                 self._close()
             via = None
-            for i, hop in enumerate(jump_hops(self.settings)):
+            for hop in jump_hops(self.settings):
                 via = connect_client(hop, f"{self.name} (jump host {hop.host})", via,
                                      trust_as=self.name)
                 self._clients.append(via)
@@ -233,13 +233,13 @@ def exec_channel(conn: Connection, command: str, *, argv: tuple[str, ...], stdin
             w = None
         for r in readers:
             r.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
-            if r.is_alive():
+            if timeout is not None and r.is_alive():  # alive after join only with a deadline
                 _signal(chan)
                 raise timeout_error(conn.name, argv, timeout)
         if sink_error:
             raise sink_error[0]
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-        if not chan.status_event.wait(remaining):
+        if timeout is not None and not chan.status_event.wait(remaining):
             _signal(chan)
             raise timeout_error(conn.name, argv, timeout)
         for r in readers:

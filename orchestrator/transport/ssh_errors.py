@@ -39,7 +39,7 @@ def trust_command(host: str, *extra: str) -> str:
     return " ".join(["dfo", "hosts", "trust", host, *extra])
 
 
-def translate(e: BaseException, name: str, s: SSHSettings, trust_as: str | None = None) -> Exception:
+def translate(e: BaseException, name: str, s: SSHSettings, trust_as: str | None = None) -> BaseException:
     """A paramiko/socket exception from connecting as a one-line ConnectError with the fix
     (``trust_as``: the inventory host to name in `dfo hosts trust`, when ``name`` is a hop)."""
     where = _label(s)

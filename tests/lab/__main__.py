@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps({**asdict(pinfo), "hosts_yaml": hosts}, indent=2))
             else:
                 members = ", ".join(f"{n} = CT {v} {a}" for n, v, a in
-                                    zip(pinfo.host_names, pinfo.vmids, pinfo.addresses))
+                                    zip(pinfo.host_names, pinfo.vmids, pinfo.addresses, strict=True))
                 print(f"# pair up: {members} on {pinfo.ifname}   timings: {pinfo.timings}")
                 print(f"# written to {lab.state_dir / 'hosts-pair.yaml'}")
                 print(hosts, end="")

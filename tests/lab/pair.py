@@ -64,7 +64,7 @@ class PairInfo:
         containers)."""
         roots = roots or (root, root)
         out = [f"default: {self.host_names[0]}", "hosts:"]
-        for name, vmid, r in zip(self.host_names, self.vmids, roots):
+        for name, vmid, r in zip(self.host_names, self.vmids, roots, strict=True):
             out += [f"  {name}:",
                     "    transport: proxmox",
                     f"    ssh: {self.lab.ssh_yaml()}",
@@ -96,7 +96,7 @@ class Pair:
     def containers(self) -> list[Container]:
         return [Container(v, wheelhouse=self.lab.wheelhouse, log_dir=self.lab.logs,
                           net=net_lines(v, a))
-                for v, a in zip(self.vmids, self.addresses)]
+                for v, a in zip(self.vmids, self.addresses, strict=True)]
 
     def up(self, *, lease: str | None = None) -> PairInfo:
         """The sshd node (a lease, like Lab.up) and both containers on the pair network."""

@@ -122,7 +122,7 @@ class Rewriter:
         for t in range(max((len(x) for x in turns), default=0)):
             todo = [(i, turns[i][t]) for i in range(len(msgs)) if t < len(turns[i])]
             prompts = [generation_prompt(self.tok, msgs[i][:k], convs[i].tools, self.kw) for i, k in todo]
-            for (i, k), text in zip(todo, self.generate(prompts)):
+            for (i, k), text in zip(todo, self.generate(prompts), strict=True):
                 msgs[i][k] = regenerated_message(self.masker, text)
         return msgs
 
@@ -163,7 +163,7 @@ def regenerate(target: str, inp: str, out: str, *, batch_size: int = 32, max_new
             if rw is None:
                 rw = Rewriter(target, device, max_new_tokens, dict(template_kwargs or {}))
             new = rw.rewrite([c for _, _, c in batch])
-            for (idx, line, conv), ms in zip(batch, new):
+            for (idx, line, conv), ms in zip(batch, new, strict=True):
                 rec = {"index": idx, "line": line, "messages": ms}
                 if conv.tools is not None:
                     rec["tools"] = conv.tools

@@ -59,7 +59,7 @@ def check_served(pattern: tuple[LayerAttention, ...], conf: dict,
     would make run differently from ``pattern``."""
     for engine in engines:
         got = served_pattern(conf, engine)
-        for i, (want, have) in enumerate(zip(pattern, got)):
+        for i, (want, have) in enumerate(zip(pattern, got, strict=False)):
             if want != have:
                 raise Unservable(f"{engine} serves layer {i} as {have.describe()}, but it was "
                                  f"trained {want.describe()}")

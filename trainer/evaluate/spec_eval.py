@@ -263,7 +263,7 @@ def evaluate(path: str, prompts_file: str, *, n_new: int = 64, target_path: str 
         spec = speculative(target, drafter, p, n_new, dev)
         same = base.tokens == spec.tokens
         lossless &= same
-        first = next((k for k, (a, b) in enumerate(zip(base.tokens, spec.tokens)) if a != b), None)
+        first = next((k for k, (a, b) in enumerate(zip(base.tokens, spec.tokens, strict=False)) if a != b), None)
         rows.append({"prompt": i, "lossless": same, "first_mismatch": first,
                      "mean_accept_len": sum(spec.accept_lengths) / len(spec.accept_lengths)})
         t_base, t_spec = t_base + base.seconds, t_spec + spec.seconds

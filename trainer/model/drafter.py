@@ -251,7 +251,7 @@ class Drafter(nn.Module):
         cos_k, sin_k = self.rope(torch.cat([ctx_pos, block_positions], dim=1))
         rope_k = (cos_k, sin_k)
         rope_q = (cos_k[:, :, s:], sin_k[:, :, s:])
-        for layer, att in zip(self.layers, attends):
+        for layer, att in zip(self.layers, attends, strict=True):
             x = layer(x, ctx, rope_q, rope_k, att)
         return self.norm(x)
 

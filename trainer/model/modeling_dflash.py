@@ -162,6 +162,6 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
             masks = self._layer_masks(position_ids, x.shape[1], past)
         else:
             masks = [attention_mask] * len(self.layers)
-        for layer, mask in zip(self.layers, masks):
+        for layer, mask in zip(self.layers, masks, strict=True):
             x = layer(x, ctx, cos, sin, mask, past_key_values)
         return self.norm(x)

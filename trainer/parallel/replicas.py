@@ -44,13 +44,13 @@ def average_grads(models: Sequence) -> None:
         return
     n = len(models)
     with torch.no_grad():
-        for group in zip(*(_params(m) for m in models)):
+        for group in zip(*(_params(m) for m in models), strict=True):
             grads = [p.grad for p in group]
             if all(g is None for g in grads):
                 continue
             dev0 = group[0].device
             acc = torch.zeros_like(group[0], dtype=torch.float32, device=dev0)
-            for p, g in zip(group, grads):
+            for g in grads:
                 if g is not None:
                     acc += g.to(dev0, dtype=torch.float32)
             acc /= n

@@ -64,8 +64,8 @@ class ThreadsLayout(LayoutBase):
                       drafter_loss=lambda d, f, b: S.drafter_loss(d, f, b, cfg, rt),
                       to_device=lambda b, dev: b.to(dev, non_blocking=True))
         self.engine = ThreadedEngine(
-            targets=[(str(d), t) for d, t in zip(self.target_devices, self.targets)],
-            drafters=[(str(d), m) for d, m in zip(self.drafter_devices, self.drafters)],
+            targets=[(str(d), t) for d, t in zip(self.target_devices, self.targets, strict=True)],
+            drafters=[(str(d), m) for d, m in zip(self.drafter_devices, self.drafters, strict=True)],
             fns=fns, gate=self.gate, grad_accum=cfg.train.grad_accum,
             queue_depth=p.queue_depth)
         self._started = False
@@ -86,7 +86,7 @@ class ThreadsLayout(LayoutBase):
 
         emitter.set_phase("warmup")
         tasks = []
-        for r, (dev, dr) in enumerate(zip(self.drafter_devices, self.drafters)):
+        for r, (dev, dr) in enumerate(zip(self.drafter_devices, self.drafters, strict=True)):
             tgt = self.targets[r % len(self.targets)]
             for shape in S.shape_buckets(self.cfg):
                 tasks.append(self._task(dev, tuple(shape), tgt, dr, r))

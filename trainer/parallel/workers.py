@@ -67,9 +67,9 @@ class ThreadedEngine:
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self) -> None:
-        for t, (dev, _) in enumerate(self.targets):
+        for t, _ in enumerate(self.targets):
             self._spawn(f"target-{t}", self._target_loop, t)
-        for r, (dev, _) in enumerate(self.drafters):
+        for r, _ in enumerate(self.drafters):
             self._spawn(f"drafter-{r}", self._drafter_loop, r)
 
     def stop(self) -> None:
