@@ -17,15 +17,17 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from typing import Mapping
 
 from dfo_contract import envvars, events
 from dfo_contract import runstate as rs
 from dfo_contract.errors import ContractError
-from dfo_contract.runspec import Bundled, RunSpec
+from dfo_contract.runspec import Bundled, Identity, RunSpec
 from dfo_contract.runstate import Attempt, RunState
 
 from ..ops import goodput, oom
@@ -191,7 +193,11 @@ class Supervisor:
             n = int(state.attempt) + 1
             if restore_cache:
                 self.cache.restore(n)
-            out = self.run_attempt(n)
+            try:
+                out = self.run_attempt(n)
+            except CannotStart as e:
+                emit(events.GiveUp(cls="env", reason=str(e), evidence=[]))
+                return self.final("failed", str(e))
             if out.stopped:
                 return self.final("stopped", self.stop.reason or "stopped")
             diag = classify(out.scan, exit_code=out.exit_code, signal=out.signal, hang=out.hang,
@@ -297,6 +303,9 @@ class Supervisor:
         state = self.state
         launch = self.source.launch(n, state, self.role)
         argv, env, cwd = launch.argv, launch.env, launch.cwd
+        missing = cannot_start(argv, env, self.spec.identity, self.source.own)
+        if missing:
+            raise CannotStart(missing)
         log_name = rs.attempt_log_name(n)
         log_path = self.record.path(log_name)
         state.attempt = n
@@ -310,10 +319,18 @@ class Supervisor:
         env[envvars.SPAWN_T] = f"{time.time():.3f}"  # the trainer's startup breakdown counts from here
         proc = self.standby.take(n, argv, env, cwd, log_path)
         if proc is None:
-            with open(log_path, "ab") as logf:
-                proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf,
-                                        stderr=logf, env=env, cwd=cwd, start_new_session=True,
-                                        preexec_fn=procs.set_pdeathsig)
+            try:
+                with open(log_path, "ab") as logf:
+                    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf,
+                                            stderr=logf, env=env, cwd=cwd,
+                                            start_new_session=True,
+                                            preexec_fn=procs.set_pdeathsig)
+            except (FileNotFoundError, PermissionError, NotADirectoryError) as e:
+                state.attempts.pop()      # it never started: no attempt of the run
+                state.attempt = n - 1
+                raise CannotStart(f"attempt {n} could not start {argv[0]} in {cwd}: "
+                                  f"{e.strerror}; fix the command or its directory, then "
+                                  "dfo launch --resume latest") from e
         att.pid = proc.pid
         state.trainer_pids = [proc.pid]
         self.record.emit(events.AttemptStart(attempt=n, resume=launch.resume,
@@ -344,6 +361,29 @@ class Supervisor:
                                            **out.clock.fields()))
         self.record.save()
         return out
+
+
+class CannotStart(Exception):
+    """An attempt's program is not there (the deployed env gone, an own command removed):
+    the run ends ``failed`` with this reason rather than trying it."""
+
+
+def cannot_start(argv: list[str], env: Mapping[str, str], identity: Identity,
+                 own: bool) -> str | None:
+    """Why attempt's ``argv`` cannot start on this host, or None. The deployed env
+    (``envs/current``, whose python the bundled trainer runs and an own command finds first
+    on PATH) gone is named with its repair: a deploy, then a resume."""
+    env_dir = os.path.dirname(os.path.dirname(identity.python))
+    program = argv[0] if os.sep in argv[0] else (
+        shutil.which(argv[0], path=env.get("PATH")) or argv[0])
+    uses_env = not own or program.startswith(env_dir + os.sep) or os.sep not in program
+    if uses_env and not os.path.exists(identity.python):
+        return (f"the deployed env {env_dir} is missing ({identity.python} not found): run "
+                f"`dfo deploy --host {identity.host}`, then dfo launch --resume latest")
+    if os.sep in program and not os.access(program, os.X_OK):
+        return (f"the command {program} is not there or not executable: fix the run file's "
+                "command, then dfo launch --resume latest")
+    return None
 
 
 def role_for(spec: RunSpec, run_dir: str, record: RunRecord, stop: Stop) -> Role:
