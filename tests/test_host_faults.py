@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import sys
+import time
 
 import pytest
 
@@ -70,3 +71,50 @@ def test_the_deployed_env_gone_before_a_restart_ends_the_run_failed_naming_deplo
     assert [e.attempt for e in evs if e.kind == "attempt_start"] == [1]
     log = (root / "runs" / run_id / "supervisor.log").read_text()
     assert "Traceback" not in log, log
+
+
+#: a wall clock that the test steps: every time.time() of the run's processes (supervisor,
+#: trainer, status probe) adds the offset written in the file named by DFO_TEST_CLOCK, as a
+#: step of CLOCK_REALTIME (NTP, a hand-set date) does; their monotonic clock is untouched
+CLOCK_SHIM = '''import os, time
+_real, _file = time.time, os.environ.get("DFO_TEST_CLOCK")
+def _stepped():
+    try:
+        with open(_file) as f:
+            return _real() + float(f.read() or 0)
+    except (OSError, ValueError):
+        return _real()
+if _file:
+    time.time = _stepped
+'''
+
+
+def test_goodput_across_a_step_of_the_wall_clock_stays_true(tmp_path, host, monkeypatch):
+    root, run_ops = host
+    shim = tmp_path / "clock"
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text(CLOCK_SHIM)
+    offset = tmp_path / "offset"
+    offset.write_text("0")
+    monkeypatch.setenv("DFO_TEST_CLOCK", str(offset))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [str(shim), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    began = time.monotonic()
+    run_id = launch_steps(tmp_path, run_ops, sys.executable, "clock")
+    wait_for(lambda: (run_ops.status(run_id)[0].state.last_step or 0) >= 10, 120, "steps")
+    offset.write_text(str(-0.9 * (time.monotonic() - began)))    # the clock steps back
+    at = run_ops.status(run_id)[0].state.last_step
+    wait_for(lambda: (run_ops.status(run_id)[0].state.last_step or 0) >= at + 10, 120,
+             "steps after the step")
+    live, so_far = run_ops.status(run_id)[0].time, time.monotonic() - began
+    assert live is not None and live.wall_s > 0.5 * so_far and live.goodput <= 1, live
+    run_ops.stop(run_id)
+    took = time.monotonic() - began
+    info = wait_final(run_ops, run_id, 120)
+    g = info["time"]
+    assert 0 < g["goodput"] <= 1, g
+    # the wall time is the time that passed, not the clock's reading of it
+    assert took * 0.5 < g["wall_s"] <= took + 1, (g, took)
+    assert g["train_s"] <= g["wall_s"]
+    final = events(root, run_id)[-1]
+    assert final.kind == "final" and 0 < final.goodput <= 1, final

@@ -289,7 +289,7 @@ class Supervisor:
         when its events cannot be read (the final is written all the same)."""
         try:
             return goodput.account(events.read_events_file(self.record.path(rs.EVENTS_FILE)),
-                                   now=time.time())
+                                   now=time.time(), mono=time.monotonic())
         except (OSError, ValueError, ContractError):
             return None
 

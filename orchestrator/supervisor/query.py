@@ -135,7 +135,8 @@ def _time(run_dir: str, now: float) -> Goodput | None:
     from ..ops.goodput import account
 
     try:
-        return account(read_events_file(os.path.join(run_dir, rs.EVENTS_FILE)), now=now)
+        return account(read_events_file(os.path.join(run_dir, rs.EVENTS_FILE)), now=now,
+                       mono=time.monotonic())
     except (OSError, ValueError, ContractError):
         return None
 

@@ -4,6 +4,7 @@ and ``events.jsonl``, written only through :class:`RunRecord`), the stop request
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 
@@ -31,6 +32,7 @@ class RunRecord:
         runfiles.write_state(self.run_dir, self.state)
 
     def emit(self, event: events.Event) -> events.Event:
+        event = dataclasses.replace(event, mono=round(time.monotonic(), 3))
         runfiles.append_event(self.path(rs.EVENTS_FILE), event)
         self.state.last_event = event.describe()
         print(f"dfo-supervisor: {self.state.last_event}", flush=True)
