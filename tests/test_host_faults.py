@@ -12,9 +12,11 @@ import time
 
 import pytest
 
+from orchestrator.cli import main
 from orchestrator.engine.runs import LaunchOptions, RunOps
 from orchestrator.transport.local import LocalTransport
-from tests.supervisor_env import FAST, events, local_host, make_root, wait_final, wait_for
+from tests.supervisor_env import (FAST, events, hosts_yaml, local_host, make_root, wait_final,
+                                  wait_for)
 
 #: an own command that reports a step every 0.2 s until it is stopped
 STEPS = ("import time\nfor i in range(1, 10**6):\n"
@@ -118,3 +120,35 @@ def test_goodput_across_a_step_of_the_wall_clock_stays_true(tmp_path, host, monk
     assert g["train_s"] <= g["wall_s"]
     final = events(root, run_id)[-1]
     assert final.kind == "final" and 0 < final.goodput <= 1, final
+
+
+def test_a_stopped_supervisor_shows_not_responding_with_its_heartbeat_age(
+        tmp_path, host, capsys):
+    root, run_ops = host
+    run_id = launch_steps(tmp_path, run_ops, sys.executable, "sigstop",
+                          thresholds={"silent_s": 2})
+    wait_for(lambda: (run_ops.status(run_id)[0].state.last_step or 0) >= 2, 120, "steps")
+    info = run_ops.status(run_id)[0]
+    assert info.shown_status == "running" and info.beat_age_s is not None \
+        and info.beat_age_s <= 2, info
+    pid = info.state.pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        info = wait_for(lambda: (r := run_ops.status(run_id)[0]).shown_status
+                        == "not_responding" and r, 60, "not responding")
+        assert info.live and info.beat_age_s > 2, info
+        assert f"the supervisor (pid {pid}) is not responding" in info.not_responding
+        assert f"kill -CONT {pid}" in info.not_responding, info.not_responding
+        hosts = hosts_yaml(tmp_path / "hosts.yaml", root)
+        assert main(["--hosts", str(hosts), "status", "--run", run_id]) == 0
+        out = capsys.readouterr()
+        assert "not_responding" in out.out, out.out
+        assert f"run {run_id}: the supervisor (pid {pid}) is not responding" in out.err
+        assert main(["--hosts", str(hosts), "status", "--json"]) == 0
+        row = json.loads(capsys.readouterr().out)["runs"][0]
+        assert row["shown_status"] == "not_responding" and row["beat_age_s"] > 2, row
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    wait_for(lambda: run_ops.status(run_id)[0].shown_status == "running", 60, "running again")
+    run_ops.stop(run_id)
+    assert wait_final(run_ops, run_id, 120)["status"] == "stopped"
