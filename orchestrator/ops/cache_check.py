@@ -36,6 +36,12 @@ def bad_artifact(name: str, size: int, head: bytes) -> str | None:
 _IMPORT = re.compile(r"ImportError: (?P<path>/\S+?\.so)\b:?\s*(?P<why>.*)$")
 
 
+def import_error_path(line: str) -> str | None:
+    """The shared object a :func:`cache_import_error` line names."""
+    m = _IMPORT.search(line)
+    return m.group("path") if m else None
+
+
 def cache_import_error(lines: Iterable[str], cache_dir: str) -> str | None:
     """The line of an attempt's output saying a shared object from ``cache_dir`` could not
     be loaded (``ImportError: CACHE/.../main.so: file too short``, invalid ELF header,

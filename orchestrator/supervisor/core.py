@@ -211,6 +211,7 @@ class Supervisor:
             emit(events.Classified(attempt=n, cls=diag.cls, reason=diag.reason,
                                    evidence=ev, also=list(diag.also)))
             diag, ending = self.role.settle(n, out, diag)   # a group: one root cause
+            diag = self.cache.with_repair(out, diag)
             att.cls, att.reason = diag.cls, diag.reason     # the run's history: its cause
             if ending is not None:
                 return self.final(*ending)
