@@ -6,6 +6,7 @@ cache the way inductor loads its ``main.so`` (a real ImportError, a real SIGKILL
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -231,3 +232,36 @@ def test_a_run_that_keeps_failing_to_load_from_its_cache_says_so_whole_and_names
     reason = info["reason"]
     assert f"/runs/{run_id}/cache/inductor/ab/mod.so: " in reason, reason
     assert "`dfo warm-cache` repairs it" in reason, reason
+
+
+def test_warm_cache_status_shows_a_damaged_live_cache_and_its_scrub_drops_it(
+        setup, tmp_path, capsys):
+    from orchestrator.cli import main
+    from orchestrator.engine.compile_cache import CacheManager
+    from orchestrator.ops.host_tree import HostTree
+    from orchestrator.ops.snapshot import paths
+
+    root, _run_ops, _tmp = setup
+    live = paths(HostTree(str(root)), "cpu-k1").live
+    os.makedirs(os.path.join(live, "inductor", "ab"))
+    with open(os.path.join(live, "inductor", "ab", "main.so"), "wb"):
+        pass                                             # 0 bytes: a compile cut off
+    good = os.path.join(live, "inductor", "ab", "k.py")
+    with open(good, "w") as f:
+        f.write("x = 1\n")
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text(f"default: h\nhosts:\n  h: {{transport: local, root: {root}}}\n")
+    capsys.readouterr()
+    assert main(["--hosts", str(hosts), "warm-cache", "--status"]) == 8
+    out = capsys.readouterr()
+    assert "DAMAGED" in out.out and "inductor/ab/main.so (empty)" in out.out, out.out
+    assert "live compile cache(s) on h are damaged" in out.err, out.err
+    assert "dfo warm-cache" in out.err
+    assert main(["--hosts", str(hosts), "warm-cache", "--status", "--json"]) == 8
+    keys = json.loads(capsys.readouterr().out)["keys"]
+    assert keys[0]["live_damage"] == [["inductor/ab/main.so", "empty"]], keys
+    mgr = CacheManager(LocalTransport(), HostTree(str(root)), host="h")
+    assert mgr.scrub_live("cpu-k1") == [("inductor/ab/main.so", "empty")]
+    assert os.path.exists(good) and not os.path.exists(os.path.join(live, "inductor", "ab",
+                                                                    "main.so"))
+    assert main(["--hosts", str(hosts), "warm-cache", "--status"]) == 0

@@ -254,6 +254,8 @@ def _print_status(host: str, entries, removed, as_json: bool) -> None:
     for e in entries:
         if e.problem:
             con.print(f"[red]BAD[/] {escape(e.key)}: {escape(e.problem)}")
+        if e.live_problem:
+            con.print(f"[red]DAMAGED[/] {escape(e.key)}: {escape(e.live_problem)}")
     if removed is None and not any(e.problem for e in entries):
         n = sum(1 for e in entries if e.snapshot_size is not None)
         con.print(f"{n} stored snapshot(s) verified (manifest, tar checksum, members)")
