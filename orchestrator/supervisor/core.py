@@ -318,6 +318,7 @@ class Supervisor:
         self.source.run_first(n, launch, log_path, timeout=self.thresholds.warmup_s)
         oom_before = procs.oom_counters()
         ckpt_before = state.last_checkpoint
+        cache_before = self.cache.size()
         klog = procs.KernelLog()
         env[envvars.SPAWN_T] = f"{time.time():.3f}"  # the trainer's startup breakdown counts from here
         proc = self.standby.take(n, argv, env, cwd, log_path)
@@ -355,6 +356,8 @@ class Supervisor:
         att.ended_at, att.exit_code, att.signal = time.time(), out.exit_code, out.signal
         att.reached_train = out.reached_train
         att.checkpointed = state.last_checkpoint != ckpt_before
+        grown = self.cache.size()
+        att.cache_grew = grown[0] > cache_before[0] or grown[1] > cache_before[1]
         state.trainer_pids = []
         state.throughput_low = None
         self.record.emit(events.AttemptEnd(attempt=n, exit_code=out.exit_code,

@@ -42,6 +42,19 @@ class RunCache:
         self.restore_argv = list(restore_argv or ())
         self.emit = emit
 
+    def size(self) -> tuple[int, int]:
+        """(files, bytes) of the run's cache now ((0, 0): none); what an attempt's compile
+        added shows as its growth."""
+        files = total = 0
+        for base, _dirs, names in os.walk(self.dir):
+            for nm in names:
+                try:
+                    total += os.lstat(os.path.join(base, nm)).st_size
+                except OSError:
+                    continue
+                files += 1
+        return files, total
+
     def seed(self, attempt: int) -> None:
         """The run's copy of the host's live cache, before ``attempt`` (once: a cache the
         run already has is kept)."""
