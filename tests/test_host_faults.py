@@ -12,9 +12,13 @@ import time
 
 import pytest
 
+from dfo_contract.procs import supervisor_alive
 from orchestrator.cli import main
 from orchestrator.engine.runs import LaunchOptions, RunOps
+from orchestrator.supervisor.procs import processes_of_run
+from orchestrator.supervisor.runfiles import notice_paths
 from orchestrator.transport.local import LocalTransport
+from tests.helpers.tmpfs import fill, tmpfs  # noqa: F401
 from tests.supervisor_env import (FAST, events, hosts_yaml, local_host, make_root, wait_final,
                                   wait_for)
 
@@ -152,3 +156,41 @@ def test_a_stopped_supervisor_shows_not_responding_with_its_heartbeat_age(
     wait_for(lambda: run_ops.status(run_id)[0].shown_status == "running", 60, "running again")
     run_ops.stop(run_id)
     assert wait_final(run_ops, run_id, 120)["status"] == "stopped"
+
+
+def test_a_full_run_directory_ends_the_run_once_and_status_says_why(
+        tmp_path, host, tmpfs, capsys):  # noqa: F811
+    root, run_ops = host
+    fs = tmpfs(8 << 20, root / "runs")     # the runs' filesystem, its own small disk
+    run_id = launch_steps(tmp_path, run_ops, sys.executable, "full")
+    run_dir = root / "runs" / run_id
+    wait_for(lambda: (run_ops.status(run_id)[0].state.last_step or 0) >= 2, 120, "steps")
+    pid = run_ops.status(run_id)[0].state.pid
+    notice = notice_paths(str(run_dir))[1]    # beside the run directory is full as well
+    try:
+        fill(fs, 0)                             # state.json, events.jsonl: ENOSPC
+
+        def ended():
+            info = run_ops.status(run_id)[0]
+            return info if info.shown_status != "running" else None
+        info = wait_for(ended, 120, lambda: f"the run to end: {sup_log(root, run_id)}")
+        assert info.shown_status == "failed" and not info.live, info
+        reason = info.state.reason
+        assert reason.startswith(f"the run directory {run_dir} is on a full filesystem "
+                                 f"(ENOSPC writing {run_dir}/"), reason
+        assert "free space there" in reason and \
+            reason.endswith("then dfo launch --resume latest"), reason
+        assert info.notice == notice
+        wait_for(lambda: not processes_of_run(str(run_dir)), 60, "the run's processes to go")
+        # never restarted into the same error, nor back by itself once space is freed
+        (fs / "filler").unlink()
+        log = sup_log(root, run_id)
+        assert "Traceback" not in log and log.count("is on a full filesystem") <= 1, log
+        assert not supervisor_alive(str(run_dir), pid)
+        hosts = hosts_yaml(tmp_path / "hosts.yaml", root)
+        assert main(["--hosts", str(hosts), "status", "--run", run_id]) == 0
+        assert f"run {run_id} failed: the run directory {run_dir} is on a full filesystem" \
+            in capsys.readouterr().err
+    finally:
+        if os.path.exists(notice):
+            os.unlink(notice)

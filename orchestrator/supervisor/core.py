@@ -15,7 +15,6 @@ from the run's spec:
 
 from __future__ import annotations
 
-import errno
 import os
 import shutil
 import signal
@@ -110,9 +109,9 @@ class Supervisor:
                 raise
             return self._run_dir_gone(e)
         except OSError as e:
-            if e.errno != errno.EROFS:
+            if e.errno not in run_dir_end.UNWRITABLE:
                 raise
-            return self._run_dir_read_only(e)
+            return self._run_dir_unwritable(e)
         finally:
             self._release()
 
@@ -159,8 +158,8 @@ class Supervisor:
     def _run_dir_gone(self, e: Exception) -> int:
         return run_dir_end.gone(self._ending())
 
-    def _run_dir_read_only(self, e: OSError) -> int:
-        return run_dir_end.read_only(self._ending(), e, self.state, self._release)
+    def _run_dir_unwritable(self, e: OSError) -> int:
+        return run_dir_end.unwritable(self._ending(), e, self.state, self._release)
 
     def _ending(self) -> run_dir_end.Ending:
         return run_dir_end.Ending(run_id=self.spec.identity.run_id, run_dir=self.run_dir,
