@@ -194,6 +194,8 @@ def status(app, host_name, run_id, wide, watch_, interval, as_json, group_name):
     A terminal shows run, state, step, tok/s and fallback always, then the trend, the
     acceptance length, checkpoint, goodput (the share of the run's time spent training),
     attempt, uptime and last event as they fit and hold a value; --wide shows them all.
+    A live run whose supervisor stopped answering shows `not_responding` and its
+    heartbeat's age.
     With --group: one row per node of the group's run (--run, else the head's live or
     newest run)."""
     if group_name is not None:

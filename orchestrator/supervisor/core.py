@@ -142,10 +142,10 @@ class Supervisor:
                                                 resumed=resumed))
         if resumed:
             was = self.state.status
-            self._recover_after_restart()
+            abandoned = self._recover_after_restart()
             if was == "stopping":  # it died while stopping: finish the stop, start nothing
                 return self.final("stopped", "stopped (the supervisor died while stopping)")
-            cannot = self.role.restarted(int(self.state.attempt))
+            cannot = self.role.restarted(int(self.state.attempt), abandoned)
             if cannot:   # a group's head: its peers' store is gone with its predecessor
                 self.record.emit(events.GiveUp(cls="crash", reason=cannot, evidence=[]))
                 return self.final("failed", cannot)
@@ -169,13 +169,15 @@ class Supervisor:
     def _kill_run(self, sig: int) -> list[int]:
         return run_dir_end.kill_run(self.run_dir, sig, self.thresholds.kill_grace_s)
 
-    def _recover_after_restart(self) -> None:
-        """A previous supervisor died: no trainer of this run may run unwatched."""
+    def _recover_after_restart(self) -> bool:
+        """A previous supervisor died: no trainer of this run may run unwatched. True when
+        it died during an attempt (now ended here, abandoned)."""
         orphans = self._kill_run(signal.SIGTERM)
         if orphans:
             self.record.emit(events.OrphansReaped(pids=orphans))
         self.state.standby_pid = None      # reaped above with the rest of the run
         att = self.state.current
+        abandoned = bool(att and att.ended_at is None)
         if att and att.ended_at is None:
             att.ended_at = time.time()
             att.cls, att.reason = "crash", "the supervisor died during this attempt"
@@ -183,6 +185,7 @@ class Supervisor:
                                                duration_s=att.ended_at - att.started_at,
                                                note="supervisor died; attempt abandoned"))
         self.record.save()
+        return abandoned
 
     def loop(self) -> int:
         """Attempts until the run ends (a solo run, or the head of a group for all nodes)."""
