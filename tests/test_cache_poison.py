@@ -29,6 +29,7 @@ def test_what_cannot_be_kept():
     assert bad_artifact("main.so", 4096, b"#!/b") == "not an ELF shared object"
     assert bad_artifact("main.so", 4096, b"\x7fELF") is None
     assert bad_artifact("c.py", 10, b"impo") is None
+    assert bad_artifact("c3kf.lock", 0, b"") is None     # inductor's locks are empty
 
 
 def test_an_import_error_counts_only_from_the_runs_cache():
@@ -249,6 +250,9 @@ def test_warm_cache_status_shows_a_damaged_live_cache_and_its_scrub_drops_it(
     good = os.path.join(live, "inductor", "ab", "k.py")
     with open(good, "w") as f:
         f.write("x = 1\n")
+    os.makedirs(os.path.join(live, "inductor", "locks"))
+    with open(os.path.join(live, "inductor", "locks", "c3kf.lock"), "wb"):
+        pass                                             # empty by design: not damage
     hosts = tmp_path / "hosts.yaml"
     hosts.write_text(f"default: h\nhosts:\n  h: {{transport: local, root: {root}}}\n")
     capsys.readouterr()

@@ -38,6 +38,9 @@ ELF_MAGIC = b"\x7fELF"
 ELF_HEADER = 64
 #: a cache file whose name ends so is loaded as code
 SHARED = (".so",)
+#: a cache file whose name ends so is empty by design (inductor's ``locks/*.lock``: only
+#: ``flock``ed, never read)
+LOCKS = (".lock",)
 
 
 def bad_artifact(name: str, size: int, head: bytes) -> "str | None":
@@ -45,7 +48,7 @@ def bad_artifact(name: str, size: int, head: bytes) -> "str | None":
     that is not a whole ELF file. torch and triton do not write every entry by rename: a
     compile killed mid-write leaves such files, which the next load fails on."""
     if size == 0:
-        return "empty"
+        return None if name.endswith(LOCKS) else "empty"
     if name.endswith(SHARED):
         if not head.startswith(ELF_MAGIC):
             return "not an ELF shared object"

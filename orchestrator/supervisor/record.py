@@ -106,7 +106,8 @@ class Heartbeat:
 
     def start(self) -> None:
         self.write()
-        self._thread = threading.Thread(target=self._beat, name="dfo-heartbeat", daemon=True)
+        self._thread = threading.Thread(target=self._beat, name="dfo-beat-file",
+                                        daemon=True)
         self._thread.start()
 
     def write(self) -> None:
