@@ -195,3 +195,15 @@ def test_a_node_that_did_not_run_itself_knows_it():
     hb.tick(40.0)                                             # SIGCONT: the gap is known
     assert hb.own_silent_s(41.0) == pytest.approx(37.0)
     assert hb.own_silent_s(60.0) == pytest.approx(20.0)       # long ago: only the beat gap
+
+
+def test_a_node_whose_supervisor_died_is_the_root_cause():
+    from dfo_contract.group_store import NodeOutcome
+    from orchestrator.ops.group_decide import root_cause
+
+    head = NodeOutcome(node=0, host="gpu1", cls="nccl_timeout", reason="gloo timed out",
+                       origin=True)
+    died = NodeOutcome(node=1, host="gpu2", cls="crash", reason="the supervisor on gpu2 died",
+                       origin=True, supervisor_died=True)
+    assert root_cause([head, died]) == died
+    assert NodeOutcome.from_text(died.to_text()) == died

@@ -405,7 +405,9 @@ def test_a_restarted_member_supervisor_reports_its_abandoned_attempt_and_the_run
     for k in (0, 1):
         ends = [e for e in g.kinds(k, "node_end") if e.attempt == 1 and e.node == 1]
         assert len(ends) == 1 and said in ends[0].reason, (k, ends)
-    assert g.kinds(0, "group_decision")[0].action == "restart"
+    dec = g.kinds(0, "group_decision")[0]
+    assert dec.action == "restart" and dec.cause["node"] == 1 and said in \
+        dec.cause["reason"], dec.cause
     assert len(g.kinds(0, "attempt_start")) == len(g.kinds(1, "attempt_start")) == 2
     assert procs_of(g.dirs[0]) == [] and procs_of(g.dirs[1]) == []
 

@@ -65,13 +65,14 @@ def head_restarted_reason(group: str, attempt: int) -> str:
 
 
 def _rank(e: NodeOutcome) -> tuple:
-    """Lower is a better root cause: a node lost; then a real class over ``peer_abort``;
-    then the most specific class (classify_rules.PRIORITY: a secondary 'crash' of a node whose
-    peer died loses to the peer's FX error); then the node that aborted first; then the
-    lowest node index."""
+    """Lower is a better root cause: a node lost; then a node whose supervisor died during
+    the attempt (every other node failed because its part went); then a real class over
+    ``peer_abort``; then the most specific class (classify_rules.PRIORITY: a secondary
+    'crash' of a node whose peer died loses to the peer's FX error); then the node that
+    aborted first; then the lowest node index."""
     order = {c: i for i, c in enumerate(PRIORITY)}
-    return (e.cls != NODE_LOST, e.cls == PEER_ABORT, order.get(e.cls, len(order)),
-            not e.origin, e.node)
+    return (e.cls != NODE_LOST, not e.supervisor_died, e.cls == PEER_ABORT,
+            order.get(e.cls, len(order)), not e.origin, e.node)
 
 
 def root_cause(ends: Sequence[NodeOutcome]) -> NodeOutcome:

@@ -35,7 +35,7 @@ from ..ops.classify import classify
 from . import procs, run_dir_end, runfiles
 from .group import GroupHead
 from .group_member import GroupMember
-from .record import Heartbeat, RunLock, RunRecord, Stop
+from .record import BeatWriter, RunLock, RunRecord, Stop
 from .role import Role, SoloRole
 from .run_cache import RunCache
 from .source import AttemptSource, source_for
@@ -122,7 +122,7 @@ class Supervisor:
             print(f"dfo-supervisor: {e}", file=sys.stderr, flush=True)
             return 0
         silent = float(self.thresholds.silent_s)
-        Heartbeat(self.run_dir, every_s=min(1.0, silent / 5), silent_s=silent).start()
+        BeatWriter(self.run_dir, every_s=min(1.0, silent / 5), silent_s=silent).start()
         resumed = os.path.exists(self.record.path(rs.STATE_FILE))
         if resumed:
             self.record.state, damage = runfiles.read_state_or_events(self.run_dir)

@@ -105,7 +105,7 @@ class GroupMember(GroupRole):
                               reason=f"the supervisor on {gs.host} died during attempt {n} "
                                      "(its trainer went with it) and was restarted",
                               exit_code=None, reached_train=False, healthy_s=0.0,
-                              origin=True)
+                              origin=True, supervisor_died=True)
             c.set_end(n, end)
             self.record.emit(end.event(n))
         ended = self._follow(driver, n)

@@ -93,7 +93,7 @@ class RunLock:
             self.fd = None
 
 
-class Heartbeat:
+class BeatWriter:
     """``supervisor.beat`` (dfo_contract.beat), rewritten every ``every_s`` by a daemon
     thread while this process runs; a write that fails (a full or read-only directory) is
     tried again at the next beat and never ends the run."""
