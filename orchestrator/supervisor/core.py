@@ -16,17 +16,15 @@ from the run's spec:
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
-from typing import Mapping
 
 from dfo_contract import envvars, events
 from dfo_contract import runstate as rs
 from dfo_contract.errors import ContractError
-from dfo_contract.runspec import Bundled, Identity, RunSpec
+from dfo_contract.runspec import Bundled, RunSpec
 from dfo_contract.runstate import Attempt, RunState
 
 from ..ops import goodput, oom
@@ -38,7 +36,7 @@ from .group_member import GroupMember
 from .record import BeatWriter, RunLock, RunRecord, Stop
 from .role import Role, SoloRole
 from .run_cache import RunCache
-from .source import AttemptSource, source_for
+from .source import AttemptSource, CannotStart, cannot_start, source_for
 from .standby import Keeper, KeeperInputs
 from .watch import AttemptWatch, Outcome, WatchInputs
 
@@ -369,29 +367,6 @@ class Supervisor:
                                            **out.clock.fields()))
         self.record.save()
         return out
-
-
-class CannotStart(Exception):
-    """An attempt's program is not there (the deployed env gone, an own command removed):
-    the run ends ``failed`` with this reason rather than trying it."""
-
-
-def cannot_start(argv: list[str], env: Mapping[str, str], identity: Identity,
-                 own: bool) -> str | None:
-    """Why attempt's ``argv`` cannot start on this host, or None. The deployed env
-    (``envs/current``, whose python the bundled trainer runs and an own command finds first
-    on PATH) gone is named with its repair: a deploy, then a resume."""
-    env_dir = os.path.dirname(os.path.dirname(identity.python))
-    program = argv[0] if os.sep in argv[0] else (
-        shutil.which(argv[0], path=env.get("PATH")) or argv[0])
-    uses_env = not own or program.startswith(env_dir + os.sep) or os.sep not in program
-    if uses_env and not os.path.exists(identity.python):
-        return (f"the deployed env {env_dir} is missing ({identity.python} not found): run "
-                f"`dfo deploy --host {identity.host}`, then dfo launch --resume latest")
-    if os.sep in program and not os.access(program, os.X_OK):
-        return (f"the command {program} is not there or not executable: fix the run file's "
-                "command, then dfo launch --resume latest")
-    return None
 
 
 def role_for(spec: RunSpec, run_dir: str, record: RunRecord, stop: Stop) -> Role:

@@ -17,6 +17,7 @@ from ..ops.group_decide import head_lost_reason, peer_step
 from .coordinator import STORE_POLL_S
 from .group import GroupRole
 from .role import Driver, Placement
+from .source import CannotStart
 
 
 class GroupMember(GroupRole):
@@ -71,7 +72,13 @@ class GroupMember(GroupRole):
             state.overrides = dict(plan.overrides)
             self.plan = plan
             state.status = "running"
-            out = driver.run_attempt(n)
+            try:
+                out = driver.run_attempt(n)
+            except CannotStart as e:     # the head decides: the attempt ends everywhere
+                ended = self._cannot_start(driver, n, str(e))
+                if ended is not None:
+                    return ended
+                continue
             if out.stopped:
                 return driver.final("stopped", self.stop.reason or "stopped")
             diag = classify(out.scan, exit_code=out.exit_code, signal=out.signal,
@@ -93,6 +100,19 @@ class GroupMember(GroupRole):
             driver.cache.scrub(n + 1, out, diag)   # as the head's loop does before a restart
             if self._restore:
                 driver.cache.restore(n + 1)
+
+    def _cannot_start(self, driver: Driver, n: int, why: str) -> int | None:
+        """This node's part of attempt N cannot start (``source.cannot_start``): abort the
+        attempt on every node, report that end (permanent: no restart brings the program
+        back) and follow the head's decision."""
+        c, gs = self._c(), self.gs
+        self.record.state.attempt = n     # decided like any attempt: the next is N+1
+        c.abort(n, f"node {gs.host}: {why}")
+        end = NodeOutcome(node=gs.node, host=gs.host, cls="crash", reason=why,
+                          permanent=True, origin=True)
+        c.set_end(n, end)
+        self.record.emit(end.event(n))
+        return self._follow(driver, n)
 
     def _report_abandoned(self, driver: Driver, n: int) -> int | None:
         """This node's previous supervisor died during attempt N (its trainer went with
