@@ -69,12 +69,14 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, mode: int = 0o64
             n = os.write(fd, view)
             view = view[n:]
         os.fsync(fd)
-    except BaseException:
+    except BaseException as e:
         os.close(fd)
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        if isinstance(e, OSError) and e.filename is None:   # say which file (a full disk)
+            raise OSError(e.errno, e.strerror, p) from e
         raise
     os.close(fd)
     try:

@@ -168,6 +168,9 @@ class NodeOutcome:
     #: the line of its output saying its part died at start-up loading a shared object from
     #: its run's compile cache (``ops.cache_check``): a restart clears that node's cache
     cache_fault: str | None = None
+    #: the node's supervisor died during the attempt (its trainer went with it) and its
+    #: restarted supervisor reports this end: the cause of the other nodes' failures
+    supervisor_died: bool = False
 
     def to_json(self) -> dict[str, Any]:
         """The fields (JSON names; ``class`` for ``cls``), without ``v``: also the
@@ -176,7 +179,7 @@ class NodeOutcome:
                 "exit_code": self.exit_code, "reached_train": self.reached_train,
                 "healthy_s": self.healthy_s, "permanent": self.permanent,
                 "origin": self.origin, "evidence": list(self.evidence),
-                "cache_fault": self.cache_fault}
+                "cache_fault": self.cache_fault, "supervisor_died": self.supervisor_died}
 
     def to_text(self) -> str:
         return _dump(self.to_json())
@@ -192,7 +195,8 @@ class NodeOutcome:
                        permanent=bool(d.get("permanent")), origin=bool(d.get("origin")),
                        evidence=tuple(d.get("evidence") or ()),
                        cache_fault=None if d.get("cache_fault") is None
-                       else str(d["cache_fault"]))
+                       else str(d["cache_fault"]),
+                       supervisor_died=bool(d.get("supervisor_died")))
         except KeyError as e:
             raise ContractError(f"a group store node outcome lacks its {e.args[0]!r}") from None
 

@@ -64,6 +64,7 @@ class Thresholds:
     baseline_steps: int = 5         # steps the baseline is measured over
     skip_steps: int = 2             # first steps of an attempt left out of the baseline
     poll_s: float = 0.2             # how often the supervisor reads the attempt's log
+    silent_s: float = 30.0          # its heartbeat (supervisor.beat) older: not responding
     standby_wait_s: float = 0.0     # wait this long for a standby still importing (0: never)
     standby_early_cpus: int = 8     # hosts with >= this many CPUs start it early (0: never)
 

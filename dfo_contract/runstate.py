@@ -85,6 +85,8 @@ class Attempt:
     reached_train: bool | None = None
     #: the run's newest checkpoint changed while it ran (None: not recorded)
     checkpointed: bool | None = None
+    #: the run's compile cache grew while it ran (a compile got further; None: not recorded)
+    cache_grew: bool | None = None
     extra: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:

@@ -29,6 +29,9 @@ STOP_VERSION = 1
 #: supervisor is gone; its directory has a spec.json but its supervisor never started
 LOST = "lost"
 NEVER_STARTED = "never_started"
+#: ``shown_status`` of a live run whose supervisor's heartbeat is older than its
+#: ``silent_s`` (dfo_contract.beat): the process exists but runs no code (SIGSTOP, ...)
+NOT_RESPONDING = "not_responding"
 
 
 def _object(obj: Any, what: str) -> Mapping:
@@ -64,11 +67,16 @@ class RunStatus:
     recent_tokens_per_s: tuple[float, ...] = ()
     #: goodput and the time lost per cause (None: the events could not be read)
     time: Goodput | None = None
+    #: seconds since the live supervisor's heartbeat (None: not live, or no heartbeat)
+    beat_age_s: float | None = None
+    #: the line that says the supervisor is not responding and what to do (else None)
+    not_responding: str | None = None
     version: int = STATUS_VERSION
 
     #: the keys this record writes beside state.json's
     KEYS = ("live", "run_dir", "notice", "shown_status", "state_damaged", "now",
-            "recent_tokens_per_s", "time", "status_version")
+            "recent_tokens_per_s", "time", "beat_age_s", "not_responding",
+            "status_version")
 
     @property
     def run_id(self) -> str:
@@ -86,6 +94,7 @@ class RunStatus:
             out["state_damaged"] = self.state_damaged
         out.update(now=self.now, recent_tokens_per_s=list(self.recent_tokens_per_s),
                    time=None if self.time is None else self.time.to_json(),
+                   beat_age_s=self.beat_age_s, not_responding=self.not_responding,
                    status_version=self.version)
         return out
 
@@ -111,6 +120,8 @@ class RunStatus:
                    recent_tokens_per_s=tuple(x for x in recent if isinstance(x, (int, float))
                                              and not isinstance(x, bool)),
                    time=t,
+                   beat_age_s=_opt((int, float), obj.get("beat_age_s"), "beat_age_s"),
+                   not_responding=_opt(str, obj.get("not_responding"), "not_responding"),
                    version=int(obj.get("status_version", STATUS_VERSION)))
 
 

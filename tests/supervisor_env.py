@@ -104,7 +104,7 @@ def wait_for(pred, timeout: float = 120, what: str = "condition", poll: float = 
         if v:
             return v
         time.sleep(poll)
-    raise AssertionError(f"timed out waiting for {what}")
+    raise AssertionError(f"timed out waiting for {what() if callable(what) else what}")
 
 
 def events(root: Path, run_id: str) -> list[ev.Event]:

@@ -158,3 +158,43 @@ def test_a_line_that_is_not_utf8_is_skipped_and_the_run_keeps_its_goodput(tmp_pa
     info = run_info(str(run_dir))
     assert info.time is not None and info.time.goodput == pytest.approx(want.goodput)
     json.dumps(info.to_json())
+
+
+def _stepped(evs: list[ev.Event], at: float, by: float) -> list[ev.Event]:
+    """``evs`` as a supervisor stamps them (``mono``: seconds since boot), their wall clock
+    stepped ``by`` seconds from wall time ``at`` on; the trainer's times in an attempt_end
+    are read against its attempt's start (the watch's clock), so they move with it."""
+    from dataclasses import replace
+
+    start: dict[int, float] = {}
+    out = []
+    for e in evs:
+        d = by if e.t >= at else 0.0
+        if isinstance(e, ev.AttemptStart):
+            start[e.attempt] = d
+        if isinstance(e, ev.AttemptEnd):
+            s = start[e.attempt]
+            e = replace(e, loop_t=e.loop_t + s, first_step_t=e.first_step_t + s,
+                        last_step_t=e.last_step_t + s)
+        out.append(replace(e, t=e.t + d, mono=e.t - 900.0))
+    return out
+
+
+@pytest.mark.parametrize("by", [-3600.0, -90.0, 7200.0])
+def test_a_step_of_the_wall_clock_changes_no_figure(by):
+    want = account(_timed_run())
+    g = account(_stepped(_timed_run(), at=1064.0, by=by))
+    assert g == want and g.goodput <= 1
+
+
+def test_a_live_run_counts_to_the_readers_monotonic_now():
+    evs = _stepped(_timed_run()[:-3], at=1064.0, by=-3600.0)   # attempt 2 still runs
+    g = account(evs, now=1100.0 - 3600.0, mono=1100.0 - 900.0)
+    assert g.live and g.wall_s == 100.0 and g.goodput <= 1
+
+
+def test_records_without_a_monotonic_stamp_are_never_counted_above_their_wall_time():
+    evs = _timed_run()
+    evs[-1] = ev.Final(t=1030.0, status="done", reason="d", last_checkpoint=None)  # stepped back
+    g = account(evs)
+    assert g.train_s <= g.wall_s and g.goodput <= 1

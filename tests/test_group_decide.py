@@ -182,3 +182,28 @@ def test_local_addr_is_the_source_address_towards_the_head():
 
     assert local_addr("127.0.0.1", 29400) == "127.0.0.1"
     assert local_addr("192.0.2.1", 9) not in ("", "192.0.2.1")  # a route's source, or None
+
+
+def test_a_node_that_did_not_run_itself_knows_it():
+    from orchestrator.ops.group_decide import Heartbeats
+
+    hb = Heartbeats(lost_s=6.0, start=0.0)
+    for t in (1.0, 2.0, 3.0):
+        hb.tick(t)
+    assert hb.own_silent_s(3.5) == pytest.approx(1.0)
+    assert hb.own_silent_s(40.0) == pytest.approx(37.0)       # it has not beaten since 3
+    hb.tick(40.0)                                             # SIGCONT: the gap is known
+    assert hb.own_silent_s(41.0) == pytest.approx(37.0)
+    assert hb.own_silent_s(60.0) == pytest.approx(20.0)       # long ago: only the beat gap
+
+
+def test_a_node_whose_supervisor_died_is_the_root_cause():
+    from dfo_contract.group_store import NodeOutcome
+    from orchestrator.ops.group_decide import root_cause
+
+    head = NodeOutcome(node=0, host="gpu1", cls="nccl_timeout", reason="gloo timed out",
+                       origin=True)
+    died = NodeOutcome(node=1, host="gpu2", cls="crash", reason="the supervisor on gpu2 died",
+                       origin=True, supervisor_died=True)
+    assert root_cause([head, died]) == died
+    assert NodeOutcome.from_text(died.to_text()) == died

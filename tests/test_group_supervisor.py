@@ -268,6 +268,16 @@ def test_a_frozen_head_ends_the_peer_without_waiting_on_its_store(group):
     lost_t = g.kinds(1, "node_lost")[0].t
     final_t = g.kinds(1, "final")[0].t
     assert final_t - lost_t < OP_TIMEOUT_S, final_t - lost_t
+    # the head runs again, long after node_lost_s: it was itself not answering, and blames
+    # no peer (the peer is silent because it ended, having taken the head for lost)
+    g.kill_node(0, signal.SIGCONT)
+    head = g.wait_final(0, timeout=240)
+    assert head["status"] == "failed"
+    reason = head["reason"]
+    assert reason.startswith("the head gpu1 itself was not answering for "), reason
+    assert "node gpu2 took the head for lost" in reason and "start it" not in reason, reason
+    assert "dfo launch --group pair --resume latest" in reason
+    assert procs_of(g.dirs[0]) == [] and procs_of(g.dirs[1]) == []
 
 
 def test_a_stopped_trainer_on_the_peer_is_frozen_on_that_node(group):
@@ -376,3 +386,28 @@ def test_sigterm_to_a_peer_during_the_backoff_stops_the_head_too(group):
     assert head["status"] == "stopped" and peer["status"] == "stopped"
     assert "(on node gpu2)" in head["reason"]
     assert len(g.kinds(0, "attempt_start")) == len(g.kinds(1, "attempt_start")) == 1
+
+
+def test_a_restarted_member_supervisor_reports_its_abandoned_attempt_and_the_run_goes_on(
+        group):
+    # kill -9 of the member's supervisor alone (its trainer dies with it), then a restart as
+    # systemd would: it re-joins and ends the attempt it abandoned, so the head decides
+    g = group(name="pairmember", node_lost_s=20.0, checkpoint={"every": 2})
+    wait_for(lambda: (g.state(0).get("last_step") or 0) >= 3, 240, "training on the head")
+    os.kill(g.procs[1].pid, signal.SIGKILL)
+    g.procs[1].wait(30)
+    g.restart_supervisor(1)
+    head, peer = g.wait_final(0, timeout=300), g.wait_final(1, timeout=300)
+    assert head["status"] == "done", head.get("reason")
+    assert peer["status"] == "done", peer.get("reason")
+    # the head got the member's end of attempt 1, naming the cause, and decided on it
+    said = "the supervisor on gpu2 died during attempt 1"
+    for k in (0, 1):
+        ends = [e for e in g.kinds(k, "node_end") if e.attempt == 1 and e.node == 1]
+        assert len(ends) == 1 and said in ends[0].reason, (k, ends)
+    dec = g.kinds(0, "group_decision")[0]
+    assert dec.action == "restart" and dec.cause["node"] == 1 and said in \
+        dec.cause["reason"], dec.cause
+    assert len(g.kinds(0, "attempt_start")) == len(g.kinds(1, "attempt_start")) == 2
+    assert procs_of(g.dirs[0]) == [] and procs_of(g.dirs[1]) == []
+

@@ -91,3 +91,81 @@ def test_a_command_without_step_lines_finishes_without_a_step_none(run_ops):
     info = wait_final(o, run_id, timeout=180)
     assert info["status"] == "done"
     assert info["reason"] == "the command exited 0 (it reported no steps)"
+
+
+def test_signals_from_outside_and_a_growing_cache_are_not_the_same_failure():
+    import signal
+
+    def killed(n, sig=signal.SIGKILL, **kw):
+        a = att(n, reason=f"the trainer ended with {signal.Signals(sig).name}", **kw)
+        a.signal = sig
+        return a
+    # an OOM killer, an operator, a preemption agent: nothing about the code
+    for sig in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        assert cannot_do_better(killed(1, sig), killed(2, sig),
+                                restart_changes_config=False) is None, sig
+    exit6 = att(2, reason="the trainer ended with exit 6 (interrupted by a signal the "
+                          "supervisor did not send)")
+    exit6.exit_code = 6
+    assert cannot_do_better(att(1, reason=exit6.reason), exit6,
+                            restart_changes_config=False) is None
+    # a signal the trainer sends itself (a segfault, an abort) is judged as before
+    assert cannot_do_better(killed(1, signal.SIGSEGV), killed(2, signal.SIGSEGV),
+                            restart_changes_config=False) is not None
+    # a compile that got further (the run's compile cache grew) is progress
+    grew = att(2)
+    grew.cache_grew = True
+    assert cannot_do_better(att(1), grew, restart_changes_config=False) is None
+    still = att(2)
+    still.cache_grew = False
+    assert cannot_do_better(att(1), still, restart_changes_config=False) is not None
+
+
+#: a "cold compile": no step line for a while (attempts 1 and 2, until killed), then steps
+COLD = ("import os, time\n"
+        "if int(os.environ['DFO_ATTEMPT']) < 3:\n"
+        "    print('compiling', flush=True)\n"
+        "    time.sleep(600)\n"
+        "for i in range(1, 4):\n"
+        "    print(f'step {i} loss 1.0 tok/s 10', flush=True)\n")
+
+
+def test_two_outside_sigkills_during_a_cold_compile_do_not_end_the_run(run_ops, tmp_path):
+    import os
+    import signal
+
+    from tests.supervisor_env import wait_for
+
+    root, o = run_ops
+    script = tmp_path / "cold.py"
+    script.write_text(COLD)
+    run_id = _launch(o, [sys.executable, str(script)], "cold")
+    for n in (1, 2):    # a host's OOM killer, an operator, a preemption agent
+        st = wait_for(lambda: (s := o.status(run_id)[0].state).attempt == n
+                      and s.trainer_pids and s, 60, f"attempt {n}")
+        log = root / "runs" / run_id / f"attempt-{n}.log"
+        wait_for(lambda: log.exists() and b"compiling" in log.read_bytes(), 60, "compiling")
+        os.kill(st.trainer_pids[0], signal.SIGKILL)
+    info = wait_final(o, run_id, timeout=120)
+    assert info["status"] == "done", info["reason"]
+    evs = events(root, run_id)
+    assert [e.attempt for e in evs if e.kind == "attempt_start"] == [1, 2, 3]
+    assert not [e for e in evs if e.kind == "give_up"]
+
+
+def test_a_compile_that_gets_further_each_attempt_is_restarted(run_ops, tmp_path):
+    root, o = run_ops
+    script = tmp_path / "further.py"   # each attempt compiles one more kernel, then dies
+    script.write_text(
+        "import os, sys\n"
+        "n = int(os.environ['DFO_ATTEMPT'])\n"
+        "d = os.path.join(os.environ['DFO_RUN_DIR'], 'cache', 'inductor')\n"
+        "os.makedirs(d, exist_ok=True)\n"
+        "if n < 3:\n"
+        "    open(os.path.join(d, f'kernel{n}.py'), 'w').write('x = 1\\n')\n"
+        "    sys.exit(1)\n"
+        "print('step 1 loss 1.0 tok/s 10', flush=True)\n")
+    run_id = _launch(o, [sys.executable, str(script)], "further")
+    info = wait_final(o, run_id, timeout=120)
+    assert info["status"] == "done", info["reason"]
+    assert [a["cache_grew"] for a in info["attempts"]] == [True, True, False]

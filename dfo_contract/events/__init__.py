@@ -75,7 +75,7 @@ def from_dict(obj: Any) -> Event:
     cls = REGISTRY.get(kind)
     if cls is None:
         t = obj.get("t")
-        rest = {k: v for k, v in obj.items() if k not in ("v", "t", "kind")}
+        rest = {k: v for k, v in obj.items() if k not in ("v", "t", "mono", "kind")}
         return UnknownEvent(kind=kind, fields=rest,
                             t=float(t) if isinstance(t, (int, float)) else 0.0)
     return cls.from_body(obj)  # type: ignore[return-value]

@@ -22,6 +22,8 @@ from ..fsio import json_safe
 #: the format version of every record this dfo writes; a reader refuses any other
 VERSION = 1
 
+#: the fields every record has besides its kind's (``v`` and ``kind`` are not fields)
+ENVELOPE = ("t", "mono")
 _JSON = "json"            # field metadata: the field's JSON name when it differs
 _OPTIONAL = "optional"    # field metadata: may be absent; written only when not None
 
@@ -53,6 +55,9 @@ class EventBase:
 
     kind: ClassVar[str] = ""
     t: float = field(default_factory=now)
+    #: the writer's CLOCK_MONOTONIC when written (a supervisor stamps its own records):
+    #: durations between records of one boot that a step of the wall clock does not change
+    mono: float | None = field(default=None, metadata={_OPTIONAL: True})
 
     def describe(self) -> str:
         """One short human line (status tables, ``dfo logs``, state.json's last_event)."""
@@ -64,10 +69,11 @@ class EventBase:
         return [str(x.get("text", "")) if isinstance(x, Mapping) else str(x) for x in ev]
 
     def body(self) -> dict[str, Any]:
-        """The record's fields without ``v``, ``t`` and ``kind`` (JSON names, JSON-safe)."""
+        """The record's fields without ``v``, ``t``, ``mono`` and ``kind`` (JSON names,
+        JSON-safe)."""
         out: dict[str, Any] = {}
         for f in fields(self):
-            if f.name == "t":
+            if f.name in ENVELOPE:
                 continue
             v = getattr(self, f.name)
             if v is None and f.metadata.get(_OPTIONAL):
@@ -78,7 +84,8 @@ class EventBase:
     def to_dict(self) -> dict[str, Any]:
         if not self.kind:
             raise ContractError(f"{type(self).__name__} has no kind: it cannot be written")
-        return {"v": VERSION, "t": json_safe(self.t), "kind": self.kind, **self.body()}
+        mono = {} if self.mono is None else {"mono": json_safe(self.mono)}
+        return {"v": VERSION, "t": json_safe(self.t), **mono, "kind": self.kind, **self.body()}
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any], **defaults: Any) -> Self:

@@ -29,7 +29,9 @@ from .params import POSITIVE_SECONDS, group_option, host_or_group
               help="With --pull: pull this key (see --status) instead of this env's.")
 @click.option("--push", "push_file", type=click.Path(dir_okay=False), default=None,
               help="Upload a local snapshot into the host's store and restore it.")
-@click.option("--status", "show_status", is_flag=True, help="List the host's cache keys, sizes, last use.")
+@click.option("--status", "show_status", is_flag=True,
+              help="List the host's cache keys, sizes, last use; verify the stored snapshots "
+                   "and the live caches (files that cannot be loaded).")
 @click.option("--prune", "prune_keep", type=click.IntRange(min=0), default=None, metavar="K",
               help="Delete all but the newest K keys (live cache and snapshot).")
 @click.option("--trust-other-hosts", "trust_other_hosts", is_flag=True,
@@ -255,6 +257,8 @@ def _print_status(host: str, entries, removed, as_json: bool) -> None:
     for e in entries:
         if e.problem:
             con.print(f"[red]BAD[/] {escape(e.key)}: {escape(e.problem)}")
+        if e.live_problem:
+            con.print(f"[red]DAMAGED[/] {escape(e.key)}: {escape(e.live_problem)}")
     if removed is None and not any(e.problem for e in entries):
         n = sum(1 for e in entries if e.snapshot_size is not None)
         con.print(f"{n} stored snapshot(s) verified (manifest, tar checksum, members)")

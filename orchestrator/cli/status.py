@@ -27,7 +27,8 @@ COLUMNS = ("run", "state", "step", "tok/s", "trend", "accept", "goodput", "fallb
 #: they fit (--wide: all, folded to fit)
 REQUIRED = ("run", "state", "step", "tok/s", "fallback")
 OPTIONAL = ("trend", "accept", "checkpoint", "goodput", "attempt", "uptime", "last event")
-_STYLE = {"done": "green", "failed": "red", "lost": "red", "running": "cyan",
+_STYLE = {"done": "green", "failed": "red", "lost": "red", "not_responding": "red",
+          "running": "cyan",
           "backoff": "yellow", "stopping": "yellow", "stopped": "dim"}
 
 
@@ -98,7 +99,9 @@ def row_values(r: RunStatus, sep: str = ", ") -> dict[str, Text]:
     tps = _finite(s.tokens_per_s)
     started = _finite(s.started_at)
     return {
-        "run": Text(str(r.run_id)), "state": Text(st, style=_STYLE.get(st, "")),
+        "run": Text(str(r.run_id)),
+        "state": Text(st if not r.not_responding or r.beat_age_s is None else
+                      f"{st} ({_age(r.beat_age_s)})", style=_STYLE.get(st, "")),
         "step": Text(str(s.last_step if s.last_step is not None else "-")),
         "tok/s": Text("-" if tps is None else f"{tps:.0f}"),
         "trend": Text(sparkline(list(r.recent_tokens_per_s), 8) or "-", style="cyan"),
@@ -191,6 +194,8 @@ def status(app, host_name, run_id, wide, watch_, interval, as_json, group_name):
     A terminal shows run, state, step, tok/s and fallback always, then the trend, the
     acceptance length, checkpoint, goodput (the share of the run's time spent training),
     attempt, uptime and last event as they fit and hold a value; --wide shows them all.
+    A live run whose supervisor stopped answering shows `not_responding` and its
+    heartbeat's age.
     With --group: one row per node of the group's run (--run, else the head's live or
     newest run)."""
     if group_name is not None:
@@ -222,6 +227,8 @@ def status(app, host_name, run_id, wide, watch_, interval, as_json, group_name):
             click.echo(f"dfo: warning: run {r.run_id}: {r.state_damaged}", err=True)
         if r.notice:
             click.echo(f"dfo: run {r.run_id} {r.state.status}: {r.state.reason}", err=True)
+        if r.not_responding:
+            click.echo(f"dfo: run {r.run_id}: {r.not_responding}", err=True)
     return 0
 
 

@@ -111,6 +111,10 @@ def warm_cache(mgr: CacheManager, req: WarmCacheRequest,
         res = restored_result(host, key.key, "pushed" if req.push_file else "restored", str(src), m)
         return _done(res, key.components, t0)
     p = sn.paths(mgr.tree, key.key)
+    dropped = mgr.scrub_live(key.key)
+    if dropped:
+        stage("scrub", f"dropped {len(dropped)} file(s) of the live cache that cannot be "
+                       f"loaded: " + ", ".join(f"{r} ({w})" for r, w in dropped[:3]))
     plan = sn.plan_warm(from_file=False, store_has_key=mgr.read_manifest_remote(p) is not None,
                         rewarm=req.rewarm)
     if plan.action == "restore":
@@ -156,8 +160,17 @@ def _key_without_config(mgr: CacheManager, req: WarmCacheRequest):
 
 
 def status_problems(host: str, entries: Sequence[sn.CacheEntry]) -> CacheError | None:
-    """``--status`` found stored snapshots that fail verification: one line naming them."""
+    """``--status`` found stored snapshots that fail verification, or live caches holding
+    files that cannot be loaded: one line naming them."""
     bad = [e for e in entries if e.problem]
+    damaged = [e for e in entries if e.live_problem]
+    if not bad and damaged:
+        first = f"{damaged[0].key}: {damaged[0].live_problem}"
+        more = f" (+{len(damaged) - 1} more)" if len(damaged) > 1 else ""
+        return CacheError(f"{len(damaged)} live compile cache(s) on {host} are damaged: "
+                          f"{first}{more}",
+                          hint="`dfo warm-cache` (with the config you launch with) drops them "
+                               "and restores or warms the key again")
     if not bad:
         return None
     first = f"{bad[0].key}: {bad[0].problem}"

@@ -335,6 +335,16 @@ class CacheManager:
         raw = sn.parse_tool(r.out, "cache status")
         return sn.entries_from_status(raw), raw
 
+    def scrub_live(self, key: str) -> list[tuple[str, str]]:
+        """Delete the files of ``key``'s live cache that cannot be loaded (the cache
+        helper's ``scrub``); (path, why) for each."""
+        python = self.python if self._exists_file(self.python) else "python3"
+        r = self.transport.run(sn.tool_argv(python, "scrub", sn.paths(self.tree, key).live),
+                               timeout=self.timeout)
+        r.check("cache scrub")
+        raw = sn.parse_tool(r.out, "cache scrub")
+        return [(str(p), str(w)) for p, w in raw.get("dropped") or ()]
+
     def prune(self, keep: int) -> list[str]:
         entries, raw = self.status()
         doomed = sn.plan_prune(entries, keep)

@@ -18,9 +18,11 @@
 
 from __future__ import annotations
 
+import signal
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Self
 
+from dfo_contract import exitcodes
 from dfo_contract.errors import ContractError
 from dfo_contract.runlimits import Budget
 
@@ -114,17 +116,37 @@ def on_failure(policy: Budget, state: BudgetState, cls: str, *, healthy_s: float
                     f"{state.total}/{policy.total} in total")
 
 
+#: signals a trainer does not send itself: an operator, a host's OOM killer (SIGKILL), a
+#: preemption agent. An attempt ended so, with no traceback, says nothing about the code
+OUTSIDE_SIGNALS = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def from_outside(a) -> bool:
+    """An attempt (``runstate.Attempt``) that ended by a signal it did not send itself, with
+    no class of its own: killed by ``OUTSIDE_SIGNALS``, or the trainer's exit 6 (it saved
+    and exited on a SIGTERM/SIGINT the supervisor did not send)."""
+    return a.cls == "crash" and (a.signal in OUTSIDE_SIGNALS
+                                 or a.signal is None and a.exit_code == exitcodes.INTERRUPTED)
+
+
 def cannot_do_better(prev, cur, *, restart_changes_config: bool) -> str | None:
     """Whether another attempt cannot do better than the last two, from the attempt history
     (the run's ``runstate.Attempt`` records: class, reason, config, whether it trained):
     both failed before their first training step, with the same class and the same reason,
     under the same config, and the next restart would change nothing. Nothing was trained
     or saved in between, so a third attempt meets the same error: the run stops, saying why
-    (None: restart as the budget allows)."""
+    (None: restart as the budget allows). It judges tracebacks and exit statuses: an
+    attempt whose compile cache grew made progress, and a ``crash`` that is a signal from
+    outside (``OUTSIDE_SIGNALS``) is no error of the code; both restart as the budget
+    allows."""
     if prev is None or restart_changes_config:
         return None
     if any(a.reached_train is not False or a.checkpointed is not False for a in (prev, cur)):
         return None
+    if cur.cache_grew:    # its compile got further than the one before: the next starts warmer
+        return None
+    if any(from_outside(a) for a in (prev, cur)):
+        return None       # ended from outside: says nothing about the code
     if (prev.cls, prev.reason, _set_only(prev.overrides)) != (cur.cls, cur.reason,
                                                               _set_only(cur.overrides)):
         return None

@@ -13,27 +13,16 @@ from __future__ import annotations
 import re
 from typing import Iterable
 
-#: an ELF file is at least its 64-byte header (ELF64)
-ELF_MAGIC = b"\x7fELF"
-ELF_HEADER = 64
-#: a kept file whose name ends so is loaded as code
-SHARED = (".so",)
-
-
-def bad_artifact(name: str, size: int, head: bytes) -> str | None:
-    """Why a cache file cannot be kept (None: keep it): empty, or a shared object that is
-    not a whole ELF file."""
-    if size == 0:
-        return "empty"
-    if name.endswith(SHARED):
-        if not head.startswith(ELF_MAGIC):
-            return "not an ELF shared object"
-        if size < ELF_HEADER:
-            return f"a shared object of {size} bytes (cut short)"
-    return None
-
+#: the judgement of one file is the cache helper's (it runs on hosts without dfo too)
+from ..remote.cache_tool import ELF_HEADER, ELF_MAGIC, SHARED, bad_artifact  # noqa: F401
 
 _IMPORT = re.compile(r"ImportError: (?P<path>/\S+?\.so)\b:?\s*(?P<why>.*)$")
+
+
+def import_error_path(line: str) -> str | None:
+    """The shared object a :func:`cache_import_error` line names."""
+    m = _IMPORT.search(line)
+    return m.group("path") if m else None
 
 
 def cache_import_error(lines: Iterable[str], cache_dir: str) -> str | None:

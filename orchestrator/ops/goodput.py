@@ -32,6 +32,7 @@ attempt with no checkpoint counts whole as ``redone`` (if it trained) or ``start
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import Any, Sequence
 
 from dfo_contract import events as ev
@@ -48,15 +49,71 @@ def last_run(evs: Sequence[ev.Event]) -> list[ev.Event]:
     return list(evs[start:])
 
 
-def account(evs: Sequence[ev.Event], now: float | None = None) -> Goodput:
-    """Goodput and the time lost per cause of the newest run in ``evs`` (module doc)."""
-    evs = last_run(evs)
+def steady(evs: Sequence[ev.Event],
+           mono: float | None = None) -> tuple[list[ev.Event], float | None]:
+    """``evs`` on a timeline that a step of the wall clock does not move: each record the
+    supervisor stamped with its monotonic clock (``mono``) is placed at the first stamped
+    record's ``t`` plus the monotonic time since; one without a stamp keeps its place
+    relative to the record before it; the trainer's times in an ``attempt_end`` move with
+    its attempt's start (the watch reads them against that start). A monotonic clock that
+    went back (a reboot) starts a new anchor. Also returns ``mono`` (the reader's monotonic
+    now, of the same boot) on that timeline, None when it cannot be placed. The order of the
+    records is kept: a record is never before the one written before it."""
+    out: list[ev.Event] = []
+    anchor: tuple[float, float] | None = None    # (timeline t, mono) of the anchor record
+    last_mono: float | None = None
+    shift = 0.0
+    prev: float | None = None
+    start_shift: dict[int, float] = {}
+    for e in evs:
+        if e.mono is not None and anchor is not None and last_mono is not None \
+                and e.mono >= last_mono:
+            t = anchor[0] + (e.mono - anchor[1])
+        elif e.mono is not None:
+            t = e.t if prev is None else max(e.t, prev)
+            anchor = (t, e.mono)
+        else:
+            t = e.t + shift
+        if prev is not None:
+            t = max(t, prev)
+        if e.mono is not None:    # the clocks' offset now (a record without a stamp, or
+            last_mono = e.mono    # with a t of 0, never sets it)
+            shift = t - e.t
+        prev = t
+        if isinstance(e, ev.AttemptStart):
+            start_shift[e.attempt] = t - e.t
+        if isinstance(e, ev.AttemptEnd):
+            out.append(_moved(e, t, start_shift.get(e.attempt, t - e.t)))
+        else:
+            out.append(replace(e, t=t))
+    now = None
+    if mono is not None and anchor is not None and last_mono is not None and mono >= last_mono:
+        now = anchor[0] + (mono - anchor[1])
+    return out, now
+
+
+def _moved(e: ev.AttemptEnd, t: float, by: float) -> ev.AttemptEnd:
+    """``e`` at ``t``, its trainer times moved ``by`` seconds."""
+    def mv(x: float | None) -> float | None:
+        return None if x is None else x + by
+    return replace(e, t=t, loop_t=mv(e.loop_t), first_step_t=mv(e.first_step_t),
+                   last_step_t=mv(e.last_step_t))
+
+
+def account(evs: Sequence[ev.Event], now: float | None = None,
+            mono: float | None = None) -> Goodput:
+    """Goodput and the time lost per cause of the newest run in ``evs`` (module doc), on
+    the timeline of :func:`steady`; ``mono``: the reader's monotonic clock at ``now``."""
+    raw = last_run(evs)
     lost = dict.fromkeys(CAUSES, 0.0)
-    if not evs:
+    if not raw:
         return _done(0.0, 0.0, lost, live=True)
+    evs, steady_now = steady(raw, mono)
+    if steady_now is None and now is not None:
+        steady_now = now + (evs[-1].t - raw[-1].t)
     t0 = evs[0].t
     final = next((e for e in evs if isinstance(e, ev.Final)), None)
-    t1 = final.t if final else max(now if now is not None else 0.0, evs[-1].t)
+    t1 = final.t if final else max(steady_now if steady_now is not None else 0.0, evs[-1].t)
     starts = {e.attempt: e for e in evs if isinstance(e, ev.AttemptStart)}
     ends = {e.attempt: e for e in evs if isinstance(e, ev.AttemptEnd)}
     done = {e.attempt for e in evs if isinstance(e, ev.Classified) and e.cls == "done"}
@@ -85,7 +142,8 @@ def account(evs: Sequence[ev.Event], now: float | None = None) -> Goodput:
 
 
 def _done(wall: float, train: float, lost: dict[str, float], *, live: bool) -> Goodput:
-    return Goodput(wall_s=round(wall, 3), train_s=round(max(0.0, train), 3),
+    """The record; training never counts more than the wall time."""
+    return Goodput(wall_s=round(wall, 3), train_s=round(min(wall, max(0.0, train)), 3),
                    lost_s=tuple((c, round(max(0.0, lost[c]), 3)) for c in CAUSES), live=live)
 
 
@@ -98,8 +156,11 @@ def _attempt(s: ev.AttemptStart, end: ev.AttemptEnd | None, e_t: float, failed: 
     out = {"train": 0.0, "startup": 0.0, "compile": 0.0, "detection": 0.0, "redone": 0.0,
            "other": 0.0}
     span = max(0.0, e_t - s.t)
-    loop_t = end.loop_t if end is not None else None
+    loop_t = _within(end.loop_t, s.t, e_t) if end is not None else None
     first, last = _steps(end, ckpts)
+    if first is not None and last is not None:   # reported times lie within the attempt
+        first = (first[0], _within(first[1], s.t, e_t))
+        last = (last[0], max(first[1], _within(last[1], s.t, e_t)))
     if first is None or last is None:
         trained = bool(end and end.reached_train) or bool(ckpts)
         if end is not None and loop_t is not None and not trained:
@@ -139,6 +200,10 @@ def _attempt(s: ev.AttemptStart, end: ev.AttemptEnd | None, e_t: float, failed: 
         train -= out["redone"]
     out["train"] = train
     return out
+
+
+def _within(x: float | None, lo: float, hi: float) -> float | None:
+    return None if x is None else min(max(x, lo), max(lo, hi))
 
 
 def _steps(end: ev.AttemptEnd | None, ckpts: list[ev.Checkpoint]):
@@ -188,8 +253,17 @@ class AttemptClock:
         self.first: tuple[int, float] | None = None
         self.last: tuple[int, float] | None = None
 
-    def feed(self, m: TrainerMarker, now: float) -> None:
-        t = m.t if m.t is not None else now
+    def feed(self, m: TrainerMarker, now: float, wall: float | None = None) -> None:
+        """``now``: when the marker was read, on the attempt's steady clock; ``wall``: the
+        epoch seconds then. A marker's own ``t`` counts as its age by the wall clock
+        before ``now`` (a step of the wall clock never moves it out of the attempt's
+        timeline); without ``wall`` the marker's ``t`` is taken as it is."""
+        if m.t is None:
+            t = now
+        elif wall is None:
+            t = m.t
+        else:
+            t = now - max(0.0, wall - m.t)
         if isinstance(m, StartupMarker):
             self.loop_t = t
             self.warmup_s = m.phase_s("warm-up")

@@ -21,9 +21,29 @@ from dfo_contract.group_store import GroupVerdict, NodeOutcome
 from .classify_rules import NODE_LOST, PEER_ABORT, PRIORITY
 
 
-def lost_end(node: int, host: str, silent_s: float, group: str) -> NodeOutcome:
+def lost_end(node: int, host: str, silent_s: float, group: str,
+             reason: str | None = None) -> NodeOutcome:
+    """Node ``node``'s end as the head records it when it went silent (``reason``: what the
+    head says instead of :func:`node_lost_reason`)."""
     return NodeOutcome(node=node, host=host, cls=NODE_LOST,
-                       reason=node_lost_reason(host, silent_s, group))
+                       reason=reason or node_lost_reason(host, silent_s, group))
+
+
+def head_stalled_reason(head: str, stalled_s: float, lost_s: float, peer: str,
+                        group: str) -> str:
+    """The head itself did not run for ``stalled_s`` (more than node_lost_s) while a peer
+    went silent: the peer took the head for lost and ended; nothing says it failed."""
+    return (f"the head {head} itself was not answering for {stalled_s:.0f} s (its supervisor "
+            f"was stopped: SIGSTOP, a frozen container or VM), longer than node_lost_s "
+            f"({lost_s:.0f} s): node {peer} took the head for lost and ended its part (its "
+            f"status says so); nothing says {peer} failed; dfo launch --group {group} "
+            "--resume latest")
+
+
+def node_left_reason(host: str, group: str) -> str:
+    """A peer said it was leaving (``left/<k>``) while the head waited on it."""
+    return (f"node {host} left the run (its supervisor ended: dfo status --group {group} "
+            f"shows why), then dfo launch --group {group} --resume latest")
 
 
 def node_lost_reason(host: str, silent_s: float, group: str) -> str:
@@ -45,13 +65,14 @@ def head_restarted_reason(group: str, attempt: int) -> str:
 
 
 def _rank(e: NodeOutcome) -> tuple:
-    """Lower is a better root cause: a node lost; then a real class over ``peer_abort``;
-    then the most specific class (classify_rules.PRIORITY: a secondary 'crash' of a node whose
-    peer died loses to the peer's FX error); then the node that aborted first; then the
-    lowest node index."""
+    """Lower is a better root cause: a node lost; then a node whose supervisor died during
+    the attempt (every other node failed because its part went); then a real class over
+    ``peer_abort``; then the most specific class (classify_rules.PRIORITY: a secondary
+    'crash' of a node whose peer died loses to the peer's FX error); then the node that
+    aborted first; then the lowest node index."""
     order = {c: i for i, c in enumerate(PRIORITY)}
-    return (e.cls != NODE_LOST, e.cls == PEER_ABORT, order.get(e.cls, len(order)),
-            not e.origin, e.node)
+    return (e.cls != NODE_LOST, not e.supervisor_died, e.cls == PEER_ABORT,
+            order.get(e.cls, len(order)), not e.origin, e.node)
 
 
 def root_cause(ends: Sequence[NodeOutcome]) -> NodeOutcome:
@@ -106,6 +127,23 @@ class Heartbeats:
     start: float
     last_value: dict[int, int] = field(default_factory=dict)
     last_change: dict[int, float] = field(default_factory=dict)
+    #: this node's own beats: the last one, and the longest gap between two (when it ended)
+    own_last: float | None = None
+    own_gap: tuple[float, float] = (0.0, 0.0)
+
+    def tick(self, now: float) -> None:
+        """This node's own heartbeat ran at ``now`` (a gap: this process did not run)."""
+        if self.own_last is not None and now - self.own_last >= self.own_gap[0]:
+            self.own_gap = (now - self.own_last, now)
+        self.own_last = now
+
+    def own_silent_s(self, now: float) -> float:
+        """How long this node itself did not beat, lately (the longest gap that ended
+        within two node_lost_s, or the one going on): its peers' silence over that time
+        says nothing about them."""
+        going = now - self.own_last if self.own_last is not None else 0.0
+        gap, ended = self.own_gap
+        return max(going, gap if now - ended <= 2 * self.lost_s else 0.0)
 
     def observe(self, node: int, value: int | None, now: float) -> None:
         """``value``: the counter read now (None: it could not be read)."""

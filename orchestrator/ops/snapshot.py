@@ -337,6 +337,18 @@ class CacheEntry:
     last_used: float | None = None      # .used/<key> mtime, or the newest of the above
     built_by: str | None = None         # provenance: host (machine) that built the snapshot
     problem: str | None = None          # why the stored snapshot fails verification (--status)
+    #: files of the live cache that cannot be loaded, (path, why) (--status)
+    live_damage: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def live_problem(self) -> str | None:
+        """The live cache's damage in one line (None: none found)."""
+        d = self.live_damage
+        if not d:
+            return None
+        shown = ", ".join(f"{p} ({why})" for p, why in d[:3])
+        more = f" (+{len(d) - 3} more)" if len(d) > 3 else ""
+        return f"its live cache holds {len(d)} file(s) that cannot be loaded: {shown}{more}"
 
     @property
     def recency(self) -> float:
@@ -359,7 +371,9 @@ def entries_from_status(status: Mapping[str, Any]) -> list[CacheEntry]:
                          snapshot_size=s.get("tar_size") if s else None,
                          created=s.get("created") if isinstance(s.get("created"), (int, float)) else None,
                          last_used=last, built_by=builder({"provenance": prov}) if s else None,
-                         problem=snapshot_problem(s, key) if s else None))
+                         problem=snapshot_problem(s, key) if s else None,
+                         live_damage=tuple((str(r), str(w)) for r, w in l.get("damaged") or ()
+                                           ) if l else ()))
     out.sort(key=lambda e: (-e.recency, e.key))
     return out
 

@@ -159,8 +159,9 @@ class AttemptWatchdog:
         self.kill_at: float | None = None   # when to (re-)send SIGKILL
 
     # --- input ------------------------------------------------------------------------------
-    def feed(self, line: str, now: float) -> list[Action]:
-        """One complete line of the attempt's output."""
+    def feed(self, line: str, now: float, wall: float | None = None) -> list[Action]:
+        """One complete line of the attempt's output (``wall``: the epoch seconds at
+        ``now``, for the times the trainer's markers carry)."""
         acts: list[Action] = []
         m = read_marker(line)               # each line parsed once, here
         rule = self.scan.feed(line, marker=m)
@@ -168,7 +169,7 @@ class AttemptWatchdog:
             m = match_step(self.step_pattern, line)
         if m is not None:
             self.last_progress = now
-            self.clock.feed(m, now + self._to_wall)
+            self.clock.feed(m, now + self._to_wall, wall)
             if isinstance(m, StepMarker):
                 acts += self._on_step(m, now)
             elif isinstance(m, (CheckpointMarker, EvalMarker)):

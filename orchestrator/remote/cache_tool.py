@@ -14,7 +14,10 @@ Ops (every value is an argv element, never part of the script):
 ``hostname``           ``{"hostname": ...}`` (the machine's name, for a snapshot's provenance)
 ``status CACHE_ROOT [verify]``  ``{"live", "snapshots", "used", "stale"}`` (see ``ops.snapshot``);
                        with ``verify`` each snapshot also carries its parsed ``manifest``, its
-                       tar's observed ``{"sha256", "size"}`` as ``tar`` and ``refused``
+                       tar's observed ``{"sha256", "size"}`` as ``tar`` and ``refused``, and
+                       each live cache its ``damaged`` files (``[[rel, why], ...]``)
+``scrub DIR``          delete the files of DIR that cannot be loaded (``bad_artifact``):
+                       ``{"dropped": [[rel, why], ...]}``
 
 A missing DIR/FILE answers ``{"missing": true}``. Prints one JSON object. Its source travels
 as the script text (it may run with a system ``python3`` that has no dfo), so it stays
@@ -30,6 +33,56 @@ import tarfile
 
 #: the only top-level directories a snapshot may hold
 CACHE_SUBDIRS = ("inductor", "triton", "mega")
+#: an ELF file is at least its 64-byte header (ELF64)
+ELF_MAGIC = b"\x7fELF"
+ELF_HEADER = 64
+#: a cache file whose name ends so is loaded as code
+SHARED = (".so",)
+#: a cache file whose name ends so is empty by design (inductor's ``locks/*.lock``: only
+#: ``flock``ed, never read)
+LOCKS = (".lock",)
+
+
+def bad_artifact(name: str, size: int, head: bytes) -> "str | None":
+    """Why a compile-cache file cannot be kept (None: keep it): empty, or a shared object
+    that is not a whole ELF file. torch and triton do not write every entry by rename: a
+    compile killed mid-write leaves such files, which the next load fails on."""
+    if size == 0:
+        return None if name.endswith(LOCKS) else "empty"
+    if name.endswith(SHARED):
+        if not head.startswith(ELF_MAGIC):
+            return "not an ELF shared object"
+        if size < ELF_HEADER:
+            return "a shared object of %d bytes (cut short)" % size
+    return None
+
+
+def damaged(root: str, delete: bool = False) -> list:
+    """``[[rel, why], ...]`` for each regular file under ``root`` that cannot be kept
+    (links are never followed); ``delete``: also delete each (one that cannot be deleted
+    is not listed)."""
+    out = []
+    for d, _dirs, names in os.walk(root):
+        for name in sorted(names):
+            p = os.path.join(d, name)
+            try:
+                st = os.lstat(p)
+                if os.path.islink(p) or not os.path.isfile(p):
+                    continue
+                with open(p, "rb") as f:
+                    head = f.read(4)
+            except OSError:
+                continue
+            why = bad_artifact(name, st.st_size, head)
+            if not why:
+                continue
+            if delete:
+                try:
+                    os.unlink(p)
+                except OSError:
+                    continue
+            out.append([os.path.relpath(p, root).replace(os.sep, "/"), why])
+    return out
 
 
 def hash_file(path: str) -> dict:
@@ -224,6 +277,8 @@ def status(root: str, verify: bool = False) -> dict:
             real = os.path.realpath(p)
             out["live"][name] = {"size": du(real), "mtime": os.stat(real).st_mtime,
                                  "target": real, "link": os.path.islink(p)}
+            if verify:
+                out["live"][name]["damaged"] = damaged(real)
     gens = os.path.join(root, ".gens")
     if os.path.isdir(gens):
         live_targets = {v["target"] for v in out["live"].values()}
@@ -259,6 +314,10 @@ def run(op: str, args: list) -> dict:
         return scan_tar(args[0]) if os.path.isfile(args[0]) else {"missing": True}
     if op == "hostname":
         return hostname()
+    if op == "scrub":
+        if not os.path.isdir(args[0]):
+            return {"missing": True}
+        return {"dropped": damaged(args[0], delete=True)}
     if op == "status":
         return status(args[0], verify=args[1:] == ["verify"])
     return {"error": "unknown op %s" % op}

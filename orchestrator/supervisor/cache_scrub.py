@@ -7,32 +7,13 @@ from __future__ import annotations
 import os
 import shutil
 
-from ..ops.cache_check import bad_artifact
+from ..remote.cache_tool import damaged
 
 
 def scrub(cache_dir: str) -> list[tuple[str, str]]:
-    """Delete the files of ``cache_dir`` that cannot be kept; (path relative to it, why)
-    for each. Nothing when the directory does not exist."""
-    dropped: list[tuple[str, str]] = []
-    for base, _dirs, files in os.walk(cache_dir):
-        for f in files:
-            p = os.path.join(base, f)
-            try:
-                st = os.lstat(p)
-                if not os.path.isfile(p) or os.path.islink(p):
-                    continue
-                with open(p, "rb") as fh:
-                    head = fh.read(4)
-            except OSError:
-                continue
-            why = bad_artifact(f, st.st_size, head)
-            if why:
-                try:
-                    os.unlink(p)
-                except OSError:
-                    continue
-                dropped.append((os.path.relpath(p, cache_dir), why))
-    return dropped
+    """Delete the files of ``cache_dir`` that cannot be kept (``ops.cache_check``); (path
+    relative to it, why) for each. Nothing when the directory does not exist."""
+    return [(rel, why) for rel, why in damaged(cache_dir, delete=True)]
 
 
 def clear(cache_dir: str) -> None:

@@ -111,6 +111,8 @@ class Coordinator:
     def _beat(self) -> None:
         watch = ([k for k in range(self.gs.nnodes) if k != 0] if self.gs.is_head else [0])
         while not self._stop.is_set():
+            with self._hb_lock:
+                self.hb.tick(time.monotonic())
             self._op(lambda: self.store.add(gk.key_heartbeat(self.gs.node), 1))
             for k in watch:
                 v = self._op(functools.partial(self.store.add, gk.key_heartbeat(k), 0))
@@ -173,6 +175,15 @@ class Coordinator:
         return got.describe() if got is not None else None
 
     # --- liveness -------------------------------------------------------------------------------
+    def own_silent_s(self, now: float) -> float:
+        """How long this node itself did not run lately (``Heartbeats.own_silent_s``)."""
+        with self._hb_lock:
+            return self.hb.own_silent_s(now)
+
+    def left(self, k: int) -> bool:
+        """Node k said it was leaving (``left/<k>``)."""
+        return bool(self._op(lambda: self.store.check([gk.key_left(k)])))
+
     def lost(self, now: float) -> list[tuple[int, float]]:
         """Head: the peers silent for node_lost_s; peer: [(0, s)] when the head is."""
         nodes = [k for k in range(self.gs.nnodes) if k != 0] if self.gs.is_head else [0]

@@ -15,7 +15,6 @@ from the run's spec:
 
 from __future__ import annotations
 
-import errno
 import os
 import signal
 import subprocess
@@ -34,10 +33,10 @@ from ..ops.classify import classify
 from . import procs, run_dir_end, runfiles
 from .group import GroupHead
 from .group_member import GroupMember
-from .record import RunLock, RunRecord, Stop
+from .record import BeatWriter, RunLock, RunRecord, Stop
 from .role import Role, SoloRole
 from .run_cache import RunCache
-from .source import AttemptSource, source_for
+from .source import AttemptSource, CannotStart, cannot_start, source_for
 from .standby import Keeper, KeeperInputs
 from .watch import AttemptWatch, Outcome, WatchInputs
 
@@ -108,9 +107,9 @@ class Supervisor:
                 raise
             return self._run_dir_gone(e)
         except OSError as e:
-            if e.errno != errno.EROFS:
+            if e.errno not in run_dir_end.UNWRITABLE:
                 raise
-            return self._run_dir_read_only(e)
+            return self._run_dir_unwritable(e)
         finally:
             self._release()
 
@@ -120,6 +119,8 @@ class Supervisor:
         except runfiles.NotOwner as e:
             print(f"dfo-supervisor: {e}", file=sys.stderr, flush=True)
             return 0
+        silent = float(self.thresholds.silent_s)
+        BeatWriter(self.run_dir, every_s=min(1.0, silent / 5), silent_s=silent).start()
         resumed = os.path.exists(self.record.path(rs.STATE_FILE))
         if resumed:
             self.record.state, damage = runfiles.read_state_or_events(self.run_dir)
@@ -139,10 +140,10 @@ class Supervisor:
                                                 resumed=resumed))
         if resumed:
             was = self.state.status
-            self._recover_after_restart()
+            abandoned = self._recover_after_restart()
             if was == "stopping":  # it died while stopping: finish the stop, start nothing
                 return self.final("stopped", "stopped (the supervisor died while stopping)")
-            cannot = self.role.restarted(int(self.state.attempt))
+            cannot = self.role.restarted(int(self.state.attempt), abandoned)
             if cannot:   # a group's head: its peers' store is gone with its predecessor
                 self.record.emit(events.GiveUp(cls="crash", reason=cannot, evidence=[]))
                 return self.final("failed", cannot)
@@ -155,8 +156,8 @@ class Supervisor:
     def _run_dir_gone(self, e: Exception) -> int:
         return run_dir_end.gone(self._ending())
 
-    def _run_dir_read_only(self, e: OSError) -> int:
-        return run_dir_end.read_only(self._ending(), e, self.state, self._release)
+    def _run_dir_unwritable(self, e: OSError) -> int:
+        return run_dir_end.unwritable(self._ending(), e, self.state, self._release)
 
     def _ending(self) -> run_dir_end.Ending:
         return run_dir_end.Ending(run_id=self.spec.identity.run_id, run_dir=self.run_dir,
@@ -166,13 +167,15 @@ class Supervisor:
     def _kill_run(self, sig: int) -> list[int]:
         return run_dir_end.kill_run(self.run_dir, sig, self.thresholds.kill_grace_s)
 
-    def _recover_after_restart(self) -> None:
-        """A previous supervisor died: no trainer of this run may run unwatched."""
+    def _recover_after_restart(self) -> bool:
+        """A previous supervisor died: no trainer of this run may run unwatched. True when
+        it died during an attempt (now ended here, abandoned)."""
         orphans = self._kill_run(signal.SIGTERM)
         if orphans:
             self.record.emit(events.OrphansReaped(pids=orphans))
         self.state.standby_pid = None      # reaped above with the rest of the run
         att = self.state.current
+        abandoned = bool(att and att.ended_at is None)
         if att and att.ended_at is None:
             att.ended_at = time.time()
             att.cls, att.reason = "crash", "the supervisor died during this attempt"
@@ -180,6 +183,7 @@ class Supervisor:
                                                duration_s=att.ended_at - att.started_at,
                                                note="supervisor died; attempt abandoned"))
         self.record.save()
+        return abandoned
 
     def loop(self) -> int:
         """Attempts until the run ends (a solo run, or the head of a group for all nodes)."""
@@ -191,7 +195,11 @@ class Supervisor:
             n = int(state.attempt) + 1
             if restore_cache:
                 self.cache.restore(n)
-            out = self.run_attempt(n)
+            try:
+                out = self.run_attempt(n)
+            except CannotStart as e:
+                emit(events.GiveUp(cls="env", reason=str(e), evidence=[]))
+                return self.final("failed", str(e))
             if out.stopped:
                 return self.final("stopped", self.stop.reason or "stopped")
             diag = classify(out.scan, exit_code=out.exit_code, signal=out.signal, hang=out.hang,
@@ -203,6 +211,7 @@ class Supervisor:
             emit(events.Classified(attempt=n, cls=diag.cls, reason=diag.reason,
                                    evidence=ev, also=list(diag.also)))
             diag, ending = self.role.settle(n, out, diag)   # a group: one root cause
+            diag = self.cache.with_repair(out, diag)
             att.cls, att.reason = diag.cls, diag.reason     # the run's history: its cause
             if ending is not None:
                 return self.final(*ending)
@@ -283,7 +292,7 @@ class Supervisor:
         when its events cannot be read (the final is written all the same)."""
         try:
             return goodput.account(events.read_events_file(self.record.path(rs.EVENTS_FILE)),
-                                   now=time.time())
+                                   now=time.time(), mono=time.monotonic())
         except (OSError, ValueError, ContractError):
             return None
 
@@ -297,6 +306,9 @@ class Supervisor:
         state = self.state
         launch = self.source.launch(n, state, self.role)
         argv, env, cwd = launch.argv, launch.env, launch.cwd
+        missing = cannot_start(argv, env, self.spec.identity, self.source.own)
+        if missing:
+            raise CannotStart(missing)
         log_name = rs.attempt_log_name(n)
         log_path = self.record.path(log_name)
         state.attempt = n
@@ -306,14 +318,23 @@ class Supervisor:
         self.source.run_first(n, launch, log_path, timeout=self.thresholds.warmup_s)
         oom_before = procs.oom_counters()
         ckpt_before = state.last_checkpoint
+        cache_before = self.cache.size()
         klog = procs.KernelLog()
         env[envvars.SPAWN_T] = f"{time.time():.3f}"  # the trainer's startup breakdown counts from here
         proc = self.standby.take(n, argv, env, cwd, log_path)
         if proc is None:
-            with open(log_path, "ab") as logf:
-                proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf,
-                                        stderr=logf, env=env, cwd=cwd, start_new_session=True,
-                                        preexec_fn=procs.set_pdeathsig)
+            try:
+                with open(log_path, "ab") as logf:
+                    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf,
+                                            stderr=logf, env=env, cwd=cwd,
+                                            start_new_session=True,
+                                            preexec_fn=procs.set_pdeathsig)
+            except (FileNotFoundError, PermissionError, NotADirectoryError) as e:
+                state.attempts.pop()      # it never started: no attempt of the run
+                state.attempt = n - 1
+                raise CannotStart(f"attempt {n} could not start {argv[0]} in {cwd}: "
+                                  f"{e.strerror}; fix the command or its directory, then "
+                                  "dfo launch --resume latest") from e
         att.pid = proc.pid
         state.trainer_pids = [proc.pid]
         self.record.emit(events.AttemptStart(attempt=n, resume=launch.resume,
@@ -335,6 +356,8 @@ class Supervisor:
         att.ended_at, att.exit_code, att.signal = time.time(), out.exit_code, out.signal
         att.reached_train = out.reached_train
         att.checkpointed = state.last_checkpoint != ckpt_before
+        grown = self.cache.size()
+        att.cache_grew = grown[0] > cache_before[0] or grown[1] > cache_before[1]
         state.trainer_pids = []
         state.throughput_low = None
         self.record.emit(events.AttemptEnd(attempt=n, exit_code=out.exit_code,

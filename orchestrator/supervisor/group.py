@@ -27,8 +27,9 @@ from dfo_contract.runspec import Group
 
 from ..ops.classify import Diagnosis
 from ..ops.classify_rules import NODE_LOST, PEER_ABORT
-from ..ops.group_decide import (caches_cleared, head_restarted_reason, lost_end,
-                                node_lost_reason, root_cause, run_healthy_s, run_reached_train)
+from ..ops.group_decide import (caches_cleared, head_restarted_reason, head_stalled_reason,
+                                lost_end, node_left_reason, node_lost_reason, root_cause,
+                                run_healthy_s, run_reached_train)
 from ..ops.launch_argv import Rendezvous, group_env
 from ..ops.watchdog import AttemptWatchdog
 from . import procs
@@ -65,7 +66,7 @@ class GroupRole:
         self.record.emit(events.GroupStart(node=gs.node, host=gs.host, nodes=list(gs.nodes),
                                            head_addr=gs.head_addr, coord_port=gs.coord_port))
 
-    def restarted(self, attempt: int) -> str | None:
+    def restarted(self, attempt: int, abandoned: bool) -> str | None:
         return None
 
     def release(self) -> None:
@@ -81,8 +82,19 @@ class GroupRole:
 
     # --- the other nodes ----------------------------------------------------------------------
     def lost_reason(self, lost: list[tuple[int, float]]) -> str:
+        """Why the head ends on a silent peer: the head itself stopped longer than
+        node_lost_s (the peer took it for lost), the peer said it left, or it is lost."""
         k, s = lost[0]
-        return node_lost_reason(self.gs.nodes[k], s, self.gs.name)
+        gs, c = self.gs, self._c()
+        stalled = c.own_silent_s(time.monotonic())
+        if stalled > gs.node_lost_s:
+            return head_stalled_reason(gs.host, stalled, gs.node_lost_s, gs.nodes[k], gs.name)
+        if c.left(k):
+            return node_left_reason(gs.nodes[k], gs.name)
+        return node_lost_reason(gs.nodes[k], s, gs.name)
+
+    def _lost_end(self, k: int, s: float) -> NodeOutcome:
+        return lost_end(k, self.gs.nodes[k], s, self.gs.name, self.lost_reason([(k, s)]))
 
     def sync_stop(self) -> None:
         """A SIGTERM here reaches every node (KEY_STOP); one there reaches this node."""
@@ -225,7 +237,7 @@ class GroupHead(GroupRole):
     def run(self, driver: Driver) -> int:
         return driver.loop()
 
-    def restarted(self, attempt: int) -> str | None:
+    def restarted(self, attempt: int, abandoned: bool) -> str | None:
         return head_restarted_reason(self.gs.name, attempt)
 
     def place(self, n: int, find_resume: Callable[[], str | None]) -> Placement:
@@ -253,7 +265,7 @@ class GroupHead(GroupRole):
         c.set_end(n, own)
         ends = {0: own}
         for k, s in (out.lost or []):
-            ends[k] = lost_end(k, gs.nodes[k], s, gs.name)
+            ends[k] = self._lost_end(k, s)
         emit(own.event(n))
         while len(ends) < gs.nnodes:
             self.lost = []
@@ -271,7 +283,7 @@ class GroupHead(GroupRole):
                 return diag
             for k, s in c.lost(time.monotonic()):
                 if k not in ends:
-                    ends[k] = lost_end(k, gs.nodes[k], s, gs.name)
+                    ends[k] = self._lost_end(k, s)
                     emit(events.NodeLost(attempt=n, node=k, host=gs.nodes[k],
                                          silent_s=round(s, 1), reason=ends[k].reason))
             time.sleep(STORE_POLL_S)
@@ -286,7 +298,9 @@ class GroupHead(GroupRole):
         out.reached_train = run_reached_train(list(ends.values()))
         if root.node == 0 and root.cls == diag.cls:
             return diag
-        return Diagnosis(root.cls, f"node {root.host}: {root.reason}", permanent=root.permanent)
+        # a lost node's reason names the node (or says the head itself was not answering)
+        said = root.reason if root.cls == NODE_LOST else f"node {root.host}: {root.reason}"
+        return Diagnosis(root.cls, said, permanent=root.permanent)
 
     def decide(self, n: int, action: str, *, status: str = "", reason: str = "",
                fallback: events.Fallback | None = None,

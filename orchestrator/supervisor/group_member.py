@@ -9,7 +9,7 @@ import time
 from typing import Any, Callable
 
 from dfo_contract import events
-from dfo_contract.group_store import AttemptPlan, GroupVerdict
+from dfo_contract.group_store import AttemptPlan, GroupVerdict, NodeOutcome
 from dfo_contract.runlimits import Thresholds
 
 from ..ops.classify import classify
@@ -17,6 +17,7 @@ from ..ops.group_decide import head_lost_reason, peer_step
 from .coordinator import STORE_POLL_S
 from .group import GroupRole
 from .role import Driver, Placement
+from .source import CannotStart
 
 
 class GroupMember(GroupRole):
@@ -27,6 +28,16 @@ class GroupMember(GroupRole):
         super().__init__(*a, **kw)
         #: the head's plan for the attempt under way
         self.plan: AttemptPlan | None = None
+        #: the attempt this node's previous supervisor died during (None: none)
+        self.abandoned: int | None = None
+        #: the decision just followed restores the compile cache before the next attempt
+        self._restore = False
+
+    def restarted(self, attempt: int, abandoned: bool) -> str | None:
+        """The group goes on: the head decides on the abandoned attempt once this node has
+        reported its end (``run``)."""
+        self.abandoned = attempt if abandoned else None
+        return None
 
     def thresholds(self, t: Thresholds) -> Thresholds:
         # a peer judges only its own process (exit, fatal lines, OOM, a stopped process:
@@ -42,6 +53,10 @@ class GroupMember(GroupRole):
 
     def run(self, driver: Driver) -> int:
         gs, c, state, emit = self.gs, self._c(), self.record.state, self.record.emit
+        if self.abandoned is not None:
+            ended = self._report_abandoned(driver, self.abandoned)
+            if ended is not None:
+                return ended
         while True:
             if self.stop.reason:
                 return driver.final("stopped", self.stop.reason)
@@ -57,7 +72,13 @@ class GroupMember(GroupRole):
             state.overrides = dict(plan.overrides)
             self.plan = plan
             state.status = "running"
-            out = driver.run_attempt(n)
+            try:
+                out = driver.run_attempt(n)
+            except CannotStart as e:     # the head decides: the attempt ends everywhere
+                ended = self._cannot_start(driver, n, str(e))
+                if ended is not None:
+                    return ended
+                continue
             if out.stopped:
                 return driver.final("stopped", self.stop.reason or "stopped")
             diag = classify(out.scan, exit_code=out.exit_code, signal=out.signal,
@@ -73,26 +94,69 @@ class GroupMember(GroupRole):
                 return driver.final("failed", self.lost_reason(out.lost))
             c.set_end(n, end)
             emit(end.event(n))
-            dec = self._wait_for(lambda: c.decision(n))  # noqa: B023 - waited for here
-            if dec is None:
-                return self._gone(driver)
-            step = peer_step(dec, n, node=gs.node, host=gs.host)
-            for event in step.events:
-                emit(event)
-            state.overrides = step.overrides
-            if dec.last_checkpoint:
-                state.last_checkpoint = dec.last_checkpoint
-            if dec.last_step is not None:
-                state.last_step = dec.last_step
-            if step.fallback:
-                state.fallbacks.append(step.fallback)
-            if step.final:
-                return driver.final(*step.final)
-            state.status = "backoff"
-            self.record.save()
+            ended = self._follow(driver, n)
+            if ended is not None:
+                return ended
             driver.cache.scrub(n + 1, out, diag)   # as the head's loop does before a restart
-            if step.restore_cache:
+            if self._restore:
                 driver.cache.restore(n + 1)
+
+    def _cannot_start(self, driver: Driver, n: int, why: str) -> int | None:
+        """This node's part of attempt N cannot start (``source.cannot_start``): abort the
+        attempt on every node, report that end (permanent: no restart brings the program
+        back) and follow the head's decision."""
+        c, gs = self._c(), self.gs
+        self.record.state.attempt = n     # decided like any attempt: the next is N+1
+        c.abort(n, f"node {gs.host}: {why}")
+        end = NodeOutcome(node=gs.node, host=gs.host, cls="crash", reason=why,
+                          permanent=True, origin=True)
+        c.set_end(n, end)
+        self.record.emit(end.event(n))
+        return self._follow(driver, n)
+
+    def _report_abandoned(self, driver: Driver, n: int) -> int | None:
+        """This node's previous supervisor died during attempt N (its trainer went with
+        it): unless the head decided on N already, report N's end, with that cause, so the
+        head decides (the head waits for every node's end), then follow the decision. The
+        run's end when it ends here; None: go on with the next attempt."""
+        c, gs = self._c(), self.gs
+        if c.decision(n) is None and c.end(n, gs.node) is None:
+            end = NodeOutcome(node=gs.node, host=gs.host, cls="crash",
+                              reason=f"the supervisor on {gs.host} died during attempt {n} "
+                                     "(its trainer went with it) and was restarted",
+                              exit_code=None, reached_train=False, healthy_s=0.0,
+                              origin=True, supervisor_died=True)
+            c.set_end(n, end)
+            self.record.emit(end.event(n))
+        ended = self._follow(driver, n)
+        if ended is None and self._restore:
+            driver.cache.restore(n + 1)
+        return ended
+
+    def _follow(self, driver: Driver, n: int) -> int | None:
+        """Wait for the head's decision on attempt N and mirror it; the run's end when it
+        ends, else None (``_restore``: the next attempt restores the cache)."""
+        gs, c, state, emit = self.gs, self._c(), self.record.state, self.record.emit
+        self._restore = False
+        dec = self._wait_for(lambda: c.decision(n))
+        if dec is None:
+            return self._gone(driver)
+        step = peer_step(dec, n, node=gs.node, host=gs.host)
+        for event in step.events:
+            emit(event)
+        state.overrides = step.overrides
+        if dec.last_checkpoint:
+            state.last_checkpoint = dec.last_checkpoint
+        if dec.last_step is not None:
+            state.last_step = dec.last_step
+        if step.fallback:
+            state.fallbacks.append(step.fallback)
+        if step.final:
+            return driver.final(*step.final)
+        state.status = "backoff"
+        self.record.save()
+        self._restore = bool(step.restore_cache)
+        return None
 
     def _wait_for(self, get: Callable[[], Any]) -> Any:
         """Poll ``get`` until it answers; None when a stop came or the head went silent

@@ -19,9 +19,11 @@ import time
 from dfo_contract import runstate as rs
 from dfo_contract.fsio import read_jsonl
 from dfo_contract.goodput import Goodput
-from dfo_contract.procs import supervisor_alive
+from dfo_contract.beat import read_beat
+from dfo_contract.procs import proc_stat, supervisor_alive
 from dfo_contract.runstate import RunState
-from dfo_contract.status import LOST, NEVER_STARTED, QueryReply, RunStatus, StopReply
+from dfo_contract.status import (LOST, NEVER_STARTED, NOT_RESPONDING, QueryReply, RunStatus,
+                                StopReply)
 
 from . import procs
 from .runfiles import read_notice, read_state_or_events
@@ -93,11 +95,35 @@ def run_info(run_dir: str) -> RunStatus | None:
         else:   # its supervisor said how it ended where it could (the directory is read-only)
             shown = state.status = note[0].status
             state.reason, state.ended_at, notice = note[0].reason, note[0].t, note[1]
+    age, silent = None, None
+    if live:
+        age, silent = heartbeat(run_dir, state.pid)
+        if silent is not None:
+            shown = NOT_RESPONDING
     now = time.time()
     recent = _current_metrics(state, run_dir)
     return RunStatus(state=state, shown_status=shown, live=live, run_dir=run_dir,
                      state_damaged=damage or None, notice=notice, now=now,
-                     recent_tokens_per_s=tuple(recent), time=_time(run_dir, now))
+                     recent_tokens_per_s=tuple(recent), time=_time(run_dir, now),
+                     beat_age_s=age, not_responding=silent)
+
+
+def heartbeat(run_dir: str, pid: int | None) -> tuple[float | None, str | None]:
+    """The age of the live supervisor's heartbeat (dfo_contract.beat), and the line saying
+    it is not responding when that age is past its ``silent_s`` (else None)."""
+    beat = read_beat(run_dir, pid)
+    if beat is None:
+        return None, None
+    age = round(beat.age(time.monotonic()), 1)
+    if age <= beat.silent_s:
+        return age, None
+    st = proc_stat(beat.pid)
+    why = (f"its process is stopped (state {st.state}: SIGSTOP, Ctrl-Z or a debugger); "
+           f"`kill -CONT {beat.pid}` resumes it" if st is not None and st.stopped else
+           f"its process is in state {st.state if st else '?'}; look at it with "
+           f"`cat /proc/{beat.pid}/stack` or py-spy, or `dfo stop` it")
+    return age, (f"the supervisor (pid {beat.pid}) is not responding: no heartbeat for "
+                 f"{age:.0f}s (limit {beat.silent_s:.0f}s); {why}")
 
 
 def _current_metrics(state: RunState, run_dir: str, tail_bytes: int = 16384) -> list[float]:
@@ -135,7 +161,8 @@ def _time(run_dir: str, now: float) -> Goodput | None:
     from ..ops.goodput import account
 
     try:
-        return account(read_events_file(os.path.join(run_dir, rs.EVENTS_FILE)), now=now)
+        return account(read_events_file(os.path.join(run_dir, rs.EVENTS_FILE)), now=now,
+                       mono=time.monotonic())
     except (OSError, ValueError, ContractError):
         return None
 

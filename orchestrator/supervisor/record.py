@@ -4,10 +4,14 @@ and ``events.jsonl``, written only through :class:`RunRecord`), the stop request
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
+import threading
 import time
 
 from dfo_contract import events
+from dfo_contract.beat import BEAT_FILE, Beat
 from dfo_contract import runstate as rs
 from dfo_contract.runstate import RunState
 
@@ -31,6 +35,7 @@ class RunRecord:
         runfiles.write_state(self.run_dir, self.state)
 
     def emit(self, event: events.Event) -> events.Event:
+        event = dataclasses.replace(event, mono=round(time.monotonic(), 3))
         runfiles.append_event(self.path(rs.EVENTS_FILE), event)
         self.state.last_event = event.describe()
         print(f"dfo-supervisor: {self.state.last_event}", flush=True)
@@ -86,3 +91,39 @@ class RunLock:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+
+
+class BeatWriter:
+    """``supervisor.beat`` (dfo_contract.beat), rewritten every ``every_s`` by a daemon
+    thread while this process runs; a write that fails (a full or read-only directory) is
+    tried again at the next beat and never ends the run."""
+
+    def __init__(self, run_dir: str, *, every_s: float, silent_s: float):
+        self.path = os.path.join(run_dir, BEAT_FILE)
+        self.every_s, self.silent_s = every_s, silent_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.write()
+        self._thread = threading.Thread(target=self._beat, name="dfo-beat-file",
+                                        daemon=True)
+        self._thread.start()
+
+    def write(self) -> None:
+        beat = Beat(pid=os.getpid(), mono=round(time.monotonic(), 3), t=round(time.time(), 3),
+                    every_s=self.every_s, silent_s=self.silent_s)
+        tmp = f"{self.path}.tmp-{os.getpid()}"
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(beat.to_json(), f)
+            os.replace(tmp, self.path)
+        except OSError:
+            pass
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.write()
+
+    def stop(self) -> None:
+        self._stop.set()

@@ -88,9 +88,10 @@ class Role(Protocol):
     def release(self) -> None:
         """Let go of what the role holds (once; before the final status is written)."""
 
-    def restarted(self, attempt: int) -> str | None:
-        """A supervisor restarted after its predecessor died during ``attempt``: why the run
-        cannot go on (None: it goes on with a new attempt)."""
+    def restarted(self, attempt: int, abandoned: bool) -> str | None:
+        """A supervisor restarted after its predecessor died (during ``attempt`` when
+        ``abandoned``: it ended that attempt unfinished): why the run cannot go on (None: it
+        goes on with a new attempt)."""
 
 
 class SoloRole:
@@ -131,5 +132,5 @@ class SoloRole:
     def release(self) -> None:
         pass
 
-    def restarted(self, attempt: int) -> str | None:
+    def restarted(self, attempt: int, abandoned: bool) -> str | None:
         return None

@@ -1,9 +1,12 @@
-"""The end of a run whose directory became unusable under it: deleted, or on a read-only
-filesystem. Nothing more can be recorded there, so the run ends once, says why where it
-can still be read, and exits with ``RUN_DIR_UNUSABLE_EXIT`` (never restarted)."""
+"""The end of a run whose directory became unusable under it: deleted, on a read-only
+filesystem, full (ENOSPC), over its quota (EDQUOT), or failing (EIO). Nothing more can be
+recorded there, so the run ends once, says why where it can still be read, and exits with
+``RUN_DIR_UNUSABLE_EXIT`` (never restarted: a supervisor that came back by itself once space
+is freed would race the run a user relaunched)."""
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import sys
@@ -53,29 +56,46 @@ def gone(run: Ending) -> int:
     return RUN_DIR_UNUSABLE_EXIT
 
 
-def read_only(run: Ending, e: OSError, state: RunState, release: Callable[[], None]) -> int:
-    """A write of the supervisor's hit a read-only filesystem (EROFS): state.json and
-    events.jsonl cannot say anything more, so the run ends here, once, instead of a
-    supervisor that fails and is restarted until the directory is writable again. The
-    trainer is stopped (SIGTERM: it may still save a checkpoint elsewhere), run.lock is
-    given back (``release``), and the reason is left where ``dfo status`` and ``dfo logs
-    -f`` read it (a :class:`runfiles.Notice`), on stderr and in the system log."""
+#: the errors of a write that end the run, with what they say of the directory (or of the
+#: file outside it) and the repair
+UNWRITABLE = {
+    errno.EROFS: ("is read-only", "is on a read-only filesystem",
+                  "make it writable (remount it read-write)"),
+    errno.ENOSPC: ("is on a full filesystem", "is on a full filesystem",
+                   "free space there (df -h shows it; the checkpoints share this disk by "
+                   "default)"),
+    errno.EDQUOT: ("is over its disk quota", "is over its disk quota",
+                   "free space or raise the quota"),
+    errno.EIO: ("cannot be written (an I/O error: a failing disk or a lost network "
+                "filesystem)", "cannot be written (an I/O error)",
+                "check the disk (dmesg) or the mount"),
+}
+
+
+def unwritable(run: Ending, e: OSError, state: RunState, release: Callable[[], None]) -> int:
+    """A write of the supervisor's failed for good (``UNWRITABLE``: read-only, full, over
+    quota, I/O error): state.json and events.jsonl cannot say anything more, so the run
+    ends here, once, instead of a supervisor that fails and is restarted until the
+    directory is writable again. The trainer is stopped (SIGTERM: it may still save a
+    checkpoint elsewhere), run.lock is given back (``release``), and the reason is left
+    where ``dfo status`` and ``dfo logs -f`` read it (a :class:`runfiles.Notice`), on
+    stderr and in the system log."""
     left = kill_run(run.run_dir, signal.SIGTERM, run.kill_grace_s)
     release()
     rd = run.run_dir
     where = os.path.abspath(e.filename) if isinstance(e.filename, str) else rd
     inside = where == rd or where.startswith(rd + os.sep)
-    what = (f"the run directory {rd} is read-only" if inside
-            else f"{where} is on a read-only filesystem")
+    of_dir, of_file, cure = UNWRITABLE[e.errno]
+    what = f"the run directory {rd} {of_dir}" if inside else f"{where} {of_file}"
     if state.final:    # it ended; only its final word could not be written
         status = str(state.status)
         reason = f"{state.reason} ({what}: state.json could not record the end)"
     else:
         status = "failed"
-        reason = (f"{what} (EROFS writing {where}): the supervisor cannot record the run, "
-                  f"so the run ends (its trainer was stopped; {len(left)} process(es)); its "
-                  f"checkpoints in {run.checkpoints_shown} are kept; make it writable "
-                  "(remount it read-write), then dfo launch --resume latest")
+        reason = (f"{what} ({errno.errorcode[e.errno]} writing {where}): the supervisor "
+                  f"cannot record the run, so the run ends (its trainer was stopped; "
+                  f"{len(left)} process(es)); its checkpoints in {run.checkpoints_shown} are "
+                  f"kept; {cure}, then dfo launch --resume latest")
     path = runfiles.write_notice(runfiles.Notice(
         run_id=run.run_id, run_dir=rd, pid=recorded_pid(rd, state), status=status,
         reason=reason, t=time.time()))

@@ -216,5 +216,7 @@ def append_event(path: str, ev: "EventBase") -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
         os.write(fd, line)
+    except OSError as e:    # say which file (a full disk, an I/O error)
+        raise OSError(e.errno, e.strerror, path) from e
     finally:
         os.close(fd)

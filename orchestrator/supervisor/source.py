@@ -30,7 +30,7 @@ from typing import Any, Callable, Mapping, Protocol
 from dfo_contract import events
 from dfo_contract.checkpoints import newest_of_run
 from dfo_contract import trainer_config as tcfg
-from dfo_contract.runspec import Bundled, Own, RunSpec
+from dfo_contract.runspec import Bundled, Identity, Own, RunSpec
 from dfo_contract.runstate import RunState
 from dfo_contract.trainer_config import TrainerConfig
 
@@ -213,6 +213,29 @@ def config_changes(kept: str, path: str) -> dict[str, list] | None:
         return {"config.yaml": ["(as launched)", "(not valid YAML)"]}
     return {k: [old.get(k), new.get(k)] for k in sorted(set(old) | set(new))
             if old.get(k) != new.get(k)}
+
+
+class CannotStart(Exception):
+    """An attempt's program is not there (the deployed env gone, an own command removed):
+    the run ends ``failed`` with this reason rather than trying it."""
+
+
+def cannot_start(argv: list[str], env: Mapping[str, str], identity: Identity,
+                 own: bool) -> str | None:
+    """Why attempt's ``argv`` cannot start on this host, or None. The deployed env
+    (``envs/current``, whose python the bundled trainer runs and an own command finds first
+    on PATH) gone is named with its repair: a deploy, then a resume."""
+    env_dir = os.path.dirname(os.path.dirname(identity.python))
+    program = argv[0] if os.sep in argv[0] else (
+        shutil.which(argv[0], path=env.get("PATH")) or argv[0])
+    uses_env = not own or program.startswith(env_dir + os.sep) or os.sep not in program
+    if uses_env and not os.path.exists(identity.python):
+        return (f"the deployed env {env_dir} is missing ({identity.python} not found): run "
+                f"`dfo deploy --host {identity.host}`, then dfo launch --resume latest")
+    if os.sep in program and not os.access(program, os.X_OK):
+        return (f"the command {program} is not there or not executable: fix the run file's "
+                "command, then dfo launch --resume latest")
+    return None
 
 
 def source_for(spec: RunSpec, run_dir: str, emit: Emit) -> AttemptSource:

@@ -132,7 +132,8 @@ class AttemptWatch:
             lines, offset = read_lines(log_path, offset, final=rc is not None)
             now = time.monotonic()
             for ln in lines:
-                self._act(n, proc, log_path, out, dog.feed(ln.text, now), exited=rc is not None)
+                self._act(n, proc, log_path, out, dog.feed(ln.text, now, time.time()),
+                          exited=rc is not None)
             if rc is None and (dog.reached_train or early):
                 sb.on_train(n)     # the next attempt's interpreter (once)
             sb.poll()
