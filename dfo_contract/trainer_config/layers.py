@@ -28,6 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 FULL, SLIDING = "full_attention", "sliding_attention"
+#: the serving engines whose reading of an export's attention fields dfo models
+ENGINES = ("z-lab", "vllm", "sglang", "llama.cpp")
 LAYER_TYPES = (FULL, SLIDING)
 
 
@@ -105,6 +107,16 @@ def validate_window(model_cfg, err) -> None:
 class Unservable(ValueError):
     """Attention fields no engine serves as a drafter dfo trains, or a trained pattern that
     some engine would serve differently (``trainer.evaluate.served.check_served``)."""
+
+
+def parse_engines(text: str) -> tuple[str, ...]:
+    """``--engines`` (comma separated, or ``all``) as engine names; ValueError naming a bad one."""
+    names = ENGINES if text.strip() in ("", "all") else tuple(
+        dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    bad = [n for n in names if n not in ENGINES]
+    if bad:
+        raise ValueError(f"unknown engine {bad[0]!r} (known: {', '.join(ENGINES)}, or all)")
+    return names
 
 
 def served_pattern(conf: dict, engine: str = "z-lab") -> tuple[LayerAttention, ...]:

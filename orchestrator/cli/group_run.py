@@ -14,7 +14,7 @@ from dfo_contract.status import RunStatus
 
 from ..errors import EXIT_INTERRUPTED, DfoError, RunFailed
 from .console import Activity, console, note, print_launch
-from .log_lines import LinePrinter, skipped_note
+from .log_lines import JsonLinePrinter, LinePrinter, skipped_note
 from .params import host_or_group
 
 
@@ -70,13 +70,15 @@ def print_group_plan(gp, dry_run: bool) -> None:
                        f"({len(gp.nodes)} nodes, layout ddp)")
 
 
-def follow_group_logs(gr, run_id, *, follow, raw, attempt, since, from_attempt) -> int:
+def follow_group_logs(gr, run_id, *, follow, raw, attempt, since, from_attempt,
+                      as_json: bool = False) -> int:
     from ..engine.group_logs import follow_group
     from ..ops.timespec import parse_since
 
     err = console(stderr=True)
     width = max(len(h.name) for h in gr.hosts)
-    printers = {h.name: LinePrinter(raw, prefix=f"{h.name:<{width}} | ") for h in gr.hosts}
+    printers = {h.name: JsonLinePrinter(h.name) if as_json else
+                LinePrinter(raw, prefix=f"{h.name:<{width}} | ") for h in gr.hosts}
     nodes = [(h.name, gr.run_ops(h.name).transport, gr.run_ops(h.name).tree) for h in gr.hosts]
     try:
         outs = follow_group(

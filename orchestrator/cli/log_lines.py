@@ -2,12 +2,32 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import click
 from rich.markup import escape
 
 from .console import console, progress_every, stamp
+
+class JsonLinePrinter:
+    """``dfo logs --json``: each line as one JSON object on stdout: ``file``
+    (``events.jsonl`` or ``attempt-N.log``), ``offset`` (the byte just after it),
+    ``attempt`` (an attempt log's number, else null), ``text`` (the line as it is) and, for
+    an event, ``event`` (its record); ``host`` with --group."""
+
+    def __init__(self, host: str | None = None):
+        self.host = host
+
+    def __call__(self, ln) -> None:
+        obj: dict = {"file": ln.file, "offset": ln.offset, "attempt": ln.attempt,
+                     "text": ln.text}
+        if ln.event is not None:
+            obj["event"] = json.loads(ln.text)
+        if self.host is not None:
+            obj = {"host": self.host, **obj}
+        click.echo(json.dumps(obj))
+
 
 def skipped_note(n: int, where: str = "") -> str:
     """The one line for lines of events.jsonl that were not events (and were not shown)."""

@@ -13,7 +13,7 @@ from rich.markup import escape
 from ..errors import EXIT_INTERRUPTED, ConfigError, NotFoundError, RunFailed
 from .console import Activity, console, note, print_launch
 from .group_run import GROUP_OPTION, follow_group_logs, group_runs, launch_group
-from .log_lines import LinePrinter, skipped_note
+from .log_lines import JsonLinePrinter, LinePrinter, skipped_note
 from .params import FAULT_SPEC, NON_NEGATIVE
 from .run_ops import open_run_ops, require_run
 
@@ -162,12 +162,14 @@ def _print_plan(plan, dry_run: bool) -> None:
 
 # --- logs ------------------------------------------------------------------------------------
 
-def _follow(run_ops, run_id, *, follow, raw, attempt, since, from_attempt) -> int:
+def _follow(run_ops, run_id, *, follow, raw, attempt, since, from_attempt,
+            as_json: bool = False) -> int:
     from ..engine.logs import LogFollower
     from ..ops.timespec import parse_since
 
     err = console(stderr=True)
-    f = LogFollower(run_ops.transport, run_ops.tree, run_id, on_line=LinePrinter(raw), follow=follow,
+    f = LogFollower(run_ops.transport, run_ops.tree, run_id,
+                    on_line=JsonLinePrinter() if as_json else LinePrinter(raw), follow=follow,
                     attempt=attempt, from_attempt=from_attempt,
                     since=parse_since(since, time.time()),
                     on_reconnect=lambda n, why: err.print(
@@ -197,12 +199,17 @@ def _follow(run_ops, run_id, *, follow, raw, attempt, since, from_attempt) -> in
 @click.option("--attempt", type=int, default=None, help="Only this attempt's log.")
 @click.option("--since", default=None, metavar="WHEN", help="Only events newer than this (30s, 10m, 2h, or a unix time).")
 @click.option("--raw", is_flag=True, help="Print the files' lines as they are.")
+@click.option("--json", "as_json", is_flag=True,
+              help="One JSON object per line: file, offset, attempt, text, and an event's "
+                   "record (for scripts).")
 @GROUP_OPTION
 @click.pass_obj
-def logs(app, host_name, follow, run_id, attempt, since, raw, group_name):
+def logs(app, host_name, follow, run_id, attempt, since, raw, as_json, group_name):
     """Stream a run's events and its current attempt's log (Ctrl-C detaches).
 
-    With --group, every node's lines, each prefixed with its host."""
+    With --group, every node's lines, each prefixed with its host (--json: a `host` key)."""
+    if raw and as_json:
+        raise ConfigError("--raw and --json together", hint="give one of them")
     from ..engine.logs import current_attempt
 
     if group_name is not None:
@@ -211,7 +218,7 @@ def logs(app, host_name, follow, run_id, attempt, since, raw, group_name):
         start = 1 if follow and attempt is None and since is None else \
             current_attempt(gr.run_ops(gr.group.head), rid)
         return follow_group_logs(gr, rid, follow=follow, raw=raw, attempt=attempt, since=since,
-                             from_attempt=start)
+                                 from_attempt=start, as_json=as_json)
     run_ops = open_run_ops(app, host_name)
     rid = run_ops.current_run(run_id)
     runs = run_ops.status(rid)
@@ -224,7 +231,7 @@ def logs(app, host_name, follow, run_id, attempt, since, raw, group_name):
                                 else "it has not started an attempt yet")
     start = 1 if follow and attempt is None and since is None else current_attempt(run_ops, rid)
     return _follow(run_ops, rid, follow=follow, raw=raw, attempt=attempt, since=since,
-                   from_attempt=start)
+                   from_attempt=start, as_json=as_json)
 
 
 # --- diagnose ----------------------------------------------------------------------------------

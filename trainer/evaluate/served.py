@@ -20,9 +20,8 @@ from how it was trained, naming the engine and the layer.
 
 from __future__ import annotations
 
-from dfo_contract.trainer_config.layers import LayerAttention, Unservable, served_pattern
-
-ENGINES = ("z-lab", "vllm", "sglang", "llama.cpp")
+from dfo_contract.trainer_config.layers import (ENGINES, LayerAttention, Unservable,
+                                                parse_engines, served_pattern)
 __all__ = ["ENGINES", "Unservable", "check_served", "export_fields", "parse_engines",
            "served_pattern"]
 
@@ -41,16 +40,6 @@ def export_fields(pattern: tuple[LayerAttention, ...]) -> dict:
     if len(causal) == 1:
         out["is_causal"] = causal.pop()
     return out
-
-
-def parse_engines(text: str) -> tuple[str, ...]:
-    """``--engines`` (comma separated, or ``all``) as engine names; ValueError naming a bad one."""
-    names = ENGINES if text.strip() in ("", "all") else tuple(
-        dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
-    bad = [n for n in names if n not in ENGINES]
-    if bad:
-        raise ValueError(f"unknown engine {bad[0]!r} (known: {', '.join(ENGINES)}, or all)")
-    return names
 
 
 def check_served(pattern: tuple[LayerAttention, ...], conf: dict,
