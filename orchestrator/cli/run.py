@@ -33,7 +33,15 @@ def _kv(items, what: str, conv=float) -> dict:
 
 # --- launch ----------------------------------------------------------------------------------
 
-@click.command()
+class _LaunchCommand(click.Command):
+    """``dfo launch``, noting whether the line had a ``--`` (your own command follows it)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta["dfo.dash_dash"] = "--" in args
+        return super().parse_args(ctx, args)
+
+
+@click.command(cls=_LaunchCommand)
 @click.option("--host", "host_name", default=None, metavar="NAME", help="Host from hosts.yaml (default: the default host).")
 @click.option("--resume", default=None, metavar="step_N|latest|PATH",
               help="Checkpoint to start from: a name, 'latest', or a path under the host's root.")
@@ -91,6 +99,10 @@ def launch(app, host_name, group_name, resume, config, run_name, sets, replace, 
     trainer (docs/own-trainer.md)."""
     from ..engine.runs import LaunchOptions
 
+    if not command and run_file is None and click.get_current_context().meta.get("dfo.dash_dash"):
+        raise ConfigError("dfo launch --: no command after `--`",
+                          hint="give your trainer's command after it (dfo launch -- python "
+                               "train.py ...), or drop `--` to launch the bundled trainer")
     if fault_node is not None and (group_name is None or fault is None):
         raise ConfigError("--fault-node needs --group and --fault",
                           hint="give --group NAME --fault SPEC, or drop --fault-node")

@@ -132,7 +132,8 @@ _NAN_MARKER = Rule("nan_loss", "nan-loss-marker", re.compile(r"$^"), True)
 def classify(lines: Iterable[str] | LineScan, *, exit_code: int | None = None,
              signal: int | None = None, hang: str | None = None, oom_killed: bool = False,
              collapse: str | None = None, done_marker: bool | None = None,
-             frozen: str | None = None, oom_reason: str | None = None) -> Diagnosis:
+             frozen: str | None = None, oom_reason: str | None = None,
+             own: bool = False) -> Diagnosis:
     """Classify one attempt.
 
     ``exit_code``: the trainer's exit status (None when it was killed by a signal or is
@@ -144,7 +145,8 @@ def classify(lines: Iterable[str] | LineScan, *, exit_code: int | None = None,
     is no class: a busy host slows training too (see ``ops.host_load``); only with flex's
     dense-path lines is it ``dense_fallback``. ``frozen``: the watchdog's reason when a
     process of the attempt sat stopped (state T/t: SIGSTOP, a debugger), which is why it made
-    no progress: ``frozen``, never ``compile_hang``.
+    no progress: ``frozen``, never ``compile_hang``. ``own``: your own command (``dfo
+    launch -- CMD``), whose exit 0 says it finished, not that it reached a max_steps.
     """
     scan = lines if isinstance(lines, LineScan) else _scan_all(lines)
     hits = _strong(scan.hits)
@@ -155,7 +157,8 @@ def classify(lines: Iterable[str] | LineScan, *, exit_code: int | None = None,
     sig_txt = f"signal {_SIGNAMES.get(signal, signal)}" if signal else None
 
     if exit_code == EXIT_DONE and not hang and not collapse and not frozen:
-        return Diagnosis("done", "the trainer reached max_steps (exit 0)", (), exit_code, signal,
+        return Diagnosis("done", "the command exited 0" if own else
+                         "the trainer reached max_steps (exit 0)", (), exit_code, signal,
                          also=also)
 
     # the most specific evidence wins; a hang/collapse seen by the supervisor outranks
