@@ -74,7 +74,8 @@ def test_export_layout_and_names(trained, tmp_path):
     conf = json.loads((out / "config.json").read_text())
     assert conf["architectures"] == ["DFlashDraftModel"]
     assert conf["block_size"] == 8 and conf["num_hidden_layers"] == 2 and conf["num_target_layers"] == 4
-    assert conf["dflash_config"] == {"mask_token_id": 3, "target_layer_ids": [1, 2], "block_size": 8}
+    assert conf["dflash_config"] == {"mask_token_id": 3, "target_layer_ids": [1, 2], "block_size": 8,
+                                     "causal": conf["is_causal"]}   # vLLM < 0.28, LMDeploy
     for k in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
               "intermediate_size", "rms_norm_eps", "vocab_size", "max_position_embeddings"):
         assert k in conf

@@ -35,10 +35,13 @@ D2 = {"model.method": "dflash2", "model.selector_rank": 8, "model.selector_top_k
 #: name -> (config overrides, engines the export is held to)
 PATTERNS = {
     "dflash": ({}, "all"),
+    # causal drafters: llama.cpp runs them bidirectional (docs/trainer.md), the rest as trained
     "dflash-hybrid-causal": ({"model.layer_types": "[sliding_attention,full_attention]",
-                              "model.sliding_window": 12, "model.is_causal": "true"}, "all"),
+                              "model.sliding_window": 12, "model.is_causal": "true"},
+                             "z-lab,vllm,vllm-0.27,sglang,lmdeploy"),
     "dflash2": ({**D2, "model.sliding_window": 12}, "all"),
-    "dflash2-causal": ({**D2, "model.sliding_window": 12, "model.is_causal": "true"}, "all"),
+    "dflash2-causal": ({**D2, "model.sliding_window": 12, "model.is_causal": "true"},
+                       "z-lab,vllm,vllm-0.27,sglang,lmdeploy"),
     "dflash2-legacy-hybrid": ({**D2, "model.layer_types": "[sliding_attention,full_attention]",
                                "model.sliding_window": 12, "model.is_causal": "null"},
                               "z-lab,vllm,sglang"),

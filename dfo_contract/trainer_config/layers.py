@@ -28,8 +28,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 FULL, SLIDING = "full_attention", "sliding_attention"
-#: the serving engines whose reading of an export's attention fields dfo models
-ENGINES = ("z-lab", "vllm", "sglang", "llama.cpp")
+#: the serving engines whose reading of an export's attention fields dfo models: z-lab's
+#: class, vLLM 0.28+ (``vllm``), vLLM releases before 0.28 (``vllm-0.27``), SGLang, LMDeploy,
+#: llama.cpp (docs/trainer.md, "Attention as served")
+ENGINES = ("z-lab", "vllm", "vllm-0.27", "sglang", "lmdeploy", "llama.cpp")
+#: the engines that read ``dflash_config.causal`` and ignore a top-level ``is_causal``
+CAUSAL_KEY_ONLY = ("vllm-0.27", "lmdeploy")
 LAYER_TYPES = (FULL, SLIDING)
 
 
@@ -133,9 +137,14 @@ def served_pattern(conf: dict, engine: str = "z-lab") -> tuple[LayerAttention, .
     if SLIDING in types and not w:
         raise Unservable("sliding_attention layers without a sliding_window")
     is_causal = conf.get("is_causal")
-    if is_causal is None and engine == "vllm":
-        is_causal = (conf.get("dflash_config") or {}).get("causal")
-    if is_causal is None and engine == "llama.cpp":
+    dc_causal = (conf.get("dflash_config") or {}).get("causal")
+    if engine in CAUSAL_KEY_ONLY:
+        is_causal = dc_causal
+    elif is_causal is None and engine == "vllm":
+        is_causal = dc_causal
+    if engine == "llama.cpp":
+        # its converter writes `attention.causal` only for `is_causal: false`, and its DFlash
+        # drafter runs non-causal unless the GGUF says `dflash.attention.causal: true`
         is_causal = False
     return tuple(LayerAttention(window=w if t == SLIDING else 0,
                                 causal=causal_of(t, None if is_causal is None else bool(is_causal)))
