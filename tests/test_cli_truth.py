@@ -107,3 +107,35 @@ def test_logs_follow_of_a_removed_run_directory_is_exit_11_naming_it(env, capsys
     shutil.rmtree(rd)
     rc, out, err = dfo(capsys, hosts, "logs", "-f", "--run", "tiny-20261201-010000")
     assert rc == 11 and "tiny-20261201-010000" in err and "Traceback" not in err, err
+
+
+def test_logs_follow_in_a_pipe_prints_a_line_at_least_every_interval(env):
+    """cli.md: in a pipe, at least one line every DFO_PROGRESS_EVERY seconds while waiting,
+    also while the run prints nothing (a compile, a warm-up)."""
+    import os
+    import subprocess
+
+    from tests.supervisor_env import live_looking_run
+
+    root, hosts, _ = env
+    sup = live_looking_run(root / "runs" / "live-20261201-010000-abcdef")
+    p = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "--hosts", str(hosts),
+                          "logs", "-f", "--run", "live-20261201-010000-abcdef"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env=dict(os.environ, DFO_PROGRESS_EVERY="2",
+                                  PYTHONPATH=str(Path(__file__).resolve().parents[1])))
+    try:
+        seen: list[tuple[float, str]] = []
+        while len(seen) < 3:
+            line = p.stdout.readline()
+            assert line, f"dfo logs -f ended: {seen}"
+            seen.append((time.monotonic(), line.strip()))
+    finally:
+        p.kill()
+        p.wait()
+        sup.kill()
+        sup.wait()
+    beats = [(t, s) for t, s in seen if "waiting for the run" in s]
+    assert len(beats) >= 2, seen
+    gaps = [b[0] - a[0] for a, b in zip(beats, beats[1:])]
+    assert all(g < 2 + 2.5 for g in gaps), gaps

@@ -3,6 +3,7 @@ multi-node run on every node of a hosts.yaml group (docs/multinode.md). Click on
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
 import time
@@ -81,14 +82,19 @@ def follow_group_logs(gr, run_id, *, follow, raw, attempt, since, from_attempt,
                 LinePrinter(raw, prefix=f"{h.name:<{width}} | ") for h in gr.hosts}
     nodes = [(h.name, gr.run_ops(h.name).transport, gr.run_ops(h.name).tree) for h in gr.hosts]
     try:
-        outs = follow_group(
-            nodes, run_id, on_line=lambda host, ln: printers[host](ln), follow=follow,
-            attempt=attempt, from_attempt=from_attempt, since=parse_since(since, time.time()),
-            on_reconnect=lambda host, n, why: err.print(
-                f"[yellow]dfo: {escape(host)}: connection lost ({escape(why)}); "
-                f"reconnecting ({n})[/]"),
-            on_skipped=lambda host, n: err.print(
-                f"[yellow]{escape(skipped_note(n, f'{host}: '))}[/]"))
+        with contextlib.ExitStack() as beats:
+            for pr in printers.values():
+                if isinstance(pr, LinePrinter):
+                    beats.enter_context(pr.beat(follow))
+            outs = follow_group(
+                nodes, run_id, on_line=lambda host, ln: printers[host](ln), follow=follow,
+                attempt=attempt, from_attempt=from_attempt,
+                since=parse_since(since, time.time()),
+                on_reconnect=lambda host, n, why: err.print(
+                    f"[yellow]dfo: {escape(host)}: connection lost ({escape(why)}); "
+                    f"reconnecting ({n})[/]"),
+                on_skipped=lambda host, n: err.print(
+                    f"[yellow]{escape(skipped_note(n, f'{host}: '))}[/]"))
     except KeyboardInterrupt:
         err.print(f"dfo: detached; run {escape(run_id)} goes on "
                   f"(dfo logs -f --group {escape(gr.group.name)})")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
 import time
 
 import click
@@ -60,12 +62,41 @@ class LinePrinter:
         self.c = console()
         self.checkpoints: set = set()   # steps already shown (the event and the marker)
         self.quiet_since = time.monotonic()
+        self._lock = threading.Lock()
+        self._alive: str = ""           # the newest heartbeat, as "aN│ alive: PHASE step S"
 
     def _out(self, s: str, markup: bool = True) -> None:
-        if markup:
-            self.c.print(escape(self.prefix) + s)
-        else:
-            self.c.print(self.prefix + s, markup=False)
+        with self._lock:
+            if markup:
+                self.c.print(escape(self.prefix) + s)
+            else:
+                self.c.print(self.prefix + s, markup=False)
+            self.quiet_since = time.monotonic()
+
+    @contextlib.contextmanager
+    def beat(self, enabled: bool):
+        """While following in a pipe: a line at least every ``DFO_PROGRESS_EVERY`` seconds
+        (default 5) when the run prints none a person reads (compiling, warming up, a slow
+        step): its newest heartbeat, else that the follower waits."""
+        if not enabled or self.raw or self.c.is_terminal:
+            yield self
+            return
+        stop = threading.Event()
+        every = progress_every()
+
+        def run() -> None:
+            while not stop.wait(min(1.0, every)):
+                if time.monotonic() - self.quiet_since >= every:
+                    self._out(f"{stamp()} {self._alive or 'waiting for the run'}",
+                              markup=False)
+
+        t = threading.Thread(target=run, name="dfo-logs-beat", daemon=True)
+        t.start()
+        try:
+            yield self
+        finally:
+            stop.set()
+            t.join(timeout=2)
 
     def _checkpoint_once(self, attempt, step) -> bool:
         key = (str(attempt), str(step))
@@ -106,14 +137,14 @@ class LinePrinter:
                     self._out(f"{tag}[green]checkpoint step {m.step}[/]")
             elif isinstance(m, DoneMarker):
                 self._out(f"{tag}[green]done at step {m.step}[/]")
-            elif isinstance(m, HeartbeatMarker) and not self.c.is_terminal:
-                # in a pipe, a quiet stretch (compiling, warm-up) still shows it is alive
-                now = time.monotonic()
-                if now - self.quiet_since >= progress_every():
-                    self._out(f"{stamp()} a{ln.attempt}│ alive: {m.phase}"
-                                 + (f" step {m.step}" if m.step is not None else ""),
-                                 markup=False)
-                    self.quiet_since = now
+            elif isinstance(m, HeartbeatMarker):
+                # in a pipe, a quiet stretch (compiling, warm-up) still shows it is alive:
+                # at this heartbeat when one is due, else from the beat (``beat``)
+                self._alive = (f"a{ln.attempt}│ alive: {m.phase}"
+                               + (f" step {m.step}" if m.step is not None else ""))
+                if not self.c.is_terminal and \
+                        time.monotonic() - self.quiet_since >= progress_every():
+                    self._out(f"{stamp()} {self._alive}", markup=False)
                 return
             elif isinstance(m, StepMarker) and m.loss_is_nan:
                 self._out(f"{tag}[bold red]step {m.step} loss NaN[/]")

@@ -180,15 +180,19 @@ def _follow(run_ops, run_id, *, follow, raw, attempt, since, from_attempt,
     from ..ops.timespec import parse_since
 
     err = console(stderr=True)
-    f = LogFollower(run_ops.transport, run_ops.tree, run_id,
-                    on_line=JsonLinePrinter() if as_json else LinePrinter(raw), follow=follow,
+    printer = JsonLinePrinter() if as_json else LinePrinter(raw)
+    f = LogFollower(run_ops.transport, run_ops.tree, run_id, on_line=printer, follow=follow,
                     attempt=attempt, from_attempt=from_attempt,
                     since=parse_since(since, time.time()),
                     on_reconnect=lambda n, why: err.print(
                         f"[yellow]dfo: connection lost ({escape(why)}); reconnecting ({n})[/]"),
                     on_skipped=lambda n: err.print(f"[yellow]{escape(skipped_note(n))}[/]"))
     try:
-        status = f.run()
+        if isinstance(printer, LinePrinter):
+            with printer.beat(follow):
+                status = f.run()
+        else:
+            status = f.run()
     except KeyboardInterrupt:
         err.print(f"dfo: detached; run {escape(run_id)} goes on (dfo logs -f --run {escape(run_id)})")
         raise click.exceptions.Exit(EXIT_INTERRUPTED)
