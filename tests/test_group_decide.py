@@ -182,3 +182,12 @@ def test_local_addr_is_the_source_address_towards_the_head():
 
     assert local_addr("127.0.0.1", 29400) == "127.0.0.1"
     assert local_addr("192.0.2.1", 9) not in ("", "192.0.2.1")  # a route's source, or None
+
+
+def test_a_node_is_named_once_in_the_runs_reason():
+    from orchestrator.ops.group_decide import node_lost_reason, on_node
+
+    lost = node_lost_reason("lab-b", 130, "pair")
+    assert on_node("lab-b", lost) == lost and lost.count("lab-b") == 1
+    assert on_node("lab-b", "oom: CUDA out of memory") == "node lab-b: oom: CUDA out of memory"
+    assert on_node("lab-b", "node lab-bb lost") == "node lab-b: node lab-bb lost"

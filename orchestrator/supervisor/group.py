@@ -27,7 +27,7 @@ from dfo_contract.runspec import Group
 
 from ..ops.classify import Diagnosis
 from ..ops.classify_rules import NODE_LOST, PEER_ABORT
-from ..ops.group_decide import (caches_cleared, head_restarted_reason, lost_end,
+from ..ops.group_decide import (caches_cleared, head_restarted_reason, lost_end, on_node,
                                 node_lost_reason, root_cause, run_healthy_s, run_reached_train)
 from ..ops.launch_argv import Rendezvous, group_env
 from ..ops.watchdog import AttemptWatchdog
@@ -286,7 +286,7 @@ class GroupHead(GroupRole):
         out.reached_train = run_reached_train(list(ends.values()))
         if root.node == 0 and root.cls == diag.cls:
             return diag
-        return Diagnosis(root.cls, f"node {root.host}: {root.reason}", permanent=root.permanent)
+        return Diagnosis(root.cls, on_node(root.host, root.reason), permanent=root.permanent)
 
     def decide(self, n: int, action: str, *, status: str = "", reason: str = "",
                fallback: events.Fallback | None = None,
