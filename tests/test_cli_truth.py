@@ -139,3 +139,22 @@ def test_logs_follow_in_a_pipe_prints_a_line_at_least_every_interval(env):
     assert len(beats) >= 2, seen
     gaps = [b[0] - a[0] for a, b in zip(beats, beats[1:])]
     assert all(g < 2 + 2.5 for g in gaps), gaps
+
+
+def test_a_long_classified_reason_is_printed_once_by_logs(capsys):
+    from dfo_contract import events as ev
+    from orchestrator.cli.log_lines import LinePrinter
+    from orchestrator.engine.logs import LogLine
+
+    why = ("disk full: the filesystem at /root/.dfo/checkpoints/demo has 0 bytes free "
+           "(needs 12.0 MiB for a checkpoint)")
+    p = LinePrinter(raw=False)
+    for e in (ev.Classified(t=1.0, attempt=1, cls="disk_full", reason=why, evidence=[], also=[]),
+              ev.GiveUp(t=2.0, cls="disk_full", reason="a permanent error: restarting cannot "
+                        "help", evidence=[]),
+              ev.Final(t=3.0, status="failed", reason=f"disk_full ({why}): a permanent error: "
+                       "restarting cannot help", last_checkpoint=None)):
+        p(LogLine("events.jsonl", 1, ev.encode_line(e).decode(), None, e))
+    out = capsys.readouterr().out
+    assert out.count(why) == 1, out
+    assert "run failed: disk_full (the reason above): a permanent error" in out

@@ -21,6 +21,19 @@ class JsonLinePrinter:
     def __init__(self, host: str | None = None):
         self.host = host
 
+    def _once(self, e) -> str:
+        """``e`` described, a long classified reason shown once: the run's end (and its
+        giving up) that repeat it say "the reason above" instead."""
+        from dfo_contract.events import Classified, Final, GiveUp
+
+        text = e.describe()
+        if isinstance(e, Classified) and len(e.reason) >= 40:
+            self._classified.add(e.reason)
+        elif isinstance(e, (Final, GiveUp)):
+            for r in self._classified:
+                text = text.replace(r, "the reason above")
+        return text
+
     def __call__(self, ln) -> None:
         obj: dict = {"file": ln.file, "offset": ln.offset, "attempt": ln.attempt,
                      "text": ln.text}
@@ -64,6 +77,7 @@ class LinePrinter:
         self.quiet_since = time.monotonic()
         self._lock = threading.Lock()
         self._alive: str = ""           # the newest heartbeat, as "aN│ alive: PHASE step S"
+        self._classified: set[str] = set()   # the long reasons already shown, once each
 
     def _out(self, s: str, markup: bool = True) -> None:
         with self._lock:
@@ -105,6 +119,19 @@ class LinePrinter:
         self.checkpoints.add(key)
         return True
 
+    def _once(self, e) -> str:
+        """``e`` described, a long classified reason shown once: the run's end (and its
+        giving up) that repeat it say "the reason above" instead."""
+        from dfo_contract.events import Classified, Final, GiveUp
+
+        text = e.describe()
+        if isinstance(e, Classified) and len(e.reason) >= 40:
+            self._classified.add(e.reason)
+        elif isinstance(e, (Final, GiveUp)):
+            for r in self._classified:
+                text = text.replace(r, "the reason above")
+        return text
+
     def __call__(self, ln) -> None:
         text = getattr(ln, "text", "") or ""
         if not text.lstrip().startswith("@dfo"):
@@ -124,7 +151,7 @@ class LinePrinter:
             if isinstance(e, Checkpoint) and not self._checkpoint_once(e.attempt, e.step):
                 return
             ts = time.strftime("%H:%M:%S", time.localtime(e.t))
-            self._out(f"[dim]{ts}[/] [{_event_style(e)}]▶ {escape(e.describe())}[/]")
+            self._out(f"[dim]{ts}[/] [{_event_style(e)}]▶ {escape(self._once(e))}[/]")
             for text in e.evidence_texts()[:6]:
                 self._out(f"           [red]│ {escape(text)}[/]")
             return
