@@ -109,3 +109,15 @@ def test_a_compile_killed_mid_write_does_not_poison_the_restart(setup, cut, expe
     assert info["status"] == "done", (info.get("reason"), notes)
     assert any(expect in d for d in notes), notes
     assert "mod.so" in " ".join(notes)
+
+
+def test_empty_lock_files_are_kept_by_the_scrub(tmp_path):
+    """torch and triton take empty lock files (filelock): they are no damage, and a scrub
+    that dropped them told of each one after every failed attempt."""
+    assert bad_artifact("ab.lock", 0, b"") is None
+    inductor = tmp_path / "inductor" / "locks"
+    inductor.mkdir(parents=True)
+    (inductor / "ab.lock").write_bytes(b"")
+    (inductor / "main.so").write_bytes(b"")
+    assert cache_scrub.scrub(str(tmp_path)) == [("inductor/locks/main.so", "empty")]
+    assert (inductor / "ab.lock").exists()

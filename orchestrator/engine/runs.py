@@ -199,8 +199,6 @@ class RunOps:
                                      hint="see `dfo status`")
         if "failed" in reply:
             raise self._step_error(plan, steps, reply)
-        if plan.move_aside:
-            self.say(f"earlier checkpoints moved to {plan.move_aside}")
         if wait:
             self.wait_started(plan.run_id, o.start_timeout)
         return plan

@@ -20,11 +20,15 @@ ELF_HEADER = 64
 SHARED = (".so",)
 
 
+#: files that are empty by design: the lock files torch and triton take (filelock)
+EMPTY_OK = (".lock",)
+
+
 def bad_artifact(name: str, size: int, head: bytes) -> str | None:
-    """Why a cache file cannot be kept (None: keep it): empty, or a shared object that is
-    not a whole ELF file."""
+    """Why a cache file cannot be kept (None: keep it): empty (a lock file excepted: it is
+    empty by design), or a shared object that is not a whole ELF file."""
     if size == 0:
-        return "empty"
+        return None if name.endswith(EMPTY_OK) else "empty"
     if name.endswith(SHARED):
         if not head.startswith(ELF_MAGIC):
             return "not an ELF shared object"

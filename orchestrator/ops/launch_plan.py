@@ -302,8 +302,9 @@ def plan_launch(o: LaunchOptions, inp: LaunchInputs, facts: LaunchFacts, *, host
     systemd = facts.launch.get("systemd") == "1"
     held = facts.launch.get("lock") == "held"
     if part.aside:
-        warnings.append(f"--new-lineage: the earlier checkpoints of {inp.run_name} move to "
-                        f"{part.aside}")
+        # shown once the launch is over (or for --dry-run, as what it would do)
+        warnings.append(f"--new-lineage: the earlier checkpoints of {inp.run_name} "
+                        f"{'would move' if o.dry_run else 'moved'} to {part.aside}")
     return LaunchPlan(spec=spec, run_dir=inp.run_dir, mode="systemd" if systemd else "setsid",
                       start_argv=start_argv(python, inp.run_dir, inp.run_id, systemd=systemd,
                                             stop_timeout_s=inp.thresholds.stop_timeout_s),
