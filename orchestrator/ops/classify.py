@@ -224,9 +224,21 @@ def _with(first: Evidence, rest: tuple[Evidence, ...]) -> tuple[Evidence, ...]:
 _ERROFS_PATH = re.compile(r"Read-only file system: ['\"]?([^'\"]+)")
 
 
+def _written_dir(path: str) -> str:
+    """The directory a write was meant for: a checkpoint being written
+    (``DIR/.step_N.tmp-PID/...``) is for ``DIR``; another path is itself."""
+    from dfo_contract.checkpoints import ORPHAN_RE
+
+    parts = path.rstrip("/").split("/")
+    for i, part in enumerate(parts):
+        if ORPHAN_RE.match(part):
+            return "/".join(parts[:i]) or "/"
+    return path
+
+
 def _read_only_why(text: str) -> str:
     m = _ERROFS_PATH.search(text)
-    where = f"{m.group(1)} is on a read-only filesystem" if m else \
+    where = f"{_written_dir(m.group(1))} is on a read-only filesystem" if m else \
         "a write hit a read-only filesystem"
     return (f"{where} (EROFS): no restart can write there; remount it read-write or set "
             "checkpoint.dir to a writable directory, then dfo launch --resume latest")
