@@ -158,3 +158,19 @@ def test_a_long_classified_reason_is_printed_once_by_logs(capsys):
     out = capsys.readouterr().out
     assert out.count(why) == 1, out
     assert "run failed: disk_full (the reason above): a permanent error" in out
+
+
+def test_a_group_on_the_embedded_default_says_what_it_needs(tmp_path, monkeypatch, capsys):
+    """The README's `dfo launch --group pair` needs a hosts.yaml group: on the embedded
+    default it says so in one line (exit 2), and the README says it too."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("DFO_HOSTS", raising=False)
+    rc = main(["launch", "--group", "pair", "--dry-run"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1, err
+    assert "--group pair: the embedded default inventory has one host (local) and no groups" \
+        in err and "hosts.yaml" in err and "docs/multinode.md" in err
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert "needs a hosts.yaml naming group `pair`" in readme
+    assert "Each line but the last works as written" in readme
