@@ -122,3 +122,22 @@ def test_a_supervisor_that_died_at_start_is_reported_at_once_with_its_last_line(
         run_ops.wait_started(rd.name, timeout=40)
     assert time.monotonic() - t0 < 20
     assert "exited at start: dfo-supervisor: something broke at start" in str(e.value)
+
+
+def test_an_own_commands_exit_status_is_its_own_not_the_bundled_trainers(env, capsys):
+    """Exit 2 of your own command is not "trainer config error": dfo says the command ended
+    with exit 2 and its last line."""
+    from orchestrator.ops.classify import classify
+
+    root, hosts, tmp = env
+    code = "import sys; print(\"can't open file 'x.py'\", file=sys.stderr); sys.exit(2)"
+    rc, out, err = dfo(capsys, hosts, "launch", "--no-env-check", "--backoff-scale", "0.01",
+                       "--budget", "total=1", "--json", "--", sys.executable, "-c", code)
+    assert rc == 0, err
+    run_id = json.loads(out)["run_id"]
+    wait_final(RunOps(LocalTransport("local"), local_host(root)), run_id, timeout=120)
+    cl = [e for e in events(root, run_id) if e.kind == "classified"]
+    assert cl and all("trainer config error" not in c.reason for c in cl), cl
+    assert cl[0].reason == "the command ended with exit 2: can't open file 'x.py'"
+    # the bundled trainer's exit 2 keeps its meaning
+    assert classify(["boom"], exit_code=2).reason.startswith("trainer config error")

@@ -192,7 +192,8 @@ def classify(lines: Iterable[str] | LineScan, *, exit_code: int | None = None,
                          also=also)
     raised = scan.exc if scan.ends_in_traceback() else None
 
-    if exit_code in PERMANENT_EXITS:
+    who = "the command" if own else "the trainer"
+    if exit_code in PERMANENT_EXITS and not own:   # the bundled trainer's codes (contracts.md)
         tail = _last_lines(scan, lines)
         return Diagnosis("crash", f"trainer {PERMANENT_EXITS[exit_code]} (exit {exit_code})",
                          tail, exit_code, signal, permanent=True, also=also)
@@ -203,13 +204,15 @@ def classify(lines: Iterable[str] | LineScan, *, exit_code: int | None = None,
         return Diagnosis("crash", "the log shows no known failure pattern", (), None, None,
                          also=also)
     what = sig_txt or f"exit {exit_code}"
-    if exit_code == EXIT_INTERRUPTED:
+    if exit_code == EXIT_INTERRUPTED and not own:
         what = "exit 6 (interrupted by a signal the supervisor did not send)"
     if raised is not None and not signal:
-        return Diagnosis("crash", f"the trainer raised {_exc_text(raised.text)} ({what})",
+        return Diagnosis("crash", f"{who} raised {_exc_text(raised.text)} ({what})",
                          _with(raised, _last_lines(scan, lines)), exit_code, signal, also=also)
-    return Diagnosis("crash", f"the trainer ended with {what}", _last_lines(scan, lines),
-                     exit_code, signal, also=also)
+    tail = _last_lines(scan, lines)
+    said = f": {_exc_text(tail[-1].text)}" if own and tail and not signal else ""
+    return Diagnosis("crash", f"{who} ended with {what}{said}", tail, exit_code, signal,
+                     also=also)
 
 
 def _exc_text(text: str, n: int = 200) -> str:
