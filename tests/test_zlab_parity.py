@@ -235,6 +235,7 @@ def test_released_style_drafters_fine_tune_with_their_own_pattern(env, released,
     rel = tmp_path / "released"
     conf = _export(ckpt, rel, "z-lab,vllm,sglang")
     conf.pop("is_causal", None)                  # as released: the legacy rule decides
+    conf["dflash_config"].pop("causal", None)    # nor vLLM's dflash_config.causal
     (rel / "config.json").write_text(json.dumps(conf))
     src = read_dflash_dir(str(rel), flag="--model.init_from")
     assert [(la.window, la.causal) for la in src.drafter.attention] == \
