@@ -48,6 +48,8 @@ def conf_with(**edits):
     ({"dc_add_swa_attention_sink_bias": True}, (), "attention sinks (add_swa_attention_sink_bias"),
     ({"dc_causal": True}, (), "is_causal False and dflash_config.causal True disagree"),
     ({"dc_use_swa": True, "dc_swa_window_size": 64}, (), "vLLM's sliding-window keys"),
+    ({"layer_types": ["sliding_attention"] * 2, "sliding_window": 32}, (),
+     "sliding_window 32 without use_sliding_window: true: z-lab's class"),
 ])
 def test_a_spelling_read_differently_by_engines_is_refused_before_launch(host, capsys, edits,
                                                                          files, says):
@@ -78,5 +80,5 @@ def test_vllms_dflash_config_causal_is_read_as_vllm_reads_it(host, capsys):
     assert m.is_causal is True
     # restated vLLM window keys are no conflict
     ok = conf_with(layer_types=["sliding_attention"] * 2, sliding_window=32,
-                   dc_use_swa=True, dc_swa_window_size=32)
+                   use_sliding_window=True, dc_use_swa=True, dc_swa_window_size=32)
     assert effective_config(load_config(None, args), ok).model.sliding_window == 32

@@ -140,7 +140,7 @@ def test_readers_of_dflash_config_causal_ignore_is_causal():
     the key they apply the legacy rule; an export writes it, so they serve it as trained."""
     pat = (LayerAttention(64, BID),) * 2
     bare = {"num_hidden_layers": 2, "layer_types": [SLIDING] * 2, "sliding_window": 64,
-            "is_causal": False}
+            "use_sliding_window": True, "is_causal": False}
     for engine in ("vllm-0.27", "lmdeploy"):
         assert served_pattern(bare, engine) == (LayerAttention(64, CAUSAL),) * 2
         assert served_pattern({**bare, "dflash_config": {"causal": False}}, engine) == pat
@@ -182,3 +182,13 @@ def test_engines_flag():
         parse_engines("vllm,trtllm")
     with pytest.raises(Unservable, match="one sliding_window"):
         export_fields((LayerAttention(16, BID), LayerAttention(32, BID)))
+
+
+def test_z_lab_drops_a_window_without_use_sliding_window():
+    """transformers' Qwen3Config keeps sliding_window only with use_sliding_window: true, so
+    z-lab's class runs such sliding layers without a window; vLLM keeps it."""
+    conf = {"num_hidden_layers": 1, "layer_types": [SLIDING], "sliding_window": 64}
+    assert served_pattern(conf, "z-lab") == (LayerAttention(0, CAUSAL),)
+    assert served_pattern(conf, "vllm") == (LayerAttention(64, CAUSAL),)
+    assert served_pattern({**conf, "use_sliding_window": True}, "z-lab") == \
+        (LayerAttention(64, CAUSAL),)

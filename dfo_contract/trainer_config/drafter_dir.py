@@ -17,7 +17,8 @@ cap, output multiplier); for both methods the layers' attention as z-lab's class
 ``layer_types``, ``sliding_window`` (when a layer slides) and ``is_causal`` (absent: vLLM's
 ``dflash_config.causal`` as vLLM reads it, for every layer; neither: sliding layers causal,
 full ones bidirectional). What one engine spells its own way is read as that engine does or
-refused in one line: ``is_causal`` and ``dflash_config.causal`` that disagree, vLLM's
+refused in one line: ``is_causal`` and ``dflash_config.causal`` that disagree, a
+``sliding_window`` without ``use_sliding_window: true`` (z-lab drops it, vLLM keeps it), vLLM's
 ``use_swa``/``swa_window_size`` that do not restate ``layer_types``/``sliding_window``,
 vLLM's sink biases (``attention_sink_bias``, ``add_swa_attention_sink_bias``), a MiMo
 ``mask_embedding.pt`` beside the weights (``check_files``). A setting the config file or a flag gives that
@@ -161,6 +162,18 @@ def _vllm_window(conf: dict) -> str | None:
             "engines other than vLLM read only the latter: make them agree or drop the vLLM keys")
 
 
+def _window_dropped(conf: dict) -> str | None:
+    """Sliding layers whose window z-lab's class drops (transformers' Qwen3Config keeps
+    ``sliding_window`` only with ``use_sliding_window: true``) while vLLM and SGLang keep it:
+    why, or None."""
+    if "sliding_attention" not in (conf.get("layer_types") or []) or \
+            not conf.get("sliding_window") or conf.get("use_sliding_window") is True:
+        return None
+    return (f"sliding_window {conf['sliding_window']} without use_sliding_window: true: z-lab's "
+            "class (transformers' Qwen3Config) drops the window, vLLM and SGLang keep it; set "
+            "use_sliding_window: true if it was trained with the window")
+
+
 def _causal(conf: dict) -> tuple[bool | None, str]:
     """(the drafter's causality within the block, the engine whose reading gives it): a
     top-level ``is_causal``; else vLLM's ``dflash_config.causal`` read as vLLM reads it (for
@@ -192,7 +205,7 @@ def read_drafter(conf: dict, path: str, *, flag: str = FLAG) -> DrafterConfig:
     if unsupported:
         raise _bad(path, f"{unsupported}: dfo cannot train that; give a drafter without it", flag)
     try:
-        swa = _vllm_window(conf)
+        swa = _vllm_window(conf) or _window_dropped(conf)
         is_causal, reader = _causal(conf)
     except (TypeError, ValueError) as e:
         raise _bad(path, f"{e}", flag) from None

@@ -136,6 +136,8 @@ def served_pattern(conf: dict, engine: str = "z-lab") -> tuple[LayerAttention, .
     w = int(conf.get("sliding_window") or 0)
     if SLIDING in types and not w:
         raise Unservable("sliding_attention layers without a sliding_window")
+    if engine == "z-lab" and not conf.get("use_sliding_window"):
+        w = 0   # transformers' Qwen3Config drops sliding_window unless use_sliding_window
     is_causal = conf.get("is_causal")
     dc_causal = (conf.get("dflash_config") or {}).get("causal")
     if engine in CAUSAL_KEY_ONLY:
