@@ -104,3 +104,34 @@ def test_export_cli(trained, tmp_path):
     bad = subprocess.run([PY, "-m", "trainer", "export", str(tmp_path / "nope"), "--out",
                           str(tmp_path / "d")], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 4 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
+
+
+def test_a_causal_drafter_is_refused_for_llama_cpp_and_exported_for_the_rest(tmp_path):
+    """A drafter trained causal within the block: llama.cpp would run it bidirectionally (its
+    converter carries only `is_causal: false`), so the default export (every engine) refuses
+    it in one line, exit 2, writing nothing; for the other engines it writes `is_causal` and
+    `dflash_config.causal` alike."""
+    import io
+
+    from tests.helpers.trainer import make_synth, make_target, tiny_config
+    from trainer.train.loop import train
+
+    target = make_target(str(tmp_path / "target"))
+    data = make_synth(str(tmp_path / "synth.jsonl"), num=16)
+    cfg = tiny_config(target, data, str(tmp_path / "run"), **{
+        "train.max_steps": 2, "model.drafter_layers": 2, "model.target_layer_ids": "[1,2]",
+        "model.is_causal": "true"})
+    assert train(cfg, out=io.StringIO()) == 0
+    ckpt = str(tmp_path / "run" / "checkpoints" / "step_2")
+    r = subprocess.run([PY, "-m", "trainer", "export", ckpt, "--out", str(tmp_path / "all")],
+                       cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert ("llama.cpp serves layer 0 as full, bidirectional within the block, but it was "
+            "trained full, causal within the block; train with --model.is_causal false for "
+            "it, or export for the other engines only (--engines "
+            "z-lab,vllm,vllm-0.27,sglang,lmdeploy)") in r.stderr
+    assert not (tmp_path / "all").exists()
+    man = export(ckpt, str(tmp_path / "rest"), engines="z-lab,vllm,vllm-0.27,sglang,lmdeploy")
+    conf = json.loads((tmp_path / "rest" / "config.json").read_text())
+    assert man["step"] == 2 and conf["is_causal"] is True
+    assert conf["dflash_config"]["causal"] is True

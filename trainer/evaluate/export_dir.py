@@ -112,10 +112,13 @@ def export(ckpt: str, out: str, *, dtype: str = "bf16", target_path: str | None 
         conf = with_export_fields(conf, pattern)
         check_served(pattern, conf, held)
     except Unservable as e:
-        others = ",".join(n for n in held if not str(e).startswith(n)) or "none"
+        others = ",".join(n for n in held if not str(e).startswith(f"{n} ")) or "none"
+        mixed = len({la.causal for la in pattern}) > 1
+        cure = ("train with one --model.is_causal for every layer" if mixed else
+                "train with --model.is_causal false for it")
         raise TrainerConfigError(
-            f"config: export: {ckpt}: {e}; train with one --model.is_causal for every layer, "
-            f"or export for the other engines only (--engines {others})") from None
+            f"config: export: {ckpt}: {e}; {cure}, or export for the other engines only "
+            f"(--engines {others})") from None
     out = os.path.abspath(out)
     parent = os.path.dirname(out)
     os.makedirs(parent, exist_ok=True)
