@@ -269,3 +269,15 @@ def test_warm_cache_status_shows_a_damaged_live_cache_and_its_scrub_drops_it(
     assert os.path.exists(good) and not os.path.exists(os.path.join(live, "inductor", "ab",
                                                                     "main.so"))
     assert main(["--hosts", str(hosts), "warm-cache", "--status"]) == 0
+
+
+def test_empty_lock_files_are_kept_by_the_scrub(tmp_path):
+    """torch and triton take empty lock files (filelock): they are no damage, and a scrub
+    that dropped them told of each one after every failed attempt."""
+    assert bad_artifact("ab.lock", 0, b"") is None
+    inductor = tmp_path / "inductor" / "locks"
+    inductor.mkdir(parents=True)
+    (inductor / "ab.lock").write_bytes(b"")
+    (inductor / "main.so").write_bytes(b"")
+    assert cache_scrub.scrub(str(tmp_path)) == [("inductor/locks/main.so", "empty")]
+    assert (inductor / "ab.lock").exists()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import subprocess
 import sys
 import time
@@ -248,3 +249,20 @@ def test_deploy_stage_view_in_a_pipe():
     lines = buf.getvalue().splitlines()
     assert len(lines) == 2 and "✓ uv" in lines[0] and "[with brackets]" in lines[0]
     assert "· verify" in lines[1] and all(ln[2] == ":" for ln in lines)
+
+
+def test_warm_cache_result_folds_a_long_snapshot_path_at_80_columns():
+    """In a terminal of 80 columns the snapshot's path folds onto the next lines, whole."""
+    tar = "/root/.dfo/cache/snapshots/" + "k" * 90 + "/snapshot-20261201.tar"
+    code = ("import sys; from orchestrator.cli.cache import _print_result; "
+            "from orchestrator.engine.cache_warmup import WarmResult; "
+            "_print_result(WarmResult(host='local', key='k1', action='warmed', "
+            "snapshot_size=10, cache_size=20, tar=sys.argv[1]), {}, False)")
+    r = subprocess.run([sys.executable, "-c", code, tar], capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="80",
+                                FORCE_COLOR="1", TERM="xterm"), timeout=60)
+    assert r.returncode == 0, r.stderr
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", r.stdout)
+    assert all(len(ln) <= 80 for ln in plain.splitlines()), plain
+    assert "…" not in plain
+    assert tar in "".join(ln.strip() for ln in plain.splitlines()), plain

@@ -90,6 +90,22 @@ def test_a_real_erofs_is_its_own_permanent_class_naming_the_path(tmp_path, read_
     assert "checkpoint.dir" in d.reason
 
 
+def test_erofs_on_a_checkpoint_being_written_names_the_checkpoint_dir(tmp_path, read_only):  # noqa: F811
+    """The trainer writes a checkpoint into DIR/.step_N.tmp-PID first: the reason names DIR,
+    the directory a user can act on, not the temporary one."""
+    from orchestrator.ops.classify import classify
+
+    ro = read_only(tmp_path / "ro")
+    tmp = ro / ".step_2.tmp-4242"
+    p = subprocess.run([sys.executable, "-c", f"import os; os.makedirs({str(tmp)!r})"],
+                       capture_output=True, text=True)
+    assert p.returncode == 1 and "Read-only file system" in p.stderr and str(tmp) in p.stderr
+    d = classify(p.stderr.splitlines(), exit_code=1)
+    assert d.cls == "read_only"
+    assert d.reason.startswith(f"{ro} is on a read-only filesystem (EROFS)"), d.reason
+    assert ".tmp-" not in d.reason
+
+
 def test_the_supervisor_stops_at_once_on_a_read_only_checkpoint_dir(tmp_path, read_only,  # noqa: F811
                                                                     tiny_assets):  # noqa: F811
     root = make_root(tmp_path)

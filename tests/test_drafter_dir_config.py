@@ -22,7 +22,7 @@ CONF = {"architectures": ["DFlashDraftModel"], "num_hidden_layers": 2, "hidden_s
         "vocab_size": 128, "num_target_layers": 4, "is_causal": False,
         "dflash_config": {"target_layer_ids": [1, 2], "mask_token_id": 3, "block_size": 8}}
 D2 = {**CONF, "architectures": ["DFlash2DraftModel"],
-      "layer_types": [SLIDING, SLIDING], "sliding_window": 32,
+      "layer_types": [SLIDING, SLIDING], "sliding_window": 32, "use_sliding_window": True,
       "dflash_config": {**CONF["dflash_config"], "conv_kernel_size": 3, "conv_group_size": 8,
                         "selector_rank": 16, "selector_top_k": 4,
                         "final_logit_softcapping": 10.0, "output_multiplier": 2.0}}

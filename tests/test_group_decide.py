@@ -207,3 +207,12 @@ def test_a_node_whose_supervisor_died_is_the_root_cause():
                        origin=True, supervisor_died=True)
     assert root_cause([head, died]) == died
     assert NodeOutcome.from_text(died.to_text()) == died
+
+
+def test_a_node_is_named_once_in_the_runs_reason():
+    from orchestrator.ops.group_decide import node_lost_reason, on_node
+
+    lost = node_lost_reason("lab-b", 130, "pair")
+    assert on_node("lab-b", lost) == lost and lost.count("lab-b") == 1
+    assert on_node("lab-b", "oom: CUDA out of memory") == "node lab-b: oom: CUDA out of memory"
+    assert on_node("lab-b", "node lab-bb lost") == "node lab-b: node lab-bb lost"

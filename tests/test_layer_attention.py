@@ -9,7 +9,7 @@ import torch
 
 from dfo_contract.exitcodes import TrainerConfigError
 from dfo_contract.trainer_config import load_config
-from dfo_contract.trainer_config.layers import LayerAttention, layer_pattern
+from dfo_contract.trainer_config.layers import SLIDING, LayerAttention, layer_pattern
 from trainer.bench.flops import visible_pairs
 from trainer.evaluate.served import (ENGINES, Unservable, check_served, export_fields,
                                      parse_engines, served_pattern)
@@ -106,15 +106,47 @@ def _conf(pattern, **fields):
 @pytest.mark.parametrize("pattern", [
     (LayerAttention(0, BID),) * 2,                               # DFlash
     (LayerAttention(2048, BID),) * 3,                            # DFlash2's default
-    (LayerAttention(64, CAUSAL),) * 2,                           # causal sliding everywhere
     (LayerAttention(64, BID), LayerAttention(0, BID)),           # hybrid, bidirectional
 ])
 def test_every_engine_serves_a_uniform_pattern_as_trained(pattern):
     conf = _conf(pattern)
     assert isinstance(conf["is_causal"], bool)
+    assert conf["dflash_config"] == {"causal": conf["is_causal"]}
     for engine in ENGINES:
         assert served_pattern(conf, engine) == pattern
     check_served(pattern, conf)
+
+
+@pytest.mark.parametrize("pattern", [
+    (LayerAttention(64, CAUSAL),) * 2,                           # causal sliding everywhere
+    (LayerAttention(0, CAUSAL),) * 2,                            # causal full everywhere
+])
+def test_a_causal_pattern_is_served_as_trained_by_every_engine_but_llama_cpp(pattern):
+    conf = _conf(pattern)
+    assert conf["is_causal"] is True and conf["dflash_config"] == {"causal": True}
+    for engine in ENGINES:
+        if engine != "llama.cpp":
+            assert served_pattern(conf, engine) == pattern, engine
+    # llama.cpp's converter writes `attention.causal` only for false: it runs them bidirectional
+    assert all(not la.causal for la in served_pattern(conf, "llama.cpp"))
+    with pytest.raises(Unservable, match="llama.cpp serves layer 0 as .*bidirectional within "
+                                         "the block, but it was trained .*causal"):
+        check_served(pattern, conf)
+    check_served(pattern, conf, parse_engines("z-lab,vllm,vllm-0.27,sglang,lmdeploy"))
+
+
+def test_readers_of_dflash_config_causal_ignore_is_causal():
+    """vLLM before 0.28 and LMDeploy read `dflash_config.causal`, not `is_causal`: without
+    the key they apply the legacy rule; an export writes it, so they serve it as trained."""
+    pat = (LayerAttention(64, BID),) * 2
+    bare = {"num_hidden_layers": 2, "layer_types": [SLIDING] * 2, "sliding_window": 64,
+            "use_sliding_window": True, "is_causal": False}
+    for engine in ("vllm-0.27", "lmdeploy"):
+        assert served_pattern(bare, engine) == (LayerAttention(64, CAUSAL),) * 2
+        assert served_pattern({**bare, "dflash_config": {"causal": False}}, engine) == pat
+    assert served_pattern(bare, "vllm") == pat        # 0.28+: is_causal wins
+    with pytest.raises(Unservable, match="vllm-0.27 serves layer 0 as sliding window 64, causal"):
+        check_served(pat, bare)
 
 
 def test_legacy_hybrid_is_refused_for_llama_cpp_only():
@@ -150,3 +182,13 @@ def test_engines_flag():
         parse_engines("vllm,trtllm")
     with pytest.raises(Unservable, match="one sliding_window"):
         export_fields((LayerAttention(16, BID), LayerAttention(32, BID)))
+
+
+def test_z_lab_drops_a_window_without_use_sliding_window():
+    """transformers' Qwen3Config keeps sliding_window only with use_sliding_window: true, so
+    z-lab's class runs such sliding layers without a window; vLLM keeps it."""
+    conf = {"num_hidden_layers": 1, "layer_types": [SLIDING], "sliding_window": 64}
+    assert served_pattern(conf, "z-lab") == (LayerAttention(0, CAUSAL),)
+    assert served_pattern(conf, "vllm") == (LayerAttention(64, CAUSAL),)
+    assert served_pattern({**conf, "use_sliding_window": True}, "z-lab") == \
+        (LayerAttention(64, CAUSAL),)

@@ -145,7 +145,8 @@ def hosts(tmp_path):
 
 def test_cli_dry_run_plans_the_command_as_given(hosts, capsys, tmp_path):
     rf = tmp_path / "own.yaml"
-    rf.write_text("fallbacks:\n  oom:\n    - set_arg: {--batch: 4}\n")
+    (tmp_path / "train.py").write_text("")        # the relative script, in the run file's cwd
+    rf.write_text(f"cwd: {tmp_path}\nfallbacks:\n  oom:\n    - set_arg: {{--batch: 4}}\n")
     rc = main(["--hosts", str(hosts), "launch", "--dry-run", "--json", "--no-env-check",
                "--run-file", str(rf), "--step-pattern", PAT, "--run-name", "mine", "--",
                "python", "train.py", "--threads", "4", "--note", "$(reboot); x"])
@@ -197,14 +198,16 @@ def test_ladder_flags():
             own_trainer.parse_ladder_flag(bad)
 
 
-def test_cli_flags_give_resume_and_ladder_without_a_run_file(hosts, capsys):
+def test_cli_flags_give_resume_and_ladder_without_a_run_file(hosts, capsys, tmp_path):
+    (tmp_path / "t.py").write_text("")    # the relative script, where the command runs
+    (tmp_path / "cwd.yaml").write_text(f"cwd: {tmp_path}\n")
     rc = main(["--hosts", str(hosts), "launch", "--dry-run", "--json", "--no-env-check",
-               "--resume-glob", "ck/ep_*", "--resume-args", "--from {path} --strict",
+               "--run-file", str(tmp_path / "cwd.yaml"), "--resume-glob", "ck/ep_*", "--resume-args", "--from {path} --strict",
                "--ladder", "fx_trace_race=drop_arg:--threads",
                "--ladder", "fx_trace_race=set_arg:--workers=1", "--", "python", "t.py"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["ladders"] == {"fx_trace_race": ["drop --threads", "set --workers 1"]}
-    # the plan's spec carries them for the supervisor (no run file involved)
+    # the plan's spec carries them for the supervisor (the run file gives only cwd:)
     assert out["first_attempt_argv"] == ["python", "t.py"]
 
 
@@ -214,9 +217,11 @@ def test_resume_flags_reach_the_spec(tmp_path):
     from tests.supervisor_env import local_host
 
     run_ops = RunOps(LocalTransport("local"), local_host(make_root(tmp_path)))
+    (tmp_path / "t.py").write_text("")    # the relative script, where the command runs
+    (tmp_path / "cwd.yaml").write_text(f"cwd: {tmp_path}\n")
     plan = run_ops.plan(LaunchOptions(command=["python", "t.py"], resume_glob="ck/ep_*",
                                   resume_order="mtime", resume_args="--from {path} --strict",
-                                  env_check=False))
+                                  env_check=False, run_file=str(tmp_path / "cwd.yaml")))
     assert plan.spec.to_json()["trainer"]["resume"] == {"glob": "ck/ep_*", "order": "mtime",
                                                         "args": ["--from", "{path}", "--strict"]}
     with pytest.raises(ConfigError, match="with \\{path\\} in one"):

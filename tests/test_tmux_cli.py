@@ -112,6 +112,24 @@ def test_status_is_readable_at_80_and_100_columns(host, width):
         assert "step_110" in row and "checkpoint" in s
 
 
+def test_a_failed_runs_reason_is_whole_at_80_columns(host):
+    root, hosts = host
+    rd = write_run(root, status="failed")
+    st = json.loads((rd / "state.json").read_text())
+    reason = ("oom: CUDA out of memory while allocating 2.00 GiB on cuda:0 after the fallback "
+              "ladder halve_micro_batch was used up (budget 3/3)")
+    st["reason"] = reason
+    (rd / "state.json").write_text(json.dumps(st))
+    t = Tmux(80)
+    try:
+        t.type(dfo_cmd(hosts, "status") + "; echo rc=$?")
+        s = t.wait_for("rc=")
+    finally:
+        t.close()
+    assert "rc=0" in s and "…" not in s
+    assert f"run {RUN} failed: {reason}" in " ".join(s.split()), s
+
+
 def test_status_wide_and_usage_errors_in_a_terminal(host):
     root, hosts = host
     write_run(root)

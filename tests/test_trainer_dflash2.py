@@ -197,7 +197,8 @@ def test_export_round_trip(env, tmp_path):
     assert conf["dflash_config"] == {
         "mask_token_id": dr.mask_token_id, "target_layer_ids": [1, 2], "block_size": 8,
         "conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 8, "selector_top_k": 4,
-        "final_logit_softcapping": 20.0, "output_multiplier": 1.0}
+        "final_logit_softcapping": 20.0, "output_multiplier": 1.0,
+        "causal": False}   # vLLM before 0.28 and LMDeploy read this, not is_causal
     assert conf["layer_types"] == ["sliding_attention"] * 2 and conf["sliding_window"] == 24
     assert conf["use_sliding_window"] is True
     with safe_open(str(out / "model.safetensors"), "pt") as f:

@@ -74,7 +74,8 @@ def test_export_layout_and_names(trained, tmp_path):
     conf = json.loads((out / "config.json").read_text())
     assert conf["architectures"] == ["DFlashDraftModel"]
     assert conf["block_size"] == 8 and conf["num_hidden_layers"] == 2 and conf["num_target_layers"] == 4
-    assert conf["dflash_config"] == {"mask_token_id": 3, "target_layer_ids": [1, 2], "block_size": 8}
+    assert conf["dflash_config"] == {"mask_token_id": 3, "target_layer_ids": [1, 2], "block_size": 8,
+                                     "causal": conf["is_causal"]}   # vLLM < 0.28, LMDeploy
     for k in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
               "intermediate_size", "rms_norm_eps", "vocab_size", "max_position_embeddings"):
         assert k in conf
@@ -103,3 +104,34 @@ def test_export_cli(trained, tmp_path):
     bad = subprocess.run([PY, "-m", "trainer", "export", str(tmp_path / "nope"), "--out",
                           str(tmp_path / "d")], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 4 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
+
+
+def test_a_causal_drafter_is_refused_for_llama_cpp_and_exported_for_the_rest(tmp_path):
+    """A drafter trained causal within the block: llama.cpp would run it bidirectionally (its
+    converter carries only `is_causal: false`), so the default export (every engine) refuses
+    it in one line, exit 2, writing nothing; for the other engines it writes `is_causal` and
+    `dflash_config.causal` alike."""
+    import io
+
+    from tests.helpers.trainer import make_synth, make_target, tiny_config
+    from trainer.train.loop import train
+
+    target = make_target(str(tmp_path / "target"))
+    data = make_synth(str(tmp_path / "synth.jsonl"), num=16)
+    cfg = tiny_config(target, data, str(tmp_path / "run"), **{
+        "train.max_steps": 2, "model.drafter_layers": 2, "model.target_layer_ids": "[1,2]",
+        "model.is_causal": "true"})
+    assert train(cfg, out=io.StringIO()) == 0
+    ckpt = str(tmp_path / "run" / "checkpoints" / "step_2")
+    r = subprocess.run([PY, "-m", "trainer", "export", ckpt, "--out", str(tmp_path / "all")],
+                       cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert ("llama.cpp serves layer 0 as full, bidirectional within the block, but it was "
+            "trained full, causal within the block; train with --model.is_causal false for "
+            "it, or export for the other engines only (--engines "
+            "z-lab,vllm,vllm-0.27,sglang,lmdeploy)") in r.stderr
+    assert not (tmp_path / "all").exists()
+    man = export(ckpt, str(tmp_path / "rest"), engines="z-lab,vllm,vllm-0.27,sglang,lmdeploy")
+    conf = json.loads((tmp_path / "rest" / "config.json").read_text())
+    assert man["step"] == 2 and conf["is_causal"] is True
+    assert conf["dflash_config"]["causal"] is True

@@ -35,10 +35,13 @@ D2 = {"model.method": "dflash2", "model.selector_rank": 8, "model.selector_top_k
 #: name -> (config overrides, engines the export is held to)
 PATTERNS = {
     "dflash": ({}, "all"),
+    # causal drafters: llama.cpp runs them bidirectional (docs/trainer.md), the rest as trained
     "dflash-hybrid-causal": ({"model.layer_types": "[sliding_attention,full_attention]",
-                              "model.sliding_window": 12, "model.is_causal": "true"}, "all"),
+                              "model.sliding_window": 12, "model.is_causal": "true"},
+                             "z-lab,vllm,vllm-0.27,sglang,lmdeploy"),
     "dflash2": ({**D2, "model.sliding_window": 12}, "all"),
-    "dflash2-causal": ({**D2, "model.sliding_window": 12, "model.is_causal": "true"}, "all"),
+    "dflash2-causal": ({**D2, "model.sliding_window": 12, "model.is_causal": "true"},
+                       "z-lab,vllm,vllm-0.27,sglang,lmdeploy"),
     "dflash2-legacy-hybrid": ({**D2, "model.layer_types": "[sliding_attention,full_attention]",
                                "model.sliding_window": 12, "model.is_causal": "null"},
                               "z-lab,vllm,sglang"),
@@ -232,6 +235,7 @@ def test_released_style_drafters_fine_tune_with_their_own_pattern(env, released,
     rel = tmp_path / "released"
     conf = _export(ckpt, rel, "z-lab,vllm,sglang")
     conf.pop("is_causal", None)                  # as released: the legacy rule decides
+    conf["dflash_config"].pop("causal", None)    # nor vLLM's dflash_config.causal
     (rel / "config.json").write_text(json.dumps(conf))
     src = read_dflash_dir(str(rel), flag="--model.init_from")
     assert [(la.window, la.causal) for la in src.drafter.attention] == \

@@ -14,8 +14,14 @@ the one the trainer runs.
 The settings taken: drafter layers, tapped target layers, block size and mask token; for
 DFlash2 the ``dflash_config`` fields (conv kernel/group size, selector rank/top-k, logit
 cap, output multiplier); for both methods the layers' attention as z-lab's class serves it:
-``layer_types``, ``sliding_window`` (when a layer slides) and ``is_causal`` (absent: sliding
-layers causal, full ones bidirectional). A setting the config file or a flag gives that
+``layer_types``, ``sliding_window`` (when a layer slides) and ``is_causal`` (absent: vLLM's
+``dflash_config.causal`` as vLLM reads it, for every layer; neither: sliding layers causal,
+full ones bidirectional). What one engine spells its own way is read as that engine does or
+refused in one line: ``is_causal`` and ``dflash_config.causal`` that disagree, a
+``sliding_window`` without ``use_sliding_window: true`` (z-lab drops it, vLLM keeps it), vLLM's
+``use_swa``/``swa_window_size`` that do not restate ``layer_types``/``sliding_window``,
+vLLM's sink biases (``attention_sink_bias``, ``add_swa_attention_sink_bias``), a MiMo
+``mask_embedding.pt`` beside the weights (``check_files``). A setting the config file or a flag gives that
 differs from the drafter's is a one-line error naming the flag; an unset one takes the
 drafter's value. The method is never taken: a DFlash2 drafter (``architectures``
 ``["DFlash2DraftModel"]``) needs ``model.method: dflash2`` and a DFlash one ``dflash``.
@@ -57,8 +63,8 @@ class DrafterConfig:
     target_layer_ids: tuple[int, ...] | None   # None: the default formula
     block_size: int | None
     mask_token_id: int | None
-    attention: tuple[LayerAttention, ...]      # each layer's attention as z-lab's class serves it
-    is_causal: bool | None                     # config.json's is_causal (None: absent)
+    attention: tuple[LayerAttention, ...]      # each layer's attention as it is served
+    is_causal: bool | None   # is_causal, else dflash_config.causal (None: neither)
     dflash2: tuple[tuple[str, Any], ...] = ()  # DFLASH2_FIELDS' values (dflash2 only)
 
 
@@ -104,6 +110,23 @@ def require_dflash(conf: Any, path: str, *, flag: str = FLAG) -> None:
         raise _bad(path, "config.json has no dflash_config: not a DFlash drafter", flag)
 
 
+#: files beside config.json that hold a part this trainer's drafter has none for
+EXTRA_PARTS = {"mask_embedding.pt": "a separate mask embedding (MiMo's mask_embedding.pt)"}
+#: config keys of attention sinks (z-lab's, and vLLM's sink biases)
+SINK_KEYS = ("attention_sinks", "use_attention_sinks", "num_sink_tokens", "use_sinks",
+             "attention_sink_bias", "add_swa_attention_sink_bias")
+#: vLLM's own spelling of a sliding window (``dflash_config`` or top level)
+VLLM_SWA_KEYS = ("use_swa", "swa_window_size")
+
+
+def check_files(names, path: str, *, flag: str = FLAG) -> None:
+    """A drafter directory holding ``names`` (its files' names): one line for a file that
+    carries a part this trainer's drafter has none for (it would be dropped silently)."""
+    for name in sorted(set(names) & set(EXTRA_PARTS)):
+        raise _bad(path, f"{EXTRA_PARTS[name]}: dfo cannot train that; give a drafter "
+                         "without it", flag)
+
+
 def _unsupported(conf: dict) -> str | None:
     """What config.json declares that this trainer's drafter has no part for, or None (the
     weights' names are the trainer's to check: it reads them)."""
@@ -111,12 +134,60 @@ def _unsupported(conf: dict) -> str | None:
     scale = conf.get("input_embedding_scale", dc.get("input_embedding_scale"))
     if scale is not None and float(scale) != 1.0:
         return f"input_embedding_scale {scale}"
-    for key in ("attention_sinks", "use_attention_sinks", "num_sink_tokens", "use_sinks"):
+    for key in SINK_KEYS:
         if conf.get(key) or dc.get(key):
             return f"attention sinks ({key}: {conf.get(key, dc.get(key))})"
     if dc.get("mask_embedding") or conf.get("mask_embedding"):
         return "a separate mask embedding (mask_embedding)"
     return None
+
+
+def _vllm_window(conf: dict) -> str | None:
+    """Why vLLM's ``use_swa``/``swa_window_size`` cannot be read as the layers' window (they
+    must restate ``layer_types`` and ``sliding_window``), or None."""
+    dc = conf.get("dflash_config") or {}
+    given = {k: conf.get(k, dc.get(k)) for k in VLLM_SWA_KEYS if k in conf or k in dc}
+    if not given:
+        return None
+    sliding = "sliding_attention" in (conf.get("layer_types") or [])
+    window = conf.get("sliding_window") or 0
+    use = given.get("use_swa")
+    size = given.get("swa_window_size")
+    if (use is None or bool(use) == sliding) and (size is None or not sliding or
+                                                   int(size) == int(window)):
+        return None
+    said = ", ".join(f"{k} {v}" for k, v in given.items())
+    return (f"vLLM's sliding-window keys ({said}) disagree with layer_types/sliding_window "
+            f"(sliding layers: {'yes' if sliding else 'none'}, sliding_window {window or None}); "
+            "engines other than vLLM read only the latter: make them agree or drop the vLLM keys")
+
+
+def _window_dropped(conf: dict) -> str | None:
+    """Sliding layers whose window z-lab's class drops (transformers' Qwen3Config keeps
+    ``sliding_window`` only with ``use_sliding_window: true``) while vLLM and SGLang keep it:
+    why, or None."""
+    if "sliding_attention" not in (conf.get("layer_types") or []) or \
+            not conf.get("sliding_window") or conf.get("use_sliding_window") is True:
+        return None
+    return (f"sliding_window {conf['sliding_window']} without use_sliding_window: true: z-lab's "
+            "class (transformers' Qwen3Config) drops the window, vLLM and SGLang keep it; set "
+            "use_sliding_window: true if it was trained with the window")
+
+
+def _causal(conf: dict) -> tuple[bool | None, str]:
+    """(the drafter's causality within the block, the engine whose reading gives it): a
+    top-level ``is_causal``; else vLLM's ``dflash_config.causal`` read as vLLM reads it (for
+    every layer); else None (sliding layers causal, full ones bidirectional). ValueError
+    when the two keys disagree: engines would serve it differently."""
+    top = conf.get("is_causal")
+    dc = (conf.get("dflash_config") or {}).get("causal")
+    if top is not None and dc is not None and bool(top) != bool(dc):
+        raise ValueError(f"is_causal {top} and dflash_config.causal {dc} disagree (vLLM "
+                         "before 0.28 and LMDeploy read the latter, the other engines the "
+                         "former); make them agree")
+    if top is None and dc is not None:
+        return bool(dc), "vllm"
+    return top, "z-lab"
 
 
 def read_drafter(conf: dict, path: str, *, flag: str = FLAG) -> DrafterConfig:
@@ -134,7 +205,14 @@ def read_drafter(conf: dict, path: str, *, flag: str = FLAG) -> DrafterConfig:
     if unsupported:
         raise _bad(path, f"{unsupported}: dfo cannot train that; give a drafter without it", flag)
     try:
-        attention = served_pattern(conf, "z-lab")
+        swa = _vllm_window(conf) or _window_dropped(conf)
+        is_causal, reader = _causal(conf)
+    except (TypeError, ValueError) as e:
+        raise _bad(path, f"{e}", flag) from None
+    if swa:
+        raise _bad(path, swa, flag)
+    try:
+        attention = served_pattern(conf, reader)
     except Unservable as e:
         raise _bad(path, f"{e}", flag) from None
     except (KeyError, TypeError, ValueError) as e:
@@ -149,7 +227,7 @@ def read_drafter(conf: dict, path: str, *, flag: str = FLAG) -> DrafterConfig:
             target_layer_ids=None if taps is None else tuple(int(i) for i in taps),
             block_size=_opt_int(dc.get("block_size", conf.get("block_size"))),
             mask_token_id=_opt_int(dc.get("mask_token_id")), attention=attention,
-            is_causal=conf.get("is_causal"))
+            is_causal=is_causal)
     except KeyError as e:
         raise _bad(path, f"config.json lacks {e}", flag) from None
     except (TypeError, ValueError) as e:

@@ -28,6 +28,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 FULL, SLIDING = "full_attention", "sliding_attention"
+#: the serving engines whose reading of an export's attention fields dfo models: z-lab's
+#: class, vLLM 0.28+ (``vllm``), vLLM releases before 0.28 (``vllm-0.27``), SGLang, LMDeploy,
+#: llama.cpp (docs/trainer.md, "Attention as served")
+ENGINES = ("z-lab", "vllm", "vllm-0.27", "sglang", "lmdeploy", "llama.cpp")
+#: the engines that read ``dflash_config.causal`` and ignore a top-level ``is_causal``
+CAUSAL_KEY_ONLY = ("vllm-0.27", "lmdeploy")
 LAYER_TYPES = (FULL, SLIDING)
 
 
@@ -107,6 +113,16 @@ class Unservable(ValueError):
     some engine would serve differently (``trainer.evaluate.served.check_served``)."""
 
 
+def parse_engines(text: str) -> tuple[str, ...]:
+    """``--engines`` (comma separated, or ``all``) as engine names; ValueError naming a bad one."""
+    names = ENGINES if text.strip() in ("", "all") else tuple(
+        dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    bad = [n for n in names if n not in ENGINES]
+    if bad:
+        raise ValueError(f"unknown engine {bad[0]!r} (known: {', '.join(ENGINES)}, or all)")
+    return names
+
+
 def served_pattern(conf: dict, engine: str = "z-lab") -> tuple[LayerAttention, ...]:
     """Each draft layer's attention as ``engine`` serves a config.json object ``conf``;
     ``Unservable`` for fields no engine serves as a drafter dfo trains."""
@@ -120,10 +136,17 @@ def served_pattern(conf: dict, engine: str = "z-lab") -> tuple[LayerAttention, .
     w = int(conf.get("sliding_window") or 0)
     if SLIDING in types and not w:
         raise Unservable("sliding_attention layers without a sliding_window")
+    if engine == "z-lab" and not conf.get("use_sliding_window"):
+        w = 0   # transformers' Qwen3Config drops sliding_window unless use_sliding_window
     is_causal = conf.get("is_causal")
-    if is_causal is None and engine == "vllm":
-        is_causal = (conf.get("dflash_config") or {}).get("causal")
-    if is_causal is None and engine == "llama.cpp":
+    dc_causal = (conf.get("dflash_config") or {}).get("causal")
+    if engine in CAUSAL_KEY_ONLY:
+        is_causal = dc_causal
+    elif is_causal is None and engine == "vllm":
+        is_causal = dc_causal
+    if engine == "llama.cpp":
+        # its converter writes `attention.causal` only for `is_causal: false`, and its DFlash
+        # drafter runs non-causal unless the GGUF says `dflash.attention.causal: true`
         is_causal = False
     return tuple(LayerAttention(window=w if t == SLIDING else 0,
                                 causal=causal_of(t, None if is_causal is None else bool(is_causal)))

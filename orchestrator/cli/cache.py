@@ -207,8 +207,8 @@ def _print_result(res, components, as_json: bool) -> None:
                       f"{cn.get('autograd_cache_hit', 0)}/{cn.get('autograd_cache_miss', 0)}")
         con.print(t)
     s = Table(show_header=False, box=None)
-    s.add_column(style="bold")
-    s.add_column()
+    s.add_column(style="bold", no_wrap=True)
+    s.add_column(overflow="fold")     # a path longer than the terminal folds, never cut
     cn, wc = res.counters or {}, res.warm_counters or {}
     # a restore ran no warm-up: its figures are the snapshot's, measured when it was saved
     at = (lambda label: label) if res.action == "warmed" else (lambda label: f"{label} (at save)")

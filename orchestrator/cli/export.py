@@ -19,7 +19,8 @@ from .console import note
 @click.option("--dtype", default="bf16", show_default=True, type=click.Choice(["bf16", "fp16", "fp32"]))
 @click.option("--engines", default="all", show_default=True, metavar="LIST",
               help="Engines that must serve every draft layer as it was trained, comma "
-                   "separated (z-lab,vllm,sglang,llama.cpp); the export is refused otherwise.")
+                   "separated (z-lab,vllm,vllm-0.27,sglang,lmdeploy,llama.cpp); the export is "
+                   "refused otherwise.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.pass_context
 def export(ctx: click.Context, host_name, run, step, to, dtype, engines, as_json) -> int:

@@ -3,6 +3,7 @@ multi-node run on every node of a hosts.yaml group (docs/multinode.md). Click on
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
 import time
@@ -14,7 +15,7 @@ from dfo_contract.status import RunStatus
 
 from ..errors import EXIT_INTERRUPTED, DfoError, RunFailed
 from .console import Activity, console, note, print_launch
-from .log_lines import LinePrinter, skipped_note
+from .log_lines import JsonLinePrinter, LinePrinter, skipped_note
 from .params import host_or_group
 
 
@@ -70,23 +71,30 @@ def print_group_plan(gp, dry_run: bool) -> None:
                        f"({len(gp.nodes)} nodes, layout ddp)")
 
 
-def follow_group_logs(gr, run_id, *, follow, raw, attempt, since, from_attempt) -> int:
+def follow_group_logs(gr, run_id, *, follow, raw, attempt, since, from_attempt,
+                      as_json: bool = False) -> int:
     from ..engine.group_logs import follow_group
     from ..ops.timespec import parse_since
 
     err = console(stderr=True)
     width = max(len(h.name) for h in gr.hosts)
-    printers = {h.name: LinePrinter(raw, prefix=f"{h.name:<{width}} | ") for h in gr.hosts}
+    printers = {h.name: JsonLinePrinter(h.name) if as_json else
+                LinePrinter(raw, prefix=f"{h.name:<{width}} | ") for h in gr.hosts}
     nodes = [(h.name, gr.run_ops(h.name).transport, gr.run_ops(h.name).tree) for h in gr.hosts]
     try:
-        outs = follow_group(
-            nodes, run_id, on_line=lambda host, ln: printers[host](ln), follow=follow,
-            attempt=attempt, from_attempt=from_attempt, since=parse_since(since, time.time()),
-            on_reconnect=lambda host, n, why: err.print(
-                f"[yellow]dfo: {escape(host)}: connection lost ({escape(why)}); "
-                f"reconnecting ({n})[/]"),
-            on_skipped=lambda host, n: err.print(
-                f"[yellow]{escape(skipped_note(n, f'{host}: '))}[/]"))
+        with contextlib.ExitStack() as beats:
+            for pr in printers.values():
+                if isinstance(pr, LinePrinter):
+                    beats.enter_context(pr.beat(follow))
+            outs = follow_group(
+                nodes, run_id, on_line=lambda host, ln: printers[host](ln), follow=follow,
+                attempt=attempt, from_attempt=from_attempt,
+                since=parse_since(since, time.time()),
+                on_reconnect=lambda host, n, why: err.print(
+                    f"[yellow]dfo: {escape(host)}: connection lost ({escape(why)}); "
+                    f"reconnecting ({n})[/]"),
+                on_skipped=lambda host, n: err.print(
+                    f"[yellow]{escape(skipped_note(n, f'{host}: '))}[/]"))
     except KeyboardInterrupt:
         err.print(f"dfo: detached; run {escape(run_id)} goes on "
                   f"(dfo logs -f --group {escape(gr.group.name)})")

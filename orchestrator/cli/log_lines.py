@@ -2,12 +2,47 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
+import threading
 import time
 
 import click
 from rich.markup import escape
 
 from .console import console, progress_every, stamp
+
+class JsonLinePrinter:
+    """``dfo logs --json``: each line as one JSON object on stdout: ``file``
+    (``events.jsonl`` or ``attempt-N.log``), ``offset`` (the byte just after it),
+    ``attempt`` (an attempt log's number, else null), ``text`` (the line as it is) and, for
+    an event, ``event`` (its record); ``host`` with --group."""
+
+    def __init__(self, host: str | None = None):
+        self.host = host
+
+    def _once(self, e) -> str:
+        """``e`` described, a long classified reason shown once: the run's end (and its
+        giving up) that repeat it say "the reason above" instead."""
+        from dfo_contract.events import Classified, Final, GiveUp
+
+        text = e.describe()
+        if isinstance(e, Classified) and len(e.reason) >= 40:
+            self._classified.add(e.reason)
+        elif isinstance(e, (Final, GiveUp)):
+            for r in self._classified:
+                text = text.replace(r, "the reason above")
+        return text
+
+    def __call__(self, ln) -> None:
+        obj: dict = {"file": ln.file, "offset": ln.offset, "attempt": ln.attempt,
+                     "text": ln.text}
+        if ln.event is not None:
+            obj["event"] = json.loads(ln.text)
+        if self.host is not None:
+            obj = {"host": self.host, **obj}
+        click.echo(json.dumps(obj))
+
 
 def skipped_note(n: int, where: str = "") -> str:
     """The one line for lines of events.jsonl that were not events (and were not shown)."""
@@ -40,12 +75,42 @@ class LinePrinter:
         self.c = console()
         self.checkpoints: set = set()   # steps already shown (the event and the marker)
         self.quiet_since = time.monotonic()
+        self._lock = threading.Lock()
+        self._alive: str = ""           # the newest heartbeat, as "aN│ alive: PHASE step S"
+        self._classified: set[str] = set()   # the long reasons already shown, once each
 
     def _out(self, s: str, markup: bool = True) -> None:
-        if markup:
-            self.c.print(escape(self.prefix) + s)
-        else:
-            self.c.print(self.prefix + s, markup=False)
+        with self._lock:
+            if markup:
+                self.c.print(escape(self.prefix) + s)
+            else:
+                self.c.print(self.prefix + s, markup=False)
+            self.quiet_since = time.monotonic()
+
+    @contextlib.contextmanager
+    def beat(self, enabled: bool):
+        """While following in a pipe: a line at least every ``DFO_PROGRESS_EVERY`` seconds
+        (default 5) when the run prints none a person reads (compiling, warming up, a slow
+        step): its newest heartbeat, else that the follower waits."""
+        if not enabled or self.raw or self.c.is_terminal:
+            yield self
+            return
+        stop = threading.Event()
+        every = progress_every()
+
+        def run() -> None:
+            while not stop.wait(min(1.0, every)):
+                if time.monotonic() - self.quiet_since >= every:
+                    self._out(f"{stamp()} {self._alive or 'waiting for the run'}",
+                              markup=False)
+
+        t = threading.Thread(target=run, name="dfo-logs-beat", daemon=True)
+        t.start()
+        try:
+            yield self
+        finally:
+            stop.set()
+            t.join(timeout=2)
 
     def _checkpoint_once(self, attempt, step) -> bool:
         key = (str(attempt), str(step))
@@ -53,6 +118,19 @@ class LinePrinter:
             return False
         self.checkpoints.add(key)
         return True
+
+    def _once(self, e) -> str:
+        """``e`` described, a long classified reason shown once: the run's end (and its
+        giving up) that repeat it say "the reason above" instead."""
+        from dfo_contract.events import Classified, Final, GiveUp
+
+        text = e.describe()
+        if isinstance(e, Classified) and len(e.reason) >= 40:
+            self._classified.add(e.reason)
+        elif isinstance(e, (Final, GiveUp)):
+            for r in self._classified:
+                text = text.replace(r, "the reason above")
+        return text
 
     def __call__(self, ln) -> None:
         text = getattr(ln, "text", "") or ""
@@ -73,7 +151,7 @@ class LinePrinter:
             if isinstance(e, Checkpoint) and not self._checkpoint_once(e.attempt, e.step):
                 return
             ts = time.strftime("%H:%M:%S", time.localtime(e.t))
-            self._out(f"[dim]{ts}[/] [{_event_style(e)}]▶ {escape(e.describe())}[/]")
+            self._out(f"[dim]{ts}[/] [{_event_style(e)}]▶ {escape(self._once(e))}[/]")
             for text in e.evidence_texts()[:6]:
                 self._out(f"           [red]│ {escape(text)}[/]")
             return
@@ -86,14 +164,14 @@ class LinePrinter:
                     self._out(f"{tag}[green]checkpoint step {m.step}[/]")
             elif isinstance(m, DoneMarker):
                 self._out(f"{tag}[green]done at step {m.step}[/]")
-            elif isinstance(m, HeartbeatMarker) and not self.c.is_terminal:
-                # in a pipe, a quiet stretch (compiling, warm-up) still shows it is alive
-                now = time.monotonic()
-                if now - self.quiet_since >= progress_every():
-                    self._out(f"{stamp()} a{ln.attempt}│ alive: {m.phase}"
-                                 + (f" step {m.step}" if m.step is not None else ""),
-                                 markup=False)
-                    self.quiet_since = now
+            elif isinstance(m, HeartbeatMarker):
+                # in a pipe, a quiet stretch (compiling, warm-up) still shows it is alive:
+                # at this heartbeat when one is due, else from the beat (``beat``)
+                self._alive = (f"a{ln.attempt}│ alive: {m.phase}"
+                               + (f" step {m.step}" if m.step is not None else ""))
+                if not self.c.is_terminal and \
+                        time.monotonic() - self.quiet_since >= progress_every():
+                    self._out(f"{stamp()} {self._alive}", markup=False)
                 return
             elif isinstance(m, StepMarker) and m.loss_is_nan:
                 self._out(f"{tag}[bold red]step {m.step} loss NaN[/]")

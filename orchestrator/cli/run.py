@@ -14,7 +14,7 @@ from rich.markup import escape
 from ..errors import EXIT_INTERRUPTED, ConfigError, NotFoundError, RunFailed
 from .console import Activity, console, note, print_launch
 from .group_run import GROUP_OPTION, follow_group_logs, group_runs, launch_group
-from .log_lines import LinePrinter, skipped_note
+from .log_lines import JsonLinePrinter, LinePrinter, skipped_note
 from .params import FAULT_SPEC, NON_NEGATIVE
 from .run_ops import open_run_ops, require_run
 
@@ -34,7 +34,15 @@ def _kv(items, what: str, conv=float) -> dict:
 
 # --- launch ----------------------------------------------------------------------------------
 
-@click.command()
+class _LaunchCommand(click.Command):
+    """``dfo launch``, noting whether the line had a ``--`` (your own command follows it)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta["dfo.dash_dash"] = "--" in args
+        return super().parse_args(ctx, args)
+
+
+@click.command(cls=_LaunchCommand)
 @click.option("--host", "host_name", default=None, metavar="NAME", help="Host from hosts.yaml (default: the default host).")
 @click.option("--resume", default=None, metavar="step_N|latest|PATH",
               help="Checkpoint to start from: a name, 'latest', or a path under the host's root.")
@@ -92,6 +100,10 @@ def launch(app, host_name, group_name, resume, config, run_name, sets, replace, 
     trainer (docs/own-trainer.md)."""
     from ..engine.runs import LaunchOptions
 
+    if not command and run_file is None and click.get_current_context().meta.get("dfo.dash_dash"):
+        raise ConfigError("dfo launch --: no command after `--`",
+                          hint="give your trainer's command after it (dfo launch -- python "
+                               "train.py ...), or drop `--` to launch the bundled trainer")
     if fault_node is not None and (group_name is None or fault is None):
         raise ConfigError("--fault-node needs --group and --fault",
                           hint="give --group NAME --fault SPEC, or drop --fault-node")
@@ -163,19 +175,25 @@ def _print_plan(plan, dry_run: bool) -> None:
 
 # --- logs ------------------------------------------------------------------------------------
 
-def _follow(run_ops, run_id, *, follow, raw, attempt, since, from_attempt) -> int:
+def _follow(run_ops, run_id, *, follow, raw, attempt, since, from_attempt,
+            as_json: bool = False) -> int:
     from ..engine.logs import LogFollower
     from ..ops.timespec import parse_since
 
     err = console(stderr=True)
-    f = LogFollower(run_ops.transport, run_ops.tree, run_id, on_line=LinePrinter(raw), follow=follow,
+    printer = JsonLinePrinter() if as_json else LinePrinter(raw)
+    f = LogFollower(run_ops.transport, run_ops.tree, run_id, on_line=printer, follow=follow,
                     attempt=attempt, from_attempt=from_attempt,
                     since=parse_since(since, time.time()),
                     on_reconnect=lambda n, why: err.print(
                         f"[yellow]dfo: connection lost ({escape(why)}); reconnecting ({n})[/]"),
                     on_skipped=lambda n: err.print(f"[yellow]{escape(skipped_note(n))}[/]"))
     try:
-        status = f.run()
+        if isinstance(printer, LinePrinter):
+            with printer.beat(follow):
+                status = f.run()
+        else:
+            status = f.run()
     except KeyboardInterrupt:
         err.print(f"dfo: detached; run {escape(run_id)} goes on (dfo logs -f --run {escape(run_id)})")
         raise click.exceptions.Exit(EXIT_INTERRUPTED) from None
@@ -198,12 +216,17 @@ def _follow(run_ops, run_id, *, follow, raw, attempt, since, from_attempt) -> in
 @click.option("--attempt", type=int, default=None, help="Only this attempt's log.")
 @click.option("--since", default=None, metavar="WHEN", help="Only events newer than this (30s, 10m, 2h, or a unix time).")
 @click.option("--raw", is_flag=True, help="Print the files' lines as they are.")
+@click.option("--json", "as_json", is_flag=True,
+              help="One JSON object per line: file, offset, attempt, text, and an event's "
+                   "record (for scripts).")
 @GROUP_OPTION
 @click.pass_obj
-def logs(app, host_name, follow, run_id, attempt, since, raw, group_name):
+def logs(app, host_name, follow, run_id, attempt, since, raw, as_json, group_name):
     """Stream a run's events and its current attempt's log (Ctrl-C detaches).
 
-    With --group, every node's lines, each prefixed with its host."""
+    With --group, every node's lines, each prefixed with its host (--json: a `host` key)."""
+    if raw and as_json:
+        raise ConfigError("--raw and --json together", hint="give one of them")
     from ..engine.logs import current_attempt
 
     if group_name is not None:
@@ -212,7 +235,7 @@ def logs(app, host_name, follow, run_id, attempt, since, raw, group_name):
         start = 1 if follow and attempt is None and since is None else \
             current_attempt(gr.run_ops(gr.group.head), rid)
         return follow_group_logs(gr, rid, follow=follow, raw=raw, attempt=attempt, since=since,
-                             from_attempt=start)
+                                 from_attempt=start, as_json=as_json)
     run_ops = open_run_ops(app, host_name)
     rid = run_ops.current_run(run_id)
     runs = run_ops.status(rid)
@@ -225,7 +248,7 @@ def logs(app, host_name, follow, run_id, attempt, since, raw, group_name):
                                 else "it has not started an attempt yet")
     start = 1 if follow and attempt is None and since is None else current_attempt(run_ops, rid)
     return _follow(run_ops, rid, follow=follow, raw=raw, attempt=attempt, since=since,
-                   from_attempt=start)
+                   from_attempt=start, as_json=as_json)
 
 
 # --- diagnose ----------------------------------------------------------------------------------

@@ -222,6 +222,10 @@ def status(app, host_name, run_id, wide, watch_, interval, as_json, group_name):
         con.print(status_table(run_ops.host.name, runs, wide=True))
     else:
         con.print(status_table(run_ops.host.name, runs, width=con.width))
+        # a narrow table has no room for why a run failed: say it below, whole (wrapped)
+        for r in runs:
+            if r.shown_status == "failed" and r.state.reason and not r.notice:
+                con.print(Text(f"run {r.run_id} failed: {r.state.reason}"))
     for r in runs:
         if r.state_damaged:
             click.echo(f"dfo: warning: run {r.run_id}: {r.state_damaged}", err=True)

@@ -95,6 +95,13 @@ class Inventory:
         if name in self.groups:
             return self.groups[name]
         where = str(self.path) if self.path else "the embedded default inventory"
+        if not self.groups and self.path is None:
+            raise ConfigError(
+                f"--group {name}: the embedded default inventory has one host (local) and no "
+                "groups; a group is two or more containers, each a host of a hosts.yaml",
+                hint=f"write a hosts.yaml (./hosts.yaml or --hosts FILE) with those hosts and "
+                     f"`groups: {{{name}: {{hosts: [A, B], head_addr: ADDR}}}}` "
+                     "(docs/multinode.md)")
         if not self.groups:
             raise ConfigError(f"no groups in {where}: add `groups: {{{name}: {{hosts: [A, B], "
                               f"head_addr: ADDR}}}}` (see docs/multinode.md)")

@@ -285,8 +285,10 @@ class CacheManager:
         p = sn.paths(self.tree, key)
         m = self.read_manifest_remote(p)
         if m is None:
+            have = sorted(e.key for e in self.status()[0] if e.snapshot_size is not None)
             raise NotFoundError(f"no snapshot for key {key} on {self.host}",
-                                hint="warm one first with `dfo warm-cache`")
+                                hint=("snapshots: " + ", ".join(have)) if have
+                                else "there are no snapshots; warm one with `dfo warm-cache`")
         tar_path = _pull_target(Path(dest), key)
         man_path = tar_path.with_name(tar_path.name[: -len(".tar")] + ".manifest.json")
         self.events("stage", {"stage": "download", "what": f"{self.host}:{p.tar}"})

@@ -100,7 +100,7 @@ def diagnose(logfile: str | Path, *, exit_code: int | None = None,
     lines = text.splitlines()
     if exit_code is None and isinstance(last_marker(lines), DoneMarker):
         exit_code = 0  # the trainer said it finished: no exit code needed to know that
-    d = classify(lines, exit_code=exit_code)
+    d = classify(lines, exit_code=exit_code, own=run_file is not None)
     run = None if (config or run_file) else _run_of(Path(logfile))
     if run is not None:
         return _in_run(d, *run)

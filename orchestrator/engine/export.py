@@ -24,6 +24,7 @@ from typing import Callable
 
 from dfo_contract.checkpoints import CkptInfo
 from dfo_contract.fsio import human_bytes, replace_dir, sha256_file
+from dfo_contract.trainer_config.layers import parse_engines
 
 from ..errors import ConfigError, NotFoundError, RemoteCommandError, VerifyError
 from ..ops.launch_facts import parse_checkpoint_listing
@@ -124,6 +125,11 @@ class ExportOps:
                dtype: str = "bf16", progress: Callable[[str, int, int], None] | None = None,
                engines: str = "all") -> ExportResult:
         st = parse_step(step)
+        try:
+            parse_engines(engines)
+        except ValueError as e:
+            raise ConfigError(f"--engines {engines}: {e}",
+                              hint="give a comma-separated list of those engines") from None
         if dtype not in ("bf16", "fp16", "fp32"):
             raise ConfigError(f"--dtype {dtype!r}", hint="use bf16, fp16 or fp32")
         dest = Path(to).expanduser().resolve()

@@ -85,12 +85,16 @@ class RunQueries:
         if not wait:
             return StopOutcome(self.one(run_id))
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        while True:
             info = self.one(run_id)
             if info.state.final or not info.live:
                 return StopOutcome(info)
-            time.sleep(0.5)
-        raise RunFailed(f"run {run_id} did not stop within {timeout:.0f}s",
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            time.sleep(min(0.5, left))
+        raise RunFailed(f"run {run_id} did not stop within {timeout:g}s (it is stopping: "
+                        f"{info.shown_status})",
                         hint="see its supervisor.log; the supervisor kills the trainer after "
                              "stop_timeout_s")
 
@@ -98,7 +102,10 @@ class RunQueries:
         """The status of run ``run_id`` (NotFoundError when it has none)."""
         runs = self.status(run_id)
         if not runs:
-            raise NotFoundError(f"no run {run_id} on {self.host_name} (its directory is gone)")
+            have = sorted(str(r.run_id) for r in self.status(None))
+            raise NotFoundError(f"no run {run_id} on {self.host_name}",
+                                hint=("runs: " + ", ".join(have[-10:])) if have
+                                else "there are no runs; start one with `dfo launch`")
         return runs[0]
 
 

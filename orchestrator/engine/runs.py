@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from dfo_contract import runstate as rs
-from dfo_contract.status import NEVER_STARTED, QueryReply, RunStatus
+from dfo_contract.status import LOST, NEVER_STARTED, QueryReply, RunStatus
 
 from ..errors import (ConnectError, DfoError, HostKeyError, Interrupted, LockHeldError,
                       RemoteCommandError, RunFailed)
@@ -199,8 +199,6 @@ class RunOps:
                                      hint="see `dfo status`")
         if "failed" in reply:
             raise self._step_error(plan, steps, reply)
-        if plan.move_aside:
-            self.say(f"earlier checkpoints moved to {plan.move_aside}")
         if wait:
             self.wait_started(plan.run_id, o.start_timeout)
         return plan
@@ -250,11 +248,21 @@ class RunOps:
                     raise RunFailed(f"run {run_id} failed at start: {last.state.reason}")
                 if st in rs.FINAL or (st in rs.LIVE and st != "starting" and last.live):
                     return last
+                if last.shown_status in (LOST, NEVER_STARTED):
+                    raise self._died_at_start(run_id, last)
             time.sleep(0.3)
         log_tail = self._tail(posixpath.join(self.tree.run_dir(run_id), rs.SUPERVISOR_LOG))
         raise RunFailed(f"the supervisor of {run_id} did not start within {timeout:.0f}s"
                         + (f": {log_tail}" if log_tail else ""),
                         hint=f"see {self.tree.run_dir(run_id)}/supervisor.log")
+
+    def _died_at_start(self, run_id: str, info: RunStatus) -> RunFailed:
+        """The supervisor of ``run_id`` exited before its run took off: its own last line."""
+        log_path = posixpath.join(self.tree.run_dir(run_id), rs.SUPERVISOR_LOG)
+        log_tail = self._tail(log_path, skip="dfo: supervisor exited")   # the restart loop's
+        return RunFailed(f"the supervisor of {run_id} exited at start"
+                         + (f": {log_tail}" if log_tail else " (it wrote nothing)"),
+                         hint=f"see {log_path}; fix it, then `dfo launch` again")
 
     def _wait_lock_taken(self, run_id: str, until: float) -> None:
         """Until the supervisor of ``run_id`` holds run.lock (it is "running" a moment
@@ -274,10 +282,12 @@ class RunOps:
                                 f"run {run_id} did not start ({info.state.reason})",
                                 hint=f"stop it with `dfo stop --run {owner}` or launch --replace")
 
-    def _tail(self, path: str) -> str:
+    def _tail(self, path: str, skip: str | None = None) -> str:
+        """The last line of ``path`` on the host (those starting with ``skip`` left out)."""
         try:
             text = self.transport.get(path).decode("utf-8", "replace")
         except DfoError:
             return ""
-        lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+        lines = [ln for ln in text.strip().splitlines()
+                 if ln.strip() and not (skip and ln.startswith(skip))]
         return lines[-1].strip() if lines else ""

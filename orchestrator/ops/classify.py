@@ -132,7 +132,8 @@ _NAN_MARKER = Rule("nan_loss", "nan-loss-marker", re.compile(r"$^"), True)
 def classify(lines: Iterable[str] | LineScan, *, exit_code: int | None = None,
              signal: int | None = None, hang: str | None = None, oom_killed: bool = False,
              collapse: str | None = None, done_marker: bool | None = None,
-             frozen: str | None = None, oom_reason: str | None = None) -> Diagnosis:
+             frozen: str | None = None, oom_reason: str | None = None,
+             own: bool = False) -> Diagnosis:
     """Classify one attempt.
 
     ``exit_code``: the trainer's exit status (None when it was killed by a signal or is
@@ -144,7 +145,8 @@ def classify(lines: Iterable[str] | LineScan, *, exit_code: int | None = None,
     is no class: a busy host slows training too (see ``ops.host_load``); only with flex's
     dense-path lines is it ``dense_fallback``. ``frozen``: the watchdog's reason when a
     process of the attempt sat stopped (state T/t: SIGSTOP, a debugger), which is why it made
-    no progress: ``frozen``, never ``compile_hang``.
+    no progress: ``frozen``, never ``compile_hang``. ``own``: your own command (``dfo
+    launch -- CMD``), whose exit 0 says it finished, not that it reached a max_steps.
     """
     scan = lines if isinstance(lines, LineScan) else _scan_all(lines)
     hits = _strong(scan.hits)
@@ -155,7 +157,8 @@ def classify(lines: Iterable[str] | LineScan, *, exit_code: int | None = None,
     sig_txt = f"signal {_SIGNAMES.get(signal, signal)}" if signal else None
 
     if exit_code == EXIT_DONE and not hang and not collapse and not frozen:
-        return Diagnosis("done", "the trainer reached max_steps (exit 0)", (), exit_code, signal,
+        return Diagnosis("done", "the command exited 0" if own else
+                         "the trainer reached max_steps (exit 0)", (), exit_code, signal,
                          also=also)
 
     # the most specific evidence wins; a hang/collapse seen by the supervisor outranks
@@ -189,7 +192,8 @@ def classify(lines: Iterable[str] | LineScan, *, exit_code: int | None = None,
                          also=also)
     raised = scan.exc if scan.ends_in_traceback() else None
 
-    if exit_code in PERMANENT_EXITS:
+    who = "the command" if own else "the trainer"
+    if exit_code in PERMANENT_EXITS and not own:   # the bundled trainer's codes (contracts.md)
         tail = _last_lines(scan, lines)
         return Diagnosis("crash", f"trainer {PERMANENT_EXITS[exit_code]} (exit {exit_code})",
                          tail, exit_code, signal, permanent=True, also=also)
@@ -200,13 +204,15 @@ def classify(lines: Iterable[str] | LineScan, *, exit_code: int | None = None,
         return Diagnosis("crash", "the log shows no known failure pattern", (), None, None,
                          also=also)
     what = sig_txt or f"exit {exit_code}"
-    if exit_code == EXIT_INTERRUPTED:
+    if exit_code == EXIT_INTERRUPTED and not own:
         what = "exit 6 (interrupted by a signal the supervisor did not send)"
     if raised is not None and not signal:
-        return Diagnosis("crash", f"the trainer raised {_exc_text(raised.text)} ({what})",
+        return Diagnosis("crash", f"{who} raised {_exc_text(raised.text)} ({what})",
                          _with(raised, _last_lines(scan, lines)), exit_code, signal, also=also)
-    return Diagnosis("crash", f"the trainer ended with {what}", _last_lines(scan, lines),
-                     exit_code, signal, also=also)
+    tail = _last_lines(scan, lines)
+    said = f": {_exc_text(tail[-1].text)}" if own and tail and not signal else ""
+    return Diagnosis("crash", f"{who} ended with {what}{said}", tail, exit_code, signal,
+                     also=also)
 
 
 def _exc_text(text: str, n: int = 200) -> str:
@@ -221,9 +227,21 @@ def _with(first: Evidence, rest: tuple[Evidence, ...]) -> tuple[Evidence, ...]:
 _ERROFS_PATH = re.compile(r"Read-only file system: ['\"]?([^'\"]+)")
 
 
+def _written_dir(path: str) -> str:
+    """The directory a write was meant for: a checkpoint being written
+    (``DIR/.step_N.tmp-PID/...``) is for ``DIR``; another path is itself."""
+    from dfo_contract.checkpoints import ORPHAN_RE
+
+    parts = path.rstrip("/").split("/")
+    for i, part in enumerate(parts):
+        if ORPHAN_RE.match(part):
+            return "/".join(parts[:i]) or "/"
+    return path
+
+
 def _read_only_why(text: str) -> str:
     m = _ERROFS_PATH.search(text)
-    where = f"{m.group(1)} is on a read-only filesystem" if m else \
+    where = f"{_written_dir(m.group(1))} is on a read-only filesystem" if m else \
         "a write hit a read-only filesystem"
     return (f"{where} (EROFS): no restart can write there; remount it read-write or set "
             "checkpoint.dir to a writable directory, then dfo launch --resume latest")

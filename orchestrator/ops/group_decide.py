@@ -21,6 +21,13 @@ from dfo_contract.group_store import GroupVerdict, NodeOutcome
 from .classify_rules import NODE_LOST, PEER_ABORT, PRIORITY
 
 
+def on_node(host: str, reason: str) -> str:
+    """``reason`` as the run's, naming the node it happened on once (``node lab-b: ...``;
+    a reason that already starts with ``node lab-b`` stays as it is)."""
+    return reason if reason.startswith(f"node {host} ") or reason.startswith(f"node {host}:") \
+        else f"node {host}: {reason}"
+
+
 def lost_end(node: int, host: str, silent_s: float, group: str,
              reason: str | None = None) -> NodeOutcome:
     """Node ``node``'s end as the head records it when it went silent (``reason``: what the

@@ -21,7 +21,7 @@ from typing import Any, Iterable, Mapping
 
 from dfo_contract import trainer_config as tcfg
 from dfo_contract.exitcodes import TrainerError
-from dfo_contract.trainer_config.drafter_dir import drafter_json
+from dfo_contract.trainer_config.drafter_dir import check_files, drafter_json
 
 from ..errors import ConfigError
 from .probes import Probe, text
@@ -37,6 +37,7 @@ class DrafterReply:
     path: str
     state: str              # ok | nodir | noconfig | unreadable | none (no answer)
     text: str = ""          # config.json's text (ok); why it is unreadable (unreadable)
+    files: tuple[str, ...] = ()   # the names of the directory's entries
 
 
 def init_from_path(full: Mapping[str, Any]) -> str:
@@ -51,19 +52,22 @@ def init_from_probe(path: str) -> Probe[DrafterReply]:
 
 
 def parse_reply(path: str, output: str) -> DrafterReply:
-    """The script's line (the last that is one of its answers)."""
-    for ln in reversed(output.splitlines()):
+    """The script's line (the last that is one of its answers), with the ``file`` lines."""
+    lines = output.splitlines()
+    files = tuple(ln[len("file "):] for ln in lines if ln.startswith("file "))
+    for ln in reversed(lines):
         state, _, rest = ln.strip().partition(" ")
         if state in ("nodir", "noconfig"):
-            return DrafterReply(path, state)
+            return DrafterReply(path, state, files=files)
         if state == "unreadable":
-            return DrafterReply(path, state, rest.strip() or "unreadable")
+            return DrafterReply(path, state, rest.strip() or "unreadable", files=files)
         if state == "ok":
             try:
                 return DrafterReply(path, state,
-                                    base64.b64decode(rest, validate=True).decode("utf-8"))
+                                    base64.b64decode(rest, validate=True).decode("utf-8"),
+                                    files=files)
             except (binascii.Error, ValueError):   # UnicodeDecodeError is a ValueError
-                return DrafterReply(path, "unreadable", "not UTF-8 text")
+                return DrafterReply(path, "unreadable", "not UTF-8 text", files=files)
     return DrafterReply(path, "none")
 
 
@@ -89,7 +93,9 @@ def effective_full(full: Mapping[str, Any], explicit: Iterable[str], reply: Draf
     try:
         conf = drafter_json(None if reply.state == "noconfig" else reply.text, path,
                             unreadable=reply.text if reply.state == "unreadable" else "")
-        return tcfg.effective_config(cfg, conf).to_dict()
+        out = tcfg.effective_config(cfg, conf).to_dict()
+        check_files(reply.files, path)
+        return out
     except TrainerError as e:   # the trainer's own refusal, as dfo's (exit 2, one line)
         line = str(e).strip().splitlines()[0].removeprefix("config: ")
         raise ConfigError(f"{KEY} of {where} on {host}: {line}") from None

@@ -69,6 +69,9 @@ class FactsRequest:
     wheel: str = ""
     paths: Sequence[str] = ()           # must exist on the host (the config's paths)
     commands: Sequence[str] = ()        # must run on the host (your own trainer's argv[0])
+    #: must exist on the host too: your own trainer's ``cwd:`` (as ``DIR/.``) and the
+    #: script its interpreter runs
+    own_paths: Sequence[str] = ()
     ckpt_dirs: Sequence[str] = ()       # checkpoint dirs, listed by manifest
     fingerprint: str = ""               # the env's fingerprint.json
     source: bool = False                # the trainer's source hash (a cache-key input)
@@ -148,7 +151,8 @@ def facts_argv(req: FactsRequest) -> list[str]:
             STATE_SCRIPT, PROBE_SCRIPT if req.check else "", req.root, req.run_lock,
             req.env_dir, req.python_spec, req.wheel, "check" if req.check else "nocheck",
             INIT_FROM_SCRIPT if req.init_from else "", req.init_from,
-            str(len(req.paths)), *req.paths, str(len(req.commands)), *req.commands, *py]
+            str(len(req.paths) + len(req.own_paths)), *req.paths, *req.own_paths,
+            str(len(req.commands)), *req.commands, *py]
 
 
 def _sections(output: str) -> dict[str, list[str]]:

@@ -19,6 +19,7 @@ go through the same functions.
 from __future__ import annotations
 
 import posixpath
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -66,6 +67,42 @@ def own_command(cmd: str, cwd: str) -> str:
     return cmd if "/" not in cmd else posixpath.normpath(posixpath.join(cwd, cmd))
 
 
+_INTERPRETER = re.compile(r"^(python(\d+(\.\d+)?)?|bash|sh)$")
+
+
+def own_script(command: Sequence[str], cwd: str) -> str | None:
+    """The script an interpreter command runs (``python train.py``, ``bash run.sh``) as the
+    host resolves it (a relative path from the command's working directory), or None."""
+    if len(command) < 2 or not _INTERPRETER.match(posixpath.basename(command[0])) \
+            or command[1].startswith("-"):
+        return None
+    return posixpath.normpath(posixpath.join(cwd, command[1]))
+
+
+def own_dir_probe(cwd: str) -> str:
+    """The path whose existence on the host says ``cwd`` is a directory (``DIR/.``)."""
+    return posixpath.join(cwd, ".")
+
+
+def raise_missing_own(host: str, inp: LaunchInputs, missing: Sequence[str]) -> None:
+    """A run file's ``cwd:`` that is not a directory on the host, or the script an
+    interpreter command names that is not there: refused before any run exists."""
+    tr = inp.trainer
+    assert isinstance(tr, OwnConfig)
+    if tr.cwd and own_dir_probe(tr.cwd) in missing:
+        raise ConfigError(f"run file: cwd: {tr.cwd} is not a directory on {host}",
+                          hint="create it there or give the directory your trainer runs in")
+    script = own_script(tr.command, own_cwd(inp))
+    if script is not None and script in missing:
+        given = tr.command[1]
+        where = (f"a relative path is taken from the command's working directory, {own_cwd(inp)}"
+                 + ("" if tr.cwd else ", the run's own new directory"))
+        raise ConfigError(f"dfo launch: {tr.command[0]} {given}: {script} does not exist on "
+                          f"{host} ({where})",
+                          hint="give the script's absolute path on the host, or set `cwd:` in "
+                               "a --run-file")
+
+
 def raise_missing_command(host: str, command: str, missing: Sequence[str], cwd: str) -> None:
     """``dfo launch -- CMD`` whose CMD the host cannot run is refused before any run exists."""
     if not missing:
@@ -87,7 +124,10 @@ def facts_request(o: LaunchOptions, inp: LaunchInputs, host) -> FactsRequest:
     tr = inp.trainer
     if isinstance(tr, OwnConfig):
         latest = o.resume == "latest"
+        script = own_script(tr.command, own_cwd(inp))
         return FactsRequest(**base, paths=(o.resume,) if o.resume and not latest else (),
+                            own_paths=((own_dir_probe(tr.cwd),) if tr.cwd else ())
+                            + ((script,) if script else ()),
                             commands=(own_command(tr.command[0], own_cwd(inp)),),
                             glob=resume_glob(tr, own_cwd(inp)) if latest else None)
     dirs = [tree.checkpoints(inp.run_name)]
@@ -265,8 +305,9 @@ def plan_launch(o: LaunchOptions, inp: LaunchInputs, facts: LaunchFacts, *, host
     systemd = facts.launch.get("systemd") == "1"
     held = facts.launch.get("lock") == "held"
     if part.aside:
-        warnings.append(f"--new-lineage: the earlier checkpoints of {inp.run_name} move to "
-                        f"{part.aside}")
+        # shown once the launch is over (or for --dry-run, as what it would do)
+        warnings.append(f"--new-lineage: the earlier checkpoints of {inp.run_name} "
+                        f"{'would move' if o.dry_run else 'moved'} to {part.aside}")
     return LaunchPlan(spec=spec, run_dir=inp.run_dir, mode="systemd" if systemd else "setsid",
                       start_argv=start_argv(python, inp.run_dir, inp.run_id, systemd=systemd,
                                             stop_timeout_s=inp.thresholds.stop_timeout_s),
@@ -280,6 +321,7 @@ def _own(o: LaunchOptions, inp: LaunchInputs, facts: LaunchFacts, resume_path: A
          host: str) -> _Part:
     tr = inp.trainer
     assert isinstance(tr, OwnConfig)
+    raise_missing_own(host, inp, facts.missing)
     raise_missing_command(host, own_command(tr.command[0], own_cwd(inp)),
                           facts.missing_commands, own_cwd(inp))
     if resume_path is ...:

@@ -15,6 +15,7 @@ from the run's spec:
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -102,6 +103,8 @@ class Supervisor:
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         try:
             return self._run()
+        except CannotStart as e:   # the same argv cannot start on a retry either
+            return self.final("failed", str(e))
         except (runfiles.RunDirGone, FileNotFoundError) as e:
             if os.path.isdir(self.run_dir):
                 raise
@@ -204,7 +207,7 @@ class Supervisor:
                 return self.final("stopped", self.stop.reason or "stopped")
             diag = classify(out.scan, exit_code=out.exit_code, signal=out.signal, hang=out.hang,
                             oom_killed=out.oom_killed, oom_reason=out.oom_reason,
-                            collapse=out.collapse, frozen=out.frozen)
+                            collapse=out.collapse, frozen=out.frozen, own=self.source.own)
             att = state.attempts[-1]
             att.cls, att.reason = diag.cls, diag.reason
             ev = [e.to_json() for e in diag.evidence]
@@ -323,18 +326,16 @@ class Supervisor:
         env[envvars.SPAWN_T] = f"{time.time():.3f}"  # the trainer's startup breakdown counts from here
         proc = self.standby.take(n, argv, env, cwd, log_path)
         if proc is None:
-            try:
-                with open(log_path, "ab") as logf:
+            with open(log_path, "ab") as logf:
+                try:
                     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf,
                                             stderr=logf, env=env, cwd=cwd,
                                             start_new_session=True,
                                             preexec_fn=procs.set_pdeathsig)
-            except (FileNotFoundError, PermissionError, NotADirectoryError) as e:
-                state.attempts.pop()      # it never started: no attempt of the run
-                state.attempt = n - 1
-                raise CannotStart(f"attempt {n} could not start {argv[0]} in {cwd}: "
-                                  f"{e.strerror}; fix the command or its directory, then "
-                                  "dfo launch --resume latest") from e
+                except OSError as e:
+                    state.attempts.pop()      # it never started: no attempt of the run
+                    state.attempt = n - 1
+                    raise CannotStart(cannot_start_reason(argv, cwd, e)) from None
         att.pid = proc.pid
         state.trainer_pids = [proc.pid]
         self.record.emit(events.AttemptStart(attempt=n, resume=launch.resume,
@@ -378,10 +379,30 @@ def role_for(spec: RunSpec, run_dir: str, record: RunRecord, stop: Stop) -> Role
     return cls(gs, spec.identity.run_id, run_dir, spec.thresholds.kill_grace_s, record, stop)
 
 
+def cannot_start_reason(argv, cwd: str | None, e: OSError) -> str:
+    """Why ``argv`` could not start, in one line: a program whose ``#!`` interpreter is
+    missing is named as such (the kernel says only "No such file or directory")."""
+    prog = os.path.join(cwd or "", argv[0]) if "/" in argv[0] else argv[0]
+    if cwd and not os.path.isdir(cwd):
+        return f"cannot start the trainer: its working directory {cwd} does not exist"
+    if e.errno == errno.ENOENT and os.path.isfile(prog):
+        try:
+            with open(prog, "rb") as f:
+                first = f.readline(256).decode("utf-8", "replace").strip()
+        except OSError:
+            first = ""
+        if first.startswith("#!"):
+            return (f"cannot start the trainer: {argv[0]}'s interpreter {first[2:].strip()} "
+                    "does not exist (its #! line)")
+    return (f"cannot start the trainer: {argv[0]}: {e.strerror or e}; fix the command or its "
+            "directory, then dfo launch --resume latest")
+
+
 def done_reason(last_step: int | None, own: bool) -> str:
     """The final reason of a run that finished."""
     if last_step is not None:
-        return f"reached max_steps at step {last_step}"
+        return (f"the command exited 0 at step {last_step}" if own
+                else f"reached max_steps at step {last_step}")
     return ("the command exited 0 (it reported no steps)" if own
             else "the trainer exited 0 (it reported no steps)")
 

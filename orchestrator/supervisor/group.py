@@ -28,8 +28,8 @@ from dfo_contract.runspec import Group
 from ..ops.classify import Diagnosis
 from ..ops.classify_rules import NODE_LOST, PEER_ABORT
 from ..ops.group_decide import (caches_cleared, head_restarted_reason, head_stalled_reason,
-                                lost_end, node_left_reason, node_lost_reason, root_cause,
-                                run_healthy_s, run_reached_train)
+                                lost_end, node_left_reason, node_lost_reason, on_node,
+                                root_cause, run_healthy_s, run_reached_train)
 from ..ops.launch_argv import Rendezvous, group_env
 from ..ops.watchdog import AttemptWatchdog
 from . import procs
@@ -299,7 +299,7 @@ class GroupHead(GroupRole):
         if root.node == 0 and root.cls == diag.cls:
             return diag
         # a lost node's reason names the node (or says the head itself was not answering)
-        said = root.reason if root.cls == NODE_LOST else f"node {root.host}: {root.reason}"
+        said = root.reason if root.cls == NODE_LOST else on_node(root.host, root.reason)
         return Diagnosis(root.cls, said, permanent=root.permanent)
 
     def decide(self, n: int, action: str, *, status: str = "", reason: str = "",

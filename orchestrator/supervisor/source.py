@@ -113,6 +113,8 @@ class BundledSource(_Source):
         super().__init__(spec, run_dir, emit)
         self.trainer = trainer
         self.fault = trainer.fault
+        #: the edit of config.yaml last told (``config_edited``): told once, not per attempt
+        self.edit_told: dict | None = None
 
     def config(self, overrides: Mapping[str, Any]) -> TrainerConfig:
         """The typed config in force: spec.json's base with ``overrides``."""
@@ -152,8 +154,9 @@ class BundledSource(_Source):
                 return path
             return kept
         changed = config_changes(kept, path)
-        if changed is not None:
+        if changed is not None and changed != self.edit_told:
             self.emit(events.ConfigEdited(attempt=n, changed=changed))
+        self.edit_told = changed
         return kept
 
     def launch(self, n: int, state: RunState, role: Role) -> Launch:

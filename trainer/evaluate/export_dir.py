@@ -34,7 +34,7 @@ from dfo_contract.fsio import fsync_dir, replace_dir, sha256_file
 from dfo_contract.trainer_config.layers import layer_pattern
 
 from .export_config import DTYPES, MODULE_FILE, MODULE_SOURCE, drafter_config, readme
-from .served import Unservable, check_served, export_fields, parse_engines
+from .served import Unservable, check_served, parse_engines, with_export_fields
 
 MANIFEST = "dfo_export.json"
 FP8_NOTE = ("\n## Trained on fp8 target features\n\nThis drafter learned from the target's "
@@ -113,13 +113,16 @@ def export(ckpt: str, out: str, *, dtype: str = "bf16", target_path: str | None 
     except ValueError as e:
         raise TrainerConfigError(f"config: --engines: {e}") from None
     try:
-        conf.update(export_fields(pattern))
+        conf = with_export_fields(conf, pattern)
         check_served(pattern, conf, held)
     except Unservable as e:
-        others = ",".join(n for n in held if not str(e).startswith(n)) or "none"
+        others = ",".join(n for n in held if not str(e).startswith(f"{n} ")) or "none"
+        mixed = len({la.causal for la in pattern}) > 1
+        cure = ("train with one --model.is_causal for every layer" if mixed else
+                "train with --model.is_causal false for it")
         raise TrainerConfigError(
-            f"config: export: {ckpt}: {e}; train with one --model.is_causal for every layer, "
-            f"or export for the other engines only (--engines {others})") from None
+            f"config: export: {ckpt}: {e}; {cure}, or export for the other engines only "
+            f"(--engines {others})") from None
     out = os.path.abspath(out)
     parent = os.path.dirname(out)
     os.makedirs(parent, exist_ok=True)
@@ -207,7 +210,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--target", default=None, help="target directory (default: the checkpoint's)")
     ap.add_argument("--engines", default="all",
                     help="engines that must serve every layer as trained (comma separated: "
-                         "z-lab,vllm,sglang,llama.cpp; default all)")
+                         "z-lab,vllm,vllm-0.27,sglang,lmdeploy,llama.cpp; default all)")
     a = ap.parse_args(argv)
     man = export(a.checkpoint, a.out, dtype=a.dtype, target_path=a.target, engines=a.engines)
     print(json.dumps({"kind": "export", "out": os.path.abspath(a.out), "step": man["step"],

@@ -6,13 +6,18 @@ fields into a mask per layer (docs/trainer.md, "Attention as served", names the 
 for each):
 
 - ``is_causal`` present: every layer causal within the block when true, bidirectional when
-  false; a non-causal sliding window is symmetric (|p - j| < W), so a block no longer than
-  the window is wholly visible and the context starts at ``anchor + k - (W - 1)``;
-- ``is_causal`` absent: z-lab's class, vLLM (after ``dflash_config.causal``) and SGLang
-  apply the legacy rule (sliding layers causal, full layers bidirectional); llama.cpp runs
-  every draft layer bidirectionally.
+  false (z-lab's class, vLLM 0.28+, SGLang); a non-causal sliding window is symmetric
+  (|p - j| < W), so a block no longer than the window is wholly visible and the context
+  starts at ``anchor + k - (W - 1)``;
+- vLLM releases before 0.28 and LMDeploy ignore ``is_causal`` and read
+  ``dflash_config.causal`` (an export writes both, the same value); vLLM 0.28+ reads it
+  when ``is_causal`` is absent;
+- neither: the legacy rule (sliding layers causal, full layers bidirectional);
+- llama.cpp runs every draft layer bidirectionally, ``is_causal: true`` included (its
+  converter carries only ``false`` into the GGUF).
 
-``export_fields`` writes the fields for a trained pattern; ``served_pattern``
+``export_fields`` writes the fields for a trained pattern (``with_export_fields``: into a
+config.json object); ``served_pattern``
 (``dfo_contract.trainer_config.layers``, where ``model.init_from`` reads them too) reads them
 back as one engine does; ``check_served`` refuses a pattern some engine would serve differently
 from how it was trained, naming the engine and the layer.
@@ -20,11 +25,10 @@ from how it was trained, naming the engine and the layer.
 
 from __future__ import annotations
 
-from dfo_contract.trainer_config.layers import LayerAttention, Unservable, served_pattern
-
-ENGINES = ("z-lab", "vllm", "sglang", "llama.cpp")
+from dfo_contract.trainer_config.layers import (ENGINES, LayerAttention, Unservable,
+                                                parse_engines, served_pattern)
 __all__ = ["ENGINES", "Unservable", "check_served", "export_fields", "parse_engines",
-           "served_pattern"]
+           "served_pattern", "with_export_fields"]
 
 
 def export_fields(pattern: tuple[LayerAttention, ...]) -> dict:
@@ -40,17 +44,16 @@ def export_fields(pattern: tuple[LayerAttention, ...]) -> dict:
     causal = {la.causal for la in pattern}
     if len(causal) == 1:
         out["is_causal"] = causal.pop()
+        out["dflash_config"] = {"causal": out["is_causal"]}
     return out
 
 
-def parse_engines(text: str) -> tuple[str, ...]:
-    """``--engines`` (comma separated, or ``all``) as engine names; ValueError naming a bad one."""
-    names = ENGINES if text.strip() in ("", "all") else tuple(
-        dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
-    bad = [n for n in names if n not in ENGINES]
-    if bad:
-        raise ValueError(f"unknown engine {bad[0]!r} (known: {', '.join(ENGINES)}, or all)")
-    return names
+def with_export_fields(conf: dict, pattern: tuple[LayerAttention, ...]) -> dict:
+    """``conf`` with ``pattern``'s attention fields (``export_fields``), its
+    ``dflash_config`` keeping what it holds."""
+    fields = export_fields(pattern)
+    dc = {**(conf.get("dflash_config") or {}), **fields.pop("dflash_config", {})}
+    return {**conf, **fields, "dflash_config": dc}
 
 
 def check_served(pattern: tuple[LayerAttention, ...], conf: dict,

@@ -22,7 +22,8 @@ import os
 from dataclasses import dataclass, field
 
 from dfo_contract.exitcodes import TrainerConfigError
-from dfo_contract.trainer_config.drafter_dir import DrafterConfig, drafter_json, read_drafter
+from dfo_contract.trainer_config.drafter_dir import (DrafterConfig, check_files, drafter_json,
+                                                     read_drafter)
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ def read_dflash_dir(path: str, *, flag: str) -> DFlashDir:
     if not files:
         raise TrainerConfigError(f"config: {flag}: {path}: no *.safetensors weights")
     d = read_drafter(conf, path, flag=flag)
+    check_files(os.listdir(path), path, flag=flag)
     unsupported = _unsupported_weights(files)
     if unsupported:
         raise TrainerConfigError(f"config: {flag}: {path}: {unsupported}: dfo cannot train "
