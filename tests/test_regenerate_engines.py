@@ -214,3 +214,60 @@ def test_sigkill_mid_round_resumes_to_the_uninterrupted_file(tmp_path, target, r
         assert [e["name"] for e in read_meta(str(out)).engines] == ["openai"]
     finally:
         srv.shutdown()
+
+
+#: the progress lines regenerate prints, as a ``step_pattern`` (docs/own-trainer.md)
+STEP_PATTERN = r"regenerate: (?P<step>\d+)(?:/\d+)? \([\d.]+/s(?:, (?P<tok_s>[\d.]+) tok/s)?\)"
+
+
+def test_progress_lines_read_as_steps():
+    import io
+
+    from orchestrator.ops.own_trainer import compile_step_pattern, match_step
+
+    buf = io.StringIO()
+    p = Progress(10, "regenerate", stream=buf, every_s=0)
+    p.update(0)
+    p.update(3, tokens=120)
+    pat = compile_step_pattern(STEP_PATTERN)
+    got = [match_step(pat, x) for x in buf.getvalue().splitlines()]
+    assert [g.step for g in got] == [0, 3] and got[0].tokens_per_s is None and got[1].tokens_per_s > 0
+    # the run file documented is this pattern
+    assert f"step_pattern: '{STEP_PATTERN}'" in open(os.path.join(REPO, "docs", "own-trainer.md")).read()
+
+
+@pytest.mark.slow
+def test_a_supervised_regenerate_restarts_and_resumes(tmp_path, target, fixed, reference):
+    """``dfo launch -- python -m trainer.data regenerate --engine openai ...`` on the local
+    transport: the server fails every try of one request (the attempt exits 5 after its
+    retries), the supervisor restarts it, the restart resumes, and the run ends done with the
+    records done as its step and a file equal to the uninterrupted run's."""
+    from orchestrator.engine.runs import LaunchOptions, RunOps
+    from orchestrator.transport.local import LocalTransport
+    from tests.supervisor_env import FAST, events, local_host, make_root, wait_final
+
+    srv, url = serve_in_thread(target)
+    srv.model.fail_from, srv.model.fail_count = 6, 4  # after 0-3 are written
+    try:
+        root = make_root(tmp_path)
+        run_ops = RunOps(LocalTransport("local"), local_host(root))
+        out = tmp_path / "regen.jsonl"
+        rf = tmp_path / "regen.yaml"
+        rf.write_text(f"cwd: {REPO}\nstep_pattern: '{STEP_PATTERN}'\nenv: {{OMP_NUM_THREADS: '1'}}\n")
+        cmd = ["python", "-m", "trainer.data", "regenerate", "--target", target, "--in", fixed,
+               "--out", str(out), "--thinking", "on", "--max-new-tokens", str(NEW),
+               "--max-model-len", str(LIMIT), "--batch-size", "2", "--engine", "openai",
+               "--url", url, "--concurrency", "1", "--progress-every", "0"]
+        plan = run_ops.launch(LaunchOptions(command=cmd, run_file=str(rf), run_name="regen",
+                                            backoff_scale=0.01, thresholds=dict(FAST),
+                                            env_check=False))
+        info = wait_final(run_ops, plan.run_id, timeout=240)
+    finally:
+        srv.shutdown()
+    assert info["status"] == "done", info.get("reason")
+    assert [c.cls for c in events(root, plan.run_id) if c.kind == "classified"] == ["crash", "done"]
+    assert srv.model.failed == 4 and info["last_step"] == 10 and info["tokens_per_s"]
+    log1 = (root / "runs" / plan.run_id / "attempt-1.log").read_text()
+    assert "trainer.data: --url: POST /v1/chat/completions" in log1 and "failed 4 times" in log1
+    assert "(4 already done)" in (root / "runs" / plan.run_id / "attempt-2.log").read_text()
+    assert out.read_text() == reference["on"]

@@ -40,8 +40,18 @@ class ChatModel:
         self.hold_after: int | None = None
         self.gate = threading.Event()
         self.held = 0
+        #: with ``fail_from`` set, ``fail_count`` requests after that many answer 500
+        self.fail_from: int | None = None
+        self.fail_count = 0
+        self.failed = 0
 
-    def complete(self, body: dict) -> dict:
+    def complete(self, body: dict) -> dict | None:
+        """The completion, or None for a failure the test asked for (a 500)."""
+        with self.lock:
+            if self.fail_from is not None and self.requests >= self.fail_from \
+                    and self.failed < self.fail_count:
+                self.failed += 1
+                return None
         kw = body.get("chat_template_kwargs") or {}
         text = self.tok.apply_chat_template(body["messages"], tools=body.get("tools"), tokenize=False,
                                             add_generation_prompt=True, **kw)
@@ -122,7 +132,11 @@ def make_server(target: str, *, port: int = 0, key: str | None = None) -> Thread
             elif body.get("model") != model.name:
                 self._send(404, {"error": {"message": f"model {body.get('model')!r} not served"}})
             else:
-                self._send(200, model.complete(body))
+                res = model.complete(body)
+                if res is None:
+                    self._send(500, {"error": {"message": "injected failure"}})
+                else:
+                    self._send(200, res)
 
     srv = ThreadingHTTPServer(("127.0.0.1", port), Handler)
     srv.daemon_threads = True
