@@ -2,10 +2,14 @@
 the protocol stand-in for a user's vLLM or SGLang server (tests and bench only).
 
 It serves ``GET /v1/models``, ``GET /version`` and ``POST /v1/chat/completions``: the messages
-(and tools) are rendered by the target's own chat template with ``chat_template_kwargs`` and the
+(and tools; tool call arguments parsed from JSON strings into objects, as vLLM does) are
+rendered by the target's own chat template with ``chat_template_kwargs`` and the
 generation prompt, generated one request at a time (greedy unless ``temperature`` > 0), stopped
 at ``stop_token_ids`` or the tokenizer's eos, decoded without special tokens; ``usage`` counts
 the generated tokens, the stop token included. ``Authorization`` is checked when a key is set.
+What ``vllm serve`` without a tool parser refuses is refused here too (400): tools with
+``tool_choice`` "auto" (its default), tool calls without an id or with arguments that are
+not a JSON string.
 
     python -m tests.helpers.chat_server --target DIR [--port 0] [--key-env VAR]
 
@@ -53,6 +57,10 @@ class ChatModel:
                 self.failed += 1
                 return None
         kw = body.get("chat_template_kwargs") or {}
+        for m in body["messages"]:  # as vLLM does: tool call arguments to objects for the template
+            for c in m.get("tool_calls") or ():
+                if isinstance(c["function"].get("arguments"), str):
+                    c["function"]["arguments"] = json.loads(c["function"]["arguments"] or "{}")
         text = self.tok.apply_chat_template(body["messages"], tools=body.get("tools"), tokenize=False,
                                             add_generation_prompt=True, **kw)
         ids = self.tok(text, add_special_tokens=False)["input_ids"]
@@ -86,6 +94,17 @@ class ChatModel:
                              "finish_reason": "length" if cut is None else "stop"}],
                 "usage": {"prompt_tokens": len(ids), "completion_tokens": len(new) if cut is None else cut + 1,
                           "total_tokens": len(ids) + (len(new) if cut is None else cut + 1)}}
+
+
+def refusal(body: dict) -> str | None:
+    """What ``vllm serve`` (no tool parser) answers 400 to, or None."""
+    if body.get("tools") and body.get("tool_choice", "auto") == "auto":
+        return '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
+    for m in body.get("messages") or ():
+        for c in m.get("tool_calls") or ():
+            if not isinstance((c.get("function") or {}).get("arguments"), str) or "id" not in c:
+                return "tool_calls: each needs an id and its arguments as a JSON string"
+    return None
 
 
 def make_server(target: str, *, port: int = 0, key: str | None = None) -> ThreadingHTTPServer:
@@ -131,6 +150,8 @@ def make_server(target: str, *, port: int = 0, key: str | None = None) -> Thread
                 self._send(404, {"error": {"message": f"no route {self.path}"}})
             elif body.get("model") != model.name:
                 self._send(404, {"error": {"message": f"model {body.get('model')!r} not served"}})
+            elif refused := refusal(body):
+                self._send(400, {"error": {"message": refused}})
             else:
                 res = model.complete(body)
                 if res is None:

@@ -226,6 +226,24 @@ def _one_line(data: bytes) -> str:
     return " ".join(data.decode(errors="replace").split())
 
 
+def wire_messages(messages: list[dict]) -> list[dict]:
+    """Messages in the API's form: each tool call with an ``id`` and its ``arguments`` as a
+    JSON string (servers parse them back into the object the template renders)."""
+    out = []
+    for i, m in enumerate(messages):
+        if m.get("tool_calls"):
+            m = dict(m)
+            calls = []
+            for j, c in enumerate(m["tool_calls"]):
+                fn = dict(c.get("function") or {})
+                if not isinstance(fn.get("arguments"), str):
+                    fn["arguments"] = json.dumps(fn.get("arguments") or {}, ensure_ascii=False)
+                calls.append({"id": c.get("id") or f"call_{i}_{j}", "type": "function", "function": fn})
+            m["tool_calls"] = calls
+        out.append(m)
+    return out
+
+
 class OpenAIEngine:
     def __init__(self, url: str, target: Target, sampling: Sampling, *, concurrency: int,
                  api_key: str | None, model: str | None, timeout_s: float = 900.0):
@@ -303,12 +321,15 @@ class OpenAIEngine:
                           f"times (last: {err}); is the server up?", detail=err)
 
     def _payload(self, req: Request) -> dict:
-        p: dict = {"model": self.model, "messages": req.messages, "max_tokens": self.s.max_new_tokens,
+        p: dict = {"model": self.model, "messages": wire_messages(req.messages),
+                   "max_tokens": self.s.max_new_tokens,
                    "temperature": self.s.temperature, "top_p": self.s.top_p,
                    "chat_template_kwargs": self.kw, "stop_token_ids": [self.eot],
                    "skip_special_tokens": True}
         if req.tools is not None:
-            p["tools"] = req.tools
+            # the tools reach the template; "none": the reply is text, as the reference's
+            # (vLLM's default "auto" needs its tool parser and would parse the calls out)
+            p["tools"], p["tool_choice"] = req.tools, "none"
         if self.s.seed is not None:
             p["seed"] = self.s.seed
         return p
@@ -348,8 +369,12 @@ class VllmEngine:
             raise TrainerConfigError("--engine vllm: vllm is not installed in this env; install it "
                                      "(pip install vllm), or serve the target with vllm/sglang and "
                                      "use --engine openai --url URL") from None
+        import torch
+
         kw = {"max_model_len": max_model_len} if max_model_len else {}
-        self.llm = vllm.LLM(model=target.path, enable_prefix_caching=True, dtype="auto",
+        # the reference's dtypes (vLLM's "auto" would run a float32 checkpoint in bf16)
+        dtype = "bfloat16" if torch.cuda.is_available() else "float32"
+        self.llm = vllm.LLM(model=target.path, enable_prefix_caching=True, dtype=dtype,
                             seed=sampling.seed if sampling.seed is not None else 0, **kw)
         self.params = vllm.SamplingParams(max_tokens=sampling.max_new_tokens,
                                           temperature=sampling.temperature,
