@@ -2,7 +2,9 @@
 the protocol stand-in for a user's vLLM or SGLang server (tests and bench only).
 
 It serves ``GET /v1/models``, ``GET /version`` and ``POST /v1/chat/completions``: the messages
-(and tools; tool call arguments parsed from JSON strings into objects, as vLLM does) are
+(and tools: each tool as vLLM's request schema dumps it, ``name``, ``description`` (null
+when absent), ``parameters``; tool call arguments parsed from JSON strings into objects, as
+vLLM does) are
 rendered by the target's own chat template with ``chat_template_kwargs`` and the
 generation prompt, generated one request at a time (greedy unless ``temperature`` > 0), stopped
 at ``stop_token_ids`` or the tokenizer's eos, decoded without special tokens; ``usage`` counts
@@ -57,11 +59,17 @@ class ChatModel:
                 self.failed += 1
                 return None
         kw = body.get("chat_template_kwargs") or {}
+        tools = body.get("tools")
+        if tools:  # as vLLM's request schema dumps them
+            tools = [{"type": t.get("type", "function"),
+                      "function": {"name": t["function"]["name"],
+                                   "description": t["function"].get("description"),
+                                   "parameters": t["function"].get("parameters")}} for t in tools]
         for m in body["messages"]:  # as vLLM does: tool call arguments to objects for the template
             for c in m.get("tool_calls") or ():
                 if isinstance(c["function"].get("arguments"), str):
                     c["function"]["arguments"] = json.loads(c["function"]["arguments"] or "{}")
-        text = self.tok.apply_chat_template(body["messages"], tools=body.get("tools"), tokenize=False,
+        text = self.tok.apply_chat_template(body["messages"], tools=tools, tokenize=False,
                                             add_generation_prompt=True, **kw)
         ids = self.tok(text, add_special_tokens=False)["input_ids"]
         stops = list(body.get("stop_token_ids") or []) or [self.tok.eos_token_id]

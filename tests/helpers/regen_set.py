@@ -11,7 +11,11 @@ import json
 LIMIT = 320
 NEW = 12   # --max-new-tokens
 
-TOOLS = [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}]
+#: in the form vLLM's server normalizes a tool to (name, description, parameters): a schema
+#: without a description, or with its keys in another order, reaches vLLM's template as
+#: ``"description": null`` and in that order (docs/trainer.md, Engines)
+TOOLS = [{"type": "function", "function": {"name": "weather", "description": "the weather in a city",
+                                           "parameters": {"type": "object"}}}]
 
 
 def fixed_lines() -> list[str]:
