@@ -198,8 +198,11 @@ def _conversation(rec):
 
 def regenerate(target: str, inp: str, out: str, *, batch_size: int = 32, max_new_tokens: int = 1024,
                device: str = "auto", thinking: str = "on", engine: EngineSpec | None = None,
-               sampling: Sampling | None = None, max_model_len: int | None = None, progress=None):
-    """Rewrite ``inp`` into ``out``; returns (samples written now, samples already done)."""
+               sampling: Sampling | None = None, max_model_len: int | None = None, progress=None,
+               rewriter: "Rewriter | None" = None):
+    """Rewrite ``inp`` into ``out``; returns (samples written now, samples already done).
+    ``rewriter``: one already opened (with the same sampling and thinking), used and left
+    open; by default one is opened at the first round and closed at the end."""
     if batch_size < 1:
         raise TrainerConfigError("--batch-size: must be >= 1")
     if thinking not in ("on", "off"):
@@ -218,7 +221,7 @@ def regenerate(target: str, inp: str, out: str, *, batch_size: int = 32, max_new
     meta = RegenMeta(thinking=thinking, target=os.path.abspath(target), sampling=sampling.record())
     write_meta(out, meta)  # a resume in the other mode fails here, before any model load
     done = done_indices(out)
-    rw: Rewriter | None = None  # opened at the first round: a finished output costs no model load
+    rw = rewriter  # else opened at the first round: a finished output costs no model load
     prog = progress or Progress(count_records(inp) if os.path.isfile(inp) else None, "regenerate")
     prog.update(0)
     written = skipped = 0
@@ -271,7 +274,7 @@ def regenerate(target: str, inp: str, out: str, *, batch_size: int = 32, max_new
                 if exhausted and not waiting:
                     break
     finally:
-        if rw is not None:
+        if rw is not None and rewriter is None:
             rw.close()
     prog.close()
     return written, skipped
