@@ -109,7 +109,7 @@ def test_openai_key_is_sent_and_never_recorded(tmp_path, target, fixed, monkeypa
         out = tmp_path / "o.jsonl"
         rc = data_main(["regenerate", "--target", target, "--in", fixed, "--out", str(out),
                         "--thinking", "on", "--engine", "openai", "--url", url])
-        assert rc == CONFIG_ERROR and not out.exists() or out.stat().st_size == 0
+        assert rc == CONFIG_ERROR and (not out.exists() or out.stat().st_size == 0)
         monkeypatch.setenv("REGEN_KEY", "s3cret-key")
         rc = data_main(["regenerate", "--target", target, "--in", fixed, "--out", str(out),
                         "--thinking", "on", "--engine", "openai", "--url", url, "--api-key-env",
@@ -232,6 +232,10 @@ def test_progress_lines_read_as_steps():
     pat = compile_step_pattern(STEP_PATTERN)
     got = [match_step(pat, x) for x in buf.getvalue().splitlines()]
     assert [g.step for g in got] == [0, 3] and got[0].tokens_per_s is None and got[1].tokens_per_s > 0
+    # records a resume finds done count as done, not in the rate
+    buf = io.StringIO()
+    Progress(10, "regenerate", stream=buf, every_s=0).update(5, skipped=True)
+    assert buf.getvalue() == "regenerate: 5/10 (0.0/s)\n"
     # the run file documented is this pattern
     assert f"step_pattern: '{STEP_PATTERN}'" in open(os.path.join(REPO, "docs", "own-trainer.md")).read()
 

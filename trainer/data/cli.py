@@ -13,8 +13,10 @@
   the target rewrites the assistant turns (trainer.data.regenerate, trainer.data.engines);
   resumable after a kill.
 
-User errors print one line ``trainer.data: ...`` and exit 2 (usage) or 3 (data); a worker
-process that dies exits 5 (dfo_contract.exitcodes).
+User errors print one line ``trainer.data: ...`` and exit 2 (usage: also an engine that
+cannot start, a server that cannot be reached at the start or refuses the key) or 3 (data);
+a worker process that dies, or a server that keeps failing a request, exits 5
+(dfo_contract.exitcodes).
 """
 
 from __future__ import annotations

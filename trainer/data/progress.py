@@ -1,7 +1,7 @@
 """Progress of a long data command (tokenize, regenerate): a bar on a terminal, lines otherwise.
 
 A line is ``LABEL: DONE/TOTAL (R/s)``, with ``, T tok/s`` when the command counts generated
-tokens (regenerate); under ``dfo launch`` a ``step_pattern`` reads it (docs/own-trainer.md).
+tokens (regenerate); records found done already (a resume) count in DONE, not in the rate; under ``dfo launch`` a ``step_pattern`` reads it (docs/own-trainer.md).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ class Progress:
     def __init__(self, total: int | None, label: str, stream=None, every_s: float = 5.0):
         self.total, self.label, self.done = total, label, 0
         self.tokens = 0                  # generated tokens (regenerate), 0 when not counted
+        self.skipped = 0                 # of ``done``: found done already (not in the rate)
         self._lock = threading.Lock()    # engines report replies from their threads
         self.stream = stream or sys.stderr
         self.summary = Summary()
@@ -34,9 +35,11 @@ class Progress:
             except ImportError:
                 pass
 
-    def update(self, n: int = 1, tokens: int = 0) -> None:
+    def update(self, n: int = 1, tokens: int = 0, *, skipped: bool = False) -> None:
         with self._lock:
             self.done += n
+            if skipped:
+                self.skipped += n
             self.tokens += tokens
             if self._bar is not None:
                 if n:
@@ -52,7 +55,8 @@ class Progress:
         dt = max(time.monotonic() - self._t0, 1e-9)
         self._printed = self.done
         tok = f", {self.tokens / dt:.1f} tok/s" if self.tokens else ""
-        print(f"{self.label}: {self.done}{tot} ({self.done / dt:.1f}/s{tok})", file=self.stream, flush=True)
+        rate = (self.done - self.skipped) / dt
+        print(f"{self.label}: {self.done}{tot} ({rate:.1f}/s{tok})", file=self.stream, flush=True)
 
     def close(self) -> None:
         if self._bar is not None:

@@ -240,7 +240,7 @@ def regenerate(target: str, inp: str, out: str, *, batch_size: int = 32, max_new
                     idx, (line, rec) = nxt
                     if idx in done:
                         skipped += 1
-                        prog.update(1)
+                        prog.update(1, skipped=True)
                         continue
                     prog.summary.records += 1
                     try:
