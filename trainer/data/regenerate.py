@@ -226,7 +226,7 @@ def regenerate(target: str, inp: str, out: str, *, batch_size: int = 32, max_new
     prog.update(0)
     written = skipped = 0
     records = iter(enumerate(iter_records(inp, skip_bad=True)))
-    exhausted = False
+    exhausted = recorded = False
     waiting: deque[Open] = deque()   # admitted, in index order, until written
     try:
         with open(out, "ab") as fo:
@@ -254,7 +254,9 @@ def regenerate(target: str, inp: str, out: str, *, batch_size: int = 32, max_new
                 if active:
                     if rw is None:
                         rw = Rewriter(target, spec, sampling, template_kwargs, max_model_len)
+                    if not recorded:  # the engine that writes to the output, once
                         write_meta(out, RegenMeta(**{**asdict(meta), "engines": (asdict(rw.engine.info),)}))
+                        recorded = True
                     rw.round(active, on_reply=lambda r: prog.update(0, tokens=r.tokens))
                 n = 0
                 while waiting and waiting[0].closed:
