@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import os
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 from dfo_contract.exitcodes import DataError, TrainerConfigError
 
