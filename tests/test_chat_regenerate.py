@@ -107,3 +107,7 @@ def test_kill_and_resume(tmp_path, target):
     text = out.read_text()
     assert text.startswith(first)
     assert sorted(x["index"] for x in rows(out)) == list(range(n))
+    # the same file as an uninterrupted run
+    whole = tmp_path / "whole.jsonl"
+    regenerate(target, str(src), str(whole), batch_size=2, max_new_tokens=5, device="cpu")
+    assert text == whole.read_text()

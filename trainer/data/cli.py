@@ -8,11 +8,15 @@
   length histogram). It warns when an input's regenerate metadata disagrees with
   ``--no-thinking`` (trainer.data.meta).
 - ``regenerate --target DIR --in FILE --out FILE --thinking on|off [--batch-size N]
-  [--max-new-tokens N]``: the target rewrites the assistant turns (trainer.data.regenerate);
+  [--max-new-tokens N] [--engine transformers|openai|vllm] [--url URL --concurrency N
+  --api-key-env VAR --model NAME] [--temperature T --top-p P --seed S] [--max-model-len N]``:
+  the target rewrites the assistant turns (trainer.data.regenerate, trainer.data.engines);
   resumable after a kill.
 
-User errors print one line ``trainer.data: ...`` and exit 2 (usage) or 3 (data); a worker
-process that dies exits 5 (dfo_contract.exitcodes).
+User errors print one line ``trainer.data: ...`` and exit 2 (usage: also an engine that
+cannot start, a server that cannot be reached at the start or refuses the key) or 3 (data);
+a worker process that dies, or a server that keeps failing a request, exits 5
+(dfo_contract.exitcodes).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import json
 import os
 import sys
 
-from dfo_contract.exitcodes import DataError, TrainerError
+from dfo_contract.exitcodes import DataError, TrainerConfigError, TrainerError
 
 from .progress import Progress
 
@@ -71,12 +75,21 @@ def cmd_regenerate(a) -> int:
 
     from .formats import count_records
 
-    prog = Progress(count_records(a.inp), "regenerate")
-    n, skipped = regenerate(a.target, a.inp, a.out, batch_size=a.batch_size,
-                            max_new_tokens=a.max_new_tokens, device=a.device, thinking=a.thinking,
+    from .engines import EngineSpec, Sampling
+
+    if a.engine != "openai" and (a.url or a.api_key_env or a.model):
+        raise TrainerConfigError(f"--url/--api-key-env/--model: only for --engine openai (not {a.engine})")
+    spec = EngineSpec(a.engine, device=a.device, batch_size=a.batch_size, url=a.url,
+                      concurrency=a.concurrency, api_key_env=a.api_key_env, model=a.model,
+                      max_model_len=a.max_model_len)
+    sampling = Sampling(a.max_new_tokens, temperature=a.temperature, top_p=a.top_p, seed=a.seed)
+    prog = Progress(count_records(a.inp) if os.path.isfile(a.inp) else None, "regenerate",
+                    every_s=a.progress_every)
+    n, skipped = regenerate(a.target, a.inp, a.out, batch_size=a.batch_size, thinking=a.thinking,
+                            engine=spec, sampling=sampling, max_model_len=a.max_model_len,
                             progress=prog)
-    print(f"regenerated {n} samples into {a.out} ({skipped} already done); thinking {a.thinking}, "
-          f"recorded in {a.out}.meta.json")
+    print(f"regenerated {n} samples into {a.out} ({skipped} already done) with {a.engine}; "
+          f"thinking {a.thinking}, recorded in {a.out}.meta.json")
     for line in prog.summary.lines()[1:]:
         if line.startswith("dropped"):
             print(line.replace("dropped", "skipped", 1))
@@ -121,9 +134,28 @@ def parser() -> argparse.ArgumentParser:
     rp.add_argument("--target", required=True)
     rp.add_argument("--in", dest="inp", required=True)
     rp.add_argument("--out", required=True, help="JSONL, appended to (resumable)")
-    rp.add_argument("--batch-size", type=int, default=32)
+    rp.add_argument("--batch-size", type=int, default=32,
+                    help="conversations open at once: each round asks the engine for the next "
+                         "turn of every one of them (transformers: the rows of one generate)")
     rp.add_argument("--max-new-tokens", type=int, default=1024)
-    rp.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
+    rp.add_argument("--engine", default="transformers", choices=["transformers", "openai", "vllm"],
+                    help="transformers (the reference), openai (a server by --url), vllm (in-process)")
+    rp.add_argument("--device", default="auto",
+                    help="transformers: auto (cuda if available), cpu, cuda, cuda:N")
+    rp.add_argument("--url", default=None,
+                    help="openai: the server's base URL, http://HOST:PORT or http://HOST:PORT/v1")
+    rp.add_argument("--concurrency", type=int, default=8, help="openai: requests in flight")
+    rp.add_argument("--api-key-env", default=None,
+                    help="openai: the environment variable holding the API key (never logged)")
+    rp.add_argument("--model", default=None, help="openai: the served model (default: the first listed)")
+    rp.add_argument("--temperature", type=float, default=0.0, help="0: greedy (the default)")
+    rp.add_argument("--top-p", type=float, default=1.0)
+    rp.add_argument("--seed", type=int, default=None)
+    rp.add_argument("--max-model-len", type=int, default=None,
+                    help="the context: a record whose prompt + --max-new-tokens exceeds it is "
+                         "skipped (default: the target's max_position_embeddings)")
+    rp.add_argument("--progress-every", type=float, default=5.0,
+                    help="seconds between progress lines when not on a terminal")
     rp.add_argument("--thinking", required=True, choices=["on", "off"],
                     help="enable_thinking passed to the chat template when generating; recorded "
                          "in OUT.meta.json (tokenize with --no-thinking what was made with off)")

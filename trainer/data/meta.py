@@ -5,13 +5,17 @@ The thinking mode matters to the masks: data generated with ``--thinking off`` h
 written after the empty think block of the generation prompt, and should be tokenized with
 ``--no-thinking`` (that block is then prompt, not loss); data generated with thinking on should
 be tokenized without it. ``tokenize`` warns in one line when an input's metadata disagrees.
+
+It also records the sampling parameters (greedy unless given; resuming with others is a data
+error: the file would mix two distributions) and every engine that wrote lines to the output
+(name, version, the server's host and model; never a key), in the order they first did.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from dfo_contract.exitcodes import DataError
 from dfo_contract.fsio import atomic_write_text
@@ -27,6 +31,8 @@ class RegenMeta:
     target: str            # the target directory that generated the replies
     format: str = FORMAT
     version: int = VERSION
+    sampling: dict | None = None   # trainer.data.engines.Sampling.record()
+    engines: tuple = ()            # EngineInfo records (dicts) of the runs that wrote to it
 
 
 def meta_path(out: str) -> str:
@@ -44,18 +50,37 @@ def read_meta(data: str) -> RegenMeta | None:
     if not isinstance(raw, dict) or raw.get("format") != FORMAT or raw.get("version") != VERSION \
             or raw.get("thinking") not in ("on", "off"):
         return None
-    return RegenMeta(thinking=raw["thinking"], target=str(raw.get("target", "")))
+    sampling = raw.get("sampling") if isinstance(raw.get("sampling"), dict) else None
+    engines = tuple(e for e in raw.get("engines") or () if isinstance(e, dict)) \
+        if isinstance(raw.get("engines"), list) else ()
+    return RegenMeta(thinking=raw["thinking"], target=str(raw.get("target", "")), sampling=sampling,
+                     engines=engines)
 
 
 def write_meta(out: str, meta: RegenMeta) -> None:
-    """Record ``meta`` for ``out``; an output generated in the other thinking mode is an error
-    (resuming it would mix the two)."""
+    """Record ``meta`` for ``out``; an output generated in the other thinking mode or with other
+    sampling parameters is an error (resuming it would mix the two). The engines already
+    recorded for a non-empty output are kept, ``meta``'s appended when new."""
     old = read_meta(out)
-    if old is not None and old.thinking != meta.thinking and os.path.exists(out) \
-            and os.path.getsize(out) > 0:
-        raise DataError(f"--thinking {meta.thinking}: {out} was generated with --thinking "
-                        f"{old.thinking}; use that, or a new --out")
+    started = os.path.exists(out) and os.path.getsize(out) > 0
+    if old is not None and started:
+        if old.thinking != meta.thinking:
+            raise DataError(f"--thinking {meta.thinking}: {out} was generated with --thinking "
+                            f"{old.thinking}; use that, or a new --out")
+        if old.sampling is not None and meta.sampling is not None and old.sampling != meta.sampling:
+            raise DataError(f"sampling {_sampling_flags(meta.sampling)}: {out} was generated with "
+                            f"{_sampling_flags(old.sampling)}; use those, or a new --out")
+        engines = list(old.engines) + [e for e in meta.engines if e not in old.engines]
+        meta = replace(meta, engines=tuple(engines))
     atomic_write_text(meta_path(out), json.dumps(asdict(meta), indent=1) + "\n")
+
+
+def _sampling_flags(s: dict) -> str:
+    flags = [f"--temperature {s.get('temperature')}", f"--top-p {s.get('top_p')}",
+             f"--max-new-tokens {s.get('max_new_tokens')}"]
+    if s.get("seed") is not None:
+        flags.append(f"--seed {s['seed']}")
+    return " ".join(flags)
 
 
 def thinking_warnings(inputs: list[str], no_thinking: bool) -> list[str]:

@@ -1,34 +1,53 @@
 """The target rewrites the assistant turns of a chat dataset (greedy, batched, resumable).
 
 Drafters trained on the target's own outputs accept more. For every conversation, each
-assistant turn in order is replaced by the target's greedy reply to the conversation so far
+assistant turn in order is replaced by the target's reply to the conversation so far
 (earlier turns already rewritten). Assistant turns that carry ``tool_calls`` are kept as they
-are (the tool results after them answer those exact calls).
+are (the tool results after them answer those exact calls). The replies come from an engine
+(trainer.data.engines: transformers, the reference; an OpenAI-compatible server; vLLM).
+
+**Wavefront.** Up to ``batch_size`` conversations are open at once. Each round asks the engine
+for the next pending turn of every open conversation together; turn k of a conversation is
+asked only after turn k-1 is rewritten. A conversation whose turns are all rewritten is
+closed and the next record of the input takes its place at the next round, so the engine
+always has ``batch_size`` requests (at most ``4 * batch_size`` conversations wait, open or
+closed, for an earlier one to be written).
 
 The output is JSONL, appended to: one line per conversation
 ``{"index": i, "line": L, "messages": [...], "tools": [...]?}`` (``i`` counts records of the
-input from 0), flushed and fsynced after each batch. A rerun reads the output, drops a torn
-last line, and skips every index already there: kill it at any point and run it again.
+input from 0), in index order, flushed and fsynced after each round that closed one. A rerun
+reads the output, drops a torn last line, and skips every index already there: kill it at
+any point and run it again.
 
 ``thinking`` ("on"/"off") is passed to the chat template as ``enable_thinking`` when the
-generation prompt is rendered, and recorded in ``OUT.meta.json`` (trainer.data.meta); resuming
-an output in the other mode is a data error. Records that cannot be read (malformed JSON, not
-a conversation) are skipped and counted in ``progress.summary`` with file:line.
+generation prompt is rendered, and recorded in ``OUT.meta.json`` (trainer.data.meta) with the
+sampling parameters and the engine; resuming an output in the other mode is a data error.
+Records that cannot be read (malformed JSON, not a conversation, a template error) or whose
+prompt and ``max_new_tokens`` do not fit the context (``max_model_len``, by default the
+target's ``max_position_embeddings``) are skipped and counted in ``progress.summary`` with
+file:line.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections import deque
+from dataclasses import asdict, dataclass
 
-from dfo_contract.exitcodes import DataError
+from dfo_contract.exitcodes import DataError, TrainerConfigError
 
-from .chat import ChatMasker, Unmaskable, regenerated_message
+from .chat import ChatMasker, Unmaskable, regenerated_message, template_error
+from .engines import Engine, EngineSpec, Reply, Request, Sampling, Target, check_spec, open_engine
 from .formats import BadLine, count_records, iter_records
 from .meta import RegenMeta, write_meta
-from .records import BadRecord, conversation_from_record
+from .records import BadRecord, Conversation, conversation_from_record
 from .progress import Progress
 from .tokenizer import load_tokenizer
+
+#: conversations open or waiting to be written, per ``batch_size``
+WAITING = 4
+TOO_LONG = "longer than the context"
 
 
 def done_indices(out: str) -> set[int]:
@@ -63,21 +82,61 @@ def generation_prompt(tok, messages: list[dict], tools, template_kwargs: dict) -
                                    **template_kwargs)
 
 
-def _device(name: str):
-    import torch
+def context_limit(target: str) -> int | None:
+    """The target's ``max_position_embeddings`` (None when its config does not say)."""
+    try:
+        with open(os.path.join(target, "config.json")) as f:
+            cfg = json.load(f)
+    except (OSError, ValueError):
+        return None
+    v = cfg.get("max_position_embeddings") or (cfg.get("text_config") or {}).get("max_position_embeddings")
+    return v if isinstance(v, int) else None
 
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+
+@dataclass
+class Open:
+    """One conversation being rewritten."""
+    idx: int
+    line: int
+    conv: Conversation
+    msgs: list[dict]
+    turns: list[int]                 # the assistant turns to rewrite, in order
+    next: int = 0                    # how many are rewritten
+    dropped: tuple[str, str] | None = None   # (reason, message)
+
+    @property
+    def closed(self) -> bool:
+        return self.dropped is not None or self.next >= len(self.turns)
+
+    def row(self) -> dict:
+        rec = {"index": self.idx, "line": self.line, "messages": self.msgs}
+        if self.conv.tools is not None:
+            rec["tools"] = self.conv.tools
+        return rec
+
+
+def open_conversation(idx: int, line: int, conv: Conversation) -> Open:
+    msgs = [dict(m) for m in conv.messages]
+    turns = [k for k, m in enumerate(msgs) if m["role"] == "assistant" and not m.get("tool_calls")]
+    return Open(idx, line, conv, msgs, turns)
+
+
+def reply_message(masker: ChatMasker, r: Reply) -> dict:
+    """The assistant message for a reply (``<think>...</think>`` split into reasoning)."""
+    if r.reasoning is None:
+        m = regenerated_message(masker, r.text)
+    else:
+        m = {"role": "assistant", "reasoning_content": r.reasoning, "content": r.text}
+    if r.tool_calls:
+        m["tool_calls"] = r.tool_calls
+    return m
 
 
 class Rewriter:
-    def __init__(self, target: str, device: str, max_new_tokens: int, template_kwargs: dict):
-        import torch
+    """The target's tokenizer and template, and one engine: runs the rounds of a wavefront."""
 
-        from ..model.hf_load import from_pretrained, quiet_transformers
-
-        quiet_transformers()
+    def __init__(self, target: str, spec: EngineSpec, sampling: Sampling, template_kwargs: dict,
+                 max_model_len: int | None):
         tok = load_tokenizer(target)
         if tok is None:
             raise DataError(f"--target: {target}: no tokenizer; regenerate needs the target's tokenizer")
@@ -85,46 +144,48 @@ class Rewriter:
             self.masker = ChatMasker(tok, template_kwargs=template_kwargs)
         except Unmaskable as e:
             raise DataError(f"--target: {target}: {e}") from None
-        self.tok, self.kw = tok, dict(template_kwargs)
-        self.dev = _device(device)
-        dtype = torch.bfloat16 if self.dev.type == "cuda" else torch.float32
-        self.model = from_pretrained(target, dtype)
-        self.model.to(self.dev).eval()
-        self.max_new = max_new_tokens
-        self.eot = tok.convert_tokens_to_ids(self.masker.end_of_turn)
-        self.pad = tok.pad_token_id if tok.pad_token_id is not None else self.eot
+        self.tok, self.kw, self.s = tok, dict(template_kwargs), sampling
+        self.limit = max_model_len or context_limit(target)
+        eot = tok.convert_tokens_to_ids(self.masker.end_of_turn)
+        self.engine: Engine = open_engine(spec, Target(target, tok, eot, self.kw), sampling)
 
-    def generate(self, prompts: list[str]) -> list[str]:
-        import torch
+    def request(self, c: Open) -> Request | None:
+        """The request for ``c``'s next turn; None (and ``c`` dropped) when it cannot be asked."""
+        k = c.turns[c.next]
+        try:
+            text = generation_prompt(self.tok, c.msgs[:k], c.conv.tools, self.kw)
+        except Exception as e:  # noqa: BLE001 - any template failure: one line naming it
+            c.dropped = ("template error", template_error(e))
+            return None
+        ids = self.tok(text, add_special_tokens=False)["input_ids"]
+        if self.limit is not None and len(ids) + self.s.max_new_tokens > self.limit:
+            c.dropped = (TOO_LONG, f"turn {k}: {len(ids)} prompt tokens + --max-new-tokens "
+                                   f"{self.s.max_new_tokens} > the context {self.limit}")
+            return None
+        return Request([dict(m) for m in c.msgs[:k]], c.conv.tools, ids)
 
-        enc = [self.tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
-        n = max(len(e) for e in enc)
-        ids = torch.full((len(enc), n), self.pad, dtype=torch.long)
-        att = torch.zeros((len(enc), n), dtype=torch.long)
-        for i, e in enumerate(enc):  # left padding
-            ids[i, n - len(e):] = torch.tensor(e)
-            att[i, n - len(e):] = 1
-        with torch.no_grad():
-            out = self.model.generate(input_ids=ids.to(self.dev), attention_mask=att.to(self.dev),
-                                      max_new_tokens=self.max_new, do_sample=False,
-                                      eos_token_id=self.eot, pad_token_id=self.pad)
-        texts = []
-        for row in out[:, n:].tolist():
-            if self.eot in row:
-                row = row[: row.index(self.eot)]
-            texts.append(self.tok.decode(row, skip_special_tokens=True))
-        return texts
+    def round(self, convs: list[Open], on_reply=None) -> None:
+        """Rewrite the next turn of every conversation in ``convs`` (one engine call)."""
+        asked = [(c, self.request(c)) for c in convs]
+        asked = [(c, r) for c, r in asked if r is not None]
+        if not asked:
+            return
+        for (c, _), rep in zip(asked, self.engine.generate([r for _, r in asked], on_reply)):
+            c.msgs[c.turns[c.next]] = reply_message(self.masker, rep)
+            c.next += 1
 
-    def rewrite(self, convs: list) -> list[list[dict]]:
-        msgs = [[dict(m) for m in c.messages] for c in convs]
-        turns = [[k for k, m in enumerate(ms) if m["role"] == "assistant" and not m.get("tool_calls")]
-                 for ms in msgs]
-        for t in range(max((len(x) for x in turns), default=0)):
-            todo = [(i, turns[i][t]) for i in range(len(msgs)) if t < len(turns[i])]
-            prompts = [generation_prompt(self.tok, msgs[i][:k], convs[i].tools, self.kw) for i, k in todo]
-            for (i, k), text in zip(todo, self.generate(prompts), strict=True):
-                msgs[i][k] = regenerated_message(self.masker, text)
-        return msgs
+    def rewrite(self, convs: list[Conversation]) -> list[list[dict]]:
+        """Each conversation rewritten on its own, one after the other (no wavefront)."""
+        out = []
+        for i, conv in enumerate(convs):
+            c = open_conversation(i, 0, conv)
+            while not c.closed:
+                self.round([c])
+            out.append(c.msgs)
+        return out
+
+    def close(self) -> None:
+        self.engine.close()
 
 
 def _conversation(rec):
@@ -136,60 +197,86 @@ def _conversation(rec):
 
 
 def regenerate(target: str, inp: str, out: str, *, batch_size: int = 32, max_new_tokens: int = 1024,
-               device: str = "auto", thinking: str = "on", progress=None):
-    """Rewrite ``inp`` into ``out``; returns (samples written now, samples already done)."""
+               device: str = "auto", thinking: str = "on", engine: EngineSpec | None = None,
+               sampling: Sampling | None = None, max_model_len: int | None = None, progress=None,
+               rewriter: "Rewriter | None" = None):
+    """Rewrite ``inp`` into ``out``; returns (samples written now, samples already done).
+    ``rewriter``: one already opened (with the same sampling and thinking), used and left
+    open; by default one is opened at the first round and closed at the end."""
     if batch_size < 1:
-        raise DataError("--batch-size: must be >= 1")
+        raise TrainerConfigError("--batch-size: must be >= 1")
     if thinking not in ("on", "off"):
-        raise DataError(f"--thinking: {thinking!r}; expected on or off")
+        raise TrainerConfigError(f"--thinking: {thinking!r}; expected on or off")
     if not os.path.exists(inp):
         raise DataError(f"--in: {inp}: no such file")
+    sampling = sampling or Sampling(max_new_tokens)
+    if sampling.max_new_tokens < 1:
+        raise TrainerConfigError("--max-new-tokens: must be >= 1")
+    if sampling.temperature < 0 or not 0 < sampling.top_p <= 1:
+        raise TrainerConfigError("--temperature must be >= 0 and --top-p in (0, 1]")
+    spec = engine or EngineSpec(device=device, batch_size=batch_size)
+    check_spec(spec)
     template_kwargs = {"enable_thinking": thinking == "on"}
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    write_meta(out, RegenMeta(thinking=thinking, target=os.path.abspath(target)))
+    meta = RegenMeta(thinking=thinking, target=os.path.abspath(target), sampling=sampling.record())
+    write_meta(out, meta)  # a resume in the other mode fails here, before any model load
     done = done_indices(out)
-    rw = None  # loaded at the first batch: a finished output costs no model load
+    rw = rewriter  # else opened at the first round: a finished output costs no model load
     prog = progress or Progress(count_records(inp) if os.path.isfile(inp) else None, "regenerate")
     prog.update(0)
     written = skipped = 0
-    with open(out, "ab") as fo:
-        batch: list = []
-
-        def flush():
-            nonlocal written
-            nonlocal rw
-            if not batch:
-                return
-            if rw is None:
-                rw = Rewriter(target, device, max_new_tokens, dict(template_kwargs or {}))
-            new = rw.rewrite([c for _, _, c in batch])
-            for (idx, line, conv), ms in zip(batch, new, strict=True):
-                rec = {"index": idx, "line": line, "messages": ms}
-                if conv.tools is not None:
-                    rec["tools"] = conv.tools
-                fo.write((json.dumps(rec, ensure_ascii=False) + "\n").encode())
-            fo.flush()
-            os.fsync(fo.fileno())
-            written += len(batch)
-            prog.update(len(batch))
-            batch.clear()
-
-        for idx, (line, rec) in enumerate(iter_records(inp, skip_bad=True)):
-            if idx in done:
-                skipped += 1
-                prog.update(1)
-                continue
-            prog.summary.records += 1
-            try:
-                conv = _conversation(rec)
-            except BadRecord as e:
-                prog.summary.drop(e.reason, f"{inp}:{line}", f"{inp}:{line}: {e}")
-                prog.update(1)
-                continue
-            prog.summary.kept += 1
-            batch.append((idx, line, conv))
-            if len(batch) >= batch_size:
-                flush()
-        flush()
+    records = iter(enumerate(iter_records(inp, skip_bad=True)))
+    exhausted = recorded = False
+    waiting: deque[Open] = deque()   # admitted, in index order, until written
+    try:
+        with open(out, "ab") as fo:
+            while True:
+                while not exhausted and sum(not c.closed for c in waiting) < batch_size \
+                        and len(waiting) < WAITING * batch_size:
+                    nxt = next(records, None)
+                    if nxt is None:
+                        exhausted = True
+                        break
+                    idx, (line, rec) = nxt
+                    if idx in done:
+                        skipped += 1
+                        prog.update(1, skipped=True)
+                        continue
+                    prog.summary.records += 1
+                    try:
+                        conv = _conversation(rec)
+                    except BadRecord as e:
+                        prog.summary.drop(e.reason, f"{inp}:{line}", f"{inp}:{line}: {e}")
+                        prog.update(1)
+                        continue
+                    waiting.append(open_conversation(idx, line, conv))
+                active = [c for c in waiting if not c.closed]
+                if active:
+                    if rw is None:
+                        rw = Rewriter(target, spec, sampling, template_kwargs, max_model_len)
+                    if not recorded:  # the engine that writes to the output, once
+                        write_meta(out, RegenMeta(**{**asdict(meta), "engines": (asdict(rw.engine.info),)}))
+                        recorded = True
+                    rw.round(active, on_reply=lambda r: prog.update(0, tokens=r.tokens))
+                n = 0
+                while waiting and waiting[0].closed:
+                    c = waiting.popleft()
+                    if c.dropped is not None:
+                        reason, msg = c.dropped
+                        prog.summary.drop(reason, f"{inp}:{c.line}", f"{inp}:{c.line}: {msg}")
+                    else:
+                        prog.summary.kept += 1
+                        fo.write((json.dumps(c.row(), ensure_ascii=False) + "\n").encode())
+                        n += 1
+                    prog.update(1)
+                if n:
+                    fo.flush()
+                    os.fsync(fo.fileno())
+                    written += n
+                if exhausted and not waiting:
+                    break
+    finally:
+        if rw is not None and rewriter is None:
+            rw.close()
     prog.close()
     return written, skipped
