@@ -137,7 +137,7 @@ def test_logs_follow_in_a_pipe_prints_a_line_at_least_every_interval(env):
         sup.wait()
     beats = [(t, s) for t, s in seen if "waiting for the run" in s]
     assert len(beats) >= 2, seen
-    gaps = [b[0] - a[0] for a, b in zip(beats, beats[1:])]
+    gaps = [b[0] - a[0] for a, b in zip(beats, beats[1:], strict=False)]
     assert all(g < 2 + 2.5 for g in gaps), gaps
 
 

@@ -51,7 +51,7 @@ def conf_with(**edits):
     ({"layer_types": ["sliding_attention"] * 2, "sliding_window": 32}, (),
      "sliding_window 32 without use_sliding_window: true: z-lab's class"),
 ])
-def test_a_spelling_read_differently_by_engines_is_refused_before_launch(host, capsys, edits,
+def test_a_spelling_read_differently_by_engines_is_refused_before_launch(host, capsys, edits,  # noqa: F811
                                                                          files, says):
     tmp, cfg, hosts = host
     path = write(tmp / "d", conf_with(**edits), *files)
@@ -65,7 +65,7 @@ def test_a_spelling_read_differently_by_engines_is_refused_before_launch(host, c
     assert says in str(e.value)
 
 
-def test_vllms_dflash_config_causal_is_read_as_vllm_reads_it(host, capsys):
+def test_vllms_dflash_config_causal_is_read_as_vllm_reads_it(host, capsys):  # noqa: F811
     tmp, cfg, hosts = host
     causal = write(tmp / "causal", conf_with(is_causal=None, dc_causal=True))
     legacy = write(tmp / "legacy", conf_with(is_causal=None))

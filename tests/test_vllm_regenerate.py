@@ -78,16 +78,16 @@ def agreement(tok, ref: Path, got: Path) -> dict:
     """Records equal, and reply tokens equal position by position over all replies."""
     a = [json.loads(x) for x in ref.read_text().splitlines()]
     b = [json.loads(x) for x in got.read_text().splitlines()]
-    same = sum(x == y for x, y in zip(a, b))
+    same = sum(x == y for x, y in zip(a, b, strict=False))
     eq = tot = 0
-    for x, y in zip(a, b):
-        for m, n in zip(x["messages"], y["messages"]):
+    for x, y in zip(a, b, strict=False):
+        for m, n in zip(x["messages"], y["messages"], strict=False):
             if m["role"] != "assistant" or m.get("tool_calls"):
                 continue
             ta = tok.encode((m.get("reasoning_content") or "") + (m.get("content") or ""))
             tb = tok.encode((n.get("reasoning_content") or "") + (n.get("content") or ""))
             tot += max(len(ta), len(tb))
-            eq += sum(p == q for p, q in zip(ta, tb))
+            eq += sum(p == q for p, q in zip(ta, tb, strict=False))
     return {"records": len(a), "records_got": len(b), "records_equal": same,
             "reply_tokens": tot, "reply_tokens_equal": eq}
 

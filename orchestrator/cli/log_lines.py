@@ -21,19 +21,6 @@ class JsonLinePrinter:
     def __init__(self, host: str | None = None):
         self.host = host
 
-    def _once(self, e) -> str:
-        """``e`` described, a long classified reason shown once: the run's end (and its
-        giving up) that repeat it say "the reason above" instead."""
-        from dfo_contract.events import Classified, Final, GiveUp
-
-        text = e.describe()
-        if isinstance(e, Classified) and len(e.reason) >= 40:
-            self._classified.add(e.reason)
-        elif isinstance(e, (Final, GiveUp)):
-            for r in self._classified:
-                text = text.replace(r, "the reason above")
-        return text
-
     def __call__(self, ln) -> None:
         obj: dict = {"file": ln.file, "offset": ln.offset, "attempt": ln.attempt,
                      "text": ln.text}

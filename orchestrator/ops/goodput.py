@@ -160,7 +160,8 @@ def _attempt(s: ev.AttemptStart, end: ev.AttemptEnd | None, e_t: float, failed: 
     first, last = _steps(end, ckpts)
     if first is not None and last is not None:   # reported times lie within the attempt
         first = (first[0], _within(first[1], s.t, e_t))
-        last = (last[0], max(first[1], _within(last[1], s.t, e_t)))
+        last_t = _within(last[1], s.t, e_t)
+        last = (last[0], last_t if first[1] is None or last_t is None else max(first[1], last_t))
     if first is None or last is None:
         trained = bool(end and end.reached_train) or bool(ckpts)
         if end is not None and loop_t is not None and not trained:

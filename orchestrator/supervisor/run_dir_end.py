@@ -85,14 +85,15 @@ def unwritable(run: Ending, e: OSError, state: RunState, release: Callable[[], N
     rd = run.run_dir
     where = os.path.abspath(e.filename) if isinstance(e.filename, str) else rd
     inside = where == rd or where.startswith(rd + os.sep)
-    of_dir, of_file, cure = UNWRITABLE[e.errno]
+    code = e.errno if e.errno in UNWRITABLE else errno.EIO
+    of_dir, of_file, cure = UNWRITABLE[code]
     what = f"the run directory {rd} {of_dir}" if inside else f"{where} {of_file}"
     if state.final:    # it ended; only its final word could not be written
         status = str(state.status)
         reason = f"{state.reason} ({what}: state.json could not record the end)"
     else:
         status = "failed"
-        reason = (f"{what} ({errno.errorcode[e.errno]} writing {where}): the supervisor "
+        reason = (f"{what} ({errno.errorcode[code]} writing {where}): the supervisor "
                   f"cannot record the run, so the run ends (its trainer was stopped; "
                   f"{len(left)} process(es)); its checkpoints in {run.checkpoints_shown} are "
                   f"kept; {cure}, then dfo launch --resume latest")

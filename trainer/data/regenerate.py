@@ -170,7 +170,8 @@ class Rewriter:
         asked = [(c, r) for c, r in asked if r is not None]
         if not asked:
             return
-        for (c, _), rep in zip(asked, self.engine.generate([r for _, r in asked], on_reply)):
+        for (c, _), rep in zip(asked, self.engine.generate([r for _, r in asked], on_reply),
+                                strict=True):
             c.msgs[c.turns[c.next]] = reply_message(self.masker, rep)
             c.next += 1
 
