@@ -39,9 +39,11 @@ def test_table_gives_each_variant_against_the_first():
              "to_first_step_s": 3.0, "startup": {"phases": {"warm-up": 2.0}}, "steps": [6, 9], "rc": 0},
             {"label": "b", "samples_per_s": 10.0, "tokens_per_s": None, "peak_mem_gib": None,
              "to_first_step_s": None, "startup": None, "steps": None, "rc": 5}]
+    rows[0]["padding"] = {"pad_fraction": 0.15, "anchor_slots_used": 0.678}
     lines = bt.table(rows).splitlines()
-    assert lines[2].startswith("| a | 8.00 | 1.00x | 100 | 1.0 | 3.0 | 2.0 |")
-    assert lines[3].startswith("| b | 10.00 | 1.25x | - | - | - | - |") and lines[3].endswith("| 5 |")
+    assert lines[2].startswith("| a | 8.00 | 1.00x | 100 | 0.150 | 0.678 | 1.0 | 3.0 | 2.0 |")
+    assert lines[3].startswith("| b | 10.00 | 1.25x | - | - | - | - | - | - |") and \
+        lines[3].endswith("| 5 |")
 
 
 def test_an_unknown_preset_is_an_argument_error(capsys):

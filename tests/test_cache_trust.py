@@ -180,7 +180,7 @@ def test_hosts_yaml_trusted_sources(tmp_path):
 # --------------------------------------------------------------------------- through a host root
 
 def _fake_cache(d: Path) -> Path:
-    for rel, data in {"inductor/fxgraph/ab/x.py": b"print(1)\n", "inductor/o.so": b"\x7fELF...",
+    for rel, data in {"inductor/fxgraph/ab/x.py": b"print(1)\n", "inductor/o.so": b"\x7fELF" + bytes(60),
                       "triton/k.json": b"{}", "mega/artifacts.bin": b"mega"}.items():
         (d / rel).parent.mkdir(parents=True, exist_ok=True)
         (d / rel).write_bytes(data)

@@ -24,7 +24,7 @@ def local_find_links(environ: dict[str, str]) -> list[str]:
 def describe_sources(args: list[str]) -> str:
     """uv's source arguments for people: ``index https://pypi.org/simple, find-links /w``."""
     out = []
-    for flag, value in zip(args, args[1:] + [""], strict=True):
+    for flag, value in zip(args, args[1:] + [""], strict=False):  # each flag and its value
         if flag == "--index-url":
             out.append("PyPI" if value.rstrip("/") == "https://pypi.org/simple" else f"index {value}")
         elif flag == "--extra-index-url":

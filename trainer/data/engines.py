@@ -1,8 +1,8 @@
 """The engines ``regenerate`` asks for the target's replies: one seam, one class per engine.
 
-An engine takes a list of :class:`Request` (a conversation so far, its tools, and the same
+An engine takes a list of :class:`TurnRequest` (a conversation so far, its tools, and the same
 conversation rendered by the target's chat template with the generation prompt, as token
-ids) and returns one :class:`Reply` per request, in order. ``open_engine`` is the one place
+ids) and returns one :class:`TurnReply` per request, in order. ``open_engine`` is the one place
 that chooses the engine:
 
 - ``transformers``: ``model.generate`` in left-padded batches of ``batch_size`` (the
@@ -51,14 +51,14 @@ class Sampling:
 
 
 @dataclass(frozen=True)
-class Request:
+class TurnRequest:
     messages: list[dict]        # the conversation so far (OpenAI form)
     tools: list | None
     prompt_ids: list[int]       # the same, rendered with the generation prompt, tokenized
 
 
 @dataclass(frozen=True)
-class Reply:
+class TurnReply:
     text: str                   # the reply as generated (a ``<think>`` block inline)
     tokens: int                 # tokens generated, the end-of-turn token included
     reasoning: str | None = None     # where a server returned the reasoning apart
@@ -87,20 +87,20 @@ class EngineSpec:
     max_model_len: int | None = None  # vllm: the context it allocates
 
 
-OnReply = Callable[[Reply], None]
+OnReply = Callable[[TurnReply], None]
 
 
 class Engine(Protocol):
     info: EngineInfo
 
-    def generate(self, requests: list[Request], on_reply: OnReply | None = None) -> list[Reply]:
+    def generate(self, requests: list[TurnRequest], on_reply: OnReply | None = None) -> list[TurnReply]:
         """One reply per request, in order; ``on_reply`` is called as each one arrives."""
 
     def close(self) -> None: ...
 
 
 @dataclass(frozen=True)
-class Target:
+class TargetInfo:
     """What every engine needs to know about the target."""
     path: str
     tokenizer: object
@@ -132,7 +132,7 @@ def check_spec(spec: EngineSpec) -> str | None:
     return None
 
 
-def open_engine(spec: EngineSpec, target: Target, sampling: Sampling) -> Engine:
+def open_engine(spec: EngineSpec, target: TargetInfo, sampling: Sampling) -> Engine:
     """The engine ``spec`` names (the one place an engine is chosen)."""
     key = check_spec(spec)
     if spec.name == "transformers":
@@ -154,7 +154,7 @@ def _device(name: str):
 
 
 class TransformersEngine:
-    def __init__(self, target: Target, sampling: Sampling, *, device: str, batch_size: int):
+    def __init__(self, target: TargetInfo, sampling: Sampling, *, device: str, batch_size: int):
         import torch
         import transformers
 
@@ -172,7 +172,7 @@ class TransformersEngine:
             torch.manual_seed(sampling.seed)
         self.info = EngineInfo("transformers", transformers.__version__, model=target.path)
 
-    def _batch(self, enc: list[list[int]]) -> list[Reply]:
+    def _batch(self, enc: list[list[int]]) -> list[TurnReply]:
         import torch
 
         n = max(len(e) for e in enc)
@@ -191,11 +191,11 @@ class TransformersEngine:
         for row in out[:, n:].tolist():
             ntok = row.index(self.eot) + 1 if self.eot in row else len(row)
             row = row[: ntok - 1] if self.eot in row else row
-            replies.append(Reply(self.tok.decode(row, skip_special_tokens=True), ntok))
+            replies.append(TurnReply(self.tok.decode(row, skip_special_tokens=True), ntok))
         return replies
 
-    def generate(self, requests: list[Request], on_reply: OnReply | None = None) -> list[Reply]:
-        out: list[Reply] = []
+    def generate(self, requests: list[TurnRequest], on_reply: OnReply | None = None) -> list[TurnReply]:
+        out: list[TurnReply] = []
         for i in range(0, len(requests), self.batch):
             got = self._batch([r.prompt_ids for r in requests[i:i + self.batch]])
             for r in got:
@@ -245,7 +245,7 @@ def wire_messages(messages: list[dict]) -> list[dict]:
 
 
 class OpenAIEngine:
-    def __init__(self, url: str, target: Target, sampling: Sampling, *, concurrency: int,
+    def __init__(self, url: str, target: TargetInfo, sampling: Sampling, *, concurrency: int,
                  api_key: str | None, model: str | None, timeout_s: float = 900.0):
         u = urllib.parse.urlsplit(url if "://" in url else "http://" + url)
         self.https = u.scheme == "https"
@@ -320,7 +320,7 @@ class OpenAIEngine:
         raise ServerError(f"--url: {method} {path} on {self.host}:{self.port} failed {retries} "
                           f"times (last: {err}); is the server up?", detail=err)
 
-    def _payload(self, req: Request) -> dict:
+    def _payload(self, req: TurnRequest) -> dict:
         p: dict = {"model": self.model, "messages": wire_messages(req.messages),
                    "max_tokens": self.s.max_new_tokens,
                    "temperature": self.s.temperature, "top_p": self.s.top_p,
@@ -334,7 +334,7 @@ class OpenAIEngine:
             p["seed"] = self.s.seed
         return p
 
-    def _one(self, req: Request, on_reply: OnReply | None) -> Reply:
+    def _one(self, req: TurnRequest, on_reply: OnReply | None) -> TurnReply:
         status, _, body = self._call("POST", self.base + "/chat/completions", self._payload(req))
         if status != 200:
             raise ServerError(f"--url: POST /v1/chat/completions answered {status}: "
@@ -347,12 +347,12 @@ class OpenAIEngine:
             raise ServerError("--url: POST /v1/chat/completions answered without choices[0].message")\
                 from None
         reasoning = msg.get("reasoning_content") or msg.get("reasoning")
-        rep = Reply(msg.get("content") or "", tokens, reasoning or None, msg.get("tool_calls") or None)
+        rep = TurnReply(msg.get("content") or "", tokens, reasoning or None, msg.get("tool_calls") or None)
         if on_reply:
             on_reply(rep)
         return rep
 
-    def generate(self, requests: list[Request], on_reply: OnReply | None = None) -> list[Reply]:
+    def generate(self, requests: list[TurnRequest], on_reply: OnReply | None = None) -> list[TurnReply]:
         return list(self.pool.map(lambda r: self._one(r, on_reply), requests))
 
     def close(self) -> None:
@@ -362,7 +362,7 @@ class OpenAIEngine:
 # --- vLLM in this process -----------------------------------------------------------------------
 
 class VllmEngine:
-    def __init__(self, target: Target, sampling: Sampling, *, max_model_len: int | None):
+    def __init__(self, target: TargetInfo, sampling: Sampling, *, max_model_len: int | None):
         try:
             import vllm
         except ImportError:
@@ -382,13 +382,13 @@ class VllmEngine:
                                           stop_token_ids=[target.eot_id], skip_special_tokens=True)
         self.info = EngineInfo("vllm", vllm.__version__, model=target.path)
 
-    def generate(self, requests: list[Request], on_reply: OnReply | None = None) -> list[Reply]:
+    def generate(self, requests: list[TurnRequest], on_reply: OnReply | None = None) -> list[TurnReply]:
         prompts = [{"prompt_token_ids": r.prompt_ids} for r in requests]
         outs = self.llm.generate(prompts, self.params, use_tqdm=False)
         replies = []
         for o in outs:
             c = o.outputs[0]
-            rep = Reply(c.text, len(c.token_ids))
+            rep = TurnReply(c.text, len(c.token_ids))
             if on_reply:
                 on_reply(rep)
             replies.append(rep)

@@ -38,7 +38,8 @@ from dataclasses import asdict, dataclass
 from dfo_contract.exitcodes import DataError, TrainerConfigError
 
 from .chat import ChatMasker, Unmaskable, regenerated_message, template_error
-from .engines import Engine, EngineSpec, Reply, Request, Sampling, Target, check_spec, open_engine
+from .engines import (Engine, EngineSpec, Sampling, TargetInfo, TurnReply, TurnRequest, check_spec,
+                      open_engine)
 from .formats import BadLine, count_records, iter_records
 from .meta import RegenMeta, write_meta
 from .records import BadRecord, Conversation, conversation_from_record
@@ -121,7 +122,7 @@ def open_conversation(idx: int, line: int, conv: Conversation) -> Open:
     return Open(idx, line, conv, msgs, turns)
 
 
-def reply_message(masker: ChatMasker, r: Reply) -> dict:
+def reply_message(masker: ChatMasker, r: TurnReply) -> dict:
     """The assistant message for a reply (``<think>...</think>`` split into reasoning)."""
     if r.reasoning is None:
         m = regenerated_message(masker, r.text)
@@ -147,9 +148,9 @@ class Rewriter:
         self.tok, self.kw, self.s = tok, dict(template_kwargs), sampling
         self.limit = max_model_len or context_limit(target)
         eot = tok.convert_tokens_to_ids(self.masker.end_of_turn)
-        self.engine: Engine = open_engine(spec, Target(target, tok, eot, self.kw), sampling)
+        self.engine: Engine = open_engine(spec, TargetInfo(target, tok, eot, self.kw), sampling)
 
-    def request(self, c: Open) -> Request | None:
+    def request(self, c: Open) -> TurnRequest | None:
         """The request for ``c``'s next turn; None (and ``c`` dropped) when it cannot be asked."""
         k = c.turns[c.next]
         try:
@@ -162,7 +163,7 @@ class Rewriter:
             c.dropped = (TOO_LONG, f"turn {k}: {len(ids)} prompt tokens + --max-new-tokens "
                                    f"{self.s.max_new_tokens} > the context {self.limit}")
             return None
-        return Request([dict(m) for m in c.msgs[:k]], c.conv.tools, ids)
+        return TurnRequest([dict(m) for m in c.msgs[:k]], c.conv.tools, ids)
 
     def round(self, convs: list[Open], on_reply=None) -> None:
         """Rewrite the next turn of every conversation in ``convs`` (one engine call)."""
