@@ -284,7 +284,7 @@ def test_regenerate_records_thinking_and_tokenize_checks_it(tmp_path, gen_target
     out = str(tmp_path / "regen.jsonl")
     r = regenerate(gen_target, src, out, "off")
     assert r.returncode == 0, r.stderr
-    assert f"regenerated 4 samples into {out} (0 already done); thinking off" in r.stdout
+    assert f"regenerated 4 samples into {out} (0 already done) with transformers; thinking off" in r.stdout
     assert f"skipped 1: malformed JSON (first: {src}:5: malformed JSON (Expecting property name" in r.stdout
     meta = json.load(open(out + ".meta.json"))
     assert meta["thinking"] == "off" and meta["format"] == "dfo-regenerated" and meta["version"] == 1

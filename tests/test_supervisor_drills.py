@@ -95,6 +95,12 @@ def test_a_cpu_hog_is_host_busy_not_dense_attention(setup, tiny_assets):  # noqa
         # (on a 2-core box the standby's imports come first: they are no baseline)
         base = wait_for(lambda: state(root, plan.run_id).get("baseline_tokens_per_s"), 600,
                         "a throughput baseline")
+        # the baseline may come from steps read before the standby started (the supervisor
+        # reads the log in batches); no step counts as low while it imports (up to
+        # IMPORT_PAUSE_MAX_S, and hogs slow its imports too): hog only once it is ready
+        wait_for(lambda: kinds(events(root, plan.run_id), "standby_ready")
+                 or kinds(events(root, plan.run_id), "standby_discarded"), 600,
+                 "the standby's imports to end")
         hogged = hog_until_slow(root, plan.run_id, hogs, os.cpu_count() or 1, base)
         # the bounds below only end a broken run: 12 low steps at up to 3x the step time
         # under the hogs, and the host judgement's seconds after the drop
