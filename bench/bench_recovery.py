@@ -3,6 +3,7 @@ under the dfo supervisor (docs/recovery.md).
 
     python bench/bench_recovery.py --out /tmp/dfo_recovery [--inject fx_race@5] [--total-s 540]
     python bench/bench_recovery.py --cpu-smoke --out /tmp/dfo_recovery_cpu     # logic check
+    python bench/bench_recovery.py --pack --out /tmp/dfo_recovery_packed       # packed rows
 
 Setup (docs/recovery.md, "GPU acceptance"): ``threads`` layout, 3 drafter threads on the one GPU,
 ``compile.gate: false``, flex attention, torch.compile on, a cold compile cache. The run is
@@ -43,6 +44,9 @@ GPU_SETTINGS = {"model.drafter_layers": 2, "model.block_size": 16, "model.attent
                 "train.grad_accum": 1, "train.log_every": 1, "train.heartbeat_s": 5,
                 "checkpoint.every": 10, "checkpoint.keep": 3, "compile.enabled": True,
                 "compile.gate": False, "parallel.layout": "threads"}
+#: --pack: packed rows, one shape for every micro-batch (docs/trainer.md, "Packed rows")
+GPU_PACK = {"data.pack": True, "data.pack_tokens": 2048, "data.pack_anchors": 64}
+CPU_PACK = {"data.pack": True, "data.pack_tokens": 128, "data.pack_anchors": 16}
 # --gpus 2: the same threads layout across two GPUs (targets and drafters on both)
 GPU_DEVICES = {1: (["cuda:0"], ["cuda:0", "cuda:0", "cuda:0"]),
                2: (["cuda:0", "cuda:1"], ["cuda:0", "cuda:1", "cuda:1"])}
@@ -67,10 +71,13 @@ def make_assets(out: Path, cpu: bool) -> tuple[str, str]:
     return str(target), str(data)
 
 
-def config_text(out: Path, target: str, data: str, steps: int, cpu: bool, gpus: int = 1) -> str:
+def config_text(out: Path, target: str, data: str, steps: int, cpu: bool, gpus: int = 1,
+                pack: bool = False) -> str:
     from run_config import run_config_yaml
 
     common = {"model.target_path": target, "data.path": data, "train.max_steps": steps}
+    if pack:
+        common.update(CPU_PACK if cpu else GPU_PACK)
     if not cpu:
         targets, drafters = GPU_DEVICES[gpus]
         return run_config_yaml({**GPU_SETTINGS, **common, "parallel.target_devices": targets,
@@ -168,6 +175,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny CPU run (checks this script)")
     ap.add_argument("--gpus", type=int, choices=(1, 2), default=1,
                     help="2: target on cuda:0+1, drafters on cuda:0, cuda:1, cuda:1")
+    ap.add_argument("--pack", action="store_true",
+                    help="packed rows (one shape to warm up) instead of length buckets")
     a = ap.parse_args(argv)
     out = Path(a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -178,7 +187,7 @@ def main(argv=None) -> int:
         os.symlink(sys.prefix, cur)
     target, data = make_assets(out, a.cpu_smoke)
     cfg = out / "recovery.yaml"
-    cfg.write_text(config_text(out, target, data, a.steps, a.cpu_smoke, a.gpus))
+    cfg.write_text(config_text(out, target, data, a.steps, a.cpu_smoke, a.gpus, a.pack))
 
     from orchestrator.config.inventory import HostConfig
     from orchestrator.engine.runs import LaunchOptions, RunOps

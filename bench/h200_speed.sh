@@ -13,10 +13,12 @@
 #
 #   OUT=/some/dir bash bench/h200_speed.sh               # on the device: python3, torch 2.11, no network
 #   PARTS=recovery,trainer-bench CANDS=cdt,mb4+cdt OUT=... bash bench/h200_speed.sh   # some parts only
+#   PARTS=recovery,recovery-packed REC_S=170 OUT=... bash bench/h200_speed.sh   # recovery, bucketed vs packed
 #   OUT=/tmp/speed bash bench/h200_speed.sh --cpu-smoke   # tiny CPU version of every part (checks the script)
 #
-# Files in $OUT (6): speed.log (everything printed), summary.txt (one line per part),
+# Files in $OUT (7): speed.log (everything printed), summary.txt (one line per part),
 # trainer_bench.json, cache.json (bench_cache's BENCH line), recovery_summary.json,
+# recovery-packed_summary.json (the same recovery on packed rows),
 # extra.tar.gz (the parts' logs, the recovery run's attempt logs and events).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
@@ -31,7 +33,7 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 NCCL_NVLS_E
        TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 : > "$OUT/summary.txt"
 
-PARTS=${PARTS:-trainer-bench,cache-bench,recovery,check}
+PARTS=${PARTS:-trainer-bench,cache-bench,recovery,recovery-packed,check}
 CANDS=${CANDS:-mb1,mb2,cdt,gemm}
 TB_S=${TB_S:-210}
 
@@ -80,19 +82,25 @@ part() {
   fi
   grep '^BENCH ' "$W/logs/cache_bench.log" 2>/dev/null | tail -1 | cut -c7- > "$OUT/cache.json"
 
-  # 3. recovery under the supervisor (what is left; the bench stops its run itself)
-  rest=$(( TOTAL - SECONDS - 25 ))
-  [ "$MODE" = gpu ] && [ "$rest" -gt 170 ] && rest=170
-  if [ "$MODE" = cpu ]; then
-    part recovery $(( rest + 10 )) "$W/logs/recovery.log" "$PY" bench/bench_recovery.py --cpu-smoke \
-      --out "$W/rec" --inject fx_race@3 --steps 6 --total-s $(( rest - 25 )) --stop-timeout 15 \
-      --warmup-s 600
-  else
-    part recovery $(( rest + 10 )) "$W/logs/recovery.log" "$PY" bench/bench_recovery.py --out "$W/rec" \
-      --inject fx_race@5 --steps 20 --total-s $(( rest - 25 )) --stop-timeout 15 \
-      --warmup-s 150 --train-s 60
-  fi
-  cp "$W/rec/summary.json" "$OUT/recovery_summary.json" 2>/dev/null || echo "(no recovery summary)"
+  # 3. recovery under the supervisor, bucketed then packed rows (what is left, at most REC_S
+  #    each; the bench stops its run itself)
+  recovery() {  # NAME OUTDIR [--pack]
+    local name=$1 dir=$2; shift 2
+    rest=$(( TOTAL - SECONDS - 25 ))
+    [ "$MODE" = gpu ] && [ "$rest" -gt "${REC_S:-170}" ] && rest=${REC_S:-170}
+    if [ "$MODE" = cpu ]; then
+      part "$name" $(( rest + 10 )) "$W/logs/$name.log" "$PY" bench/bench_recovery.py --cpu-smoke \
+        --out "$dir" --inject fx_race@3 --steps 6 --total-s $(( rest - 25 )) --stop-timeout 15 \
+        --warmup-s 600 "$@"
+    else
+      part "$name" $(( rest + 10 )) "$W/logs/$name.log" "$PY" bench/bench_recovery.py --out "$dir" \
+        --inject fx_race@5 --steps 20 --total-s $(( rest - 25 )) --stop-timeout 15 \
+        --warmup-s 150 --train-s 60 "$@"
+    fi
+    cp "$dir/summary.json" "$OUT/${name}_summary.json" 2>/dev/null || echo "(no $name summary)"
+  }
+  recovery recovery "$W/rec"
+  recovery recovery-packed "$W/rec-packed" --pack
 
   # 4. flex vs sdpa agreement (CUDA only)
   if [ "$MODE" = gpu ]; then
@@ -107,19 +115,25 @@ part() {
   grep -h '^bench: ' "$W/logs/trainer_bench.log" 2>/dev/null
   grep -h -e '^warm-up (trainer' -e '^autograd cache bypassed' -e '^process wall' \
     -e '^cpu ' -e '^cuda' "$W/logs/cache_bench.log" 2>/dev/null
-  grep -h -e '^run recovery' -e '^| [0-9]' -e '^attempt [0-9] warm-up' -e '^attempt [0-9] startup' \
-    -e '^standby: ' "$W/logs/recovery.log" 2>/dev/null
+  for name in recovery recovery-packed; do
+    [ -f "$W/logs/$name.log" ] || continue
+    echo "$name:"
+    grep -h -e '^run recovery' -e '^| [0-9]' -e '^attempt [0-9] warm-up' -e '^attempt [0-9] startup' \
+      -e '^standby: ' "$W/logs/$name.log"
+  done
   grep -h '"ok"' "$W/logs/check.log" 2>/dev/null
 } >> "$OUT/summary.txt"
 
 # the rest, in one file: part logs, the recovery run's attempt logs, events, state
-run=$(find "$W/rec/root/runs" -mindepth 1 -maxdepth 1 -type d 2>/dev/null | head -1)
-mkdir -p "$W/logs/recovery-run"
-if [ -n "$run" ]; then
-  for f in "$run"/attempt-*.log "$run"/events.jsonl "$run"/state.json "$run"/spec.json; do
-    [ -f "$f" ] && tail -c 3000000 "$f" > "$W/logs/recovery-run/$(basename "$f")"
-  done
-fi
+for rec in rec rec-packed; do
+  run=$(find "$W/$rec/root/runs" -mindepth 1 -maxdepth 1 -type d 2>/dev/null | head -1)
+  mkdir -p "$W/logs/$rec-run"
+  if [ -n "$run" ]; then
+    for f in "$run"/attempt-*.log "$run"/events.jsonl "$run"/state.json "$run"/spec.json; do
+      [ -f "$f" ] && tail -c 3000000 "$f" > "$W/logs/$rec-run/$(basename "$f")"
+    done
+  fi
+done
 tar -czf "$OUT/extra.tar.gz" -C "$W" logs 2>/dev/null
 rm -rf "$W"
 cat "$OUT/summary.txt"
