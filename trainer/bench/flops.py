@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from ..model.dflash2 import dflash2_extra_flops
+
 #: H200 bf16 dense, from the datasheet (TFLOP/s): the default peak on a GPU
 H200_BF16_PEAK_TFLOPS = 989.0
 
@@ -36,30 +38,8 @@ def pattern_pairs(anchors: torch.Tensor, valid: torch.Tensor, block_size: int, p
     return total // max(1, len(pattern))
 
 
-def dflash2_extra_flops(spec, d2, *, tq: int, label_rows: int) -> dict:
-    """DFlash2's modules on top of DFlash's, forward + backward, per micro-batch.
-
-    Per layer, two grouped dynamic convolutions (attention and MLP sublayers), each: the
-    coefficient projection H -> 2*taps*G (G = H / group size), a linear: 6*Tq*H*2*taps*G;
-    the depthwise convolution on both sides of the sublayer, one multiply-add per tap per
-    channel per row (2*taps*Tq*H each side forward; backward to the input and the
-    coefficients 2x forward): 3 * 2 * 2*taps*Tq*H.
-    Selector, per label row (R rows, K candidates, rank r): the candidates' unary logits
-    (frozen head rows gathered; forward + gradient to the hidden state) 4*K*H; the hidden
-    projection H -> r (a linear) 6*H*r; the predecessor-codebook product r (forward; 2r
-    backward) 3*r; the pairwise scores against K successor codes 3 * 2*K*r.
-    """
-    h, taps = spec.hidden, d2.conv_kernel_size
-    groups = h // d2.conv_group_size
-    proj = 6 * tq * h * 2 * taps * groups
-    depthwise = 3 * 2 * (2 * taps * tq * h)
-    conv = spec.num_layers * 2 * (proj + depthwise)
-    k, r = d2.selector_top_k, d2.selector_rank
-    selector = label_rows * (4 * k * h + 6 * h * r + 3 * r + 3 * 2 * k * r)
-    return {"conv": conv, "selector": selector}
-
-
-def drafter_flops(spec, *, seq_len: int, tq: int, pairs: int, label_rows: int, d2=None) -> dict:
+def drafter_flops(spec, *, seq_len: int, tq: int, pairs: int, label_rows: int, d2=None,
+                  extra: dict | None = None) -> dict:
     """Model FLOPs of one drafter step (forward + backward) for one micro-batch.
 
     Linear layers: 2*m*n*k forward, 2x that backward (input + weight grads) -> 6*m*n*k;
@@ -67,7 +47,8 @@ def drafter_flops(spec, *, seq_len: int, tq: int, pairs: int, label_rows: int, d
     Attention: 4*heads*head_dim per visible (query, key) pair forward, 3x for fwd+bwd.
     LM head (frozen): forward + grad w.r.t. the hidden state only -> 4*rows*H*V (DFlash2's
     capped unary logits: the same matmuls). ``d2`` (a ``DFlash2Spec``): DFlash2's step,
-    adding ``dflash2_extra_flops``; its ``pairs`` are the sliding window's.
+    adding ``dflash2_extra_flops``; its ``pairs`` are the sliding window's. ``extra``: a
+    method's own terms (``DrafterMethod.extra_flops``), added to the total.
     ``tq``/``pairs``/``label_rows`` are summed over the micro-batch's sequences.
     """
     h, nh, nkv, hd, inter = spec.hidden, spec.heads, spec.kv_heads, spec.head_dim, spec.intermediate
@@ -78,12 +59,10 @@ def drafter_flops(spec, *, seq_len: int, tq: int, pairs: int, label_rows: int, d
     head = 4 * label_rows * h * spec.vocab
     layers = spec.num_layers * (lin + attn)
     out = {"fc": fc, "layers": layers, "attention": spec.num_layers * attn, "lm_head": head}
-    if d2 is not None:
+    if d2 is not None and extra is None:
         extra = dflash2_extra_flops(spec, d2, tq=tq, label_rows=label_rows)
-        out.update(extra)
-        out["total"] = fc + layers + head + extra["conv"] + extra["selector"]
-    else:
-        out["total"] = fc + layers + head
+    out.update(extra or {})
+    out["total"] = fc + layers + head + sum((extra or {}).values())
     return out
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..model import attention
+
 
 # --------------------------------------------------------------------------- labels, weights
 
@@ -198,3 +200,11 @@ def expected_tau_uniform(acc: float, block_size: int) -> float:
     """tau when every position has accuracy ``acc`` (docs/tests helper)."""
     return 1.0 + sum(acc ** k for k in range(1, block_size))
 
+
+def dflash_forward_loss(drafter, features, block_ids, block_pos, ctx_pos, masks, labels, weights,
+                        counted, backend: str, flex, chunk: int):
+    """The DFlash step (compiled as ``drafter_step``): the drafter's forward and ``weighted_ce``."""
+    attends = attention.layer_attends(backend, masks, flex=flex)
+    hidden = drafter(features, block_ids, block_pos, attends, ctx_pos)
+    return weighted_ce(hidden, drafter.shared.lm_head.weight, labels, weights, counted,
+                       chunk=chunk)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..model import attention
 from .objective import ChunkedHeadCE, step_metrics
 
 
@@ -125,3 +126,15 @@ def reference_dflash2_loss(drafter, hidden, labels, weights, *, alpha: float,
                                                gold_insert)
     sel = F.cross_entropy(selector_scores(drafter, h, pred, cand), where, reduction="none")
     return ((ce + alpha * sel * has_term) * w).sum() / w.sum().clamp(min=1e-12)
+
+
+def dflash2_forward_loss(drafter, features, block_ids, block_pos, ctx_pos, masks, labels, weights,
+                         counted, backend: str, flex, chunk: int, gold_insert: bool,
+                         stop_gradient: bool, selector: bool):
+    """The DFlash2 step (compiled as ``dflash2_step``): the drafter's forward and ``dflash2_loss``
+    (no selector term while the selector is frozen)."""
+    attends = attention.layer_attends(backend, masks, flex=flex)
+    hidden = drafter(features, block_ids, block_pos, attends, ctx_pos)
+    return dflash2_loss(drafter, hidden, labels, weights, counted,
+                        alpha=drafter.selector_alpha if selector else None, chunk=chunk,
+                        gold_insert=gold_insert, stop_gradient=stop_gradient)

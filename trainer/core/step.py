@@ -36,6 +36,7 @@ from ..model import attention, blocks
 from ..model.drafter import Drafter, DrafterSpec, SharedHead, build_drafter
 from ..model.target import Target, load_target
 from . import objective
+from .methods import method_of
 from .runtime import Runtime
 
 log = logging.getLogger("dfo")
@@ -104,24 +105,17 @@ def build_models(cfg: TrainerConfig, device, *, target_device=None,
     spec = DrafterSpec.from_target_config(target.config, num_layers=cfg.model.drafter_layers,
                                           num_taps=len(target.tap_ids),
                                           attention=layer_pattern(cfg.model))
-    if cfg.model.method == "dflash2":
-        from ..model.dflash2 import build_dflash2
+    m = method_of(cfg)
 
-        def make():
-            return build_dflash2(spec, cfg.model, SharedHead(embed, head))
-    else:
-        def make():
-            return Drafter(spec, SharedHead(embed, head))
+    def make():
+        return m.new(spec, cfg.model, SharedHead(embed, head))
     seed = cfg.model.init_seed if cfg.model.init_seed is not None else cfg.train.seed
     drafter = build_drafter(make, device=device, seed=seed)
     if cfg.model.init_from:
         from .init_from import load_into
 
         load_into(cfg, target, drafter)
-    if cfg.model.method == "dflash2":
-        from ..model.dflash2 import apply_selector_training
-
-        apply_selector_training(drafter, cfg.train)
+    m.prepare(drafter, cfg.train)
     drafter.to(device)
     drafter.attn_backend = resolve_backend(cfg, device)
     drafter.mask_token_id = mask_id
@@ -246,26 +240,6 @@ def target_features(target: Target, batch: Batch, cfg: TrainerConfig) -> torch.T
                                None if pos is None else pos.to(target.device))
 
 
-def _drafter_forward_loss(drafter: Drafter, features, block_ids, block_pos, ctx_pos, masks, labels,
-                          weights, counted, backend: str, flex, chunk: int):
-    attends = attention.layer_attends(backend, masks, flex=flex)
-    hidden = drafter(features, block_ids, block_pos, attends, ctx_pos)
-    return objective.weighted_ce(hidden, drafter.shared.lm_head.weight, labels, weights, counted,
-                                 chunk=chunk)
-
-
-def _dflash2_forward_loss(drafter, features, block_ids, block_pos, ctx_pos, masks, labels, weights,
-                          counted, backend: str, flex, chunk: int, gold_insert: bool,
-                          stop_gradient: bool, selector: bool):
-    from . import objective_dflash2
-
-    attends = attention.layer_attends(backend, masks, flex=flex)
-    hidden = drafter(features, block_ids, block_pos, attends, ctx_pos)
-    return objective_dflash2.dflash2_loss(drafter, hidden, labels, weights, counted,
-                                   alpha=drafter.selector_alpha if selector else None, chunk=chunk,
-                                   gold_insert=gold_insert, stop_gradient=stop_gradient)
-
-
 def drafter_loss(drafter: Drafter, features: torch.Tensor, batch: Batch, cfg: TrainerConfig,
                  rt: Runtime | None = None):
     """Loss and metric tensors (``loss``, ``correct_per_pos``, ``count_per_pos``, ``weight_sum``).
@@ -290,11 +264,9 @@ def drafter_loss(drafter: Drafter, features: torch.Tensor, batch: Batch, cfg: Tr
     flex = None if cfg.compile.enabled and backend == "flex" else _flex(rt, backend)
     args = (drafter, features, ids, pos, b.position_ids, masks, labels, weights, counted, backend,
             flex, cfg.model.ce_chunk)
-    step_fn, base = _drafter_forward_loss, "drafter_step"
-    if cfg.model.method == "dflash2":
-        t = cfg.train
-        args = args + (t.selector_gold_insert, t.selector_stop_gradient, t.selector_loss_alpha > 0)
-        step_fn, base = _dflash2_forward_loss, "dflash2_step"
+    m = method_of(cfg)
+    args = args + m.step_args(cfg)
+    step_fn, base = m.forward_loss, m.step_name
     with autocast(cfg, dev):
         if cfg.compile.enabled:
             registry = _registry(rt, "compile.enabled")

@@ -17,6 +17,7 @@ import torch
 from ..model import attention
 from ..model.blocks import block_input_ids, block_positions
 from ..core import objective
+from ..core.methods import of_drafter
 
 
 def block_accept_lengths(pred: torch.Tensor, labels: torch.Tensor, counted: torch.Tensor) -> torch.Tensor:
@@ -42,8 +43,9 @@ def batch_accept(drafter, features: torch.Tensor, batch, *, block_size: int, gam
                                   block_size, drafter.spec.pattern)
     attends = attention.layer_attends(backend, masks, flex=flex)
     hidden = drafter(features, ids, pos, attends)  # [b, N*B, H]
-    if getattr(drafter, "method", "dflash") == "dflash2":    # the selector's served draft
-        path = drafter.greedy_path(hidden.view(*labels.shape, -1), labels[..., 0])
+    served = of_drafter(drafter).served_draft
+    if served is not None:    # the method's own served draft (DFlash2: the selector's path)
+        path = served(drafter, hidden.view(*labels.shape, -1), labels[..., 0])
         pred = torch.cat([labels[..., :1], path], dim=-1)
         lens = block_accept_lengths(pred, labels, counted)
         blocks = b.anchor_valid & counted[..., 1:].any(-1)

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import os
 
+from dfo_contract.trainer_config.methods import DEFAULT_METHOD, contract
+
 MODULE_FILE = "modeling_dflash.py"
 # the shipped module: trainer/model/modeling_dflash.py (copied, never imported here)
 MODULE_SOURCE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -65,21 +67,21 @@ def drafter_config(tcfg, *, num_layers: int, tap_ids: list[int], num_target_laye
 
 
 def readme(*, target: str, data: str, steps: int, accept_len, block_size: int, layers: int,
-           tap_ids, source: str, init_from: str = "", method: str = "dflash") -> str:
+           tap_ids, source: str, init_from: str = "", method: str = DEFAULT_METHOD) -> str:
     al = f"{accept_len:.3f}" if isinstance(accept_len, (int, float)) else "not measured"
     start = f"- initial weights: `{init_from}`\n" if init_from else ""
-    two = method == "dflash2"
-    name = "DFlash2" if two else "DFlash"
+    c = contract(method)
+    name = c.label
     # vLLM and SGLang take a DFlash2 drafter under their DFlash method and tell the two
     # apart by `architectures`; only DFlash ships a trust_remote_code module
-    hf = ("- transformers: no module ships with a DFlash2 drafter; `python -m trainer eval "
-          "THIS_DIR` loads it.\n\n") if two else (
+    hf = (f"- transformers: no module ships with a {name} drafter; `python -m trainer eval "
+          "THIS_DIR` loads it.\n\n") if not c.remote_code else (
         "- transformers: `AutoModel.from_pretrained(THIS_DIR, trust_remote_code=True)` builds "
         f"the drafter from the shipped `{MODULE_FILE}` (torch + transformers only) and loads "
         "every weight; its `forward(position_ids, noise_embedding, target_hidden, ...)` follows "
         "z-lab's DFlash generation loop. The embedding and LM head are the target's.\n\n")
-    tune = "`--model.method dflash2 --model.init_from THIS_DIR`" if two else \
-        "`--model.init_from THIS_DIR`"
+    tune = "`--model.init_from THIS_DIR`" if method == DEFAULT_METHOD else \
+        f"`--model.method {method} --model.init_from THIS_DIR`"
     return (
         f"# {name} drafter\n\n"
         f"A block-diffusion speculative-decoding drafter ({name}) trained with dfo's bundled "

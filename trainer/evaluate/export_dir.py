@@ -13,7 +13,9 @@ vLLM's ``dflash`` speculative method, SGLang's ``DFLASH`` algorithm, z-lab's
 - ``model.safetensors``: the drafter's weights under the module's names (``fc``,
   ``hidden_norm``, ``layers.N.self_attn.q_proj``, ..., ``norm``), in ``--dtype`` (bf16
   default); no embedding or LM head (the target's are used);
-- ``modeling_dflash.py``: the drafter as a transformers model (``trainer.model.modeling_dflash``);
+- ``modeling_dflash.py``: the drafter as a transformers model (``trainer.model.modeling_dflash``;
+  a method without ``remote_code``, DFlash2, ships none and its ``export_config`` turns the
+  config.json into its own: ``trainer.core.methods``);
 - ``README.md``: how it was trained and how to serve it;
 - ``dfo_export.json``: the source checkpoint and the sha256 and size of every file.
 
@@ -33,6 +35,7 @@ from dfo_contract.fsio import fsync_dir, replace_dir, sha256_file
 
 from dfo_contract.trainer_config.layers import layer_pattern
 
+from ..core.methods import method_of, of_export
 from .export_config import DTYPES, MODULE_FILE, MODULE_SOURCE, drafter_config, readme
 from .served import Unservable, check_served, parse_engines, with_export_fields
 
@@ -56,9 +59,9 @@ def _checkpoint_config(ckpt: str):
         raw = yaml.safe_load(f)
     cfg = config_from_dict(raw)
     model = (raw or {}).get("model") or {}
-    if "is_causal" not in model and cfg.model.method == "dflash2" and cfg.model.sliding_window:
-        # a DFlash2 checkpoint whose config predates model.is_causal was trained with
-        # window layers causal within the block: say so, so that export declares it
+    if "is_causal" not in model and method_of(cfg).sliding_layers and cfg.model.sliding_window:
+        # a checkpoint of a sliding method (DFlash2) whose config predates model.is_causal was
+        # trained with window layers causal within the block: say so, so that export declares it
         cfg.model.is_causal = True
     with open(os.path.join(ckpt, "data.json")) as f:
         data = json.load(f)
@@ -104,10 +107,9 @@ def export(ckpt: str, out: str, *, dtype: str = "bf16", target_path: str | None 
     conf = drafter_config(tcfg, num_layers=cfg.model.drafter_layers, tap_ids=taps,
                           num_target_layers=n_target, block_size=cfg.model.block_size,
                           mask_token_id=mask_id, dtype=dtype, head_dim=spec.head_dim)
-    if cfg.model.method == "dflash2":
-        from .export_dflash2 import dflash2_config
-
-        conf = dflash2_config(conf, cfg.model)
+    method = method_of(cfg)
+    if method.export_config is not None:
+        conf = method.export_config(conf, cfg.model, cfg.model.settings())
     try:
         held = parse_engines(engines)
     except ValueError as e:
@@ -132,14 +134,14 @@ def export(ckpt: str, out: str, *, dtype: str = "bf16", target_path: str | None 
     save_file(sd, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(tmp, "config.json"), "w") as f:
         json.dump(conf, f, indent=2, sort_keys=True)
-    if cfg.model.method != "dflash2":   # the trust_remote_code module is DFlash's
+    if method.remote_code:   # the trust_remote_code module is DFlash's
         shutil.copyfile(MODULE_SOURCE, os.path.join(tmp, MODULE_FILE))
     precision = "fp8" if cfg.model.target_fp8 else "full"
     with open(os.path.join(tmp, "README.md"), "w") as f:
         f.write(readme(target=tpath, data=cfg.data.path, steps=int(data.get("step", 0)),
                        accept_len=data.get("accept_len"), block_size=cfg.model.block_size,
                        layers=cfg.model.drafter_layers, tap_ids=taps, source=os.path.abspath(ckpt),
-                       init_from=cfg.model.init_from, method=cfg.model.method))
+                       init_from=cfg.model.init_from, method=method.name))
         if precision == "fp8":
             f.write(FP8_NOTE)
     files = {}
@@ -176,7 +178,7 @@ def verify_export(d: str) -> tuple[bool, str]:
 
 def load_exported(d: str, *, embed_tokens, lm_head, device="cpu"):
     """The drafter rebuilt from an exported directory alone (+ the target's embed/head)."""
-    from ..model.drafter import Drafter, DrafterSpec, SharedHead
+    from ..model.drafter import DrafterSpec, SharedHead
     from ..model.dflash_dir import hf_config, load_weights, read_dflash_dir
 
     dd = read_dflash_dir(d, flag="export")
@@ -187,12 +189,7 @@ def load_exported(d: str, *, embed_tokens, lm_head, device="cpu"):
     spec = DrafterSpec.from_target_config(hf_config(dd), num_layers=dc.num_layers,
                                           num_taps=len(dc.target_layer_ids),
                                           attention=dc.attention)
-    from .export_dflash2 import build_exported, is_dflash2
-
-    if is_dflash2(dd.config):
-        drafter = build_exported(dd.config, spec, SharedHead(embed_tokens, lm_head))
-    else:
-        drafter = Drafter(spec, SharedHead(embed_tokens, lm_head))
+    drafter = of_export(dd.config).new_exported(dd.config, spec, SharedHead(embed_tokens, lm_head))
     drafter.load_trainable_state_dict({k: v.float() for k, v in load_weights(dd).items()})
     drafter.to(device)
     drafter.mask_token_id = dc.mask_token_id

@@ -31,6 +31,8 @@ import torch
 
 from dfo_contract.exitcodes import DataError, TrainerConfigError
 
+from ..core.methods import method_of, of_drafter
+
 
 class Tapped:
     """The full target (all layers, LM head) with forward hooks on the tapped layers."""
@@ -73,8 +75,9 @@ def _draft(drafter, ctx, block, pos, start: int):
     masks = attention.build_masks("sdpa", anchors, valid, ctx.shape[1], bs, drafter.spec.pattern)
     hidden = drafter(ctx.to(drafter.fc.weight.dtype), block, pos,
                      attention.layer_attends("sdpa", masks))
-    if getattr(drafter, "method", "dflash") == "dflash2":
-        return drafter.greedy_path(hidden.view(1, 1, bs, -1), block[:, :1])[0]
+    served = of_drafter(drafter).served_draft
+    if served is not None:
+        return served(drafter, hidden.view(1, 1, bs, -1), block[:, :1])[0]
     return drafter.shared.lm_head(hidden[:, 1:]).argmax(-1)                # [1, B-1]
 
 
@@ -179,7 +182,7 @@ def load_pair(path: str, *, target_path: str | None, device, dtype=None):
                                 lm_head=model.get_output_embeddings(), device=device)
     else:
         from ..core import checkpoints
-        from ..model.drafter import Drafter, DrafterSpec, SharedHead
+        from ..model.drafter import DrafterSpec, SharedHead
         from ..core.step import mask_token_id
         from ..model.target import Target
 
@@ -190,12 +193,7 @@ def load_pair(path: str, *, target_path: str | None, device, dtype=None):
         spec = DrafterSpec.from_target_config(model.config, num_layers=cfg.model.drafter_layers,
                                               num_taps=len(taps), attention=layer_pattern(cfg.model))
         shared = SharedHead(model.get_input_embeddings(), model.get_output_embeddings())
-        if cfg.model.method == "dflash2":
-            from ..model.dflash2 import build_dflash2
-
-            drafter = build_dflash2(spec, cfg.model, shared)
-        else:
-            drafter = Drafter(spec, shared)
+        drafter = method_of(cfg).new(spec, cfg.model, shared)
         checkpoints.load(path, drafter=drafter, restore_rng=False)
         fake = Target.__new__(Target)
         fake.path, fake.config = target_path, model.config

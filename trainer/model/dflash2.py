@@ -44,13 +44,13 @@ class DFlash2Spec:
     output_multiplier: float = 1.0
 
     @classmethod
-    def from_config(cls, model_cfg) -> "DFlash2Spec":
-        m = model_cfg
-        return cls(block_size=m.block_size, conv_kernel_size=m.conv_kernel_size,
-                   conv_group_size=m.conv_group_size, selector_rank=m.selector_rank,
-                   selector_top_k=m.selector_top_k,
-                   final_logit_softcapping=m.final_logit_softcapping,
-                   output_multiplier=m.output_multiplier)
+    def from_settings(cls, block_size: int, s) -> "DFlash2Spec":
+        """The spec of ``model.block_size`` and the config's ``DFlash2Settings`` ``s``."""
+        return cls(block_size=block_size, conv_kernel_size=s.conv_kernel_size,
+                   conv_group_size=s.conv_group_size, selector_rank=s.selector_rank,
+                   selector_top_k=s.selector_top_k,
+                   final_logit_softcapping=s.final_logit_softcapping,
+                   output_multiplier=s.output_multiplier)
 
     def problem(self, hidden: int, vocab: int) -> tuple[str, str] | None:
         """(flag, why) when this spec does not fit a target of width ``hidden``/``vocab``."""
@@ -190,18 +190,34 @@ class DFlash2Drafter(Drafter):
         return torch.stack(path, dim=2)
 
 
-def build_dflash2(spec: DrafterSpec, model_cfg, shared: SharedHead) -> DFlash2Drafter:
+def build_dflash2(spec: DrafterSpec, d2: DFlash2Spec, shared: SharedHead) -> DFlash2Drafter:
     """The DFlash2 drafter for ``spec``; a config that does not fit the target is a config error."""
     from dfo_contract.exitcodes import TrainerConfigError
 
-    d2 = DFlash2Spec.from_config(model_cfg)
     bad = d2.problem(spec.hidden, spec.vocab)
     if bad:
         raise TrainerConfigError(f"config: --{bad[0]}: {bad[1]}")
     return DFlash2Drafter(spec, d2, shared)
 
 
-def apply_selector_training(drafter, train_cfg) -> None:
-    """A selector loss weight of 0 freezes the selector (before the optimizer is built)."""
-    if getattr(drafter, "method", "dflash") == "dflash2" and train_cfg.selector_loss_alpha <= 0:
-        drafter.freeze_selector()
+def dflash2_extra_flops(spec, d2, *, tq: int, label_rows: int) -> dict:
+    """DFlash2's modules on top of DFlash's, forward + backward, per micro-batch.
+
+    Per layer, two grouped dynamic convolutions (attention and MLP sublayers), each: the
+    coefficient projection H -> 2*taps*G (G = H / group size), a linear: 6*Tq*H*2*taps*G;
+    the depthwise convolution on both sides of the sublayer, one multiply-add per tap per
+    channel per row (2*taps*Tq*H each side forward; backward to the input and the
+    coefficients 2x forward): 3 * 2 * 2*taps*Tq*H.
+    Selector, per label row (R rows, K candidates, rank r): the candidates' unary logits
+    (frozen head rows gathered; forward + gradient to the hidden state) 4*K*H; the hidden
+    projection H -> r (a linear) 6*H*r; the predecessor-codebook product r (forward; 2r
+    backward) 3*r; the pairwise scores against K successor codes 3 * 2*K*r.
+    """
+    h, taps = spec.hidden, d2.conv_kernel_size
+    groups = h // d2.conv_group_size
+    proj = 6 * tq * h * 2 * taps * groups
+    depthwise = 3 * 2 * (2 * taps * tq * h)
+    conv = spec.num_layers * 2 * (proj + depthwise)
+    k, r = d2.selector_top_k, d2.selector_rank
+    selector = label_rows * (4 * k * h + 6 * h * r + 3 * r + 3 * 2 * k * r)
+    return {"conv": conv, "selector": selector}

@@ -1,5 +1,5 @@
 """Reading an exported DFlash or DFlash2 drafter directory: dfo's export or z-lab's published
-layout (DFlash2: the layout of ``trainer.evaluate.export_dflash2``, which SGLang and vLLM load).
+layout (DFlash2: the layout its export writes, ``trainer.core.methods``, which SGLang and vLLM load).
 
 Both hold ``config.json`` (Qwen3 fields, ``num_hidden_layers`` = drafter layers, and
 ``dflash_config: {target_layer_ids, mask_token_id[, block_size]}``; ``block_size`` and

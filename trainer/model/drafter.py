@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dfo_contract.trainer_config.layers import LayerAttention
+from dfo_contract.trainer_config.methods import DEFAULT_METHOD
 
 from .rope import DrafterRope
 
@@ -169,6 +170,8 @@ class Drafter(nn.Module):
     """The DFlash drafter. ``forward`` returns the final hidden states of the block tokens."""
 
     SHARED_PREFIX = "shared."
+    #: the ``model.method`` this drafter trains (``trainer.core.methods``; its record sets it)
+    method: str = DEFAULT_METHOD
 
     def __init__(self, spec: DrafterSpec, shared: SharedHead):
         super().__init__()

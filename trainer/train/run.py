@@ -22,7 +22,7 @@ from dfo_contract.trainer_markers import BestMarker, CheckpointMarker, DoneMarke
 
 from ..compile.precompile import save_precompile_entries
 from ..core import checkpoints, objective
-from ..core.objective_dflash2 import selector_alpha_at
+from ..core.methods import method_of
 from ..core.runtime import Runtime
 from ..evaluate import accept
 from ..telemetry import faults, metrics
@@ -76,6 +76,7 @@ class TrainingRun:
         self.cfg, self.rt, self.layout, self.em = cfg, rt, layout, em
         self.stream, self.held = stream, held
         self.drafter = layout.drafter
+        self.method = method_of(cfg)   # the drafter method's record (trainer.core.methods)
         self.params = layout.parameters()
         t = cfg.train
         self.opt = torch.optim.AdamW(self.params, lr=t.lr, betas=(t.beta1, t.beta2),
@@ -186,10 +187,8 @@ class TrainingRun:
         lr = self.sched.lr_at(self.step)
         for gparam in self.opt.param_groups:
             gparam["lr"] = lr
-        if cfg.model.method == "dflash2":
-            alpha = selector_alpha_at(cfg.train, self.step, self.sched.total)
-            for dr in getattr(layout, "drafters", None) or [self.drafter]:
-                dr.set_selector_alpha(alpha)
+        self.method.before_step(getattr(layout, "drafters", None) or [self.drafter], cfg,
+                                self.step, self.sched.total)
         batches = self.stream.take(n_micro, keep=mine)  # ddp: other ranks' are only counted
         self.opt.zero_grad(set_to_none=True)
         hook = effects.apply_to_loss if effects.nan else None
