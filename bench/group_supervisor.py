@@ -28,7 +28,7 @@ import yaml  # noqa: E402
 
 from dfo_contract.runspec import Bundled, Config, Identity, Resume, RunSpec  # noqa: E402
 from orchestrator.ops.launch_argv import supervisor_argv  # noqa: E402
-from orchestrator.ops.launch_inputs import flatten  # noqa: E402
+from orchestrator.ops.launch_argv import flatten  # noqa: E402
 from orchestrator.ops.thresholds import thresholds as thresholds_of  # noqa: E402
 from orchestrator.ops.budget import BudgetPolicy  # noqa: E402
 from orchestrator.ops.fallback import merge_ladders  # noqa: E402

@@ -21,7 +21,7 @@ from orchestrator.ops.fallback import merge_ladders
 from orchestrator.ops.group import GroupSpec
 from dfo_contract.runspec import Bundled, Config, Identity, Resume, RunSpec
 from orchestrator.ops.launch_argv import supervisor_argv
-from orchestrator.ops.launch_inputs import flatten
+from orchestrator.ops.launch_argv import flatten
 from orchestrator.ops.thresholds import thresholds as thresholds_of
 from orchestrator.ops.host_tree import HostTree
 from orchestrator.ops.run_identity import make_run_id

@@ -14,7 +14,7 @@ from orchestrator.errors import RemoteCommandError
 from orchestrator.config.inventory import parse_inventory
 from orchestrator.ops import gpu, probes
 from orchestrator.engine.hostcheck import check_host
-from orchestrator.transport import LocalTransport, run_probe
+from orchestrator.transport import LocalTransport, proxmox, run_probe
 
 AWK = "fil () &&-@_e.txt"
 
@@ -27,10 +27,10 @@ class Out:
 
 
 def test_pct_status():
-    assert probes.parse_pct_status(Out(0, b"status: running\n")) == "running"
-    assert probes.parse_pct_status(Out(0, b"status: stopped\n")) == "stopped"
-    assert probes.parse_pct_status(Out(2, b"", b"Configuration file 'nodes/pve/lxc/200.conf' does not exist\n")) is None
-    assert probes.parse_pct_status(Out(0, b"garbage\n")) is None
+    assert proxmox.parse_pct_status(Out(0, b"status: running\n")) == "running"
+    assert proxmox.parse_pct_status(Out(0, b"status: stopped\n")) == "stopped"
+    assert proxmox.parse_pct_status(Out(2, b"", b"Configuration file 'nodes/pve/lxc/200.conf' does not exist\n")) is None
+    assert proxmox.parse_pct_status(Out(0, b"garbage\n")) is None
 
 
 def test_df_awkward_mount_and_filesystem():

@@ -22,7 +22,7 @@ from dfo_contract.runspec import Bundled, Config, Identity, Resume, RunSpec
 from orchestrator.ops.budget import BudgetPolicy
 from orchestrator.ops.fallback import merge_ladders
 from orchestrator.ops.launch_argv import RUN_DIR_UNUSABLE_EXIT, SETSID_SCRIPT, supervisor_argv
-from orchestrator.ops.launch_inputs import flatten
+from orchestrator.ops.launch_argv import flatten
 from orchestrator.ops.host_tree import HostTree
 from orchestrator.ops.run_identity import make_run_id
 from orchestrator.ops.thresholds import thresholds as thresholds_of

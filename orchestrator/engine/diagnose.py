@@ -26,7 +26,7 @@ from dfo_contract.trainer_markers import DoneMarker, HeartbeatMarker, TrainerMar
 from ..config.runconfig import load_config
 from ..errors import ConfigError
 from ..ops.classify import classify
-from ..ops.launch_inputs import flatten
+from ..ops.launch_argv import flatten
 from ..ops.verdict import Ladders, Verdict, choose, position_before
 
 #: classes only a ddp run shows (a log alone is assumed to be ddp's)

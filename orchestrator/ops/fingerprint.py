@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from ..errors import DeployError
+from ..config.profiles import EXPECT_FIELDS
 from .probes import Probe, text
 from .scripts import remote_source
 from .values import render
@@ -35,23 +36,6 @@ PROBE_SCRIPT = remote_source("env_probe")
 PROBE_TIMEOUT = 600.0
 PROBE_ENV = {"PYTHONDONTWRITEBYTECODE": "1", "CUDA_MODULE_LOADING": "LAZY"}
 
-
-#: fingerprint field -> the name a person knows (used in mismatch messages)
-EXPECT_FIELDS: dict[str, str] = {
-    "python": "python",
-    "torch": "torch.__version__",
-    "torch_git": "torch.version.git_version",
-    "torch_cuda": "torch.version.cuda",
-    "triton": "triton.__version__",
-    "cuda_available": "torch.cuda.is_available()",
-    "device_count": "torch.cuda.device_count()",
-    "device_names": "torch.cuda.get_device_name()",
-    "device_capability": "torch.cuda.get_device_capability()",
-    "transformers": "transformers.__version__",
-    "trainer_import": "import trainer",
-    "dfo": "dfo version",
-    "gpu_smoke": "flex_attention compile (forward+backward) on cuda:0",
-}
 
 #: the fields of fingerprint.json, in order (docs/contracts.md)
 FINGERPRINT_FIELDS = ("profile", "lock_hash", "dfo", "python", "torch", "torch_git", "torch_cuda",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from .gpu_apps import APPS_QUERY, GpuApp, parse_apps_csv
 from .probes import DiskFree, Gpu, GpuReport, Output, Probe, parse_df, text
 
 #: CUDA runtime (torch.version.cuda) -> the oldest driver branch that runs it
@@ -28,9 +29,6 @@ _QUERY_FIELDS = "index,name,uuid,memory.total,memory.used,driver_version,pci.bus
                 "utilization.gpu,compute_cap"
 _QUERY_SCRIPT = ('command -v nvidia-smi >/dev/null 2>&1 || exit 127; '
                  f'exec nvidia-smi --query-gpu={_QUERY_FIELDS} --format=csv,noheader,nounits')
-#: nvidia-smi's arguments that list the compute processes on the GPUs (:func:`parse_apps_csv`)
-APPS_QUERY = ("--query-compute-apps=gpu_uuid,pid,used_memory,process_name",
-              "--format=csv,noheader,nounits")
 _APPS_SCRIPT = ('command -v nvidia-smi >/dev/null 2>&1 || exit 127; exec nvidia-smi '
                 + " ".join(APPS_QUERY))
 _SMI_Q_SCRIPT = 'command -v nvidia-smi >/dev/null 2>&1 || exit 127; exec nvidia-smi -q'
@@ -80,15 +78,6 @@ class GpuQuery:
     present: bool  # nvidia-smi exists
     gpus: tuple[GpuInfo, ...] = ()
     error: str | None = None
-
-
-@dataclass(frozen=True)
-class GpuApp:
-    """One compute process on a GPU, as ``nvidia-smi`` lists it (``APPS_QUERY``)."""
-    gpu_uuid: str
-    pid: int | None
-    used_mib: int | None
-    name: str
 
 
 @dataclass(frozen=True)
@@ -194,17 +183,6 @@ def parse_apps(out: Output) -> tuple[GpuApp, ...] | None:
     if out.exit_code != 0:
         return None
     return tuple(parse_apps_csv(text(out.stdout)))
-
-
-def parse_apps_csv(csv_text: str) -> list[GpuApp]:
-    """The output of ``nvidia-smi`` with ``APPS_QUERY`` -> apps (other lines skipped)."""
-    apps = []
-    for line in csv_text.splitlines():
-        parts = [p.strip() for p in line.split(",", 3)]
-        if len(parts) == 4:
-            apps.append(GpuApp(gpu_uuid=parts[0], pid=_int(parts[1]), used_mib=_int(parts[2]),
-                               name=parts[3]))
-    return apps
 
 
 def smi_probe() -> Probe[SmiSummary]:

@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-from .gpu import GpuApp
+from .gpu_apps import GpuApp
 
 #: the hypervisor stole at least this fraction of all CPU time in the window
 STEAL_FRACTION = 0.05

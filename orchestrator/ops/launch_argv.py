@@ -13,6 +13,16 @@ from typing import Any, Mapping
 from dfo_contract import envvars
 
 
+def flatten(d: Mapping[str, Any]) -> dict[str, Any]:
+    """A config dict (sections of fields) -> flat dotted keys."""
+    out: dict[str, Any] = {}
+    for sec, body in d.items():
+        if isinstance(body, Mapping):
+            for k, v in body.items():
+                out[f"{sec}.{k}"] = v
+    return out
+
+
 def render_value(v: Any) -> str:
     """A config value as the trainer's flag text (``true``, ``4``, ``[cuda:0,cuda:1]``)."""
     if isinstance(v, bool):

@@ -209,13 +209,3 @@ def parse_sets(items: Sequence[str]) -> list[tuple[str, str]]:
                               hint="use --run-name / --fault instead")
         out.append((k, v))
     return out
-
-
-def flatten(d: Mapping[str, Any]) -> dict[str, Any]:
-    """A config dict (sections of fields) -> flat dotted keys."""
-    out: dict[str, Any] = {}
-    for sec, body in d.items():
-        if isinstance(body, Mapping):
-            for k, v in body.items():
-                out[f"{sec}.{k}"] = v
-    return out

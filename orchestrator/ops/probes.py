@@ -83,19 +83,6 @@ def json_reply(output: str, what: str, *, error: type[DfoError] = RemoteCommandE
     return reply
 
 
-# --------------------------------------------------------------------------- pct status
-
-_PCT_STATUS_RE = re.compile(r"^status:\s*(\S+)\s*$", re.M)
-
-
-def parse_pct_status(out: Output) -> str | None:
-    """``status: running`` -> "running"; None when pct did not say (see stderr)."""
-    if out.exit_code != 0:
-        return None
-    m = _PCT_STATUS_RE.search(text(out.stdout))
-    return m.group(1) if m else None
-
-
 # --------------------------------------------------------------------------- kernel
 
 def kernel_probe() -> Probe[str | None]:

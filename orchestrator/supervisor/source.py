@@ -35,8 +35,7 @@ from dfo_contract.runstate import RunState
 from dfo_contract.trainer_config import TrainerConfig
 
 from ..ops import own_trainer
-from ..ops.launch_argv import attempt_env, trainer_argv
-from ..ops.launch_inputs import flatten
+from ..ops.launch_argv import attempt_env, flatten, trainer_argv
 from ..ops.verdict import Ladders, Verdict, choose
 from . import own_attempt
 from .role import Role

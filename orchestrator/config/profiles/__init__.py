@@ -28,10 +28,26 @@ from typing import Any
 import yaml
 
 from ...errors import ConfigError
-from ...ops.fingerprint import EXPECT_FIELDS
 from ...ops.lockfile import Lock, lock_hash, parse_lock
 
 PROFILES_DIR = Path(__file__).resolve().parent
+
+#: fingerprint field -> the name a person knows (used in mismatch messages)
+EXPECT_FIELDS: dict[str, str] = {
+    "python": "python",
+    "torch": "torch.__version__",
+    "torch_git": "torch.version.git_version",
+    "torch_cuda": "torch.version.cuda",
+    "triton": "triton.__version__",
+    "cuda_available": "torch.cuda.is_available()",
+    "device_count": "torch.cuda.device_count()",
+    "device_names": "torch.cuda.get_device_name()",
+    "device_capability": "torch.cuda.get_device_capability()",
+    "transformers": "transformers.__version__",
+    "trainer_import": "import trainer",
+    "dfo": "dfo version",
+    "gpu_smoke": "flex_attention compile (forward+backward) on cuda:0",
+}
 
 
 _SOURCE_KEYS = ("index_url", "extra_index_urls", "find_links", "index_strategy", "env_find_links",
