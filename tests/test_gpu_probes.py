@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.ops import gpu
-from orchestrator.ops.gpu_judge import gpu_problems
-from orchestrator.ops.probes import Reply
+from orchestrator.plan import gpu
+from orchestrator.plan.gpu_judge import gpu_problems
+from orchestrator.plan.probes import Reply
 
 FIX = Path(__file__).parent / "fixtures" / "gpu"
 

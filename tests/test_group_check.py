@@ -8,7 +8,7 @@ import subprocess
 import sys
 import threading
 
-from orchestrator.ops import group_check as gc
+from orchestrator.plan import group_check as gc
 from tests.lab.procs import free_port_pair
 
 FP = {"profile": "cpu", "lock_hash": "a" * 64, "dfo": "0.1.0", "python": "3.11.7",

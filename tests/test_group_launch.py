@@ -8,8 +8,8 @@ import pytest
 
 from orchestrator.cli.group_run import status_lines
 from orchestrator.config.hostconfig import GpuLayout, GroupConfig, HostConfig
-from orchestrator.errors import ConfigError, DeployError, LockHeldError
-from orchestrator.ops import group_launch as gl
+from orchestrator.common.errors import ConfigError, DeployError, LockHeldError
+from orchestrator.plan import group_launch as gl
 
 
 def hosts():

@@ -9,7 +9,7 @@ import pytest
 
 from dfo_contract import events as ev
 from dfo_contract.metrics_record import parse_metrics
-from orchestrator.ops import curves as cv
+from orchestrator.plan import curves as cv
 
 # --- pure -----------------------------------------------------------------------------------
 

@@ -264,7 +264,7 @@ class Final(EventBase):
     reason: str
     last_checkpoint: dict[str, Any] | None   # {"step", "path"}
     #: the share of the run's wall time spent in training steps, and the time lost per
-    #: cause (``orchestrator.ops.goodput``)
+    #: cause (``orchestrator.common.goodput``)
     goodput: float | None = opt()
     lost_s: dict[str, Any] | None = opt()
 

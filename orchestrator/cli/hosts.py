@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from ..errors import ConfigError, HostKeyError
+from ..common.errors import ConfigError, HostKeyError
 from .context import AppContext
 from .params import group_option
 

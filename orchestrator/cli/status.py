@@ -14,7 +14,7 @@ from rich.text import Text
 from dfo_contract import runstate as rs
 from dfo_contract.status import LOST, RunStatus
 
-from ..ops.sparkline import sparkline
+from ..common.sparkline import sparkline
 from .console import console, minutes_seconds, stamp
 from .group_run import GROUP_OPTION, group_status, group_stop
 from .params import POSITIVE_SECONDS

@@ -11,9 +11,9 @@ from __future__ import annotations
 import posixpath
 from typing import Callable
 
-from ..errors import DeployError, LockHeldError
-from ..ops import deploy_plan as dp
-from ..ops import deploy_space as ds
+from ..common.errors import DeployError, LockHeldError
+from ..plan import deploy_plan as dp
+from ..plan import deploy_space as ds
 
 #: the switch itself is instant; deleting the envs it retires (renamed first) takes longer
 SWITCH_TIMEOUT = 600.0

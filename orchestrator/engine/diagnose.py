@@ -24,10 +24,10 @@ from dfo_contract.runspec import RunSpec
 from dfo_contract.trainer_markers import DoneMarker, HeartbeatMarker, TrainerMarker, read_marker
 
 from ..config.runconfig import load_config
-from ..errors import ConfigError
-from ..ops.classify import classify
-from ..ops.launch_argv import flatten
-from ..ops.verdict import Ladders, Verdict, choose, position_before
+from ..common.errors import ConfigError
+from ..common.classify import classify
+from ..common.launch_argv import flatten
+from ..common.verdict import Ladders, Verdict, choose, position_before
 
 #: classes only a ddp run shows (a log alone is assumed to be ddp's)
 COLLECTIVE_CLASSES = TABLES.collective

@@ -20,13 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ..errors import ConfigError, DeployError, DfoError, NotFoundError
-from ..ops import group_check as gc
-from ..ops import group_launch as gl
-from ..ops import launch_plan as lp
-from ..ops.group import GroupSpec
-from ..ops.launch_inputs import check_run_name
-from ..ops.run_identity import make_run_id
+from ..common.errors import ConfigError, DeployError, DfoError, NotFoundError
+from ..plan import group_check as gc
+from ..plan import group_launch as gl
+from ..plan import launch_plan as lp
+from ..common.group import GroupSpec
+from ..plan.launch_inputs import check_run_name
+from ..plan.run_identity import make_run_id
 from .group import HostOutcome, for_each_host, worst_exit
 from .runs import LaunchOptions, RunOps, load_trainer
 

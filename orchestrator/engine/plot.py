@@ -14,8 +14,8 @@ from dfo_contract import runstate as rs
 from dfo_contract.errors import ContractError
 from dfo_contract.metrics_record import METRICS_FILE
 
-from ..errors import ConfigError, ContractMismatch, NotFoundError
-from ..ops import curves as cv
+from ..common.errors import ConfigError, ContractMismatch, NotFoundError
+from ..plan import curves as cv
 
 log = logging.getLogger("dfo")
 

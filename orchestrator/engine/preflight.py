@@ -8,10 +8,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from ..errors import DeployError, DriftError, RemoteCommandError
-from ..ops import launch_plan as lp
-from ..ops.launch_inputs import LaunchInputs, LaunchOptions
-from ..ops.launch_facts import LaunchFacts, facts_argv, parse_facts
+from ..common.errors import DeployError, DriftError, RemoteCommandError
+from ..plan import launch_plan as lp
+from ..plan.launch_inputs import LaunchInputs, LaunchOptions
+from ..plan.launch_facts import LaunchFacts, facts_argv, parse_facts
 
 log = logging.getLogger("dfo")
 

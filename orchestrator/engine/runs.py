@@ -9,7 +9,7 @@ plans (``ops.launch_plan.plan_launch``). ``launch(opts)`` then writes the run di
 (config.yaml, spec.json) and starts the supervisor detached (systemd-run, or setsid) in ONE
 more command (``ops.launch_steps``; the supervisor seeds the run's own compile cache), and
 waits until the supervisor has taken run.lock. Ctrl-C during a launch ends in
-:class:`~orchestrator.errors.Interrupted`, saying whether the run started.
+:class:`~orchestrator.common.errors.Interrupted`, saying whether the run started.
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ from typing import Any, Callable, Mapping
 from dfo_contract import runstate as rs
 from dfo_contract.status import LOST, NEVER_STARTED, QueryReply, RunStatus
 
-from ..errors import (ConnectError, DfoError, HostKeyError, Interrupted, LockHeldError,
+from ..common.errors import (ConnectError, DfoError, HostKeyError, Interrupted, LockHeldError,
                       RemoteCommandError, RunFailed)
-from ..ops import launch_inputs as li
-from ..ops import launch_plan as lp
-from ..ops import launch_steps as ls
-from ..ops.probes import launch_probe
-from ..ops.run_identity import cut_off_error
+from ..plan import launch_inputs as li
+from ..plan import launch_plan as lp
+from ..plan import launch_steps as ls
+from ..plan.probes import launch_probe
+from ..plan.run_identity import cut_off_error
 from ..transport.base import Result
 from .preflight import launch_facts
 from .run_query import RunQueries, StopOutcome
@@ -46,7 +46,7 @@ def load_trainer(o: LaunchOptions, tree) -> li.TrainerInput:
     local files only."""
     if o.own:
         from ..config.own_runfile import read_run_file
-        from ..ops.launch_own import own_config
+        from ..plan.launch_own import own_config
 
         rf, data = read_run_file(o.run_file) if o.run_file else ({}, None)
         return own_config(o, rf, data)

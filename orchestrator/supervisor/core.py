@@ -28,9 +28,10 @@ from dfo_contract.errors import ContractError
 from dfo_contract.runspec import Bundled, RunSpec
 from dfo_contract.runstate import Attempt, RunState
 
-from ..ops import goodput, oom
-from ..ops.budget import BudgetState, cannot_do_better, on_failure, restart_delay
-from ..ops.classify import classify
+from ..common import goodput
+from .policy import oom
+from ..common.budget import BudgetState, cannot_do_better, on_failure, restart_delay
+from ..common.classify import classify
 from . import procs, run_dir_end, runfiles
 from .group import GroupHead
 from .group_member import GroupMember

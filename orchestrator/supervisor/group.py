@@ -25,13 +25,13 @@ from dfo_contract.group_store import AttemptPlan, GroupVerdict, NodeOutcome
 from dfo_contract.runlimits import Thresholds
 from dfo_contract.runspec import Group
 
-from ..ops.classify import Diagnosis
-from ..ops.classify_rules import NODE_LOST, PEER_ABORT
-from ..ops.group_decide import (caches_cleared, head_restarted_reason, head_stalled_reason,
+from ..common.classify import Diagnosis
+from ..common.classify_rules import NODE_LOST, PEER_ABORT
+from .policy.group_decide import (caches_cleared, head_restarted_reason, head_stalled_reason,
                                 lost_end, node_left_reason, node_lost_reason, on_node,
                                 root_cause, run_healthy_s, run_reached_train)
-from ..ops.launch_argv import Rendezvous, group_env
-from ..ops.watchdog import AttemptWatchdog
+from ..common.launch_argv import Rendezvous, group_env
+from .policy.watchdog import AttemptWatchdog
 from . import procs
 from .hostprobe import local_addr
 from .coordinator import STORE_POLL_S, Coordinator

@@ -18,8 +18,8 @@ from typing import Iterable
 
 from dfo_contract.procs import proc_stat
 
-from ..ops.gpu_apps import APPS_QUERY, GpuApp, parse_apps_csv
-from ..ops.host_load import HostSample, parse_loadavg, parse_proc_stat
+from ..common.gpu_apps import APPS_QUERY, GpuApp, parse_apps_csv
+from .policy.host_load import HostSample, parse_loadavg, parse_proc_stat
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 

@@ -12,7 +12,7 @@ from typing import Mapping
 
 from dfo_contract.runspec import Own
 
-from ..ops import own_trainer
+from ..common import own_trainer
 
 
 def cwd(own: Own, run_dir: str) -> str:

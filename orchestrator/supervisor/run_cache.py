@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from dfo_contract import events
 
-from ..ops.cache_check import cache_import_error, import_error_path
-from ..ops.classify import Diagnosis
+from .policy.cache_check import cache_import_error, import_error_path
+from ..common.classify import Diagnosis
 from . import cache_scrub
 
 if TYPE_CHECKING:

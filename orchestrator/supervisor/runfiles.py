@@ -184,7 +184,7 @@ def read_state_or_events(run_dir: str) -> tuple[RunState, str | None]:
         damage = f"{rs.STATE_FILE} is damaged ({e})"
     from dfo_contract import events   # only for a damaged state (see append_event)
 
-    from ..ops.runstate_replay import state_from_events
+    from .policy.runstate_replay import state_from_events
 
     try:
         evs = events.read_events_file(os.path.join(run_dir, rs.EVENTS_FILE))

@@ -69,7 +69,7 @@ def _lower_priority() -> int | None:
     nice value, or None when left as it is."""
     import resource
 
-    from ..ops.standby import NICE, can_restore_priority
+    from .policy.standby import NICE, can_restore_priority
 
     now = os.getpriority(os.PRIO_PROCESS, 0)
     soft, hard = resource.getrlimit(resource.RLIMIT_NICE)
@@ -108,7 +108,7 @@ def standby(args: list[str]) -> None:
     import argparse
     import json
 
-    from ..ops.standby import Preload, Ready, Request
+    from .policy.standby import Preload, Ready, Request
 
     ap = argparse.ArgumentParser(prog="python -m orchestrator.supervisor.shim --standby")
     ap.add_argument("--ready-fd", type=int, required=True)

@@ -34,9 +34,9 @@ from dfo_contract.runspec import Bundled, Identity, Own, RunSpec
 from dfo_contract.runstate import RunState
 from dfo_contract.trainer_config import TrainerConfig
 
-from ..ops import own_trainer
-from ..ops.launch_argv import attempt_env, flatten, trainer_argv
-from ..ops.verdict import Ladders, Verdict, choose
+from ..common import own_trainer
+from ..common.launch_argv import attempt_env, flatten, trainer_argv
+from ..common.verdict import Ladders, Verdict, choose
 from . import own_attempt
 from .role import Role
 

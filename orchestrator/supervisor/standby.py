@@ -28,7 +28,7 @@ from dfo_contract.runspec import Bundled, Standby as StandbySpec
 from dfo_contract.runstate import attempt_log_name
 from dfo_contract.trainer_config import TrainerConfig
 
-from ..ops import standby as standby_ops
+from .policy import standby as standby_ops
 from . import procs
 
 LOG_NAME = "standby.log"

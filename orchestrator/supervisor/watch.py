@@ -17,11 +17,11 @@ from dfo_contract.runlimits import Thresholds
 from dfo_contract.runspec import Bundled
 from dfo_contract.trainer_markers import CheckpointMarker, EvalMarker
 
-from ..ops import watchdog as wd
-from ..ops.own_trainer import compile_step_pattern
-from ..ops.classify import LineScan, TailScan
-from ..ops.goodput import AttemptClock
-from ..ops.host_load import HostSample, judge_drop, settled
+from .policy import watchdog as wd
+from ..common.own_trainer import compile_step_pattern
+from ..common.classify import LineScan, TailScan
+from ..common.goodput import AttemptClock
+from .policy.host_load import HostSample, judge_drop, settled
 from . import hostprobe, procs, runfiles
 from .lines import read_lines
 from .record import RunRecord, Stop

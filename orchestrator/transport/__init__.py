@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Callable, Mapping, Protocol, TypeVar
 
-from ..errors import ConfigError
+from ..common.errors import ConfigError
 from .base import Result, Transport
 from .local import CommandTimeout, LocalTransport
 

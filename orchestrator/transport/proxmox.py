@@ -4,7 +4,7 @@
   K=V ... ARGV``, shlex-joined once for the node's login shell. ``pct`` execs lxc-attach,
   so no shell sits between pct and the command. ``--keep-env 0``: the node's environment
   (its PATH, SSH_CONNECTION, locale) must not leak into the container; dfo passes what a
-  command needs explicitly (``orchestrator.ops.command.CONTAINER_ENV`` plus ``env``).
+  command needs explicitly (``orchestrator.transport.command.CONTAINER_ENV`` plus ``env``).
 - Files: piped through the SSH channel into the container's stdin (``pct exec ... sh -c
   'cat > tmp && mv'``): nothing is written on the node, and no host file is ever
   redirected into pct exec (lxc-attach changes the owner and mode of its stdio files).
@@ -20,8 +20,8 @@ import logging
 import re
 from typing import Mapping, Sequence
 
-from ..errors import ConnectError, ContainerError
-from ..ops import command as cmd
+from ..common.errors import ConnectError, ContainerError
+from . import command as cmd
 from .base import Result
 from .settings import SSHSettings
 from .ssh import SSHTransport

@@ -27,8 +27,8 @@ from typing import Any
 
 import yaml
 
-from ...errors import ConfigError
-from ...ops.lockfile import Lock, lock_hash, parse_lock
+from ...common.errors import ConfigError
+from ..lockfile import Lock, lock_hash, parse_lock
 
 PROFILES_DIR = Path(__file__).resolve().parent
 
