@@ -19,7 +19,7 @@ T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
 
 
-class Probe(Protocol[T_co]):
+class ProbeLike(Protocol[T_co]):
     """What :func:`run_probe` runs: an argv with its timeout and extra env, and the parser
     of the finished command (a plan's ``probes.Probe``)."""
 
@@ -54,7 +54,7 @@ def open_transport(host) -> Transport:
     raise ConfigError(f"{host.source}: hosts.{host.name}.transport: unknown transport {host.transport!r}")
 
 
-def run_probe(t: Transport, probe: Probe[T]) -> T:
+def run_probe(t: Transport, probe: ProbeLike[T]) -> T:
     """Run a probe's argv on ``t`` and parse what came back."""
     env = dict(probe.env) if probe.env else None
     return probe.parse(t.run(list(probe.argv), timeout=probe.timeout, env=env))
