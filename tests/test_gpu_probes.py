@@ -1,4 +1,4 @@
-"""GPU passthrough facts and problems (ops/gpu.py, ops/gpu_judge.py) on output recorded on
+"""GPU passthrough facts and problems (plan/gpu.py, plan/gpu_judge.py) on output recorded on
 an H200 machine (tests/fixtures/gpu/h200) and edited copies for each failure."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The group judges (ops/group_check.py, pure) and the port probe they read
+"""The group judges (plan/group_check.py, pure) and the port probe they read
 (orchestrator/remote/port_probe.py) run for real over loopback."""
 
 from __future__ import annotations

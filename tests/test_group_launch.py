@@ -1,4 +1,4 @@
-"""ops.group_launch: the pure parts of `dfo launch --group` (per-node GroupSpec, the forced
+"""plan.group_launch: the pure parts of `dfo launch --group` (per-node GroupSpec, the forced
 ddp layout, the env-fingerprint comparison, the per-node torchrun argv) and the 80-column
 rows of `dfo status --group`."""
 

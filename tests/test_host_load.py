@@ -1,4 +1,4 @@
-"""ops.host_load: why tokens/s dropped, from samples of the host. Pure, no I/O."""
+"""supervisor.policy.host_load: why tokens/s dropped, from samples of the host. Pure, no I/O."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Pure parts of launch's one round trip (``ops.launch_facts``): sections, the record."""
+"""Pure parts of launch's one round trip (``plan.launch_facts``): sections, the record."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The one launch planner (ops.launch_inputs.prepare, ops.launch_plan.facts_request and
+"""The one launch planner (plan.launch_inputs.prepare, plan.launch_plan.facts_request and
 plan_launch), pure: the host's facts are given as the facts probe would have answered them.
 Bundled and own trainers, alone and as a group's nodes."""
 

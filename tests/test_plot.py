@@ -1,4 +1,4 @@
-"""``dfo plot``: the pure curves (ops.curves) and a PNG from a real supervised run."""
+"""``dfo plot``: the pure curves (plan.curves) and a PNG from a real supervised run."""
 
 from __future__ import annotations
 

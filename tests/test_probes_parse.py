@@ -244,8 +244,8 @@ def test_source_hash_reply_recorded_awkward():
 
 
 def test_probe_modules_do_no_io():
-    """ops/ is pure: these modules neither open files nor run processes (the one exception,
-    reading a shipped script's text, lives in ops/scripts/__init__.py)."""
+    """plan/ is pure: these modules neither open files nor run processes (the one exception,
+    reading a shipped script's text, lives in plan/scripts/__init__.py)."""
     import ast
     from pathlib import Path
 

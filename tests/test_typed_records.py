@@ -6,7 +6,7 @@ and trainer/ names one class.
 An AST scan of orchestrator/ and trainer/ (each rule below has a self-test on such code):
 
 - ``group-store``: a module that handles group store messages (it imports
-  ``group_store``, the coordinator or ``ops.group_decide``) looks up no message field
+  ``group_store``, the coordinator or ``supervisor.policy.group_decide``) looks up no message field
   (a key of a message's JSON) by a constant string: ``x["reason"]``, ``x.get("pids")``;
 - ``metrics``: a module that handles metrics.jsonl (it names the file or imports
   ``metrics_record``) looks up no record field by a constant string on a record

@@ -1,4 +1,4 @@
-"""ops.verdict: the one ladder choice (pure), and `dfo diagnose` on a log alone."""
+"""common.verdict: the one ladder choice (pure), and `dfo diagnose` on a log alone."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The ``dfo`` command: click only. It parses, calls, prints.
 
-Decisions live in ``orchestrator.ops`` (pure) and side effects behind
+Decisions live in ``orchestrator.plan`` and ``orchestrator.common`` (pure) and side effects behind
 ``orchestrator.transport``. Errors become exit codes here, in one place
 (see ``orchestrator.common.errors`` for the table); a user never sees a traceback
 for an error they can cause.

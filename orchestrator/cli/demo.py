@@ -86,7 +86,7 @@ def demo(ctx: click.Context, host_name: str | None, fault: str | None, no_fault:
 
 
 def print_recap(app, host_name: str, total_s: float) -> None:
-    """The demo's last words, on stdout: what happened in the run it launched (ops.recap, from
+    """The demo's last words, on stdout: what happened in the run it launched (plan.recap, from
     the run's events) and the commands to try next."""
     from ..engine.demo import run_events
     from ..plan.recap import recap

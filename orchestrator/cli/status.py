@@ -83,7 +83,7 @@ def _accept(r: RunStatus) -> str:
 
 
 def _goodput(r: RunStatus) -> str:
-    """The share of the run's time spent training (ops.goodput), ``87%``; ``-`` unknown."""
+    """The share of the run's time spent training (common.goodput), ``87%``; ``-`` unknown."""
     g = None if r.time is None else _finite(r.time.goodput)
     return "-" if g is None else f"{g * 100:.0f}%"
 

@@ -140,9 +140,9 @@ def classify(lines: Iterable[str] | LineScan, *, exit_code: int | None = None,
     unknown, e.g. an offline log). ``signal``: the signal that ended it. ``hang``: the
     watchdog's reason when the supervisor killed it for making no progress.
     ``oom_killed``: the kernel's OOM killer ended the attempt (a cgroup v1/v2 counter rose,
-    or the kernel's log names one of its pids: ``ops.oom``); ``oom_reason`` says which.
+    or the kernel's log names one of its pids: ``supervisor.policy.oom``); ``oom_reason`` says which.
     ``collapse``: the throughput monitor's reason when tokens/s collapsed. A collapse alone
-    is no class: a busy host slows training too (see ``ops.host_load``); only with flex's
+    is no class: a busy host slows training too (see ``supervisor.policy.host_load``); only with flex's
     dense-path lines is it ``dense_fallback``. ``frozen``: the watchdog's reason when a
     process of the attempt sat stopped (state T/t: SIGSTOP, a debugger), which is why it made
     no progress: ``frozen``, never ``compile_hang``. ``own``: your own command (``dfo

@@ -21,7 +21,7 @@ PRIORITY = TABLES.priority
 #: classes that no restart can help: the run stops at once and the reason says what to fix
 PERMANENT_CLASSES = TABLES.permanent
 
-#: classes only a multi-node run's node ends carry (``ops.group_decide``); not in CLASSES, so
+#: classes only a multi-node run's node ends carry (``supervisor.policy.group_decide``); not in CLASSES, so
 #: no ladder or budget names them: ``node_lost`` gives up at once (the fix is in the reason),
 #: ``peer_abort`` (this node stopped because another node's attempt failed) is never the
 #: run's root cause while any node has a real class

@@ -6,8 +6,8 @@ trainer kind, its ladders and its base config: :meth:`Ladders.from_spec` for a r
 :meth:`Ladders.assumed` when a log is diagnosed without its run) and the run's state (the
 class's ladder position and the overrides in force).
 
-- the bundled trainer: ``ops.fallback.next_config`` over ``spec.ladders``;
-- an own command (``dfo launch -- CMD``): ``ops.own_trainer.next_step`` over the run file's
+- the bundled trainer: ``common.fallback.next_config`` over ``spec.ladders``;
+- an own command (``dfo launch -- CMD``): ``common.own_trainer.next_step`` over the run file's
   ``fallbacks``. For the classes of the threaded lazy-compile race (``fx_trace_race``,
   ``compile_hang``) a spent (or absent) ladder restarts the command unchanged from its newest
   checkpoint instead of giving up: the class's budget bounds the retries.

@@ -158,7 +158,7 @@ class CacheManager:
     def run_config(self, config: Mapping[str, Any], *, explicit: frozenset[str] = frozenset(),
                    source: str | None = None) -> dict[str, Any]:
         """``config`` as the trainer runs it: with ``model.init_from``, the settings of that
-        drafter directory on the host (its config.json, read by ``ops.init_from``'s probe);
+        drafter directory on the host (its config.json, read by ``plan.init_from``'s probe);
         ``explicit``: the keys the file or an override set; ``source``: the config file."""
         path = init_from_path(config)
         if not path:

@@ -3,7 +3,7 @@
 ``GroupRuns.plan`` asks every member for its launch facts in parallel (one round trip each,
 with ``RunOps``' own checks: reachable, env deployed and clean, run.lock free, config paths
 present), compares the members' env fingerprints from those facts
-(ops.group_check.env_differences), and plans each node with ``ops.launch_plan.plan_launch``
+(plan.group_check.env_differences), and plans each node with ``plan.launch_plan.plan_launch``
 as a ``Group`` role: the same run id everywhere, ``--resume`` resolved on the head only
 (checkpoints live there), the ddp layout forced. ``launch`` writes and starts the head
 first, then the others, and waits until each took its run.lock; when one fails to start,

@@ -1,6 +1,6 @@
 """``dfo plot``: fetch a run's metrics.jsonl and events.jsonl, draw its curves into a PNG.
 
-The curves come from ``ops.curves`` (pure); this module reads the two files through the
+The curves come from ``plan.curves`` (pure); this module reads the two files through the
 transport (one ``get`` each) and draws with matplotlib's Agg backend on this machine
 (the container needs nothing). matplotlib is the ``plot`` extra of dfo.
 """

@@ -1,4 +1,4 @@
-"""The one round trip ``dfo launch`` makes before it plans (``ops.launch_facts``): the host's
+"""The one round trip ``dfo launch`` makes before it plans (``plan.launch_facts``): the host's
 facts, and the env check made from them. Each problem keeps its own error and exit code:
 no deployed env (7), an env that differs from its lock (7); the rest (run.lock held, a
 config path missing, a checkpoint) the planner decides from the same facts."""

@@ -1,13 +1,13 @@
-"""launch / status / stop through a Transport. Decisions come from ops.launch_plan (pure).
+"""launch / status / stop through a Transport. Decisions come from plan.launch_plan (pure).
 
 ``RunOps(transport, host).plan(opts)`` loads the run config (or your own trainer's run
 file) and checks everything given before anything touches the host
-(``ops.launch_inputs.prepare``), then asks the host ONE command for every fact the plan needs
+(``plan.launch_inputs.prepare``), then asks the host ONE command for every fact the plan needs
 (``engine.preflight``: env deployed and ``dfo deploy --check``-clean, run.lock, the
 config's paths, the cache key's inputs, the checkpoints by manifest, a resume glob) and
-plans (``ops.launch_plan.plan_launch``). ``launch(opts)`` then writes the run dir
+plans (``plan.launch_plan.plan_launch``). ``launch(opts)`` then writes the run dir
 (config.yaml, spec.json) and starts the supervisor detached (systemd-run, or setsid) in ONE
-more command (``ops.launch_steps``; the supervisor seeds the run's own compile cache), and
+more command (``plan.launch_steps``; the supervisor seeds the run's own compile cache), and
 waits until the supervisor has taken run.lock. Ctrl-C during a launch ends in
 :class:`~orchestrator.common.errors.Interrupted`, saying whether the run started.
 """
@@ -35,7 +35,7 @@ from ..transport.base import Result
 from .preflight import launch_facts
 from .run_query import RunQueries, StopOutcome
 
-LaunchOptions = li.LaunchOptions   # what ``dfo launch`` was asked (pure data, ops.launch_inputs)
+LaunchOptions = li.LaunchOptions   # what ``dfo launch`` was asked (pure data, plan.launch_inputs)
 
 log = logging.getLogger("dfo")
 
@@ -186,7 +186,7 @@ class RunOps:
     def start_planned(self, plan: lp.LaunchPlan, o: LaunchOptions, *,
                       wait: bool = True) -> lp.LaunchPlan:
         """Write ``plan``'s run dir and spec.json and start its supervisor: ONE round trip
-        (``ops.launch_steps``); with ``wait``, wait until it took run.lock
+        (``plan.launch_steps``); with ``wait``, wait until it took run.lock
         (engine.group_runs starts every node, then waits)."""
         self._launching = plan.run_id
         steps = ls.launch_steps(plan, self.tree.locks)

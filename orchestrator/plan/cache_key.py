@@ -59,7 +59,7 @@ FINGERPRINT_EXCLUDED = frozenset({"dfo", "errors", "gpu_smoke"})  # gpu_smoke: a
 #: alone means every field of it, except path-like fields (``*path``, ``*dir``,
 #: ``model.init_from``) whose value is where things live, not what is compiled: the config
 #: given here is the one in force, with the settings an init_from drafter gives
-#: (``ops.init_from``), so that drafter's block size, layers and attention are in the key.
+#: (``plan.init_from``), so that drafter's block size, layers and attention are in the key.
 COMPILE_SECTIONS: tuple[str, ...] = ("model", "compile")
 COMPILE_FIELDS: tuple[str, ...] = (
     "data.max_seq_len",

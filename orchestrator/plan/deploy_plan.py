@@ -48,7 +48,7 @@ EXIT_BUSY = 75
 
 STAGES = ("connect", "push uv", "push wheel", "create venv", "install", "verify", "switch")
 
-#: The deploy's shell scripts (package data in ``ops/scripts/``, checked by shellcheck).
+#: The deploy's shell scripts (package data in ``plan/scripts/``, checked by shellcheck).
 STATE_SCRIPT = script_text("deploy_state.sh")
 LEASE_SCRIPT = script_text("deploy_lease.sh")
 LOCKED_SCRIPT = script_text("deploy_locked.sh")

@@ -1,4 +1,4 @@
-"""Judge a target's GPU facts (``ops/gpu.py``): one line per problem, each with its fix (pure)."""
+"""Judge a target's GPU facts (``plan/gpu.py``): one line per problem, each with its fix (pure)."""
 
 from __future__ import annotations
 

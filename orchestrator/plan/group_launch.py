@@ -3,7 +3,7 @@
 Each node of a group gets its own ``GroupSpec`` (the ``role`` section of its spec.json):
 its index, its process count, its extra env. The run is always the ``ddp`` layout (the
 nodes are torchrun's nodes); a ``--set parallel.layout=`` asking for another is refused.
-(The members' env fingerprints are compared by ``ops.group_check.env_differences``.)
+(The members' env fingerprints are compared by ``plan.group_check.env_differences``.)
 """
 
 from __future__ import annotations

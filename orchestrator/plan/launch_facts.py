@@ -8,7 +8,7 @@ hash and the target's ``config.json`` hash (the cache key's inputs), the live ca
 the checkpoints by manifest, your own trainer's resume glob) and, for the env check, the
 env's stamp, its recorded verification, deploy's state probe and the env probe itself when
 the record does not hold; with ``model.init_from``, that directory's config.json
-(``ops.init_from``: the trainer's settings from it). A :class:`FactsRequest` says what to ask;
+(``plan.init_from``: the trainer's settings from it). A :class:`FactsRequest` says what to ask;
 :func:`resolve_resume` finds the checkpoint a ``--resume`` names in the answer's listing.
 
 The env probe imports torch (and on a GPU host compiles a flex_attention smoke test): 5-35 s.
@@ -99,7 +99,7 @@ class LaunchFacts:
     state: RemoteState | None = None
     probe_text: str | None = None            # the env probe's output (the record did not hold)
     complete: bool = False       # the script ran to its end
-    #: the init_from script's answer (``ops.init_from.parse_reply``); None: not asked
+    #: the init_from script's answer (``plan.init_from.parse_reply``); None: not asked
     init_from: str | None = None
     #: set by the env check: the verification record a launch writes (path, bytes)
     record: tuple[str, bytes] | None = None

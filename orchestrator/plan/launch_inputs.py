@@ -3,8 +3,8 @@ options (:class:`LaunchOptions`), the trainer's input (:class:`BundledConfig`: t
 as ``engine.demo.load_run_layers`` parsed it once, with ``--set`` applied once, a typed
 ``TrainerConfig``; ``launch_own.OwnConfig``: your own trainer's run file and flags) and
 :func:`prepare`, which checks them (``--resume`` text, ``--run-name``, ladders, budget,
-thresholds, ``--fault``) and names the run -> :class:`LaunchInputs` (``ops.launch_plan``
-plans from it, with the host's facts: ``ops.launch_facts``).
+thresholds, ``--fault``) and names the run -> :class:`LaunchInputs` (``plan.launch_plan``
+plans from it, with the host's facts: ``plan.launch_facts``).
 
 Nothing a user types reaches a shell: ``--resume`` is a checkpoint name, ``latest`` or a
 path under the host's root made of plain characters.
@@ -57,7 +57,7 @@ class LaunchOptions:
     env_check: bool = True
     start_timeout: float = 60.0
     new_lineage: bool = False     # move an earlier run's checkpoints aside, start over
-    #: your own trainer (``dfo launch -- CMD ARGS...``, ops.launch_own)
+    #: your own trainer (``dfo launch -- CMD ARGS...``, plan.launch_own)
     command: Sequence[str] = ()
     run_file: str | None = None
     step_pattern: str | None = None

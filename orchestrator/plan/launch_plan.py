@@ -7,9 +7,9 @@ The engine (``engine/runs.py``, ``engine/group_runs.py``) does three things in o
    bundled trainer's run config parsed once, ``--set`` applied once: a typed
    ``TrainerConfig`` that everything here reads);
 2. ONE remote round trip for the facts (``facts_request`` says what to ask; the answer is
-   ``ops.launch_facts.LaunchFacts``; the env check uses the same answer);
+   ``plan.launch_facts.LaunchFacts``; the env check uses the same answer);
 3. ``plan_launch(options, inputs, facts)`` (here) -> :class:`LaunchPlan`: the ``RunSpec``
-   (spec.json) and what launch does on the host (``ops.launch_steps``).
+   (spec.json) and what launch does on the host (``plan.launch_steps``).
 
 The bundled trainer and an own command (``trainer``: :class:`BundledConfig` |
 ``launch_own.OwnConfig``), alone or as one node of a group (``role``: ``Solo`` | ``Group``),
@@ -154,7 +154,7 @@ class LaunchPlan:
     env: dict[str, str]             # attempt 1's env
     shown_ladders: dict[str, list[str]]
     warnings: list[str] = field(default_factory=list)
-    #: what ``launch`` does on the host before it starts the supervisor (ops.launch_steps)
+    #: what ``launch`` does on the host before it starts the supervisor (plan.launch_steps)
     seed_argvs: list[list[str]] = field(default_factory=list)   # seed the run's compile cache
     config_bytes: bytes = b""                                   # the run config file, as is
     lock_owner: str | None = None                               # the live run --replace stops

@@ -43,7 +43,7 @@ def _write(step_id: str, path: str, data: bytes, *, optional: bool = False) -> d
 
 
 def launch_steps(plan, locks: str, *, start: bool = True) -> list[dict[str, Any]]:
-    """The steps of ``plan`` (an ``ops.launch_plan.LaunchPlan``); ``locks``: the host's
+    """The steps of ``plan`` (an ``plan.launch_plan.LaunchPlan``); ``locks``: the host's
     locks dir; ``start``: end with the supervisor's start."""
     ck = plan.spec.resume.checkpoint_dir
     steps: list[dict[str, Any]] = []

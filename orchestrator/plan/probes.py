@@ -8,7 +8,7 @@ recorded output, including awkward names (``fil () &&-@_e.txt``, spaces, quotes,
 Values reach the far side only as positional parameters of constant scripts (``"$1"``) or
 argv elements of constant Python modules, never inside a script.
 
-Every remote fact is one: the host check's probes here and its GPU probes (``ops/gpu.py``:
+Every remote fact is one: the host check's probes here and its GPU probes (``plan/gpu.py``:
 driver, device nodes, nvidia-smi query/-q/apps, /dev/shm, memlock), the launch probe and the supervisor
 query (here), the deploy's state probe (``deploy_plan.state_probe``), the env probe
 (``fingerprint.env_probe``), the cache tool (``snapshot.tool_probe``), the source hash
@@ -171,7 +171,7 @@ class Gpu:
 
 @dataclass(frozen=True)
 class GpuReport:
-    """The ``gpus`` of ``dfo hosts check`` (from ``ops.gpu``'s nvidia-smi query:
+    """The ``gpus`` of ``dfo hosts check`` (from ``plan.gpu``'s nvidia-smi query:
     ``gpu.gpu_report``)."""
 
     present: bool  # nvidia-smi exists
@@ -297,7 +297,7 @@ class HostCheck:
     disk: DiskFree | None = None
     gpus: GpuReport | None = None
     init: str | None = None
-    gpu: Any = None  # ops.gpu.GpuFacts: the passthrough facts and their problems
+    gpu: Any = None  # plan.gpu.GpuFacts: the passthrough facts and their problems
     error: str | None = None
     exit_code: int = 0
     problems: list[str] = field(default_factory=list)
@@ -326,7 +326,7 @@ def judge(check: HostCheck) -> HostCheck:
     if check.disk is None:
         p.append(f"cannot tell free disk under {check.root}")
     if check.gpu is not None:
-        p.extend(check.gpu.problems)  # ops.gpu_judge, each with its fix
+        p.extend(check.gpu.problems)  # plan.gpu_judge, each with its fix
     elif check.gpus is not None and check.gpus.error:
         p.append(f"nvidia-smi failed: {check.gpus.error}")
     return check

@@ -3,7 +3,7 @@ its lines (``Recap.lines()``). ``dfo demo`` ends with it. Pure: one run's events
 
 It names the first failure the supervisor classified (its class and why), the fallback it
 applied for it, the checkpoint the next attempt resumed from, the time lost
-(``ops.goodput``), and the measured acceptance length at the run's first and last
+(``common.goodput``), and the measured acceptance length at the run's first and last
 evaluation.
 """
 

@@ -20,7 +20,7 @@ Manifest (``format`` 1)::
      "sizes": {"inductor": N, "triton": N, "mega": N, "total": N},
      "tar": {"name": "<key>.tar", "sha256": "..", "size": N},
      "warmup": {"cold_s": 12.3, "warm_s": 2.1, "shapes": N},      # optional
-     "provenance": {...}, "adopted": {...}}    # who built it / adopted it: ops.provenance
+     "provenance": {...}, "adopted": {...}}    # who built it / adopted it: plan.provenance
 
 A tar holds only regular files and directories under ``inductor/ triton/ mega/`` (relative
 names, no ``..``); anything else (symlinks, hard links, devices, fifos) is refused when a

@@ -2,7 +2,7 @@
 could not use a Python interpreter, which one it tried. uv prints its error first and its
 causes after it, and an interpreter it queried adds that interpreter's own stderr last, so
 the last line is often a fragment of someone else's advice (pyenv's "... to be found at the
-same time."). ``ops.uv.translate_uv_error`` turns a :class:`UvFailure` into the one line."""
+same time."). ``plan.uv.translate_uv_error`` turns a :class:`UvFailure` into the one line."""
 
 from __future__ import annotations
 

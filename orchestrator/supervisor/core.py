@@ -292,7 +292,7 @@ class Supervisor:
         return 0
 
     def _goodput(self):
-        """The run's goodput and time lost so far (ops.goodput), for its final event; None
+        """The run's goodput and time lost so far (common.goodput), for its final event; None
         when its events cannot be read (the final is written all the same)."""
         try:
             return goodput.account(events.read_events_file(self.record.path(rs.EVENTS_FILE)),

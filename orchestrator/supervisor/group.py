@@ -1,7 +1,7 @@
 """One run across several nodes: this node's role (``supervisor.role``). The supervisors
 coordinate through a ``torch.distributed.TCPStore`` the head's supervisor hosts on
 ``head_addr:coord_port`` (``supervisor.coordinator``; keys and messages:
-``dfo_contract.group_store``; decisions: ``ops.group_decide``). torchrun's c10d store
+``dfo_contract.group_store``; decisions: ``supervisor.policy.group_decide``). torchrun's c10d store
 lives only as long as one attempt's torchrun; this one lives as long as the head's
 supervisor (the user's laptop is not involved).
 
@@ -229,7 +229,7 @@ class GroupHead(GroupRole):
 
     def __init__(self, *a: Any, **kw: Any):
         super().__init__(*a, **kw)
-        #: the root cause of the last attempt (ops.group_decide.root_cause), for its decision
+        #: the root cause of the last attempt (supervisor.policy.group_decide.root_cause), for its decision
         self.cause: NodeOutcome | None = None
         #: the last attempt whose decision was published (0: none)
         self.decided = 0

@@ -1,6 +1,6 @@
 """Your own trainer's attempt (``dfo launch -- CMD ARGS...``): its argv, env, directory,
 the checkpoint to resume and the ladder's ``run_first`` commands. Decisions are in
-``ops.own_trainer``; this module only looks at files and runs the commands."""
+``common.own_trainer``; this module only looks at files and runs the commands."""
 
 from __future__ import annotations
 

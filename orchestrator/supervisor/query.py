@@ -153,7 +153,7 @@ def _current_metrics(state: RunState, run_dir: str, tail_bytes: int = 16384) -> 
 
 
 def _time(run_dir: str, now: float) -> Goodput | None:
-    """Goodput and the time lost per cause (ops.goodput), from the run's events; None when
+    """Goodput and the time lost per cause (common.goodput), from the run's events; None when
     they cannot be read."""
     from dfo_contract.errors import ContractError
     from dfo_contract.events import read_events_file

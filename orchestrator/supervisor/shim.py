@@ -65,7 +65,7 @@ def _cap_eff() -> int:
 
 
 def _lower_priority() -> int | None:
-    """+NICE when the attempt can get the old priority back (see ops.standby); the old
+    """+NICE when the attempt can get the old priority back (see supervisor.policy.standby); the old
     nice value, or None when left as it is."""
     import resource
 

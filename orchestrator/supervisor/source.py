@@ -14,7 +14,7 @@
   run file's glob finds, runs a ladder step's ``run_first`` commands before the attempt and
   falls back over the run file's ladders.
 
-Both choose the next config with ``ops.verdict.choose`` (the one ladder choice, shared with
+Both choose the next config with ``common.verdict.choose`` (the one ladder choice, shared with
 ``dfo diagnose``).
 
 A source decides; it keeps no state of its own (the run's state comes in).

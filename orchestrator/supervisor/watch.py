@@ -59,7 +59,7 @@ class Outcome:
     meter: hostprobe.TreeMeter = field(default_factory=hostprobe.TreeMeter)
     host: list[HostSample] = field(default_factory=list)
     #: a throughput drop whose host judgement waits for the samples after it
-    #: (ops.host_load.settled): (reason, monotonic t, wall t)
+    #: (supervisor.policy.host_load.settled): (reason, monotonic t, wall t)
     low_pending: tuple[str, float, float] | None = None
     #: a multi-node run (supervisor.group's role): another node's abort, the lost nodes
     #: [(index, silent s)], whether this node aborted first, when to SIGKILL
@@ -72,7 +72,7 @@ class Outcome:
     #: this node's stopped processes as last told to the group's store
     stopped_told: tuple[int, ...] = ()
     #: the head of a group: the nodes whose compile cache the restart clears
-    #: (``ops.group_decide.caches_cleared``)
+    #: (``supervisor.policy.group_decide.caches_cleared``)
     caches_cleared: tuple[str, ...] = ()
 
 
@@ -197,7 +197,7 @@ class AttemptWatch:
         out.low_pending = (reason, now, time.time())
 
     def _judge_low(self, n: int, pid: int, out: Outcome) -> None:
-        """Record what the host showed around the drop (ops.host_load.judge_drop); no
+        """Record what the host showed around the drop (supervisor.policy.host_load.judge_drop); no
         restart and no config change (a busy host is not dense attention)."""
         assert out.low_pending is not None
         reason, t_drop, since = out.low_pending

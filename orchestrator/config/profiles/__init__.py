@@ -14,7 +14,7 @@ live beside this file; hosts.yaml may also name a profile directory by path.
     lock_sha256: <hex>              # written by tools/make_lock.py
     sources: {index_url: ..., extra_index_urls: [...], find_links: [...], index_strategy: ...}
     min_free_mb: 2500               # refuse to build an env with less free disk
-    expect: {torch: 2.13.0+cpu, torch_cuda: null, ...}   # see ops/fingerprint.py
+    expect: {torch: 2.13.0+cpu, torch_cuda: null, ...}   # see plan/fingerprint.py
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Script texts shipped as package data: the one place ``orchestrator.ops`` reads a file.
+"""Script texts shipped as package data: the one place ``orchestrator.plan`` reads a file.
 
-``ops`` does no I/O; the exception is reading the constant text of a script that ships
+``plan`` does no I/O; the exception is reading the constant text of a script that ships
 inside this package (``*.sh`` here, and the ``orchestrator/remote`` modules whose source
 travels as ``python -c`` text). Both go through this module, once per script (cached).
 Values never enter a script's text: they reach it as positional parameters (``"$1"``...).

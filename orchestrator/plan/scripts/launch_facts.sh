@@ -5,7 +5,7 @@
 # checkpoints by manifest, a resume glob), and with "check": the env's stamp, its recorded
 # verification while that still holds, deploy's state probe (whose `uv pip freeze` is left
 # out while the recorded verification holds) and, when it does not hold, the env probe; with
-# a model.init_from directory, that directory's config.json (ops/scripts/init_from.sh).
+# a model.init_from directory, that directory's config.json (plan/scripts/init_from.sh).
 # $1 launch-probe script, $2 state script, $3 env-probe source, $4 root, $5 run.lock,
 # $6 target env dir, $7 python spec, $8 wheel path, $9 "check" or "nocheck", $10 the
 # init_from script, $11 the init_from directory ("": none), $12 N,

@@ -16,7 +16,7 @@ What it decides:
   dense attention by itself (flex's dense-path lines are acted on when printed, above):
   the watchdog only reports it
   (:class:`ThroughputDrop`, later :class:`ThroughputBack`): the supervisor looks at the host
-  (``ops.host_load``) and records what it saw, the config stays and nothing is restarted;
+  (``supervisor.policy.host_load``) and records what it saw, the config stays and nothing is restarted;
 - a hang, two ways: no ``@dfo`` marker (heartbeat, step, phase) for ``hang_s`` (60) while
   the attempt's whole process tree used under 10% of one core and did no I/O in that time
   (the supervisor feeds :meth:`AttemptWatchdog.activity`; a compile that makes progress burns CPU
