@@ -50,10 +50,10 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from orchestrator.config.runconfig import load_config  # noqa: E402
 from orchestrator.engine.compile_cache import CacheManager  # noqa: E402
-from orchestrator.ops.trainer_warmup import parse_report, warmup_argv  # noqa: E402
-from orchestrator.ops import snapshot as sn  # noqa: E402
-from orchestrator.ops.fingerprint import PROBE_SCRIPT, build_fingerprint, parse_probe  # noqa: E402
-from orchestrator.ops.host_tree import HostTree  # noqa: E402
+from orchestrator.plan.trainer_warmup import parse_report, warmup_argv  # noqa: E402
+from orchestrator.plan import snapshot as sn  # noqa: E402
+from orchestrator.plan.fingerprint import PROBE_SCRIPT, build_fingerprint, parse_probe  # noqa: E402
+from orchestrator.config.host_tree import HostTree  # noqa: E402
 from orchestrator.transport.local import LocalTransport  # noqa: E402
 
 

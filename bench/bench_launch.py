@@ -40,7 +40,7 @@ sys.path.insert(0, str(REPO))
 from orchestrator.config.inventory import HostConfig  # noqa: E402
 from orchestrator.engine.deploy import Deployer  # noqa: E402
 from orchestrator.engine.runs import RunOps  # noqa: E402
-from orchestrator.ops.launch_facts import VERIFIED_FILE  # noqa: E402
+from orchestrator.plan.launch_facts import VERIFIED_FILE  # noqa: E402
 from orchestrator.transport import LocalTransport  # noqa: E402
 
 

@@ -27,13 +27,13 @@ sys.path.insert(0, REPO)
 import yaml  # noqa: E402
 
 from dfo_contract.runspec import Bundled, Config, Identity, Resume, RunSpec  # noqa: E402
-from orchestrator.ops.launch_argv import supervisor_argv  # noqa: E402
-from orchestrator.ops.launch_inputs import flatten  # noqa: E402
-from orchestrator.ops.thresholds import thresholds as thresholds_of  # noqa: E402
-from orchestrator.ops.budget import BudgetPolicy  # noqa: E402
-from orchestrator.ops.fallback import merge_ladders  # noqa: E402
-from orchestrator.ops.group import GroupSpec  # noqa: E402
-from orchestrator.ops.host_tree import HostTree  # noqa: E402
+from orchestrator.common.launch_argv import supervisor_argv  # noqa: E402
+from orchestrator.common.launch_argv import flatten  # noqa: E402
+from orchestrator.plan.thresholds import thresholds as thresholds_of  # noqa: E402
+from orchestrator.common.budget import BudgetPolicy  # noqa: E402
+from orchestrator.common.fallback import merge_ladders  # noqa: E402
+from orchestrator.common.group import GroupSpec  # noqa: E402
+from orchestrator.config.host_tree import HostTree  # noqa: E402
 
 HOSTS = ("node0", "node1")
 FAST = {"warmup_s": 300, "train_s": 60, "live_grace_s": 2, "kill_grace_s": 5,

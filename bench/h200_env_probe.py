@@ -2,7 +2,7 @@
 """What `dfo launch` does not run on every launch on a GPU host: the env probe
 (`orchestrator/remote/env_probe.py`: imports torch, transformers, trainer and compiles the
 flex_attention smoke test on cuda:0), timed N times with the machine's python3, against
-the shell stamp that replaces it (`orchestrator/ops/scripts/launch_facts.sh`'s walk of
+the shell stamp that replaces it (`orchestrator/plan/scripts/launch_facts.sh`'s walk of
 site-packages, run here on python3's own site-packages).
 
     python3 bench/h200_env_probe.py [--n 3]      # results to $OUT/env_probe.json (or ./)

@@ -38,7 +38,7 @@ echo "hosts check table (gpu-cu130): exit $?" >> "$OUT/summary.txt"
 "$PY" - "$OUT/raw" <<'PYEOF' > "$OUT/raw/probes.log" 2>&1
 import subprocess, sys
 from pathlib import Path
-from orchestrator.ops import gpu
+from orchestrator.plan import gpu
 out = Path(sys.argv[1])
 for p in (gpu.query_probe(), gpu.smi_probe(), gpu.apps_probe(), gpu.driver_probe(), gpu.devnodes_probe(),
           gpu.shm_probe(), gpu.memlock_probe()):

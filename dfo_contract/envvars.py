@@ -1,6 +1,6 @@
 """Names of the environment variables the supervisor sets for an attempt.
 
-The supervisor writes them (``orchestrator.ops.launch_plan.attempt_env``); the trainer
+The supervisor writes them (``orchestrator.plan.launch_plan.attempt_env``); the trainer
 reads them in one place (``trainer.env``). Nobody else spells these names.
 """
 

@@ -1,6 +1,6 @@
 """The contract's one error family: what a reader raises when a record is not one it can
 read faithfully. Each is a ``ValueError`` whose ``str()`` is one line; the orchestrator's
-readers turn it into a one-line user message (``orchestrator.errors.ContractMismatch``)."""
+readers turn it into a one-line user message (``orchestrator.common.errors.ContractMismatch``)."""
 
 from __future__ import annotations
 

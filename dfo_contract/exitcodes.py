@@ -12,7 +12,7 @@ code  meaning
 7     disk full (a checkpoint did not fit; names the filesystem and the space it needs)
 ====  ==========================================================================
 
-This table is the trainer's, not dfo's: dfo's own exit codes (``orchestrator.errors``)
+This table is the trainer's, not dfo's: dfo's own exit codes (``orchestrator.common.errors``)
 are a separate table (dfo's 3 is a connect error, the trainer's 3 a data error). The
 orchestrator translates a ``TrainerError`` it meets (validating a run config locally)
 into its own ``ConfigError`` at that boundary.

@@ -4,9 +4,9 @@
 A row says how the supervisor treats an attempt that ended with that class: where the class
 stands when several have evidence (``priority``), whether a restart can help (``kind``), the
 bundled trainer's fallback ladder, the restart budget, and what an own command
-(``dfo launch -- CMD``) gets. The classifier's order (``orchestrator.ops.classify_rules``),
-the ladders (``orchestrator.ops.fallback``), the budgets (``dfo_contract.runlimits``), the own
-command's retries (``orchestrator.ops.verdict``) and ``dfo diagnose``'s collectives are all
+(``dfo launch -- CMD``) gets. The classifier's order (``orchestrator.common.classify_rules``),
+the ladders (``orchestrator.common.fallback``), the budgets (``dfo_contract.runlimits``), the own
+command's retries (``orchestrator.common.verdict``) and ``dfo diagnose``'s collectives are all
 read from :data:`TABLES`. A new class is one row here, plus the rules that give a line its
 class (``classify_rules.RULES``), its docs and a recorded log fixture.
 """
@@ -37,7 +37,7 @@ class FailureClass:
     kind: Kind
     #: restarts allowed before the run ends failed (spec.json's ``budget.per_class``)
     budget: int
-    #: the bundled trainer's fallback steps (``orchestrator.ops.fallback.STEPS``; ``NAME*``
+    #: the bundled trainer's fallback steps (``orchestrator.common.fallback.STEPS``; ``NAME*``
     #: repeats while it still changes the config)
     ladder: tuple[str, ...] = ()
     #: an own command restarts unchanged once its run file's ladder is spent

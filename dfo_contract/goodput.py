@@ -1,5 +1,5 @@
 """Where a run's wall time went, as a record: :class:`Goodput` (``dfo status --json``'s
-``time``, the demo's recap). Computing it from a run's events is ``orchestrator.ops.goodput``.
+``time``, the demo's recap). Computing it from a run's events is ``orchestrator.common.goodput``.
 """
 
 from __future__ import annotations

@@ -166,7 +166,7 @@ class NodeOutcome:
     origin: bool = False
     evidence: tuple[dict, ...] = ()
     #: the line of its output saying its part died at start-up loading a shared object from
-    #: its run's compile cache (``ops.cache_check``): a restart clears that node's cache
+    #: its run's compile cache (``supervisor.policy.cache_check``): a restart clears that node's cache
     cache_fault: str | None = None
     #: the node's supervisor died during the attempt (its trainer went with it) and its
     #: restarted supervisor reports this end: the cause of the other nodes' failures

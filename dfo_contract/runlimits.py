@@ -104,7 +104,7 @@ DEFAULT_PER_CLASS: dict[str, int] = dict(TABLES.budgets)
 
 @dataclass(frozen=True, kw_only=True)
 class Budget:
-    """Restart budgets and backoff (the decisions are ``orchestrator.ops.budget``)."""
+    """Restart budgets and backoff (the decisions are ``orchestrator.common.budget``)."""
     per_class: Mapping[str, int] = field(default_factory=lambda: dict(DEFAULT_PER_CLASS))
     total: int = 12
     initial: float = 10.0

@@ -205,7 +205,7 @@ class Own(_Json):
     step_pattern: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     resume: ResumeRule | None = None
-    #: failure class -> ladder steps (``orchestrator.ops.own_trainer``: {"drop_arg": ...}, ...)
+    #: failure class -> ladder steps (``orchestrator.common.own_trainer``: {"drop_arg": ...}, ...)
     fallbacks: Mapping[str, tuple[Mapping[str, Any], ...]] = field(default_factory=dict)
     kind = "own"
 

@@ -120,7 +120,7 @@ class RunState:
     overrides: dict = field(default_factory=dict)   # config overrides in force (dotted keys)
     fallbacks: list = field(default_factory=list)   # [{"class", "step", "changed", "attempt"}]
     ladder_pos: dict = field(default_factory=dict)  # class -> position on its ladder
-    budget: dict = field(default_factory=dict)      # ops.budget.BudgetState.to_json()
+    budget: dict = field(default_factory=dict)      # common.budget.BudgetState.to_json()
     last_step: int | None = None
     tokens_per_s: float | None = None
     baseline_tokens_per_s: float | None = None

@@ -1,4 +1,4 @@
-"""Unit tests for the compile-cache key (orchestrator.ops.cache_key): pure, no torch."""
+"""Unit tests for the compile-cache key (orchestrator.plan.cache_key): pure, no torch."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.ops import cache_key as ck
+from orchestrator.plan import cache_key as ck
 
 FP = {"profile": "cpu", "lock_hash": "a" * 64, "dfo": "0.1.0", "python": "3.11.2",
       "torch": "2.11.0+cu128", "torch_git": "70d99e998b4955e0049d13a98d77ae1b14db1f45",

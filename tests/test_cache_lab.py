@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config.inventory import HostConfig, load_inventory
-from orchestrator.ops import snapshot as sn
+from orchestrator.plan import snapshot as sn
 from orchestrator.transport import Transport, open_transport
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(1800)]
@@ -215,7 +215,7 @@ def container_env(lab, lab_wheelhouse, project_wheel, tmp_path_factory):
 
 def test_lab_container_snapshot_mechanics(container_env, tmp_path):
     from orchestrator.engine.compile_cache import CacheManager
-    from orchestrator.errors import CacheError
+    from orchestrator.common.errors import CacheError
     from tests.helpers.cache_env import CFG, compile_into
 
     hosts, host, t, base = container_env

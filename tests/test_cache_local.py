@@ -18,9 +18,9 @@ import pytest
 
 from orchestrator.config.runconfig import load_config
 from orchestrator.engine.compile_cache import CacheManager
-from orchestrator.errors import CacheError, DeployError
-from orchestrator.ops import snapshot as sn
-from orchestrator.ops.host_tree import HostTree
+from orchestrator.common.errors import CacheError, DeployError
+from orchestrator.plan import snapshot as sn
+from orchestrator.config.host_tree import HostTree
 from orchestrator.transport.local import LocalTransport
 
 from tests.helpers.cache_env import CFG, compile_into, make_env
@@ -201,7 +201,7 @@ def test_status_and_prune(host, cold_cache, tmp_path):
 
 
 def test_load_config_uses_the_trainer_validation(tmp_path):
-    from orchestrator.errors import ConfigError
+    from orchestrator.common.errors import ConfigError
 
     f = tmp_path / "c.yaml"
     f.write_text("data: {path: /x.jsonl, max_seq_len: 64, num_anchors: 4}\n")
@@ -278,7 +278,7 @@ def test_a_second_warmup_on_the_same_host_is_refused_while_one_runs(host):
     """The warm-up holds <root>/locks/cache.lock (flock): a concurrent one fails at once."""
     import time
 
-    from orchestrator.errors import LockHeldError
+    from orchestrator.common.errors import LockHeldError
 
     root, mgr = host
     lock = root / "locks" / "cache.lock"

@@ -15,8 +15,8 @@ import textwrap
 import pytest
 
 from orchestrator.engine.runs import LaunchOptions, RunOps
-from orchestrator.errors import RunFailed
-from orchestrator.ops.cache_check import bad_artifact, cache_import_error
+from orchestrator.common.errors import RunFailed
+from orchestrator.supervisor.policy.cache_check import bad_artifact, cache_import_error
 from orchestrator.supervisor import cache_scrub
 from orchestrator.transport.local import LocalTransport
 from tests.supervisor_env import FAST, events, local_host, make_root, wait_final
@@ -139,12 +139,12 @@ def _own_run_with_live_cache(tmp, root, name, live_files):
     import time as _time
 
     from dfo_contract.runspec import Cache, Config, Identity, Own, Resume, RunSpec
-    from orchestrator.ops.budget import BudgetPolicy
-    from orchestrator.ops.fallback import merge_ladders
-    from orchestrator.ops.host_tree import HostTree
-    from orchestrator.ops.run_identity import make_run_id
-    from orchestrator.ops.snapshot import paths, seed_run_cache_argvs
-    from orchestrator.ops.thresholds import thresholds as thresholds_of
+    from orchestrator.common.budget import BudgetPolicy
+    from orchestrator.common.fallback import merge_ladders
+    from orchestrator.config.host_tree import HostTree
+    from orchestrator.plan.run_identity import make_run_id
+    from orchestrator.plan.snapshot import paths, seed_run_cache_argvs
+    from orchestrator.plan.thresholds import thresholds as thresholds_of
 
     tree = HostTree(str(root))
     live = paths(tree, "k1").live
@@ -188,7 +188,7 @@ def test_a_broken_file_in_the_hosts_live_cache_never_reaches_an_attempt_twice(
         setup, broken, why):
     import subprocess
 
-    from orchestrator.ops.launch_argv import supervisor_argv
+    from orchestrator.common.launch_argv import supervisor_argv
     from tests.supervisor_env import REPO
 
     root, run_ops, tmp = setup
@@ -239,8 +239,8 @@ def test_warm_cache_status_shows_a_damaged_live_cache_and_its_scrub_drops_it(
         setup, tmp_path, capsys):
     from orchestrator.cli import main
     from orchestrator.engine.compile_cache import CacheManager
-    from orchestrator.ops.host_tree import HostTree
-    from orchestrator.ops.snapshot import paths
+    from orchestrator.config.host_tree import HostTree
+    from orchestrator.plan.snapshot import paths
 
     root, _run_ops, _tmp = setup
     live = paths(HostTree(str(root)), "cpu-k1").live

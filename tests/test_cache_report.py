@@ -8,8 +8,8 @@ import pytest
 
 from orchestrator.engine.cache_warmup import WarmResult
 from orchestrator.engine.compile_cache import local_snapshot_files
-from orchestrator.ops.trainer_warmup import parse_report, warmup_argv, warmup_env, warmup_error_line
-from orchestrator.errors import CacheError, ConfigError, NotFoundError
+from orchestrator.plan.trainer_warmup import parse_report, warmup_argv, warmup_env, warmup_error_line
+from orchestrator.common.errors import CacheError, ConfigError, NotFoundError
 
 REPORT = {  # the shape trainer/train/compile_only.py writes
     "torch": "2.13.0+cpu", "devices": ["cpu"], "buckets": [[32, 4], [64, 4]],

@@ -1,4 +1,4 @@
-"""Unit tests for snapshot manifests, verification and plans (orchestrator.ops.snapshot).
+"""Unit tests for snapshot manifests, verification and plans (orchestrator.plan.snapshot).
 
 The cache helper script (CACHE_TOOL) is run for real with this interpreter on temp dirs."""
 
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import CacheError
-from orchestrator.ops import snapshot as sn
-from orchestrator.ops.host_tree import HostTree
+from orchestrator.common.errors import CacheError
+from orchestrator.plan import snapshot as sn
+from orchestrator.config.host_tree import HostTree
 
 H = hashlib.sha256(b"x").hexdigest()
 FILES = {"inductor/fxgraph/ab/c": {"sha256": H, "size": 10},

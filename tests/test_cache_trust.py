@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 
 from orchestrator.engine.compile_cache import CacheManager, _hash_local
-from orchestrator.errors import CacheError
-from orchestrator.ops import provenance as pv
-from orchestrator.ops import snapshot as sn
-from orchestrator.ops.host_tree import HostTree
+from orchestrator.common.errors import CacheError
+from orchestrator.plan import provenance as pv
+from orchestrator.plan import snapshot as sn
+from orchestrator.config.host_tree import HostTree
 from orchestrator.remote import cache_tool
 from orchestrator.transport.local import LocalTransport
 
@@ -159,7 +159,7 @@ def test_manifest_carries_provenance_and_rejects_a_bad_one():
 
 def test_hosts_yaml_trusted_sources(tmp_path):
     from orchestrator.config.inventory import load_inventory
-    from orchestrator.errors import ConfigError
+    from orchestrator.common.errors import ConfigError
 
     f = tmp_path / "hosts.yaml"
     f.write_text("hosts:\n  a:\n    transport: local\n    root: /tmp/x\n"

@@ -18,9 +18,9 @@ from dfo_contract.trainer_markers import HeartbeatMarker
 
 from orchestrator.config.runconfig import load_config
 from orchestrator.engine.compile_cache import CacheManager
-from orchestrator.ops.trainer_warmup import parse_report, warmup_argv
-from orchestrator.ops import snapshot as sn
-from orchestrator.ops.host_tree import HostTree
+from orchestrator.plan.trainer_warmup import parse_report, warmup_argv
+from orchestrator.plan import snapshot as sn
+from orchestrator.config.host_tree import HostTree
 from orchestrator.transport.local import LocalTransport
 from tests.helpers.cache_env import make_env
 

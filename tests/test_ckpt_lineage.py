@@ -12,7 +12,7 @@ import pytest
 
 from dfo_contract import checkpoints as cm
 from dfo_contract import fsio
-from orchestrator.ops.launch_argv import attempt_env
+from orchestrator.common.launch_argv import attempt_env
 from trainer.core import checkpoints as tc
 from trainer.env import read_env
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.ops.classify import (LineScan, ThroughputMonitor, classify, classify_text,
+from orchestrator.common.classify import (LineScan, ThroughputMonitor, classify, classify_text,
                                        match_line)
-from orchestrator.ops.classify_rules import CLASSES
+from orchestrator.common.classify_rules import CLASSES
 
 FIX = Path(__file__).parent / "fixtures" / "logs"
 

@@ -11,8 +11,8 @@ import pytest
 
 from orchestrator.cli import main
 from orchestrator.engine.compile_cache import CacheManager
-from orchestrator.ops import snapshot as sn
-from orchestrator.ops.host_tree import HostTree
+from orchestrator.plan import snapshot as sn
+from orchestrator.config.host_tree import HostTree
 from orchestrator.transport.local import LocalTransport
 from tests.helpers.cache_env import CFG, compile_into, make_env
 

@@ -14,7 +14,7 @@ from dfo_contract.status import RunStatus
 from orchestrator.cli.status import status_table
 from orchestrator.config.inventory import parse_inventory
 from orchestrator.config.profiles import PROFILES_DIR, load_profile
-from orchestrator.errors import ConfigError
+from orchestrator.common.errors import ConfigError
 
 DFO = [sys.executable, "-c", "import sys; from orchestrator.cli import main; sys.exit(main(sys.argv[1:]))"]
 

@@ -16,9 +16,9 @@ import click
 import pytest
 from rich.console import Console
 
-from orchestrator.ops.run_identity import make_run_id
+from orchestrator.plan.run_identity import make_run_id
 from dfo_contract.metrics_record import parse_metrics
-from orchestrator.ops.sparkline import current_step, metrics_tail, sparkline
+from orchestrator.common.sparkline import current_step, metrics_tail, sparkline
 
 REPO = Path(__file__).resolve().parents[1]
 DFO = [sys.executable, "-m", "orchestrator.cli"]

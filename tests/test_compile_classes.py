@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.ops.classify import classify, match_line
-from orchestrator.ops.classify_rules import PERMANENT_CLASSES
-from orchestrator.ops.fallback import DEFAULT_LADDERS, STEPS, TRANSIENT, next_config
-from orchestrator.ops.verdict import Ladders, choose
+from orchestrator.common.classify import classify, match_line
+from orchestrator.common.classify_rules import PERMANENT_CLASSES
+from orchestrator.common.fallback import DEFAULT_LADDERS, STEPS, TRANSIENT, next_config
+from orchestrator.common.verdict import Ladders, choose
 
 FIX = Path(__file__).parent / "fixtures" / "logs"
 

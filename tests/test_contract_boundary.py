@@ -234,7 +234,7 @@ BEFORE = {
             self.emit("stopping", attempt=n, reason="r")
             sup.emit(kind, **fields)
     '''),
-    "kind-call": ('orchestrator/ops/x.py', '''
+    "kind-call": ('orchestrator/plan/x.py', '''
         rec = rs.event("final", status="done", reason="r")
         evs = [("group_decision", {"attempt": 1})]
     '''),
@@ -294,7 +294,7 @@ def test_a_marker_kind_test_is_flagged():
             if rec.get("kind") == "checkpoint" or rec.get("kind") in ("step", "eval"):
                 pass
     ''')
-    found = [v.split(": ")[1] for v in violations(src, "orchestrator/ops/x.py")]
+    found = [v.split(": ")[1] for v in violations(src, "orchestrator/plan/x.py")]
     assert found and set(found) == {"kind-test"}, found
 
 

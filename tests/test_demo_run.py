@@ -22,8 +22,8 @@ import pytest
 
 from dfo_contract import events as ev
 from orchestrator.engine.demo import DEFAULT_RUN_NAME, demo_paths
-from orchestrator.ops.host_tree import HostTree
-from orchestrator.ops.recap import recap
+from orchestrator.config.host_tree import HostTree
+from orchestrator.plan.recap import recap
 from tests.supervisor_env import hosts_yaml, make_root
 from tests.test_tmux_cli import REPO, Tmux
 

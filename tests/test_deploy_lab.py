@@ -22,11 +22,11 @@ import pytest
 import yaml
 
 from orchestrator.engine.deploy import Deployer
-from orchestrator.errors import DeployError, VerifyError
+from orchestrator.common.errors import DeployError, VerifyError
 from orchestrator.config.inventory import HostConfig, load_inventory
-from orchestrator.ops.fingerprint import FINGERPRINT_FIELDS
-from orchestrator.ops.host_tree import env_generation
-from orchestrator.ops.lockfile import lock_hash
+from orchestrator.plan.fingerprint import FINGERPRINT_FIELDS
+from orchestrator.config.host_tree import env_generation
+from orchestrator.config.lockfile import lock_hash
 from orchestrator.config.profiles import PROFILES_DIR
 from orchestrator.engine.wheel import ProjectWheel
 from orchestrator.transport import Transport, open_transport

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.engine.deploy import Deployer, local_find_links
-from orchestrator.errors import LockHeldError
+from orchestrator.common.errors import LockHeldError
 from orchestrator.config.inventory import HostConfig
 from orchestrator.transport import LocalTransport
 
@@ -235,7 +235,7 @@ def _setup(tmp_path: Path, wheelhouse, project_wheel, cache: Path):
 def _current_is_good(root: Path, hosts: Path, name: str, wheel) -> None:
     """envs/current is still NAME, complete, and launch's env check accepts it."""
     from orchestrator.config.inventory import load_inventory
-    from orchestrator.ops.launch_facts import FactsRequest, facts_argv, parse_facts
+    from orchestrator.plan.launch_facts import FactsRequest, facts_argv, parse_facts
 
     assert os.readlink(root / "envs/current") == name
     assert (root / "envs" / name / ".dfo-complete").is_file()

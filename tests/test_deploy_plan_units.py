@@ -9,9 +9,9 @@ import shutil
 
 import pytest
 
-from orchestrator.errors import ConfigError, DeployError, LockHeldError
-from orchestrator.ops import deploy_plan as dp
-from orchestrator.ops.lockfile import parse_lock
+from orchestrator.common.errors import ConfigError, DeployError, LockHeldError
+from orchestrator.plan import deploy_plan as dp
+from orchestrator.config.lockfile import parse_lock
 from orchestrator.config.profiles import PROFILES_DIR, available, load_profile
 
 H1 = "a" * 64
@@ -133,7 +133,7 @@ def test_plan_reuses_complete_env_that_is_not_current():
 
 
 def test_env_generation_names():
-    from orchestrator.ops.host_tree import env_generation, generation_name
+    from orchestrator.config.host_tree import env_generation, generation_name
 
     assert env_generation(TARGET) == (TARGET, 1) and generation_name(TARGET, 1) == TARGET
     assert env_generation(f"{TARGET}.3") == (TARGET, 3) and generation_name(TARGET, 3) == f"{TARGET}.3"

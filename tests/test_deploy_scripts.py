@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.ops import deploy_plan as dp
+from orchestrator.plan import deploy_plan as dp
 
 
 def sh(script: str, *args: str, timeout: float = 30) -> subprocess.CompletedProcess:

@@ -12,8 +12,8 @@ import pytest
 from orchestrator.config.inventory import HostConfig
 from orchestrator.config.profiles import Sources, load_profile
 from orchestrator.engine.deploy import Deployer
-from orchestrator.errors import ConfigError
-from orchestrator.ops.uv import describe_sources, translate_uv_error, unserved_package
+from orchestrator.common.errors import ConfigError
+from orchestrator.plan.uv import describe_sources, translate_uv_error, unserved_package
 from orchestrator.transport import LocalTransport
 
 PYPI = "https://pypi.org/simple"

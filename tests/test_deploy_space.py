@@ -15,9 +15,9 @@ import pytest
 from orchestrator.config.inventory import HostConfig
 from orchestrator.config.profiles import load_profile
 from orchestrator.engine.deploy import Deployer, local_uv
-from orchestrator.errors import DeployError
-from orchestrator.ops import deploy_plan as dp
-from orchestrator.ops import deploy_space as ds
+from orchestrator.common.errors import DeployError
+from orchestrator.plan import deploy_plan as dp
+from orchestrator.plan import deploy_space as ds
 from orchestrator.transport.local import LocalTransport
 from tests.helpers.tmpfs import fill, tmpfs  # noqa: F401
 

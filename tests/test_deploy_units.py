@@ -8,11 +8,11 @@ import sys
 
 import pytest
 
-from orchestrator.errors import DeployError
-from orchestrator.ops.drift import diff, parse_freeze
-from orchestrator.ops.fingerprint import (PROBE_SCRIPT, build_fingerprint, compare,
+from orchestrator.common.errors import DeployError
+from orchestrator.plan.drift import diff, parse_freeze
+from orchestrator.plan.fingerprint import (PROBE_SCRIPT, build_fingerprint, compare,
                                           fingerprint_changes, matches, parse_probe)
-from orchestrator.ops.lockfile import LockError, lock_hash, normalize_name, parse_lock
+from orchestrator.config.lockfile import LockError, lock_hash, normalize_name, parse_lock
 from orchestrator.config.profiles import load_profile
 
 H1 = "a" * 64

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.engine import wheel as pw
-from orchestrator.errors import DeployError
+from orchestrator.common.errors import DeployError
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -70,6 +70,6 @@ def test_repack_from_a_non_editable_install(tmp_path, project_wheel):
                         str(repacked)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     ok = subprocess.run([str(b / "bin/python"), "-c",
-                         "import orchestrator.errors, trainer; from importlib.metadata import version;"
+                         "import orchestrator.common.errors, trainer; from importlib.metadata import version;"
                          "print(version('dfo'))"], capture_output=True, text=True, cwd=tmp_path)
     assert ok.returncode == 0 and ok.stdout.strip() == "0.1.0", ok.stderr

@@ -78,7 +78,7 @@ def test_the_supervisor_stops_at_once_on_a_full_disk(tmp_path, tmpfs, tiny_asset
 # --- a read-only checkpoint filesystem ------------------------------------------------------
 
 def test_a_real_erofs_is_its_own_permanent_class_naming_the_path(tmp_path, read_only):  # noqa: F811
-    from orchestrator.ops.classify import classify
+    from orchestrator.common.classify import classify
 
     ro = read_only(tmp_path / "ro")
     p = subprocess.run([sys.executable, "-c", f"open({str(ro / 'step_2')!r}, 'w')"],
@@ -93,7 +93,7 @@ def test_a_real_erofs_is_its_own_permanent_class_naming_the_path(tmp_path, read_
 def test_erofs_on_a_checkpoint_being_written_names_the_checkpoint_dir(tmp_path, read_only):  # noqa: F811
     """The trainer writes a checkpoint into DIR/.step_N.tmp-PID first: the reason names DIR,
     the directory a user can act on, not the temporary one."""
-    from orchestrator.ops.classify import classify
+    from orchestrator.common.classify import classify
 
     ro = read_only(tmp_path / "ro")
     tmp = ro / ".step_2.tmp-4242"

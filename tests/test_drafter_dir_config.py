@@ -1,7 +1,7 @@
 """``model.init_from``'s settings from a drafter's config.json (pure, torch-free):
 ``dfo_contract.trainer_config.drafter_dir.effective_config``, the one function the trainer
 and dfo launch / warm-cache apply, and the orchestrator's reading of the host's answer
-(``orchestrator.ops.init_from``)."""
+(``orchestrator.plan.init_from``)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import pytest
 from dfo_contract.exitcodes import TrainerConfigError
 from dfo_contract.trainer_config import effective_config, load_config
 from dfo_contract.trainer_config.layers import FULL, SLIDING
-from orchestrator.errors import ConfigError
-from orchestrator.ops.init_from import DrafterReply, effective_full, parse_reply
+from orchestrator.common.errors import ConfigError
+from orchestrator.plan.init_from import DrafterReply, effective_full, parse_reply
 
 DIR = "/d/released"
 CONF = {"architectures": ["DFlashDraftModel"], "num_hidden_layers": 2, "hidden_size": 64,

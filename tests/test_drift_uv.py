@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.ops.drift import diff, parse_freeze
-from orchestrator.ops.lockfile import parse_lock
+from orchestrator.plan.drift import diff, parse_freeze
+from orchestrator.config.lockfile import parse_lock
 
 
 def _wheel(path: Path, name: str = "dfo", version: str = "0.1.0") -> Path:

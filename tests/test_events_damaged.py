@@ -11,7 +11,7 @@ import sys
 
 from dfo_contract import events as ev
 from orchestrator.engine.logs import LogFollower
-from orchestrator.ops.host_tree import HostTree
+from orchestrator.config.host_tree import HostTree
 from orchestrator.transport.local import LocalTransport
 from tests.supervisor_env import REPO, hosts_yaml, make_root
 

@@ -15,7 +15,7 @@ from dfo_contract.errors import ContractError
 from dfo_contract.failure_classes import TABLE, TABLES, FailureClass, derive
 from orchestrator.config import hostconfig, inventory, inventory_parser
 from orchestrator.engine import diagnose
-from orchestrator.ops import budget, classify_rules, fallback, own_trainer, verdict
+from orchestrator.common import budget, classify_rules, fallback, own_trainer, verdict
 
 TOY = FailureClass(name="toy_stall", priority=0, kind="transient", budget=2, ladder=("same",),
                    own_retry=True, own_ladder=({"env": {"TOY": "1"}},), collective=True)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.errors import ConfigError
-from orchestrator.ops.fallback import (DEFAULT_LADDERS, STEPS, describe, merge_ladders,
+from orchestrator.common.errors import ConfigError
+from orchestrator.common.fallback import (DEFAULT_LADDERS, STEPS, describe, merge_ladders,
                                        next_config, validate_ladders)
 
 # the threaded lazy-compile race's config (docs/recovery.md)

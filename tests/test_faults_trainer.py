@@ -201,7 +201,7 @@ def test_fx_race_with_dflash2_is_classified_as_with_dflash(tiny, tmp_path):
     """model.method dflash2 under the injected FX fault: the trainer exits as a DFlash run
     does (exit 5, torch's own error), and the supervisor's classifier reads the same class
     from the same evidence lines."""
-    from orchestrator.ops.classify import classify
+    from orchestrator.common.classify import classify
 
     seen = {}
     for method in ("dflash", "dflash2"):

@@ -1,4 +1,4 @@
-"""Goodput and the time lost per cause (orchestrator.ops.goodput), on recorded events (three
+"""Goodput and the time lost per cause (orchestrator.common.goodput), on recorded events (three
 real runs of tests/fixtures/events/recorded.jsonl, written before attempts carried their
 timing fields) and on a run whose attempts carry them."""
 
@@ -10,7 +10,7 @@ import pytest
 
 from dfo_contract import events as ev
 from dfo_contract.goodput import CAUSES, seconds_text
-from orchestrator.ops.goodput import AttemptClock, account, last_run
+from orchestrator.common.goodput import AttemptClock, account, last_run
 
 FIX = Path(__file__).parent / "fixtures" / "events" / "recorded.jsonl"
 

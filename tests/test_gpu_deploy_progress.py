@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.ops.uv_progress import UvProgress, human_bytes, parse_du_k
+from orchestrator.plan.uv_progress import UvProgress, human_bytes, parse_du_k
 
 #: uv pip sync's output (uv prints these without a terminal too; the sizes of the gpu-cu130 lock)
 UV_LINES = """\

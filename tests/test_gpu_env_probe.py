@@ -8,7 +8,7 @@ import pytest
 import sys
 
 from orchestrator.config.profiles import load_profile
-from orchestrator.ops.fingerprint import PROBE_SCRIPT, build_fingerprint, compare, parse_probe
+from orchestrator.plan.fingerprint import PROBE_SCRIPT, build_fingerprint, compare, parse_probe
 
 #: what the probe printed on the H200 machine's own python3 (torch from PyPI, transformers 5.17.0)
 H200 = {"python": "3.12.3", "torch": "2.11.0+cu130", "torch_git": "70d99e998b4955e0049d13a98d77ae1b14db1f45",
@@ -55,7 +55,7 @@ def test_probe_without_cuda_has_no_smoke_and_records_the_field():
 def test_smoke_result_is_not_a_compile_cache_key_component():
     """The smoke test is a health check, not an input of compiled code: adding it to the
     fingerprint must not change any env's cache key."""
-    from orchestrator.ops.cache_key import fingerprint_components
+    from orchestrator.plan.cache_key import fingerprint_components
 
     fp = build_fingerprint(H200, profile="gpu-cu130", lock_hash="f" * 64)
     assert fp["gpu_smoke"] == "ok"

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config.profiles import load_profile
-from orchestrator.errors import ConfigError
-from orchestrator.ops.lockfile import lock_hash, parse_lock
+from orchestrator.common.errors import ConfigError
+from orchestrator.config.lockfile import lock_hash, parse_lock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 import make_lock  # noqa: E402

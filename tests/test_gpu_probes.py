@@ -1,4 +1,4 @@
-"""GPU passthrough facts and problems (ops/gpu.py, ops/gpu_judge.py) on output recorded on
+"""GPU passthrough facts and problems (plan/gpu.py, plan/gpu_judge.py) on output recorded on
 an H200 machine (tests/fixtures/gpu/h200) and edited copies for each failure."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.ops import gpu
-from orchestrator.ops.gpu_judge import gpu_problems
-from orchestrator.ops.probes import Reply
+from orchestrator.plan import gpu
+from orchestrator.plan.gpu_judge import gpu_problems
+from orchestrator.plan.probes import Reply
 
 FIX = Path(__file__).parent / "fixtures" / "gpu"
 

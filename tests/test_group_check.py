@@ -1,4 +1,4 @@
-"""The group judges (ops/group_check.py, pure) and the port probe they read
+"""The group judges (plan/group_check.py, pure) and the port probe they read
 (orchestrator/remote/port_probe.py) run for real over loopback."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import subprocess
 import sys
 import threading
 
-from orchestrator.ops import group_check as gc
+from orchestrator.plan import group_check as gc
 from tests.lab.procs import free_port_pair
 
 FP = {"profile": "cpu", "lock_hash": "a" * 64, "dfo": "0.1.0", "python": "3.11.7",

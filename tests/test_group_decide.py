@@ -8,16 +8,16 @@ import pytest
 
 from dfo_contract.failure_classes import FAILURE_CLASSES
 from dfo_contract import events as ev
-from orchestrator.ops.classify_rules import GROUP_CLASSES, NODE_LOST, PEER_ABORT
-from orchestrator.ops.fallback import validate_ladders
-from orchestrator.errors import ConfigError
-from orchestrator.ops.budget import cannot_do_better
+from orchestrator.common.classify_rules import GROUP_CLASSES, NODE_LOST, PEER_ABORT
+from orchestrator.common.fallback import validate_ladders
+from orchestrator.common.errors import ConfigError
+from orchestrator.common.budget import cannot_do_better
 from dfo_contract.errors import ContractError
 from dfo_contract.group_store import GroupVerdict, NodeOutcome
-from orchestrator.ops.group_decide import (Heartbeats, caches_cleared, lost_end, peer_step,
+from orchestrator.supervisor.policy.group_decide import (Heartbeats, caches_cleared, lost_end, peer_step,
                                            root_cause, run_healthy_s)
 from dfo_contract.runstate import Attempt
-from orchestrator.ops.launch_argv import Rendezvous, group_env, trainer_argv
+from orchestrator.common.launch_argv import Rendezvous, group_env, trainer_argv
 
 
 def end(node, cls, *, origin=False, healthy=0.0, host=None):
@@ -185,7 +185,7 @@ def test_local_addr_is_the_source_address_towards_the_head():
 
 
 def test_a_node_that_did_not_run_itself_knows_it():
-    from orchestrator.ops.group_decide import Heartbeats
+    from orchestrator.supervisor.policy.group_decide import Heartbeats
 
     hb = Heartbeats(lost_s=6.0, start=0.0)
     for t in (1.0, 2.0, 3.0):
@@ -199,7 +199,7 @@ def test_a_node_that_did_not_run_itself_knows_it():
 
 def test_a_node_whose_supervisor_died_is_the_root_cause():
     from dfo_contract.group_store import NodeOutcome
-    from orchestrator.ops.group_decide import root_cause
+    from orchestrator.supervisor.policy.group_decide import root_cause
 
     head = NodeOutcome(node=0, host="gpu1", cls="nccl_timeout", reason="gloo timed out",
                        origin=True)
@@ -210,7 +210,7 @@ def test_a_node_whose_supervisor_died_is_the_root_cause():
 
 
 def test_a_node_is_named_once_in_the_runs_reason():
-    from orchestrator.ops.group_decide import node_lost_reason, on_node
+    from orchestrator.supervisor.policy.group_decide import node_lost_reason, on_node
 
     lost = node_lost_reason("lab-b", 130, "pair")
     assert on_node("lab-b", lost) == lost and lost.count("lab-b") == 1

@@ -1,4 +1,4 @@
-"""ops.group_launch: the pure parts of `dfo launch --group` (per-node GroupSpec, the forced
+"""plan.group_launch: the pure parts of `dfo launch --group` (per-node GroupSpec, the forced
 ddp layout, the env-fingerprint comparison, the per-node torchrun argv) and the 80-column
 rows of `dfo status --group`."""
 
@@ -8,8 +8,8 @@ import pytest
 
 from orchestrator.cli.group_run import status_lines
 from orchestrator.config.hostconfig import GpuLayout, GroupConfig, HostConfig
-from orchestrator.errors import ConfigError, DeployError, LockHeldError
-from orchestrator.ops import group_launch as gl
+from orchestrator.common.errors import ConfigError, DeployError, LockHeldError
+from orchestrator.plan import group_launch as gl
 
 
 def hosts():

@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 from orchestrator.engine.group_logs import follow_group
-from orchestrator.ops.host_tree import HostTree
+from orchestrator.config.host_tree import HostTree
 from orchestrator.transport.local import LocalTransport
 from tests.test_logs_follow import REPO, KillingTransport, expected_lines
 

@@ -16,7 +16,7 @@ import pytest
 from orchestrator.config.hostconfig import GroupConfig, HostConfig
 from orchestrator.engine.group_runs import GroupRuns
 from orchestrator.engine.runs import LaunchOptions
-from orchestrator.errors import ConfigError, DeployError, LockHeldError
+from orchestrator.common.errors import ConfigError, DeployError, LockHeldError
 from orchestrator.transport import open_transport
 from tests.supervisor_env import VENV, write_config  # noqa: F401,F811
 from tests.lab.procs import free_port_pair
@@ -124,7 +124,7 @@ def test_envs_that_differ_name_the_host_and_how(tmp_path, tiny_assets):  # noqa:
 def test_resume_is_resolved_on_the_head_only(tmp_path, tiny_assets):  # noqa: F811
     gr, roots = pair(tmp_path)
     cfg = write_config(tmp_path / "c.yaml", tiny_assets)
-    from orchestrator.errors import NotFoundError
+    from orchestrator.common.errors import NotFoundError
 
     with pytest.raises(NotFoundError) as ei:       # the head has no checkpoints
         gr.launch(opts(cfg, resume="latest"))

@@ -16,15 +16,15 @@ from pathlib import Path
 import pytest
 
 from dfo_contract import events as ev
-from orchestrator.ops.budget import BudgetPolicy
-from orchestrator.ops.fallback import merge_ladders
-from orchestrator.ops.group import GroupSpec
+from orchestrator.common.budget import BudgetPolicy
+from orchestrator.common.fallback import merge_ladders
+from orchestrator.common.group import GroupSpec
 from dfo_contract.runspec import Bundled, Config, Identity, Resume, RunSpec
-from orchestrator.ops.launch_argv import supervisor_argv
-from orchestrator.ops.launch_inputs import flatten
-from orchestrator.ops.thresholds import thresholds as thresholds_of
-from orchestrator.ops.host_tree import HostTree
-from orchestrator.ops.run_identity import make_run_id
+from orchestrator.common.launch_argv import supervisor_argv
+from orchestrator.common.launch_argv import flatten
+from orchestrator.plan.thresholds import thresholds as thresholds_of
+from orchestrator.config.host_tree import HostTree
+from orchestrator.plan.run_identity import make_run_id
 
 from tests.supervisor_env import FAST, REPO, make_root, wait_for, write_config  # noqa: F401
 from tests.lab.procs import free_port_pair

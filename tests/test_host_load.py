@@ -1,9 +1,9 @@
-"""ops.host_load: why tokens/s dropped, from samples of the host. Pure, no I/O."""
+"""supervisor.policy.host_load: why tokens/s dropped, from samples of the host. Pure, no I/O."""
 
 from __future__ import annotations
 
-from orchestrator.ops.gpu import GpuApp, parse_apps_csv
-from orchestrator.ops.host_load import (AFTER_S, CpuTimes, HostSample, judge, judge_drop,
+from orchestrator.common.gpu_apps import GpuApp, parse_apps_csv
+from orchestrator.supervisor.policy.host_load import (AFTER_S, CpuTimes, HostSample, judge, judge_drop,
                                         parse_loadavg, parse_proc_stat, settled,
                                         window_after, window_before)
 

@@ -9,7 +9,7 @@ import pytest
 
 from orchestrator.config.groups_parser import head_addr_problem
 from orchestrator.config.inventory import parse_inventory
-from orchestrator.errors import ConfigError
+from orchestrator.common.errors import ConfigError
 
 HOSTS = """\
 hosts:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.errors import ConfigError
+from orchestrator.common.errors import ConfigError
 from orchestrator.config.inventory import EMBEDDED_DEFAULT, load_inventory, parse_inventory
 
 REPO = Path(__file__).resolve().parents[1]

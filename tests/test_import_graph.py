@@ -16,6 +16,16 @@ circle is gone fails the test until it is removed, and a new circle fails it at 
 The trainer's parts point one way: ``TRAINER_ORDER`` lists its packages and top-level
 modules lowest first, and a module may import only from its own part or one listed before
 it. A part missing from the list fails the test, so a new package is placed on purpose.
+
+The orchestrator is split by the process that runs it (``ORCHESTRATOR_SIDES``): the laptop's
+``dfo`` (cli, engine, plan, config, transport), the container's programs (the supervisor and
+its policy; the host tools of ``remote``) and the small ``common`` part both run. No laptop
+module imports a container module or the other way round (``ALLOWED_CROSSINGS`` names the
+one edge that may, and why); ``common`` imports only itself (and ``dfo_contract``); neither
+``common`` nor the laptop imports the trainer. ``ORCHESTRATOR_ORDER`` lists the
+orchestrator's parts lowest first, like ``TRAINER_ORDER``: an upward import fails, as does
+a part it does not list, and the parts have no circle. The host tools whose source travels as
+``python -c`` text import nothing of the tree.
 """
 
 from __future__ import annotations
@@ -32,6 +42,28 @@ STRICT = ("dfo_contract", "trainer")
 #: imports only from its own part or from one before it (docs/architecture.md)
 TRAINER_ORDER = ("env", "model", "compile", "data", "telemetry", "core", "parallel", "evaluate",
                  "train", "bench", "preload", "__main__")
+
+#: the orchestrator's parts (``orchestrator/<part>/``; ``supervisor.policy`` is a part of its own),
+#: lowest first: a module imports only from its own part or from one before it
+ORCHESTRATOR_ORDER = ("common", "remote", "transport", "config", "plan", "engine", "cli",
+                      "supervisor.policy", "supervisor")
+
+#: which process runs each part (docs/architecture.md "Folders")
+ORCHESTRATOR_SIDES = {
+    "common": "shared",
+    "transport": "laptop", "config": "laptop", "plan": "laptop", "engine": "laptop", "cli": "laptop",
+    "remote": "container", "supervisor.policy": "container", "supervisor": "container",
+}
+
+#: imports across the process line that may stay, each with its reason
+ALLOWED_CROSSINGS = {
+    ("orchestrator.engine.compile_cache", "orchestrator.remote.cache_tool"):
+        "a fetched snapshot tar is judged on the laptop by the host's own scanner (scan_tar): "
+        "cache_tool is stdlib-only, so importing it brings nothing of the container's program",
+}
+
+#: host tools whose source runs as ``python -c`` where dfo is not installed: stdlib only
+REMOTE_SOURCE_TOOLS = ("orchestrator.remote.env_probe", "orchestrator.remote.cache_tool")
 
 #: circles the orchestrator still has (each a set of modules); being removed, never added to
 KNOWN_ORCHESTRATOR_CYCLES: list[frozenset[str]] = [
@@ -253,6 +285,137 @@ def test_trainer_parts_point_one_way():
     assert set(pg) == set(TRAINER_ORDER), f"parts listed but absent: {set(TRAINER_ORDER) - set(pg)}"
 
 
+def orchestrator_part(mod: str, order=ORCHESTRATOR_ORDER, root: str = "orchestrator") -> str | None:
+    """The part of ``order`` that module ``mod`` of ``root`` belongs to: the longest listed
+    prefix (``supervisor.policy`` before ``supervisor``); its first package when none is listed;
+    None for ``root``'s own ``__init__``."""
+    parts = mod.split(".")
+    if parts[0] != root or len(parts) == 1:
+        return None
+    rest = parts[1:]
+    for n in range(len(rest), 0, -1):
+        if ".".join(rest[:n]) in order:
+            return ".".join(rest[:n])
+    return rest[0]
+
+
+def orchestrator_upward(graph: dict[str, set[str]], order=ORCHESTRATOR_ORDER,
+                        root: str = "orchestrator") -> list[str]:
+    """Every import from a part of ``root`` to a part listed after it in ``order``, and every
+    module of a part that ``order`` does not list (or directly in ``root``), as readable lines."""
+    rank = {p: i for i, p in enumerate(order)}
+    bad = []
+    for m in sorted(graph):
+        if m.split(".")[0] != root or m == root:
+            continue
+        src = orchestrator_part(m, order, root)
+        if src not in rank:
+            bad.append(f"{m}: part {src!r} is not in the order {order}")
+            continue
+        for t in sorted(graph[m]):
+            dst = orchestrator_part(t, order, root)
+            if t.split(".")[0] != root or dst is None or dst == src:
+                continue
+            if dst not in rank or rank[dst] > rank[src]:
+                bad.append(f"{m} -> {t}  ({src} imports {dst}, which is above it)")
+    return bad
+
+
+def process_crossings(graph: dict[str, set[str]], sides=None, allowed=None, order=ORCHESTRATOR_ORDER,
+                      root: str = "orchestrator", trainer: str = "trainer") -> list[str]:
+    """Every import across the process line, as readable lines: a laptop module importing a
+    container module or the other way round (``allowed`` edges excepted), the shared part
+    importing anything of ``root`` outside itself, and the laptop or shared part importing
+    the trainer."""
+    sides = ORCHESTRATOR_SIDES if sides is None else sides
+    allowed = ALLOWED_CROSSINGS if allowed is None else allowed
+    bad = []
+    for m in sorted(graph):
+        if m.split(".")[0] != root:
+            continue
+        src = sides.get(orchestrator_part(m, order, root) or "")
+        for t in sorted(graph[m]):
+            if t.split(".")[0] == trainer and src in ("laptop", "shared"):
+                bad.append(f"{m} -> {t}  (the {src} part imports the trainer)")
+                continue
+            if t.split(".")[0] != root or (m, t) in allowed:
+                continue
+            dst = sides.get(orchestrator_part(t, order, root) or "")
+            if src == "shared" and dst != "shared":
+                bad.append(f"{m} -> {t}  (the shared part imports the {dst} part)")
+            elif {src, dst} == {"laptop", "container"}:
+                bad.append(f"{m} -> {t}  ({src} imports {dst})")
+    return bad
+
+
+def orchestrator_part_graph(graph: dict[str, set[str]], order=ORCHESTRATOR_ORDER,
+                            root: str = "orchestrator") -> dict[str, set[str]]:
+    """The graph between ``root``'s parts (a part's own imports dropped)."""
+    out: dict[str, set[str]] = {}
+    for m, ts in graph.items():
+        src = orchestrator_part(m, order, root)
+        if src is None:
+            continue
+        out.setdefault(src, set())
+        for t in ts:
+            dst = orchestrator_part(t, order, root)
+            if dst is not None and dst != src:
+                out[src].add(dst)
+    return out
+
+
+def test_orchestrator_parts_point_one_way_and_no_package_circle():
+    g = _whole_tree()
+    bad = orchestrator_upward(g)
+    assert not bad, "upward imports between the orchestrator's parts:\n" + "\n".join(bad)
+    pg = orchestrator_part_graph(g)
+    circles = [describe(pg, c) for c in strongly_connected(pg)]
+    assert not circles, "circles between the orchestrator's parts:\n" + "\n".join(circles)
+    assert set(pg) == set(ORCHESTRATOR_ORDER) == set(ORCHESTRATOR_SIDES), \
+        f"parts listed but absent: {set(ORCHESTRATOR_ORDER) - set(pg)}"
+
+
+def test_no_import_crosses_the_process_line():
+    g = _whole_tree()
+    bad = process_crossings(g)
+    assert not bad, "imports across the process line:\n" + "\n".join(bad)
+    stale = [e for e in ALLOWED_CROSSINGS if e[1] not in g.get(e[0], ())]
+    assert not stale, f"no longer imported: remove from ALLOWED_CROSSINGS: {stale}"
+
+
+def test_the_entry_points_reach_only_their_side():
+    """From ``python -m orchestrator.supervisor`` (and the host tools) no laptop module is
+    reached, and from the ``dfo`` command no container module (the allowed crossings aside)."""
+    g = _whole_tree()
+
+    def reach(starts):
+        seen, todo = set(), list(starts)
+        while todo:
+            m = todo.pop()
+            if m not in seen:
+                seen.add(m)
+                todo.extend(t for t in g.get(m, ()) if (m, t) not in ALLOWED_CROSSINGS)
+        return seen
+
+    def side(m):
+        return ORCHESTRATOR_SIDES.get(orchestrator_part(m) or "")
+
+    container = reach([m for m in g if m.startswith(("orchestrator.supervisor", "orchestrator.remote"))])
+    laptop = reach(["orchestrator.cli", "orchestrator.cli.__main__"])
+    assert "orchestrator.supervisor.__main__" in container and "orchestrator.engine.runs" in laptop
+    assert not {m for m in container if side(m) == "laptop"}
+    assert not {m for m in laptop if side(m) == "container"}
+    assert {m for m in container & laptop if m.startswith("orchestrator.")} <= \
+        {m for m in g if side(m) == "shared"}
+
+
+def test_remote_source_tools_are_self_contained():
+    g = _whole_tree()
+    for m in REMOTE_SOURCE_TOOLS:
+        assert m in g
+        assert not {t for t in g[m] if t.split(".")[0] in ("orchestrator", "dfo_contract")}, (m, g[m])
+
+
 # --------------------------------------------------------------------------- the graph itself
 
 def _tree(tmp_path: Path, files: dict[str, str]) -> dict[str, set[str]]:
@@ -323,3 +486,42 @@ def test_upward_arrow_and_unlisted_part_are_named(tmp_path: Path):
     assert pg["low"] == {"high"} and pg["high"] == {"low"} and pg["top"] == {"high"}
     (comp,) = strongly_connected(pg)
     assert comp == {"low", "high"}
+
+
+def test_orchestrator_upward_import_crossing_and_unlisted_part_are_named(tmp_path: Path):
+    _tree(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/common/__init__.py": "",
+        "pkg/common/a.py": "def f():\n    from ..plan import b\n",
+        "pkg/plan/__init__.py": "",
+        "pkg/plan/b.py": "from ..common import a\nimport trainer.x\n",
+        "pkg/sup/__init__.py": "from .pol import c\n",
+        "pkg/sup/pol/__init__.py": "",
+        "pkg/sup/pol/c.py": "from ...plan import b\nfrom .. import d\n",
+        "pkg/sup/d.py": "from ..common import a\n",
+        "pkg/stray.py": "",
+        "trainer/__init__.py": "",
+        "trainer/x.py": "",
+    })
+    g = import_graph(tmp_path, ("pkg", "trainer"))
+    order = ("common", "plan", "sup.pol", "sup")
+    sides = {"common": "shared", "plan": "laptop", "sup.pol": "container", "sup": "container"}
+    assert orchestrator_part("pkg.sup.pol.c", order, "pkg") == "sup.pol"
+    assert orchestrator_part("pkg.sup.d", order, "pkg") == "sup"
+    assert orchestrator_upward(g, order, "pkg") == [
+        "pkg.common.a -> pkg.plan.b  (common imports plan, which is above it)",
+        "pkg.stray: part 'stray' is not in the order ('common', 'plan', 'sup.pol', 'sup')",
+        "pkg.sup.pol.c -> pkg.sup.d  (sup.pol imports sup, which is above it)",
+    ]
+    assert process_crossings(g, sides, {}, order, "pkg") == [
+        "pkg.common.a -> pkg.plan.b  (the shared part imports the laptop part)",
+        "pkg.plan.b -> trainer.x  (the laptop part imports the trainer)",
+        "pkg.sup.pol.c -> pkg.plan.b  (container imports laptop)",
+    ]
+    assert process_crossings(g, sides, {("pkg.sup.pol.c", "pkg.plan.b"): "why"}, order, "pkg") == [
+        "pkg.common.a -> pkg.plan.b  (the shared part imports the laptop part)",
+        "pkg.plan.b -> trainer.x  (the laptop part imports the trainer)",
+    ]
+    pg = orchestrator_part_graph(g, order, "pkg")
+    assert pg["common"] == {"plan"} and pg["plan"] == {"common"}
+    assert sorted(map(sorted, strongly_connected(pg))) == [["common", "plan"], ["sup", "sup.pol"]]

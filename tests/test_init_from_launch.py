@@ -18,7 +18,7 @@ from orchestrator.config.hostconfig import HostConfig
 from orchestrator.config.runconfig import load_layers
 from orchestrator.engine.compile_cache import CacheManager
 from orchestrator.engine.runs import LaunchOptions, RunOps
-from orchestrator.ops.host_tree import HostTree
+from orchestrator.config.host_tree import HostTree
 from orchestrator.transport.local import LocalTransport
 from tests.helpers.rtt import CountingTransport
 

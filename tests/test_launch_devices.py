@@ -12,8 +12,8 @@ import pytest
 
 from dfo_contract.checkpoints import write_manifest
 from orchestrator.cli import main
-from orchestrator.ops.devices import check_devices
-from orchestrator.errors import ConfigError
+from orchestrator.plan.devices import check_devices
+from orchestrator.common.errors import ConfigError
 from tests.supervisor_env import VENV, hosts_yaml
 
 

@@ -1,4 +1,4 @@
-"""Pure parts of launch's one round trip (``ops.launch_facts``): sections, the record."""
+"""Pure parts of launch's one round trip (``plan.launch_facts``): sections, the record."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from orchestrator.ops.launch_facts import (FactsRequest, facts_argv, parse_facts, parse_record,
+from orchestrator.plan.launch_facts import (FactsRequest, facts_argv, parse_facts, parse_record,
                                            record_bytes)
-from orchestrator.ops.init_from import INIT_FROM_SCRIPT
+from orchestrator.plan.init_from import INIT_FROM_SCRIPT
 
 S = "a" * 64
 

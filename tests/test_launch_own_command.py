@@ -9,7 +9,7 @@ import stat
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.ops.launch_plan import own_command
+from orchestrator.plan.launch_plan import own_command
 from tests.supervisor_env import hosts_yaml, make_root
 
 

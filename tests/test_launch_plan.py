@@ -6,12 +6,12 @@ import subprocess
 
 import pytest
 
-from orchestrator.errors import ConfigError, NotFoundError
-from orchestrator.ops.launch_argv import SETSID_SCRIPT, attempt_env, start_argv, trainer_argv
+from orchestrator.common.errors import ConfigError, NotFoundError
+from orchestrator.common.launch_argv import SETSID_SCRIPT, attempt_env, start_argv, trainer_argv
 from dfo_contract import trainer_config as tcfg
-from orchestrator.ops.launch_facts import parse_checkpoint_listing, resolve_resume
-from orchestrator.ops.launch_inputs import parse_resume, parse_sets
-from orchestrator.ops.probes import launch_probe, parse_launch_probe as parse_probe
+from orchestrator.plan.launch_facts import parse_checkpoint_listing, resolve_resume
+from orchestrator.plan.launch_inputs import parse_resume, parse_sets
+from orchestrator.plan.probes import launch_probe, parse_launch_probe as parse_probe
 
 
 def probe_argv(root: str, lock: str) -> list[str]:

@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 from dfo_contract.checkpoints import REQUIRED_FILES, write_manifest
-from orchestrator.ops import launch_steps as ls
-from orchestrator.ops.launch_facts import (FACTS_MARK, FactsRequest, checkpoint_listing,
+from orchestrator.plan import launch_steps as ls
+from orchestrator.plan.launch_facts import (FACTS_MARK, FactsRequest, checkpoint_listing,
                                            facts_argv, parse_facts)
 from tests.supervisor_env import REPO
 

@@ -15,7 +15,7 @@ import yaml
 
 from orchestrator.config.inventory import load_inventory
 from orchestrator.engine.runs import LaunchOptions, RunOps
-from orchestrator.ops.launch_facts import VERIFIED_FILE
+from orchestrator.plan.launch_facts import VERIFIED_FILE
 from orchestrator.transport import open_transport
 from tests.helpers.rtt import CountingTransport
 from tests.supervisor_env import FAST, REPO

@@ -29,9 +29,9 @@ from orchestrator.cli import main
 from orchestrator.config.inventory import HostConfig
 from orchestrator.engine.deploy import Deployer
 from orchestrator.engine.wheel import build as build_wheel
-from orchestrator.ops.fingerprint import build_fingerprint
-from orchestrator.ops.launch_facts import VERIFIED_FILE, FactsRequest, facts_argv, parse_facts
-from orchestrator.ops.lockfile import lock_hash
+from orchestrator.plan.fingerprint import build_fingerprint
+from orchestrator.plan.launch_facts import VERIFIED_FILE, FactsRequest, facts_argv, parse_facts
+from orchestrator.config.lockfile import lock_hash
 from orchestrator.transport import LocalTransport
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.engine.logs import LogFollower
-from orchestrator.ops.timespec import parse_since
-from orchestrator.ops.host_tree import HostTree
+from orchestrator.plan.timespec import parse_since
+from orchestrator.config.host_tree import HostTree
 from orchestrator.transport.local import LocalTransport
 
 REPO = Path(__file__).resolve().parents[1]
@@ -131,7 +131,7 @@ def test_not_following_stops_at_eof_and_attempt_filter(root):
 
 
 def test_unknown_run_is_a_clear_error(root):
-    from orchestrator.errors import NotFoundError
+    from orchestrator.common.errors import NotFoundError
 
     with pytest.raises(NotFoundError, match="no run directory"):
         LogFollower(LocalTransport("local"), HostTree(str(root)), "nope",
@@ -141,7 +141,7 @@ def test_unknown_run_is_a_clear_error(root):
 def test_parse_since():
     assert parse_since("10m", 1000.0) == 400.0
     assert parse_since("1700000000", 0) == 1700000000.0
-    from orchestrator.errors import ConfigError
+    from orchestrator.common.errors import ConfigError
     with pytest.raises(ConfigError):
         parse_since("yesterday", 0)
 
@@ -156,7 +156,7 @@ class DroppingTransport(LocalTransport):
 
     def stream(self, argv, on_line, **kw):
         if self.drops == 0:
-            from orchestrator.errors import ConnectError
+            from orchestrator.common.errors import ConnectError
 
             self.drops += 1
             raise ConnectError("connection to local lost: EOF",
@@ -228,7 +228,7 @@ def test_following_a_run_whose_directory_is_deleted_ends_in_one_line(root, live)
     import shutil
 
     from dfo_contract import events as ev
-    from orchestrator.errors import NotFoundError
+    from orchestrator.common.errors import NotFoundError
     from orchestrator.supervisor import runfiles
 
     run_dir, _ = live

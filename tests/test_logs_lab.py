@@ -81,7 +81,7 @@ def test_logs_follow_stops_at_once_on_a_changed_host_key(sshd_only, tmp_path):
     reconnect loop ending in exit 3."""
     import subprocess
 
-    from orchestrator.errors import HostKeyError
+    from orchestrator.common.errors import HostKeyError
     from orchestrator.transport import knownhosts  # noqa: F401 - the format of known_hosts
 
     lab = sshd_only
@@ -145,7 +145,7 @@ def test_remote_follower_does_not_outlive_its_connection(sshd_only, tmp_path):
     import sys
     import threading
 
-    from orchestrator.errors import DfoError
+    from orchestrator.common.errors import DfoError
     from tests.supervisor_env import REPO, wait_for
 
     lab = sshd_only

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import DeployError
+from orchestrator.common.errors import DeployError
 from orchestrator.supervisor import procs
 from orchestrator.supervisor.query import never_started
 from orchestrator.cli import main

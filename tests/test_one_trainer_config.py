@@ -19,9 +19,9 @@ from dfo_contract.runspec import Bundled, RunSpec
 from orchestrator.cli import main
 from orchestrator.config.runconfig import default_config_path
 from orchestrator.engine.demo import demo_paths
-from orchestrator.ops import launch_plan as lp
-from orchestrator.ops.launch_steps import spec_bytes
-from orchestrator.ops.host_tree import HostTree
+from orchestrator.plan import launch_plan as lp
+from orchestrator.plan.launch_steps import spec_bytes
+from orchestrator.config.host_tree import HostTree
 from tests.supervisor_env import hosts_yaml, make_root
 
 REPO = Path(__file__).resolve().parent.parent

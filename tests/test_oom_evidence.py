@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.ops import oom
+from orchestrator.supervisor.policy import oom
 from orchestrator.supervisor import procs
 
 FIX = Path(__file__).parent / "fixtures" / "oom"
@@ -63,7 +63,7 @@ def test_kernel_lines_count_only_for_the_attempts_pids():
 
 
 def test_classify_names_the_kernels_line():
-    from orchestrator.ops.classify import classify
+    from orchestrator.common.classify import classify
 
     line = "the kernel's OOM killer: Memory cgroup out of memory: Killed process 2790 (python3)"
     d = classify(["loading"], exit_code=None, signal=9, oom_killed=True, oom_reason=line)
@@ -134,7 +134,7 @@ def test_a_real_cgroup_v1_oom_kill_is_seen_in_the_counters_and_the_kernel_log(me
 
 def test_the_supervisor_classes_a_kernel_oom_kill_of_its_attempt_as_oom(memcg, tmp_path):
     from orchestrator.engine.runs import LaunchOptions, RunOps
-    from orchestrator.errors import RunFailed
+    from orchestrator.common.errors import RunFailed
     from orchestrator.transport.local import LocalTransport
     from tests.supervisor_env import FAST, events, local_host, make_root, wait_final
 

@@ -17,7 +17,7 @@ import pytest
 
 from orchestrator.cli import main
 from orchestrator.engine.runs import RunOps
-from orchestrator.errors import RunFailed
+from orchestrator.common.errors import RunFailed
 from orchestrator.transport.local import LocalTransport
 from tests.supervisor_env import events, hosts_yaml, local_host, make_root, wait_final
 
@@ -127,7 +127,7 @@ def test_a_supervisor_that_died_at_start_is_reported_at_once_with_its_last_line(
 def test_an_own_commands_exit_status_is_its_own_not_the_bundled_trainers(env, capsys):
     """Exit 2 of your own command is not "trainer config error": dfo says the command ended
     with exit 2 and its last line."""
-    from orchestrator.ops.classify import classify
+    from orchestrator.common.classify import classify
 
     root, hosts, tmp = env
     code = "import sys; print(\"can't open file 'x.py'\", file=sys.stderr); sys.exit(2)"

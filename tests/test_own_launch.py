@@ -12,7 +12,7 @@ import pytest
 
 from orchestrator.cli import main
 from orchestrator.engine.runs import LaunchOptions
-from orchestrator.errors import NotFoundError
+from orchestrator.common.errors import NotFoundError
 
 from tests.supervisor_env import FAST, events, kinds, local_run_ops, wait_final
 

@@ -9,9 +9,9 @@ import pytest
 
 from orchestrator.cli import main
 from orchestrator.config.own_runfile import parse_run_file
-from orchestrator.errors import ConfigError
-from orchestrator.ops import own_trainer
-from orchestrator.ops.watchdog import AttemptWatchdog, StepProgress, Thresholds
+from orchestrator.common.errors import ConfigError
+from orchestrator.common import own_trainer
+from orchestrator.supervisor.policy.watchdog import AttemptWatchdog, StepProgress, Thresholds
 from tests.supervisor_env import hosts_yaml, make_root
 
 PAT = r"step (?P<step>\d+) .*tok/s (?P<tok_s>[\d.]+)"

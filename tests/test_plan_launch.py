@@ -1,4 +1,4 @@
-"""The one launch planner (ops.launch_inputs.prepare, ops.launch_plan.facts_request and
+"""The one launch planner (plan.launch_inputs.prepare, plan.launch_plan.facts_request and
 plan_launch), pure: the host's facts are given as the facts probe would have answered them.
 Bundled and own trainers, alone and as a group's nodes."""
 
@@ -10,14 +10,14 @@ import pytest
 
 from dfo_contract.runspec import Group, Own, RunSpec
 from orchestrator.config.hostconfig import HostConfig
-from orchestrator.errors import ConfigError, LockHeldError, NotFoundError
-from orchestrator.ops import cache_key as ck
-from orchestrator.ops import launch_plan as lp
+from orchestrator.common.errors import ConfigError, LockHeldError, NotFoundError
+from orchestrator.plan import cache_key as ck
+from orchestrator.plan import launch_plan as lp
 from dfo_contract import trainer_config as tcfg
 from orchestrator.config.runconfig import with_overrides
-from orchestrator.ops import launch_inputs as lr
-from orchestrator.ops.launch_facts import LaunchFacts
-from orchestrator.ops.launch_own import own_config
+from orchestrator.plan import launch_inputs as lr
+from orchestrator.plan.launch_facts import LaunchFacts
+from orchestrator.plan.launch_own import own_config
 
 HOST = HostConfig(name="lab", transport="local", root="/root/dfo", source="test")
 NOW = 1_764_000_000.0

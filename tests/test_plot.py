@@ -1,4 +1,4 @@
-"""``dfo plot``: the pure curves (ops.curves) and a PNG from a real supervised run."""
+"""``dfo plot``: the pure curves (plan.curves) and a PNG from a real supervised run."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from dfo_contract import events as ev
 from dfo_contract.metrics_record import parse_metrics
-from orchestrator.ops import curves as cv
+from orchestrator.plan import curves as cv
 
 # --- pure -----------------------------------------------------------------------------------
 

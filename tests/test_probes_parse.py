@@ -10,11 +10,11 @@ from dataclasses import dataclass
 import pytest
 
 from dfo_contract.status import QueryReply, StopReply
-from orchestrator.errors import RemoteCommandError
+from orchestrator.common.errors import RemoteCommandError
 from orchestrator.config.inventory import parse_inventory
-from orchestrator.ops import gpu, probes
+from orchestrator.plan import gpu, probes
 from orchestrator.engine.hostcheck import check_host
-from orchestrator.transport import LocalTransport, run_probe
+from orchestrator.transport import LocalTransport, proxmox, run_probe
 
 AWK = "fil () &&-@_e.txt"
 
@@ -27,10 +27,10 @@ class Out:
 
 
 def test_pct_status():
-    assert probes.parse_pct_status(Out(0, b"status: running\n")) == "running"
-    assert probes.parse_pct_status(Out(0, b"status: stopped\n")) == "stopped"
-    assert probes.parse_pct_status(Out(2, b"", b"Configuration file 'nodes/pve/lxc/200.conf' does not exist\n")) is None
-    assert probes.parse_pct_status(Out(0, b"garbage\n")) is None
+    assert proxmox.parse_pct_status(Out(0, b"status: running\n")) == "running"
+    assert proxmox.parse_pct_status(Out(0, b"status: stopped\n")) == "stopped"
+    assert proxmox.parse_pct_status(Out(2, b"", b"Configuration file 'nodes/pve/lxc/200.conf' does not exist\n")) is None
+    assert proxmox.parse_pct_status(Out(0, b"garbage\n")) is None
 
 
 def test_df_awkward_mount_and_filesystem():
@@ -188,7 +188,7 @@ def test_state_probe_recorded_awkward():
         "df_kb\t12345", "wheel\tabsent", "run_lock\theld", f"run_lock_owner\t{_b64(owner)}",
         f"deploy_owner\t{_b64(lease)}", "deploy_owner_age\t-3", "env\tcomplete cpu-a",
         "env\tincomplete cpu b", "end\tok"]) + "\n"
-    from orchestrator.ops import deploy_plan as dp
+    from orchestrator.plan import deploy_plan as dp
 
     s = dp.state_probe(f"/r/{UNI}", "/r/e", "3.11", "/r/w.whl").parse_output(rec)
     assert s.complete_output and s.current_name == "cpu-a" and s.previous_name == ""
@@ -202,8 +202,8 @@ def test_state_probe_recorded_awkward():
 
 
 def test_env_probe_recorded_awkward():
-    from orchestrator.errors import DeployError
-    from orchestrator.ops import fingerprint as fpm
+    from orchestrator.common.errors import DeployError
+    from orchestrator.plan import fingerprint as fpm
 
     fp = {"torch": "2.13.0", "devices": [{"index": 0, "name": UNI, "capability": "9.0"}],
           "errors": {"trainer": "ImportError: no module named 'träiner'"}}
@@ -218,8 +218,8 @@ def test_env_probe_recorded_awkward():
 
 
 def test_cache_tool_reply_recorded_awkward():
-    from orchestrator.errors import CacheError
-    from orchestrator.ops import snapshot as sn
+    from orchestrator.common.errors import CacheError
+    from orchestrator.plan import snapshot as sn
 
     files = {f"inductor/{UNI}/f": {"sha256": "0" * 64, "size": 1}}
     p = sn.tool_probe("python3", "hashdir", f"/r/{UNI}")
@@ -233,7 +233,7 @@ def test_cache_tool_reply_recorded_awkward():
 
 
 def test_source_hash_reply_recorded_awkward():
-    from orchestrator.ops import cache_key as ck
+    from orchestrator.plan import cache_key as ck
 
     hashes = {f"trainer/{UNI}.py": "a" * 64, "dfo_contract/fsio.py": "b" * 64}
     p = ck.source_hash_probe("/r/envs/current/bin/python")
@@ -244,14 +244,16 @@ def test_source_hash_reply_recorded_awkward():
 
 
 def test_probe_modules_do_no_io():
-    """ops/ is pure: these modules neither open files nor run processes (the one exception,
-    reading a shipped script's text, lives in ops/scripts/__init__.py)."""
+    """plan/ is pure: these modules neither open files nor run processes (the one exception,
+    reading a shipped script's text, lives in plan/scripts/__init__.py)."""
     import ast
     from pathlib import Path
 
+    from orchestrator.config import lockfile
+
     ops = Path(probes.__file__).parent
     for name in ("probes", "fingerprint", "snapshot", "cache_key", "deploy_plan", "drift", "lockfile"):
-        tree = ast.parse((ops / f"{name}.py").read_text())
+        tree = ast.parse((Path(lockfile.__file__) if name == "lockfile" else ops / f"{name}.py").read_text())
         for node in ast.walk(tree):
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]

@@ -1,4 +1,4 @@
-"""Argv rendering (orchestrator.ops.command): unit tests, plus a property test that runs
+"""Argv rendering (orchestrator.transport.command): unit tests, plus a property test that runs
 the rendered string through a real POSIX shell on this machine (what the remote login
 shell does) and checks the argv arrives byte-for-byte and nothing is evaluated."""
 
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.ops import command as cmd
+from orchestrator.transport import command as cmd
 
 AWKWARD = ["fil () &&-@_e.txt", "$(touch /tmp/pwned)", "`id`", "a;b", "*", "~", "x\ny", "'\"",
            "A=1", "-n", "", " ", "ünï\u2603", "$HOME", "\\", "!", "#c", "a\tb", "%s", "--"]

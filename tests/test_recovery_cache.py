@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.ops import snapshot as sn
-from orchestrator.ops.host_tree import HostTree
+from orchestrator.plan import snapshot as sn
+from orchestrator.config.host_tree import HostTree
 from tests.helpers.trainer import make_synth, make_target, run_trainer, tiny_overrides
 
 pytestmark = pytest.mark.timeout(900)

@@ -223,7 +223,7 @@ STEP_PATTERN = r"regenerate: (?P<step>\d+)(?:/\d+)? \([\d.]+/s(?:, (?P<tok_s>[\d
 def test_progress_lines_read_as_steps():
     import io
 
-    from orchestrator.ops.own_trainer import compile_step_pattern, match_step
+    from orchestrator.common.own_trainer import compile_step_pattern, match_step
 
     buf = io.StringIO()
     p = Progress(10, "regenerate", stream=buf, every_s=0)

@@ -10,10 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from orchestrator.ops import cache_key as ck
-from orchestrator.ops import fingerprint as fpm
-from orchestrator.ops import snapshot as sn
-from orchestrator.ops.probes import Reply
+from orchestrator.plan import cache_key as ck
+from orchestrator.plan import fingerprint as fpm
+from orchestrator.plan import snapshot as sn
+from orchestrator.plan.probes import Reply
 from orchestrator.remote import cache_tool, env_probe, source_hash
 
 AWK = "fil () &&-@_e — ü 'q'"

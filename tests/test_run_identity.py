@@ -21,13 +21,13 @@ import pytest
 from dfo_contract.checkpoints import REQUIRED_FILES, write_manifest
 from orchestrator.cli import main
 from orchestrator.engine.runs import LaunchOptions, RunOps
-from orchestrator.errors import ConnectError, LockHeldError
+from orchestrator.common.errors import ConnectError, LockHeldError
 from dfo_contract.checkpoints import CkptInfo
 from dfo_contract.runspec import Config, Identity, Resume, RunSpec
-from orchestrator.ops import launch_facts as li
-from orchestrator.ops import launch_plan as lp
-from orchestrator.ops import run_identity as ri
-from orchestrator.ops.launch_steps import STEPS_MODULE
+from orchestrator.plan import launch_facts as li
+from orchestrator.plan import launch_plan as lp
+from orchestrator.plan import run_identity as ri
+from orchestrator.plan.launch_steps import STEPS_MODULE
 from orchestrator.supervisor import runfiles
 from orchestrator.transport import open_transport
 from tests.supervisor_env import (FAST, REPO, events, hosts_yaml, local_host,  # noqa: F401

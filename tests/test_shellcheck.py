@@ -37,8 +37,8 @@ def test_shellcheck(script: Path):
 
 
 def test_package_scripts_are_package_data():
-    """pyproject ships ops/scripts/*.sh, so an installed wheel has them."""
+    """pyproject ships plan/scripts/*.sh, so an installed wheel has them."""
     text = (REPO / "pyproject.toml").read_text()
-    assert '"ops/scripts/*.sh"' in text
+    assert '"plan/scripts/*.sh"' in text
     for p in (REPO / "orchestrator").rglob("*.sh"):
-        assert p.parent == REPO / "orchestrator" / "ops" / "scripts", f"{p} is not under ops/scripts"
+        assert p.parent == REPO / "orchestrator" / "plan" / "scripts", f"{p} is not under plan/scripts"

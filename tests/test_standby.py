@@ -1,5 +1,5 @@
 """The standby interpreter (docs/recovery.md, "Standby interpreter"): the pure decisions of
-orchestrator/ops/standby.py, the shim's ``--standby`` mode as a real process, and real
+orchestrator/supervisor/policy/standby.py, the shim's ``--standby`` mode as a real process, and real
 supervisor runs on CPU (tiny config, torch.compile on, threads layout with two drafters)
 where attempt 1 fails with torch's FX error and attempt 2 is served by the standby."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.ops import standby as sb
+from orchestrator.supervisor.policy import standby as sb
 from dfo_contract import events as ev
 
 from tests.supervisor_env import (FAST, events, kinds, local_host, make_root, wait_final,

@@ -13,7 +13,7 @@ import pytest
 
 from dfo_contract import events as ev
 from orchestrator.engine.runs import LaunchOptions, RunOps
-from orchestrator.ops.runstate_replay import state_from_events
+from orchestrator.supervisor.policy.runstate_replay import state_from_events
 from orchestrator.transport.local import LocalTransport
 from tests.supervisor_env import FAST, REPO, hosts_yaml, local_host, make_root, wait_final, write_config
 

@@ -11,7 +11,7 @@ import pytest
 
 from dfo_contract import events as ev
 from orchestrator.engine.runs import LaunchOptions, RunOps
-from orchestrator.ops.budget import cannot_do_better
+from orchestrator.common.budget import cannot_do_better
 from dfo_contract.runstate import Attempt
 from orchestrator.transport.local import LocalTransport
 from tests.supervisor_env import FAST, events, local_host, make_root, wait_final
@@ -59,7 +59,7 @@ def run_ops(tmp_path):
 
 
 def _launch(ops_, cmd, name):
-    from orchestrator.errors import RunFailed
+    from orchestrator.common.errors import RunFailed
     import re
 
     try:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.errors import ConfigError
-from orchestrator.ops.budget import BudgetPolicy, BudgetState, backoff, on_failure
+from orchestrator.common.errors import ConfigError
+from orchestrator.common.budget import BudgetPolicy, BudgetState, backoff, on_failure
 
 
 def test_backoff_doubles_and_caps():
@@ -70,7 +70,7 @@ def test_policy_roundtrip_and_validation():
 
 
 def test_a_new_fallback_waits_only_the_settle_time():
-    from orchestrator.ops.budget import Decision, restart_delay
+    from orchestrator.common.budget import Decision, restart_delay
 
     p = BudgetPolicy()
     dec = Decision(True, 40.0, "restart 3/5")

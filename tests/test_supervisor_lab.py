@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from dfo_contract import events
-from orchestrator.errors import LockHeldError
+from orchestrator.common.errors import LockHeldError
 from orchestrator.config.inventory import load_inventory
 from orchestrator.engine.runs import LaunchOptions, RunOps
 from orchestrator.transport import open_transport

@@ -19,13 +19,13 @@ import pytest
 import yaml
 
 from dfo_contract.runspec import Bundled, Config, Identity, Resume, RunSpec
-from orchestrator.ops.budget import BudgetPolicy
-from orchestrator.ops.fallback import merge_ladders
-from orchestrator.ops.launch_argv import RUN_DIR_UNUSABLE_EXIT, SETSID_SCRIPT, supervisor_argv
-from orchestrator.ops.launch_inputs import flatten
-from orchestrator.ops.host_tree import HostTree
-from orchestrator.ops.run_identity import make_run_id
-from orchestrator.ops.thresholds import thresholds as thresholds_of
+from orchestrator.common.budget import BudgetPolicy
+from orchestrator.common.fallback import merge_ladders
+from orchestrator.common.launch_argv import RUN_DIR_UNUSABLE_EXIT, SETSID_SCRIPT, supervisor_argv
+from orchestrator.common.launch_argv import flatten
+from orchestrator.config.host_tree import HostTree
+from orchestrator.plan.run_identity import make_run_id
+from orchestrator.plan.thresholds import thresholds as thresholds_of
 from orchestrator.supervisor.procs import processes_of_run
 from orchestrator.cli import main
 from orchestrator.engine.runs import LaunchOptions, RunOps

@@ -1,4 +1,4 @@
-"""The pure watchdog (orchestrator.ops.watchdog): lines and a fake clock in, actions out.
+"""The pure watchdog (orchestrator.supervisor.policy.watchdog): lines and a fake clock in, actions out.
 No processes, no files, no sleeping."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from dfo_contract.trainer_markers import CheckpointMarker, EvalMarker
-from orchestrator.ops.watchdog import (AttemptWatchdog, DumpStacks, Kill, StepProgress,
+from orchestrator.supervisor.policy.watchdog import (AttemptWatchdog, DumpStacks, Kill, StepProgress,
                                        Terminate, Thresholds, Warn)
 
 T = Thresholds(warmup_s=100, train_s=10, live_grace_s=5, kill_grace_s=3, stop_timeout_s=40,
@@ -278,7 +278,7 @@ def test_a_stopped_process_that_is_continued_or_progress_is_not_frozen():
 
 
 def test_a_hang_due_while_a_process_is_stopped_is_frozen_not_compile_hang():
-    from orchestrator.ops.classify import classify
+    from orchestrator.common.classify import classify
 
     t = Thresholds(**{**T.__dict__, "hang_s": 10.0, "frozen_s": 600.0})
     w = AttemptWatchdog(t, now=0.0)
@@ -293,7 +293,7 @@ def test_a_hang_due_while_a_process_is_stopped_is_frozen_not_compile_hang():
 def test_a_hang_due_while_a_peers_process_is_stopped_is_that_peers_freeze():
     # a group's head: its ranks wait idle on a peer whose trainer is stopped; the peer's
     # report of its stopped pids makes the hang that comes due ``frozen`` on that node
-    from orchestrator.ops.classify import classify
+    from orchestrator.common.classify import classify
 
     t = Thresholds(**{**T.__dict__, "hang_s": 10.0, "frozen_s": 60.0})
     w = AttemptWatchdog(t, now=0.0)

@@ -100,7 +100,7 @@ def test_recompile_limit_counts_the_target_variants(tiny, tmp_path):
 
 
 def test_compile_cache_key_differs_with_target_compile(tiny, tmp_path):
-    from orchestrator.ops import cache_key as ck
+    from orchestrator.plan import cache_key as ck
 
     target, data, _ = tiny
     fp = {"profile": "p", "torch": "2.13.0", "cuda_available": False}
@@ -114,7 +114,7 @@ def test_compile_cache_key_differs_with_target_compile(tiny, tmp_path):
 
 
 def test_target_compile_off_is_the_compile_ladders_first_step():
-    from orchestrator.ops.fallback import DEFAULT_LADDERS, STEPS, next_config
+    from orchestrator.common.fallback import DEFAULT_LADDERS, STEPS, next_config
 
     base = {"compile.enabled": True, "compile.gate": False, "compile.target": True,
             "parallel.layout": "threads", "parallel.drafter_devices": ["cuda:0", "cuda:1"]}

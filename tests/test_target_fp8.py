@@ -79,7 +79,7 @@ def test_training_with_an_fp8_target(tiny, tmp_path):
 
 
 def test_target_fp8_is_a_checked_flag_and_part_of_the_cache_key(tiny, tmp_path):
-    from orchestrator.ops import cache_key as ck
+    from orchestrator.plan import cache_key as ck
 
     target, data, _ = tiny
     with pytest.raises(TrainerConfigError, match="--model.target_fp8: expected true or false"):

@@ -10,7 +10,7 @@ import threading
 import paramiko
 import pytest
 
-from orchestrator.errors import ConnectError
+from orchestrator.common.errors import ConnectError
 from orchestrator.transport.settings import SSHSettings
 from orchestrator.transport import knownhosts
 from orchestrator.transport.ssh import SSHTransport

@@ -14,11 +14,11 @@ import paramiko
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.errors import (ConnectError, ContainerError, HostKeyError, NotFoundError,
+from orchestrator.common.errors import (ConnectError, ContainerError, HostKeyError, NotFoundError,
                                  RemoteCommandError)
 from orchestrator.config.inventory import load_inventory
 from orchestrator.transport.settings import SSHSettings
-from orchestrator.ops.command import CONTAINER_ENV
+from orchestrator.transport.command import CONTAINER_ENV
 from orchestrator.transport import CommandTimeout, knownhosts, open_transport
 from orchestrator.transport.proxmox import ProxmoxTransport
 from orchestrator.transport.ssh import SSHTransport

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from dfo_contract.procs import alive
-from orchestrator.errors import NotFoundError, RemoteCommandError
+from orchestrator.common.errors import NotFoundError, RemoteCommandError
 from orchestrator.config.inventory import load_inventory
 from orchestrator.transport import CommandTimeout, LocalTransport, open_transport
 

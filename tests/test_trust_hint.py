@@ -13,7 +13,7 @@ import click
 import paramiko
 import pytest
 
-from orchestrator.errors import HostKeyError
+from orchestrator.common.errors import HostKeyError
 from orchestrator.transport.settings import SSHSettings
 from orchestrator.transport.ssh_errors import RefuseUnknown, translate
 

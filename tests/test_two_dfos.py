@@ -17,7 +17,7 @@ from orchestrator.config.inventory import HostConfig
 from orchestrator.engine.deploy import Deployer
 from orchestrator.engine.runs import LaunchOptions, RunOps
 from orchestrator.engine.wheel import _source_files, from_file, source_root
-from orchestrator.errors import DriftError
+from orchestrator.common.errors import DriftError
 from orchestrator.transport import LocalTransport
 from tests.supervisor_env import FAST, wait_final
 from tests.test_deploy_local import wheelhouse  # noqa: F401  (the cpu lock's wheels)
@@ -57,7 +57,7 @@ def freeze_dfo(root: Path) -> str:
 def test_the_env_probe_answers_for_the_env_not_the_working_directory(tmp_path, monkeypatch):
     from importlib.metadata import version
 
-    from orchestrator.ops.fingerprint import parse_probe, probe_argv
+    from orchestrator.plan.fingerprint import parse_probe, probe_argv
 
     other = tmp_path / "checkout"
     (other / "dfo-9.9.9.dist-info").mkdir(parents=True)

@@ -6,7 +6,7 @@ and trainer/ names one class.
 An AST scan of orchestrator/ and trainer/ (each rule below has a self-test on such code):
 
 - ``group-store``: a module that handles group store messages (it imports
-  ``group_store``, the coordinator or ``ops.group_decide``) looks up no message field
+  ``group_store``, the coordinator or ``supervisor.policy.group_decide``) looks up no message field
   (a key of a message's JSON) by a constant string: ``x["reason"]``, ``x.get("pids")``;
 - ``metrics``: a module that handles metrics.jsonl (it names the file or imports
   ``metrics_record``) looks up no record field by a constant string on a record
@@ -179,7 +179,7 @@ def test_a_hand_read_store_message_is_found():
                                                         "['reason']"]
     # a module that handles no store message is not scanned for them
     assert violations(code.replace("from dfo_contract import group_store as gk", ""),
-                      "orchestrator/ops/x.py") == []
+                      "orchestrator/plan/x.py") == []
 
 
 def test_a_hand_read_metrics_record_is_found():
@@ -212,9 +212,9 @@ def test_typed_reads_pass():
 
 
 def test_twin_classes_are_found(tmp_path):
-    for rel, code in (("orchestrator/ops/a.py", "class Checkpoint:\n    pass\n"),
+    for rel, code in (("orchestrator/plan/a.py", "class Checkpoint:\n    pass\n"),
                       ("dfo_contract/b.py", "class Checkpoint(Base):\n    pass\n"),
                       ("trainer/c.py", "class Other:\n    pass\n")):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(code)
-    assert twins(tmp_path) == {"Checkpoint": ["orchestrator/ops/a.py:1", "dfo_contract/b.py:1"]}
+    assert twins(tmp_path) == {"Checkpoint": ["orchestrator/plan/a.py:1", "dfo_contract/b.py:1"]}

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import DeployError
-from orchestrator.ops.uv import translate_uv_error
-from orchestrator.ops.uv_failure import classify_uv_failure
+from orchestrator.common.errors import DeployError
+from orchestrator.plan.uv import translate_uv_error
+from orchestrator.plan.uv_failure import classify_uv_failure
 
 FIX = Path(__file__).parent / "fixtures" / "uv"
 

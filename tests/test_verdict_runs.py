@@ -11,7 +11,7 @@ import pytest
 
 from orchestrator.cli import main
 from orchestrator.engine.runs import LaunchOptions
-from orchestrator.ops.verdict import RETRY_NOTE
+from orchestrator.common.verdict import RETRY_NOTE
 
 from tests.supervisor_env import FAST, events, kinds, local_run_ops, wait_final, write_config
 

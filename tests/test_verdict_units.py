@@ -1,12 +1,12 @@
-"""ops.verdict: the one ladder choice (pure), and `dfo diagnose` on a log alone."""
+"""common.verdict: the one ladder choice (pure), and `dfo diagnose` on a log alone."""
 
 from __future__ import annotations
 
 import json
 
 from orchestrator.cli import main
-from orchestrator.ops.fallback import DEFAULT_LADDERS, next_config
-from orchestrator.ops.verdict import RETRY_NOTE, Ladders, choose, position_before
+from orchestrator.common.fallback import DEFAULT_LADDERS, next_config
+from orchestrator.common.verdict import RETRY_NOTE, Ladders, choose, position_before
 
 
 def test_bundled_choice_is_the_ladder_over_the_runs_own_config():

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from orchestrator.ops.uv import local_find_links  # noqa: E402
+from orchestrator.plan.uv import local_find_links  # noqa: E402
 from orchestrator.config.profiles import load_profile  # noqa: E402
 
 # pip does not widen an explicit --platform to the older manylinux tags: list them

@@ -30,8 +30,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dfo_contract.fsio import atomic_write_bytes, atomic_write_text, sha256_bytes  # noqa: E402
-from orchestrator.ops.uv import local_find_links  # noqa: E402
-from orchestrator.ops.lockfile import parse_lock  # noqa: E402
+from orchestrator.plan.uv import local_find_links  # noqa: E402
+from orchestrator.config.lockfile import parse_lock  # noqa: E402
 from orchestrator.config.profiles import load_profile  # noqa: E402
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from orchestrator.ops.fingerprint import build_fingerprint, compare, parse_probe, probe_argv  # noqa: E402
+from orchestrator.plan.fingerprint import build_fingerprint, compare, parse_probe, probe_argv  # noqa: E402
 from orchestrator.config.profiles import load_profile  # noqa: E402
 
 

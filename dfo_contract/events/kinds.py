@@ -108,7 +108,7 @@ class ThroughputLow(EventBase):
     kind: ClassVar[str] = "throughput_low"
     attempt: int
     reason: str
-    cause: str                 # host_busy | gpu_shared | unknown (ops.host_load)
+    cause: str                 # host_busy | gpu_shared | unknown (supervisor.policy.host_load)
     causes: list[str]
     seen: dict[str, Any]       # the numbers the cause was judged from
     summary: str
@@ -200,7 +200,7 @@ class Classified(EventBase):
     attempt: int
     cls: str = req(json="class")
     reason: str
-    evidence: list[dict[str, Any]]   # ops.classify.Evidence.to_json(): line, rule, text
+    evidence: list[dict[str, Any]]   # common.classify.Evidence.to_json(): line, rule, text
     also: list[str]
 
     def describe(self) -> str:
@@ -264,7 +264,7 @@ class Final(EventBase):
     reason: str
     last_checkpoint: dict[str, Any] | None   # {"step", "path"}
     #: the share of the run's wall time spent in training steps, and the time lost per
-    #: cause (``orchestrator.ops.goodput``)
+    #: cause (``orchestrator.common.goodput``)
     goodput: float | None = opt()
     lost_s: dict[str, Any] | None = opt()
 

@@ -1,6 +1,6 @@
 """``model.init_from``: the settings a run takes from a released drafter's ``config.json``
 (pure, torch-free). The trainer (``trainer.core.init_from``) and ``dfo launch`` /
-``dfo warm-cache`` (``orchestrator.ops.init_from``, from the directory's config.json read on
+``dfo warm-cache`` (``orchestrator.plan.init_from``, from the directory's config.json read on
 the host) run this same code, so the config dfo validates and keys the compile cache by is
 the one the trainer runs.
 

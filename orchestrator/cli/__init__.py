@@ -1,8 +1,8 @@
 """The ``dfo`` command: click only. It parses, calls, prints.
 
-Decisions live in ``orchestrator.ops`` (pure) and side effects behind
+Decisions live in ``orchestrator.plan`` and ``orchestrator.common`` (pure) and side effects behind
 ``orchestrator.transport``. Errors become exit codes here, in one place
-(see ``orchestrator.errors`` for the table); a user never sees a traceback
+(see ``orchestrator.common.errors`` for the table); a user never sees a traceback
 for an error they can cause.
 """
 
@@ -14,7 +14,7 @@ import sys
 import click
 
 from .. import __version__
-from ..errors import EXIT_INTERRUPTED, DfoError, Interrupted
+from ..common.errors import EXIT_INTERRUPTED, DfoError, Interrupted
 from .context import AppContext
 from . import cache as _cache, demo as _demo, deploy as _deploy, hosts as _hosts, run as _run
 from . import status as _status

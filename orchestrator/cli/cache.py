@@ -51,7 +51,7 @@ def warm_cache(app, host_name, config_path, sets, from_file, pull_dest, key_name
     otherwise runs `python -m trainer warmup` on the host and saves a snapshot."""
     from ..engine.cache_command import WarmCacheRequest, status_problems, warm_cache as run
     from ..engine.compile_cache import CacheManager
-    from ..ops.launch_inputs import parse_sets
+    from ..plan.launch_inputs import parse_sets
 
     req = WarmCacheRequest(config_path=config_path, overrides=parse_sets(sets),
                            from_file=from_file, pull_dest=pull_dest, key_name=key_name,

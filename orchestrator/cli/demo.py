@@ -12,7 +12,7 @@ import click
 
 from rich.markup import escape
 
-from ..errors import DfoError
+from ..common.errors import DfoError
 from .console import Activity, console, minutes_seconds, stamp
 from .params import FAULT_SPEC
 
@@ -86,10 +86,10 @@ def demo(ctx: click.Context, host_name: str | None, fault: str | None, no_fault:
 
 
 def print_recap(app, host_name: str, total_s: float) -> None:
-    """The demo's last words, on stdout: what happened in the run it launched (ops.recap, from
+    """The demo's last words, on stdout: what happened in the run it launched (plan.recap, from
     the run's events) and the commands to try next."""
     from ..engine.demo import run_events
-    from ..ops.recap import recap
+    from ..plan.recap import recap
     from .run_ops import open_run_ops
 
     run_ops = open_run_ops(app, host_name)

@@ -10,7 +10,7 @@ from rich.table import Table
 from .console import console
 from .params import group_option, host_or_group
 
-from ..errors import DfoError, DriftError
+from ..common.errors import DfoError, DriftError
 
 
 class _StageView:

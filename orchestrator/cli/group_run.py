@@ -13,7 +13,7 @@ from rich.markup import escape
 
 from dfo_contract.status import RunStatus
 
-from ..errors import EXIT_INTERRUPTED, DfoError, RunFailed
+from ..common.errors import EXIT_INTERRUPTED, DfoError, RunFailed
 from .console import Activity, console, note, print_launch
 from .log_lines import JsonLinePrinter, LinePrinter, skipped_note
 from .params import host_or_group
@@ -74,7 +74,7 @@ def print_group_plan(gp, dry_run: bool) -> None:
 def follow_group_logs(gr, run_id, *, follow, raw, attempt, since, from_attempt,
                       as_json: bool = False) -> int:
     from ..engine.group_logs import follow_group
-    from ..ops.timespec import parse_since
+    from ..plan.timespec import parse_since
 
     err = console(stderr=True)
     width = max(len(h.name) for h in gr.hosts)
@@ -186,7 +186,7 @@ def group_stop(app, group_name, host_name, run_id, timeout: float, as_json: bool
     code = worst_exit(outs)
     if code:
         bad = [(gr.index(o.host), o.host, o.error, o.exit_code) for o in outs if not o.ok]
-        from ..ops.group_launch import nodes_error
+        from ..plan.group_launch import nodes_error
 
         raise nodes_error(bad, f"stopping run {rid}")
     return 0

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from ..errors import ConfigError, HostKeyError
+from ..common.errors import ConfigError, HostKeyError
 from .context import AppContext
 from .params import group_option
 
@@ -186,7 +186,7 @@ def _print_check(c) -> None:
 
 
 def _gpu_rows(t, f) -> None:
-    """Driver, CUDA, memory in use, /dev/shm and memlock (ops/gpu.py facts)."""
+    """Driver, CUDA, memory in use, /dev/shm and memlock (plan/gpu.py facts)."""
     from rich.markup import escape
 
     if f is None or not f.present:

@@ -131,7 +131,7 @@ class LinePrinter:
         from dfo_contract.trainer_markers import (CheckpointMarker, DoneMarker, HeartbeatMarker,
                                                   StepMarker, read_marker)
 
-        from ..ops.classify import match_line
+        from ..common.classify import match_line
 
         if ln.event is not None:
             e = ln.event

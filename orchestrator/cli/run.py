@@ -11,7 +11,7 @@ import click
 
 from rich.markup import escape
 
-from ..errors import EXIT_INTERRUPTED, ConfigError, NotFoundError, RunFailed
+from ..common.errors import EXIT_INTERRUPTED, ConfigError, NotFoundError, RunFailed
 from .console import Activity, console, note, print_launch
 from .group_run import GROUP_OPTION, follow_group_logs, group_runs, launch_group
 from .log_lines import JsonLinePrinter, LinePrinter, skipped_note
@@ -153,7 +153,7 @@ def launch(app, host_name, group_name, resume, config, run_name, sets, replace, 
 
 
 def _print_plan(plan, dry_run: bool) -> None:
-    from ..ops.fallback import describe
+    from ..common.fallback import describe
 
     b = plan.spec.budget
     rows = [f"  run dir      {escape(plan.run_dir)}",
@@ -178,7 +178,7 @@ def _print_plan(plan, dry_run: bool) -> None:
 def _follow(run_ops, run_id, *, follow, raw, attempt, since, from_attempt,
             as_json: bool = False) -> int:
     from ..engine.logs import LogFollower
-    from ..ops.timespec import parse_since
+    from ..plan.timespec import parse_since
 
     err = console(stderr=True)
     printer = JsonLinePrinter() if as_json else LinePrinter(raw)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dfo_contract.status import RunStatus
 
-from ..errors import NotFoundError
+from ..common.errors import NotFoundError
 from .console import note
 
 

@@ -14,7 +14,7 @@ from rich.text import Text
 from dfo_contract import runstate as rs
 from dfo_contract.status import LOST, RunStatus
 
-from ..ops.sparkline import sparkline
+from ..common.sparkline import sparkline
 from .console import console, minutes_seconds, stamp
 from .group_run import GROUP_OPTION, group_status, group_stop
 from .params import POSITIVE_SECONDS
@@ -83,7 +83,7 @@ def _accept(r: RunStatus) -> str:
 
 
 def _goodput(r: RunStatus) -> str:
-    """The share of the run's time spent training (ops.goodput), ``87%``; ``-`` unknown."""
+    """The share of the run's time spent training (common.goodput), ``87%``; ``-`` unknown."""
     g = None if r.time is None else _finite(r.time.goodput)
     return "-" if g is None else f"{g * 100:.0f}%"
 

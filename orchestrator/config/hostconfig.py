@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-from ..errors import ConfigError
-from ..ops.host_tree import HostTree
+from ..common.errors import ConfigError
+from .host_tree import HostTree
 from ..transport.settings import SSHSettings
 
 TRANSPORTS = ("local", "ssh", "proxmox")

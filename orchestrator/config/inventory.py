@@ -20,7 +20,7 @@ from pathlib import Path
 
 from dfo_contract.failure_classes import FAILURE_CLASSES
 
-from ..errors import ConfigError
+from ..common.errors import ConfigError
 from ..transport.settings import SSHSettings
 from .hostconfig import TRANSPORTS, GpuLayout, HostConfig, Inventory
 from .inventory_parser import InventoryParser

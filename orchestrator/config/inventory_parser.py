@@ -11,7 +11,7 @@ import yaml
 
 from dfo_contract.failure_classes import FAILURE_CLASSES
 
-from ..errors import ConfigError
+from ..common.errors import ConfigError
 from ..transport.settings import SSHSettings
 from .hostconfig import TRANSPORTS, GpuLayout, HostConfig, Inventory, did_you_mean
 from .groups_parser import parse_groups
@@ -187,7 +187,7 @@ class InventoryParser(NodeReader):
         return names
 
     def fallbacks(self, node: yaml.Node, where: str) -> dict[str, tuple[str, ...]]:
-        from ..ops.fallback import validate_ladders  # the supervisor's policy checks step names
+        from ..common.fallback import validate_ladders  # the supervisor's policy checks step names
 
         m = self.mapping(node, where, FAILURE_CLASSES)
         raw = {k: list(self.string_list(v, f"{where}.{k}")) for k, (_, v) in m.items()}

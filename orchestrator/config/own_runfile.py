@@ -25,8 +25,8 @@ from typing import Any
 
 import yaml
 
-from ..errors import ConfigError
-from ..ops import own_trainer
+from ..common.errors import ConfigError
+from ..common import own_trainer
 
 KEYS = ("command", "cwd", "step_pattern", "env", "resume", "fallbacks", "thresholds")
 

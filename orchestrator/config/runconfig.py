@@ -20,7 +20,7 @@ from dfo_contract import trainer_config as tcfg
 from dfo_contract.exitcodes import TrainerError
 from dfo_contract.trainer_config import TrainerConfig
 
-from ..errors import ConfigError
+from ..common.errors import ConfigError
 
 #: the run config ``dfo launch`` uses without ``--config`` (and the base of ``dfo demo``'s)
 DEFAULT_CONFIG = "tiny-cpu.yaml"

@@ -8,7 +8,7 @@ import os
 import re
 from typing import Any
 
-from ..errors import ConfigError
+from ..common.errors import ConfigError
 from ..transport.settings import SSHSettings
 
 SSH_SPEC_RE = re.compile(r"^(?:(?P<user>[^@\s]+)@)?(?P<host>\[[^\]]+\]|[^:@\s]+)(?::(?P<port>\d+))?$")

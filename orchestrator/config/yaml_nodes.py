@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from ..errors import ConfigError
+from ..common.errors import ConfigError
 from .hostconfig import did_you_mean
 
 

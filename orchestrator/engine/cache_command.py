@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from ..errors import CacheError, ConfigError
-from ..ops import snapshot as sn
-from ..ops.cache_key import explain_diff
+from ..common.errors import CacheError, ConfigError
+from ..plan import snapshot as sn
+from ..plan.cache_key import explain_diff
 from .cache_warmup import WarmResult
 from .compile_cache import CacheManager
 
@@ -132,8 +132,8 @@ def warm_cache(mgr: CacheManager, req: WarmCacheRequest,
 
 
 def _key_without_config(mgr: CacheManager, req: WarmCacheRequest):
-    from ..errors import NotFoundError
-    from ..ops import cache_key as ck
+    from ..common.errors import NotFoundError
+    from ..plan import cache_key as ck
     from .compile_cache import local_snapshot_files
 
     if req.pull_dest is not None:

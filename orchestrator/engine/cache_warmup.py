@@ -15,11 +15,11 @@ from typing import Any, Mapping, Sequence
 from dfo_contract.trainer_markers import read_marker
 
 from .. import __version__
-from ..errors import ConfigError, LockHeldError, RemoteCommandError
-from ..ops import cache_key as ck
-from ..ops import snapshot as sn
-from ..ops.provenance import build_provenance
-from ..ops.trainer_warmup import LOCK_CONFLICT, parse_report, warmup_argv, warmup_env, warmup_error_line
+from ..common.errors import ConfigError, LockHeldError, RemoteCommandError
+from ..plan import cache_key as ck
+from ..plan import snapshot as sn
+from ..plan.provenance import build_provenance
+from ..plan.trainer_warmup import LOCK_CONFLICT, parse_report, warmup_argv, warmup_env, warmup_error_line
 
 log = logging.getLogger("dfo")
 

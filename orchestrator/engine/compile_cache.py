@@ -3,8 +3,8 @@ generation, and the snapshot store (restore, push, pull, status, prune). The war
 fills a generation is ``cache_warmup``; ``dfo warm-cache``'s choice of mode is
 ``cache_command``.
 
-Decisions (key, manifest checks, plans) are pure, in ``orchestrator.ops.cache_key`` and
-``orchestrator.ops.snapshot``; this module carries them out through a ``Transport``.
+Decisions (key, manifest checks, plans) are pure, in ``orchestrator.plan.cache_key`` and
+``orchestrator.plan.snapshot``; this module carries them out through a ``Transport``.
 Every remote command is an argv list: ``tar``, ``mv``, ``ln``, ``rm``, ``mkdir`` and the
 env's python running a constant script (``CACHE_TOOL``/``SOURCE_HASH_SCRIPT``) with the
 values as argv elements.
@@ -28,13 +28,13 @@ from typing import Any, Callable, Mapping, Sequence
 
 from dfo_contract.fsio import atomic_write_bytes, sha256_file
 
-from ..errors import CacheError, ConfigError, DeployError, DfoError, NotFoundError, RemoteCommandError
-from ..ops import cache_key as ck
-from ..ops import snapshot as sn
-from ..ops.init_from import effective_full, init_from_path, init_from_probe
-from ..ops.provenance import Trust, adoption_record, check_trust
+from ..common.errors import CacheError, ConfigError, DeployError, DfoError, NotFoundError, RemoteCommandError
+from ..plan import cache_key as ck
+from ..plan import snapshot as sn
+from ..plan.init_from import effective_full, init_from_path, init_from_probe
+from ..plan.provenance import Trust, adoption_record, check_trust
 from ..remote.cache_tool import scan_tar
-from ..ops.host_tree import HostTree
+from ..config.host_tree import HostTree
 from ..transport.base import Transport
 from .cache_warmup import CacheWarmup, WarmResult
 
@@ -158,7 +158,7 @@ class CacheManager:
     def run_config(self, config: Mapping[str, Any], *, explicit: frozenset[str] = frozenset(),
                    source: str | None = None) -> dict[str, Any]:
         """``config`` as the trainer runs it: with ``model.init_from``, the settings of that
-        drafter directory on the host (its config.json, read by ``ops.init_from``'s probe);
+        drafter directory on the host (its config.json, read by ``plan.init_from``'s probe);
         ``explicit``: the keys the file or an override set; ``source``: the config file."""
         path = init_from_path(config)
         if not path:

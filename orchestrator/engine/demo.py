@@ -18,7 +18,7 @@ from dfo_contract import trainer_config as tcfg
 from dfo_contract.trainer_config import TrainerConfig
 
 from ..config.runconfig import RunLayers, default_config_path, read_config_file, with_overrides
-from ..ops.host_tree import HostTree
+from ..config.host_tree import HostTree
 from ..transport.base import Transport
 
 log = logging.getLogger("dfo")
@@ -98,7 +98,7 @@ def run_events(t: Transport, tree: HostTree, run_id: str) -> list:
     from dfo_contract import runstate as rs
     from dfo_contract.events import read_events
 
-    from ..errors import ContractMismatch
+    from ..common.errors import ContractMismatch
 
     try:
         return read_events(t.get(posixpath.join(tree.run_dir(run_id), rs.EVENTS_FILE)).decode(

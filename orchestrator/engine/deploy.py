@@ -3,7 +3,7 @@
 Stages: connect, push uv, push wheel, create venv, install, verify, switch. Each
 is timed and reported through ``on_event(stage, status, seconds, detail)`` (status:
 ``start``, ``line``, ``done``, ``skip``, ``fail``). Decisions come from
-``orchestrator.ops.deploy_plan`` (pure); this module only runs them.
+``orchestrator.plan.deploy_plan`` (pure); this module only runs them.
 
 Guarantees:
 - nothing that fails verification becomes ``envs/current``, and the env it points to is
@@ -28,13 +28,13 @@ from typing import Any
 
 from .. import __version__
 from ..config.profiles import Profile, load_profile
-from ..errors import DeployError, DfoError, LockHeldError, RemoteCommandError, VerifyError
-from ..ops import deploy_plan as dp
-from ..ops.fingerprint import (Mismatch, build_fingerprint, compare, fingerprint_changes,
+from ..common.errors import DeployError, DfoError, LockHeldError, RemoteCommandError, VerifyError
+from ..plan import deploy_plan as dp
+from ..plan.fingerprint import (Mismatch, build_fingerprint, compare, fingerprint_changes,
                               fingerprint_json, parse_probe, probe_argv)
-from ..ops.launch_facts import LaunchFacts
-from ..ops.uv import describe_sources, local_find_links, translate_uv_error
-from ..ops.uv_progress import UvProgress, human_bytes, parse_du_k
+from ..plan.launch_facts import LaunchFacts
+from ..plan.uv import describe_sources, local_find_links, translate_uv_error
+from ..plan.uv_progress import UvProgress, human_bytes, parse_du_k
 from .deploy_check import DeployChecks
 from .deploy_switch import EnvSwitch
 from .lease import DeployLease

@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..config.profiles import Profile
-from ..errors import DeployError, NotFoundError, RemoteCommandError
-from ..ops import deploy_plan as dp
-from ..ops.drift import fingerprint_drift
-from ..ops.fingerprint import EXPECT_FIELDS, compare, fingerprint_changes, parse_probe
-from ..ops.launch_facts import VERIFIED_FILE, LaunchFacts, record_bytes
-from ..ops.host_tree import env_generation
+from ..common.errors import DeployError, NotFoundError, RemoteCommandError
+from ..plan import deploy_plan as dp
+from ..plan.drift import fingerprint_drift
+from ..plan.fingerprint import EXPECT_FIELDS, compare, fingerprint_changes, parse_probe
+from ..plan.launch_facts import VERIFIED_FILE, LaunchFacts, record_bytes
+from ..config.host_tree import env_generation
 from .stages import DeployReport
 
 log = logging.getLogger("dfo")

@@ -1,7 +1,7 @@
 """The changes ``dfo deploy`` makes to ``<root>/envs/`` itself (``EnvSwitch``, held by
 ``Deployer``): the atomic switch of ``envs/current`` under run.lock, which also retires
 older generations of the env, and the removal of half-built envs; the free space a new env
-needs, counting what dfo removes first or reuses (``ops.deploy_space``). It is given the
+needs, counting what dfo removes first or reuses (``plan.deploy_space``). It is given the
 transport, the tree, the host's name, the deploy's stage clock and lease, the free space
 the profile asks for, and ``run``: the deploy's runner of a locked command
 (``Deployer.run``: lost lease and run.lock errors said as a deploy says them)."""
@@ -11,9 +11,9 @@ from __future__ import annotations
 import posixpath
 from typing import Callable
 
-from ..errors import DeployError, LockHeldError
-from ..ops import deploy_plan as dp
-from ..ops import deploy_space as ds
+from ..common.errors import DeployError, LockHeldError
+from ..plan import deploy_plan as dp
+from ..plan import deploy_space as ds
 
 #: the switch itself is instant; deleting the envs it retires (renamed first) takes longer
 SWITCH_TIMEOUT = 600.0

@@ -3,7 +3,7 @@
 A log inside its run directory (``runs/<id>/attempt-<n>.log``, beside ``spec.json`` and
 ``events.jsonl``) is answered the supervisor's way: its class is the one the supervisor
 recorded for that attempt (a hang is judged from silence while the attempt runs, which no
-log shows), and the fallback comes from ``ops.verdict.choose`` over the run's own config,
+log shows), and the fallback comes from ``common.verdict.choose`` over the run's own config,
 ladders and ladder position. A log alone is answered over what it assumes (the default
 ladders over ``--config`` or the trainer's defaults), and says so.
 """
@@ -24,10 +24,10 @@ from dfo_contract.runspec import RunSpec
 from dfo_contract.trainer_markers import DoneMarker, HeartbeatMarker, TrainerMarker, read_marker
 
 from ..config.runconfig import load_config
-from ..errors import ConfigError
-from ..ops.classify import classify
-from ..ops.launch_inputs import flatten
-from ..ops.verdict import Ladders, Verdict, choose, position_before
+from ..common.errors import ConfigError
+from ..common.classify import classify
+from ..common.launch_argv import flatten
+from ..common.verdict import Ladders, Verdict, choose, position_before
 
 #: classes only a ddp run shows (a log alone is assumed to be ddp's)
 COLLECTIVE_CLASSES = TABLES.collective
@@ -56,8 +56,8 @@ class RunView:
 
 @dataclass
 class DiagnoseReport:
-    diagnosis: Any                 # ops.classify's result for the log: cls, reason, evidence
-    fallback: Verdict | None       # ops.verdict's choice; None: the run finished, or unknown
+    diagnosis: Any                 # common.classify's result for the log: cls, reason, evidence
+    fallback: Verdict | None       # common.verdict's choice; None: the run finished, or unknown
     cls: str = ""                  # the class the fallback answers (the supervisor's, given a run)
     run: RunView | None = None
     assumed: str = ""              # what the answer assumed (a log without its run)

@@ -26,9 +26,9 @@ from dfo_contract.checkpoints import CkptInfo
 from dfo_contract.fsio import human_bytes, replace_dir, sha256_file
 from dfo_contract.trainer_config.layers import parse_engines
 
-from ..errors import ConfigError, NotFoundError, RemoteCommandError, VerifyError
-from ..ops.launch_facts import parse_checkpoint_listing
-from ..ops.probes import json_reply
+from ..common.errors import ConfigError, NotFoundError, RemoteCommandError, VerifyError
+from ..plan.launch_facts import parse_checkpoint_listing
+from ..plan.probes import json_reply
 from .runs import RunOps
 
 log = logging.getLogger("dfo")

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, Sequence, TypeVar
 
-from ..errors import DfoError
+from ..common.errors import DfoError
 
 log = logging.getLogger("dfo")
 T = TypeVar("T")

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from ..config.hostconfig import GroupConfig, HostConfig
-from ..errors import DfoError, NotFoundError, RemoteCommandError
-from ..ops import group_check as gc
-from ..ops.deploy_plan import FINGERPRINT_FILE
-from ..ops.probes import HostCheck
+from ..common.errors import DfoError, NotFoundError, RemoteCommandError
+from ..plan import group_check as gc
+from ..plan.deploy_plan import FINGERPRINT_FILE
+from ..plan.probes import HostCheck
 from ..transport import Transport
 from .group import HostOutcome, for_each_host, worst_exit
 
@@ -43,7 +43,7 @@ def deploy_group(hosts: Sequence[HostConfig], transport_for: TransportFor, *, ac
     """``dfo deploy`` (``action`` deploy, check or rollback) on every member; dfo's wheel is
     built once, before the members start. ``check`` finding drift is that member's failure
     (exit 7), with its report kept."""
-    from ..errors import DriftError
+    from ..common.errors import DriftError
     from .deploy import Deployer
     from .wheel import build as build_wheel
 

@@ -13,7 +13,7 @@ import logging
 import threading
 from typing import Any, Callable, Sequence
 
-from ..errors import DfoError
+from ..common.errors import DfoError
 from .group import HostOutcome
 from .logs import LogFollower, LogLine
 

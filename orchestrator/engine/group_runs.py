@@ -3,7 +3,7 @@
 ``GroupRuns.plan`` asks every member for its launch facts in parallel (one round trip each,
 with ``RunOps``' own checks: reachable, env deployed and clean, run.lock free, config paths
 present), compares the members' env fingerprints from those facts
-(ops.group_check.env_differences), and plans each node with ``ops.launch_plan.plan_launch``
+(plan.group_check.env_differences), and plans each node with ``plan.launch_plan.plan_launch``
 as a ``Group`` role: the same run id everywhere, ``--resume`` resolved on the head only
 (checkpoints live there), the ddp layout forced. ``launch`` writes and starts the head
 first, then the others, and waits until each took its run.lock; when one fails to start,
@@ -20,13 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ..errors import ConfigError, DeployError, DfoError, NotFoundError
-from ..ops import group_check as gc
-from ..ops import group_launch as gl
-from ..ops import launch_plan as lp
-from ..ops.group import GroupSpec
-from ..ops.launch_inputs import check_run_name
-from ..ops.run_identity import make_run_id
+from ..common.errors import ConfigError, DeployError, DfoError, NotFoundError
+from ..plan import group_check as gc
+from ..plan import group_launch as gl
+from ..plan import launch_plan as lp
+from ..common.group import GroupSpec
+from ..plan.launch_inputs import check_run_name
+from ..plan.run_identity import make_run_id
 from .group import HostOutcome, for_each_host, worst_exit
 from .runs import LaunchOptions, RunOps, load_trainer
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from ..config.inventory import HostConfig
-from ..errors import ContainerError, DfoError
-from ..ops import gpu, probes
-from ..ops.gpu_judge import gpu_problems
+from ..common.errors import ContainerError, DfoError
+from ..plan import gpu, probes
+from ..plan.gpu_judge import gpu_problems
 from ..transport import Transport, run_probe
 
 

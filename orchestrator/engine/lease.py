@@ -18,9 +18,9 @@ from typing import Callable
 
 from dfo_contract.procs import alive, process_start, same_process
 
-from ..errors import DeployError, LockHeldError, RemoteCommandError
-from ..ops import deploy_plan as dp
-from ..ops.host_tree import HostTree
+from ..common.errors import DeployError, LockHeldError, RemoteCommandError
+from ..plan import deploy_plan as dp
+from ..config.host_tree import HostTree
 
 log = logging.getLogger("dfo")
 

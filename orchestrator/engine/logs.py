@@ -17,7 +17,7 @@ from typing import Any, Callable
 from dfo_contract import events, runstate as rs, wire
 from dfo_contract.errors import ContractError, VersionError
 
-from ..errors import (ConnectError, ContractMismatch, DfoError, HostKeyError, NotFoundError,
+from ..common.errors import (ConnectError, ContractMismatch, DfoError, HostKeyError, NotFoundError,
                       RemoteCommandError, RunFailed)
 from ..transport.base import env_error
 

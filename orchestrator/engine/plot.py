@@ -1,6 +1,6 @@
 """``dfo plot``: fetch a run's metrics.jsonl and events.jsonl, draw its curves into a PNG.
 
-The curves come from ``ops.curves`` (pure); this module reads the two files through the
+The curves come from ``plan.curves`` (pure); this module reads the two files through the
 transport (one ``get`` each) and draws with matplotlib's Agg backend on this machine
 (the container needs nothing). matplotlib is the ``plot`` extra of dfo.
 """
@@ -14,8 +14,8 @@ from dfo_contract import runstate as rs
 from dfo_contract.errors import ContractError
 from dfo_contract.metrics_record import METRICS_FILE
 
-from ..errors import ConfigError, ContractMismatch, NotFoundError
-from ..ops import curves as cv
+from ..common.errors import ConfigError, ContractMismatch, NotFoundError
+from ..plan import curves as cv
 
 log = logging.getLogger("dfo")
 

@@ -1,4 +1,4 @@
-"""The one round trip ``dfo launch`` makes before it plans (``ops.launch_facts``): the host's
+"""The one round trip ``dfo launch`` makes before it plans (``plan.launch_facts``): the host's
 facts, and the env check made from them. Each problem keeps its own error and exit code:
 no deployed env (7), an env that differs from its lock (7); the rest (run.lock held, a
 config path missing, a checkpoint) the planner decides from the same facts."""
@@ -8,10 +8,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from ..errors import DeployError, DriftError, RemoteCommandError
-from ..ops import launch_plan as lp
-from ..ops.launch_inputs import LaunchInputs, LaunchOptions
-from ..ops.launch_facts import LaunchFacts, facts_argv, parse_facts
+from ..common.errors import DeployError, DriftError, RemoteCommandError
+from ..plan import launch_plan as lp
+from ..plan.launch_inputs import LaunchInputs, LaunchOptions
+from ..plan.launch_facts import LaunchFacts, facts_argv, parse_facts
 
 log = logging.getLogger("dfo")
 

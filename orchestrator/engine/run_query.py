@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from dfo_contract.status import QueryReply, RunStatus
 
-from ..errors import ConfigError, DeployError, NotFoundError, RunFailed
-from ..ops.probes import query_probe, stop_probe
+from ..common.errors import ConfigError, DeployError, NotFoundError, RunFailed
+from ..plan.probes import query_probe, stop_probe
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,15 @@
-"""launch / status / stop through a Transport. Decisions come from ops.launch_plan (pure).
+"""launch / status / stop through a Transport. Decisions come from plan.launch_plan (pure).
 
 ``RunOps(transport, host).plan(opts)`` loads the run config (or your own trainer's run
 file) and checks everything given before anything touches the host
-(``ops.launch_inputs.prepare``), then asks the host ONE command for every fact the plan needs
+(``plan.launch_inputs.prepare``), then asks the host ONE command for every fact the plan needs
 (``engine.preflight``: env deployed and ``dfo deploy --check``-clean, run.lock, the
 config's paths, the cache key's inputs, the checkpoints by manifest, a resume glob) and
-plans (``ops.launch_plan.plan_launch``). ``launch(opts)`` then writes the run dir
+plans (``plan.launch_plan.plan_launch``). ``launch(opts)`` then writes the run dir
 (config.yaml, spec.json) and starts the supervisor detached (systemd-run, or setsid) in ONE
-more command (``ops.launch_steps``; the supervisor seeds the run's own compile cache), and
+more command (``plan.launch_steps``; the supervisor seeds the run's own compile cache), and
 waits until the supervisor has taken run.lock. Ctrl-C during a launch ends in
-:class:`~orchestrator.errors.Interrupted`, saying whether the run started.
+:class:`~orchestrator.common.errors.Interrupted`, saying whether the run started.
 """
 
 from __future__ import annotations
@@ -24,18 +24,18 @@ from typing import Any, Callable, Mapping
 from dfo_contract import runstate as rs
 from dfo_contract.status import LOST, NEVER_STARTED, QueryReply, RunStatus
 
-from ..errors import (ConnectError, DfoError, HostKeyError, Interrupted, LockHeldError,
+from ..common.errors import (ConnectError, DfoError, HostKeyError, Interrupted, LockHeldError,
                       RemoteCommandError, RunFailed)
-from ..ops import launch_inputs as li
-from ..ops import launch_plan as lp
-from ..ops import launch_steps as ls
-from ..ops.probes import launch_probe
-from ..ops.run_identity import cut_off_error
+from ..plan import launch_inputs as li
+from ..plan import launch_plan as lp
+from ..plan import launch_steps as ls
+from ..plan.probes import launch_probe
+from ..plan.run_identity import cut_off_error
 from ..transport.base import Result
 from .preflight import launch_facts
 from .run_query import RunQueries, StopOutcome
 
-LaunchOptions = li.LaunchOptions   # what ``dfo launch`` was asked (pure data, ops.launch_inputs)
+LaunchOptions = li.LaunchOptions   # what ``dfo launch`` was asked (pure data, plan.launch_inputs)
 
 log = logging.getLogger("dfo")
 
@@ -46,7 +46,7 @@ def load_trainer(o: LaunchOptions, tree) -> li.TrainerInput:
     local files only."""
     if o.own:
         from ..config.own_runfile import read_run_file
-        from ..ops.launch_own import own_config
+        from ..plan.launch_own import own_config
 
         rf, data = read_run_file(o.run_file) if o.run_file else ({}, None)
         return own_config(o, rf, data)
@@ -186,7 +186,7 @@ class RunOps:
     def start_planned(self, plan: lp.LaunchPlan, o: LaunchOptions, *,
                       wait: bool = True) -> lp.LaunchPlan:
         """Write ``plan``'s run dir and spec.json and start its supervisor: ONE round trip
-        (``ops.launch_steps``); with ``wait``, wait until it took run.lock
+        (``plan.launch_steps``); with ``wait``, wait until it took run.lock
         (engine.group_runs starts every node, then waits)."""
         self._launching = plan.run_id
         steps = ls.launch_steps(plan, self.tree.locks)

@@ -15,8 +15,8 @@ import threading
 
 from dfo_contract.fsio import json_object
 
-from ..errors import ConnectError, DeployError, NotFoundError, RemoteCommandError
-from ..ops.scripts import remote_source
+from ..common.errors import ConnectError, DeployError, NotFoundError, RemoteCommandError
+from ..plan.scripts import remote_source
 from ..transport import forward as fw
 
 log = logging.getLogger("dfo")

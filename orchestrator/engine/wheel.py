@@ -27,7 +27,7 @@ from pathlib import Path
 from dfo_contract.fsio import atomic_write_bytes, sha256_file
 
 from .. import __version__
-from ..errors import DeployError
+from ..common.errors import DeployError
 
 log = logging.getLogger("dfo")
 

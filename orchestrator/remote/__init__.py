@@ -1,7 +1,7 @@
 """Python modules that run on a target, not on the machine that runs ``dfo``.
 
 Each is a plain, stdlib-only module with a ``main(argv)`` and prints one JSON reply (or
-one marked line) that a parser in ``orchestrator.ops`` reads. They are real modules so
+one marked line) that a parser in ``orchestrator.plan`` reads. They are real modules so
 that they are linted and unit-tested like the rest; how they reach the target depends on
 which Python runs them:
 

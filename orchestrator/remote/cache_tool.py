@@ -12,7 +12,7 @@ Ops (every value is an argv element, never part of the script):
                        nothing is written
 ``scantar TAR``        ``{"members": N}`` or ``{"refused": "..."}`` (the first forbidden member)
 ``hostname``           ``{"hostname": ...}`` (the machine's name, for a snapshot's provenance)
-``status CACHE_ROOT [verify]``  ``{"live", "snapshots", "used", "stale"}`` (see ``ops.snapshot``);
+``status CACHE_ROOT [verify]``  ``{"live", "snapshots", "used", "stale"}`` (see ``plan.snapshot``);
                        with ``verify`` each snapshot also carries its parsed ``manifest``, its
                        tar's observed ``{"sha256", "size"}`` as ``tar`` and ``refused``, and
                        each live cache its ``damaged`` files (``[[rel, why], ...]``)

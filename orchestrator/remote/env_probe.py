@@ -2,7 +2,7 @@
 
 Runs *inside* the env being verified as ``<env>/bin/python -c SOURCE`` (its source is the
 script text: the env's dfo wheel is not trusted yet), so it stays stdlib-only and
-self-contained. Prints one line ``@dfo-probe {json}``; ``orchestrator.ops.fingerprint``
+self-contained. Prints one line ``@dfo-probe {json}``; ``orchestrator.plan.fingerprint``
 parses it. A module that fails to import is recorded in ``errors``, never raised.
 """
 

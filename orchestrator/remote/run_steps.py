@@ -8,7 +8,7 @@ kept) or ``{"id": ID, "write": PATH, "data": BASE64, "mode": 420, "optional": fa
 stops the rest; an ``optional`` write that fails is passed over. One line answers:
 ``@dfo-steps {"done": N}`` or ``@dfo-steps {"failed": ID, "exit_code": C, "stdout": ...,
 "stderr": ...}``; the caller turns a failed step into its own error
-(``orchestrator.ops.launch_steps``). Stdlib and ``dfo_contract`` only.
+(``orchestrator.plan.launch_steps``). Stdlib and ``dfo_contract`` only.
 
 Once the steps have arrived they run to their end: Ctrl-C on the laptop (SIGINT to a local
 launch's process group) or a dropped connection (SIGHUP, a closed stdout) does not cut them

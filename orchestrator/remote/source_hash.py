@@ -4,7 +4,7 @@ Prints ``{relative path: sha256}`` of each package's ``.py`` files as one JSON o
 without importing the packages (no torch import, fast). With one package the paths are
 relative to it; with several each path starts with its package's name
 (``trainer/core/step.py``, ``dfo_contract/fsio.py``). A package that is not installed: prints
-``{"error": ...}`` and exits 3. ``ops.cache_key.source_hash`` combines the reply into the
+``{"error": ...}`` and exits 3. ``plan.cache_key.source_hash`` combines the reply into the
 ``trainer.source`` component of the cache key. Needs only the stdlib and ``dfo_contract``
 (both in every deployed env).
 """

@@ -1,5 +1,5 @@
 """Before a restart: drop what a failed attempt left in the run's compile cache that the
-next attempt would load and fail on (``ops.cache_check``), or clear the cache when the
+next attempt would load and fail on (``supervisor.policy.cache_check``), or clear the cache when the
 attempt died at start-up loading a shared object from it."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from ..remote.cache_tool import damaged
 
 
 def scrub(cache_dir: str) -> list[tuple[str, str]]:
-    """Delete the files of ``cache_dir`` that cannot be kept (``ops.cache_check``); (path
+    """Delete the files of ``cache_dir`` that cannot be kept (``supervisor.policy.cache_check``); (path
     relative to it, why) for each. Nothing when the directory does not exist."""
     return [(rel, why) for rel, why in damaged(cache_dir, delete=True)]
 

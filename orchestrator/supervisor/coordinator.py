@@ -2,7 +2,7 @@
 ``torch.distributed.TCPStore`` the head's supervisor hosts on ``head_addr:coord_port``
 (a client on the other nodes, every key under the run's prefix through a ``PrefixStore``),
 and the heartbeat thread (docs/recovery.md "One run over several nodes"; key names and
-messages: ``dfo_contract.group_store``; the decisions: ``orchestrator.ops.group_decide``)."""
+messages: ``dfo_contract.group_store``; the decisions: ``orchestrator.supervisor.policy.group_decide``)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from dfo_contract import group_store as gk
 from dfo_contract.group_store import (AttemptAbort, AttemptPlan, GroupVerdict, NodeOutcome,
                                       StoppedPids, StopRequest)
 
-from ..ops import group as g
-from ..ops.group_decide import Heartbeats
+from ..common import group as g
+from .policy.group_decide import Heartbeats
 
 log = logging.getLogger("dfo")
 

@@ -28,9 +28,10 @@ from dfo_contract.errors import ContractError
 from dfo_contract.runspec import Bundled, RunSpec
 from dfo_contract.runstate import Attempt, RunState
 
-from ..ops import goodput, oom
-from ..ops.budget import BudgetState, cannot_do_better, on_failure, restart_delay
-from ..ops.classify import classify
+from ..common import goodput
+from .policy import oom
+from ..common.budget import BudgetState, cannot_do_better, on_failure, restart_delay
+from ..common.classify import classify
 from . import procs, run_dir_end, runfiles
 from .group import GroupHead
 from .group_member import GroupMember
@@ -291,7 +292,7 @@ class Supervisor:
         return 0
 
     def _goodput(self):
-        """The run's goodput and time lost so far (ops.goodput), for its final event; None
+        """The run's goodput and time lost so far (common.goodput), for its final event; None
         when its events cannot be read (the final is written all the same)."""
         try:
             return goodput.account(events.read_events_file(self.record.path(rs.EVENTS_FILE)),

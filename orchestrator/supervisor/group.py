@@ -1,7 +1,7 @@
 """One run across several nodes: this node's role (``supervisor.role``). The supervisors
 coordinate through a ``torch.distributed.TCPStore`` the head's supervisor hosts on
 ``head_addr:coord_port`` (``supervisor.coordinator``; keys and messages:
-``dfo_contract.group_store``; decisions: ``ops.group_decide``). torchrun's c10d store
+``dfo_contract.group_store``; decisions: ``supervisor.policy.group_decide``). torchrun's c10d store
 lives only as long as one attempt's torchrun; this one lives as long as the head's
 supervisor (the user's laptop is not involved).
 
@@ -25,13 +25,13 @@ from dfo_contract.group_store import AttemptPlan, GroupVerdict, NodeOutcome
 from dfo_contract.runlimits import Thresholds
 from dfo_contract.runspec import Group
 
-from ..ops.classify import Diagnosis
-from ..ops.classify_rules import NODE_LOST, PEER_ABORT
-from ..ops.group_decide import (caches_cleared, head_restarted_reason, head_stalled_reason,
+from ..common.classify import Diagnosis
+from ..common.classify_rules import NODE_LOST, PEER_ABORT
+from .policy.group_decide import (caches_cleared, head_restarted_reason, head_stalled_reason,
                                 lost_end, node_left_reason, node_lost_reason, on_node,
                                 root_cause, run_healthy_s, run_reached_train)
-from ..ops.launch_argv import Rendezvous, group_env
-from ..ops.watchdog import AttemptWatchdog
+from ..common.launch_argv import Rendezvous, group_env
+from .policy.watchdog import AttemptWatchdog
 from . import procs
 from .hostprobe import local_addr
 from .coordinator import STORE_POLL_S, Coordinator
@@ -229,7 +229,7 @@ class GroupHead(GroupRole):
 
     def __init__(self, *a: Any, **kw: Any):
         super().__init__(*a, **kw)
-        #: the root cause of the last attempt (ops.group_decide.root_cause), for its decision
+        #: the root cause of the last attempt (supervisor.policy.group_decide.root_cause), for its decision
         self.cause: NodeOutcome | None = None
         #: the last attempt whose decision was published (0: none)
         self.decided = 0

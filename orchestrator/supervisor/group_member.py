@@ -12,8 +12,8 @@ from dfo_contract import events
 from dfo_contract.group_store import AttemptPlan, GroupVerdict, NodeOutcome
 from dfo_contract.runlimits import Thresholds
 
-from ..ops.classify import classify
-from ..ops.group_decide import head_lost_reason, peer_step
+from ..common.classify import classify
+from .policy.group_decide import head_lost_reason, peer_step
 from .coordinator import STORE_POLL_S
 from .group import GroupRole
 from .role import Driver, Placement

@@ -3,7 +3,7 @@
 - :class:`TreeMeter`: CPU seconds and I/O bytes of the attempt's whole process tree,
   cumulative and never decreasing (a child that exits or is re-parented takes nothing
   back): the watchdog's evidence that a silent attempt is working (compiling) or stuck.
-- :func:`host_sample`: /proc/stat and /proc/loadavg, for ``ops.host_load.judge``.
+- :func:`host_sample`: /proc/stat and /proc/loadavg, for ``supervisor.policy.host_load.judge``.
 - :func:`gpu_apps`: ``nvidia-smi --query-compute-apps`` (None when there is no nvidia-smi
   or it fails: unknown, not an error).
 """
@@ -18,8 +18,8 @@ from typing import Iterable
 
 from dfo_contract.procs import proc_stat
 
-from ..ops.gpu import APPS_QUERY, GpuApp, parse_apps_csv
-from ..ops.host_load import HostSample, parse_loadavg, parse_proc_stat
+from ..common.gpu_apps import APPS_QUERY, GpuApp, parse_apps_csv
+from .policy.host_load import HostSample, parse_loadavg, parse_proc_stat
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 

@@ -1,6 +1,6 @@
 """Your own trainer's attempt (``dfo launch -- CMD ARGS...``): its argv, env, directory,
 the checkpoint to resume and the ladder's ``run_first`` commands. Decisions are in
-``ops.own_trainer``; this module only looks at files and runs the commands."""
+``common.own_trainer``; this module only looks at files and runs the commands."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Mapping
 
 from dfo_contract.runspec import Own
 
-from ..ops import own_trainer
+from ..common import own_trainer
 
 
 def cwd(own: Own, run_dir: str) -> str:

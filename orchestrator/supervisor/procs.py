@@ -14,7 +14,7 @@ from typing import Iterable
 
 from dfo_contract.procs import alive, cmdline, proc_stat  # noqa: F401 - procs.cmdline: its callers
 
-from ..ops import oom
+from .policy import oom
 
 PR_SET_PDEATHSIG = 1
 

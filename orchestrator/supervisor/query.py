@@ -132,7 +132,7 @@ def _current_metrics(state: RunState, run_dir: str, tail_bytes: int = 16384) -> 
     lags between logs), and its ``last_checkpoint`` where it lies now."""
     from dfo_contract.metrics_record import METRICS_FILE, metrics_records
 
-    from ..ops.sparkline import current_step, metrics_tail
+    from ..common.sparkline import current_step, metrics_tail
 
     try:
         records = metrics_records(read_jsonl(os.path.join(run_dir, METRICS_FILE),
@@ -153,12 +153,12 @@ def _current_metrics(state: RunState, run_dir: str, tail_bytes: int = 16384) -> 
 
 
 def _time(run_dir: str, now: float) -> Goodput | None:
-    """Goodput and the time lost per cause (ops.goodput), from the run's events; None when
+    """Goodput and the time lost per cause (common.goodput), from the run's events; None when
     they cannot be read."""
     from dfo_contract.errors import ContractError
     from dfo_contract.events import read_events_file
 
-    from ..ops.goodput import account
+    from ..common.goodput import account
 
     try:
         return account(read_events_file(os.path.join(run_dir, rs.EVENTS_FILE)), now=now,

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Callable, Mapping, Protocol
 
 from dfo_contract.runlimits import Thresholds
 
-from ..ops.classify import Diagnosis
-from ..ops.launch_argv import Rendezvous
+from ..common.classify import Diagnosis
+from ..common.launch_argv import Rendezvous
 
 if TYPE_CHECKING:   # the watch's types: supervisor.watch imports nothing of the roles
-    from ..ops.watchdog import AttemptWatchdog
+    from .policy.watchdog import AttemptWatchdog
     from .run_cache import RunCache
     from .watch import Outcome
 

@@ -4,7 +4,7 @@
   launch: a launch cut off before the start leaves no copy behind);
 - after a failed attempt: scrubbed of what cannot be loaded (empty files, cut-short shared
   objects), or cleared when the attempt died at start-up loading a shared object from it
-  (``ops.cache_check``);
+  (``supervisor.policy.cache_check``);
 - topped up from the host's live cache by a fallback that restores it.
 
 What comes from the host's live cache is scrubbed as well, each time it is laid over the
@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from dfo_contract import events
 
-from ..ops.cache_check import cache_import_error, import_error_path
-from ..ops.classify import Diagnosis
+from .policy.cache_check import cache_import_error, import_error_path
+from ..common.classify import Diagnosis
 from . import cache_scrub
 
 if TYPE_CHECKING:
@@ -65,7 +65,7 @@ class RunCache:
 
     def fault(self, out: "Outcome", diag: Diagnosis) -> str | None:
         """The line saying the attempt died at start-up loading a shared object from the
-        run's cache (``ops.cache_check``), or None."""
+        run's cache (``supervisor.policy.cache_check``), or None."""
         if out.reached_train or not os.path.isdir(self.dir):
             return None
         lines = [e.text for e in diag.evidence] + [t for _, t in getattr(out.scan, "tail", [])]

@@ -16,7 +16,7 @@ from typing import Callable
 
 from dfo_contract.runstate import RunState
 
-from ..ops.launch_argv import RUN_DIR_UNUSABLE_EXIT
+from ..common.launch_argv import RUN_DIR_UNUSABLE_EXIT
 from . import procs, runfiles
 
 

@@ -176,7 +176,7 @@ def read_state(run_dir: str) -> RunState:
 
 def read_state_or_events(run_dir: str) -> tuple[RunState, str | None]:
     """The run's state and, when state.json is damaged (there but not a state), the one line
-    that says so: the state is then rebuilt from events.jsonl (``ops.runstate_replay``).
+    that says so: the state is then rebuilt from events.jsonl (``supervisor.policy.runstate_replay``).
     Raises OSError when state.json is absent, ValueError when neither file can tell."""
     try:
         return read_state(run_dir), None
@@ -184,7 +184,7 @@ def read_state_or_events(run_dir: str) -> tuple[RunState, str | None]:
         damage = f"{rs.STATE_FILE} is damaged ({e})"
     from dfo_contract import events   # only for a damaged state (see append_event)
 
-    from ..ops.runstate_replay import state_from_events
+    from .policy.runstate_replay import state_from_events
 
     try:
         evs = events.read_events_file(os.path.join(run_dir, rs.EVENTS_FILE))

@@ -65,11 +65,11 @@ def _cap_eff() -> int:
 
 
 def _lower_priority() -> int | None:
-    """+NICE when the attempt can get the old priority back (see ops.standby); the old
+    """+NICE when the attempt can get the old priority back (see supervisor.policy.standby); the old
     nice value, or None when left as it is."""
     import resource
 
-    from ..ops.standby import NICE, can_restore_priority
+    from .policy.standby import NICE, can_restore_priority
 
     now = os.getpriority(os.PRIO_PROCESS, 0)
     soft, hard = resource.getrlimit(resource.RLIMIT_NICE)
@@ -108,7 +108,7 @@ def standby(args: list[str]) -> None:
     import argparse
     import json
 
-    from ..ops.standby import Preload, Ready, Request
+    from .policy.standby import Preload, Ready, Request
 
     ap = argparse.ArgumentParser(prog="python -m orchestrator.supervisor.shim --standby")
     ap.add_argument("--ready-fd", type=int, required=True)

@@ -14,7 +14,7 @@
   run file's glob finds, runs a ladder step's ``run_first`` commands before the attempt and
   falls back over the run file's ladders.
 
-Both choose the next config with ``ops.verdict.choose`` (the one ladder choice, shared with
+Both choose the next config with ``common.verdict.choose`` (the one ladder choice, shared with
 ``dfo diagnose``).
 
 A source decides; it keeps no state of its own (the run's state comes in).
@@ -34,10 +34,9 @@ from dfo_contract.runspec import Bundled, Identity, Own, RunSpec
 from dfo_contract.runstate import RunState
 from dfo_contract.trainer_config import TrainerConfig
 
-from ..ops import own_trainer
-from ..ops.launch_argv import attempt_env, trainer_argv
-from ..ops.launch_inputs import flatten
-from ..ops.verdict import Ladders, Verdict, choose
+from ..common import own_trainer
+from ..common.launch_argv import attempt_env, flatten, trainer_argv
+from ..common.verdict import Ladders, Verdict, choose
 from . import own_attempt
 from .role import Role
 

@@ -3,7 +3,7 @@
 Once attempt n reached training, :class:`Keeper` starts one ``shim --standby`` process with
 attempt n+1's environment; it imports what the trainer needs and reports ready. When the
 supervisor starts attempt n+1 it asks :meth:`Keeper.take`: a ready standby whose python and
-import-time environment match (``ops.standby.decide``) gets the attempt (one JSON line on its
+import-time environment match (``supervisor.policy.standby.decide``) gets the attempt (one JSON line on its
 stdin) and its Popen is the attempt's process; otherwise it is killed and the attempt starts
 fresh. At most one standby lives; it is killed when the run ends and dies with the
 supervisor (PR_SET_PDEATHSIG). Its pid is ``state.json``'s ``standby_pid``.
@@ -28,7 +28,7 @@ from dfo_contract.runspec import Bundled, Standby as StandbySpec
 from dfo_contract.runstate import attempt_log_name
 from dfo_contract.trainer_config import TrainerConfig
 
-from ..ops import standby as standby_ops
+from .policy import standby as standby_ops
 from . import procs
 
 LOG_NAME = "standby.log"
@@ -71,7 +71,7 @@ class Keeper:
         return procs.descendants(self.proc.pid) or [self.proc.pid]
 
     def early(self) -> bool:
-        """Start the standby with the attempt (ops.standby.start_with_attempt)."""
+        """Start the standby with the attempt (supervisor.policy.standby.start_with_attempt)."""
         cpus: int | None
         try:
             cpus = len(os.sched_getaffinity(0))  # an LXC cpuset limits this, not os.cpu_count()
@@ -114,7 +114,7 @@ class Keeper:
         i.save()
 
     def importing(self) -> bool:
-        """A standby is alive and still importing (ops.standby.importing)."""
+        """A standby is alive and still importing (supervisor.policy.standby.importing)."""
         return standby_ops.importing(self.info, time.time())
 
     def poll(self) -> None:

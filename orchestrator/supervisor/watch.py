@@ -17,11 +17,11 @@ from dfo_contract.runlimits import Thresholds
 from dfo_contract.runspec import Bundled
 from dfo_contract.trainer_markers import CheckpointMarker, EvalMarker
 
-from ..ops import watchdog as wd
-from ..ops.own_trainer import compile_step_pattern
-from ..ops.classify import LineScan, TailScan
-from ..ops.goodput import AttemptClock
-from ..ops.host_load import HostSample, judge_drop, settled
+from .policy import watchdog as wd
+from ..common.own_trainer import compile_step_pattern
+from ..common.classify import LineScan, TailScan
+from ..common.goodput import AttemptClock
+from .policy.host_load import HostSample, judge_drop, settled
 from . import hostprobe, procs, runfiles
 from .lines import read_lines
 from .record import RunRecord, Stop
@@ -59,7 +59,7 @@ class Outcome:
     meter: hostprobe.TreeMeter = field(default_factory=hostprobe.TreeMeter)
     host: list[HostSample] = field(default_factory=list)
     #: a throughput drop whose host judgement waits for the samples after it
-    #: (ops.host_load.settled): (reason, monotonic t, wall t)
+    #: (supervisor.policy.host_load.settled): (reason, monotonic t, wall t)
     low_pending: tuple[str, float, float] | None = None
     #: a multi-node run (supervisor.group's role): another node's abort, the lost nodes
     #: [(index, silent s)], whether this node aborted first, when to SIGKILL
@@ -72,7 +72,7 @@ class Outcome:
     #: this node's stopped processes as last told to the group's store
     stopped_told: tuple[int, ...] = ()
     #: the head of a group: the nodes whose compile cache the restart clears
-    #: (``ops.group_decide.caches_cleared``)
+    #: (``supervisor.policy.group_decide.caches_cleared``)
     caches_cleared: tuple[str, ...] = ()
 
 
@@ -197,7 +197,7 @@ class AttemptWatch:
         out.low_pending = (reason, now, time.time())
 
     def _judge_low(self, n: int, pid: int, out: Outcome) -> None:
-        """Record what the host showed around the drop (ops.host_load.judge_drop); no
+        """Record what the host showed around the drop (supervisor.policy.host_load.judge_drop); no
         restart and no config change (a busy host is not dense attention)."""
         assert out.low_pending is not None
         reason, t_drop, since = out.low_pending

@@ -6,19 +6,31 @@ transports connect on first use and keep that one connection for the whole invoc
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, TypeVar
+from typing import Callable, Mapping, Protocol, TypeVar
 
-from ..errors import ConfigError
+from ..common.errors import ConfigError
 from .base import Result, Transport
 from .local import CommandTimeout, LocalTransport
-
-if TYPE_CHECKING:  # pragma: no cover
-    from ..ops.probes import Probe
 
 __all__ = ["Result", "Transport", "CommandTimeout", "LocalTransport", "open_transport",
            "run_probe"]
 
 T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+
+
+class ProbeLike(Protocol[T_co]):
+    """What :func:`run_probe` runs: an argv with its timeout and extra env, and the parser
+    of the finished command (a plan's ``probes.Probe``)."""
+
+    @property
+    def argv(self) -> tuple[str, ...]: ...
+    @property
+    def timeout(self) -> float: ...
+    @property
+    def env(self) -> Mapping[str, str] | None: ...
+    @property
+    def parse(self) -> Callable[[Result], T_co]: ...
 
 
 def open_transport(host) -> Transport:
@@ -42,7 +54,7 @@ def open_transport(host) -> Transport:
     raise ConfigError(f"{host.source}: hosts.{host.name}.transport: unknown transport {host.transport!r}")
 
 
-def run_probe(t: Transport, probe: "Probe[T]") -> T:
+def run_probe(t: Transport, probe: ProbeLike[T]) -> T:
     """Run a probe's argv on ``t`` and parse what came back."""
     env = dict(probe.env) if probe.env else None
     return probe.parse(t.run(list(probe.argv), timeout=probe.timeout, env=env))

@@ -4,7 +4,7 @@ Implementations: ``local`` (this machine), ``ssh`` (plain SSH into the box) and
 ``proxmox`` (SSH to the node, then ``pct exec VMID`` into the container).
 
 Every command is an argv list. Implementations render it with ``shlex`` at each
-nesting level (see ``orchestrator.ops.command``); nothing is ever built with an
+nesting level (see ``orchestrator.transport.command``); nothing is ever built with an
 f-string shell. ``env`` and ``cwd`` are applied with ``env [-C DIR] -- K=V argv``
 on the far side, so no shell is needed for them either.
 """
@@ -18,7 +18,7 @@ from typing import Callable, Mapping, Sequence
 
 from dfo_contract.fsio import atomic_write_bytes
 
-from ..errors import DeployError, RemoteCommandError
+from ..common.errors import DeployError, RemoteCommandError
 
 #: the packages of dfo's own that run from the deployed env (``python -m PKG.module``)
 DFO_PACKAGES = frozenset({"orchestrator", "trainer", "dfo_contract"})

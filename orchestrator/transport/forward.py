@@ -25,8 +25,8 @@ import subprocess
 import threading
 from typing import IO, Callable, Sequence
 
-from ..errors import ConfigError, ConnectError
-from ..ops import command as cmd
+from ..common.errors import ConfigError, ConnectError
+from . import command as cmd
 from .base import Transport
 from .proxmox import ProxmoxTransport
 from .ssh import SSHTransport

@@ -17,7 +17,7 @@ from base64 import b64decode
 import paramiko
 from dfo_contract.fsio import atomic_write_bytes
 
-from ..errors import ConfigError
+from ..common.errors import ConfigError
 
 KNOWN = "known"
 UNKNOWN = "unknown"

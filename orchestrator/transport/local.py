@@ -13,8 +13,8 @@ from typing import Sequence
 
 from dfo_contract.fsio import atomic_write_bytes
 
-from ..errors import NotFoundError, RemoteCommandError
-from ..ops.command import check_argv, check_env
+from ..common.errors import NotFoundError, RemoteCommandError
+from .command import check_argv, check_env
 from .base import LineCallback, Result, Transport, put_source
 
 log = logging.getLogger("dfo")

@@ -4,7 +4,7 @@
   K=V ... ARGV``, shlex-joined once for the node's login shell. ``pct`` execs lxc-attach,
   so no shell sits between pct and the command. ``--keep-env 0``: the node's environment
   (its PATH, SSH_CONNECTION, locale) must not leak into the container; dfo passes what a
-  command needs explicitly (``orchestrator.ops.command.CONTAINER_ENV`` plus ``env``).
+  command needs explicitly (``orchestrator.transport.command.CONTAINER_ENV`` plus ``env``).
 - Files: piped through the SSH channel into the container's stdin (``pct exec ... sh -c
   'cat > tmp && mv'``): nothing is written on the node, and no host file is ever
   redirected into pct exec (lxc-attach changes the owner and mode of its stdio files).
@@ -17,11 +17,11 @@
 from __future__ import annotations
 
 import logging
+import re
 from typing import Mapping, Sequence
 
-from ..errors import ConnectError, ContainerError
-from ..ops import command as cmd
-from ..ops.probes import parse_pct_status
+from ..common.errors import ConnectError, ContainerError
+from . import command as cmd
 from .base import Result
 from .settings import SSHSettings
 from .ssh import SSHTransport
@@ -30,6 +30,15 @@ log = logging.getLogger("dfo")
 
 #: stderr of pct exec / lxc-attach when the container is gone (confirmed by pct status)
 _STOPPED_HINTS = ("not running", "Failed to get init pid", "lxc-attach:")
+_PCT_STATUS_RE = re.compile(r"^status:\s*(\S+)\s*$", re.M)
+
+
+def parse_pct_status(out: Result) -> str | None:
+    """``status: running`` -> "running"; None when pct did not say (see stderr)."""
+    if out.exit_code != 0:
+        return None
+    m = _PCT_STATUS_RE.search(out.stdout.decode("utf-8", "replace"))
+    return m.group(1) if m else None
 
 
 class ProxmoxTransport(SSHTransport):

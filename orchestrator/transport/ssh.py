@@ -9,7 +9,7 @@
   changed keys are refused loudly. Never ``AutoAddPolicy``.
 - paramiko/socket exceptions become ``ConnectError``/``HostKeyError`` here, with the fix.
 - A command is ``shlex``-joined once: the remote login shell splits it back into the argv
-  and evaluates nothing (see ``orchestrator.ops.command``).
+  and evaluates nothing (see ``orchestrator.transport.command``).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from typing import Callable, Mapping, Sequence
 
 import paramiko
 
-from ..errors import ConnectError, NotFoundError, RemoteCommandError
-from ..ops import command as cmd
+from ..common.errors import ConnectError, NotFoundError, RemoteCommandError
+from . import command as cmd
 from .base import LineCallback, Result, Transport, put_source
 from .local import LineSplitter, timeout_error
 from .settings import SSHSettings

@@ -9,7 +9,7 @@ import socket
 
 import paramiko
 
-from ..errors import ConnectError, HostKeyError
+from ..common.errors import ConnectError, HostKeyError
 from . import knownhosts
 from .settings import SSHSettings
 

@@ -12,7 +12,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from orchestrator.ops.fingerprint import PROBE_SCRIPT, build_fingerprint, parse_probe
+from orchestrator.plan.fingerprint import PROBE_SCRIPT, build_fingerprint, parse_probe
 
 # A small real compile (fwd + bwd) whose cache counters we read, like the trainer's warm-up.
 COMPILE = r"""

@@ -14,7 +14,7 @@ live beside this file; hosts.yaml may also name a profile directory by path.
     lock_sha256: <hex>              # written by tools/make_lock.py
     sources: {index_url: ..., extra_index_urls: [...], find_links: [...], index_strategy: ...}
     min_free_mb: 2500               # refuse to build an env with less free disk
-    expect: {torch: 2.13.0+cpu, torch_cuda: null, ...}   # see ops/fingerprint.py
+    expect: {torch: 2.13.0+cpu, torch_cuda: null, ...}   # see plan/fingerprint.py
 """
 
 from __future__ import annotations
@@ -27,11 +27,27 @@ from typing import Any
 
 import yaml
 
-from ...errors import ConfigError
-from ...ops.fingerprint import EXPECT_FIELDS
-from ...ops.lockfile import Lock, lock_hash, parse_lock
+from ...common.errors import ConfigError
+from ..lockfile import Lock, lock_hash, parse_lock
 
 PROFILES_DIR = Path(__file__).resolve().parent
+
+#: fingerprint field -> the name a person knows (used in mismatch messages)
+EXPECT_FIELDS: dict[str, str] = {
+    "python": "python",
+    "torch": "torch.__version__",
+    "torch_git": "torch.version.git_version",
+    "torch_cuda": "torch.version.cuda",
+    "triton": "triton.__version__",
+    "cuda_available": "torch.cuda.is_available()",
+    "device_count": "torch.cuda.device_count()",
+    "device_names": "torch.cuda.get_device_name()",
+    "device_capability": "torch.cuda.get_device_capability()",
+    "transformers": "transformers.__version__",
+    "trainer_import": "import trainer",
+    "dfo": "dfo version",
+    "gpu_smoke": "flex_attention compile (forward+backward) on cuda:0",
+}
 
 
 _SOURCE_KEYS = ("index_url", "extra_index_urls", "find_links", "index_strategy", "env_find_links",
