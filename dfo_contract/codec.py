@@ -189,13 +189,13 @@ def coerce(value: Any, hint: Any, what: str = "a value") -> tuple[bool, Any]:
         if not isinstance(value, (list, tuple)):
             return False, value
         args = [a for a in typing.get_args(hint) if a is not Ellipsis] or [Any]
-        out = []
+        items = []
         for x in value:
             ok, y = coerce(x, args[0], what)
             if not ok:
                 return False, value
-            out.append(y)
-        return True, (tuple(out) if (origin or hint) is tuple else out)
+            items.append(y)
+        return True, (tuple(items) if (origin or hint) is tuple else items)
     if hint is dict or origin in (dict, Mapping) or hint is Mapping:
         if not isinstance(value, Mapping):
             return False, value
