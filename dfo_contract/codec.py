@@ -199,12 +199,12 @@ def coerce(value: Any, hint: Any, what: str = "a value") -> tuple[bool, Any]:
     if hint is dict or origin in (dict, Mapping) or hint is Mapping:
         if not isinstance(value, Mapping):
             return False, value
-        args = typing.get_args(hint)
-        if not args or args[1] is Any:
+        kv = typing.get_args(hint)
+        if not args or kv[1] is Any:
             return True, dict(value)
         res = {}
         for k, x in value.items():
-            ok, y = coerce(x, args[1], what)
+            ok, y = coerce(x, kv[1], what)
             if not ok:
                 return False, value
             res[k] = y
