@@ -200,7 +200,7 @@ def coerce(value: Any, hint: Any, what: str = "a value") -> tuple[bool, Any]:
         if not isinstance(value, Mapping):
             return False, value
         kv = typing.get_args(hint)
-        if not args or kv[1] is Any:
+        if not kv or kv[1] is Any:
             return True, dict(value)
         res = {}
         for k, x in value.items():
