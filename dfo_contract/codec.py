@@ -13,6 +13,10 @@ The rules (docs/contracts.md, "The records' codec"):
   and read back as floats where the field is a float.
 - A missing field takes its default; a missing field without one is a ContractError. An
   :func:`opt` field that is None is not written.
+- A record read ``tolerant`` (state.json and the status replies: ``dfo status`` shows what
+  is on disk, whatever wrote it) takes a mistyped field's default instead of refusing
+  the record (``"started_at": "yesterday"`` reads as None); a field without a default, or
+  a nested record that lacks a required field, is still a ContractError.
 - Keys the record does not know are kept in its ``extra`` mapping where it has one (written
   back first, so a round trip through an older reader loses none), else ignored (a newer
   writer may add fields without a new version).
@@ -91,9 +95,11 @@ def encode(value: Any, *, skip: tuple[str, ...] = ()) -> Any:
 
 # --- decode ---------------------------------------------------------------------------------
 
-def decode(cls: type[T], obj: Any, *, what: str | None = None, **defaults: Any) -> T:
+def decode(cls: type[T], obj: Any, *, what: str | None = None, tolerant: bool = False,
+           **defaults: Any) -> T:
     """The record ``cls`` from its JSON object; ``defaults`` (attribute names) fill fields
-    ``obj`` lacks. ``what`` names the record in errors (``"a checkpoint record"``)."""
+    ``obj`` lacks. ``what`` names the record in errors (``"a checkpoint record"``);
+    ``tolerant``: see the module's rules."""
     what = what or f"a {cls.__name__} record"
     if not isinstance(obj, Mapping):
         raise ContractError(f"{what} is not a JSON object")
@@ -110,7 +116,12 @@ def decode(cls: type[T], obj: Any, *, what: str | None = None, **defaults: Any) 
         key = json_name(f)
         known.add(key)
         if key in obj:
-            kw[f.name] = _check(what, key, obj[key], hints[f.name])
+            try:
+                kw[f.name] = _check(what, key, obj[key], hints[f.name], tolerant)
+            except Mistyped:
+                if not tolerant or (f.default is MISSING and f.default_factory is MISSING):
+                    raise
+                kw[f.name] = f.default if f.default is not MISSING else f.default_factory()
         elif f.name in defaults:
             kw[f.name] = defaults[f.name]
         elif f.default is MISSING and f.default_factory is MISSING:
@@ -118,6 +129,11 @@ def decode(cls: type[T], obj: Any, *, what: str | None = None, **defaults: Any) 
     if has_extra:
         kw[EXTRA] = {k: v for k, v in obj.items() if k not in known}
     return cls(**kw)
+
+
+class Mistyped(ContractError):
+    """A field's value is not of the field's type (a nested record that does not read raises
+    its own error, never this one)."""
 
 
 _HINTS: dict[type, dict[str, Any]] = {}
@@ -129,18 +145,20 @@ def _hints(cls: type) -> dict[str, Any]:
     return _HINTS[cls]
 
 
-def _check(what: str, key: str, value: Any, hint: Any) -> Any:
+def _check(what: str, key: str, value: Any, hint: Any, tolerant: bool = False) -> Any:
     """``value`` as the field's type, or ContractError (one line, naming record and key)."""
-    ok, out = coerce(value, hint, f"{what}'s {key!r}")
+    ok, out = coerce(value, hint, f"{what}'s {key!r}", tolerant)
     if not ok:
-        raise ContractError(f"{what}'s {key!r} is {type(value).__name__} "
+        raise Mistyped(f"{what}'s {key!r} is {type(value).__name__} "
                             f"{_short(value)}, expected {type_name(hint)}")
     return out
 
 
-def coerce(value: Any, hint: Any, what: str = "a value") -> tuple[bool, Any]:
+def coerce(value: Any, hint: Any, what: str = "a value",
+           tolerant: bool = False) -> tuple[bool, Any]:
     """(whether ``value`` is of type ``hint``, the value as that type). A nested record that
-    does not read raises its own ContractError (``what`` names where it is)."""
+    does not read raises its own ContractError (``what`` names where it is); ``tolerant``
+    is passed to it."""
     if hint is Any or hint is object:
         return True, value
     origin = typing.get_origin(hint)
@@ -148,7 +166,7 @@ def coerce(value: Any, hint: Any, what: str = "a value") -> tuple[bool, Any]:
         err: ContractError | None = None
         for arg in typing.get_args(hint):
             try:
-                ok, out = coerce(value, arg, what)
+                ok, out = coerce(value, arg, what, tolerant)
             except ContractError as e:
                 err = err or e
                 continue
@@ -184,14 +202,14 @@ def coerce(value: Any, hint: Any, what: str = "a value") -> tuple[bool, Any]:
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         if not isinstance(value, Mapping):
             return False, value
-        return True, decode(hint, value, what=what)
+        return True, decode(hint, value, what=what, tolerant=tolerant)
     if hint in (list, tuple) or origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
             return False, value
         args = [a for a in typing.get_args(hint) if a is not Ellipsis] or [Any]
         items = []
         for x in value:
-            ok, y = coerce(x, args[0], what)
+            ok, y = coerce(x, args[0], what, tolerant)
             if not ok:
                 return False, value
             items.append(y)
@@ -204,7 +222,7 @@ def coerce(value: Any, hint: Any, what: str = "a value") -> tuple[bool, Any]:
             return True, dict(value)
         res = {}
         for k, x in value.items():
-            ok, y = coerce(x, kv[1], what)
+            ok, y = coerce(x, kv[1], what, tolerant)
             if not ok:
                 return False, value
             res[k] = y

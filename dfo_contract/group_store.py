@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping, Self
 
 from . import events
+from .codec import decode, encode
 from .errors import ContractError, VersionError
+from .state_records import CheckpointRef
 
 #: the format version of every message this dfo writes; a reader refuses any other
 VERSION = 1
@@ -97,10 +99,6 @@ def _dump(d: Mapping[str, Any]) -> str:
 
 def _opt_int(v: Any) -> int | None:
     return None if v is None else int(v)
-
-
-def _opt_dict(v: Any) -> dict[str, Any] | None:
-    return None if v is None else dict(v)
 
 
 # --- messages --------------------------------------------------------------------------------
@@ -240,9 +238,9 @@ class GroupVerdict:
     status: str = ""
     reason: str = ""
     overrides: dict[str, Any] = field(default_factory=dict)
-    fallback: dict[str, Any] | None = None
-    restart: dict[str, Any] | None = None
-    last_checkpoint: dict[str, Any] | None = None
+    fallback: events.Fallback | None = None
+    restart: events.Restart | None = None
+    last_checkpoint: CheckpointRef | None = None
     last_step: Any = None
 
     def __post_init__(self) -> None:
@@ -256,20 +254,25 @@ class GroupVerdict:
     def to_text(self) -> str:
         return _dump({"action": self.action, "cause": self.cause_json(),
                       "status": self.status, "reason": self.reason,
-                      "overrides": dict(self.overrides), "fallback": self.fallback,
-                      "restart": self.restart, "last_checkpoint": self.last_checkpoint,
+                      "overrides": encode(self.overrides),
+                      "fallback": self.fallback.body() if self.fallback else None,
+                      "restart": self.restart.body() if self.restart else None,
+                      "last_checkpoint": encode(self.last_checkpoint),
                       "last_step": self.last_step})
 
     @classmethod
     def from_text(cls, raw: str | bytes) -> "GroupVerdict":
         d = _load(raw, "decision")
-        cause = d.get("cause")
+        cause, fb, rst, ck = (d.get(k) for k in ("cause", "fallback", "restart",
+                                                 "last_checkpoint"))
         return cls(action=str(d.get("action")),
                    cause=NodeOutcome.from_json(cause) if cause else None,
                    status=str(d.get("status") or ""), reason=str(d.get("reason") or ""),
                    overrides=dict(d.get("overrides") or {}),
-                   fallback=_opt_dict(d.get("fallback")), restart=_opt_dict(d.get("restart")),
-                   last_checkpoint=_opt_dict(d.get("last_checkpoint")),
+                   fallback=events.Fallback.from_body(fb) if fb else None,
+                   restart=events.Restart.from_body(rst) if rst else None,
+                   last_checkpoint=decode(CheckpointRef, ck, what="a group decision's "
+                                          "last_checkpoint") if ck else None,
                    last_step=d.get("last_step"))
 
 
