@@ -121,7 +121,7 @@ def decode(cls: type[T], obj: Any, *, what: str | None = None, tolerant: bool = 
             except Mistyped:
                 if not tolerant or (f.default is MISSING and f.default_factory is MISSING):
                     raise
-                kw[f.name] = f.default if f.default is not MISSING else f.default_factory()
+                # the dataclass gives the field its default
         elif f.name in defaults:
             kw[f.name] = defaults[f.name]
         elif f.default is MISSING and f.default_factory is MISSING:
