@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from dfo_contract import runstate as rs
+from dfo_contract.replies import LaunchProbeReply
 from dfo_contract.status import LOST, NEVER_STARTED, QueryReply, RunStatus
 
 from ..errors import (ConnectError, DfoError, HostKeyError, Interrupted, LockHeldError,
@@ -97,7 +98,7 @@ class RunOps:
         return self.queries.stop(run, timeout=timeout, wait=wait)
 
     # --- probes ----------------------------------------------------------------------------
-    def probe(self) -> dict[str, str]:
+    def probe(self) -> LaunchProbeReply:
         p = launch_probe(self.tree.root, self.tree.run_lock)
         r = self.transport.run(list(p.argv), timeout=60)
         r.check(f"probing {self.host.name}")
@@ -226,7 +227,7 @@ class RunOps:
         self.say(f"stopping run {owner} (--replace)")
         self.stop(owner, timeout=stop_timeout_s + 30)
         deadline = time.monotonic() + 30
-        while self.probe().get("lock") == "held":
+        while self.probe().held:
             if time.monotonic() > deadline:
                 raise LockHeldError(f"run {owner} still holds run.lock after stopping",
                                     hint="see `dfo status`; stop it with `dfo stop`")
@@ -276,8 +277,8 @@ class RunOps:
         """A supervisor that ends ``failed`` at once while run.lock is held by another run
         lost the race for it (two launches at the same moment): that is exit 9, not 10."""
         probe = self.probe()
-        owner = probe.get("lock_owner")
-        if probe.get("lock") == "held" and owner and owner != run_id:
+        owner = probe.lock_owner
+        if probe.held and owner and owner != run_id:
             raise LockHeldError(f"run {owner} is live on {self.host.name} (run.lock held); "
                                 f"run {run_id} did not start ({info.state.reason})",
                                 hint=f"stop it with `dfo stop --run {owner}` or launch --replace")

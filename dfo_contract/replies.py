@@ -1,0 +1,51 @@
+"""Replies a remote helper gives the laptop that are not a run's files: typed records read by
+``dfo_contract.codec`` (the status replies are ``dfo_contract.status``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .codec import decode, encode
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchProbeReply:
+    """``ops/scripts/launch_probe.sh``'s ``key=value`` lines (also the ``launch`` section of
+    launch's facts): ``"1"``/``"0"`` for the init system's ``systemd-run``, ``setsid`` and
+    the deployed env's python; run.lock ``free`` or ``held`` and its owner. Keys it does not
+    know are kept (``extra``)."""
+
+    systemd: str = "0"
+    setsid: str = "0"
+    env: str = "0"
+    lock: str = "free"
+    lock_owner: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def held(self) -> bool:
+        """run.lock is held (by ``lock_owner``, when it names one)."""
+        return self.lock == "held"
+
+    @property
+    def has_systemd(self) -> bool:
+        return self.systemd == "1"
+
+    @property
+    def has_env(self) -> bool:
+        return self.env == "1"
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = encode(self)
+        return out
+
+    @classmethod
+    def from_lines(cls, output: str) -> "LaunchProbeReply":
+        """``key=value`` lines (values may hold ``=``; other lines are skipped)."""
+        kv = {}
+        for ln in output.splitlines():
+            if "=" in ln:
+                k, v = ln.split("=", 1)
+                kv[k.strip()] = v.strip()
+        return decode(cls, kv, what="the launch probe's reply")
