@@ -49,3 +49,25 @@ class LaunchProbeReply:
                 k, v = ln.split("=", 1)
                 kv[k.strip()] = v.strip()
         return decode(cls, kv, what="the launch probe's reply")
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepsReply:
+    """``orchestrator.remote.run_steps``' answer (its ``@dfo-steps`` line): ``{"done": N}``,
+    or ``{"failed": ID, "exit_code", "stdout", "stderr"}`` where ID is the failed step's id
+    (null: the steps could not be read or run at all)."""
+
+    done: int | None = None
+    failed: str | int | None = None
+    exit_code: int | None = None
+    stdout: str = ""
+    stderr: str = ""
+
+    @property
+    def is_failure(self) -> bool:
+        """A step failed (every failure carries its exit code; a success never does)."""
+        return self.exit_code is not None
+
+    @classmethod
+    def from_json(cls, obj: Any) -> "StepsReply":
+        return decode(cls, obj, what="the launch steps' reply")

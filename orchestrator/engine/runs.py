@@ -19,10 +19,10 @@ import math
 import posixpath
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Callable
 
 from dfo_contract import runstate as rs
-from dfo_contract.replies import LaunchProbeReply
+from dfo_contract.replies import LaunchProbeReply, StepsReply
 from dfo_contract.status import LOST, NEVER_STARTED, QueryReply, RunStatus
 
 from ..errors import (ConnectError, DfoError, HostKeyError, Interrupted, LockHeldError,
@@ -198,14 +198,14 @@ class RunOps:
             r.check(f"starting run {plan.run_id}")
             raise RemoteCommandError(f"starting run {plan.run_id}: the host gave no answer",
                                      hint="see `dfo status`")
-        if "failed" in reply:
+        if reply.is_failure:
             raise self._step_error(plan, steps, reply)
         if wait:
             self.wait_started(plan.run_id, o.start_timeout)
         return plan
 
-    def _step_error(self, plan: lp.LaunchPlan, steps: list, reply: Mapping[str, Any]) -> DfoError:
-        sid = reply.get("failed")
+    def _step_error(self, plan: lp.LaunchPlan, steps: list, reply: StepsReply) -> DfoError:
+        sid = reply.failed
         ck = plan.spec.resume.checkpoint_dir
         if sid == "run_dir":   # exclusive: never share a run's directory
             return LockHeldError(f"run directory {plan.run_dir} already exists (another launch "
@@ -214,9 +214,8 @@ class RunOps:
             return LockHeldError(f"{ck} could not be moved to {plan.move_aside} (it exists)",
                                  hint="launch again")
         argv = next((s.get("run") or [] for s in steps if s["id"] == sid), [])
-        res = Result(tuple(argv), int(reply.get("exit_code") or 1),
-                     str(reply.get("stdout") or "").encode(),
-                     str(reply.get("stderr") or "").encode())
+        res = Result(tuple(argv), int(reply.exit_code or 1), reply.stdout.encode(),
+                     reply.stderr.encode())
         try:
             res.check(ls.WHAT.get(str(sid), f"launch step {sid}"))
         except DfoError as e:
