@@ -71,3 +71,20 @@ class StepsReply:
     @classmethod
     def from_json(cls, obj: Any) -> "StepsReply":
         return decode(cls, obj, what="the launch steps' reply")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TensorBoardReply:
+    """A line of ``orchestrator.remote.tensorboard_serve``: ``{"port", "pid"}`` once it
+    answers, ``{"error", "detail"}`` when it cannot start, ``{"exit", "detail"}`` when it
+    ended."""
+
+    port: int | None = None
+    pid: int | None = None
+    error: str | None = None
+    exit: int | None = None
+    detail: str = ""
+
+    @classmethod
+    def from_json(cls, obj: Any) -> "TensorBoardReply":
+        return decode(cls, obj, what="tensorboard's reply", tolerant=True)
