@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .codec import decode, encode
+from .codec import decode, encode, opt
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,3 +89,32 @@ class TensorBoardReply:
     @classmethod
     def from_json(cls, obj: Any) -> "TensorBoardReply":
         return decode(cls, obj, what="tensorboard's reply", tolerant=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeaseHolder:
+    """Who holds the deploy lease (``locks/deploy.owner``: ``TOKEN`` then this record's
+    JSON): the user, machine, pid and the process's start time (``procs.process_start``)
+    of the deploy, and when it started; ``info``: the owner line's text when it was not
+    such a record (an older dfo's)."""
+
+    user: str | None = None
+    machine: str | None = None
+    pid: int | None = None
+    pid_start: int | None = None
+    started: str | None = None
+    info: str | None = opt()
+
+    def to_text(self) -> str:
+        return json.dumps(encode(self), separators=(",", ":"))
+
+    @classmethod
+    def from_text(cls, text: str) -> "LeaseHolder":
+        """The record, or ``LeaseHolder(info=text)`` when ``text`` is not one."""
+        try:
+            obj = json.loads(text)
+        except (json.JSONDecodeError, TypeError):
+            obj = None
+        if not isinstance(obj, dict):
+            return cls(info=text)
+        return decode(cls, obj, what="the deploy lease's owner", tolerant=True)
