@@ -118,3 +118,24 @@ class LeaseHolder:
         if not isinstance(obj, dict):
             return cls(info=text)
         return decode(cls, obj, what="the deploy lease's owner", tolerant=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PortRecord:
+    """One ``@dfo-port`` line of ``orchestrator/remote/port_probe.py`` (a group's
+    head-reachability probe): ``event`` ``bind`` / ``listening`` / ``accepted`` /
+    ``stopped`` / ``done`` (the head's listener) or ``connect`` (a member's attempt), with
+    the port, whether it worked and the error (``errno``: its name) when it did not."""
+
+    event: str
+    port: int | None = None
+    ok: bool | None = None
+    error: str | None = None
+    errno: str | None = None
+    ports: list[int] = field(default_factory=list)
+    peer: str | None = None
+    hello: str | None = None
+
+    @classmethod
+    def from_json(cls, obj: Any) -> "PortRecord":
+        return decode(cls, obj, what="a port probe record", tolerant=True)
