@@ -139,3 +139,25 @@ class PortRecord:
     @classmethod
     def from_json(cls, obj: Any) -> "PortRecord":
         return decode(cls, obj, what="a port probe record", tolerant=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WarmupShape:
+    """One compiled shape of the trainer's warm-up report (``python -m trainer warmup
+    --report``; the trainer's ``WarmupRecord``): the device, the shape, what was compiled,
+    its seconds and the compile counters (``fxgraph_cache_hit``, ...)."""
+
+    device: str = "?"
+    shape: list[int] = field(default_factory=list)
+    what: str = ""
+    seconds: float = 0.0
+    counters: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, obj: Any) -> "WarmupShape":
+        """A report's record; counters that are not numbers are dropped, the rest made ints."""
+        if isinstance(obj, dict) and isinstance(obj.get("counters"), dict):
+            obj = {**obj, "counters": {k: int(v) for k, v in obj["counters"].items()
+                                       if isinstance(v, (int, float))
+                                       and not isinstance(v, bool)}}
+        return decode(cls, obj, what="a warm-up record", tolerant=True)
