@@ -98,8 +98,8 @@ def encode(value: Any, *, skip: tuple[str, ...] = ()) -> Any:
 def decode(cls: type[T], obj: Any, *, what: str | None = None, tolerant: bool = False,
            **defaults: Any) -> T:
     """The record ``cls`` from its JSON object; ``defaults`` (attribute names) fill fields
-    ``obj`` lacks. ``what`` names the record in errors (``"a checkpoint record"``);
-    ``tolerant``: see the module's rules."""
+    ``obj`` lacks (and, read ``tolerant``, fields it has mistyped). ``what`` names the
+    record in errors (``"a checkpoint record"``); ``tolerant``: see the module's rules."""
     what = what or f"a {cls.__name__} record"
     if not isinstance(obj, Mapping):
         raise ContractError(f"{what} is not a JSON object")
@@ -119,9 +119,11 @@ def decode(cls: type[T], obj: Any, *, what: str | None = None, tolerant: bool = 
             try:
                 kw[f.name] = _check(what, key, obj[key], hints[f.name], tolerant)
             except Mistyped:
-                if not tolerant or (f.default is MISSING and f.default_factory is MISSING):
+                if tolerant and f.name in defaults:
+                    kw[f.name] = defaults[f.name]
+                elif not tolerant or (f.default is MISSING and f.default_factory is MISSING):
                     raise
-                # the dataclass gives the field its default
+                # else the dataclass gives the field its default
         elif f.name in defaults:
             kw[f.name] = defaults[f.name]
         elif f.default is MISSING and f.default_factory is MISSING:
