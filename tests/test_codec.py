@@ -101,6 +101,7 @@ def test_a_tolerant_read_defaults_mistyped_fields_only():
     assert decode(Inner, {"step": 1, "rate": "fast"}, tolerant=True).rate == 0.0
     with pytest.raises(ContractError):                      # no default: still refused
         decode(Inner, {"step": "one"}, tolerant=True)
+    assert decode(Inner, {"step": "one"}, tolerant=True, step=-1).step == -1   # unless given
     with pytest.raises(ContractError):                      # a nested record lacking a field
         decode(Outer, {"name": "x", "class": "c", "items": [{"rate": 1}]}, tolerant=True)
 
