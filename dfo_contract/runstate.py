@@ -27,9 +27,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .codec import decode, encode
-from .state_records import BudgetState, CheckpointRef, FallbackRecord, ThroughputLowState
+from .state_records import (BudgetState, CheckpointRef, EvidenceLine, FallbackRecord,
+                            ThroughputLowState)
 
-__all__ = ["RunState", "Attempt", "BudgetState", "CheckpointRef", "FallbackRecord",
+__all__ = ["RunState", "Attempt", "BudgetState", "CheckpointRef", "EvidenceLine", "FallbackRecord",
            "ThroughputLowState", "STATE_VERSION", "SPEC_FILE", "STATE_FILE", "EVENTS_FILE",
            "SUPERVISOR_LOG", "STACKS_DIR", "LIVE", "FINAL", "STATUSES", "attempt_log_name",
            "attempt_of_log", "new_state", "validate_state", "final_exit_code"]
@@ -99,7 +100,7 @@ class RunState:
     version: int = STATE_VERSION
     status: str = "starting"
     reason: str | None = None
-    evidence: list[Any] = field(default_factory=list)
+    evidence: list[EvidenceLine] = field(default_factory=list)
     pid: int | None = None
     mode: str | None = None                  # "systemd" | "setsid"
     started_at: float | None = None

@@ -26,6 +26,20 @@ class CheckpointRef:
 
 
 @dataclass(frozen=True, kw_only=True)
+class EvidenceLine:
+    """A line of a failed attempt's output that made its class (state.json's ``evidence``,
+    the classifier's ``Evidence``): ``{"line", "text", "rule"}``."""
+
+    line: int | None = None
+    text: str = ""
+    rule: str | None = None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "EvidenceLine":
+        return decode(cls, d, what="an evidence line", tolerant=True)
+
+
+@dataclass(frozen=True, kw_only=True)
 class FallbackRecord:
     """One fallback a run took (an element of state.json's ``fallbacks``):
     ``{"class", "step", "changed", "attempt"}`` (``note``: why a restart was unchanged)."""

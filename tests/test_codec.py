@@ -16,8 +16,8 @@ from dfo_contract import events as ev
 from dfo_contract import runstate as rs
 from dfo_contract.codec import decode, encode, named, opt, req
 from dfo_contract.errors import ContractError
-from dfo_contract.state_records import (BudgetState, CheckpointRef, FallbackRecord,
-                                        ThroughputLowState)
+from dfo_contract.state_records import (BudgetState, CheckpointRef, EvidenceLine,
+                                        FallbackRecord, ThroughputLowState)
 
 
 class Color(enum.Enum):
@@ -159,6 +159,8 @@ def test_an_old_state_json_reads_typed_and_writes_back_key_for_key():
                                                    since=19.0, attempt=3,
                                                    reason="tokens/s fell")
     assert st.budget == BudgetState(counts={"oom": 1}, total=2, streak=2)
+    assert st.evidence == [EvidenceLine(line=3, text="RuntimeError: CUDA out of memory",
+                                        rule="oom")]
     assert st.ladder_pos == {"oom": 1} and math.isnan(st.tokens_per_s or 0.0)
     assert st.attempts[0].extra == {"from_a_newer_supervisor": 1}
     assert st.extra == {"a_key_of_a_newer_supervisor": {"x": 1}}

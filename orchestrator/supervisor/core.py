@@ -26,7 +26,7 @@ from dfo_contract import envvars, events
 from dfo_contract import runstate as rs
 from dfo_contract.errors import ContractError
 from dfo_contract.runspec import Bundled, RunSpec
-from dfo_contract.runstate import Attempt, FallbackRecord, RunState
+from dfo_contract.runstate import Attempt, EvidenceLine, FallbackRecord, RunState
 
 from ..ops import goodput, oom
 from ..ops.budget import cannot_do_better, on_failure, restart_delay
@@ -277,7 +277,7 @@ class Supervisor:
         state = self.state
         state.status, state.reason, state.ended_at = status, reason, time.time()
         if evidence is not None:
-            state.evidence = evidence
+            state.evidence = [EvidenceLine.from_json(e) for e in evidence]
         self.role.on_final(status, reason)
         self.standby.discard(f"the run ended ({status})")
         self._release()   # a final state means the host is free: the next launch may start
