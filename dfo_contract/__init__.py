@@ -14,7 +14,11 @@ everything they must agree on lives here:
 ``envvars``         the names of the environment variables the supervisor sets
 ``runspec``         spec.json: the versioned RunSpec launch hands the supervisor (``runlimits``:
                     its Thresholds and Budget)
-``runstate``        a run directory's file names and ``state.json`` (RunState, Attempt)
+``codec``           the one codec of the records that cross a process (dataclass <-> JSON)
+``runstate``        a run directory's file names and ``state.json`` (RunState, Attempt; its
+                    parts: ``state_records``)
+``replies``         remote helpers' replies (launch probe, launch steps, warm-up report,
+                    TensorBoard, port probe, deploy lease owner)
 ``status``          what ``dfo status``/``dfo stop`` read from a host (RunStatus, QueryReply,
                     StopReply); ``goodput``: a run's time account (Goodput)
 ``events``          ``events.jsonl``'s typed records (kinds: ``events.kinds``; rules: ``events.base``)

@@ -13,13 +13,17 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping, Self
+from typing import Any, ClassVar, Mapping, Self, TypeVar
 
 from . import events
+from .codec import JSON, decode, encode
 from .errors import ContractError, VersionError
+from .state_records import CheckpointRef
 
 #: the format version of every message this dfo writes; a reader refuses any other
 VERSION = 1
+
+T = TypeVar("T")
 
 
 # --- key names (all under the run's prefix) --------------------------------------------------
@@ -95,12 +99,11 @@ def _dump(d: Mapping[str, Any]) -> str:
     return json.dumps({"v": VERSION, **d}, sort_keys=True)
 
 
-def _opt_int(v: Any) -> int | None:
-    return None if v is None else int(v)
-
-
-def _opt_dict(v: Any) -> dict[str, Any] | None:
-    return None if v is None else dict(v)
+def _read(cls: type[T], raw: str | bytes | Mapping[str, Any], what: str, **defaults: Any) -> T:
+    """A message of this version through the codec, read tolerant (``defaults``: what a
+    missing or mistyped field reads as)."""
+    d = _fields(raw, what) if isinstance(raw, Mapping) else _load(raw, what)
+    return decode(cls, d, what=f"a group store {what}", tolerant=True, **defaults)
 
 
 # --- messages --------------------------------------------------------------------------------
@@ -114,15 +117,11 @@ class AttemptPlan:
     rdzv_id: str
 
     def to_text(self) -> str:
-        return _dump({"overrides": dict(self.overrides), "resume": self.resume,
-                      "rdzv_id": self.rdzv_id})
+        return _dump(encode(self))
 
     @classmethod
     def from_text(cls, raw: str | bytes) -> "AttemptPlan":
-        d = _load(raw, "plan")
-        r = d.get("resume")
-        return cls(overrides=dict(d.get("overrides") or {}),
-                   resume=None if r is None else str(r), rdzv_id=str(d.get("rdzv_id") or ""))
+        return _read(cls, raw, "plan", overrides={}, resume=None, rdzv_id="")
 
 
 @dataclass(frozen=True)
@@ -135,13 +134,11 @@ class NodeReason:
     WHAT: ClassVar[str] = "node message"
 
     def to_text(self) -> str:
-        return _dump({"node": self.node, "host": self.host, "reason": self.reason})
+        return _dump(encode(self))
 
     @classmethod
     def from_text(cls, raw: str | bytes) -> Self:
-        d = _load(raw, cls.WHAT)
-        return cls(node=int(d.get("node", -1)), host=str(d.get("host") or ""),
-                   reason=str(d.get("reason") or ""))
+        return _read(cls, raw, cls.WHAT, node=-1, host="", reason="")
 
 
 @dataclass(frozen=True)
@@ -156,7 +153,7 @@ class NodeOutcome:
     record in events.jsonl is the ``node_end`` event, :meth:`event`)."""
     node: int
     host: str
-    cls: str
+    cls: str = field(metadata={JSON: "class"})
     reason: str
     exit_code: int | None = None
     reached_train: bool = False
@@ -175,34 +172,19 @@ class NodeOutcome:
     def to_json(self) -> dict[str, Any]:
         """The fields (JSON names; ``class`` for ``cls``), without ``v``: also the
         ``cause`` of a :class:`GroupVerdict` and of its ``group_decision`` event."""
-        return {"node": self.node, "host": self.host, "class": self.cls, "reason": self.reason,
-                "exit_code": self.exit_code, "reached_train": self.reached_train,
-                "healthy_s": self.healthy_s, "permanent": self.permanent,
-                "origin": self.origin, "evidence": list(self.evidence),
-                "cache_fault": self.cache_fault, "supervisor_died": self.supervisor_died}
+        out: dict[str, Any] = encode(self)
+        return out
 
     def to_text(self) -> str:
         return _dump(self.to_json())
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "NodeOutcome":
-        d = _fields(d, "node outcome")
-        try:
-            return cls(node=int(d["node"]), host=str(d.get("host", "")), cls=str(d["class"]),
-                       reason=str(d.get("reason", "")), exit_code=_opt_int(d.get("exit_code")),
-                       reached_train=bool(d.get("reached_train")),
-                       healthy_s=float(d.get("healthy_s") or 0.0),
-                       permanent=bool(d.get("permanent")), origin=bool(d.get("origin")),
-                       evidence=tuple(d.get("evidence") or ()),
-                       cache_fault=None if d.get("cache_fault") is None
-                       else str(d["cache_fault"]),
-                       supervisor_died=bool(d.get("supervisor_died")))
-        except KeyError as e:
-            raise ContractError(f"a group store node outcome lacks its {e.args[0]!r}") from None
+        return _read(cls, d, "node outcome", host="", reason="")
 
     @classmethod
     def from_text(cls, raw: str | bytes) -> "NodeOutcome":
-        return cls.from_json(_load(raw, "node outcome"))
+        return _read(cls, raw, "node outcome", host="", reason="")
 
     def event(self, attempt: int) -> events.NodeEnd:
         """This outcome as the ``node_end`` event of attempt ``attempt``."""
@@ -220,11 +202,11 @@ class StoppedPids:
     pids: tuple[int, ...] = ()
 
     def to_text(self) -> str:
-        return _dump({"pids": list(self.pids)})
+        return _dump(encode(self))
 
     @classmethod
     def from_text(cls, raw: str | bytes) -> "StoppedPids":
-        return cls(tuple(int(p) for p in _load(raw, "stopped list").get("pids") or ()))
+        return _read(cls, raw, "stopped list")
 
 
 @dataclass(frozen=True)
@@ -240,9 +222,9 @@ class GroupVerdict:
     status: str = ""
     reason: str = ""
     overrides: dict[str, Any] = field(default_factory=dict)
-    fallback: dict[str, Any] | None = None
-    restart: dict[str, Any] | None = None
-    last_checkpoint: dict[str, Any] | None = None
+    fallback: events.Fallback | None = None
+    restart: events.Restart | None = None
+    last_checkpoint: CheckpointRef | None = None
     last_step: Any = None
 
     def __post_init__(self) -> None:
@@ -256,20 +238,25 @@ class GroupVerdict:
     def to_text(self) -> str:
         return _dump({"action": self.action, "cause": self.cause_json(),
                       "status": self.status, "reason": self.reason,
-                      "overrides": dict(self.overrides), "fallback": self.fallback,
-                      "restart": self.restart, "last_checkpoint": self.last_checkpoint,
+                      "overrides": encode(self.overrides),
+                      "fallback": self.fallback.body() if self.fallback else None,
+                      "restart": self.restart.body() if self.restart else None,
+                      "last_checkpoint": encode(self.last_checkpoint),
                       "last_step": self.last_step})
 
     @classmethod
     def from_text(cls, raw: str | bytes) -> "GroupVerdict":
         d = _load(raw, "decision")
-        cause = d.get("cause")
+        cause, fb, rst, ck = (d.get(k) for k in ("cause", "fallback", "restart",
+                                                 "last_checkpoint"))
         return cls(action=str(d.get("action")),
                    cause=NodeOutcome.from_json(cause) if cause else None,
                    status=str(d.get("status") or ""), reason=str(d.get("reason") or ""),
                    overrides=dict(d.get("overrides") or {}),
-                   fallback=_opt_dict(d.get("fallback")), restart=_opt_dict(d.get("restart")),
-                   last_checkpoint=_opt_dict(d.get("last_checkpoint")),
+                   fallback=events.Fallback.from_body(fb) if fb else None,
+                   restart=events.Restart.from_body(rst) if rst else None,
+                   last_checkpoint=decode(CheckpointRef, ck, what="a group decision's "
+                                          "last_checkpoint") if ck else None,
                    last_step=d.get("last_step"))
 
 

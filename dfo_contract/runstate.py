@@ -24,8 +24,16 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from dataclasses import fields as dc_fields
-from typing import Any, Mapping
+from typing import Any
+
+from .codec import decode, encode
+from .state_records import (BudgetState, CheckpointRef, EvidenceLine, FallbackRecord,
+                            ThroughputLowState)
+
+__all__ = ["RunState", "Attempt", "BudgetState", "CheckpointRef", "EvidenceLine", "FallbackRecord",
+           "ThroughputLowState", "STATE_VERSION", "SPEC_FILE", "STATE_FILE", "EVENTS_FILE",
+           "SUPERVISOR_LOG", "STACKS_DIR", "LIVE", "FINAL", "STATUSES", "attempt_log_name",
+           "attempt_of_log", "new_state", "validate_state", "final_exit_code"]
 
 STATE_VERSION = 1
 SPEC_FILE = "spec.json"
@@ -50,21 +58,6 @@ def attempt_of_log(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _split(cls: type, obj: Any, what: str) -> tuple[dict, dict]:
-    """(known fields, the rest) of a JSON object; the rest is kept so a round trip through
-    an older supervisor loses no key a newer one wrote."""
-    if not isinstance(obj, Mapping):
-        raise ValueError(f"{what} is not a JSON object")
-    names = {f.name for f in dc_fields(cls)} - {"extra"}
-    known = {k: v for k, v in obj.items() if k in names}
-    return known, {k: v for k, v in obj.items() if k not in names}
-
-
-def _to_json(obj: Any) -> dict:
-    out = {f.name: getattr(obj, f.name) for f in dc_fields(obj) if f.name != "extra"}
-    return {**obj.extra, **out}
-
-
 @dataclass
 class Attempt:
     """One trainer attempt (an element of state.json's ``attempts``)."""
@@ -73,8 +66,8 @@ class Attempt:
     started_at: float
     ended_at: float | None = None
     resume: str | None = None
-    overrides: dict = field(default_factory=dict)
-    argv: list = field(default_factory=list)
+    overrides: dict[str, Any] = field(default_factory=dict)
+    argv: list[Any] = field(default_factory=list)
     log: str | None = None
     pid: int | None = None
     exit_code: int | None = None
@@ -87,17 +80,15 @@ class Attempt:
     checkpointed: bool | None = None
     #: the run's compile cache grew while it ran (a compile got further; None: not recorded)
     cache_grew: bool | None = None
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
-    def to_json(self) -> dict:
-        return _to_json(self)
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = encode(self)
+        return out
 
     @classmethod
     def from_json(cls, obj: Any) -> "Attempt":
-        known, rest = _split(cls, obj, "an attempt")
-        if "n" not in known or "started_at" not in known:
-            raise ValueError("an attempt lacks 'n' or 'started_at'")
-        return cls(**known, extra=rest)
+        return decode(cls, obj, what="an attempt", tolerant=True)
 
 
 @dataclass
@@ -109,7 +100,7 @@ class RunState:
     version: int = STATE_VERSION
     status: str = "starting"
     reason: str | None = None
-    evidence: list = field(default_factory=list)
+    evidence: list[EvidenceLine] = field(default_factory=list)
     pid: int | None = None
     mode: str | None = None                  # "systemd" | "setsid"
     started_at: float | None = None
@@ -117,26 +108,26 @@ class RunState:
     ended_at: float | None = None
     attempt: int = 0                         # the number of the latest attempt
     attempts: list[Attempt] = field(default_factory=list)
-    overrides: dict = field(default_factory=dict)   # config overrides in force (dotted keys)
-    fallbacks: list = field(default_factory=list)   # [{"class", "step", "changed", "attempt"}]
-    ladder_pos: dict = field(default_factory=dict)  # class -> position on its ladder
-    budget: dict = field(default_factory=dict)      # common.budget.BudgetState.to_json()
+    overrides: dict[str, Any] = field(default_factory=dict)  # config overrides in force
+    fallbacks: list[FallbackRecord] = field(default_factory=list)
+    ladder_pos: dict[str, int] = field(default_factory=dict)  # class -> position on its ladder
+    budget: BudgetState = field(default_factory=BudgetState)   # common.budget's decisions
     last_step: int | None = None
     tokens_per_s: float | None = None
     baseline_tokens_per_s: float | None = None
-    baseline_overrides: dict | None = None   # the overrides the baseline was measured with
-    last_startup_failure_overrides: dict | None = None
-    last_checkpoint: dict | None = None      # {"step", "path"}
+    baseline_overrides: dict[str, Any] | None = None   # the baseline was measured with them
+    last_startup_failure_overrides: dict[str, Any] | None = None
+    last_checkpoint: CheckpointRef | None = None
     #: the bundled trainer's measured acceptance length (eval markers) and its best so far
     accept_len: float | None = None
     best_accept_len: float | None = None
-    #: while tokens/s is low without dense evidence: {"cause", "summary", "since", "attempt"}
-    throughput_low: dict | None = None
-    trainer_pids: list = field(default_factory=list)
+    #: while tokens/s is low without dense evidence
+    throughput_low: ThroughputLowState | None = None
+    trainer_pids: list[int] = field(default_factory=list)
     #: the standby interpreter's pid (supervisor.standby), None when there is none
     standby_pid: int | None = None
     last_event: str | None = None
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def new(cls, run_id: str, run_name: str, *, now: float) -> "RunState":
@@ -150,22 +141,15 @@ class RunState:
     def current(self) -> Attempt | None:
         return self.attempts[-1] if self.attempts else None
 
-    def to_json(self) -> dict:
-        out = _to_json(self)
-        out["attempts"] = [a.to_json() for a in self.attempts]
+    def to_json(self) -> dict[str, Any]:
+        """state.json's object (``codec.encode``: unknown keys kept in ``extra`` first)."""
+        out: dict[str, Any] = encode(self)
         return out
 
     @classmethod
     def from_json(cls, obj: Any) -> "RunState":
-        """state.json's object -> RunState (ValueError when it is not one)."""
-        known, rest = _split(cls, obj, "state.json")
-        if "run_id" not in known:
-            raise ValueError("state.json lacks 'run_id'")
-        attempts = known.get("attempts") or []
-        if not isinstance(attempts, list):
-            raise ValueError("state.json's 'attempts' is not a list")
-        known["attempts"] = [Attempt.from_json(a) for a in attempts]
-        return cls(**known, extra=rest)
+        """state.json's object -> RunState (ContractError, a ValueError, when it is not one)."""
+        return decode(cls, obj, what="state.json", tolerant=True)
 
 
 def new_state(run_id: str, run_name: str, *, now: float) -> dict:

@@ -26,8 +26,8 @@ REPORT = {  # the shape trainer/train/compile_only.py writes
 
 def test_parse_report_reads_records_totals_and_seconds():
     recs, totals, secs = parse_report(json.dumps(REPORT))
-    assert [r["shape"] for r in recs] == [[32, 4], [64, 4]]
-    assert recs[0]["counters"]["fxgraph_cache_miss"] == 2
+    assert [r.shape for r in recs] == [[32, 4], [64, 4]]
+    assert recs[0].counters["fxgraph_cache_miss"] == 2
     assert totals == {"fxgraph_cache_hit": 0, "fxgraph_cache_miss": 4, "autograd_cache_bypass": 1}
     assert secs == 31.25
 

@@ -67,7 +67,7 @@ def test_warm_wipe_restore_then_the_next_warmup_hits(tmp_path, tiny):
     # cold: compiled (misses); the check run on the saved cache: hits only
     assert res.counters["fxgraph_cache_miss"] > 0 and res.counters["fxgraph_cache_hit"] == 0
     assert res.warm_counters["fxgraph_cache_hit"] > 0 and res.warm_counters["fxgraph_cache_miss"] == 0
-    assert res.records and res.records[0]["device"] == "cpu" and res.records[0]["shape"] == [32, 4]
+    assert res.records and res.records[0].device == "cpu" and res.records[0].shape == [32, 4]
     assert any(k == "marker" and isinstance(d, HeartbeatMarker) for k, d in events)
     p = sn.paths(mgr.tree, key.key)
     m = sn.parse_manifest(Path(p.manifest).read_bytes(), "m")

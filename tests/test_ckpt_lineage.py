@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from dfo_contract.state_records import CheckpointRef
 from dfo_contract import checkpoints as cm
 from dfo_contract import fsio
 from orchestrator.common.launch_argv import attempt_env
@@ -106,7 +107,7 @@ def test_supervisor_resume_target_own_run_else_named_resume_else_scratch(tmp_pat
         return BundledSource(spec, Bundled(), root, emit=lambda e: e).resume_target(state)
 
     spec = spec_with(named)
-    saved = {"step": 5, "path": "x"}
+    saved = CheckpointRef(step=5, path="x")
     # this run saved nothing usable (yet): exactly the checkpoint launch named, never step_262
     assert target(spec, saved) == named
     assert target(spec_with(None), saved) is None

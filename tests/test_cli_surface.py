@@ -16,6 +16,7 @@ import click
 import pytest
 from rich.console import Console
 
+from dfo_contract.state_records import CheckpointRef
 from orchestrator.plan.run_identity import make_run_id
 from dfo_contract.metrics_record import parse_metrics
 from orchestrator.common.sparkline import current_step, metrics_tail, sparkline
@@ -136,7 +137,7 @@ def test_status_step_is_current_and_has_the_trend(tmp_path):
     rd.mkdir()
     st = RunState.new("r1", "r", now=time.time())
     st.status, st.last_step, st.tokens_per_s = "done", 100, 50.0
-    st.last_checkpoint = {"step": 110, "path": "/c/step_110"}
+    st.last_checkpoint = CheckpointRef(step=110, path="/c/step_110")
     write_state(str(rd), st)
     (rd / "metrics.jsonl").write_text("".join(f'{{"step": {s}, "tokens_per_s": {s / 2}}}\n'
                                               for s in range(10, 111, 10)))

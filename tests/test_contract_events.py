@@ -10,6 +10,7 @@ it then: the typed events must describe themselves identically.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import types
 import typing
@@ -60,6 +61,8 @@ def _strategy(hint):
         return st.lists(_strategy(typing.get_args(hint)[0]), max_size=3)
     if origin is dict:
         return _dicts(_json)
+    if dataclasses.is_dataclass(hint):   # a nested record (state_records.CheckpointRef)
+        return _event_of(hint)
     raise AssertionError(f"no strategy for {hint!r}")
 
 

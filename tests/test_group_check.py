@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 
+from dfo_contract.replies import PortRecord
 from orchestrator.plan import group_check as gc
 from tests.lab.procs import free_port_pair
 
@@ -54,18 +55,24 @@ def test_profile_differences():
     assert str(d[0]) == "b: its env is profile gpu-cu130, hosts.yaml says cpu: run dfo deploy --group g"
 
 
+def _recs(objs):
+    """The probe's records as ``parse_port_lines`` gives them."""
+    return [PortRecord.from_json(d) for d in objs]
+
+
 def test_parse_port_lines_skips_noise():
     lines = ["hello", '@dfo-port {"event": "bind", "port": 1, "ok": true}', "@dfo-port {bad",
              '@dfo-port [1]', '  @dfo-port {"event": "listening", "ports": [1]}']
-    assert [r["event"] for r in gc.parse_port_lines(lines)] == ["bind", "listening"]
+    assert [r.event for r in gc.parse_port_lines(lines)] == ["bind", "listening"]
 
 
 def test_judge_reach():
-    listen = [{"event": "bind", "port": 29400, "ok": True}, {"event": "bind", "port": 29401, "ok": True},
-              {"event": "listening"}]
-    ok = [{"event": "connect", "port": 29400, "ok": True}, {"event": "connect", "port": 29401, "ok": True}]
-    bad = [{"event": "connect", "port": 29400, "ok": False, "error": "No route to host"},
-           {"event": "connect", "port": 29401, "ok": True}]
+    listen = _recs([{"event": "bind", "port": 29400, "ok": True},
+                    {"event": "bind", "port": 29401, "ok": True}, {"event": "listening"}])
+    ok = _recs([{"event": "connect", "port": 29400, "ok": True},
+                {"event": "connect", "port": 29401, "ok": True}])
+    bad = _recs([{"event": "connect", "port": 29400, "ok": False, "error": "No route to host"},
+                 {"event": "connect", "port": 29401, "ok": True}])
     r = gc.judge_reach("gpu1", "10.0.0.1", [29400, 29401], listen, None,
                        {"gpu2": ok, "gpu3": bad, "gpu4": "ssh: connection refused"})
     assert [(x.host, x.ok, x.role) for x in r] == [("gpu1", True, "head"), ("gpu2", True, "member"),
@@ -75,15 +82,15 @@ def test_judge_reach():
 
 
 def test_judge_reach_port_taken_and_an_address_not_of_the_host():
-    listen = [{"event": "bind", "port": 29400, "ok": False, "errno": "EADDRINUSE",
-               "error": "Address already in use"},
-              {"event": "bind", "port": 29401, "ok": True}, {"event": "listening"}]
+    listen = _recs([{"event": "bind", "port": 29400, "ok": False, "errno": "EADDRINUSE",
+                     "error": "Address already in use"},
+                    {"event": "bind", "port": 29401, "ok": True}, {"event": "listening"}])
     r = gc.judge_reach("gpu1", "10.0.0.1", [29400, 29401], listen, None,
-                       {"gpu2": [{"event": "connect", "port": 29401, "ok": True}]})
+                       {"gpu2": _recs([{"event": "connect", "port": 29401, "ok": True}])})
     assert not r[0].ok and "port 29400 is already taken on gpu1" in r[0].message
     assert r[1].ok and r[1].message == "reaches 10.0.0.1:29401"
-    listen = [{"event": "bind", "port": p, "ok": False, "errno": "EADDRNOTAVAIL",
-               "error": "Cannot assign requested address"} for p in (29400, 29401)]
+    listen = _recs([{"event": "bind", "port": p, "ok": False, "errno": "EADDRNOTAVAIL",
+                     "error": "Cannot assign requested address"} for p in (29400, 29401)])
     r = gc.judge_reach("gpu1", "10.0.0.9", [29400, 29401], listen, None, {"gpu2": []})
     assert "10.0.0.9 is not an address of gpu1" in r[0].message and "fix head_addr" in r[0].message
     assert not r[1].ok and "not tried" in r[1].message
@@ -116,7 +123,7 @@ def test_port_probe_for_real_over_loopback():
     assert lst.wait(60) == 0  # it ended by itself: every expected connection came
     th.join(60)               # the reader is at EOF now; the bound only ends a broken run
     recs = gc.parse_port_lines(lines)
-    assert [r.get("hello") for r in recs if r["event"] == "accepted"] == ["gpu2", "gpu3"]
+    assert [r.hello for r in recs if r.event == "accepted"] == ["gpu2", "gpu3"]
     assert gc.judge_reach("gpu1", "127.0.0.1", ports, recs, None,
                           {"gpu2": out[0], "gpu3": out[1]})[1].ok
 
@@ -124,7 +131,7 @@ def test_port_probe_for_real_over_loopback():
     r = subprocess.run(gc.connect_argv(sys.executable, "127.0.0.1", ports, "x", timeout=5),
                        capture_output=True, text=True, timeout=60)
     rec = gc.parse_port_lines(r.stdout.splitlines())[0]
-    assert rec["ok"] is False and rec["errno"] == "ECONNREFUSED"
+    assert rec.ok is False and rec.errno == "ECONNREFUSED"
 
 
 def test_port_probe_taken_port_and_stop():
@@ -137,8 +144,8 @@ def test_port_probe_taken_port_and_stop():
                                               seconds=120), stdout=subprocess.PIPE, text=True)
         first = [lst.stdout.readline() for _ in range(3)]
         recs = gc.parse_port_lines(first)
-        assert recs[0]["ok"] is False and recs[0]["errno"] == "EADDRINUSE"
-        assert recs[2]["event"] == "listening" and recs[2]["ports"] == [free]
+        assert recs[0].ok is False and recs[0].errno == "EADDRINUSE"
+        assert recs[2].event == "listening" and recs[2].ports == [free]
         subprocess.run(gc.connect_argv(sys.executable, "127.0.0.1", [free], "stop"), timeout=60)
         assert lst.wait(60) == 0  # `stop` ended it long before its 120 s
         assert "port %d is already taken" % taken in gc.bind_problems("h", "127.0.0.1", recs)[0]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from dfo_contract.state_records import CheckpointRef
 from dfo_contract.failure_classes import FAILURE_CLASSES
 from dfo_contract import events as ev
 from orchestrator.common.classify_rules import GROUP_CLASSES, NODE_LOST, PEER_ABORT
@@ -111,19 +112,20 @@ def test_heartbeats_lost_by_the_observers_clock():
 
 
 def test_decision_round_trip_and_the_peer_mirrors_it():
-    fb = {"attempt": 1, "class": "fx_trace_race", "step": "compile_gate",
-          "changed": {"compile.gate": True}, "overrides": {"compile.gate": True},
-          "restore_cache": True}
+    fb = ev.Fallback.from_body({"attempt": 1, "class": "fx_trace_race", "step": "compile_gate",
+                                    "changed": {"compile.gate": True},
+                                    "overrides": {"compile.gate": True}, "restore_cache": True})
     dec = GroupVerdict(action="restart", cause=end(1, "fx_trace_race"),
                        overrides={"compile.gate": True}, fallback=fb,
-                       restart={"attempt": 2, "delay_s": 0.1, "reason": "restart 1/5"},
-                       last_checkpoint={"step": 4, "path": "/h/ck/step_4"}, last_step=5)
+                       restart=ev.Restart.from_body({"attempt": 2, "delay_s": 0.1,
+                                                         "reason": "restart 1/5"}),
+                       last_checkpoint=CheckpointRef(step=4, path="/h/ck/step_4"), last_step=5)
     assert GroupVerdict.from_text(dec.to_text()) == dec
     st = peer_step(dec, 1, node=1, host="gpu2")
     assert [e.kind for e in st.events] == ["group_decision", "fallback", "restart"]
     assert st.restore_cache and st.events[1].attempt == 1 and st.events[2].attempt == 2
     assert st.final is None and st.overrides == {"compile.gate": True}
-    assert st.fallback == {"class": "fx_trace_race", "step": "compile_gate",
+    assert st.fallback and st.fallback.to_json() == {"class": "fx_trace_race", "step": "compile_gate",
                            "changed": {"compile.gate": True}, "attempt": 1}
     fin = GroupVerdict(action="final", status="failed", reason="node gpu2 lost")
     st = peer_step(fin, 3, node=1, host="gpu2")

@@ -179,7 +179,7 @@ def test_launch_status_logs_stop_on_two_local_nodes(tmp_path, tiny_assets):  # n
         got, outs = gr.stop(rid, timeout=120)
     assert got == rid and all(o.ok for o in outs), [o.error for o in outs]
     assert [o.value.run.state.status for o in outs] == ["stopped", "stopped"]
-    assert (outs[0].value.run.state.last_checkpoint or {}).get("step") is not None
+    assert (ck := outs[0].value.run.state.last_checkpoint) and ck.step is not None
 
 
 def test_a_member_without_a_fingerprint_differs_from_a_head_with_one(tmp_path, tiny_assets):  # noqa: F811

@@ -24,8 +24,8 @@ def test_sections_parse_into_facts():
         "@section end"])
     f = parse_facts(out)
     assert f.complete and f.checked and f.holds
-    assert f.launch == {"systemd": "0", "env": "1", "lock": "held", "lock_owner": "r1",
-                        "checkpoints": "none"}
+    assert f.launch.to_json() == {"systemd": "0", "setsid": "0", "env": "1", "lock": "held",
+                                  "lock_owner": "r1", "checkpoints": "none"}
     assert f.missing == ["/data/x.jsonl"]
     assert f.verified.probe == {"torch": "2.13.0+cpu"} and f.verified.freeze == "a==1\n"
     assert f.state.current_name == "cpu-x" and f.state.complete_output
@@ -33,7 +33,7 @@ def test_sections_parse_into_facts():
 
 def test_torn_output_is_not_complete_and_no_record_without_holds():
     f = parse_facts("@section launch\nenv=1\n@section stamp\nstamp\t" + S + "\nholds\t0\n")
-    assert not f.complete and f.verified is None and f.state is None and f.launch["env"] == "1"
+    assert not f.complete and f.verified is None and f.state is None and f.launch.env == "1"
 
 
 @pytest.mark.parametrize("text", [

@@ -123,7 +123,7 @@ def test_probe_script_runs(tmp_path):
     lock = tmp_path / "locks" / "run.lock"
     p = subprocess.run(probe_argv(str(tmp_path), str(lock)), capture_output=True, text=True)
     d = parse_probe(p.stdout)
-    assert d["env"] == "0" and d["lock"] == "free" and d["setsid"] == "1"
+    assert d.env == "0" and d.lock == "free" and d.setsid == "1"
     lock.write_text("run-1\n")
     holder = subprocess.Popen(["flock", str(lock), "sleep", "30"])
     try:
@@ -132,10 +132,10 @@ def test_probe_script_runs(tmp_path):
         while time.monotonic() < deadline:
             d = parse_probe(subprocess.run(probe_argv(str(tmp_path), str(lock)),
                                            capture_output=True, text=True).stdout)
-            if d["lock"] == "held":
+            if d.lock == "held":
                 break
             time.sleep(0.1)
-        assert d["lock"] == "held" and d["lock_owner"] == "run-1"
+        assert d.lock == "held" and d.lock_owner == "run-1"
     finally:
         holder.kill()
         holder.wait()

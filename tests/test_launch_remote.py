@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from dfo_contract.replies import StepsReply
 from dfo_contract.checkpoints import REQUIRED_FILES, write_manifest
 from orchestrator.plan import launch_steps as ls
 from orchestrator.plan.launch_facts import (FACTS_MARK, FactsRequest, checkpoint_listing,
@@ -89,7 +90,7 @@ def test_the_facts_script_is_one_command_with_every_section(tmp_path):
     p = subprocess.run(facts_argv(req), capture_output=True, text=True, timeout=120,
                        env=dict(ENV, PATH=os.environ["PATH"]))
     f = parse_facts(p.stdout)
-    assert f.complete and f.launch["env"] == "1" and f.launch["lock"] == "free"
+    assert f.complete and f.launch.env == "1" and f.launch.lock == "free"
     assert f.missing == [str(tmp_path / "gone; $(id)")] and not f.checked
     assert [c.name for c in checkpoint_listing(f, str(ck))] == ["step_3"]
     assert f.fingerprint is None
@@ -108,11 +109,11 @@ def test_steps_run_in_order_and_stop_at_the_first_that_fails(tmp_path):
           ls._write("spec", str(run / "spec.json"), b'{"version": 2}\n'),
           ls._write("record", str(tmp_path / "no" / "such" / "dir" / "rec"), b"x", optional=True),
           {"id": "start", "run": ["sh", "-c", 'echo "$1" > "$2"', "sh", "$(id)", str(run / "out")]}]
-    assert _steps(ok, tmp_path) == {"done": 5}
+    assert _steps(ok, tmp_path) == StepsReply(done=5)
     assert (run / "spec.json").read_bytes() == b'{"version": 2}\n'
     assert (run / "out").read_text() == "$(id)\n"
     assert oct((run / "spec.json").stat().st_mode)[-3:] == "644"
     # the run dir exists now: the exclusive mkdir fails, nothing after it runs
     again = _steps([*ok[:2], ls._write("spec", str(run / "spec2.json"), b"{}")], tmp_path)
-    assert again["failed"] == "run_dir" and again["exit_code"] != 0 and "exists" in again["stderr"]
+    assert again and again.failed == "run_dir" and again.exit_code != 0 and "exists" in again.stderr
     assert not (run / "spec2.json").exists()

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from dfo_contract.replies import LaunchProbeReply
 from dfo_contract.runspec import Group, Own, RunSpec
 from orchestrator.config.hostconfig import HostConfig
 from orchestrator.common.errors import ConfigError, LockHeldError, NotFoundError
@@ -39,7 +40,8 @@ def facts(*, lock="free", owner="", ckpts=(), missing=(), caches=(), systemd="1"
     p = {"fingerprint": FP, "source": SRC, "hashes": {"/m/target/config.json": "c" * 64},
          "checkpoints": {"/root/dfo/checkpoints/r": list(ckpts)}, "caches": list(caches)}
     p.update(py)
-    return LaunchFacts(launch={"systemd": systemd, "env": "1", "lock": lock, "lock_owner": owner},
+    return LaunchFacts(launch=LaunchProbeReply(systemd=systemd, env="1", lock=lock,
+                                               lock_owner=owner),
                        missing=list(missing), py=p, complete=True)
 
 

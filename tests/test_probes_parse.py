@@ -159,7 +159,8 @@ def test_launch_probe_recorded():
     assert p.argv[:4] == ("sh", "-c", probes.LAUNCH_PROBE_SCRIPT, "dfo-probe")
     assert p.argv[4:] == (f"/r/{UNI}", f"/r/{UNI}/locks/run.lock")  # values stay argv elements
     d = p.parse_output("systemd=0\nsetsid=1\nenv=1\nlock=held\nlock_owner=run-a=b\nnoise\n")
-    assert d == {"systemd": "0", "setsid": "1", "env": "1", "lock": "held", "lock_owner": "run-a=b"}
+    assert d.to_json() == {"systemd": "0", "setsid": "1", "env": "1", "lock": "held",
+                           "lock_owner": "run-a=b"}
 
 
 def test_query_and_stop_replies():

@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from dfo_contract.state_records import CheckpointRef
 from dfo_contract import events as ev
 from orchestrator.engine.runs import LaunchOptions, RunOps
 from orchestrator.supervisor.policy.runstate_replay import state_from_events
@@ -35,10 +36,10 @@ def test_the_events_tell_the_state():
     assert [(a.n, a.cls, a.exit_code) for a in st.attempts] == [(1, "fx_trace_race", 5), (2, None, None)]
     assert st.overrides == {"compile.gate": True} and st.last_event == "attempt 2 started, resuming /c/step_4"
     done = state_from_events("r1", evs + [ev.Final(status="done", reason="reached max_steps",
-                                                   last_checkpoint={"step": 12, "path": "/c/step_12"},
+                                                   last_checkpoint=CheckpointRef(step=12, path="/c/step_12"),
                                                    t=20.0)])
     assert (done.status, done.reason, done.ended_at) == ("done", "reached max_steps", 20.0)
-    assert done.last_checkpoint == {"step": 12, "path": "/c/step_12"}
+    assert done.last_checkpoint == CheckpointRef(step=12, path="/c/step_12")
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from dfo_contract.state_records import CheckpointRef, FallbackRecord
 from dfo_contract.runstate import Attempt, RunState
 from orchestrator.supervisor.runfiles import write_state
 from tests.supervisor_env import hosts_yaml, make_root, supervisor_stand_in
@@ -76,9 +77,9 @@ def write_run(root: Path, *, status="done", step=100, pid=None, fallbacks=2) -> 
     st.status, st.last_step, st.tokens_per_s, st.pid = status, step, 1234.5, pid
     st.attempts = [Attempt(n=1, started_at=time.time() - 300), Attempt(n=2, started_at=time.time() - 200)]
     st.attempt = 2
-    st.fallbacks = [{"class": "fx_trace", "step": "compile_gate", "attempt": 1},
-                    {"class": "oom", "step": "halve_micro_batch", "attempt": 2}][:fallbacks]
-    st.last_checkpoint = {"step": 110, "path": f"{root}/checkpoints/tiny-cpu/step_110"}
+    st.fallbacks = [FallbackRecord(cls="fx_trace", step="compile_gate", attempt=1),
+                    FallbackRecord(cls="oom", step="halve_micro_batch", attempt=2)][:fallbacks]
+    st.last_checkpoint = CheckpointRef(step=110, path=f"{root}/checkpoints/tiny-cpu/step_110")
     st.last_event = f"checkpoint step 110 at {root}/checkpoints/tiny-cpu/step_110"
     write_state(str(rd), st)
     (rd / "metrics.jsonl").write_text("".join(

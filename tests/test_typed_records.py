@@ -21,6 +21,8 @@ import json
 import textwrap
 from pathlib import Path
 
+from dfo_contract import events
+from dfo_contract.state_records import CheckpointRef
 from dfo_contract import group_store as gs
 from dfo_contract.metrics_record import MetricsRecord
 
@@ -37,7 +39,11 @@ _MESSAGES = (
     _OUTCOME,
     gs.StoppedPids((7,)),
     gs.GroupVerdict(action="restart", cause=_OUTCOME, status="s", reason="r",
-                    overrides={"a": 1}, fallback={}, restart={}, last_checkpoint={},
+                    overrides={"a": 1},
+                    fallback=events.Fallback(attempt=1, cls="oom", step="s", changed={},
+                                             overrides={}, restore_cache=False),
+                    restart=events.Restart(attempt=2, delay_s=0.1, reason="r"),
+                    last_checkpoint=CheckpointRef(step=1, path="/c/step_1"),
                     last_step=1),
     gs.StopRequest(node=1, host="h", reason="r"),
 )

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from dfo_contract.state_records import CheckpointRef
 from dfo_contract.goodput import Goodput
 from dfo_contract.runstate import Attempt, RunState
 from dfo_contract.status import QueryReply, RunStatus, StopReply
@@ -140,7 +141,7 @@ def test_the_rule_leaves_other_dicts_and_attribute_reads_alone():
 def _state() -> RunState:
     st = RunState.new("r-20261201-000000-abcdef", "r", now=10.0)
     st.status, st.pid, st.last_step, st.attempt = "running", 42, 7, 1
-    st.last_checkpoint = {"step": 5, "path": "/c/step_5"}
+    st.last_checkpoint = CheckpointRef(step=5, path="/c/step_5")
     st.attempts = [Attempt(n=1, started_at=11.0, argv=["python", "-m", "trainer"])]
     return st
 

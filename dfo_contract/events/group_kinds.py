@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from ..state_records import CheckpointRef
 from .base import EventBase, opt, req
 
 
@@ -87,7 +88,7 @@ class GroupDecision(EventBase):
     overrides: dict[str, Any] | None = opt()
     fallback: dict[str, Any] | None = opt()
     restart: dict[str, Any] | None = opt()
-    last_checkpoint: dict[str, Any] | None = opt()
+    last_checkpoint: CheckpointRef | None = opt()
     last_step: Any = opt()      # the newest step marker's ``step``
 
     def describe(self) -> str:

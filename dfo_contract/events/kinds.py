@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from ..state_records import CheckpointRef
 from .base import EventBase, opt, req
 from .group_kinds import GroupDecision, GroupStart, NodeEnd, NodeLost, PeerAbort
 
@@ -262,7 +263,7 @@ class Final(EventBase):
     kind: ClassVar[str] = "final"
     status: str                # done | failed | stopped
     reason: str
-    last_checkpoint: dict[str, Any] | None   # {"step", "path"}
+    last_checkpoint: CheckpointRef | None
     #: the share of the run's wall time spent in training steps, and the time lost per
     #: cause (``orchestrator.common.goodput``)
     goodput: float | None = opt()

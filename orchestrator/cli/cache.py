@@ -200,9 +200,8 @@ def _print_result(res, components, as_json: bool) -> None:
         for col in ("device", "shape", "what", "compile", "fxgraph hit/miss", "autograd hit/miss"):
             t.add_column(col, justify="right" if col in ("compile",) else "left")
         for r in res.records:
-            cn = r.get("counters") or {}
-            t.add_row(r["device"], "x".join(str(x) for x in r["shape"]), r.get("what", ""),
-                      _secs(r["seconds"]),
+            cn = r.counters
+            t.add_row(r.device, "x".join(str(x) for x in r.shape), r.what, _secs(r.seconds),
                       f"{cn.get('fxgraph_cache_hit', 0)}/{cn.get('fxgraph_cache_miss', 0)}",
                       f"{cn.get('autograd_cache_hit', 0)}/{cn.get('autograd_cache_miss', 0)}")
         con.print(t)

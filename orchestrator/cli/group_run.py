@@ -170,10 +170,10 @@ def group_stop(app, group_name, host_name, run_id, timeout: float, as_json: bool
 
     gr = group_runs(app, group_name, host_name)
     rid, outs = gr.stop(run_id, timeout=timeout)
-    ck = (outs[0].value.run.state.last_checkpoint or {}) if outs[0].ok else {}
+    ck = outs[0].value.run.state.last_checkpoint if outs[0].ok else None
     if as_json:
         click.echo(json.dumps({"group": group_name, "run_id": rid,
-                               "checkpoint": ck or None, "nodes": [
+                               "checkpoint": ck.to_json() if ck else None, "nodes": [
                                    {"node": i, "host": o.host, "ok": o.ok, "error": o.error,
                                     "run": o.value.to_json() if o.ok else None}
                                    for i, o in enumerate(outs)]}, default=str))
@@ -181,8 +181,8 @@ def group_stop(app, group_name, host_name, run_id, timeout: float, as_json: bool
         states = ", ".join(f"{o.host} {o.value.run.shown_status}" if o.ok else f"{o.host} error"
                            for o in outs)
         click.echo(f"run {rid}: {states}"
-                   + (f"; checkpoint step_{ck['step']} on {outs[0].host}"
-                      if ck.get("step") is not None else "; no checkpoint"))
+                   + (f"; checkpoint step_{ck.step} on {outs[0].host}"
+                      if ck and ck.step is not None else "; no checkpoint"))
     code = worst_exit(outs)
     if code:
         bad = [(gr.index(o.host), o.host, o.error, o.exit_code) for o in outs if not o.ok]

@@ -92,9 +92,8 @@ def row_values(r: RunStatus, sep: str = ", ") -> dict[str, Text]:
     """One run's cells, all as Text (values from state.json are text, never markup)."""
     s = r.state
     st = r.shown_status or "?"
-    fbs = s.fallbacks if isinstance(s.fallbacks, list) else []
-    fb = sep.join(str(f.get("step")) for f in fbs if isinstance(f, dict)) or "-"
-    ck = s.last_checkpoint if isinstance(s.last_checkpoint, dict) else {}
+    fb = sep.join(str(f.step) for f in s.fallbacks) or "-"
+    ck = s.last_checkpoint
     end = _finite(s.ended_at) or _finite(r.now) or time.time()
     tps = _finite(s.tokens_per_s)
     started = _finite(s.started_at)
@@ -107,7 +106,7 @@ def row_values(r: RunStatus, sep: str = ", ") -> dict[str, Text]:
         "trend": Text(sparkline(list(r.recent_tokens_per_s), 8) or "-", style="cyan"),
         "accept": Text(_accept(r)), "goodput": Text(_goodput(r)),
         "fallback": Text(fb), "attempt": Text(str(s.attempt or 0)),
-        "checkpoint": Text(f"step_{ck['step']}" if ck.get("step") is not None else "-"),
+        "checkpoint": Text(f"step_{ck.step}" if ck and ck.step is not None else "-"),
         "last event": Text(str(s.last_event or "-")),
         "uptime": Text("-" if started is None else _age(end - started)),
     }
@@ -262,9 +261,9 @@ def stop(app, host_name, run_id, timeout, as_json, group_name):
         click.echo(f"nothing to stop on {run_ops.host.name}: run {info.run_id} is "
                    f"{info.shown_status}, not live")
         return 0
-    ck = info.state.last_checkpoint if isinstance(info.state.last_checkpoint, dict) else {}
+    ck = info.state.last_checkpoint
     click.echo(f"run {info.run_id}: {info.shown_status}"
-               + (f", last checkpoint step_{ck['step']}" if ck.get("step") is not None else ""))
+               + (f", last checkpoint step_{ck.step}" if ck and ck.step is not None else ""))
     return 0
 
 

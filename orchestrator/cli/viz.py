@@ -46,7 +46,7 @@ def tensorboard(app, host_name, run, port, python):
     except KeyboardInterrupt:
         click.echo("dfo: tensorboard stopped", err=True)
         return 0
-    click.echo(f"dfo: tensorboard exited ({info.get('exit')})", err=True)
+    click.echo(f"dfo: tensorboard exited ({info.exit})", err=True)
     return 0
 
 

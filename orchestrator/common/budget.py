@@ -19,15 +19,20 @@
 from __future__ import annotations
 
 import signal
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping, Self
 
 from dfo_contract import exitcodes
 from dfo_contract.errors import ContractError
 from dfo_contract.runlimits import Budget
+from dfo_contract.state_records import BudgetState
 
 from .errors import ConfigError
 from .fallback import FAILURE_CLASSES, TRANSIENT
+
+
+__all__ = ["BudgetPolicy", "BudgetState", "Decision", "backoff", "restart_delay", "on_failure",
+           "from_outside", "cannot_do_better", "what_to_try"]
 
 
 class BudgetPolicy(Budget):
@@ -41,23 +46,6 @@ class BudgetPolicy(Budget):
             return super().from_json(d, where, classes=classes)
         except ContractError as e:
             raise ConfigError(str(e)) from None
-
-
-@dataclass
-class BudgetState:
-    counts: dict[str, int] = field(default_factory=dict)
-    total: int = 0
-    streak: int = 0             # restarts since the last healthy period (drives backoff)
-    startup_streak: int = 0
-
-    def to_json(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any] | None) -> "BudgetState":
-        d = dict(d or {})
-        return cls(counts=dict(d.get("counts") or {}), total=int(d.get("total", 0)),
-                   streak=int(d.get("streak", 0)), startup_streak=int(d.get("startup_streak", 0)))
 
 
 @dataclass(frozen=True)

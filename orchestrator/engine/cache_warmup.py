@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from dfo_contract.codec import encode
+from dfo_contract.replies import WarmupShape
 from dfo_contract.trainer_markers import read_marker
 
 from .. import __version__
@@ -31,7 +33,7 @@ class WarmResult:
     key: str
     action: str                       # "restored" | "warmed" | "pushed" | "pulled"
     source: str | None = None         # where a restored snapshot came from
-    records: list[dict] = field(default_factory=list)     # per device+shape: seconds, counters
+    records: list[WarmupShape] = field(default_factory=list)  # per device+shape
     counters: dict[str, int] = field(default_factory=dict)  # totals of the warm-up
     cold_s: float | None = None       # warm-up seconds on the cache as it was
     warm_s: float | None = None       # warm-up seconds on the saved cache (check run)
@@ -51,6 +53,7 @@ class WarmResult:
 
     def to_json(self) -> dict[str, Any]:
         d = dict(self.__dict__)
+        d["records"] = [encode(r) for r in self.records]
         d["saved_s"] = self.saved_s
         return d
 
@@ -132,7 +135,7 @@ class CacheWarmup:
         return m
 
     def _warmup(self, cache_dir: str, cfg_path: str, overrides: Sequence[tuple[str, str]],
-                report: str, *, save_mega: str | None = None) -> tuple[list[dict], dict[str, int], float]:
+                report: str, *, save_mega: str | None = None) -> tuple[list[WarmupShape], dict[str, int], float]:
         env = warmup_env(cache_dir)
         # one warm-up at a time per host (flock exits LOCK_CONFLICT at once when another holds it)
         lock = posixpath.join(self.cache.tree.locks, "cache.lock")

@@ -14,6 +14,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from dfo_contract.replies import PortRecord
+
 from ..config.hostconfig import GroupConfig, HostConfig
 from ..common.errors import DfoError, NotFoundError, RemoteCommandError
 from ..plan import group_check as gc
@@ -235,13 +237,13 @@ def probe_reach(group: GroupConfig, head: HostConfig, transport_for: TransportFo
     th.start()
     ready.wait(listen_s + 60)
     records = gc.parse_port_lines(list(lines))
-    if failure or not any(r.get("event") == "listening" for r in records):
+    if failure or not any(r.event == "listening" for r in records):
         th.join(5)
         return gc.judge_reach(head.name, addr, ports, None,
                               failure[0] if failure else "the listener did not start", {})
-    bound = [r["port"] for r in records if r.get("event") == "bind" and r.get("ok")]
+    bound = [r.port for r in records if r.event == "bind" and r.ok and r.port is not None]
 
-    def connect(h: HostConfig) -> list[dict[str, Any]]:
+    def connect(h: HostConfig) -> list[PortRecord]:
         progress(h.name, f"connecting to {addr}:{ports[0]},{ports[1]}")
         r = transport_for(h).run(gc.connect_argv(python[h.name], addr, bound or ports, h.name),
                                  timeout=gc.CONNECT_TIMEOUT_S * len(ports) + 60)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import getpass
-import json
 import logging
 import os
 import posixpath
@@ -17,6 +16,7 @@ import uuid
 from typing import Callable
 
 from dfo_contract.procs import alive, process_start, same_process
+from dfo_contract.replies import LeaseHolder
 
 from ..common.errors import DeployError, LockHeldError, RemoteCommandError
 from ..plan import deploy_plan as dp
@@ -49,8 +49,8 @@ class DeployLease:
         takeover, wait = "", 10
         if state.deploy_owner:
             tok, info = dp.lease_owner(state.deploy_owner)
-            same_machine = info.get("machine") == socket.gethostname()
-            dead = same_machine and isinstance(info.get("pid"), int) and not _holder_alive(info)
+            same_machine = info.machine == socket.gethostname()
+            dead = same_machine and info.pid is not None and not _holder_alive(info)
             stale = (state.deploy_owner_age or 0) >= dp.LEASE_STALE_S
             if dead or stale:
                 takeover, wait = tok, TAKEOVER_WAIT_S
@@ -62,10 +62,9 @@ class DeployLease:
                     f"{self.tree.deploy_lock} on {self.host_name}",
                     hint=f"wait for it to finish; a killed deploy's lock frees itself after "
                          f"{dp.LEASE_STALE_S} s")
-        holder = json.dumps({"user": getpass.getuser(), "machine": socket.gethostname(),
-                           "pid": os.getpid(), "pid_start": process_start(os.getpid()),
-                           "started": _dt.datetime.now().isoformat(timespec="seconds")},
-                          separators=(",", ":"))
+        holder = LeaseHolder(user=getpass.getuser(), machine=socket.gethostname(),
+                             pid=os.getpid(), pid_start=process_start(os.getpid()),
+                             started=_dt.datetime.now().isoformat(timespec="seconds")).to_text()
         argv = dp.script_argv(dp.LEASE_SCRIPT, self.tree.deploy_lock, self.owner_file,
                               self.token, holder, str(dp.LEASE_STALE_S), takeover or "-",
                               str(wait), name="dfo-lease")
@@ -99,9 +98,11 @@ class DeployLease:
             log.debug("releasing the deploy lease failed", exc_info=True)
 
 
-def _holder_alive(info: dict) -> bool:
+def _holder_alive(info: LeaseHolder) -> bool:
     """The lease holder's process (on this machine) still runs: its pid with the recorded
     start time; a lease that records no start time (an older dfo's) by its pid alone."""
-    if "pid_start" in info:
-        return same_process(info["pid"], info["pid_start"])
-    return alive(info["pid"])
+    if info.pid is None:
+        return False
+    if info.pid_start is not None:
+        return same_process(info.pid, info.pid_start)
+    return alive(info.pid)

@@ -21,7 +21,7 @@ PLAIN_TIMEOUT = 120.0
 
 
 def require_env(facts: LaunchFacts, host: str, python: str, deploy_with: str) -> None:
-    if facts.launch.get("env") != "1":
+    if not facts.launch.has_env:
         raise DeployError(f"no deployed env on {host} ({python} missing)",
                           hint=f"run `dfo deploy {deploy_with}` first")
 

@@ -19,9 +19,10 @@ import math
 import posixpath
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Callable
 
 from dfo_contract import runstate as rs
+from dfo_contract.replies import LaunchProbeReply, StepsReply
 from dfo_contract.status import LOST, NEVER_STARTED, QueryReply, RunStatus
 
 from ..common.errors import (ConnectError, DfoError, HostKeyError, Interrupted, LockHeldError,
@@ -97,7 +98,7 @@ class RunOps:
         return self.queries.stop(run, timeout=timeout, wait=wait)
 
     # --- probes ----------------------------------------------------------------------------
-    def probe(self) -> dict[str, str]:
+    def probe(self) -> LaunchProbeReply:
         p = launch_probe(self.tree.root, self.tree.run_lock)
         r = self.transport.run(list(p.argv), timeout=60)
         r.check(f"probing {self.host.name}")
@@ -197,14 +198,14 @@ class RunOps:
             r.check(f"starting run {plan.run_id}")
             raise RemoteCommandError(f"starting run {plan.run_id}: the host gave no answer",
                                      hint="see `dfo status`")
-        if "failed" in reply:
+        if reply.is_failure:
             raise self._step_error(plan, steps, reply)
         if wait:
             self.wait_started(plan.run_id, o.start_timeout)
         return plan
 
-    def _step_error(self, plan: lp.LaunchPlan, steps: list, reply: Mapping[str, Any]) -> DfoError:
-        sid = reply.get("failed")
+    def _step_error(self, plan: lp.LaunchPlan, steps: list, reply: StepsReply) -> DfoError:
+        sid = reply.failed
         ck = plan.spec.resume.checkpoint_dir
         if sid == "run_dir":   # exclusive: never share a run's directory
             return LockHeldError(f"run directory {plan.run_dir} already exists (another launch "
@@ -213,9 +214,8 @@ class RunOps:
             return LockHeldError(f"{ck} could not be moved to {plan.move_aside} (it exists)",
                                  hint="launch again")
         argv = next((s.get("run") or [] for s in steps if s["id"] == sid), [])
-        res = Result(tuple(argv), int(reply.get("exit_code") or 1),
-                     str(reply.get("stdout") or "").encode(),
-                     str(reply.get("stderr") or "").encode())
+        res = Result(tuple(argv), int(reply.exit_code or 1), reply.stdout.encode(),
+                     reply.stderr.encode())
         try:
             res.check(ls.WHAT.get(str(sid), f"launch step {sid}"))
         except DfoError as e:
@@ -226,7 +226,7 @@ class RunOps:
         self.say(f"stopping run {owner} (--replace)")
         self.stop(owner, timeout=stop_timeout_s + 30)
         deadline = time.monotonic() + 30
-        while self.probe().get("lock") == "held":
+        while self.probe().held:
             if time.monotonic() > deadline:
                 raise LockHeldError(f"run {owner} still holds run.lock after stopping",
                                     hint="see `dfo status`; stop it with `dfo stop`")
@@ -276,8 +276,8 @@ class RunOps:
         """A supervisor that ends ``failed`` at once while run.lock is held by another run
         lost the race for it (two launches at the same moment): that is exit 9, not 10."""
         probe = self.probe()
-        owner = probe.get("lock_owner")
-        if probe.get("lock") == "held" and owner and owner != run_id:
+        owner = probe.lock_owner
+        if probe.held and owner and owner != run_id:
             raise LockHeldError(f"run {owner} is live on {self.host.name} (run.lock held); "
                                 f"run {run_id} did not start ({info.state.reason})",
                                 hint=f"stop it with `dfo stop --run {owner}` or launch --replace")

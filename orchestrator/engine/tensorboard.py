@@ -14,6 +14,7 @@ import logging
 import threading
 
 from dfo_contract.fsio import json_object
+from dfo_contract.replies import TensorBoardReply
 
 from ..common.errors import ConnectError, DeployError, NotFoundError, RemoteCommandError
 from ..plan.scripts import remote_source
@@ -44,7 +45,7 @@ class TensorBoard:
         self.remote_port: int | None = None
         self.pipe: fw.Pipe | None = None
         self.forward: fw.LocalForward | None = None
-        self.exit_info: dict | None = None
+        self.exit_info: TensorBoardReply | None = None
         self._done = threading.Event()
 
     @property
@@ -70,10 +71,10 @@ class TensorBoard:
         except BaseException:  # Ctrl-C while TensorBoard starts: stop it too
             self.close(timeout=5.0)
             raise
-        if "error" in reply:
+        if reply.error is not None or reply.port is None:
             self.close()
             raise self._error(reply)
-        self.remote_port = int(reply["port"])
+        self.remote_port = reply.port
         threading.Thread(target=self._watch, daemon=True, name="dfo-tensorboard").start()
         if not self.transport.is_local:
             try:
@@ -87,8 +88,8 @@ class TensorBoard:
                  self.remote_port)
         return self.url
 
-    def _first_reply(self) -> dict:
-        box: dict = {}
+    def _first_reply(self) -> TensorBoardReply:
+        box: dict[str, TensorBoardReply | bool] = {}
         pipe = self.pipe
         assert pipe is not None, "start() opens the pipe first"
 
@@ -98,22 +99,25 @@ class TensorBoard:
                 if not line:
                     box["eof"] = True
                     return
-                rec = json_object(line)   # None: a warning the interpreter printed
-                if rec is not None and ("port" in rec or "error" in rec):
+                obj = json_object(line)   # None: a warning the interpreter printed
+                rec = TensorBoardReply.from_json(obj) if obj is not None else None
+                if rec is not None and (rec.port is not None or rec.error is not None):
                     box["rec"] = rec
                     return
 
         th = threading.Thread(target=read, daemon=True)
         th.start()
         th.join(START_TIMEOUT_S)
-        if "rec" in box:
-            return box["rec"]
+        rec = box.get("rec")
+        if isinstance(rec, TensorBoardReply):
+            return rec
         if "eof" in box:
-            return {"error": "no-start", "detail": ""}
-        return {"error": "timeout", "detail": f"no answer after {START_TIMEOUT_S:.0f}s"}
+            return TensorBoardReply(error="no-start")
+        return TensorBoardReply(error="timeout",
+                                detail=f"no answer after {START_TIMEOUT_S:.0f}s")
 
-    def _error(self, reply: dict):
-        err, detail = reply.get("error"), reply.get("detail") or ""
+    def _error(self, reply: TensorBoardReply):
+        err, detail = reply.error, reply.detail
         host = self.run_ops.host.name
         if err == "no-tensorboard":
             return DeployError(
@@ -137,8 +141,9 @@ class TensorBoard:
                 line = pipe.readline()
                 if not line:
                     break
-                rec = json_object(line)
-                if rec is not None and "exit" in rec:
+                obj = json_object(line)
+                rec = TensorBoardReply.from_json(obj) if obj is not None else None
+                if rec is not None and "exit" in (obj or {}):
                     self.exit_info = rec
         except Exception:  # noqa: BLE001 - the connection went away
             pass
@@ -158,7 +163,7 @@ class TensorBoard:
             self.pipe = None
 
 
-def run_until_interrupted(tb: TensorBoard, poll: float = 0.5) -> dict:
+def run_until_interrupted(tb: TensorBoard, poll: float = 0.5) -> TensorBoardReply:
     """Block until TensorBoard exits by itself (returns its exit record) or Ctrl-C
     (KeyboardInterrupt propagates after stopping it)."""
     try:
@@ -167,9 +172,9 @@ def run_until_interrupted(tb: TensorBoard, poll: float = 0.5) -> dict:
         if tb.exit_info is None:
             raise ConnectError(f"lost the connection to {tb.transport.name}; tensorboard stopped with it",
                                hint="run `dfo tensorboard` again")
-        if tb.exit_info.get("exit") not in (0, None):
-            raise RemoteCommandError(f"tensorboard on {tb.transport.name} exited {tb.exit_info['exit']}: "
-                                     f"{tb.exit_info.get('detail') or 'no output'}",
+        if tb.exit_info.exit not in (0, None):
+            raise RemoteCommandError(f"tensorboard on {tb.transport.name} exited {tb.exit_info.exit}: "
+                                     f"{tb.exit_info.detail or 'no output'}",
                                      hint="run `dfo tensorboard` again")
         return tb.exit_info
     finally:

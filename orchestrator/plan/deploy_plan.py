@@ -32,6 +32,8 @@ import posixpath
 from dataclasses import dataclass, field
 from typing import Any
 
+from dfo_contract.replies import LeaseHolder
+
 from ..common.errors import LockHeldError
 from .drift import Drift, Installed, diff, parse_freeze
 from .fingerprint import Mismatch, compare
@@ -192,21 +194,21 @@ def run_lock_error(host: str, root: str, content: str) -> LockHeldError:
                          hint="wait for it to finish or stop it (dfo stop), then deploy again")
 
 
-def lease_owner(owner_line: str) -> tuple[str, dict[str, Any]]:
-    """``TOKEN INFO-JSON`` -> (token, info)."""
+def lease_owner(owner_line: str) -> tuple[str, LeaseHolder]:
+    """``TOKEN INFO-JSON`` -> (token, holder)."""
     tok, _, rest = owner_line.strip().partition(" ")
-    return tok, (_json(rest) or {"info": rest})
+    return tok, LeaseHolder.from_text(rest)
 
 
 def describe_lease(owner_line: str) -> str:
     tok, info = lease_owner(owner_line)
     parts = []
-    if info.get("user") or info.get("machine"):
-        parts.append(f"{info.get('user', '?')}@{info.get('machine', '?')}")
-    if info.get("pid"):
-        parts.append(f"pid {info['pid']}")
-    if info.get("started"):
-        parts.append(f"started {info['started']}")
+    if info.user or info.machine:
+        parts.append(f"{info.user or '?'}@{info.machine or '?'}")
+    if info.pid:
+        parts.append(f"pid {info.pid}")
+    if info.started:
+        parts.append(f"started {info.started}")
     return f"deploy {tok[:8]}" + (f" ({', '.join(parts)})" if parts else "")
 
 

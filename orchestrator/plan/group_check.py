@@ -16,7 +16,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
+from dfo_contract.errors import ContractError
 from dfo_contract.fsio import json_object
+from dfo_contract.replies import PortRecord
 
 from .scripts import remote_source
 
@@ -135,16 +137,20 @@ def connect_argv(python: str, addr: str, ports: Sequence[int], hello: str,
             ",".join(str(p) for p in ports), f"{timeout:g}", hello]
 
 
-def parse_port_lines(lines: Iterable[str]) -> list[dict[str, Any]]:
-    """The probe's ``@dfo-port`` records, in order (other lines and bad JSON skipped)."""
+def parse_port_lines(lines: Iterable[str]) -> list[PortRecord]:
+    """The probe's ``@dfo-port`` records, in order (other lines, bad JSON and objects that
+    are not such a record skipped)."""
     out = []
     for line in lines:
         line = line.strip()
         if not line.startswith(PORT_MARK):
             continue
         d = json_object(line[len(PORT_MARK):])
-        if d is not None:
-            out.append(d)
+        try:
+            if d is not None:
+                out.append(PortRecord.from_json(d))
+        except ContractError:
+            continue
     return out
 
 
@@ -161,13 +167,13 @@ class Reach:
         return asdict(self)
 
 
-def bind_problems(head: str, addr: str, records: Sequence[Mapping[str, Any]]) -> list[str]:
+def bind_problems(head: str, addr: str, records: Sequence[PortRecord]) -> list[str]:
     """Why the head could not listen (a port taken, an address not its own), one line each."""
     out = []
     for r in records:
-        if r.get("event") != "bind" or r.get("ok"):
+        if r.event != "bind" or r.ok:
             continue
-        port, err, name = r.get("port"), r.get("error", "?"), r.get("errno", "")
+        port, err, name = r.port, r.error or "?", r.errno or ""
         if name == "EADDRINUSE":
             out.append(f"port {port} is already taken on {head} ({addr}:{port}: {err}; "
                        f"a run of this group, or another program, holds it)")
@@ -180,15 +186,15 @@ def bind_problems(head: str, addr: str, records: Sequence[Mapping[str, Any]]) ->
 
 
 def judge_reach(head: str, addr: str, ports: Sequence[int],
-                listen_records: Sequence[Mapping[str, Any]] | None, listen_error: str | None,
-                members: Mapping[str, Sequence[Mapping[str, Any]] | str]) -> list[Reach]:
+                listen_records: Sequence[PortRecord] | None, listen_error: str | None,
+                members: Mapping[str, Sequence[PortRecord] | str]) -> list[Reach]:
     """The verdict per member, the head first.
 
     ``listen_records``: what the head's listener printed (None: it never ran);
     ``listen_error``: why it could not start; ``members[h]``: the records of h's connection
     attempt, or a string saying why it could not run there."""
     out: list[Reach] = []
-    bound = {r.get("port") for r in listen_records or () if r.get("event") == "bind" and r.get("ok")}
+    bound = {r.port for r in listen_records or () if r.event == "bind" and r.ok}
     problems = bind_problems(head, addr, listen_records or ())
     if listen_error or listen_records is None:
         out.append(Reach(head, False, f"cannot start a listener on {head}: "
@@ -205,11 +211,11 @@ def judge_reach(head: str, addr: str, ports: Sequence[int],
         for port in ports:
             if port not in bound:
                 continue  # the head could not listen there: said above
-            r = next((x for x in recs if x.get("event") == "connect" and x.get("port") == port), None)
+            r = next((x for x in recs if x.event == "connect" and x.port == port), None)
             if r is None:
                 bad.append(f"cannot reach {addr}:{port} from {h}: the probe printed nothing")
-            elif not r.get("ok"):
-                bad.append(f"cannot reach {addr}:{port} from {h}: {r.get('error') or r.get('errno')}")
+            elif not r.ok:
+                bad.append(f"cannot reach {addr}:{port} from {h}: {r.error or r.errno}")
         if not bound:
             out.append(Reach(h, False, f"not tried: the head listens on none of "
                                        f"{addr}:{','.join(map(str, ports))}"))

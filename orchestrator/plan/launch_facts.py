@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from dfo_contract.checkpoints import CkptInfo
+from dfo_contract.replies import LaunchProbeReply
 
 from ..common.errors import NotFoundError
 from .cache_key import source_hash
@@ -84,7 +85,7 @@ class FactsRequest:
 
 @dataclass
 class LaunchFacts:
-    launch: dict[str, str] = field(default_factory=dict)   # the launch probe's key=value
+    launch: LaunchProbeReply = field(default_factory=LaunchProbeReply)   # the launch probe
     missing: list[str] = field(default_factory=list)        # config paths that do not exist
     #: commands that are not an executable file (a path) or not found on PATH (a name)
     missing_commands: list[str] = field(default_factory=list)

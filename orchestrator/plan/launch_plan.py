@@ -285,8 +285,8 @@ def plan_launch(o: LaunchOptions, inp: LaunchInputs, facts: LaunchFacts, *, host
     other nodes take the head's: they resolve nothing and guard no checkpoints)."""
     role = role or Solo()
     tree = host.tree
-    if facts.launch.get("lock") == "held" and not o.replace:
-        owner = facts.launch.get("lock_owner") or "another run"
+    if facts.launch.held and not o.replace:
+        owner = facts.launch.lock_owner or "another run"
         raise LockHeldError(f"run {owner} is live on {host.name} (run.lock held)",
                             hint=f"stop it with `dfo stop --run {owner}` or launch --replace")
     warnings = [] if o.env_check else ["env check skipped (--no-env-check)"]
@@ -302,8 +302,8 @@ def plan_launch(o: LaunchOptions, inp: LaunchInputs, facts: LaunchFacts, *, host
         standby=Standby(enabled=bool(o.standby),
                         env={str(k): str(v) for k, v in o.standby_env.items()}),
         trainer=part.trainer, role=role)
-    systemd = facts.launch.get("systemd") == "1"
-    held = facts.launch.get("lock") == "held"
+    systemd = facts.launch.has_systemd
+    held = facts.launch.held
     if part.aside:
         # shown once the launch is over (or for --dry-run, as what it would do)
         warnings.append(f"--new-lineage: the earlier checkpoints of {inp.run_name} "
@@ -313,7 +313,7 @@ def plan_launch(o: LaunchOptions, inp: LaunchInputs, facts: LaunchFacts, *, host
                                             stop_timeout_s=inp.thresholds.stop_timeout_s),
                       first_attempt_argv=part.first, env=part.env, shown_ladders=part.shown,
                       warnings=warnings, seed_argvs=part.seed, config_bytes=part.data,
-                      lock_owner=facts.launch.get("lock_owner") if held else None,
+                      lock_owner=facts.launch.lock_owner if held else None,
                       move_aside=part.aside, record=None if o.dry_run else facts.record)
 
 

@@ -16,7 +16,9 @@ import posixpath
 from typing import Any
 
 from dfo_contract import runstate as rs
+from dfo_contract.errors import ContractError
 from dfo_contract.markers import last_json_line
+from dfo_contract.replies import StepsReply
 from dfo_contract.runspec import RunSpec
 
 from .run_identity import run_dir_argvs
@@ -74,8 +76,12 @@ def steps_timeout(steps: list[dict[str, Any]]) -> float:
     return 60.0 + sum(float(s.get("timeout", 60)) for s in steps if "run" in s)
 
 
-def parse_reply(output: str) -> dict[str, Any] | None:
-    """The run_steps answer: ``{"done": N}`` or ``{"failed": ID, "exit_code": ...}``."""
+def parse_reply(output: str) -> StepsReply | None:
+    """The run_steps answer (``StepsReply``: done, or the failed step); None: no answer, or
+    one that is not such a reply."""
     lines = [ln[len(STEPS_MARK):] for ln in output.splitlines() if ln.startswith(STEPS_MARK)]
     reply = last_json_line("\n".join(lines)) if lines else None
-    return reply if isinstance(reply, dict) else None
+    try:
+        return StepsReply.from_json(reply) if isinstance(reply, dict) else None
+    except ContractError:
+        return None

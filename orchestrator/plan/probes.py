@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Generic, Mapping, Protocol, TypeVar
 
 from dfo_contract.markers import last_json_line
+from dfo_contract.replies import LaunchProbeReply
 from dfo_contract.status import QueryReply, StopReply
 
 from ..common.errors import DfoError, RemoteCommandError
@@ -232,7 +233,8 @@ def parse_list_dir(out: Output) -> list[DirEntry] | None:
 LAUNCH_PROBE_SCRIPT = script_text("launch_probe.sh")
 
 
-def launch_probe(root: str, lock: str, *, owner: str = "", wait_s: int = 0) -> Probe[dict[str, str]]:
+def launch_probe(root: str, lock: str, *, owner: str = "", wait_s: int = 0
+                 ) -> Probe[LaunchProbeReply]:
     """The launch probe; with ``owner``, it first waits up to ``wait_s`` seconds inside the
     container for that run's supervisor to hold run.lock (one round trip, not a poll)."""
     extra = (owner, str(int(wait_s))) if owner else ()
@@ -240,14 +242,9 @@ def launch_probe(root: str, lock: str, *, owner: str = "", wait_s: int = 0) -> P
                  lambda out: parse_launch_probe(text(out.stdout)))
 
 
-def parse_launch_probe(output: str) -> dict[str, str]:
-    """``key=value`` lines -> dict (values may hold ``=``)."""
-    out = {}
-    for ln in output.splitlines():
-        if "=" in ln:
-            k, v = ln.split("=", 1)
-            out[k.strip()] = v.strip()
-    return out
+def parse_launch_probe(output: str) -> LaunchProbeReply:
+    """``key=value`` lines -> the typed reply (``LaunchProbeReply.from_lines``)."""
+    return LaunchProbeReply.from_lines(output)
 
 
 # --------------------------------------------------------------------------- supervisor query

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import posixpath
-from typing import Any, Sequence
+from typing import Sequence
+
+from dfo_contract.replies import WarmupShape
 
 from ..common.errors import CacheError
 
@@ -15,9 +17,9 @@ WARMUP_ARGS: tuple[str, ...] = ("-m", "trainer", "warmup")
 LOCK_CONFLICT = 75
 
 
-def parse_report(data: bytes | str) -> tuple[list[dict], dict[str, int], float]:
+def parse_report(data: bytes | str) -> tuple[list[WarmupShape], dict[str, int], float]:
     """The trainer's warm-up report -> (records, counter totals, total seconds).
-    Records are ``{device, shape, what, seconds, counters}`` (trainer.compile.gate.WarmupRecord)."""
+    Records are ``WarmupShape`` (the trainer's trainer.compile.gate.WarmupRecord)."""
     try:
         rep = json.loads(data)
     except ValueError:
@@ -33,20 +35,18 @@ def parse_report(data: bytes | str) -> tuple[list[dict], dict[str, int], float]:
                 break
     if recs is None:
         raise CacheError("the trainer's warm-up report has no records")
-    records: list[dict[str, Any]] = []
+    records: list[WarmupShape] = []
     totals: dict[str, int] = {}
     for r in recs:
         if not isinstance(r, dict):
             continue
-        c = {k: int(v) for k, v in (r.get("counters") or {}).items() if isinstance(v, (int, float))}
-        for k, v in c.items():
+        rec = WarmupShape.from_json(r)
+        for k, v in rec.counters.items():
             totals[k] = totals.get(k, 0) + v
-        records.append({"device": str(r.get("device", "?")), "shape": list(r.get("shape") or []),
-                        "what": str(r.get("what", "")), "seconds": float(r.get("seconds") or 0.0),
-                        "counters": c})
+        records.append(rec)
     if isinstance(rep, dict) and isinstance(rep.get("totals"), dict):  # process totals
         totals = {k: int(v) for k, v in rep["totals"].items() if isinstance(v, (int, float))}
-    total_s = sum(r["seconds"] for r in records)
+    total_s = sum(r.seconds for r in records)
     if isinstance(rep, dict) and isinstance(rep.get("seconds"), (int, float)):
         total_s = float(rep["seconds"])  # the whole warm-up, model building included
     return records, totals, round(total_s, 3)

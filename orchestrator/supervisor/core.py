@@ -26,11 +26,11 @@ from dfo_contract import envvars, events
 from dfo_contract import runstate as rs
 from dfo_contract.errors import ContractError
 from dfo_contract.runspec import Bundled, RunSpec
-from dfo_contract.runstate import Attempt, RunState
+from dfo_contract.runstate import Attempt, EvidenceLine, FallbackRecord, RunState
 
 from ..common import goodput
 from .policy import oom
-from ..common.budget import BudgetState, cannot_do_better, on_failure, restart_delay
+from ..common.budget import cannot_do_better, on_failure, restart_delay
 from ..common.classify import classify
 from . import procs, run_dir_end, runfiles
 from .group import GroupHead
@@ -223,12 +223,11 @@ class Supervisor:
                 return self.final("done", done_reason(state.last_step, self.source.own))
             if out.stopped or self.stop.reason:
                 return self.final("stopped", self.stop.reason or "stopped")
-            bstate = BudgetState.from_json(state.budget)
+            bstate = state.budget
             dec = on_failure(self.policy, bstate, diag.cls, healthy_s=out.healthy_s,
                              startup=not out.reached_train, permanent=diag.permanent,
                              same_config_as_last_startup_failure=(
                                  state.last_startup_failure_overrides == state.overrides))
-            state.budget = bstate.to_json()
             state.last_startup_failure_overrides = (
                 dict(state.overrides) if not out.reached_train else None)
             if not dec.restart:
@@ -252,11 +251,11 @@ class Supervisor:
             state.ladder_pos[diag.cls] = choice.position
             state.overrides = choice.overrides
             if choice.step and choice.step != "same":
-                state.fallbacks.append({"class": diag.cls, "step": choice.step,
-                                        "changed": choice.changed, "attempt": n})
+                state.fallbacks.append(FallbackRecord(cls=diag.cls, step=choice.step,
+                                                      changed=choice.changed, attempt=n))
             elif choice.note:
-                state.fallbacks.append({"class": diag.cls, "step": "restart unchanged",
-                                        "note": choice.note, "changed": {}, "attempt": n})
+                state.fallbacks.append(FallbackRecord(cls=diag.cls, step="restart unchanged",
+                                                      note=choice.note, changed={}, attempt=n))
             fb = emit(events.Fallback(attempt=n, cls=diag.cls, step=choice.step,
                                       changed=choice.changed, overrides=choice.overrides,
                                       restore_cache=choice.restore_cache,
@@ -279,7 +278,7 @@ class Supervisor:
         state = self.state
         state.status, state.reason, state.ended_at = status, reason, time.time()
         if evidence is not None:
-            state.evidence = evidence
+            state.evidence = [EvidenceLine.from_json(e) for e in evidence]
         self.role.on_final(status, reason)
         self.standby.discard(f"the run ended ({status})")
         self._release()   # a final state means the host is free: the next launch may start

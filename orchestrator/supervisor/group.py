@@ -309,8 +309,7 @@ class GroupHead(GroupRole):
         gs, state = self.gs, self.record.state
         dec = GroupVerdict(action=action, cause=self.cause, status=status,
                            reason=reason, overrides=dict(state.overrides),
-                           fallback=fallback.body() if fallback else None,
-                           restart=restart.body() if restart else None,
+                           fallback=fallback, restart=restart,
                            last_checkpoint=state.last_checkpoint, last_step=state.last_step)
         self._c().set_decision(n, dec)
         self.decided = n

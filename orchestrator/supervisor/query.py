@@ -10,6 +10,7 @@ and prints a ``StopReply``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -140,15 +141,15 @@ def _current_metrics(state: RunState, run_dir: str, tail_bytes: int = 16384) -> 
     except OSError:
         records = []
     step, tps = metrics_tail(records)
-    ck = state.last_checkpoint if isinstance(state.last_checkpoint, dict) else {}
-    if ck.get("path") and state.run_id:
+    ck = state.last_checkpoint
+    if ck is not None and ck.path and state.run_id:
         # a later --new-lineage moves the run's checkpoints aside: say where they are now
         from dfo_contract.checkpoints import moved_checkpoint
 
-        now_at = moved_checkpoint(str(ck["path"]), str(state.run_id))
-        if now_at is not None and now_at != ck["path"]:
-            ck = state.last_checkpoint = {**ck, "path": now_at}
-    state.last_step = current_step(state.last_step, step, ck.get("step"))
+        now_at = moved_checkpoint(str(ck.path), str(state.run_id))
+        if now_at is not None and now_at != ck.path:
+            ck = state.last_checkpoint = dataclasses.replace(ck, path=now_at)
+    state.last_step = current_step(state.last_step, step, ck.step if ck else None)
     return tps
 
 

@@ -15,6 +15,7 @@ from typing import Callable, Protocol
 from dfo_contract import events
 from dfo_contract.runlimits import Thresholds
 from dfo_contract.runspec import Bundled
+from dfo_contract.runstate import CheckpointRef, ThroughputLowState
 from dfo_contract.trainer_markers import CheckpointMarker, EvalMarker
 
 from .policy import watchdog as wd
@@ -205,8 +206,8 @@ class AttemptWatch:
         found = judge_drop(out.host, t_drop, gpu_apps=hostprobe.gpu_apps(),
                            our_pids=set(procs.descendants(pid)) | {pid})
         rec = self.i.record
-        rec.state.throughput_low = {"cause": found.cause, "summary": found.summary,
-                                    "since": since, "attempt": n, "reason": reason}
+        rec.state.throughput_low = ThroughputLowState(cause=found.cause, summary=found.summary,
+                                                      since=since, attempt=n, reason=reason)
         rec.emit(events.ThroughputLow(attempt=n, reason=reason, cause=found.cause,
                                       causes=list(found.causes), seen=dict(found.seen),
                                       summary=found.summary))
@@ -226,7 +227,7 @@ class AttemptWatch:
                     st.baseline_overrides = dict(st.overrides)
                 rec.save()
             elif isinstance(a, CheckpointMarker):
-                st.last_checkpoint = {"step": a.step, "path": a.path}
+                st.last_checkpoint = CheckpointRef(step=a.step, path=a.path)
                 rec.emit(events.Checkpoint(attempt=n, step=a.step, path=a.path))
                 rec.save()
             elif isinstance(a, EvalMarker):

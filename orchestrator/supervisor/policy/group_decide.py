@@ -17,6 +17,7 @@ from typing import Any, Sequence
 
 from dfo_contract import events
 from dfo_contract.group_store import GroupVerdict, NodeOutcome
+from dfo_contract.state_records import FallbackRecord
 
 from ...common.classify_rules import NODE_LOST, PEER_ABORT, PRIORITY
 
@@ -177,29 +178,30 @@ class PeerStep:
     events: tuple[events.Event, ...]
     overrides: dict[str, Any]
     final: tuple[str, str] | None
-    fallback: dict[str, Any] | None
+    fallback: FallbackRecord | None
     restore_cache: bool = False
 
 
 def peer_step(dec: GroupVerdict, attempt: int, *, node: int, host: str) -> PeerStep:
     """The head's ``fallback``/``restart`` travel as their events' bodies
-    (``EventBase.body``); a malformed one raises ``ContractError``."""
+    (``EventBase.body``; ``GroupVerdict.from_text`` reads them as events)."""
     evs: list[events.Event] = [events.GroupDecision(
         attempt=attempt, node=node, host=host, action=dec.action, cause=dec.cause_json(),
         status=dec.status, reason=dec.reason, overrides=dict(dec.overrides),
-        fallback=dec.fallback, restart=dec.restart, last_checkpoint=dec.last_checkpoint,
+        fallback=dec.fallback.body() if dec.fallback else None,
+        restart=dec.restart.body() if dec.restart else None, last_checkpoint=dec.last_checkpoint,
         last_step=dec.last_step)]
     if dec.action == "final":
         return PeerStep(tuple(evs), dict(dec.overrides), (dec.status or "failed", dec.reason),
                         None)
     fb, restore = None, False
     if dec.fallback:
-        f = events.Fallback.from_body(dec.fallback, attempt=attempt)
+        f = dec.fallback
         evs.append(f)
         restore = f.restore_cache
         if f.step and f.step != "same":
-            fb = {"class": f.cls, "step": f.step, "changed": dict(f.changed or {}),
-                  "attempt": attempt}
+            fb = FallbackRecord(cls=f.cls, step=f.step, changed=dict(f.changed or {}),
+                                attempt=attempt)
     if dec.restart:
-        evs.append(events.Restart.from_body(dec.restart))
+        evs.append(dec.restart)
     return PeerStep(tuple(evs), dict(dec.overrides), None, fb, restore)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from dfo_contract import events as ev
-from dfo_contract.runstate import Attempt, RunState
+from dfo_contract.runstate import Attempt, CheckpointRef, RunState
 
 
 def state_from_events(run_id: str, evs: Iterable[ev.Event]) -> RunState:
@@ -33,7 +33,7 @@ def state_from_events(run_id: str, evs: Iterable[ev.Event]) -> RunState:
         elif isinstance(e, ev.Classified) and e.attempt in by_n:
             by_n[e.attempt].cls, by_n[e.attempt].reason = e.cls, e.reason
         elif isinstance(e, ev.Checkpoint):
-            st.last_checkpoint = {"step": e.step, "path": e.path}
+            st.last_checkpoint = CheckpointRef(step=e.step, path=e.path)
             if isinstance(e.step, int):
                 st.last_step = e.step
         elif isinstance(e, ev.Restart):

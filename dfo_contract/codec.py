@@ -1,0 +1,245 @@
+"""The one codec of the records that cross a process: a frozen (or plain) dataclass <-> its
+JSON object, driven by the fields' annotations. Events, state.json and its sub-records, the
+group store's verdicts and the remote replies all read and write through it.
+
+The rules (docs/contracts.md, "The records' codec"):
+
+- A field's JSON name is its attribute's, or ``field(metadata={"json": ...})`` (``class``
+  for ``cls``; :func:`req` / :func:`opt`).
+- Types: ``bool``, ``int``, ``float``, ``str``, ``Any``, ``X | None``, ``list[X]``,
+  ``tuple[X, ...]``, ``dict[str, X]``, ``Literal[...]``, enums and nested dataclasses.
+  A value of another type is a :class:`ContractError` (one line naming the record and key).
+- Non-finite floats are written as the strings ``"nan"``/``"inf"``/``"-inf"`` (strict JSON)
+  and read back as floats where the field is a float.
+- A missing field takes its default; a missing field without one is a ContractError. An
+  :func:`opt` field that is None is not written.
+- A record read ``tolerant`` (state.json and the status replies: ``dfo status`` shows what
+  is on disk, whatever wrote it) takes a mistyped field's default instead of refusing
+  the record (``"started_at": "yesterday"`` reads as None); a field without a default, or
+  a nested record that lacks a required field, is still a ContractError.
+- Keys the record does not know are kept in its ``extra`` mapping where it has one (written
+  back first, so a round trip through an older reader loses none), else ignored (a newer
+  writer may add fields without a new version).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+import types
+import typing
+from dataclasses import MISSING, field, fields
+from typing import Any, Mapping, TypeVar
+
+from .errors import ContractError
+
+T = TypeVar("T")
+
+JSON = "json"            # field metadata: the field's JSON name when it differs
+OPTIONAL = "optional"    # field metadata: may be absent; written only when not None
+EXTRA = "extra"          # the field that keeps the keys a record does not know
+
+
+def opt(default: Any = None, *, json: str | None = None, factory: Any = None) -> Any:
+    """An optional field: absent in a record reads as its default; None is not written."""
+    meta = {OPTIONAL: True, **({JSON: json} if json else {})}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def req(*, json: str | None = None) -> Any:
+    """A required field whose JSON name differs from the attribute (``class``)."""
+    return field(metadata={JSON: json} if json else {})
+
+
+def named(json: str, default: Any = MISSING) -> Any:
+    """A field with a default whose JSON name differs from the attribute; None is written."""
+    return field(default=default, metadata={JSON: json})
+
+
+def json_name(f: dataclasses.Field) -> str:
+    return f.metadata.get(JSON, f.name)
+
+
+# --- encode ---------------------------------------------------------------------------------
+
+def encode(value: Any, *, skip: tuple[str, ...] = ()) -> Any:
+    """``value`` as JSON-safe data: a dataclass as its object (JSON names; ``extra`` first;
+    the attributes in ``skip`` left out), enums as their values, tuples as lists, non-finite
+    floats as strings."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out: dict[str, Any] = {}
+        for f in fields(value):
+            if f.name in skip:
+                continue
+            v = getattr(value, f.name)
+            if f.name == EXTRA and isinstance(v, Mapping):
+                out = {**{str(k): encode(x) for k, x in v.items()}, **out}
+                continue
+            if v is None and f.metadata.get(OPTIONAL):
+                continue
+            out[json_name(f)] = encode(v)
+        return out
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, enum.Enum):
+        return encode(value.value)
+    if isinstance(value, Mapping):
+        return {str(k): encode(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [encode(v) for v in value]
+    return value
+
+
+# --- decode ---------------------------------------------------------------------------------
+
+def decode(cls: type[T], obj: Any, *, what: str | None = None, tolerant: bool = False,
+           **defaults: Any) -> T:
+    """The record ``cls`` from its JSON object; ``defaults`` (attribute names) fill fields
+    ``obj`` lacks (and, read ``tolerant``, fields it has mistyped). ``what`` names the
+    record in errors (``"a checkpoint record"``); ``tolerant``: see the module's rules."""
+    what = what or f"a {cls.__name__} record"
+    if not isinstance(obj, Mapping):
+        raise ContractError(f"{what} is not a JSON object")
+    hints = _hints(cls)
+    kw: dict[str, Any] = {}
+    known: set[str] = set()
+    has_extra = False
+    for f in fields(cls):  # type: ignore[arg-type]
+        if not f.init:
+            continue
+        if f.name == EXTRA:
+            has_extra = True
+            continue
+        key = json_name(f)
+        known.add(key)
+        if key in obj:
+            try:
+                kw[f.name] = _check(what, key, obj[key], hints[f.name], tolerant)
+            except Mistyped:
+                if tolerant and f.name in defaults:
+                    kw[f.name] = defaults[f.name]
+                elif not tolerant or (f.default is MISSING and f.default_factory is MISSING):
+                    raise
+                # else the dataclass gives the field its default
+        elif f.name in defaults:
+            kw[f.name] = defaults[f.name]
+        elif f.default is MISSING and f.default_factory is MISSING:
+            raise ContractError(f"{what} lacks its {key!r} field")
+    if has_extra:
+        kw[EXTRA] = {k: v for k, v in obj.items() if k not in known}
+    return cls(**kw)
+
+
+class Mistyped(ContractError):
+    """A field's value is not of the field's type (a nested record that does not read raises
+    its own error, never this one)."""
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    if cls not in _HINTS:
+        _HINTS[cls] = typing.get_type_hints(cls)
+    return _HINTS[cls]
+
+
+def _check(what: str, key: str, value: Any, hint: Any, tolerant: bool = False) -> Any:
+    """``value`` as the field's type, or ContractError (one line, naming record and key)."""
+    ok, out = coerce(value, hint, f"{what}'s {key!r}", tolerant)
+    if not ok:
+        raise Mistyped(f"{what}'s {key!r} is {type(value).__name__} "
+                            f"{_short(value)}, expected {type_name(hint)}")
+    return out
+
+
+def coerce(value: Any, hint: Any, what: str = "a value",
+           tolerant: bool = False) -> tuple[bool, Any]:
+    """(whether ``value`` is of type ``hint``, the value as that type). A nested record that
+    does not read raises its own ContractError (``what`` names where it is); ``tolerant``
+    is passed to it."""
+    if hint is Any or hint is object:
+        return True, value
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        err: ContractError | None = None
+        for arg in typing.get_args(hint):
+            try:
+                ok, out = coerce(value, arg, what, tolerant)
+            except ContractError as e:
+                err = err or e
+                continue
+            if ok:
+                return True, out
+        if err is not None:
+            raise err
+        return False, value
+    if hint is type(None):
+        return value is None, value
+    if origin is typing.Literal:
+        return value in typing.get_args(hint), value
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        try:
+            return True, hint(value)
+        except ValueError:
+            return False, value
+    if hint is bool:
+        return isinstance(value, bool), value
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool), value
+    if hint is float:
+        if isinstance(value, bool):
+            return False, value
+        if isinstance(value, (int, float)):
+            return True, float(value)
+        if isinstance(value, str) and value.lower() in ("nan", "inf", "-inf", "infinity",
+                                                        "-infinity"):
+            return True, float(value)
+        return False, value
+    if hint is str:
+        return isinstance(value, str), value
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        if not isinstance(value, Mapping):
+            return False, value
+        return True, decode(hint, value, what=what, tolerant=tolerant)
+    if hint in (list, tuple) or origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            return False, value
+        args = [a for a in typing.get_args(hint) if a is not Ellipsis] or [Any]
+        items = []
+        for x in value:
+            ok, y = coerce(x, args[0], what, tolerant)
+            if not ok:
+                return False, value
+            items.append(y)
+        return True, (tuple(items) if (origin or hint) is tuple else items)
+    if hint is dict or origin in (dict, Mapping) or hint is Mapping:
+        if not isinstance(value, Mapping):
+            return False, value
+        kv = typing.get_args(hint)
+        if not kv or kv[1] is Any:
+            return True, dict(value)
+        res = {}
+        for k, x in value.items():
+            ok, y = coerce(x, kv[1], what, tolerant)
+            if not ok:
+                return False, value
+            res[k] = y
+        return True, res
+    raise TypeError(f"unsupported field type {hint!r}")
+
+
+def type_name(hint: Any) -> str:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return " or ".join(type_name(a) for a in typing.get_args(hint))
+    if hint is type(None):
+        return "null"
+    return getattr(hint, "__name__", str(hint))
+
+
+def _short(value: Any) -> str:
+    s = repr(value)
+    return s if len(s) <= 40 else s[:37] + "..."

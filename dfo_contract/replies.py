@@ -1,0 +1,163 @@
+"""Replies a remote helper gives the laptop that are not a run's files: typed records read by
+``dfo_contract.codec`` (the status replies are ``dfo_contract.status``)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from .codec import decode, encode, opt
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchProbeReply:
+    """``ops/scripts/launch_probe.sh``'s ``key=value`` lines (also the ``launch`` section of
+    launch's facts): ``"1"``/``"0"`` for the init system's ``systemd-run``, ``setsid`` and
+    the deployed env's python; run.lock ``free`` or ``held`` and its owner. Keys it does not
+    know are kept (``extra``)."""
+
+    systemd: str = "0"
+    setsid: str = "0"
+    env: str = "0"
+    lock: str = "free"
+    lock_owner: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def held(self) -> bool:
+        """run.lock is held (by ``lock_owner``, when it names one)."""
+        return self.lock == "held"
+
+    @property
+    def has_systemd(self) -> bool:
+        return self.systemd == "1"
+
+    @property
+    def has_env(self) -> bool:
+        return self.env == "1"
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = encode(self)
+        return out
+
+    @classmethod
+    def from_lines(cls, output: str) -> "LaunchProbeReply":
+        """``key=value`` lines (values may hold ``=``; other lines are skipped)."""
+        kv = {}
+        for ln in output.splitlines():
+            if "=" in ln:
+                k, v = ln.split("=", 1)
+                kv[k.strip()] = v.strip()
+        return decode(cls, kv, what="the launch probe's reply")
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepsReply:
+    """``orchestrator.remote.run_steps``' answer (its ``@dfo-steps`` line): ``{"done": N}``,
+    or ``{"failed": ID, "exit_code", "stdout", "stderr"}`` where ID is the failed step's id
+    (null: the steps could not be read or run at all)."""
+
+    done: int | None = None
+    failed: str | int | None = None
+    exit_code: int | None = None
+    stdout: str = ""
+    stderr: str = ""
+
+    @property
+    def is_failure(self) -> bool:
+        """A step failed (every failure carries its exit code; a success never does)."""
+        return self.exit_code is not None
+
+    @classmethod
+    def from_json(cls, obj: Any) -> "StepsReply":
+        return decode(cls, obj, what="the launch steps' reply")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TensorBoardReply:
+    """A line of ``orchestrator.remote.tensorboard_serve``: ``{"port", "pid"}`` once it
+    answers, ``{"error", "detail"}`` when it cannot start, ``{"exit", "detail"}`` when it
+    ended."""
+
+    port: int | None = None
+    pid: int | None = None
+    error: str | None = None
+    exit: int | None = None
+    detail: str = ""
+
+    @classmethod
+    def from_json(cls, obj: Any) -> "TensorBoardReply":
+        return decode(cls, obj, what="tensorboard's reply", tolerant=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeaseHolder:
+    """Who holds the deploy lease (``locks/deploy.owner``: ``TOKEN`` then this record's
+    JSON): the user, machine, pid and the process's start time (``procs.process_start``)
+    of the deploy, and when it started; ``info``: the owner line's text when it was not
+    such a record (an older dfo's)."""
+
+    user: str | None = None
+    machine: str | None = None
+    pid: int | None = None
+    pid_start: int | None = None
+    started: str | None = None
+    info: str | None = opt()
+
+    def to_text(self) -> str:
+        return json.dumps(encode(self), separators=(",", ":"))
+
+    @classmethod
+    def from_text(cls, text: str) -> "LeaseHolder":
+        """The record, or ``LeaseHolder(info=text)`` when ``text`` is not one."""
+        try:
+            obj = json.loads(text)
+        except (json.JSONDecodeError, TypeError):
+            obj = None
+        if not isinstance(obj, dict):
+            return cls(info=text)
+        return decode(cls, obj, what="the deploy lease's owner", tolerant=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PortRecord:
+    """One ``@dfo-port`` line of ``orchestrator/remote/port_probe.py`` (a group's
+    head-reachability probe): ``event`` ``bind`` / ``listening`` / ``accepted`` /
+    ``stopped`` / ``done`` (the head's listener) or ``connect`` (a member's attempt), with
+    the port, whether it worked and the error (``errno``: its name) when it did not."""
+
+    event: str
+    port: int | None = None
+    ok: bool | None = None
+    error: str | None = None
+    errno: str | None = None
+    ports: list[int] = field(default_factory=list)
+    peer: str | None = None
+    hello: str | None = None
+
+    @classmethod
+    def from_json(cls, obj: Any) -> "PortRecord":
+        return decode(cls, obj, what="a port probe record", tolerant=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WarmupShape:
+    """One compiled shape of the trainer's warm-up report (``python -m trainer warmup
+    --report``; the trainer's ``WarmupRecord``): the device, the shape, what was compiled,
+    its seconds and the compile counters (``fxgraph_cache_hit``, ...)."""
+
+    device: str = "?"
+    shape: list[int] = field(default_factory=list)
+    what: str = ""
+    seconds: float = 0.0
+    counters: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, obj: Any) -> "WarmupShape":
+        """A report's record; counters that are not numbers are dropped, the rest made ints."""
+        if isinstance(obj, dict) and isinstance(obj.get("counters"), dict):
+            obj = {**obj, "counters": {k: int(v) for k, v in obj["counters"].items()
+                                       if isinstance(v, (int, float))
+                                       and not isinstance(v, bool)}}
+        return decode(cls, obj, what="a warm-up record", tolerant=True)

@@ -1,0 +1,86 @@
+"""The typed parts of ``state.json`` (``runstate.RunState``'s sub-records), each read and
+written by ``dfo_contract.codec``; their keys are state.json's (docs/contracts.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from .codec import decode, encode, named, opt
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointRef:
+    """The run's newest checkpoint as the trainer's marker said: ``{"step", "path"}``."""
+
+    step: int | None = None
+    path: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = encode(self)
+        return out
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "CheckpointRef":
+        return decode(cls, d, what="a checkpoint")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvidenceLine:
+    """A line of a failed attempt's output that made its class (state.json's ``evidence``,
+    the classifier's ``Evidence``): ``{"line", "text", "rule"}``."""
+
+    line: int | None = None
+    text: str = ""
+    rule: str | None = None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "EvidenceLine":
+        return decode(cls, d, what="an evidence line", tolerant=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FallbackRecord:
+    """One fallback a run took (an element of state.json's ``fallbacks``):
+    ``{"class", "step", "changed", "attempt"}`` (``note``: why a restart was unchanged)."""
+
+    cls: str = named("class", "")
+    step: str | None = None
+    changed: dict[str, Any] = field(default_factory=dict)
+    attempt: int | None = None
+    note: str | None = opt()
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = encode(self)
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class ThroughputLowState:
+    """While tokens/s is low without dense evidence (state.json's ``throughput_low``):
+    what the host showed (``ops.host_load``), since when, in which attempt."""
+
+    cause: str = ""
+    summary: str = ""
+    since: float | None = None
+    attempt: int | None = None
+    reason: str | None = opt()
+
+
+@dataclass(kw_only=True)
+class BudgetState:
+    """The restart budgets spent so far (state.json's ``budget``; the decisions are
+    ``orchestrator.common.budget``)."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    total: int = 0
+    streak: int = 0             # restarts since the last healthy period (drives backoff)
+    startup_streak: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = encode(self)
+        return out
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> "BudgetState":
+        return decode(cls, d or {}, what="state.json's budget")

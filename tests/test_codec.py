@@ -1,0 +1,174 @@
+"""``dfo_contract.codec``: the one codec of the records that cross a process (round trips,
+the NaN rule, missing and unknown fields, tolerant reads) and an old state.json that still
+reads through it, key for key."""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import pytest
+
+from dfo_contract import events as ev
+from dfo_contract import runstate as rs
+from dfo_contract.codec import decode, encode, named, opt, req
+from dfo_contract.errors import ContractError
+from dfo_contract.state_records import (BudgetState, CheckpointRef, EvidenceLine,
+                                        FallbackRecord, ThroughputLowState)
+
+
+class Color(enum.Enum):
+    RED = "red"
+    BLUE = "blue"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Inner:
+    step: int
+    rate: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Outer:
+    name: str
+    cls: str = req(json="class")
+    inner: Inner | None = None
+    items: list[Inner] = field(default_factory=list)
+    by_name: dict[str, Inner] = field(default_factory=dict)
+    pair: tuple[int, ...] = ()
+    color: Color = Color.RED
+    mode: Literal["a", "b"] = "a"
+    note: str | None = opt()
+    label: str = named("the-label", "")
+
+
+@dataclass(kw_only=True)
+class Open:
+    n: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def test_round_trip_of_nested_records():
+    o = Outer(name="x", cls="oom", inner=Inner(step=3, rate=1.5),
+              items=[Inner(step=1), Inner(step=2, rate=2.0)], by_name={"k": Inner(step=4)},
+              pair=(1, 2), color=Color.BLUE, mode="b", note="n", label="l")
+    d = encode(o)
+    assert d == {"name": "x", "class": "oom", "inner": {"step": 3, "rate": 1.5},
+                 "items": [{"step": 1, "rate": 0.0}, {"step": 2, "rate": 2.0}],
+                 "by_name": {"k": {"step": 4, "rate": 0.0}}, "pair": [1, 2], "color": "blue",
+                 "mode": "b", "note": "n", "the-label": "l"}
+    assert decode(Outer, json.loads(json.dumps(d))) == o
+    # an opt() field that is None is not written; a plain one is written as null
+    assert "note" not in encode(Outer(name="x", cls="c"))
+    assert encode(Outer(name="x", cls="c"))["inner"] is None
+
+
+def test_non_finite_floats_are_strings_on_disk_and_floats_in_memory():
+    d = encode(Inner(step=1, rate=float("nan")))
+    assert d == {"step": 1, "rate": "nan"}
+    json.dumps(d, allow_nan=False)   # strict JSON
+    assert math.isnan(decode(Inner, d).rate)
+    assert decode(Inner, {"step": 1, "rate": "-inf"}).rate == float("-inf")
+    assert encode({"a": [float("inf")]}) == {"a": ["inf"]}
+    with pytest.raises(ContractError, match="'rate' is str 'fast', expected float"):
+        decode(Inner, {"step": 1, "rate": "fast"})
+
+
+def test_missing_and_unknown_fields():
+    # missing with a default: the default; missing without one: one line naming it
+    assert decode(Outer, {"name": "x", "class": "c"}).items == []
+    with pytest.raises(ContractError, match="lacks its 'class' field"):
+        decode(Outer, {"name": "x"})
+    # unknown keys: ignored by a record without ``extra``; kept (and written first) by one with
+    assert decode(Inner, {"step": 1, "newer": True}) == Inner(step=1)
+    o = decode(Open, {"n": 1, "newer": [1]})
+    assert o.extra == {"newer": [1]} and encode(o) == {"newer": [1], "n": 1}
+    # a mistyped field, a wrong enum or Literal, a non-object
+    for bad in ({"name": 1, "class": "c"}, {"name": "x", "class": "c", "color": "green"},
+                {"name": "x", "class": "c", "mode": "z"},
+                {"name": "x", "class": "c", "items": [{"step": "1"}]}):
+        with pytest.raises(ContractError):
+            decode(Outer, bad)
+    with pytest.raises(ContractError, match="is not a JSON object"):
+        decode(Inner, [1])
+    assert decode(Inner, {"rate": 2}, step=7) == Inner(step=7, rate=2.0)   # defaults fill
+
+
+def test_a_tolerant_read_defaults_mistyped_fields_only():
+    assert decode(Inner, {"step": 1, "rate": "fast"}, tolerant=True).rate == 0.0
+    with pytest.raises(ContractError):                      # no default: still refused
+        decode(Inner, {"step": "one"}, tolerant=True)
+    assert decode(Inner, {"step": "one"}, tolerant=True, step=-1).step == -1   # unless given
+    with pytest.raises(ContractError):                      # a nested record lacking a field
+        decode(Outer, {"name": "x", "class": "c", "items": [{"rate": 1}]}, tolerant=True)
+
+
+def test_events_read_and_write_through_the_codec():
+    e = ev.Final(t=5.0, status="done", reason="r",
+                 last_checkpoint=CheckpointRef(step=4, path="/c/step_4"), goodput=float("nan"))
+    line = ev.encode_line(e)
+    obj = json.loads(line)
+    assert obj["last_checkpoint"] == {"step": 4, "path": "/c/step_4"} and obj["goodput"] == "nan"
+    back = ev.decode(line)
+    assert isinstance(back, ev.Final) and back.last_checkpoint == e.last_checkpoint
+    assert math.isnan(back.goodput or 0.0)
+
+
+#: a state.json as the supervisor before the typed sub-records wrote it
+OLD_STATE = {
+    "run_id": "tiny-cpu-20261201-010000-0a1b2c", "run_name": "tiny-cpu", "version": 1,
+    "status": "running", "reason": None,
+    "evidence": [{"line": 3, "text": "RuntimeError: CUDA out of memory", "rule": "oom"}],
+    "pid": 41, "mode": "setsid", "started_at": 10.0, "updated_at": 20.5, "ended_at": None,
+    "attempt": 3,
+    "attempts": [{"n": 1, "started_at": 10.5, "ended_at": 12.0, "resume": None,
+                  "overrides": {}, "argv": ["python"], "log": "attempt-1.log", "pid": 42,
+                  "exit_code": 1, "signal": None, "cls": "oom", "reason": "CUDA OOM",
+                  "reached_train": True, "checkpointed": False, "cache_grew": None,
+                  "from_a_newer_supervisor": 1}],
+    "overrides": {"train.micro_batch": 4},
+    "fallbacks": [{"class": "oom", "step": "halve_micro_batch",
+                   "changed": {"train.micro_batch": 4}, "attempt": 1},
+                  {"class": "fx_trace_race", "step": "restart unchanged", "note": "a race",
+                   "changed": {}, "attempt": 2}],
+    "ladder_pos": {"oom": 1},
+    "budget": {"counts": {"oom": 1}, "total": 2, "streak": 2, "startup_streak": 0},
+    "last_step": 40, "tokens_per_s": "nan", "baseline_tokens_per_s": 1200.0,
+    "baseline_overrides": {}, "last_startup_failure_overrides": None,
+    "last_checkpoint": {"step": 30, "path": "/root/dfo/checkpoints/tiny-cpu/step_30"},
+    "accept_len": None, "best_accept_len": None,
+    "throughput_low": {"cause": "host_busy", "summary": "4 CPU hogs", "since": 19.0,
+                       "attempt": 3, "reason": "tokens/s fell"},
+    "trainer_pids": [43], "standby_pid": None, "last_event": "checkpoint step 30",
+    "a_key_of_a_newer_supervisor": {"x": 1},
+}
+
+
+def test_an_old_state_json_reads_typed_and_writes_back_key_for_key():
+    st = rs.RunState.from_json(json.loads(json.dumps(OLD_STATE)))
+    assert st.last_checkpoint == CheckpointRef(step=30, path="/root/dfo/checkpoints/tiny-cpu/step_30")
+    assert st.fallbacks == [
+        FallbackRecord(cls="oom", step="halve_micro_batch", changed={"train.micro_batch": 4},
+                       attempt=1),
+        FallbackRecord(cls="fx_trace_race", step="restart unchanged", note="a race",
+                       attempt=2)]
+    assert st.throughput_low == ThroughputLowState(cause="host_busy", summary="4 CPU hogs",
+                                                   since=19.0, attempt=3,
+                                                   reason="tokens/s fell")
+    assert st.budget == BudgetState(counts={"oom": 1}, total=2, streak=2)
+    assert st.evidence == [EvidenceLine(line=3, text="RuntimeError: CUDA out of memory",
+                                        rule="oom")]
+    assert st.ladder_pos == {"oom": 1} and math.isnan(st.tokens_per_s or 0.0)
+    assert st.attempts[0].extra == {"from_a_newer_supervisor": 1}
+    assert st.extra == {"a_key_of_a_newer_supervisor": {"x": 1}}
+    assert json.dumps(st.to_json(), sort_keys=True) == json.dumps(OLD_STATE, sort_keys=True)
+
+
+def test_a_fresh_state_has_the_keys_an_old_reader_expects():
+    d = rs.RunState.new("r", "r", now=1.0).to_json()
+    assert d["budget"] == {"counts": {}, "total": 0, "streak": 0, "startup_streak": 0}
+    assert d["fallbacks"] == [] and d["last_checkpoint"] is None and d["ladder_pos"] == {}
+    assert rs.RunState.from_json(d) == rs.RunState.new("r", "r", now=1.0)
