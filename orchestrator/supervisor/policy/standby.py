@@ -9,9 +9,10 @@ standby may be started and whether one may serve an attempt; it does no I/O.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Mapping, Sequence
 
+from dfo_contract.codec import decode, encode
 from dfo_contract.trainer_config import TrainerConfig
 
 #: environment variables read at import time (by python, torch, triton, CUDA, the BLAS
@@ -67,12 +68,11 @@ class Preload:
     layout: str = "single"
 
     def to_json(self) -> dict:
-        return {"target_path": self.target_path, "compile": self.compile, "layout": self.layout}
+        return encode(self)
 
     @staticmethod
-    def from_json(d: Mapping[str, Any]) -> "Preload":
-        return Preload(d.get("target_path") or None, bool(d.get("compile", True)),
-                       str(d.get("layout") or "single"))
+    def from_json(d: object) -> "Preload":
+        return decode(Preload, d, what="the standby's preload")
 
 
 def preload_for(config: TrainerConfig) -> Preload:
@@ -158,14 +158,11 @@ class Request:
     log: str
 
     def to_line(self) -> bytes:
-        return (json.dumps({"argv": self.argv, "env": self.env, "cwd": self.cwd,
-                            "log": self.log}) + "\n").encode()
+        return (json.dumps(encode(self)) + "\n").encode()
 
     @staticmethod
     def from_line(line: bytes) -> "Request":
-        d = json.loads(line.decode())
-        return Request([str(a) for a in d["argv"]], {str(k): str(v) for k, v in d["env"].items()},
-                       str(d["cwd"]), str(d["log"]))
+        return decode(Request, json.loads(line.decode()), what="the standby's request")
 
     def module_argv(self) -> tuple[str, list[str]]:
         """The module the shim would run and its sys.argv (``[module, args...]``)."""
@@ -183,14 +180,12 @@ class Ready:
     error: str | None = None
 
     def to_line(self) -> bytes:
-        return (json.dumps({"import_s": round(self.import_s, 3), "modules": self.modules,
-                            "niced": self.niced, "error": self.error}) + "\n").encode()
+        return (json.dumps(encode(replace(self, import_s=round(self.import_s, 3)))) + "\n").encode()
 
     @staticmethod
     def from_line(line: bytes) -> "Ready":
-        d = json.loads(line.decode())
-        return Ready(float(d.get("import_s") or 0.0), list(d.get("modules") or []),
-                     bool(d.get("niced")), d.get("error"))
+        return decode(Ready, json.loads(line.decode()), what="the standby's ready line",
+                      tolerant=True, import_s=0.0)
 
 
 def can_restore_priority(*, euid: int, cap_eff: int, nice_now: int,
