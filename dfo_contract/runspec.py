@@ -9,7 +9,8 @@ so the supervisor never re-reads hosts.yaml and never looks a key up by its name
   ``--set`` overrides attempt 1 starts with (fallbacks change overrides, never the base)
 - ``thresholds``, ``budget``: the watchdog's and the restart budget's limits (runlimits)
 - ``ladders``: the bundled trainer's fallback ladders (failure class -> step names)
-- ``resume``: the checkpoint dir and the checkpoint attempt 1 resumes from (None: scratch)
+- ``resume``: the checkpoint dir and where attempt 1 starts (:class:`ResumeChoice`, resolved:
+  from scratch or a checkpoint path; on disk ``path``, null for scratch)
 - ``cache``: the compile-cache key and the run's cache env, the argv that re-seeds it
 - ``standby``: the pre-started interpreter of the next attempt (on/off, its extra env)
 - ``trainer``: :class:`Bundled` (``python -m trainer train``: its layout, process count and
@@ -30,7 +31,7 @@ from .errors import ContractError
 from .runlimits import Budget, Thresholds, as_mapping, as_number
 
 __all__ = ["SPEC_VERSION", "Budget", "Bundled", "Cache", "Config", "Group", "Identity", "Own",
-           "ResumeRule", "Resume", "RunSpec", "Solo", "Standby", "Thresholds", "NODE_LOST_S"]
+           "ResumeRule", "Resume", "ResumeChoice", "RunSpec", "Solo", "Standby", "Thresholds", "NODE_LOST_S"]
 
 SPEC_VERSION = 3
 #: seconds without a heartbeat before the head of a group declares a node lost
@@ -119,10 +120,50 @@ class Config(_Json):
                    overrides=dict(as_mapping(d.get("overrides"), "config.overrides")))
 
 
+@dataclass(frozen=True)
+class ResumeChoice:
+    """Where attempt 1 starts (``dfo launch --resume``): ``scratch`` (no ``--resume``),
+    ``latest`` (the newest valid checkpoint), ``name`` (a named step, ``value``: ``step_690``)
+    or ``path`` (``value``: a checkpoint's absolute path). Launch resolves ``latest`` and
+    ``name`` on the host to a ``path``: a run's spec carries scratch or a path."""
+    kind: str           # "scratch" | "latest" | "name" | "path"
+    value: str = ""     # "latest", "step_690", an absolute path; "" for scratch
+
+    @classmethod
+    def scratch(cls) -> "ResumeChoice":
+        return cls("scratch")
+
+    @classmethod
+    def at(cls, path: str | None) -> "ResumeChoice":
+        """A resolved choice: the checkpoint at ``path`` (None: from scratch)."""
+        return cls("scratch") if path is None else cls("path", path)
+
+    @property
+    def is_scratch(self) -> bool:
+        return self.kind == "scratch"
+
+    @property
+    def path(self) -> str | None:
+        """The checkpoint path of a resolved choice (None: scratch, or not resolved yet)."""
+        return self.value if self.kind == "path" else None
+
+
 @dataclass(frozen=True, kw_only=True)
 class Resume(_Json):
     checkpoint_dir: str           # where the trainer saves (your own trainer: the run dir)
-    path: str | None = None       # what attempt 1 resumes from, checked by launch
+    path: str | None = None       # what attempt 1 resumes from, checked by launch (None: scratch)
+
+    @classmethod
+    def of(cls, checkpoint_dir: str, start: ResumeChoice) -> "Resume":
+        """The section for a resolved ``start`` (scratch or a path)."""
+        if start.kind not in ("scratch", "path"):
+            raise ContractError(f"resume: {start.kind} {start.value!r} is not resolved to a path")
+        return cls(checkpoint_dir=checkpoint_dir, path=start.path)
+
+    @property
+    def start(self) -> ResumeChoice:
+        """Where attempt 1 starts: scratch or the checkpoint at ``path``."""
+        return ResumeChoice.at(self.path)
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "Resume":

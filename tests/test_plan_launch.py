@@ -9,7 +9,7 @@ import json
 import pytest
 
 from dfo_contract.replies import LaunchProbeReply
-from dfo_contract.runspec import Group, Own, RunSpec
+from dfo_contract.runspec import Group, Own, ResumeChoice, RunSpec
 from orchestrator.config.hostconfig import HostConfig
 from orchestrator.common.errors import ConfigError, LockHeldError, NotFoundError
 from orchestrator.plan import cache_key as ck
@@ -131,14 +131,14 @@ def test_group_nodes_head_resolves_others_take_its_checkpoint_and_the_fault_node
                          run_id="r-1")
     lst = [ckpt(4)]
     head = plan(o, facts(ckpts=lst), role=gs[0])
-    peer = plan(o, facts(ckpts=[ckpt(9), ckpt(10)]), role=gs[1], resume_path=head.resume_path)
+    peer = plan(o, facts(ckpts=[ckpt(9), ckpt(10)]), role=gs[1], resolved=head.resume)
     assert head.resume_path == peer.resume_path == "/root/dfo/checkpoints/r/step_4"
     assert head.spec.group.is_head and peer.spec.group.node == 1
     assert head.spec.trainer.fault is None and peer.spec.trainer.fault == "exit=1@2"
     assert "--rdzv-id" in peer.first_attempt_argv and "r-1-a1" in peer.first_attempt_argv
     # a peer guards no checkpoints of its own: no lineage refusal there
     plan(lr.LaunchOptions(config="/c/r.yaml", run_id="r-1"), facts(ckpts=[ckpt(2)]),
-         role=gs[1], resume_path=None)
+         role=gs[1], resolved=ResumeChoice.scratch())
 
 
 def test_an_own_trainer_resumes_from_its_glob_or_an_existing_path():

@@ -136,16 +136,16 @@ class GroupRuns:
         self.raise_failed(outs, f"cannot launch on group {self.group.name}")
         got = [x.value for x in outs if x.value is not None]  # raise_failed: each has its facts
         nodes, warnings, bad = [], [], []
-        head_resume = None       # the head resolves --resume; the others take its path
+        head_resume = None       # the head resolves --resume; the others take its choice
         for i, ((opts, inp, f), gs) in enumerate(zip(got, self.specs, strict=True)):
             try:
                 p = lp.plan_launch(opts, inp, f, host=self.hosts[i], role=gs,
-                                   resume_path=... if i == 0 else head_resume)
+                                   resolved=None if i == 0 else head_resume)
             except DfoError as e:   # every node's problem, each named (as in the facts)
                 bad.append((i, self.hosts[i].name, str(e), e.exit_code))
                 continue
             if i == 0:
-                head_resume = p.resume_path
+                head_resume = p.resume
             nodes.append(NodePlan(i, p.host, p, gs))
             warnings += [f"{p.host}: {w}" for w in p.warnings]
         if bad:

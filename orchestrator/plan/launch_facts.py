@@ -34,13 +34,13 @@ from typing import Any, Mapping, Sequence
 
 from dfo_contract.checkpoints import CkptInfo
 from dfo_contract.replies import LaunchProbeReply
+from dfo_contract.runspec import ResumeChoice
 
 from ..common.errors import NotFoundError
 from .cache_key import source_hash
 from .deploy_plan import STATE_SCRIPT, RemoteState, parse_state
 from .fingerprint import PROBE_SCRIPT
 from .init_from import INIT_FROM_SCRIPT
-from .launch_inputs import ResumeArg
 from .probes import LAUNCH_PROBE_SCRIPT, parse_launch_probe
 from .scripts import script_text
 
@@ -248,7 +248,7 @@ def _valid_names(listing: Sequence[CkptInfo]) -> str:
     return ", ".join(c.name for c in listing if c.valid) or "none"
 
 
-def resolve_resume(resume: ResumeArg, listing: Sequence[CkptInfo], ckpt_dir: str) -> str:
+def resolve_resume(resume: ResumeChoice, listing: Sequence[CkptInfo], ckpt_dir: str) -> str:
     """The checkpoint path a ``--resume`` names in ``listing`` (the checkpoints of
     ``ckpt_dir``; for a path, of its parent); NotFoundError lists the valid ones."""
     valid = [c for c in listing if c.valid]

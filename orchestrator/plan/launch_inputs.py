@@ -2,7 +2,7 @@
 options (:class:`LaunchOptions`), the trainer's input (:class:`BundledConfig`: the run config
 as ``engine.demo.load_run_layers`` parsed it once, with ``--set`` applied once, a typed
 ``TrainerConfig``; ``launch_own.OwnConfig``: your own trainer's run file and flags) and
-:func:`prepare`, which checks them (``--resume`` text, ``--run-name``, ladders, budget,
+:func:`prepare`, which checks them (``--resume``, parsed once into a ``ResumeChoice``; ``--run-name``, ladders, budget,
 thresholds, ``--fault``) and names the run -> :class:`LaunchInputs` (``plan.launch_plan``
 plans from it, with the host's facts: ``plan.launch_facts``).
 
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence, Union
 
 from dfo_contract.checkpoints import STEP_RE
-from dfo_contract.runspec import Budget, Thresholds
+from dfo_contract.runspec import Budget, ResumeChoice, Thresholds
 from dfo_contract.trainer_config import TrainerConfig
 
 from ..config.runconfig import RunLayers
@@ -102,7 +102,7 @@ class LaunchInputs:
     run_id: str
     run_dir: str
     now: float                    # when launch was asked (the run id's time)
-    resume: ResumeArg | None      # the bundled trainer's --resume (your own trainer's: the text)
+    resume: ResumeChoice          # --resume, parsed once (absent: scratch)
     thresholds: Thresholds
     budget: Budget
     ladders: Mapping[str, list[str]]
@@ -112,8 +112,8 @@ class LaunchInputs:
 def prepare(o: LaunchOptions, trainer: TrainerInput, host, now: float) -> LaunchInputs:
     """Check ``o`` and ``trainer`` for ``host`` (a HostConfig); name the run."""
     tree = host.tree
-    resume = None if isinstance(trainer, OwnConfig) else parse_resume(o.resume, tree.root)
-    if resume is not None and o.new_lineage:
+    resume = parse_resume(o.resume, tree.root, own=isinstance(trainer, OwnConfig))
+    if not resume.is_scratch and o.new_lineage:
         raise ConfigError("--new-lineage starts over; it cannot be combined with --resume",
                           hint="drop one of the two")
     if o.run_name is None:   # your own trainer's name is made valid from its command
@@ -145,25 +145,25 @@ def prepare(o: LaunchOptions, trainer: TrainerInput, host, now: float) -> Launch
 
 # --- --resume --------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class ResumeArg:
-    kind: str          # "latest" | "name" | "path"
-    value: str         # "latest", "step_690", or an absolute normalized path
-
-
-def parse_resume(value: str | None, root: str) -> ResumeArg | None:
-    """Validate ``--resume``. Raises ConfigError for anything but a checkpoint name
-    (``step_N``), ``latest``, or an absolute path under ``root`` with plain characters."""
+def parse_resume(value: str | None, root: str, *, own: bool = False) -> ResumeChoice:
+    """``--resume`` as a :class:`ResumeChoice` (absent: scratch). Raises ConfigError for
+    anything but a checkpoint name (``step_N``), ``latest``, or an absolute path under
+    ``root`` with plain characters; ``own`` (your own trainer, ``-- CMD``): ``latest`` or
+    an absolute path, as given."""
     if value is None:
-        return None
+        return ResumeChoice.scratch()
+    if own:
+        if value != "latest" and not value.startswith("/"):
+            raise ConfigError(f"--resume {value!r}: with -- CMD use 'latest' or an absolute path")
+        return ResumeChoice("latest" if value == "latest" else "path", value)
     v = value.strip()
     how = f"use a checkpoint name like step_690, 'latest', or a path under {root}"
     if v == "latest":
-        return ResumeArg("latest", v)
+        return ResumeChoice("latest", v)
     if len(v) > RESUME_MAX:
         raise ConfigError(f"--resume: {value[:40]!r}... is too long", hint=how)
     if STEP_RE.fullmatch(v):
-        return ResumeArg("name", v)
+        return ResumeChoice("name", v)
     if v.startswith("/"):
         if not SAFE_PATH.fullmatch(v) or any(p == ".." for p in v.split("/")):
             raise ConfigError(f"--resume: {value!r} is not a plain path", hint=how)
@@ -171,7 +171,7 @@ def parse_resume(value: str | None, root: str) -> ResumeArg | None:
         rootn = posixpath.normpath(root)
         if not (norm + "/").startswith(rootn.rstrip("/") + "/") or norm == rootn:
             raise ConfigError(f"--resume: {value!r} is outside the host's root {root}", hint=how)
-        return ResumeArg("path", norm)
+        return ResumeChoice("path", norm)
     raise ConfigError(f"--resume: {value!r} is not a checkpoint name", hint=how)
 
 

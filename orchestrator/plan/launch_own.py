@@ -72,8 +72,6 @@ def own_config(o, rf: Mapping[str, Any], data: bytes | None) -> OwnConfig:
     if o.resume is not None and not resume:
         raise ConfigError("--resume with -- CMD needs `resume:` in the run file",
                           hint="resume: {glob: 'ckpt/step_*', args: [--resume, '{path}']}")
-    if o.resume is not None and o.resume != "latest" and not o.resume.startswith("/"):
-        raise ConfigError(f"--resume {o.resume!r}: with -- CMD use 'latest' or an absolute path")
     return OwnConfig(command=tuple(command), cwd=rf.get("cwd"), step_pattern=pattern,
                      env=dict(rf.get("env") or {}),
                      resume=None if not resume else ResumeRule(

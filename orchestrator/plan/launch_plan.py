@@ -26,7 +26,7 @@ from typing import Any, Mapping, Sequence
 
 from dfo_contract import trainer_config as tcfg
 from dfo_contract.runspec import (Budget, Bundled, Cache, Config, Group, Identity, Resume,
-                                  RunSpec, Solo, Standby)
+                                  ResumeChoice, RunSpec, Solo, Standby)
 from dfo_contract.trainer_config import TrainerConfig
 
 from ..common.errors import ConfigError, DeployError, LockHeldError, RemoteCommandError
@@ -37,7 +37,7 @@ from .init_from import effective_full, parse_reply
 from ..common.launch_argv import attempt_env, start_argv, trainer_argv
 from .launch_facts import (FactsRequest, LaunchFacts, checkpoint_listing, resolve_resume,
                            skipped_by_latest, skipped_warning)
-from .launch_inputs import BundledConfig, LaunchInputs, LaunchOptions, ResumeArg
+from .launch_inputs import BundledConfig, LaunchInputs, LaunchOptions
 from .launch_own import OwnConfig, resolve_resume as own_resume, resume_glob, shown_ladders
 from .snapshot import cache_env, seed_run_cache_argvs
 
@@ -123,15 +123,15 @@ def facts_request(o: LaunchOptions, inp: LaunchInputs, host) -> FactsRequest:
                 fingerprint=posixpath.join(tree.current_env, "fingerprint.json"))
     tr = inp.trainer
     if isinstance(tr, OwnConfig):
-        latest = o.resume == "latest"
+        latest = inp.resume.kind == "latest"
         script = own_script(tr.command, own_cwd(inp))
-        return FactsRequest(**base, paths=(o.resume,) if o.resume and not latest else (),
+        return FactsRequest(**base, paths=(inp.resume.value,) if inp.resume.path else (),
                             own_paths=((own_dir_probe(tr.cwd),) if tr.cwd else ())
                             + ((script,) if script else ()),
                             commands=(own_command(tr.command[0], own_cwd(inp)),),
                             glob=resume_glob(tr, own_cwd(inp)) if latest else None)
     dirs = [tree.checkpoints(inp.run_name)]
-    if inp.resume is not None and inp.resume.kind == "path":
+    if inp.resume.kind == "path":
         dirs.append(posixpath.dirname(inp.resume.value.rstrip("/")))
     cfg = tr.config
     compiled = cfg.compile.enabled
@@ -172,6 +172,11 @@ class LaunchPlan:
     @property
     def run_name(self) -> str:
         return self.spec.identity.run_name
+
+    @property
+    def resume(self) -> ResumeChoice:
+        """Where attempt 1 starts, resolved: scratch or a checkpoint path."""
+        return self.spec.resume.start
 
     @property
     def resume_path(self) -> str | None:
@@ -268,7 +273,7 @@ class _Part:
     cache: Cache
     trainer: Bundled | Any
     ck_dir: str
-    resume_path: str | None
+    resume: ResumeChoice            # resolved: scratch or a path
     env: dict[str, str]
     first: list[str]
     shown: dict[str, list[str]]
@@ -279,10 +284,11 @@ class _Part:
 
 def plan_launch(o: LaunchOptions, inp: LaunchInputs, facts: LaunchFacts, *, host,
                 role: Solo | Group | None = None,
-                resume_path: Any = ...) -> LaunchPlan:
+                resolved: ResumeChoice | None = None) -> LaunchPlan:
     """The run ``inp`` on ``host`` given the host's ``facts``. ``role``: a group's node;
-    ``resume_path`` (unless ``...``): what attempt 1 resumes, already resolved (a group's
-    other nodes take the head's: they resolve nothing and guard no checkpoints)."""
+    ``resolved``: where attempt 1 starts, already resolved (scratch or a path: a group's
+    other nodes take the head's; they resolve nothing and guard no checkpoints); None:
+    ``inp.resume`` is resolved here against the host's checkpoints."""
     role = role or Solo()
     tree = host.tree
     if facts.launch.held and not o.replace:
@@ -290,13 +296,13 @@ def plan_launch(o: LaunchOptions, inp: LaunchInputs, facts: LaunchFacts, *, host
         raise LockHeldError(f"run {owner} is live on {host.name} (run.lock held)",
                             hint=f"stop it with `dfo stop --run {owner}` or launch --replace")
     warnings = [] if o.env_check else ["env check skipped (--no-env-check)"]
-    part = (_own(o, inp, facts, resume_path, host.name) if isinstance(inp.trainer, OwnConfig) else
-            _bundled(o, inp, facts, host, role, resume_path, warnings))
+    part = (_own(inp, facts, resolved, host.name) if isinstance(inp.trainer, OwnConfig) else
+            _bundled(o, inp, facts, host, role, resolved, warnings))
     python = tree.current_python
     spec = RunSpec(
         identity=Identity(run_id=inp.run_id, run_name=inp.run_name, host=host.name,
                           root=tree.root, python=python, lock=tree.run_lock),
-        config=part.config, resume=Resume(checkpoint_dir=part.ck_dir, path=part.resume_path),
+        config=part.config, resume=Resume.of(part.ck_dir, part.resume),
         thresholds=inp.thresholds, budget=Budget.from_json(inp.budget.to_json()),
         ladders={k: tuple(v) for k, v in inp.ladders.items()}, cache=part.cache,
         standby=Standby(enabled=bool(o.standby),
@@ -317,30 +323,31 @@ def plan_launch(o: LaunchOptions, inp: LaunchInputs, facts: LaunchFacts, *, host
                       move_aside=part.aside, record=None if o.dry_run else facts.record)
 
 
-def _own(o: LaunchOptions, inp: LaunchInputs, facts: LaunchFacts, resume_path: Any,
+def _own(inp: LaunchInputs, facts: LaunchFacts, resolved: ResumeChoice | None,
          host: str) -> _Part:
     tr = inp.trainer
     assert isinstance(tr, OwnConfig)
     raise_missing_own(host, inp, facts.missing)
     raise_missing_command(host, own_command(tr.command[0], own_cwd(inp)),
                           facts.missing_commands, own_cwd(inp))
-    if resume_path is ...:
+    if resolved is None:
         matches = facts.part("glob")
         found = [(str(p), float(m)) for p, m in matches] if isinstance(matches, list) else []
-        resume_path = None if o.resume is None else own_resume(
-            o.resume, tr, own_cwd(inp), found, facts.missing)
+        resolved = inp.resume if inp.resume.is_scratch else ResumeChoice.at(own_resume(
+            inp.resume.value, tr, own_cwd(inp), found, facts.missing))
     return _Part(config=Config(path=posixpath.join(inp.run_dir, "run-file.yaml")),
                  cache=Cache(), trainer=tr.trainer(), ck_dir=inp.run_dir,
-                 resume_path=resume_path, data=tr.data,
+                 resume=resolved, data=tr.data,
                  env=attempt_env(tr.env, attempt=1, run_dir=inp.run_dir, fault=None,
                                  run_id=inp.run_id),
-                 first=own_trainer.attempt_argv(tr.command, own_trainer.Changes(), resume_path=resume_path,
+                 first=own_trainer.attempt_argv(tr.command, own_trainer.Changes(),
+                                                resume_path=resolved.path,
                                         resume_args=tr.resume.args if tr.resume else ()),
                  shown=shown_ladders(tr))
 
 
 def _bundled(o: LaunchOptions, inp: LaunchInputs, facts: LaunchFacts, host,
-             role: Solo | Group, resume_path: Any, warnings: list[str]) -> _Part:
+             role: Solo | Group, resolved: ResumeChoice | None, warnings: list[str]) -> _Part:
     tr, tree, run_dir = inp.trainer, host.tree, inp.run_dir
     assert isinstance(tr, BundledConfig)
     cfg = tr.config
@@ -349,13 +356,15 @@ def _bundled(o: LaunchOptions, inp: LaunchInputs, facts: LaunchFacts, host,
     cfg_path, ck_dir = posixpath.join(run_dir, "config.yaml"), tree.checkpoints(inp.run_name)
     key = _cache_key(tr, run_config(tr, facts, host.name), facts, host.name, warnings)
     aside = None
-    if resume_path is ...:
-        resume_path = None
-        if inp.resume is not None:
-            resume_path, skipped = _resolve(inp.resume, facts, ck_dir)
+    if resolved is None:
+        resolved = inp.resume
+        if not inp.resume.is_scratch:
+            path, skipped = _resolve(inp.resume, facts, ck_dir)
+            resolved = ResumeChoice.at(path)
             warnings.extend(skipped)
         elif not (isinstance(role, Group) and not role.is_head):
             aside = _lineage(facts, ck_dir, inp.run_name, inp.now, o.new_lineage)
+    resume_path = resolved.path
     cache_vars = cache_env(tree, key or "cold", run_dir)
     seed = seed_run_cache_argvs(tree, key or "cold", run_dir)
     fault = o.fault if o.fault_node is None or not isinstance(role, Group) \
@@ -373,14 +382,14 @@ def _bundled(o: LaunchOptions, inp: LaunchInputs, facts: LaunchFacts, host,
                              layout=bundled.layout, nproc=bundled.nproc)
     return _Part(config=Config(path=cfg_path, base=dict(tr.layers.base), overrides=dict(sets)),
                  cache=Cache(key=key, env=cache_vars, restore_argv=tuple(seed[-1])),
-                 trainer=bundled, ck_dir=ck_dir, resume_path=resume_path, data=tr.layers.data,
+                 trainer=bundled, ck_dir=ck_dir, resume=resolved, data=tr.layers.data,
                  env=attempt_env(cache_vars, attempt=1, run_dir=run_dir, fault=fault,
                                  run_id=inp.run_id),
                  first=first, shown={k: list(v) for k, v in inp.ladders.items()},
                  seed=seed, aside=aside)
 
 
-def _resolve(resume: ResumeArg, facts: LaunchFacts, ck_dir: str) -> tuple[str, list[str]]:
+def _resolve(resume: ResumeChoice, facts: LaunchFacts, ck_dir: str) -> tuple[str, list[str]]:
     """The checkpoint path, and a warning for each torn one ``latest`` passed over."""
     where = posixpath.dirname(resume.value.rstrip("/")) if resume.kind == "path" else ck_dir
     listing = _listing(facts, where)
