@@ -87,7 +87,7 @@ def test_default_config_is_checked_then_works_after_the_demo_assets(env, capsys,
     rc, out, err = dfo(capsys, hosts, "launch", "--dry-run", "--no-env-check")
     assert rc == 2 and err.count("\n") == 1, err
     assert "model.target_path of the default config (the demo's)" in err
-    from orchestrator.engine.demo import demo_paths
+    from orchestrator.config.runconfig import demo_paths
     from orchestrator.config.host_tree import HostTree
 
     paths = demo_paths(HostTree(str(root)))     # where `dfo demo` puts its assets

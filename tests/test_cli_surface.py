@@ -105,7 +105,7 @@ def test_diagnose_done_log_is_not_a_failure(tmp_path):
 
 def test_demo_run_id_has_one_timestamp():
     from orchestrator.cli.demo import launch_args
-    from orchestrator.engine.demo import DEFAULT_RUN_NAME
+    from orchestrator.config.runconfig import DEFAULT_RUN_NAME
 
     args = launch_args("local", "fx_race@30")
     assert "--config" not in args and "--run-name" not in args   # the defaults are the demo's

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from dfo_contract import events as ev
-from orchestrator.engine.demo import DEFAULT_RUN_NAME, demo_paths
+from orchestrator.config.runconfig import DEFAULT_RUN_NAME, demo_paths
 from orchestrator.config.host_tree import HostTree
 from orchestrator.plan.recap import recap
 from tests.supervisor_env import hosts_yaml, make_root

@@ -18,7 +18,7 @@ from dfo_contract import trainer_config as tcfg
 from dfo_contract.runspec import Bundled, RunSpec
 from orchestrator.cli import main
 from orchestrator.config.runconfig import default_config_path
-from orchestrator.engine.demo import demo_paths
+from orchestrator.config.runconfig import demo_paths
 from orchestrator.plan import launch_plan as lp
 from orchestrator.plan.launch_steps import spec_bytes
 from orchestrator.config.host_tree import HostTree

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from orchestrator.engine.demo import demo_paths
+from orchestrator.config.runconfig import demo_paths
 from orchestrator.config.host_tree import HostTree
 from tests.supervisor_env import hosts_yaml, make_root  # noqa: F401
 from tests.test_tmux_cli import REPO, Tmux

@@ -3,13 +3,15 @@
 (``orchestrator/config/defaults/*.yaml``), so ``dfo launch`` and ``dfo demo`` work from any
 directory and from an installed wheel.
 
-A run config is parsed once (:func:`read_config_file`, or a default built as a typed
-``TrainerConfig``: ``engine.demo.default_run_config``) and its overrides (``--set``) are
-applied once (:func:`with_overrides`): everything after takes the :class:`RunLayers`."""
+A run config is parsed once (:func:`read_config_file`, or the default built as a typed
+``TrainerConfig``: :func:`default_run_config`, the demo's config on the host's root) and
+its overrides (``--set``) are applied once (:func:`with_overrides`; both:
+:func:`load_run_layers`): everything after takes the :class:`RunLayers`."""
 
 from __future__ import annotations
 
 import os
+import posixpath
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import resources
@@ -21,6 +23,7 @@ from dfo_contract.exitcodes import TrainerError
 from dfo_contract.trainer_config import TrainerConfig
 
 from ..common.errors import ConfigError
+from .host_tree import HostTree
 
 #: the run config ``dfo launch`` uses without ``--config`` (and the base of ``dfo demo``'s)
 DEFAULT_CONFIG = "tiny-cpu.yaml"
@@ -101,3 +104,59 @@ def load_config(path: str | os.PathLike | None,
     """The trainer config as a nested dict and the file's bytes (``load_layers``)."""
     layers = load_layers(path, overrides)
     return layers.full, layers.data
+
+
+# --- the default run config: the demo's, on the host's root ----------------------------
+
+def demo_paths(tree: HostTree) -> dict[str, str]:
+    """Where ``dfo demo`` puts its assets on the host (``<root>/demo/``): the default run
+    config's target, data and held-out data."""
+    base = posixpath.join(tree.root, "demo")
+    return {"dir": base, "target": posixpath.join(base, "target-taught"),
+            "data": posixpath.join(base, "regen.jsonl"),
+            "eval": posixpath.join(base, "regen-heldout.jsonl")}
+
+
+def demo_config(cfg: TrainerConfig, tree: HostTree) -> TrainerConfig:
+    """The demo's run config (the default run config, ``default_run_config``): ``cfg`` (the
+    tiny CPU config) with its paths on the host's root, in place.
+
+    The run directory and checkpoint directory are set by ``dfo launch``.
+    """
+    p = demo_paths(tree)
+    tcfg.clear(cfg, "run.dir")
+    # the threaded lazy-compile race's pattern (docs/recovery.md): torch.compile on, the
+    # compile gate off. The supervisor's first fallback for the FX error turns the gate on.
+    return tcfg.set_values(cfg, {
+        "model.target_path": p["target"], "data.path": p["data"], "data.eval_path": p["eval"],
+        "eval.every": 40,           # measured acceptance length
+        "train.max_steps": 200, "train.log_every": 10,
+        "compile.enabled": True, "compile.gate": False,
+        "checkpoint.every": 20, "checkpoint.keep": 3})
+
+
+#: the run name ``dfo launch`` uses without ``--config`` and ``--run-name``: the demo's own
+#: (its checkpoints are under ``<root>/checkpoints/demo/``)
+DEFAULT_RUN_NAME = "demo"
+
+
+def default_run_config(tree: HostTree) -> tuple[TrainerConfig, bytes]:
+    """The run config ``dfo launch`` and ``dfo warm-cache`` use without ``--config``: the
+    demo's own (``demo_config`` over the shipped tiny CPU config: compile on, its target,
+    data and held-out data where ``dfo demo`` puts them on this host, ``<root>/demo/``), so
+    the default works right after the demo, from any directory, and resumes its checkpoints.
+    The typed config (one parse of the shipped file) and the file shipped for it: the YAML
+    of its explicit keys."""
+    cfg, _ = read_config_file(default_config_path())
+    cfg = demo_config(cfg, tree)
+    head = (f"# the demo's run config on this host ({default_config_path().name} with the "
+            "demo's settings and paths)\n")
+    return cfg, (head + tcfg.explicit_yaml(cfg)).encode()
+
+
+def load_run_layers(path: str | None, tree: HostTree,
+                    overrides: Sequence[tuple[str, str]] = ()) -> RunLayers:
+    """The run config at ``path`` (no path: the host's default run config,
+    ``default_run_config``) with ``overrides`` (``--set``), each applied once."""
+    cfg, data = read_config_file(path) if path else default_run_config(tree)
+    return with_overrides(cfg, data, overrides)

@@ -89,7 +89,7 @@ def warm_cache(mgr: CacheManager, req: WarmCacheRequest,
         key = _key_without_config(mgr, req)
         cfg_bytes = b""
     else:
-        from .demo import load_run_layers
+        from ..config.runconfig import load_run_layers
 
         layers = load_run_layers(req.config_path, mgr.tree, overrides)
         cfg, cfg_bytes = layers.full, layers.data

@@ -113,7 +113,7 @@ class GroupRuns:
         if o.replace:
             raise ConfigError("--replace cannot be combined with --group",
                               hint=f"stop the live run with `dfo stop --group {self.group.name}`")
-        from .demo import DEFAULT_RUN_NAME
+        from ..config.runconfig import DEFAULT_RUN_NAME
 
         stem = Path(o.config).stem if o.config else DEFAULT_RUN_NAME
         run_name = check_run_name(stem if o.run_name is None else o.run_name)

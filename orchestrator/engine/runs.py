@@ -42,16 +42,16 @@ log = logging.getLogger("dfo")
 
 
 def load_trainer(o: LaunchOptions, tree) -> li.TrainerInput:
-    """The run config (one parse, ``--set`` applied once: ``demo.load_run_layers``; without
-    ``--config`` the default of the host of ``tree``), or your own trainer's run file:
-    local files only."""
+    """The run config (one parse, ``--set`` applied once:
+    ``config.runconfig.load_run_layers``; without ``--config`` the default of the host of
+    ``tree``), or your own trainer's run file: local files only."""
     if o.own:
         from ..config.own_runfile import read_run_file
         from ..plan.launch_own import own_config
 
         rf, data = read_run_file(o.run_file) if o.run_file else ({}, None)
         return own_config(o, rf, data)
-    from .demo import DEFAULT_RUN_NAME, load_run_layers
+    from ..config.runconfig import DEFAULT_RUN_NAME, load_run_layers
 
     layers = load_run_layers(o.config, tree, li.parse_sets(o.sets))
     name = Path(o.config).stem if o.config else DEFAULT_RUN_NAME

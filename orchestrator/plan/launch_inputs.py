@@ -1,6 +1,6 @@
 """What ``dfo launch`` was asked, checked before the host is asked anything (pure): the
 options (:class:`LaunchOptions`), the trainer's input (:class:`BundledConfig`: the run config
-as ``engine.demo.load_run_layers`` parsed it once, with ``--set`` applied once, a typed
+as ``config.runconfig.load_run_layers`` parsed it once, with ``--set`` applied once, a typed
 ``TrainerConfig``; ``launch_own.OwnConfig``: your own trainer's run file and flags) and
 :func:`prepare`, which checks them (``--resume``, parsed once into a ``ResumeChoice``; ``--run-name``, ladders, budget,
 thresholds, ``--fault``) and names the run -> :class:`LaunchInputs` (``plan.launch_plan``
