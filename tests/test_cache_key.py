@@ -155,3 +155,14 @@ def test_source_hash_script_reports_missing_package(tmp_path: Path):
     r = subprocess.run([sys.executable, "-c", ck.SOURCE_HASH_SCRIPT, "no_such_pkg_dfo"],
                        capture_output=True, text=True)
     assert r.returncode == 3 and "error" in json.loads(r.stdout)
+
+
+@pytest.mark.parametrize("sets", [{}, {"model.method": "dflash2", "data.pack": True,
+                                       "parallel.drafter_devices": ["cuda:1"]}])
+def test_a_typed_config_has_the_key_of_its_nested_dict(sets):
+    """The key of a ``TrainerConfig`` is the key of its ``to_dict``: the same bytes."""
+    from dfo_contract import trainer_config as tcfg
+
+    cfg = tcfg.set_values(tcfg.config_from_dict(json.loads(json.dumps(CFG))), sets)
+    typed, nested = key(cfg=cfg), key(cfg=cfg.to_dict())
+    assert typed.components == nested.components and typed.key == nested.key

@@ -21,13 +21,15 @@ Nothing here touches the network or imports torch.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Union
 
 from dfo_contract.fsio import sha256_bytes
 from dfo_contract.markers import last_json_line
+from dfo_contract.trainer_config import TrainerConfig
 
 from .probes import Probe, text
 from .values import render
@@ -102,23 +104,44 @@ def fingerprint_components(fingerprint: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
-def _get(tree: Mapping[str, Any], dotted: str) -> tuple[bool, Any]:
+#: a trainer config: typed, or nested as ``TrainerConfig.to_dict`` writes it (a config
+#: another trainer version wrote)
+AnyConfig = Union[TrainerConfig, Mapping[str, Any]]
+
+
+def _get(tree: AnyConfig, dotted: str) -> tuple[bool, Any]:
     node: Any = tree
     for part in dotted.split("."):
-        if not isinstance(node, Mapping) or part not in node:
+        if isinstance(node, Mapping):
+            if part not in node:
+                return False, None
+            node = node[part]
+        elif dataclasses.is_dataclass(node) and part in {f.name for f in dataclasses.fields(node)}:
+            node = getattr(node, part)
+        else:
             return False, None
-        node = node[part]
     return True, node
 
 
-def compile_config(config: Mapping[str, Any]) -> dict[str, str]:
-    """The compile-relevant part of a trainer config (a nested dict, e.g. the
-    ``dataclasses.asdict`` of ``trainer.config``'s tree), as ``config.<dotted>`` components.
-    Fields the config does not have are left out (an older/newer trainer), so only
-    fields both sides know can differ."""
+def _section(config: AnyConfig, section: str) -> Any:
+    """One section's fields by name (the model's as the YAML writes them: a method's own
+    fields flat, ``ModelConfig.flat``)."""
+    if isinstance(config, Mapping):
+        return config.get(section)
+    node = getattr(config, section, None)
+    if node is None:
+        return None
+    return node.flat() if section == "model" else dataclasses.asdict(node)
+
+
+def compile_config(config: AnyConfig) -> dict[str, str]:
+    """The compile-relevant part of a trainer config (a ``TrainerConfig``, or a nested dict
+    as its ``to_dict`` writes it), as ``config.<dotted>`` components. Fields the config does
+    not have are left out (an older/newer trainer), so only fields both sides know can
+    differ."""
     out: dict[str, str] = {}
     for section in COMPILE_SECTIONS:
-        node = config.get(section)
+        node = _section(config, section)
         if isinstance(node, Mapping):
             for field in sorted(node):
                 if _NOT_COMPILED.search(field):
@@ -208,12 +231,13 @@ def key_of(components: Mapping[str, str], *, profile: str | None = None) -> str:
 
 def compute_key(
     fingerprint: Mapping[str, Any],
-    config: Mapping[str, Any],
+    config: AnyConfig,
     *,
     trainer_source: str,
     target_config: str | None = None,
 ) -> CacheKey:
-    """The cache key of (env, compiled shapes). ``trainer_source`` is :func:`source_hash`
+    """The cache key of (env, compiled shapes): ``config`` is the trainer's config in force
+    (typed, or nested). ``trainer_source`` is :func:`source_hash`
     of the deployed trainer; ``target_config`` the sha256 of the target's config.json
     (None when there is none)."""
     comps = fingerprint_components(fingerprint)

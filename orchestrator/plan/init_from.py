@@ -6,7 +6,8 @@ drafter layers, taps, mask token, the layers' attention, DFlash2's fields:
 ``dfo_contract.trainer_config.drafter_dir``). ``dfo launch`` and ``dfo warm-cache`` read the
 directory's config.json on the host with :func:`init_from_probe` (``launch`` inside its one
 pre-launch round trip: ``scripts/launch_facts.sh`` runs the same script) and validate the
-run and compute its compile-cache key from :func:`effective_full`: the same function the
+run and compute its compile-cache key from :func:`effective`, on the typed
+``TrainerConfig`` (:func:`effective_full`: the same for a nested dict): the same function the
 trainer applies, so a drafter of another block size, layer count or attention pattern gives
 another key. A directory that is missing, holds no readable config.json, or a drafter the
 trainer would refuse is one ``ConfigError`` line (exit 2) naming the path and the fix.
@@ -21,6 +22,7 @@ from typing import Any, Iterable, Mapping
 
 from dfo_contract import trainer_config as tcfg
 from dfo_contract.exitcodes import TrainerError
+from dfo_contract.trainer_config import TrainerConfig
 from dfo_contract.trainer_config.drafter_dir import check_files, drafter_json
 
 from ..common.errors import ConfigError
@@ -71,15 +73,15 @@ def parse_reply(path: str, output: str) -> DrafterReply:
     return DrafterReply(path, "none")
 
 
-def effective_full(full: Mapping[str, Any], explicit: Iterable[str], reply: DrafterReply | None,
-                   *, host: str, config: str | None) -> dict[str, Any]:
-    """``full`` (a validated run config, nested) as the trainer runs it: with the settings of
-    the drafter directory ``model.init_from`` names (``reply``: what the host said of it),
-    validated again; ``full`` as is without init_from. ``explicit``: the keys the file or
-    ``--set`` gave. ``config``: the run config file (None: the default, the demo's)."""
-    path = init_from_path(full)
+def effective(cfg: TrainerConfig, reply: DrafterReply | None, *, host: str,
+              config: str | None) -> TrainerConfig:
+    """``cfg`` (a validated run config; its ``explicit_keys``: the keys the file or ``--set``
+    gave) as the trainer runs it: a copy with the settings of the drafter directory
+    ``model.init_from`` names (``reply``: what the host said of it), validated again; ``cfg``
+    itself without init_from. ``config``: the run config file (None: the default, the demo's)."""
+    path = cfg.model.init_from or ""
     if not path:
-        return dict(full)
+        return cfg
     where = config or "the default config (the demo's)"
     fix = f"fix {KEY} in {config} or pass --set {KEY}=DIR" if config else \
         f"pass --config with {KEY}, or --set {KEY}=DIR"
@@ -88,14 +90,23 @@ def effective_full(full: Mapping[str, Any], explicit: Iterable[str], reply: Draf
                           hint="try again; the host needs sh and coreutils (base64)")
     if reply.state == "nodir":
         raise ConfigError(f"{KEY} of {where}: {path} does not exist on {host}", hint=fix)
-    cfg = tcfg.config_from_dict(dict(full))
-    cfg.explicit_keys = set(explicit)
     try:
         conf = drafter_json(None if reply.state == "noconfig" else reply.text, path,
                             unreadable=reply.text if reply.state == "unreadable" else "")
-        out = tcfg.effective_config(cfg, conf).to_dict()
+        out = tcfg.effective_config(tcfg.copied(cfg), conf)
         check_files(reply.files, path)
         return out
     except TrainerError as e:   # the trainer's own refusal, as dfo's (exit 2, one line)
         line = str(e).strip().splitlines()[0].removeprefix("config: ")
         raise ConfigError(f"{KEY} of {where} on {host}: {line}") from None
+
+
+def effective_full(full: Mapping[str, Any], explicit: Iterable[str], reply: DrafterReply | None,
+                   *, host: str, config: str | None) -> dict[str, Any]:
+    """:func:`effective` for a run config held as a nested dict (``full``; ``explicit``: the
+    keys the file or ``--set`` gave): the nested dict the trainer runs."""
+    if not init_from_path(full):
+        return dict(full)
+    cfg = tcfg.config_from_dict(dict(full))
+    cfg.explicit_keys = set(explicit)
+    return effective(cfg, reply, host=host, config=config).to_dict()

@@ -22,7 +22,7 @@ import posixpath
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 from dfo_contract import trainer_config as tcfg
 from dfo_contract.runspec import (Budget, Bundled, Cache, Config, Group, Identity, Resume,
@@ -33,7 +33,7 @@ from ..common.errors import ConfigError, DeployError, LockHeldError, RemoteComma
 from ..common import own_trainer
 from . import cache_key as ck
 from .devices import check_devices
-from .init_from import effective_full, parse_reply
+from .init_from import effective, parse_reply
 from ..common.launch_argv import attempt_env, start_argv, trainer_argv
 from .launch_facts import (FactsRequest, LaunchFacts, checkpoint_listing, resolve_resume,
                            skipped_by_latest, skipped_warning)
@@ -218,18 +218,18 @@ def _listing(facts: LaunchFacts, ck_dir: str):
         raise RemoteCommandError(f"listing checkpoints in {ck_dir}: {e}") from None
 
 
-def run_config(cfg: BundledConfig, facts: LaunchFacts, host: str) -> dict[str, Any]:
-    """The config the trainer runs (nested): ``cfg.config`` with the settings of its
+def run_config(cfg: BundledConfig, facts: LaunchFacts, host: str) -> TrainerConfig:
+    """The config the trainer runs: ``cfg.config`` with the settings of its
     ``model.init_from`` drafter directory (config.json as the facts brought it); ConfigError
     for a directory that is missing or that the trainer would refuse."""
-    layers, path = cfg.layers, cfg.config.model.init_from
+    path = cfg.config.model.init_from
     if not path:
-        return layers.full
+        return cfg.config
     reply = None if facts.init_from is None else parse_reply(path, facts.init_from)
-    return effective_full(layers.full, layers.explicit, reply, host=host, config=cfg.source)
+    return effective(cfg.config, reply, host=host, config=cfg.source)
 
 
-def _cache_key(cfg: BundledConfig, full: Mapping[str, Any], facts: LaunchFacts, host: str,
+def _cache_key(cfg: BundledConfig, full: TrainerConfig, facts: LaunchFacts, host: str,
                warnings: list[str]) -> str | None:
     """The compile-cache key of ``full`` (the config in force, ``run_config``) (None:
     nothing is compiled, or its inputs are unknown)."""
