@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import math
+from typing import Any, Callable
 
 import click
+
+from ..common.errors import ConfigError
 
 
 class Seconds(click.ParamType):
@@ -54,6 +57,77 @@ class FaultSpec(click.ParamType):
 
 
 FAULT_SPEC = FaultSpec()
+
+
+class KeyNumber(click.ParamType):
+    """``KEY=NUMBER`` of a repeatable option (``--threshold NAME=SECONDS``, ``--budget
+    CLASS=N``) -> ``(key, number)``. A bad one is launch's one-line ConfigError (exit 2),
+    naming the option and the item as given."""
+
+    name = "KEY=NUMBER"
+
+    def __init__(self, option: str, number: Callable[[str], Any] = float):
+        self.option, self.number = option, number
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        item = str(value)
+        if "=" not in item:
+            raise ConfigError(f"{self.option} {item!r}: expected KEY=VALUE")
+        k, v = item.split("=", 1)
+        try:
+            return k.strip(), self.number(v)
+        except ValueError:
+            raise ConfigError(f"{self.option} {item!r}: {v!r} is not a number") from None
+
+
+class Ladder(click.ParamType):
+    """``--fallbacks CLASS=STEP,STEP`` -> ``(class, [step, ...])`` (empty steps dropped)."""
+
+    name = "CLASS=STEP,STEP"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        item = str(value)
+        if "=" not in item:
+            raise ConfigError(f"--fallbacks {item!r}: expected CLASS=STEP,STEP")
+        k, v = item.split("=", 1)
+        return k.strip(), [s.strip() for s in v.split(",") if s.strip()]
+
+
+THRESHOLD = KeyNumber("--threshold")
+BUDGET = KeyNumber("--budget", int)
+LADDER = Ladder()
+
+#: the keys of ``--budget`` that are not a failure class
+BUDGET_TOTALS = ("total", "startup_limit")
+
+
+def as_thresholds(ctx, param, pairs) -> dict[str, float]:
+    """``--threshold`` given: name -> seconds (a later one wins)."""
+    return dict(pairs)
+
+
+def as_budget(ctx, param, pairs) -> dict[str, Any]:
+    """``--budget`` given: ``total`` and ``startup_limit`` as they are, the failure classes'
+    restarts under ``per_class`` (``BudgetPolicy.from_json``'s shape)."""
+    budget: dict[str, Any] = {}
+    per: dict[str, int] = {}
+    for k, v in pairs:
+        if k in BUDGET_TOTALS:
+            budget[k] = v
+        else:
+            per[k] = v
+    if per:
+        budget["per_class"] = per
+    return budget
+
+
+def as_ladders(ctx, param, pairs) -> dict[str, list[str]] | None:
+    """``--fallbacks`` given: class -> its ladder (None: none given)."""
+    return dict(pairs) or None
 
 
 def group_option(verb: str):

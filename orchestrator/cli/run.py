@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import shlex
 import time
-from typing import Any
-
 import click
 
 from rich.markup import escape
@@ -15,21 +13,9 @@ from ..common.errors import EXIT_INTERRUPTED, ConfigError, NotFoundError, RunFai
 from .console import Activity, console, note, print_launch
 from .group_run import GROUP_OPTION, follow_group_logs, group_runs, launch_group
 from .log_lines import JsonLinePrinter, LinePrinter, skipped_note
-from .params import FAULT_SPEC, NON_NEGATIVE
+from .params import (BUDGET, FAULT_SPEC, LADDER, NON_NEGATIVE, THRESHOLD, as_budget, as_ladders,
+                     as_thresholds)
 from .run_ops import open_run_ops, require_run
-
-
-def _kv(items, what: str, conv=float) -> dict:
-    out = {}
-    for it in items:
-        if "=" not in it:
-            raise ConfigError(f"{what} {it!r}: expected KEY=VALUE")
-        k, v = it.split("=", 1)
-        try:
-            out[k.strip()] = conv(v)
-        except ValueError:
-            raise ConfigError(f"{what} {it!r}: {v!r} is not a number") from None
-    return out
 
 
 # --- launch ----------------------------------------------------------------------------------
@@ -67,11 +53,14 @@ class _LaunchCommand(click.Command):
               help="With --group: inject --fault on node K only (default: every node).")
 @click.option("--backoff-scale", type=NON_NEGATIVE, default=1.0, show_default=True,
               help="Multiply restart backoffs (0.01 for demos and tests).")
-@click.option("--threshold", "thresholds", multiple=True, metavar="NAME=SECONDS",
+@click.option("--threshold", "thresholds", multiple=True, metavar="NAME=SECONDS", type=THRESHOLD,
+              callback=as_thresholds,
               help="Watchdog thresholds: warmup_s, train_s, stop_timeout_s, kill_grace_s, ...")
-@click.option("--budget", "budgets", multiple=True, metavar="CLASS=N",
+@click.option("--budget", "budget", multiple=True, metavar="CLASS=N", type=BUDGET,
+              callback=as_budget,
               help="Restart budget per class (or total=N, startup_limit=N).")
-@click.option("--fallbacks", "fallbacks", multiple=True, metavar="CLASS=STEP,STEP",
+@click.option("--fallbacks", "fallbacks", multiple=True, metavar="CLASS=STEP,STEP", type=LADDER,
+              callback=as_ladders,
               help="Replace a class's fallback ladder, e.g. oom=halve_micro_batch*.")
 @click.option("--no-env-check", is_flag=True, help="Skip `dfo deploy --check` (development only).")
 @click.option("--no-standby", is_flag=True,
@@ -92,7 +81,7 @@ class _LaunchCommand(click.Command):
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_obj
 def launch(app, host_name, group_name, resume, config, run_name, sets, replace, new_lineage, dry_run, follow,
-           as_json, fault, fault_node, backoff_scale, thresholds, budgets, fallbacks, no_env_check,
+           as_json, fault, fault_node, backoff_scale, thresholds, budget, fallbacks, no_env_check,
            no_standby, run_file, step_pattern, resume_glob, resume_order, resume_args, ladder, command):
     """Start a supervised training run on a host, detached (it outlives this command).
 
@@ -108,25 +97,10 @@ def launch(app, host_name, group_name, resume, config, run_name, sets, replace, 
         raise ConfigError("--fault-node needs --group and --fault",
                           hint="give --group NAME --fault SPEC, or drop --fault-node")
 
-    budget: dict[str, Any] = {}
-    per: dict[str, int] = {}
-    for k, v in _kv(budgets, "--budget", int).items():
-        if k in ("total", "startup_limit"):
-            budget[k] = v
-        else:
-            per[k] = v
-    if per:
-        budget["per_class"] = per
-    fb = {}
-    for it in fallbacks:
-        if "=" not in it:
-            raise ConfigError(f"--fallbacks {it!r}: expected CLASS=STEP,STEP")
-        k, v = it.split("=", 1)
-        fb[k.strip()] = [s.strip() for s in v.split(",") if s.strip()]
     opts = LaunchOptions(config=config, resume=resume, run_name=run_name, sets=sets,
                          replace=replace, dry_run=dry_run, fault=fault, fault_node=fault_node,
-                         backoff_scale=backoff_scale, thresholds=_kv(thresholds, "--threshold"),
-                         budget=budget, fallbacks=fb or None, env_check=not no_env_check,
+                         backoff_scale=backoff_scale, thresholds=thresholds,
+                         budget=budget, fallbacks=fallbacks, env_check=not no_env_check,
                          new_lineage=new_lineage, command=tuple(command), run_file=run_file,
                          step_pattern=step_pattern, resume_glob=resume_glob,
                          resume_order=resume_order, resume_args=resume_args or (),
