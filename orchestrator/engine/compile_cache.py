@@ -95,14 +95,14 @@ class CacheManager:
                              f"(or an older dfo wheel)", hint="redeploy with `dfo deploy`")
         return combined
 
-    def target_config_hash(self, config: Mapping[str, Any]) -> str | None:
+    def _target_config_hash(self, config: Mapping[str, Any]) -> str | None:
         target = (config.get("model") or {}).get("target_path")
         if not target:
             return None
         r = self.store.tool("hashfile", posixpath.join(str(target), "config.json"))
         return None if r.get("missing") else r["sha256"]
 
-    def run_config(self, config: Mapping[str, Any], *, explicit: frozenset[str] = frozenset(),
+    def _run_config(self, config: Mapping[str, Any], *, explicit: frozenset[str] = frozenset(),
                    source: str | None = None) -> dict[str, Any]:
         """``config`` as the trainer runs it: with ``model.init_from``, the settings of that
         drafter directory on the host (its config.json, read by ``plan.init_from``'s probe);
@@ -117,10 +117,10 @@ class CacheManager:
 
     def key(self, config: Mapping[str, Any], *, explicit: frozenset[str] = frozenset(),
             source: str | None = None) -> ck.CacheKey:
-        """The cache key of ``config`` (the trainer's config in force: ``run_config``)."""
-        config = self.run_config(config, explicit=explicit, source=source)
+        """The cache key of ``config`` (the trainer's config in force: ``_run_config``)."""
+        config = self._run_config(config, explicit=explicit, source=source)
         return ck.compute_key(self.store.fingerprint(), config, trainer_source=self.trainer_source(),
-                              target_config=self.target_config_hash(config))
+                              target_config=self._target_config_hash(config))
 
     # -- restore -----------------------------------------------------------------------------
     def read_manifest_remote(self, p: sn.CachePaths) -> dict[str, Any] | None:

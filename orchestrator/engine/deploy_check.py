@@ -35,6 +35,10 @@ def _shown(state: dp.RemoteState, target: str) -> str:
 
 
 class DeployChecks:
+    """The checks of one host's envs: ``probe`` (what this dfo deploys, the host's envs),
+    ``runner`` (commands under the lease), ``envs`` (the switch), the stage ``clock`` and
+    the deploy ``lease``."""
+
     def __init__(self, probe: DeployProbe, runner: DeployRunner, envs: EnvSwitch, *,
                  clock: StageClock, lease: DeployLease):
         self.probe = probe
@@ -194,7 +198,7 @@ class DeployChecks:
         t = self.clock.begin("connect")
         state = self.probe.state(posixpath.join(self.tree.envs, "-"), "-")
         self.clock.end("connect", t, f"current {state.current_name or 'none'}, "
-                                f"previous {state.previous_name or 'none'}")
+                       f"previous {state.previous_name or 'none'}")
         plan = dp.rollback_plan(state)
         self.envs.guard_run_lock(state)
         prev_dir = posixpath.join(self.tree.envs, plan.target)
@@ -208,8 +212,8 @@ class DeployChecks:
             prof = Profile(name=report.profile, directory=Path("."), python="", lock_file=Path("."),
                            lock_sha256=None, sources=self.probe.profile.sources, expect={})
             fp = self.probe.verify(prev_dir, str(recorded.get("lock_hash") or ""),
-                                      profile=prof, recorded=recorded,
-                                      keep=state.current_name or "none")
+                                   profile=prof, recorded=recorded,
+                                   keep=state.current_name or "none")
             fp = recorded  # unchanged: the probe matched what was recorded
             self.envs.switch(plan.target, plan.new_previous)
         finally:

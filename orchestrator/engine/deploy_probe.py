@@ -82,7 +82,8 @@ class DeployProbe:
         return parse_probe(r.out + "\n" + r.err)
 
     def recorded_fingerprint(self, env_dir: str) -> dict[str, Any]:
-        """``env_dir``'s fingerprint.json (DeployError when it has none readable)."""
+        """``env_dir``'s fingerprint.json, for a rollback to it (DeployError when it has
+        none readable)."""
         name = posixpath.basename(env_dir)
         try:
             recorded = json.loads(self.transport.get(posixpath.join(env_dir, dp.FINGERPRINT_FILE)))
