@@ -232,13 +232,13 @@ def test_lab_container_snapshot_mechanics(container_env, tmp_path):
     m = mgr.adopt(src, key)
     p = sn.paths(host.tree, key.key)
     assert m["sizes"]["inductor"] > 0
-    assert mgr.tool("hashdir", p.live)["files"] == m["files"]
+    assert mgr.store.tool("hashdir", p.live)["files"] == m["files"]
 
     # pull to this machine, wipe everything of the cache in the container, push back
     tar, man = mgr.pull(key.key, tmp_path / "pulled")
     t.run(["rm", "-rf", host.tree.cache], timeout=60, check=True)
     mgr.push(tar, key)
-    assert mgr.tool("hashdir", p.live)["files"] == m["files"]
+    assert mgr.store.tool("hashdir", p.live)["files"] == m["files"]
     live = rsh(t, 'readlink "$1"', p.live).strip()
 
     # truncated and corrupt copies are refused; the live cache stays
@@ -259,7 +259,7 @@ def test_lab_container_snapshot_mechanics(container_env, tmp_path):
     with pytest.raises(CacheError, match="truncated"):
         mgr.restore_from_store(key)
     assert rsh(t, 'readlink "$1"', p.live).strip() == live
-    assert mgr.tool("hashdir", p.live)["files"] == m["files"]
+    assert mgr.store.tool("hashdir", p.live)["files"] == m["files"]
 
     # another torch build under the snapshot: refused, naming the components
     fp_path = posixpath.join(host.tree.current_env, "fingerprint.json")
@@ -280,7 +280,7 @@ def test_lab_container_snapshot_mechanics(container_env, tmp_path):
     for argv in sn.seed_run_cache_argvs(host.tree, key.key, run):
         t.run(argv, timeout=120, check=True)
     rsh(t, 'for f in $(find "$1/cache/inductor" -type f | head -3); do echo poison >> "$f"; done', run)
-    assert mgr.tool("hashdir", p.live)["files"] == m["files"]
+    assert mgr.store.tool("hashdir", p.live)["files"] == m["files"]
 
     # status and prune through the CLI
     r = subprocess.run([*DFO, "--hosts", str(hosts), "warm-cache", "--host", "lab", "--status", "--json"],

@@ -83,7 +83,7 @@ def test_adopt_wipe_restore_then_a_run_copy_hits(host, cold_cache, tmp_path):
     assert warm["fxgraph_cache_hit"] > 0 and warm["fxgraph_cache_miss"] == 0
     assert warm["autograd_cache_hit"] > 0
     # the shared live cache was not written by the run
-    assert sn.file_problems(m["files"], mgr.tool("hashdir", p.live)["files"]) == []
+    assert sn.file_problems(m["files"], mgr.store.tool("hashdir", p.live)["files"]) == []
 
 
 def test_key_mismatch_is_refused_naming_the_component(host, cold_cache):
@@ -114,7 +114,7 @@ def test_corrupt_snapshot_is_refused_and_live_cache_untouched(host, cold_cache, 
     copy = tmp_path / "pulled"
     tar, man = mgr.pull(key.key, copy)
     live_target = os.readlink(p.live)
-    live_files = mgr.tool("hashdir", p.live)["files"]
+    live_files = mgr.store.tool("hashdir", p.live)["files"]
     data = bytearray(tar.read_bytes())
     if damage == "truncate":
         tar.write_bytes(bytes(data[: len(data) // 2]))
@@ -136,7 +136,7 @@ def test_corrupt_snapshot_is_refused_and_live_cache_untouched(host, cold_cache, 
         mgr.push(tar, key)
     assert {"truncate": "truncated", "flip": "corrupt", "member": "fails its checksums"}[damage] in str(e.value)
     assert os.readlink(p.live) == live_target
-    assert mgr.tool("hashdir", p.live)["files"] == live_files == m["files"]
+    assert mgr.store.tool("hashdir", p.live)["files"] == live_files == m["files"]
     # nothing half-made is left beside it
     assert [x.name for x in Path(root, "cache", ".gens").iterdir()] == [os.path.basename(live_target)]
     assert not [x for x in Path(p.tar).parent.iterdir() if x.name.startswith(".")]

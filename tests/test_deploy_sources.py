@@ -25,7 +25,7 @@ def args(tmp_path, sources: Sources, *, env=None, find_links=(), wheelhouse=None
     host = HostConfig(name="local", transport="local", root=str(tmp_path), wheelhouse=wheelhouse)
     d = Deployer(LocalTransport("local"), host, profile=prof, environ=env or {},
                  find_links=find_links)
-    return d._source_args()
+    return d.runner.source_args()
 
 
 def test_extra_indexes_are_asked_only_without_find_links(tmp_path):

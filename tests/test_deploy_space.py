@@ -69,7 +69,7 @@ def test_a_retry_after_a_full_disk_counts_dfos_own_leftovers(tmp_path, tmpfs):  
     (half / "lib" / "cached.so").hardlink_to(root / "uv-cache" / "torch.whl")
     fill(fs, 4 * MB)
 
-    state = d.probe_state(env_dir, "/nonexistent.whl")
+    state = d.probe.state(env_dir, "/nonexistent.whl")
     plan = dp.make_plan(state, target=target, lock=lock, expect=d.profile.expect,
                         local_uv=local_uv()[1], wheel_remote="/nonexistent.whl", force=False)
     assert plan.clean == [target]

@@ -101,9 +101,9 @@ def env(tmp_path, monkeypatch, project_wheel):
     (site / "zz_outer.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     os.symlink(env_dir.name, root / "envs" / "current")
     d = Deployer(t, host, wheel=wheel)
-    probe = d.probe_env(str(env_dir))
+    probe = d.probe.env(str(env_dir))
     assert probe.get("trainer_import") is True, probe
-    d.mark_complete(str(env_dir), build_fingerprint(probe, profile="t", lock_hash=lock_hash(lock)),
+    d.probe.mark_complete(str(env_dir), build_fingerprint(probe, profile="t", lock_hash=lock_hash(lock)),
                      lock_hash(lock))
     hosts = tmp_path / "hosts.yaml"
     hosts.write_text(yaml.safe_dump({"default": "local", "hosts": {"local": {

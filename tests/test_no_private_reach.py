@@ -11,6 +11,9 @@ Checked on the AST of every ``.py`` file of those trees:
 (c) no class of ``orchestrator/engine/`` is named ``...Mixin`` or has a base class defined in
     ``orchestrator/engine/``: an engine class holds the objects it uses (composition) and
     passes them what they need through their constructors.
+(d) no engine class hands itself to the constructor of another engine class (``Helper(self)``,
+    ``Helper(run=self.run)``): a helper never holds its parent; the parts both use are built
+    once and given to each.
 """
 
 from __future__ import annotations
@@ -152,4 +155,84 @@ def test_the_checks_see_what_they_forbid():
         "x.py:12: mod._f",
         "x.py:12: self.b._theirs",
         "x.py:1: from m import _hidden",
+    ]
+
+
+def _methods(cls: ast.ClassDef) -> set[str]:
+    """The methods of ``cls`` that a bound ``self.name`` would hand out (not properties)."""
+    out = set()
+    for node in cls.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not any(
+                isinstance(d, ast.Name) and d.id == "property" for d in node.decorator_list):
+            out.add(node.name)
+    return out
+
+
+def back_pointers(source: str, rel: str, engine: set[str]) -> list[str]:
+    """Every call in ``source`` where a class hands itself to the constructor of a class in
+    ``engine``: ``self`` as an argument, or one of its own bound methods (``self.run``),
+    anywhere inside the arguments (a lambda's body included; a call's result is not
+    itself). The object built would then hold its builder: a helper holding its parent."""
+    found = []
+    for cls in (n for n in ast.walk(ast.parse(source, rel)) if isinstance(n, ast.ClassDef)):
+        methods = _methods(cls)
+        for call in (n for n in ast.walk(cls) if isinstance(n, ast.Call)):
+            f = call.func
+            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+            if name not in engine:
+                continue
+            for arg in [*call.args, *(k.value for k in call.keywords)]:
+                parents = {id(c): p for p in ast.walk(arg) for c in ast.iter_child_nodes(p)}
+                in_lambda = {id(n) for lam in ast.walk(arg) if isinstance(lam, ast.Lambda)
+                             for n in ast.walk(lam.body)}
+                for node in ast.walk(arg):
+                    if not (isinstance(node, ast.Name) and node.id == "self"):
+                        continue
+                    up = parents.get(id(node))
+                    if isinstance(up, ast.Attribute) and up.value is node:
+                        called = parents.get(id(up))
+                        if up.attr not in methods or (isinstance(called, ast.Call)
+                                                      and called.func is up
+                                                      and id(node) not in in_lambda):
+                            continue     # a part it holds (self.clock), or a call's result
+                        what = f"self.{up.attr}"
+                    else:
+                        what = "self"
+                    found.append(f"{rel}:{call.lineno}: {cls.name} gives {what} to {name}")
+    return found
+
+
+def test_engine_helpers_hold_no_parent():
+    """An engine class builds the parts it holds from what it has, never from itself: no
+    ``Helper(self)``, no ``Helper(run=self.run)``. A part both sides use is built once and
+    given to each (``CacheStore``, ``DeployProbe``), so no helper holds its parent."""
+    engine = set(_engine_classes())
+    found = [x for p in sorted(ENGINE.rglob("*.py"))
+             for x in back_pointers(p.read_text(), str(p.relative_to(REPO)), engine)]
+    assert not found, "engine helpers holding their parent:\n" + "\n".join(found)
+
+
+def test_the_back_pointer_check_sees_it():
+    src = (
+        "class Helper:\n"
+        "    def __init__(self, parent=None, run=None, clock=None):\n"
+        "        self.parent = parent\n"
+        "class Parent:\n"
+        "    def __init__(self, clock):\n"
+        "        self.clock = clock\n"
+        "        self.a = Helper(self)\n"
+        "        self.b = Helper(run=self.run)\n"
+        "        self.c = Helper(clock=self.clock, run=lambda: self.run())\n"
+        "        self.d = Helper(clock=self.clock, run=print)\n"
+        "        self.e = Helper(self.run(), clock=self.clock.now())\n"
+        "    @property\n"
+        "    def size(self):\n"
+        "        return Helper(clock=self.size)\n"
+        "    def run(self):\n"
+        "        pass\n"
+    )
+    assert back_pointers(src, "x.py", {"Helper"}) == [
+        "x.py:7: Parent gives self to Helper",
+        "x.py:8: Parent gives self.run to Helper",
+        "x.py:9: Parent gives self.run to Helper",
     ]

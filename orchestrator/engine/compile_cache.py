@@ -1,7 +1,8 @@
-"""The compile cache of one host as a managed artifact (``CacheManager``): its key, the live
-generation, and the snapshot store (restore, push, pull, status, prune). The warm-up that
-fills a generation is ``cache_warmup``; ``dfo warm-cache``'s choice of mode is
-``cache_command``.
+"""The compile cache of one host as a managed artifact (``CacheManager``): its key, and the
+snapshot store's commands (restore, push, pull, status, prune). The store's paths, live
+generation and commit are ``cache_store`` (``CacheStore``, built here once and given to the
+warm-up too); the warm-up that fills a generation is ``cache_warmup``; ``dfo warm-cache``'s
+choice of mode is ``cache_command``.
 
 Decisions (key, manifest checks, plans) are pure, in ``orchestrator.plan.cache_key`` and
 ``orchestrator.plan.snapshot``; this module carries them out through a ``Transport``.
@@ -17,18 +18,16 @@ renamed, and its manifest is written last.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import posixpath
-import secrets
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from dfo_contract.fsio import atomic_write_bytes, sha256_file
 
-from ..common.errors import CacheError, ConfigError, DeployError, DfoError, NotFoundError, RemoteCommandError
+from ..common.errors import CacheError, ConfigError, DfoError, NotFoundError
 from ..plan import cache_key as ck
 from ..plan import snapshot as sn
 from ..plan.init_from import effective_full, init_from_path, init_from_probe
@@ -36,27 +35,25 @@ from ..plan.provenance import Trust, adoption_record, check_trust
 from ..remote.cache_tool import scan_tar
 from ..config.host_tree import HostTree
 from ..transport.base import Transport
-from .cache_warmup import CacheWarmup, WarmResult
+from .cache_store import CacheStore
+from .cache_warmup import CacheWarmup, Event, WarmResult
 
 log = logging.getLogger("dfo")
 
 __all__ = ["CacheManager", "local_snapshot_files"]
 
 
-#: progress of a cache command: (kind, data), e.g. ("stage", {"stage": "verify", ...})
-Event = Callable[[str, Mapping[str, Any]], None]
-
-
-def _noop(kind: str, data: Mapping[str, Any]) -> None:
+def _noop(kind: str, data: Any) -> None:
     pass
 
 
 # --------------------------------------------------------------------------- the manager
 
 class CacheManager:
-    """Compile-cache operations on one host (through its transport). The warm-up into a
-    new generation is its ``warmup`` (``CacheWarmup``); ``warm`` and ``adopt`` here are
-    that object's."""
+    """Compile-cache operations on one host (through its transport): the key, restore,
+    push, pull, status, prune. It builds the host's ``store`` (``CacheStore``: paths, the
+    live generation, the store's commit) and gives it to its ``warmup`` (``CacheWarmup``:
+    the warm-up into a new generation); ``warm`` and ``adopt`` here are that object's."""
 
     def __init__(self, transport: Transport, tree: HostTree, *, host: str | None = None,
                  events: Event = _noop, timeout: float | None = None,
@@ -64,11 +61,11 @@ class CacheManager:
         self.transport = transport
         self.tree = tree
         self.host = host or transport.name
-        self.events = events
-        self.timeout = timeout
-        self.trusted_sources = tuple(trusted_sources)
-        self._machine: str | None = None
-        self.warmup = CacheWarmup(self)
+        self._events = events
+        self._timeout = timeout
+        self._trusted_sources = tuple(trusted_sources)
+        self.store = CacheStore(transport, tree, self.host, timeout=timeout)
+        self.warmup = CacheWarmup(self.store, transport, events=events)
 
     def warm(self, key: ck.CacheKey, config_bytes: bytes, overrides: Sequence[tuple[str, str]],
              *, measure: bool = True, fresh: bool = False) -> WarmResult:
@@ -78,67 +75,17 @@ class CacheManager:
               warmup: Mapping[str, Any] | None = None) -> dict:
         return self.warmup.adopt(cache_dir, key, warmup=warmup)
 
-    @property
-    def machine(self) -> str | None:
-        """The host machine's own name (``socket.gethostname()`` there), asked once."""
-        if self._machine is None:
-            python = self.python if self._exists_file(self.python) else "python3"
-            r = self.transport.run(sn.tool_argv(python, "hostname"), timeout=self.timeout)
-            self._machine = sn.parse_tool(r.out, "cache helper hostname").get("hostname") if r.ok else ""
-        return self._machine or None
-
-    def trust(self, trust_other_hosts: bool = False) -> Trust:
-        return Trust(host=self.host, machine=self.machine, trusted_sources=self.trusted_sources,
-                     trust_other_hosts=trust_other_hosts)
-
-    # -- small remote helpers ----------------------------------------------------------------
-    @property
-    def python(self) -> str:
-        return self.tree.current_python
-
-    def run(self, argv: Sequence[str], what: str, **kw) -> str:
-        """Run ``argv`` on the host; its output (RemoteCommandError naming ``what``)."""
-        return self.transport.run(list(argv), check=False, timeout=self.timeout, **kw).check(what).out
-
-    def tool(self, op: str, *args: str) -> dict[str, Any]:
-        """The env's cache helper ``op`` (``orchestrator.remote.cache_tool``): its JSON."""
-        r = self.transport.run(sn.tool_argv(self.python, op, *args), timeout=self.timeout)
-        if not r.ok:
-            r.check(f"cache helper {op}")
-        return sn.parse_tool(r.out, f"cache helper {op}")
-
-    def _exists_dir(self, path: str) -> bool:
-        return self.transport.run(["test", "-d", path], timeout=self.timeout).ok
-
-    def _exists_file(self, path: str) -> bool:
-        return self.transport.run(["test", "-f", path], timeout=self.timeout).ok
-
-    def rm(self, *paths: str) -> None:
-        if paths:
-            self.transport.run(["rm", "-rf", "--", *paths], timeout=self.timeout)
-
-    def stamp(self) -> str:
-        """A new generation's name suffix: the time and a random tag."""
-        return f"{int(time.time())}-{secrets.token_hex(3)}"
+    def _trust(self, trust_other_hosts: bool = False) -> Trust:
+        return Trust(host=self.host, machine=self.store.machine,
+                     trusted_sources=self._trusted_sources, trust_other_hosts=trust_other_hosts)
 
     # -- the key -----------------------------------------------------------------------------
     def fingerprint(self) -> dict[str, Any]:
-        path = posixpath.join(self.tree.current_env, "fingerprint.json")
-        try:
-            data = self.transport.get(path)
-        except (NotFoundError, RemoteCommandError):
-            raise DeployError(f"no deployed env on {self.host} ({path} missing)",
-                              hint="run `dfo deploy` first") from None
-        try:
-            fp = json.loads(data)
-            assert isinstance(fp, dict)
-        except (ValueError, AssertionError):
-            raise DeployError(f"{path} on {self.host} is not valid JSON",
-                              hint="redeploy with `dfo deploy`") from None
-        return fp
+        """envs/current's fingerprint.json, the key's first part."""
+        return self.store.fingerprint()
 
     def trainer_source(self) -> str:
-        probe = ck.source_hash_probe(self.python, timeout=self.timeout or 600.0)
+        probe = ck.source_hash_probe(self.store.python, timeout=self._timeout or 600.0)
         r = self.transport.run(list(probe.argv), timeout=probe.timeout)
         if r.exit_code not in (0, 3):  # 3: a package is missing (parse says None)
             r.check("hashing the trainer source")
@@ -148,14 +95,14 @@ class CacheManager:
                              f"(or an older dfo wheel)", hint="redeploy with `dfo deploy`")
         return combined
 
-    def target_config_hash(self, config: Mapping[str, Any]) -> str | None:
+    def _target_config_hash(self, config: Mapping[str, Any]) -> str | None:
         target = (config.get("model") or {}).get("target_path")
         if not target:
             return None
-        r = self.tool("hashfile", posixpath.join(str(target), "config.json"))
+        r = self.store.tool("hashfile", posixpath.join(str(target), "config.json"))
         return None if r.get("missing") else r["sha256"]
 
-    def run_config(self, config: Mapping[str, Any], *, explicit: frozenset[str] = frozenset(),
+    def _run_config(self, config: Mapping[str, Any], *, explicit: frozenset[str] = frozenset(),
                    source: str | None = None) -> dict[str, Any]:
         """``config`` as the trainer runs it: with ``model.init_from``, the settings of that
         drafter directory on the host (its config.json, read by ``plan.init_from``'s probe);
@@ -164,81 +111,56 @@ class CacheManager:
         if not path:
             return dict(config)
         probe = init_from_probe(path)
-        r = self.transport.run(list(probe.argv), timeout=self.timeout or probe.timeout)
+        r = self.transport.run(list(probe.argv), timeout=self._timeout or probe.timeout)
         r.check(f"reading {path}/config.json on {self.host}")
         return effective_full(config, explicit, probe.parse(r), host=self.host, config=source)
 
     def key(self, config: Mapping[str, Any], *, explicit: frozenset[str] = frozenset(),
             source: str | None = None) -> ck.CacheKey:
-        """The cache key of ``config`` (the trainer's config in force: ``run_config``)."""
-        config = self.run_config(config, explicit=explicit, source=source)
-        return ck.compute_key(self.fingerprint(), config, trainer_source=self.trainer_source(),
-                              target_config=self.target_config_hash(config))
-
-    # -- live cache --------------------------------------------------------------------------
-    def live_target(self, p: sn.CachePaths) -> str | None:
-        r = self.transport.run(["readlink", "-f", "--", p.live], timeout=self.timeout)
-        if not r.ok or not self._exists_dir(p.live):
-            return None
-        return r.out.strip() or None
-
-    def switch(self, p: sn.CachePaths, gen: str, stamp: str) -> None:
-        """Make ``gen`` the live cache of the key: one rename of a symlink."""
-        old = self.live_target(p)
-        if old is None and self._exists_dir(p.live):  # a plain directory from elsewhere
-            old = p.live + f".old-{stamp}"
-            self.run(["mv", "-T", "--", p.live, old], "moving the old cache aside")
-        tmp = p.link_tmp(stamp)
-        self.run(["ln", "-sfn", "--", gen, tmp], "linking the new cache")
-        self.run(["mv", "-Tf", "--", tmp, p.live], "switching the live cache")
-        if old and old != gen:
-            self.rm(old)
-        self.touch_used(p)
-
-    def touch_used(self, p: sn.CachePaths) -> None:
-        self.transport.run(["mkdir", "-p", "--", posixpath.dirname(p.used)], timeout=self.timeout)
-        self.transport.run(["touch", "--", p.used], timeout=self.timeout)
+        """The cache key of ``config`` (the trainer's config in force: ``_run_config``)."""
+        config = self._run_config(config, explicit=explicit, source=source)
+        return ck.compute_key(self.store.fingerprint(), config, trainer_source=self.trainer_source(),
+                              target_config=self._target_config_hash(config))
 
     # -- restore -----------------------------------------------------------------------------
     def read_manifest_remote(self, p: sn.CachePaths) -> dict[str, Any] | None:
-        if not self._exists_file(p.manifest):
-            return None
-        return sn.parse_manifest(self.transport.get(p.manifest), f"{self.host}:{p.manifest}")
+        """The manifest of the stored snapshot at ``p``; None when there is none."""
+        return self.store.read_manifest(p)
 
     def restore_from_store(self, key: ck.CacheKey, *, trust_other_hosts: bool = False) -> dict[str, Any]:
         """Verify the host store's snapshot for ``key`` and make it the live cache. A
         snapshot neither built nor explicitly adopted here needs ``trust_other_hosts`` (or its
         builder in ``trusted_sources``)."""
         p = sn.paths(self.tree, key.key)
-        m = self.read_manifest_remote(p)
+        m = self.store.read_manifest(p)
         if m is None:
             raise NotFoundError(f"no snapshot for key {key.key} on {self.host}",
                                 hint="warm one with `dfo warm-cache`")
         source = f"{self.host}:{p.tar}"
         sn.check_key(m, key.key, key.components, source)
-        check_trust(m, self.trust(trust_other_hosts), source, stored=True)
+        check_trust(m, self._trust(trust_other_hosts), source, stored=True)
         self._restore(p, m, p.tar, key, source)
         return m
 
     def _restore(self, p: sn.CachePaths, m: Mapping[str, Any], tar: str, key: ck.CacheKey,
                  source: str) -> None:
         sn.check_key(m, key.key, key.components, source)
-        self.events("stage", {"stage": "verify", "what": source})
-        sn.check_tar(m, self.tool("hashfile", tar), source)
-        stamp = self.stamp()
+        self._events("stage", {"stage": "verify", "what": source})
+        sn.check_tar(m, self.store.tool("hashfile", tar), source)
+        stamp = self.store.stamp()
         gen = p.gen(stamp)
-        self.events("stage", {"stage": "unpack", "what": gen})
+        self._events("stage", {"stage": "unpack", "what": gen})
         try:
-            self.run(["mkdir", "-p", "--", gen], "creating the cache dir")
+            self.store.run(["mkdir", "-p", "--", gen], "creating the cache dir")
             # the helper checks every member (regular files and dirs only), then extracts
             # without following links or writing outside ``gen``, then hashes
-            got = self.tool("unpack", tar, gen)
+            got = self.store.tool("unpack", tar, gen)
             sn.check_members(got.get("refused"), source)
             sn.check_files(m, got.get("files") or {}, source, other=got.get("other") or ())
         except BaseException:
-            self.rm(gen)
+            self.store.rm(gen)
             raise
-        self.switch(p, gen, stamp)
+        self.store.switch(p, gen, stamp)
 
     def push(self, local_tar: Path, key: ck.CacheKey, *, restore: bool = True,
              trust_other_hosts: bool = False) -> dict[str, Any]:
@@ -251,39 +173,27 @@ class CacheManager:
         sn.check_key(m, key.key, key.components, source)
         sn.check_tar(m, _hash_local(local_tar), source)
         sn.check_members(scan_tar(str(local_tar)).get("refused"), source)
-        how = check_trust(m, self.trust(trust_other_hosts), source)
-        m = adoption_record(m, self.trust(trust_other_hosts), how, time.time())
+        how = check_trust(m, self._trust(trust_other_hosts), source)
+        m = adoption_record(m, self._trust(trust_other_hosts), how, time.time())
         p = sn.paths(self.tree, key.key)
-        stamp = self.stamp()
+        stamp = self.store.stamp()
         tmp = p.tar_tmp(stamp)
-        self.events("stage", {"stage": "upload", "what": source, "bytes": local_tar.stat().st_size})
-        self.run(["mkdir", "-p", "--", self.tree.snapshots], "creating the snapshot store")
+        self._events("stage", {"stage": "upload", "what": source, "bytes": local_tar.stat().st_size})
+        self.store.run(["mkdir", "-p", "--", self.tree.snapshots], "creating the snapshot store")
         try:
             self.transport.put(local_tar, tmp, mode=0o644)
             if restore:
                 self._restore(p, m, tmp, key, source)
         except BaseException:
-            self.rm(tmp)
+            self.store.rm(tmp)
             raise
-        self.store(p, tmp, m)
+        self.store.commit(p, tmp, m)
         return m
-
-    def store(self, p: sn.CachePaths, tmp: str, m: Mapping[str, Any]) -> None:
-        """Commit the verified tar at ``tmp`` into the store: the old manifest goes first
-        (from then on no snapshot exists for the key), the tar takes its name with one
-        rename, and the new manifest comes last."""
-        try:
-            self.rm(p.manifest)
-            self.run(["mv", "-f", "--", tmp, p.tar], "storing the snapshot")
-        except BaseException:
-            self.rm(tmp)
-            raise
-        self.transport.put(sn.manifest_bytes(m), p.manifest, mode=0o644)
 
     def pull(self, key: str, dest: Path) -> tuple[Path, Path]:
         """Copy the host's snapshot for ``key`` (verified) to ``dest`` (a dir or a .tar path)."""
         p = sn.paths(self.tree, key)
-        m = self.read_manifest_remote(p)
+        m = self.store.read_manifest(p)
         if m is None:
             have = sorted(e.key for e in self.status()[0] if e.snapshot_size is not None)
             raise NotFoundError(f"no snapshot for key {key} on {self.host}",
@@ -291,7 +201,7 @@ class CacheManager:
                                 else "there are no snapshots; warm one with `dfo warm-cache`")
         tar_path = _pull_target(Path(dest), key)
         man_path = tar_path.with_name(tar_path.name[: -len(".tar")] + ".manifest.json")
-        self.events("stage", {"stage": "download", "what": f"{self.host}:{p.tar}"})
+        self._events("stage", {"stage": "download", "what": f"{self.host}:{p.tar}"})
         part = tar_path.with_name(f".{tar_path.name}.dfo-pull")
         try:
             self.transport.get_file(p.tar, part)
@@ -330,9 +240,9 @@ class CacheManager:
     def status(self, *, verify: bool = False) -> tuple[list[sn.CacheEntry], dict[str, Any]]:
         """The host's keys; ``verify`` also checks every stored snapshot (manifest, tar
         size and sha256, members) and sets each entry's ``problem``."""
-        python = self.python if self._exists_file(self.python) else "python3"
+        python = self.store.helper_python()
         r = self.transport.run(sn.tool_argv(python, "status", self.tree.cache, *(["verify"] if verify else [])),
-                       timeout=self.timeout)
+                       timeout=self._timeout)
         r.check("cache status")
         raw = sn.parse_tool(r.out, "cache status")
         return sn.entries_from_status(raw), raw
@@ -340,9 +250,9 @@ class CacheManager:
     def scrub_live(self, key: str) -> list[tuple[str, str]]:
         """Delete the files of ``key``'s live cache that cannot be loaded (the cache
         helper's ``scrub``); (path, why) for each."""
-        python = self.python if self._exists_file(self.python) else "python3"
+        python = self.store.helper_python()
         r = self.transport.run(sn.tool_argv(python, "scrub", sn.paths(self.tree, key).live),
-                               timeout=self.timeout)
+                               timeout=self._timeout)
         r.check("cache scrub")
         raw = sn.parse_tool(r.out, "cache scrub")
         return [(str(p), str(w)) for p, w in raw.get("dropped") or ()]
@@ -354,11 +264,11 @@ class CacheManager:
             p = sn.paths(self.tree, key)
             target = (raw.get("live") or {}).get(key, {}).get("target")
             # the manifest first: from then on the snapshot does not exist
-            self.rm(p.manifest)
-            self.rm(p.tar, p.live, p.used, *([target] if target else []))
+            self.store.rm(p.manifest)
+            self.store.rm(p.tar, p.live, p.used, *([target] if target else []))
         # leftovers of interrupted warm-ups/restores (never live)
         stale = [posixpath.join(self.tree.cache, s) for s in raw.get("stale") or []]
-        self.rm(*stale)
+        self.store.rm(*stale)
         return doomed
 
 

@@ -1,26 +1,29 @@
 """``dfo deploy --check`` and ``--rollback``: compare envs/current with its lock and
-fingerprint, or switch back to envs/previous after verifying it. ``DeployChecks`` is held by
-``Deployer`` and given it (its public steps: the stage clock, the lease, ``local_facts``,
-``probe_state``, ``probe_env``, ``verify``, ``mark_complete``, ``run``, ``finish``) and its
-``EnvSwitch``."""
+fingerprint, or switch back to envs/previous after verifying it; launch's check and its
+switch to this dfo's wheel. ``DeployChecks`` is held by ``Deployer`` and given the parts it
+builds: the host's ``DeployProbe`` (``deploy_probe``), its ``DeployRunner`` (``deploy_run``),
+its ``EnvSwitch`` (``deploy_switch``), the stage clock and the lease."""
 
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import logging
 import posixpath
 from pathlib import Path
 from typing import Any, Callable
 
 from ..config.profiles import Profile
-from ..common.errors import DeployError, NotFoundError, RemoteCommandError
+from ..common.errors import DeployError, RemoteCommandError
 from ..plan import deploy_plan as dp
 from ..plan.drift import fingerprint_drift
 from ..plan.fingerprint import EXPECT_FIELDS, compare, fingerprint_changes, parse_probe
 from ..plan.launch_facts import VERIFIED_FILE, LaunchFacts, record_bytes
 from ..config.host_tree import env_generation
-from .stages import DeployReport
+from .deploy_probe import DeployProbe
+from .deploy_run import DeployRunner
+from .deploy_switch import EnvSwitch
+from .lease import DeployLease
+from .stages import DeployReport, StageClock, finish
 
 log = logging.getLogger("dfo")
 
@@ -32,36 +35,45 @@ def _shown(state: dp.RemoteState, target: str) -> str:
 
 
 class DeployChecks:
-    def __init__(self, deployer, envs):
-        self.deployer = deployer
+    """The checks of one host's envs: ``probe`` (what this dfo deploys, the host's envs),
+    ``runner`` (commands under the lease), ``envs`` (the switch), the stage ``clock`` and
+    the deploy ``lease``."""
+
+    def __init__(self, probe: DeployProbe, runner: DeployRunner, envs: EnvSwitch, *,
+                 clock: StageClock, lease: DeployLease):
+        self.probe = probe
+        self.runner = runner
         self.envs = envs
+        self.clock = clock
+        self.lease = lease
+        self.tree = probe.tree
 
     def check(self) -> DeployReport:
         """Compare envs/current with the lock and its fingerprint (no change made)."""
-        self.deployer.clock.restart()
-        lock, _, env_dir = self.deployer.local_facts()
+        self.clock.restart()
+        lock, _, env_dir = self.probe.local_facts()
         target = posixpath.basename(env_dir)
-        t = self.deployer.clock.begin("connect")
-        state = self.deployer.probe_state(env_dir)
-        self.deployer.clock.end("connect", t, f"current {state.current_name or 'none'}")
-        report = DeployReport(self.deployer.host.name, self.deployer.profile.name,
+        t = self.clock.begin("connect")
+        state = self.probe.state(env_dir)
+        self.clock.end("connect", t, f"current {state.current_name or 'none'}")
+        report = DeployReport(self.probe.host.name, self.probe.profile.name,
                               _shown(state, target), "check")
         lines = self._drift_lines(state, lock, target,
-                                  lambda: self._timed_probe(self.deployer.tree.current_env))
+                                  lambda: self._timed_probe(self.tree.current_env))
         report.fingerprint = state.current_fingerprint or None
         report.drift = list(dict.fromkeys(lines))  # each line once, in order
         report.ok = not report.drift
         report.dfo_only = self._dfo_only(state, lock, report.drift)
         report.message = ("envs/current matches its lock and fingerprint" if report.ok else
                           f"{len(report.drift)} difference(s) from the lock")
-        return self.deployer.finish(report, report.fingerprint)
+        return finish(report, self.clock, report.fingerprint)
 
     def _timed_probe(self, env_dir: str) -> dict[str, Any]:
-        tv = self.deployer.clock.begin("verify", "probe envs/current")
+        tv = self.clock.begin("verify", "probe envs/current")
         try:
-            return self.deployer.probe_env(env_dir)
+            return self.probe.env(env_dir)
         finally:
-            self.deployer.clock.end("verify", tv, "probe of envs/current")
+            self.clock.end("verify", tv, "probe of envs/current")
 
     def _drift_lines(self, state: dp.RemoteState, lock, target: str,
                      probe: Callable[[], dict[str, Any]]) -> list[str]:
@@ -80,7 +92,7 @@ class DeployChecks:
         if state.current_freeze is None:
             lines.append(f"{state.current_name}: cannot list its packages (no python or uv)")
         else:
-            lines += dp.current_drift(state, lock, self.deployer.wheel_remote()).lines()
+            lines += dp.current_drift(state, lock, self.probe.wheel_remote()).lines()
         recorded = state.current_fingerprint
         if not recorded:
             lines.append(f"{state.current_name} has no fingerprint.json")
@@ -91,7 +103,7 @@ class DeployChecks:
                 lines.append(f"probe failed: {e}")
             else:
                 lines += [str(i) for i in fingerprint_drift(fingerprint_changes(recorded, now))]
-                lines += [str(m) for m in compare(now, self.deployer.profile.expect)]
+                lines += [str(m) for m in compare(now, self.probe.profile.expect)]
         return lines
 
     def launch_check(self, facts: LaunchFacts) -> tuple[DeployReport, tuple[str, bytes] | None]:
@@ -100,17 +112,17 @@ class DeployChecks:
         round trip ran (its stamp changed, or a file under its site-packages did). Returns
         the report and, when a fresh probe passed, the record to write for the next launch
         (path, bytes): launch writes it with the run's files; a dry run writes nothing."""
-        self.deployer.clock.restart()
-        lock, _, env_dir = self.deployer.local_facts()
+        self.clock.restart()
+        lock, _, env_dir = self.probe.local_facts()
         target = posixpath.basename(env_dir)
         state = facts.state
         if state is None or not state.complete_output:
-            raise RemoteCommandError(f"the state probe on {self.deployer.host.name} did not finish",
+            raise RemoteCommandError(f"the state probe on {self.probe.host.name} did not finish",
                                      hint="the target needs bash and coreutils")
         rec = facts.verified
         if rec is not None:
             state.current_freeze = rec.freeze
-        report = DeployReport(self.deployer.host.name, self.deployer.profile.name,
+        report = DeployReport(self.probe.host.name, self.probe.profile.name,
                               _shown(state, target), "check")
         probed: dict[str, Any] = {}
 
@@ -132,12 +144,12 @@ class DeployChecks:
         report.message = ("envs/current matches its lock and fingerprint"
                           + (" (recorded verification)" if report.cached else "")
                           if report.ok else f"{len(report.drift)} difference(s) from the lock")
-        return self.deployer.finish(report, report.fingerprint), record
+        return finish(report, self.clock, report.fingerprint), record
 
     def _dfo_only(self, state: dp.RemoteState, lock, drift: list[str]) -> str | None:
         """When the only difference is dfo's own wheel (another dfo deployed its wheel into
         envs/current): what is installed instead; else None."""
-        proj = [i for i in dp.current_drift(state, lock, self.deployer.wheel_remote()).items
+        proj = [i for i in dp.current_drift(state, lock, self.probe.wheel_remote()).items
                 if i.kind == "project"]
         own = {str(i) for i in proj}
         version_line = EXPECT_FIELDS["dfo"] + ":"
@@ -151,24 +163,24 @@ class DeployChecks:
         earlier deploy from this dfo left it under wheels/<hash>/) and only dfo's own wheel
         differs: the lock's packages stay as they are. Verified and re-marked like a deploy;
         refused while a run holds run.lock (its next attempt would load another dfo)."""
-        lock, _, _ = self.deployer.local_facts()
+        lock, _, _ = self.probe.local_facts()
         self.envs.guard_run_lock(state)
-        env_dir = posixpath.join(self.deployer.tree.envs, state.current_name)
+        env_dir = posixpath.join(self.tree.envs, state.current_name)
         py = posixpath.join(env_dir, "bin", "python")
-        self.deployer.lease.acquire(state)
+        self.lease.acquire(state)
         try:
-            self.deployer.run(["rm", "-f", "--", posixpath.join(env_dir, dp.COMPLETE_MARKER),
+            self.runner.run(["rm", "-f", "--", posixpath.join(env_dir, dp.COMPLETE_MARKER),
                                posixpath.join(env_dir, VERIFIED_FILE)],
                               what="switching the dfo wheel")
-            self.deployer.run([self.deployer.tree.uv, "pip", "install", "--no-deps",
+            self.runner.run([self.tree.uv, "pip", "install", "--no-deps",
                                "--no-index", "--offline", "--python", py,
-                               "--reinstall-package", "dfo", self.deployer.wheel_remote()],
+                               "--reinstall-package", "dfo", self.probe.wheel_remote()],
                               timeout=300, what="switching the dfo wheel")
-            fp = self.deployer.verify(env_dir, lock.sha256, keep=state.current_name)
-            self.deployer.mark_complete(env_dir, fp, lock.sha256)
+            fp = self.probe.verify(env_dir, lock.sha256, keep=state.current_name)
+            self.probe.mark_complete(env_dir, fp, lock.sha256)
         finally:
-            self.deployer.lease.release()
-        return posixpath.basename(self.deployer.wheel_remote())
+            self.lease.release()
+        return posixpath.basename(self.probe.wheel_remote())
 
     def _verified_record(self, facts: LaunchFacts, probe: dict[str, Any],
                          freeze: str) -> tuple[str, bytes] | None:
@@ -178,39 +190,33 @@ class DeployChecks:
         except ValueError as e:   # not recorded: the next launch probes
             log.debug("no verification record: %s", e)
             return None
-        return posixpath.join(self.deployer.tree.current_env, VERIFIED_FILE), data
+        return posixpath.join(self.tree.current_env, VERIFIED_FILE), data
 
     def rollback(self) -> DeployReport:
         """Switch envs/current back to envs/previous, after verifying it."""
-        self.deployer.clock.restart()
-        t = self.deployer.clock.begin("connect")
-        state = self.deployer.probe_state(posixpath.join(self.deployer.tree.envs, "-"), "-")
-        self.deployer.clock.end("connect", t, f"current {state.current_name or 'none'}, "
-                                f"previous {state.previous_name or 'none'}")
+        self.clock.restart()
+        t = self.clock.begin("connect")
+        state = self.probe.state(posixpath.join(self.tree.envs, "-"), "-")
+        self.clock.end("connect", t, f"current {state.current_name or 'none'}, "
+                       f"previous {state.previous_name or 'none'}")
         plan = dp.rollback_plan(state)
         self.envs.guard_run_lock(state)
-        prev_dir = posixpath.join(self.deployer.tree.envs, plan.target)
-        report = DeployReport(self.deployer.host.name, "?", plan.target, "rollback")
-        self.deployer.lease.acquire(state)
+        prev_dir = posixpath.join(self.tree.envs, plan.target)
+        report = DeployReport(self.probe.host.name, "?", plan.target, "rollback")
+        self.lease.acquire(state)
         try:
-            try:
-                recorded = json.loads(self.deployer.transport.get(posixpath.join(prev_dir, dp.FINGERPRINT_FILE)))
-                if not isinstance(recorded, dict):
-                    raise ValueError("not a JSON object")
-            except (NotFoundError, RemoteCommandError, ValueError) as e:
-                raise DeployError(f"the previous env {plan.target} has no readable fingerprint: {e}",
-                                  hint="deploy again to build a good env") from None
+            recorded = self.probe.recorded_fingerprint(prev_dir)
             report.profile = str(recorded.get("profile") or "?")
             for s in ("push uv", "push wheel", "create venv", "install"):
-                self.deployer.clock.skip(s, "not needed")
+                self.clock.skip(s, "not needed")
             prof = Profile(name=report.profile, directory=Path("."), python="", lock_file=Path("."),
-                           lock_sha256=None, sources=self.deployer.profile.sources, expect={})
-            fp = self.deployer.verify(prev_dir, str(recorded.get("lock_hash") or ""),
-                                      profile=prof, recorded=recorded,
-                                      keep=state.current_name or "none")
+                           lock_sha256=None, sources=self.probe.profile.sources, expect={})
+            fp = self.probe.verify(prev_dir, str(recorded.get("lock_hash") or ""),
+                                   profile=prof, recorded=recorded,
+                                   keep=state.current_name or "none")
             fp = recorded  # unchanged: the probe matched what was recorded
             self.envs.switch(plan.target, plan.new_previous)
         finally:
-            self.deployer.lease.release()
+            self.lease.release()
         report.message = f"rolled back: envs/current -> {plan.target} (previous: {plan.new_previous})"
-        return self.deployer.finish(report, fp)
+        return finish(report, self.clock, fp)

@@ -4,7 +4,7 @@ older generations of the env, and the removal of half-built envs; the free space
 needs, counting what dfo removes first or reuses (``plan.deploy_space``). It is given the
 transport, the tree, the host's name, the deploy's stage clock and lease, the free space
 the profile asks for, and ``run``: the deploy's runner of a locked command
-(``Deployer.run``: lost lease and run.lock errors said as a deploy says them)."""
+(``DeployRunner.run``: lost lease and run.lock errors said as a deploy says them)."""
 
 from __future__ import annotations
 

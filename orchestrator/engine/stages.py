@@ -1,6 +1,7 @@
 """Stage timing for ``dfo deploy``: each stage is timed and reported through
 ``on_event(stage, status, seconds, detail)`` (status: ``start``, ``line``, ``done``,
-``skip``, ``fail``); a display problem never breaks a deploy."""
+``skip``, ``fail``); a display problem never breaks a deploy. ``finish`` completes a
+command's ``DeployReport`` from the clock."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import logging
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable
+
+from ..plan.deploy_plan import STAGES
 
 log = logging.getLogger("dfo")
 
@@ -89,3 +92,13 @@ class StageClock:
 
     def elapsed(self) -> float:
         return round(time.monotonic() - self.t0, 3)
+
+
+def finish(report: DeployReport, clock: StageClock, fp: dict[str, Any] | None, *,
+           env_bytes: int | None = None) -> DeployReport:
+    """``report`` completed: the env's fingerprint and size, each stage's time, the total."""
+    report.fingerprint = fp
+    report.env_bytes = env_bytes
+    report.stages = clock.results(STAGES)
+    report.total_seconds = clock.elapsed()
+    return report
