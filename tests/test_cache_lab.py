@@ -102,6 +102,10 @@ def live_target(lab: CacheLab, key: str) -> str:
     return rsh(lab.t, 'readlink "$1" || true', sn.paths(lab.host.tree, key).live).strip()
 
 
+# the whole round trip through the container (SSH, then pct exec); the node's plain SSH
+# path runs the same warm/pull/push commands in the test below, and the local transport
+# the same round trip in test_cache_warm
+@pytest.mark.parametrize("cache_lab", ["lab"], indirect=True)
 def test_lab_warm_wipe_restore_hits_then_pull_push(cache_lab: CacheLab):
     lab = cache_lab
     r = dfo(lab, "--config", str(lab.cfg), "--json")
