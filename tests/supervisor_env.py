@@ -133,3 +133,30 @@ def live_looking_run(run_dir: Path) -> subprocess.Popen:
     (run_dir / "events.jsonl").write_text('{"kind": "supervisor_start", "mode": "setsid", '
                                      '"pid": 1, "resumed": false, "t": 1}\n')
     return sup
+
+
+def dfo(capsys, hosts, *args):
+    """The CLI in this process against ``hosts``: (exit code, stdout, stderr)."""
+    from orchestrator.cli import main
+
+    rc = main(["--hosts", str(hosts), *args])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def fake_run(root: Path, run_id: str, attempts: int = 2) -> Path:
+    """A finished run's directory as the supervisor leaves it (state.json, logs, events)."""
+    from dfo_contract.runstate import Attempt, RunState
+    from orchestrator.supervisor.runfiles import write_state
+
+    rd = root / "runs" / run_id
+    rd.mkdir(parents=True)
+    st = RunState.new(run_id, run_id.rsplit("-", 2)[0], now=time.time() - 60)
+    st.status, st.ended_at, st.last_step = "done", time.time(), 12
+    st.attempts = [Attempt(n=i + 1, started_at=time.time() - 60) for i in range(attempts)]
+    st.attempt = attempts
+    write_state(str(rd), st)
+    for i in range(attempts):
+        (rd / f"attempt-{i + 1}.log").write_text(f"attempt {i + 1} says hi\n")
+    (rd / "events.jsonl").write_text("")
+    return rd

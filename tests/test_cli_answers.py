@@ -7,15 +7,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from pathlib import Path
 
 import pytest
 
-from orchestrator.cli import main
-from dfo_contract.runstate import Attempt, RunState
-from orchestrator.supervisor.runfiles import write_state
-from tests.supervisor_env import hosts_yaml, make_root  # noqa: F401
+from tests.supervisor_env import dfo, fake_run, hosts_yaml, make_root  # noqa: F401
 
 
 @pytest.fixture
@@ -26,26 +22,6 @@ def env(tmp_path, monkeypatch):
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)     # the default config must not depend on the cwd
     return root, hosts
-
-
-def dfo(capsys, hosts, *args):
-    rc = main(["--hosts", str(hosts), *args])
-    out = capsys.readouterr()
-    return rc, out.out, out.err
-
-
-def fake_run(root: Path, run_id: str, attempts: int = 2) -> Path:
-    rd = root / "runs" / run_id
-    rd.mkdir(parents=True)
-    st = RunState.new(run_id, run_id.rsplit("-", 2)[0], now=time.time() - 60)
-    st.status, st.ended_at, st.last_step = "done", time.time(), 12
-    st.attempts = [Attempt(n=i + 1, started_at=time.time() - 60) for i in range(attempts)]
-    st.attempt = attempts
-    write_state(str(rd), st)
-    for i in range(attempts):
-        (rd / f"attempt-{i + 1}.log").write_text(f"attempt {i + 1} says hi\n")
-    (rd / "events.jsonl").write_text("")
-    return rd
 
 
 def test_unknown_run_or_attempt_is_exit_11_everywhere(env, capsys):

@@ -16,8 +16,7 @@ import pytest
 from orchestrator.cli import main
 from orchestrator.engine.runs import RunOps
 from orchestrator.transport.local import LocalTransport
-from tests.supervisor_env import hosts_yaml, local_host, make_root, wait_final, wait_for
-from tests.test_cli_answers import fake_run
+from tests.supervisor_env import dfo, fake_run, hosts_yaml, local_host, make_root, wait_final, wait_for
 
 OWN = Path(__file__).resolve().parent / "fixtures" / "own"
 PATTERN = r"step (?P<step>\d+) loss \S+ tok/s (?P<tok_s>[\d.]+)"
@@ -29,12 +28,6 @@ def env(tmp_path, monkeypatch):
     hosts = hosts_yaml(tmp_path / "hosts.yaml", root)
     monkeypatch.chdir(tmp_path)
     return root, hosts, tmp_path
-
-
-def dfo(capsys, hosts, *args):
-    rc = main(["--hosts", str(hosts), *args])
-    out = capsys.readouterr()
-    return rc, out.out, out.err
 
 
 def test_stop_past_its_timeout_names_the_timeout_and_the_run_then_stops(env, capsys):

@@ -11,11 +11,10 @@ import os
 import pytest
 
 from dfo_contract.fsio import atomic_write_json, sha256_file
-from orchestrator.cli import main
 from dfo_contract import runstate as rs
 from tests.helpers.tmpfs import fill, tmpfs  # noqa: F401
 from tests.helpers.trainer import make_synth, make_target, tiny_config
-from tests.supervisor_env import hosts_yaml, make_root
+from tests.supervisor_env import dfo, hosts_yaml, make_root
 
 
 @pytest.fixture(scope="module")
@@ -36,12 +35,6 @@ def host_run(tmp_path_factory):
         "checkpoint.every": 2, "data.eval_path": data, "eval.every": 2, "eval.max_samples": 8})
     assert train(cfg, out=io.StringIO()) == 0
     return {"root": root, "hosts": hosts, "tmp": tmp, "run_id": run_id}
-
-
-def dfo(capsys, hosts, *args):
-    rc = main(["--hosts", str(hosts), *args])
-    out = capsys.readouterr()
-    return rc, out.out, out.err
 
 
 def test_export_best_to_local_dir(host_run, capsys):

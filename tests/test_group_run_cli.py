@@ -8,16 +8,9 @@ import json
 
 import pytest
 
-from orchestrator.cli import main
-from tests.supervisor_env import write_config  # noqa: F401,F811
+from tests.supervisor_env import dfo, write_config  # noqa: F401,F811
 from tests.lab.procs import free_port_pair
 from tests.test_group_runs_local import env_root
-
-
-def dfo(capsys, hosts, *args):
-    rc = main(["--hosts", str(hosts), *args])
-    out = capsys.readouterr()
-    return rc, out.out, out.err
 
 
 def group_yaml(tmp_path, envs=(True, True)):

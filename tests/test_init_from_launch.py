@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.cli import main
 from orchestrator.config.hostconfig import HostConfig
 from orchestrator.config.runconfig import load_layers
 from orchestrator.engine.compile_cache import CacheManager
@@ -21,6 +20,7 @@ from orchestrator.engine.runs import LaunchOptions, RunOps
 from orchestrator.config.host_tree import HostTree
 from orchestrator.transport.local import LocalTransport
 from tests.helpers.rtt import CountingTransport
+from tests.supervisor_env import dfo
 
 DRAFTER = {"architectures": ["DFlashDraftModel"], "num_hidden_layers": 2, "hidden_size": 64,
            "vocab_size": 128, "num_target_layers": 4, "is_causal": False,
@@ -64,12 +64,6 @@ def drafter(d: Path, layers: int = 2, **dflash) -> str:
     conf["dflash_config"].update(dflash)
     (d / "config.json").write_text(json.dumps(conf))
     return str(d)
-
-
-def dfo(capsys, hosts, *args):
-    rc = main(["--hosts", str(hosts), *args])
-    out = capsys.readouterr()
-    return rc, out.out, out.err
 
 
 def launch_key(capsys, hosts, cfg, *sets) -> str:

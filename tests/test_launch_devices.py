@@ -11,10 +11,9 @@ import shutil
 import pytest
 
 from dfo_contract.checkpoints import write_manifest
-from orchestrator.cli import main
 from orchestrator.plan.devices import check_devices
 from orchestrator.common.errors import ConfigError
-from tests.supervisor_env import VENV, hosts_yaml
+from tests.supervisor_env import VENV, dfo, hosts_yaml
 
 
 @pytest.fixture
@@ -36,12 +35,6 @@ def env(tmp_path):
     cfg.write_text(f"model: {{target_path: {tmp_path / 'target'}}}\n"
                    f"data: {{path: {tmp_path / 'data.jsonl'}}}\ncompile: {{enabled: false}}\n")
     return root, hosts_yaml(tmp_path / "hosts.yaml", root), cfg
-
-
-def dfo(capsys, hosts, *args):
-    rc = main(["--hosts", str(hosts), *args])
-    out = capsys.readouterr()
-    return rc, out.out, out.err
 
 
 @pytest.mark.parametrize("dry", [True, False])

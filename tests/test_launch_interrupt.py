@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli import main
-from tests.supervisor_env import FAST, REPO, hosts_yaml, make_root, wait_for, write_config
+from tests.supervisor_env import FAST, REPO, dfo, hosts_yaml, make_root, wait_for, write_config
 
 CLI = "import sys; from orchestrator.cli import main; sys.exit(main(sys.argv[1:]))"
 
@@ -73,12 +72,6 @@ def _gated_env(tmp: Path, stage: str) -> tuple[dict, Path]:
                PATH=f"{gate / 'bin'}:{os.environ['PATH']}", TEST_GATE_DIR=str(gate),
                **STAGES[stage])
     return env, gate
-
-
-def dfo(capsys, hosts, *args):
-    rc = main(["--hosts", str(hosts), *args])
-    out = capsys.readouterr()
-    return rc, out.out, out.err
 
 
 @pytest.mark.parametrize("stage", list(STAGES))

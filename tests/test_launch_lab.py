@@ -8,16 +8,9 @@ import time
 
 import pytest
 
-from orchestrator.cli import main
-from tests.supervisor_env import FAST, make_root, write_config  # noqa: F401
+from tests.supervisor_env import FAST, dfo, make_root, write_config  # noqa: F401
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
-
-
-def dfo(capsys, hosts, *args):
-    rc = main(["--hosts", str(hosts), *args])
-    out = capsys.readouterr()
-    return rc, out.out, out.err
 
 
 def test_run_outlives_the_ssh_session(lab, lab_hosts_factory, tmp_path, capsys, tiny_assets):  # noqa: F811

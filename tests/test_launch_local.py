@@ -11,9 +11,8 @@ import signal
 import pytest
 from pathlib import Path
 
-from orchestrator.cli import main
 from orchestrator.supervisor import procs
-from tests.supervisor_env import (FAST, events, hosts_yaml, make_root,  # noqa: F401
+from tests.supervisor_env import (FAST, dfo, events, hosts_yaml, make_root,  # noqa: F401
                                   wait_for, write_config)
 
 
@@ -29,12 +28,6 @@ def env(tmp_path):
     root = make_root(tmp_path)
     hosts = hosts_yaml(tmp_path / "hosts.yaml", root)
     return root, hosts, tmp_path
-
-
-def dfo(capsys, hosts, *args):
-    rc = main(["--hosts", str(hosts), *args])
-    out = capsys.readouterr()
-    return rc, out.out, out.err
 
 
 def state(root, run_id):

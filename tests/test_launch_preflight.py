@@ -7,14 +7,7 @@ from __future__ import annotations
 import fcntl
 import os
 
-from orchestrator.cli import main
-from tests.supervisor_env import hosts_yaml, make_root, write_config
-
-
-def dfo(capsys, hosts, *args):
-    rc = main(["--hosts", str(hosts), *args])
-    out = capsys.readouterr()
-    return rc, out.out, out.err
+from tests.supervisor_env import dfo, hosts_yaml, make_root, write_config
 
 
 def _assets(tmp_path):

@@ -17,16 +17,9 @@ import pytest
 from orchestrator.common.errors import DeployError
 from orchestrator.supervisor import procs
 from orchestrator.supervisor.query import never_started
-from orchestrator.cli import main
-from tests.supervisor_env import REPO, hosts_yaml, make_root, live_looking_run, wait_for
+from tests.supervisor_env import REPO, dfo, hosts_yaml, live_looking_run, make_root, wait_for
 
 CLI = "import sys; from orchestrator.cli import main; sys.exit(main(sys.argv[1:]))"
-
-
-def dfo(capsys, hosts, *args):
-    rc = main(["--hosts", str(hosts), *args])
-    out = capsys.readouterr()
-    return rc, out.out, out.err
 
 
 def dfo_proc(hosts, *args, timeout=300) -> subprocess.CompletedProcess:

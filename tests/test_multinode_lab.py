@@ -16,11 +16,10 @@ from pathlib import Path
 import pytest
 
 from dfo_contract import events
-from orchestrator.cli import main
 from orchestrator.config.inventory import load_inventory
 from orchestrator.transport import open_transport
 from tests.lab.pair import PairInfo
-from tests.supervisor_env import FAST, wait_for, write_config  # noqa: F401
+from tests.supervisor_env import FAST, dfo, wait_for, write_config  # noqa: F401
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(1500)]
 
@@ -41,12 +40,6 @@ dist.all_reduce(t)
 print(f"rank {rank} on {socket.gethostname()} sum {t.item():g}")
 dist.destroy_process_group()
 """
-
-
-def dfo(capsys, hosts, *args):
-    rc = main(["--hosts", str(hosts), *args])
-    out = capsys.readouterr()
-    return rc, out.out, out.err
 
 
 def fast_flags(**extra):

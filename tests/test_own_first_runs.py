@@ -15,11 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli import main
 from orchestrator.engine.runs import RunOps
 from orchestrator.common.errors import RunFailed
 from orchestrator.transport.local import LocalTransport
-from tests.supervisor_env import events, hosts_yaml, local_host, make_root, wait_final
+from tests.supervisor_env import dfo, events, hosts_yaml, local_host, make_root, wait_final
 
 PATTERN = r"step (?P<step>\d+) loss \S+"
 SCRIPT = "import sys\nfor i in range(1, 4):\n    print(f'step {i} loss 1.0', flush=True)\n"
@@ -31,12 +30,6 @@ def env(tmp_path, monkeypatch):
     hosts = hosts_yaml(tmp_path / "hosts.yaml", root)
     monkeypatch.chdir(tmp_path)
     return root, hosts, tmp_path
-
-
-def dfo(capsys, hosts, *args):
-    rc = main(["--hosts", str(hosts), *args])
-    out = capsys.readouterr()
-    return rc, out.out, out.err
 
 
 def runs(root: Path) -> list[str]:

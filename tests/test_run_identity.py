@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 
 from dfo_contract.checkpoints import REQUIRED_FILES, write_manifest
-from orchestrator.cli import main
 from orchestrator.engine.runs import LaunchOptions, RunOps
 from orchestrator.common.errors import ConnectError, LockHeldError
 from dfo_contract.checkpoints import CkptInfo
@@ -30,7 +29,7 @@ from orchestrator.plan import run_identity as ri
 from orchestrator.plan.launch_steps import STEPS_MODULE
 from orchestrator.supervisor import runfiles
 from orchestrator.transport import open_transport
-from tests.supervisor_env import (FAST, REPO, events, hosts_yaml, local_host,  # noqa: F401
+from tests.supervisor_env import (FAST, REPO, dfo, events, hosts_yaml, local_host,  # noqa: F401
                                   make_root, wait_for, write_config)
 
 CLI = "import sys; from orchestrator.cli import main; sys.exit(main(sys.argv[1:]))"
@@ -41,12 +40,6 @@ def fast_flags():
     for k, v in FAST.items():
         out += ["--threshold", f"{k}={v}"]
     return out
-
-
-def dfo(capsys, hosts, *args):
-    rc = main(["--hosts", str(hosts), *args])
-    out = capsys.readouterr()
-    return rc, out.out, out.err
 
 
 def dfo_proc(hosts, *args, timeout=300) -> subprocess.CompletedProcess:
