@@ -17,9 +17,15 @@ The rules (docs/contracts.md, "The records' codec"):
   is on disk, whatever wrote it) takes a mistyped field's default instead of refusing
   the record (``"started_at": "yesterday"`` reads as None); a field without a default, or
   a nested record that lacks a required field, is still a ContractError.
+- A record class that sets ``TOLERANT = True`` (state.json, its attempts, a run's status) is
+  read tolerant wherever it is, also nested in a record read strictly (a query reply).
 - Keys the record does not know are kept in its ``extra`` mapping where it has one (written
   back first, so a round trip through an older reader loses none), else ignored (a newer
   writer may add fields without a new version).
+- A :func:`flat` field is a nested record whose keys sit beside the record's own (a run's
+  status is its state.json object with the host's keys added): written first, read from
+  the keys that are not the record's own. A record has at most one, and then no ``extra``
+  (the nested record keeps the keys nobody knows).
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ T = TypeVar("T")
 JSON = "json"            # field metadata: the field's JSON name when it differs
 OPTIONAL = "optional"    # field metadata: may be absent; written only when not None
 EXTRA = "extra"          # the field that keeps the keys a record does not know
+FLAT = "flat"            # field metadata: a nested record whose keys sit beside the record's
 
 
 def opt(default: Any = None, *, json: str | None = None, factory: Any = None) -> Any:
@@ -59,6 +66,11 @@ def named(json: str, default: Any = MISSING) -> Any:
     return field(default=default, metadata={JSON: json})
 
 
+def flat() -> Any:
+    """A required nested record whose keys sit beside the record's own (module rules)."""
+    return field(metadata={FLAT: True})
+
+
 def json_name(f: dataclasses.Field) -> str:
     return f.metadata.get(JSON, f.name)
 
@@ -77,6 +89,9 @@ def encode(value: Any, *, skip: tuple[str, ...] = ()) -> Any:
             v = getattr(value, f.name)
             if f.name == EXTRA and isinstance(v, Mapping):
                 out = {**{str(k): encode(x) for k, x in v.items()}, **out}
+                continue
+            if f.metadata.get(FLAT):
+                out = {**encode(v), **out}
                 continue
             if v is None and f.metadata.get(OPTIONAL):
                 continue
@@ -103,15 +118,20 @@ def decode(cls: type[T], obj: Any, *, what: str | None = None, tolerant: bool = 
     what = what or f"a {cls.__name__} record"
     if not isinstance(obj, Mapping):
         raise ContractError(f"{what} is not a JSON object")
+    tolerant = tolerant or getattr(cls, "TOLERANT", False) is True
     hints = _hints(cls)
     kw: dict[str, Any] = {}
     known: set[str] = set()
     has_extra = False
+    flat_field: dataclasses.Field | None = None
     for f in fields(cls):  # type: ignore[arg-type]
         if not f.init:
             continue
         if f.name == EXTRA:
             has_extra = True
+            continue
+        if f.metadata.get(FLAT):
+            flat_field = f
             continue
         key = json_name(f)
         known.add(key)
@@ -128,7 +148,10 @@ def decode(cls: type[T], obj: Any, *, what: str | None = None, tolerant: bool = 
             kw[f.name] = defaults[f.name]
         elif f.default is MISSING and f.default_factory is MISSING:
             raise ContractError(f"{what} lacks its {key!r} field")
-    if has_extra:
+    if flat_field is not None:
+        rest = {k: v for k, v in obj.items() if k not in known}
+        kw[flat_field.name] = decode(hints[flat_field.name], rest, what=what, tolerant=tolerant)
+    elif has_extra:
         kw[EXTRA] = {k: v for k, v in obj.items() if k not in known}
     return cls(**kw)
 

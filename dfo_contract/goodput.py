@@ -4,8 +4,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .codec import decode, encode
 
 #: the format of ``Goodput.to_json`` (``dfo status --json``'s ``time``)
 GOODPUT_VERSION = 1
@@ -26,48 +28,37 @@ def seconds_text(s: float) -> str:
 class Goodput:
     wall_s: float
     train_s: float
-    lost_s: tuple[tuple[str, float], ...]   # (cause, seconds) in CAUSES order
+    lost_s: dict[str, float]                 # cause -> seconds, in CAUSES order
     live: bool                               # the run has not ended (wall time up to now)
     version: int = GOODPUT_VERSION
 
-    @property
-    def goodput(self) -> float | None:
-        """The share of the wall time spent in training steps (None: no wall time yet)."""
-        return round(self.train_s / self.wall_s, 4) if self.wall_s > 0 else None
+    #: the share of the wall time spent in training steps (None: no wall time yet); derived
+    goodput: float | None = field(init=False, default=None)
+    #: the seconds lost over all causes; derived
+    lost_total_s: float = field(init=False, default=0.0)
 
-    @property
-    def lost_total_s(self) -> float:
-        return round(sum(s for _, s in self.lost_s), 3)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "goodput",
+                           round(self.train_s / self.wall_s, 4) if self.wall_s > 0 else None)
+        object.__setattr__(self, "lost_total_s", round(sum(self.lost_s.values()), 3))
 
     def lost(self, cause: str) -> float:
-        return dict(self.lost_s).get(cause, 0.0)
+        return self.lost_s.get(cause, 0.0)
 
     def to_json(self) -> dict[str, Any]:
-        return {"version": self.version, "wall_s": self.wall_s, "train_s": self.train_s,
-                "goodput": self.goodput, "lost_s": dict(self.lost_s),
-                "lost_total_s": self.lost_total_s, "live": self.live}
+        out: dict[str, Any] = encode(self)
+        return out
 
     @classmethod
     def from_json(cls, obj: Any) -> "Goodput":
-        """``to_json``'s object -> Goodput (ValueError when it is not one); the derived keys
-        (``goodput``, ``lost_total_s``) and keys it does not know are not read."""
-        if not isinstance(obj, Mapping):
-            raise ValueError("a goodput record is not a JSON object")
-        lost = obj.get("lost_s") or {}
-        if not isinstance(lost, Mapping):
-            raise ValueError("a goodput record's 'lost_s' is not an object")
-        try:
-            return cls(wall_s=float(obj["wall_s"]), train_s=float(obj["train_s"]),
-                       lost_s=tuple((str(c), float(s)) for c, s in lost.items()),
-                       live=bool(obj.get("live")),
-                       version=int(obj.get("version", GOODPUT_VERSION)))
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"not a goodput record ({e})") from None
+        """``to_json``'s object -> Goodput (ContractError, a ValueError, when it is not one);
+        the derived keys and keys it does not know are not read."""
+        return decode(cls, obj, what="a goodput record")
 
     def summary(self) -> str:
         """One line: ``goodput 71% (train 1m30s of 2m07s); lost: startup 12s, ...``."""
         g = self.goodput
-        parts = ", ".join(f"{c} {seconds_text(s)}" for c, s in self.lost_s if s >= 0.5)
+        parts = ", ".join(f"{c} {seconds_text(s)}" for c, s in self.lost_s.items() if s >= 0.5)
         head = (f"goodput {g:.0%} (training {seconds_text(self.train_s)} of "
                 f"{seconds_text(self.wall_s)})" if g is not None else "goodput n/a")
         return head + (f"; lost: {parts}" if parts else "")

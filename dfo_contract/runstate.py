@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from .codec import decode, encode
+from .codec import decode, encode, opt
 from .state_records import (BudgetState, CheckpointRef, EvidenceLine, FallbackRecord,
                             ThroughputLowState)
 
@@ -67,7 +67,8 @@ class Attempt:
     ended_at: float | None = None
     resume: str | None = None
     overrides: dict[str, Any] = field(default_factory=dict)
-    argv: list[Any] = field(default_factory=list)
+    #: None in a run's status (``dfo status`` carries no argv; not written)
+    argv: list[Any] | None = opt(factory=list)
     log: str | None = None
     pid: int | None = None
     exit_code: int | None = None

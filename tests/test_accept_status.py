@@ -64,7 +64,7 @@ def test_prune_keeps_the_best_checkpoint(tmp_path):
 def test_goodput_cell_is_the_share_of_time_spent_training():
     assert row_values(_run())["goodput"].plain == "-"
     # the query adds the run's time account beside its state (supervisor/query.py)
-    share = Goodput(wall_s=100.0, train_s=46.37, lost_s=(), live=True).to_json()
+    share = Goodput(wall_s=100.0, train_s=46.37, lost_s={}, live=True).to_json()
     assert share["goodput"] == 0.4637
     assert row_values(_with(_run().to_json(), time=share))["goodput"].plain == "46%"
     assert row_values(_with(_run().to_json(), time={"goodput": "x"}))["goodput"].plain == "-"   # hand-edited
@@ -79,7 +79,7 @@ def test_a_terminal_leaves_out_an_optional_column_without_a_value():
     cols = columns_for(200, cells=rows)
     assert "accept" not in cols and "goodput" not in cols and "trend" not in cols
     assert cols[:3] == ["run", "state", "step"] and "checkpoint" not in cols
-    half = Goodput(wall_s=10.0, train_s=5.0, lost_s=(), live=True).to_json()
+    half = Goodput(wall_s=10.0, train_s=5.0, lost_s={}, live=True).to_json()
     rows = [{c: v.plain for c, v in row_values(_with(_run(accept_len=3.1).to_json(),
                                                      time=half)).items()}]
     cols = columns_for(200, cells=rows)

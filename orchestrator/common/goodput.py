@@ -144,7 +144,7 @@ def account(evs: Sequence[ev.Event], now: float | None = None,
 def _done(wall: float, train: float, lost: dict[str, float], *, live: bool) -> Goodput:
     """The record; training never counts more than the wall time."""
     return Goodput(wall_s=round(wall, 3), train_s=round(min(wall, max(0.0, train)), 3),
-                   lost_s=tuple((c, round(max(0.0, lost[c]), 3)) for c in CAUSES), live=live)
+                   lost_s={c: round(max(0.0, lost[c]), 3) for c in CAUSES}, live=live)
 
 
 def _attempt(s: ev.AttemptStart, end: ev.AttemptEnd | None, e_t: float, failed: bool,

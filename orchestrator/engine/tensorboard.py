@@ -47,6 +47,7 @@ class TensorBoard:
         self.forward: fw.LocalForward | None = None
         self.exit_info: TensorBoardReply | None = None
         self._done = threading.Event()
+        self._watching = False    # the watch thread reads the pipe (and sets _done at its end)
 
     @property
     def url(self) -> str:
@@ -75,6 +76,7 @@ class TensorBoard:
             self.close()
             raise self._error(reply)
         self.remote_port = reply.port
+        self._watching = True
         threading.Thread(target=self._watch, daemon=True, name="dfo-tensorboard").start()
         if not self.transport.is_local:
             try:
@@ -158,7 +160,8 @@ class TensorBoard:
             self.forward.close()
         if self.pipe is not None:
             self.pipe.shutdown_write()
-            self._done.wait(timeout)
+            if self._watching:    # before TensorBoard answered, nothing reads to its end
+                self._done.wait(timeout)
             self.pipe.close()
             self.pipe = None
 

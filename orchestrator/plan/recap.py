@@ -48,7 +48,7 @@ class Recap:
         else:
             out.append("failure: none")
         g = self.time
-        lost = ", ".join(f"{c} {seconds_text(s)}" for c, s in g.lost_s if s >= 0.05)
+        lost = ", ".join(f"{c} {seconds_text(s)}" for c, s in g.lost_s.items() if s >= 0.05)
         out.append(f"time: {seconds_text(g.wall_s)} in all, {seconds_text(g.train_s)} training"
                    + (f" (goodput {g.goodput:.0%})" if g.goodput is not None else ""))
         out.append(f"time lost: {seconds_text(g.lost_total_s)}" + (f" ({lost})" if lost else ""))

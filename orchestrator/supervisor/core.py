@@ -286,7 +286,7 @@ class Supervisor:
         self.record.emit(events.Final(status=status, reason=reason,
                                       last_checkpoint=state.last_checkpoint,
                                       goodput=g.goodput if g else None,
-                                      lost_s=dict(g.lost_s) if g else None))
+                                      lost_s=g.lost_s if g else None))
         self.record.save()
         return 0
 
