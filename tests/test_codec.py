@@ -14,7 +14,7 @@ import pytest
 
 from dfo_contract import events as ev
 from dfo_contract import runstate as rs
-from dfo_contract.codec import decode, encode, named, opt, req
+from dfo_contract.codec import decode, encode, flat, named, opt, req
 from dfo_contract.errors import ContractError
 from dfo_contract.state_records import (BudgetState, CheckpointRef, EvidenceLine,
                                         FallbackRecord, ThroughputLowState)
@@ -172,3 +172,45 @@ def test_a_fresh_state_has_the_keys_an_old_reader_expects():
     assert d["budget"] == {"counts": {}, "total": 0, "streak": 0, "startup_streak": 0}
     assert d["fallbacks"] == [] and d["last_checkpoint"] is None and d["ladder_pos"] == {}
     assert rs.RunState.from_json(d) == rs.RunState.new("r", "r", now=1.0)
+
+
+@dataclass(frozen=True)
+class Kept:
+    step: int
+    rate: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Beside:
+    """A record read tolerant wherever it is (its class says so), its nested one with it."""
+
+    TOLERANT = True
+
+    kept: Kept = flat()
+    live: bool = False
+    version: int = named("beside_version", 1)
+
+
+@dataclass(frozen=True)
+class Envelope:
+    items: tuple[Beside, ...] = ()
+
+
+def test_a_flat_record_sits_beside_the_records_keys_and_keeps_what_nobody_knows():
+    b = Beside(Kept(step=3, rate=0.5, extra={"newer": [1]}), live=True)
+    obj = encode(b)
+    assert obj == {"newer": [1], "step": 3, "rate": 0.5, "live": True, "beside_version": 1}
+    assert list(obj)[-2:] == ["live", "beside_version"]      # the nested keys come first
+    assert decode(Beside, json.loads(json.dumps(obj))) == b
+    with pytest.raises(ContractError, match="lacks its 'step'"):
+        decode(Beside, {"live": True})
+
+
+def test_a_tolerant_class_is_read_tolerant_inside_a_strict_record():
+    env = decode(Envelope, {"items": [{"step": 1, "rate": "fast", "live": "yes"}]})
+    assert env.items[0] == Beside(Kept(step=1, rate=0.0), live=False)
+    with pytest.raises(ContractError):                  # the strict envelope still refuses
+        decode(Envelope, {"items": {"step": 1}})
+    with pytest.raises(ContractError):                  # and a missing required field
+        decode(Envelope, {"items": [{"rate": 1.0}]})
