@@ -41,6 +41,12 @@ from pathlib import Path
 
 import pytest
 
+# One torch (OpenMP) thread per process: the suite runs two lanes on two cores, and a tiny
+# model gains nothing from a second thread, while two lanes of two spinning threads each
+# fight over the cores. Set before anything imports torch; every local process the tests
+# start (dfo, its supervisor, the trainer) inherits it. A run that sets it keeps its own.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 _REPO = Path(__file__).resolve().parents[1]
 if str(_REPO) not in sys.path:  # `import tests.lab` also under a bare `pytest`
     sys.path.insert(0, str(_REPO))
