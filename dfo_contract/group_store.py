@@ -4,9 +4,9 @@ supervisors leave under them (docs/contracts.md, "Group store messages").
 The head's supervisor hosts a ``torch.distributed.TCPStore`` on ``head_addr:coord_port``
 (``orchestrator.supervisor.coordinator``); every key lives under :func:`key_prefix`. Each
 message is a frozen dataclass written as one JSON object ``{"v": VERSION, <fields>}``
-(:meth:`to_text`) and read back once on another node (:meth:`from_text`, ContractError when
-it is not one this version reads). The heartbeat counters (``store.add``) and the ``left``
-flag are plain values, not messages.
+(:meth:`to_text`; a node's end: :func:`end_text`) and read back once on another node
+(:meth:`from_text`; :func:`read_end`), ContractError when it is not one this version reads.
+The heartbeat counters (``store.add``) and the ``left`` flag are plain values, not messages.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping, Self, TypeVar
 
 from . import events
-from .codec import JSON, decode, encode
+from .codec import decode, encode
 from .errors import ContractError, VersionError
+from .events.group_kinds import NodeOutcome
 from .state_records import CheckpointRef
 
 #: the format version of every message this dfo writes; a reader refuses any other
@@ -147,52 +148,16 @@ class AttemptAbort(NodeReason):
     WHAT: ClassVar[str] = "abort"
 
 
-@dataclass(frozen=True)
-class NodeOutcome:
-    """``key_end(N, node)``: one node's own classification of its part of attempt N (its
-    record in events.jsonl is the ``node_end`` event, :meth:`event`)."""
-    node: int
-    host: str
-    cls: str = field(metadata={JSON: "class"})
-    reason: str
-    exit_code: int | None = None
-    reached_train: bool = False
-    healthy_s: float = 0.0
-    permanent: bool = False
-    #: this node set ``key_abort(N)`` first: its end is where the attempt went wrong
-    origin: bool = False
-    evidence: tuple[dict, ...] = ()
-    #: the line of its output saying its part died at start-up loading a shared object from
-    #: its run's compile cache (``supervisor.policy.cache_check``): a restart clears that node's cache
-    cache_fault: str | None = None
-    #: the node's supervisor died during the attempt (its trainer went with it) and its
-    #: restarted supervisor reports this end: the cause of the other nodes' failures
-    supervisor_died: bool = False
+def end_text(end: NodeOutcome) -> str:
+    """``key_end(N, node)``'s message: the node's :class:`NodeOutcome` (its fields, ``class``
+    for ``cls``; defined beside its ``node_end`` event in ``events.group_kinds``)."""
+    return _dump(end.to_json())
 
-    def to_json(self) -> dict[str, Any]:
-        """The fields (JSON names; ``class`` for ``cls``), without ``v``: also the
-        ``cause`` of a :class:`GroupVerdict` and of its ``group_decision`` event."""
-        out: dict[str, Any] = encode(self)
-        return out
 
-    def to_text(self) -> str:
-        return _dump(self.to_json())
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> "NodeOutcome":
-        return _read(cls, d, "node outcome", host="", reason="")
-
-    @classmethod
-    def from_text(cls, raw: str | bytes) -> "NodeOutcome":
-        return _read(cls, raw, "node outcome", host="", reason="")
-
-    def event(self, attempt: int) -> events.NodeEnd:
-        """This outcome as the ``node_end`` event of attempt ``attempt``."""
-        return events.NodeEnd(attempt=attempt, node=self.node, host=self.host, cls=self.cls,
-                              reason=self.reason, exit_code=self.exit_code,
-                              reached_train=self.reached_train, healthy_s=self.healthy_s,
-                              permanent=self.permanent, origin=self.origin,
-                              evidence=list(self.evidence))
+def read_end(raw: str | bytes) -> NodeOutcome:
+    """A ``key_end(N, node)`` message (read tolerant: a missing ``host`` or ``reason`` reads as
+    ``""``)."""
+    return NodeOutcome.from_json(_load(raw, "node outcome"))
 
 
 @dataclass(frozen=True)
@@ -214,9 +179,10 @@ class GroupVerdict:
     """``key_decision(N)``: the head's word on attempt N for every node (its record in
     events.jsonl is the ``group_decision`` event).
 
-    ``action``: ``restart`` (with ``overrides``; ``fallback`` and ``restart`` hold the
-    ``fallback`` and ``restart`` events' bodies) or ``final`` (``status``, ``reason``).
-    ``cause``: the root cause among the nodes' outcomes (None: none was judged)."""
+    ``action``: ``restart`` (with ``overrides``; ``fallback`` and ``restart`` are the head's
+    ``fallback`` and ``restart`` events, written with their ``t``) or ``final`` (``status``,
+    ``reason``). ``cause``: the root cause among the nodes' outcomes (None: none was judged;
+    a reader takes ``{}`` as none too)."""
     action: str
     cause: NodeOutcome | None = None
     status: str = ""
@@ -225,30 +191,25 @@ class GroupVerdict:
     fallback: events.Fallback | None = None
     restart: events.Restart | None = None
     last_checkpoint: CheckpointRef | None = None
-    last_step: Any = None
+    last_step: int | None = None
 
     def __post_init__(self) -> None:
         if self.action not in ("restart", "final"):
             raise ContractError(f"unknown group decision {self.action!r}")
 
-    def cause_json(self) -> dict[str, Any]:
-        """The cause as the ``group_decision`` event carries it ({}: none)."""
-        return self.cause.to_json() if self.cause is not None else {}
-
     def to_text(self) -> str:
-        return _dump({"action": self.action, "cause": self.cause_json(),
+        return _dump({"action": self.action, "cause": encode(self.cause),
                       "status": self.status, "reason": self.reason,
                       "overrides": encode(self.overrides),
-                      "fallback": self.fallback.body() if self.fallback else None,
-                      "restart": self.restart.body() if self.restart else None,
+                      "fallback": _event(self.fallback), "restart": _event(self.restart),
                       "last_checkpoint": encode(self.last_checkpoint),
                       "last_step": self.last_step})
 
     @classmethod
     def from_text(cls, raw: str | bytes) -> "GroupVerdict":
         d = _load(raw, "decision")
-        cause, fb, rst, ck = (d.get(k) for k in ("cause", "fallback", "restart",
-                                                 "last_checkpoint"))
+        cause, fb, rst, ck, step = (d.get(k) for k in ("cause", "fallback", "restart",
+                                                       "last_checkpoint", "last_step"))
         return cls(action=str(d.get("action")),
                    cause=NodeOutcome.from_json(cause) if cause else None,
                    status=str(d.get("status") or ""), reason=str(d.get("reason") or ""),
@@ -257,7 +218,17 @@ class GroupVerdict:
                    restart=events.Restart.from_body(rst) if rst else None,
                    last_checkpoint=decode(CheckpointRef, ck, what="a group decision's "
                                           "last_checkpoint") if ck else None,
-                   last_step=d.get("last_step"))
+                   last_step=step if isinstance(step, int) and not isinstance(step, bool)
+                   else None)
+
+
+def _event(e: events.EventBase | None) -> dict[str, Any] | None:
+    """An event inside a message: its fields and ``t``, without ``mono`` (the writer's own
+    clock)."""
+    if e is None:
+        return None
+    out: dict[str, Any] = encode(e, skip=("mono",))
+    return out
 
 
 @dataclass(frozen=True)

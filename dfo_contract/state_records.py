@@ -27,12 +27,18 @@ class CheckpointRef:
 
 @dataclass(frozen=True, kw_only=True)
 class EvidenceLine:
-    """A line of a failed attempt's output that made its class (state.json's ``evidence``,
-    the classifier's ``Evidence``): ``{"line", "text", "rule"}``."""
+    """A line of a failed attempt's output that made its class: the classifier's evidence
+    (``orchestrator.common.classify``; ``line`` is 1-based within the lines it was given, ``rule``
+    the rule that matched it), in state.json's ``evidence`` and the ``classified``,
+    ``give_up`` and ``node_end`` events: ``{"line", "text", "rule"}``."""
 
     line: int | None = None
     text: str = ""
     rule: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = encode(self)
+        return out
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "EvidenceLine":

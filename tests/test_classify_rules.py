@@ -32,7 +32,7 @@ def test_recorded_output_is_classified(name, exit_code, cls):
     assert d.cls == cls, d
     assert d.evidence, "a class must come with evidence lines"
     for e in d.evidence:
-        assert fixture_lines(name)[e.line_no - 1].startswith(e.text[:50])
+        assert fixture_lines(name)[e.line - 1].startswith(e.text[:50])
 
 
 def test_fx_error_evidence_is_the_runtime_error_line():

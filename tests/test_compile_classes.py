@@ -43,7 +43,7 @@ CASES = [
 def test_recorded_compile_failures_are_named_with_their_cure(capsys, name, cls, step, changed):
     d = classify(fixture_lines(name), exit_code=1)
     assert d.cls == cls and not d.permanent, d
-    assert d.evidence and all(fixture_lines(name)[e.line_no - 1].startswith(e.text[:50])
+    assert d.evidence and all(fixture_lines(name)[e.line - 1].startswith(e.text[:50])
                               for e in d.evidence)
     rc, out = diagnose(capsys, "--json", "--exit-code", "1", str(FIX / name))
     j = json.loads(out)

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from dfo_contract import events as ev
 from dfo_contract.errors import ContractError, NotARecord, VersionError
 from dfo_contract.events.base import json_name
+from dfo_contract.state_records import EvidenceLine
 
 FIXTURES = Path(__file__).parent / "fixtures" / "events"
 SAMPLES = ("recorded", "synthetic")
@@ -59,9 +60,11 @@ def _strategy(hint):
         return _text
     if origin is list:
         return st.lists(_strategy(typing.get_args(hint)[0]), max_size=3)
+    if origin is tuple:                  # tuple[X, ...]
+        return st.lists(_strategy(typing.get_args(hint)[0]), max_size=3).map(tuple)
     if origin is dict:
         return _dicts(_json)
-    if dataclasses.is_dataclass(hint):   # a nested record (state_records.CheckpointRef)
+    if dataclasses.is_dataclass(hint):   # a nested record (CheckpointRef, NodeOutcome, ...)
         return _event_of(hint)
     raise AssertionError(f"no strategy for {hint!r}")
 
@@ -122,6 +125,19 @@ def test_records_written_before_versions_describe_as_they_did(name):
     assert [e.describe() for e in got] == _lines(name, "described.txt")
 
 
+def _kept(old, new) -> bool:
+    """Every value of ``old`` is in ``new``: a null optional field (or a ``cause`` of ``{}``,
+    no cause) may drop out, a nested record's fields that ``old`` lacks read as their
+    defaults and are written."""
+    if isinstance(old, dict):
+        return isinstance(new, dict) and all(
+            _kept(v, new[k]) if k in new else v is None or (k == "cause" and v == {})
+            for k, v in old.items())
+    if isinstance(old, list):
+        return isinstance(new, list) and len(old) == len(new) and all(map(_kept, old, new))
+    return old == new
+
+
 @pytest.mark.parametrize("name", SAMPLES)
 def test_old_records_rewrite_to_the_same_object_plus_v(name):
     for line in _lines(name, "jsonl"):
@@ -130,8 +146,56 @@ def test_old_records_rewrite_to_the_same_object_plus_v(name):
             continue
         old, new = json.loads(line), json.loads(ev.encode_line(e))
         assert new.pop("v") == 1
-        # an optional field is written only when set: a null one may drop out
-        assert {k: v for k, v in old.items() if v is not None or k in new} == new
+        assert set(new) <= set(old) and _kept(old, new), line
+        assert ev.from_dict(new) == e
+
+
+#: records as a supervisor wrote them with the evidence lines and the cause as plain objects:
+#: a cause of {} (none judged), a fallback and a restart without their t
+_PLAIN = """\
+{"t":10.0,"kind":"classified","attempt":1,"class":"oom","reason":"torch-oom in the output","evidence":[{"line":3,"rule":"torch-oom","text":"torch.OutOfMemoryError: CUDA out of memory."}],"also":["oom"]}
+{"v":1,"t":11.0,"kind":"give_up","class":"oom","reason":"budget spent","evidence":[{"line":null,"rule":null,"text":"x"}]}
+{"v":1,"t":12.0,"kind":"node_end","attempt":1,"node":1,"host":"gpu2","class":"oom","reason":"r","exit_code":1,"reached_train":true,"healthy_s":3.5,"permanent":false,"origin":true,"evidence":[{"line":7,"rule":"torch-oom","text":"OutOfMemoryError"}]}
+{"v":1,"t":13.0,"kind":"group_decision","attempt":1,"node":1,"host":"gpu2","action":"restart","status":"","reason":"","cause":{"class":"oom","node":1,"host":"gpu2","reason":"r","exit_code":1,"reached_train":true,"healthy_s":3.5,"permanent":false,"origin":true,"evidence":[{"line":7,"rule":"torch-oom","text":"OutOfMemoryError"}],"cache_fault":null,"supervisor_died":false},"overrides":{"train.micro_batch":2},"fallback":{"attempt":1,"class":"oom","step":"halve_micro_batch","changed":{"train.micro_batch":2},"overrides":{"train.micro_batch":2},"restore_cache":false},"restart":{"attempt":2,"delay_s":0.5,"reason":"restart 1/5"},"last_checkpoint":{"step":4,"path":"/c/step_4"},"last_step":5}
+{"v":1,"t":14.0,"kind":"group_decision","attempt":2,"node":1,"host":"gpu2","action":"final","status":"failed","reason":"node gpu2 lost","cause":{},"fallback":null,"restart":null,"last_checkpoint":null,"last_step":null}
+{"v":1,"t":15.0,"kind":"checkpoint","attempt":2,"step":40,"path":"/c/step_40"}
+{"v":1,"t":16.0,"kind":"eval","attempt":2,"step":40,"accept_len":2,"best_accept_len":null}
+"""
+
+
+def test_records_with_plain_evidence_and_cause_read_as_typed_records():
+    cl, gu, ne, dec, fin, ck, evl = ev.read_events(_PLAIN)
+    oom = EvidenceLine(line=7, text="OutOfMemoryError", rule="torch-oom")
+    assert isinstance(cl, ev.Classified) and cl.evidence == [
+        EvidenceLine(line=3, text="torch.OutOfMemoryError: CUDA out of memory.", rule="torch-oom")]
+    assert isinstance(gu, ev.GiveUp) and gu.evidence == [EvidenceLine(text="x")]
+    assert gu.evidence_texts() == ["x"]
+    assert isinstance(ne, ev.NodeEnd) and ne.evidence == [oom] and ne.evidence[0].line == 7
+    assert isinstance(dec, ev.GroupDecision)
+    c = dec.cause
+    assert c is not None and (c.cls, c.node, c.host, c.reason) == ("oom", 1, "gpu2", "r")
+    assert c.evidence == (oom,) and c.cache_fault is None and not c.supervisor_died
+    mirrored = c.event(1)
+    assert mirrored == dataclasses.replace(ne, t=mirrored.t)
+    assert isinstance(dec.fallback, ev.Fallback) and dec.fallback.t == 0.0
+    assert (dec.fallback.cls, dec.fallback.step) == ("oom", "halve_micro_batch")
+    assert isinstance(dec.restart, ev.Restart) and dec.restart.attempt == 2
+    assert dec.last_checkpoint is not None and dec.last_checkpoint.step == 4
+    assert dec.last_step == 5
+    assert dec.describe() == "head's decision on attempt 1: restart (cause oom on gpu2)"
+    assert isinstance(fin, ev.GroupDecision) and fin.cause is None and fin.fallback is None
+    assert fin.last_step is None
+    assert isinstance(ck, ev.Checkpoint) and (ck.step, ck.path) == (40, "/c/step_40")
+    assert isinstance(evl, ev.Eval) and evl.accept_len == 2.0 and type(evl.accept_len) is float
+    assert evl.best_accept_len is None
+    # written back, the lines keep their keys: class, evidence's line/text/rule, cause's class
+    obj = json.loads(ev.encode_line(dec))
+    assert obj["cause"]["class"] == "oom" and obj["cause"]["evidence"] == [
+        {"line": 7, "text": "OutOfMemoryError", "rule": "torch-oom"}]
+    assert obj["fallback"]["class"] == "oom" and obj["fallback"]["t"] == 0.0
+    assert "cause" not in json.loads(ev.encode_line(fin))
+    with pytest.raises(ContractError, match="'step' is str"):
+        ev.decode('{"v":1,"t":1,"kind":"checkpoint","attempt":1,"step":"40","path":"/c"}')
 
 
 def test_the_recorded_sample_holds_real_runs():
@@ -196,7 +260,7 @@ def test_lines_that_are_not_records_are_skipped_by_read_events():
 
 def test_evidence_texts():
     e = ev.Classified(attempt=1, cls="oom", reason="r", also=[],
-                      evidence=[{"line": 3, "rule": "torch-oom", "text": "OutOfMemoryError"}])
+                      evidence=[EvidenceLine(line=3, rule="torch-oom", text="OutOfMemoryError")])
     assert e.evidence_texts() == ["OutOfMemoryError"]
     assert ev.Stopping(attempt=1, reason="x").evidence_texts() == []
 

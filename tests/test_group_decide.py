@@ -14,7 +14,8 @@ from orchestrator.common.fallback import validate_ladders
 from orchestrator.common.errors import ConfigError
 from orchestrator.common.budget import cannot_do_better
 from dfo_contract.errors import ContractError
-from dfo_contract.group_store import GroupVerdict, NodeOutcome
+from dfo_contract.group_store import GroupVerdict, NodeOutcome, end_text, read_end
+from dfo_contract.state_records import EvidenceLine
 from orchestrator.supervisor.policy.group_decide import (Heartbeats, caches_cleared, lost_end, peer_step,
                                            root_cause, run_healthy_s)
 from dfo_contract.runstate import Attempt
@@ -56,8 +57,10 @@ def test_all_peer_abort_is_a_crash():
 
 def test_node_end_round_trip_and_run_health():
     e = NodeOutcome(node=1, host="b", cls="oom", reason="r", exit_code=1, reached_train=True,
-                healthy_s=3.5, permanent=False, origin=True, evidence=({"line": 1},))
-    assert NodeOutcome.from_text(e.to_text()) == e
+                healthy_s=3.5, permanent=False, origin=True,
+                evidence=(EvidenceLine(line=1, text="OutOfMemoryError", rule="torch-oom"),))
+    assert read_end(end_text(e)) == e
+    assert NodeOutcome.from_json(e.to_json()) == e and e.event(2).evidence == list(e.evidence)
     assert run_healthy_s([end(0, "crash", healthy=40.0), end(1, "oom", healthy=0.0)]) == 40.0
 
 
@@ -65,7 +68,7 @@ def test_a_nodes_cache_fault_travels_in_its_end_and_counts_as_a_change():
     line = "ImportError: /r/runs/x/cache/inductor/ab/main.so: file too short"
     e = NodeOutcome(node=1, host="lab-b", cls="crash", reason="the trainer raised ImportError",
                 exit_code=1, cache_fault=line)
-    assert NodeOutcome.from_text(e.to_text()) == e
+    assert read_end(end_text(e)) == e
     assert NodeOutcome.from_json({**e.to_json(), "cache_fault": None}).cache_fault is None
     assert caches_cleared([end(0, PEER_ABORT), e]) == ("lab-b",)
     assert caches_cleared([end(0, PEER_ABORT), end(1, "crash")]) == ()
@@ -152,7 +155,7 @@ def test_new_event_kinds_are_described():
               end(1, "oom").event(1),
               ev.NodeLost(attempt=1, node=1, host="b", silent_s=30.0, reason="lost b"),
               ev.GroupDecision(attempt=1, node=0, host="a", action="final", status="failed",
-                               reason="z", cause={"class": "oom", "host": "b"})]:
+                               reason="z", cause=end(1, "oom", host="b"))]:
         line = e.describe()
         assert line and line != e.kind
 
@@ -200,7 +203,6 @@ def test_a_node_that_did_not_run_itself_knows_it():
 
 
 def test_a_node_whose_supervisor_died_is_the_root_cause():
-    from dfo_contract.group_store import NodeOutcome
     from orchestrator.supervisor.policy.group_decide import root_cause
 
     head = NodeOutcome(node=0, host="gpu1", cls="nccl_timeout", reason="gloo timed out",
@@ -208,7 +210,7 @@ def test_a_node_whose_supervisor_died_is_the_root_cause():
     died = NodeOutcome(node=1, host="gpu2", cls="crash", reason="the supervisor on gpu2 died",
                        origin=True, supervisor_died=True)
     assert root_cause([head, died]) == died
-    assert NodeOutcome.from_text(died.to_text()) == died
+    assert read_end(end_text(died)) == died
 
 
 def test_a_node_is_named_once_in_the_runs_reason():

@@ -196,7 +196,7 @@ def test_a_fault_on_one_node_restarts_the_whole_run_with_one_fallback(group):
     assert peer["status"] == "done", peer.get("reason")
     # the cause was node 1's OOM, decided once on the head
     cause = g.kinds(0, "group_decision")[0].cause
-    assert cause["class"] == "oom" and cause["node"] == 1
+    assert cause.cls == "oom" and cause.node == 1
     fb = g.kinds(0, "fallback")
     assert len(fb) == 1 and fb[0].step == "halve_micro_batch"
     assert [e.step for e in g.kinds(1, "fallback")] == ["halve_micro_batch"]
@@ -292,8 +292,8 @@ def test_a_stopped_trainer_on_the_peer_is_frozen_on_that_node(group):
     head, peer = g.wait_final(0), g.wait_final(1)
     assert head["status"] == "done" and peer["status"] == "done", head.get("reason")
     cause = g.kinds(0, "group_decision")[0].cause
-    assert (cause["class"], cause["node"], cause["host"]) == ("frozen", 1, "gpu2")
-    assert "of the attempt stopped (state T" in cause["reason"]
+    assert (cause.cls, cause.node, cause.host) == ("frozen", 1, "gpu2")
+    assert "of the attempt stopped (state T" in cause.reason
     assert [c.cls for c in g.kinds(1, "classified")][:1] == ["frozen"]
     assert [f.step for f in g.kinds(0, "fallback")] == [None]    # the same config again
     assert head["overrides"] == peer["overrides"] == {}
@@ -406,8 +406,8 @@ def test_a_restarted_member_supervisor_reports_its_abandoned_attempt_and_the_run
         ends = [e for e in g.kinds(k, "node_end") if e.attempt == 1 and e.node == 1]
         assert len(ends) == 1 and said in ends[0].reason, (k, ends)
     dec = g.kinds(0, "group_decision")[0]
-    assert dec.action == "restart" and dec.cause["node"] == 1 and said in \
-        dec.cause["reason"], dec.cause
+    assert dec.action == "restart" and dec.cause.node == 1 and said in \
+        dec.cause.reason, dec.cause
     assert len(g.kinds(0, "attempt_start")) == len(g.kinds(1, "attempt_start")) == 2
     assert procs_of(g.dirs[0]) == [] and procs_of(g.dirs[1]) == []
 

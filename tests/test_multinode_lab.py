@@ -227,9 +227,9 @@ def test_a_stopped_trainer_on_lab_b_is_frozen_there_and_the_group_restarts(pair,
     assert [s["status"] for s in sts] == ["done", "done"], [s.get("reason") for s in sts]
     evs = [events_of(t, rid) for t in ts]
     cause = [e for e in evs[0] if e.kind == "group_decision"][0].cause
-    assert (cause["class"], cause["node"], cause["host"]) == ("frozen", 1, "lab-b"), cause
-    assert cause["reason"].startswith("node lab-b: process") and all(
-        w in cause["reason"] for w in workers), cause["reason"]
+    assert (cause.cls, cause.node, cause.host) == ("frozen", 1, "lab-b"), cause
+    assert cause.reason.startswith("node lab-b: process") and all(
+        w in cause.reason for w in workers), cause.reason
     assert not [e for ev in evs for e in ev if e.kind == "classified" and
                 e.cls == "compile_hang"]
     assert [f.step for f in evs[0] if f.kind == "fallback"] == [None]   # the same config

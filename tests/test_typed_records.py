@@ -32,11 +32,10 @@ CLASS_TREES = ("orchestrator", "dfo_contract", "trainer")
 
 _OUTCOME = gs.NodeOutcome(node=1, host="h", cls="oom", reason="r", exit_code=1,
                           cache_fault="x")
-#: one instance of each message, every optional field set
+#: one instance of each message, every optional field set (a node's end: _OUTCOME)
 _MESSAGES = (
     gs.AttemptPlan(overrides={"a": 1}, resume="/c/step_1", rdzv_id="r-a1"),
     gs.AttemptAbort(node=1, host="h", reason="r"),
-    _OUTCOME,
     gs.StoppedPids((7,)),
     gs.GroupVerdict(action="restart", cause=_OUTCOME, status="s", reason="r",
                     overrides={"a": 1},
@@ -48,7 +47,8 @@ _MESSAGES = (
     gs.StopRequest(node=1, host="h", reason="r"),
 )
 #: the keys of the group store messages' JSON
-STORE_KEYS = {k for m in _MESSAGES for k in json.loads(m.to_text())}
+STORE_KEYS = {k for text in (gs.end_text(_OUTCOME), *(m.to_text() for m in _MESSAGES))
+              for k in json.loads(text)}
 #: the keys of metrics.jsonl records' JSON (a training step's and an evaluation's)
 METRICS_KEYS = set(MetricsRecord(step=1, acc_per_pos=(0.5,), accept_len=1.0).to_json()) | \
     set(MetricsRecord(step=1, phase="eval", loss=1.0).to_json())

@@ -1,5 +1,6 @@
 """The records that cross a process are read by attribute: state.json's sub-records
-(``dfo_contract.state_records``), the group verdict's parts and the replies of
+(``dfo_contract.state_records``), the group verdict's parts, the events' evidence lines and
+causes and the replies of
 ``dfo_contract.replies`` are dataclasses, so mypy (tests/test_static_checks.py) flags a
 ``.get("k")`` on one; this AST scan of orchestrator/ and dfo_contract/ also finds a
 string-keyed read (``x["k"]``, ``x.get("k")``) of such a record where mypy cannot see the
@@ -14,9 +15,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SCANNED = ("orchestrator", "dfo_contract")
-#: attributes that hold a typed record (RunState's, GroupVerdict's, LaunchFacts', ...)
+#: attributes that hold a typed record (RunState's, GroupVerdict's, LaunchFacts', the events'
+#: ``evidence`` and ``cause``, ...)
 RECORD_ATTRS = {"last_checkpoint", "fallbacks", "throughput_low", "budget", "launch",
-                "exit_info", "fallback", "restart", "records"}
+                "exit_info", "fallback", "restart", "records", "evidence", "cause"}
 #: where reading a record's raw JSON by key is the decoding itself
 DECODERS = {"dfo_contract/codec.py"}
 

@@ -24,12 +24,19 @@ from typing import Any, Mapping, Union
 
 from ..errors import ContractError, NotARecord, VersionError
 from .base import VERSION, EventBase, check_version
-from .kinds import (KINDS, AttemptEnd, AttemptStart, CacheRestore, Checkpoint,
-                           Classified, ConfigEdited, Eval, Fallback, Final, GiveUp, GroupDecision,
-                           GroupStart, NodeEnd, NodeLost, OrphansReaped, PeerAbort, Restart,
-                           RunFirst, Stacks, StandbyDiscarded, StandbyReady, StandbyStart,
-                           StandbyUsed, Stopping, SupervisorStart, ThroughputLow, ThroughputOk,
-                           Watchdog)
+from .group_kinds import GroupDecision, GroupStart, NodeEnd, NodeLost, PeerAbort
+from .kinds import (AttemptEnd, AttemptStart, CacheRestore, Checkpoint, Classified, ConfigEdited,
+                    Eval, Fallback, Final, GiveUp, OrphansReaped, Restart, RunFirst, Stacks,
+                    StandbyDiscarded, StandbyReady, StandbyStart, StandbyUsed, Stopping,
+                    SupervisorStart, ThroughputLow, ThroughputOk, Watchdog)
+
+#: every kind this dfo reads and writes
+KINDS: tuple[type[EventBase], ...] = (
+    SupervisorStart, OrphansReaped, AttemptStart, Checkpoint, Eval, Watchdog, ConfigEdited,
+    ThroughputLow, ThroughputOk, Stacks, CacheRestore, RunFirst, AttemptEnd, Classified,
+    Fallback, Restart, GiveUp, Stopping, Final, GroupStart, PeerAbort, NodeEnd, NodeLost,
+    GroupDecision, StandbyStart, StandbyReady, StandbyUsed, StandbyDiscarded,
+)
 
 __all__ = [
     "VERSION", "REGISTRY", "Event", "EventBase", "UnknownEvent", "ContractError",

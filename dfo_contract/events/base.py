@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping, Self
+from typing import Any, ClassVar, Mapping, Self, Sequence
 
 from ..codec import OPTIONAL, decode, encode, json_name, opt, req
 from ..errors import ContractError, VersionError
+from ..state_records import EvidenceLine
 
 __all__ = ["VERSION", "ENVELOPE", "EventBase", "check_version", "json_name", "now", "opt",
            "req"]
@@ -47,8 +48,8 @@ class EventBase:
 
     def evidence_texts(self) -> list[str]:
         """The text of each evidence line (``classified``, ``give_up``, ``node_end``)."""
-        ev = getattr(self, "evidence", None) or []
-        return [str(x.get("text", "")) if isinstance(x, Mapping) else str(x) for x in ev]
+        ev: Sequence[EvidenceLine] = getattr(self, "evidence", None) or ()
+        return [x.text for x in ev]
 
     def body(self) -> dict[str, Any]:
         """The record's fields without ``v``, ``t``, ``mono`` and ``kind`` (JSON names,

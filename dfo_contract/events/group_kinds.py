@@ -1,13 +1,17 @@
 """The ``events.jsonl`` kinds of one run over several nodes (spec ``group``): one frozen
-``kw_only`` dataclass each, as in ``events.kinds``."""
+``kw_only`` dataclass each, as in ``events.kinds``; and :class:`NodeOutcome`, one node's end
+of an attempt, which its ``node_end`` event records and the head's ``group_decision`` names
+as the cause (the group store carries it too: ``dfo_contract.group_store``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Mapping, Self
 
-from ..state_records import CheckpointRef
+from ..codec import JSON, decode, encode
+from ..state_records import CheckpointRef, EvidenceLine
 from .base import EventBase, opt, req
+from .kinds import Fallback, Restart
 
 
 # --- one run over several nodes (spec ``group``); each names the node and its host -----------
@@ -39,9 +43,52 @@ class PeerAbort(EventBase):
         return f"attempt {self.attempt} stopped: {self.reason}"
 
 
+@dataclass(frozen=True)
+class NodeOutcome:
+    """One node's own classification of its part of attempt N: the group store's
+    ``key_end(N, node)`` message, the ``node_end`` event (:meth:`event`) and the ``cause`` of
+    the head's decision. JSON: its fields, ``class`` for ``cls``."""
+    node: int
+    host: str
+    cls: str = field(metadata={JSON: "class"})
+    reason: str
+    exit_code: int | None = None
+    reached_train: bool = False
+    healthy_s: float = 0.0
+    permanent: bool = False
+    #: this node set ``key_abort(N)`` first: its end is where the attempt went wrong
+    origin: bool = False
+    evidence: tuple[EvidenceLine, ...] = ()
+    #: the line of its output saying its part died at start-up loading a shared object from
+    #: its run's compile cache (``supervisor.policy.cache_check``): a restart clears that node's cache
+    cache_fault: str | None = None
+    #: the node's supervisor died during the attempt (its trainer went with it) and its
+    #: restarted supervisor reports this end: the cause of the other nodes' failures
+    supervisor_died: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        """The fields (JSON names), without the group store's ``v``."""
+        out: dict[str, Any] = encode(self)
+        return out
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Self:
+        """Read tolerant, as the group store reads its messages: a missing ``host`` or
+        ``reason`` reads as ``""``, a mistyped optional field as its default."""
+        return decode(cls, d, what="a node outcome", tolerant=True, host="", reason="")
+
+    def event(self, attempt: int) -> NodeEnd:
+        """This outcome as the ``node_end`` event of attempt ``attempt``."""
+        return NodeEnd(attempt=attempt, node=self.node, host=self.host, cls=self.cls,
+                       reason=self.reason, exit_code=self.exit_code,
+                       reached_train=self.reached_train, healthy_s=self.healthy_s,
+                       permanent=self.permanent, origin=self.origin,
+                       evidence=list(self.evidence))
+
+
 @dataclass(frozen=True, kw_only=True)
 class NodeEnd(EventBase):
-    """One node's own judgement of its part of an attempt (``group_store.NodeOutcome``)."""
+    """One node's own judgement of its part of an attempt (:class:`NodeOutcome`)."""
     kind: ClassVar[str] = "node_end"
     attempt: int
     node: int
@@ -53,7 +100,7 @@ class NodeEnd(EventBase):
     healthy_s: float
     permanent: bool
     origin: bool               # this node aborted the attempt first
-    evidence: list[dict[str, Any]]
+    evidence: list[EvidenceLine]
 
     def describe(self) -> str:
         return f"node {self.node} ({self.host}) attempt {self.attempt}: {self.cls}: " \
@@ -76,7 +123,8 @@ class NodeLost(EventBase):
 @dataclass(frozen=True, kw_only=True)
 class GroupDecision(EventBase):
     """The head's decision on an attempt; a peer's record of it also carries the rest of
-    the decision (``group_store.GroupVerdict``: overrides, fallback, restart, ...)."""
+    the decision (``group_store.GroupVerdict``: overrides, the ``fallback`` and ``restart``
+    events, ...)."""
     kind: ClassVar[str] = "group_decision"
     attempt: int
     node: int
@@ -84,16 +132,30 @@ class GroupDecision(EventBase):
     action: str                # restart | final
     status: str
     reason: str
-    cause: dict[str, Any]      # the root cause: a node_end's fields (class, host, ...)
+    #: the root cause: a node's outcome (None: none was judged)
+    cause: NodeOutcome | None = opt()
     overrides: dict[str, Any] | None = opt()
-    fallback: dict[str, Any] | None = opt()
-    restart: dict[str, Any] | None = opt()
+    fallback: Fallback | None = opt()
+    restart: Restart | None = opt()
     last_checkpoint: CheckpointRef | None = opt()
-    last_step: Any = opt()      # the newest step marker's ``step``
+    last_step: int | None = opt()      # the newest step marker's ``step``
 
     def describe(self) -> str:
-        cause = self.cause or {}
+        c = self.cause
         what = ("restart" if self.action == "restart"
                 else f"final {self.status}: {self.reason}")
         return f"head's decision on attempt {self.attempt}: {what} (cause " \
-            f"{cause.get('class')} on {cause.get('host')})"
+            f"{c.cls if c else None} on {c.host if c else None})"
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any], **defaults: Any) -> Self:
+        """Also reads ``cause: {}`` as no cause, and a ``fallback`` / ``restart`` without its
+        ``t`` with ``t`` 0 (as a record without one reads)."""
+        fix: dict[str, Any] = {}
+        if body.get("cause") == {}:
+            fix["cause"] = None
+        for k in ("fallback", "restart"):
+            v = body.get(k)
+            if isinstance(v, Mapping) and "t" not in v:
+                fix[k] = {"t": 0.0, **v}
+        return super().from_body({**body, **fix}, **defaults)

@@ -1,16 +1,15 @@
-"""Every kind of ``events.jsonl`` record, one frozen ``kw_only`` dataclass each, with its
-``describe()`` line (the public API is ``dfo_contract.events``; the field rules are
-``events.base``; a group run's kinds are ``events.group_kinds``). Required fields have no
-default; ``opt()`` fields may be absent."""
+"""The kinds of ``events.jsonl`` record one run's supervisor writes, one frozen ``kw_only``
+dataclass each, with its ``describe()`` line (the public API and the list of every kind are
+``dfo_contract.events``; the field rules are ``events.base``; a group run's kinds are
+``events.group_kinds``). Required fields have no default; ``opt()`` fields may be absent."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ..state_records import CheckpointRef
+from ..state_records import CheckpointRef, EvidenceLine
 from .base import EventBase, opt, req
-from .group_kinds import GroupDecision, GroupStart, NodeEnd, NodeLost, PeerAbort
 
 
 # --- one run's supervisor -------------------------------------------------------------------
@@ -55,9 +54,9 @@ class AttemptStart(EventBase):
 class Checkpoint(EventBase):
     kind: ClassVar[str] = "checkpoint"
     attempt: int
-    #: as the trainer's marker said (an int and a path from the bundled trainer)
-    step: Any
-    path: Any
+    #: as the trainer's marker said (``trainer_markers.CheckpointMarker``)
+    step: int | None
+    path: str | None
 
     def describe(self) -> str:
         return f"checkpoint step {self.step}"
@@ -67,10 +66,10 @@ class Checkpoint(EventBase):
 class Eval(EventBase):
     kind: ClassVar[str] = "eval"
     attempt: int
-    #: as the trainer's ``eval`` marker said (numbers from the bundled trainer)
-    step: Any
-    accept_len: Any
-    best_accept_len: Any
+    #: as the trainer's ``eval`` marker said (``trainer_markers.EvalMarker``)
+    step: int | None
+    accept_len: float | None
+    best_accept_len: float | None
 
     def describe(self) -> str:
         return f"eval at step {self.step}: acceptance length {self.accept_len}"
@@ -201,7 +200,7 @@ class Classified(EventBase):
     attempt: int
     cls: str = req(json="class")
     reason: str
-    evidence: list[dict[str, Any]]   # common.classify.Evidence.to_json(): line, rule, text
+    evidence: list[EvidenceLine]     # the classifier's lines: {line, text, rule}
     also: list[str]
 
     def describe(self) -> str:
@@ -242,7 +241,7 @@ class GiveUp(EventBase):
     kind: ClassVar[str] = "give_up"
     cls: str = req(json="class")
     reason: str
-    evidence: list[dict[str, Any]]
+    evidence: list[EvidenceLine]
 
     def describe(self) -> str:
         return f"giving up on {self.cls}: {self.reason}"
@@ -322,11 +321,3 @@ class StandbyDiscarded(EventBase):
     def describe(self) -> str:
         return f"standby interpreter discarded: {self.reason}"
 
-
-KINDS: tuple[type[EventBase], ...] = (
-    SupervisorStart, OrphansReaped, AttemptStart, Checkpoint, Eval, Watchdog, ConfigEdited,
-    ThroughputLow,
-    ThroughputOk, Stacks, CacheRestore, RunFirst, AttemptEnd, Classified, Fallback, Restart,
-    GiveUp, Stopping, Final, GroupStart, PeerAbort, NodeEnd, NodeLost, GroupDecision,
-    StandbyStart, StandbyReady, StandbyUsed, StandbyDiscarded,
-)

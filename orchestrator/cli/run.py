@@ -257,7 +257,7 @@ def diagnose(logfile, exit_code, config, run_file, as_json):
     else:
         c.print(f"[bold]{d.cls}[/]: {escape(d.reason)}")
     for ev in d.evidence:
-        c.print(f"  [red]{ev.line_no:>6}│ {escape(ev.text)}[/]")
+        c.print(f"  [red]{ev.line if ev.line is not None else '':>6}│ {escape(ev.text)}[/]")
     if res.unknown:
         c.print(f"cannot know: {escape(res.unknown)}")
     if r is not None:

@@ -3,7 +3,8 @@
 Input: an attempt's output lines plus what the supervisor knows about how the attempt
 ended (exit code, the signal that killed it, whether the watchdog killed it for a hang,
 whether the kernel's OOM killer fired, whether throughput collapsed). Output: one
-:class:`Diagnosis` with a class name from :data:`classify_rules.CLASSES` and the evidence lines.
+:class:`Diagnosis` with a class name from :data:`classify_rules.CLASSES` and the evidence lines
+(``dfo_contract.state_records.EvidenceLine``).
 
 Rules are regexes tried on each line (``@dfo`` step markers are read as JSON for the
 NaN-loss rule). When lines match several classes the most specific wins, in the
@@ -21,6 +22,7 @@ from typing import Iterable, Sequence
 
 from dfo_contract import exitcodes
 from dfo_contract.markers import PREFIX as MARKER
+from dfo_contract.state_records import EvidenceLine
 from dfo_contract.trainer_markers import StepMarker, TrainerMarker, read_marker
 
 from .classify_rules import (EXIT_DONE, EXIT_INTERRUPTED, PERMANENT_CLASSES, PERMANENT_EXITS,
@@ -28,21 +30,12 @@ from .classify_rules import (EXIT_DONE, EXIT_INTERRUPTED, PERMANENT_CLASSES, PER
 
 _SIGNAMES = {s.value: s.name for s in _signal.Signals}
 
-@dataclass(frozen=True)
-class Evidence:
-    line_no: int          # 1-based within the lines given
-    text: str
-    rule: str
-
-    def to_json(self) -> dict:
-        return {"line": self.line_no, "text": self.text, "rule": self.rule}
-
 
 @dataclass(frozen=True)
 class Diagnosis:
     cls: str
     reason: str
-    evidence: tuple[Evidence, ...] = ()
+    evidence: tuple[EvidenceLine, ...] = ()
     exit_code: int | None = None
     signal: int | None = None
     #: restarting cannot help (config/data/checkpoint error)
@@ -69,12 +62,12 @@ _EXC_LINE = re.compile(r"^(?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Ex
 class LineScan:
     """Incremental scan state, so the supervisor can feed lines as they arrive."""
 
-    hits: dict[str, list[Evidence]] = field(default_factory=dict)
+    hits: dict[str, list[EvidenceLine]] = field(default_factory=dict)
     n: int = 0
     max_per_class: int = 8
     #: the exception line of the last complete traceback, and the non-blank output lines
     #: (markers aside) printed after it
-    exc: Evidence | None = None
+    exc: EvidenceLine | None = None
     after_exc: int = 0
     _in_tb: bool = False
 
@@ -87,7 +80,7 @@ class LineScan:
         if rule is not None:
             lst = self.hits.setdefault(rule.cls, [])
             if len(lst) < self.max_per_class:
-                lst.append(Evidence(self.n, _clip(text), rule.name))
+                lst.append(EvidenceLine(line=self.n, text=_clip(text), rule=rule.name))
         self._traceback(text)
         return rule
 
@@ -99,7 +92,8 @@ class LineScan:
             self._in_tb = True
             return
         if self._in_tb and not body[:1].isspace() and _EXC_LINE.match(body):
-            self.exc, self.after_exc, self._in_tb = Evidence(self.n, _clip(text), "traceback"), 0, False
+            self.exc = EvidenceLine(line=self.n, text=_clip(text), rule="traceback")
+            self.after_exc, self._in_tb = 0, False
             return
         if self.exc is not None and not self._in_tb:
             self.after_exc += 1
@@ -163,7 +157,7 @@ def classify(lines: Iterable[str] | LineScan, *, exit_code: int | None = None,
 
     # the most specific evidence wins; a hang/collapse seen by the supervisor outranks
     # only what is less specific than itself
-    def pick() -> tuple[str, str, tuple[Evidence, ...]]:
+    def pick() -> tuple[str, str, tuple[EvidenceLine, ...]]:
         for c in PRIORITY:
             if c == "frozen" and frozen:
                 return c, frozen, ()
@@ -220,8 +214,8 @@ def _exc_text(text: str, n: int = 200) -> str:
     return body if len(body) <= n else body[: n - 1] + "…"
 
 
-def _with(first: Evidence, rest: tuple[Evidence, ...]) -> tuple[Evidence, ...]:
-    return (first,) + tuple(e for e in rest if e.line_no != first.line_no)
+def _with(first: EvidenceLine, rest: tuple[EvidenceLine, ...]) -> tuple[EvidenceLine, ...]:
+    return (first,) + tuple(e for e in rest if e.line != first.line)
 
 
 _ERROFS_PATH = re.compile(r"Read-only file system: ['\"]?([^'\"]+)")
@@ -266,7 +260,7 @@ WHY = {
 }
 
 
-def _strong(hits: dict[str, list[Evidence]]) -> dict[str, list[Evidence]]:
+def _strong(hits: dict[str, list[EvidenceLine]]) -> dict[str, list[EvidenceLine]]:
     """The hits without a class whose evidence is only weak lines (WEAK_RULES), unless a
     compile failed (the weak lines then say why)."""
     out = {}
@@ -303,9 +297,9 @@ class TailScan(LineScan):
         return r
 
 
-def _last_lines(scan: LineScan, _lines) -> tuple[Evidence, ...]:
+def _last_lines(scan: LineScan, _lines) -> tuple[EvidenceLine, ...]:
     tail = getattr(scan, "tail", None) or []
-    return tuple(Evidence(n, t, "last-output") for n, t in tail)
+    return tuple(EvidenceLine(line=n, text=t, rule="last-output") for n, t in tail)
 
 
 def classify_text(text: str, **kw) -> Diagnosis:

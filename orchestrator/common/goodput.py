@@ -213,8 +213,7 @@ def _steps(end: ev.AttemptEnd | None, ckpts: list[ev.Checkpoint]):
     if end is not None and end.first_step is not None and end.first_step_t is not None \
             and end.last_step is not None and end.last_step_t is not None:
         return (end.first_step, end.first_step_t), (end.last_step, end.last_step_t)
-    pts = [(int(c.step), c.t) for c in ckpts if isinstance(c.step, int)
-           and not isinstance(c.step, bool)]
+    pts = [(c.step, c.t) for c in ckpts if c.step is not None]
     if not pts:
         return None, None
     return min(pts), max(pts)
@@ -231,8 +230,8 @@ def _from_step(start: ev.AttemptStart, end: ev.AttemptEnd | None,
         return got
     if start.resume is None:
         return 0
-    before = [int(c.step) for c in evs if isinstance(c, ev.Checkpoint) and c.t <= start.t
-              and isinstance(c.step, int) and not isinstance(c.step, bool)]
+    before = [c.step for c in evs if isinstance(c, ev.Checkpoint) and c.t <= start.t
+              and c.step is not None]
     return max(before, default=0)
 
 

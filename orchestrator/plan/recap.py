@@ -75,8 +75,8 @@ def recap(evs: Sequence[ev.Event], now: float | None = None) -> Recap:
             fb = (f.step or "same config") + (f" ({changed})" if changed else "")
         nxt = next((e for e in starts if e.attempt == failed.attempt + 1), None)
         rs = nxt.resume if nxt is not None else None
-    evals = [(int(e.step), float(e.accept_len)) for e in evs if isinstance(e, ev.Eval)
-             and _num(e.step) and _num(e.accept_len)]
+    evals = [(e.step, e.accept_len) for e in evs if isinstance(e, ev.Eval)
+             and e.step is not None and e.accept_len is not None]
     return Recap(status=final.status if final else None, reason=final.reason if final else None,
                  attempts=len(starts), failure_cls=failed.cls if failed else None,
                  failure_reason=failed.reason if failed else None,
@@ -86,15 +86,11 @@ def recap(evs: Sequence[ev.Event], now: float | None = None) -> Recap:
 
 
 def _first_line(c: ev.Classified, width: int = 160) -> str | None:
-    for e in c.evidence or []:
-        text = str(e.get("text", "")).strip() if isinstance(e, dict) else ""
+    for e in c.evidence:
+        text = e.text.strip()
         if text:
             return text if len(text) <= width else text[:width - 1] + "…"
     return None
-
-
-def _num(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 def _val(v) -> str:

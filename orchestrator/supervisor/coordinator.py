@@ -144,10 +144,10 @@ class Coordinator:
         return self._get(gk.key_abort(n), AttemptAbort.from_text)
 
     def set_end(self, n: int, end: NodeOutcome) -> None:
-        self._set(gk.key_end(n, end.node), end.to_text())
+        self._set(gk.key_end(n, end.node), gk.end_text(end))
 
     def end(self, n: int, k: int) -> NodeOutcome | None:
-        return self._get(gk.key_end(n, k), NodeOutcome.from_text)
+        return self._get(gk.key_end(n, k), gk.read_end)
 
     def set_stopped(self, n: int, pids: tuple[int, ...]) -> None:
         """This node's stopped processes of attempt N, now."""

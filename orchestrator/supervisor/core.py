@@ -211,7 +211,7 @@ class Supervisor:
                             collapse=out.collapse, frozen=out.frozen, own=self.source.own)
             att = state.attempts[-1]
             att.cls, att.reason = diag.cls, diag.reason
-            ev = [e.to_json() for e in diag.evidence]
+            ev = list(diag.evidence)
             emit(events.Classified(attempt=n, cls=diag.cls, reason=diag.reason,
                                    evidence=ev, also=list(diag.also)))
             diag, ending = self.role.settle(n, out, diag)   # a group: one root cause
@@ -272,13 +272,14 @@ class Supervisor:
             state.status = "running"
             self.record.save()
 
-    def final(self, status: str, reason: str, evidence: list | None = None) -> int:
+    def final(self, status: str, reason: str,
+              evidence: list[EvidenceLine] | None = None) -> int:
         """The run ends. run.lock (and the group) are let go BEFORE the final status shows in
         events.jsonl and state.json: whoever sees the run final may launch the next one."""
         state = self.state
         state.status, state.reason, state.ended_at = status, reason, time.time()
         if evidence is not None:
-            state.evidence = [EvidenceLine.from_json(e) for e in evidence]
+            state.evidence = list(evidence)
         self.role.on_final(status, reason)
         self.standby.discard(f"the run ended ({status})")
         self._release()   # a final state means the host is free: the next launch may start

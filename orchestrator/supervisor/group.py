@@ -220,7 +220,7 @@ class GroupRole:
                            healthy_s=round(out.healthy_s, 3),
                            permanent=diag.permanent and cls == diag.cls,
                            origin=bool(out.origin),
-                           evidence=tuple(e.to_json() for e in diag.evidence),
+                           evidence=diag.evidence,
                            cache_fault=cache_fault)
 
 
@@ -315,7 +315,7 @@ class GroupHead(GroupRole):
         self.decided = n
         self.record.emit(events.GroupDecision(attempt=n, node=gs.node, host=gs.host,
                                               action=dec.action, status=dec.status,
-                                              reason=dec.reason, cause=dec.cause_json()))
+                                              reason=dec.reason, cause=dec.cause))
 
     def on_restart(self, n: int, fallback: Any, restart: Any) -> None:
         self.decide(n, "restart", fallback=fallback, restart=restart)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Mapping, Protocol
 
 from dfo_contract.runlimits import Thresholds
+from dfo_contract.state_records import EvidenceLine
 
 from ..common.classify import Diagnosis
 from ..common.launch_argv import Rendezvous
@@ -46,7 +47,8 @@ class Driver(Protocol):
     #: the run's own compile cache
     cache: "RunCache"
 
-    def final(self, status: str, reason: str, evidence: list | None = None) -> int: ...
+    def final(self, status: str, reason: str,
+              evidence: list[EvidenceLine] | None = None) -> int: ...
 
 
 class Role(Protocol):

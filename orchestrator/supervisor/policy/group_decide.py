@@ -1,7 +1,7 @@
 """One multi-node run, one decision: the pure choices the node supervisors make
 (``orchestrator.supervisor.group`` does the store I/O). No I/O, no clock: time comes in.
 
-- :func:`root_cause`: the one :class:`~dfo_contract.group_store.NodeOutcome` (how one
+- :func:`root_cause`: the one :class:`~dfo_contract.events.group_kinds.NodeOutcome` (how one
   node's part of an attempt ended, its own classification) the head decides on for the
   whole run;
 - :class:`Heartbeats`: whether a node is lost, from the heartbeat counters the head (or a
@@ -183,13 +183,12 @@ class PeerStep:
 
 
 def peer_step(dec: GroupVerdict, attempt: int, *, node: int, host: str) -> PeerStep:
-    """The head's ``fallback``/``restart`` travel as their events' bodies
-    (``EventBase.body``; ``GroupVerdict.from_text`` reads them as events)."""
+    """The head's ``fallback``/``restart`` events travel in its verdict: the peer's
+    ``group_decision`` carries them and the peer records each as its own."""
     evs: list[events.Event] = [events.GroupDecision(
-        attempt=attempt, node=node, host=host, action=dec.action, cause=dec.cause_json(),
+        attempt=attempt, node=node, host=host, action=dec.action, cause=dec.cause,
         status=dec.status, reason=dec.reason, overrides=dict(dec.overrides),
-        fallback=dec.fallback.body() if dec.fallback else None,
-        restart=dec.restart.body() if dec.restart else None, last_checkpoint=dec.last_checkpoint,
+        fallback=dec.fallback, restart=dec.restart, last_checkpoint=dec.last_checkpoint,
         last_step=dec.last_step)]
     if dec.action == "final":
         return PeerStep(tuple(evs), dict(dec.overrides), (dec.status or "failed", dec.reason),

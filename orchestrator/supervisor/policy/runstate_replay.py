@@ -34,7 +34,7 @@ def state_from_events(run_id: str, evs: Iterable[ev.Event]) -> RunState:
             by_n[e.attempt].cls, by_n[e.attempt].reason = e.cls, e.reason
         elif isinstance(e, ev.Checkpoint):
             st.last_checkpoint = CheckpointRef(step=e.step, path=e.path)
-            if isinstance(e.step, int):
+            if e.step is not None:
                 st.last_step = e.step
         elif isinstance(e, ev.Restart):
             st.status = "backoff"
