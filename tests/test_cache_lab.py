@@ -51,10 +51,12 @@ def dfo(lab: CacheLab, *args: str, timeout: float = 1500) -> subprocess.Complete
                           capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.fixture(scope="session", params=["lab-node", "lab"])
+@pytest.fixture(scope="session", params=["lab"])
 def cache_lab(request, lab, lab_wheelhouse, project_wheel, tmp_path_factory) -> CacheLab:
-    """The CPU profile deployed by `dfo deploy` on ``lab-node`` (plain SSH to the node) and
-    on ``lab`` (proxmox: SSH to the node, then ``pct exec`` into container 200)."""
+    """The CPU profile deployed by `dfo deploy` on ``lab`` (proxmox: SSH to the node, then
+    ``pct exec`` into container 200). A plain SSH host runs the same transport calls
+    (test_transport_lab, test_launch_lab); warm-cache asks nothing of the transport beyond
+    them."""
     from orchestrator.engine.deploy import Deployer
 
     base = tmp_path_factory.mktemp(f"cache-{request.param}")
@@ -102,10 +104,8 @@ def live_target(lab: CacheLab, key: str) -> str:
     return rsh(lab.t, 'readlink "$1" || true', sn.paths(lab.host.tree, key).live).strip()
 
 
-# the whole round trip through the container (SSH, then pct exec); the node's plain SSH
-# path runs the same warm/pull/push commands in the test below, and the local transport's
+# the whole round trip through the container (SSH, then pct exec); the local transport's
 # pushed snapshot is warmed on in test_cache_warm
-@pytest.mark.parametrize("cache_lab", ["lab"], indirect=True)
 def test_lab_warm_wipe_restore_hits_then_pull_push(cache_lab: CacheLab):
     lab = cache_lab
     r = dfo(lab, "--config", str(lab.cfg), "--json")
