@@ -8,19 +8,21 @@ from the run's spec:
 - the attempt source (``supervisor.source``, from ``spec.trainer``): an attempt's argv,
   env, directory and checkpoint, its ``run_first`` commands, the next config after a failure;
 - the role (``supervisor.role``/``supervisor.group``, from ``spec.role``): solo, the head
-  of a group, or a member; its hooks run at fixed points of the loop and the watch;
+  of a group, or a member; its hooks run at fixed points of the loop and the watch, and it
+  drives the run's attempts through the supervisor's steps (``role.Driver``: run_attempt,
+  judge, next_config, backoff, final);
 - the watch of one attempt (``supervisor.watch``), the standby keeper
   (``supervisor.standby``), the run's record and ``run.lock`` (``supervisor.record``).
 """
 
 from __future__ import annotations
 
-import errno
 import os
 import signal
 import subprocess
 import sys
 import time
+from typing import Any, Mapping
 
 from dfo_contract import envvars, events
 from dfo_contract import runstate as rs
@@ -31,14 +33,15 @@ from dfo_contract.runstate import Attempt, EvidenceLine, FallbackRecord, RunStat
 from ..common import goodput
 from .policy import oom
 from ..common.budget import cannot_do_better, on_failure, restart_delay
-from ..common.classify import classify
+from ..common.classify import Diagnosis, classify
 from . import procs, run_dir_end, runfiles
 from .group import GroupHead
 from .group_member import GroupMember
 from .record import BeatWriter, RunLock, RunRecord, Stop
-from .role import Role, SoloRole
+from .role import Naming, Role, SoloRole
 from .run_cache import RunCache
-from .source import AttemptSource, CannotStart, cannot_start, source_for
+from .source import (AttemptSource, CannotStart, cannot_start, cannot_start_reason, done_reason,
+                     fallback_record, source_for)
 from .standby import Keeper, KeeperInputs
 from .watch import AttemptWatch, Outcome, WatchInputs
 
@@ -106,14 +109,14 @@ class Supervisor:
             return self._run()
         except CannotStart as e:   # the same argv cannot start on a retry either
             return self.final("failed", str(e))
-        except (runfiles.RunDirGone, FileNotFoundError) as e:
+        except (runfiles.RunDirGone, FileNotFoundError):
             if os.path.isdir(self.run_dir):
                 raise
-            return self._run_dir_gone(e)
+            return run_dir_end.gone(self._ending())
         except OSError as e:
             if e.errno not in run_dir_end.UNWRITABLE:
                 raise
-            return self._run_dir_unwritable(e)
+            return run_dir_end.unwritable(self._ending(), e, self.state, self._release)
         finally:
             self._release()
 
@@ -157,24 +160,15 @@ class Supervisor:
         self.role.open()
         return self.role.run(self)
 
-    def _run_dir_gone(self, e: Exception) -> int:
-        return run_dir_end.gone(self._ending())
-
-    def _run_dir_unwritable(self, e: OSError) -> int:
-        return run_dir_end.unwritable(self._ending(), e, self.state, self._release)
-
     def _ending(self) -> run_dir_end.Ending:
         return run_dir_end.Ending(run_id=self.spec.identity.run_id, run_dir=self.run_dir,
                                   checkpoints=self.spec.resume.checkpoint_dir,
                                   kill_grace_s=self.thresholds.kill_grace_s)
 
-    def _kill_run(self, sig: int) -> list[int]:
-        return run_dir_end.kill_run(self.run_dir, sig, self.thresholds.kill_grace_s)
-
     def _recover_after_restart(self) -> bool:
         """A previous supervisor died: no trainer of this run may run unwatched. True when
         it died during an attempt (now ended here, abandoned)."""
-        orphans = self._kill_run(signal.SIGTERM)
+        orphans = run_dir_end.kill_run(self.run_dir, signal.SIGTERM, self.thresholds.kill_grace_s)
         if orphans:
             self.record.emit(events.OrphansReaped(pids=orphans))
         self.state.standby_pid = None      # reaped above with the rest of the run
@@ -206,14 +200,9 @@ class Supervisor:
                 return self.final("failed", str(e))
             if out.stopped:
                 return self.final("stopped", self.stop.reason or "stopped")
-            diag = classify(out.scan, exit_code=out.exit_code, signal=out.signal, hang=out.hang,
-                            oom_killed=out.oom_killed, oom_reason=out.oom_reason,
-                            collapse=out.collapse, frozen=out.frozen, own=self.source.own)
+            diag = self.judge(n, out)
             att = state.attempts[-1]
-            att.cls, att.reason = diag.cls, diag.reason
             ev = list(diag.evidence)
-            emit(events.Classified(attempt=n, cls=diag.cls, reason=diag.reason,
-                                   evidence=ev, also=list(diag.also)))
             diag, ending = self.role.settle(n, out, diag)   # a group: one root cause
             diag = self.cache.with_repair(out, diag)
             att.cls, att.reason = diag.cls, diag.reason     # the run's history: its cause
@@ -241,7 +230,7 @@ class Supervisor:
                 emit(events.GiveUp(cls=diag.cls, reason=reason, evidence=ev))
                 return self.final("failed", reason, evidence=ev)
             # a node of the group whose cache the restart clears changes the next attempt too
-            cleared = self.cache.scrub(n + 1, out, diag) or bool(out.caches_cleared)
+            cleared = self.cache.scrub(n + 1, out, diag) or self.role.clears_caches(n)
             why = cannot_do_better(state.attempts[-2] if len(state.attempts) > 1 else None,
                                    att, restart_changes_config=bool(choice.changed) or cleared)
             if why:
@@ -249,25 +238,18 @@ class Supervisor:
                 emit(events.GiveUp(cls=diag.cls, reason=why, evidence=ev))
                 return self.final("failed", reason, evidence=ev)
             state.ladder_pos[diag.cls] = choice.position
-            state.overrides = choice.overrides
-            if choice.step and choice.step != "same":
-                state.fallbacks.append(FallbackRecord(cls=diag.cls, step=choice.step,
-                                                      changed=choice.changed, attempt=n))
-            elif choice.note:
-                state.fallbacks.append(FallbackRecord(cls=diag.cls, step="restart unchanged",
-                                                      note=choice.note, changed={}, attempt=n))
+            self.next_config(choice.overrides, fallback_record(diag.cls, choice, n))
             fb = emit(events.Fallback(attempt=n, cls=diag.cls, step=choice.step,
                                       changed=choice.changed, overrides=choice.overrides,
                                       restore_cache=choice.restore_cache,
                                       note=choice.note or None))
             restore_cache = choice.restore_cache
-            state.status = "backoff"
             delay = restart_delay(self.policy, dec, diag.cls,
                                   config_changed=bool(choice.changed))
             rst = emit(events.Restart(attempt=n + 1, delay_s=round(delay, 3),
                                       reason=dec.reason))
             self.role.on_restart(n, fb, rst)
-            self.record.save()
+            self.backoff()
             self._sleep(delay)
             state.status = "running"
             self.record.save()
@@ -305,9 +287,14 @@ class Supervisor:
         self.role.release()
         self.lock.release()
 
-    # --- one attempt ------------------------------------------------------------------------
-    def run_attempt(self, n: int) -> Outcome:
+    # --- one attempt: the steps a role drives (role.Driver) -------------------------------
+    def run_attempt(self, n: int, overrides: Mapping[str, Any] | None = None) -> Outcome:
+        """Start attempt N (with ``overrides``: that config; None: the run's) and watch it
+        to its end."""
         state = self.state
+        if overrides is not None:
+            state.overrides = dict(overrides)
+        state.status = "running"
         launch = self.source.launch(n, state, self.role)
         argv, env, cwd = launch.argv, launch.env, launch.cwd
         missing = cannot_start(argv, env, self.spec.identity, self.source.own)
@@ -370,6 +357,32 @@ class Supervisor:
         self.record.save()
         return out
 
+    def judge(self, n: int, out: Outcome, *, name: Naming | None = None) -> Diagnosis:
+        """Attempt N's diagnosis (common.classify), recorded as the attempt's class and in
+        its ``classified`` event; ``name``: the class and reason this node gives its end
+        instead (a group's member: another node's abort)."""
+        diag = classify(out.scan, exit_code=out.exit_code, signal=out.signal, hang=out.hang,
+                        oom_killed=out.oom_killed, oom_reason=out.oom_reason,
+                        collapse=out.collapse, frozen=out.frozen, own=self.source.own)
+        cls, reason = name(diag) if name is not None else (diag.cls, diag.reason)
+        att = self.state.attempts[-1]
+        att.cls, att.reason = cls, reason
+        self.record.emit(events.Classified(attempt=n, cls=cls, reason=reason,
+                                           evidence=list(diag.evidence), also=list(diag.also)))
+        return diag
+
+    def next_config(self, overrides: Mapping[str, Any], fallback: FallbackRecord | None) -> None:
+        """The run's decision on the last attempt: the config the next one runs and the
+        fallback that made it (None: none)."""
+        self.state.overrides = dict(overrides)
+        if fallback is not None:
+            self.state.fallbacks.append(fallback)
+
+    def backoff(self) -> None:
+        """The run waits before its next attempt."""
+        self.state.status = "backoff"
+        self.record.save()
+
 
 def role_for(spec: RunSpec, run_dir: str, record: RunRecord, stop: Stop) -> Role:
     """This node's role, from the spec's ``role``: solo, the group's head or a member."""
@@ -379,43 +392,3 @@ def role_for(spec: RunSpec, run_dir: str, record: RunRecord, stop: Stop) -> Role
     cls = GroupHead if gs.is_head else GroupMember
     return cls(gs, spec.identity.run_id, run_dir, spec.thresholds.kill_grace_s, record, stop)
 
-
-def cannot_start_reason(argv, cwd: str | None, e: OSError) -> str:
-    """Why ``argv`` could not start, in one line: a program whose ``#!`` interpreter is
-    missing is named as such (the kernel says only "No such file or directory")."""
-    prog = os.path.join(cwd or "", argv[0]) if "/" in argv[0] else argv[0]
-    if cwd and not os.path.isdir(cwd):
-        return f"cannot start the trainer: its working directory {cwd} does not exist"
-    if e.errno == errno.ENOENT and os.path.isfile(prog):
-        try:
-            with open(prog, "rb") as f:
-                first = f.readline(256).decode("utf-8", "replace").strip()
-        except OSError:
-            first = ""
-        if first.startswith("#!"):
-            return (f"cannot start the trainer: {argv[0]}'s interpreter {first[2:].strip()} "
-                    "does not exist (its #! line)")
-    return (f"cannot start the trainer: {argv[0]}: {e.strerror or e}; fix the command or its "
-            "directory, then dfo launch --resume latest")
-
-
-def done_reason(last_step: int | None, own: bool) -> str:
-    """The final reason of a run that finished."""
-    if last_step is not None:
-        return (f"the command exited 0 at step {last_step}" if own
-                else f"reached max_steps at step {last_step}")
-    return ("the command exited 0 (it reported no steps)" if own
-            else "the trainer exited 0 (it reported no steps)")
-
-
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    ap = argparse.ArgumentParser(prog="python -m orchestrator.supervisor")
-    ap.add_argument("--run-dir", required=True)
-    a = ap.parse_args(argv)
-    try:
-        return Supervisor(a.run_dir).run()
-    except (FileNotFoundError, ContractError) as e:
-        print(f"dfo-supervisor: {e}", file=sys.stderr)
-        return 0  # nothing it can supervise: never restart-loop on it

@@ -9,7 +9,9 @@ supervisor (the user's laptop is not involved).
 checkpoint choice happen once, there) and its hooks publish the plan of each attempt,
 gather every node's end into one root cause and publish the decision. ``supervisor.group_member``'s :class:`GroupMember`
 (a peer) runs its own loop: it waits for the head's plan, runs its part, reports its end
-and mirrors the decision.
+and mirrors the decision. Both run their attempts through the supervisor's steps
+(``role.Driver``); what a node knows of one attempt beyond its watch (another node's abort,
+the lost nodes, who aborted first) is the role's :class:`GroupAttempt`.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import dataclasses
 import signal
 import subprocess
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from dfo_contract import events
@@ -40,6 +43,30 @@ from .role import Driver, Ending, Placement
 from .watch import Outcome
 
 
+@dataclass
+class GroupAttempt:
+    """This node's part in one attempt of the group, beyond what its watch saw
+    (``Outcome``): written by the role's watch hooks, read when the attempt ends."""
+    n: int
+    #: another node's abort of the attempt (why), the lost nodes [(index, silent s)]
+    peer_abort: str | None = None
+    lost: list[tuple[int, float]] | None = None
+    #: this node aborted the attempt in the store; it was the first to
+    abort_set: bool = False
+    origin: bool = False
+    #: when to SIGKILL the attempt's tree (after a SIGTERM for another node)
+    kill_at: float | None = None
+    #: when the store is read next
+    store_next: float = 0.0
+    #: this node's stopped processes as last told to the group's store
+    stopped_told: tuple[int, ...] = ()
+    #: the node whose stopped processes the watchdog's ``frozen`` names (None: this node's)
+    frozen_on: str | None = None
+    #: the head: the nodes whose compile cache the restart clears
+    #: (``supervisor.policy.group_decide.caches_cleared``)
+    caches_cleared: tuple[str, ...] = ()
+
+
 class GroupRole:
     """What the head and a member share: the coordinator, the stop that reaches every
     node, the watch's checks of the other nodes, the torchrun part of an attempt."""
@@ -57,6 +84,8 @@ class GroupRole:
         self.coord: Coordinator | None = None
         #: the nodes found silent while waiting on the store: [(index, silent s)]
         self.lost: list[tuple[int, float]] = []
+        #: this node's part in the attempt under way (or the last one)
+        self.current: GroupAttempt | None = None
 
     # --- the run's start and end ------------------------------------------------------------
     def open(self) -> None:
@@ -109,6 +138,9 @@ class GroupRole:
     def settle(self, n: int, out: Outcome, diag: Diagnosis) -> tuple[Diagnosis, Ending | None]:
         return diag, None    # a member reports its end; the head settles the run
 
+    def clears_caches(self, n: int) -> bool:
+        return bool(self.attempt(n).caches_cleared)
+
     def on_restart(self, n: int, fallback: Any, restart: Any) -> None:
         pass                 # the head decides
 
@@ -117,6 +149,12 @@ class GroupRole:
         return self.coord
 
     # --- one attempt ----------------------------------------------------------------------------
+    def attempt(self, n: int) -> GroupAttempt:
+        """This node's part in attempt N (a fresh record when N is a new attempt)."""
+        if self.current is None or self.current.n != n:
+            self.current = GroupAttempt(n)
+        return self.current
+
     def thresholds(self, t: Thresholds) -> Thresholds:
         return t
 
@@ -129,52 +167,52 @@ class GroupRole:
     def tick(self, n: int, proc: subprocess.Popen, out: Outcome, dog: AttemptWatchdog,
              now: float) -> None:
         """Once per watch poll: stop, a peer's abort, this node's own failure, a lost node."""
-        c, gs = self._c(), self.gs
-        if now < out.store_next:
-            self._kill_due(proc, out, now)
+        c, gs, at = self._c(), self.gs, self.attempt(n)
+        if now < at.store_next:
+            self._kill_due(proc, at, now)
             return
-        out.store_next = now + STORE_POLL_S
-        if out.lost is None:   # a lost node's store (the head's) would only time out
+        at.store_next = now + STORE_POLL_S
+        if at.lost is None:   # a lost node's store (the head's) would only time out
             self.sync_stop()
         if out.stopped or self.stop.reason:
             return
-        if out.lost is None:
-            self._share_stopped(n, out, dog, now)
-        if out.peer_abort is None and out.lost is None:
+        if at.lost is None:
+            self._share_stopped(n, at, dog, now)
+        if at.peer_abort is None and at.lost is None:
             if dog.term_at is not None or dog.hang:
-                if not out.abort_set:
-                    out.abort_set = True
-                    out.origin = c.abort(n, f"node {gs.host}: {dog.hang or 'a fatal line'}")
+                if not at.abort_set:
+                    at.abort_set = True
+                    at.origin = c.abort(n, f"node {gs.host}: {dog.hang or 'a fatal line'}")
             else:
                 r = c.aborted(n)
                 if r is not None and r.node != gs.node:
-                    out.peer_abort = f"node {r.host} aborted attempt {n}: {r.reason}"
+                    at.peer_abort = f"node {r.host} aborted attempt {n}: {r.reason}"
                     self.record.emit(events.PeerAbort(attempt=n, node=gs.node, host=gs.host,
-                                                      reason=out.peer_abort))
-                    self._terminate(proc, out, now)
+                                                      reason=at.peer_abort))
+                    self._terminate(proc, at, now)
                 else:
                     lost = c.lost(now)
                     if lost:
-                        out.lost = lost
+                        at.lost = lost
                         why = self.lost_reason(lost)
                         for k, s in lost:
                             self.record.emit(events.NodeLost(attempt=n, node=k, host=gs.nodes[k],
                                                              silent_s=round(s, 1), reason=why))
                         if gs.is_head:   # a peer that lost the head has no store to tell
                             c.abort(n, why)
-                        self._terminate(proc, out, now)
-        self._kill_due(proc, out, now)
+                        self._terminate(proc, at, now)
+        self._kill_due(proc, at, now)
 
-    def _share_stopped(self, n: int, out: Outcome, dog: AttemptWatchdog,
+    def _share_stopped(self, n: int, at: GroupAttempt, dog: AttemptWatchdog,
                        now: float) -> None:
         """A member tells the store when its stopped processes change; the head reads its
         peers' into its watchdog, so a hang that comes due while a peer's process is stopped
         is that peer's freeze (``frozen``, naming it), not the head's ``compile_hang``."""
         c, gs = self._c(), self.gs
         if not gs.is_head:
-            if dog.stopped_pids != out.stopped_told:
+            if dog.stopped_pids != at.stopped_told:
                 c.set_stopped(n, dog.stopped_pids)
-                out.stopped_told = dog.stopped_pids
+                at.stopped_told = dog.stopped_pids
             return
         for k in range(1, gs.nnodes):
             pids = c.stopped(n, k)
@@ -183,43 +221,50 @@ class GroupRole:
                 return
         dog.stopped_elsewhere(now, None)
 
-    def _terminate(self, proc: subprocess.Popen, out: Outcome, now: float) -> None:
+    def _terminate(self, proc: subprocess.Popen, at: GroupAttempt, now: float) -> None:
         procs.signal_all([proc.pid], signal.SIGTERM)
-        out.kill_at = now + self.kill_grace_s
+        at.kill_at = now + self.kill_grace_s
 
-    def _kill_due(self, proc: subprocess.Popen, out: Outcome, now: float) -> None:
-        if out.kill_at is not None and now >= out.kill_at and proc.poll() is None:
+    def _kill_due(self, proc: subprocess.Popen, at: GroupAttempt, now: float) -> None:
+        if at.kill_at is not None and now >= at.kill_at and proc.poll() is None:
             procs.kill_tree(proc.pid, self.run_dir, sig=signal.SIGKILL)
-            out.kill_at = now + 2.0
+            at.kill_at = now + 2.0
 
-    def after_watch(self, n: int, out: Outcome) -> None:
+    def after_watch(self, n: int, out: Outcome, dog: AttemptWatchdog) -> None:
         """The attempt's process is gone: a stop that came meanwhile; else, unless it
         finished training, tell the others (the first to abort is the origin)."""
-        c = self._c()
+        c, at = self._c(), self.attempt(n)
+        at.frozen_on = dog.frozen_on
         self.sync_stop()
         if self.stop.reason and not out.stopped and out.exit_code != 0:
             out.stopped = True
-        if out.stopped or out.exit_code == 0 or out.abort_set:
+        if out.stopped or out.exit_code == 0 or at.abort_set:
             return
-        out.abort_set = True
+        at.abort_set = True
         how = f"signal {out.signal}" if out.signal else f"exit {out.exit_code}"
         mine = c.abort(n, f"node {self.gs.host}: attempt {n} ended ({how})")
-        out.origin = out.origin or (mine and out.peer_abort is None)
+        at.origin = at.origin or (mine and at.peer_abort is None)
+
+    def end_name(self, n: int, diag: Diagnosis) -> tuple[str, str]:
+        """The class and reason of this node's end of attempt N: another node's abort
+        (``peer_abort``) unless this node aborted first; the head's part that was stopped
+        for a lost node is a crash."""
+        at = self.attempt(n)
+        if at.lost and self.gs.is_head:
+            return "crash", "stopped: a node was lost"
+        if at.peer_abort and not at.origin:
+            return PEER_ABORT, at.peer_abort
+        return diag.cls, diag.reason
 
     def node_end(self, n: int, out: Outcome, diag: Diagnosis, *,
                  cache_fault: str | None = None) -> NodeOutcome:
         gs = self.gs
-        if out.lost and gs.is_head:
-            cls, reason = "crash", "stopped: a node was lost"
-        elif out.peer_abort and not out.origin:
-            cls, reason = PEER_ABORT, out.peer_abort
-        else:
-            cls, reason = diag.cls, diag.reason
+        cls, reason = self.end_name(n, diag)
         return NodeOutcome(node=gs.node, host=gs.host, cls=cls, reason=reason,
                            exit_code=out.exit_code, reached_train=out.reached_train,
                            healthy_s=round(out.healthy_s, 3),
                            permanent=diag.permanent and cls == diag.cls,
-                           origin=bool(out.origin),
+                           origin=bool(self.attempt(n).origin),
                            evidence=diag.evidence,
                            cache_fault=cache_fault)
 
@@ -260,11 +305,11 @@ class GroupHead(GroupRole):
         return diag, None
 
     def _root(self, n: int, out: Outcome, diag: Diagnosis) -> Diagnosis:
-        c, gs, emit = self._c(), self.gs, self.record.emit
+        c, gs, emit, at = self._c(), self.gs, self.record.emit, self.attempt(n)
         own = self.node_end(n, out, diag)
         c.set_end(n, own)
         ends = {0: own}
-        for k, s in (out.lost or []):
+        for k, s in (at.lost or []):
             ends[k] = self._lost_end(k, s)
         emit(own.event(n))
         while len(ends) < gs.nnodes:
@@ -289,11 +334,11 @@ class GroupHead(GroupRole):
             time.sleep(STORE_POLL_S)
         root = root_cause(list(ends.values()))
         # the head judged a freeze on a peer (its stopped processes): the cause is there
-        cause = (dataclasses.replace(root, node=gs.nodes.index(out.frozen_on),
-                                     host=out.frozen_on)
-                 if root.node == gs.node and root.cls == "frozen" and out.frozen_on else root)
+        cause = (dataclasses.replace(root, node=gs.nodes.index(at.frozen_on),
+                                     host=at.frozen_on)
+                 if root.node == gs.node and root.cls == "frozen" and at.frozen_on else root)
         self.cause = cause
-        out.caches_cleared = caches_cleared([e for e in ends.values() if e.node != gs.node])
+        at.caches_cleared = caches_cleared([e for e in ends.values() if e.node != gs.node])
         out.healthy_s = run_healthy_s(list(ends.values()))
         out.reached_train = run_reached_train(list(ends.values()))
         if root.node == 0 and root.cls == diag.cls:

@@ -5,14 +5,13 @@ decision."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from typing import Any, Callable
 
-from dfo_contract import events
 from dfo_contract.group_store import AttemptPlan, GroupVerdict, NodeOutcome
 from dfo_contract.runlimits import Thresholds
 
-from ..common.classify import classify
 from .policy.group_decide import head_lost_reason, peer_step
 from .coordinator import STORE_POLL_S
 from .group import GroupRole
@@ -69,11 +68,9 @@ class GroupMember(GroupRole):
                 for event in step.events:
                     emit(event)
                 return driver.final(*(step.final or ("stopped", plan.reason)))
-            state.overrides = dict(plan.overrides)
             self.plan = plan
-            state.status = "running"
             try:
-                out = driver.run_attempt(n)
+                out = driver.run_attempt(n, plan.overrides)
             except CannotStart as e:     # the head decides: the attempt ends everywhere
                 ended = self._cannot_start(driver, n, str(e))
                 if ended is not None:
@@ -81,17 +78,12 @@ class GroupMember(GroupRole):
                 continue
             if out.stopped:
                 return driver.final("stopped", self.stop.reason or "stopped")
-            diag = classify(out.scan, exit_code=out.exit_code, signal=out.signal,
-                            hang=out.hang, oom_killed=out.oom_killed, oom_reason=out.oom_reason,
-                            collapse=out.collapse,
-                            frozen=out.frozen)
-            att = state.attempts[-1]
+            # the attempt's class here is this node's end (another node's abort, if it was)
+            diag = driver.judge(n, out, name=functools.partial(self.end_name, n))
+            lost = self.attempt(n).lost
+            if lost:
+                return driver.final("failed", self.lost_reason(lost))
             end = self.node_end(n, out, diag, cache_fault=driver.cache.fault(out, diag))
-            att.cls, att.reason = end.cls, end.reason
-            emit(events.Classified(attempt=n, cls=end.cls, reason=end.reason,
-                                   evidence=list(end.evidence), also=list(diag.also)))
-            if out.lost:
-                return driver.final("failed", self.lost_reason(out.lost))
             c.set_end(n, end)
             emit(end.event(n))
             ended = self._follow(driver, n)
@@ -144,17 +136,14 @@ class GroupMember(GroupRole):
         step = peer_step(dec, n, node=gs.node, host=gs.host)
         for event in step.events:
             emit(event)
-        state.overrides = step.overrides
-        if dec.last_checkpoint:
+        if dec.last_checkpoint:     # the head's progress is the run's
             state.last_checkpoint = dec.last_checkpoint
         if dec.last_step is not None:
             state.last_step = dec.last_step
-        if step.fallback:
-            state.fallbacks.append(step.fallback)
+        driver.next_config(step.overrides, step.fallback)
         if step.final:
             return driver.final(*step.final)
-        state.status = "backoff"
-        self.record.save()
+        driver.backoff()
         self._restore = bool(step.restore_cache)
         return None
 

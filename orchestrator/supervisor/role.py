@@ -5,17 +5,17 @@ several nodes (``supervisor.group``: ``GroupHead``, ``GroupMember``).
 The supervisor calls the role's hooks at fixed points of its attempt loop and its watch;
 the :class:`Role` protocol lists them. A role drives the run through :meth:`Role.run`: the
 solo run and the head run the supervisor's attempt loop (:class:`Driver`), a member waits
-for the head's plans instead.
+for the head's plans and runs each attempt through the same driver steps.
 """
 
 from __future__ import annotations
 
 import subprocess
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 
 from dfo_contract.runlimits import Thresholds
-from dfo_contract.state_records import EvidenceLine
+from dfo_contract.state_records import EvidenceLine, FallbackRecord
 
 from ..common.classify import Diagnosis
 from ..common.launch_argv import Rendezvous
@@ -39,11 +39,33 @@ class Placement:
     nproc: int | None = None
 
 
+#: the class and reason a node gives its end of an attempt, from the attempt's diagnosis
+Naming = Callable[[Diagnosis], tuple[str, str]]
+
+
 class Driver(Protocol):
-    """What a role drives: the supervisor's attempt loop and its steps."""
+    """What a role drives: the supervisor's attempt loop and its steps, which write an
+    attempt's lifecycle into the run's state (its status, config, record and class, the
+    fallbacks)."""
 
     def loop(self) -> int: ...
-    def run_attempt(self, n: int) -> "Outcome": ...
+
+    def run_attempt(self, n: int, overrides: Mapping[str, Any] | None = None) -> "Outcome":
+        """Start attempt N (with ``overrides``: that config; None: the run's) and watch it
+        to its end."""
+
+    def judge(self, n: int, out: "Outcome", *, name: Naming | None = None) -> Diagnosis:
+        """Attempt N's diagnosis, recorded as the attempt's class and in its ``classified``
+        event (``name``: the class and reason this node gives its end instead)."""
+
+    def next_config(self, overrides: Mapping[str, Any],
+                    fallback: FallbackRecord | None) -> None:
+        """The run's decision on the last attempt: the config the next one runs and the
+        fallback that made it (None: none)."""
+
+    def backoff(self) -> None:
+        """The run waits before its next attempt (saved)."""
+
     #: the run's own compile cache
     cache: "RunCache"
 
@@ -71,12 +93,16 @@ class Role(Protocol):
              now: float) -> None:
         """Once per poll of the watch."""
 
-    def after_watch(self, n: int, out: "Outcome") -> None:
+    def after_watch(self, n: int, out: "Outcome", dog: "AttemptWatchdog") -> None:
         """Attempt N's process tree is gone."""
 
     def settle(self, n: int, out: "Outcome", diag: Diagnosis) -> tuple[Diagnosis, Ending | None]:
         """Attempt N ended and was classified here: the run's diagnosis, and how the run
         ends when that is already decided."""
+
+    def clears_caches(self, n: int) -> bool:
+        """The restart after attempt N clears the compile cache of another node (the next
+        attempt changes there)."""
 
     def sync_stop(self) -> None:
         """While waiting between attempts: pass a stop on, or take one from elsewhere."""
@@ -116,11 +142,14 @@ class SoloRole:
              now: float) -> None:
         pass
 
-    def after_watch(self, n: int, out: "Outcome") -> None:
+    def after_watch(self, n: int, out: "Outcome", dog: "AttemptWatchdog") -> None:
         pass
 
     def settle(self, n: int, out: "Outcome", diag: Diagnosis) -> tuple[Diagnosis, Ending | None]:
         return diag, None
+
+    def clears_caches(self, n: int) -> bool:
+        return False
 
     def sync_stop(self) -> None:
         pass

@@ -17,11 +17,15 @@
 Both choose the next config with ``common.verdict.choose`` (the one ladder choice, shared with
 ``dfo diagnose``).
 
-A source decides; it keeps no state of its own (the run's state comes in).
+A source decides; it keeps no state of its own (the run's state comes in). Beside it: why
+an attempt cannot start (:func:`cannot_start`, :func:`cannot_start_reason`), what the run's
+history keeps of a ladder's choice (:func:`fallback_record`), why a run finished
+(:func:`done_reason`).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -31,7 +35,7 @@ from dfo_contract import events
 from dfo_contract.checkpoints import newest_of_run
 from dfo_contract import trainer_config as tcfg
 from dfo_contract.runspec import Bundled, Identity, Own, RunSpec
-from dfo_contract.runstate import RunState
+from dfo_contract.runstate import FallbackRecord, RunState
 from dfo_contract.trainer_config import TrainerConfig
 
 from ..common import own_trainer
@@ -238,6 +242,45 @@ def cannot_start(argv: list[str], env: Mapping[str, str], identity: Identity,
         return (f"the command {program} is not there or not executable: fix the run file's "
                 "command, then dfo launch --resume latest")
     return None
+
+
+def cannot_start_reason(argv, cwd: str | None, e: OSError) -> str:
+    """Why ``argv`` could not start, in one line: a program whose ``#!`` interpreter is
+    missing is named as such (the kernel says only "No such file or directory")."""
+    prog = os.path.join(cwd or "", argv[0]) if "/" in argv[0] else argv[0]
+    if cwd and not os.path.isdir(cwd):
+        return f"cannot start the trainer: its working directory {cwd} does not exist"
+    if e.errno == errno.ENOENT and os.path.isfile(prog):
+        try:
+            with open(prog, "rb") as f:
+                first = f.readline(256).decode("utf-8", "replace").strip()
+        except OSError:
+            first = ""
+        if first.startswith("#!"):
+            return (f"cannot start the trainer: {argv[0]}'s interpreter {first[2:].strip()} "
+                    "does not exist (its #! line)")
+    return (f"cannot start the trainer: {argv[0]}: {e.strerror or e}; fix the command or its "
+            "directory, then dfo launch --resume latest")
+
+
+def fallback_record(cls: str, choice: Verdict, n: int) -> FallbackRecord | None:
+    """What the run's history keeps of the ladder's choice after attempt N failed with
+    ``cls`` (None: a plain restart)."""
+    if choice.step and choice.step != "same":
+        return FallbackRecord(cls=cls, step=choice.step, changed=choice.changed, attempt=n)
+    if choice.note:
+        return FallbackRecord(cls=cls, step="restart unchanged", note=choice.note, changed={},
+                              attempt=n)
+    return None
+
+
+def done_reason(last_step: int | None, own: bool) -> str:
+    """The final reason of a run that finished."""
+    if last_step is not None:
+        return (f"the command exited 0 at step {last_step}" if own
+                else f"reached max_steps at step {last_step}")
+    return ("the command exited 0 (it reported no steps)" if own
+            else "the trainer exited 0 (it reported no steps)")
 
 
 def source_for(spec: RunSpec, run_dir: str, emit: Emit) -> AttemptSource:

@@ -36,12 +36,12 @@ HOST_WINDOW_S = 30.0
 
 @dataclass
 class Outcome:
+    """How one attempt ended on this node, as its watch saw it (what a role keeps of its
+    part in the attempt is the role's)."""
     exit_code: int | None = None
     signal: int | None = None
     hang: str | None = None
     frozen: str | None = None
-    #: the node of the group whose stopped processes ``frozen`` names (None: this node's)
-    frozen_on: str | None = None
     collapse: str | None = None
     stopped: bool = False
     reached_train: bool = False
@@ -62,19 +62,6 @@ class Outcome:
     #: a throughput drop whose host judgement waits for the samples after it
     #: (supervisor.policy.host_load.settled): (reason, monotonic t, wall t)
     low_pending: tuple[str, float, float] | None = None
-    #: a multi-node run (supervisor.group's role): another node's abort, the lost nodes
-    #: [(index, silent s)], whether this node aborted first, when to SIGKILL
-    peer_abort: str | None = None
-    lost: list | None = None
-    origin: bool = False
-    abort_set: bool = False
-    kill_at: float | None = None
-    store_next: float = 0.0
-    #: this node's stopped processes as last told to the group's store
-    stopped_told: tuple[int, ...] = ()
-    #: the head of a group: the nodes whose compile cache the restart clears
-    #: (``supervisor.policy.group_decide.caches_cleared``)
-    caches_cleared: tuple[str, ...] = ()
 
 
 class StandbyView(Protocol):
@@ -100,7 +87,7 @@ class WatchInputs:
     standby: StandbyView
     #: the role's hooks: once per poll (n, proc, out, dog, now); once the tree is gone
     tick: Callable[[int, subprocess.Popen, "Outcome", wd.AttemptWatchdog, float], None]
-    after: Callable[[int, "Outcome"], None]
+    after: Callable[[int, "Outcome", wd.AttemptWatchdog], None]
 
 
 class AttemptWatch:
@@ -167,10 +154,10 @@ class AttemptWatch:
         if left:
             procs.signal_all(left, signal.SIGKILL)
             procs.wait_gone(left, 5)
-        i.after(n, out)
+        i.after(n, out, dog)
         end = time.monotonic()
         out.hang, out.collapse, out.reached_train = dog.hang, dog.collapse, dog.reached_train
-        out.frozen, out.frozen_on = dog.frozen, dog.frozen_on
+        out.frozen = dog.frozen
         out.duration_s = end - t0
         out.healthy_s = dog.healthy_s(end)
         return out
