@@ -12,7 +12,7 @@ import types
 from dfo_contract import events
 from dfo_contract import runstate as rs
 from dfo_contract.runspec import Group
-from dfo_contract.runstate import Attempt, FallbackRecord, RunState
+from dfo_contract.runstate import Attempt, CheckpointRef, FallbackRecord, RunState
 from orchestrator.common.classify import Diagnosis, classify
 from orchestrator.common.classify_rules import PEER_ABORT
 from orchestrator.supervisor import runfiles
@@ -32,6 +32,7 @@ def _driver(tmp_path) -> Supervisor:
     sup = Supervisor.__new__(Supervisor)
     sup.record = RunRecord(str(tmp_path), RunState.new("r-1", "r", now=0.0))
     sup.source = types.SimpleNamespace(own=False)
+    sup.stop, sup.run_dir, sup.role = Stop(), str(tmp_path), SoloRole()
     sup.state.attempts.append(Attempt(n=1, started_at=0.0))
     sup.state.attempt = 1
     return sup
@@ -118,3 +119,19 @@ def test_next_config_and_backoff(tmp_path):
     sup.backoff()
     assert sup.state.status == "backoff"
     assert runfiles.read_state(str(tmp_path)).status == "backoff"
+    sup.backoff(0.05)       # a wait: the run is running again after it, and saved so
+    assert runfiles.read_state(str(tmp_path)).status == "running"
+    sup.stop.request("dfo stop")
+    sup.backoff(3600.0)     # a stop ends the wait at once
+    assert runfiles.read_state(str(tmp_path)).status == "running"
+
+
+def test_follow_and_attempt_decided(tmp_path):
+    sup = _driver(tmp_path)
+    ck = CheckpointRef(step=8, path="/runs/r/checkpoints/step_8")
+    sup.follow(ck, 9)
+    assert (sup.state.last_checkpoint, sup.state.last_step) == (ck, 9)
+    sup.follow(None, None)            # nothing named: the run's progress stays
+    assert (sup.state.last_checkpoint, sup.state.last_step) == (ck, 9)
+    sup.attempt_decided(3)
+    assert sup.state.attempt == 3

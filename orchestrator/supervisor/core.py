@@ -10,7 +10,7 @@ from the run's spec:
 - the role (``supervisor.role``/``supervisor.group``, from ``spec.role``): solo, the head
   of a group, or a member; its hooks run at fixed points of the loop and the watch, and it
   drives the run's attempts through the supervisor's steps (``role.Driver``: run_attempt,
-  judge, next_config, backoff, final);
+  judge, next_config, backoff, follow, attempt_decided, final);
 - the watch of one attempt (``supervisor.watch``), the standby keeper
   (``supervisor.standby``), the run's record and ``run.lock`` (``supervisor.record``).
 """
@@ -28,7 +28,7 @@ from dfo_contract import envvars, events
 from dfo_contract import runstate as rs
 from dfo_contract.errors import ContractError
 from dfo_contract.runspec import Bundled, RunSpec
-from dfo_contract.runstate import Attempt, EvidenceLine, FallbackRecord, RunState
+from dfo_contract.runstate import Attempt, CheckpointRef, EvidenceLine, FallbackRecord, RunState
 
 from ..common import goodput
 from .policy import oom
@@ -249,10 +249,7 @@ class Supervisor:
             rst = emit(events.Restart(attempt=n + 1, delay_s=round(delay, 3),
                                       reason=dec.reason))
             self.role.on_restart(n, fb, rst)
-            self.backoff()
-            self._sleep(delay)
-            state.status = "running"
-            self.record.save()
+            self.backoff(delay)
 
     def final(self, status: str, reason: str,
               evidence: list[EvidenceLine] | None = None) -> int:
@@ -378,10 +375,28 @@ class Supervisor:
         if fallback is not None:
             self.state.fallbacks.append(fallback)
 
-    def backoff(self) -> None:
-        """The run waits before its next attempt."""
+    def backoff(self, delay_s: float = 0.0) -> None:
+        """The run waits ``delay_s`` (a stop ends the wait) before its next attempt: its
+        state says ``backoff`` meanwhile and ``running`` after a wait."""
         self.state.status = "backoff"
         self.record.save()
+        if delay_s > 0:
+            self._sleep(delay_s)
+            self.state.status = "running"
+            self.record.save()
+
+    def follow(self, last_checkpoint: CheckpointRef | None, last_step: int | None) -> None:
+        """Another node's progress is the run's (a group's member follows its head): its
+        newest checkpoint and step where it names them."""
+        if last_checkpoint is not None:
+            self.state.last_checkpoint = last_checkpoint
+        if last_step is not None:
+            self.state.last_step = last_step
+
+    def attempt_decided(self, n: int) -> None:
+        """Attempt N is decided without a trainer of this node (its part could not start):
+        the next attempt is N+1."""
+        self.state.attempt = n
 
 
 def role_for(spec: RunSpec, run_dir: str, record: RunRecord, stop: Stop) -> Role:

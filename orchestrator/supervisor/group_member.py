@@ -98,7 +98,7 @@ class GroupMember(GroupRole):
         attempt on every node, report that end (permanent: no restart brings the program
         back) and follow the head's decision."""
         c, gs = self._c(), self.gs
-        self.record.state.attempt = n     # decided like any attempt: the next is N+1
+        driver.attempt_decided(n)
         c.abort(n, f"node {gs.host}: {why}")
         end = NodeOutcome(node=gs.node, host=gs.host, cls="crash", reason=why,
                           permanent=True, origin=True)
@@ -128,7 +128,7 @@ class GroupMember(GroupRole):
     def _follow(self, driver: Driver, n: int) -> int | None:
         """Wait for the head's decision on attempt N and mirror it; the run's end when it
         ends, else None (``_restore``: the next attempt restores the cache)."""
-        gs, c, state, emit = self.gs, self._c(), self.record.state, self.record.emit
+        gs, c, emit = self.gs, self._c(), self.record.emit
         self._restore = False
         dec = self._wait_for(lambda: c.decision(n))
         if dec is None:
@@ -136,10 +136,7 @@ class GroupMember(GroupRole):
         step = peer_step(dec, n, node=gs.node, host=gs.host)
         for event in step.events:
             emit(event)
-        if dec.last_checkpoint:     # the head's progress is the run's
-            state.last_checkpoint = dec.last_checkpoint
-        if dec.last_step is not None:
-            state.last_step = dec.last_step
+        driver.follow(dec.last_checkpoint, dec.last_step)   # the head's progress is the run's
         driver.next_config(step.overrides, step.fallback)
         if step.final:
             return driver.final(*step.final)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 
 from dfo_contract.runlimits import Thresholds
-from dfo_contract.state_records import EvidenceLine, FallbackRecord
+from dfo_contract.state_records import CheckpointRef, EvidenceLine, FallbackRecord
 
 from ..common.classify import Diagnosis
 from ..common.launch_argv import Rendezvous
@@ -63,8 +63,14 @@ class Driver(Protocol):
         """The run's decision on the last attempt: the config the next one runs and the
         fallback that made it (None: none)."""
 
-    def backoff(self) -> None:
-        """The run waits before its next attempt (saved)."""
+    def backoff(self, delay_s: float = 0.0) -> None:
+        """The run waits ``delay_s`` before its next attempt (saved)."""
+
+    def follow(self, last_checkpoint: CheckpointRef | None, last_step: int | None) -> None:
+        """Another node's progress (checkpoint, step) is the run's."""
+
+    def attempt_decided(self, n: int) -> None:
+        """Attempt N is decided without a trainer of this node: the next is N+1."""
 
     #: the run's own compile cache
     cache: "RunCache"
