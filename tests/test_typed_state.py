@@ -1,9 +1,8 @@
 """The records that cross a process are read by attribute: state.json's sub-records
 (``dfo_contract.state_records``), the group verdict's parts, the events' evidence lines and
-causes, the replies of
-``dfo_contract.replies`` and the compile cache's manifest and helper replies
-(``dfo_contract.cache_records``) are dataclasses, so mypy (tests/test_static_checks.py) flags a
-``.get("k")`` on one; this AST scan of orchestrator/ and dfo_contract/ also finds a
+causes, the replies of ``dfo_contract.replies`` and the compile cache's manifest and helper
+replies (``dfo_contract.cache_records``) are dataclasses, so mypy (tests/test_static_checks.py)
+flags a ``.get("k")`` on one; this AST scan of orchestrator/ and dfo_contract/ also finds a
 string-keyed read (``x["k"]``, ``x.get("k")``) of such a record where mypy cannot see the
 type (an untyped function): on the attribute that holds it (``state.last_checkpoint["step"]``)
 or on a name given that attribute in the same function (``ck = state.last_checkpoint``)."""
