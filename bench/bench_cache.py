@@ -48,7 +48,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from orchestrator.config.runconfig import load_config  # noqa: E402
+from orchestrator.config.runconfig import load_layers  # noqa: E402
 from orchestrator.engine.compile_cache import CacheManager  # noqa: E402
 from orchestrator.plan.trainer_warmup import parse_report, warmup_argv  # noqa: E402
 from orchestrator.plan import snapshot as sn  # noqa: E402
@@ -180,8 +180,8 @@ def main() -> int:
         setups = {}
         for flavour, extra in (("", []), ("+precompile", [("compile.precompile", "true")])):
             overrides = base + extra
-            cfg, text = load_config(cfg_path, overrides)
-            setups[flavour] = (mgr.key(cfg), text, overrides)
+            layers = load_layers(cfg_path, overrides)
+            setups[flavour] = (mgr.key(layers.config, source=str(cfg_path)), layers.data, overrides)
         key0 = setups[""][0]
         print(f"bench: device {a.device}, key {key0.key}, torch {key0.components['torch.__version__']}, "
               f"gpu {key0.components['gpu']}, variants {','.join(variants)}", flush=True)

@@ -7,7 +7,8 @@ The rules (docs/contracts.md, "The records' codec"):
 - A field's JSON name is its attribute's, or ``field(metadata={"json": ...})`` (``class``
   for ``cls``; :func:`req` / :func:`opt`).
 - Types: ``bool``, ``int``, ``float``, ``str``, ``Any``, ``X | None``, ``list[X]``,
-  ``tuple[X, ...]``, ``dict[str, X]``, ``Literal[...]``, enums and nested dataclasses.
+  ``tuple[X, ...]``, ``tuple[X, Y]`` (a JSON array of exactly those), ``dict[str, X]``,
+  ``Literal[...]``, enums and nested dataclasses.
   A value of another type is a :class:`ContractError` (one line naming the record and key).
 - Non-finite floats are written as the strings ``"nan"``/``"inf"``/``"-inf"`` (strict JSON)
   and read back as floats where the field is a float.
@@ -231,10 +232,14 @@ def coerce(value: Any, hint: Any, what: str = "a value",
     if hint in (list, tuple) or origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
             return False, value
-        args = [a for a in typing.get_args(hint) if a is not Ellipsis] or [Any]
+        args = typing.get_args(hint)
+        fixed = (origin or hint) is tuple and bool(args) and Ellipsis not in args
+        if fixed and len(value) != len(args):
+            return False, value
+        kinds = list(args) if fixed else [args[0] if args else Any] * len(value)
         items = []
-        for x in value:
-            ok, y = coerce(x, args[0], what, tolerant)
+        for x, kind in zip(value, kinds, strict=True):
+            ok, y = coerce(x, kind, what, tolerant)
             if not ok:
                 return False, value
             items.append(y)

@@ -219,7 +219,8 @@ def container_env(lab, lab_wheelhouse, project_wheel, tmp_path_factory):
 def test_lab_container_snapshot_mechanics(container_env, tmp_path):
     from orchestrator.engine.compile_cache import CacheManager
     from orchestrator.common.errors import CacheError
-    from tests.helpers.cache_env import CFG, compile_into
+    from dfo_contract.cache_records import HashDirReply
+    from tests.helpers.cache_env import CFG, typed, compile_into
 
     hosts, host, t, base = container_env
     # real inductor files (made on this machine: dfo treats cache contents as opaque bytes)
@@ -230,18 +231,18 @@ def test_lab_container_snapshot_mechanics(container_env, tmp_path):
         if f.is_file():
             t.put(f, posixpath.join(src, str(f.relative_to(local))))
     mgr = CacheManager(t, host.tree, host="lab", timeout=300)
-    key = mgr.key(CFG)
+    key = mgr.key(typed(CFG))
     assert key.components["python"].startswith("3.11") and key.components["gpu"] == "cpu"
     m = mgr.adopt(src, key)
     p = sn.paths(host.tree, key.key)
-    assert m["sizes"]["inductor"] > 0
-    assert mgr.store.tool("hashdir", p.live)["files"] == m["files"]
+    assert m.sizes.inductor > 0
+    assert mgr.store.tool("hashdir", p.live, reply=HashDirReply).files == m.files
 
     # pull to this machine, wipe everything of the cache in the container, push back
     tar, man = mgr.pull(key.key, tmp_path / "pulled")
     t.run(["rm", "-rf", host.tree.cache], timeout=60, check=True)
     mgr.push(tar, key)
-    assert mgr.store.tool("hashdir", p.live)["files"] == m["files"]
+    assert mgr.store.tool("hashdir", p.live, reply=HashDirReply).files == m.files
     live = rsh(t, 'readlink "$1"', p.live).strip()
 
     # truncated and corrupt copies are refused; the live cache stays
@@ -262,7 +263,7 @@ def test_lab_container_snapshot_mechanics(container_env, tmp_path):
     with pytest.raises(CacheError, match="truncated"):
         mgr.restore_from_store(key)
     assert rsh(t, 'readlink "$1"', p.live).strip() == live
-    assert mgr.store.tool("hashdir", p.live)["files"] == m["files"]
+    assert mgr.store.tool("hashdir", p.live, reply=HashDirReply).files == m.files
 
     # another torch build under the snapshot: refused, naming the components
     fp_path = posixpath.join(host.tree.current_env, "fingerprint.json")
@@ -272,7 +273,7 @@ def test_lab_container_snapshot_mechanics(container_env, tmp_path):
     try:
         t.put(json.dumps(fp).encode(), fp_path)
         with pytest.raises(CacheError) as e:
-            mgr.push(tar, mgr.key(CFG))
+            mgr.push(tar, mgr.key(typed(CFG)))
         assert "torch.version.cuda: snapshot none, env 13.0" in str(e.value)
     finally:
         t.put(orig, fp_path)
@@ -283,7 +284,7 @@ def test_lab_container_snapshot_mechanics(container_env, tmp_path):
     for argv in sn.seed_run_cache_argvs(host.tree, key.key, run):
         t.run(argv, timeout=120, check=True)
     rsh(t, 'for f in $(find "$1/cache/inductor" -type f | head -3); do echo poison >> "$f"; done', run)
-    assert mgr.store.tool("hashdir", p.live)["files"] == m["files"]
+    assert mgr.store.tool("hashdir", p.live, reply=HashDirReply).files == m.files
 
     # status and prune through the CLI
     r = subprocess.run([*DFO, "--hosts", str(hosts), "warm-cache", "--host", "lab", "--status", "--json"],

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from dfo_contract.cache_records import HashDirReply
+from dfo_contract.codec import encode
 from orchestrator.config.runconfig import load_config
 from orchestrator.engine.compile_cache import CacheManager
 from orchestrator.common.errors import CacheError, DeployError
@@ -23,7 +25,7 @@ from orchestrator.plan import snapshot as sn
 from orchestrator.config.host_tree import HostTree
 from orchestrator.transport.local import LocalTransport
 
-from tests.helpers.cache_env import CFG, compile_into, make_env
+from tests.helpers.cache_env import CFG, typed, compile_into, make_env
 from tests.helpers.tmpfs import tmpfs  # noqa: F401
 
 
@@ -45,28 +47,28 @@ def host(tmp_path):
 
 def test_key_comes_from_the_deployed_env(host):
     root, mgr = host
-    k = mgr.key(CFG)
+    k = mgr.key(typed(CFG))
     fp = json.loads((root / "envs/current/fingerprint.json").read_text())
     assert k.components["torch.__version__"] == fp["torch"]
     assert k.components["gpu"] == "cpu"
     assert len(k.components["trainer.source"]) == 64
-    assert mgr.key(CFG) == k
+    assert mgr.key(typed(CFG)) == k
 
 
 def test_no_env_is_a_deploy_error(tmp_path):
     mgr = CacheManager(LocalTransport(), HostTree(str(tmp_path / "empty")))
     with pytest.raises(DeployError, match="dfo deploy"):
-        mgr.key(CFG)
+        mgr.key(typed(CFG))
 
 
 def test_adopt_wipe_restore_then_a_run_copy_hits(host, cold_cache, tmp_path):
     root, mgr = host
     src, _ = cold_cache
-    key = mgr.key(CFG)
+    key = mgr.key(typed(CFG))
     m = mgr.adopt(str(src), key)
     p = sn.paths(mgr.tree, key.key)
-    assert Path(p.manifest).is_file() and Path(p.tar).stat().st_size == m["tar"]["size"]
-    assert m["sizes"]["inductor"] > 0
+    assert Path(p.manifest).is_file() and Path(p.tar).stat().st_size == m.tar.size
+    assert m.sizes.inductor > 0
     assert Path(p.live).is_symlink()
     # wipe the live cache, restore from the store
     shutil.rmtree(os.path.realpath(p.live))
@@ -83,18 +85,18 @@ def test_adopt_wipe_restore_then_a_run_copy_hits(host, cold_cache, tmp_path):
     assert warm["fxgraph_cache_hit"] > 0 and warm["fxgraph_cache_miss"] == 0
     assert warm["autograd_cache_hit"] > 0
     # the shared live cache was not written by the run
-    assert sn.file_problems(m["files"], mgr.store.tool("hashdir", p.live)["files"]) == []
+    assert sn.file_problems(m.files, mgr.store.tool("hashdir", p.live, reply=HashDirReply).files) == []
 
 
 def test_key_mismatch_is_refused_naming_the_component(host, cold_cache):
     root, mgr = host
-    key = mgr.key(CFG)
+    key = mgr.key(typed(CFG))
     mgr.adopt(str(cold_cache[0]), key)
     p = sn.paths(mgr.tree, key.key)
     live_before = os.readlink(p.live)
     # the env changes under the snapshot: another torch build
     make_env(root, torch="2.13.0+cu130", torch_cuda="13.0")
-    new = mgr.key(CFG)
+    new = mgr.key(typed(CFG))
     assert new.key != key.key
     with pytest.raises(CacheError) as e:
         mgr.push(Path(p.tar), new)
@@ -108,13 +110,13 @@ def test_key_mismatch_is_refused_naming_the_component(host, cold_cache):
 @pytest.mark.parametrize("damage", ["truncate", "flip", "member"])
 def test_corrupt_snapshot_is_refused_and_live_cache_untouched(host, cold_cache, tmp_path, damage):
     root, mgr = host
-    key = mgr.key(CFG)
+    key = mgr.key(typed(CFG))
     m = mgr.adopt(str(cold_cache[0]), key)
     p = sn.paths(mgr.tree, key.key)
     copy = tmp_path / "pulled"
     tar, man = mgr.pull(key.key, copy)
     live_target = os.readlink(p.live)
-    live_files = mgr.store.tool("hashdir", p.live)["files"]
+    live_files = mgr.store.tool("hashdir", p.live, reply=HashDirReply).files
     data = bytearray(tar.read_bytes())
     if damage == "truncate":
         tar.write_bytes(bytes(data[: len(data) // 2]))
@@ -130,13 +132,13 @@ def test_corrupt_snapshot_is_refused_and_live_cache_untouched(host, cold_cache, 
         subprocess.run(["tar", "-cf", str(tar), "-C", str(work), "inductor", "triton", "mega"], check=True)
         mm = json.loads(man.read_text())
         from orchestrator.engine.compile_cache import _hash_local
-        mm["tar"].update(_hash_local(tar))
+        mm["tar"].update(encode(_hash_local(tar)))
         man.write_text(json.dumps(mm))
     with pytest.raises(CacheError) as e:
         mgr.push(tar, key)
     assert {"truncate": "truncated", "flip": "corrupt", "member": "fails its checksums"}[damage] in str(e.value)
     assert os.readlink(p.live) == live_target
-    assert mgr.store.tool("hashdir", p.live)["files"] == live_files == m["files"]
+    assert mgr.store.tool("hashdir", p.live, reply=HashDirReply).files == live_files == m.files
     # nothing half-made is left beside it
     assert [x.name for x in Path(root, "cache", ".gens").iterdir()] == [os.path.basename(live_target)]
     assert not [x for x in Path(p.tar).parent.iterdir() if x.name.startswith(".")]
@@ -144,7 +146,7 @@ def test_corrupt_snapshot_is_refused_and_live_cache_untouched(host, cold_cache, 
 
 def test_store_corruption_is_refused_on_restore(host, cold_cache):
     root, mgr = host
-    key = mgr.key(CFG)
+    key = mgr.key(typed(CFG))
     mgr.adopt(str(cold_cache[0]), key)
     p = sn.paths(mgr.tree, key.key)
     live_target = os.readlink(p.live)
@@ -157,7 +159,7 @@ def test_store_corruption_is_refused_on_restore(host, cold_cache):
 
 def test_pull_push_between_two_roots_restores_hits(host, cold_cache, tmp_path):
     root, mgr = host
-    key = mgr.key(CFG)
+    key = mgr.key(typed(CFG))
     mgr.adopt(str(cold_cache[0]), key)
     tar, man = mgr.pull(key.key, tmp_path / "local-copy")
     assert tar.name == f"{key.key}.tar" and man.is_file()
@@ -165,7 +167,7 @@ def test_pull_push_between_two_roots_restores_hits(host, cold_cache, tmp_path):
     root2 = tmp_path / "root2"
     make_env(root2)
     mgr2 = CacheManager(LocalTransport(), HostTree(str(root2)), host="second")
-    key2 = mgr2.key(CFG)
+    key2 = mgr2.key(typed(CFG))
     assert key2.key == key.key
     with pytest.raises(CacheError, match="was built on local"):  # another host built it
         mgr2.push(tar, key2)
@@ -185,7 +187,7 @@ def test_status_and_prune(host, cold_cache, tmp_path):
     for attention in ("sdpa", "flex", "flex-eager"):
         cfg = json.loads(json.dumps(CFG))
         cfg["model"]["attention"] = attention
-        k = mgr.key(cfg)
+        k = mgr.key(typed(cfg))
         mgr.adopt(str(cold_cache[0]), k)
         keys.append(k.key)
         os.utime(sn.paths(mgr.tree, k.key).used, (1e9 + len(keys), 1e9 + len(keys)))
@@ -196,7 +198,7 @@ def test_status_and_prune(host, cold_cache, tmp_path):
     assert sorted(removed) == sorted(keys[:2])
     entries, raw = mgr.status()
     assert [e.key for e in entries] == [keys[2]]
-    assert raw["stale"] == []
+    assert raw.stale == []
     assert not Path(sn.paths(mgr.tree, keys[0]).tar).exists()
 
 
@@ -215,7 +217,7 @@ def test_cli_pull_by_key_and_status_json(host, cold_cache, tmp_path, capsys):
     from orchestrator.cli import main
 
     root, mgr = host
-    key = mgr.key(CFG)
+    key = mgr.key(typed(CFG))
     mgr.adopt(str(cold_cache[0]), key)
     hosts = tmp_path / "hosts.yaml"
     hosts.write_text(f"default: h\nhosts:\n  h: {{transport: local, root: {root}}}\n")
@@ -238,7 +240,7 @@ def test_pull_into_a_bad_destination_is_one_line(host, cold_cache, tmp_path, cap
     from orchestrator.cli import main
 
     root, mgr = host
-    key = mgr.key(CFG)
+    key = mgr.key(typed(CFG))
     mgr.adopt(str(cold_cache[0]), key)
     hosts = tmp_path / "hosts.yaml"
     hosts.write_text(f"default: h\nhosts:\n  h: {{transport: local, root: {root}}}\n")
@@ -259,7 +261,7 @@ def test_pull_into_a_read_only_mount_is_one_line(host, cold_cache, tmp_path, cap
     from orchestrator.cli import main
 
     root, mgr = host
-    key = mgr.key(CFG)
+    key = mgr.key(typed(CFG))
     mgr.adopt(str(cold_cache[0]), key)
     hosts = tmp_path / "hosts.yaml"
     hosts.write_text(f"default: h\nhosts:\n  h: {{transport: local, root: {root}}}\n")
@@ -289,7 +291,7 @@ def test_a_second_warmup_on_the_same_host_is_refused_while_one_runs(host):
         while subprocess.run(["flock", "-n", str(lock), "true"]).returncode == 0:
             assert time.time() < deadline, "the holder never took the lock"
             time.sleep(0.05)
-        key = mgr.key(CFG)
+        key = mgr.key(typed(CFG))
         with pytest.raises(LockHeldError, match="another warm-up"):
             mgr.warm(key, b"", [], measure=False)
         # the refused warm-up left nothing behind and made nothing live

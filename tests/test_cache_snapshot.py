@@ -14,30 +14,31 @@ from pathlib import Path
 
 import pytest
 
+from dfo_contract.cache_records import (CacheSizes, CacheStatusReply, FileDigest, HashDirReply,
+                                        HashFileReply, TarRef, WarmupInfo)
 from orchestrator.common.errors import CacheError
 from orchestrator.plan import snapshot as sn
 from orchestrator.config.host_tree import HostTree
 
 H = hashlib.sha256(b"x").hexdigest()
-FILES = {"inductor/fxgraph/ab/c": {"sha256": H, "size": 10},
-         "inductor/aotautograd/x/y": {"sha256": H, "size": 5},
-         "mega/artifacts.bin": {"sha256": H, "size": 7}}
+FILES = {"inductor/fxgraph/ab/c": FileDigest(sha256=H, size=10),
+         "inductor/aotautograd/x/y": FileDigest(sha256=H, size=5),
+         "mega/artifacts.bin": FileDigest(sha256=H, size=7)}
 COMPS = {"torch.__version__": "2.13.0+cpu", "torch.version.cuda": "12.8", "gpu": "cpu"}
 
 
-def manifest(**kw):
-    m = sn.build_manifest("cpu-0123456789abcdef", COMPS, FILES, tar_sha256=H, tar_size=100,
-                          created=1700000000.0, torch="2.13.0+cpu", warmup={"cold_s": 3.0})
-    m.update(kw)
-    return m
+def manifest():
+    return sn.build_manifest("cpu-0123456789abcdef", COMPS, FILES, tar_sha256=H, tar_size=100,
+                             created=1700000000.0, torch="2.13.0+cpu",
+                             warmup=WarmupInfo(cold_s=3.0))
 
 
 def test_manifest_round_trip_and_sizes():
     m = manifest()
     back = sn.parse_manifest(sn.manifest_bytes(m), "m")
     assert back == m
-    assert m["sizes"] == {"inductor": 15, "triton": 0, "mega": 7, "total": 22}
-    assert m["tar"] == {"name": "cpu-0123456789abcdef.tar", "sha256": H, "size": 100}
+    assert m.sizes == CacheSizes(inductor=15, triton=0, mega=7, total=22)
+    assert m.tar == TarRef(name="cpu-0123456789abcdef.tar", sha256=H, size=100)
 
 
 @pytest.mark.parametrize("mutate,needle", [
@@ -74,26 +75,26 @@ def test_check_key_names_each_differing_component():
     assert "torch.version.cuda: snapshot 12.8, env 13.0" in msg
     assert "gpu: snapshot cpu, env cuda:0=NVIDIA H200 (9.0)" in msg
     assert e.value.exit_code == 8
-    sn.check_key(m, m["key"], COMPS, "snap.tar")  # same env: accepted
+    sn.check_key(m, m.key, COMPS, "snap.tar")  # same env: accepted
 
 
 def test_check_tar_detects_truncation_and_corruption():
     m = manifest()
-    sn.check_tar(m, {"sha256": H, "size": 100}, "s")
+    sn.check_tar(m, FileDigest(sha256=H, size=100), "s")
     with pytest.raises(CacheError, match="truncated"):
-        sn.check_tar(m, {"sha256": H, "size": 50}, "s")
+        sn.check_tar(m, FileDigest(sha256=H, size=50), "s")
     with pytest.raises(CacheError, match="corrupt"):
-        sn.check_tar(m, {"sha256": "0" * 64, "size": 100}, "s")
+        sn.check_tar(m, FileDigest(sha256="0" * 64, size=100), "s")
     with pytest.raises(CacheError, match="missing"):
-        sn.check_tar(m, {"missing": True}, "s")
+        sn.check_tar(m, HashFileReply(missing=True).digest, "s")
 
 
 def test_file_problems_lists_missing_extra_and_changed():
     obs = dict(FILES)
     obs.pop("mega/artifacts.bin")
-    obs["inductor/new"] = {"sha256": H, "size": 1}
-    obs["inductor/fxgraph/ab/c"] = {"sha256": H, "size": 11}
-    obs["inductor/aotautograd/x/y"] = {"sha256": "0" * 64, "size": 5}
+    obs["inductor/new"] = FileDigest(sha256=H, size=1)
+    obs["inductor/fxgraph/ab/c"] = FileDigest(sha256=H, size=11)
+    obs["inductor/aotautograd/x/y"] = FileDigest(sha256="0" * 64, size=5)
     probs = sn.file_problems(FILES, obs)
     assert probs == ["inductor/aotautograd/x/y: sha256 differs",
                      "inductor/fxgraph/ab/c: 11 bytes, manifest says 10",
@@ -136,10 +137,10 @@ def test_paths_and_cache_env_are_per_run_copies():
             sn.paths(tree, bad)
 
 
-def _run_tool(*args):
+def _run_tool(*args, reply):
     r = subprocess.run(sn.tool_argv(sys.executable, *args), capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    return sn.parse_tool(r.stdout, "t")
+    return sn.parse_tool(r.stdout, "t", reply)
 
 
 def test_tool_hashdir_and_hashfile(tmp_path: Path):
@@ -147,12 +148,15 @@ def test_tool_hashdir_and_hashfile(tmp_path: Path):
     (tmp_path / "inductor" / "a" / "f").write_bytes(b"hello")
     (tmp_path / "triton").mkdir()
     os.symlink("/etc/passwd", tmp_path / "triton" / "link")
-    got = _run_tool("hashdir", str(tmp_path))
-    assert got["files"] == {"inductor/a/f": {"sha256": hashlib.sha256(b"hello").hexdigest(), "size": 5}}
-    assert got["other"] == ["triton/link"]
-    assert _run_tool("hashfile", str(tmp_path / "inductor/a/f"))["size"] == 5
-    assert _run_tool("hashfile", str(tmp_path / "nope")) == {"missing": True}
-    assert _run_tool("hashdir", str(tmp_path / "nope")) == {"missing": True}
+    got = _run_tool("hashdir", str(tmp_path), reply=HashDirReply)
+    assert got.files == {"inductor/a/f": FileDigest(sha256=hashlib.sha256(b"hello").hexdigest(),
+                                                    size=5)}
+    assert got.other == ["triton/link"]
+    assert _run_tool("hashfile", str(tmp_path / "inductor/a/f"), reply=HashFileReply).size == 5
+    assert _run_tool("hashfile", str(tmp_path / "nope"),
+                     reply=HashFileReply) == HashFileReply(missing=True)
+    assert _run_tool("hashdir", str(tmp_path / "nope"),
+                     reply=HashDirReply) == HashDirReply(missing=True)
 
 
 def test_tool_status_and_entries(tmp_path: Path):
@@ -170,15 +174,15 @@ def test_tool_status_and_entries(tmp_path: Path):
     (cache / ".used").mkdir()
     (cache / ".used" / "k1").touch()
     os.utime(cache / ".used" / "k1", (time.time(), 1000.0))
-    raw = _run_tool("status", str(cache))
-    assert raw["live"]["k1"]["size"] == 100 and raw["live"]["k1"]["link"] is True
-    assert raw["snapshots"]["k1"]["tar_size"] == 30
-    assert raw["snapshots"]["k3"]["tar_size"] is None
-    assert sorted(raw["stale"]) == [".gens/k2-dead", "snapshots/.k4.tar.tmp-1"]
+    raw = _run_tool("status", str(cache), reply=CacheStatusReply)
+    assert raw.live["k1"].size == 100 and raw.live["k1"].link is True
+    assert raw.snapshots["k1"].tar_size == 30
+    assert raw.snapshots["k3"].tar_size is None
+    assert sorted(raw.stale) == [".gens/k2-dead", "snapshots/.k4.tar.tmp-1"]
     entries = {e.key: e for e in sn.entries_from_status(raw)}
     assert entries["k1"].last_used == 1000.0 and entries["k1"].live_size == 100
     assert entries["k3"].live_size is None and entries["k3"].created == 7.0
-    assert _run_tool("status", str(tmp_path / "none")) == {"live": {}, "snapshots": {}, "used": {}, "stale": []}
+    assert _run_tool("status", str(tmp_path / "none"), reply=CacheStatusReply) == CacheStatusReply()
 
 
 def test_seed_run_cache_copies_and_never_links(tmp_path: Path):

@@ -15,10 +15,13 @@ import json
 import os
 import socket
 import tarfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from dfo_contract.cache_records import Adoption, FileDigest, Manifest, Provenance
+from dfo_contract.codec import encode
 from orchestrator.engine.compile_cache import CacheManager, _hash_local
 from orchestrator.common.errors import CacheError
 from orchestrator.plan import provenance as pv
@@ -27,7 +30,7 @@ from orchestrator.config.host_tree import HostTree
 from orchestrator.remote import cache_tool
 from orchestrator.transport.local import LocalTransport
 
-from tests.helpers.cache_env import CFG, make_env
+from tests.helpers.cache_env import CFG, typed, make_env
 
 H = hashlib.sha256(b"x").hexdigest()
 
@@ -103,20 +106,28 @@ def test_truncated_tar_is_not_readable(tmp_path):
 
 
 def test_check_files_refuses_links_beside_the_files():
-    m = {"files": {"inductor/a": {"sha256": H, "size": 1}}}
-    sn.check_files(m, {"inductor/a": {"sha256": H, "size": 1}}, "s")
+    m = _manifest({"inductor/a": FileDigest(sha256=H, size=1)})
+    sn.check_files(m, {"inductor/a": FileDigest(sha256=H, size=1)}, "s")
     with pytest.raises(CacheError, match="inductor/xx: not a regular file"):
-        sn.check_files(m, {"inductor/a": {"sha256": H, "size": 1}}, "s", other=["inductor/xx"])
+        sn.check_files(m, {"inductor/a": FileDigest(sha256=H, size=1)}, "s", other=["inductor/xx"])
 
 
 # --------------------------------------------------------------------------- provenance (pure)
 
-PROV = {"host": "gpu1", "machine": "gpu1-ct", "env": "cpu-000000000000", "cache_key": "cpu-x",
-        "python": "3.11.7", "torch": "2.13.0+cpu", "dfo": "0.1.0", "created_utc": "2026-12-01T00:00:00Z"}
+PROV = Provenance(host="gpu1", machine="gpu1-ct", env="cpu-000000000000", cache_key="cpu-x",
+                  python="3.11.7", torch="2.13.0+cpu", dfo="0.1.0",
+                  created_utc="2026-12-01T00:00:00Z")
+
+
+def _manifest(files=None, *, provenance: Provenance | None = None) -> Manifest:
+    return sn.build_manifest("cpu-0123456789abcdef", {"a": "b"},
+                             files or {"mega/artifacts.bin": FileDigest(sha256=H, size=1)},
+                             tar_sha256=H, tar_size=10, created=1.0, torch="t",
+                             provenance=provenance)
 
 
 def test_trust_rules():
-    m = {"provenance": dict(PROV)}
+    m = _manifest(provenance=PROV)
     here = pv.Trust(host="gpu1", machine="gpu1-ct")
     assert pv.check_trust(m, here, "s") == "built here"
     # same inventory name, another machine (someone else's `local`): not trusted
@@ -134,25 +145,26 @@ def test_trust_rules():
     assert pv.check_trust(m, pv.Trust(host="pve", trust_other_hosts=True), "s") == "--trust-other-hosts"
     # no provenance (a dfo that records none): not trusted
     with pytest.raises(CacheError, match="records no builder"):
-        pv.check_trust({}, other, "s")
+        pv.check_trust(_manifest(), other, "s")
     # an incoming "adopted" is never believed; a stored one is
-    forged = dict(m, adopted={"host": "pve", "machine": "ct200"})
+    forged = replace(m, adopted=Adoption(host="pve", machine="ct200"))
     with pytest.raises(CacheError):
         pv.check_trust(forged, other, "s")
     assert pv.check_trust(forged, other, "s", stored=True) == "adopted here"
     rec = pv.adoption_record(forged, pv.Trust(host="pve", machine="ct200", trust_other_hosts=True),
                              "--trust-other-hosts", 0.0)
-    assert rec["adopted"]["from"] == "gpu1 (machine gpu1-ct)" and rec["adopted"]["how"] == "--trust-other-hosts"
-    assert "adopted" not in pv.adoption_record(m, here, "built here", 0.0)
+    assert rec.adopted and rec.adopted.source == "gpu1 (machine gpu1-ct)" \
+        and rec.adopted.how == "--trust-other-hosts"
+    assert "adopted" not in pv.adoption_record(forged, here, "built here", 0.0).to_json()
 
 
 def test_manifest_carries_provenance_and_rejects_a_bad_one():
-    m = sn.build_manifest("cpu-0123456789abcdef", {"a": "b"}, {"mega/artifacts.bin": {"sha256": H, "size": 1}},
-                          tar_sha256=H, tar_size=10, created=1.0, torch="t", provenance=PROV)
-    assert sn.parse_manifest(sn.manifest_bytes(m), "m")["provenance"] == PROV
-    m["provenance"] = {"host": ["x"]}
+    m = _manifest(provenance=PROV)
+    assert sn.parse_manifest(sn.manifest_bytes(m), "m").provenance == PROV
+    bad = json.loads(sn.manifest_bytes(m))
+    bad["provenance"] = {"host": ["x"]}
     with pytest.raises(CacheError, match="'provenance'"):
-        sn.parse_manifest(sn.manifest_bytes(m), "m")
+        sn.parse_manifest(json.dumps(bad), "m")
 
 
 # --------------------------------------------------------------------------- hosts.yaml key
@@ -192,7 +204,7 @@ def host(tmp_path):
     root = tmp_path / "root"
     make_env(root)
     mgr = CacheManager(LocalTransport(), HostTree(str(root)), host="a")
-    key = mgr.key(CFG)
+    key = mgr.key(typed(CFG))
     m = mgr.adopt(str(_fake_cache(tmp_path / "made")), key)
     return root, mgr, key, m
 
@@ -211,17 +223,17 @@ def _with_symlink(tar: Path, man: Path, target: str) -> None:
         ti.type, ti.linkname = tarfile.SYMTYPE, target
         tf.addfile(ti)
     mm = json.loads(man.read_text())
-    mm["tar"].update(_hash_local(tar))
+    mm["tar"].update(encode(_hash_local(tar)))
     man.write_text(json.dumps(mm))
 
 
 def test_provenance_is_recorded(host):
     root, mgr, key, m = host
-    prov = m["provenance"]
-    assert prov["host"] == "a" and prov["machine"] == socket.gethostname()
-    assert prov["env"] == "cpu-000000000000" and prov["cache_key"] == key.key
-    assert prov["torch"] == key.components["torch.__version__"] and prov["python"].startswith("3.")
-    assert prov["dfo"] and prov["created_utc"].endswith("Z")
+    prov = m.provenance
+    assert prov and prov.host == "a" and prov.machine == socket.gethostname()
+    assert prov.env == "cpu-000000000000" and prov.cache_key == key.key
+    assert prov.torch == key.components["torch.__version__"] and prov.python.startswith("3.")
+    assert prov.dfo and prov.created_utc.endswith("Z")
 
 
 def test_push_with_a_symlink_outside_is_refused(host, tmp_path):
@@ -266,7 +278,7 @@ def test_another_hosts_snapshot_needs_an_explicit_adoption(host, tmp_path):
     root, mgr, key, m = host
     tar, man = mgr.pull(key.key, tmp_path / "dl")
     b = _second(tmp_path)
-    kb = b.key(CFG)
+    kb = b.key(typed(CFG))
     assert kb.key == key.key
     with pytest.raises(CacheError) as e:
         b.push(tar, kb)
@@ -274,7 +286,7 @@ def test_another_hosts_snapshot_needs_an_explicit_adoption(host, tmp_path):
     assert f"was built on a (machine {socket.gethostname()}), not on b" in msg and "--trust-other-hosts" in msg
     assert not Path(sn.paths(b.tree, kb.key).tar).exists()
     stored = b.push(tar, kb, trust_other_hosts=True)
-    assert stored["adopted"]["host"] == "b" and stored["adopted"]["how"] == "--trust-other-hosts"
+    assert stored.adopted and stored.adopted.host == "b" and stored.adopted.how == "--trust-other-hosts"
     on_disk = json.loads(Path(sn.paths(b.tree, kb.key).manifest).read_text())
     assert on_disk["adopted"]["from"].startswith("a") and on_disk["provenance"]["host"] == "a"
     # adopted once: the store's copy restores without the flag
@@ -286,7 +298,8 @@ def test_another_hosts_snapshot_needs_an_explicit_adoption(host, tmp_path):
     b.restore_from_store(kb, trust_other_hosts=True)
     # a trusted source needs no flag
     c = CacheManager(b.transport, b.tree, host="b", trusted_sources=("a",))
-    assert c.push(tar, kb)["adopted"]["how"] == "trusted source a"
+    adopted = c.push(tar, kb).adopted
+    assert adopted and adopted.how == "trusted source a"
 
 
 @pytest.mark.parametrize("damage", ["sha256", "truncated", "manifest", "member", "no tar"])
@@ -325,13 +338,13 @@ def test_cli_status_exits_8_naming_the_bad_snapshot_and_push_needs_trust(host, t
                                                                         monkeypatch):
     from orchestrator.cli import main
 
-    from orchestrator.config.runconfig import load_config
+    from orchestrator.config.runconfig import load_layers
 
     monkeypatch.setenv("COLUMNS", "200")
     root, mgr, _, _ = host
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text("data: {path: /x.jsonl, max_seq_len: 64, num_anchors: 4}\n")
-    key = mgr.key(load_config(cfg, [])[0])  # the key the CLI computes for this config
+    key = mgr.key(load_layers(cfg).config)  # the key the CLI computes for this config
     mgr.adopt(str(_fake_cache(tmp_path / "made-cli")), key)
     b = _second(tmp_path)
     hosts = tmp_path / "hosts.yaml"

@@ -77,11 +77,11 @@ def test_cli_warm_restore_status_pull_push(tmp_path, tiny):
     key = out["key"]
     p = sn.paths(HostTree(str(root)), key)
     m = sn.parse_manifest(Path(p.manifest).read_bytes(), "m")
-    assert m["key"] == key and m["tar"]["size"] == Path(p.tar).stat().st_size
-    assert any(f.startswith("inductor/fxgraph/") for f in m["files"])
-    assert m["sizes"]["mega"] > 0  # torch.compiler.save_cache_artifacts() went in
+    assert m.key == key and m.tar.size == Path(p.tar).stat().st_size
+    assert any(f.startswith("inductor/fxgraph/") for f in m.files)
+    assert m.sizes.mega > 0  # torch.compiler.save_cache_artifacts() went in
     assert [(w["device"], w["shape"]) for w in out["records"]] == [("cpu", [32, 4])]
-    assert m["warmup"]["shapes"] == 1 and m["warmup"]["warm_counters"] == out["warm_counters"]
+    assert m.warmup and m.warmup.shapes == 1 and m.warmup.warm_counters == out["warm_counters"]
     # nothing temporary left, one generation of the live cache
     assert not list((root / "cache").glob(".work/*"))
     assert [x.name for x in (root / "cache" / ".gens").iterdir()] == [os.path.basename(os.readlink(p.live))]

@@ -14,7 +14,7 @@ from orchestrator.engine.compile_cache import CacheManager
 from orchestrator.plan import snapshot as sn
 from orchestrator.config.host_tree import HostTree
 from orchestrator.transport.local import LocalTransport
-from tests.helpers.cache_env import CFG, compile_into, make_env
+from tests.helpers.cache_env import CFG, typed, compile_into, make_env
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def test_pull_and_from_without_config(cold_cache, tmp_path, capsys):
     root = tmp_path / "root"
     make_env(root)
     mgr = CacheManager(LocalTransport(), HostTree(str(root)), host="h")
-    key = mgr.key(CFG)
+    key = mgr.key(typed(CFG))
     mgr.adopt(str(cold_cache), key)
     hosts = hosts_file(tmp_path / "hosts.yaml", root)
     capsys.readouterr()
@@ -52,7 +52,7 @@ def test_pull_and_from_without_config(cold_cache, tmp_path, capsys):
     # two snapshots on the host: --pull without --key or --config asks which
     other = json.loads(json.dumps(CFG))
     other["model"]["attention"] = "flex"
-    mgr.adopt(str(cold_cache), mgr.key(other))
+    mgr.adopt(str(cold_cache), mgr.key(typed(other)))
     assert main(["--hosts", str(hosts), "warm-cache", "--pull", str(tmp_path / "dl2")]) == 2
     err = capsys.readouterr().err
     assert "2 snapshots on h" in err and "--key K" in err and "--data" not in err

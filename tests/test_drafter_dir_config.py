@@ -15,7 +15,7 @@ from dfo_contract.exitcodes import TrainerConfigError
 from dfo_contract.trainer_config import effective_config, load_config
 from dfo_contract.trainer_config.layers import FULL, SLIDING
 from orchestrator.common.errors import ConfigError
-from orchestrator.plan.init_from import DrafterReply, effective_full, parse_reply
+from orchestrator.plan.init_from import DrafterReply, effective, parse_reply
 
 DIR = "/d/released"
 CONF = {"architectures": ["DFlashDraftModel"], "num_hidden_layers": 2, "hidden_size": 64,
@@ -89,11 +89,11 @@ def _reply(state, body=b""):
 
 
 def test_the_hosts_answer_is_parsed_and_a_bad_one_is_one_config_error():
-    full = cfg().to_dict()
-    explicit = {"data.path", "model.init_from"}
+    c = cfg()
+    assert c.explicit_keys == {"data.path", "model.init_from"}
     ok = _reply("ok", json.dumps(CONF).encode())
     assert ok == DrafterReply(DIR, "ok", json.dumps(CONF))
-    assert effective_full(full, explicit, ok, host="h", config="r.yaml")["model"]["block_size"] == 8
+    assert effective(c, ok, host="h", config="r.yaml").model.block_size == 8
     assert parse_reply(DIR, "") == DrafterReply(DIR, "none")
     assert parse_reply(DIR, "unreadable base64: x: Permission denied\n").text == \
         "base64: x: Permission denied"
@@ -107,8 +107,7 @@ def test_the_hosts_answer_is_parsed_and_a_bad_one_is_one_config_error():
         (None, "h gave no answer for /d/released"),
     ]:
         with pytest.raises(ConfigError) as e:
-            effective_full(full, explicit, reply, host="h", config="r.yaml")
+            effective(c, reply, host="h", config="r.yaml")
         assert want in str(e.value) and "\n" not in str(e.value) and e.value.exit_code == 2
     with pytest.raises(ConfigError, match="--model.block_size: 16 conflicts with the drafter's 8"):
-        effective_full(cfg(**{"model.block_size": 16}).to_dict(), explicit | {"model.block_size"},
-                       ok, host="h", config="r.yaml")
+        effective(cfg(**{"model.block_size": 16}), ok, host="h", config="r.yaml")

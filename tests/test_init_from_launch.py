@@ -88,7 +88,7 @@ def test_the_cache_key_follows_the_drafter_directory_not_only_the_config_file(ho
     # dfo warm-cache keys the same config the same way (its own probe of the directory)
     mgr = CacheManager(LocalTransport(), HostTree(str(tmp / "root")), host="local")
     layers = load_layers(cfg)
-    k = mgr.key(layers.full, explicit=layers.explicit, source=str(cfg))
+    k = mgr.key(layers.config, source=str(cfg))
     assert k.key == k16 and k.components["config.model.block_size"] == "16"
     assert k.components["config.model.drafter_layers"] == "2"
     # where a drafter lives is not compiled: a copy of the block-8 drafter is the block-8 key;
@@ -109,7 +109,7 @@ def test_the_drafter_directory_is_read_in_launchs_one_round_trip(host):
     assert len(t.calls) == 1, t.calls
     mgr = CacheManager(LocalTransport(), HostTree(str(tmp / "root")), host="local")
     layers = load_layers(cfg)
-    key = mgr.key(layers.full, explicit=layers.explicit)
+    key = mgr.key(layers.config)
     assert plan.spec.cache.key == key.key and key.components["config.model.block_size"] == "8"
 
 

@@ -222,11 +222,13 @@ def test_cache_tool_reply_recorded_awkward():
     from orchestrator.common.errors import CacheError
     from orchestrator.plan import snapshot as sn
 
+    from dfo_contract.cache_records import FileDigest, HashDirReply
+
     files = {f"inductor/{UNI}/f": {"sha256": "0" * 64, "size": 1}}
-    p = sn.tool_probe("python3", "hashdir", f"/r/{UNI}")
+    p = sn.tool_probe("python3", "hashdir", f"/r/{UNI}", reply=HashDirReply)
     assert p.argv[-2:] == ("hashdir", f"/r/{UNI}")
     out = "warning: something\n" + json.dumps({"files": files, "other": [UNI]}) + "\n"
-    assert p.parse_output(out)["files"] == files
+    assert p.parse_output(out).files == {f"inductor/{UNI}/f": FileDigest(sha256="0" * 64, size=1)}
     with pytest.raises(CacheError, match="printed no result"):
         p.parse_output('{"error": "unknown op x"}\n')
     with pytest.raises(CacheError, match="cache helper hashdir"):

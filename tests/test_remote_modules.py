@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from dfo_contract.cache_records import HashDirReply
+from dfo_contract.codec import decode
 from orchestrator.plan import cache_key as ck
 from orchestrator.plan import fingerprint as fpm
 from orchestrator.plan import snapshot as sn
@@ -73,7 +75,8 @@ def test_cache_tool_as_c_and_as_m(tmp_path: Path):
     for argv in (sn.tool_argv(sys.executable, "hashdir", str(tmp_path)),
                  [sys.executable, "-m", "orchestrator.remote.cache_tool", "hashdir", str(tmp_path)]):
         r = _run(argv)
-        assert sn.tool_probe(sys.executable, "hashdir").parse(r) == want
+        got = sn.tool_probe(sys.executable, "hashdir", reply=HashDirReply).parse(r)
+        assert got == decode(HashDirReply, want) and got.other == want["other"]
     # a system python without dfo: -c needs nothing but the stdlib
     r = _run([sys.executable, "-I", "-S", "-c", sn.CACHE_TOOL, "hashfile", str(tmp_path / "inductor" / AWK / "f ü")])
     assert json.loads(r.stdout)["size"] == 5

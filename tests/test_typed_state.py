@@ -1,8 +1,8 @@
 """The records that cross a process are read by attribute: state.json's sub-records
 (``dfo_contract.state_records``), the group verdict's parts, the events' evidence lines and
-causes and the replies of
-``dfo_contract.replies`` are dataclasses, so mypy (tests/test_static_checks.py) flags a
-``.get("k")`` on one; this AST scan of orchestrator/ and dfo_contract/ also finds a
+causes, the replies of ``dfo_contract.replies`` and the compile cache's manifest and helper
+replies (``dfo_contract.cache_records``) are dataclasses, so mypy (tests/test_static_checks.py)
+flags a ``.get("k")`` on one; this AST scan of orchestrator/ and dfo_contract/ also finds a
 string-keyed read (``x["k"]``, ``x.get("k")``) of such a record where mypy cannot see the
 type (an untyped function): on the attribute that holds it (``state.last_checkpoint["step"]``)
 or on a name given that attribute in the same function (``ck = state.last_checkpoint``)."""
@@ -16,9 +16,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 SCANNED = ("orchestrator", "dfo_contract")
 #: attributes that hold a typed record (RunState's, GroupVerdict's, LaunchFacts', the events'
-#: ``evidence`` and ``cause``, ...)
+#: ``evidence`` and ``cause``, a snapshot manifest's parts, ...)
 RECORD_ATTRS = {"last_checkpoint", "fallbacks", "throughput_low", "budget", "launch",
-                "exit_info", "fallback", "restart", "records", "evidence", "cause"}
+                "exit_info", "fallback", "restart", "records", "evidence", "cause",
+                "provenance", "adopted", "warmup", "sizes", "tar", "snapshots", "live"}
 #: where reading a record's raw JSON by key is the decoding itself
 DECODERS = {"dfo_contract/codec.py"}
 
@@ -94,11 +95,22 @@ def test_the_scan_finds_string_keyed_reads_of_records():
                 pass
             low = s.throughput_low
             return ck["step"], low.get("cause"), s.budget["total"], tb.exit_info["exit"]
+
+        def snapshot(m, raw, key):
+            prov = m.provenance or {}
+            w = m.warmup
+            for snap in raw.snapshots.values():
+                pass
+            return (prov.get("host"), w["cold_s"], m.sizes["total"], m.tar["size"],
+                    (m.adopted or {}).get("how"), raw.live[key].get("target"))
     ''')
     got = [v.split(": ", 1)[1] for v in violations(src, "orchestrator/x.py")]
     assert sorted(got) == sorted(["f.get('step')", "facts.launch.get('lock')", "ck['step']",
                                   "low.get('cause')", "s.budget['total']",
-                                  "tb.exit_info['exit']"]), got
+                                  "tb.exit_info['exit']", "prov.get('host')", "w['cold_s']",
+                                  "m.sizes['total']", "m.tar['size']",
+                                  "(m.adopted or {}).get('how')",
+                                  "raw.live[key].get('target')"]), got
 
 
 def test_the_scan_leaves_attribute_reads_and_other_dicts_alone():

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import posixpath
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -46,13 +46,12 @@ def default_config_names() -> list[str]:
 @dataclass(frozen=True)
 class RunLayers:
     """A run config from one parse of its file, with its overrides applied once."""
-    config: TrainerConfig       # with the overrides, validated: the config in force
+    #: with the overrides, validated: the config in force (its explicit_keys: the keys the
+    #: file or an override sets; model.init_from lets a drafter fill the others)
+    config: TrainerConfig
     base: dict[str, Any]        # its flat values without the overrides: spec.json's config.base
     sets: dict[str, Any]        # the overrides, as the config typed them: config.overrides
     data: bytes                 # the file's bytes, shipped as the run's config.yaml
-    #: the keys the file or an override sets (the trainer's explicit_keys:
-    #: model.init_from lets a drafter fill the others)
-    explicit: frozenset[str] = field(default_factory=frozenset)
 
     @property
     def full(self) -> dict[str, Any]:
@@ -89,7 +88,7 @@ def with_overrides(cfg: TrainerConfig, data: bytes,
         full = tcfg.apply_overrides(tcfg.copied(cfg), list(overrides))
     values = tcfg.flat(full)
     return RunLayers(config=full, base=base, sets={k: values[k] for k, _ in overrides},
-                     data=data, explicit=frozenset(full.explicit_keys))
+                     data=data)
 
 
 def load_layers(path: str | os.PathLike | None,

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from dfo_contract.cache_records import Manifest, WarmupInfo
+
 from ..common.errors import CacheError, ConfigError
 from ..plan import snapshot as sn
 from ..plan.cache_key import explain_diff
@@ -53,12 +55,12 @@ class WarmCacheOutcome:
     removed: list[str] | None = None
 
 
-def restored_result(host: str, key: str, action: str, source: str, m: Mapping[str, Any]) -> WarmResult:
-    w = m.get("warmup") or {}
+def restored_result(host: str, key: str, action: str, source: str, m: Manifest) -> WarmResult:
+    w = m.warmup or WarmupInfo()
     return WarmResult(host=host, key=key, action=action, source=source,
-                      cold_s=w.get("cold_s"), warm_s=w.get("warm_s"),
-                      counters=w.get("counters") or {}, warm_counters=w.get("warm_counters") or {},
-                      snapshot_size=m["tar"]["size"], cache_size=m["sizes"]["total"])
+                      cold_s=w.cold_s, warm_s=w.warm_s,
+                      counters=dict(w.counters), warm_counters=dict(w.warm_counters),
+                      snapshot_size=m.tar.size, cache_size=m.sizes.total)
 
 
 def _pulled(host: str, key: str, tar: Path, man: Path) -> WarmResult:
@@ -92,7 +94,7 @@ def warm_cache(mgr: CacheManager, req: WarmCacheRequest,
         from ..config.runconfig import load_run_layers
 
         layers = load_run_layers(req.config_path, mgr.tree, overrides)
-        cfg, cfg_bytes = layers.full, layers.data
+        cfg_bytes = layers.data
         comp = layers.config.compile
         if not (comp.enabled or comp.target) and not moving:
             which = f"--config {req.config_path}" if req.config_path else \
@@ -101,7 +103,7 @@ def warm_cache(mgr: CacheManager, req: WarmCacheRequest,
                               hint="pass the --config you launch with, or --set "
                                    "compile.enabled=true (and launch with it too)")
         stage("key", f"computing the cache key on {host}")
-        key = mgr.key(cfg, explicit=layers.explicit, source=req.config_path)
+        key = mgr.key(layers.config, source=req.config_path)
     if req.pull_dest is not None:
         tar, man = mgr.pull(key.key, Path(req.pull_dest))
         return _done(_pulled(host, key.key, tar, man), key.components, t0)
@@ -151,7 +153,7 @@ def _key_without_config(mgr: CacheManager, req: WarmCacheRequest):
     tar, man = local_snapshot_files(Path(src))
     m = sn.parse_manifest(man.read_bytes(), str(man))
     fp = mgr.fingerprint()
-    comps = dict(m["components"])
+    comps = dict(m.components)
     comps.update(ck.fingerprint_components(fp))
     comps["trainer.source"] = mgr.trainer_source()
     comps = dict(sorted(comps.items()))

@@ -12,12 +12,16 @@ import json
 import posixpath
 import secrets
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence, TypeVar
+
+from dfo_contract.cache_records import HostnameReply, Manifest
 
 from ..common.errors import DeployError, NotFoundError, RemoteCommandError
 from ..plan import snapshot as sn
 from ..config.host_tree import HostTree
 from ..transport.base import Transport
+
+R = TypeVar("R")
 
 
 class CacheStore:
@@ -48,7 +52,8 @@ class CacheStore:
         if self._machine is None:
             r = self.transport.run(sn.tool_argv(self.helper_python(), "hostname"),
                                    timeout=self.timeout)
-            self._machine = sn.parse_tool(r.out, "cache helper hostname").get("hostname") if r.ok else ""
+            self._machine = sn.parse_tool(r.out, "cache helper hostname",
+                                          HostnameReply).hostname if r.ok else ""
         return self._machine or None
 
     def fingerprint(self) -> dict[str, Any]:
@@ -72,12 +77,20 @@ class CacheStore:
         """Run ``argv`` on the host; its output (RemoteCommandError naming ``what``)."""
         return self.transport.run(list(argv), check=False, timeout=self.timeout, **kw).check(what).out
 
-    def tool(self, op: str, *args: str) -> dict[str, Any]:
-        """The env's cache helper ``op`` (``orchestrator.remote.cache_tool``): its JSON."""
+    def tool(self, op: str, *args: str, reply: type[R]) -> R:
+        """The env's cache helper ``op`` (``orchestrator.remote.cache_tool``): its ``reply``
+        record (``dfo_contract.cache_records``)."""
         r = self.transport.run(sn.tool_argv(self.python, op, *args), timeout=self.timeout)
         if not r.ok:
             r.check(f"cache helper {op}")
-        return sn.parse_tool(r.out, f"cache helper {op}")
+        return sn.parse_tool(r.out, f"cache helper {op}", reply)
+
+    def helper(self, op: str, *args: str, reply: type[R], what: str) -> R:
+        """The cache helper ``op`` run by :meth:`helper_python` (also where no env is
+        deployed): its ``reply`` record; ``what`` names it in errors."""
+        r = self.transport.run(sn.tool_argv(self.helper_python(), op, *args), timeout=self.timeout)
+        r.check(what)
+        return sn.parse_tool(r.out, what, reply)
 
     def _exists_dir(self, path: str) -> bool:
         return self.transport.run(["test", "-d", path], timeout=self.timeout).ok
@@ -121,13 +134,13 @@ class CacheStore:
         self.transport.run(["touch", "--", p.used], timeout=self.timeout)
 
     # -- the snapshot store ----------------------------------------------------------------
-    def read_manifest(self, p: sn.CachePaths) -> dict[str, Any] | None:
+    def read_manifest(self, p: sn.CachePaths) -> Manifest | None:
         """The stored snapshot's manifest of ``p``'s key; None when there is none."""
         if not self._exists_file(p.manifest):
             return None
         return sn.parse_manifest(self.transport.get(p.manifest), f"{self.host}:{p.manifest}")
 
-    def commit(self, p: sn.CachePaths, tmp: str, m: Mapping[str, Any]) -> None:
+    def commit(self, p: sn.CachePaths, tmp: str, m: Manifest) -> None:
         """Commit the verified tar at ``tmp`` into the store: the old manifest goes first
         (from then on no snapshot exists for the key), the tar takes its name with one
         rename, and the new manifest comes last."""

@@ -10,14 +10,15 @@ import logging
 import posixpath
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
+from dfo_contract.cache_records import HashDirReply, HashFileReply, Manifest, WarmupInfo
 from dfo_contract.codec import encode
 from dfo_contract.replies import WarmupShape
 from dfo_contract.trainer_markers import read_marker
 
 from .. import __version__
-from ..common.errors import ConfigError, LockHeldError, RemoteCommandError
+from ..common.errors import CacheError, ConfigError, LockHeldError, RemoteCommandError
 from ..plan import cache_key as ck
 from ..plan import snapshot as sn
 from ..plan.provenance import build_provenance
@@ -118,12 +119,12 @@ class CacheWarmup:
         finally:
             self.store.rm(work)
         self.store.switch(p, gen, stamp)
-        res.snapshot_size = m["tar"]["size"]
-        res.cache_size = m["sizes"]["total"]
+        res.snapshot_size = m.tar.size
+        res.cache_size = m.sizes.total
         res.manifest, res.tar = p.manifest, p.tar
         return res
 
-    def adopt(self, cache_dir: str, key: ck.CacheKey, *, warmup: Mapping[str, Any] | None = None) -> dict:
+    def adopt(self, cache_dir: str, key: ck.CacheKey, *, warmup: WarmupInfo | None = None) -> Manifest:
         """Take an existing cache dir on the host (``inductor/``, ``triton/``, ``mega/``
         inside), made in this env for this key, as a new generation: copy it, snapshot
         it, make it live. The source dir is not changed."""
@@ -133,9 +134,9 @@ class CacheWarmup:
         self.store.run(["mkdir", "-p", "--", gen], "creating the cache dir")
         try:
             self.store.run(["cp", "-a", "--", cache_dir.rstrip("/") + "/.", gen], f"copying {cache_dir}")
-            w = warmup or {}
-            res = WarmResult(host=self.store.host, key=key.key, action="adopted", cold_s=w.get("cold_s"),
-                             warm_s=w.get("warm_s"))
+            res = WarmResult(host=self.store.host, key=key.key, action="adopted",
+                             cold_s=warmup.cold_s if warmup else None,
+                             warm_s=warmup.warm_s if warmup else None)
             m = self._save(p, gen, key, stamp, res)
         except BaseException:
             self.store.rm(gen)
@@ -179,30 +180,34 @@ class CacheWarmup:
             raise RemoteCommandError(msg, hint=hint, exit_status=r.exit_code, stderr="\n".join(tail))
         return parse_report(self.transport.get(report))
 
-    def _save(self, p: sn.CachePaths, gen: str, key: ck.CacheKey, stamp: str, res: WarmResult) -> dict:
+    def _save(self, p: sn.CachePaths, gen: str, key: ck.CacheKey, stamp: str,
+              res: WarmResult) -> Manifest:
         """Snapshot ``gen``: tar under a temporary name, rename; manifest written last."""
         self.store.run(["mkdir", "-p", "--", self.store.tree.snapshots], "creating the snapshot store")
         for sub in ("inductor", "triton", "mega"):
             self.store.run(["mkdir", "-p", "--", posixpath.join(gen, sub)], "creating the cache dirs")
-        listing = self.store.tool("hashdir", gen)
-        sn.check_dir_members(listing.get("other") or (), f"{self.store.host}:{gen}")
-        files = listing.get("files") or {}
+        listing = self.store.tool("hashdir", gen, reply=HashDirReply)
+        sn.check_dir_members(listing.other, f"{self.store.host}:{gen}")
         tmp = p.tar_tmp(stamp)
         try:
             self.store.run(["tar", "-cf", tmp, "-C", gen, "--", "inductor", "triton", "mega"],
                            "writing the snapshot tar")
-            tar_info = self.store.tool("hashfile", tmp)
+            tar_info = self.store.tool("hashfile", tmp, reply=HashFileReply).digest
+            if tar_info is None:
+                raise CacheError(f"the snapshot tar {tmp} on {self.store.host} vanished as "
+                                 f"it was written", hint="warm again with `dfo warm-cache`")
             fp_torch = key.components.get("torch.__version__")
             now = time.time()
             prov = build_provenance(host=self.store.host, machine=self.store.machine,
                                     fingerprint=self.store.fingerprint(),
                                     key=key.key, created=now, dfo=__version__)
-            m = sn.build_manifest(key.key, key.components, files, tar_sha256=tar_info["sha256"],
-                                  tar_size=tar_info["size"], created=now, torch=fp_torch, provenance=prov,
-                                  warmup={"cold_s": res.cold_s, "warm_s": res.warm_s,
-                                          "shapes": len(res.records),
-                                          "counters": res.counters,
-                                          "warm_counters": res.warm_counters})
+            m = sn.build_manifest(key.key, key.components, listing.files,
+                                  tar_sha256=tar_info.sha256, tar_size=tar_info.size, created=now,
+                                  torch=fp_torch, provenance=prov,
+                                  warmup=WarmupInfo(cold_s=res.cold_s, warm_s=res.warm_s,
+                                                    shapes=len(res.records),
+                                                    counters=dict(res.counters),
+                                                    warm_counters=dict(res.warm_counters)))
         except BaseException:
             self.store.rm(tmp)
             raise

@@ -23,14 +23,17 @@ import os
 import posixpath
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
+from dfo_contract.cache_records import (CacheStatusReply, FileDigest, HashFileReply, Manifest,
+                                        ScanReply, ScrubReply, UnpackReply, WarmupInfo)
 from dfo_contract.fsio import atomic_write_bytes, sha256_file
+from dfo_contract.trainer_config import TrainerConfig
 
 from ..common.errors import CacheError, ConfigError, DfoError, NotFoundError
 from ..plan import cache_key as ck
 from ..plan import snapshot as sn
-from ..plan.init_from import effective_full, init_from_path, init_from_probe
+from ..plan.init_from import effective, init_from_probe
 from ..plan.provenance import Trust, adoption_record, check_trust
 from ..remote.cache_tool import scan_tar
 from ..config.host_tree import HostTree
@@ -72,7 +75,7 @@ class CacheManager:
         return self.warmup.warm(key, config_bytes, overrides, measure=measure, fresh=fresh)
 
     def adopt(self, cache_dir: str, key: ck.CacheKey, *,
-              warmup: Mapping[str, Any] | None = None) -> dict:
+              warmup: WarmupInfo | None = None) -> Manifest:
         return self.warmup.adopt(cache_dir, key, warmup=warmup)
 
     def _trust(self, trust_other_hosts: bool = False) -> Trust:
@@ -95,39 +98,37 @@ class CacheManager:
                              f"(or an older dfo wheel)", hint="redeploy with `dfo deploy`")
         return combined
 
-    def _target_config_hash(self, config: Mapping[str, Any]) -> str | None:
-        target = (config.get("model") or {}).get("target_path")
-        if not target:
-            return None
-        r = self.store.tool("hashfile", posixpath.join(str(target), "config.json"))
-        return None if r.get("missing") else r["sha256"]
+    def _file_hash(self, path: str) -> str | None:
+        """The sha256 of a file on the host (None: it is missing)."""
+        digest = self.store.tool("hashfile", path, reply=HashFileReply).digest
+        return digest.sha256 if digest else None
 
-    def _run_config(self, config: Mapping[str, Any], *, explicit: frozenset[str] = frozenset(),
-                   source: str | None = None) -> dict[str, Any]:
+    def _run_config(self, config: TrainerConfig, *, source: str | None = None) -> TrainerConfig:
         """``config`` as the trainer runs it: with ``model.init_from``, the settings of that
-        drafter directory on the host (its config.json, read by ``plan.init_from``'s probe);
-        ``explicit``: the keys the file or an override set; ``source``: the config file."""
-        path = init_from_path(config)
+        drafter directory on the host (its config.json, read by ``plan.init_from``'s probe;
+        which keys the file or an override set: ``config.explicit_keys``), as ``dfo launch``
+        applies them; ``source``: the config file."""
+        path = config.model.init_from
         if not path:
-            return dict(config)
+            return config
         probe = init_from_probe(path)
         r = self.transport.run(list(probe.argv), timeout=self._timeout or probe.timeout)
         r.check(f"reading {path}/config.json on {self.host}")
-        return effective_full(config, explicit, probe.parse(r), host=self.host, config=source)
+        return effective(config, probe.parse(r), host=self.host, config=source)
 
-    def key(self, config: Mapping[str, Any], *, explicit: frozenset[str] = frozenset(),
-            source: str | None = None) -> ck.CacheKey:
-        """The cache key of ``config`` (the trainer's config in force: ``_run_config``)."""
-        config = self._run_config(config, explicit=explicit, source=source)
-        return ck.compute_key(self.store.fingerprint(), config, trainer_source=self.trainer_source(),
-                              target_config=self._target_config_hash(config))
+    def key(self, config: TrainerConfig, *, source: str | None = None) -> ck.CacheKey:
+        """The cache key of ``config`` (the trainer's config in force: ``_run_config``),
+        computed as ``dfo launch`` computes it (``cache_key.config_key``)."""
+        config = self._run_config(config, source=source)
+        return ck.config_key(self.store.fingerprint(), config,
+                             trainer_source=self.trainer_source(), file_hash=self._file_hash)
 
     # -- restore -----------------------------------------------------------------------------
-    def read_manifest_remote(self, p: sn.CachePaths) -> dict[str, Any] | None:
+    def read_manifest_remote(self, p: sn.CachePaths) -> Manifest | None:
         """The manifest of the stored snapshot at ``p``; None when there is none."""
         return self.store.read_manifest(p)
 
-    def restore_from_store(self, key: ck.CacheKey, *, trust_other_hosts: bool = False) -> dict[str, Any]:
+    def restore_from_store(self, key: ck.CacheKey, *, trust_other_hosts: bool = False) -> Manifest:
         """Verify the host store's snapshot for ``key`` and make it the live cache. A
         snapshot neither built nor explicitly adopted here needs ``trust_other_hosts`` (or its
         builder in ``trusted_sources``)."""
@@ -142,11 +143,11 @@ class CacheManager:
         self._restore(p, m, p.tar, key, source)
         return m
 
-    def _restore(self, p: sn.CachePaths, m: Mapping[str, Any], tar: str, key: ck.CacheKey,
+    def _restore(self, p: sn.CachePaths, m: Manifest, tar: str, key: ck.CacheKey,
                  source: str) -> None:
         sn.check_key(m, key.key, key.components, source)
         self._events("stage", {"stage": "verify", "what": source})
-        sn.check_tar(m, self.store.tool("hashfile", tar), source)
+        sn.check_tar(m, self.store.tool("hashfile", tar, reply=HashFileReply).digest, source)
         stamp = self.store.stamp()
         gen = p.gen(stamp)
         self._events("stage", {"stage": "unpack", "what": gen})
@@ -154,16 +155,16 @@ class CacheManager:
             self.store.run(["mkdir", "-p", "--", gen], "creating the cache dir")
             # the helper checks every member (regular files and dirs only), then extracts
             # without following links or writing outside ``gen``, then hashes
-            got = self.store.tool("unpack", tar, gen)
-            sn.check_members(got.get("refused"), source)
-            sn.check_files(m, got.get("files") or {}, source, other=got.get("other") or ())
+            got = self.store.tool("unpack", tar, gen, reply=UnpackReply)
+            sn.check_members(got.refused, source)
+            sn.check_files(m, got.files, source, other=got.other)
         except BaseException:
             self.store.rm(gen)
             raise
         self.store.switch(p, gen, stamp)
 
     def push(self, local_tar: Path, key: ck.CacheKey, *, restore: bool = True,
-             trust_other_hosts: bool = False) -> dict[str, Any]:
+             trust_other_hosts: bool = False) -> Manifest:
         """Verify a local snapshot (manifest beside it: key, tar checksum, members, and who
         built it), upload it into the host's store (temporary name, then rename; manifest
         last, recording an explicit adoption) and restore it."""
@@ -172,7 +173,7 @@ class CacheManager:
         m = sn.parse_manifest(local_manifest.read_bytes(), str(local_manifest))
         sn.check_key(m, key.key, key.components, source)
         sn.check_tar(m, _hash_local(local_tar), source)
-        sn.check_members(scan_tar(str(local_tar)).get("refused"), source)
+        sn.check_members(_scan_local(local_tar).refused, source)
         how = check_trust(m, self._trust(trust_other_hosts), source)
         m = adoption_record(m, self._trust(trust_other_hosts), how, time.time())
         p = sn.paths(self.tree, key.key)
@@ -206,7 +207,7 @@ class CacheManager:
         try:
             self.transport.get_file(p.tar, part)
             sn.check_tar(m, _hash_local(part), f"{self.host}:{p.tar}")
-            sn.check_members(scan_tar(str(part)).get("refused"), f"{self.host}:{p.tar}")
+            sn.check_members(_scan_local(part).refused, f"{self.host}:{p.tar}")
             part.replace(tar_path)  # only a verified tar takes the name
             atomic_write_bytes(man_path, sn.manifest_bytes(m))
         except OSError as e:
@@ -224,50 +225,45 @@ class CacheManager:
         (to explain why a start is cold, e.g. ``torch.version.cuda: snapshot 12.8, env 13.0``)."""
         _, raw = self.status()
         best = None
-        for other in sorted(raw.get("snapshots") or {}):
+        for other in sorted(raw.snapshots):
             if other == key.key:
                 continue
             try:
                 m = sn.parse_manifest(self.transport.get(sn.paths(self.tree, other).manifest), other)
             except DfoError:
                 continue
-            diffs = ck.diff_components(m["components"], key.components)
+            diffs = ck.diff_components(m.components, key.components)
             if best is None or len(diffs) < len(best[1]):
                 best = (other, diffs)
         return best
 
     # -- status / prune ------------------------------------------------------------------------
-    def status(self, *, verify: bool = False) -> tuple[list[sn.CacheEntry], dict[str, Any]]:
-        """The host's keys; ``verify`` also checks every stored snapshot (manifest, tar
-        size and sha256, members) and sets each entry's ``problem``."""
-        python = self.store.helper_python()
-        r = self.transport.run(sn.tool_argv(python, "status", self.tree.cache, *(["verify"] if verify else [])),
-                       timeout=self._timeout)
-        r.check("cache status")
-        raw = sn.parse_tool(r.out, "cache status")
+    def status(self, *, verify: bool = False) -> tuple[list[sn.CacheEntry], CacheStatusReply]:
+        """The host's keys, and the helper's reply; ``verify`` also checks every stored
+        snapshot (manifest, tar size and sha256, members) and sets each entry's ``problem``."""
+        raw = self.store.helper("status", self.tree.cache, *(["verify"] if verify else []),
+                                reply=CacheStatusReply, what="cache status")
         return sn.entries_from_status(raw), raw
 
     def scrub_live(self, key: str) -> list[tuple[str, str]]:
         """Delete the files of ``key``'s live cache that cannot be loaded (the cache
         helper's ``scrub``); (path, why) for each."""
-        python = self.store.helper_python()
-        r = self.transport.run(sn.tool_argv(python, "scrub", sn.paths(self.tree, key).live),
-                               timeout=self._timeout)
-        r.check("cache scrub")
-        raw = sn.parse_tool(r.out, "cache scrub")
-        return [(str(p), str(w)) for p, w in raw.get("dropped") or ()]
+        raw = self.store.helper("scrub", sn.paths(self.tree, key).live, reply=ScrubReply,
+                                what="cache scrub")
+        return list(raw.dropped)
 
     def prune(self, keep: int) -> list[str]:
         entries, raw = self.status()
         doomed = sn.plan_prune(entries, keep)
         for key in doomed:
             p = sn.paths(self.tree, key)
-            target = (raw.get("live") or {}).get(key, {}).get("target")
+            live = raw.live.get(key)
+            target = live.target if live else None
             # the manifest first: from then on the snapshot does not exist
             self.store.rm(p.manifest)
             self.store.rm(p.tar, p.live, p.used, *([target] if target else []))
         # leftovers of interrupted warm-ups/restores (never live)
-        stale = [posixpath.join(self.tree.cache, s) for s in raw.get("stale") or []]
+        stale = [posixpath.join(self.tree.cache, s) for s in raw.stale]
         self.store.rm(*stale)
         return doomed
 
@@ -292,8 +288,13 @@ def local_snapshot_files(path: Path) -> tuple[Path, Path]:
     return tar, man
 
 
-def _hash_local(path: Path) -> dict[str, Any]:
-    return {"sha256": sha256_file(path), "size": Path(path).stat().st_size}
+def _hash_local(path: Path) -> FileDigest:
+    return FileDigest(sha256=sha256_file(path), size=Path(path).stat().st_size)
+
+
+def _scan_local(path: Path) -> ScanReply:
+    """The cache helper's member check (``scan_tar``) of a tar on this machine."""
+    return ScanReply.from_json(scan_tar(str(path)))
 
 
 def _pull_target(dest: Path, key: str) -> Path:

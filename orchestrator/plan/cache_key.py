@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import posixpath
 import re
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Union
+from typing import Any, Callable, Iterable, Mapping, Union
 
 from dfo_contract.fsio import sha256_bytes
 from dfo_contract.markers import last_json_line
@@ -249,6 +250,22 @@ def compute_key(
     comps = dict(sorted(comps.items()))
     return CacheKey(key=key_of(comps, profile=str(fingerprint.get("profile") or "env")),
                     components=comps)
+
+
+def target_config_path(cfg: TrainerConfig) -> str | None:
+    """The target's config.json on the host (its sha256 is the key's ``target.config``)."""
+    target = cfg.model.target_path
+    return posixpath.join(target, "config.json") if target else None
+
+
+def config_key(fingerprint: Mapping[str, Any], cfg: TrainerConfig, *, trainer_source: str,
+               file_hash: Callable[[str], str | None]) -> CacheKey:
+    """The cache key of ``cfg``, the trainer's config in force (``model.init_from``'s
+    settings applied: ``plan.init_from.effective``), as ``dfo launch`` and ``dfo warm-cache``
+    both compute it; ``file_hash(path)``: the sha256 of a file on the host (None: missing)."""
+    target = target_config_path(cfg)
+    return compute_key(fingerprint, cfg, trainer_source=trainer_source,
+                       target_config=file_hash(target) if target else None)
 
 
 def diff_components(snapshot: Mapping[str, str], env: Mapping[str, str]) -> list[tuple[str, str, str]]:

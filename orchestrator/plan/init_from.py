@@ -6,10 +6,9 @@ drafter layers, taps, mask token, the layers' attention, DFlash2's fields:
 ``dfo_contract.trainer_config.drafter_dir``). ``dfo launch`` and ``dfo warm-cache`` read the
 directory's config.json on the host with :func:`init_from_probe` (``launch`` inside its one
 pre-launch round trip: ``scripts/launch_facts.sh`` runs the same script) and validate the
-run and compute its compile-cache key from :func:`effective`, on the typed
-``TrainerConfig`` (:func:`effective_full`: the same for a nested dict): the same function the
-trainer applies, so a drafter of another block size, layer count or attention pattern gives
-another key. A directory that is missing, holds no readable config.json, or a drafter the
+run and compute its compile-cache key (``cache_key.config_key``) from :func:`effective`, on
+the typed ``TrainerConfig``: the same function the trainer applies, so a drafter of another
+block size, layer count or attention pattern gives another key. A directory that is missing, holds no readable config.json, or a drafter the
 trainer would refuse is one ``ConfigError`` line (exit 2) naming the path and the fix.
 """
 
@@ -18,7 +17,6 @@ from __future__ import annotations
 import base64
 import binascii
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
 
 from dfo_contract import trainer_config as tcfg
 from dfo_contract.exitcodes import TrainerError
@@ -40,12 +38,6 @@ class DrafterReply:
     state: str              # ok | nodir | noconfig | unreadable | none (no answer)
     text: str = ""          # config.json's text (ok); why it is unreadable (unreadable)
     files: tuple[str, ...] = ()   # the names of the directory's entries
-
-
-def init_from_path(full: Mapping[str, Any]) -> str:
-    """The run config's ``model.init_from`` ("" when unset)."""
-    v = (full.get("model") or {}).get("init_from")
-    return v if isinstance(v, str) else ""
 
 
 def init_from_probe(path: str) -> Probe[DrafterReply]:
@@ -99,14 +91,3 @@ def effective(cfg: TrainerConfig, reply: DrafterReply | None, *, host: str,
     except TrainerError as e:   # the trainer's own refusal, as dfo's (exit 2, one line)
         line = str(e).strip().splitlines()[0].removeprefix("config: ")
         raise ConfigError(f"{KEY} of {where} on {host}: {line}") from None
-
-
-def effective_full(full: Mapping[str, Any], explicit: Iterable[str], reply: DrafterReply | None,
-                   *, host: str, config: str | None) -> dict[str, Any]:
-    """:func:`effective` for a run config held as a nested dict (``full``; ``explicit``: the
-    keys the file or ``--set`` gave): the nested dict the trainer runs."""
-    if not init_from_path(full):
-        return dict(full)
-    cfg = tcfg.config_from_dict(dict(full))
-    cfg.explicit_keys = set(explicit)
-    return effective(cfg, reply, host=host, config=config).to_dict()

@@ -51,11 +51,6 @@ def config_paths(cfg: TrainerConfig) -> list[tuple[str, str]]:
     return [(k, v) for k, v in keys if isinstance(v, str) and v]
 
 
-def _target_config(cfg: TrainerConfig) -> str | None:
-    target = cfg.model.target_path
-    return posixpath.join(target, "config.json") if target else None
-
-
 def own_cwd(inp: LaunchInputs) -> str:
     tr = inp.trainer
     return (tr.cwd if isinstance(tr, OwnConfig) else None) or inp.run_dir
@@ -135,7 +130,7 @@ def facts_request(o: LaunchOptions, inp: LaunchInputs, host) -> FactsRequest:
         dirs.append(posixpath.dirname(inp.resume.value.rstrip("/")))
     cfg = tr.config
     compiled = cfg.compile.enabled
-    target = _target_config(cfg) if compiled else None
+    target = ck.target_config_path(cfg) if compiled else None
     return FactsRequest(**base, paths=tuple(v for _, v in config_paths(cfg)),
                         ckpt_dirs=tuple(dirs), source=compiled,
                         hashes=(target,) if target else (), caches=tree.cache if compiled else "",
@@ -241,9 +236,7 @@ def _cache_key(cfg: BundledConfig, full: TrainerConfig, facts: LaunchFacts, host
                "the env has no trainer or dfo_contract package (or an older dfo wheel)")
         warnings.append(f"compile-cache key unknown ({why}): run `dfo warm-cache`")
         return None
-    target = _target_config(cfg.config)
-    key = ck.compute_key(fp, full, trainer_source=src,
-                         target_config=facts.file_hash(target) if target else None).key
+    key = ck.config_key(fp, full, trainer_source=src, file_hash=facts.file_hash).key
     if key not in facts.caches:
         warnings.append(f"no warm compile cache for key {key} on {host}: "
                         "the first attempt compiles cold; run `dfo warm-cache`")

@@ -2,31 +2,39 @@
 
 A snapshot carries ``.so`` files and Python that torch loads and runs: adopting one that
 another machine built means running that machine's code. Its manifest records who built
-it (``provenance``); a host takes a snapshot it did not build only when told so
-(``--trust-other-hosts``, or ``cache.trusted_sources`` in hosts.yaml), and then records the
-adoption in its own store copy (``adopted``). The record is not a signature: it stops an
-accident, not someone who can edit the manifest and the host's store.
+it (``provenance``: ``dfo_contract.cache_records.Provenance``); a host takes a snapshot it
+did not build only when told so (``--trust-other-hosts``, or ``cache.trusted_sources`` in
+hosts.yaml), and then records the adoption in its own store copy (``adopted``:
+``Adoption``). The record is not a signature: it stops an accident, not someone who can
+edit the manifest and the host's store.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
+
+from dfo_contract.cache_records import Adoption, Manifest, Provenance
 
 from ..common.errors import CacheError
 
 
 def build_provenance(*, host: str, machine: str | None, fingerprint: Mapping[str, Any], key: str,
-                     created: float, dfo: str) -> dict[str, Any]:
+                     created: float, dfo: str) -> Provenance:
     """Who built a snapshot: the host as dfo's inventory names it, the machine's own name,
     the env (profile and lock), the cache key, python/torch and dfo versions, when (UTC)."""
     lock = str(fingerprint.get("lock_hash") or "")
-    return {"host": host, "machine": machine,
-            "env": f"{fingerprint.get('profile', '?')}-{lock[:12]}" if lock else fingerprint.get("profile"),
-            "cache_key": key, "python": fingerprint.get("python"), "torch": fingerprint.get("torch"),
-            "dfo": dfo, "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created))}
+    return Provenance(host=host, machine=machine,
+                      env=(f"{fingerprint.get('profile', '?')}-{lock[:12]}" if lock
+                           else _text(fingerprint.get("profile"))),
+                      cache_key=key, python=_text(fingerprint.get("python")),
+                      torch=_text(fingerprint.get("torch")), dfo=dfo,
+                      created_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created)))
 
+
+def _text(v: Any) -> str | None:
+    return None if v is None else str(v)
 
 
 @dataclass(frozen=True)
@@ -40,63 +48,60 @@ class Trust:
     trust_other_hosts: bool = False
 
 
-def builder(manifest: Mapping[str, Any]) -> str | None:
-    """``host`` (``machine``) that built a snapshot, for messages; None when unrecorded."""
-    prov = manifest.get("provenance") or {}
-    host = prov.get("host")
-    if not host:
+def builder(prov: Provenance | None) -> str | None:
+    """``host`` (``machine``) that built a snapshot (its manifest's ``provenance``), for
+    messages; None when unrecorded."""
+    if prov is None or not prov.host:
         return None
-    mach = prov.get("machine")
-    return f"{host} (machine {mach})" if mach and mach != host else str(host)
+    mach = prov.machine
+    return f"{prov.host} (machine {mach})" if mach and mach != prov.host else prov.host
 
 
-def _own(rec: Mapping[str, Any] | None, trust: Trust) -> bool:
-    if not rec or rec.get("host") != trust.host:
+def _own(rec: Provenance | Adoption | None, trust: Trust) -> bool:
+    if rec is None or rec.host != trust.host:
         return False
-    mach = rec.get("machine")
+    mach = rec.machine
     return not (mach and trust.machine and mach != trust.machine)
 
 
-def trust_reason(manifest: Mapping[str, Any], trust: Trust, *, stored: bool = False) -> str | None:
+def trust_reason(manifest: Manifest, trust: Trust, *, stored: bool = False) -> str | None:
     """Why ``trust`` accepts this snapshot (``built here``, ``adopted here``, ``trusted
     source gpu1``, ``--trust-other-hosts``); None: it does not. ``stored``: the manifest is the
     host's own store copy, where an earlier explicit adoption (``adopted``) counts."""
-    prov = manifest.get("provenance") or {}
+    prov = manifest.provenance
     if _own(prov, trust):
         return "built here"
-    if stored and _own(manifest.get("adopted"), trust):
+    if stored and _own(manifest.adopted, trust):
         return "adopted here"
-    if prov.get("host") and (prov.get("host") in trust.trusted_sources
-                             or (prov.get("machine") and prov.get("machine") in trust.trusted_sources)):
-        return f"trusted source {prov.get('host')}"
+    if prov is not None and prov.host and (prov.host in trust.trusted_sources
+                                           or (prov.machine and prov.machine in trust.trusted_sources)):
+        return f"trusted source {prov.host}"
     if trust.trust_other_hosts:
         return "--trust-other-hosts"
     return None
 
 
-def check_trust(manifest: Mapping[str, Any], trust: Trust, source: str, *, stored: bool = False) -> str:
+def check_trust(manifest: Manifest, trust: Trust, source: str, *, stored: bool = False) -> str:
     """Refuse (one line, exit 8) a snapshot this host did not build unless it is adopted
     explicitly; returns why it is accepted."""
     why = trust_reason(manifest, trust, stored=stored)
     if why:
         return why
-    who = builder(manifest)
+    who = builder(manifest.provenance)
     built = f"was built on {who}" if who else "records no builder (made by an older dfo, or edited)"
-    src = (manifest.get("provenance") or {}).get("host")
+    src = manifest.provenance.host if manifest.provenance else None
     cfg = f", or list {src} in hosts.{trust.host}.cache.trusted_sources in hosts.yaml" if src else ""
     raise CacheError(f"snapshot {source} {built}, not on {trust.host}; it carries compiled code "
                      f"(.so) that torch loads, so using it means running that host's code",
                      hint=f"if you trust it, adopt it with --trust-other-hosts{cfg}")
 
 
-def adoption_record(manifest: Mapping[str, Any], trust: Trust, how: str, now: float) -> dict[str, Any]:
+def adoption_record(manifest: Manifest, trust: Trust, how: str, now: float) -> Manifest:
     """``manifest`` as this host stores it after an explicit adoption (``adopted`` set;
     an incoming ``adopted`` is never believed)."""
-    m = {k: v for k, v in manifest.items() if k != "adopted"}
+    adopted = None
     if how != "built here":
-        m["adopted"] = {"host": trust.host, "machine": trust.machine,
-                        "from": builder(manifest), "how": how,
-                        "at_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))}
-    return m
-
-
+        adopted = Adoption(host=trust.host, machine=trust.machine,
+                           source=builder(manifest.provenance), how=how,
+                           at_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)))
+    return replace(manifest, adopted=adopted)

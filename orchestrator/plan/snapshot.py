@@ -12,7 +12,8 @@ On the host (``<root>`` is the host's root)::
 The live cache is a symlink so that switching it (after a restore or a warm-up) is one
 atomic ``rename(2)``: a half-unpacked or half-warmed directory is never live.
 
-Manifest (``format`` 1)::
+Manifest (``format`` 1; ``dfo_contract.cache_records.Manifest``, read once by
+:func:`parse_manifest`, its keys in this order)::
 
     {"format": 1, "key": "cpu-0123456789abcdef", "components": {"torch.__version__": ...},
      "created": 1700000000.0, "torch": "2.13.0+cpu",
@@ -36,8 +37,13 @@ import json
 import posixpath
 import re
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, TypeVar
 
+from dfo_contract.cache_records import (MANIFEST_FORMAT, CacheSizes, CacheStatusReply,
+                                        FileDigest, Manifest, Provenance, StoredSnapshot, TarRef,
+                                        WarmupInfo)
+from dfo_contract.codec import decode, encode
+from dfo_contract.errors import ContractError
 from dfo_contract.markers import last_json_line
 
 from ..common.errors import CacheError
@@ -47,7 +53,7 @@ from ..config.host_tree import HostTree
 from .probes import Probe, text
 from .scripts import remote_source, script_text
 
-MANIFEST_FORMAT = 1
+R = TypeVar("R")
 CACHE_SUBDIRS = ("inductor", "triton", "mega")
 MEGA_FILE = "mega/artifacts.bin"
 
@@ -131,39 +137,28 @@ def seed_run_cache_argvs(tree: HostTree, key: str, run_dir: str) -> list[list[st
 
 # --------------------------------------------------------------------------- manifest
 
-def sizes_of(files: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:
-    sizes = {d: 0 for d in CACHE_SUBDIRS}
+def sizes_of(files: Mapping[str, FileDigest]) -> CacheSizes:
+    by_top = {d: 0 for d in CACHE_SUBDIRS}
     for rel, info in files.items():
         top = rel.split("/", 1)[0]
-        sizes[top] = sizes.get(top, 0) + int(info["size"])
-    sizes["total"] = sum(int(i["size"]) for i in files.values())
-    return sizes
+        by_top[top] = by_top.get(top, 0) + info.size
+    return CacheSizes(inductor=by_top["inductor"], triton=by_top["triton"], mega=by_top["mega"],
+                      total=sum(i.size for i in files.values()))
 
 
-def build_manifest(key: str, components: Mapping[str, str], files: Mapping[str, Mapping[str, Any]],
+def build_manifest(key: str, components: Mapping[str, str], files: Mapping[str, FileDigest],
                    *, tar_sha256: str, tar_size: int, created: float, torch: str | None,
-                   warmup: Mapping[str, Any] | None = None,
-                   provenance: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    check_files_shape(files, "new snapshot")
-    m: dict[str, Any] = {
-        "format": MANIFEST_FORMAT,
-        "key": key,
-        "components": dict(sorted(components.items())),
-        "created": float(created),
-        "torch": torch,
-        "files": {k: {"sha256": v["sha256"], "size": int(v["size"])} for k, v in sorted(files.items())},
-        "sizes": sizes_of(files),
-        "tar": {"name": f"{key}.tar", "sha256": tar_sha256, "size": int(tar_size)},
-    }
-    if warmup:
-        m["warmup"] = dict(warmup)
-    if provenance:
-        m["provenance"] = dict(provenance)
-    return m
+                   warmup: WarmupInfo | None = None,
+                   provenance: Provenance | None = None) -> Manifest:
+    check_files_shape(encode(files), "new snapshot")
+    return Manifest(key=key, components=dict(sorted(components.items())), created=float(created),
+                    torch=torch, files=dict(sorted(files.items())), sizes=sizes_of(files),
+                    tar=TarRef(name=f"{key}.tar", sha256=tar_sha256, size=int(tar_size)),
+                    warmup=warmup, provenance=provenance)
 
 
-def manifest_bytes(manifest: Mapping[str, Any]) -> bytes:
-    return (json.dumps(manifest, indent=1, sort_keys=False) + "\n").encode("utf-8")
+def manifest_bytes(manifest: Manifest) -> bytes:
+    return (json.dumps(manifest.to_json(), indent=1, sort_keys=False) + "\n").encode("utf-8")
 
 
 def _bad(source: str, what: str) -> CacheError:
@@ -172,6 +167,8 @@ def _bad(source: str, what: str) -> CacheError:
 
 
 def check_files_shape(files: Any, source: str) -> None:
+    """The ``files`` of a manifest's JSON: relative paths under the cache dirs, each with a
+    sha256 and a size."""
     if not isinstance(files, Mapping):
         raise _bad(source, "'files' is not a mapping")
     for rel, info in files.items():
@@ -184,12 +181,18 @@ def check_files_shape(files: Any, source: str) -> None:
             raise _bad(source, f"file {rel!r} lacks a sha256/size")
 
 
-def parse_manifest(data: bytes | str, source: str) -> dict[str, Any]:
-    """Parse and validate a manifest; CacheError (one line) naming what is wrong."""
+def parse_manifest(data: bytes | str, source: str) -> Manifest:
+    """Parse and validate a manifest's bytes; CacheError (one line) naming what is wrong."""
     try:
         m = json.loads(data)
     except (ValueError, UnicodeDecodeError) as e:
         raise _bad(source, f"not JSON ({e.__class__.__name__})") from None
+    return manifest_from_json(m, source)
+
+
+def manifest_from_json(m: Any, source: str) -> Manifest:
+    """Validate a manifest's JSON object and read it (``Manifest``); CacheError (one line)
+    naming what is wrong."""
     if not isinstance(m, dict):
         raise _bad(source, "not a JSON object")
     if m.get("format") != MANIFEST_FORMAT:
@@ -209,39 +212,43 @@ def parse_manifest(data: bytes | str, source: str) -> dict[str, Any]:
     if (not isinstance(tar, dict) or not _HEX64.match(str(tar.get("sha256", "")))
             or not isinstance(tar.get("size"), int)):
         raise _bad(source, "'tar' lacks a sha256/size")
-    return m
+    try:
+        return Manifest.from_json(m, what="the manifest")
+    except ContractError as e:
+        raise _bad(source, str(e).removeprefix("the manifest's ")) from None
 
 
 # --------------------------------------------------------------------------- verification
 
-def check_key(manifest: Mapping[str, Any], key: str, components: Mapping[str, str], source: str) -> None:
+def check_key(manifest: Manifest, key: str, components: Mapping[str, str], source: str) -> None:
     """Refuse a snapshot made for another env/config, naming each component that differs."""
-    diffs = diff_components(manifest["components"], components)
-    if manifest["key"] == key and not diffs:
+    diffs = diff_components(manifest.components, components)
+    if manifest.key == key and not diffs:
         return
     if diffs:
         raise CacheError(f"snapshot {source} was made for another environment: {explain_diff(diffs)}",
                          hint="warm a new cache for this env with `dfo warm-cache`")
-    raise CacheError(f"snapshot {source} has key {manifest['key']}, this env's key is {key}",
+    raise CacheError(f"snapshot {source} has key {manifest.key}, this env's key is {key}",
                      hint="warm a new cache for this env with `dfo warm-cache`")
 
 
-def check_tar(manifest: Mapping[str, Any], observed: Mapping[str, Any] | None, source: str) -> None:
-    """The tar's size and sha256 against the manifest (truncation shows as a size change)."""
-    want = manifest["tar"]
-    if not observed or observed.get("missing"):
+def check_tar(manifest: Manifest, observed: FileDigest | None, source: str) -> None:
+    """The tar's size and sha256 against the manifest (truncation shows as a size change);
+    ``observed`` None: the tar is missing."""
+    want = manifest.tar
+    if observed is None:
         raise CacheError(f"snapshot {source}: the tar file is missing",
                          hint="pull or take the snapshot again")
-    if int(observed["size"]) != int(want["size"]):
-        raise CacheError(f"snapshot {source} is truncated or altered: tar is {observed['size']} bytes, "
-                         f"manifest says {want['size']}", hint="pull or take the snapshot again")
-    if observed["sha256"] != want["sha256"]:
-        raise CacheError(f"snapshot {source} is corrupt: tar sha256 {observed['sha256'][:12]} != "
-                         f"manifest {want['sha256'][:12]}", hint="pull or take the snapshot again")
+    if observed.size != want.size:
+        raise CacheError(f"snapshot {source} is truncated or altered: tar is {observed.size} bytes, "
+                         f"manifest says {want.size}", hint="pull or take the snapshot again")
+    if observed.sha256 != want.sha256:
+        raise CacheError(f"snapshot {source} is corrupt: tar sha256 {observed.sha256[:12]} != "
+                         f"manifest {want.sha256[:12]}", hint="pull or take the snapshot again")
 
 
-def file_problems(expected: Mapping[str, Mapping[str, Any]],
-                  observed: Mapping[str, Mapping[str, Any]]) -> list[str]:
+def file_problems(expected: Mapping[str, FileDigest],
+                  observed: Mapping[str, FileDigest]) -> list[str]:
     """Differences between the manifest's files and an unpacked tree's, one string each."""
     out = []
     for rel in sorted(set(expected) | set(observed)):
@@ -250,19 +257,19 @@ def file_problems(expected: Mapping[str, Mapping[str, Any]],
             out.append(f"{rel}: missing")
         elif e is None:
             out.append(f"{rel}: not in the manifest")
-        elif int(o["size"]) != int(e["size"]):
-            out.append(f"{rel}: {o['size']} bytes, manifest says {e['size']}")
-        elif o["sha256"] != e["sha256"]:
+        elif o.size != e.size:
+            out.append(f"{rel}: {o.size} bytes, manifest says {e.size}")
+        elif o.sha256 != e.sha256:
             out.append(f"{rel}: sha256 differs")
     return out
 
 
-def check_files(manifest: Mapping[str, Any], observed: Mapping[str, Mapping[str, Any]], source: str,
+def check_files(manifest: Manifest, observed: Mapping[str, FileDigest], source: str,
                 other: Iterable[str] = ()) -> None:
     """The unpacked files against the manifest; ``other`` (symlinks, special files found
     beside them) is always refused."""
     problems = [f"{rel}: not a regular file" for rel in sorted(other)]
-    problems += file_problems(manifest["files"], observed)
+    problems += file_problems(manifest.files, observed)
     if problems:
         more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
         raise CacheError(f"snapshot {source} fails its checksums: {'; '.join(problems[:3])}{more}",
@@ -286,19 +293,19 @@ def check_dir_members(other: Iterable[str], source: str) -> None:
                               "and warm again with `dfo warm-cache --rewarm`")
 
 
-def snapshot_problem(info: Mapping[str, Any], key: str) -> str | None:
+def snapshot_problem(info: StoredSnapshot, key: str) -> str | None:
     """What is wrong with one stored snapshot (from the helper's ``status ROOT verify``):
     manifest unreadable or invalid, tar missing, truncated or corrupt, a forbidden member."""
-    if info.get("error"):
-        return f"manifest unreadable ({info['error']})"
-    if "manifest" not in info:  # not verified
+    if info.error:
+        return f"manifest unreadable ({info.error})"
+    if info.manifest is None:  # not verified
         return None
     try:
-        m = parse_manifest(json.dumps(info["manifest"]), f"{key}.manifest.json")
-        if m["key"] != key:
-            return f"manifest names key {m['key']}"
-        check_tar(m, info.get("tar"), f"{key}.tar")
-        check_members(info.get("refused"), f"{key}.tar")
+        m = manifest_from_json(info.manifest, f"{key}.manifest.json")
+        if m.key != key:
+            return f"manifest names key {m.key}"
+        check_tar(m, info.tar.digest if info.tar else None, f"{key}.tar")
+        check_members(info.refused, f"{key}.tar")
     except CacheError as e:
         return e.message
     return None
@@ -355,25 +362,21 @@ class CacheEntry:
         return max(x for x in (self.last_used, self.created, 0.0) if x is not None)
 
 
-def entries_from_status(status: Mapping[str, Any]) -> list[CacheEntry]:
-    """Turn the remote ``status`` op's JSON into entries, newest use first."""
-    live = status.get("live") or {}
-    snaps = status.get("snapshots") or {}
-    used = status.get("used") or {}
+def entries_from_status(status: CacheStatusReply) -> list[CacheEntry]:
+    """Turn the remote ``status`` op's reply into entries, newest use first."""
     out = []
-    for key in sorted(set(live) | set(snaps)):
-        l, s = live.get(key) or {}, snaps.get(key) or {}
-        last = used.get(key)
+    for key in sorted(set(status.live) | set(status.snapshots)):
+        live, snap = status.live.get(key), status.snapshots.get(key)
+        last = status.used.get(key)
         if last is None:
-            last = max((x for x in (l.get("mtime"), s.get("mtime")) if x is not None), default=None)
-        prov = s.get("provenance") if isinstance(s.get("provenance"), dict) else {}
-        out.append(CacheEntry(key=key, live_size=l.get("size") if l else None,
-                         snapshot_size=s.get("tar_size") if s else None,
-                         created=s.get("created") if isinstance(s.get("created"), (int, float)) else None,
-                         last_used=last, built_by=builder({"provenance": prov}) if s else None,
-                         problem=snapshot_problem(s, key) if s else None,
-                         live_damage=tuple((str(r), str(w)) for r, w in l.get("damaged") or ()
-                                           ) if l else ()))
+            last = max((x for x in (live.mtime if live else None, snap.mtime if snap else None)
+                        if x is not None), default=None)
+        out.append(CacheEntry(key=key, live_size=live.size if live else None,
+                              snapshot_size=snap.tar_size if snap else None,
+                              created=snap.created if snap else None,
+                              last_used=last, built_by=builder(snap.provenance) if snap else None,
+                              problem=snapshot_problem(snap, key) if snap else None,
+                              live_damage=tuple(live.damaged) if live else ()))
     out.sort(key=lambda e: (-e.recency, e.key))
     return out
 
@@ -390,7 +393,8 @@ def plan_prune(entries: Iterable[CacheEntry], keep: int) -> list[str]:
 
 #: ``orchestrator/remote/cache_tool.py``'s source, run remotely as ``python -c CACHE_TOOL OP
 #: ARGS...`` (every value is an argv element; the python may be a system ``python3`` without
-#: dfo). Ops: ``hashdir DIR``, ``hashfile FILE``, ``status CACHE_ROOT``. Prints one JSON object.
+#: dfo). Ops: ``hashdir DIR``, ``hashfile FILE``, ``status CACHE_ROOT``, ... Prints one JSON
+#: object: the op's record of ``dfo_contract.cache_records``.
 CACHE_TOOL = remote_source("cache_tool")
 
 
@@ -398,16 +402,23 @@ def tool_argv(python: str, op: str, *args: str) -> list[str]:
     return [python, "-c", CACHE_TOOL, op, *args]
 
 
-def tool_probe(python: str, op: str, *args: str, timeout: float = 600.0) -> Probe[dict[str, Any]]:
-    """One cache-tool op as a :class:`~.probes.Probe` (parse raises CacheError without a reply)."""
+def tool_probe(python: str, op: str, *args: str, reply: type[R],
+               timeout: float = 600.0) -> Probe[R]:
+    """One cache-tool op as a :class:`~.probes.Probe` whose parse gives its ``reply`` record
+    (CacheError without one)."""
     return Probe(f"cache-{op}", tuple(tool_argv(python, op, *args)),
-                 lambda out: parse_tool(text(out.stdout), f"cache helper {op}"), timeout=timeout)
+                 lambda out: parse_tool(text(out.stdout), f"cache helper {op}", reply),
+                 timeout=timeout)
 
 
-def parse_tool(output: str, what: str) -> dict[str, Any]:
-    """The tool's JSON reply (its last JSON line); CacheError when there is none or it is an
-    ``{"error": ...}``."""
+def parse_tool(output: str, what: str, reply: type[R]) -> R:
+    """The tool's reply (its last JSON line) as the op's ``reply`` record; CacheError when
+    there is none, it is an ``{"error": ...}``, or it is not that record."""
     r = last_json_line(output)
-    if isinstance(r, dict) and "error" not in r:
-        return r
-    raise CacheError(f"{what}: the cache helper printed no result", hint="is the env deployed? `dfo deploy`")
+    if not isinstance(r, dict) or "error" in r:
+        raise CacheError(f"{what}: the cache helper printed no result",
+                         hint="is the env deployed? `dfo deploy`")
+    try:
+        return decode(reply, r, what=f"{what}'s reply")
+    except ContractError as e:
+        raise CacheError(f"{what}: {e}", hint="redeploy with `dfo deploy`") from None

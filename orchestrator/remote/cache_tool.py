@@ -19,9 +19,11 @@ Ops (every value is an argv element, never part of the script):
 ``scrub DIR``          delete the files of DIR that cannot be loaded (``bad_artifact``):
                        ``{"dropped": [[rel, why], ...]}``
 
-A missing DIR/FILE answers ``{"missing": true}``. Prints one JSON object. Its source travels
-as the script text (it may run with a system ``python3`` that has no dfo), so it stays
-stdlib-only and self-contained.
+A missing DIR/FILE answers ``{"missing": true}``. Prints one JSON object: the laptop reads
+each op's reply as its record of ``dfo_contract.cache_records`` (``HashFileReply``,
+``HashDirReply``, ``UnpackReply``, ``ScanReply``, ``HostnameReply``, ``CacheStatusReply``,
+``ScrubReply``). Its source travels as the script text (it may run with a system ``python3``
+that has no dfo), so it stays stdlib-only and self-contained and writes those shapes itself.
 """
 
 import hashlib

@@ -12,6 +12,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from dfo_contract.trainer_config import TrainerConfig, config_from_dict
 from orchestrator.plan.fingerprint import PROBE_SCRIPT, build_fingerprint, parse_probe
 
 # A small real compile (fwd + bwd) whose cache counters we read, like the trainer's warm-up.
@@ -32,6 +33,11 @@ REPO = Path(__file__).resolve().parents[2]
 
 CFG = {"model": {"attention": "sdpa", "block_size": 4}, "data": {"seq_buckets": [32]},
        "parallel": {"drafter_devices": ["cpu"]}, "compile": {"enabled": True}}
+
+
+def typed(cfg: dict = CFG) -> TrainerConfig:
+    """The trainer config a nested dict like ``CFG`` sets (what ``CacheManager.key`` takes)."""
+    return config_from_dict(json.loads(json.dumps(cfg)))
 
 
 _FROZEN: list[Path] = []
