@@ -14,6 +14,7 @@ import pytest
 from dfo_contract.exitcodes import TrainerConfigError
 from dfo_contract.trainer_config import effective_config, load_config
 from dfo_contract.trainer_config.layers import FULL, SLIDING
+from dfo_contract.trainer_config.methods import DFlash2Settings
 from orchestrator.common.errors import ConfigError
 from orchestrator.plan.init_from import DrafterReply, effective, parse_reply
 
@@ -46,8 +47,9 @@ def test_the_drafter_fills_what_the_config_leaves_unset():
 def test_a_dflash2_drafter_gives_its_fields_and_attention():
     c = effective_config(cfg(**{"model.method": "dflash2"}), D2)
     m = c.model
-    assert (m.conv_kernel_size, m.conv_group_size, m.selector_rank, m.selector_top_k,
-            m.final_logit_softcapping, m.output_multiplier) == (3, 8, 16, 4, 10.0, 2.0)
+    assert m.settings_of(DFlash2Settings) == DFlash2Settings(
+        conv_kernel_size=3, conv_group_size=8, selector_rank=16, selector_top_k=4,
+        final_logit_softcapping=10.0, output_multiplier=2.0)
     assert (m.layer_types, m.sliding_window, m.is_causal) == ([SLIDING, SLIDING], 32, False)
 
 

@@ -185,7 +185,7 @@ def test_the_methods_settings_are_written_flat_as_before():
     cfg = load_config(None, ["--data.path", "x", "--model.method", "dflash2",
                              "--model.selector_rank", "8"])
     assert cfg.model.settings() == DFlash2Settings(selector_rank=8)
-    assert cfg.model.selector_rank == 8 and cfg.to_dict()["model"]["selector_rank"] == 8
+    assert cfg.model.get_flat("selector_rank") == 8 and cfg.to_dict()["model"]["selector_rank"] == 8
     back = config_from_dict(cfg.to_dict())
     assert back.model.method_settings == cfg.model.method_settings
     assert TrainerConfig().model.settings() is None          # dflash has no settings of its own

@@ -76,7 +76,8 @@ def test_matmul_flops_match_torch_flop_counter_on_a_real_step():
         cfg.data.path, cfg.data.max_seq_len, cfg.data.num_anchors = "x", 64, 8
         cfg.compile.enabled, cfg.compile.gate, cfg.model.attention = False, False, "sdpa"
         cfg.model.method, cfg.model.sliding_window = method, 24
-        cfg.model.selector_rank, cfg.model.selector_top_k = 8, 4
+        cfg.model.set_flat("selector_rank", 8)
+        cfg.model.set_flat("selector_top_k", 4)
         _, drafter = S.build_models(cfg, "cpu", target=target)
         batch = S.dummy_batch(cfg, 64, 8, 2, "cpu", seed=0)
         feats = S.target_features(target, batch, cfg)

@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 
 from dfo_contract.exitcodes import TrainerConfigError
 from dfo_contract.trainer_config import load_config
+from dfo_contract.trainer_config.methods import DFlash2Settings
 from tests.helpers.trainer import make_synth, make_target, run_trainer, tiny_overrides
 from trainer.evaluate.export_dir import export, load_exported
 from trainer.model import attention, blocks
@@ -78,8 +79,10 @@ def test_init_from_a_dflash2_export_is_bit_for_bit(released, tmp_path):
     init_from.resolve(cfg)
     m = cfg.model
     assert (m.drafter_layers, m.target_layer_ids, m.block_size, m.mask_token_id) == (2, [1, 2], 8, 3)
-    assert (m.selector_rank, m.selector_top_k, m.sliding_window, m.conv_kernel_size,
-            m.conv_group_size, m.final_logit_softcapping, m.output_multiplier) == (8, 4, 24, 2, 16, 20.0, 1.0)
+    assert m.sliding_window == 24
+    assert m.settings_of(DFlash2Settings) == DFlash2Settings(
+        selector_rank=8, selector_top_k=4, conv_kernel_size=2, conv_group_size=16,
+        final_logit_softcapping=20.0, output_multiplier=1.0)
     target, drafter = build_models(cfg, "cpu")
     trained = load_file(os.path.join(released["ckpt"], "drafter.safetensors"))
     mine = drafter.trainable_state_dict()
@@ -141,7 +144,7 @@ def test_weights_of_another_shape_are_one_line(released, tmp_path):
     (bad / "config.json").write_text(json.dumps(conf))
     cfg = _cfg(released, tmp_path, **{"model.init_from": str(bad)})
     init_from.resolve(cfg)
-    assert cfg.model.conv_group_size == 32
+    assert cfg.model.settings_of(DFlash2Settings).conv_group_size == 32
     with pytest.raises(TrainerConfigError, match=r"^config: --model.init_from: .*bad: drafter weight "
                                                  r"layers\.0\.attention_conv\.kernel_projection") as ei:
         build_models(cfg, "cpu")

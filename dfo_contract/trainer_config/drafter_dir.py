@@ -262,10 +262,10 @@ def effective_config(cfg: TrainerConfig, conf: dict) -> TrainerConfig:
     for name, val in settings(d):
         if val is None and name != "is_causal":
             continue
-        cur = getattr(cfg.model, name)
+        cur = cfg.model.get_flat(name)
         if f"model.{name}" in explicit and (cur is not None or name == "is_causal") and cur != val:
             raise TrainerConfigError(
                 f"config: --model.{name}: {cur} conflicts with the drafter's {val} in {FLAG} "
                 f"{path}; drop --model.{name} or set it to {val}")
-        setattr(cfg.model, name, val)
+        cfg.model.set_flat(name, val)
     return validate(cfg)

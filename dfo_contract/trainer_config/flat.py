@@ -30,8 +30,7 @@ def copied(cfg: TrainerConfig) -> TrainerConfig:
 
 def clear(cfg: TrainerConfig, key: str) -> TrainerConfig:
     """``cfg`` with ``key`` back at its default and no longer explicit (in place)."""
-    sec, name = key.split(".", 1)
-    setattr(getattr(cfg, sec), name, getattr(type(getattr(cfg, sec))(), name))
+    cfg.set_key(key, TrainerConfig().get_key(key))
     cfg.explicit_keys.discard(key)
     return cfg
 

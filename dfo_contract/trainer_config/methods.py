@@ -5,9 +5,10 @@ config, the orchestrator and an export's config.json need of it, without torch:
 
 - ``settings``: the frozen dataclass of the method's own ``model.*`` fields (DFlash2's
   ``DFlash2Settings``); ``ModelConfig.method_settings`` holds one per registered method that
-  has one. The YAML and the flags keep the fields flat (``model.conv_kernel_size``), and
+  has one (``settings_of(DFlash2Settings)``, typed). The YAML and the flags keep the
+  fields flat (``model.conv_kernel_size``: ``ModelConfig.get_flat``/``set_flat``), and
   ``TrainerConfig.to_dict`` writes them flat, so a config file, its compile-cache key and a
-  checkpoint's config.yaml read as before.
+  checkpoint's config.yaml name them as the other ``model`` fields.
 - ``validate``: the method's field checks (``err(flag, why)``), run only when it is chosen.
 - ``sliding_layers``: its draft layers slide by default (``trainer_config.layers``), and a
   checkpoint written before ``model.is_causal`` had those layers causal.
@@ -111,6 +112,14 @@ def owner(field_name: str) -> MethodContract | None:
         if field_name in c.setting_names():
             return c
     return None
+
+
+def settings_owner(cls: type) -> MethodContract:
+    """The method whose settings class is ``cls`` (KeyError when none has it)."""
+    for c in _CONTRACTS.values():
+        if c.settings is cls:
+            return c
+    raise KeyError(f"no registered method has the settings {cls.__name__}")
 
 
 def default_settings() -> dict[str, Any]:

@@ -110,8 +110,7 @@ def _set(cfg: TrainerConfig, key: str, value: Any, *, from_text: bool, where: st
         known = sorted(k for k in types_ if k.startswith(sec + ".")) or sorted(
             {k.split(".")[0] for k in types_})
         raise TrainerConfigError(f"config: {where}unknown key {key!r} (known: {', '.join(known)})")
-    sec, name = key.split(".", 1)
-    setattr(getattr(cfg, sec), name, _coerce(key, types_[key], value, from_text=from_text))
+    cfg.set_key(key, _coerce(key, types_[key], value, from_text=from_text))
     cfg.explicit_keys.add(key)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -23,6 +23,9 @@ DATA_FORMATS = ("auto", "tokens", "chat")
 DDP_GRAD_DTYPES = ("fp32", "bf16")
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead")
 EVAL_TARGETS = ("served", "train")
+
+#: a method's settings class (``ModelConfig.settings_of``)
+_Settings = TypeVar("_Settings")
 
 
 def default_gamma(block_size: int) -> float:
@@ -62,31 +65,38 @@ class ModelConfig:
     sliding_window: int = 2048                # the sliding layers' window (0: none)
     is_causal: bool | None = False
     # each registered method's own fields (trainer_config.methods: DFlash2's DFlash2Settings,
-    # frozen), by method name; set and written flat (model.conv_kernel_size), used only by
-    # their method
+    # frozen), by method name; set and written flat (model.conv_kernel_size: ``set_flat``,
+    # ``flat``), used only by their method
     method_settings: dict[str, Any] = field(default_factory=method_registry.default_settings)
 
     def settings(self) -> Any:
         """The chosen method's own settings (None: it has none)."""
         return self.method_settings.get(self.method)
 
-    # the flat view of the methods' own fields, as the YAML and the flags name them:
-    # ``model.selector_rank`` reads and sets ``method_settings["dflash2"].selector_rank``
-    # (a new frozen record); the trainer's code reads ``settings()``
-    def __getattr__(self, name: str) -> Any:
-        c = method_registry.owner(name) if not name.startswith("_") else None
-        if c is None or c.settings is None:
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        own = self.__dict__.get("method_settings", {}).get(c.name) or c.settings()
-        return getattr(own, name)
+    def settings_of(self, cls: type[_Settings]) -> _Settings:
+        """The settings record of the method whose settings class is ``cls`` (DFlash2's
+        ``DFlash2Settings``), chosen or not; KeyError when no registered method has ``cls``."""
+        return self._own(method_registry.settings_owner(cls))
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        c = method_registry.owner(name)
-        if c is None or c.settings is None:
-            object.__setattr__(self, name, value)
+    # the flat view of the fields, as the YAML and the flags name them: ``model.block_size``
+    # is a field of this record, ``model.selector_rank`` one of
+    # ``method_settings["dflash2"]`` (a frozen record, replaced on a set)
+    def get_flat(self, name: str) -> Any:
+        """The value of ``model.<name>``: a field of this record or a method's setting
+        (AttributeError for a name neither has)."""
+        if name in _OWN_FIELDS:
+            return getattr(self, name)
+        return getattr(self._own(self._owner(name)), name)
+
+    def set_flat(self, name: str, value: Any) -> None:
+        """Set ``model.<name>`` (in place): a field of this record, or a method's setting,
+        whose frozen record is replaced by a copy with ``value`` (AttributeError for a name
+        neither has)."""
+        if name in _OWN_FIELDS:
+            setattr(self, name, value)
             return
-        own = self.method_settings.get(c.name) or c.settings()
-        self.method_settings[c.name] = dataclasses.replace(own, **{name: value})
+        c = self._owner(name)
+        self.method_settings[c.name] = dataclasses.replace(self._own(c), **{name: value})
 
     def flat(self) -> dict[str, Any]:
         """The fields as the YAML writes them: the methods' own ones flat, in their place."""
@@ -96,6 +106,23 @@ class ModelConfig:
             if c.settings is not None:
                 out.update(own.get(c.name) or dataclasses.asdict(c.settings()))
         return out
+
+    def _owner(self, name: str) -> method_registry.MethodContract:
+        c = method_registry.owner(name)
+        if c is None or c.settings is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return c
+
+    def _own(self, c: method_registry.MethodContract) -> Any:
+        """Method ``c``'s settings record (its defaults when this config holds none)."""
+        own = self.method_settings.get(c.name)
+        if own is None and c.settings is not None:
+            own = c.settings()
+        return own
+
+
+#: ``ModelConfig``'s flat names that are its own fields (the rest belong to a method)
+_OWN_FIELDS = frozenset(f.name for f in dataclasses.fields(ModelConfig)) - {"method_settings"}
 
 
 @dataclass(kw_only=True)
@@ -218,6 +245,32 @@ class TrainerConfig:
     def __post_init__(self) -> None:
         # the keys a file or flag set (``parse._set``); not a field, so never serialized
         self.explicit_keys: set[str] = set()
+
+    # -- the keys as the YAML and the flags name them ---------------------------------------
+    def get_key(self, key: str) -> Any:
+        """The value of ``SECTION.FIELD`` (``train.lr``; ``model.selector_rank``, a method's
+        setting, through ``ModelConfig.get_flat``); AttributeError for an unknown one."""
+        section, name = self._section_of(key)
+        return section.get_flat(name) if isinstance(section, ModelConfig) else getattr(section, name)
+
+    def set_key(self, key: str, value: Any) -> None:
+        """Set ``SECTION.FIELD`` (in place; ``ModelConfig.set_flat`` for ``model``), as is:
+        ``parse`` coerces, validates and records it as explicit."""
+        section, name = self._section_of(key)
+        if isinstance(section, ModelConfig):
+            section.set_flat(name, value)
+        else:
+            setattr(section, name, value)
+
+    def _section_of(self, key: str) -> tuple[Any, str]:
+        """(the section record, the field name) of ``SECTION.FIELD``; AttributeError for an
+        unknown field (``model``'s flat names are ``ModelConfig.get_flat``'s to check)."""
+        sec, name = key.split(".", 1)
+        section = getattr(self, sec)
+        if not isinstance(section, ModelConfig) and \
+                name not in {f.name for f in dataclasses.fields(section)}:
+            raise AttributeError(f"{type(section).__name__!r} object has no attribute {name!r}")
+        return section, name
 
     # -- derived values (pure) -------------------------------------------------------------
     def gamma(self) -> float:

@@ -47,7 +47,7 @@ def apply_method(cfg, a, method: str) -> None:
         cfg.model.sliding_window = a.sliding_window
     for name in SETTING_FLAGS:
         if name in m.setting_names() and getattr(a, name) is not None:
-            setattr(cfg.model, name, getattr(a, name))
+            cfg.model.set_flat(name, getattr(a, name))
 
 
 def method_report(cfg) -> dict | None:
