@@ -190,6 +190,19 @@ def run_shared(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
+def local_site(tmp_path, monkeypatch):
+    """A host root on this machine whose env is this venv, the hosts.yaml naming it as the
+    default host ``local``, and the test's directory (``tests.supervisor_env.LocalSite``);
+    the test runs in an empty directory of its own, so nothing depends on the cwd."""
+    from tests.supervisor_env import local_site as site
+
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    return site(tmp_path)
+
+
+@pytest.fixture
 def one_torch_thread():
     """torch on one thread for the test (in-process training runs: as the trainer's
     subprocesses run with OMP_NUM_THREADS=1, and steady on a shared machine)."""

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import yaml
 
@@ -73,6 +74,20 @@ def kinds(evs, kind: str) -> list:
 def hosts_yaml(path: Path, root: Path) -> Path:
     path.write_text(f"default: local\nhosts:\n  local:\n    transport: local\n    root: {root}\n")
     return path
+
+
+class LocalSite(NamedTuple):
+    """A host root on this machine (its env is this venv), the hosts.yaml whose default
+    host ``local`` is it, and the test's directory (``local_site`` fixture)."""
+
+    root: Path
+    hosts: Path
+    dir: Path
+
+
+def local_site(base: Path) -> LocalSite:
+    root = make_root(base)
+    return LocalSite(root, hosts_yaml(base / "hosts.yaml", root), base)
 
 
 #: thresholds for runs in tests: what only bounds a wait is generous (a loaded 2-core box

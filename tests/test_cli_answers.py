@@ -9,23 +9,12 @@ import json
 import shutil
 from pathlib import Path
 
-import pytest
 
-from tests.supervisor_env import dfo, fake_run, hosts_yaml, make_root  # noqa: F401
-
-
-@pytest.fixture
-def env(tmp_path, monkeypatch):
-    root = make_root(tmp_path)
-    hosts = hosts_yaml(tmp_path / "hosts.yaml", root)
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    monkeypatch.chdir(elsewhere)     # the default config must not depend on the cwd
-    return root, hosts
+from tests.supervisor_env import dfo, fake_run
 
 
-def test_unknown_run_or_attempt_is_exit_11_everywhere(env, capsys):
-    root, hosts = env
+def test_unknown_run_or_attempt_is_exit_11_everywhere(local_site, capsys):
+    root, hosts, _ = local_site
     fake_run(root, "tiny-20261201-010000")
     rc, out, err = dfo(capsys, hosts, "status", "--run", "nosuchrun")
     assert rc == 11 and err.count("\n") == 1 and "no run nosuchrun" in err
@@ -39,8 +28,8 @@ def test_unknown_run_or_attempt_is_exit_11_everywhere(env, capsys):
     assert rc == 0 and "attempt 2 says hi" in out
 
 
-def test_stop_with_nothing_live_says_so(env, capsys):
-    root, hosts = env
+def test_stop_with_nothing_live_says_so(local_site, capsys):
+    root, hosts, _ = local_site
     fake_run(root, "tiny-20261201-010000")
     for args in ([], ["--run", "tiny-20261201-010000"]):
         rc, out, err = dfo(capsys, hosts, "stop", *args)
@@ -50,16 +39,16 @@ def test_stop_with_nothing_live_says_so(env, capsys):
     assert rc == 0 and json.loads(out)["nothing_to_stop"] is True
 
 
-def test_no_runs_says_so(env, capsys):
-    _, hosts = env
+def test_no_runs_says_so(local_site, capsys):
+    _, hosts, _ = local_site
     rc, out, err = dfo(capsys, hosts, "status")
     assert rc == 0 and "no runs on local" in out
     rc, out, _ = dfo(capsys, hosts, "status", "--json")
     assert rc == 0 and json.loads(out)["runs"] == []
 
 
-def test_default_config_is_checked_then_works_after_the_demo_assets(env, capsys, tiny_assets):  # noqa: F811
-    root, hosts = env
+def test_default_config_is_checked_then_works_after_the_demo_assets(local_site, capsys, tiny_assets):  # noqa: F811
+    root, hosts, _ = local_site
     rc, out, err = dfo(capsys, hosts, "launch", "--dry-run", "--no-env-check")
     assert rc == 2 and err.count("\n") == 1, err
     assert "model.target_path of the default config (the demo's)" in err
@@ -87,8 +76,8 @@ def test_default_config_is_checked_then_works_after_the_demo_assets(env, capsys,
     assert rc == 0 and "warm-cache" not in err, err
 
 
-def test_missing_data_path_names_the_key(env, capsys, tiny_assets, tmp_path):  # noqa: F811
-    _, hosts = env
+def test_missing_data_path_names_the_key(local_site, capsys, tiny_assets, tmp_path):  # noqa: F811
+    _, hosts, _ = local_site
     import yaml
 
     cfg = yaml.safe_load((Path(__file__).parents[1] / "orchestrator/config/defaults/tiny-cpu.yaml").read_text())
@@ -102,14 +91,14 @@ def test_missing_data_path_names_the_key(env, capsys, tiny_assets, tmp_path):  #
     assert "--set data.path=PATH" in err
 
 
-def test_empty_run_name_is_refused(env, capsys):
-    _, hosts = env
+def test_empty_run_name_is_refused(local_site, capsys):
+    _, hosts, _ = local_site
     rc, _, err = dfo(capsys, hosts, "launch", "--run-name", "", "--dry-run", "--no-env-check")
     assert rc == 2 and "--run-name: '' is not a valid run name" in err
 
 
-def test_warm_cache_without_config_names_dfo_options(env, capsys, tmp_path):
-    _, hosts = env
+def test_warm_cache_without_config_names_dfo_options(local_site, capsys, tmp_path):
+    _, hosts, _ = local_site
     rc, _, err = dfo(capsys, hosts, "warm-cache", "--pull", str(tmp_path))
     assert rc == 11 and "no compile-cache snapshots on local" in err, err
     assert "--data.path" not in err and "required" not in err

@@ -11,27 +11,18 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 
 from orchestrator.cli import main
 from orchestrator.engine.runs import RunOps
 from orchestrator.transport.local import LocalTransport
-from tests.supervisor_env import dfo, fake_run, hosts_yaml, local_host, make_root, wait_final, wait_for
+from tests.supervisor_env import dfo, fake_run, local_host, wait_final, wait_for
 
 OWN = Path(__file__).resolve().parent / "fixtures" / "own"
 PATTERN = r"step (?P<step>\d+) loss \S+ tok/s (?P<tok_s>[\d.]+)"
 
 
-@pytest.fixture
-def env(tmp_path, monkeypatch):
-    root = make_root(tmp_path)
-    hosts = hosts_yaml(tmp_path / "hosts.yaml", root)
-    monkeypatch.chdir(tmp_path)
-    return root, hosts, tmp_path
-
-
-def test_stop_past_its_timeout_names_the_timeout_and_the_run_then_stops(env, capsys):
-    root, hosts, _ = env
+def test_stop_past_its_timeout_names_the_timeout_and_the_run_then_stops(local_site, capsys):
+    root, hosts, _ = local_site
     rc, out, err = dfo(capsys, hosts, "launch", "--no-env-check", "--backoff-scale", "0.01",
                        "--run-name", "slow", "--json", "--step-pattern", PATTERN,
                        "--", sys.executable,
@@ -53,8 +44,8 @@ def test_stop_past_its_timeout_names_the_timeout_and_the_run_then_stops(env, cap
     assert rc == 0 and "not live" in out
 
 
-def test_an_unknown_engine_is_exit_2_before_anything_is_exported(env, capsys):
-    root, hosts, tmp = env
+def test_an_unknown_engine_is_exit_2_before_anything_is_exported(local_site, capsys):
+    root, hosts, tmp = local_site
     fake_run(root, "tiny-20261201-010000")
     to = tmp / "out"
     rc, out, err = dfo(capsys, hosts, "export", "--engines", "vllm,tensorrt", "--to", str(to))
@@ -63,22 +54,22 @@ def test_an_unknown_engine_is_exit_2_before_anything_is_exported(env, capsys):
     assert not to.exists() and not (root / "exports").exists()
 
 
-def test_export_of_an_unknown_run_lists_the_runs(env, capsys):
-    root, hosts, tmp = env
+def test_export_of_an_unknown_run_lists_the_runs(local_site, capsys):
+    root, hosts, tmp = local_site
     fake_run(root, "tiny-20261201-010000")
     rc, out, err = dfo(capsys, hosts, "export", "--run", "nosuch", "--to", str(tmp / "o"))
     assert rc == 11 and "no run nosuch" in err and "tiny-20261201-010000" in err, err
 
 
-def test_pull_of_an_unknown_key_lists_the_snapshots(env, capsys):
-    root, hosts, tmp = env
+def test_pull_of_an_unknown_key_lists_the_snapshots(local_site, capsys):
+    root, hosts, tmp = local_site
     rc, out, err = dfo(capsys, hosts, "warm-cache", "--pull", str(tmp), "--key", "nosuch")
     assert rc == 11 and "no snapshot for key nosuch" in err, err
     assert "there are no snapshots" in err
 
 
-def test_logs_json_is_one_object_per_line(env, capsys):
-    root, hosts, _ = env
+def test_logs_json_is_one_object_per_line(local_site, capsys):
+    root, hosts, _ = local_site
     rd = fake_run(root, "tiny-20261201-010000")
     (rd / "events.jsonl").write_text(json.dumps({"kind": "supervisor_start", "mode": "setsid",
                                                  "pid": 1, "resumed": False,
@@ -94,15 +85,15 @@ def test_logs_json_is_one_object_per_line(env, capsys):
     assert rc == 2 and "--raw and --json" in err
 
 
-def test_logs_follow_of_a_removed_run_directory_is_exit_11_naming_it(env, capsys):
-    root, hosts, _ = env
+def test_logs_follow_of_a_removed_run_directory_is_exit_11_naming_it(local_site, capsys):
+    root, hosts, _ = local_site
     rd = fake_run(root, "tiny-20261201-010000")
     shutil.rmtree(rd)
     rc, out, err = dfo(capsys, hosts, "logs", "-f", "--run", "tiny-20261201-010000")
     assert rc == 11 and "tiny-20261201-010000" in err and "Traceback" not in err, err
 
 
-def test_logs_follow_in_a_pipe_prints_a_line_at_least_every_interval(env):
+def test_logs_follow_in_a_pipe_prints_a_line_at_least_every_interval(local_site):
     """cli.md: in a pipe, at least one line every DFO_PROGRESS_EVERY seconds while waiting,
     also while the run prints nothing (a compile, a warm-up)."""
     import os
@@ -110,7 +101,7 @@ def test_logs_follow_in_a_pipe_prints_a_line_at_least_every_interval(env):
 
     from tests.supervisor_env import live_looking_run
 
-    root, hosts, _ = env
+    root, hosts, _ = local_site
     sup = live_looking_run(root / "runs" / "live-20261201-010000-abcdef")
     p = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "--hosts", str(hosts),
                           "logs", "-f", "--run", "live-20261201-010000-abcdef"],

@@ -12,8 +12,7 @@ import pytest
 from pathlib import Path
 
 from orchestrator.supervisor import procs
-from tests.supervisor_env import (FAST, dfo, events, hosts_yaml, make_root,  # noqa: F401
-                                  wait_for, write_config)
+from tests.supervisor_env import (FAST, dfo, events, hosts_yaml, wait_for, write_config)
 
 
 def fast_flags():
@@ -23,20 +22,13 @@ def fast_flags():
     return out
 
 
-@pytest.fixture
-def env(tmp_path):
-    root = make_root(tmp_path)
-    hosts = hosts_yaml(tmp_path / "hosts.yaml", root)
-    return root, hosts, tmp_path
-
-
 def state(root, run_id):
     return json.loads((root / "runs" / run_id / "state.json").read_text())
 
 
 @pytest.mark.parametrize("bad", ["step_690; rm -rf /", "$(reboot)", "../../etc", "/etc/passwd"])
-def test_bad_resume_is_rejected_before_anything_starts(env, capsys, bad):
-    root, hosts, tmp = env
+def test_bad_resume_is_rejected_before_anything_starts(local_site, capsys, bad):
+    root, hosts, tmp = local_site
     rc, out, err = dfo(capsys, hosts, "launch", "--resume", bad, "--no-env-check")
     assert rc == 2 and err.startswith("dfo: error: --resume") and err.count("\n") == 1
     assert not (root / "runs").exists()
@@ -53,8 +45,8 @@ def test_host_without_deployed_env(tmp_path, capsys, tiny_assets):  # noqa: F811
     assert rc == 7 and "no deployed env" in err
 
 
-def test_dry_run_prints_plan_and_starts_nothing(env, capsys, tiny_assets):  # noqa: F811
-    root, hosts, tmp = env
+def test_dry_run_prints_plan_and_starts_nothing(local_site, capsys, tiny_assets):  # noqa: F811
+    root, hosts, tmp = local_site
     cfg = write_config(tmp / "c.yaml", tiny_assets)
     rc, out, err = dfo(capsys, hosts, "launch", "--config", str(cfg), "--dry-run",
                        "--no-env-check", "--set", "train.micro_batch=4")
@@ -71,8 +63,8 @@ def test_dry_run_prints_plan_and_starts_nothing(env, capsys, tiny_assets):  # no
 
 
 @pytest.mark.slow
-def test_live_run_second_launch_supervisor_kill_and_stop(env, capsys, tiny_assets):  # noqa: F811
-    root, hosts, tmp = env
+def test_live_run_second_launch_supervisor_kill_and_stop(local_site, capsys, tiny_assets):  # noqa: F811
+    root, hosts, tmp = local_site
     cfg = write_config(tmp / "c.yaml", tiny_assets, train={"max_steps": 2000},
                        checkpoint={"every": 3})
     rc, out, err = dfo(capsys, hosts, "launch", "--config", str(cfg), "--run-name", "long",
@@ -149,8 +141,8 @@ def test_live_run_second_launch_supervisor_kill_and_stop(env, capsys, tiny_asset
 
 
 @pytest.mark.slow
-def test_crash_loop_gives_up_with_exit_10(env, capsys, tiny_assets):  # noqa: F811
-    root, hosts, tmp = env
+def test_crash_loop_gives_up_with_exit_10(local_site, capsys, tiny_assets):  # noqa: F811
+    root, hosts, tmp = local_site
     cfg = write_config(tmp / "c.yaml", tiny_assets)
     rc, out, err = dfo(capsys, hosts, "launch", "--config", str(cfg), "--run-name", "loop",
                        "--fault", "exit=1@2#*", "--budget", "crash=2", "-f", *fast_flags())
@@ -166,8 +158,8 @@ def test_crash_loop_gives_up_with_exit_10(env, capsys, tiny_assets):  # noqa: F8
 
 
 @pytest.mark.slow
-def test_replace_stops_the_live_run_first(env, capsys, tiny_assets):  # noqa: F811
-    root, hosts, tmp = env
+def test_replace_stops_the_live_run_first(local_site, capsys, tiny_assets):  # noqa: F811
+    root, hosts, tmp = local_site
     cfg = write_config(tmp / "c.yaml", tiny_assets, train={"max_steps": 2000},
                        checkpoint={"every": 3})
     rc, out, err = dfo(capsys, hosts, "launch", "--config", str(cfg), "--run-name", "old",
