@@ -12,6 +12,11 @@ Fixtures:
                    (flock) for the test; .hosts_yaml(...) names them lab-a, lab-b + group pair
   lab_wheelhouse   session: the lab's wheelhouse dir, filled (cpu lock + an older pyyaml) once per run
 
+Per test:
+  local_site       LocalSite(root, hosts, dir): a host root on this machine (env: this venv)
+                   and a hosts.yaml whose default host ``local`` is it; cwd an empty dir
+  one_torch_thread torch on one thread for the test
+
 Built once per run and shared by every test, also across xdist workers (tests/helpers/shared.py):
   run_shared       the run-shared directory (all workers of the run see the same one)
   tiny_assets      a tiny real target + 256 synthetic samples (trainer's own tools)
