@@ -7,6 +7,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from .cache_records import FileDigest
+from .checkpoints import CkptInfo
 from .codec import decode, encode, opt
 
 
@@ -161,3 +163,56 @@ class WarmupShape:
                                        if isinstance(v, (int, float))
                                        and not isinstance(v, bool)}}
         return decode(cls, obj, what="a warm-up record", tolerant=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExportReply:
+    """``python -m trainer export``'s last line: the export's directory on the host, the
+    checkpoint's step and accept length, the target's precision in training (``fp8`` or
+    ``full``) and the sha256 and size of every file written (``dfo_export.json`` aside)."""
+
+    kind: str = "export"
+    out: str
+    step: int
+    accept_len: float | None = None
+    target_precision: str = "full"
+    files: dict[str, FileDigest]
+
+    @classmethod
+    def from_json(cls, obj: Any) -> "ExportReply":
+        return decode(cls, obj, what="the export's reply")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointListing:
+    """``python -m dfo_contract.checkpoints list DIR --json``: the directory listed (with
+    ``--run``: the one holding that run's checkpoints, None when none does), the newest
+    valid checkpoint's name, every checkpoint, and with ``--run`` the runs whose checkpoints
+    DIR holds."""
+
+    dir: str | None = None
+    latest: str | None = None
+    checkpoints: list[CkptInfo] = field(default_factory=list)
+    runs_in_dir: list[str] = opt(factory=list)
+
+    def oldest_first(self) -> list[CkptInfo]:
+        """The checkpoints by step, oldest first."""
+        return sorted(self.checkpoints, key=lambda c: c.step)
+
+    @classmethod
+    def from_json(cls, obj: Any) -> "CheckpointListing":
+        return decode(cls, obj, what="the checkpoint listing")
+
+
+@dataclass(frozen=True, kw_only=True)
+class BestCheckpoint:
+    """``<checkpoints>/best``, written by the trainer after an evaluation that beat every
+    earlier one: that checkpoint's step, its name and its accept length."""
+
+    step: int
+    name: str = ""
+    accept_len: float | None = None
+
+    @classmethod
+    def from_json(cls, obj: Any) -> "BestCheckpoint":
+        return decode(cls, obj, what="the best checkpoint's record")

@@ -62,6 +62,16 @@ def test_export_user_errors_are_one_line(host_run, capsys):
     rc, _, err = dfo(capsys, host_run["hosts"], "export", "--step", "99", "--to", str(to))
     assert rc != 0 and err.startswith("dfo: error:") and err.count("\n") == 1
     assert not to.exists()
+    best = host_run["root"] / "checkpoints" / "tiny" / "best"
+    kept = best.read_bytes()
+    try:
+        for damaged in (b'{"step": "four"}', b"{not json"):
+            best.write_bytes(damaged)
+            rc, _, err = dfo(capsys, host_run["hosts"], "export", "--step", "best", "--to", str(to))
+            assert rc == 11 and err.count("\n") == 1 and f"{best} cannot be read" in err, err
+            assert "--step N" in err and not to.exists()
+    finally:
+        best.write_bytes(kept)
 
 
 def test_export_to_a_full_disk_is_one_line_and_leaves_nothing(host_run, capsys, tmpfs):  # noqa: F811

@@ -9,7 +9,8 @@ import pytest
 from orchestrator.common.errors import ConfigError, NotFoundError
 from orchestrator.common.launch_argv import SETSID_SCRIPT, attempt_env, start_argv, trainer_argv
 from dfo_contract import trainer_config as tcfg
-from orchestrator.plan.launch_facts import parse_checkpoint_listing, resolve_resume
+from dfo_contract.replies import CheckpointListing
+from orchestrator.plan.launch_facts import resolve_resume
 from orchestrator.plan.launch_inputs import parse_resume, parse_sets
 from orchestrator.plan.probes import launch_probe, parse_launch_probe as parse_probe
 
@@ -52,7 +53,7 @@ LISTING = {"checkpoints": [
 
 
 def test_resolve_resume():
-    lst = parse_checkpoint_listing(LISTING)
+    lst = CheckpointListing.from_json(LISTING).oldest_first()
     assert [c.step for c in lst] == [10, 20, 40]
     assert resolve_resume(parse_resume("latest", ROOT), lst, "/r/ck") == "/r/ck/step_20"
     assert resolve_resume(parse_resume("step_10", ROOT), lst, "/r/ck") == "/r/ck/step_10"

@@ -23,11 +23,14 @@ from pathlib import Path
 from typing import Callable
 
 from dfo_contract.checkpoints import CkptInfo
+from dfo_contract.cache_records import FileDigest
+from dfo_contract.codec import encode
+from dfo_contract.errors import ContractError
+from dfo_contract.replies import BestCheckpoint, CheckpointListing, ExportReply
 from dfo_contract.fsio import human_bytes, replace_dir, sha256_file
 from dfo_contract.trainer_config.layers import parse_engines
 
 from ..common.errors import ConfigError, NotFoundError, RemoteCommandError, VerifyError
-from ..plan.launch_facts import parse_checkpoint_listing
 from ..plan.probes import json_reply
 from .runs import RunOps
 
@@ -44,13 +47,13 @@ class ExportResult:
     local_dir: str
     step: int
     accept_len: float | None
-    files: dict              # name -> {"sha256", "size"}
+    files: dict[str, FileDigest]     # every file written but dfo_export.json
     target_precision: str = "full"   # the target the features came from: full | fp8
 
     def to_json(self) -> dict:
         return {"run_id": self.run_id, "checkpoint": self.checkpoint, "remote_dir": self.remote_dir,
                 "local_dir": self.local_dir, "step": self.step, "accept_len": self.accept_len,
-                "target_precision": self.target_precision, "files": self.files}
+                "target_precision": self.target_precision, "files": encode(self.files)}
 
 
 def parse_step(step: str | None) -> str:
@@ -81,12 +84,11 @@ class ExportOps:
                 return None, [], []
             r.check("listing checkpoints")
         try:
-            obj = json.loads(r.out or "{}")
-            return (obj.get("dir"), parse_checkpoint_listing(obj),
-                    [str(x) for x in obj.get("runs_in_dir") or []])
-        except (ValueError, AttributeError):
+            got = CheckpointListing.from_json(json.loads(r.out or "{}"))
+        except (ValueError, ContractError):
             raise RemoteCommandError(f"listing checkpoints in {ck_dir}: output is not JSON") \
                 from None
+        return got.dir, got.oldest_first(), got.runs_in_dir
 
     def _checkpoint(self, ck_dir: str, run_id: str, step: str) -> str:
         where, infos, others = self._checkpoints(ck_dir, run_id)
@@ -102,13 +104,17 @@ class ExportOps:
             if step == "latest":
                 log.warning("checkpoint %s skipped: %s", c.path, c.reason or "does not verify")
         if step == "best":
+            best_path = posixpath.join(where, "best")
             try:
-                best = json.loads(self.transport.get(posixpath.join(where, "best")).decode())
+                best = BestCheckpoint.from_json(json.loads(self.transport.get(best_path)))
             except NotFoundError:
                 raise NotFoundError(f"no best checkpoint recorded in {where}",
                                     hint="train with --set eval.every=N and data.eval_path, "
                                          "or pass --step N") from None
-            step = str(int(best["step"]))
+            except (ValueError, ContractError) as e:
+                raise NotFoundError(f"the best checkpoint's record {best_path} cannot be read "
+                                    f"({e})", hint="pass --step N (see `dfo status`)") from None
+            step = str(best.step)
         if step == "latest":
             if not valid:
                 raise NotFoundError(f"no valid checkpoint of run {run_id} in {where}",
@@ -149,8 +155,11 @@ class ExportOps:
             last = (r.err.strip().splitlines() or ["(no output)"])[-1]
             raise RemoteCommandError(f"export of {ckpt} failed on {self.host.name}: {last}",
                                      exit_status=r.exit_code)
-        man = json_reply(r.out, "exporting the drafter")
-        files = dict(man["files"])
+        try:
+            man = ExportReply.from_json(json_reply(r.out, "exporting the drafter"))
+        except ContractError as e:
+            raise RemoteCommandError(f"export of {ckpt} on {self.host.name}: {e}") from None
+        files = man.files
         tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         try:
@@ -158,7 +167,7 @@ class ExportOps:
         except OSError as e:
             raise ConfigError(f"--to {dest}: cannot create it here ({e.strerror or e})",
                               hint="give a directory you can write to") from None
-        total = sum(int(m["size"]) for m in files.values())
+        total = sum(m.size for m in files.values())
         done = 0
         fname = dest.name
         try:
@@ -167,11 +176,11 @@ class ExportOps:
                 self.transport.get_file(posixpath.join(remote, fname), local)
                 if fname in files:
                     got = sha256_file(local)
-                    if got != files[fname]["sha256"]:
+                    if got != files[fname].sha256:
                         raise VerifyError(f"{fname}: sha256 {got[:12]} here, "
-                                          f"{files[fname]['sha256'][:12]} on {self.host.name}",
+                                          f"{files[fname].sha256[:12]} on {self.host.name}",
                                           hint="run dfo export again")
-                    done += int(files[fname]["size"])
+                    done += files[fname].size
                 if progress:
                     progress(fname, done, total)
             replace_dir(tmp, dest)
@@ -183,6 +192,6 @@ class ExportOps:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         return ExportResult(run_id=run_id, checkpoint=ckpt, remote_dir=remote, local_dir=str(dest),
-                            step=int(man["step"]), accept_len=man.get("accept_len"), files=files,
-                            target_precision=str(man.get("target_precision") or "full"))
+                            step=man.step, accept_len=man.accept_len, files=files,
+                            target_precision=man.target_precision or "full")
 

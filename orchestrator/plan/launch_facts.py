@@ -222,15 +222,6 @@ def checkpoint_listing(facts: LaunchFacts, ckpt_dir: str) -> list[CkptInfo]:
 
 # --- what a --resume names in the listing -----------------------------------------------
 
-def parse_checkpoint_listing(obj: Any) -> list[CkptInfo]:
-    """``python -m dfo_contract.checkpoints list DIR --json`` output (JSON-decoded: the
-    ``{"checkpoints": [...]}`` object or the list), oldest first."""
-    if isinstance(obj, Mapping):
-        obj = obj.get("checkpoints", [])
-    out = [CkptInfo.from_json(e) for e in obj or [] if isinstance(e, Mapping)]
-    return sorted(out, key=lambda c: c.step)
-
-
 def skipped_by_latest(listing: Sequence[CkptInfo]) -> list[CkptInfo]:
     """The torn/incomplete checkpoints newer than the newest valid one: what ``--resume
     latest`` passes over (each is named in a warning)."""
