@@ -216,3 +216,31 @@ class BestCheckpoint:
     @classmethod
     def from_json(cls, obj: Any) -> "BestCheckpoint":
         return decode(cls, obj, what="the best checkpoint's record")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PartError:
+    """A part of a helper's answer that failed, in its place: ``{"error": why}``."""
+
+    error: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class EnvFacts:
+    """``orchestrator.remote.launch_facts``' ``@dfo-facts`` line: what ``dfo launch`` asks
+    the deployed env's python in its one round trip. Each part is asked for or absent
+    (None); a part that failed is a :class:`PartError` in its place, the others still
+    answer: the env's ``fingerprint.json``, the trainer source's ``{path: sha256}``, the
+    files hashed (``{file: sha256 or null}``), the checkpoints of each dir by manifest, your
+    own trainer's resume glob matches (``[path, mtime]``) and the live compile caches."""
+
+    fingerprint: PartError | dict[str, Any] | None = None
+    source: PartError | dict[str, str] | None = None
+    hashes: dict[str, PartError | str | None] = field(default_factory=dict)
+    checkpoints: dict[str, PartError | list[CkptInfo]] = field(default_factory=dict)
+    glob: PartError | list[tuple[str, float]] | None = None
+    caches: PartError | list[str] | None = None
+
+    @classmethod
+    def from_json(cls, obj: Any) -> "EnvFacts":
+        return decode(cls, obj, what="the env's launch facts")

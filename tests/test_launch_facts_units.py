@@ -31,6 +31,34 @@ def test_sections_parse_into_facts():
     assert f.state.current_name == "cpu-x" and f.state.complete_output
 
 
+def test_the_env_facts_parts_are_typed_and_a_failed_part_stays_in_its_place():
+    from orchestrator.plan.launch_facts import checkpoint_listing
+
+    ck = {"name": "step_4", "step": 4, "path": "/c/step_4", "valid": True, "reason": "",
+          "run": "r-1"}
+    line = {"fingerprint": {"profile": "cpu", "torch": "2.13.0+cpu"},
+            "source": {"error": "FileNotFoundError: trainer"},
+            "hashes": {"/m/config.json": S, "/m/gone.json": None},
+            "checkpoints": {"/c": [ck], "/d": {"error": "PermissionError: /d"}},
+            "glob": [["/o/ck-3.pt", 17.5]], "caches": ["cpu-1"]}
+    f = parse_facts("@section facts\nwarning: a stray line\n@dfo-facts " + json.dumps(line))
+    assert f.answered and f.fingerprint == line["fingerprint"] and f.source_hash is None
+    assert f.file_hash("/m/config.json") == S and f.file_hash("/m/gone.json") is None
+    assert [c.step for c in checkpoint_listing(f, "/c")] == [4]
+    with pytest.raises(ValueError, match="PermissionError: /d"):
+        checkpoint_listing(f, "/d")
+    with pytest.raises(ValueError, match="/e was not listed"):
+        checkpoint_listing(f, "/e")
+    assert f.glob_matches() == [("/o/ck-3.pt", 17.5)] and f.caches == {"cpu-1"}
+    # an answer that does not read is no answer, and says why; so is none at all
+    bad = parse_facts("@section facts\n@dfo-facts " + json.dumps({**line, "glob": "x"}))
+    assert not bad.answered and "'glob'" in bad.py_error and bad.glob_matches() == []
+    with pytest.raises(ValueError, match="'glob'"):
+        checkpoint_listing(bad, "/c")
+    old = parse_facts("@section facts\n/usr/bin/python: No module named orchestrator.remote\n")
+    assert not old.answered and old.py_error.endswith("No module named orchestrator.remote")
+
+
 def test_torn_output_is_not_complete_and_no_record_without_holds():
     f = parse_facts("@section launch\nenv=1\n@section stamp\nstamp\t" + S + "\nholds\t0\n")
     assert not f.complete and f.verified is None and f.state is None and f.launch.env == "1"

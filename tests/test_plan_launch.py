@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from dfo_contract.replies import LaunchProbeReply
+from dfo_contract.replies import EnvFacts, LaunchProbeReply
 from dfo_contract.runspec import Group, Own, ResumeChoice, RunSpec
 from orchestrator.config.hostconfig import HostConfig
 from orchestrator.common.errors import ConfigError, LockHeldError, NotFoundError
@@ -42,7 +42,7 @@ def facts(*, lock="free", owner="", ckpts=(), missing=(), caches=(), systemd="1"
     p.update(py)
     return LaunchFacts(launch=LaunchProbeReply(systemd=systemd, env="1", lock=lock,
                                                lock_owner=owner),
-                       missing=list(missing), py=p, complete=True)
+                       missing=list(missing), py=EnvFacts.from_json(p), complete=True)
 
 
 def inputs(o, full=FULL, sets=None):

@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from dfo_contract.checkpoints import CkptInfo
-from dfo_contract.replies import LaunchProbeReply
+from dfo_contract.errors import ContractError
+from dfo_contract.replies import EnvFacts, LaunchProbeReply, PartError
 from dfo_contract.runspec import ResumeChoice
 
 from ..common.errors import NotFoundError
@@ -89,7 +90,7 @@ class LaunchFacts:
     missing: list[str] = field(default_factory=list)        # config paths that do not exist
     #: commands that are not an executable file (a path) or not found on PATH (a name)
     missing_commands: list[str] = field(default_factory=list)
-    py: dict[str, Any] = field(default_factory=dict)        # orchestrator.remote.launch_facts
+    py: EnvFacts | None = None      # orchestrator.remote.launch_facts (None: no answer)
     py_error: str = ""          # what it printed instead of its answer (an older env?)
     checked: bool = False                                   # the env sections were asked for
     stamp: str = ""
@@ -105,30 +106,37 @@ class LaunchFacts:
     #: set by the env check: the verification record a launch writes (path, bytes)
     record: tuple[str, bytes] | None = None
 
-    def part(self, name: str) -> Any:
-        """A part of the env python's answer; ``{"error": ...}`` when it failed."""
-        if not self.py:
-            return {"error": self.py_error or "the deployed env's python did not answer"}
-        return self.py.get(name)
+    @property
+    def answered(self) -> bool:
+        """The deployed env's python gave its facts (else ``py_error`` says what it printed)."""
+        return self.py is not None
 
     @property
     def fingerprint(self) -> dict[str, Any] | None:
-        fp = self.py.get("fingerprint")
-        return fp if isinstance(fp, dict) and "error" not in fp else None
+        fp = self.py.fingerprint if self.py else None
+        return fp if isinstance(fp, dict) else None
 
     @property
     def source_hash(self) -> str | None:
-        src = self.py.get("source")
-        return source_hash(src) if isinstance(src, dict) and src and "error" not in src else None
+        src = self.py.source if self.py else None
+        return source_hash(src) if isinstance(src, dict) and src else None
 
     def file_hash(self, path: str) -> str | None:
-        h = (self.py.get("hashes") or {}).get(path)
+        h = self.py.hashes.get(path) if self.py else None
         return h if isinstance(h, str) else None
 
     @property
     def caches(self) -> frozenset[str]:
-        c = self.py.get("caches")
+        c = self.py.caches if self.py else None
         return frozenset(c) if isinstance(c, list) else frozenset()
+
+    def glob_matches(self) -> list[tuple[str, float]]:
+        """Your own trainer's resume glob's matches (path, mtime); none when it failed."""
+        g = self.py.glob if self.py else None
+        return list(g) if isinstance(g, list) else []
+
+    def unanswered(self) -> str:
+        return self.py_error or "the deployed env's python did not answer"
 
 
 def facts_argv(req: FactsRequest) -> list[str]:
@@ -193,31 +201,30 @@ def parse_facts(output: str) -> LaunchFacts:
     return f
 
 
-def _py_facts(lines: Sequence[str]) -> tuple[dict[str, Any], str]:
+def _py_facts(lines: Sequence[str]) -> tuple[EnvFacts | None, str]:
     for ln in reversed(lines):
         if ln.startswith(FACTS_MARK):
             try:
-                d = json.loads(ln[len(FACTS_MARK):])
+                return EnvFacts.from_json(json.loads(ln[len(FACTS_MARK):])), ""
+            except ContractError as e:
+                return None, str(e)
             except ValueError:
                 break
-            if isinstance(d, dict):
-                return d, ""
     last = next((ln.strip() for ln in reversed(lines) if ln.strip()), "no output")
-    return {}, last
+    return None, last
 
 
 def checkpoint_listing(facts: LaunchFacts, ckpt_dir: str) -> list[CkptInfo]:
     """The checkpoints of ``ckpt_dir`` by manifest (oldest first); ValueError with the
     host's reason when they could not be listed."""
-    got = facts.part("checkpoints")
-    if not isinstance(got, dict) or ckpt_dir not in got:
-        why = got.get("error") if isinstance(got, dict) else None
-        raise ValueError(str(why or f"{ckpt_dir} was not listed"))
-    entries = got[ckpt_dir]
-    if not isinstance(entries, list):
-        raise ValueError(str(entries.get("error") if isinstance(entries, dict) else entries))
-    return sorted((CkptInfo.from_json(e) for e in entries if isinstance(e, dict)),
-                  key=lambda c: c.step)
+    if facts.py is None:
+        raise ValueError(facts.unanswered())
+    got = facts.py.checkpoints.get(ckpt_dir)
+    if got is None:
+        raise ValueError(f"{ckpt_dir} was not listed")
+    if isinstance(got, PartError):
+        raise ValueError(got.error)
+    return sorted(got, key=lambda c: c.step)
 
 
 # --- what a --resume names in the listing -----------------------------------------------

@@ -207,7 +207,7 @@ def _listing(facts: LaunchFacts, ck_dir: str):
     try:
         return checkpoint_listing(facts, ck_dir)
     except ValueError as e:
-        if not facts.py:
+        if not facts.answered:
             raise DeployError(f"the deployed env cannot answer launch's facts ({e})",
                               hint="run `dfo deploy` to bring the env up to this dfo") from None
         raise RemoteCommandError(f"listing checkpoints in {ck_dir}: {e}") from None
@@ -324,8 +324,7 @@ def _own(inp: LaunchInputs, facts: LaunchFacts, resolved: ResumeChoice | None,
     raise_missing_command(host, own_command(tr.command[0], own_cwd(inp)),
                           facts.missing_commands, own_cwd(inp))
     if resolved is None:
-        matches = facts.part("glob")
-        found = [(str(p), float(m)) for p, m in matches] if isinstance(matches, list) else []
+        found = facts.glob_matches()
         resolved = inp.resume if inp.resume.is_scratch else ResumeChoice.at(own_resume(
             inp.resume.value, tr, own_cwd(inp), found, facts.missing))
     return _Part(config=Config(path=posixpath.join(inp.run_dir, "run-file.yaml")),
