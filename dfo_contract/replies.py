@@ -155,14 +155,24 @@ class WarmupShape:
     seconds: float = 0.0
     counters: dict[str, int] = field(default_factory=dict)
 
+    TOLERANT = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class WarmupReport:
+    """The trainer's warm-up report (``python -m trainer warmup --report FILE``): each
+    compiled shape, the process's compile-counter totals and the whole warm-up's seconds
+    (model building included). The trainer writes more (phases, bypass reasons, ...);
+    those keys are kept in ``extra``. A shape's mistyped field reads as its default."""
+
+    records: list[WarmupShape]
+    totals: dict[str, int] | None = None
+    seconds: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
     @classmethod
-    def from_json(cls, obj: Any) -> "WarmupShape":
-        """A report's record; counters that are not numbers are dropped, the rest made ints."""
-        if isinstance(obj, dict) and isinstance(obj.get("counters"), dict):
-            obj = {**obj, "counters": {k: int(v) for k, v in obj["counters"].items()
-                                       if isinstance(v, (int, float))
-                                       and not isinstance(v, bool)}}
-        return decode(cls, obj, what="a warm-up record", tolerant=True)
+    def from_json(cls, obj: Any) -> "WarmupReport":
+        return decode(cls, obj, what="the trainer's warm-up report")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -40,10 +40,20 @@ def test_parse_report_without_totals_sums_records():
     assert totals["fxgraph_cache_miss"] == 4 and secs == 30.0
 
 
-@pytest.mark.parametrize("bad", ["not json", json.dumps({"nothing": 1}), json.dumps(3)])
+@pytest.mark.parametrize("bad", ["not json", json.dumps({"nothing": 1}), json.dumps(3),
+                                 json.dumps({**REPORT, "records": {"cpu": []}})])
 def test_parse_report_refuses_garbage(bad):
-    with pytest.raises(CacheError):
+    with pytest.raises(CacheError, match="the trainer's warm-up report does not read"):
         parse_report(bad)
+
+
+def test_the_report_keeps_what_it_does_not_read_and_a_mistyped_shape_field_is_its_default():
+    from dfo_contract.replies import WarmupReport
+
+    rep = WarmupReport.from_json({**REPORT, "records": [
+        {**REPORT["records"][0], "seconds": "soon"}, REPORT["records"][1]]})
+    assert [r.seconds for r in rep.records] == [0.0, 9.5]
+    assert rep.extra["buckets"] == [[32, 4], [64, 4]] and rep.extra["torch"] == "2.13.0+cpu"
 
 
 def test_warmup_argv_is_a_list_with_each_override_one_element():

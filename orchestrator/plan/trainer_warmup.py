@@ -7,7 +7,8 @@ import json
 import posixpath
 from typing import Sequence
 
-from dfo_contract.replies import WarmupShape
+from dfo_contract.errors import ContractError
+from dfo_contract.replies import WarmupReport, WarmupShape
 
 from ..common.errors import CacheError
 
@@ -18,38 +19,23 @@ LOCK_CONFLICT = 75
 
 
 def parse_report(data: bytes | str) -> tuple[list[WarmupShape], dict[str, int], float]:
-    """The trainer's warm-up report -> (records, counter totals, total seconds).
-    Records are ``WarmupShape`` (the trainer's trainer.compile.gate.WarmupRecord)."""
+    """The trainer's warm-up report (``WarmupReport``) -> (its shapes, the compile-counter
+    totals: the process's, else the shapes' sum, the warm-up's seconds: the whole
+    warm-up's, else the shapes' sum)."""
     try:
-        rep = json.loads(data)
-    except ValueError:
-        raise CacheError("the trainer's warm-up report is not JSON",
+        rep = WarmupReport.from_json(json.loads(data))
+    except ValueError as e:     # not JSON, or not a report (ContractError)
+        what = str(e) if isinstance(e, ContractError) else "not JSON"
+        raise CacheError(f"the trainer's warm-up report does not read ({what})",
                          hint="check the trainer version in the env (`dfo deploy --check`)") from None
-    recs = None
-    if isinstance(rep, list):
-        recs = rep
-    elif isinstance(rep, dict):
-        for k in ("records", "shapes", "warmup"):
-            if isinstance(rep.get(k), list):
-                recs = rep[k]
-                break
-    if recs is None:
-        raise CacheError("the trainer's warm-up report has no records")
-    records: list[WarmupShape] = []
-    totals: dict[str, int] = {}
-    for r in recs:
-        if not isinstance(r, dict):
-            continue
-        rec = WarmupShape.from_json(r)
-        for k, v in rec.counters.items():
-            totals[k] = totals.get(k, 0) + v
-        records.append(rec)
-    if isinstance(rep, dict) and isinstance(rep.get("totals"), dict):  # process totals
-        totals = {k: int(v) for k, v in rep["totals"].items() if isinstance(v, (int, float))}
-    total_s = sum(r.seconds for r in records)
-    if isinstance(rep, dict) and isinstance(rep.get("seconds"), (int, float)):
-        total_s = float(rep["seconds"])  # the whole warm-up, model building included
-    return records, totals, round(total_s, 3)
+    totals = rep.totals
+    if totals is None:
+        totals = {}
+        for r in rep.records:
+            for k, v in r.counters.items():
+                totals[k] = totals.get(k, 0) + v
+    total_s = rep.seconds if rep.seconds is not None else sum(r.seconds for r in rep.records)
+    return list(rep.records), totals, round(total_s, 3)
 
 
 def warmup_env(cache_dir: str) -> dict[str, str]:
