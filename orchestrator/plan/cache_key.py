@@ -5,8 +5,9 @@ environment and the exact compiled shapes it was built for. The key is a hash of
 named *components*, each a short string, so that a mismatch can be explained one
 component at a time (``torch.version.cuda: snapshot 12.8, env 13.0``):
 
-* every field of the env fingerprint (``<env>/fingerprint.json``, written by deploy)
-  except ``dfo`` (the orchestrator's version does not change compiled code);
+* every field of the env fingerprint (``<env>/fingerprint.json``, written by deploy;
+  ``dfo_contract.env_fingerprint.EnvFingerprint``) except :data:`FINGERPRINT_EXCLUDED`
+  (``dfo``: the orchestrator's version does not change compiled code);
 * ``gpu``: the names and capabilities of the devices the drafter compiles for;
 * ``trainer.source``: a hash of the deployed ``trainer`` and ``dfo_contract`` source files
   (computed in the env by ``orchestrator.remote.source_hash``, see :func:`source_hash_probe`,
