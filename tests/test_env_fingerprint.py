@@ -132,3 +132,25 @@ def test_the_cache_key_components_of_the_stored_fingerprint():
         "trainer_import": "true"}
     assert ck.drafter_gpus(fp, ["cuda:1", "cuda:4", "cpu"]) == \
         "cuda:1=NVIDIA H200 (9.0), cuda:4=unknown, cpu"
+
+
+@pytest.mark.parametrize("content", ["{not json", "[1]", '{"device_count": "two"}'])
+def test_the_cache_store_names_a_damaged_fingerprint_in_one_line(tmp_path, content):
+    from orchestrator.config.host_tree import HostTree
+    from orchestrator.engine.cache_store import CacheStore
+    from orchestrator.transport.local import LocalTransport
+
+    tree = HostTree(str(tmp_path))
+    store = CacheStore(LocalTransport(), tree, "h")
+    with pytest.raises(DeployError, match="no deployed env on h"):
+        store.fingerprint()
+    env = tmp_path / "envs" / "cpu-a"
+    env.mkdir(parents=True)
+    (tmp_path / "envs" / "current").symlink_to("cpu-a")
+    (env / "fingerprint.json").write_text(content)
+    with pytest.raises(DeployError) as e:
+        store.fingerprint()
+    assert str(e.value) == (f"{tree.current_env}/fingerprint.json on h is not valid JSON "
+                            "(redeploy with `dfo deploy`)")
+    (env / "fingerprint.json").write_bytes((FIXTURES / "gpu.json").read_bytes())
+    assert store.fingerprint() == _read("gpu")[1]
