@@ -10,6 +10,7 @@ from typing import Any
 from .cache_records import FileDigest
 from .checkpoints import CkptInfo
 from .codec import decode, encode, opt
+from .env_fingerprint import EnvFingerprint
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -244,7 +245,9 @@ class EnvFacts:
     files hashed (``{file: sha256 or null}``), the checkpoints of each dir by manifest, your
     own trainer's resume glob matches (``[path, mtime]``) and the live compile caches."""
 
-    fingerprint: PartError | dict[str, Any] | None = None
+    #: a fingerprint.json that does not read as one stays its raw object (the launch
+    #: counts it as absent)
+    fingerprint: PartError | EnvFingerprint | dict[str, Any] | None = None
     source: PartError | dict[str, str] | None = None
     hashes: dict[str, PartError | str | None] = field(default_factory=dict)
     checkpoints: dict[str, PartError | list[CkptInfo]] = field(default_factory=dict)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from dfo_contract.env_fingerprint import EnvFingerprint
 from orchestrator.plan import cache_key as ck
 
 FP = {"profile": "cpu", "lock_hash": "a" * 64, "dfo": "0.1.0", "python": "3.11.2",
@@ -30,7 +31,7 @@ CFG = {"model": {"target_path": "/data/target", "drafter_layers": 5, "block_size
 
 
 def key(fp=FP, cfg=CFG, src="s" * 64, target="t" * 64):
-    return ck.compute_key(fp, cfg, trainer_source=src, target_config=target)
+    return ck.compute_key(EnvFingerprint.from_json(fp), cfg, trainer_source=src, target_config=target)
 
 
 def test_compile_gate_is_not_in_the_key():

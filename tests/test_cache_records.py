@@ -18,6 +18,7 @@ from dfo_contract import codec
 from dfo_contract.cache_records import (Adoption, CacheStatusReply, FileDigest, HashDirReply,
                                         HashFileReply, Manifest, ScanReply, ScrubReply,
                                         UnpackReply, WarmupInfo)
+from dfo_contract.env_fingerprint import EnvFingerprint
 from dfo_contract.errors import ContractError
 from orchestrator.common.errors import CacheError
 from orchestrator.plan import provenance as pv
@@ -45,7 +46,7 @@ def test_a_stored_manifest_reads_and_writes_back_byte_for_byte(name):
 
 
 def test_this_dfo_writes_the_stored_bytes_for_the_same_snapshot():
-    fp = {"profile": "cpu", "lock_hash": "f" * 64, "python": "3.11.2", "torch": "2.13.0+cpu"}
+    fp = EnvFingerprint(profile="cpu", lock_hash="f" * 64, python="3.11.2", torch="2.13.0+cpu")
     prov = pv.build_provenance(host="gpu1", machine="gpu1-ct", fingerprint=fp,
                                key="cpu-0123456789abcdef", created=1700000000.5, dfo="0.1.0")
     m = sn.build_manifest("cpu-0123456789abcdef", COMPS, FILES, tar_sha256=HT, tar_size=30720,

@@ -9,6 +9,7 @@ import shutil
 
 import pytest
 
+from dfo_contract.env_fingerprint import EnvFingerprint
 from orchestrator.common.errors import ConfigError, DeployError, LockHeldError
 from orchestrator.plan import deploy_plan as dp
 from orchestrator.config.lockfile import parse_lock
@@ -187,7 +188,7 @@ def test_plan_never_cleans_the_env_current_points_to():
 
 def test_plan_reverify_stays_in_place():
     s = _gen_state(f"{TARGET}.2", TARGET, {TARGET: True, f"{TARGET}.2": True})
-    s.current_fingerprint = {**FP, "torch_cuda": "13.0"}
+    s.current_fingerprint = EnvFingerprint.from_json({**FP, "torch_cuda": "13.0"})
     p = _plan(s)
     assert p.action == "reverify" and p.target == f"{TARGET}.2"
     assert not p.runs("create venv") and not p.runs("install") and not p.runs("switch")

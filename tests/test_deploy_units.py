@@ -10,6 +10,7 @@ import pytest
 
 from orchestrator.common.errors import DeployError
 from orchestrator.plan.drift import diff, parse_freeze
+from dfo_contract.env_fingerprint import EnvFingerprint
 from orchestrator.plan.fingerprint import (PROBE_SCRIPT, build_fingerprint, compare,
                                           fingerprint_changes, matches, parse_probe)
 from orchestrator.config.lockfile import LockError, lock_hash, normalize_name, parse_lock
@@ -97,7 +98,7 @@ def test_mismatch_names_the_field():
           "torch_git": "70d99e998b4955e0049d13a98d77ae1b14db1f45"}
     expect = {"torch": "2.11.0+cu128", "torch_cuda": "12.8", "python": "3.12",
               "torch_git": "70d99e998b4955e0049d13a98d77ae1b14db1f45"}
-    got = [str(m) for m in compare(fp, expect)]
+    got = [str(m) for m in compare(EnvFingerprint.from_json(fp), expect)]
     assert got == ["torch.__version__: expected 2.11.0+cu128, got 2.11.0+cu130",
                    "torch.version.cuda: expected 12.8, got 13.0"]
 
@@ -115,16 +116,17 @@ def test_matches(expected, got, ok):
 
 
 def test_device_expectations_check_every_device():
-    fp = {"devices": [{"index": 0, "name": "NVIDIA H200", "capability": "9.0"},
-                      {"index": 1, "name": "NVIDIA H100", "capability": "9.0"}]}
+    fp = EnvFingerprint.from_json({"devices": [{"index": 0, "name": "NVIDIA H200", "capability": "9.0"},
+                                               {"index": 1, "name": "NVIDIA H100", "capability": "9.0"}]})
     assert compare(fp, {"device_capability": "9.0"}) == []
     (m,) = compare(fp, {"device_names": "*H200"})
     assert str(m) == "torch.cuda.get_device_name(): expected *H200, got [NVIDIA H200, NVIDIA H100]"
-    assert compare({"devices": []}, {"device_names": "*"})  # no device is a mismatch
+    assert compare(EnvFingerprint(devices=[]), {"device_names": "*"})  # no device is a mismatch
 
 
 def test_import_error_is_the_note():
-    fp = {"trainer_import": False, "errors": {"trainer": "ModuleNotFoundError: No module named 'x'"}}
+    fp = EnvFingerprint(trainer_import=False,
+                        errors={"trainer": "ModuleNotFoundError: No module named 'x'"})
     (m,) = compare(fp, {"trainer_import": True})
     assert str(m) == ("import trainer: expected true, got false "
                       "(ModuleNotFoundError: No module named 'x')")
@@ -132,7 +134,7 @@ def test_import_error_is_the_note():
 
 def test_parse_probe_takes_the_marker_line():
     out = "warning: something\n@dfo-probe {\"torch\": \"2.13.0+cpu\"}\n"
-    assert parse_probe(out) == {"torch": "2.13.0+cpu"}
+    assert parse_probe(out) == EnvFingerprint(torch="2.13.0+cpu")
     with pytest.raises(DeployError, match="printed no result: Traceback"):
         parse_probe("Traceback (most recent call last)\n")
 
@@ -143,21 +145,22 @@ def test_probe_script_runs_for_real_in_this_python():
                          timeout=300)
     probe = parse_probe(out.stdout)
     fp = build_fingerprint(probe, profile="cpu", lock_hash="f" * 64)
-    assert list(fp)[:13] == ["profile", "lock_hash", "dfo", "python", "torch", "torch_git",
+    assert list(fp.to_json())[:13] == ["profile", "lock_hash", "dfo", "python", "torch", "torch_git",
                              "torch_cuda", "triton", "cuda_available", "device_count", "devices",
                              "transformers", "trainer_import"]
     import torch
 
-    assert fp["torch"] == torch.__version__
-    assert fp["torch_git"] == torch.version.git_version
-    assert fp["cuda_available"] is False and fp["device_count"] == 0
-    assert fp["python"].startswith("3.")
+    assert fp.torch == torch.__version__
+    assert fp.torch_git == torch.version.git_version
+    assert fp.cuda_available is False and fp.device_count == 0
+    assert fp.python is not None and fp.python.startswith("3.")
 
 
 def test_fingerprint_changes():
     rec = {"torch": "2.11.0+cu128", "torch_cuda": "12.8", "python": "3.12.3"}
     now = {"torch": "2.11.0+cu130", "torch_cuda": "13.0", "python": "3.12.3"}
-    assert [m.field for m in fingerprint_changes(rec, now)] == ["torch", "torch_cuda"]
+    assert [m.field for m in fingerprint_changes(EnvFingerprint.from_json(rec),
+                                                 EnvFingerprint.from_json(now))] == ["torch", "torch_cuda"]
 
 
 # --------------------------------------------------------------------------- drift

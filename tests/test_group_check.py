@@ -7,24 +7,26 @@ import socket
 import subprocess
 import sys
 import threading
+from dataclasses import replace
 
+from dfo_contract.env_fingerprint import EnvFingerprint
 from dfo_contract.replies import PortRecord
 from orchestrator.plan import group_check as gc
 from tests.lab.procs import free_port_pair
 
-FP = {"profile": "cpu", "lock_hash": "a" * 64, "dfo": "0.1.0", "python": "3.11.7",
-      "torch": "2.11.0+cu130", "torch_git": "abc", "torch_cuda": "13.0", "triton": "3.5.0",
-      "transformers": "5.17.0", "device_count": 8}
+FP = EnvFingerprint(profile="cpu", lock_hash="a" * 64, dfo="0.1.0", python="3.11.7",
+                    torch="2.11.0+cu130", torch_git="abc", torch_cuda="13.0", triton="3.5.0",
+                    transformers="5.17.0", device_count=8)
 
 
 def test_envs_agree():
-    other = dict(FP, device_count=2)   # a node with fewer GPUs runs the same env
+    other = replace(FP, device_count=2)   # a node with fewer GPUs runs the same env
     assert gc.env_differences("pair", ["gpu1", "gpu2"], {"gpu1": FP, "gpu2": other}) == []
 
 
 def test_env_difference_names_host_what_and_fix():
     d = gc.env_differences("pair", ["gpu1", "gpu2", "gpu3"],
-                           {"gpu1": FP, "gpu2": dict(FP, torch="2.11.0+cu128", torch_cuda="12.8"),
+                           {"gpu1": FP, "gpu2": replace(FP, torch="2.11.0+cu128", torch_cuda="12.8"),
                             "gpu3": FP})
     assert len(d) == 1 and d[0].host == "gpu2" and d[0].head == "gpu1"
     assert str(d[0]) == ("gpu2's env differs from gpu1's (torch 2.11.0+cu128 vs 2.11.0+cu130; "
@@ -33,7 +35,7 @@ def test_env_difference_names_host_what_and_fix():
 
 
 def test_env_lock_hash_is_shortened():
-    d = gc.env_differences("g", ["a", "b"], {"a": FP, "b": dict(FP, lock_hash="b" * 64)})
+    d = gc.env_differences("g", ["a", "b"], {"a": FP, "b": replace(FP, lock_hash="b" * 64)})
     assert "lock bbbbbbbbbbbb vs aaaaaaaaaaaa" in str(d[0])
 
 

@@ -11,6 +11,7 @@ import shutil
 import pytest
 
 from dfo_contract.checkpoints import write_manifest
+from dfo_contract.env_fingerprint import EnvFingerprint
 from orchestrator.plan.devices import check_devices
 from orchestrator.common.errors import ConfigError
 from tests.supervisor_env import VENV, dfo, hosts_yaml
@@ -65,12 +66,12 @@ def test_the_refusal_to_reuse_a_run_name_names_the_newest_checkpoint(env, capsys
 
 
 def test_device_check_units():
-    fp = {"cuda_available": True, "device_count": 2}
+    fp = EnvFingerprint(cuda_available=True, device_count=2)
     check_devices({"parallel.drafter_devices": ["cuda:1"]}, fp, host="h", source="c")
     check_devices({"parallel.drafter_devices": ["cuda:0"]}, None, host="h", source="c")
     with pytest.raises(ConfigError, match=r"cuda:2, and the deployed env on h sees 2 GPU"):
         check_devices({"parallel.target_devices": ["cuda:0", "cuda:2"]}, fp, host="h",
                       source="c")
     with pytest.raises(ConfigError, match="cuda needs a GPU"):
-        check_devices({"parallel.drafter_devices": ["cuda"]}, {"cuda_available": False},
+        check_devices({"parallel.drafter_devices": ["cuda"]}, EnvFingerprint(cuda_available=False),
                       host="h", source="c")

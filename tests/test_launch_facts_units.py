@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from dfo_contract.env_fingerprint import EnvFingerprint
 from orchestrator.plan.launch_facts import (FactsRequest, facts_argv, parse_facts, parse_record,
                                            record_bytes)
 from orchestrator.plan.init_from import INIT_FROM_SCRIPT
@@ -27,7 +28,7 @@ def test_sections_parse_into_facts():
     assert f.launch.to_json() == {"systemd": "0", "setsid": "0", "env": "1", "lock": "held",
                                   "lock_owner": "r1", "checkpoints": "none"}
     assert f.missing == ["/data/x.jsonl"]
-    assert f.verified.probe == {"torch": "2.13.0+cpu"} and f.verified.freeze == "a==1\n"
+    assert f.verified.probe == EnvFingerprint(torch="2.13.0+cpu") and f.verified.freeze == "a==1\n"
     assert f.state.current_name == "cpu-x" and f.state.complete_output
 
 
@@ -42,7 +43,12 @@ def test_the_env_facts_parts_are_typed_and_a_failed_part_stays_in_its_place():
             "checkpoints": {"/c": [ck], "/d": {"error": "PermissionError: /d"}},
             "glob": [["/o/ck-3.pt", 17.5]], "caches": ["cpu-1"]}
     f = parse_facts("@section facts\nwarning: a stray line\n@dfo-facts " + json.dumps(line))
-    assert f.answered and f.fingerprint == line["fingerprint"] and f.source_hash is None
+    assert f.answered and f.source_hash is None
+    assert f.fingerprint == EnvFingerprint.from_json(line["fingerprint"])
+    # a fingerprint.json that does not read is no fingerprint; the other parts still answer
+    odd = parse_facts("@section facts\n@dfo-facts " + json.dumps(
+        {**line, "fingerprint": {"devices": "none"}}))
+    assert odd.answered and odd.fingerprint is None and odd.caches == {"cpu-1"}
     assert f.file_hash("/m/config.json") == S and f.file_hash("/m/gone.json") is None
     assert [c.step for c in checkpoint_listing(f, "/c")] == [4]
     with pytest.raises(ValueError, match="PermissionError: /d"):
@@ -75,11 +81,11 @@ def test_a_record_that_is_not_ours_is_ignored(text):
 
 
 def test_record_round_trip_and_argv_carries_values_as_parameters():
-    b = record_bytes(S, "12.25", {"torch": "x"}, "a==1\n", "2026-12-01T00:00:00+00:00")
+    b = record_bytes(S, "12.25", EnvFingerprint(torch="x"), "a==1\n", "2026-12-01T00:00:00+00:00")
     r = parse_record(b.decode(), stamp=S)
-    assert r.probe == {"torch": "x"} and r.freeze == "a==1\n" and r.at == "12.25"
+    assert r.probe == EnvFingerprint(torch="x") and r.freeze == "a==1\n" and r.at == "12.25"
     with pytest.raises(ValueError):
-        record_bytes("", "1", {}, "", "now")
+        record_bytes("", "1", EnvFingerprint(), "", "now")
     argv = facts_argv(FactsRequest(root="/r o'ot", run_lock="/r/locks/run.lock",
                                    env_dir="/r/envs/e", python_spec="3.11", wheel="/w.whl",
                                    check=True, paths=["/a b"], ckpt_dirs=["/r/checkpoints/x"],

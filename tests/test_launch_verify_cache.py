@@ -102,7 +102,7 @@ def env(tmp_path, monkeypatch, project_wheel):
     os.symlink(env_dir.name, root / "envs" / "current")
     d = Deployer(t, host, wheel=wheel)
     probe = d.probe.env(str(env_dir))
-    assert probe.get("trainer_import") is True, probe
+    assert probe.trainer_import is True, probe
     d.probe.mark_complete(str(env_dir), build_fingerprint(probe, profile="t", lock_hash=lock_hash(lock)),
                      lock_hash(lock))
     hosts = tmp_path / "hosts.yaml"

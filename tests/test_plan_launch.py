@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from dfo_contract.env_fingerprint import EnvFingerprint
 from dfo_contract.replies import EnvFacts, LaunchProbeReply
 from dfo_contract.runspec import Group, Own, ResumeChoice, RunSpec
 from orchestrator.config.hostconfig import HostConfig
@@ -65,7 +66,7 @@ def test_a_bundled_plan_is_one_runspec_with_its_host_steps():
     assert s.config.base["train.micro_batch"] == 8 and s.trainer.fault == "oom@3"
     assert s.thresholds.train_s == 8.0 and s.thresholds.warmup_s == 900.0
     assert s.resume.checkpoint_dir == "/root/dfo/checkpoints/r" and s.resume.path is None
-    key = ck.compute_key(FP, tcfg.config_from_dict(FULL).to_dict(), trainer_source=ck.source_hash(SRC),
+    key = ck.compute_key(EnvFingerprint.from_json(FP), tcfg.config_from_dict(FULL).to_dict(), trainer_source=ck.source_hash(SRC),
                          target_config="c" * 64).key
     assert s.cache.key == key and s.cache.env["DFO_CACHE_KEY"] == key
     assert s.cache.restore_argv == tuple(p.seed_argvs[-1])

@@ -179,12 +179,15 @@ def test_query_and_stop_replies():
         StopReply(stopped=True)
 
 
+DEV = {"index": 0, "name": UNI, "capability": "9.0"}
+
+
 def test_state_probe_recorded_awkward():
     owner = json.dumps({"run_id": "r-ü", "pid": 7})
     lease = "tokA " + json.dumps({"user": UNI, "machine": "m"}, ensure_ascii=False)
     rec = "\n".join([
         "arch\tx86_64", "uv\tuv 0.9.0 (abc)", f"current\t/r/{UNI}/envs/cpu-a", "previous\t",
-        "target\tincomplete", f"current_fingerprint\t{_b64(json.dumps({'devices': [{'name': UNI}]}))}",
+        "target\tincomplete", f"current_fingerprint\t{_b64(json.dumps({'devices': [DEV]}))}",
         f"current_freeze\t{_b64('torch==2.13.0' + chr(10))}", f"python\t/opt/{UNI}/bin/python3",
         "df_kb\t12345", "wheel\tabsent", "run_lock\theld", f"run_lock_owner\t{_b64(owner)}",
         f"deploy_owner\t{_b64(lease)}", "deploy_owner_age\t-3", "env\tcomplete cpu-a",
@@ -193,7 +196,8 @@ def test_state_probe_recorded_awkward():
 
     s = dp.state_probe(f"/r/{UNI}", "/r/e", "3.11", "/r/w.whl").parse_output(rec)
     assert s.complete_output and s.current_name == "cpu-a" and s.previous_name == ""
-    assert s.current_fingerprint == {"devices": [{"name": UNI}]}
+    assert s.current_fingerprint is not None and s.current_fingerprint.devices[0].name == UNI
+    assert s.current_fingerprint.to_json()["devices"] == [DEV]
     assert s.python == f"/opt/{UNI}/bin/python3" and s.df_kb == 12345
     assert s.run_lock_held and dp.describe_run_lock(s.run_lock_owner) == "run r-ü (pid 7)"
     assert s.deploy_owner == lease and s.deploy_owner_age == -3
@@ -204,6 +208,7 @@ def test_state_probe_recorded_awkward():
 
 def test_env_probe_recorded_awkward():
     from orchestrator.common.errors import DeployError
+    from dfo_contract.env_fingerprint import EnvFingerprint
     from orchestrator.plan import fingerprint as fpm
 
     fp = {"torch": "2.13.0", "devices": [{"index": 0, "name": UNI, "capability": "9.0"}],
@@ -211,9 +216,9 @@ def test_env_probe_recorded_awkward():
     p = fpm.env_probe("/r/envs/x/bin/python")
     assert p.env and p.env["CUDA_MODULE_LOADING"] == "LAZY" and p.argv[1] == "-c"
     out = "noise before\n" + fpm.PROBE_MARK + json.dumps(fp, ensure_ascii=False) + "\n"
-    assert p.parse_output(out, "a warning on stderr\n") == fp
+    assert p.parse_output(out, "a warning on stderr\n") == EnvFingerprint.from_json(fp)
     # the marker on stderr (a python that prints there) still counts
-    assert p.parse_output("", fpm.PROBE_MARK + json.dumps(fp)) == fp
+    assert p.parse_output("", fpm.PROBE_MARK + json.dumps(fp)) == EnvFingerprint.from_json(fp)
     with pytest.raises(DeployError, match="printed no result: ModuleNotFoundError: ü"):
         p.parse_output("", "ModuleNotFoundError: ü\n", 1)
 

@@ -41,7 +41,7 @@ def test_env_probe_as_c_and_as_m():
         r = _run(argv)
         assert r.exit_code == 0, r.stderr
         fp = fpm.env_probe(sys.executable).parse(r)
-        assert fp["trainer_import"] is True and fp["dfo"]
+        assert fp.trainer_import is True and fp.dfo
 
 
 def test_env_probe_source_is_the_module():

@@ -13,6 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from tests.helpers.trainer import make_synth, make_target, tiny_config  # noqa: E402
+from dfo_contract.env_fingerprint import EnvFingerprint  # noqa: E402
 from dfo_contract.exitcodes import TrainerConfigError  # noqa: E402
 
 ON = {"compile.gate": "true", "compile.target": "true"}  # the drafter step stays eager
@@ -103,7 +104,7 @@ def test_compile_cache_key_differs_with_target_compile(tiny, tmp_path):
     from orchestrator.plan import cache_key as ck
 
     target, data, _ = tiny
-    fp = {"profile": "p", "torch": "2.13.0", "cuda_available": False}
+    fp = EnvFingerprint(profile="p", torch="2.13.0", cuda_available=False)
     keys = {}
     for on in (False, True):
         cfg = tiny_config(target, data, str(tmp_path), **{**ON, "compile.target": str(on).lower()})

@@ -12,6 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from tests.helpers.trainer import make_synth, make_target, tiny_config  # noqa: E402
+from dfo_contract.env_fingerprint import EnvFingerprint  # noqa: E402
 from dfo_contract.exitcodes import TrainerConfigError  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -84,7 +85,7 @@ def test_target_fp8_is_a_checked_flag_and_part_of_the_cache_key(tiny, tmp_path):
     target, data, _ = tiny
     with pytest.raises(TrainerConfigError, match="--model.target_fp8: expected true or false"):
         tiny_config(target, data, str(tmp_path), **{"model.target_fp8": "yes please"})
-    fp = {"profile": "p", "torch": "2.13.0", "cuda_available": False}
+    fp = EnvFingerprint(profile="p", torch="2.13.0", cuda_available=False)
     keys = [ck.compute_key(fp, tiny_config(target, data, str(tmp_path), **{
         "model.target_fp8": v}).to_dict(), trainer_source="s") for v in ("false", "true")]
     assert ck.diff_components(keys[0].components, keys[1].components) == [

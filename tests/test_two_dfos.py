@@ -64,7 +64,7 @@ def test_the_env_probe_answers_for_the_env_not_the_working_directory(tmp_path, m
     (other / "dfo-9.9.9.dist-info" / "METADATA").write_text("Name: dfo\nVersion: 9.9.9\n")
     monkeypatch.chdir(other)
     p = subprocess.run(probe_argv(sys.executable), capture_output=True, text=True, timeout=600)
-    assert parse_probe(p.stdout + "\n" + p.stderr)["dfo"] == version("dfo") != "9.9.9"
+    assert parse_probe(p.stdout + "\n" + p.stderr).dfo == version("dfo") != "9.9.9"
 
 
 def test_two_dfos_share_one_host(wheelhouse, tmp_path, monkeypatch):  # noqa: F811

@@ -1,7 +1,8 @@
 """The records that cross a process are read by attribute: state.json's sub-records
 (``dfo_contract.state_records``), the group verdict's parts, the events' evidence lines and
-causes, the replies of ``dfo_contract.replies`` and the compile cache's manifest and helper
-replies (``dfo_contract.cache_records``) are dataclasses, so mypy (tests/test_static_checks.py)
+causes, the replies of ``dfo_contract.replies``, the compile cache's manifest and helper
+replies (``dfo_contract.cache_records``) and the env fingerprint
+(``dfo_contract.env_fingerprint``) are dataclasses, so mypy (tests/test_static_checks.py)
 flags a ``.get("k")`` on one; this AST scan of orchestrator/ and dfo_contract/ also finds a
 string-keyed read (``x["k"]``, ``x.get("k")``) of such a record where mypy cannot see the
 type (an untyped function): on the attribute that holds it (``state.last_checkpoint["step"]``)
@@ -19,7 +20,8 @@ SCANNED = ("orchestrator", "dfo_contract")
 #: ``evidence`` and ``cause``, a snapshot manifest's parts, ...)
 RECORD_ATTRS = {"last_checkpoint", "fallbacks", "throughput_low", "budget", "launch",
                 "exit_info", "fallback", "restart", "records", "evidence", "cause",
-                "provenance", "adopted", "warmup", "sizes", "tar", "snapshots", "live"}
+                "provenance", "adopted", "warmup", "sizes", "tar", "snapshots", "live",
+                "fingerprint", "current_fingerprint"}
 #: where reading a record's raw JSON by key is the decoding itself
 DECODERS = {"dfo_contract/codec.py"}
 
@@ -103,6 +105,10 @@ def test_the_scan_finds_string_keyed_reads_of_records():
                 pass
             return (prov.get("host"), w["cold_s"], m.sizes["total"], m.tar["size"],
                     (m.adopted or {}).get("how"), raw.live[key].get("target"))
+
+        def env(report, state):
+            fp = state.current_fingerprint or {}
+            return report.fingerprint.get("torch"), fp["profile"]
     ''')
     got = [v.split(": ", 1)[1] for v in violations(src, "orchestrator/x.py")]
     assert sorted(got) == sorted(["f.get('step')", "facts.launch.get('lock')", "ck['step']",
@@ -110,7 +116,8 @@ def test_the_scan_finds_string_keyed_reads_of_records():
                                   "tb.exit_info['exit']", "prov.get('host')", "w['cold_s']",
                                   "m.sizes['total']", "m.tar['size']",
                                   "(m.adopted or {}).get('how')",
-                                  "raw.live[key].get('target')"]), got
+                                  "raw.live[key].get('target')",
+                                  "report.fingerprint.get('torch')", "fp['profile']"]), got
 
 
 def test_the_scan_leaves_attribute_reads_and_other_dicts_alone():

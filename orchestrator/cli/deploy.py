@@ -110,12 +110,12 @@ def deploy(app, host_name, check, rollback, force, profile, find_links, group_na
         else:
             out.print(f"[green]{report.action}[/] {host.name}: {_esc(report.message)} "
                       f"[dim]({report.total_seconds:.2f}s)[/]")
-            fp = report.fingerprint or {}
-            if fp and not as_json and report.action != "noop":
+            fp = report.fingerprint
+            if fp is not None and not as_json and report.action != "noop":
                 t = Table(show_header=False, box=None, padding=(0, 2))
-                for k in ("python", "torch", "torch_cuda", "transformers", "dfo"):
-                    if k in fp:
-                        t.add_row(k, str(fp[k]))
+                for k, v in (("python", fp.python), ("torch", fp.torch), ("torch_cuda", fp.torch_cuda),
+                             ("transformers", fp.transformers), ("dfo", fp.dfo)):
+                    t.add_row(k, str(v))
                 out.print(t)
     if check and not report.ok and report.dfo_only:
         raise DriftError(f"{host.name}: envs/current has another dfo's wheel "
@@ -136,8 +136,8 @@ def _figures(r) -> str:
     """A member's key figures for the summary table."""
     if r is None:
         return ""
-    fp = r.fingerprint or {}
-    torch = f", torch {fp['torch']}" if fp.get("torch") else ""
+    fp = r.fingerprint
+    torch = f", torch {fp.torch}" if fp is not None and fp.torch else ""
     if r.action == "check":
         return (f"matches its lock ({r.env})" if r.ok else
                 f"drift: {len(r.drift)} difference(s)") + torch

@@ -111,7 +111,7 @@ def _check_figures(f) -> str:
     if c.disk:
         parts.append(f"{_gib(c.disk.free_bytes)} free")
     fp = f.fingerprint
-    parts.append(f"env {fp.get('profile')} torch {fp.get('torch')}" if fp else "no env deployed")
+    parts.append(f"env {fp.profile} torch {fp.torch}" if fp else "no env deployed")
     parts += [f"problem: {p}" for p in c.problems]
     return ", ".join(parts)
 

@@ -157,7 +157,7 @@ def _key_without_config(mgr: CacheManager, req: WarmCacheRequest):
     comps.update(ck.fingerprint_components(fp))
     comps["trainer.source"] = mgr.trainer_source()
     comps = dict(sorted(comps.items()))
-    return ck.CacheKey(key=ck.key_of(comps, profile=str(fp.get("profile") or "env")),
+    return ck.CacheKey(key=ck.key_of(comps, profile=fp.profile or "env"),
                        components=comps)
 
 

@@ -8,16 +8,17 @@ Every remote command is an argv list (``test``, ``readlink``, ``mv``, ``ln``, ``
 
 from __future__ import annotations
 
-import json
 import posixpath
 import secrets
 import time
-from typing import Any, Sequence, TypeVar
+from typing import Sequence, TypeVar
 
 from dfo_contract.cache_records import HostnameReply, Manifest
+from dfo_contract.env_fingerprint import EnvFingerprint
 
 from ..common.errors import DeployError, NotFoundError, RemoteCommandError
 from ..plan import snapshot as sn
+from ..plan.fingerprint import parse_fingerprint
 from ..config.host_tree import HostTree
 from ..transport.base import Transport
 
@@ -56,7 +57,7 @@ class CacheStore:
                                           HostnameReply).hostname if r.ok else ""
         return self._machine or None
 
-    def fingerprint(self) -> dict[str, Any]:
+    def fingerprint(self) -> EnvFingerprint:
         """envs/current's fingerprint.json (DeployError when no env is deployed)."""
         path = posixpath.join(self.tree.current_env, "fingerprint.json")
         try:
@@ -65,12 +66,10 @@ class CacheStore:
             raise DeployError(f"no deployed env on {self.host} ({path} missing)",
                               hint="run `dfo deploy` first") from None
         try:
-            fp = json.loads(data)
-            assert isinstance(fp, dict)
-        except (ValueError, AssertionError):
+            return parse_fingerprint(data)
+        except ValueError:
             raise DeployError(f"{path} on {self.host} is not valid JSON",
                               hint="redeploy with `dfo deploy`") from None
-        return fp
 
     # -- small remote steps ----------------------------------------------------------------
     def run(self, argv: Sequence[str], what: str, **kw) -> str:

@@ -27,6 +27,7 @@ from typing import Any, Sequence
 
 from dfo_contract.cache_records import (CacheStatusReply, FileDigest, HashFileReply, Manifest,
                                         ScanReply, ScrubReply, UnpackReply, WarmupInfo)
+from dfo_contract.env_fingerprint import EnvFingerprint
 from dfo_contract.fsio import atomic_write_bytes, sha256_file
 from dfo_contract.trainer_config import TrainerConfig
 
@@ -83,7 +84,7 @@ class CacheManager:
                      trusted_sources=self._trusted_sources, trust_other_hosts=trust_other_hosts)
 
     # -- the key -----------------------------------------------------------------------------
-    def fingerprint(self) -> dict[str, Any]:
+    def fingerprint(self) -> EnvFingerprint:
         """envs/current's fingerprint.json, the key's first part."""
         return self.store.fingerprint()
 

@@ -22,7 +22,9 @@ import os
 import posixpath
 import subprocess
 from pathlib import Path
-from typing import Any
+
+from dfo_contract.env_fingerprint import EnvFingerprint
+
 
 from ..config.profiles import Profile, load_profile
 from ..common.errors import DeployError, DfoError
@@ -246,5 +248,5 @@ class Deployer:
         }.get(plan.action, plan.action)
         return self._finish(report, fp)
 
-    def _finish(self, report: DeployReport, fp: dict[str, Any] | None) -> DeployReport:
+    def _finish(self, report: DeployReport, fp: EnvFingerprint | None) -> DeployReport:
         return finish(report, self.clock, fp, env_bytes=self._env_bytes)

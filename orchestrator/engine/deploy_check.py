@@ -10,7 +10,10 @@ import datetime as _dt
 import logging
 import posixpath
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
+
+from dfo_contract.env_fingerprint import EnvFingerprint
+
 
 from ..config.profiles import Profile
 from ..common.errors import DeployError, RemoteCommandError
@@ -68,7 +71,7 @@ class DeployChecks:
                           f"{len(report.drift)} difference(s) from the lock")
         return finish(report, self.clock, report.fingerprint)
 
-    def _timed_probe(self, env_dir: str) -> dict[str, Any]:
+    def _timed_probe(self, env_dir: str) -> EnvFingerprint:
         tv = self.clock.begin("verify", "probe envs/current")
         try:
             return self.probe.env(env_dir)
@@ -76,7 +79,7 @@ class DeployChecks:
             self.clock.end("verify", tv, "probe of envs/current")
 
     def _drift_lines(self, state: dp.RemoteState, lock, target: str,
-                     probe: Callable[[], dict[str, Any]]) -> list[str]:
+                     probe: Callable[[], EnvFingerprint]) -> list[str]:
         """Every way envs/current differs from its lock, marker, fingerprint and the
         profile's ``expect:`` (``probe`` gives the env probe's answer: run now, or recorded)."""
         lines: list[str] = []
@@ -94,7 +97,7 @@ class DeployChecks:
         else:
             lines += dp.current_drift(state, lock, self.probe.wheel_remote()).lines()
         recorded = state.current_fingerprint
-        if not recorded:
+        if recorded is None:
             lines.append(f"{state.current_name} has no fingerprint.json")
         else:
             try:
@@ -124,13 +127,13 @@ class DeployChecks:
             state.current_freeze = rec.freeze
         report = DeployReport(self.probe.host.name, self.probe.profile.name,
                               _shown(state, target), "check")
-        probed: dict[str, Any] = {}
+        probed: list[EnvFingerprint] = []
 
-        def probe() -> dict[str, Any]:
+        def probe() -> EnvFingerprint:
             if rec is not None:
                 return rec.probe
-            probed.update(parse_probe((facts.probe_text or "") + "\n"))
-            return probed
+            probed.append(parse_probe((facts.probe_text or "") + "\n"))
+            return probed[-1]
 
         lines = self._drift_lines(state, lock, target, probe)
         report.drift = list(dict.fromkeys(lines))  # each line once, in order
@@ -140,7 +143,7 @@ class DeployChecks:
         report.fingerprint = state.current_fingerprint or None
         record = None
         if report.ok and probed and facts.stamp and state.current_freeze is not None:
-            record = self._verified_record(facts, probed, state.current_freeze)
+            record = self._verified_record(facts, probed[-1], state.current_freeze)
         report.message = ("envs/current matches its lock and fingerprint"
                           + (" (recorded verification)" if report.cached else "")
                           if report.ok else f"{len(report.drift)} difference(s) from the lock")
@@ -182,7 +185,7 @@ class DeployChecks:
             self.lease.release()
         return posixpath.basename(self.probe.wheel_remote())
 
-    def _verified_record(self, facts: LaunchFacts, probe: dict[str, Any],
+    def _verified_record(self, facts: LaunchFacts, probe: EnvFingerprint,
                          freeze: str) -> tuple[str, bytes] | None:
         when = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
         try:
@@ -206,12 +209,12 @@ class DeployChecks:
         self.lease.acquire(state)
         try:
             recorded = self.probe.recorded_fingerprint(prev_dir)
-            report.profile = str(recorded.get("profile") or "?")
+            report.profile = recorded.profile or "?"
             for s in ("push uv", "push wheel", "create venv", "install"):
                 self.clock.skip(s, "not needed")
             prof = Profile(name=report.profile, directory=Path("."), python="", lock_file=Path("."),
                            lock_sha256=None, sources=self.probe.profile.sources, expect={})
-            fp = self.probe.verify(prev_dir, str(recorded.get("lock_hash") or ""),
+            fp = self.probe.verify(prev_dir, recorded.lock_hash,
                                    profile=prof, recorded=recorded,
                                    keep=state.current_name or "none")
             fp = recorded  # unchanged: the probe matched what was recorded

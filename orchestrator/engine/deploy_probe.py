@@ -10,14 +10,16 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import posixpath
-from typing import Any
+
+from dfo_contract.env_fingerprint import EnvFingerprint
+
 
 from .. import __version__
 from ..config.profiles import Profile
 from ..common.errors import DeployError, NotFoundError, RemoteCommandError, VerifyError
 from ..plan import deploy_plan as dp
 from ..plan.fingerprint import (Mismatch, build_fingerprint, compare, fingerprint_changes,
-                                fingerprint_json, parse_probe, probe_argv)
+                                fingerprint_json, parse_fingerprint, parse_probe, probe_argv)
 from .stages import StageClock
 from .wheel import ProjectWheel, build as build_wheel
 
@@ -74,37 +76,34 @@ class DeployProbe:
                               hint="make a profile for that platform (docs/deploy.md)")
         return state
 
-    def env(self, env_dir: str) -> dict[str, Any]:
+    def env(self, env_dir: str) -> EnvFingerprint:
         """The env probe's answer: what ``env_dir``'s python imports (versions, devices)."""
         py = posixpath.join(env_dir, "bin", "python")
         r = self.transport.run(probe_argv(py), timeout=PROBE_TIMEOUT,
                                env={"PYTHONDONTWRITEBYTECODE": "1", "CUDA_MODULE_LOADING": "LAZY"})
         return parse_probe(r.out + "\n" + r.err)
 
-    def recorded_fingerprint(self, env_dir: str) -> dict[str, Any]:
+    def recorded_fingerprint(self, env_dir: str) -> EnvFingerprint:
         """``env_dir``'s fingerprint.json, for a rollback to it (DeployError when it has
         none readable)."""
         name = posixpath.basename(env_dir)
         try:
-            recorded = json.loads(self.transport.get(posixpath.join(env_dir, dp.FINGERPRINT_FILE)))
-            if not isinstance(recorded, dict):
-                raise ValueError("not a JSON object")
+            return parse_fingerprint(self.transport.get(posixpath.join(env_dir, dp.FINGERPRINT_FILE)))
         except (NotFoundError, RemoteCommandError, ValueError) as e:
             raise DeployError(f"the previous env {name} has no readable fingerprint: {e}",
                               hint="deploy again to build a good env") from None
-        return recorded
 
     # ------------------------------------------------------------------ judging and recording
     def verify(self, env_dir: str, lock_sha: str, *, profile: Profile | None = None,
-               recorded: dict[str, Any] | None = None, keep: str = "") -> dict[str, Any]:
+               recorded: EnvFingerprint | None = None, keep: str = "") -> EnvFingerprint:
         """Probe ``env_dir`` and compare it with the profile's ``expect:`` and dfo's wheel
         (or with ``recorded``, its fingerprint); its fingerprint, or VerifyError."""
         prof = profile or self.profile
         t = self.clock.begin("verify", posixpath.basename(env_dir))
         probe = self.env(env_dir)
         mism: list[Mismatch] = compare(probe, prof.expect)
-        if recorded is None and probe.get("dfo") != self.wheel().version:
-            mism.append(Mismatch("dfo", self.wheel().version, probe.get("dfo")))
+        if recorded is None and probe.dfo != self.wheel().version:
+            mism.append(Mismatch("dfo", self.wheel().version, probe.dfo))
         if recorded is not None:
             mism += fingerprint_changes(recorded, probe)
         if mism:
@@ -114,10 +113,10 @@ class DeployProbe:
                               f"{self.host.name} failed: " + "; ".join(map(str, mism)),
                               hint=kept)
         fp = build_fingerprint(probe, profile=prof.name, lock_hash=lock_sha)
-        self.clock.end("verify", t, f"torch {fp.get('torch')}, transformers {fp.get('transformers')}")
+        self.clock.end("verify", t, f"torch {fp.torch}, transformers {fp.transformers}")
         return fp
 
-    def mark_complete(self, env_dir: str, fp: dict[str, Any], lock_sha: str) -> None:
+    def mark_complete(self, env_dir: str, fp: EnvFingerprint, lock_sha: str) -> None:
         """Write ``env_dir``'s fingerprint.json, then ``.dfo-complete`` (last: a good env)."""
         w = self.wheel()
         self.transport.put(fingerprint_json(fp), posixpath.join(env_dir, dp.FINGERPRINT_FILE),

@@ -14,12 +14,14 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from dfo_contract.env_fingerprint import EnvFingerprint
 from dfo_contract.replies import PortRecord
 
 from ..config.hostconfig import GroupConfig, HostConfig
 from ..common.errors import DfoError, NotFoundError, RemoteCommandError
 from ..plan import group_check as gc
 from ..plan.deploy_plan import FINGERPRINT_FILE
+from ..plan.fingerprint import parse_fingerprint
 from ..plan.probes import HostCheck
 from ..transport import Transport
 from .group import HostOutcome, for_each_host, worst_exit
@@ -111,7 +113,7 @@ class MemberFacts:
     """One member as ``dfo hosts check --group`` found it."""
 
     check: HostCheck
-    fingerprint: dict[str, Any] | None = None   # envs/current/fingerprint.json (None: no env)
+    fingerprint: EnvFingerprint | None = None   # envs/current/fingerprint.json (None: no env)
     python: str | None = None                   # the interpreter the port probe runs with
 
 
@@ -142,23 +144,22 @@ class GroupCheck:
                 "ok": self.exit_code == 0, "exit_code": self.exit_code,
                 "hosts": [{"host": o.host, "ok": o.ok, "error": o.error, "exit_code": o.exit_code,
                            "check": o.value.check.to_json() if o.value else None,
-                           "fingerprint": o.value.fingerprint if o.value else None}
+                           "fingerprint": (o.value.fingerprint.to_json()
+                                           if o.value and o.value.fingerprint else None)}
                           for o in self.members],
                 "env_differences": [d.to_json() for d in self.env],
                 "reach": [r.to_json() for r in self.reach],
                 "problems": self.problems}
 
 
-def read_fingerprint(t: Transport, host: HostConfig) -> dict[str, Any] | None:
-    """``envs/current/fingerprint.json`` of ``host`` (None: no env deployed there)."""
-    import json
-
+def read_fingerprint(t: Transport, host: HostConfig) -> EnvFingerprint | None:
+    """``envs/current/fingerprint.json`` of ``host`` (None: no env deployed there, or none
+    that reads)."""
     path = posixpath.join(host.tree.current_env, FINGERPRINT_FILE)
     try:
-        data = json.loads(t.get(path))
+        return parse_fingerprint(t.get(path))
     except (NotFoundError, RemoteCommandError, ValueError):
         return None
-    return data if isinstance(data, dict) else None
 
 
 def check_group(group: GroupConfig, hosts: Sequence[HostConfig], transport_for: TransportFor, *,
@@ -190,7 +191,7 @@ def check_group(group: GroupConfig, hosts: Sequence[HostConfig], transport_for: 
     res.env = gc.env_differences(group.name, names, {h: f.fingerprint for h, f in facts.items()})
     res.env += gc.profile_differences(
         group.name, names, {h.name: h.profile for h in hosts},
-        {h: (f.fingerprint or {}).get("profile") for h, f in facts.items()})
+        {h: f.fingerprint.profile if f.fingerprint else None for h, f in facts.items()})
     head = hosts[0]
     if head.name in facts and facts[head.name].python:
         peers = [h for h in hosts[1:] if h.name in facts and facts[h.name].python]

@@ -10,6 +10,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable
 
+from dfo_contract.env_fingerprint import EnvFingerprint
+
 from ..plan.deploy_plan import STAGES
 
 log = logging.getLogger("dfo")
@@ -33,7 +35,7 @@ class DeployReport:
     action: str
     message: str = ""
     stages: list[StageResult] = field(default_factory=list)
-    fingerprint: dict[str, Any] | None = None
+    fingerprint: EnvFingerprint | None = None
     drift: list[str] = field(default_factory=list)
     total_seconds: float = 0.0
     ok: bool = True
@@ -44,6 +46,7 @@ class DeployReport:
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["stages"] = [asdict(s) for s in self.stages]
+        d["fingerprint"] = self.fingerprint.to_json() if self.fingerprint is not None else None
         return d
 
 
@@ -94,7 +97,7 @@ class StageClock:
         return round(time.monotonic() - self.t0, 3)
 
 
-def finish(report: DeployReport, clock: StageClock, fp: dict[str, Any] | None, *,
+def finish(report: DeployReport, clock: StageClock, fp: EnvFingerprint | None, *,
            env_bytes: int | None = None) -> DeployReport:
     """``report`` completed: the env's fingerprint and size, each stage's time, the total."""
     report.fingerprint = fp

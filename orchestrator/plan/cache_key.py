@@ -5,8 +5,9 @@ environment and the exact compiled shapes it was built for. The key is a hash of
 named *components*, each a short string, so that a mismatch can be explained one
 component at a time (``torch.version.cuda: snapshot 12.8, env 13.0``):
 
-* every field of the env fingerprint (``<env>/fingerprint.json``, written by deploy)
-  except ``dfo`` (the orchestrator's version does not change compiled code);
+* every field of the env fingerprint (``<env>/fingerprint.json``, written by deploy;
+  ``dfo_contract.env_fingerprint.EnvFingerprint``) except :data:`FINGERPRINT_EXCLUDED`
+  (``dfo``: the orchestrator's version does not change compiled code);
 * ``gpu``: the names and capabilities of the devices the drafter compiles for;
 * ``trainer.source``: a hash of the deployed ``trainer`` and ``dfo_contract`` source files
   (computed in the env by ``orchestrator.remote.source_hash``, see :func:`source_hash_probe`,
@@ -26,8 +27,9 @@ import json
 import posixpath
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Union
+from typing import Any, Callable, Iterable, Mapping, Sequence, Union
 
+from dfo_contract.env_fingerprint import EnvFingerprint, GpuDevice
 from dfo_contract.fsio import sha256_bytes
 from dfo_contract.markers import last_json_line
 from dfo_contract.trainer_config import TrainerConfig
@@ -83,25 +85,22 @@ COMPILE_FIELDS: tuple[str, ...] = (
 _NOT_COMPILED = re.compile(r"(path|dir|spec|seed)$|^(gate|gate_timeout|log.*|init_from)$")
 
 
-def render_devices(devices: Iterable[Mapping[str, Any]] | None) -> str:
+def render_devices(devices: Sequence[GpuDevice]) -> str:
     if not devices:
         return "none"
-    parts = []
-    for d in devices:
-        name = d.get("name", "?")
-        cap = d.get("capability")
-        parts.append(f"{d.get('index', '?')}:{name}" + (f" ({cap})" if cap else ""))
-    return ", ".join(parts)
+    return ", ".join(f"{d.index}:{d.name}" + (f" ({d.capability})" if d.capability else "")
+                     for d in devices)
 
 
-def fingerprint_components(fingerprint: Mapping[str, Any]) -> dict[str, str]:
-    """Components from the env fingerprint: every field but ``dfo``."""
+def fingerprint_components(fingerprint: EnvFingerprint) -> dict[str, str]:
+    """Components from the env fingerprint: every field of its JSON object (keys the record
+    does not know included, as ``fingerprint.<key>``) but :data:`FINGERPRINT_EXCLUDED`."""
     out: dict[str, str] = {}
-    for field, value in fingerprint.items():
+    for field, value in fingerprint.to_json().items():
         if field in FINGERPRINT_EXCLUDED:
             continue
         name = FINGERPRINT_NAMES.get(field, f"fingerprint.{field}")
-        out[name] = render_devices(value) if field == "devices" else render(value)
+        out[name] = render_devices(fingerprint.devices) if field == "devices" else render(value)
     return out
 
 
@@ -155,16 +154,15 @@ def compile_config(config: AnyConfig) -> dict[str, str]:
     return out
 
 
-def drafter_gpus(fingerprint: Mapping[str, Any], drafter_devices: Iterable[str] | None) -> str:
+def drafter_gpus(fingerprint: EnvFingerprint, drafter_devices: Iterable[str] | None) -> str:
     """Names (and capability) of the devices the drafter compiles for, e.g.
     ``cuda:0=NVIDIA H200 (9.0)``; ``cpu`` for CPU devices. A device index the
     fingerprint does not list is named ``unknown`` (its cache would be a guess)."""
-    devices = {int(d.get("index", -1)): d for d in fingerprint.get("devices") or []
-               if isinstance(d, Mapping)}
+    devices = {d.index: d for d in fingerprint.devices}
     parts = []
     names = [str(d) for d in drafter_devices or ["auto"]]
     if "auto" in names:  # the trainer picks: every GPU the env sees, else the CPU
-        names = [f"cuda:{i}" for i in sorted(devices)] if fingerprint.get("cuda_available") and devices \
+        names = [f"cuda:{i}" for i in sorted(devices)] if fingerprint.cuda_available and devices \
             else ["cpu"]
     for dev in names:
         if dev.startswith("cuda"):
@@ -173,8 +171,7 @@ def drafter_gpus(fingerprint: Mapping[str, Any], drafter_devices: Iterable[str] 
             if d is None:
                 parts.append(f"{dev}=unknown")
             else:
-                cap = d.get("capability")
-                parts.append(f"{dev}={d.get('name', '?')}" + (f" ({cap})" if cap else ""))
+                parts.append(f"{dev}={d.name}" + (f" ({d.capability})" if d.capability else ""))
         else:
             parts.append(dev)
     return ", ".join(parts)
@@ -231,7 +228,7 @@ def key_of(components: Mapping[str, str], *, profile: str | None = None) -> str:
 
 
 def compute_key(
-    fingerprint: Mapping[str, Any],
+    fingerprint: EnvFingerprint,
     config: AnyConfig,
     *,
     trainer_source: str,
@@ -248,7 +245,7 @@ def compute_key(
     comps["trainer.source"] = trainer_source
     comps["target.config"] = target_config or "none"
     comps = dict(sorted(comps.items()))
-    return CacheKey(key=key_of(comps, profile=str(fingerprint.get("profile") or "env")),
+    return CacheKey(key=key_of(comps, profile=fingerprint.profile or "env"),
                     components=comps)
 
 
@@ -258,7 +255,7 @@ def target_config_path(cfg: TrainerConfig) -> str | None:
     return posixpath.join(target, "config.json") if target else None
 
 
-def config_key(fingerprint: Mapping[str, Any], cfg: TrainerConfig, *, trainer_source: str,
+def config_key(fingerprint: EnvFingerprint, cfg: TrainerConfig, *, trainer_source: str,
                file_hash: Callable[[str], str | None]) -> CacheKey:
     """The cache key of ``cfg``, the trainer's config in force (``model.init_from``'s
     settings applied: ``plan.init_from.effective``), as ``dfo launch`` and ``dfo warm-cache``

@@ -32,11 +32,12 @@ import posixpath
 from dataclasses import dataclass, field
 from typing import Any
 
+from dfo_contract.env_fingerprint import EnvFingerprint
 from dfo_contract.replies import LeaseHolder
 
 from ..common.errors import LockHeldError
 from .drift import Drift, Installed, diff, parse_freeze
-from .fingerprint import Mismatch, compare
+from .fingerprint import Mismatch, compare, parse_fingerprint
 from ..config.host_tree import env_generation, generation_name
 from ..config.lockfile import Lock
 from .probes import Output, Probe, text
@@ -91,6 +92,14 @@ def _json(v: str) -> dict[str, Any] | None:
     return d if isinstance(d, dict) else None
 
 
+def _fingerprint(v: str) -> EnvFingerprint | None:
+    """fingerprint.json's record (None: it does not read)."""
+    try:
+        return parse_fingerprint(v)
+    except ValueError:
+        return None
+
+
 @dataclass
 class RemoteState:
     arch: str = ""
@@ -99,7 +108,7 @@ class RemoteState:
     previous: str = ""
     target: str = "absent"           # complete | incomplete | absent
     current_marker: dict[str, Any] | None = None
-    current_fingerprint: dict[str, Any] | None = None
+    current_fingerprint: EnvFingerprint | None = None
     current_freeze: str | None = None
     python: str = ""                 # interpreter path found for the profile ("" none)
     df_kb: int | None = None
@@ -149,7 +158,7 @@ def parse_state(output: str) -> RemoteState:
         elif key == "current_marker":
             s.current_marker = _json(decode_b64(val))
         elif key == "current_fingerprint":
-            s.current_fingerprint = _json(decode_b64(val))
+            s.current_fingerprint = _fingerprint(decode_b64(val))
         elif key == "current_freeze":
             s.current_freeze = decode_b64(val)
         elif key == "python":
@@ -320,8 +329,8 @@ def make_plan(state: RemoteState, *, target: str, lock: Lock, expect: dict[str, 
     if is_current:
         drift = current_drift(state, lock, wheel_remote)
         marker = state.current_marker or {}
-        fp = state.current_fingerprint or {}
-        mism = compare(fp, expect) if fp else []
+        fp = state.current_fingerprint
+        mism = compare(fp, expect) if fp is not None else []
         marker_ok = marker.get("lock_hash") == lock.sha256
         if force:
             return rebuild("repair", "reinstall (--force), new env", drift, mism)

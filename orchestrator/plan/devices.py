@@ -7,22 +7,23 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping
 
+from dfo_contract.env_fingerprint import EnvFingerprint
+
 from ..common.errors import ConfigError
 
 DEVICE_KEYS = ("parallel.drafter_devices", "parallel.target_devices")
 _CUDA = re.compile(r"^cuda(?::(\d+))?$")
 
 
-def check_devices(flat: Mapping[str, Any], fingerprint: Mapping[str, Any] | None, *,
+def check_devices(flat: Mapping[str, Any], fingerprint: EnvFingerprint | None, *,
                   host: str, source: str) -> None:
     """ConfigError naming the first ``cuda[:N]`` device of ``flat`` that the host's env
     (its ``fingerprint.json``: ``cuda_available``, ``device_count``) cannot give. Nothing
     is refused when the fingerprint is unknown."""
-    if not fingerprint or "cuda_available" not in fingerprint:
+    if fingerprint is None:
         return
-    has_cuda = bool(fingerprint.get("cuda_available"))
-    count = fingerprint.get("device_count")
-    count = count if isinstance(count, int) and not isinstance(count, bool) else None
+    has_cuda = bool(fingerprint.cuda_available)
+    count = fingerprint.device_count
     for key in DEVICE_KEYS:
         devs = flat.get(key)
         for d in devs if isinstance(devs, (list, tuple)) else ():

@@ -1,8 +1,9 @@
 """The env probe (an argv plus a pure parser) and the comparison with a profile (pure).
 
 The probe (``orchestrator/remote/env_probe.py``, :func:`env_probe`) runs *inside* an env's
-interpreter: ``<env>/bin/python -c PROBE_SCRIPT``. It prints one line ``@dfo-probe {json}``. ``parse_probe`` turns the output into the
-fingerprint fields (docs/contracts.md); ``compare`` checks them against a profile's
+interpreter: ``<env>/bin/python -c PROBE_SCRIPT``. It prints one line ``@dfo-probe {json}``.
+``parse_probe`` reads the output into a :class:`~dfo_contract.env_fingerprint.EnvFingerprint`
+(docs/contracts.md); ``compare`` checks it against a profile's
 ``expect:`` mapping and returns mismatches named by the field a person knows, e.g.
 ``torch.version.cuda: expected 12.8, got 13.0``.
 
@@ -21,6 +22,9 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from dfo_contract.env_fingerprint import FINGERPRINT_FIELDS, EnvFingerprint
+from dfo_contract.errors import ContractError
+
 from ..common.errors import DeployError
 from ..config.profiles import EXPECT_FIELDS
 from .probes import Probe, text
@@ -37,26 +41,22 @@ PROBE_TIMEOUT = 600.0
 PROBE_ENV = {"PYTHONDONTWRITEBYTECODE": "1", "CUDA_MODULE_LOADING": "LAZY"}
 
 
-#: the fields of fingerprint.json, in order (docs/contracts.md)
-FINGERPRINT_FIELDS = ("profile", "lock_hash", "dfo", "python", "torch", "torch_git", "torch_cuda",
-                      "triton", "cuda_available", "device_count", "devices", "transformers",
-                      "trainer_import", "gpu_smoke")
-
-
 def probe_argv(python: str) -> list[str]:
     """The argv that probes the env whose interpreter is ``python``."""
     return [python, "-c", PROBE_SCRIPT]
 
 
-def env_probe(python: str, *, timeout: float = PROBE_TIMEOUT) -> Probe[dict[str, Any]]:
+def env_probe(python: str, *, timeout: float = PROBE_TIMEOUT) -> Probe[EnvFingerprint]:
     """The env probe as a :class:`~.probes.Probe`: parse raises DeployError without a result."""
     return Probe("env", tuple(probe_argv(python)),
                  lambda out: parse_probe(text(out.stdout) + "\n" + text(out.stderr)),
                  timeout=timeout, env=PROBE_ENV)
 
 
-def parse_probe(output: str) -> dict[str, Any]:
-    """The probe's JSON (the last ``@dfo-probe`` line). DeployError when absent."""
+def parse_probe(output: str) -> EnvFingerprint:
+    """The probe's reply (the last ``@dfo-probe`` line), without ``profile`` and
+    ``lock_hash``. DeployError when absent or when it does not read."""
+    hint = "the env's python does not start; redeploy with `dfo deploy --force`"
     for line in reversed(output.splitlines()):
         if line.startswith(PROBE_MARK):
             try:
@@ -64,25 +64,36 @@ def parse_probe(output: str) -> dict[str, Any]:
             except json.JSONDecodeError:
                 break
             if isinstance(data, dict):
-                return data
+                try:
+                    return EnvFingerprint.from_json(data, what="the env probe's result")
+                except ContractError as e:
+                    raise DeployError(str(e), hint=hint) from None
     tail = next((ln for ln in reversed(output.strip().splitlines()) if ln.strip()), "")
     raise DeployError("the env probe printed no result" + (f": {tail.strip()}" if tail else ""),
-                      hint="the env's python does not start; redeploy with `dfo deploy --force`")
+                      hint=hint)
 
 
-def build_fingerprint(probe: Mapping[str, Any], *, profile: str, lock_hash: str) -> dict[str, Any]:
-    """fingerprint.json's content: the contract's fields, in order (``errors`` kept
+def build_fingerprint(probe: EnvFingerprint, *, profile: str, lock_hash: str) -> EnvFingerprint:
+    """fingerprint.json's record: the probe's reply with the profile and the lock's hash."""
+    return probe.of_env(profile=profile, lock_hash=lock_hash)
+
+
+def fingerprint_json(fp: EnvFingerprint) -> bytes:
+    """fingerprint.json's bytes: the contract's fields, in order, one per line (``errors``
     only when a module failed to import)."""
-    fp: dict[str, Any] = {"profile": profile, "lock_hash": lock_hash}
-    for k in FINGERPRINT_FIELDS[2:]:
-        fp[k] = probe.get(k, [] if k == "devices" else None)
-    if probe.get("errors"):
-        fp["errors"] = dict(probe["errors"])
-    return fp
+    return (json.dumps(fp.to_json(), indent=1, sort_keys=False) + "\n").encode()
 
 
-def fingerprint_json(fp: Mapping[str, Any]) -> bytes:
-    return (json.dumps(fp, indent=1, sort_keys=False) + "\n").encode()
+def parse_fingerprint(data: bytes | str) -> EnvFingerprint:
+    """fingerprint.json's record from its bytes: ValueError (one line) when it is not JSON,
+    not an object or not a fingerprint."""
+    obj = json.loads(data)
+    if not isinstance(obj, dict):
+        raise ValueError("not a JSON object")
+    try:
+        return EnvFingerprint.from_json(obj)
+    except ContractError as e:
+        raise ValueError(str(e)) from None
 
 
 @dataclass(frozen=True)
@@ -135,18 +146,17 @@ def matches(expected: Any, got: Any) -> bool:
     return False
 
 
-def _observed(fp: Mapping[str, Any], field: str) -> Any:
+def _observed(fp: EnvFingerprint, field: str) -> Any:
     if field == "device_names":
-        return [d.get("name") for d in fp.get("devices") or []]
+        return [d.name for d in fp.devices]
     if field == "device_capability":
-        return [d.get("capability") for d in fp.get("devices") or []]
-    return fp.get(field)
+        return [d.capability for d in fp.devices]
+    return fp.value(field)
 
 
-def compare(fp: Mapping[str, Any], expect: Mapping[str, Any]) -> list[Mismatch]:
+def compare(fp: EnvFingerprint, expect: Mapping[str, Any]) -> list[Mismatch]:
     """Field-named mismatches between a fingerprint (or probe) and a profile's ``expect``."""
     out: list[Mismatch] = []
-    errors = fp.get("errors") or {}
     for field, exp in expect.items():
         got = _observed(fp, field)
         if field in ("device_names", "device_capability"):
@@ -160,19 +170,19 @@ def compare(fp: Mapping[str, Any], expect: Mapping[str, Any]) -> list[Mismatch]:
             continue
         if not matches(exp, got):
             note = ""
-            if field == "trainer_import" and errors.get("trainer"):
-                note = errors["trainer"]
+            if field == "trainer_import" and fp.error("trainer"):
+                note = fp.error("trainer")
             elif field in ("torch", "torch_git", "torch_cuda", "cuda_available", "device_count") \
-                    and errors.get("torch"):
-                note = errors["torch"]
-            elif field == "transformers" and errors.get("transformers"):
-                note = errors["transformers"]
+                    and fp.error("torch"):
+                note = fp.error("torch")
+            elif field == "transformers" and fp.error("transformers"):
+                note = fp.error("transformers")
             out.append(Mismatch(field, exp, got, note))
     return out
 
 
-def fingerprint_changes(recorded: Mapping[str, Any], now: Mapping[str, Any],
+def fingerprint_changes(recorded: EnvFingerprint, now: EnvFingerprint,
                         fields: Sequence[str] = FINGERPRINT_FIELDS[2:]) -> list[Mismatch]:
     """Fields whose probed value differs from the recorded fingerprint (drift)."""
-    return [Mismatch(f, recorded.get(f), now.get(f)) for f in fields
-            if f in recorded and recorded.get(f) != now.get(f)]
+    return [Mismatch(f, recorded.value(f), now.value(f)) for f in fields
+            if recorded.value(f) != now.value(f)]

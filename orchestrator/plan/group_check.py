@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from dfo_contract.errors import ContractError
+from dfo_contract.env_fingerprint import EnvFingerprint
 from dfo_contract.fsio import json_object
 from dfo_contract.replies import PortRecord
 
@@ -72,7 +73,7 @@ def _short(v: Any) -> str:
 
 
 def env_differences(group: str, hosts: Sequence[str],
-                    fingerprints: Mapping[str, Mapping[str, Any] | None]) -> list[Difference]:
+                    fingerprints: Mapping[str, EnvFingerprint | None]) -> list[Difference]:
     """Each member whose deployed env differs from the head's (``hosts[0]``).
 
     ``fingerprints[host]`` is the host's ``envs/current/fingerprint.json`` (None: no env
@@ -94,8 +95,8 @@ def env_differences(group: str, hosts: Sequence[str],
             continue
         if ref is None:
             continue
-        diffs = [f"{label} {_short(fp.get(k))} vs {_short(ref.get(k))}"
-                 for k, label in ENV_FIELDS if fp.get(k) != ref.get(k)]
+        diffs = [f"{label} {_short(fp.value(k))} vs {_short(ref.value(k))}"
+                 for k, label in ENV_FIELDS if fp.value(k) != ref.value(k)]
         if diffs:
             out.append(Difference(h, head, "; ".join(diffs), fix))
     return out

@@ -30,9 +30,10 @@ from __future__ import annotations
 import json
 import posixpath
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Sequence
 
 from dfo_contract.checkpoints import CkptInfo
+from dfo_contract.env_fingerprint import EnvFingerprint
 from dfo_contract.errors import ContractError
 from dfo_contract.replies import EnvFacts, LaunchProbeReply, PartError
 from dfo_contract.runspec import ResumeChoice
@@ -56,7 +57,7 @@ FACTS_MARK = "@dfo-facts "
 class VerifiedRecord:
     stamp: str
     at: str
-    probe: dict[str, Any]
+    probe: EnvFingerprint
     freeze: str
 
 
@@ -112,9 +113,10 @@ class LaunchFacts:
         return self.py is not None
 
     @property
-    def fingerprint(self) -> dict[str, Any] | None:
+    def fingerprint(self) -> EnvFingerprint | None:
+        """The env's fingerprint.json (None: absent, or it does not read)."""
         fp = self.py.fingerprint if self.py else None
-        return fp if isinstance(fp, dict) else None
+        return fp if isinstance(fp, EnvFingerprint) else None
 
     @property
     def source_hash(self) -> str | None:
@@ -287,13 +289,17 @@ def parse_record(text: str, *, stamp: str) -> VerifiedRecord | None:
     if not (isinstance(d, dict) and isinstance(d.get("probe"), dict)
             and isinstance(d.get("freeze"), str)):
         return None
-    return VerifiedRecord(stamp=stamp, at=parts[1], probe=d["probe"], freeze=d["freeze"])
+    try:
+        probe = EnvFingerprint.from_json(d["probe"], what="the recorded env probe")
+    except ContractError:
+        return None
+    return VerifiedRecord(stamp=stamp, at=parts[1], probe=probe, freeze=d["freeze"])
 
 
-def record_bytes(stamp: str, at: str, probe: Mapping[str, Any], freeze: str,
+def record_bytes(stamp: str, at: str, probe: EnvFingerprint, freeze: str,
                  verified: str) -> bytes:
     if not stamp or not at or any(c.isspace() for c in stamp + at):
         raise ValueError("a verification record needs the stamp and its time")
-    body = json.dumps({"probe": dict(probe), "freeze": freeze, "verified": verified},
+    body = json.dumps({"probe": probe.to_json(), "freeze": freeze, "verified": verified},
                       sort_keys=True)
     return f"{stamp} {at}\n{body}\n".encode()

@@ -13,28 +13,23 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Mapping
 
 from dfo_contract.cache_records import Adoption, Manifest, Provenance
+from dfo_contract.env_fingerprint import EnvFingerprint
 
 from ..common.errors import CacheError
 
 
-def build_provenance(*, host: str, machine: str | None, fingerprint: Mapping[str, Any], key: str,
+def build_provenance(*, host: str, machine: str | None, fingerprint: EnvFingerprint, key: str,
                      created: float, dfo: str) -> Provenance:
     """Who built a snapshot: the host as dfo's inventory names it, the machine's own name,
     the env (profile and lock), the cache key, python/torch and dfo versions, when (UTC)."""
-    lock = str(fingerprint.get("lock_hash") or "")
+    lock = fingerprint.lock_hash
     return Provenance(host=host, machine=machine,
-                      env=(f"{fingerprint.get('profile', '?')}-{lock[:12]}" if lock
-                           else _text(fingerprint.get("profile"))),
-                      cache_key=key, python=_text(fingerprint.get("python")),
-                      torch=_text(fingerprint.get("torch")), dfo=dfo,
+                      env=(f"{fingerprint.profile or '?'}-{lock[:12]}" if lock
+                           else fingerprint.profile or None),
+                      cache_key=key, python=fingerprint.python, torch=fingerprint.torch, dfo=dfo,
                       created_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created)))
-
-
-def _text(v: Any) -> str | None:
-    return None if v is None else str(v)
 
 
 @dataclass(frozen=True)

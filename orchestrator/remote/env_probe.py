@@ -2,8 +2,10 @@
 
 Runs *inside* the env being verified as ``<env>/bin/python -c SOURCE`` (its source is the
 script text: the env's dfo wheel is not trusted yet), so it stays stdlib-only and
-self-contained. Prints one line ``@dfo-probe {json}``; ``orchestrator.plan.fingerprint``
-parses it. A module that fails to import is recorded in ``errors``, never raised.
+self-contained. Prints one line ``@dfo-probe {json}``, the shape of
+``dfo_contract.env_fingerprint.EnvFingerprint`` without ``profile`` and ``lock_hash``, written
+here by hand; ``orchestrator.plan.fingerprint.parse_probe`` reads it into that record. A module
+that fails to import is recorded in ``errors``, never raised.
 """
 
 import json

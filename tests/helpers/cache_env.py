@@ -12,8 +12,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from dfo_contract.env_fingerprint import EnvFingerprint
 from dfo_contract.trainer_config import TrainerConfig, config_from_dict
-from orchestrator.plan.fingerprint import PROBE_SCRIPT, build_fingerprint, parse_probe
+from orchestrator.plan.fingerprint import PROBE_SCRIPT, build_fingerprint, fingerprint_json, parse_probe
 
 # A small real compile (fwd + bwd) whose cache counters we read, like the trainer's warm-up.
 COMPILE = r"""
@@ -68,8 +69,8 @@ def make_env(root: Path, **fp_changes) -> None:
     py.chmod(0o755)
     out = subprocess.run([str(py), "-c", PROBE_SCRIPT], capture_output=True, text=True, check=True).stdout
     fp = build_fingerprint(parse_probe(out), profile="cpu", lock_hash="0" * 64)
-    fp.update(fp_changes)
-    (env / "fingerprint.json").write_text(json.dumps(fp))
+    fp = EnvFingerprint.from_json({**fp.to_json(), **fp_changes})
+    (env / "fingerprint.json").write_bytes(fingerprint_json(fp))
     cur = root / "envs" / "current"
     if not cur.is_symlink():
         cur.symlink_to("cpu-test")
