@@ -80,3 +80,30 @@ class EnvFingerprint:
     def error(self, module: str) -> str:
         """The import error the probe recorded for ``module`` ("" when none)."""
         return self.errors.get(module, "")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EnvComplete:
+    """``<env>/.dfo-complete``, written last by deploy (an env without it is half-built):
+    the profile, the lock's hash, dfo's version, the wheel installed (its path on the host,
+    sha256 and source digest) and when (UTC, ISO). Read tolerant (a mistyped field is its
+    default); keys it does not know are kept in ``extra``."""
+
+    TOLERANT = True
+
+    profile: str = ""
+    lock_hash: str = ""
+    dfo: str = ""
+    wheel: str = ""
+    wheel_sha256: str = ""
+    source_digest: str = ""
+    created: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, obj: Any) -> "EnvComplete":
+        return decode(cls, obj, what="the env's .dfo-complete")
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = encode(self)
+        return out

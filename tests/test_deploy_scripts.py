@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from dfo_contract.env_fingerprint import EnvComplete
+
 from orchestrator.plan import deploy_plan as dp
 
 
@@ -169,7 +171,7 @@ def test_state_script_reports_the_root(root):
     s = dp.parse_state(r.stdout)
     assert s.complete_output and s.current_name == "cpu-a" and s.target == "complete"
     assert s.current_fingerprint is not None and s.current_fingerprint.torch == "2.13.0+cpu"
-    assert s.current_marker == {}
+    assert s.current_marker == EnvComplete()
     assert s.envs == {"cpu-a": True, "cpu-half": False}
     assert s.uv_version == "" and s.current_freeze is None  # no uv pushed yet
     assert s.python.endswith("python3") and s.df_kb and s.df_kb > 0

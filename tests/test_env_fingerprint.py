@@ -154,3 +154,15 @@ def test_the_cache_store_names_a_damaged_fingerprint_in_one_line(tmp_path, conte
                             "(redeploy with `dfo deploy`)")
     (env / "fingerprint.json").write_bytes((FIXTURES / "gpu.json").read_bytes())
     assert store.fingerprint() == _read("gpu")[1]
+
+
+def test_the_complete_marker_is_a_record_in_deploys_key_order():
+    from dfo_contract.env_fingerprint import EnvComplete
+
+    m = EnvComplete(profile="cpu", lock_hash="h" * 64, dfo="0.1.0", wheel="/r/wheels/x.whl",
+                    wheel_sha256="w" * 64, source_digest="s", created="2026-12-07T01:00:00+00:00")
+    assert list(m.to_json()) == ["profile", "lock_hash", "dfo", "wheel", "wheel_sha256",
+                                 "source_digest", "created"]
+    assert EnvComplete.from_json(json.loads(json.dumps(m.to_json()))) == m
+    odd = EnvComplete.from_json({"lock_hash": 7, "profile": "cpu", "by": "hand"})
+    assert odd.lock_hash == "" and odd.profile == "cpu" and odd.extra == {"by": "hand"}

@@ -88,9 +88,9 @@ class DeployChecks:
         ours = env_generation(state.current_name)[0] == target  # any generation of it
         if not ours:
             lines.append(f"envs/current is {state.current_name}, the lock wants {target}")
-        if not state.current_marker:
+        if state.current_marker is None:
             lines.append(f"{state.current_name} is incomplete (a deploy was cut short)")
-        elif state.current_marker.get("lock_hash") != lock.sha256 and ours:
+        elif state.current_marker.lock_hash != lock.sha256 and ours:
             lines.append(f"{state.current_name} was built from another lock")
         if state.current_freeze is None:
             lines.append(f"{state.current_name}: cannot list its packages (no python or uv)")

@@ -11,7 +11,7 @@ import datetime as _dt
 import json
 import posixpath
 
-from dfo_contract.env_fingerprint import EnvFingerprint
+from dfo_contract.env_fingerprint import EnvComplete, EnvFingerprint
 
 
 from .. import __version__
@@ -121,9 +121,10 @@ class DeployProbe:
         w = self.wheel()
         self.transport.put(fingerprint_json(fp), posixpath.join(env_dir, dp.FINGERPRINT_FILE),
                            mode=0o644)
-        marker = {"profile": self.profile.name, "lock_hash": lock_sha, "dfo": __version__,
-                  "wheel": self.wheel_remote(), "wheel_sha256": w.sha256,
-                  "source_digest": w.digest,
-                  "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
-        self.transport.put(json.dumps(marker).encode() + b"\n",
+        marker = EnvComplete(profile=self.profile.name, lock_hash=lock_sha, dfo=__version__,
+                             wheel=self.wheel_remote(), wheel_sha256=w.sha256,
+                             source_digest=w.digest,
+                             created=_dt.datetime.now(_dt.timezone.utc).isoformat(
+                                 timespec="seconds"))
+        self.transport.put(json.dumps(marker.to_json()).encode() + b"\n",
                            posixpath.join(env_dir, dp.COMPLETE_MARKER), mode=0o644)

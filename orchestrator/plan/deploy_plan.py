@@ -32,7 +32,8 @@ import posixpath
 from dataclasses import dataclass, field
 from typing import Any
 
-from dfo_contract.env_fingerprint import EnvFingerprint
+from dfo_contract.env_fingerprint import EnvComplete, EnvFingerprint
+from dfo_contract.errors import ContractError
 from dfo_contract.replies import LeaseHolder
 
 from ..common.errors import LockHeldError
@@ -100,6 +101,15 @@ def _fingerprint(v: str) -> EnvFingerprint | None:
         return None
 
 
+def _marker(v: str) -> EnvComplete | None:
+    """.dfo-complete's record (None: it is not a JSON object)."""
+    d = _json(v)
+    try:
+        return None if d is None else EnvComplete.from_json(d)
+    except ContractError:
+        return None
+
+
 @dataclass
 class RemoteState:
     arch: str = ""
@@ -107,7 +117,7 @@ class RemoteState:
     current: str = ""                # readlink envs/current ("" when none)
     previous: str = ""
     target: str = "absent"           # complete | incomplete | absent
-    current_marker: dict[str, Any] | None = None
+    current_marker: EnvComplete | None = None    # envs/current's .dfo-complete (None: none)
     current_fingerprint: EnvFingerprint | None = None
     current_freeze: str | None = None
     python: str = ""                 # interpreter path found for the profile ("" none)
@@ -156,7 +166,7 @@ def parse_state(output: str) -> RemoteState:
         elif key == "target":
             s.target = val.strip()
         elif key == "current_marker":
-            s.current_marker = _json(decode_b64(val))
+            s.current_marker = _marker(decode_b64(val))
         elif key == "current_fingerprint":
             s.current_fingerprint = _fingerprint(decode_b64(val))
         elif key == "current_freeze":
@@ -328,10 +338,10 @@ def make_plan(state: RemoteState, *, target: str, lock: Lock, expect: dict[str, 
 
     if is_current:
         drift = current_drift(state, lock, wheel_remote)
-        marker = state.current_marker or {}
+        marker = state.current_marker or EnvComplete()
         fp = state.current_fingerprint
         mism = compare(fp, expect) if fp is not None else []
-        marker_ok = marker.get("lock_hash") == lock.sha256
+        marker_ok = marker.lock_hash == lock.sha256
         if force:
             return rebuild("repair", "reinstall (--force), new env", drift, mism)
         if drift.packages_differ or not marker_ok:
