@@ -2,7 +2,10 @@
 
 One versioned :class:`RunSpec` of frozen ``kw_only`` dataclasses, written once by launch
 (``RunSpec.to_json``) and read by the supervisor only through :meth:`RunSpec.from_json`,
-so the supervisor never re-reads hosts.yaml and never looks a key up by its name.
+so the supervisor never re-reads hosts.yaml and never looks a key up by its name. Both go
+through the records' codec (``dfo_contract.codec``): ``trainer`` and ``role`` are tagged
+records, written with their ``kind`` first and read by it; ``thresholds`` and ``budget``
+are read by their own ``from_json``, which also checks each value's range.
 
 - ``identity``: the run (id, name), the host and where it lives (root, env python, run.lock)
 - ``config``: the run config on the host, its flat values (file + defaults) and the
@@ -18,7 +21,8 @@ so the supervisor never re-reads hosts.yaml and never looks a key up by its name
   argv, directory, step pattern, env, resume rule and fallback steps)
 - ``role``: :class:`Solo`, or :class:`Group` (one node of a run over several nodes)
 
-A spec of another ``version`` is refused with one :class:`ContractError` line.
+A spec of another ``version``, or one the codec cannot read, is refused with one
+:class:`ContractError` line naming the key.
 """
 
 from __future__ import annotations
