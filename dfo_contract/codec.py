@@ -7,8 +7,8 @@ The rules (docs/contracts.md, "The records' codec"):
 - A field's JSON name is its attribute's, or ``field(metadata={"json": ...})`` (``class``
   for ``cls``; :func:`req` / :func:`opt`).
 - Types: ``bool``, ``int``, ``float``, ``str``, ``Any``, ``X | None``, ``list[X]``,
-  ``tuple[X, ...]``, ``tuple[X, Y]`` (a JSON array of exactly those), ``dict[str, X]``,
-  ``Literal[...]``, enums and nested dataclasses.
+  ``tuple[X, ...]``, ``tuple[X, Y]`` (a JSON array of exactly those), ``dict[str, X]`` and
+  ``Mapping[str, X]`` (read as a dict), ``Literal[...]``, enums and nested dataclasses.
   A value of another type is a :class:`ContractError` (one line naming the record and key).
 - Non-finite floats are written as the strings ``"nan"``/``"inf"``/``"-inf"`` (strict JSON)
   and read back as floats where the field is a float.
@@ -27,10 +27,17 @@ The rules (docs/contracts.md, "The records' codec"):
   status is its state.json object with the host's keys added): written first, read from
   the keys that are not the record's own. A record has at most one, and then no ``extra``
   (the nested record keeps the keys nobody knows).
+- A tagged record is a dataclass deriving from :class:`Tagged` that sets the class-level
+  (``ClassVar``, not a field) ``kind`` (``kind: ClassVar[str] = "own"``; an event's ``kind``
+  is its envelope's, not this): it is written with ``"kind": <its kind>`` first, and a
+  field typed as a union of tagged records (``Bundled | Own``) is read as the member its
+  ``kind`` key names; a missing or unknown kind is a ContractError naming the key and the
+  kinds allowed. A tagged record read directly refuses a ``kind`` other than its own.
 """
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import enum
 import math
@@ -47,6 +54,7 @@ JSON = "json"            # field metadata: the field's JSON name when it differs
 OPTIONAL = "optional"    # field metadata: may be absent; written only when not None
 EXTRA = "extra"          # the field that keeps the keys a record does not know
 FLAT = "flat"            # field metadata: a nested record whose keys sit beside the record's
+TAG = "kind"             # the class attribute, and JSON key, of a tagged record's kind
 
 
 def opt(default: Any = None, *, json: str | None = None, factory: Any = None) -> Any:
@@ -76,12 +84,25 @@ def json_name(f: dataclasses.Field) -> str:
     return f.metadata.get(JSON, f.name)
 
 
+class Tagged:
+    """The base of a tagged record (module rules): a subclass sets its ``kind``."""
+    kind: typing.ClassVar[str] = ""
+
+
+def tag_of(cls: Any) -> str | None:
+    """A tagged record class's kind, else None."""
+    if isinstance(cls, type) and issubclass(cls, Tagged) and cls.kind:
+        return cls.kind
+    return None
+
+
 # --- encode ---------------------------------------------------------------------------------
 
 def encode(value: Any, *, skip: tuple[str, ...] = ()) -> Any:
-    """``value`` as JSON-safe data: a dataclass as its object (JSON names; ``extra`` first;
-    the attributes in ``skip`` left out), enums as their values, tuples as lists, non-finite
-    floats as strings."""
+    """``value`` as JSON-safe data: a dataclass as its object (JSON names; a tagged record's
+    ``kind`` first, then ``extra``; the attributes in ``skip`` left out, ``"kind"`` there
+    leaves out the tag), enums as their values, tuples as lists, non-finite floats as
+    strings."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         out: dict[str, Any] = {}
         for f in fields(value):
@@ -97,6 +118,9 @@ def encode(value: Any, *, skip: tuple[str, ...] = ()) -> Any:
             if v is None and f.metadata.get(OPTIONAL):
                 continue
             out[json_name(f)] = encode(v)
+        tag = tag_of(type(value))
+        if tag is not None and TAG not in skip:
+            out = {TAG: tag, **out}
         return out
     if isinstance(value, float):
         return value if math.isfinite(value) else str(value)
@@ -120,9 +144,12 @@ def decode(cls: type[T], obj: Any, *, what: str | None = None, tolerant: bool = 
     if not isinstance(obj, Mapping):
         raise ContractError(f"{what} is not a JSON object")
     tolerant = tolerant or getattr(cls, "TOLERANT", False) is True
+    tag = tag_of(cls)
+    if tag is not None and obj.get(TAG, tag) != tag:
+        raise ContractError(f"{what}'s {TAG!r} is {obj.get(TAG)!r}, expected {tag!r}")
     hints = _hints(cls)
     kw: dict[str, Any] = {}
-    known: set[str] = set()
+    known: set[str] = {TAG} if tag is not None else set()
     has_extra = False
     flat_field: dataclasses.Field | None = None
     for f in fields(cls):  # type: ignore[arg-type]
@@ -189,6 +216,13 @@ def coerce(value: Any, hint: Any, what: str = "a value",
         return True, value
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
+        tagged = {t: a for a in typing.get_args(hint) if (t := tag_of(a)) is not None}
+        if tagged and isinstance(value, Mapping):
+            kind = value.get(TAG)
+            if not isinstance(kind, str) or kind not in tagged:
+                raise ContractError(f"{what}'s {TAG!r} is {kind!r}, expected one of "
+                                    f"{', '.join(tagged)}")
+            return True, decode(tagged[kind], value, what=what, tolerant=tolerant)
         err: ContractError | None = None
         for arg in typing.get_args(hint):
             try:
@@ -244,7 +278,7 @@ def coerce(value: Any, hint: Any, what: str = "a value",
                 return False, value
             items.append(y)
         return True, (tuple(items) if (origin or hint) is tuple else items)
-    if hint is dict or origin in (dict, Mapping) or hint is Mapping:
+    if hint in (dict, Mapping) or origin in (dict, collections.abc.Mapping):
         if not isinstance(value, Mapping):
             return False, value
         kv = typing.get_args(hint)

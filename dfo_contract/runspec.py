@@ -2,7 +2,10 @@
 
 One versioned :class:`RunSpec` of frozen ``kw_only`` dataclasses, written once by launch
 (``RunSpec.to_json``) and read by the supervisor only through :meth:`RunSpec.from_json`,
-so the supervisor never re-reads hosts.yaml and never looks a key up by its name.
+so the supervisor never re-reads hosts.yaml and never looks a key up by its name. Both go
+through the records' codec (``dfo_contract.codec``): ``trainer`` and ``role`` are tagged
+records, written with their ``kind`` first and read by it; ``thresholds`` and ``budget``
+are read by their own ``from_json``, which also checks each value's range.
 
 - ``identity``: the run (id, name), the host and where it lives (root, env python, run.lock)
 - ``config``: the run config on the host, its flat values (file + defaults) and the
@@ -18,17 +21,18 @@ so the supervisor never re-reads hosts.yaml and never looks a key up by its name
   argv, directory, step pattern, env, resume rule and fallback steps)
 - ``role``: :class:`Solo`, or :class:`Group` (one node of a run over several nodes)
 
-A spec of another ``version`` is refused with one :class:`ContractError` line.
+A spec of another ``version``, or one the codec cannot read, is refused with one
+:class:`ContractError` line naming the key.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Union
+from typing import Any, ClassVar, Mapping, Union
 
+from .codec import Tagged, decode, encode
 from .errors import ContractError
-from .runlimits import Budget, Thresholds, as_mapping, as_number
+from .runlimits import Budget, Thresholds
 
 __all__ = ["SPEC_VERSION", "Budget", "Bundled", "Cache", "Config", "Group", "Identity", "Own",
            "ResumeRule", "Resume", "ResumeChoice", "RunSpec", "Solo", "Standby", "Thresholds", "NODE_LOST_S"]
@@ -38,56 +42,10 @@ SPEC_VERSION = 3
 NODE_LOST_S = 20.0
 
 
-# --- reading JSON values, each error one line naming the key ----------------------------------
-
-def _str(d: Mapping[str, Any], key: str, where: str, *, optional: bool = False) -> Any:
-    v = d.get(key)
-    if v is None and optional:
-        return None
-    if not isinstance(v, str):
-        raise ContractError(f"{where}.{key}: expected a string, got {v!r}")
-    return v
-
-
-def _int(d: Mapping[str, Any], key: str, where: str) -> int:
-    v = d.get(key)
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise ContractError(f"{where}.{key}: expected an integer, got {v!r}")
-    return v
-
-
-def _bool(d: Mapping[str, Any], key: str, where: str) -> bool:
-    v = d.get(key)
-    if not isinstance(v, bool):
-        raise ContractError(f"{where}.{key}: expected true or false, got {v!r}")
-    return v
-
-
-def _strs(v: Any, where: str) -> tuple[str, ...]:
-    if not isinstance(v, (list, tuple)) or not all(isinstance(x, str) for x in v):
-        raise ContractError(f"{where}: expected a list of strings, got {v!r}")
-    return tuple(v)
-
-
-def _str_map(v: Any, where: str) -> dict[str, str]:
-    return {str(k): str(x) for k, x in as_mapping(v, where).items()}
-
-
-def _section(d: Mapping[str, Any], key: str) -> Mapping[str, Any]:
-    if key not in d:
-        raise ContractError(f"spec.json: no {key!r} section")
-    return as_mapping(d[key], key)
-
-
 # --- the sections -------------------------------------------------------------------------------
 
-class _Json:
-    def to_json(self) -> dict[str, Any]:
-        return _plain(self)
-
-
 @dataclass(frozen=True, kw_only=True)
-class Identity(_Json):
+class Identity:
     run_id: str
     run_name: str
     host: str              # the host's name in hosts.yaml
@@ -95,14 +53,10 @@ class Identity(_Json):
     python: str            # the deployed env's interpreter
     lock: str              # locks/run.lock (held by the live run's supervisor)
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> "Identity":
-        return cls(**{k: _str(d, k, "identity") for k in
-                      ("run_id", "run_name", "host", "root", "python", "lock")})
 
 
 @dataclass(frozen=True, kw_only=True)
-class Config(_Json):
+class Config:
     """The run config as ``dfo_contract.trainer_config`` loaded it on the laptop: ``base``
     is its flat ``SECTION.FIELD`` values without ``--set``, ``overrides`` the ``--set``s."""
     path: str
@@ -113,11 +67,6 @@ class Config(_Json):
         """The flat config in force with ``overrides`` (default: attempt 1's)."""
         return {**self.base, **(self.overrides if overrides is None else overrides)}
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> "Config":
-        return cls(path=_str(d, "path", "config"),
-                   base=dict(as_mapping(d.get("base"), "config.base")),
-                   overrides=dict(as_mapping(d.get("overrides"), "config.overrides")))
 
 
 @dataclass(frozen=True)
@@ -149,7 +98,7 @@ class ResumeChoice:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Resume(_Json):
+class Resume:
     checkpoint_dir: str           # where the trainer saves (your own trainer: the run dir)
     path: str | None = None       # what attempt 1 resumes from, checked by launch (None: scratch)
 
@@ -165,38 +114,25 @@ class Resume(_Json):
         """Where attempt 1 starts: scratch or the checkpoint at ``path``."""
         return ResumeChoice.at(self.path)
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> "Resume":
-        return cls(checkpoint_dir=_str(d, "checkpoint_dir", "resume"),
-                   path=_str(d, "path", "resume", optional=True))
 
 
 @dataclass(frozen=True, kw_only=True)
-class Cache(_Json):
+class Cache:
     key: str | None = None                    # None: unknown, or nothing is compiled
     env: Mapping[str, str] = field(default_factory=dict)   # the run's own cache dirs
     restore_argv: tuple[str, ...] | None = None  # re-seeds the run's cache (compile_gate retry)
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> "Cache":
-        argv = d.get("restore_argv")
-        return cls(key=_str(d, "key", "cache", optional=True),
-                   env=_str_map(d.get("env"), "cache.env"),
-                   restore_argv=None if argv is None else _strs(argv, "cache.restore_argv"))
 
 
 @dataclass(frozen=True, kw_only=True)
-class Standby(_Json):
+class Standby:
     enabled: bool = True
     env: Mapping[str, str] = field(default_factory=dict)   # given to the standby only
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> "Standby":
-        return cls(enabled=bool(d.get("enabled", True)), env=_str_map(d.get("env"), "standby.env"))
 
 
 @dataclass(frozen=True, kw_only=True)
-class Bundled(_Json):
+class Bundled(Tagged):
     """``python -m trainer train`` (with ``DFO_FAULT`` when ``fault`` is given), and what
     the supervisor needs of its config, computed from the typed config (:meth:`of`):
     the parallel ``layout``, the processes of one attempt (``nproc``: ddp's one per distinct
@@ -206,7 +142,7 @@ class Bundled(_Json):
     layout: str = "single"
     nproc: int = 1
     dense_expected: bool = False
-    kind = "bundled"
+    kind: ClassVar[str] = "bundled"
 
     @classmethod
     def of(cls, cfg: Any, fault: str | None = None) -> "Bundled":
@@ -217,29 +153,19 @@ class Bundled(_Json):
                    nproc=max(1, len(cuda)) if p.layout == "ddp" else 1,
                    dense_expected=cfg.model.attention == "flex-eager")
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> "Bundled":
-        return cls(fault=_str(d, "fault", "trainer", optional=True),
-                   layout=_str(d, "layout", "trainer"), nproc=_int(d, "nproc", "trainer"),
-                   dense_expected=_bool(d, "dense_expected", "trainer"))
 
 
 @dataclass(frozen=True, kw_only=True)
-class ResumeRule(_Json):
+class ResumeRule:
     """Where your own trainer's checkpoints are and how it is told to resume one."""
     glob: str
     order: str = "step"                                 # "step" | "mtime"
     args: tuple[str, ...] = ("--resume", "{path}")
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> "ResumeRule":
-        return cls(glob=_str(d, "glob", "trainer.resume"),
-                   order=_str(d, "order", "trainer.resume", optional=True) or "step",
-                   args=_strs(d.get("args", ["--resume", "{path}"]), "trainer.resume.args"))
 
 
 @dataclass(frozen=True, kw_only=True)
-class Own(_Json):
+class Own(Tagged):
     """An own command (``dfo launch -- CMD ARGS...``); an argv, never a shell line."""
     command: tuple[str, ...]
     cwd: str | None = None                      # None: the run dir
@@ -248,33 +174,18 @@ class Own(_Json):
     resume: ResumeRule | None = None
     #: failure class -> ladder steps (``orchestrator.common.own_trainer``: {"drop_arg": ...}, ...)
     fallbacks: Mapping[str, tuple[Mapping[str, Any], ...]] = field(default_factory=dict)
-    kind = "own"
+    kind: ClassVar[str] = "own"
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> "Own":
-        r = d.get("resume")
-        fb = as_mapping(d.get("fallbacks"), "trainer.fallbacks")
-        return cls(command=_strs(d.get("command"), "trainer.command"),
-                   cwd=_str(d, "cwd", "trainer", optional=True),
-                   step_pattern=_str(d, "step_pattern", "trainer", optional=True),
-                   env=_str_map(d.get("env"), "trainer.env"),
-                   resume=None if r is None else ResumeRule.from_json(
-                       as_mapping(r, "trainer.resume")),
-                   fallbacks={str(c): tuple(dict(as_mapping(s, f"trainer.fallbacks.{c}"))
-                                            for s in steps) for c, steps in fb.items()})
 
 
 @dataclass(frozen=True, kw_only=True)
-class Solo(_Json):
-    kind = "solo"
+class Solo(Tagged):
+    kind: ClassVar[str] = "solo"
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> "Solo":
-        return cls()
 
 
 @dataclass(frozen=True, kw_only=True)
-class Group(_Json):
+class Group(Tagged):
     """One node of a run over several nodes (``dfo launch --group``, docs/multinode.md)."""
     name: str                      # the group's name in hosts.yaml
     nodes: tuple[str, ...]         # host names, the head (node 0) first
@@ -285,7 +196,7 @@ class Group(_Json):
     nproc: int                     # processes on this node (--nproc-per-node)
     env: Mapping[str, str] = field(default_factory=dict, hash=False)  # this node's extra env
     node_lost_s: float = NODE_LOST_S
-    kind = "group"
+    kind: ClassVar[str] = "group"
 
     @property
     def is_head(self) -> bool:
@@ -303,46 +214,13 @@ class Group(_Json):
         """A fresh rendezvous per attempt: a restarted attempt never meets a stale round."""
         return f"{run_id}-a{attempt}"
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> "Group":
-        w = "role"
-        return cls(name=_str(d, "name", w), nodes=_strs(d.get("nodes"), f"{w}.nodes"),
-                   node=_int(d, "node", w), head_addr=_str(d, "head_addr", w),
-                   port=_int(d, "port", w), coord_port=_int(d, "coord_port", w),
-                   nproc=_int(d, "nproc", w), env=_str_map(d.get("env"), f"{w}.env"),
-                   node_lost_s=as_number(d.get("node_lost_s", NODE_LOST_S), f"{w}.node_lost_s"))
-
 
 Trainer = Union[Bundled, Own]
 Role = Union[Solo, Group]
-_TRAINERS: dict[str, Any] = {"bundled": Bundled, "own": Own}
-_ROLES: dict[str, Any] = {"solo": Solo, "group": Group}
-
-
-def _plain(x: Any) -> Any:
-    """A section as JSON: tuples as lists, nested dataclasses as dicts, ``kind`` first."""
-    if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        kind = getattr(type(x), "kind", None)  # a tagged section's class attribute
-        out: dict[str, Any] = {"kind": kind} if kind is not None else {}
-        out.update({f.name: _plain(getattr(x, f.name)) for f in dataclasses.fields(x)})
-        return out
-    if isinstance(x, Mapping):
-        return {str(k): _plain(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_plain(v) for v in x]
-    return x
-
-
-def _tagged(d: Mapping[str, Any], key: str, table: Mapping[str, Any]) -> Any:
-    sec = _section(d, key)
-    kind = sec.get("kind")
-    if not isinstance(kind, str) or kind not in table:
-        raise ContractError(f"{key}.kind: expected one of {', '.join(table)}, got {kind!r}")
-    return table[kind].from_json(sec)
 
 
 @dataclass(frozen=True, kw_only=True)
-class RunSpec(_Json):
+class RunSpec:
     identity: Identity
     config: Config
     resume: Resume
@@ -376,14 +254,12 @@ class RunSpec(_Json):
             raise ContractError(f"spec.json: version {v!r} is not one this supervisor reads "
                                 f"(it reads version {SPEC_VERSION}); launch the run again with "
                                 "this dfo")
-        lad = as_mapping(d.get("ladders"), "ladders")
-        return cls(identity=Identity.from_json(_section(d, "identity")),
-                   config=Config.from_json(_section(d, "config")),
-                   resume=Resume.from_json(_section(d, "resume")),
-                   thresholds=Thresholds.from_json(d.get("thresholds")),
-                   budget=Budget.from_json(d.get("budget")),
-                   ladders={str(c): _strs(s, f"ladders.{c}") for c, s in lad.items()},
-                   cache=Cache.from_json(as_mapping(d.get("cache"), "cache")),
-                   standby=Standby.from_json(as_mapping(d.get("standby"), "standby")),
-                   trainer=_tagged(d, "trainer", _TRAINERS),
-                   role=_tagged(d, "role", _ROLES))
+        # the limits keep their own reader: it also checks each value's range
+        rest = {k: x for k, x in d.items() if k not in ("thresholds", "budget")}
+        return decode(cls, rest, what="spec.json",
+                      thresholds=Thresholds.from_json(d.get("thresholds")),
+                      budget=Budget.from_json(d.get("budget")))
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = encode(self)
+        return out

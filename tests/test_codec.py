@@ -8,13 +8,13 @@ import enum
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal, Mapping
 
 import pytest
 
 from dfo_contract import events as ev
 from dfo_contract import runstate as rs
-from dfo_contract.codec import decode, encode, flat, named, opt, req
+from dfo_contract.codec import Tagged, decode, encode, flat, named, opt, req
 from dfo_contract.errors import ContractError
 from dfo_contract.state_records import (BudgetState, CheckpointRef, EvidenceLine,
                                         FallbackRecord, ThroughputLowState)
@@ -214,3 +214,42 @@ def test_a_tolerant_class_is_read_tolerant_inside_a_strict_record():
         decode(Envelope, {"items": {"step": 1}})
     with pytest.raises(ContractError):                  # and a missing required field
         decode(Envelope, {"items": [{"rate": 1.0}]})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cat(Tagged):
+    kind: ClassVar[str] = "cat"
+    lives: int = 9
+
+
+@dataclass(frozen=True, kw_only=True)
+class Dog(Tagged):
+    kind: ClassVar[str] = "dog"
+    tricks: tuple[str, ...] = ()
+    toys: Mapping[str, tuple[Mapping[str, Any], ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Home:
+    pet: Cat | Dog
+    spare: Cat | Dog | None = None
+
+
+def test_a_tagged_record_is_written_kind_first_and_read_by_its_kind():
+    h = Home(pet=Dog(tricks=("sit",), toys={"ball": ({"red": 1},)}))
+    d = encode(h)
+    assert list(d["pet"]) == ["kind", "tricks", "toys"] and d["pet"]["kind"] == "dog"
+    assert d["pet"]["toys"] == {"ball": [{"red": 1}]} and d["spare"] is None
+    back = decode(Home, json.loads(json.dumps(d)))
+    assert back == h and isinstance(back.pet.tricks, tuple)
+    assert decode(Home, {"pet": {"kind": "cat"}}).pet == Cat()
+    for pet, needle in (({"kind": "cow"}, "'pet''s 'kind' is 'cow', expected one of cat, dog"),
+                        ({"lives": 3}, "'pet''s 'kind' is None, expected one of cat, dog"),
+                        ({"kind": "cat", "lives": "x"}, "'pet''s 'lives' is str")):
+        with pytest.raises(ContractError, match=needle):
+            decode(Home, {"pet": pet})
+    with pytest.raises(ContractError, match="'kind' is 'dog', expected 'cat'"):
+        decode(Cat, {"kind": "dog"})
+    assert encode(Cat(), skip=("kind",)) == {"lives": 9}
+    # an event's kind is its envelope's: events are not tagged records
+    assert "kind" not in ev.Checkpoint(attempt=1, step=2, path="/c").body()

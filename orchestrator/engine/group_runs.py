@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from dfo_contract.codec import encode
+
 from ..common.errors import ConfigError, DeployError, DfoError, NotFoundError
 from ..plan import group_check as gc
 from ..plan import group_launch as gl
@@ -46,7 +48,7 @@ class NodePlan:
 
     def to_json(self) -> dict:
         d = self.plan.to_json()
-        d.update({"node": self.index, "group": self.group.to_json()})
+        d.update({"node": self.index, "group": encode(self.group)})
         return d
 
 
