@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from dfo_contract.codec import encode
+
 from orchestrator.cli.group_run import status_lines
 from orchestrator.config.hostconfig import GpuLayout, GroupConfig, HostConfig
 from orchestrator.common.errors import ConfigError, DeployError, LockHeldError
@@ -32,7 +34,7 @@ def test_specs_per_node_head_first_nproc_and_env():
     assert head.env == {"GLOO_SOCKET_IFNAME": "eth1", "NCCL_SOCKET_IFNAME": "eth1"}
     assert peer.nproc == 2 and peer.host == "gpu2"
     assert peer.env["CUDA_VISIBLE_DEVICES"] == "2,3"
-    assert peer.to_json()["node"] == 1
+    assert encode(peer)["node"] == 1 and encode(peer)["kind"] == "group"
 
 
 def test_cpu_node_runs_one_process_and_no_ifname_no_env():
