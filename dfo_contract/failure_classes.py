@@ -14,9 +14,10 @@ class (``classify_rules.RULES``), its docs and a recorded log fixture.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping, Sequence
+from typing import Literal, Mapping, Sequence
 
 from .errors import ContractError
+from .own_ladder import LadderStep
 
 #: the class of an attempt that exited 0 (not a failure: no row)
 DONE = "done"
@@ -43,7 +44,7 @@ class FailureClass:
     #: an own command restarts unchanged once its run file's ladder is spent
     own_retry: bool = False
     #: an own command's steps when its run file has no ladder for the class
-    own_ladder: tuple[Mapping[str, Any], ...] = ()
+    own_ladder: tuple[LadderStep, ...] = ()
     #: the evidence is a collective's: ``dfo diagnose`` reads the log as a multi-process run's
     collective: bool = False
 
@@ -65,7 +66,7 @@ TABLE: tuple[FailureClass, ...] = (
                  ladder=("flex_smaller_blocks*", "attention_sdpa")),
     FailureClass(name="compile_workers", priority=6, kind="ladder", budget=1,
                  ladder=("compile_threads_one",),
-                 own_ladder=({"env": {"TORCHINDUCTOR_COMPILE_THREADS": "1"}},)),
+                 own_ladder=(LadderStep(env={"TORCHINDUCTOR_COMPILE_THREADS": "1"}),)),
     # any other failed compile: the target's compile first (the drafter's stays)
     FailureClass(name="compile_error", priority=13, kind="transient", budget=3,
                  ladder=("target_compile_off",)),
@@ -99,7 +100,7 @@ class Tables:
     ladders: Mapping[str, tuple[str, ...]]
     budgets: Mapping[str, int]
     own_retry: frozenset[str]
-    own_ladders: Mapping[str, tuple[Mapping[str, Any], ...]]
+    own_ladders: Mapping[str, tuple[LadderStep, ...]]
     collective: frozenset[str]
 
 

@@ -32,6 +32,7 @@ from typing import Any, ClassVar, Mapping, Union
 
 from .codec import Tagged, decode, encode
 from .errors import ContractError
+from .own_ladder import LadderStep
 from .runlimits import Budget, Thresholds
 
 __all__ = ["SPEC_VERSION", "Budget", "Bundled", "Cache", "Config", "Group", "Identity", "Own",
@@ -173,7 +174,7 @@ class Own(Tagged):
     env: Mapping[str, str] = field(default_factory=dict)
     resume: ResumeRule | None = None
     #: failure class -> ladder steps (``orchestrator.common.own_trainer``: {"drop_arg": ...}, ...)
-    fallbacks: Mapping[str, tuple[Mapping[str, Any], ...]] = field(default_factory=dict)
+    fallbacks: Mapping[str, tuple[LadderStep, ...]] = field(default_factory=dict)
     kind: ClassVar[str] = "own"
 
 

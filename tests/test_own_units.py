@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from dfo_contract.own_ladder import LadderStep
 from orchestrator.cli import main
 from orchestrator.config.own_runfile import parse_run_file
 from orchestrator.common.errors import ConfigError
@@ -94,7 +95,8 @@ def test_run_file_ok():
     rf = parse_run_file(RUN_FILE, "own.yaml")
     assert rf["command"] == ["python", "train.py", "--threads", "4"]
     assert rf["resume"] == {"glob": "ckpt/step_*", "order": "mtime", "args": ["--resume", "{path}"]}
-    assert rf["fallbacks"]["fx_trace_race"][1] == {"drop_arg": "--threads"}
+    assert rf["fallbacks"]["fx_trace_race"][1] == LadderStep(drop_arg="--threads")
+    assert rf["fallbacks"]["fx_trace_race"][1].to_json() == {"drop_arg": "--threads"}
     assert rf["thresholds"] == {"hang_s": 30.0}
 
 
@@ -187,10 +189,10 @@ def test_ladder_flags():
         "fx_trace_race=run_first:python warm.py --threads '1 2'",
         "fx_trace_race=drop_arg:--threads",
         "oom=set_arg:--batch-size=2", "compile_hang=env:TORCHINDUCTOR_COMPILE_THREADS=1"]) == {
-        "fx_trace_race": [{"run_first": ["python", "warm.py", "--threads", "1 2"]},
-                          {"drop_arg": "--threads"}],
-        "oom": [{"set_arg": {"--batch-size": "2"}}],
-        "compile_hang": [{"env": {"TORCHINDUCTOR_COMPILE_THREADS": "1"}}]}
+        "fx_trace_race": [LadderStep(run_first=["python", "warm.py", "--threads", "1 2"]),
+                          LadderStep(drop_arg="--threads")],
+        "oom": [LadderStep(set_arg={"--batch-size": "2"})],
+        "compile_hang": [LadderStep(env={"TORCHINDUCTOR_COMPILE_THREADS": "1"})]}
     for bad, msg in (("fx_trace_race", "CLASS=KIND:VALUE"), ("fx=drop_arg:--x", "unknown failure"),
                      ("oom=set_arg:--b", "NAME=VALUE"), ("oom=halve:x", "unknown fallback step"),
                      ("oom=run_first:python 'x", "quotation")):
@@ -227,3 +229,19 @@ def test_resume_flags_reach_the_spec(tmp_path):
     with pytest.raises(ConfigError, match="with \\{path\\} in one"):
         run_ops.plan(LaunchOptions(command=["python", "t.py"], resume_glob="ck/*",
                                resume_args="--from", env_check=False))
+
+
+def test_a_ladder_step_and_the_changes_are_records_in_their_json_shape():
+    from dfo_contract.errors import ContractError
+    from dfo_contract.own_ladder import Changes
+
+    for raw in ({"env": {"A": "1"}}, {"set_arg": {"--b": "2"}}, {"drop_arg": "--x"},
+                {"run_first": ["python", "warm.py"]}):
+        assert LadderStep.from_json(raw).to_json() == raw
+    for bad in ({}, {"env": {"A": "1"}, "drop_arg": "--x"}):
+        with pytest.raises(ContractError, match="exactly one of env, set_arg"):
+            LadderStep.from_json(bad)
+    ch = own_trainer.apply_step(Changes(), LadderStep(drop_arg="--x"))[0]
+    # state.json's overrides of an own run are the changes' JSON, read tolerant
+    assert Changes.from_json(ch.to_json()) == ch and Changes.from_json(None) == Changes()
+    assert Changes.from_json({"drop": "--x", "env": {"A": "1"}}) == Changes(env={"A": "1"})

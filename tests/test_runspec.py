@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from dfo_contract.own_ladder import LadderStep
 from dfo_contract.errors import ContractError
 from dfo_contract.runlimits import DEFAULT_PER_CLASS, Budget, Thresholds
 from dfo_contract.runspec import (SPEC_VERSION, Bundled, Cache, Config, Group, Identity, Own,
@@ -52,7 +53,8 @@ def test_bundled_own_and_group_specs_survive_json():
                               step_pattern=r"step (?P<step>\d+)", env={"A": "1"},
                               resume=ResumeRule(glob="ck/*", order="mtime",
                                                 args=("--from={path}",)),
-                              fallbacks={"oom": ({"set_arg": {"--bs": "2"}}, {"drop_arg": "--x"})}))
+                              fallbacks={"oom": (LadderStep(set_arg={"--bs": "2"}),
+                                                 LadderStep(drop_arg="--x"))}))
     got = _roundtrip(own)
     assert got == own and got.own is not None and got.own.command[-1] == "$(id)"
     g = Group(name="pair", nodes=("a", "b"), node=1, head_addr="10.0.0.1", port=29400,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from dfo_contract.own_ladder import LadderStep
 from orchestrator.cli import main
 from orchestrator.common.fallback import DEFAULT_LADDERS, next_config
 from orchestrator.common.verdict import RETRY_NOTE, Ladders, choose, position_before
@@ -27,7 +28,7 @@ def test_position_is_replayed_from_the_earlier_fallbacks():
 
 
 def test_an_own_race_class_without_a_ladder_restarts_unchanged():
-    own = Ladders(own=True, own_steps={"oom": ({"set_arg": {"--batch": "1"}},)})
+    own = Ladders(own=True, own_steps={"oom": (LadderStep(set_arg={"--batch": "1"}),)})
     for cls in ("fx_trace_race", "compile_hang"):
         c = choose(own, cls, 0, {})
         assert not c.exhausted and c.step is None and c.note == RETRY_NOTE

@@ -13,7 +13,8 @@ about it the user says (a run file, see ``orchestrator.config.own_runfile``, or 
   append ``FLAG VALUE``), ``{"drop_arg": FLAG}`` (remove ``FLAG`` and its value) or
   ``{"run_first": [CMD, ARGS...]}`` (a command run before each later attempt).
 
-The changes in force are a :class:`Changes` (state.json's ``overrides`` for such a run).
+A step is a ``dfo_contract.own_ladder.LadderStep``; the changes in force are that module's
+``Changes`` (state.json's ``overrides`` for such a run).
 Argument lists stay lists: nothing here builds a shell string.
 """
 
@@ -21,15 +22,15 @@ from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from dfo_contract.own_ladder import STEP_KINDS, Changes, LadderStep
 from dfo_contract.trainer_markers import StepMarker
 
 from .errors import ConfigError
 from .fallback import FAILURE_CLASSES, TRANSIENT
 
-STEP_KINDS = ("env", "set_arg", "drop_arg", "run_first")
 ORDERS = ("step", "mtime", "name")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 FLAG = re.compile(r"^-{1,2}[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -72,7 +73,7 @@ def match_step(pat: re.Pattern | None, line: str) -> StepMarker | None:
 
 # --- ladder steps -----------------------------------------------------------------------------
 
-def check_step(raw: Any, where: str) -> dict:
+def check_step(raw: Any, where: str) -> LadderStep:
     """Validate one ladder step (a one-key mapping); ConfigError names ``where``."""
     if not isinstance(raw, Mapping) or len(raw) != 1:
         raise ConfigError(f"{where}: a fallback step is a mapping with one key",
@@ -89,7 +90,7 @@ def check_step(raw: Any, where: str) -> dict:
                 raise ConfigError(f"{where}: env: {k!r} is not a variable name")
             if not isinstance(v, (str, int, float, bool)) or isinstance(v, bool):
                 raise ConfigError(f"{where}: env.{k}: expected a string or number")
-        return {"env": {k: str(v) for k, v in val.items()}}
+        return LadderStep(env={k: str(v) for k, v in val.items()})
     if kind == "set_arg":
         if not isinstance(val, Mapping) or not val:
             raise ConfigError(f"{where}: set_arg: expected a mapping FLAG: VALUE")
@@ -98,18 +99,18 @@ def check_step(raw: Any, where: str) -> dict:
                 raise ConfigError(f"{where}: set_arg: {k!r} is not a flag like --name")
             if not isinstance(v, (str, int, float)) or isinstance(v, bool):
                 raise ConfigError(f"{where}: set_arg.{k}: expected a string or number")
-        return {"set_arg": {k: str(v) for k, v in val.items()}}
+        return LadderStep(set_arg={k: str(v) for k, v in val.items()})
     if kind == "drop_arg":
         if not isinstance(val, str) or not FLAG.match(val):
             raise ConfigError(f"{where}: drop_arg: {val!r} is not a flag like --name")
-        return {"drop_arg": val}
+        return LadderStep(drop_arg=val)
     if not isinstance(val, list) or not val or not all(isinstance(x, str) and x for x in val):
         raise ConfigError(f"{where}: run_first: expected a command as a list of strings",
                           hint="e.g. run_first: [python, warm.py, --threads, '1']")
-    return {"run_first": list(val)}
+    return LadderStep(run_first=list(val))
 
 
-def check_ladders(raw: Any, where: str = "fallbacks") -> dict[str, list[dict]]:
+def check_ladders(raw: Any, where: str = "fallbacks") -> dict[str, list[LadderStep]]:
     if raw is None:
         return {}
     if not isinstance(raw, Mapping):
@@ -125,65 +126,43 @@ def check_ladders(raw: Any, where: str = "fallbacks") -> dict[str, list[dict]]:
     return out
 
 
-@dataclass
-class Changes:
-    """What the ladder changed so far: ``env`` set, ``set_args`` replaced, ``drop`` flags
-    removed, ``first`` commands run before each attempt."""
-
-    env: dict = field(default_factory=dict)
-    set_args: dict = field(default_factory=dict)
-    drop: list = field(default_factory=list)
-    first: list = field(default_factory=list)
-
-    def to_json(self) -> dict:
-        return {"env": dict(self.env), "set_args": dict(self.set_args), "drop": list(self.drop),
-                "first": [list(c) for c in self.first]}
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any] | None) -> "Changes":
-        d = dict(d or {})
-        return cls(env=dict(d.get("env") or {}), set_args=dict(d.get("set_args") or {}),
-                   drop=list(d.get("drop") or []), first=[list(c) for c in d.get("first") or []])
-
-
-def apply_step(ch: Changes, step: Mapping[str, Any]) -> tuple[Changes, dict] | None:
+def apply_step(ch: Changes, step: LadderStep) -> tuple[Changes, dict] | None:
     """The changes after ``step`` and what it changed; None when it changes nothing."""
-    new = Changes.from_json(ch.to_json())
-    (kind, val), = step.items()
-    if kind == "env":
-        diff = {k: v for k, v in val.items() if new.env.get(k) != v}
+    new = ch.copy()
+    if step.env is not None:
+        diff = {k: v for k, v in step.env.items() if new.env.get(k) != v}
         new.env.update(diff)
         changed = {f"env.{k}": v for k, v in diff.items()}
-    elif kind == "set_arg":
-        diff = {k: v for k, v in val.items() if new.set_args.get(k) != v}
+    elif step.set_arg is not None:
+        diff = {k: v for k, v in step.set_arg.items() if new.set_args.get(k) != v}
         new.set_args.update(diff)
         for k in diff:
             if k in new.drop:
                 new.drop.remove(k)
         changed = {f"arg {k}": v for k, v in diff.items()}
-    elif kind == "drop_arg":
-        if val in new.drop:
+    elif step.drop_arg is not None:
+        if step.drop_arg in new.drop:
             return None
-        new.drop.append(val)
-        new.set_args.pop(val, None)
-        changed = {f"arg {val}": "dropped"}
+        new.drop.append(step.drop_arg)
+        new.set_args.pop(step.drop_arg, None)
+        changed = {f"arg {step.drop_arg}": "dropped"}
     else:
-        if list(val) in new.first:
+        cmd = list(step.run_first or ())
+        if cmd in new.first:
             return None
-        new.first.append(list(val))
-        changed = {"run_first": " ".join(val)}
+        new.first.append(cmd)
+        changed = {"run_first": " ".join(cmd)}
     return (new, changed) if changed else None
 
 
-def describe_step(step: Mapping[str, Any]) -> str:
-    (kind, val), = step.items()
-    if kind == "env":
-        return "env " + " ".join(f"{k}={v}" for k, v in val.items())
-    if kind == "set_arg":
-        return "set " + " ".join(f"{k} {v}" for k, v in val.items())
-    if kind == "drop_arg":
-        return f"drop {val}"
-    return "run first: " + " ".join(val)
+def describe_step(step: LadderStep) -> str:
+    if step.env is not None:
+        return "env " + " ".join(f"{k}={v}" for k, v in step.env.items())
+    if step.set_arg is not None:
+        return "set " + " ".join(f"{k} {v}" for k, v in step.set_arg.items())
+    if step.drop_arg is not None:
+        return f"drop {step.drop_arg}"
+    return "run first: " + " ".join(step.run_first or ())
 
 
 @dataclass(frozen=True)
@@ -196,7 +175,7 @@ class OwnChoice:
     exhausted: bool = False
 
 
-def next_step(cls: str, ladder: Sequence[Mapping[str, Any]], position: int,
+def next_step(cls: str, ladder: Sequence[LadderStep], position: int,
               changes: Changes) -> OwnChoice:
     """The first step at or after ``position`` that changes something; a spent ladder
     restarts unchanged for transient classes, else gives up."""
@@ -283,7 +262,7 @@ def check_resume(raw: Any, where: str = "resume") -> dict | None:
     return {"glob": glob, "order": order, "args": list(args)}
 
 
-def parse_ladder_flag(text: str) -> tuple[str, dict]:
+def parse_ladder_flag(text: str) -> tuple[str, LadderStep]:
     """``--ladder CLASS=KIND:VALUE`` -> (class, step): ``env:NAME=VALUE``,
     ``set_arg:FLAG=VALUE``, ``drop_arg:FLAG``, ``run_first:CMD ARGS`` (split like a shell
     would split words, without running one)."""
@@ -310,9 +289,9 @@ def parse_ladder_flag(text: str) -> tuple[str, dict]:
     return cls.strip(), check_step(raw, where)
 
 
-def ladders_from_flags(items: Sequence[str]) -> dict[str, list[dict]]:
+def ladders_from_flags(items: Sequence[str]) -> dict[str, list[LadderStep]]:
     """Repeated ``--ladder`` flags, in order, grouped by class."""
-    out: dict[str, list[dict]] = {}
+    out: dict[str, list[LadderStep]] = {}
     for it in items:
         cls, step = parse_ladder_flag(it)
         out.setdefault(cls, []).append(step)

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
+from dfo_contract.own_ladder import LadderStep
 from dfo_contract.failure_classes import TABLES
 
 from . import own_trainer
@@ -65,7 +66,7 @@ class Ladders:
     own: bool = False
     bundled: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     base: Mapping[str, Any] = field(default_factory=dict)
-    own_steps: Mapping[str, tuple[Mapping[str, Any], ...]] = field(default_factory=dict)
+    own_steps: Mapping[str, tuple[LadderStep, ...]] = field(default_factory=dict)
     version: int = VERSION
 
     @classmethod

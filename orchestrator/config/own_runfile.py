@@ -98,7 +98,7 @@ def _check(key: str, node: yaml.Node, path: str) -> Any:
     if key == "env":
         if not isinstance(val, dict):
             raise ConfigError("env: expected a mapping NAME: VALUE")
-        return own_trainer.check_step({"env": val}, "env")["env"]
+        return own_trainer.check_step({"env": val}, "env").env
     if key == "resume":
         return own_trainer.check_resume(val)
     if key == "thresholds":

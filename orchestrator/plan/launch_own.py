@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Any, Mapping, Sequence
 
+from dfo_contract.own_ladder import LadderStep
 from dfo_contract.runspec import Own, ResumeRule
 
 from ..common.errors import ConfigError, NotFoundError
@@ -29,7 +30,7 @@ class OwnConfig:
     step_pattern: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     resume: ResumeRule | None = None
-    fallbacks: Mapping[str, tuple[Mapping[str, Any], ...]] = field(default_factory=dict)
+    fallbacks: Mapping[str, tuple[LadderStep, ...]] = field(default_factory=dict)
     thresholds: Mapping[str, Any] = field(default_factory=dict)   # the run file's, then flags
     data: bytes = b"{}\n"          # the run file, shipped as the run's run-file.yaml
     name: str = "own"              # the default run name (from the script's name)
