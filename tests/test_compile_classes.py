@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from dfo_contract.own_ladder import LadderStep
 from orchestrator.cli import main
 from orchestrator.common.classify import classify, match_line
 from orchestrator.common.classify_rules import PERMANENT_CLASSES
@@ -156,7 +157,7 @@ def test_an_own_command_gets_one_compile_thread_through_its_env():
     c = choose(Ladders(own=True), "compile_workers", 0, {})
     assert c.changed == {"env.TORCHINDUCTOR_COMPILE_THREADS": "1"} and not c.exhausted
     # its own ladder for the class wins
-    own = Ladders(own=True, own_steps={"compile_workers": ({"env": {"X": "1"}},)})
+    own = Ladders(own=True, own_steps={"compile_workers": (LadderStep(env={"X": "1"}),)})
     assert choose(own, "compile_workers", 0, {}).changed == {"env.X": "1"}
 
 

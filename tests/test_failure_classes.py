@@ -9,6 +9,7 @@ import dataclasses
 
 import pytest
 
+from dfo_contract.own_ladder import LadderStep
 from dfo_contract import failure_classes as fc
 from dfo_contract import runlimits
 from dfo_contract.errors import ContractError
@@ -18,7 +19,7 @@ from orchestrator.engine import diagnose
 from orchestrator.common import budget, classify_rules, fallback, own_trainer, verdict
 
 TOY = FailureClass(name="toy_stall", priority=0, kind="transient", budget=2, ladder=("same",),
-                   own_retry=True, own_ladder=({"env": {"TOY": "1"}},), collective=True)
+                   own_retry=True, own_ladder=(LadderStep(env={"TOY": "1"}),), collective=True)
 
 
 def test_every_per_class_table_is_the_rows():
@@ -53,7 +54,7 @@ def test_a_new_class_is_one_row():
     assert t.ladders == {**TABLES.ladders, "toy_stall": ("same",)}
     assert t.budgets == {**TABLES.budgets, "toy_stall": 2}
     assert t.own_retry == TABLES.own_retry | {"toy_stall"}
-    assert t.own_ladders == {**TABLES.own_ladders, "toy_stall": ({"env": {"TOY": "1"}},)}
+    assert t.own_ladders == {**TABLES.own_ladders, "toy_stall": (LadderStep(env={"TOY": "1"}),)}
     assert t.collective == TABLES.collective | {"toy_stall"}
     # what is given per class (spec.json's budget, a run's --fallbacks) takes the new name
     b = runlimits.Budget.from_json({"per_class": {"toy_stall": 1}}, classes=t.failure_classes)
