@@ -85,7 +85,9 @@ class ExportOps:
             r.check("listing checkpoints")
         try:
             got = CheckpointListing.from_json(json.loads(r.out or "{}"))
-        except (ValueError, ContractError):
+        except ContractError as e:     # JSON, but not a listing
+            raise RemoteCommandError(f"listing checkpoints in {ck_dir}: {e}") from None
+        except ValueError:
             raise RemoteCommandError(f"listing checkpoints in {ck_dir}: output is not JSON") \
                 from None
         return got.dir, got.oldest_first(), got.runs_in_dir
