@@ -20,8 +20,8 @@ it. A part missing from the list fails the test, so a new package is placed on p
 The orchestrator is split by the process that runs it (``ORCHESTRATOR_SIDES``): the laptop's
 ``dfo`` (cli, engine, plan, config, transport), the container's programs (the supervisor and
 its policy; the host tools of ``remote``) and the small ``common`` part both run. No laptop
-module imports a container module or the other way round (``ALLOWED_CROSSINGS`` names the
-one edge that may, and why); ``common`` imports only itself (and ``dfo_contract``); neither
+module imports a container module or the other way round (``ALLOWED_CROSSINGS`` would name
+an edge that may, with its reason; it names none); ``common`` imports only itself (and ``dfo_contract``); neither
 ``common`` nor the laptop imports the trainer. ``ORCHESTRATOR_ORDER`` lists the
 orchestrator's parts lowest first, like ``TRAINER_ORDER``: an upward import fails, as does
 a part it does not list, and the parts have no circle. The host tools whose source travels as
@@ -55,12 +55,9 @@ ORCHESTRATOR_SIDES = {
     "remote": "container", "supervisor.policy": "container", "supervisor": "container",
 }
 
-#: imports across the process line that may stay, each with its reason
-ALLOWED_CROSSINGS = {
-    ("orchestrator.engine.compile_cache", "orchestrator.remote.cache_tool"):
-        "a fetched snapshot tar is judged on the laptop by the host's own scanner (scan_tar): "
-        "cache_tool is stdlib-only, so importing it brings nothing of the container's program",
-}
+#: imports across the process line that may stay, each with its reason (none: a laptop module
+#: that needs a host tool's answer runs the tool, as the host does)
+ALLOWED_CROSSINGS: dict[tuple[str, str], str] = {}
 
 #: host tools whose source runs as ``python -c`` where dfo is not installed: stdlib only
 REMOTE_SOURCE_TOOLS = ("orchestrator.remote.env_probe", "orchestrator.remote.cache_tool")

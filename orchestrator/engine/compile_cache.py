@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import posixpath
+import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -36,9 +37,10 @@ from ..plan import cache_key as ck
 from ..plan import snapshot as sn
 from ..plan.init_from import effective, init_from_probe
 from ..plan.provenance import Trust, adoption_record, check_trust
-from ..remote.cache_tool import scan_tar
 from ..config.host_tree import HostTree
+from ..transport import run_probe
 from ..transport.base import Transport
+from ..transport.local import LocalTransport
 from .cache_store import CacheStore
 from .cache_warmup import CacheWarmup, Event, WarmResult
 
@@ -294,8 +296,10 @@ def _hash_local(path: Path) -> FileDigest:
 
 
 def _scan_local(path: Path) -> ScanReply:
-    """The cache helper's member check (``scan_tar``) of a tar on this machine."""
-    return ScanReply.from_json(scan_tar(str(path)))
+    """The cache helper's member check (``scantar``) of a tar on this machine: the helper
+    runs here as it runs on a host (``python -c SOURCE``), with this interpreter."""
+    return run_probe(LocalTransport(), sn.tool_probe(sys.executable, "scantar", str(path),
+                                                     reply=ScanReply))
 
 
 def _pull_target(dest: Path, key: str) -> Path:
