@@ -12,6 +12,8 @@ The rules (docs/contracts.md, "The records' codec"):
   A value of another type is a :class:`ContractError` (one line naming the record and key).
 - Non-finite floats are written as the strings ``"nan"``/``"inf"``/``"-inf"`` (strict JSON)
   and read back as floats where the field is a float.
+- An error names the place from the record down (:func:`where`: ``spec.json's
+  'identity.run_id'``, ``state.json's 'attempts[2]'``).
 - A missing field takes its default; a missing field without one is a ContractError. An
   :func:`opt` field that is None is not written.
 - A record read ``tolerant`` (state.json and the status replies: ``dfo status`` shows what
@@ -136,17 +138,19 @@ def encode(value: Any, *, skip: tuple[str, ...] = ()) -> Any:
 # --- decode ---------------------------------------------------------------------------------
 
 def decode(cls: type[T], obj: Any, *, what: str | None = None, tolerant: bool = False,
-           **defaults: Any) -> T:
+           at: tuple[str, ...] = (), **defaults: Any) -> T:
     """The record ``cls`` from its JSON object; ``defaults`` (attribute names) fill fields
     ``obj`` lacks (and, read ``tolerant``, fields it has mistyped). ``what`` names the
-    record in errors (``"a checkpoint record"``); ``tolerant``: see the module's rules."""
+    record in errors (``"a checkpoint record"``), ``at`` the keys that lead from it to this
+    (nested) record (an error names ``spec.json's 'identity.run_id'``); ``tolerant``: see
+    the module's rules."""
     what = what or f"a {cls.__name__} record"
     if not isinstance(obj, Mapping):
-        raise ContractError(f"{what} is not a JSON object")
+        raise ContractError(f"{where(what, at)} is not a JSON object")
     tolerant = tolerant or getattr(cls, "TOLERANT", False) is True
     tag = tag_of(cls)
     if tag is not None and obj.get(TAG, tag) != tag:
-        raise ContractError(f"{what}'s {TAG!r} is {obj.get(TAG)!r}, expected {tag!r}")
+        raise ContractError(f"{where(what, (*at, TAG))} is {obj.get(TAG)!r}, expected {tag!r}")
     hints = _hints(cls)
     kw: dict[str, Any] = {}
     known: set[str] = {TAG} if tag is not None else set()
@@ -165,7 +169,7 @@ def decode(cls: type[T], obj: Any, *, what: str | None = None, tolerant: bool = 
         known.add(key)
         if key in obj:
             try:
-                kw[f.name] = _check(what, key, obj[key], hints[f.name], tolerant)
+                kw[f.name] = _check(what, (*at, key), obj[key], hints[f.name], tolerant)
             except Mistyped:
                 if tolerant and f.name in defaults:
                     kw[f.name] = defaults[f.name]
@@ -175,10 +179,11 @@ def decode(cls: type[T], obj: Any, *, what: str | None = None, tolerant: bool = 
         elif f.name in defaults:
             kw[f.name] = defaults[f.name]
         elif f.default is MISSING and f.default_factory is MISSING:
-            raise ContractError(f"{what} lacks its {key!r} field")
+            raise ContractError(f"{where(what, at)} lacks its {key!r} field")
     if flat_field is not None:
         rest = {k: v for k, v in obj.items() if k not in known}
-        kw[flat_field.name] = decode(hints[flat_field.name], rest, what=what, tolerant=tolerant)
+        kw[flat_field.name] = decode(hints[flat_field.name], rest, what=what, at=at,
+                                     tolerant=tolerant)
     elif has_extra:
         kw[EXTRA] = {k: v for k, v in obj.items() if k not in known}
     return cls(**kw)
@@ -198,20 +203,27 @@ def _hints(cls: type) -> dict[str, Any]:
     return _HINTS[cls]
 
 
-def _check(what: str, key: str, value: Any, hint: Any, tolerant: bool = False) -> Any:
+def where(what: str, at: tuple[str, ...]) -> str:
+    """A place in a record for an error: ``spec.json``, ``spec.json's 'identity.run_id'``,
+    ``state.json's 'attempts[2].n'`` (a list's index or a mapping's key in brackets)."""
+    path = "".join(k if k.startswith("[") or i == 0 else f".{k}" for i, k in enumerate(at))
+    return f"{what}'s {path!r}" if at else what
+
+
+def _check(what: str, at: tuple[str, ...], value: Any, hint: Any, tolerant: bool = False) -> Any:
     """``value`` as the field's type, or ContractError (one line, naming record and key)."""
-    ok, out = coerce(value, hint, f"{what}'s {key!r}", tolerant)
+    ok, out = coerce(value, hint, what, tolerant, at=at)
     if not ok:
-        raise Mistyped(f"{what}'s {key!r} is {type(value).__name__} "
-                            f"{_short(value)}, expected {type_name(hint)}")
+        raise Mistyped(f"{where(what, at)} is {type(value).__name__} "
+                       f"{_short(value)}, expected {type_name(hint)}")
     return out
 
 
-def coerce(value: Any, hint: Any, what: str = "a value",
-           tolerant: bool = False) -> tuple[bool, Any]:
+def coerce(value: Any, hint: Any, what: str = "a value", tolerant: bool = False, *,
+           at: tuple[str, ...] = ()) -> tuple[bool, Any]:
     """(whether ``value`` is of type ``hint``, the value as that type). A nested record that
-    does not read raises its own ContractError (``what`` names where it is); ``tolerant``
-    is passed to it."""
+    does not read raises its own ContractError (``what`` and ``at`` name where it is);
+    ``tolerant`` is passed to it."""
     if hint is Any or hint is object:
         return True, value
     origin = typing.get_origin(hint)
@@ -220,13 +232,13 @@ def coerce(value: Any, hint: Any, what: str = "a value",
         if tagged and isinstance(value, Mapping):
             kind = value.get(TAG)
             if not isinstance(kind, str) or kind not in tagged:
-                raise ContractError(f"{what}'s {TAG!r} is {kind!r}, expected one of "
-                                    f"{', '.join(tagged)}")
-            return True, decode(tagged[kind], value, what=what, tolerant=tolerant)
+                raise ContractError(f"{where(what, (*at, TAG))} is {kind!r}, expected one "
+                                    f"of {', '.join(tagged)}")
+            return True, decode(tagged[kind], value, what=what, at=at, tolerant=tolerant)
         err: ContractError | None = None
         for arg in typing.get_args(hint):
             try:
-                ok, out = coerce(value, arg, what, tolerant)
+                ok, out = coerce(value, arg, what, tolerant, at=at)
             except ContractError as e:
                 err = err or e
                 continue
@@ -262,7 +274,7 @@ def coerce(value: Any, hint: Any, what: str = "a value",
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         if not isinstance(value, Mapping):
             return False, value
-        return True, decode(hint, value, what=what, tolerant=tolerant)
+        return True, decode(hint, value, what=what, at=at, tolerant=tolerant)
     if hint in (list, tuple) or origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
             return False, value
@@ -272,8 +284,8 @@ def coerce(value: Any, hint: Any, what: str = "a value",
             return False, value
         kinds = list(args) if fixed else [args[0] if args else Any] * len(value)
         items = []
-        for x, kind in zip(value, kinds, strict=True):
-            ok, y = coerce(x, kind, what, tolerant)
+        for n, (x, kind) in enumerate(zip(value, kinds, strict=True)):
+            ok, y = coerce(x, kind, what, tolerant, at=(*at, f"[{n}]"))
             if not ok:
                 return False, value
             items.append(y)
@@ -286,7 +298,7 @@ def coerce(value: Any, hint: Any, what: str = "a value",
             return True, dict(value)
         res = {}
         for k, x in value.items():
-            ok, y = coerce(x, kv[1], what, tolerant)
+            ok, y = coerce(x, kv[1], what, tolerant, at=(*at, f"[{k}]"))
             if not ok:
                 return False, value
             res[k] = y

@@ -243,9 +243,9 @@ def test_a_tagged_record_is_written_kind_first_and_read_by_its_kind():
     back = decode(Home, json.loads(json.dumps(d)))
     assert back == h and isinstance(back.pet.tricks, tuple)
     assert decode(Home, {"pet": {"kind": "cat"}}).pet == Cat()
-    for pet, needle in (({"kind": "cow"}, "'pet''s 'kind' is 'cow', expected one of cat, dog"),
-                        ({"lives": 3}, "'pet''s 'kind' is None, expected one of cat, dog"),
-                        ({"kind": "cat", "lives": "x"}, "'pet''s 'lives' is str")):
+    for pet, needle in (({"kind": "cow"}, "'pet.kind' is 'cow', expected one of cat, dog"),
+                        ({"lives": 3}, "'pet.kind' is None, expected one of cat, dog"),
+                        ({"kind": "cat", "lives": "x"}, "'pet.lives' is str")):
         with pytest.raises(ContractError, match=needle):
             decode(Home, {"pet": pet})
     with pytest.raises(ContractError, match="'kind' is 'dog', expected 'cat'"):
@@ -253,3 +253,14 @@ def test_a_tagged_record_is_written_kind_first_and_read_by_its_kind():
     assert encode(Cat(), skip=("kind",)) == {"lives": 9}
     # an event's kind is its envelope's: events are not tagged records
     assert "kind" not in ev.Checkpoint(attempt=1, step=2, path="/c").body()
+
+
+def test_an_error_names_the_place_from_the_record_down():
+    from dfo_contract.runstate import RunState
+    with pytest.raises(ContractError) as e:
+        RunState.from_json({"run_id": "x", "attempts": [{"n": 1, "started_at": 1.0},
+                                                        {"started_at": 2.0}]})
+    assert str(e.value) == "state.json's 'attempts[1]' lacks its 'n' field"
+    with pytest.raises(ContractError) as e:
+        decode(Home, {"pet": {"kind": "cat", "lives": "x"}}, what="home.json")
+    assert str(e.value).startswith("home.json's 'pet.lives' is str 'x'")

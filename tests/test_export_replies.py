@@ -51,7 +51,7 @@ def test_the_export_reply_and_the_best_record():
     assert ExportReply.from_json(no_precision).target_precision == "full"
     with pytest.raises(ContractError, match="the export's reply lacks its 'step' field"):
         ExportReply.from_json({k: v for k, v in line.items() if k != "step"})
-    with pytest.raises(ContractError, match="'size'"):
+    with pytest.raises(ContractError, match=r"the export's reply's 'files\[m\]\.size' is str"):
         ExportReply.from_json({**line, "files": {"m": {"sha256": "x", "size": "12"}}})
 
 
