@@ -24,7 +24,8 @@ The rules (docs/contracts.md, "The records' codec"):
   read tolerant wherever it is, also nested in a record read strictly (a query reply).
 - Keys the record does not know are kept in its ``extra`` mapping where it has one (written
   back first, so a round trip through an older reader loses none), else ignored (a newer
-  writer may add fields without a new version).
+  writer may add fields without a new version); a record class that sets ``CLOSED = True``
+  (spec.json's thresholds: a misspelt limit must not pass unseen) refuses one instead.
 - A :func:`flat` field is a nested record whose keys sit beside the record's own (a run's
   status is its state.json object with the host's keys added): written first, read from
   the keys that are not the record's own. A record has at most one, and then no ``extra``
@@ -180,6 +181,11 @@ def decode(cls: type[T], obj: Any, *, what: str | None = None, tolerant: bool = 
             kw[f.name] = defaults[f.name]
         elif f.default is MISSING and f.default_factory is MISSING:
             raise ContractError(f"{where(what, at)} lacks its {key!r} field")
+    if getattr(cls, "CLOSED", False) is True:
+        for k in obj:
+            if k not in known:
+                raise ContractError(f"{where(what, (*at, str(k)))} is unknown (known: "
+                                    f"{', '.join(sorted(known - {TAG}))})")
     if flat_field is not None:
         rest = {k: v for k, v in obj.items() if k not in known}
         kw[flat_field.name] = decode(hints[flat_field.name], rest, what=what, at=at,

@@ -1,9 +1,12 @@
 """The limits a run's supervisor works under (torch-free, stdlib only): the watchdog's
 ``Thresholds`` and the restart ``Budget``. Both are sections of ``spec.json``
-(``dfo_contract.runspec``) and are what ``dfo launch --threshold/--budget`` set.
+(``dfo_contract.runspec``), read and written there by the records' codec and then checked
+(:meth:`Thresholds.check`, :meth:`Budget.check`: each value's range).
 
-``from_json`` takes a partial mapping (absent keys keep their defaults) and raises a
-one-line :class:`~dfo_contract.errors.ContractError` for a value it cannot take.
+``from_user`` reads them as a user gives them (``dfo launch --threshold/--budget``, a run
+file): a partial mapping (absent keys keep their defaults), numbers also as text, a whole
+number for a count; the same range checks. Each raises a one-line
+:class:`~dfo_contract.errors.ContractError` for a value it cannot take.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Iterable, Mapping, Self
 
+from .codec import encode
 from .errors import ContractError
 from .failure_classes import TABLES
 
@@ -78,24 +82,37 @@ class Thresholds:
     def names(cls) -> tuple[str, ...]:
         return fields_of(cls)
 
+    #: spec.json's section refuses a key it does not know (codec)
+    CLOSED: ClassVar[bool] = True
+
     @classmethod
-    def from_json(cls, d: Mapping[str, Any] | None, where: str = "thresholds") -> Self:
+    def from_user(cls, d: Mapping[str, Any] | None, where: str = "thresholds") -> Self:
+        """The defaults with ``d`` (names as the fields'; numbers, also as text)."""
         d = as_mapping(d, where)
         known = cls.names()
         out: dict[str, Any] = {}
         for k, v in d.items():
             if k not in known:
                 raise ContractError(f"{where}: {k!r} is unknown (known: {', '.join(known)})")
-            val = as_count(v, f"{where}.{k}") if k in cls._INTS else as_number(v, f"{where}.{k}")
-            if val < 0 or (val == 0 and k not in cls.ZERO_OK):
-                raise ContractError(f"{where}.{k}: expected a positive number, got {v!r}"
-                                    + (" (0 means off only for " + ", ".join(cls.ZERO_OK) + ")"
+            out[k] = as_count(v, f"{where}.{k}") if k in cls._INTS else as_number(v, f"{where}.{k}")
+        return cls(**out).check(where)
+
+    def check(self, where: str = "thresholds") -> Self:
+        """This record, when every value is in its range: positive, 0 only where it means
+        "off" (``ZERO_OK``), finite."""
+        for k in self.names():
+            val = getattr(self, k)
+            if not math.isfinite(val):
+                raise ContractError(f"{where}.{k}: expected a finite number, got {val!r}")
+            if val < 0 or (val == 0 and k not in self.ZERO_OK):
+                raise ContractError(f"{where}.{k}: expected a positive number, got {val!r}"
+                                    + (" (0 means off only for " + ", ".join(self.ZERO_OK) + ")"
                                        if val == 0 else ""))
-            out[k] = val
-        return cls(**out)
+        return self
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        out: dict[str, Any] = encode(self)
+        return out
 
 
 #: restarts allowed per failure class before the run ends failed (each class's row's ``budget``)
@@ -115,37 +132,42 @@ class Budget:
     settle: float = 0.5
     scale: float = 1.0
 
+    #: the fields that are counts
+    _COUNTS: ClassVar[tuple[str, ...]] = ("total", "startup_limit")
+
     @classmethod
-    def from_json(cls, d: Mapping[str, Any] | None, where: str = "budget", *,
+    def from_user(cls, d: Mapping[str, Any] | None, where: str = "budget", *,
                   classes: Iterable[str] | None = None) -> Self:
         """Defaults <- ``d`` (``per_class`` merges into the default table; unknown keys are
         ignored). ``classes``: the failure classes a ``per_class`` key must be one of."""
         d = dict(as_mapping(d, where))
-        per = dict(DEFAULT_PER_CLASS)
+        given = as_mapping(d.pop("per_class", None), f"{where}.per_class")
         allowed = tuple(classes) if classes is not None else None
-        for k, v in as_mapping(d.pop("per_class", None), f"{where}.per_class").items():
+        for k in given:
             if allowed is not None and k not in allowed:
                 raise ContractError(f"{where}: unknown failure class {k!r} "
                                     f"(choose from {', '.join(allowed)})")
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ContractError(f"{where}.{k}: expected a non-negative integer, got {v!r}")
-            per[str(k)] = v
+        per: dict[str, Any] = {**DEFAULT_PER_CLASS, **given}
         out: dict[str, Any] = {}
         for k in fields_of(cls):
             if k == "per_class" or k not in d:
                 continue
-            if k in ("total", "startup_limit"):
-                v = d[k]
-                if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                    raise ContractError(f"{where}.{k}: expected a non-negative integer, got {v!r}")
-                out[k] = v
-            else:
-                out[k] = as_number(d[k], f"{where}.{k}")
-        if not out.get("scale", 1.0) > 0:
-            raise ContractError(f"{where}.scale: expected a positive number, got {out['scale']!r}")
-        return cls(per_class=per, **out)
+            out[k] = d[k] if k in cls._COUNTS else as_number(d[k], f"{where}.{k}")
+        return cls(per_class=per, **out).check(where)
+
+    def check(self, where: str = "budget") -> Self:
+        """This record, when each count is a non-negative integer and ``scale`` positive."""
+        for k, v in self.per_class.items():
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ContractError(f"{where}.{k}: expected a non-negative integer, got {v!r}")
+        for k in self._COUNTS:
+            v = getattr(self, k)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ContractError(f"{where}.{k}: expected a non-negative integer, got {v!r}")
+        if not self.scale > 0:
+            raise ContractError(f"{where}.scale: expected a positive number, got {self.scale!r}")
+        return self
 
     def to_json(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["per_class"] = dict(self.per_class)
-        return d
+        out: dict[str, Any] = encode(self)
+        return out

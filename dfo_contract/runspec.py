@@ -5,7 +5,7 @@ One versioned :class:`RunSpec` of frozen ``kw_only`` dataclasses, written once b
 so the supervisor never re-reads hosts.yaml and never looks a key up by its name. Both go
 through the records' codec (``dfo_contract.codec``): ``trainer`` and ``role`` are tagged
 records, written with their ``kind`` first and read by it; ``thresholds`` and ``budget``
-are read by their own ``from_json``, which also checks each value's range.
+are then checked for each value's range (``Thresholds.check``, ``Budget.check``).
 
 - ``identity``: the run (id, name), the host and where it lives (root, env python, run.lock)
 - ``config``: the run config on the host, its flat values (file + defaults) and the
@@ -255,11 +255,10 @@ class RunSpec:
             raise ContractError(f"spec.json: version {v!r} is not one this supervisor reads "
                                 f"(it reads version {SPEC_VERSION}); launch the run again with "
                                 "this dfo")
-        # the limits keep their own reader: it also checks each value's range
-        rest = {k: x for k, x in d.items() if k not in ("thresholds", "budget")}
-        return decode(cls, rest, what="spec.json",
-                      thresholds=Thresholds.from_json(d.get("thresholds")),
-                      budget=Budget.from_json(d.get("budget")))
+        spec = decode(cls, d, what="spec.json")
+        spec.thresholds.check("spec.json's thresholds")
+        spec.budget.check("spec.json's budget")
+        return spec
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = encode(self)

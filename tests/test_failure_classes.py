@@ -57,10 +57,10 @@ def test_a_new_class_is_one_row():
     assert t.own_ladders == {**TABLES.own_ladders, "toy_stall": (LadderStep(env={"TOY": "1"}),)}
     assert t.collective == TABLES.collective | {"toy_stall"}
     # what is given per class (spec.json's budget, a run's --fallbacks) takes the new name
-    b = runlimits.Budget.from_json({"per_class": {"toy_stall": 1}}, classes=t.failure_classes)
+    b = runlimits.Budget.from_user({"per_class": {"toy_stall": 1}}, classes=t.failure_classes)
     assert b.per_class["toy_stall"] == 1
     with pytest.raises(ContractError, match="unknown failure class 'toy_stall'"):
-        runlimits.Budget.from_json({"per_class": {"toy_stall": 1}}, classes=TABLES.failure_classes)
+        runlimits.Budget.from_user({"per_class": {"toy_stall": 1}}, classes=TABLES.failure_classes)
     # a class whose row says "permanent" is permanent, with nothing else to change
     p = derive((*TABLE, FailureClass(name="toy_gone", priority=99, kind="permanent", budget=0)))
     assert p.permanent == TABLES.permanent | {"toy_gone"} and p.ladders["toy_gone"] == ()

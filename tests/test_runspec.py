@@ -83,7 +83,11 @@ def test_config_merges_overrides_over_the_base():
     ({**_bundled().to_json(), "role": {"name": "g"}}, "'role.kind' is None, expected one of"),
     ({k: v for k, v in _bundled().to_json().items() if k != "resume"}, "lacks its 'resume' field"),
     ({**_bundled().to_json(), "thresholds": {"warmup_s": "soon"}}, "thresholds.warmup_s"),
-    ({**_bundled().to_json(), "thresholds": {"nap_s": 1}}, "'nap_s' is unknown"),
+    ({**_bundled().to_json(), "thresholds": {"nap_s": 1}}, "'thresholds.nap_s' is unknown"),
+    ({**_bundled().to_json(), "thresholds": {"train_s": 0}},
+     "spec.json's thresholds.train_s: expected a positive number, got 0"),
+    ({**_bundled().to_json(), "budget": {"scale": -1}},
+     "spec.json's budget.scale: expected a positive number"),
 ])
 def test_a_spec_it_cannot_read_is_refused_in_one_line(raw, needle):
     with pytest.raises(ContractError) as e:
@@ -93,24 +97,24 @@ def test_a_spec_it_cannot_read_is_refused_in_one_line(raw, needle):
 
 
 def test_thresholds_defaults_zero_and_integers():
-    t = Thresholds.from_json({"hang_s": 0, "skip_steps": 0, "collapse_steps": 3.0})
+    t = Thresholds.from_user({"hang_s": 0, "skip_steps": 0, "collapse_steps": 3.0})
     assert t.hang_s == 0.0 and t.skip_steps == 0 and t.collapse_steps == 3
-    assert Thresholds.from_json(None) == Thresholds() and Thresholds().warmup_s == 900.0
+    assert Thresholds.from_user(None) == Thresholds() and Thresholds().warmup_s == 900.0
     for bad in ({"train_s": 0}, {"train_s": -1}, {"collapse_steps": 2.5}, {"warmup_s": True},
                 {"poll_s": float("nan")}):
         with pytest.raises(ContractError):
-            Thresholds.from_json(bad)
+            Thresholds.from_user(bad)
 
 
 def test_budget_merges_the_class_table_and_checks_names_when_asked():
-    b = Budget.from_json({"per_class": {"oom": 1}, "total": 4, "scale": 0.5, "extra": 1})
+    b = Budget.from_user({"per_class": {"oom": 1}, "total": 4, "scale": 0.5, "extra": 1})
     assert b.per_class["oom"] == 1 and b.per_class["crash"] == 3 and b.total == 4
-    assert Budget.from_json(b.to_json()) == b
+    assert Budget.from_user(b.to_json()) == b
     with pytest.raises(ContractError, match="unknown failure class 'bogus'"):
-        Budget.from_json({"per_class": {"bogus": 1}}, classes=("oom", "crash"))
+        Budget.from_user({"per_class": {"bogus": 1}}, classes=("oom", "crash"))
     for bad in ({"scale": 0}, {"total": -1}, {"per_class": {"oom": "x"}}):
         with pytest.raises(ContractError):
-            Budget.from_json(bad)
+            Budget.from_user(bad)
 
 
 def test_the_supervisor_refuses_a_spec_of_another_version_and_writes_nothing(tmp_path):

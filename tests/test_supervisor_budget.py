@@ -60,13 +60,13 @@ def test_permanent_errors_never_restart():
 
 
 def test_policy_roundtrip_and_validation():
-    p = BudgetPolicy.from_json({"per_class": {"oom": 1}, "scale": 0.5, "total": 4})
+    p = BudgetPolicy.from_user({"per_class": {"oom": 1}, "scale": 0.5, "total": 4})
     assert p.per_class["oom"] == 1 and p.per_class["crash"] == 3
-    assert BudgetPolicy.from_json(p.to_json()) == p
+    assert BudgetPolicy.from_user(p.to_json()) == p
     with pytest.raises(ConfigError):
-        BudgetPolicy.from_json({"per_class": {"bogus": 1}})
+        BudgetPolicy.from_user({"per_class": {"bogus": 1}})
     with pytest.raises(ConfigError):
-        BudgetPolicy.from_json({"scale": 0})
+        BudgetPolicy.from_user({"scale": 0})
 
 
 def test_a_new_fallback_waits_only_the_settle_time():

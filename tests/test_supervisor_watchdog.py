@@ -237,9 +237,9 @@ def test_without_samples_or_with_hang_s_off_the_old_thresholds_rule():
 
 
 def test_hang_s_comes_from_the_spec_thresholds_with_a_default():
-    assert Thresholds.from_json({"warmup_s": 1, "train_s": 2, "live_grace_s": 3,
+    assert Thresholds.from_user({"warmup_s": 1, "train_s": 2, "live_grace_s": 3,
                                  "kill_grace_s": 4, "stop_timeout_s": 5}).hang_s == 60.0
-    assert Thresholds.from_json({"warmup_s": 1, "train_s": 2, "live_grace_s": 3,
+    assert Thresholds.from_user({"warmup_s": 1, "train_s": 2, "live_grace_s": 3,
                                  "kill_grace_s": 4, "stop_timeout_s": 5,
                                  "hang_s": 20}).hang_s == 20.0
 

@@ -112,7 +112,7 @@ def as_thresholds(ctx, param, pairs) -> dict[str, float]:
 
 def as_budget(ctx, param, pairs) -> dict[str, Any]:
     """``--budget`` given: ``total`` and ``startup_limit`` as they are, the failure classes'
-    restarts under ``per_class`` (``BudgetPolicy.from_json``'s shape)."""
+    restarts under ``per_class`` (``BudgetPolicy.from_user``'s shape)."""
     budget: dict[str, Any] = {}
     per: dict[str, int] = {}
     for k, v in pairs:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import signal
 from dataclasses import dataclass
-from typing import Any, Mapping, Self
+from typing import Any, Iterable, Mapping, Self
 
 from dfo_contract import exitcodes
 from dfo_contract.errors import ContractError
@@ -36,14 +36,14 @@ __all__ = ["BudgetPolicy", "BudgetState", "Decision", "backoff", "restart_delay"
 
 
 class BudgetPolicy(Budget):
-    """spec.json's ``Budget`` as a user gives it: ``from_json`` also checks each
+    """spec.json's ``Budget`` as a user gives it: ``from_user`` also checks each
     ``per_class`` name is a failure class, and says what is wrong as a ConfigError."""
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any] | None, where: str = "budget", *,
-                  classes=FAILURE_CLASSES) -> Self:
+    def from_user(cls, d: Mapping[str, Any] | None, where: str = "budget", *,
+                  classes: Iterable[str] | None = FAILURE_CLASSES) -> Self:
         try:
-            return super().from_json(d, where, classes=classes)
+            return super().from_user(d, where, classes=classes)
         except ContractError as e:
             raise ConfigError(str(e)) from None
 

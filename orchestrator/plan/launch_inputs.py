@@ -136,7 +136,7 @@ def prepare(o: LaunchOptions, trainer: TrainerInput, host, now: float) -> Launch
                 parse_spec(o.fault, source="--fault")
             except FaultSpecError as e:   # the trainer's error, as dfo's (exit 2, one line)
                 raise ConfigError(str(e).removeprefix("config: ")) from None
-    policy = BudgetPolicy.from_json({**dict(o.budget), "scale": o.backoff_scale})
+    policy = BudgetPolicy.from_user({**dict(o.budget), "scale": o.backoff_scale})
     run_id = o.run_id or make_run_id(run_name, now)
     return LaunchInputs(run_name=run_name, run_id=run_id, run_dir=tree.run_dir(run_id), now=now,
                         resume=resume, thresholds=thr, budget=policy, ladders=ladders,

@@ -296,7 +296,7 @@ def plan_launch(o: LaunchOptions, inp: LaunchInputs, facts: LaunchFacts, *, host
         identity=Identity(run_id=inp.run_id, run_name=inp.run_name, host=host.name,
                           root=tree.root, python=python, lock=tree.run_lock),
         config=part.config, resume=Resume.of(part.ck_dir, part.resume),
-        thresholds=inp.thresholds, budget=Budget.from_json(inp.budget.to_json()),
+        thresholds=inp.thresholds, budget=Budget(**vars(inp.budget)),
         ladders={k: tuple(v) for k, v in inp.ladders.items()}, cache=part.cache,
         standby=Standby(enabled=bool(o.standby),
                         env={str(k): str(v) for k, v in o.standby_env.items()}),

@@ -15,6 +15,6 @@ def thresholds(overrides: Mapping[str, Any] | None = None) -> Thresholds:
     """The defaults with ``overrides``; ConfigError (one line) for an unknown name or a value
     that is not a positive number (0 only where it means "off")."""
     try:
-        return Thresholds.from_json(dict(overrides or {}), "--threshold")
+        return Thresholds.from_user(dict(overrides or {}), "--threshold")
     except ContractError as e:
         raise ConfigError(str(e), hint="known: " + ", ".join(Thresholds.names())) from None
