@@ -3,6 +3,8 @@ lines stored in ``tests/fixtures/trainer_records/`` (``metrics.jsonl``, ``marker
 each stored line (those, and lines from other writers: mistyped fields, torn records, other
 versions) reads to the stored record and writes back to the stored line
 (``*_read.jsonl``: ``line``, the record's ``repr`` or null, the line it writes or null).
+Both formats go through the records' codec (``dfo_contract.codec``), which writes their
+non-finite floats as null, nested ones too.
 
 ``PYTHONPATH=. python tests/test_trainer_record_bytes.py`` rewrites the fixtures from the code."""
 
@@ -163,6 +165,28 @@ def test_marker_lines_read_and_write_back_as_stored():
     assert [c["line"] for c in cases[:len(MARKERS)]] == _lines(FIXTURES / "markers.log")
     for c in cases:
         assert _marker_case(c["line"]) == c, c["line"]
+
+
+def test_nested_non_finite_floats_are_written_as_null():
+    line = StepMarker(t=1.0, step=1, loss=NAN, acc_per_pos=(0.5, NAN, -INF)).line()
+    assert '"loss": null' in line and '"acc_per_pos": [0.5, null, null]' in line
+    line = StartupMarker(t=1.0, step=0, total_s=INF, phases=(("spawn", 1.5), ("data", NAN))).line()
+    assert '"total_s": null, "phases": {"spawn": 1.5, "data": null}' in line
+    other = OtherMarker(t=1.0, kind="bench", record={"kind": "bench", "xs": [NAN], "o": {"y": INF}})
+    assert other.line() == '@dfo {"kind": "bench", "xs": [null], "o": {"y": null}}\n'
+    rec = MetricsRecord(step=1, acc_per_pos=(NAN,), extra=(("x", INF),)).to_json()
+    assert rec["acc_per_pos"] == [None] and rec["x"] is None
+
+
+def test_the_codec_strings_read_as_floats_and_a_value_is_finite():
+    m = read_marker('@dfo {"kind": "step", "step": 1, "loss": "nan", "acc_per_pos": ["inf", 1]}')
+    assert isinstance(m, StepMarker) and m.loss_is_nan and m.acc_per_pos == (INF, 1.0)
+    r = MetricsRecord.from_json(json_object('{"step": 1, "loss": "nan", "tau": NaN, '
+                                            '"acc_per_pos": [1, "inf"], "x": "-inf", "y": 2}'))
+    assert r is not None and math.isnan(r.loss or 0.0) and math.isnan(r.tau or 0.0)
+    assert r.acc_per_pos == (1.0, INF) and r.extra[1] == ("y", 2.0)
+    assert r.value("loss") is None and r.value("x") is None and r.names() == ("y",)
+    assert json.loads(jsonl_line(r.to_json()))["loss"] is None
 
 
 if __name__ == "__main__":
