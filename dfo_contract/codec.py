@@ -1,6 +1,7 @@
 """The one codec of the records that cross a process: a frozen (or plain) dataclass <-> its
 JSON object, driven by the fields' annotations. Events, state.json and its sub-records, the
-group store's verdicts and the remote replies all read and write through it.
+group store's verdicts, the remote replies and the trainer's metrics.jsonl records and
+``@dfo`` markers all read and write through it.
 
 The rules (docs/contracts.md, "The records' codec"):
 
@@ -10,8 +11,12 @@ The rules (docs/contracts.md, "The records' codec"):
   ``tuple[X, ...]``, ``tuple[X, Y]`` (a JSON array of exactly those), ``dict[str, X]`` and
   ``Mapping[str, X]`` (read as a dict), ``Literal[...]``, enums and nested dataclasses.
   A value of another type is a :class:`ContractError` (one line naming the record and key).
-- Non-finite floats are written as the strings ``"nan"``/``"inf"``/``"-inf"`` (strict JSON)
-  and read back as floats where the field is a float.
+- Non-finite floats are written as the strings ``"nan"``/``"inf"``/``"-inf"`` (strict JSON),
+  or as null in a record that says so (``NONFINITE: ClassVar[str] = "null"``: the trainer's
+  files, metrics.jsonl and the ``@dfo`` markers, which plotting tools read as missing
+  values); a nested record that does not say keeps the spelling of the record around it. A
+  float field reads the strings (and a bare ``NaN``/``Infinity``) as floats, and null where
+  it admits None.
 - An error names the place from the record down (:func:`where`: ``spec.json's
   'identity.run_id'``, ``state.json's 'attempts[2]'``).
 - A missing field takes its default; a missing field without one is a ContractError. An
@@ -25,7 +30,12 @@ The rules (docs/contracts.md, "The records' codec"):
 - Keys the record does not know are kept in its ``extra`` mapping where it has one (written
   back first, so a round trip through an older reader loses none), else ignored (a newer
   writer may add fields without a new version); a record class that sets ``CLOSED = True``
-  (spec.json's thresholds: a misspelt limit must not pass unseen) refuses one instead.
+  (spec.json's thresholds: a misspelt limit must not pass unseen) refuses one instead. An
+  ``extra`` typed as a tuple of ``(key, value)`` pairs keeps them in the order read.
+- A :func:`filtered` field (a list, tuple or mapping) is read item by item: an item that is
+  not of the item type is left out instead of the field being mistyped (a trainer's
+  ``acc_per_pos`` with a null in it). An ``extra`` marked so keeps only the keys whose values
+  are of its value type.
 - A :func:`flat` field is a nested record whose keys sit beside the record's own (a run's
   status is its state.json object with the host's keys added): written first, read from
   the keys that are not the record's own. A record has at most one, and then no ``extra``
@@ -58,6 +68,10 @@ OPTIONAL = "optional"    # field metadata: may be absent; written only when not 
 EXTRA = "extra"          # the field that keeps the keys a record does not know
 FLAT = "flat"            # field metadata: a nested record whose keys sit beside the record's
 TAG = "kind"             # the class attribute, and JSON key, of a tagged record's kind
+FILTERED = "filtered"    # field metadata: items not of the item type are left out on reading
+NONFINITE = "NONFINITE"  # the class attribute that says how a record writes non-finite floats
+AS_STRING = "string"     # "nan", "inf", "-inf" (records that do not say)
+AS_NULL = "null"         # null
 
 
 def opt(default: Any = None, *, json: str | None = None, factory: Any = None) -> Any:
@@ -76,6 +90,14 @@ def req(*, json: str | None = None) -> Any:
 def named(json: str, default: Any = MISSING) -> Any:
     """A field with a default whose JSON name differs from the attribute; None is written."""
     return field(default=default, metadata={JSON: json})
+
+
+def filtered(default: Any = MISSING, *, factory: Any = None) -> Any:
+    """A list, tuple or mapping field whose items not of the item type are left out on
+    reading (module rules)."""
+    if factory is not None:
+        return field(default_factory=factory, metadata={FILTERED: True})
+    return field(default=default, metadata={FILTERED: True})
 
 
 def flat() -> Any:
@@ -105,35 +127,53 @@ def encode(value: Any, *, skip: tuple[str, ...] = ()) -> Any:
     """``value`` as JSON-safe data: a dataclass as its object (JSON names; a tagged record's
     ``kind`` first, then ``extra``; the attributes in ``skip`` left out, ``"kind"`` there
     leaves out the tag), enums as their values, tuples as lists, non-finite floats as
-    strings."""
+    strings (as null in a record whose ``NONFINITE`` says so)."""
+    return _encode(value, skip, AS_STRING)
+
+
+def _encode(value: Any, skip: tuple[str, ...], nonfinite: str) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        nonfinite = _nonfinite(type(value), nonfinite)
         out: dict[str, Any] = {}
         for f in fields(value):
             if f.name in skip:
                 continue
             v = getattr(value, f.name)
-            if f.name == EXTRA and isinstance(v, Mapping):
-                out = {**{str(k): encode(x) for k, x in v.items()}, **out}
+            if f.name == EXTRA and isinstance(v, (Mapping, tuple)):
+                pairs = v.items() if isinstance(v, Mapping) else v
+                out = {**{str(k): _encode(x, (), nonfinite) for k, x in pairs}, **out}
                 continue
             if f.metadata.get(FLAT):
-                out = {**encode(v), **out}
+                out = {**_encode(v, (), nonfinite), **out}
                 continue
             if v is None and f.metadata.get(OPTIONAL):
                 continue
-            out[json_name(f)] = encode(v)
+            out[json_name(f)] = _encode(v, (), nonfinite)
         tag = tag_of(type(value))
         if tag is not None and TAG not in skip:
             out = {TAG: tag, **out}
         return out
     if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
+        if math.isfinite(value):
+            return value
+        return None if nonfinite == AS_NULL else str(value)
     if isinstance(value, enum.Enum):
-        return encode(value.value)
+        return _encode(value.value, (), nonfinite)
     if isinstance(value, Mapping):
-        return {str(k): encode(v) for k, v in value.items()}
+        return {str(k): _encode(v, (), nonfinite) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [encode(v) for v in value]
+        return [_encode(v, (), nonfinite) for v in value]
     return value
+
+
+def _nonfinite(cls: type, around: str = AS_STRING) -> str:
+    """How the record class ``cls`` writes non-finite floats: its ``NONFINITE``, else
+    ``around`` (the spelling of the record it sits in)."""
+    spelling = getattr(cls, NONFINITE, around)
+    if spelling not in (AS_STRING, AS_NULL):
+        raise TypeError(f"{cls.__name__}.{NONFINITE} is {spelling!r}, "
+                        f"expected {AS_STRING!r} or {AS_NULL!r}")
+    return spelling
 
 
 # --- decode ---------------------------------------------------------------------------------
@@ -155,13 +195,13 @@ def decode(cls: type[T], obj: Any, *, what: str | None = None, tolerant: bool = 
     hints = _hints(cls)
     kw: dict[str, Any] = {}
     known: set[str] = {TAG} if tag is not None else set()
-    has_extra = False
+    extra_field: dataclasses.Field | None = None
     flat_field: dataclasses.Field | None = None
     for f in fields(cls):  # type: ignore[arg-type]
         if not f.init:
             continue
         if f.name == EXTRA:
-            has_extra = True
+            extra_field = f
             continue
         if f.metadata.get(FLAT):
             flat_field = f
@@ -170,7 +210,8 @@ def decode(cls: type[T], obj: Any, *, what: str | None = None, tolerant: bool = 
         known.add(key)
         if key in obj:
             try:
-                kw[f.name] = _check(what, (*at, key), obj[key], hints[f.name], tolerant)
+                kw[f.name] = _check(what, (*at, key), obj[key], hints[f.name], tolerant,
+                                    f.metadata.get(FILTERED, False))
             except Mistyped:
                 if tolerant and f.name in defaults:
                     kw[f.name] = defaults[f.name]
@@ -190,9 +231,22 @@ def decode(cls: type[T], obj: Any, *, what: str | None = None, tolerant: bool = 
         rest = {k: v for k, v in obj.items() if k not in known}
         kw[flat_field.name] = decode(hints[flat_field.name], rest, what=what, at=at,
                                      tolerant=tolerant)
-    elif has_extra:
-        kw[EXTRA] = {k: v for k, v in obj.items() if k not in known}
+    elif extra_field is not None:
+        rest = {k: v for k, v in obj.items() if k not in known}
+        kw[EXTRA] = _unknown(what, rest, extra_field, hints[EXTRA], tolerant)
     return cls(**kw)
+
+
+def _unknown(what: str, rest: dict[str, Any], f: dataclasses.Field, hint: Any,
+             tolerant: bool) -> Any:
+    """The keys a record does not know as its ``extra`` field holds them: a dict, or
+    ``(key, value)`` pairs where the field is a tuple (module rules)."""
+    pairs = (typing.get_origin(hint) or hint) is tuple
+    if f.metadata.get(FILTERED):
+        items = [[k, v] for k, v in rest.items()] if pairs else rest
+        _, kept = coerce(items, hint, what, tolerant, filtered=True, at=(EXTRA,))
+        return kept
+    return tuple(rest.items()) if pairs else rest
 
 
 class Mistyped(ContractError):
@@ -216,20 +270,22 @@ def where(what: str, at: tuple[str, ...]) -> str:
     return f"{what}'s {path!r}" if at else what
 
 
-def _check(what: str, at: tuple[str, ...], value: Any, hint: Any, tolerant: bool = False) -> Any:
+def _check(what: str, at: tuple[str, ...], value: Any, hint: Any, tolerant: bool = False,
+           filtered: bool = False) -> Any:
     """``value`` as the field's type, or ContractError (one line, naming record and key)."""
-    ok, out = coerce(value, hint, what, tolerant, at=at)
+    ok, out = coerce(value, hint, what, tolerant, filtered, at=at)
     if not ok:
         raise Mistyped(f"{where(what, at)} is {type(value).__name__} "
                        f"{_short(value)}, expected {type_name(hint)}")
     return out
 
 
-def coerce(value: Any, hint: Any, what: str = "a value", tolerant: bool = False, *,
-           at: tuple[str, ...] = ()) -> tuple[bool, Any]:
+def coerce(value: Any, hint: Any, what: str = "a value", tolerant: bool = False,
+           filtered: bool = False, *, at: tuple[str, ...] = ()) -> tuple[bool, Any]:
     """(whether ``value`` is of type ``hint``, the value as that type). A nested record that
     does not read raises its own ContractError (``what`` and ``at`` name where it is);
-    ``tolerant`` is passed to it."""
+    ``tolerant`` is passed to it. ``filtered``: a list, tuple or mapping keeps only its items
+    of the item type (an item that raises is left out too)."""
     if hint is Any or hint is object:
         return True, value
     origin = typing.get_origin(hint)
@@ -244,7 +300,7 @@ def coerce(value: Any, hint: Any, what: str = "a value", tolerant: bool = False,
         err: ContractError | None = None
         for arg in typing.get_args(hint):
             try:
-                ok, out = coerce(value, arg, what, tolerant, at=at)
+                ok, out = coerce(value, arg, what, tolerant, filtered, at=at)
             except ContractError as e:
                 err = err or e
                 continue
@@ -291,10 +347,11 @@ def coerce(value: Any, hint: Any, what: str = "a value", tolerant: bool = False,
         kinds = list(args) if fixed else [args[0] if args else Any] * len(value)
         items = []
         for n, (x, kind) in enumerate(zip(value, kinds, strict=True)):
-            ok, y = coerce(x, kind, what, tolerant, at=(*at, f"[{n}]"))
-            if not ok:
+            ok, y = _item(x, kind, what, tolerant, filtered and not fixed, (*at, f"[{n}]"))
+            if ok:
+                items.append(y)
+            elif not (filtered and not fixed):
                 return False, value
-            items.append(y)
         return True, (tuple(items) if (origin or hint) is tuple else items)
     if hint in (dict, Mapping) or origin in (dict, collections.abc.Mapping):
         if not isinstance(value, Mapping):
@@ -304,12 +361,25 @@ def coerce(value: Any, hint: Any, what: str = "a value", tolerant: bool = False,
             return True, dict(value)
         res = {}
         for k, x in value.items():
-            ok, y = coerce(x, kv[1], what, tolerant, at=(*at, f"[{k}]"))
-            if not ok:
+            ok, y = _item(x, kv[1], what, tolerant, filtered, (*at, f"[{k}]"))
+            if ok:
+                res[k] = y
+            elif not filtered:
                 return False, value
-            res[k] = y
         return True, res
     raise TypeError(f"unsupported field type {hint!r}")
+
+
+def _item(value: Any, hint: Any, what: str, tolerant: bool, filtered: bool,
+          at: tuple[str, ...]) -> tuple[bool, Any]:
+    """One item of a list, tuple or mapping; of a ``filtered`` one, an item that raises is
+    not of the type."""
+    if not filtered:
+        return coerce(value, hint, what, tolerant, at=at)
+    try:
+        return coerce(value, hint, what, tolerant, at=at)
+    except ContractError:
+        return False, value
 
 
 def type_name(hint: Any) -> str:

@@ -3,18 +3,21 @@
 (the step and the tokens/s trend) and ``dfo plot`` (the curves).
 
 One JSON object per line, appended in one ``write(2)`` (``fsio.append_jsonl``):
-``{"v": 1, "step": ..., <the phase's fields>, "phase": ..., "attempt": ..., <extra>}``;
-non-finite numbers are written as null. A reader parses each line once into a
-:class:`MetricsRecord`; a line without an integer ``step`` (torn, or not a record) or of another
-version is skipped, and a record without ``v`` reads as version 1.
+``{"v": 1, "step": ..., <the phase's fields>, "phase": ..., "attempt": ..., <extra>}``,
+read and written by the records' codec (``dfo_contract.codec``; non-finite numbers are
+written as null). A reader parses each line once into a :class:`MetricsRecord`, tolerantly
+(a field of the wrong type reads as None); a line without an integer ``step`` (torn, or not
+a record) or of another version is skipped, and a record without ``v`` reads as version 1.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
-from typing import Any, Iterable, Mapping
+from dataclasses import dataclass, fields, replace
+from typing import Any, ClassVar, Iterable, Mapping
 
+from . import codec
+from .errors import ContractError
 from .fsio import parse_jsonl
 from .trainer_markers import EvalMarker, StepMarker
 
@@ -26,30 +29,23 @@ VERSION = 1
 TRAIN_FIELDS = ("loss", "acc", "tau", "lr", "tokens_per_s", "samples_per_s", "peak_mem_bytes")
 #: the numeric fields of a held-out evaluation's record (``phase: eval``)
 EVAL_FIELDS = ("accept_len", "best_accept_len", "eval_blocks", "eval_s")
-_NAMED = {"v", "step", "phase", "attempt", "acc_per_pos", "eval_target", *TRAIN_FIELDS,
-          *EVAL_FIELDS}
 
 
-def _int(v: Any) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
-
-
-def _num(v: Any) -> float | None:
+def _finite(v: Any) -> float | None:
     """A finite number as float, else None."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
     return float(v) if math.isfinite(v) else None
 
 
-def _safe(v: Any) -> Any:
-    return None if isinstance(v, float) and not math.isfinite(v) else v
-
-
 @dataclass(frozen=True)
 class MetricsRecord:
     """One line of metrics.jsonl: a training step's metrics (``phase`` ``train``) or a
     held-out evaluation (``phase`` ``eval``). ``extra``: further numeric fields a trainer
-    logged, as ``(name, value)`` in the order written."""
+    logged, as ``(name, value)`` in the order written (read: the further keys that hold a
+    number)."""
+    NONFINITE: ClassVar[str] = codec.AS_NULL
+    TOLERANT: ClassVar[bool] = True
     step: int
     phase: str = "train"
     attempt: int | None = None
@@ -60,7 +56,7 @@ class MetricsRecord:
     tokens_per_s: float | None = None
     samples_per_s: float | None = None
     peak_mem_bytes: int | None = None
-    acc_per_pos: tuple[float, ...] = ()
+    acc_per_pos: tuple[float, ...] = codec.filtered(())
     accept_len: float | None = None
     best_accept_len: float | None = None
     eval_blocks: int | None = None
@@ -68,48 +64,34 @@ class MetricsRecord:
     #: an evaluation's target: ``served`` (full precision, as the engines serve it) or
     #: ``fp8`` (the training target's fp8 layers, ``model.target_fp8``); None: the one target
     eval_target: str | None = None
-    extra: tuple[tuple[str, float | None], ...] = ()
+    extra: tuple[tuple[str, float | None], ...] = codec.filtered(())
 
     def to_json(self) -> dict[str, Any]:
-        """The line's object: a step record carries every training field (null when not
-        measured), an evaluation its own; the optional ones only when set."""
-        out: dict[str, Any] = {"v": VERSION, "step": self.step}
-        names = EVAL_FIELDS if self.phase == "eval" else TRAIN_FIELDS
-        out.update((n, _safe(getattr(self, n))) for n in names)
-        out["phase"] = self.phase
-        out["attempt"] = self.attempt
-        if self.acc_per_pos:
-            out["acc_per_pos"] = [_safe(a) for a in self.acc_per_pos]
-        if self.eval_target is not None:
-            out["eval_target"] = self.eval_target
-        other = TRAIN_FIELDS if self.phase == "eval" else EVAL_FIELDS
-        out.update((n, _safe(getattr(self, n))) for n in other if getattr(self, n) is not None)
-        out.update((n, _safe(v)) for n, v in self.extra)
-        return out
+        """The line's object (``codec.encode``, in the order of the module's line): a step
+        record carries every training field (null when not measured), an evaluation its own;
+        ``acc_per_pos`` when not empty, the other optional ones when set, then ``extra``."""
+        enc = codec.encode(self)
+        named, other = ((EVAL_FIELDS, TRAIN_FIELDS) if self.phase == "eval"
+                        else (TRAIN_FIELDS, EVAL_FIELDS))
+        keys = ("step", *named, "phase", "attempt", *(("acc_per_pos",) if self.acc_per_pos else ()),
+                *(("eval_target",) if self.eval_target is not None else ()),
+                *(n for n in other if getattr(self, n) is not None), *(k for k, _ in self.extra))
+        return {"v": VERSION, **{k: enc[k] for k in keys}}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "MetricsRecord | None":
-        """The record of one parsed line; None when it is no record this version reads."""
-        step = _int(d.get("step"))
-        if step is None or d.get("v", VERSION) != VERSION:
+        """The record of one parsed line (``codec.decode``, tolerant; ``extra``: the keys
+        that hold a number); None when it is no record this version reads."""
+        if d.get("v", VERSION) != VERSION:
             return None
-        app = d.get("acc_per_pos")
-        phase = d.get("phase")
-        return cls(step=step, phase=phase if isinstance(phase, str) else "train",
-                   attempt=_int(d.get("attempt")), loss=_num(d.get("loss")),
-                   acc=_num(d.get("acc")), tau=_num(d.get("tau")), lr=_num(d.get("lr")),
-                   tokens_per_s=_num(d.get("tokens_per_s")),
-                   samples_per_s=_num(d.get("samples_per_s")),
-                   peak_mem_bytes=_int(d.get("peak_mem_bytes")),
-                   acc_per_pos=tuple(x for x in map(_num, app) if x is not None)
-                   if isinstance(app, list) else (),
-                   accept_len=_num(d.get("accept_len")),
-                   best_accept_len=_num(d.get("best_accept_len")),
-                   eval_blocks=_int(d.get("eval_blocks")), eval_s=_num(d.get("eval_s")),
-                   eval_target=d.get("eval_target") if isinstance(d.get("eval_target"), str)
-                   else None,
-                   extra=tuple((k, _num(v)) for k, v in d.items()
-                               if k not in _NAMED and _num(v) is not None))
+        try:
+            rec = codec.decode(cls, {k: v for k, v in d.items() if k != "v"},
+                               what="a metrics.jsonl record")
+        except ContractError:       # no integer step
+            return None
+        if any(v is None for _, v in rec.extra):
+            rec = replace(rec, extra=tuple((k, v) for k, v in rec.extra if v is not None))
+        return rec
 
     @classmethod
     def of(cls, measured: Mapping[str, Any], **more: Any) -> "MetricsRecord":
@@ -129,8 +111,8 @@ class MetricsRecord:
     def value(self, name: str) -> float | None:
         """The finite number of the numeric field ``name`` (a named one or an extra)."""
         if name in TRAIN_FIELDS or name in EVAL_FIELDS:
-            return _num(getattr(self, name))
-        return dict(self.extra).get(name)
+            return _finite(getattr(self, name))
+        return _finite(dict(self.extra).get(name))
 
     def scalars(self) -> dict[str, Any]:
         """The numbers a scalar writer (TensorBoard) takes: every numeric field and

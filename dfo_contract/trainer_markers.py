@@ -2,11 +2,14 @@
 what the supervisor's watchdog, the goodput clock, the classifier, ``dfo logs`` and
 ``dfo diagnose`` read.
 
-Each marker is a frozen dataclass with a ``KIND``; ``to_record()`` is its JSON object on the
-wire (``{"kind": ..., "v": MARKER_VERSION, <fields>, "t": ...}``, one ``@dfo`` line by
-``markers.format_marker``), and ``read_marker(line)`` parses a line once into one of them.
-A record from another trainer (or an older one) reads leniently: a field of the wrong type
-reads as None, a kind this module does not know is an ``OtherMarker``, and nothing raises.
+Each marker is a frozen dataclass with a ``KIND``, read and written by the records' codec
+(``dfo_contract.codec``; non-finite floats are written as null). ``to_record()`` is its JSON
+object on the wire (``{"kind": ..., "v": MARKER_VERSION, <fields>, "t": ...}``, one ``@dfo``
+line by ``markers.format_marker``), and ``read_marker(line)`` parses a line once into one of
+them. A record from another trainer (or an older one) reads leniently: a field missing or of
+the wrong type reads as None (an empty tuple where the field is one; items of the wrong type
+are left out of it), a kind this module does not know is an ``OtherMarker``, and nothing
+raises. A NaN loss another trainer prints (``NaN``, ``"nan"``) reads as NaN: it is news.
 """
 
 from __future__ import annotations
@@ -14,50 +17,44 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar, Mapping, Self
 
+from . import codec
 from .markers import format_marker, parse_marker
 
 MARKER_VERSION = 1
 
 
-def _int(v: Any) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
-
-
-def _num(v: Any) -> float | None:
-    """A finite or non-finite float (a NaN loss is news), or None."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return None
-    return float(v)
-
-
-def _str(v: Any) -> str | None:
-    return v if isinstance(v, str) else None
-
-
-def _finite(v: float | None) -> float | None:
-    return v if v is None or math.isfinite(v) else None
+def _absent(cls: type) -> dict[str, Any]:
+    """What each field of the marker class ``cls`` reads as where a record lacks it or has
+    it mistyped: None, an empty tuple for a tuple."""
+    return {f.name: () if f.default == () else None for f in fields(cls)}
 
 
 @dataclass(frozen=True)
 class _Marker:
     KIND: ClassVar[str] = ""
+    NONFINITE: ClassVar[str] = codec.AS_NULL
+    TOLERANT: ClassVar[bool] = True
     t: float | None = None                   # the trainer's wall clock when it printed it
 
     def to_record(self) -> dict[str, Any]:
-        rec: dict[str, Any] = {"kind": self.KIND, "v": MARKER_VERSION}
-        for f in fields(self):
-            if f.name != "t":
-                v = getattr(self, f.name)
-                rec[f.name] = list(v) if isinstance(v, tuple) else v
-        rec["t"] = self.t if self.t is not None else time.time()
-        return rec
+        """The marker's JSON object (``codec.encode``): ``kind``, ``v``, its fields, ``t``
+        (now, where the marker has none); non-finite floats as null."""
+        rec = codec.encode(self)
+        t = rec.pop("t")
+        return {"kind": self.KIND, "v": MARKER_VERSION, **rec,
+                "t": time.time() if self.t is None else t}
 
     def line(self) -> str:
-        """The marker's ``@dfo`` line (non-finite floats as null)."""
-        rec = {k: (_finite(v) if isinstance(v, float) else v) for k, v in self.to_record().items()}
-        return format_marker(rec)
+        """The marker's ``@dfo`` line."""
+        return format_marker(self.to_record())
+
+    @classmethod
+    def from_record(cls, rec: Mapping[str, Any]) -> Self:
+        """The marker of one record of its kind (``codec.decode``, tolerant; the module's
+        lenient reading)."""
+        return codec.decode(cls, rec, what=f"a {cls.KIND or 'trainer'} marker", **_absent(cls))
 
 
 @dataclass(frozen=True)
@@ -74,19 +71,7 @@ class StepMarker(_Marker):
     peak_mem_bytes: int | None = None
     phase: str | None = "train"
     attempt: int | None = None
-    acc_per_pos: tuple[float, ...] = ()
-
-    @classmethod
-    def from_record(cls, rec: Mapping[str, Any]) -> "StepMarker":
-        app = rec.get("acc_per_pos")
-        return cls(t=_num(rec.get("t")), step=_int(rec.get("step")), loss=_num(rec.get("loss")),
-                   acc=_num(rec.get("acc")), tau=_num(rec.get("tau")), lr=_num(rec.get("lr")),
-                   tokens_per_s=_num(rec.get("tokens_per_s")),
-                   samples_per_s=_num(rec.get("samples_per_s")),
-                   peak_mem_bytes=_int(rec.get("peak_mem_bytes")), phase=_str(rec.get("phase")),
-                   attempt=_int(rec.get("attempt")),
-                   acc_per_pos=tuple(x for x in (_num(a) for a in app) if x is not None)
-                   if isinstance(app, list) else ())
+    acc_per_pos: tuple[float, ...] = codec.filtered(())
 
     @property
     def loss_is_nan(self) -> bool:
@@ -98,10 +83,6 @@ class CheckpointMarker(_Marker):
     KIND: ClassVar[str] = "checkpoint"
     step: int | None = None
     path: str | None = None
-
-    @classmethod
-    def from_record(cls, rec: Mapping[str, Any]) -> "CheckpointMarker":
-        return cls(t=_num(rec.get("t")), step=_int(rec.get("step")), path=_str(rec.get("path")))
 
 
 @dataclass(frozen=True)
@@ -117,15 +98,6 @@ class EvalMarker(_Marker):
     phase: str | None = "eval"
     attempt: int | None = None
 
-    @classmethod
-    def from_record(cls, rec: Mapping[str, Any]) -> "EvalMarker":
-        return cls(t=_num(rec.get("t")), step=_int(rec.get("step")),
-                   accept_len=_num(rec.get("accept_len")),
-                   best_accept_len=_num(rec.get("best_accept_len")),
-                   eval_blocks=_int(rec.get("eval_blocks")), eval_s=_num(rec.get("eval_s")),
-                   eval_target=_str(rec.get("eval_target")),
-                   phase=_str(rec.get("phase")), attempt=_int(rec.get("attempt")))
-
 
 @dataclass(frozen=True)
 class BestMarker(_Marker):
@@ -134,11 +106,6 @@ class BestMarker(_Marker):
     step: int | None = None
     accept_len: float | None = None
 
-    @classmethod
-    def from_record(cls, rec: Mapping[str, Any]) -> "BestMarker":
-        return cls(t=_num(rec.get("t")), step=_int(rec.get("step")),
-                   accept_len=_num(rec.get("accept_len")))
-
 
 @dataclass(frozen=True)
 class HeartbeatMarker(_Marker):
@@ -146,19 +113,11 @@ class HeartbeatMarker(_Marker):
     phase: str | None = None
     step: int | None = None
 
-    @classmethod
-    def from_record(cls, rec: Mapping[str, Any]) -> "HeartbeatMarker":
-        return cls(t=_num(rec.get("t")), phase=_str(rec.get("phase")), step=_int(rec.get("step")))
-
 
 @dataclass(frozen=True)
 class PhaseMarker(_Marker):
     KIND: ClassVar[str] = "phase"
     phase: str | None = None
-
-    @classmethod
-    def from_record(cls, rec: Mapping[str, Any]) -> "PhaseMarker":
-        return cls(t=_num(rec.get("t")), phase=_str(rec.get("phase")))
 
 
 @dataclass(frozen=True)
@@ -168,20 +127,19 @@ class StartupMarker(_Marker):
     KIND: ClassVar[str] = "startup"
     step: int | None = None
     total_s: float | None = None
-    phases: tuple[tuple[str, float], ...] = ()
+    phases: tuple[tuple[str, float], ...] = codec.filtered(())
 
     def to_record(self) -> dict[str, Any]:
+        """``phases`` on the wire is the object ``{name: seconds}``, in order."""
         rec = super().to_record()
-        rec["phases"] = {n: s for n, s in self.phases}
+        rec["phases"] = dict(rec["phases"])
         return rec
 
     @classmethod
-    def from_record(cls, rec: Mapping[str, Any]) -> "StartupMarker":
+    def from_record(cls, rec: Mapping[str, Any]) -> Self:
         ph = rec.get("phases")
-        phases = tuple((str(n), float(s)) for n, s in ph.items() if _num(s) is not None) \
-            if isinstance(ph, Mapping) else ()
-        return cls(t=_num(rec.get("t")), step=_int(rec.get("step")),
-                   total_s=_num(rec.get("total_s")), phases=phases)
+        return super().from_record(
+            {**rec, "phases": list(ph.items()) if isinstance(ph, Mapping) else None})
 
     def phase_s(self, name: str) -> float:
         return dict(self.phases).get(name, 0.0)
@@ -192,10 +150,6 @@ class DoneMarker(_Marker):
     KIND: ClassVar[str] = "done"
     step: int | None = None
 
-    @classmethod
-    def from_record(cls, rec: Mapping[str, Any]) -> "DoneMarker":
-        return cls(t=_num(rec.get("t")), step=_int(rec.get("step")))
-
 
 @dataclass(frozen=True)
 class OtherMarker(_Marker):
@@ -204,7 +158,13 @@ class OtherMarker(_Marker):
     record: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def to_record(self) -> dict[str, Any]:
-        return {**self.record, "kind": self.kind}
+        """The record as read, with its ``kind`` as a string (non-finite floats as null)."""
+        return {**codec.encode(self)["record"], "kind": self.kind}
+
+    @classmethod
+    def from_record(cls, rec: Mapping[str, Any]) -> Self:
+        """Any record: its ``t``, its ``kind`` as a string, the record kept whole."""
+        return cls(t=_Marker.from_record(rec).t, kind=str(rec.get("kind")), record=dict(rec))
 
 
 TrainerMarker = (StepMarker | CheckpointMarker | EvalMarker | BestMarker | HeartbeatMarker
@@ -223,7 +183,7 @@ def from_record(rec: Mapping[str, Any]) -> TrainerMarker:
     kind = rec.get("kind")
     cls = KINDS.get(kind) if isinstance(kind, str) else None
     if cls is None:
-        return OtherMarker(t=_num(rec.get("t")), kind=str(kind), record=dict(rec))
+        return OtherMarker.from_record(rec)
     return cls.from_record(rec)
 
 

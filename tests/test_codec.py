@@ -14,7 +14,7 @@ import pytest
 
 from dfo_contract import events as ev
 from dfo_contract import runstate as rs
-from dfo_contract.codec import Tagged, decode, encode, flat, named, opt, req
+from dfo_contract.codec import Tagged, decode, encode, filtered, flat, named, opt, req
 from dfo_contract.errors import ContractError
 from dfo_contract.state_records import (BudgetState, CheckpointRef, EvidenceLine,
                                         FallbackRecord, ThroughputLowState)
@@ -75,6 +75,104 @@ def test_non_finite_floats_are_strings_on_disk_and_floats_in_memory():
     assert encode({"a": [float("inf")]}) == {"a": ["inf"]}
     with pytest.raises(ContractError, match="'rate' is str 'fast', expected float"):
         decode(Inner, {"step": 1, "rate": "fast"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plotted:
+    """A record whose non-finite floats are written as null, everything nested in it too."""
+    NONFINITE: ClassVar[str] = "null"
+    loss: float | None = None
+    inner: Inner | None = None
+    curve: tuple[float, ...] = ()
+    spelled: Any = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Spelled:
+    """A record that keeps the strings, also inside a record that writes null."""
+    NONFINITE: ClassVar[str] = "string"
+    rate: float = 0.0
+
+
+def test_a_record_that_says_so_writes_non_finite_floats_as_null():
+    nan, inf = float("nan"), float("inf")
+    p = Plotted(loss=nan, inner=Inner(step=1, rate=-inf), curve=(0.5, inf),
+                spelled=Spelled(rate=nan), extra={"grad": nan, "deep": {"x": [nan]}})
+    d = encode(p)
+    assert d == {"grad": None, "deep": {"x": [None]}, "loss": None,
+                 "inner": {"step": 1, "rate": None}, "curve": [0.5, None],
+                 "spelled": {"rate": "nan"}}
+    json.dumps(d, allow_nan=False)
+    assert encode(Inner(step=1, rate=nan)) == {"step": 1, "rate": "nan"}   # alone: strings
+    # reading: a float field reads the strings, and null where it admits None
+    back = decode(Plotted, {"loss": "inf", "curve": [1, "-inf"]})
+    assert back.loss == inf and back.curve == (1.0, -inf)
+    assert decode(Plotted, {"loss": None}).loss is None
+    assert math.isnan(decode(Plotted, json.loads('{"loss": NaN}')).loss or 0.0)
+    with pytest.raises(ContractError, match="'rate' is NoneType"):
+        decode(Inner, {"step": 1, "rate": None})
+
+    @dataclass
+    class Odd:
+        NONFINITE: ClassVar[str] = "zero"
+        x: float = 0.0
+    with pytest.raises(TypeError, match="Odd.NONFINITE is 'zero'"):
+        encode(Odd(x=nan))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sifted:
+    curve: tuple[float, ...] = filtered(())
+    names: list[str] = filtered(factory=list)
+    by: dict[str, Inner] = filtered(factory=dict)
+    maybe: tuple[int, ...] | None = filtered(None)
+    strict: tuple[float, ...] = ()
+
+
+def test_a_filtered_field_leaves_out_the_items_not_of_its_type():
+    got = decode(Sifted, {"curve": [0.5, None, "x", True, 1, "nan"], "names": ["a", 1, "b"],
+                          "by": {"ok": {"step": 1}, "bad": {"rate": 1.0}, "no": 3},
+                          "maybe": [1, "2", 3]})
+    assert got.curve[:2] == (0.5, 1.0) and math.isnan(got.curve[2]) and len(got.curve) == 3
+    assert got.names == ["a", "b"] and got.by == {"ok": Inner(step=1)} and got.maybe == (1, 3)
+    assert decode(Sifted, {"maybe": None}).maybe is None
+    # a field that is not a list at all is still mistyped; an unfiltered one refuses an item
+    with pytest.raises(ContractError, match="'curve' is str"):
+        decode(Sifted, {"curve": "x"})
+    assert decode(Sifted, {"curve": "x"}, tolerant=True).curve == ()
+    with pytest.raises(ContractError, match="'strict' is list"):
+        decode(Sifted, {"strict": [1.0, None]})
+    assert encode(got)["names"] == ["a", "b"]                 # writing is unchanged
+
+
+@dataclass(frozen=True, kw_only=True)
+class Ordered:
+    step: int
+    extra: tuple[tuple[str, Any], ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Numeric:
+    step: int
+    extra: tuple[tuple[str, float], ...] = filtered(())
+
+
+@dataclass(frozen=True, kw_only=True)
+class NumericMap:
+    step: int
+    extra: dict[str, int] = filtered(factory=dict)
+
+
+def test_an_extra_of_pairs_keeps_the_order_and_a_filtered_one_its_type():
+    obj = {"b": [1], "step": 2, "a": "x", "c": 1}
+    o = decode(Ordered, obj)
+    assert o.extra == (("b", [1]), ("a", "x"), ("c", 1))
+    assert list(encode(o).items()) == [("b", [1]), ("a", "x"), ("c", 1), ("step", 2)]
+    n = decode(Numeric, {**obj, "d": 2.5, "e": None, "f": True, "g": "-inf"})
+    assert n.extra[:2] == (("c", 1.0), ("d", 2.5)) and n.extra[2] == ("g", float("-inf"))
+    assert decode(NumericMap, {**obj, "d": 2.5}).extra == {"c": 1}
+    assert decode(Open, {"n": 1, "x": "y"}).extra == {"x": "y"}   # unfiltered: unchecked
 
 
 def test_missing_and_unknown_fields():

@@ -35,11 +35,12 @@ def current_step(*steps: object) -> int | None:
 def metrics_tail(records: Iterable[MetricsRecord],
                  keep: int = 16) -> tuple[int | None, list[float]]:
     """From the last records of metrics.jsonl (``dfo_contract.metrics_record``): the step
-    of the newest one and the last ``keep`` tokens_per_s values."""
+    of the newest one and the last ``keep`` finite tokens_per_s values."""
     step = None
     tps: list[float] = []
     for rec in records:
         step = rec.step
-        if rec.tokens_per_s is not None:
-            tps.append(rec.tokens_per_s)
+        v = rec.value("tokens_per_s")
+        if v is not None:
+            tps.append(v)
     return step, tps[-keep:]
