@@ -53,6 +53,7 @@ from __future__ import annotations
 import collections.abc
 import dataclasses
 import enum
+import functools
 import math
 import types
 import typing
@@ -288,9 +289,10 @@ def coerce(value: Any, hint: Any, what: str = "a value", tolerant: bool = False,
     of the item type (an item that raises is left out too)."""
     if hint is Any or hint is object:
         return True, value
-    origin = typing.get_origin(hint)
+    origin, hint_args, tagged = _shape(hint)
     if origin in (typing.Union, types.UnionType):
-        tagged = {t: a for a in typing.get_args(hint) if (t := tag_of(a)) is not None}
+        if value is None and type(None) in hint_args:    # the common ``X | None`` read
+            return True, None
         if tagged and isinstance(value, Mapping):
             kind = value.get(TAG)
             if not isinstance(kind, str) or kind not in tagged:
@@ -298,7 +300,7 @@ def coerce(value: Any, hint: Any, what: str = "a value", tolerant: bool = False,
                                     f"of {', '.join(tagged)}")
             return True, decode(tagged[kind], value, what=what, at=at, tolerant=tolerant)
         err: ContractError | None = None
-        for arg in typing.get_args(hint):
+        for arg in hint_args:
             try:
                 ok, out = coerce(value, arg, what, tolerant, filtered, at=at)
             except ContractError as e:
@@ -312,7 +314,7 @@ def coerce(value: Any, hint: Any, what: str = "a value", tolerant: bool = False,
     if hint is type(None):
         return value is None, value
     if origin is typing.Literal:
-        return value in typing.get_args(hint), value
+        return value in hint_args, value
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
         try:
             return True, hint(value)
@@ -340,7 +342,7 @@ def coerce(value: Any, hint: Any, what: str = "a value", tolerant: bool = False,
     if hint in (list, tuple) or origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
             return False, value
-        args = typing.get_args(hint)
+        args = hint_args
         fixed = (origin or hint) is tuple and bool(args) and Ellipsis not in args
         if fixed and len(value) != len(args):
             return False, value
@@ -356,7 +358,7 @@ def coerce(value: Any, hint: Any, what: str = "a value", tolerant: bool = False,
     if hint in (dict, Mapping) or origin in (dict, collections.abc.Mapping):
         if not isinstance(value, Mapping):
             return False, value
-        kv = typing.get_args(hint)
+        kv = hint_args
         if not kv or kv[1] is Any:
             return True, dict(value)
         res = {}
@@ -368,6 +370,16 @@ def coerce(value: Any, hint: Any, what: str = "a value", tolerant: bool = False,
                 return False, value
         return True, res
     raise TypeError(f"unsupported field type {hint!r}")
+
+
+@functools.lru_cache(maxsize=None)
+def _shape(hint: Any) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+    """A type's origin, its arguments and, for a union, its tagged records by kind (looked up
+    once per type: every record read asks again)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    tagged = ({t: a for a in args if (t := tag_of(a)) is not None}
+              if origin in (typing.Union, types.UnionType) else {})
+    return origin, args, tagged
 
 
 def _item(value: Any, hint: Any, what: str, tolerant: bool, filtered: bool,
