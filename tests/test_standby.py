@@ -186,8 +186,8 @@ def _inputs(**kw):
                         thresholds=spec.thresholds,
                         config=lambda: source.config(record.state.overrides),
                         bundled=lambda: source.bundled(record.state.overrides),
-                        attempt_env=source.attempt_env, emit=record.emit, save=record.save,
-                        record_pid=lambda pid: setattr(record.state, "standby_pid", pid),
+                        attempt_env=source.attempt_env, emit=record.emit,
+                        started=record.standby_started, gone=record.standby_gone,
                         own=source.own, group=role.multinode)
 
 

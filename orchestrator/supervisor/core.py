@@ -17,6 +17,7 @@ from the run's spec:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -28,7 +29,7 @@ from dfo_contract import envvars, events
 from dfo_contract import runstate as rs
 from dfo_contract.errors import ContractError
 from dfo_contract.runspec import Bundled, RunSpec
-from dfo_contract.runstate import Attempt, CheckpointRef, EvidenceLine, FallbackRecord, RunState
+from dfo_contract.runstate import CheckpointRef, EvidenceLine, FallbackRecord, RunState
 
 from ..common import goodput
 from .policy import oom
@@ -68,7 +69,8 @@ class Supervisor:
             run_dir=self.run_dir, python=spec.identity.python, spec=spec.standby,
             thresholds=self.thresholds, config=lambda: self.source.config(self.state.overrides),
             bundled=self.bundled, attempt_env=self.source.attempt_env,
-            emit=self.record.emit, save=self.record.save, record_pid=self._standby_pid,
+            emit=self.record.emit, started=self.record.standby_started,
+            gone=self.record.standby_gone,
             own=self.source.own, group=self.role.multinode))
         self.watch = AttemptWatch(WatchInputs(
             run_dir=self.run_dir, python=spec.identity.python,
@@ -85,9 +87,6 @@ class Supervisor:
     def bundled(self) -> Bundled | None:
         """The bundled trainer's layout, processes and dense-path expectation in force."""
         return self.source.bundled(self.state.overrides)
-
-    def _standby_pid(self, pid: int | None) -> None:
-        self.state.standby_pid = pid
 
     # --- signals ----------------------------------------------------------------------------
     def _on_term(self, signum, _frame) -> None:
@@ -130,21 +129,20 @@ class Supervisor:
         BeatWriter(self.run_dir, every_s=min(1.0, silent / 5), silent_s=silent).start()
         resumed = os.path.exists(self.record.path(rs.STATE_FILE))
         if resumed:
-            self.record.state, damage = runfiles.read_state_or_events(self.run_dir)
+            damage = self.record.resume()
             if damage:
                 print(f"dfo-supervisor: {damage}", file=sys.stderr, flush=True)
             if self.state.final:
                 return 0
         else:
-            self.state.overrides = dict(self.spec.config.overrides)
+            self.record.use_config(self.spec.config.overrides)
         owner = self.lock.take()
         if owner is not None:
             self.final("failed", f"run.lock is held by {owner}: another run is live on this host")
             return 0
-        self.state.pid = os.getpid()
-        self.state.mode = "systemd" if os.environ.get("INVOCATION_ID") else "setsid"
-        self.record.emit(events.SupervisorStart(pid=os.getpid(), mode=self.state.mode,
-                                                resumed=resumed))
+        self.record.supervisor_started(
+            os.getpid(), "systemd" if os.environ.get("INVOCATION_ID") else "setsid",
+            resumed=resumed)
         if resumed:
             was = self.state.status
             abandoned = self._recover_after_restart()
@@ -155,8 +153,7 @@ class Supervisor:
                 self.record.emit(events.GiveUp(cls="crash", reason=cannot, evidence=[]))
                 return self.final("failed", cannot)
         self.cache.seed(int(self.state.attempt) + 1)
-        self.state.status = "running"
-        self.record.save()
+        self.record.running()
         self.role.open()
         return self.role.run(self)
 
@@ -171,21 +168,11 @@ class Supervisor:
         orphans = run_dir_end.kill_run(self.run_dir, signal.SIGTERM, self.thresholds.kill_grace_s)
         if orphans:
             self.record.emit(events.OrphansReaped(pids=orphans))
-        self.state.standby_pid = None      # reaped above with the rest of the run
-        att = self.state.current
-        abandoned = bool(att and att.ended_at is None)
-        if att and att.ended_at is None:
-            att.ended_at = time.time()
-            att.cls, att.reason = "crash", "the supervisor died during this attempt"
-            self.record.emit(events.AttemptEnd(attempt=att.n, exit_code=None, signal=None,
-                                               duration_s=att.ended_at - att.started_at,
-                                               note="supervisor died; attempt abandoned"))
-        self.record.save()
-        return abandoned
+        return self.record.recovered()   # its standby was reaped with the rest of the run
 
     def loop(self) -> int:
         """Attempts until the run ends (a solo run, or the head of a group for all nodes)."""
-        emit, state = self.record.emit, self.state
+        record, emit, state = self.record, self.record.emit, self.state
         restore_cache = False
         while True:
             if self.stop.reason:
@@ -205,20 +192,19 @@ class Supervisor:
             ev = list(diag.evidence)
             diag, ending = self.role.settle(n, out, diag)   # a group: one root cause
             diag = self.cache.with_repair(out, diag)
-            att.cls, att.reason = diag.cls, diag.reason     # the run's history: its cause
+            record.cause(diag.cls, diag.reason)              # the run's history: its cause
             if ending is not None:
                 return self.final(*ending)
             if diag.cls == "done":
                 return self.final("done", done_reason(state.last_step, self.source.own))
             if out.stopped or self.stop.reason:
                 return self.final("stopped", self.stop.reason or "stopped")
-            bstate = state.budget
-            dec = on_failure(self.policy, bstate, diag.cls, healthy_s=out.healthy_s,
+            budget = dataclasses.replace(state.budget, counts=dict(state.budget.counts))
+            dec = on_failure(self.policy, budget, diag.cls, healthy_s=out.healthy_s,
                              startup=not out.reached_train, permanent=diag.permanent,
                              same_config_as_last_startup_failure=(
                                  state.last_startup_failure_overrides == state.overrides))
-            state.last_startup_failure_overrides = (
-                dict(state.overrides) if not out.reached_train else None)
+            record.failure_counted(budget, startup=not out.reached_train)
             if not dec.restart:
                 emit(events.GiveUp(cls=diag.cls, reason=dec.reason, evidence=ev))
                 return self.final("failed", f"{diag.cls} ({diag.reason}): {dec.reason}",
@@ -237,7 +223,7 @@ class Supervisor:
                 reason = f"{diag.cls} ({diag.reason}): {why}"
                 emit(events.GiveUp(cls=diag.cls, reason=why, evidence=ev))
                 return self.final("failed", reason, evidence=ev)
-            state.ladder_pos[diag.cls] = choice.position
+            record.ladder_step(diag.cls, choice.position)
             self.next_config(choice.overrides, fallback_record(diag.cls, choice, n))
             fb = emit(events.Fallback(attempt=n, cls=diag.cls, step=choice.step,
                                       changed=choice.changed, overrides=choice.overrides,
@@ -255,19 +241,12 @@ class Supervisor:
               evidence: list[EvidenceLine] | None = None) -> int:
         """The run ends. run.lock (and the group) are let go BEFORE the final status shows in
         events.jsonl and state.json: whoever sees the run final may launch the next one."""
-        state = self.state
-        state.status, state.reason, state.ended_at = status, reason, time.time()
-        if evidence is not None:
-            state.evidence = list(evidence)
+        self.record.ending(status, reason, evidence)
         self.role.on_final(status, reason)
         self.standby.discard(f"the run ended ({status})")
         self._release()   # a final state means the host is free: the next launch may start
         g = self._goodput()
-        self.record.emit(events.Final(status=status, reason=reason,
-                                      last_checkpoint=state.last_checkpoint,
-                                      goodput=g.goodput if g else None,
-                                      lost_s=g.lost_s if g else None))
-        self.record.save()
+        self.record.ended(goodput=g.goodput if g else None, lost_s=g.lost_s if g else None)
         return 0
 
     def _goodput(self):
@@ -288,21 +267,16 @@ class Supervisor:
     def run_attempt(self, n: int, overrides: Mapping[str, Any] | None = None) -> Outcome:
         """Start attempt N (with ``overrides``: that config; None: the run's) and watch it
         to its end."""
-        state = self.state
-        if overrides is not None:
-            state.overrides = dict(overrides)
-        state.status = "running"
+        record, state = self.record, self.state
+        record.preparing(overrides)
         launch = self.source.launch(n, state, self.role)
         argv, env, cwd = launch.argv, launch.env, launch.cwd
         missing = cannot_start(argv, env, self.spec.identity, self.source.own)
         if missing:
             raise CannotStart(missing)
         log_name = rs.attempt_log_name(n)
-        log_path = self.record.path(log_name)
-        state.attempt = n
-        att = Attempt(n=n, started_at=time.time(), resume=launch.resume,
-                      overrides=dict(state.overrides), argv=argv, log=log_name)
-        state.attempts.append(att)
+        log_path = record.path(log_name)
+        record.attempt_opened(n, resume=launch.resume, argv=argv, log=log_name)
         self.source.run_first(n, launch, log_path, timeout=self.thresholds.warmup_s)
         oom_before = procs.oom_counters()
         ckpt_before = state.last_checkpoint
@@ -318,15 +292,9 @@ class Supervisor:
                                             start_new_session=True,
                                             preexec_fn=procs.set_pdeathsig)
                 except OSError as e:
-                    state.attempts.pop()      # it never started: no attempt of the run
-                    state.attempt = n - 1
+                    record.attempt_dropped(n)   # it never started: no attempt of the run
                     raise CannotStart(cannot_start_reason(argv, cwd, e)) from None
-        att.pid = proc.pid
-        state.trainer_pids = [proc.pid]
-        self.record.emit(events.AttemptStart(attempt=n, resume=launch.resume,
-                                             overrides=att.overrides, argv=argv, pid=proc.pid,
-                                             log=log_name))
-        self.record.save()
+        record.attempt_started(n, proc.pid, resume=launch.resume, argv=argv, log=log_name)
         try:
             out = self.watch.watch(n, proc, log_path)
             kernel = oom.kernel_oom_kills(klog.read(), out.pids_seen | {proc.pid})
@@ -339,19 +307,14 @@ class Supervisor:
                           f"killed by the kernel's OOM killer ({counters})"
                           if counters and out.signal == signal.SIGKILL else None)
         out.oom_killed = out.oom_reason is not None
-        att.ended_at, att.exit_code, att.signal = time.time(), out.exit_code, out.signal
-        att.reached_train = out.reached_train
-        att.checkpointed = state.last_checkpoint != ckpt_before
+        ended_at = time.time()
+        checkpointed = state.last_checkpoint != ckpt_before
         grown = self.cache.size()
-        att.cache_grew = grown[0] > cache_before[0] or grown[1] > cache_before[1]
-        state.trainer_pids = []
-        state.throughput_low = None
-        self.record.emit(events.AttemptEnd(attempt=n, exit_code=out.exit_code,
-                                           signal=out.signal,
-                                           duration_s=round(out.duration_s, 3),
-                                           reached_train=out.reached_train,
-                                           **out.clock.fields()))
-        self.record.save()
+        record.attempt_ended(n, ended_at=ended_at, exit_code=out.exit_code, signal=out.signal,
+                             duration_s=out.duration_s, reached_train=out.reached_train,
+                             checkpointed=checkpointed,
+                             cache_grew=grown[0] > cache_before[0] or grown[1] > cache_before[1],
+                             clock=out.clock.fields())
         return out
 
     def judge(self, n: int, out: Outcome, *, name: Naming | None = None) -> Diagnosis:
@@ -362,41 +325,32 @@ class Supervisor:
                         oom_killed=out.oom_killed, oom_reason=out.oom_reason,
                         collapse=out.collapse, frozen=out.frozen, own=self.source.own)
         cls, reason = name(diag) if name is not None else (diag.cls, diag.reason)
-        att = self.state.attempts[-1]
-        att.cls, att.reason = cls, reason
-        self.record.emit(events.Classified(attempt=n, cls=cls, reason=reason,
-                                           evidence=list(diag.evidence), also=list(diag.also)))
+        self.record.classified(n, cls, reason, evidence=list(diag.evidence),
+                               also=list(diag.also))
         return diag
 
     def next_config(self, overrides: Mapping[str, Any], fallback: FallbackRecord | None) -> None:
         """The run's decision on the last attempt: the config the next one runs and the
         fallback that made it (None: none)."""
-        self.state.overrides = dict(overrides)
-        if fallback is not None:
-            self.state.fallbacks.append(fallback)
+        self.record.use_config(overrides, fallback)
 
     def backoff(self, delay_s: float = 0.0) -> None:
         """The run waits ``delay_s`` (a stop ends the wait) before its next attempt: its
         state says ``backoff`` meanwhile and ``running`` after a wait."""
-        self.state.status = "backoff"
-        self.record.save()
+        self.record.backoff()
         if delay_s > 0:
             self._sleep(delay_s)
-            self.state.status = "running"
-            self.record.save()
+            self.record.running()
 
     def follow(self, last_checkpoint: CheckpointRef | None, last_step: int | None) -> None:
         """Another node's progress is the run's (a group's member follows its head): its
         newest checkpoint and step where it names them."""
-        if last_checkpoint is not None:
-            self.state.last_checkpoint = last_checkpoint
-        if last_step is not None:
-            self.state.last_step = last_step
+        self.record.follow(last_checkpoint, last_step)
 
     def attempt_decided(self, n: int) -> None:
         """Attempt N is decided without a trainer of this node (its part could not start):
         the next attempt is N+1."""
-        self.state.attempt = n
+        self.record.attempt_decided(n)
 
 
 def role_for(spec: RunSpec, run_dir: str, record: RunRecord, stop: Stop) -> Role:

@@ -87,22 +87,24 @@ def run_info(run_dir: str) -> RunStatus | None:
             return RunStatus(state=state, shown_status=shown, run_dir=run_dir)
         return None
     live = supervisor_alive(run_dir, state.pid)
-    state.extra.pop("attempts_argv", None)
+    state = dataclasses.replace(state, extra={k: v for k, v in state.extra.items()
+                                              if k != "attempts_argv"})
     shown, notice = state.status, None
     if shown in rs.LIVE and not live:
         note = read_notice(run_dir, state.pid)
         if note is None:
             shown = LOST
         else:   # its supervisor said how it ended where it could (the directory is read-only)
-            shown = state.status = note[0].status
-            state.reason, state.ended_at, notice = note[0].reason, note[0].t, note[1]
+            shown, notice = note[0].status, note[1]
+            state = dataclasses.replace(state, status=shown, reason=note[0].reason,
+                                        ended_at=note[0].t)
     age, silent = None, None
     if live:
         age, silent = heartbeat(run_dir, state.pid)
         if silent is not None:
             shown = NOT_RESPONDING
     now = time.time()
-    recent = _current_metrics(state, run_dir)
+    state, recent = _current_metrics(state, run_dir)
     return RunStatus(state=state, shown_status=shown, live=live, run_dir=run_dir,
                      state_damaged=damage or None, notice=notice, now=now,
                      recent_tokens_per_s=tuple(recent), time=_time(run_dir, now),
@@ -127,10 +129,11 @@ def heartbeat(run_dir: str, pid: int | None) -> tuple[float | None, str | None]:
                  f"{age:.0f}s (limit {beat.silent_s:.0f}s); {why}")
 
 
-def _current_metrics(state: RunState, run_dir: str, tail_bytes: int = 16384) -> list[float]:
-    """The recent tokens/s of the tail of metrics.jsonl (for the sparkline); ``state``'s
-    ``last_step`` made current from that tail and the newest checkpoint (state.json's step
-    lags between logs), and its ``last_checkpoint`` where it lies now."""
+def _current_metrics(state: RunState, run_dir: str,
+                     tail_bytes: int = 16384) -> tuple[RunState, list[float]]:
+    """``state`` with its ``last_step`` made current from the tail of metrics.jsonl and the
+    newest checkpoint (state.json's step lags between logs) and its ``last_checkpoint``
+    where it lies now; and the tail's recent tokens/s (for the sparkline)."""
     from dfo_contract.metrics_record import METRICS_FILE, metrics_records
 
     from ..common.sparkline import current_step, metrics_tail
@@ -148,9 +151,10 @@ def _current_metrics(state: RunState, run_dir: str, tail_bytes: int = 16384) -> 
 
         now_at = moved_checkpoint(str(ck.path), str(state.run_id))
         if now_at is not None and now_at != ck.path:
-            ck = state.last_checkpoint = dataclasses.replace(ck, path=now_at)
-    state.last_step = current_step(state.last_step, step, ck.step if ck else None)
-    return tps
+            ck = dataclasses.replace(ck, path=now_at)
+    return dataclasses.replace(state, last_checkpoint=ck,
+                               last_step=current_step(state.last_step, step,
+                                                      ck.step if ck else None)), tps
 
 
 def _time(run_dir: str, now: float) -> Goodput | None:

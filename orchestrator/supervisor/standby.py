@@ -44,8 +44,10 @@ class KeeperInputs:
     bundled: Callable[[], Bundled | None]         # its layout in force (spec.json's trainer)
     attempt_env: Callable[[int], dict[str, str]]  # attempt n's env (the source's)
     emit: Callable[[events.Event], Any]
-    save: Callable[[], None]                      # write state.json
-    record_pid: Callable[[int | None], None]      # state.json's standby_pid
+    #: the run's record of its standby (state.json's ``standby_pid``): one started for
+    #: attempt n as pid (saved); the one there gone, as the event says
+    started: Callable[[int, int], None]
+    gone: Callable[[events.Event], None]
     own: bool = False     # the source is an own command (only the bundled trainer preloads)
     group: bool = False   # the role is one node of several (torchrun)
 
@@ -109,9 +111,7 @@ class Keeper:
         self._ready_fd, self._buf = r, b""
         self.info = standby_ops.StandbyProcess(pid=self.proc.pid, python=python, env=env,
                                 started_at=time.time(), env_dir=_env_dir(python))
-        i.record_pid(self.proc.pid)
-        i.emit(events.StandbyStart(attempt=n + 1, pid=self.proc.pid))
-        i.save()
+        i.started(n + 1, self.proc.pid)
 
     def importing(self) -> bool:
         """A standby is alive and still importing (supervisor.policy.standby.importing)."""
@@ -173,8 +173,7 @@ class Keeper:
             self.discard(f"it did not take the attempt: {e}", attempt=n)
             return None
         self.proc = self.info = None
-        i.record_pid(None)
-        i.emit(events.StandbyUsed(attempt=n, pid=proc.pid, import_s=info.import_s,
+        i.gone(events.StandbyUsed(attempt=n, pid=proc.pid, import_s=info.import_s,
                                   age_s=round(time.time() - info.started_at, 3),
                                   log=attempt_log_name(n)))
         return proc
@@ -200,8 +199,7 @@ class Keeper:
             os.close(self._ready_fd)
             self._ready_fd = None
         self.proc = self.info = None
-        self.i.record_pid(None)
-        self.i.emit(events.StandbyDiscarded(attempt=attempt, pid=proc.pid, reason=reason))
+        self.i.gone(events.StandbyDiscarded(attempt=attempt, pid=proc.pid, reason=reason))
 
 
 def _env_dir(python: str) -> str:

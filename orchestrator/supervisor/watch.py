@@ -15,7 +15,6 @@ from typing import Callable, Protocol
 from dfo_contract import events
 from dfo_contract.runlimits import Thresholds
 from dfo_contract.runspec import Bundled
-from dfo_contract.runstate import CheckpointRef, ThroughputLowState
 from dfo_contract.trainer_markers import CheckpointMarker, EvalMarker
 
 from .policy import watchdog as wd
@@ -141,9 +140,7 @@ class AttemptWatch:
             i.tick(n, proc, out, dog, now)
             if i.stop.reason and not out.stopped:
                 out.stopped = True
-                state.status = "stopping"
-                i.record.emit(events.Stopping(attempt=n, reason=i.stop.reason))
-                i.record.save()
+                i.record.stopping(n, i.stop.reason)
                 acts += dog.stop(now)
             self._act(n, proc, log_path, out, acts + dog.tick(now), exited=False)
             time.sleep(poll)
@@ -192,36 +189,22 @@ class AttemptWatch:
         out.low_pending = None
         found = judge_drop(out.host, t_drop, gpu_apps=hostprobe.gpu_apps(),
                            our_pids=set(procs.descendants(pid)) | {pid})
-        rec = self.i.record
-        rec.state.throughput_low = ThroughputLowState(cause=found.cause, summary=found.summary,
-                                                      since=since, attempt=n, reason=reason)
-        rec.emit(events.ThroughputLow(attempt=n, reason=reason, cause=found.cause,
-                                      causes=list(found.causes), seen=dict(found.seen),
-                                      summary=found.summary))
-        rec.save()
+        self.i.record.throughput_low(n, reason, since=since, cause=found.cause,
+                                     summary=found.summary, causes=list(found.causes),
+                                     seen=dict(found.seen))
 
     def _act(self, n: int, proc: subprocess.Popen, log_path: str, out: Outcome,
              actions: list[wd.Action], *, exited: bool) -> None:
         """Execute the watchdog's actions; signals only while the process has not exited
         (its pid may be reused once it is reaped)."""
         rec = self.i.record
-        st = rec.state
         for a in actions:
             if isinstance(a, wd.StepProgress):
-                st.last_step, st.tokens_per_s = a.step, a.tokens_per_s
-                if a.baseline and not st.baseline_tokens_per_s:
-                    st.baseline_tokens_per_s = a.baseline
-                    st.baseline_overrides = dict(st.overrides)
-                rec.save()
+                rec.progress(a.step, a.tokens_per_s, a.baseline)
             elif isinstance(a, CheckpointMarker):
-                st.last_checkpoint = CheckpointRef(step=a.step, path=a.path)
-                rec.emit(events.Checkpoint(attempt=n, step=a.step, path=a.path))
-                rec.save()
+                rec.checkpointed(n, a.step, a.path)
             elif isinstance(a, EvalMarker):
-                st.accept_len, st.best_accept_len = a.accept_len, a.best_accept_len
-                rec.emit(events.Eval(attempt=n, step=a.step, accept_len=a.accept_len,
-                                     best_accept_len=a.best_accept_len))
-                rec.save()
+                rec.evaluated(n, a.step, a.accept_len, a.best_accept_len)
             elif isinstance(a, wd.Warn):
                 rec.emit(events.Watchdog(attempt=n, reason=a.reason))
             elif isinstance(a, wd.ThroughputDrop):
@@ -229,9 +212,7 @@ class AttemptWatch:
             elif isinstance(a, wd.ThroughputBack):
                 if out.low_pending is not None:   # recovered before the window was full
                     self._judge_low(n, proc.pid, out)
-                st.throughput_low = None
-                rec.emit(events.ThroughputOk(attempt=n, reason=a.reason))
-                rec.save()
+                rec.throughput_ok(n, a.reason)
             elif exited:
                 continue
             elif isinstance(a, wd.Terminate):
