@@ -1,6 +1,7 @@
 """The one codec of the records that cross a process: a frozen (or plain) dataclass <-> its
 JSON object, driven by the fields' annotations. Events, state.json and its sub-records, the
-group store's verdicts and the remote replies all read and write through it.
+group store's messages, the remote replies, the follow wire, checkpoint manifests, the
+supervisor's heartbeat and its notice all read and write through it.
 
 The rules (docs/contracts.md, "The records' codec"):
 
@@ -16,6 +17,9 @@ The rules (docs/contracts.md, "The records' codec"):
   'identity.run_id'``, ``state.json's 'attempts[2]'``).
 - A missing field takes its default; a missing field without one is a ContractError. An
   :func:`opt` field that is None is not written.
+- A :func:`flag` field is a bool written as ``1`` when true and not at all when false (the
+  follow wire's ``"r": 1``); it reads a nonzero integer or ``true`` as true, ``0``,
+  ``false``, ``null`` or its absence as false.
 - A record read ``tolerant`` (state.json and the status replies: ``dfo status`` shows what
   is on disk, whatever wrote it) takes a mistyped field's default instead of refusing
   the record (``"started_at": "yesterday"`` reads as None); a field without a default, or
@@ -57,6 +61,7 @@ JSON = "json"            # field metadata: the field's JSON name when it differs
 OPTIONAL = "optional"    # field metadata: may be absent; written only when not None
 EXTRA = "extra"          # the field that keeps the keys a record does not know
 FLAT = "flat"            # field metadata: a nested record whose keys sit beside the record's
+FLAG = "flag"            # field metadata: a bool written as 1 when true, left out when false
 TAG = "kind"             # the class attribute, and JSON key, of a tagged record's kind
 
 
@@ -76,6 +81,11 @@ def req(*, json: str | None = None) -> Any:
 def named(json: str, default: Any = MISSING) -> Any:
     """A field with a default whose JSON name differs from the attribute; None is written."""
     return field(default=default, metadata={JSON: json})
+
+
+def flag(*, json: str | None = None) -> Any:
+    """A bool field, false by default, written as ``1`` when true and left out when false."""
+    return field(default=False, metadata={FLAG: True, **({JSON: json} if json else {})})
 
 
 def flat() -> Any:
@@ -119,6 +129,10 @@ def encode(value: Any, *, skip: tuple[str, ...] = ()) -> Any:
                 out = {**encode(v), **out}
                 continue
             if v is None and f.metadata.get(OPTIONAL):
+                continue
+            if f.metadata.get(FLAG):
+                if v:
+                    out[json_name(f)] = 1
                 continue
             out[json_name(f)] = encode(v)
         tag = tag_of(type(value))
@@ -170,7 +184,10 @@ def decode(cls: type[T], obj: Any, *, what: str | None = None, tolerant: bool = 
         known.add(key)
         if key in obj:
             try:
-                kw[f.name] = _check(what, (*at, key), obj[key], hints[f.name], tolerant)
+                is_flag = f.metadata.get(FLAG, False)
+                value = _check(what, (*at, key), obj[key], FLAG_VALUE if is_flag else hints[f.name],
+                               tolerant)
+                kw[f.name] = bool(value) if is_flag else value
             except Mistyped:
                 if tolerant and f.name in defaults:
                     kw[f.name] = defaults[f.name]
@@ -193,6 +210,10 @@ def decode(cls: type[T], obj: Any, *, what: str | None = None, tolerant: bool = 
     elif has_extra:
         kw[EXTRA] = {k: v for k, v in obj.items() if k not in known}
     return cls(**kw)
+
+
+#: what a :func:`flag` field's value may be
+FLAG_VALUE = bool | int | None
 
 
 class Mistyped(ContractError):
