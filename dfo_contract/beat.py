@@ -3,7 +3,8 @@ seconds while its process runs (a thread of its own, so a long copy or command o
 loop does not silence it; a process stopped by SIGSTOP, a debugger or a frozen cgroup does).
 Readers on the same host (``dfo status``'s query) measure its age on the host's monotonic
 clock, which no step of the wall clock moves; past ``silent_s`` the supervisor is not
-responding."""
+responding. The file is one JSON object, :class:`Beat` read and written by
+``dfo_contract.codec``."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import json
 import os
 from dataclasses import dataclass
 from typing import Any
+
+from .codec import decode, encode
 
 BEAT_FILE = "supervisor.beat"
 BEAT_VERSION = 1
@@ -26,19 +29,13 @@ class Beat:
     version: int = BEAT_VERSION
 
     def to_json(self) -> dict[str, Any]:
-        return {"pid": self.pid, "mono": self.mono, "t": self.t, "every_s": self.every_s,
-                "silent_s": self.silent_s, "version": self.version}
+        out: dict[str, Any] = encode(self)
+        return out
 
     @classmethod
     def from_json(cls, obj: Any) -> "Beat":
-        if not isinstance(obj, dict):
-            raise ValueError("a heartbeat is not a JSON object")
-        try:
-            return cls(pid=int(obj["pid"]), mono=float(obj["mono"]), t=float(obj["t"]),
-                       every_s=float(obj["every_s"]), silent_s=float(obj["silent_s"]),
-                       version=int(obj.get("version", BEAT_VERSION)))
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"not a heartbeat ({e})") from None
+        """ContractError (a ValueError) when ``obj`` is not a heartbeat."""
+        return decode(cls, obj, what="a heartbeat")
 
     def age(self, mono_now: float) -> float:
         """Seconds since it was written, by the reader's monotonic clock (same host)."""

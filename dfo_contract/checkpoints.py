@@ -6,7 +6,9 @@ recorded size and sha256:
 
     {"format": 1, "step": N, "files": {"drafter.safetensors": {"sha256": "...", "size": 123}, ...}}
 
-Directories being written are named ``.step_N.tmp-<pid>`` and are never listed.
+Directories being written are named ``.step_N.tmp-<pid>`` and are never listed. The manifest
+is :class:`CheckpointManifest` (each file a ``cache_records.FileDigest``), read and written
+by ``dfo_contract.codec``; a manifest the codec refuses is of an unknown format.
 
 Lineage: a manifest may carry ``"lineage": {"run": RUN_ID, "attempt": n}`` -- which run
 (and attempt) wrote the checkpoint. It is optional (older checkpoints still verify); a
@@ -29,9 +31,12 @@ import logging
 import os
 import re
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
+from .cache_records import FileDigest
+from .codec import decode, encode, opt
+from .errors import ContractError, VersionError
 from .exitcodes import CheckpointError
 from .fsio import atomic_write_bytes, sha256_file
 from .procs import pid_alive
@@ -55,32 +60,66 @@ class CkptInfo:
     run: str | None = None  # the run that wrote it (manifest lineage; None: unknown/older)
 
     def to_json(self) -> dict:
-        return asdict(self)
+        out: dict = encode(self)
+        return out
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "CkptInfo":
-        """One entry of ``list --json`` (``to_json``); the step from the name when absent."""
-        path = str(d.get("path") or "")
-        name = str(d.get("name") or os.path.basename(path.rstrip("/")))
-        step = d.get("step")
-        if not isinstance(step, int) or isinstance(step, bool):
+        """One entry of ``list --json`` (``to_json``), read tolerant: a missing or mistyped
+        field reads as empty (``valid`` false, ``run`` None), a missing ``name`` as the last
+        part of ``path`` and a missing ``step`` as the name's ``N`` (-1: none)."""
+        got = decode(cls, d, what="a checkpoint listing entry", tolerant=True,
+                     name="", step=None, path="", valid=False, reason="", run=None)
+        name = got.name or os.path.basename(got.path.rstrip("/"))
+        step: int | None = got.step
+        if step is None:
             m = STEP_RE.fullmatch(name)
             step = int(m.group(1)) if m else -1
-        run = d.get("run")
-        return cls(name, step, path, bool(d.get("valid")), str(d.get("reason") or ""),
-                   run if isinstance(run, str) and run else None)
+        return replace(got, name=name, step=step, run=got.run or None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Lineage:
+    """The manifest's ``lineage``: the run (and attempt) that wrote the checkpoint."""
+    run: str | None = None
+    attempt: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointManifest:
+    """``manifest.json``: ``{"format", "step", "files": {name: {"sha256", "size"}}}`` and,
+    optionally, ``lineage``."""
+    format: int
+    step: int
+    files: dict[str, FileDigest]
+    lineage: Lineage | None = opt()
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = encode(self)
+        return out
+
+    @classmethod
+    def from_json(cls, obj: Any) -> "CheckpointManifest":
+        """ContractError when ``obj`` is not a manifest (VersionError: of another format)."""
+        man = decode(cls, obj, what=MANIFEST)
+        if man.format != FORMAT:
+            raise VersionError(f"{MANIFEST} of format {man.format}: this dfo reads format "
+                               f"{FORMAT}")
+        return man
 
 
 def build_manifest(dirpath: str, step: int, files: list[str], *,
                    lineage: dict | None = None) -> dict:
+    """The manifest of ``files`` in ``dirpath`` (``lineage``: ``{"run", "attempt"}``)."""
     entries = {}
     for name in files:
         p = os.path.join(dirpath, name)
-        entries[name] = {"sha256": sha256_file(p), "size": os.path.getsize(p)}
-    man = {"format": FORMAT, "step": int(step), "files": entries}
-    if lineage is not None:
-        man["lineage"] = {"run": lineage.get("run"), "attempt": lineage.get("attempt")}
-    return man
+        entries[name] = FileDigest(sha256=sha256_file(p), size=os.path.getsize(p))
+    return CheckpointManifest(
+        format=FORMAT, step=int(step), files=entries,
+        lineage=None if lineage is None else decode(Lineage, lineage,
+                                                     what="a checkpoint's lineage"),
+    ).to_json()
 
 
 def write_manifest(dirpath: str, step: int, files: list[str], *,
@@ -102,37 +141,40 @@ def verify(dirpath: str, *, expect_step: int | None = None, check_hashes: bool =
         return False, "no manifest.json (torn: the save did not finish)"
     try:
         with open(mp) as f:
-            man = json.load(f)
+            raw = json.load(f)
     except (OSError, ValueError) as e:
         return False, f"manifest.json unreadable ({e.__class__.__name__})"
-    if not isinstance(man, dict) or man.get("format") != FORMAT or not isinstance(man.get("files"), dict):
+    try:
+        man = CheckpointManifest.from_json(raw)
+    except ContractError:
         return False, "manifest.json has an unknown format"
-    if expect_step is not None and man.get("step") != expect_step:
-        return False, f"manifest says step {man.get('step')}, directory says step {expect_step}"
-    missing = [n for n in REQUIRED_FILES if n not in man["files"]]
+    if expect_step is not None and man.step != expect_step:
+        return False, f"manifest says step {man.step}, directory says step {expect_step}"
+    missing = [n for n in REQUIRED_FILES if n not in man.files]
     if missing:
         return False, f"manifest lacks {', '.join(missing)}"
-    for name, ent in sorted(man["files"].items()):
+    for name, ent in sorted(man.files.items()):
         p = os.path.join(dirpath, name)
         if not os.path.isfile(p):
             return False, f"{name} missing"
         size = os.path.getsize(p)
-        if size != ent.get("size"):
-            return False, f"{name} has {size} bytes, manifest says {ent.get('size')} (truncated?)"
-        if check_hashes and sha256_file(p) != ent.get("sha256"):
+        if size != ent.size:
+            return False, f"{name} has {size} bytes, manifest says {ent.size} (truncated?)"
+        if check_hashes and sha256_file(p) != ent.sha256:
             return False, f"{name} sha256 mismatch (corrupt)"
     return True, ""
 
 
 def manifest_run(dirpath: str) -> str | None:
-    """The run id in ``dirpath``'s manifest lineage, or None (no/unreadable manifest, no lineage)."""
+    """The run id in ``dirpath``'s manifest lineage, or None (no/unreadable manifest, no
+    lineage). Read tolerant: a manifest that does not verify still names its run."""
     try:
         with open(os.path.join(dirpath, MANIFEST)) as f:
-            lin = json.load(f).get("lineage")
-    except (OSError, ValueError, AttributeError):
+            man = decode(CheckpointManifest, json.load(f), what=MANIFEST, tolerant=True,
+                         format=0, step=-1, files={}, lineage=None)
+    except (OSError, ValueError):
         return None
-    run = lin.get("run") if isinstance(lin, dict) else None
-    return run if isinstance(run, str) and run else None
+    return (man.lineage.run or None) if man.lineage else None
 
 
 def list_checkpoints(root: str, *, check_hashes: bool = True,

@@ -1,7 +1,8 @@
 """The one codec of the records that cross a process: a frozen (or plain) dataclass <-> its
 JSON object, driven by the fields' annotations. Events, state.json and its sub-records, the
-group store's verdicts, the remote replies and the trainer's metrics.jsonl records and
-``@dfo`` markers all read and write through it.
+group store's messages, the remote replies, the follow wire, checkpoint manifests, the
+supervisor's heartbeat and its notice, and the trainer's metrics.jsonl records and ``@dfo``
+markers all read and write through it.
 
 The rules (docs/contracts.md, "The records' codec"):
 
@@ -21,6 +22,9 @@ The rules (docs/contracts.md, "The records' codec"):
   'identity.run_id'``, ``state.json's 'attempts[2]'``).
 - A missing field takes its default; a missing field without one is a ContractError. An
   :func:`opt` field that is None is not written.
+- A :func:`flag` field is a bool written as ``1`` when true and not at all when false (the
+  follow wire's ``"r": 1``); it reads a nonzero integer or ``true`` as true, ``0``,
+  ``false``, ``null`` or its absence as false.
 - A record read ``tolerant`` (state.json and the status replies: ``dfo status`` shows what
   is on disk, whatever wrote it) takes a mistyped field's default instead of refusing
   the record (``"started_at": "yesterday"`` reads as None); a field without a default, or
@@ -68,6 +72,7 @@ JSON = "json"            # field metadata: the field's JSON name when it differs
 OPTIONAL = "optional"    # field metadata: may be absent; written only when not None
 EXTRA = "extra"          # the field that keeps the keys a record does not know
 FLAT = "flat"            # field metadata: a nested record whose keys sit beside the record's
+FLAG = "flag"            # field metadata: a bool written as 1 when true, left out when false
 TAG = "kind"             # the class attribute, and JSON key, of a tagged record's kind
 FILTERED = "filtered"    # field metadata: items not of the item type are left out on reading
 NONFINITE = "NONFINITE"  # the class attribute that says how a record writes non-finite floats
@@ -99,6 +104,11 @@ def filtered(default: Any = MISSING, *, factory: Any = None) -> Any:
     if factory is not None:
         return field(default_factory=factory, metadata={FILTERED: True})
     return field(default=default, metadata={FILTERED: True})
+
+
+def flag(*, json: str | None = None) -> Any:
+    """A bool field, false by default, written as ``1`` when true and left out when false."""
+    return field(default=False, metadata={FLAG: True, **({JSON: json} if json else {})})
 
 
 def flat() -> Any:
@@ -148,6 +158,10 @@ def _encode(value: Any, skip: tuple[str, ...], nonfinite: str) -> Any:
                 out = {**_encode(v, (), nonfinite), **out}
                 continue
             if v is None and f.metadata.get(OPTIONAL):
+                continue
+            if f.metadata.get(FLAG):
+                if v:
+                    out[json_name(f)] = 1
                 continue
             out[json_name(f)] = _encode(v, (), nonfinite)
         tag = tag_of(type(value))
@@ -211,8 +225,10 @@ def decode(cls: type[T], obj: Any, *, what: str | None = None, tolerant: bool = 
         known.add(key)
         if key in obj:
             try:
-                kw[f.name] = _check(what, (*at, key), obj[key], hints[f.name], tolerant,
-                                    f.metadata.get(FILTERED, False))
+                is_flag = f.metadata.get(FLAG, False)
+                value = _check(what, (*at, key), obj[key], FLAG_VALUE if is_flag else hints[f.name],
+                               tolerant, f.metadata.get(FILTERED, False))
+                kw[f.name] = bool(value) if is_flag else value
             except Mistyped:
                 if tolerant and f.name in defaults:
                     kw[f.name] = defaults[f.name]
@@ -248,6 +264,10 @@ def _unknown(what: str, rest: dict[str, Any], f: dataclasses.Field, hint: Any,
         _, kept = coerce(items, hint, what, tolerant, filtered=True, at=(EXTRA,))
         return kept
     return tuple(rest.items()) if pairs else rest
+
+
+#: what a :func:`flag` field's value may be
+FLAG_VALUE = bool | int | None
 
 
 class Mistyped(ContractError):

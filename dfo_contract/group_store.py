@@ -18,7 +18,7 @@ from typing import Any, ClassVar, Mapping, Self, TypeVar
 from . import events
 from .codec import decode, encode
 from .errors import ContractError, VersionError
-from .events.group_kinds import NodeOutcome
+from .events.group_kinds import NodeOutcome, decision_body
 from .state_records import CheckpointRef
 
 #: the format version of every message this dfo writes; a reader refuses any other
@@ -198,28 +198,14 @@ class GroupVerdict:
             raise ContractError(f"unknown group decision {self.action!r}")
 
     def to_text(self) -> str:
-        return _dump({"action": self.action, "cause": encode(self.cause),
-                      "status": self.status, "reason": self.reason,
-                      "overrides": encode(self.overrides),
-                      "fallback": _event(self.fallback), "restart": _event(self.restart),
-                      "last_checkpoint": encode(self.last_checkpoint),
-                      "last_step": self.last_step})
+        return _dump({**encode(self), "fallback": _event(self.fallback),
+                      "restart": _event(self.restart)})
 
     @classmethod
     def from_text(cls, raw: str | bytes) -> "GroupVerdict":
-        d = _load(raw, "decision")
-        cause, fb, rst, ck, step = (d.get(k) for k in ("cause", "fallback", "restart",
-                                                       "last_checkpoint", "last_step"))
-        return cls(action=str(d.get("action")),
-                   cause=NodeOutcome.from_json(cause) if cause else None,
-                   status=str(d.get("status") or ""), reason=str(d.get("reason") or ""),
-                   overrides=dict(d.get("overrides") or {}),
-                   fallback=events.Fallback.from_body(fb) if fb else None,
-                   restart=events.Restart.from_body(rst) if rst else None,
-                   last_checkpoint=decode(CheckpointRef, ck, what="a group decision's "
-                                          "last_checkpoint") if ck else None,
-                   last_step=step if isinstance(step, int) and not isinstance(step, bool)
-                   else None)
+        """Read tolerant, as the other messages (``cause: {}`` is no cause; a ``fallback`` /
+        ``restart`` without ``t`` has ``t`` 0: ``events.group_kinds.decision_body``)."""
+        return _read(cls, decision_body(_load(raw, "decision")), "decision")
 
 
 def _event(e: events.EventBase | None) -> dict[str, Any] | None:

@@ -11,21 +11,26 @@ a line, each one of the records below (docs/contracts.md, "The follow wire").
 - :class:`Keepalive` ``{"k": 1}``: following, nothing else to send for a while.
 - :class:`Error` ``{"error": "..."}``: the follower cannot follow (no such run directory).
 
+Each record is a dataclass read and written by ``dfo_contract.codec``: its fields' JSON names
+are the short keys above; ``eof`` and ``k`` are constant fields that name their record.
+
 The other direction: the follower's ``--offsets`` argument, ``{"<file>": <offset>, ...}``
 (``encode_offsets`` / ``decode_offsets``), where to resume each file.
 
 Version: a record without ``v`` is version 1 (the follower writes none at version 1; a
 later version writes ``v``); any other ``v`` raises ``VersionError``. A line that is not
-one of these records (a traceback, a torn line, a newer record type) decodes as None: the
-reader ignores it.
+one of these records (a traceback, a torn line, a newer record type, a field of the wrong
+type) decodes as None: the reader ignores it.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import Any, Union
+from dataclasses import dataclass, field
+from typing import Literal, Union
 
+from . import codec
+from .codec import flag, req
 from .errors import ContractError, VersionError
 
 VERSION = 1
@@ -38,52 +43,47 @@ LOST = "lost"
 
 @dataclass(frozen=True)
 class Line:
-    file: str
-    offset: int
-    text: str
-    restart: bool = False     # the file shrank and is read again from its start
+    file: str = req(json="f")
+    offset: int = req(json="o")
+    text: str = req(json="l")
+    restart: bool = flag(json="r")     # the file shrank and is read again from its start
 
 
 @dataclass(frozen=True)
 class End:
-    status: str
+    status: str = req(json="end")
 
 
 @dataclass(frozen=True)
 class Eof:
+    #: the key that names the record (written, never read back)
+    eof: Literal[True] = field(default=True, init=False, repr=False, compare=False)
     status: str | None
 
 
 @dataclass(frozen=True)
 class Keepalive:
-    pass
+    #: the key that names the record (written, never read back)
+    k: Literal[1] = field(default=1, init=False, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
 class Error:
-    message: str
+    message: str = req(json="error")
 
 
 Record = Union[Line, End, Eof, Keepalive, Error]
 
+#: each record by the key that names it, in the order a line is matched
+_BY_KEY: tuple[tuple[str, type[Record]], ...] = (
+    ("f", Line), ("end", End), ("eof", Eof), ("error", Error), ("k", Keepalive))
+
 
 def encode(rec: Record) -> str:
     """The record as one line of JSON (no newline)."""
-    if isinstance(rec, Line):
-        obj: dict[str, Any] = {"f": rec.file, "o": rec.offset, "l": rec.text}
-        if rec.restart:
-            obj["r"] = 1
-    elif isinstance(rec, End):
-        obj = {"end": rec.status}
-    elif isinstance(rec, Eof):
-        obj = {"eof": True, "status": rec.status}
-    elif isinstance(rec, Keepalive):
-        obj = {"k": 1}
-    elif isinstance(rec, Error):
-        obj = {"error": rec.message}
-    else:
+    if not isinstance(rec, (Line, End, Eof, Keepalive, Error)):
         raise ContractError(f"{type(rec).__name__} is not a follow wire record")
-    return json.dumps(obj, separators=(",", ":"))
+    return json.dumps(codec.encode(rec), separators=(",", ":"))
 
 
 def decode(raw: str | bytes) -> Record | None:
@@ -98,22 +98,13 @@ def decode(raw: str | bytes) -> Record | None:
     if v != VERSION:
         raise VersionError(f"a follow record of version {v!r}: this dfo reads version "
                            f"{VERSION}")
-    if "f" in obj:
-        try:
-            return Line(str(obj["f"]), int(obj["o"]), str(obj.get("l", "")),
-                        bool(obj.get("r")))
-        except (KeyError, TypeError, ValueError):
-            return None
-    if "end" in obj:
-        return End(str(obj["end"]))
-    if "eof" in obj:
-        s = obj.get("status")
-        return Eof(None if s is None else str(s))
-    if "error" in obj:
-        return Error(str(obj["error"]))
-    if "k" in obj:
-        return Keepalive()
-    return None
+    cls = next((c for key, c in _BY_KEY if key in obj), None)
+    if cls is None:
+        return None
+    try:   # a Line without ``l`` is an empty line, an Eof without ``status`` has none
+        return codec.decode(cls, obj, what="a follow record", text="", status=None)
+    except ContractError:
+        return None
 
 
 def encode_offsets(offsets: dict[str, int]) -> str:

@@ -14,7 +14,7 @@ import pytest
 
 from dfo_contract import events as ev
 from dfo_contract import runstate as rs
-from dfo_contract.codec import Tagged, decode, encode, filtered, flat, named, opt, req
+from dfo_contract.codec import Tagged, decode, encode, filtered, flag, flat, named, opt, req
 from dfo_contract.errors import ContractError
 from dfo_contract.state_records import (BudgetState, CheckpointRef, EvidenceLine,
                                         FallbackRecord, ThroughputLowState)
@@ -362,3 +362,19 @@ def test_an_error_names_the_place_from_the_record_down():
     with pytest.raises(ContractError) as e:
         decode(Home, {"pet": {"kind": "cat", "lives": "x"}}, what="home.json")
     assert str(e.value).startswith("home.json's 'pet.lives' is str 'x'")
+
+
+@dataclass(frozen=True)
+class Flagged:
+    n: int
+    again: bool = flag(json="r")
+
+
+def test_a_flag_is_written_as_one_when_true_and_left_out_when_false():
+    assert encode(Flagged(1)) == {"n": 1}
+    assert encode(Flagged(1, again=True)) == {"n": 1, "r": 1}
+    for raw, again in (({"n": 1}, False), ({"n": 1, "r": 1}, True), ({"n": 1, "r": True}, True),
+                       ({"n": 1, "r": 0}, False), ({"n": 1, "r": None}, False)):
+        assert decode(Flagged, raw) == Flagged(1, again=again)
+    with pytest.raises(ContractError, match="'r' is str 'yes', expected bool or int or null"):
+        decode(Flagged, {"n": 1, "r": "yes"}, what="a flagged record")

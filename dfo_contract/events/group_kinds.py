@@ -149,13 +149,19 @@ class GroupDecision(EventBase):
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any], **defaults: Any) -> Self:
-        """Also reads ``cause: {}`` as no cause, and a ``fallback`` / ``restart`` without its
-        ``t`` with ``t`` 0 (as a record without one reads)."""
-        fix: dict[str, Any] = {}
-        if body.get("cause") == {}:
-            fix["cause"] = None
-        for k in ("fallback", "restart"):
-            v = body.get(k)
-            if isinstance(v, Mapping) and "t" not in v:
-                fix[k] = {"t": 0.0, **v}
-        return super().from_body({**body, **fix}, **defaults)
+        """Read as :func:`decision_body` says."""
+        return super().from_body(decision_body(body), **defaults)
+
+
+def decision_body(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A head's decision (the ``group_decision`` event, the group store's ``GroupVerdict``)
+    as the codec reads it: ``cause: {}`` is no cause, and a ``fallback`` / ``restart``
+    without its ``t`` has ``t`` 0 (as a record without one reads)."""
+    fix: dict[str, Any] = {}
+    if body.get("cause") == {}:
+        fix["cause"] = None
+    for k in ("fallback", "restart"):
+        v = body.get(k)
+        if isinstance(v, Mapping) and "t" not in v:
+            fix[k] = {"t": 0.0, **v}
+    return {**body, **fix}

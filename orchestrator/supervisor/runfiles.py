@@ -14,10 +14,11 @@ import hashlib
 import json
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dfo_contract import runstate as rs
+from dfo_contract.codec import decode, encode
 from dfo_contract.errors import ContractError
 from dfo_contract.fsio import atomic_write_json, json_safe, read_json
 from dfo_contract.runspec import RunSpec
@@ -102,7 +103,8 @@ def own_run(run_dir: str) -> int:
 class Notice:
     """How a run ended that its run directory could not record (it is read-only): left by
     its supervisor where it can write (:func:`notice_paths`), read by ``dfo status`` and
-    ``dfo logs -f`` in place of the state.json that still says the run is live."""
+    ``dfo logs -f`` in place of the state.json that still says the run is live. Read and
+    written by ``dfo_contract.codec``."""
     run_id: str
     run_dir: str
     #: the supervisor that left it (state.json's ``pid``): a notice counts for that run only
@@ -112,14 +114,13 @@ class Notice:
     t: float
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        out: dict[str, Any] = encode(self)
+        return out
 
     @classmethod
     def from_json(cls, d: Any) -> "Notice":
-        if not isinstance(d, dict):
-            raise ValueError("a notice is a JSON object")
-        return cls(run_id=str(d["run_id"]), run_dir=str(d["run_dir"]), pid=int(d["pid"]),
-                   status=str(d["status"]), reason=str(d["reason"]), t=float(d["t"]))
+        """ContractError (a ValueError) when ``d`` is not a notice."""
+        return decode(cls, d, what="a notice")
 
 
 def notice_paths(run_dir: str) -> tuple[str, ...]:
@@ -153,7 +154,7 @@ def read_notice(run_dir: str, pid: Any) -> tuple[Notice, str] | None:
         try:
             with open(path) as f:
                 n = Notice.from_json(json.load(f))
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError):
             continue
         if n.run_dir.rstrip("/") == os.path.abspath(run_dir).rstrip("/") and n.pid == pid:
             return n, path
