@@ -56,6 +56,67 @@ class LaunchProbeReply:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RunLockOwner:
+    """``locks/run.lock``'s content when it is a JSON object: the holder's run id (``run_id``,
+    or ``run``/``id`` as other writers name it) and pid. The supervisor itself writes the
+    bare run id (``orchestrator.supervisor.record.RunLock``)."""
+
+    TOLERANT = True
+
+    run_id: str | None = None
+    run: str | None = None
+    id: str | None = None
+    pid: int | None = None
+
+    @property
+    def holder(self) -> str | None:
+        return self.run_id or self.run or self.id
+
+    @classmethod
+    def from_json(cls, obj: Any) -> "RunLockOwner":
+        return decode(cls, obj, what="run.lock")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunStep:
+    """A launch step that runs ``run`` (an argv, never a shell line) for at most ``timeout``
+    seconds; its output is kept for the reply."""
+
+    id: str
+    run: list[str]
+    timeout: float = 60.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class WriteStep:
+    """A launch step that writes ``data`` (base64) to the path ``write`` atomically (a
+    temporary name beside it, fsync, rename) with ``mode``; an ``optional`` one that fails
+    is passed over."""
+
+    id: str
+    write: str
+    data: str
+    mode: int = 0o644
+    optional: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepsRequest:
+    """What ``orchestrator.remote.run_steps`` reads on stdin: the steps, run in order (a step
+    is read as the record whose fields it has: ``run`` or ``write``)."""
+
+    steps: list[RunStep | WriteStep] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = encode(self)
+        return out
+
+    @classmethod
+    def from_json(cls, obj: Any) -> "StepsRequest":
+        return decode(cls, obj, what="the launch request")
+
+
+@dataclass(frozen=True, kw_only=True)
 class StepsReply:
     """``orchestrator.remote.run_steps``' answer (its ``@dfo-steps`` line): ``{"done": N}``,
     or ``{"failed": ID, "exit_code", "stdout", "stderr"}`` where ID is the failed step's id
@@ -71,6 +132,10 @@ class StepsReply:
     def is_failure(self) -> bool:
         """A step failed (every failure carries its exit code; a success never does)."""
         return self.exit_code is not None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = encode(self)
+        return out
 
     @classmethod
     def from_json(cls, obj: Any) -> "StepsReply":

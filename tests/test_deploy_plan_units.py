@@ -225,6 +225,10 @@ def test_run_lock_error_names_the_run():
     assert isinstance(e, LockHeldError) and e.exit_code == 9
     assert str(e).startswith("run 2026-05-18-a (pid 42) holds /root/dfo/locks/run.lock on lab")
     assert dp.describe_run_lock("r-plain\n") == "run r-plain"
+    # another writer's names for the id; a mistyped pid is left out, not a crash
+    assert dp.describe_run_lock('{"run": "r-9", "pid": "7"}') == "run r-9"
+    assert dp.describe_run_lock('{"id": "r-8"}') == "run r-8"
+    assert dp.describe_run_lock('{"pid": 3}') == 'run {"pid": 3}'
 
 
 def test_check_disk():

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dfo_contract.replies import StepsReply
+from dfo_contract.replies import RunStep, StepsReply
 from dfo_contract.checkpoints import REQUIRED_FILES, write_manifest
 from orchestrator.plan import launch_steps as ls
 from orchestrator.plan.launch_facts import (FACTS_MARK, FactsRequest, checkpoint_listing,
@@ -104,11 +104,11 @@ def _steps(steps, cwd) -> dict:
 
 def test_steps_run_in_order_and_stop_at_the_first_that_fails(tmp_path):
     run = tmp_path / "runs" / "r-1"
-    ok = [{"id": "parents", "run": ["mkdir", "-p", "--", str(run.parent)]},
-          {"id": "run_dir", "run": ["mkdir", "--", str(run)]},
+    ok = [RunStep(id="parents", run=["mkdir", "-p", "--", str(run.parent)]),
+          RunStep(id="run_dir", run=["mkdir", "--", str(run)]),
           ls._write("spec", str(run / "spec.json"), b'{"version": 2}\n'),
           ls._write("record", str(tmp_path / "no" / "such" / "dir" / "rec"), b"x", optional=True),
-          {"id": "start", "run": ["sh", "-c", 'echo "$1" > "$2"', "sh", "$(id)", str(run / "out")]}]
+          RunStep(id="start", run=["sh", "-c", 'echo "$1" > "$2"', "sh", "$(id)", str(run / "out")])]
     assert _steps(ok, tmp_path) == StepsReply(done=5)
     assert (run / "spec.json").read_bytes() == b'{"version": 2}\n'
     assert (run / "out").read_text() == "$(id)\n"
@@ -117,3 +117,13 @@ def test_steps_run_in_order_and_stop_at_the_first_that_fails(tmp_path):
     again = _steps([*ok[:2], ls._write("spec", str(run / "spec2.json"), b"{}")], tmp_path)
     assert again and again.failed == "run_dir" and again.exit_code != 0 and "exists" in again.stderr
     assert not (run / "spec2.json").exists()
+
+
+def test_steps_that_do_not_read_are_refused_with_the_place_named(tmp_path):
+    p = subprocess.run(ls.steps_argv(sys.executable),
+                       input=json.dumps({"steps": [{"id": "a", "run": "mkdir x"}]}).encode(),
+                       capture_output=True, timeout=120, env=ENV, cwd=str(tmp_path))
+    reply = ls.parse_reply(p.stdout.decode())
+    assert p.returncode == 2 and reply is not None and reply.exit_code == 2
+    assert "the launch request's 'steps[0].run' is str 'mkdir x'" in reply.stderr
+    assert not (tmp_path / "x").exists()

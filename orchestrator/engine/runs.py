@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 from dfo_contract import runstate as rs
-from dfo_contract.replies import LaunchProbeReply, StepsReply
+from dfo_contract.replies import LaunchProbeReply, RunStep, StepsReply, WriteStep
 from dfo_contract.status import LOST, NEVER_STARTED, QueryReply, RunStatus
 
 from ..common.errors import (ConnectError, DfoError, HostKeyError, Interrupted, LockHeldError,
@@ -204,7 +204,8 @@ class RunOps:
             self.wait_started(plan.run_id, o.start_timeout)
         return plan
 
-    def _step_error(self, plan: lp.LaunchPlan, steps: list, reply: StepsReply) -> DfoError:
+    def _step_error(self, plan: lp.LaunchPlan, steps: list[RunStep | WriteStep],
+                    reply: StepsReply) -> DfoError:
         sid = reply.failed
         ck = plan.spec.resume.checkpoint_dir
         if sid == "run_dir":   # exclusive: never share a run's directory
@@ -213,7 +214,7 @@ class RunOps:
         if sid == "moved":
             return LockHeldError(f"{ck} could not be moved to {plan.move_aside} (it exists)",
                                  hint="launch again")
-        argv = next((s.get("run") or [] for s in steps if s["id"] == sid), [])
+        argv = next((s.run for s in steps if isinstance(s, RunStep) and s.id == sid), [])
         res = Result(tuple(argv), int(reply.exit_code or 1), reply.stdout.encode(),
                      reply.stderr.encode())
         try:

@@ -34,7 +34,7 @@ from typing import Any
 
 from dfo_contract.env_fingerprint import EnvComplete, EnvFingerprint
 from dfo_contract.errors import ContractError
-from dfo_contract.replies import LeaseHolder
+from dfo_contract.replies import LeaseHolder, RunLockOwner
 
 from ..common.errors import LockHeldError
 from .drift import Drift, Installed, diff, parse_freeze
@@ -198,10 +198,9 @@ def describe_run_lock(content: str) -> str:
     text = content.strip()
     d = _json(text)
     if d:
-        rid = d.get("run_id") or d.get("run") or d.get("id")
-        pid = d.get("pid")
-        if rid:
-            return f"run {rid}" + (f" (pid {pid})" if pid else "")
+        owner = RunLockOwner.from_json(d)
+        if owner.holder:
+            return f"run {owner.holder}" + (f" (pid {owner.pid})" if owner.pid else "")
     first = text.splitlines()[0].strip() if text else ""
     return f"run {first}" if first else "a run (run.lock holds no run id)"
 

@@ -13,12 +13,11 @@ from __future__ import annotations
 import base64
 import json
 import posixpath
-from typing import Any
 
 from dfo_contract import runstate as rs
 from dfo_contract.errors import ContractError
 from dfo_contract.markers import last_json_line
-from dfo_contract.replies import StepsReply
+from dfo_contract.replies import RunStep, StepsReply, StepsRequest, WriteStep
 from dfo_contract.runspec import RunSpec
 
 from .run_identity import run_dir_argvs
@@ -39,28 +38,28 @@ def spec_bytes(spec: RunSpec) -> bytes:
     return (json.dumps(spec.to_json(), indent=1, sort_keys=True) + "\n").encode()
 
 
-def _write(step_id: str, path: str, data: bytes, *, optional: bool = False) -> dict[str, Any]:
-    return {"id": step_id, "write": path, "data": base64.b64encode(data).decode("ascii"),
-            "mode": 0o644, "optional": optional}
+def _write(step_id: str, path: str, data: bytes, *, optional: bool = False) -> WriteStep:
+    return WriteStep(id=step_id, write=path, data=base64.b64encode(data).decode("ascii"),
+                     optional=optional)
 
 
-def launch_steps(plan, locks: str, *, start: bool = True) -> list[dict[str, Any]]:
+def launch_steps(plan, locks: str, *, start: bool = True) -> list[RunStep | WriteStep]:
     """The steps of ``plan`` (an ``plan.launch_plan.LaunchPlan``); ``locks``: the host's
     locks dir; ``start``: end with the supervisor's start."""
     ck = plan.spec.resume.checkpoint_dir
-    steps: list[dict[str, Any]] = []
+    steps: list[RunStep | WriteStep] = []
     if plan.move_aside:
-        steps += [{"id": "move_aside", "run": ["mv", "-T", "-n", "--", ck, plan.move_aside]},
-                  {"id": "moved", "run": ["test", "!", "-e", ck]}]
+        steps += [RunStep(id="move_aside", run=["mv", "-T", "-n", "--", ck, plan.move_aside]),
+                  RunStep(id="moved", run=["test", "!", "-e", ck])]
     parents, mine, *inside = run_dir_argvs(plan.run_dir, locks, ck)
-    steps += [{"id": "parents", "run": parents}, {"id": "run_dir", "run": mine}]
-    steps += [{"id": "inside", "run": a} for a in inside]
+    steps += [RunStep(id="parents", run=parents), RunStep(id="run_dir", run=mine)]
+    steps += [RunStep(id="inside", run=a) for a in inside]
     steps.append(_write("config", plan.spec.config.path, plan.config_bytes))
     steps.append(_write("spec", posixpath.join(plan.run_dir, rs.SPEC_FILE), spec_bytes(plan.spec)))
     if plan.record is not None:
         steps.append(_write("record", plan.record[0], plan.record[1], optional=True))
     if start:
-        steps.append({"id": "start", "run": list(plan.start_argv), "timeout": 60})
+        steps.append(RunStep(id="start", run=list(plan.start_argv), timeout=60))
     return steps
 
 
@@ -68,12 +67,12 @@ def steps_argv(python: str) -> list[str]:
     return [python, "-m", STEPS_MODULE]
 
 
-def steps_stdin(steps: list[dict[str, Any]]) -> bytes:
-    return json.dumps({"steps": steps}).encode()
+def steps_stdin(steps: list[RunStep | WriteStep]) -> bytes:
+    return json.dumps(StepsRequest(steps=list(steps)).to_json()).encode()
 
 
-def steps_timeout(steps: list[dict[str, Any]]) -> float:
-    return 60.0 + sum(float(s.get("timeout", 60)) for s in steps if "run" in s)
+def steps_timeout(steps: list[RunStep | WriteStep]) -> float:
+    return 60.0 + sum(s.timeout for s in steps if isinstance(s, RunStep))
 
 
 def parse_reply(output: str) -> StepsReply | None:
