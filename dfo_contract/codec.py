@@ -26,7 +26,8 @@ The rules (docs/contracts.md, "The records' codec"):
   follow wire's ``"r": 1``); it reads a nonzero integer or ``true`` as true, ``0``,
   ``false``, ``null`` or its absence as false.
 - A record read ``tolerant`` (state.json and the status replies: ``dfo status`` shows what
-  is on disk, whatever wrote it) takes a mistyped field's default instead of refusing
+  is on disk, whatever wrote it) takes a mistyped field's default (a tagged union's unknown
+  ``kind`` too) instead of refusing
   the record (``"started_at": "yesterday"`` reads as None); a field without a default, or
   a nested record that lacks a required field, is still a ContractError.
 - A record class that sets ``TOLERANT = True`` (state.json, its attempts, a run's status) is
@@ -49,7 +50,8 @@ The rules (docs/contracts.md, "The records' codec"):
   is its envelope's, not this): it is written with ``"kind": <its kind>`` first, and a
   field typed as a union of tagged records (``Bundled | Own``) is read as the member its
   ``kind`` key names; a missing or unknown kind is a ContractError naming the key and the
-  kinds allowed. A tagged record read directly refuses a ``kind`` other than its own.
+  kinds allowed. A union that also holds a mapping type (``dict[str, Any] | Changes``)
+  reads an object without a ``kind`` as that mapping. A tagged record read directly refuses a ``kind`` other than its own.
 """
 
 from __future__ import annotations
@@ -315,10 +317,13 @@ def coerce(value: Any, hint: Any, what: str = "a value", tolerant: bool = False,
             return True, None
         if tagged and isinstance(value, Mapping):
             kind = value.get(TAG)
-            if not isinstance(kind, str) or kind not in tagged:
-                raise ContractError(f"{where(what, (*at, TAG))} is {kind!r}, expected one "
-                                    f"of {', '.join(tagged)}")
-            return True, decode(tagged[kind], value, what=what, at=at, tolerant=tolerant)
+            if isinstance(kind, str) and kind in tagged:
+                return True, decode(tagged[kind], value, what=what, at=at, tolerant=tolerant)
+            untagged = tuple(a for a in hint_args if tag_of(a) is None)
+            if kind is not None or not any(_is_mapping(a) for a in untagged):
+                raise Mistyped(f"{where(what, (*at, TAG))} is {kind!r}, expected one "
+                               f"of {', '.join(tagged)}")
+            hint_args = untagged     # a mapping without a kind: the union's mapping type
         err: ContractError | None = None
         for arg in hint_args:
             try:
@@ -390,6 +395,10 @@ def coerce(value: Any, hint: Any, what: str = "a value", tolerant: bool = False,
                 return False, value
         return True, res
     raise TypeError(f"unsupported field type {hint!r}")
+
+
+def _is_mapping(hint: Any) -> bool:
+    return hint in (dict, Mapping) or typing.get_origin(hint) in (dict, collections.abc.Mapping)
 
 
 @functools.lru_cache(maxsize=None)

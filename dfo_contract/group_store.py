@@ -19,7 +19,7 @@ from . import events
 from .codec import decode, encode
 from .errors import ContractError, VersionError
 from .events.group_kinds import NodeOutcome, decision_body
-from .state_records import CheckpointRef
+from .state_records import CheckpointRef, Overrides
 
 #: the format version of every message this dfo writes; a reader refuses any other
 VERSION = 1
@@ -113,7 +113,7 @@ def _read(cls: type[T], raw: str | bytes | Mapping[str, Any], what: str, **defau
 class AttemptPlan:
     """``key_plan(N)``: what every node runs as attempt N (the head's overrides, the
     checkpoint it resumes (a path on the head) and the torchrun rendezvous id)."""
-    overrides: dict[str, Any]
+    overrides: Overrides
     resume: str | None
     rdzv_id: str
 
@@ -187,7 +187,7 @@ class GroupVerdict:
     cause: NodeOutcome | None = None
     status: str = ""
     reason: str = ""
-    overrides: dict[str, Any] = field(default_factory=dict)
+    overrides: Overrides = field(default_factory=dict)
     fallback: events.Fallback | None = None
     restart: events.Restart | None = None
     last_checkpoint: CheckpointRef | None = None

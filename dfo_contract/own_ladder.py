@@ -1,15 +1,16 @@
 """An own trainer's fallback ladder (``dfo launch -- CMD``, docs/own-trainer.md), read and
 written by ``dfo_contract.codec``: a :class:`LadderStep` as a run file, a ``--ladder`` flag,
 spec.json (``Own.fallbacks``) and the failure-class table write it (a one-key mapping), and
-:class:`Changes`, what the ladder changed so far (state.json's ``overrides`` of such a run).
+:class:`Changes`, what the ladder changed so far (state.json's ``overrides`` of such a run:
+``state_records.Overrides``).
 ``orchestrator.common.own_trainer`` checks steps and applies them."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
-from .codec import decode, encode, opt
+from .codec import Tagged, decode, encode, opt
 from .errors import ContractError
 
 #: a step's kinds, as a run file names them
@@ -42,10 +43,13 @@ class LadderStep:
 
 
 @dataclass(kw_only=True)
-class Changes:
+class Changes(Tagged):
     """What the ladder changed so far: ``env`` set, ``set_args`` replaced, ``drop`` flags
-    removed, ``first`` commands run before each attempt. Read tolerant (state.json)."""
+    removed, ``first`` commands run before each attempt: an own trainer's config in force
+    (``state_records.Overrides``), written with ``"kind": "own"`` first. Read tolerant
+    (state.json)."""
 
+    kind: ClassVar[str] = "own"
     TOLERANT = True
 
     env: dict[str, str] = field(default_factory=dict)
@@ -59,9 +63,14 @@ class Changes:
 
     @classmethod
     def from_json(cls, d: Any) -> "Changes":
-        """The changes of state.json's ``overrides`` (none: nothing changed yet)."""
+        """The changes of state.json's ``overrides`` (none: nothing changed yet; a mapping
+        without ``kind`` reads as the changes it holds)."""
         return decode(cls, d or {}, what="an own trainer's changes")
 
     def copy(self) -> "Changes":
         return Changes(env=dict(self.env), set_args=dict(self.set_args), drop=list(self.drop),
                        first=[list(c) for c in self.first])
+
+    def set_only(self) -> dict[str, Any]:
+        """The fields that change something (empty ones are the same config as none)."""
+        return {k: v for k, v in encode(self, skip=("kind",)).items() if v not in ({}, [])}

@@ -28,7 +28,7 @@ from typing import Any
 
 from .codec import decode, encode, opt
 from .state_records import (BudgetState, CheckpointRef, EvidenceLine, FallbackRecord,
-                            ThroughputLowState)
+                            Overrides, ThroughputLowState)
 
 __all__ = ["RunState", "Attempt", "BudgetState", "CheckpointRef", "EvidenceLine", "FallbackRecord",
            "ThroughputLowState", "STATE_VERSION", "SPEC_FILE", "STATE_FILE", "EVENTS_FILE",
@@ -66,7 +66,7 @@ class Attempt:
     started_at: float
     ended_at: float | None = None
     resume: str | None = None
-    overrides: dict[str, Any] = field(default_factory=dict)
+    overrides: Overrides = field(default_factory=dict)
     #: None in a run's status (``dfo status`` carries no argv; not written)
     argv: list[Any] | None = opt(factory=list)
     log: str | None = None
@@ -109,15 +109,15 @@ class RunState:
     ended_at: float | None = None
     attempt: int = 0                         # the number of the latest attempt
     attempts: list[Attempt] = field(default_factory=list)
-    overrides: dict[str, Any] = field(default_factory=dict)  # config overrides in force
+    overrides: Overrides = field(default_factory=dict)  # the config in force
     fallbacks: list[FallbackRecord] = field(default_factory=list)
     ladder_pos: dict[str, int] = field(default_factory=dict)  # class -> position on its ladder
     budget: BudgetState = field(default_factory=BudgetState)   # common.budget's decisions
     last_step: int | None = None
     tokens_per_s: float | None = None
     baseline_tokens_per_s: float | None = None
-    baseline_overrides: dict[str, Any] | None = None   # the baseline was measured with them
-    last_startup_failure_overrides: dict[str, Any] | None = None
+    baseline_overrides: Overrides | None = None   # the baseline was measured with them
+    last_startup_failure_overrides: Overrides | None = None
     last_checkpoint: CheckpointRef | None = None
     #: the bundled trainer's measured acceptance length (eval markers) and its best so far
     accept_len: float | None = None

@@ -7,6 +7,39 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from .codec import decode, encode, named, opt
+from .own_ladder import Changes
+
+#: the config in force of a run's attempt: the bundled trainer's overrides (flat
+#: ``SECTION.FIELD`` keys -> values, as ``--set`` gives them) or what an own trainer's ladder
+#: changed (:class:`~dfo_contract.own_ladder.Changes`, written with ``"kind": "own"``; a
+#: mapping without ``kind`` is the bundled trainer's). The supervisor's driver passes it on
+#: and compares it; only the run's trainer source reads inside it.
+Overrides = dict[str, Any] | Changes
+
+
+def copied(ov: Overrides) -> Overrides:
+    """A copy of ``ov`` that changes to the original do not reach."""
+    return ov.copy() if isinstance(ov, Changes) else dict(ov)
+
+
+def config_overrides(ov: Overrides) -> dict[str, Any]:
+    """The bundled trainer's flat overrides in ``ov`` (an own trainer's changes set no key
+    of its config: none)."""
+    return {} if isinstance(ov, Changes) else dict(ov)
+
+
+def changes_of(ov: Overrides) -> Changes:
+    """An own trainer's changes in ``ov`` (a mapping without ``kind`` reads as the changes
+    it holds: ``{}`` before the ladder changed anything)."""
+    return ov if isinstance(ov, Changes) else Changes.from_json(ov)
+
+
+def set_only(ov: Overrides | None) -> dict[str, Any]:
+    """What ``ov`` sets (an own command's empty ``env``/``drop`` lists, and an empty or null
+    override, are the same config as none)."""
+    if isinstance(ov, Changes):
+        return ov.set_only()
+    return {k: v for k, v in (ov or {}).items() if v not in ({}, [], None)}
 
 
 @dataclass(frozen=True, kw_only=True)

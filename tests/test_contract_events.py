@@ -63,7 +63,7 @@ def _strategy(hint):
     if origin is tuple:                  # tuple[X, ...]
         return st.lists(_strategy(typing.get_args(hint)[0]), max_size=3).map(tuple)
     if origin is dict:
-        return _dicts(_json)
+        return _dicts(_strategy(typing.get_args(hint)[1]))
     if dataclasses.is_dataclass(hint):   # a nested record (CheckpointRef, NodeOutcome, ...)
         return _event_of(hint)
     raise AssertionError(f"no strategy for {hint!r}")

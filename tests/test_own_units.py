@@ -245,3 +245,26 @@ def test_a_ladder_step_and_the_changes_are_records_in_their_json_shape():
     # state.json's overrides of an own run are the changes' JSON, read tolerant
     assert Changes.from_json(ch.to_json()) == ch and Changes.from_json(None) == Changes()
     assert Changes.from_json({"drop": "--x", "env": {"A": "1"}}) == Changes(env={"A": "1"})
+
+
+def test_the_config_in_force_is_typed_by_its_trainer_in_state_json():
+    """state.json's ``overrides``: a bundled run's flat overrides stay a mapping, an own
+    run's changes come back as Changes (written with their kind first); an own run's
+    changes written without a kind read as the changes they hold."""
+    from dfo_contract.runstate import RunState
+    from dfo_contract.state_records import changes_of, config_overrides, set_only
+
+    ch = own_trainer.Changes(env={"A": "1"}, drop=["--threads"])
+    own = RunState.from_json(json.loads(json.dumps(RunState(run_id="r", overrides=ch).to_json())))
+    assert own.overrides == ch and isinstance(own.overrides, own_trainer.Changes)
+    assert list(RunState(run_id="r", overrides=ch).to_json()["overrides"])[0] == "kind"
+    flat = RunState.from_json({"run_id": "r", "overrides": {"train.micro_batch": 4}})
+    assert flat.overrides == {"train.micro_batch": 4}
+    assert config_overrides(flat.overrides) == {"train.micro_batch": 4}
+    assert config_overrides(own.overrides) == {}
+    bare = RunState.from_json({"run_id": "r", "overrides": {"env": {"A": "1"}, "drop": ["--threads"]}})
+    assert changes_of(bare.overrides) == ch
+    assert set_only(own_trainer.Changes()) == set_only({}) == {}
+    assert set_only(ch) == {"env": {"A": "1"}, "drop": ["--threads"]}
+    # state.json is read tolerant: an unknown kind is no config in force, not a lost run
+    assert RunState.from_json({"run_id": "r", "overrides": {"kind": "mine"}}).overrides == {}

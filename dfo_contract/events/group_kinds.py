@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping, Self
 
 from ..codec import JSON, decode, encode
-from ..state_records import CheckpointRef, EvidenceLine
+from ..state_records import CheckpointRef, EvidenceLine, Overrides
 from .base import EventBase, opt, req
 from .kinds import Fallback, Restart
 
@@ -134,7 +134,7 @@ class GroupDecision(EventBase):
     reason: str
     #: the root cause: a node's outcome (None: none was judged)
     cause: NodeOutcome | None = opt()
-    overrides: dict[str, Any] | None = opt()
+    overrides: Overrides | None = opt()
     fallback: Fallback | None = opt()
     restart: Restart | None = opt()
     last_checkpoint: CheckpointRef | None = opt()

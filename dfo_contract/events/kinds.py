@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ..state_records import CheckpointRef, EvidenceLine
+from ..state_records import CheckpointRef, EvidenceLine, Overrides
 from .base import EventBase, opt, req
 
 
@@ -40,7 +40,7 @@ class AttemptStart(EventBase):
     kind: ClassVar[str] = "attempt_start"
     attempt: int
     resume: str | None
-    overrides: dict[str, Any]
+    overrides: Overrides
     argv: list[str]
     pid: int
     log: str
@@ -214,7 +214,7 @@ class Fallback(EventBase):
     cls: str = req(json="class")
     step: str | None
     changed: dict[str, Any]
-    overrides: dict[str, Any]
+    overrides: Overrides
     restore_cache: bool
     #: why the config stays the same (an own command's race class: restart unchanged)
     note: str | None = opt()

@@ -25,7 +25,7 @@ from typing import Any, Iterable, Mapping, Self
 from dfo_contract import exitcodes
 from dfo_contract.errors import ContractError
 from dfo_contract.runlimits import Budget
-from dfo_contract.state_records import BudgetState
+from dfo_contract.state_records import BudgetState, set_only
 
 from .errors import ConfigError
 from .fallback import FAILURE_CLASSES, TRANSIENT
@@ -135,18 +135,12 @@ def cannot_do_better(prev, cur, *, restart_changes_config: bool) -> str | None:
         return None
     if any(from_outside(a) for a in (prev, cur)):
         return None       # ended from outside: says nothing about the code
-    if (prev.cls, prev.reason, _set_only(prev.overrides)) != (cur.cls, cur.reason,
-                                                              _set_only(cur.overrides)):
+    if (prev.cls, prev.reason, set_only(prev.overrides)) != (cur.cls, cur.reason,
+                                                             set_only(cur.overrides)):
         return None
     return (f"attempts {prev.n} and {cur.n} failed the same way before their first training "
             "step with the same config, and nothing was trained or saved in between: another "
             "attempt cannot do better; " + what_to_try(cur.cls))
-
-
-def _set_only(overrides) -> dict:
-    """The overrides that set something (an own command's empty ``env``/``drop`` lists are
-    the same config as none)."""
-    return {k: v for k, v in dict(overrides or {}).items() if v not in ({}, [], None)}
 
 
 def what_to_try(cls: str) -> str:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from dfo_contract.own_ladder import LadderStep
+from dfo_contract.state_records import Overrides, changes_of, config_overrides
 from dfo_contract.failure_classes import TABLES
 
 from . import own_trainer
@@ -41,7 +42,7 @@ class Verdict:
 
     cls: str
     step: str | None
-    overrides: dict
+    overrides: Overrides
     position: int
     changed: dict
     restore_cache: bool = False
@@ -88,25 +89,25 @@ class Ladders:
         return cls(bundled={k: tuple(v) for k, v in DEFAULT_LADDERS.items()}, base=dict(base))
 
 
-def choose(ladders: Ladders, cls: str, position: int, overrides: Mapping[str, Any]) -> Verdict:
-    """The supervisor's choice after an attempt of class ``cls`` failed."""
+def choose(ladders: Ladders, cls: str, position: int, overrides: Overrides) -> Verdict:
+    """The supervisor's choice after an attempt of class ``cls`` failed (``overrides``: the
+    config in force, the bundled trainer's overrides or an own trainer's changes)."""
     if not ladders.own:
         c = next_config(cls, list(ladders.bundled.get(cls, ())), position,
-                        dict(ladders.base), dict(overrides))
+                        dict(ladders.base), config_overrides(overrides))
         return Verdict(cls, c.step, dict(c.overrides), c.position, dict(c.changed),
                        c.restore_cache, c.exhausted, c.spent)
     steps = list(ladders.own_steps.get(cls) or OWN_DEFAULT.get(cls, ()))
-    o = own_trainer.next_step(cls, steps, position, own_trainer.Changes.from_json(overrides))
+    o = own_trainer.next_step(cls, steps, position, changes_of(overrides))
     spent = " -> ".join(own_trainer.describe_step(s) for s in steps) or "empty"
     if o.exhausted and cls in OWN_RETRY:
-        return Verdict(cls, None, o.changes.to_json(), o.position, {}, spent=spent,
-                       note=RETRY_NOTE)
-    return Verdict(cls, o.step, o.changes.to_json(), o.position, dict(o.changed), False,
-                   o.exhausted, spent)
+        return Verdict(cls, None, o.changes, o.position, {}, spent=spent, note=RETRY_NOTE)
+    return Verdict(cls, o.step, o.changes, o.position, dict(o.changed), False, o.exhausted,
+                   spent)
 
 
 def position_before(ladders: Ladders, cls: str,
-                    earlier: Iterable[tuple[str, Mapping[str, Any]]]) -> int:
+                    earlier: Iterable[tuple[str, Overrides]]) -> int:
     """The ladder position of ``cls`` before an attempt, replayed from the earlier attempts
     that fell back: ``(class, overrides the attempt ran with)`` each, in order."""
     pos = 0

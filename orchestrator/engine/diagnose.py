@@ -21,6 +21,7 @@ from dfo_contract import runstate as rs
 from dfo_contract.errors import ContractError
 from dfo_contract.failure_classes import TABLES
 from dfo_contract.runspec import RunSpec
+from dfo_contract.state_records import Overrides, copied
 from dfo_contract.trainer_markers import DoneMarker, HeartbeatMarker, TrainerMarker, read_marker
 
 from ..config.runconfig import load_config
@@ -161,12 +162,12 @@ def _spec(path: Path) -> RunSpec:
 
 def _in_run(d, spec: RunSpec, evs: list[ev.Event], n: int, run_id: str) -> DiagnoseReport:
     view = RunView(run_id, n)
-    started: dict[int, dict] = {}
+    started: dict[int, Overrides] = {}
     classes: dict[int, str] = {}
     fell_back: list[int] = []
     for e in evs:
         if isinstance(e, ev.AttemptStart):
-            started[e.attempt] = dict(e.overrides)
+            started[e.attempt] = copied(e.overrides)
         elif isinstance(e, ev.Classified):
             classes[e.attempt] = e.cls
             if e.attempt == n:

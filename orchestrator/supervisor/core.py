@@ -23,13 +23,13 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any, Mapping
 
 from dfo_contract import envvars, events
 from dfo_contract import runstate as rs
 from dfo_contract.errors import ContractError
 from dfo_contract.runspec import Bundled, RunSpec
 from dfo_contract.runstate import CheckpointRef, EvidenceLine, FallbackRecord, RunState
+from dfo_contract.state_records import Overrides
 
 from ..common import goodput
 from .policy import oom
@@ -135,7 +135,7 @@ class Supervisor:
             if self.state.final:
                 return 0
         else:
-            self.record.use_config(self.spec.config.overrides)
+            self.record.use_config(self.source.initial())
         owner = self.lock.take()
         if owner is not None:
             self.final("failed", f"run.lock is held by {owner}: another run is live on this host")
@@ -264,7 +264,7 @@ class Supervisor:
         self.lock.release()
 
     # --- one attempt: the steps a role drives (role.Driver) -------------------------------
-    def run_attempt(self, n: int, overrides: Mapping[str, Any] | None = None) -> Outcome:
+    def run_attempt(self, n: int, overrides: Overrides | None = None) -> Outcome:
         """Start attempt N (with ``overrides``: that config; None: the run's) and watch it
         to its end."""
         record, state = self.record, self.state
@@ -329,7 +329,7 @@ class Supervisor:
                                also=list(diag.also))
         return diag
 
-    def next_config(self, overrides: Mapping[str, Any], fallback: FallbackRecord | None) -> None:
+    def next_config(self, overrides: Overrides, fallback: FallbackRecord | None) -> None:
         """The run's decision on the last attempt: the config the next one runs and the
         fallback that made it (None: none)."""
         self.record.use_config(overrides, fallback)

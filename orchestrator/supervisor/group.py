@@ -27,6 +27,7 @@ from dfo_contract import events
 from dfo_contract.group_store import AttemptPlan, GroupVerdict, NodeOutcome
 from dfo_contract.runlimits import Thresholds
 from dfo_contract.runspec import Group
+from dfo_contract.state_records import copied
 
 from ..common.classify import Diagnosis
 from ..common.classify_rules import NODE_LOST, PEER_ABORT
@@ -288,7 +289,7 @@ class GroupHead(GroupRole):
     def place(self, n: int, find_resume: Callable[[], str | None]) -> Placement:
         """What every node runs as attempt N: published as the attempt's plan."""
         at = self._placement(n, find_resume())
-        self._c().set_plan(n, AttemptPlan(overrides=dict(self.record.state.overrides),
+        self._c().set_plan(n, AttemptPlan(overrides=copied(self.record.state.overrides),
                                           resume=at.resume,
                                           rdzv_id=self.gs.rdzv_id(self.run_id, n)))
         return at
@@ -353,7 +354,7 @@ class GroupHead(GroupRole):
         """Publish the run's decision on attempt N (and record it here too)."""
         gs, state = self.gs, self.record.state
         dec = GroupVerdict(action=action, cause=self.cause, status=status,
-                           reason=reason, overrides=dict(state.overrides),
+                           reason=reason, overrides=copied(state.overrides),
                            fallback=fallback, restart=restart,
                            last_checkpoint=state.last_checkpoint, last_step=state.last_step)
         self._c().set_decision(n, dec)

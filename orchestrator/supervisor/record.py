@@ -16,6 +16,7 @@ from dfo_contract.beat import BEAT_FILE, Beat
 from dfo_contract import runstate as rs
 from dfo_contract.runstate import (Attempt, BudgetState, CheckpointRef, EvidenceLine,
                                    FallbackRecord, RunState, ThroughputLowState)
+from dfo_contract.state_records import Overrides, copied
 
 from . import runfiles
 
@@ -81,11 +82,11 @@ class RunRecord:
         self.save()
 
     # --- one attempt ------------------------------------------------------------------------
-    def preparing(self, overrides: Mapping[str, Any] | None) -> None:
+    def preparing(self, overrides: Overrides | None) -> None:
         """The next attempt is being prepared, with ``overrides`` (None: the config in
         force); the run is running (saved once the attempt started)."""
         if overrides is not None:
-            self.state.overrides = dict(overrides)
+            self.state.overrides = copied(overrides)
         self.state.status = "running"
 
     def attempt_opened(self, n: int, *, resume: str | None, argv: list[Any], log: str) -> None:
@@ -93,7 +94,7 @@ class RunRecord:
         state = self.state
         state.attempt = n
         state.attempts.append(Attempt(n=n, started_at=time.time(), resume=resume,
-                                      overrides=dict(state.overrides), argv=argv, log=log))
+                                      overrides=copied(state.overrides), argv=argv, log=log))
 
     def attempt_dropped(self, n: int) -> None:
         """Attempt N (the latest) never started: it is no attempt of the run."""
@@ -155,7 +156,7 @@ class RunRecord:
         state.last_step, state.tokens_per_s = step, tokens_per_s
         if baseline and not state.baseline_tokens_per_s:
             state.baseline_tokens_per_s = baseline
-            state.baseline_overrides = dict(state.overrides)
+            state.baseline_overrides = copied(state.overrides)
         self.save()
 
     def checkpointed(self, n: int, step: int | None, path: str | None) -> None:
@@ -212,16 +213,16 @@ class RunRecord:
         failure before training (``startup``) for the next failure to compare with."""
         self.state.budget = budget
         self.state.last_startup_failure_overrides = (
-            dict(self.state.overrides) if startup else None)
+            copied(self.state.overrides) if startup else None)
 
     def ladder_step(self, cls: str, position: int) -> None:
         """Class ``cls``'s fallback ladder is at ``position``."""
         self.state.ladder_pos[cls] = position
 
-    def use_config(self, overrides: Mapping[str, Any],
+    def use_config(self, overrides: Overrides,
                    fallback: FallbackRecord | None = None) -> None:
         """The config the next attempt runs, and the fallback that chose it (None: none)."""
-        self.state.overrides = dict(overrides)
+        self.state.overrides = copied(overrides)
         if fallback is not None:
             self.state.fallbacks.append(fallback)
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import subprocess
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
+from typing import TYPE_CHECKING, Callable, Mapping, Protocol
 
 from dfo_contract.runlimits import Thresholds
-from dfo_contract.state_records import CheckpointRef, EvidenceLine, FallbackRecord
+from dfo_contract.state_records import CheckpointRef, EvidenceLine, FallbackRecord, Overrides
 
 from ..common.classify import Diagnosis
 from ..common.launch_argv import Rendezvous
@@ -50,7 +50,7 @@ class Driver(Protocol):
 
     def loop(self) -> int: ...
 
-    def run_attempt(self, n: int, overrides: Mapping[str, Any] | None = None) -> "Outcome":
+    def run_attempt(self, n: int, overrides: Overrides | None = None) -> "Outcome":
         """Start attempt N (with ``overrides``: that config; None: the run's) and watch it
         to its end."""
 
@@ -58,7 +58,7 @@ class Driver(Protocol):
         """Attempt N's diagnosis, recorded as the attempt's class and in its ``classified``
         event (``name``: the class and reason this node gives its end instead)."""
 
-    def next_config(self, overrides: Mapping[str, Any],
+    def next_config(self, overrides: Overrides,
                     fallback: FallbackRecord | None) -> None:
         """The run's decision on the last attempt: the config the next one runs and the
         fallback that made it (None: none)."""

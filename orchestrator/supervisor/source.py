@@ -36,6 +36,7 @@ from dfo_contract.checkpoints import newest_of_run
 from dfo_contract import trainer_config as tcfg
 from dfo_contract.runspec import Bundled, Identity, Own, RunSpec
 from dfo_contract.runstate import FallbackRecord, RunState
+from dfo_contract.state_records import Overrides, changes_of, config_overrides
 from dfo_contract.trainer_config import TrainerConfig
 
 from ..common import own_trainer
@@ -66,13 +67,13 @@ class AttemptSource(Protocol):
     #: CPU time of the process tree counts as progress (a trainer without heartbeats)
     cpu_is_progress: bool
 
-    def config(self, overrides: Mapping[str, Any]) -> TrainerConfig | None: ...
-    def bundled(self, overrides: Mapping[str, Any]) -> Bundled | None: ...
+    def initial(self) -> Overrides: ...
+    def config(self, overrides: Overrides) -> TrainerConfig | None: ...
+    def bundled(self, overrides: Overrides) -> Bundled | None: ...
     def attempt_env(self, n: int) -> dict[str, str]: ...
     def launch(self, n: int, state: RunState, role: Role) -> Launch: ...
     def run_first(self, n: int, launch: Launch, log_path: str, timeout: float) -> None: ...
-    def next_choice(self, cls: str, position: int,
-                    overrides: Mapping[str, Any]) -> Verdict: ...
+    def next_choice(self, cls: str, position: int, overrides: Overrides) -> Verdict: ...
 
 
 class _Source:
@@ -87,11 +88,11 @@ class _Source:
         self.run_dir = run_dir
         self.emit = emit
 
-    def config(self, overrides: Mapping[str, Any]) -> TrainerConfig | None:
+    def config(self, overrides: Overrides) -> TrainerConfig | None:
         """The bundled trainer's typed config in force (None: an own command)."""
         return None
 
-    def bundled(self, overrides: Mapping[str, Any]) -> Bundled | None:
+    def bundled(self, overrides: Overrides) -> Bundled | None:
         """The bundled trainer's part in force (None: an own command)."""
         return None
 
@@ -101,7 +102,7 @@ class _Source:
                                fault=self.fault, run_id=self.spec.identity.run_id))
         return env
 
-    def next_choice(self, cls: str, position: int, overrides: Mapping[str, Any]) -> Verdict:
+    def next_choice(self, cls: str, position: int, overrides: Overrides) -> Verdict:
         return choose(Ladders.from_spec(self.spec), cls, position, overrides)
 
     def run_first(self, n: int, launch: Launch, log_path: str, timeout: float) -> None:
@@ -119,14 +120,18 @@ class BundledSource(_Source):
         #: the edit of config.yaml last told (``config_edited``): told once, not per attempt
         self.edit_told: dict | None = None
 
-    def config(self, overrides: Mapping[str, Any]) -> TrainerConfig:
-        """The typed config in force: spec.json's base with ``overrides``."""
-        return tcfg.from_flat(self.spec.config.merged(overrides))
+    def initial(self) -> Overrides:
+        """Attempt 1's overrides: launch's ``--set``."""
+        return dict(self.spec.config.overrides)
 
-    def bundled(self, overrides: Mapping[str, Any]) -> Bundled:
+    def config(self, overrides: Overrides) -> TrainerConfig:
+        """The typed config in force: spec.json's base with ``overrides``."""
+        return tcfg.from_flat(self.spec.config.merged(config_overrides(overrides)))
+
+    def bundled(self, overrides: Overrides) -> Bundled:
         """spec.json's ``trainer`` with attempt 1's overrides; with others (a fallback's),
         the same part of the config they make."""
-        if dict(overrides) == dict(self.spec.config.overrides):
+        if config_overrides(overrides) == dict(self.spec.config.overrides):
             return self.trainer
         return Bundled.of(self.config(overrides), self.fault)
 
@@ -171,7 +176,7 @@ class BundledSource(_Source):
         env.update(at.env)
         if threads:   # the compile_workers ladder's step, as torch reads it
             env["TORCHINDUCTOR_COMPILE_THREADS"] = str(threads)
-        argv = trainer_argv(spec.identity.python, self.launched_config(n), state.overrides,
+        argv = trainer_argv(spec.identity.python, self.launched_config(n), config_overrides(state.overrides),
                             run_dir=self.run_dir, checkpoint_dir=spec.resume.checkpoint_dir,
                             resume=at.resume, layout=part.layout,
                             nproc=at.nproc if at.nproc is not None else part.nproc,
@@ -188,9 +193,13 @@ class OwnSource(_Source):
         self.own_spec = own
         self.step_pattern = own.step_pattern
 
+    def initial(self) -> Overrides:
+        """Attempt 1 runs the command as given: nothing changed."""
+        return own_trainer.Changes()
+
     def launch(self, n: int, state: RunState, role: Role) -> Launch:
         own = self.own_spec
-        changes = own_trainer.Changes.from_json(state.overrides)
+        changes = changes_of(state.overrides)
         resume = own_attempt.resume_target(own, self.run_dir,
                                        since=float(state.started_at or 0) - 1.0) \
             or self.spec.resume.path

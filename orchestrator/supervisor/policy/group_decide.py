@@ -13,11 +13,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Sequence
 
 from dfo_contract import events
 from dfo_contract.group_store import GroupVerdict, NodeOutcome
-from dfo_contract.state_records import FallbackRecord
+from dfo_contract.state_records import FallbackRecord, Overrides, copied
 
 from ...common.classify_rules import NODE_LOST, PEER_ABORT, PRIORITY
 
@@ -176,7 +176,7 @@ class PeerStep:
     overrides it runs next, the final status/reason (None: run attempt N+1), the fallback
     record for its state.json and whether to restore the compile cache first."""
     events: tuple[events.Event, ...]
-    overrides: dict[str, Any]
+    overrides: Overrides
     final: tuple[str, str] | None
     fallback: FallbackRecord | None
     restore_cache: bool = False
@@ -187,11 +187,11 @@ def peer_step(dec: GroupVerdict, attempt: int, *, node: int, host: str) -> PeerS
     ``group_decision`` carries them and the peer records each as its own."""
     evs: list[events.Event] = [events.GroupDecision(
         attempt=attempt, node=node, host=host, action=dec.action, cause=dec.cause,
-        status=dec.status, reason=dec.reason, overrides=dict(dec.overrides),
+        status=dec.status, reason=dec.reason, overrides=copied(dec.overrides),
         fallback=dec.fallback, restart=dec.restart, last_checkpoint=dec.last_checkpoint,
         last_step=dec.last_step)]
     if dec.action == "final":
-        return PeerStep(tuple(evs), dict(dec.overrides), (dec.status or "failed", dec.reason),
+        return PeerStep(tuple(evs), copied(dec.overrides), (dec.status or "failed", dec.reason),
                         None)
     fb, restore = None, False
     if dec.fallback:
@@ -203,4 +203,4 @@ def peer_step(dec: GroupVerdict, attempt: int, *, node: int, host: str) -> PeerS
                                 attempt=attempt)
     if dec.restart:
         evs.append(dec.restart)
-    return PeerStep(tuple(evs), dict(dec.overrides), None, fb, restore)
+    return PeerStep(tuple(evs), copied(dec.overrides), None, fb, restore)

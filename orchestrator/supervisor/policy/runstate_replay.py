@@ -12,6 +12,7 @@ from typing import Iterable
 
 from dfo_contract import events as ev
 from dfo_contract.runstate import Attempt, CheckpointRef, RunState
+from dfo_contract.state_records import copied
 
 
 def state_from_events(run_id: str, evs: Iterable[ev.Event]) -> RunState:
@@ -22,11 +23,11 @@ def state_from_events(run_id: str, evs: Iterable[ev.Event]) -> RunState:
             st.pid, st.mode, st.status = e.pid, e.mode, "running"
             st.started_at = st.started_at or e.t
         elif isinstance(e, ev.AttemptStart):
-            a = Attempt(n=e.attempt, started_at=e.t, resume=e.resume, overrides=dict(e.overrides),
+            a = Attempt(n=e.attempt, started_at=e.t, resume=e.resume, overrides=copied(e.overrides),
                         argv=list(e.argv), log=e.log, pid=e.pid)
             by_n[e.attempt] = a
             st.attempts.append(a)
-            st.attempt, st.overrides, st.status = e.attempt, dict(e.overrides), "running"
+            st.attempt, st.overrides, st.status = e.attempt, copied(e.overrides), "running"
         elif isinstance(e, ev.AttemptEnd) and e.attempt in by_n:
             a = by_n[e.attempt]
             a.ended_at, a.exit_code, a.signal = e.t, e.exit_code, e.signal
