@@ -90,6 +90,30 @@ def test_a_real_erofs_is_its_own_permanent_class_naming_the_path(tmp_path, read_
     assert "checkpoint.dir" in d.reason
 
 
+def test_a_file_open_for_writing_through_the_bind_delays_the_read_only_remount(
+        tmp_path, read_only):  # noqa: F811
+    """A live process with a file open for writing in the directory (a supervisor saving
+    state.json) makes the remount "busy": the fixture waits for the close, then the
+    directory is read-only."""
+    where = tmp_path / "ro"
+    held: list = []
+    busy: list[int] = []
+
+    def open_one():
+        held.append(open(where / "state.json.tmp", "w"))
+
+    def close_it():
+        busy.append(1)
+        held[0].write("{}")
+        held[0].close()
+
+    read_only(where, between=open_one, on_busy=close_it)
+    assert busy == [1] and held[0].closed          # busy once, then the remount took
+    assert (where / "state.json.tmp").read_text() == "{}"
+    with pytest.raises(OSError, match="Read-only file system"):
+        (where / "state.json").write_text("{}")
+
+
 def test_erofs_on_a_checkpoint_being_written_names_the_checkpoint_dir(tmp_path, read_only):  # noqa: F811
     """The trainer writes a checkpoint into DIR/.step_N.tmp-PID first: the reason names DIR,
     the directory a user can act on, not the temporary one."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -56,13 +57,34 @@ def read_only(tmp_path):
         pytest.skip("a read-only bind mount needs root")
     mounted: list[Path] = []
 
-    def make(where: Path) -> Path:
+    def make(where: Path, between=lambda: None, on_busy=lambda: None) -> Path:
         where.mkdir(parents=True, exist_ok=True)
         subprocess.run(["mount", "--bind", str(where), str(where)], check=True, timeout=60)
         mounted.append(where)
-        subprocess.run(["mount", "-o", "remount,bind,ro", str(where)], check=True, timeout=60)
+        between()          # (tests of the fixture) runs between the bind and the remount
+        remount_ro(where, on_busy)
         return where
 
     yield make
     for d in reversed(mounted):
         subprocess.run(["umount", "-l", str(d)], timeout=60)
+
+
+def remount_ro(where: Path, on_busy=lambda: None) -> int:
+    """Make the bind mount at ``where`` read-only; the number of tries it took.
+
+    A file a live process opened for writing through the bind mount makes the remount
+    EBUSY ("mount point is busy") until it is closed, so a busy remount is tried again
+    (``on_busy`` is called after each) for up to a minute."""
+    deadline = time.monotonic() + 60
+    tries = 0
+    while True:
+        tries += 1
+        p = subprocess.run(["mount", "-o", "remount,bind,ro", str(where)],
+                           capture_output=True, text=True, timeout=60)
+        if p.returncode == 0:
+            return tries
+        if "busy" not in p.stderr or time.monotonic() > deadline:
+            raise subprocess.CalledProcessError(p.returncode, p.args, p.stdout, p.stderr)
+        on_busy()
+        time.sleep(0.01)
