@@ -31,6 +31,14 @@ class Fault:
     attempt: int | None = 1  # None = every attempt
     arg: float | int | None = None
 
+    @property
+    def value(self) -> float | int:
+        """The argument of a kind that takes one (``exit=N``, ``slow=F``: the parser requires
+        it)."""
+        if self.arg is None:
+            raise FaultSpecError(f"fault {self}: {self.kind} needs an argument")
+        return self.arg
+
     def matches(self, step: int, attempt: int) -> bool:
         return step == self.step and (self.attempt is None or self.attempt == attempt)
 

@@ -1,5 +1,5 @@
-"""The type checker and the linter find nothing: mypy over ``dfo_contract/`` and
-``orchestrator/`` and ruff (pyflakes ``F`` and bugbear ``B``) over every package, each as
+"""The type checker and the linter find nothing: mypy over ``dfo_contract/``,
+``orchestrator/`` and ``trainer/`` (torch read as untyped) and ruff (pyflakes ``F`` and bugbear ``B``) over every package, each as
 configured in pyproject.toml and pinned in tests/env/requirements.lock. Each runs as its own
 process from the repository root; mypy reads no cache and writes none (``--cache-dir
 /dev/null``), so no earlier run's cache is relied on. A failure shows every finding."""
@@ -13,7 +13,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 #: what mypy checks (pyproject's ``[tool.mypy] files`` names the same)
-TYPED = ("dfo_contract", "orchestrator")
+TYPED = ("dfo_contract", "orchestrator", "trainer")
 #: what ruff lints
 LINTED = ("dfo_contract", "orchestrator", "trainer", "bench", "tools", "tests")
 

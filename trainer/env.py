@@ -103,9 +103,10 @@ def process_start_t() -> float | None:
 def _node_rank(v: str | None) -> int | None:
     """$DFO_NODE_RANK: a non-negative integer, or None when unset/empty; anything else is
     a config error (a node that cannot tell whether it is the head must not guess)."""
-    if _nonempty(v) is None:
+    s = _nonempty(v)
+    if s is None:
         return None
-    n = _int_or_none(v.strip())
+    n = _int_or_none(s.strip())
     if n is None or n < 0:
         from dfo_contract.exitcodes import TrainerConfigError
 

@@ -35,6 +35,7 @@ import argparse
 import json
 import sys
 import time
+from typing import Any
 
 import torch
 
@@ -157,8 +158,9 @@ def bench_method(a, rt: Runtime, method: str, dev, target, tcfg, batch, feats, t
     _, drafter = S.build_models(cfg, dev, target=target, rt=rt)
     spec = drafter.spec
     dfl, pairs = step_flops(cfg, spec, batch, a.seq_len)
+    variants: dict[str, Any] = {}
     out = report["methods"][method] = {"setup_s": round(time.perf_counter() - t0, 2),
-                                       "flops": dfl, "visible_pairs": pairs, "variants": {}}
+                                       "flops": dfl, "visible_pairs": pairs, "variants": variants}
     own = method_report(cfg)
     if own is not None:
         out["config"] = own
@@ -169,7 +171,7 @@ def bench_method(a, rt: Runtime, method: str, dev, target, tcfg, batch, feats, t
     label = f"{method} " if len(a.methods) > 1 else ""
     for name, opts in plan:
         if a.budget_s and time.perf_counter() - t_plan > a.budget_s:
-            out["variants"][name] = {"skipped": f"--budget-s {a.budget_s:.0f} spent"}
+            variants[name] = {"skipped": f"--budget-s {a.budget_s:.0f} spent"}
             continue
         prof = None
         if a.profile:
@@ -177,9 +179,9 @@ def bench_method(a, rt: Runtime, method: str, dev, target, tcfg, batch, feats, t
 
             os.makedirs(a.profile, exist_ok=True)
             prof = os.path.join(a.profile, f"{method}-{name.replace(':', '-')}.txt")
-        v = out["variants"][name] = measure(a, cfg, dev, target, drafter, opt, tcfg, spec, peak,
-                                            batch, feats, t_target, dfl, opts, rt=rt,
-                                            profile_to=prof)
+        v = variants[name] = measure(a, cfg, dev, target, drafter, opt, tcfg, spec, peak,
+                                     batch, feats, t_target, dfl, opts, rt=rt,
+                                     profile_to=prof)
         if t_target_c and "drafter_step_ms" in v and "settings" not in v:
             e2e_c = t_target_c + (v["drafter_step_ms"] + v["optimizer_ms"]) / 1e3
             v["tokens_per_s_target_compiled"] = round(a.micro_batch * a.seq_len / e2e_c, 1)

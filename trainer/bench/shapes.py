@@ -3,8 +3,10 @@ dimensions, random weights."""
 
 from __future__ import annotations
 
+from typing import Any
+
 #: name -> Qwen3Config fields (the models' config.json on the Hub)
-TARGETS = {
+TARGETS: dict[str, dict[str, Any]] = {
     "qwen3-4b": dict(hidden_size=2560, num_hidden_layers=36, intermediate_size=9728,
                      num_attention_heads=32, num_key_value_heads=8, head_dim=128,
                      vocab_size=151936, tie_word_embeddings=True),

@@ -314,7 +314,7 @@ class CompileGate:
 
     def call(self, fn: Callable, *args, what: str | None = None, **kwargs):
         """``fn(*args, **kwargs)`` inside ``guard`` (shapes taken from tensor args)."""
-        with self.guard(what or getattr(fn, "__name__", "compiled call"), shapes=args):
+        with self.guard(what or str(getattr(fn, "__name__", "compiled call")), shapes=args):
             return fn(*args, **kwargs)
 
     def report(self) -> list[dict]:

@@ -119,7 +119,7 @@ class ChunkedHeadCE(torch.autograd.Function):
                     # the scores rise with the logits (mult > 0): the same top k from the
                     # head's own output, without an fp32 copy of the chunk's scores
                     top[s:e] = topk_ids(logits if cap <= 0 or mult > 0 else u, k)
-                if need_grad:
+                if grad_h is not None:
                     # d(w*CE)/dscores = w * (softmax - onehot): one pointwise expression, no
                     # scatter; the soft cap's derivative folded in
                     onehot = (vocab.unsqueeze(0) == lab.unsqueeze(1)).float()

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from typing import Any
 
 import torch
 
@@ -262,10 +263,9 @@ def drafter_loss(drafter: Drafter, features: torch.Tensor, batch: Batch, cfg: Tr
                                   drafter.spec.pattern, b.doc_lo)
     # compiled, flex_attention is inductor's inside the step: no callable crosses into it
     flex = None if cfg.compile.enabled and backend == "flex" else _flex(rt, backend)
-    args = (drafter, features, ids, pos, b.position_ids, masks, labels, weights, counted, backend,
-            flex, cfg.model.ce_chunk)
     m = method_of(cfg)
-    args = args + m.step_args(cfg)
+    args: tuple[Any, ...] = (drafter, features, ids, pos, b.position_ids, masks, labels, weights,
+                             counted, backend, flex, cfg.model.ce_chunk, *m.step_args(cfg))
     step_fn, base = m.forward_loss, m.step_name
     with autocast(cfg, dev):
         if cfg.compile.enabled:

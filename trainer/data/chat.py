@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import os
 import unicodedata
+from typing import Any, Literal
 from itertools import chain
 
 import numpy as np
@@ -202,6 +203,10 @@ class ChatMasker:
         return np.asarray(ids, dtype=np.int64), span_mask_array(offsets, spans)
 
 
+NormalForm = Literal["NFC", "NFD", "NFKC", "NFKD"]
+NORMAL_FORMS: tuple[NormalForm, ...] = ("NFC", "NFD", "NFKC", "NFKD")
+
+
 class Encoder:
     """``tokenizer(text, add_special_tokens=False)`` ids and offsets, straight from the Rust
     tokenizer (no BatchEncoding). Where the tokenizer's normalizer is a Unicode normal form
@@ -214,10 +219,11 @@ class Encoder:
             self.full.no_truncation()
         if self.full.padding is not None:
             self.full.no_padding()
-        self.plain, self.form = None, None
+        self.plain: Any = None
+        self.form: NormalForm | None = None
         from tokenizers import Tokenizer, normalizers
 
-        forms = [f for f in ("NFC", "NFD", "NFKC", "NFKD")
+        forms = [f for f in NORMAL_FORMS
                  if type(self.full.normalizer) is getattr(normalizers, f, None)]
         if forms:
             self.plain = Tokenizer.from_str(self.full.to_str())
@@ -225,8 +231,11 @@ class Encoder:
             self.form = forms[0]
 
     def encode(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
-        skip = self.plain is not None and unicodedata.is_normalized(self.form, text)
-        enc = (self.plain if skip else self.full).encode(text, add_special_tokens=False)
+        tok = self.full
+        if self.plain is not None and self.form is not None \
+                and unicodedata.is_normalized(self.form, text):
+            tok = self.plain
+        enc = tok.encode(text, add_special_tokens=False)
         return enc.ids, enc.offsets
 
 

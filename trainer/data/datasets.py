@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import BinaryIO
 
 import numpy as np
 from dataclasses import dataclass, field
@@ -106,7 +107,7 @@ class JsonlDataset(_Dataset):
         self.linenos: list[int] = []
         self.lengths: list[int] = []
         self._mem: dict[int, tuple] = {}  # compact: (uint32 ids, uint8 mask), 5 bytes a token
-        self._fh = None
+        self._fh: BinaryIO | None = None
         self.report = self._scan()
 
     def masker(self, where: str) -> ChatMasker | None:
@@ -175,11 +176,15 @@ class JsonlDataset(_Dataset):
         s = self._mem.get(i)
         if s is not None:
             return Sample(s[0].astype(np.int64).tolist(), s[1].tolist())
-        if self._fh is None:
-            self._fh = open(self.path, "rb")
-        self._fh.seek(self.offsets[i])
+        at = self.offsets[i]
+        if at is None:               # held in memory: _mem answered above
+            raise KeyError(f"{self.path}: sample {i} is neither in memory nor at an offset")
+        fh = self._fh
+        if fh is None:
+            fh = self._fh = open(self.path, "rb")
+        fh.seek(at)
         where = f"data: {self.path}:{self.linenos[i]}"
-        rec = parse_json_line(self._fh.readline(), where)
+        rec = parse_json_line(fh.readline(), where)
         return self._truncate(record_sample(rec, where, fmt=self.fmt, masker=None,
                                             vocab_size=self.vocab_size))
 

@@ -27,7 +27,7 @@ import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 from dfo_contract.exitcodes import TrainerConfigError, TrainerError
 
@@ -103,9 +103,18 @@ class Engine(Protocol):
 class TargetInfo:
     """What every engine needs to know about the target."""
     path: str
-    tokenizer: object
+    tokenizer: Any
     eot_id: int                      # the end-of-turn token a reply stops at
     template_kwargs: dict            # ``enable_thinking``
+
+
+def _split_url(url: str) -> tuple[urllib.parse.SplitResult, str]:
+    """``url`` (``http://`` when it names no scheme) split, and its host; a
+    TrainerConfigError when it is not an http(s) URL with a host."""
+    u = urllib.parse.urlsplit(url if "://" in url else "http://" + url)
+    if u.scheme not in ("http", "https") or not u.hostname:
+        raise TrainerConfigError(f"--url {url}: not an http(s) URL; give http://HOST:PORT")
+    return u, u.hostname
 
 
 def check_spec(spec: EngineSpec) -> str | None:
@@ -118,9 +127,7 @@ def check_spec(spec: EngineSpec) -> str | None:
     if not spec.url:
         raise TrainerConfigError("--engine openai: no --url; give the server's base URL "
                                  "(http://HOST:PORT or http://HOST:PORT/v1)")
-    u = urllib.parse.urlsplit(spec.url if "://" in spec.url else "http://" + spec.url)
-    if u.scheme not in ("http", "https") or not u.hostname:
-        raise TrainerConfigError(f"--url {spec.url}: not an http(s) URL; give http://HOST:PORT")
+    _split_url(spec.url)
     if spec.concurrency < 1:
         raise TrainerConfigError("--concurrency: must be >= 1")
     if spec.api_key_env:
@@ -138,7 +145,7 @@ def open_engine(spec: EngineSpec, target: TargetInfo, sampling: Sampling) -> Eng
     if spec.name == "transformers":
         return TransformersEngine(target, sampling, device=spec.device, batch_size=spec.batch_size)
     if spec.name == "openai":
-        return OpenAIEngine(spec.url, target, sampling, concurrency=spec.concurrency, api_key=key,
+        return OpenAIEngine(spec.url or "", target, sampling, concurrency=spec.concurrency, api_key=key,
                             model=spec.model)
     return VllmEngine(target, sampling, max_model_len=spec.max_model_len)
 
@@ -247,9 +254,9 @@ def wire_messages(messages: list[dict]) -> list[dict]:
 class OpenAIEngine:
     def __init__(self, url: str, target: TargetInfo, sampling: Sampling, *, concurrency: int,
                  api_key: str | None, model: str | None, timeout_s: float = 900.0):
-        u = urllib.parse.urlsplit(url if "://" in url else "http://" + url)
+        u, self.host = _split_url(url)
         self.https = u.scheme == "https"
-        self.host, self.port = u.hostname, u.port
+        self.port = u.port
         path = u.path.rstrip("/")
         self.base = path if path.endswith("/v1") else path + "/v1"
         self.root = self.base[: -len("/v1")]

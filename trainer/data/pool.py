@@ -65,7 +65,8 @@ def _work(task) -> Chunk:
     fi, path, items = task
     if "error" in _W:
         return Chunk(fi, 0, _EMPTY_I64, _EMPTY_I64, _EMPTY_I64, _EMPTY_I64, error=_W["error"])
-    lines, ids, masks, drops = [], [], [], []
+    lines, ids, masks = [], [], []
+    drops: list[tuple[int, str, str | None]] = []
     error, n = None, 0
     for lineno, raw in items:
         n += 1

@@ -167,8 +167,7 @@ class Rewriter:
 
     def round(self, convs: list[Open], on_reply=None) -> None:
         """Rewrite the next turn of every conversation in ``convs`` (one engine call)."""
-        asked = [(c, self.request(c)) for c in convs]
-        asked = [(c, r) for c, r in asked if r is not None]
+        asked = [(c, r) for c in convs if (r := self.request(c)) is not None]
         if not asked:
             return
         for (c, _), rep in zip(asked, self.engine.generate([r for _, r in asked], on_reply),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import Any
 
 from dfo_contract.exitcodes import TrainerConfigError
 
@@ -62,8 +63,9 @@ class BatchStream:
                  pad_id: int = 0):
         self.ds = ds
         self.micro_batch = micro_batch
-        self.kw = dict(block_size=block_size, num_anchors=num_anchors, seq_buckets=seq_buckets,
-                       anchor_buckets=anchor_buckets, seed=seed, pad_id=pad_id)
+        self.kw: dict[str, Any] = dict(
+            block_size=block_size, num_anchors=num_anchors, seq_buckets=seq_buckets,
+            anchor_buckets=anchor_buckets, seed=seed, pad_id=pad_id)
         self.order = Order(len(ds), seed, shuffle)
         self.micro_index = 0
 
@@ -134,8 +136,9 @@ class PackedStream:
         self.micro_batch = micro_batch
         self.row = row
         self.num_anchors = num_anchors
-        self.kw = dict(shape=row, block_size=block_size, num_anchors=num_anchors, seed=seed,
-                       pad_id=pad_id)
+        self.kw: dict[str, Any] = dict(
+            shape=row, block_size=block_size, num_anchors=num_anchors, seed=seed,
+            pad_id=pad_id)
         self.order = Order(len(ds), seed, shuffle)
         self.micro_index = 0
         self.position = 0

@@ -249,7 +249,7 @@ def evaluate(path: str, prompts_file: str, *, n_new: int = 64, target_path: str 
     tdtype = {"auto": None, "fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
     target, drafter = load_pair(path, target_path=target_path, device=dev, dtype=tdtype)
     used = drafter.fc.weight.dtype
-    tpath = target_path or getattr(target.model.config, "_name_or_path", "")
+    tpath = target_path or str(getattr(target.model.config, "_name_or_path", ""))
     prompts = read_prompts(prompts_file, tpath, max_prompts)
     greedy(target, prompts[0], 2, dev)                 # warm-up (allocator, kernels)
     speculative(target, drafter, prompts[0], 2, dev)

@@ -135,6 +135,7 @@ class DFlash2Drafter(Drafter):
     """The DFlash2 drafter. ``forward`` returns the final hidden states of the block tokens."""
 
     method = "dflash2"
+    selector_alpha: torch.Tensor     # a buffer (set in __init__)
 
     def __init__(self, spec: DrafterSpec, d2: DFlash2Spec, shared: SharedHead):
         super().__init__(spec, shared)

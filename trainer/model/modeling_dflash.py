@@ -34,6 +34,8 @@ at positions 0, 1, ... in order, as in z-lab's loop.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -105,10 +107,11 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
 
     def __init__(self, config: Qwen3Config):
         super().__init__(config)
-        dc = dict(getattr(config, "dflash_config", None) or {})
+        dc: dict[str, Any] = dict(getattr(config, "dflash_config", None) or {})
         self.target_layer_ids = list(dc["target_layer_ids"])
         self.mask_token_id = dc.get("mask_token_id")
-        self.block_size = int(dc.get("block_size") or getattr(config, "block_size", 16))
+        size: Any = dc.get("block_size") or getattr(config, "block_size", 16)
+        self.block_size = int(size)
         h = config.hidden_size
         self.fc = nn.Linear(len(self.target_layer_ids) * h, h, bias=False)
         self.hidden_norm = Qwen3RMSNorm(h, eps=config.rms_norm_eps)

@@ -244,7 +244,11 @@ class DdpLayout(LayoutBase):
             got = unpack_metrics(bufs[r], local)
             for k, i in enumerate(my_indices(n_micro, r, self.world)):
                 out[i] = got[k]
-        return out
+        full = [o for o in out if o is not None]
+        if len(full) != n_micro:
+            raise RuntimeError(f"ddp: the metrics of micro-batches "
+                               f"{[i for i, o in enumerate(out) if o is None]} came from no rank")
+        return full
 
     def before_save(self) -> None:
         """DDP keeps replicas identical by construction; check it cheaply (a checksum)."""

@@ -77,7 +77,7 @@ def _run(argv, *, env, log_path, budget_s) -> dict:
                              text=True, bufsize=1, start_new_session=True)
 
         def reader():
-            for line in p.stdout:
+            for line in p.stdout or ():
                 log.write(line)
                 log.flush()
                 m = read_marker(line)

@@ -57,8 +57,8 @@ class ThreadedEngine:
         self.targets, self.drafters, self.fns, self.gate = targets, drafters, fns, gate
         self.grad_accum = grad_accum
         self.on_backward = on_backward  # (replica, loss) -> loss, e.g. fault injection's nan
-        self._target_in = [queue.Queue(maxsize=max(1, queue_depth)) for _ in targets]
-        self._drafter_in = [queue.Queue(maxsize=max(1, queue_depth)) for _ in drafters]
+        self._target_in: list[queue.Queue] = [queue.Queue(maxsize=max(1, queue_depth)) for _ in targets]
+        self._drafter_in: list[queue.Queue] = [queue.Queue(maxsize=max(1, queue_depth)) for _ in drafters]
         self._results: queue.Queue = queue.Queue()
         self._failed = threading.Event()
         self._errors: list[tuple[str, BaseException]] = []

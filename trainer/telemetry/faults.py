@@ -104,10 +104,10 @@ class Faults:
             if f.kind == "nan":
                 effects.nan = True
             elif f.kind == "slow":
-                self.start_slow(float(f.arg))
+                self.start_slow(float(f.value))
             elif f.kind == "exit":
                 _flush()
-                os._exit(int(f.arg))
+                os._exit(int(f.value))
             elif f.kind == "sigkill":
                 _flush()
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -148,7 +148,7 @@ class Faults:
     def _throttle(self) -> None:
         with self._lock:
             frac, last = self._slow_fraction, self._slow_last
-        if frac is None:
+        if frac is None or last is None:
             return
         worked = time.perf_counter() - last
         time.sleep(max(0.0, worked * (1.0 / frac - 1.0)))

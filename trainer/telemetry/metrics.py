@@ -48,9 +48,9 @@ class Emitter:
         self._lock = threading.Lock()
         self.phase = "init"
         self.metrics_path = os.path.join(run_dir, METRICS_FILE) if run_dir else None
-        if self.metrics_path and enabled:
+        if run_dir and enabled:
             os.makedirs(run_dir, exist_ok=True)
-        self._tb = ScalarWriter(run_dir) if self.metrics_path and enabled else None
+        self._tb = ScalarWriter(run_dir) if run_dir and enabled else None
 
     @property
     def out(self):
@@ -96,6 +96,8 @@ class Emitter:
                    f"{_fmt(rec.tokens_per_s, 0)} tok/s  {_fmt(rec.samples_per_s, 2)} samples/s")
 
     def _tensorboard(self, step: int, values: Mapping[str, Any]) -> None:
+        if self._tb is None:
+            return
         try:
             self._tb.write(step, values)
         except OSError as e:  # pictures must never stop training

@@ -25,7 +25,7 @@ import os
 import socket
 import struct
 import time
-from typing import Any, Iterable, Mapping
+from typing import Any, BinaryIO, Iterable, Mapping
 
 FILE_VERSION = "brain.Event:2"
 _MASK_DELTA = 0xA282EAD8
@@ -135,25 +135,25 @@ class ScalarWriter:
     def __init__(self, logdir: str):
         self.logdir = logdir
         self.path: str | None = None
-        self._f = None
+        self._f: BinaryIO | None = None
 
-    def _open(self) -> None:
+    def _open(self) -> BinaryIO:
         os.makedirs(self.logdir, exist_ok=True)
         now = time.time()
         self.path = os.path.join(self.logdir, event_file_name(now))
-        self._f = open(self.path, "ab")
-        self._f.write(frame(encode_event(now, 0, file_version=FILE_VERSION)))
-        self._f.flush()
+        f = self._f = open(self.path, "ab")
+        f.write(frame(encode_event(now, 0, file_version=FILE_VERSION)))
+        f.flush()
+        return f
 
     def write(self, step: int, rec: Mapping[str, Any], *, wall_time: float | None = None) -> None:
         values = scalars(rec)
         if not values:
             return
-        if self._f is None:
-            self._open()
+        f = self._f if self._f is not None else self._open()
         t = time.time() if wall_time is None else wall_time
-        self._f.write(frame(encode_event(t, step, values=values)))
-        self._f.flush()
+        f.write(frame(encode_event(t, step, values=values)))
+        f.flush()
 
     def close(self) -> None:
         if self._f is not None:

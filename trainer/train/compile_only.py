@@ -176,7 +176,7 @@ def run_warmup(cfg, rt=None, *, load_cache: str | None = None, save_cache: str |
         report["precompile_check"] = {"dir": chk.dir, "kept": chk.kept, "dropped": chk.dropped}
     preload = _Preload.start() if preload_imports else None
     devs = warm_devices(cfg)
-    buckets = [tuple(s) for s in step.shape_buckets(cfg)]
+    buckets = step.shape_buckets(cfg)
     report["devices"], report["buckets"] = devs, [list(b) for b in buckets]
     n_variants = step.compile_variants(cfg, len(devs), len(devs))
     gate = rt.compile.install_gate(CompileGate(True, default_dynamo_settings(n_variants),
@@ -202,7 +202,11 @@ def run_warmup(cfg, rt=None, *, load_cache: str | None = None, save_cache: str |
             hb.progress()
         if preload is not None:
             report["preload_wait_s"] = preload.join()
-        gate.warmup(tasks, on_record=lambda rec: (on_record(rec), hb.progress()))
+        def recorded(rec) -> None:
+            on_record(rec)
+            hb.progress()
+
+        gate.warmup(tasks, on_record=recorded)
     report["records"] = gate.report()
     report["totals"] = counters_delta(total0, counters_snapshot())
     report["seconds"] = round(time.perf_counter() - t0, 3)

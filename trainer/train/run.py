@@ -132,6 +132,8 @@ class TrainingRun:
     def evaluate(self, at: int) -> None:
         """Measured acceptance length on the held-out data: an ``eval`` record in
         metrics.jsonl and the markers; a new best is checkpointed and pointed to."""
+        if self.held is None:         # no held-out data: nothing to measure
+            return
         em = self.em
         em.set_phase("eval")
         t0 = time.perf_counter()
